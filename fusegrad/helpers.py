@@ -1,0 +1,121 @@
+"""Small shared utilities: environment knobs (getenv, Context), sequence helpers and terminal colors."""
+from __future__ import annotations
+import contextlib, functools, math, operator, os, platform, sys, time
+from typing import Any, Iterable, Iterator, Sequence, TypeVar
+
+T = TypeVar("T")
+
+OSX, LINUX, WINDOWS = platform.system() == "Darwin", platform.system() == "Linux", sys.platform == "win32"
+
+def prod(x: Iterable[T], start: Any = 1) -> Any:
+    """The product of `x` (works for ints and for symbolic UOps)."""
+    return functools.reduce(operator.mul, x, start)
+
+def dedup(x: Iterable[T]) -> list[T]:
+    """The items of `x` in first-seen order, without repeats."""
+    return list(dict.fromkeys(x))
+
+def flatten(x: Iterable[Iterable[T]]) -> list[T]: return [item for sub in x for item in sub]
+def argsort(x: Sequence[Any]) -> list[int]: return sorted(range(len(x)), key=x.__getitem__)
+def argfix(*x: Any) -> tuple:
+    """Accept f(1, 2), f((1, 2)) and f([1, 2]) alike."""
+    if x and x[0].__class__ in (tuple, list):
+        if len(x) != 1: raise ValueError(f"bad arg {x}")
+        return tuple(x[0])
+    return x
+def all_same(items: Sequence[Any]) -> bool: return all(x == items[0] for x in items)
+def all_int(t: Iterable[Any]) -> bool: return all(isinstance(s, int) for s in t)
+def ceildiv(num: int, amt: int) -> int: return -(num // -amt)
+def round_up(num: int, amt: int) -> int: return ceildiv(num, amt) * amt
+def make_tuple(x: int | Sequence[int], cnt: int) -> tuple[int, ...]:
+    return (x,) * cnt if isinstance(x, int) else tuple(x)
+def merge_dicts(ds: Iterable[dict]) -> dict:
+    out: dict = {}
+    for d in ds:
+        for k, v in d.items():
+            if k in out and out[k] != v: raise ValueError(f"conflicting values for {k}: {out[k]} and {v}")
+            out[k] = v
+    return out
+def partition(itr: Iterable[T], fxn) -> tuple[list[T], list[T]]:
+    a: list[T] = []; b: list[T] = []
+    for s in itr: (a if fxn(s) else b).append(s)
+    return a, b
+def to_function_name(s: str) -> str:
+    """A C identifier made from `s` (ANSI color codes dropped, other characters hex-escaped)."""
+    s = ansistrip(s)
+    return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)
+
+# *** environment knobs ***
+
+@functools.cache
+def getenv(key: str, default: Any = 0) -> Any:
+    """The environment variable `key` converted to the type of `default` (cached; Context overrides it)."""
+    return type(default)(os.getenv(key, default))
+
+class ContextVar:
+    """An environment knob whose value `Context` can override for the length of a with-block."""
+    _cache: dict[str, ContextVar] = {}
+    def __init__(self, key: str, default: Any):
+        if key in ContextVar._cache: raise RuntimeError(f"ContextVar {key} already exists")
+        self.key, self.value = key, getenv(key, default)
+        ContextVar._cache[key] = self
+    def __bool__(self) -> bool: return bool(self.value)
+    def __ge__(self, x: Any) -> bool: return self.value >= x
+    def __gt__(self, x: Any) -> bool: return self.value > x
+    def __lt__(self, x: Any) -> bool: return self.value < x
+    def __le__(self, x: Any) -> bool: return self.value <= x
+    def __int__(self) -> int: return int(self.value)
+    def __repr__(self) -> str: return f"{self.key}={self.value}"
+
+    @classmethod
+    def get(cls, key: str, default: Any = 0) -> ContextVar:
+        return cls._cache[key] if key in cls._cache else ContextVar(key, default)
+
+class Context(contextlib.ContextDecorator):
+    """`with Context(DEBUG=2, NOOPT=1): ...` overrides knobs inside the block (and as a decorator)."""
+    def __init__(self, **kwargs: Any): self.kwargs = kwargs
+    def __enter__(self):
+        self.old = {k: ContextVar.get(k).value for k in self.kwargs}
+        for k, v in self.kwargs.items(): ContextVar.get(k).value = v
+        return self
+    def __exit__(self, *args):
+        for k, v in self.old.items(): ContextVar._cache[k].value = v
+
+DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), ContextVar("NOOPT", 0), \
+    ContextVar("BEAM", 0), ContextVar("JIT", 1)
+CACHELEVEL, CPU_THREADS, VIZ = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS", 0), ContextVar("VIZ", 0)
+
+# *** terminal output ***
+
+def colored(st: str, color: str | None, background: bool = False) -> str:
+    """`st` wrapped in an ANSI color code (color names as in termcolor; None leaves it plain)."""
+    if color is None: return st
+    colors = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
+    code = 10 * background + 60 * (color.upper() == color) + 30 + colors.index(color.lower())
+    return f"\u001b[{code}m{st}\u001b[0m"
+
+def colorize_float(x: float) -> str:
+    return colored(f"{x:7.2f}x", "green" if x < 0.75 else "red" if x > 1.15 else "yellow")
+
+def ansistrip(s: str) -> str:
+    import re
+    return re.sub(r"\x1b\[[0-9;]*m", "", s)
+
+def ansilen(s: str) -> int: return len(ansistrip(s))
+
+# *** timing ***
+
+@contextlib.contextmanager
+def Timing(prefix: str = "", on_exit=None, enabled: bool = True) -> Iterator[None]:
+    st = time.perf_counter_ns()
+    try: yield
+    finally:
+        et = time.perf_counter_ns() - st
+        if enabled: print(f"{prefix}{et*1e-6:6.2f} ms" + (on_exit(et) if on_exit else ""))
+
+def cache_dir() -> str:
+    """Where the on-disk caches live ($XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad)."""
+    base = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return os.path.join(base, "fusegrad")
+
+def is_finite(x: float) -> bool: return not (math.isnan(x) or math.isinf(x))

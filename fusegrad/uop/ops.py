@@ -1,0 +1,556 @@
+"""The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, with the `Ops` every stage uses."""
+from __future__ import annotations
+import math, weakref
+from enum import Enum, auto
+from typing import Any, Callable, Iterator
+from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_int, truncate_float
+from fusegrad.helpers import prod
+
+class Ops(Enum):
+    """Every operation of every stage. Tensor graph, kernel AST and linearized programs share them."""
+    # graph structure
+    SINK = auto(); NOOP = auto(); UNIQUE = auto(); DEVICE = auto(); KERNEL = auto()
+    # tensor level
+    BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto(); CONTIGUOUS = auto(); DETACH = auto()
+    REDUCE_AXIS = auto()
+    # movement ops (tensor level; turned into index expressions by the scheduler)
+    RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
+    # kernel level
+    DEFINE_GLOBAL = auto(); DEFINE_LOCAL = auto(); DEFINE_REG = auto(); DEFINE_VAR = auto(); BIND = auto()
+    RANGE = auto(); END = auto(); REDUCE = auto(); INDEX = auto(); LOAD = auto(); STORE = auto()
+    VECTORIZE = auto(); GEP = auto(); CAT = auto(); UNROLL = auto(); CONTRACT = auto(); BARRIER = auto()
+    IF = auto(); ENDIF = auto(); SPECIAL = auto(); CUSTOM = auto()
+    # values
+    CONST = auto(); VCONST = auto(); CAST = auto(); BITCAST = auto()
+    # unary ALU
+    NEG = auto(); RECIP = auto(); SQRT = auto(); EXP2 = auto(); LOG2 = auto(); SIN = auto(); TRUNC = auto()
+    NOT = auto()
+    # binary ALU
+    ADD = auto(); SUB = auto(); MUL = auto(); FDIV = auto(); IDIV = auto(); MOD = auto(); MAX = auto(); POW = auto()
+    CMPLT = auto(); CMPNE = auto(); CMPEQ = auto(); AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto()
+    THREEFRY = auto()
+    # ternary ALU
+    WHERE = auto(); MULACC = auto()
+
+    def __repr__(self) -> str: return f"Ops.{self.name}"
+
+class GroupOp:
+    """Named sets of Ops, so passes can talk about families of operations."""
+    Unary = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.NOT}
+    Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.POW, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+              Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY}
+    Ternary = {Ops.WHERE, Ops.MULACC}
+    ALU = Unary | Binary | Ternary
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+    Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+    Associative = {Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX}
+    Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+    Idempotent = {Ops.AND, Ops.OR, Ops.MAX}
+    # f(0) != 0 for these, so a padded region must not be computed through them
+    UnsafePad = {Ops.RECIP, Ops.LOG2, Ops.EXP2, Ops.IDIV, Ops.POW, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+    Buffer = {Ops.LOAD, Ops.STORE}
+
+# *** constant folding: what every ALU op computes, with C semantics for integers ***
+
+def _c_idiv(x: int, y: int) -> int:
+    """Integer division truncating toward zero, as C does (division by zero gives 0 rather than raising)."""
+    if y == 0: return 0
+    q = abs(x) // abs(y)
+    return q if (x < 0) == (y < 0) else -q
+
+def _c_mod(x: int, y: int) -> int:
+    """The remainder with the sign of the dividend, as C's % (modulo by zero gives 0)."""
+    return x - _c_idiv(x, y) * y if y != 0 else 0
+
+def _safe_exp2(x: float) -> float:
+    try: return 2.0 ** x
+    except OverflowError: return math.inf
+
+def _safe_log2(x: float) -> float:
+    if x == 0: return -math.inf
+    return math.log2(x) if x > 0 else math.nan
+
+def _safe_sqrt(x: float) -> float: return math.sqrt(x) if x >= 0 else math.nan
+def _safe_recip(x: float) -> float: return 1 / x if x != 0 else math.copysign(math.inf, x)
+def _safe_sin(x: float) -> float: return math.sin(x) if not math.isinf(x) else math.nan
+def _safe_fdiv(x: float, y: float) -> float:
+    if y != 0: return x / y
+    return math.nan if x == 0 or math.isnan(x) else math.copysign(math.inf, x) * math.copysign(1, y)
+
+python_alu: dict[Ops, Callable[..., Any]] = {
+    Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x, Ops.RECIP: _safe_recip, Ops.SQRT: _safe_sqrt,
+    Ops.EXP2: _safe_exp2, Ops.LOG2: _safe_log2, Ops.SIN: _safe_sin,
+    Ops.TRUNC: lambda x: x if math.isinf(x) or math.isnan(x) else float(math.trunc(x)), Ops.NOT: lambda x: not x,
+    Ops.ADD: lambda x, y: x + y, Ops.SUB: lambda x, y: x - y, Ops.MUL: lambda x, y: x * y, Ops.FDIV: _safe_fdiv,
+    Ops.IDIV: _c_idiv, Ops.MOD: _c_mod, Ops.MAX: max, Ops.POW: lambda x, y: x ** y,
+    Ops.CMPLT: lambda x, y: x < y, Ops.CMPNE: lambda x, y: x != y, Ops.CMPEQ: lambda x, y: x == y,
+    Ops.AND: lambda x, y: x & y, Ops.OR: lambda x, y: x | y, Ops.XOR: lambda x, y: x ^ y,
+    Ops.SHL: lambda x, y: x << y, Ops.SHR: lambda x, y: x >> y,
+    Ops.WHERE: lambda c, x, y: x if c else y, Ops.MULACC: lambda x, y, z: x * y + z,
+}
+
+def exec_alu(op: Ops, dtype: DType, operands: tuple[ConstType, ...]) -> ConstType:
+    """Evaluate ALU `op` on Python scalars and wrap/round the result to `dtype`, as the target would."""
+    if op in (Ops.SHL, Ops.SHR) and not 0 <= operands[1] < 8 * dtype.itemsize: return 0
+    if dtypes.is_int(dtype) and op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC) and \
+            any(isinstance(o, float) for o in operands):
+        operands = tuple(int(o) for o in operands)
+    if dtypes.is_float(dtype) and op is Ops.POW and operands[0] < 0 and not float(operands[1]).is_integer(): return math.nan
+    try: ret = python_alu[op](*operands)
+    except (OverflowError, ZeroDivisionError, ValueError): return math.nan if dtypes.is_float(dtype) else 0
+    return dtypes.as_const(ret, dtype)
+
+# *** the UOp ***
+
+class UOpMetaClass(type):
+    """Hash-conses UOps: constructing an existing (op, dtype, src, arg) returns that same object."""
+    ucache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
+        # floats key by their bits so 0.0 and -0.0 stay distinct and nan finds itself
+        key = (op, dtype, src, arg, arg.hex() if isinstance(arg, float) else None)
+        try:
+            if (ret := UOpMetaClass.ucache.get(key)) is not None: return ret
+        except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
+        ret = super().__call__(op, dtype, src, arg)
+        UOpMetaClass.ucache[key] = ret
+        return ret
+
+def _as_uop(x: Any, like: UOp) -> UOp:
+    return x if isinstance(x, UOp) else like.const_like(x)
+
+sint = int  # a shape or index entry: an int, or (later) a symbolic UOp
+
+class UOp(metaclass=UOpMetaClass):
+    """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
+    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
+        if not isinstance(src, tuple): raise TypeError(f"src must be a tuple of UOps, got {type(src).__name__}")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "arg", arg)
+
+    def __setattr__(self, name: str, value: Any): raise AttributeError("UOps are immutable; use replace()")
+    def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
+    def _cached(self, name: str, fxn: Callable[[], Any]) -> Any:
+        # per-node memo for derived properties (shape, ranges); allowed despite immutability because it's a pure cache
+        d = self.__dict__
+        if name not in d: d[name] = fxn()
+        return d[name]
+
+    def replace(self, **kwargs: Any) -> UOp:
+        """A UOp like this one with some of op/dtype/src/arg changed (this one is untouched)."""
+        new = (kwargs.pop("op", self.op), kwargs.pop("dtype", self.dtype), kwargs.pop("src", self.src),
+               kwargs.pop("arg", self.arg))
+        if kwargs: raise TypeError(f"replace() got unexpected fields {list(kwargs)}")
+        return UOp(*new)
+
+    # *** graph walking ***
+
+    def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+        """Every node reachable from this one, sources before users (an ordered dict used as an ordered set).
+        `gate(u)` returning False stops the walk below u (u itself is still included)."""
+        visited: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in visited: continue
+            if expanded: visited[node] = None; continue
+            stack.append((node, True))
+            if gate is None or gate(node):
+                for s in reversed(node.src):
+                    if s not in visited: stack.append((s, False))
+        return visited
+
+    def toposort_list(self) -> list[UOp]: return list(self.toposort())
+
+    def substitute(self, dvars: dict[UOp, UOp]) -> UOp:
+        """This graph with every occurrence of each key replaced by its value (no other rewriting)."""
+        replaced: dict[UOp, UOp] = {}
+        for u in self.toposort():
+            if u in dvars: replaced[u] = dvars[u]; continue
+            new_src = tuple(replaced[s] for s in u.src)
+            replaced[u] = u if new_src == u.src else u.replace(src=new_src)
+        return replaced[self]
+
+    def sink(self, *srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self,) + srcs)
+    @staticmethod
+    def sink_of(*srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, srcs)
+
+    # *** construction helpers ***
+
+    @staticmethod
+    def const(dtype: DType, b: ConstType) -> UOp:
+        """A scalar (or, for a vector dtype, broadcast) constant of `dtype`, its value wrapped to the dtype."""
+        return UOp(Ops.CONST, dtype, arg=dtypes.as_const(b, dtype))
+
+    def const_like(self, b: ConstType) -> UOp:
+        if self.dtype == dtypes.void: raise TypeError(f"can't make a constant like a {self.op} (void dtype)")
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        return UOp.const(base, b)
+
+    def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+    def bitcast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(Ops.BITCAST, dtype, (self,))
+    def index(self, *idx: UOp, valid: UOp | None = None) -> UOp:
+        return UOp(Ops.INDEX, self.dtype, (self,) + idx + ((valid,) if valid is not None else ()))
+    def load(self, *src: UOp, dtype: DType | None = None) -> UOp:
+        dt = dtype if dtype is not None else (self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype)
+        return UOp(Ops.LOAD, dt, (self,) + src)
+    def store(self, val: UOp, *src: UOp) -> UOp: return UOp(Ops.STORE, dtypes.void, (self, val) + src)
+    @staticmethod
+    def range(end: int | UOp, axis_id: int, kind: str = "loop") -> UOp:
+        """A loop variable 0 <= r < end; `axis_id` keeps distinct loops distinct, `kind` is 'loop' or 'reduce'."""
+        end_u = end if isinstance(end, UOp) else UOp.const(dtypes.index, end)
+        return UOp(Ops.RANGE, dtypes.index, (end_u,), (axis_id, kind))
+    @staticmethod
+    def variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.index) -> UOp:
+        if min_val > max_val: raise ValueError(f"Variable {name}: min {min_val} > max {max_val}")
+        return UOp(Ops.DEFINE_VAR, dtype, arg=(name, min_val, max_val))
+
+    def bind(self, val: int) -> UOp:
+        """This Variable bound to a value (a BIND node); the value must lie in the variable's range."""
+        if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only Variables can be bound, not {self.op}")
+        if not self.arg[1] <= val <= self.arg[2]:
+            raise ValueError(f"value {val} out of range [{self.arg[1]}, {self.arg[2]}] for Variable {self.arg[0]}")
+        return UOp(Ops.BIND, self.dtype, (self, self.const_like(val)))
+
+    def unbind(self) -> tuple[UOp, int]:
+        if self.op is not Ops.BIND: raise TypeError(f"can't unbind {self.op}")
+        return self.src[0], self.src[1].arg
+
+    @property
+    def expr(self) -> str:
+        if self.op is not Ops.DEFINE_VAR: raise TypeError(f"{self.op} has no name")
+        return self.arg[0]
+
+    # *** ALU construction with Python operators ***
+
+    def alu(self, op: Ops, *src: UOp) -> UOp:
+        """Apply ALU `op` to this and `src`; comparisons give bool, the rest keep this node's dtype."""
+        out_dtype = dtypes.bool.vec(self.dtype.count) if op in GroupOp.Comparison else \
+            (src[-1].dtype if op is Ops.WHERE else self.dtype)
+        return UOp(op, out_dtype, (self,) + src)
+
+    def _binop(self, op: Ops, x: Any, reverse: bool) -> UOp:
+        other = _as_uop(x, self)
+        return other.alu(op, self) if reverse else self.alu(op, other)
+
+    def __add__(self, x: Any) -> UOp: return self._binop(Ops.ADD, x, False)
+    def __radd__(self, x: Any) -> UOp: return self._binop(Ops.ADD, x, True)
+    def __sub__(self, x: Any) -> UOp: return self._binop(Ops.ADD, -_as_uop(x, self), False)
+    def __rsub__(self, x: Any) -> UOp: return _as_uop(x, self) + (-self)
+    def __mul__(self, x: Any) -> UOp: return self._binop(Ops.MUL, x, False)
+    def __rmul__(self, x: Any) -> UOp: return self._binop(Ops.MUL, x, True)
+    def __floordiv__(self, x: Any) -> UOp: return self._binop(Ops.IDIV, x, False)
+    def __rfloordiv__(self, x: Any) -> UOp: return self._binop(Ops.IDIV, x, True)
+    def __truediv__(self, x: Any) -> UOp:
+        if dtypes.is_int(self.dtype): return self._binop(Ops.IDIV, x, False)
+        return self * _as_uop(x, self).alu(Ops.RECIP)
+    def __rtruediv__(self, x: Any) -> UOp: return _as_uop(x, self) * self.alu(Ops.RECIP)
+    def __mod__(self, x: Any) -> UOp: return self._binop(Ops.MOD, x, False)
+    def __rmod__(self, x: Any) -> UOp: return self._binop(Ops.MOD, x, True)
+    def __lt__(self, x: Any) -> UOp: return self._binop(Ops.CMPLT, x, False)
+    def __gt__(self, x: Any) -> UOp: return self._binop(Ops.CMPLT, x, True)
+    def __le__(self, x: Any) -> UOp: return (self > x).logical_not()
+    def __ge__(self, x: Any) -> UOp: return (self < x).logical_not()
+    def __and__(self, x: Any) -> UOp: return self._binop(Ops.AND, x, False)
+    def __rand__(self, x: Any) -> UOp: return self._binop(Ops.AND, x, True)
+    def __or__(self, x: Any) -> UOp: return self._binop(Ops.OR, x, False)
+    def __ror__(self, x: Any) -> UOp: return self._binop(Ops.OR, x, True)
+    def __xor__(self, x: Any) -> UOp: return self._binop(Ops.XOR, x, False)
+    def __rxor__(self, x: Any) -> UOp: return self._binop(Ops.XOR, x, True)
+    def __lshift__(self, x: Any) -> UOp: return self._binop(Ops.SHL, x, False)
+    def __rlshift__(self, x: Any) -> UOp: return self._binop(Ops.SHL, x, True)
+    def __rshift__(self, x: Any) -> UOp: return self._binop(Ops.SHR, x, False)
+    def __rrshift__(self, x: Any) -> UOp: return self._binop(Ops.SHR, x, True)
+    def __neg__(self) -> UOp:
+        return self.logical_not() if self.dtype.scalar() == dtypes.bool else self * self.const_like(-1)
+    def __invert__(self) -> UOp: return self.logical_not() if self.dtype.scalar() == dtypes.bool else self ^ -1
+    __hash__ = object.__hash__
+    def eq(self, x: Any) -> UOp: return self.ne(x).logical_not()
+    def ne(self, x: Any) -> UOp: return self._binop(Ops.CMPNE, x, False)
+    def logical_not(self) -> UOp: return self.ne(True) if self.dtype.scalar() == dtypes.bool else self.eq(0)
+    def maximum(self, x: Any) -> UOp: return self._binop(Ops.MAX, x, False)
+    def minimum(self, x: Any) -> UOp: return -((-self).maximum(-_as_uop(x, self)))
+    def where(self, x: Any, y: Any) -> UOp:
+        like = x if isinstance(x, UOp) else y if isinstance(y, UOp) else None
+        if like is None: raise TypeError("where needs at least one UOp branch")
+        return UOp(Ops.WHERE, like.dtype, (self, _as_uop(x, like), _as_uop(y, like)))
+
+    # *** evaluation of constant expressions ***
+
+    def simplify(self) -> UOp:
+        """This expression simplified by the symbolic rules (constant folding, identities, range folding)."""
+        from fusegrad.uop.pattern import graph_rewrite
+        from fusegrad.uop.symbolic import symbolic
+        return graph_rewrite(self, symbolic, name="simplify")
+
+    def _eval(self, types: tuple[type, ...]) -> ConstType:
+        s = self.simplify()
+        if s.op is not Ops.CONST:
+            raise ValueError(f"{s.render()} is not a constant, so it has no Python value")
+        if not isinstance(s.arg, types): return types[0](s.arg)
+        return s.arg
+    def __int__(self) -> int: return int(self._eval((int,)))
+    def __float__(self) -> float: return float(self._eval((float, int)))
+    def __bool__(self) -> bool: return bool(self._eval((bool, int, float)))
+    def __index__(self) -> int: return self.__int__()
+
+    def render(self, simplify: bool = False) -> str:
+        """A C-like string of this scalar expression, e.g. ((3*5)+2)."""
+        return render_expr(self.simplify() if simplify else self)
+
+    # *** range analysis ***
+
+    @property
+    def vmin(self) -> ConstType: return self._min_max[0]
+    @property
+    def vmax(self) -> ConstType: return self._min_max[1]
+    @property
+    def _min_max(self) -> tuple[ConstType, ConstType]:
+        if "_mm" not in self.__dict__:
+            # compute sources first, iteratively, so deep graphs don't recurse
+            for u in self.toposort(gate=lambda u: "_mm" not in u.__dict__):
+                if "_mm" not in u.__dict__: u.__dict__["_mm"] = _compute_min_max(u)
+        return self.__dict__["_mm"]
+
+    # *** tensor-level shapes ***
+
+    @property
+    def shape(self) -> tuple[sint, ...] | None:
+        """The shape of a tensor-level node (None where a node has no shape, e.g. DEVICE or KERNEL)."""
+        if "_shape" not in self.__dict__:
+            for u in self.toposort(gate=lambda u: "_shape" not in u.__dict__):
+                if "_shape" not in u.__dict__: u.__dict__["_shape"] = _compute_shape(u)
+        return self.__dict__["_shape"]
+
+    @property
+    def size(self) -> int:
+        """Number of elements: of a BUFFER its length, else the product of the shape."""
+        if self.op is Ops.BUFFER: return self.arg[1]
+        if self.shape is None: raise TypeError(f"{self.op} has no shape")
+        return prod(self.shape)
+
+    @property
+    def device(self) -> str:
+        for u in self.toposort():
+            if u.op is Ops.DEVICE: return u.arg
+        raise TypeError(f"{self.op} graph has no device")
+
+    @property
+    def base(self) -> UOp:
+        """This node with movement ops peeled off."""
+        u = self
+        while u.op in GroupOp.Movement: u = u.src[0]
+        return u
+
+    def reshape(self, shape: tuple[sint, ...]) -> UOp: return UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
+    def permute(self, order: tuple[int, ...]) -> UOp: return UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
+    def expand(self, shape: tuple[sint, ...]) -> UOp: return UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
+    def pad(self, arg: tuple[tuple[sint, sint], ...]) -> UOp: return UOp(Ops.PAD, self.dtype, (self,), tuple(arg))
+    def shrink(self, arg: tuple[tuple[sint, sint], ...]) -> UOp: return UOp(Ops.SHRINK, self.dtype, (self,), tuple(arg))
+    def flip(self, arg: tuple[bool, ...]) -> UOp: return UOp(Ops.FLIP, self.dtype, (self,), tuple(arg))
+    def r(self, op: Ops, axis: tuple[int, ...]) -> UOp: return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, tuple(axis)))
+
+    # *** printing ***
+
+    def __repr__(self) -> str: return pretty_print(self)
+
+def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.index) -> UOp:
+    """A named symbolic integer with an inclusive range [min_val, max_val]; `.bind(v)` gives it a value."""
+    return UOp.variable(name, min_val, max_val, dtype)
+
+# *** shapes of tensor-level nodes ***
+
+_SHAPELESS = {Ops.DEVICE, Ops.UNIQUE, Ops.KERNEL, Ops.SINK, Ops.NOOP, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.BIND}
+
+def _compute_shape(u: UOp) -> tuple[int, ...] | None:
+    op, arg = u.op, u.arg
+    if op in _SHAPELESS: return None
+    if op is Ops.BUFFER: return (arg[1],)
+    if op is Ops.BUFFER_VIEW: return (arg[0],)
+    if op is Ops.CONST: return ()
+    if op is Ops.RESHAPE or op is Ops.EXPAND: return arg
+    ss = u.src[0].shape if u.src else None
+    if op is Ops.ASSIGN and arg is not None: return arg
+    if ss is None: return None
+    if op is Ops.PERMUTE: return tuple(ss[i] for i in arg)
+    if op is Ops.PAD: return tuple(s + b + e for s, (b, e) in zip(ss, arg))
+    if op is Ops.SHRINK: return tuple(e - b for b, e in arg)
+    if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(ss))
+    # elementwise ops and FLIP/CONTIGUOUS/COPY/ASSIGN/DETACH keep the (common) shape of their sources
+    return ss
+
+# *** range analysis (vmin/vmax) ***
+
+def _minmax_of_products(a: tuple, b: tuple) -> tuple:
+    vals = [x * y for x in a for y in b]
+    return min(vals), max(vals)
+
+def _compute_min_max(u: UOp) -> tuple[ConstType, ConstType]:
+    """Bounds of the value of `u` over every assignment of its variables (conservative)."""
+    dt = u.dtype.scalar() if not isinstance(u.dtype, PtrDType) else dtypes.index
+    lo_dt, hi_dt = (dtypes.min(dt), dtypes.max(dt)) if dt != dtypes.void else (-math.inf, math.inf)
+    full = (lo_dt, hi_dt)
+    op, s = u.op, u.src
+    if op is Ops.CONST: return (u.arg, u.arg)
+    if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+    if op is Ops.BIND: return s[0]._min_max
+    if op is Ops.RANGE: return (0, s[0].vmax - 1) if isinstance(s[0].vmax, int) else full
+    if op is Ops.SPECIAL: return (0, s[0].vmax - 1) if s and isinstance(s[0].vmax, int) else full
+    if dt == dtypes.bool:
+        if op is Ops.CMPLT:
+            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+            if a1 < b0: return (True, True)
+            if a0 >= b1: return (False, False)
+        if op is Ops.CMPNE:
+            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+            if a1 < b0 or a0 > b1: return (True, True)
+            if a0 == a1 == b0 == b1: return (False, False)
+        if op is Ops.CMPEQ:
+            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+            if a1 < b0 or a0 > b1: return (False, False)
+            if a0 == a1 == b0 == b1: return (True, True)
+        if op is Ops.AND and s[0].dtype.scalar() == dtypes.bool:
+            return (bool(s[0].vmin and s[1].vmin), bool(s[0].vmax and s[1].vmax))
+        if op is Ops.OR and s[0].dtype.scalar() == dtypes.bool:
+            return (bool(s[0].vmin or s[1].vmin), bool(s[0].vmax or s[1].vmax))
+        if op is Ops.CMPNE and s[0].dtype.scalar() == dtypes.bool: pass
+        if op is Ops.WHERE:
+            return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
+        if op is Ops.CONST: return (u.arg, u.arg)
+        return (False, True)
+    if not (dtypes.is_int(dt)): 
+        if op is Ops.WHERE: return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
+        if op is Ops.CAST and dtypes.is_int(s[0].dtype) or (s and s[0].dtype.scalar() == dtypes.bool and op is Ops.CAST):
+            return (float(s[0].vmin), float(s[0].vmax))
+        return full
+    ret = _int_min_max(u)
+    if ret is None: return full
+    lo, hi = ret
+    # a result outside the dtype's range may have wrapped around, so nothing is known
+    if lo < lo_dt or hi > hi_dt: return full
+    return (lo, hi)
+
+def _int_min_max(u: UOp) -> tuple[int, int] | None:
+    op, s = u.op, u.src
+    if op is Ops.ADD: return (s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax)
+    if op is Ops.SUB: return (s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin)
+    if op is Ops.NEG: return (-s[0].vmax, -s[0].vmin)
+    if op is Ops.MUL: return _minmax_of_products(s[0]._min_max, s[1]._min_max)
+    if op is Ops.MAX: return (max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax))
+    if op is Ops.WHERE: return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
+    if op is Ops.CAST:
+        src_dt = s[0].dtype.scalar()
+        if src_dt == dtypes.bool: return (int(s[0].vmin), int(s[0].vmax))
+        if dtypes.is_int(src_dt): return (s[0].vmin, s[0].vmax)
+        return None
+    if op is Ops.IDIV:
+        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+        if b0 > 0 or b1 < 0:  # divisor doesn't cross zero: extremes are at the corners (C truncation is monotonic)
+            vals = [_c_idiv(x, y) for x in (a0, a1) for y in (b0, b1)]
+            if a0 < 0 < a1: vals.append(0)
+            return (min(vals), max(vals))
+        return None
+    if op is Ops.MOD:
+        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+        if b0 > 0 or b1 < 0:
+            m = max(abs(b0), abs(b1)) - 1
+            if a0 >= 0: return (0, min(a1, m))
+            if a1 <= 0: return (max(a0, -m), 0)
+            return (max(a0, -m), min(a1, m))
+        return None
+    if op is Ops.AND:
+        if s[0].vmin >= 0 and s[1].vmin >= 0: return (0, min(s[0].vmax, s[1].vmax))
+        return None
+    if op is Ops.SHL:
+        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+        if a0 >= 0 and b0 >= 0 and b1 < 64: return (a0 << b0, a1 << b1)
+        return None
+    if op is Ops.SHR:
+        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+        if a0 >= 0 and b0 >= 0 and b1 < 64: return (a0 >> b1, a1 >> b0)
+        return None
+    return None
+
+# *** printing a whole graph with shared nodes named once ***
+
+def pretty_print(root: UOp) -> str:
+    """`UOp(...)` text for a graph; a node used more than once is written `x3:=UOp(...)` once and `x3` after."""
+    topo = root.toposort_list()
+    users: dict[UOp, int] = {}
+    for u in topo:
+        for s in u.src: users[s] = users.get(s, 0) + 1
+    names: dict[UOp, str] = {}
+    for u in topo:
+        if users.get(u, 0) > 1 and u.op is not Ops.CONST: names[u] = f"x{len(names)}"
+    printed: set[UOp] = set()
+    # render children before parents; a node's text depends on whether its shared children were already printed,
+    # so build the final string with an explicit walk in source order
+    out: list[str] = []
+    stack: list[tuple[UOp, int, int]] = [(root, 0, 0)]
+    while stack:
+        u, stage, depth = stack.pop()
+        pad = "  " * depth
+        if stage == 0:
+            if u in names and u in printed: out.append(f"{pad}{names[u]}"); continue
+            head = f"{pad}{names[u] + ':=' if u in names else ''}UOp({u.op}, {u.dtype}, arg={u.arg!r}, src=("
+            if u in names: printed.add(u)
+            if not u.src: out.append(head + "))"); continue
+            out.append(head)
+            stack.append((u, 1, depth))
+            for s in reversed(u.src): stack.append((s, 0, depth + 1))
+        else:
+            out.append(f"{pad}))")
+    return "\n".join(_join_commas(out))
+
+def _join_commas(lines: list[str]) -> list[str]:
+    # lines are emitted without separators; add a comma after every source line that is followed by a sibling
+    res = []
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else None
+        indent = len(line) - len(line.lstrip())
+        closes_or_leaf = not line.endswith("src=(")
+        if nxt is not None and closes_or_leaf and (len(nxt) - len(nxt.lstrip())) == indent and not nxt.strip() == "))":
+            line += ","
+        res.append(line)
+    return res
+
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.FDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
+          Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}
+
+def render_expr(root: UOp) -> str:
+    """A C-like string for a scalar expression: infix ops parenthesized, variables by name, ranges as ridxN."""
+    r: dict[UOp, str] = {}
+    for u in root.toposort():
+        s = [r[x] for x in u.src]
+        if u.op is Ops.CONST:
+            r[u] = str(u.arg) if not isinstance(u.arg, bool) else ("1" if u.arg else "0")
+        elif u.op is Ops.DEFINE_VAR: r[u] = u.arg[0]
+        elif u.op is Ops.BIND: r[u] = s[0]
+        elif u.op is Ops.RANGE: r[u] = f"ridx{u.arg[0]}"
+        elif u.op in _INFIX: r[u] = f"({s[0]}{_INFIX[u.op]}{s[1]})"
+        elif u.op is Ops.NEG: r[u] = f"(-{s[0]})"
+        elif u.op is Ops.NOT: r[u] = f"(!{s[0]})"
+        elif u.op is Ops.MAX: r[u] = f"max({s[0]}, {s[1]})"
+        elif u.op is Ops.WHERE: r[u] = f"({s[0]}?{s[1]}:{s[2]})"
+        elif u.op is Ops.CAST: r[u] = f"({u.dtype.name})({s[0]})"
+        else: r[u] = f"{u.op.name.lower()}({', '.join(s)})"
+    return r[root]
+
+def resolve(x: Any, default: bool = True) -> bool:
+    """A Python bool for `x`: itself if not a UOp, else decided by range analysis, else `default`."""
+    if not isinstance(x, UOp): return bool(x)
+    if x.dtype.scalar() != dtypes.bool: raise TypeError(f"resolve needs a bool UOp, got {x.dtype}")
+    return bool(x.vmin) if x.vmin == x.vmax else default
+
+def ssimplify(x: Any) -> Any: return x.simplify() if isinstance(x, UOp) else x
+def smax(*lst: Any) -> Any: return max(lst)
+def smin(*lst: Any) -> Any: return min(lst)
+
+def consts_truncate(v: ConstType, dt: DType) -> ConstType:
+    return truncate_int(int(v), dt) if dtypes.is_int(dt) else truncate_float(float(v), dt)
+
+def all_nodes(u: UOp) -> Iterator[UOp]: yield from u.toposort()

@@ -1,0 +1,203 @@
+"""Pattern rewriting: `UPat` describes a subgraph, `PatternMatcher` maps patterns to rewrites, `graph_rewrite` applies
+them to a fixed point. Everything is iterative, so graphs of any depth rewrite without hitting the recursion limit."""
+from __future__ import annotations
+import inspect, itertools, time
+from collections import defaultdict
+from typing import Any, Callable, Iterable
+from fusegrad.dtype import DType
+from fusegrad.helpers import DEBUG
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+class UPat:
+    """A pattern over UOps. `op`/`dtype` may be one value or a set; `src` is a tuple (in order), a list (any
+    permutation, for commutative ops) or a single UPat (every source matches it); `name` binds the matched node."""
+    __slots__ = ("op", "dtype", "arg", "name", "src", "allow_any_len", "_src_options")
+
+    def __init__(self, op: Ops | Iterable[Ops] | None = None, dtype: DType | Iterable[DType] | None = None,
+                 src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
+                 allow_any_len: bool = False):
+        self.op: frozenset[Ops] | None = None if op is None else frozenset((op,) if isinstance(op, Ops) else op)
+        self.dtype: frozenset[DType] | None = None if dtype is None else \
+            frozenset((dtype,) if isinstance(dtype, DType) else dtype)
+        self.arg, self.name, self.src, self.allow_any_len = arg, name, src, allow_any_len
+        # every ordering of sources to try: one for a tuple, all permutations for a list
+        if src is None or isinstance(src, UPat): self._src_options: list[tuple[UPat, ...]] | None = None
+        elif isinstance(src, list): self._src_options = [tuple(p) for p in itertools.permutations(src)]
+        else: self._src_options = [tuple(src)]
+
+    # *** constructors ***
+
+    @staticmethod
+    def var(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat:
+        """Any node (of `dtype`), bound to `name`."""
+        return UPat(dtype=dtype, name=name)
+    @staticmethod
+    def cvar(name: str | None = None, dtype: DType | Iterable[DType] | None = None) -> UPat:
+        """Any constant (of `dtype`), bound to `name`."""
+        return UPat(Ops.CONST, dtype=dtype, name=name)
+    @staticmethod
+    def const(dtype: DType | Iterable[DType] | None, b: Any) -> UPat:
+        """The constant `b`."""
+        return UPat(Ops.CONST, dtype=dtype, arg=b)
+
+    def named(self, name: str) -> UPat:
+        ret = UPat.__new__(UPat)
+        for k in UPat.__slots__: setattr(ret, k, getattr(self, k))
+        ret.name = name
+        return ret
+
+    # *** building patterns with operators (commutative ops match any source order) ***
+
+    def alu(self, op: Ops, *src: UPat) -> UPat:
+        srcs = (self,) + src
+        return UPat(op, src=list(srcs) if op in GroupOp.Commutative else srcs)
+    def _other(self, x: Any) -> UPat: return x if isinstance(x, UPat) else UPat.const(None, x)
+    def __add__(self, x: Any) -> UPat: return self.alu(Ops.ADD, self._other(x))
+    def __radd__(self, x: Any) -> UPat: return self.alu(Ops.ADD, self._other(x))
+    def __mul__(self, x: Any) -> UPat: return self.alu(Ops.MUL, self._other(x))
+    def __rmul__(self, x: Any) -> UPat: return self.alu(Ops.MUL, self._other(x))
+    def __floordiv__(self, x: Any) -> UPat: return self.alu(Ops.IDIV, self._other(x))
+    def __mod__(self, x: Any) -> UPat: return self.alu(Ops.MOD, self._other(x))
+    def __lt__(self, x: Any) -> UPat: return self.alu(Ops.CMPLT, self._other(x))
+    def __and__(self, x: Any) -> UPat: return self.alu(Ops.AND, self._other(x))
+    def __or__(self, x: Any) -> UPat: return self.alu(Ops.OR, self._other(x))
+    def __xor__(self, x: Any) -> UPat: return self.alu(Ops.XOR, self._other(x))
+    def maximum(self, x: Any) -> UPat: return self.alu(Ops.MAX, self._other(x))
+    def ne(self, x: Any) -> UPat: return self.alu(Ops.CMPNE, self._other(x))
+    def where(self, x: Any, y: Any) -> UPat: return self.alu(Ops.WHERE, self._other(x), self._other(y))
+    def cast(self, dtype: DType | None = None) -> UPat: return UPat(Ops.CAST, dtype, (self,))
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        fields = []
+        if self.op is not None: fields.append("{" + ", ".join(sorted(o.name for o in self.op)) + "}")
+        if self.dtype is not None: fields.append(f"dtype={set(self.dtype)}")
+        if self.arg is not None: fields.append(f"arg={self.arg!r}")
+        if self.name is not None: fields.append(f"name={self.name!r}")
+        if self.src is not None: fields.append(f"src={self.src!r}")
+        return f"UPat({', '.join(fields)})"
+
+    # *** matching ***
+
+    def match(self, uop: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
+        """Every way this pattern matches `uop`, each as the bindings extending `store` (empty list: no match)."""
+        if self.op is not None and uop.op not in self.op: return []
+        if self.dtype is not None and uop.dtype not in self.dtype and uop.dtype.scalar() not in self.dtype: return []
+        if self.arg is not None and not _arg_equal(self.arg, uop.arg): return []
+        if self.name is not None:
+            bound = store.get(self.name)
+            if bound is not None:
+                if bound is not uop: return []
+            else: store = {**store, self.name: uop}
+        if self.src is None: return [store]
+        if isinstance(self.src, UPat):
+            stores = [store]
+            for s in uop.src: stores = [r for st in stores for r in self.src.match(s, st)]
+            return stores
+        assert self._src_options is not None
+        n = len(self._src_options[0])
+        if len(uop.src) != n and not (self.allow_any_len and len(uop.src) >= n): return []
+        res: list[dict[str, UOp]] = []
+        for option in self._src_options:
+            stores = [store]
+            for p, s in zip(option, uop.src):
+                stores = [r for st in stores for r in p.match(s, st)]
+                if not stores: break
+            res.extend(stores)
+        return res
+
+def _arg_equal(want: Any, have: Any) -> bool:
+    # bools and ints compare equal in Python (True == 1); constants of different kinds must not match
+    return want == have and (type(want) is type(have) or not isinstance(want, bool) and not isinstance(have, bool))
+
+class PatternMatcher:
+    """An ordered list of `(UPat, callback)` rules. Rules are dispatched by op, so matching cost doesn't grow with the
+    number of rules for other ops. A callback gets the named bindings as keyword arguments (and `ctx` if it has such a
+    parameter) and returns a replacement UOp or None. Matchers combine with `+`."""
+
+    def __init__(self, patterns: list[tuple[UPat, Callable[..., UOp | None]]], name: str | None = None):
+        self.patterns = list(patterns)
+        self.name = name
+        entries = [(p, fxn, "ctx" in inspect.signature(fxn).parameters) for p, fxn in self.patterns]
+        # per op: the rules that can match it (those naming the op, and those with any op), in rule order
+        self.wildcard = [e for e in entries if e[0].op is None]
+        all_ops = {op for p, _ in self.patterns if p.op is not None for op in p.op}
+        self.pdict: dict[Ops, list[tuple[UPat, Callable, bool]]] = \
+            {op: [e for e in entries if e[0].op is None or op in e[0].op] for op in all_ops}
+
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(self.patterns + other.patterns, name=f"{self.name}+{other.name}")
+
+    def rewrite(self, uop: UOp, ctx: Any = None) -> UOp | None:
+        """The first rule's replacement for `uop`, or None when no rule applies."""
+        for pat, fxn, wants_ctx in self.pdict.get(uop.op, self.wildcard):
+            for store in pat.match(uop, {}):
+                ret = fxn(ctx=ctx, **store) if wants_ctx else fxn(**store)
+                if ret is not None and ret is not uop: return ret
+        return None
+
+def _rewrite_to_fixed_point(pm: PatternMatcher, uop: UOp, ctx: Any, limit: int = 10000) -> UOp:
+    for _ in range(limit):
+        new = pm.rewrite(uop, ctx)
+        if new is None: return uop
+        uop = new
+    raise RuntimeError(f"{pm.name}: rewriting did not reach a fixed point after {limit} steps at {uop.op}")
+
+class RewriteContext:
+    """One graph_rewrite run: the rules, the context, and the memo of node -> fully rewritten node."""
+    def __init__(self, pm: PatternMatcher, ctx: Any, bottom_up: bool):
+        self.pm, self.ctx, self.bottom_up = pm, ctx, bottom_up
+        self.replace: dict[UOp, UOp] = {}
+
+    def rewrite(self, root: UOp) -> UOp:
+        """`root` rewritten to a fixed point; an explicit stack replaces recursion.
+
+        top-down: a node is rewritten until no rule applies, then its sources are rewritten, then it is rebuilt and
+        rewritten again. bottom-up: sources first, then the node; a new node from a rule is processed from scratch."""
+        replace, pm, ctx = self.replace, self.pm, self.ctx
+        # stack entries: (original node, stage, node being processed for it)
+        stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
+        while stack:
+            n, stage, cur = stack.pop()
+            if stage == 0:
+                if n in replace: continue
+                if not self.bottom_up: cur = _rewrite_to_fixed_point(pm, n, ctx)
+                if cur is not n and cur in replace:
+                    replace[n] = replace[cur]
+                    continue
+                stack.append((n, 1, cur))
+                for s in reversed(cur.src):
+                    if s not in replace: stack.append((s, 0, s))
+            elif stage == 1:
+                new_src = tuple(replace[s] for s in cur.src)
+                rebuilt = cur if all(a is b for a, b in zip(new_src, cur.src)) else cur.replace(src=new_src)
+                # top-down already took `cur` to a fixed point; only a rebuilt node can match again
+                new = None if rebuilt is cur and not self.bottom_up else pm.rewrite(rebuilt, ctx)
+                if new is None:
+                    replace[n] = rebuilt
+                    if cur is not n: replace[cur] = rebuilt
+                else:
+                    stack.append((n, 2, new))
+                    stack.append((new, 0, new))
+            else:
+                replace[n] = replace[cur]
+        return replace[root]
+
+def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = False,
+                  name: str | None = None) -> UOp:
+    """`sink` with the rules of `pm` applied everywhere until none applies."""
+    st = time.perf_counter()
+    ret = RewriteContext(pm, ctx, bottom_up).rewrite(sink)
+    if DEBUG >= 6 and name: print(f"graph_rewrite {name}: {(time.perf_counter()-st)*1e3:.2f} ms")
+    return ret
+
+def graph_rewrite_map(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = False,
+                      name: str | None = None, input_map: dict[UOp, UOp] | None = None) -> dict[UOp, UOp]:
+    """Like graph_rewrite, but returns old -> new for every node of the original graph (so holders of old nodes,
+    such as Tensors, can be re-pointed). `input_map` chains an earlier map: its keys are mapped through this rewrite."""
+    rc = RewriteContext(pm, ctx, bottom_up)
+    rc.rewrite(sink)
+    ret = {}
+    for u in sink.toposort(): ret[u] = rc.rewrite(u)
+    if input_map is not None: return {k: ret.get(v, v) for k, v in input_map.items()}
+    return ret
