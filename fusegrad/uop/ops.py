@@ -1,6 +1,6 @@
 """The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, with the `Ops` every stage uses."""
 from __future__ import annotations
-import math, weakref
+import math, struct, weakref
 from enum import Enum, auto
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_int, truncate_float
@@ -33,6 +33,9 @@ class Ops(Enum):
     WHERE = auto(); MULACC = auto()
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
+    # members are singletons compared by identity; Enum's default hashes the name in Python, which is slow on the
+    # hot paths (UOp cache keys, pattern dispatch)
+    __hash__ = object.__hash__
 
 class GroupOp:
     """Named sets of Ops, so passes can talk about families of operations."""
@@ -103,18 +106,34 @@ def exec_alu(op: Ops, dtype: DType, operands: tuple[ConstType, ...]) -> ConstTyp
 
 # *** the UOp ***
 
+def _arg_key(arg: Any) -> Any:
+    """A cache key for a UOp arg that tells apart what `==` conflates: 0.0 vs -0.0, 1 vs True vs 1.0, and that finds
+    nan again (a nan is != itself, so it could never be looked up by value)."""
+    t = type(arg)
+    if t is float: return (float, struct.pack("<d", arg))
+    if t is tuple: return tuple(_arg_key(a) for a in arg)
+    if t is bool: return (bool, arg)
+    return arg
+
 class UOpMetaClass(type):
-    """Hash-conses UOps: constructing an existing (op, dtype, src, arg) returns that same object."""
-    ucache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+    """Hash-conses UOps: constructing an existing (op, dtype, src, arg) returns that same object.
+    `ucache` maps a key to a weak reference, so a UOp nothing else holds is freed; its __del__ drops the entry.
+    (A plain dict of weakrefs is a lot faster than a WeakValueDictionary, whose methods are Python code.)"""
+    ucache: dict[tuple, weakref.ReferenceType[UOp]] = {}
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
-        # floats key by their bits so 0.0 and -0.0 stay distinct and nan finds itself
-        key = (op, dtype, src, arg, arg.hex() if isinstance(arg, float) else None)
-        try:
-            if (ret := UOpMetaClass.ucache.get(key)) is not None: return ret
+        if type(src) is not tuple: raise TypeError(f"src must be a tuple of UOps, got {type(src).__name__}")
+        key = (op, dtype, src, _arg_key(arg))
+        try: wr = UOpMetaClass.ucache.get(key)
         except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
+        if wr is not None and (ret := wr()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
-        UOpMetaClass.ucache[key] = ret
+        object.__setattr__(ret, "_ukey", key)
+        UOpMetaClass.ucache[key] = weakref.ref(ret)
         return ret
+
+def live_uops() -> list[UOp]:
+    """Every UOp currently alive (in the hash-consing cache)."""
+    return [u for wr in list(UOpMetaClass.ucache.values()) if (u := wr()) is not None]
 
 def _as_uop(x: Any, like: UOp) -> UOp:
     return x if isinstance(x, UOp) else like.const_like(x)
@@ -123,16 +142,26 @@ sint = int  # a shape or index entry: an int, or (later) a symbolic UOp
 
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
-    __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+    __slots__ = ("op", "dtype", "src", "arg", "_ukey", "__weakref__", "__dict__")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
-        if not isinstance(src, tuple): raise TypeError(f"src must be a tuple of UOps, got {type(src).__name__}")
+        if not all(isinstance(s, UOp) for s in src): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "arg", arg)
 
+    def __del__(self):
+        # drop this node's cache entry, but not one a newer equal node took over: when the garbage collector frees
+        # a cycle it clears weakrefs before running finalizers, so the key may already hold a different live UOp
+        try:
+            key = self._ukey
+            wr = UOpMetaClass.ucache.get(key)
+            if wr is not None and ((u := wr()) is self or u is None): del UOpMetaClass.ucache[key]
+        except (AttributeError, TypeError, KeyError): pass  # not fully built, or the interpreter is shutting down
+
     def __setattr__(self, name: str, value: Any): raise AttributeError("UOps are immutable; use replace()")
+    def __delattr__(self, name: str): raise AttributeError("UOps are immutable; use replace()")
     def __reduce__(self): return (UOp, (self.op, self.dtype, self.src, self.arg))
     def _cached(self, name: str, fxn: Callable[[], Any]) -> Any:
         # per-node memo for derived properties (shape, ranges); allowed despite immutability because it's a pure cache
@@ -372,6 +401,7 @@ def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.BUFFER: return (arg[1],)
     if op is Ops.BUFFER_VIEW: return (arg[0],)
     if op is Ops.CONST: return ()
+    if op is Ops.RANGE: return (arg,) if u.src and u.src[0].op is Ops.DEVICE else None
     if op is Ops.RESHAPE or op is Ops.EXPAND: return arg
     ss = u.src[0].shape if u.src else None
     if op is Ops.ASSIGN and arg is not None: return arg
@@ -390,133 +420,170 @@ def _minmax_of_products(a: tuple, b: tuple) -> tuple:
     return min(vals), max(vals)
 
 def _compute_min_max(u: UOp) -> tuple[ConstType, ConstType]:
-    """Bounds of the value of `u` over every assignment of its variables (conservative)."""
-    dt = u.dtype.scalar() if not isinstance(u.dtype, PtrDType) else dtypes.index
-    lo_dt, hi_dt = (dtypes.min(dt), dtypes.max(dt)) if dt != dtypes.void else (-math.inf, math.inf)
-    full = (lo_dt, hi_dt)
+    """Bounds [vmin, vmax] of the value of `u` over every assignment of its variables (conservative: always sound).
+
+    Fixed-width ints get their full dtype range when a result could have wrapped around, so rules may trust a range
+    that is narrower than the dtype's. dtypes.index doesn't wrap (constant folding never truncates it), so its bounds
+    are exact Python ints and may lie outside 64 bits. Float values that could be NaN get (-inf, inf), which decides
+    no comparison."""
+    if isinstance(u.dtype, PtrDType): return (dtypes.min(dtypes.index), dtypes.max(dtypes.index))
+    dt = u.dtype.scalar()
+    if dt == dtypes.void: return (-math.inf, math.inf)
+    full = (dtypes.min(dt), dtypes.max(dt))
     op, s = u.op, u.src
-    if op is Ops.CONST: return (u.arg, u.arg)
+    if op is Ops.CONST or op is Ops.VCONST:
+        vals = u.arg if isinstance(u.arg, tuple) else (u.arg,)
+        if any(isinstance(v, float) and math.isnan(v) for v in vals): return full
+        return (min(vals), max(vals))
     if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
-    if op is Ops.BIND: return s[0]._min_max
-    if op is Ops.RANGE: return (0, s[0].vmax - 1) if isinstance(s[0].vmax, int) else full
-    if op is Ops.SPECIAL: return (0, s[0].vmax - 1) if s and isinstance(s[0].vmax, int) else full
+    if op is Ops.BIND or op is Ops.GEP: return s[0]._min_max
+    if op is Ops.VECTORIZE and s: return (min(x.vmin for x in s), max(x.vmax for x in s))
+    if op is Ops.RANGE or op is Ops.SPECIAL:
+        # an empty loop never runs its body, so any range is sound there; keep vmin <= vmax
+        end = s[0].vmax if s else None
+        return (0, max(end - 1, 0)) if isinstance(end, int) else full
+    if op is Ops.WHERE:
+        c0, c1 = s[0]._min_max
+        if c0 == c1: return s[1]._min_max if c0 else s[2]._min_max
+        return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
     if dt == dtypes.bool:
+        ret = _bool_min_max(u)
+        return ret if ret is not None else (False, True)
+    if dtypes.is_int(dt):
+        ret = _int_min_max(u, dt)
+        if ret is None: return full
+        # a fixed-width result outside the dtype's range may have wrapped around, so nothing is known
+        if dt != dtypes.index and (ret[0] < full[0] or ret[1] > full[1]): return full
+        return ret
+    if dtypes.is_float(dt) and op is Ops.CAST and (dtypes.is_int(s[0].dtype) or s[0].dtype.scalar() == dtypes.bool):
+        # rounding to the float dtype is monotonic, so rounded bounds stay bounds
+        return (truncate_float(float(s[0].vmin), dt), truncate_float(float(s[0].vmax), dt))
+    return full
+
+def _bool_min_max(u: UOp) -> tuple[bool, bool] | None:
+    op, s = u.op, u.src
+    if op in GroupOp.Comparison:
+        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
         if op is Ops.CMPLT:
-            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
             if a1 < b0: return (True, True)
             if a0 >= b1: return (False, False)
-        if op is Ops.CMPNE:
-            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
-            if a1 < b0 or a0 > b1: return (True, True)
-            if a0 == a1 == b0 == b1: return (False, False)
-        if op is Ops.CMPEQ:
-            (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
-            if a1 < b0 or a0 > b1: return (False, False)
-            if a0 == a1 == b0 == b1: return (True, True)
-        if op is Ops.AND and s[0].dtype.scalar() == dtypes.bool:
-            return (bool(s[0].vmin and s[1].vmin), bool(s[0].vmax and s[1].vmax))
-        if op is Ops.OR and s[0].dtype.scalar() == dtypes.bool:
-            return (bool(s[0].vmin or s[1].vmin), bool(s[0].vmax or s[1].vmax))
-        if op is Ops.CMPNE and s[0].dtype.scalar() == dtypes.bool: pass
-        if op is Ops.WHERE:
-            return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
-        if op is Ops.CONST: return (u.arg, u.arg)
-        return (False, True)
-    if not (dtypes.is_int(dt)): 
-        if op is Ops.WHERE: return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
-        if op is Ops.CAST and dtypes.is_int(s[0].dtype) or (s and s[0].dtype.scalar() == dtypes.bool and op is Ops.CAST):
-            return (float(s[0].vmin), float(s[0].vmax))
-        return full
-    ret = _int_min_max(u)
-    if ret is None: return full
-    lo, hi = ret
-    # a result outside the dtype's range may have wrapped around, so nothing is known
-    if lo < lo_dt or hi > hi_dt: return full
-    return (lo, hi)
+            return None
+        differ, same = a1 < b0 or a0 > b1, a0 == a1 == b0 == b1
+        if differ or same: return (differ, differ) if op is Ops.CMPNE else (same, same)
+        return None
+    if op in (Ops.AND, Ops.MUL, Ops.OR, Ops.ADD, Ops.MAX, Ops.XOR, Ops.NOT, Ops.CAST) and \
+            any(x.dtype.scalar() != dtypes.bool for x in s):
+        if op is not Ops.CAST: return None
+        lo, hi = s[0]._min_max  # a cast to bool is "!= 0"
+        if lo > 0 or hi < 0: return (True, True)
+        if lo == hi == 0: return (False, False)
+        return None
+    if op is Ops.AND or op is Ops.MUL: return (bool(s[0].vmin and s[1].vmin), bool(s[0].vmax and s[1].vmax))
+    if op is Ops.OR or op is Ops.ADD or op is Ops.MAX:
+        return (bool(s[0].vmin or s[1].vmin), bool(s[0].vmax or s[1].vmax))
+    if op is Ops.NOT: return (not s[0].vmax, not s[0].vmin)
+    if op is Ops.XOR and s[0].vmin == s[0].vmax and s[1].vmin == s[1].vmax:
+        v = bool(s[0].vmin) != bool(s[1].vmin)
+        return (v, v)
+    if op is Ops.CAST: return (bool(s[0].vmin), bool(s[0].vmax))
+    return None
 
-def _int_min_max(u: UOp) -> tuple[int, int] | None:
+def _int_min_max(u: UOp, dt: DType) -> tuple[int, int] | None:
+    """Exact integer bounds of `u` from its sources' bounds (before any wrap-around check), or None if unknown."""
     op, s = u.op, u.src
     if op is Ops.ADD: return (s[0].vmin + s[1].vmin, s[0].vmax + s[1].vmax)
     if op is Ops.SUB: return (s[0].vmin - s[1].vmax, s[0].vmax - s[1].vmin)
     if op is Ops.NEG: return (-s[0].vmax, -s[0].vmin)
     if op is Ops.MUL: return _minmax_of_products(s[0]._min_max, s[1]._min_max)
+    if op is Ops.MULACC:
+        lo, hi = _minmax_of_products(s[0]._min_max, s[1]._min_max)
+        return (lo + s[2].vmin, hi + s[2].vmax)
     if op is Ops.MAX: return (max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax))
-    if op is Ops.WHERE: return (min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax))
     if op is Ops.CAST:
         src_dt = s[0].dtype.scalar()
-        if src_dt == dtypes.bool: return (int(s[0].vmin), int(s[0].vmax))
-        if dtypes.is_int(src_dt): return (s[0].vmin, s[0].vmax)
+        if src_dt == dtypes.bool or dtypes.is_int(src_dt): return (int(s[0].vmin), int(s[0].vmax))
+        lo, hi = s[0]._min_max
+        # float -> int truncates toward zero; monotonic, so truncated bounds are bounds (when finite)
+        if dtypes.is_float(src_dt) and math.isfinite(lo) and math.isfinite(hi): return (math.trunc(lo), math.trunc(hi))
         return None
+    (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max if len(s) > 1 else (0, 0)
     if op is Ops.IDIV:
-        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
-        if b0 > 0 or b1 < 0:  # divisor doesn't cross zero: extremes are at the corners (C truncation is monotonic)
-            vals = [_c_idiv(x, y) for x in (a0, a1) for y in (b0, b1)]
-            if a0 < 0 < a1: vals.append(0)
-            return (min(vals), max(vals))
-        return None
+        # C division is monotonic in each operand while the divisor keeps its sign, so the extremes are at corners of
+        # the positive and the negative part of the divisor's range; a zero divisor folds to 0 (as exec_alu does)
+        vals = [0] if b0 <= 0 <= b1 else []
+        for lo, hi in ((max(b0, 1), b1), (b0, min(b1, -1))):
+            if lo <= hi: vals += [_c_idiv(x, y) for x in (a0, a1) for y in (lo, hi)]
+        return (min(vals), max(vals))
     if op is Ops.MOD:
-        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
+        if b0 == b1 == 0: return (0, 0)
+        m = max(abs(b0), abs(b1)) - 1  # the largest possible |remainder|
         if b0 > 0 or b1 < 0:
-            m = max(abs(b0), abs(b1)) - 1
-            if a0 >= 0: return (0, min(a1, m))
-            if a1 <= 0: return (max(a0, -m), 0)
-            return (max(a0, -m), min(a1, m))
-        return None
+            # |x| below every |divisor|: the remainder is x itself
+            if max(abs(a0), abs(a1)) < min(abs(b0), abs(b1)): return (a0, a1)
+        # the remainder has the sign of the dividend (or is 0)
+        return (max(min(a0, 0), -m), min(max(a1, 0), m))
     if op is Ops.AND:
-        if s[0].vmin >= 0 and s[1].vmin >= 0: return (0, min(s[0].vmax, s[1].vmax))
+        if a0 >= 0 and b0 >= 0: return (0, min(a1, b1))
+        if a0 >= 0: return (0, a1)
+        if b0 >= 0: return (0, b1)
         return None
-    if op is Ops.SHL:
-        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
-        if a0 >= 0 and b0 >= 0 and b1 < 64: return (a0 << b0, a1 << b1)
-        return None
-    if op is Ops.SHR:
-        (a0, a1), (b0, b1) = s[0]._min_max, s[1]._min_max
-        if a0 >= 0 and b0 >= 0 and b1 < 64: return (a0 >> b1, a1 >> b0)
-        return None
+    if op is Ops.OR or op is Ops.XOR:
+        if a0 < 0 or b0 < 0: return None
+        top = (1 << max(a1, b1).bit_length()) - 1
+        return (max(a0, b0), top) if op is Ops.OR else (0, top)
+    if op is Ops.SHL or op is Ops.SHR:
+        # shifts are monotonic in each operand; an out-of-range shift amount gives 0 (exec_alu), so require in-range
+        if not 0 <= b0 <= b1 < 8 * dt.itemsize: return None
+        vals = [x << y if op is Ops.SHL else x >> y for x in (a0, a1) for y in (b0, b1)]
+        return (min(vals), max(vals))
     return None
 
 # *** printing a whole graph with shared nodes named once ***
 
 def pretty_print(root: UOp) -> str:
-    """`UOp(...)` text for a graph; a node used more than once is written `x3:=UOp(...)` once and `x3` after."""
-    topo = root.toposort_list()
+    """Python-like text for a whole graph: `UOp(op, dtype, arg=..., src=(...))`, one node per line, sources indented.
+    A non-constant node used more than once is written `x0:=UOp(...)` where it first appears and `x0` after, so the
+    text is valid Python that rebuilds the same graph (with Ops, dtypes, UOp and math in scope)."""
+    topo = root.toposort()
     users: dict[UOp, int] = {}
     for u in topo:
         for s in u.src: users[s] = users.get(s, 0) + 1
-    names: dict[UOp, str] = {}
-    for u in topo:
-        if users.get(u, 0) > 1 and u.op is not Ops.CONST: names[u] = f"x{len(names)}"
-    printed: set[UOp] = set()
-    # render children before parents; a node's text depends on whether its shared children were already printed,
-    # so build the final string with an explicit walk in source order
+    shared = {u for u, n in users.items() if n > 1 and u.op is not Ops.CONST}
+    names: dict[UOp, str] = {}  # shared nodes already written, named in the order they appear in the text
     out: list[str] = []
-    stack: list[tuple[UOp, int, int]] = [(root, 0, 0)]
+    # explicit stack (deep graphs must not recurse): ("open", node, depth, comma) writes a node, ("close", comma) ends
+    # the source tuple of the node opened last by appending "))" to the last line written
+    stack: list[tuple] = [("open", root, 0, "")]
     while stack:
-        u, stage, depth = stack.pop()
+        item = stack.pop()
+        if item[0] == "close":
+            out[-1] += "))" + item[1]
+            continue
+        _, u, depth, comma = item
         pad = "  " * depth
-        if stage == 0:
-            if u in names and u in printed: out.append(f"{pad}{names[u]}"); continue
-            head = f"{pad}{names[u] + ':=' if u in names else ''}UOp({u.op}, {u.dtype}, arg={u.arg!r}, src=("
-            if u in names: printed.add(u)
-            if not u.src: out.append(head + "))"); continue
-            out.append(head)
-            stack.append((u, 1, depth))
-            for s in reversed(u.src): stack.append((s, 0, depth + 1))
-        else:
-            out.append(f"{pad}))")
-    return "\n".join(_join_commas(out))
+        if u in names:
+            out.append(f"{pad}{names[u]}{comma}")
+            continue
+        prefix = ""
+        if u in shared:
+            names[u] = f"x{len(names)}"
+            prefix = names[u] + ":="
+        head = f"{pad}{prefix}UOp({u.op!r}, {u.dtype!r}, arg={_repr_arg(u.arg)}, src=("
+        if not u.src:
+            out.append(head + "))" + comma)
+            continue
+        out.append(head)
+        stack.append(("close", comma))
+        # every source gets a trailing comma so a single source still makes a tuple
+        for s in reversed(u.src): stack.append(("open", s, depth + 1, ","))
+    return "\n".join(out)
 
-def _join_commas(lines: list[str]) -> list[str]:
-    # lines are emitted without separators; add a comma after every source line that is followed by a sibling
-    res = []
-    for i, line in enumerate(lines):
-        nxt = lines[i + 1] if i + 1 < len(lines) else None
-        indent = len(line) - len(line.lstrip())
-        closes_or_leaf = not line.endswith("src=(")
-        if nxt is not None and closes_or_leaf and (len(nxt) - len(nxt.lstrip())) == indent and not nxt.strip() == "))":
-            line += ","
-        res.append(line)
-    return res
+def _repr_arg(arg: Any) -> str:
+    # inf and nan have no literal; write them as the math constants so the text stays valid Python
+    if isinstance(arg, float) and not math.isfinite(arg):
+        return "math.nan" if math.isnan(arg) else ("math.inf" if arg > 0 else "-math.inf")
+    if isinstance(arg, tuple): return f"({_repr_arg(arg[0])},)" if len(arg) == 1 else f"({', '.join(map(_repr_arg, arg))})"
+    return repr(arg)
 
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.FDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",
           Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}

@@ -1,0 +1,9 @@
+"""fusegrad: a deep-learning framework that is a small compiler."""
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import Context, getenv, DEBUG
+from fusegrad.uop.ops import UOp, Ops, Variable
+from fusegrad.tensor import Tensor
+from fusegrad.device import Device
+from fusegrad.engine.realize import GlobalCounters
+
+__all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "UOp", "Ops", "DEBUG"]

@@ -1,0 +1,159 @@
+"""Step 4 of scheduling: give a kernel its AST. Walking down from the value a kernel stores, every movement op becomes
+index arithmetic on RANGE loop variables, every realized input becomes a LOAD from a DEFINE_GLOBAL, and every fused
+REDUCE_AXIS becomes a REDUCE over new reduce ranges."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+def _idx(v: int) -> UOp: return UOp.const(dtypes.index, v)
+
+def flat_index(idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    """The row-major offset of position `idxs` in `shape`."""
+    terms, stride = [], 1
+    for i, s in reversed(list(zip(idxs, shape))):
+        if s != 1: terms.append(i * stride if stride != 1 else i)
+        stride *= s
+    if not terms: return _idx(0)
+    ret = terms[-1]
+    for t in reversed(terms[:-1]): ret = ret + t
+    return ret
+
+def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
+    """Position in `shape` of the row-major offset `flat` (inverse of flat_index)."""
+    out, stride = [], 1
+    for s in reversed(shape):
+        if s == 1: out.append(_idx(0))
+        else: out.append((flat // stride) % s if stride != 1 else flat % s)
+        stride *= s
+    return tuple(reversed(out))
+
+def _and(a: UOp | None, b: UOp | None) -> UOp | None:
+    if a is None: return b
+    if b is None: return a
+    return a & b
+
+def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp | None]:
+    """For movement op `m` read at `idxs`: the position in `m.src[0]` to read and a validity condition (PAD)."""
+    src_shape, arg = m.src[0].shape, m.arg
+    if m.op is Ops.RESHAPE: return unflatten_index(flat_index(idxs, m.shape), src_shape), None
+    if m.op is Ops.PERMUTE:
+        out: list[UOp] = [_idx(0)] * len(arg)
+        for i, axis in enumerate(arg): out[axis] = idxs[i]
+        return tuple(out), None
+    if m.op is Ops.EXPAND: return tuple(_idx(0) if s == 1 and n != 1 else i for i, s, n in zip(idxs, src_shape, arg)), None
+    if m.op is Ops.SHRINK: return tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, arg)), None
+    if m.op is Ops.FLIP: return tuple((i * -1 + (s - 1)) if f else i for i, f, s in zip(idxs, arg, src_shape)), None
+    if m.op is Ops.PAD:
+        valid: UOp | None = None
+        new = []
+        for i, (b, e), s in zip(idxs, arg, src_shape):
+            if b == 0 and e == 0: new.append(i); continue
+            if b != 0: valid = _and(valid, (i < b).logical_not())
+            if e != 0: valid = _and(valid, i < b + s)
+            new.append(i - b if b != 0 else i)
+        return tuple(new), valid
+    raise RuntimeError(f"{m.op} is not a movement op")
+
+@dataclass
+class KernelBuilder:
+    """Builds the AST of one kernel. `is_input(u)` says where the kernel stops and loads from a buffer instead."""
+    is_input: object  # Callable[[UOp], bool]
+    globals: list[UOp] = field(default_factory=list)        # tensor-level buffer nodes, in DEFINE_GLOBAL order
+    next_axis: int = 0
+    memo: dict = field(default_factory=dict)
+
+    def new_range(self, end: int, kind: str) -> UOp:
+        r = UOp.range(end, self.next_axis, kind)
+        self.next_axis += 1
+        return r
+
+    def define_global(self, buf: UOp) -> UOp:
+        if buf not in self.globals: self.globals.append(buf)
+        i = self.globals.index(buf)
+        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(_buffer_size(buf)), arg=i)
+
+    def address(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp, UOp | None]:
+        """(DEFINE_GLOBAL, flat index, valid) of element `idxs` of `view`: movement ops over a realized buffer."""
+        valid: UOp | None = None
+        while not self.is_input(view):
+            if view.op not in GroupOp.Movement: raise RuntimeError(f"can't address {view.op} as a buffer view")
+            idxs, v = movement_index(view, idxs)
+            valid = _and(valid, v)
+            view = view.src[0]
+        return self.define_global(view), flat_index(idxs, view.shape), valid
+
+    def value(self, root: UOp, idxs: tuple[UOp, ...]) -> UOp:
+        """The kernel-level expression for element `idxs` of tensor node `root`."""
+        # an explicit stack instead of recursion: long elementwise chains are thousands of nodes deep
+        result: dict[tuple, UOp] = self.memo
+        stack: list[tuple[UOp, tuple[UOp, ...], UOp | None, bool]] = [(root, idxs, None, False)]
+        while stack:
+            u, ix, valid, ready = stack.pop()
+            key = (u, ix, valid)
+            if key in result: continue
+            if self.is_input(u):
+                g, flat, v = self.address(u, ix)
+                full_valid = _and(valid, v)
+                ind = g.index(flat, valid=full_valid) if full_valid is not None else g.index(flat)
+                result[key] = UOp(Ops.LOAD, u.dtype, (ind,))
+                continue
+            if u.op is Ops.CONST:
+                result[key] = UOp.const(u.dtype, u.arg)
+                continue
+            if u.op is Ops.RANGE:  # a tensor-level iota: element i is i
+                result[key] = ix[0].cast(u.dtype)
+                continue
+            children = self._children(u, ix, valid)
+            if not ready:
+                stack.append((u, ix, valid, True))
+                for c in children:
+                    if (c[0], c[1], c[2]) not in result: stack.append((c[0], c[1], c[2], False))
+                continue
+            srcs = [result[(c[0], c[1], c[2])] for c in children]
+            result[key] = self._combine(u, ix, srcs)
+        return result[(root, idxs, None)]
+
+    def _children(self, u: UOp, ix: tuple[UOp, ...], valid: UOp | None) -> list[tuple]:
+        if u.op in GroupOp.Movement:
+            new_ix, v = movement_index(u, ix)
+            if u.op is Ops.PAD: self.memo[("pad", u, ix)] = v
+            return [(u.src[0], new_ix, _and(valid, v))]
+        if u.op is Ops.REDUCE_AXIS:
+            rix = self._reduce_ranges(u, ix)
+            return [(u.src[0], rix, valid)]
+        if u.op in GroupOp.Elementwise or u.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
+            return [(s, ix, valid) for s in u.src]
+        raise RuntimeError(f"can't fuse {u.op} into a kernel")
+
+    def _reduce_ranges(self, u: UOp, ix: tuple[UOp, ...]) -> tuple[UOp, ...]:
+        # one set of reduce ranges per (reduce node, output position), so a reduce reached twice is one loop
+        key = ("reduce", u, ix)
+        if key not in self.memo:
+            in_shape = u.src[0].shape
+            self.memo[key] = tuple((self.new_range(in_shape[a], "reduce") if in_shape[a] != 1 else _idx(0))
+                                   if a in u.arg[1] else i for a, i in enumerate(ix))
+        return self.memo[key]
+
+    def _combine(self, u: UOp, ix: tuple[UOp, ...], srcs: list[UOp]) -> UOp:
+        if u.op in GroupOp.Movement:
+            if u.op is Ops.PAD:
+                v = self.memo[("pad", u, ix)]
+                inner = srcs[0]
+                # a gated LOAD already reads 0 outside the pad; anything else (constants, exp, ...) needs the gate
+                if v is None or inner.op is Ops.LOAD: return inner
+                return v.where(inner, inner.const_like(0))
+            return srcs[0]
+        if u.op is Ops.REDUCE_AXIS:
+            rix = self.memo[("reduce", u, ix)]
+            ranges = tuple(r for r in rix if r.op is Ops.RANGE and r.arg[1] == "reduce" and r not in ix)
+            return UOp(Ops.REDUCE, u.dtype, (srcs[0],) + ranges, u.arg[0]) if ranges else srcs[0]
+        if u.op in (Ops.CONTIGUOUS,): return srcs[0]
+        if u.op is Ops.ASSIGN: return srcs[1]
+        return UOp(u.op, u.dtype, tuple(srcs), u.arg)
+
+def _buffer_size(buf: UOp) -> int:
+    b = buf
+    if b.op is Ops.ASSIGN: b = b.src[0]
+    while b.op is Ops.RESHAPE: b = b.src[0]
+    return b.arg[1] if b.op is Ops.BUFFER else b.size

@@ -1,0 +1,132 @@
+"""Steps 1-4 of scheduling: simplify the tensor graph, decide which nodes are realized into buffers (the fusion
+decision), and group everything else into KERNEL UOps, each with its AST. After this, a realized node `r` is
+`ASSIGN(BUFFER, KERNEL(ast, buffers...), arg=r.shape)` and its users load from that buffer."""
+from __future__ import annotations
+import itertools
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
+from fusegrad.schedule.indexing import KernelBuilder, flat_index
+from fusegrad.schedule.simplify import _is_contiguous_buffer, const_value, sym_tensor
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import graph_rewrite_map
+
+_buffer_ids = itertools.count()
+
+def new_buffer(device: UOp, size: int, dtype) -> UOp:
+    """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
+    return UOp(Ops.BUFFER, dtype, (device,), (next(_buffer_ids), size))
+
+def is_realized(u: UOp) -> bool:
+    """A node whose value lives in a buffer: a BUFFER or a kernel's output."""
+    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
+
+def buffer_of(u: UOp) -> UOp:
+    """The BUFFER node behind a realized node or a reshape view of one."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.ASSIGN: return buffer_of(u.src[0])
+    if u.op is not Ops.BUFFER: raise RuntimeError(f"{u.op} is not a buffer")
+    return u
+
+def _view_base(u: UOp) -> UOp:
+    while u.op in GroupOp.Movement: u = u.src[0]
+    return u
+
+def find_realized(sink: UOp) -> set[UOp]:
+    """The fusion decision: which nodes get their own buffer (and kernel)."""
+    realize: set[UOp] = set()
+    topo = list(sink.toposort())
+    for out in sink.src:
+        if not _is_contiguous_buffer(out) and prod(out.shape or (1,)) >= 0: realize.add(out)
+    for u in topo:
+        if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
+        if u.op is Ops.COPY: realize.add(u.src[0])
+        # a computed value that is broadcast is computed once into a buffer, not once per output element
+        if u.op is Ops.EXPAND:
+            base = _view_base(u.src[0])
+            if not is_realized(base) and not _is_cheap(base): realize.add(base)
+    # a reduce feeding more than one kernel is computed once (walk users before sources)
+    users: dict[UOp, list[UOp]] = {}
+    for u in topo:
+        for s in u.src: users.setdefault(s, []).append(u)
+    roots: dict[UOp, frozenset[UOp]] = {}
+    for u in reversed(topo):
+        if u.op is Ops.SINK: continue
+        if u in realize or is_realized(u): roots[u] = frozenset([u]); continue
+        r = frozenset().union(*(roots.get(x, frozenset()) for x in users.get(u, []) if x.op is not Ops.SINK))
+        if u.op is Ops.REDUCE_AXIS and len(r) > 1:
+            realize.add(u); roots[u] = frozenset([u])
+        else: roots[u] = r
+    return {u for u in realize if not is_realized(u)}
+
+def _is_cheap(u: UOp) -> bool:
+    """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""
+    return not any(x.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.COPY) for x in u.toposort())
+
+def _device(u: UOp) -> UOp:
+    for x in u.toposort():
+        if x.op is Ops.DEVICE: return x
+    raise RuntimeError("no device")
+
+def _assign_target(u: UOp) -> UOp:
+    """The buffer view an ASSIGN writes to (checked to be a realized buffer)."""
+    target = u.src[0]
+    if not is_realized(_view_base(target)):
+        raise RuntimeError("assign target must be a realized tensor (call .realize() on it first)")
+    return target
+
+def build_kernel(r: UOp, realized: set[UOp], replaced: dict[UOp, UOp]) -> UOp:
+    """The ASSIGN(BUFFER, KERNEL) that computes realized node `r`."""
+    def is_input(u: UOp) -> bool: return u is not r and (u in realized or is_realized(u))
+    kb = KernelBuilder(is_input)
+    shape = r.shape
+    if r.op is Ops.ASSIGN:
+        target_view, out_buf = _assign_target(r), buffer_of(_view_base(r.src[0]))
+        value_node = r.src[1]
+    else:
+        out_buf = new_buffer(_device(r), prod(shape), r.dtype)
+        target_view, value_node = out_buf.reshape(shape) if shape != out_buf.shape else out_buf, r
+    ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
+    # output first: DEFINE_GLOBAL 0 is the buffer written
+    kb.globals.append(out_buf)
+    if r.op is Ops.ASSIGN:
+        # address the target through its view (an assign may write a slice of a buffer)
+        target_builder = KernelBuilder(lambda u: u is out_buf or is_realized(u))
+        _, idx, valid = target_builder.address(target_view, ranges)
+    else: idx, valid = flat_index(ranges, shape), None
+    g = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype.ptr(out_buf.arg[1]), arg=0)
+    val = kb.value(value_node, ranges) if value_node is not r else _value_of_root(kb, r, ranges)
+    store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
+    ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),))
+    inputs = tuple(replaced.get(b, b) for b in kb.globals[1:])
+    kernel = UOp(Ops.KERNEL, dtypes.void, (out_buf,) + inputs, ast)
+    if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
+    # users of an assign see the target view, now reading the buffer after the kernel ran
+    done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
+    return target_view.substitute({out_buf: done})
+
+def _value_of_root(kb: KernelBuilder, r: UOp, ranges: tuple[UOp, ...]) -> UOp:
+    # the root itself is computed here, so look through it once (its sources may be inputs)
+    if r.op is Ops.CONTIGUOUS: return kb.value(r.src[0], ranges)
+    return kb.value(r, ranges)
+
+def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
+    """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow."""
+    simplified = graph_rewrite_map(sink, sym_tensor, name="sym_tensor")
+    ssink = simplified[sink]
+    realized = find_realized(ssink)
+    replaced: dict[UOp, UOp] = {}
+    for u in ssink.toposort():
+        if u in realized: replaced[u] = build_kernel(u, realized, replaced)
+    final = substitute_map(ssink, replaced)
+    return {k: final.get(v, v) for k, v in simplified.items()}
+
+def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """old -> new for every node under `root` after replacing the keys of `dvars` by their values."""
+    out: dict[UOp, UOp] = {}
+    for u in root.toposort():
+        if u in dvars: out[u] = dvars[u]; continue
+        new_src = tuple(out[s] for s in u.src)
+        out[u] = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
+    return out
+
+__all__ = ["kernelize_map", "is_realized", "buffer_of", "new_buffer", "const_value"]

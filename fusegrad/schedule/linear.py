@@ -1,0 +1,58 @@
+"""Step 5 of scheduling: order the kernels of a kernelized graph into ExecItems and attach real Buffers."""
+from __future__ import annotations
+import weakref
+from collections import deque
+from fusegrad.schedule.kernelize import buffer_of
+from fusegrad.uop.ops import Ops, UOp
+
+# the storage behind every BUFFER node; entries vanish with their node
+buffer_map: weakref.WeakKeyDictionary[UOp, object] = weakref.WeakKeyDictionary()
+
+def get_buffer(buf: UOp):
+    """The device Buffer of a BUFFER node, created (unallocated) on first use."""
+    from fusegrad.device import Buffer
+    if buf.op is not Ops.BUFFER: buf = buffer_of(buf)
+    if (b := buffer_map.get(buf)) is None:
+        b = buffer_map[buf] = Buffer(buf.device, buf.arg[1], buf.dtype)
+    return b
+
+def kernels_in_order(sink: UOp) -> list[UOp]:
+    """Every KERNEL under `sink`, dependencies first. Besides data dependencies, a kernel that reads a buffer runs
+    before a kernel that overwrites it in place (an ASSIGN target), so it sees the old values."""
+    kernels = [u for u in sink.toposort() if u.op is Ops.KERNEL]
+    index = {k: i for i, k in enumerate(kernels)}
+    deps: dict[UOp, set[UOp]] = {k: set() for k in kernels}
+    writers: dict[UOp, UOp] = {}
+    for k in kernels:
+        for s in k.src[1:]:
+            if s.op is Ops.ASSIGN and s.src[1] in deps: deps[k].add(s.src[1])
+        writers.setdefault(k.src[0], k)
+    for k in kernels:
+        for s in k.src[1:]:
+            w = writers.get(s) if s.op is Ops.BUFFER else None
+            if w is not None and w is not k and k not in _ancestors(w, deps): deps[w].add(k)
+    # Kahn's algorithm, stable in toposort order
+    remaining = {k: len(d) for k, d in deps.items()}
+    users: dict[UOp, list[UOp]] = {k: [] for k in kernels}
+    for k, d in deps.items():
+        for x in d: users[x].append(k)
+    ready = deque(sorted((k for k, n in remaining.items() if n == 0), key=index.__getitem__))
+    out: list[UOp] = []
+    while ready:
+        k = ready.popleft()
+        out.append(k)
+        for u in sorted(users[k], key=index.__getitem__):
+            remaining[u] -= 1
+            if remaining[u] == 0: ready.append(u)
+    if len(out) != len(kernels): raise RuntimeError("cycle between kernels (a buffer is read and written in place)")
+    return out
+
+def _ancestors(k: UOp, deps: dict[UOp, set[UOp]]) -> set[UOp]:
+    seen: set[UOp] = set()
+    stack = list(deps[k])
+    while stack:
+        x = stack.pop()
+        if x in seen: continue
+        seen.add(x)
+        stack.extend(deps[x])
+    return seen

@@ -1,0 +1,79 @@
+"""Step 1 of scheduling: simplify the tensor graph before any fusion decision is made."""
+from __future__ import annotations
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import prod
+from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
+from fusegrad.uop.pattern import PatternMatcher, UPat
+
+def const_view(value, dtype, device: UOp, shape: tuple[int, ...]) -> UOp:
+    """A tensor-level constant: a 0-d CONST on `device`, reshaped and broadcast to `shape`."""
+    c = UOp(Ops.CONST, dtype, (device,), dtypes.as_const(value, dtype))
+    if shape == (): return c
+    return c.reshape((1,) * len(shape)).expand(shape) if any(s != 1 for s in shape) else c.reshape(shape)
+
+def const_value(u: UOp):
+    """The value of every element of `u` if it is a view of a constant that stays uniform (no PAD), else None."""
+    while u.op in GroupOp.Movement:
+        if u.op is Ops.PAD: return None
+        u = u.src[0]
+    return u.arg if u.op is Ops.CONST and u.src else None
+
+def _device_of(u: UOp) -> UOp:
+    for x in u.toposort():
+        if x.op is Ops.DEVICE: return x
+    raise RuntimeError(f"no device in graph of {u.op}")
+
+def _fold_alu(a: UOp) -> UOp | None:
+    vals = [const_value(s) for s in a.src]
+    if any(v is None for v in vals): return None
+    return const_view(exec_alu(a.op, a.dtype, tuple(vals)), a.dtype, _device_of(a), a.shape)
+
+def _fold_cast(c: UOp) -> UOp | None:
+    if (v := const_value(c.src[0])) is None or c.op is Ops.BITCAST: return None
+    return const_view(v, c.dtype, _device_of(c), c.shape)
+
+def _movement_of_const(m: UOp) -> UOp | None:
+    # a uniform constant stays a constant under any movement but PAD; rebuild it in canonical form
+    if m.op is Ops.PAD or (v := const_value(m)) is None: return None
+    canonical = const_view(v, m.dtype, _device_of(m), m.shape)
+    return canonical if canonical is not m else None
+
+def _size_zero(x: UOp) -> UOp | None:
+    if x.op in (Ops.BUFFER, Ops.CONST, Ops.SINK, Ops.KERNEL, Ops.DEVICE, Ops.ASSIGN) or x.shape is None: return None
+    if prod(x.shape) != 0 or (x.op is Ops.EXPAND and x.src[0].op is Ops.RESHAPE and x.src[0].src[0].op is Ops.CONST):
+        return None
+    return const_view(0, x.dtype, _device_of(x), x.shape)
+
+def _is_noop_movement(m: UOp) -> bool:
+    src_shape = m.src[0].shape
+    if m.op in (Ops.RESHAPE, Ops.EXPAND): return m.arg == src_shape
+    if m.op is Ops.PERMUTE: return m.arg == tuple(range(len(m.arg)))
+    if m.op is Ops.PAD: return all(b == 0 and e == 0 for b, e in m.arg)
+    if m.op is Ops.SHRINK: return all(b == 0 and e == s for (b, e), s in zip(m.arg, src_shape))
+    if m.op is Ops.FLIP: return not any(f for f, s in zip(m.arg, src_shape) if s > 1)
+    return False
+
+def _is_contiguous_buffer(x: UOp) -> bool:
+    """A realized buffer viewed in row-major order (only reshapes on top): reading it needs no kernel."""
+    while x.op is Ops.RESHAPE: x = x.src[0]
+    return x.op is Ops.BUFFER or (x.op is Ops.ASSIGN and x.src[1].op is Ops.KERNEL)
+
+sym_tensor = PatternMatcher([
+    # constant folding: ALU and CAST of uniform constants are constants
+    (UPat(GroupOp.ALU, name="a"), _fold_alu),
+    (UPat((Ops.CAST, Ops.BITCAST), name="c"), _fold_cast),
+    # cast to the same dtype, detach (no autodiff in the schedule), and an empty reduce do nothing
+    (UPat(Ops.CAST, name="c"), lambda c: c.src[0] if c.src[0].dtype == c.dtype else None),
+    (UPat(Ops.DETACH, name="d"), lambda d: d.src[0]),
+    (UPat(Ops.REDUCE_AXIS, name="r"), lambda r: r.src[0] if not r.arg[1] else None),
+    # movement: no-ops vanish, reshapes merge, constants stay canonical
+    (UPat(GroupOp.Movement, name="m"), lambda m: m.src[0] if _is_noop_movement(m) else None),
+    (UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="inner"),), name="m"),
+     lambda m, inner: inner.src[0].reshape(m.arg)),
+    (UPat(GroupOp.Movement, name="m"), _movement_of_const),
+    # a contiguous copy of something already contiguous in memory is that thing
+    (UPat(Ops.CONTIGUOUS, name="c"), lambda c: c.src[0] if _is_contiguous_buffer(c.src[0]) else None),
+    # size-0 tensors hold nothing: replace them by a constant so no kernel reads or writes them
+    (UPat(name="x"), _size_zero),
+], name="sym_tensor")
+sym_tensor.__doc__ = "Constants folded, no-op movements removed, size-0 values constant: the graph is canonical."

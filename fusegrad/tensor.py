@@ -1,0 +1,775 @@
+"""The Tensor front end: a lazy n-dimensional array. Operations build a graph of UOps; nothing runs until a value is
+needed (.numpy(), .tolist(), .item(), .realize())."""
+from __future__ import annotations
+import math, struct, weakref
+from typing import Any, Callable, Iterable, Sequence
+from fusegrad.dtype import ConstType, DType, ALL_DTYPES, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
+    to_dtype, truncate_float
+from fusegrad.helpers import argfix, make_tuple, prod
+from fusegrad.schedule.kernelize import is_realized, kernelize_map, new_buffer, substitute_map
+from fusegrad.schedule.linear import buffer_map, get_buffer, kernels_in_order
+from fusegrad.schedule.memory import plan_memory
+from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+# every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
+all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+
+def _device_uop(device: str) -> UOp: return UOp(Ops.DEVICE, arg=device)
+
+def _canonical_device(device: str | None) -> str:
+    from fusegrad.device import Device
+    return Device.canonicalize(device) if device is not None else Device.DEFAULT
+
+def _flatten_nested(data: Any) -> tuple[list, tuple[int, ...]]:
+    """Flatten a nested list/tuple of scalars, checking it is rectangular."""
+    if not isinstance(data, (list, tuple)): return [data], ()
+    if len(data) == 0: return [], (0,)
+    parts = [_flatten_nested(d) for d in data]
+    shape = parts[0][1]
+    if any(p[1] != shape for p in parts):
+        raise ValueError(f"ragged nested sequence: sub-sequences have shapes {sorted({p[1] for p in parts})}")
+    return [x for p in parts for x in p[0]], (len(data),) + shape
+
+def _pack(values: list, dtype: DType) -> bytes:
+    if dtype == dtypes.bfloat16:
+        return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", truncate_float(float(v), dtype)))[0])[2:]
+                        for v in values)
+    return struct.pack(f"<{len(values)}{dtype.fmt}", *[dtypes.as_const(v, dtype) for v in values])
+
+def _resolve_axis(axis: int, ndim: int) -> int:
+    if not isinstance(axis, int): raise TypeError(f"axis must be an int, got {type(axis).__name__}")
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
+    return axis + ndim if axis < 0 else axis
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1: raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} can't be broadcast "
+                                            f"together (mismatch in a dimension of sizes {sorted(sizes)})")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+class Tensor:
+    """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
+    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+    training: bool = False
+
+    def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
+                 requires_grad: bool | None = None):
+        dt = to_dtype(dtype) if dtype is not None else None
+        dev = _canonical_device(device)
+        self.requires_grad, self.grad = requires_grad, None
+        if isinstance(data, UOp):
+            self.uop = data if dt is None or data.dtype == dt else data.cast(dt)
+        elif isinstance(data, Tensor):
+            self.uop = data.uop if dt is None else data.uop.cast(dt)
+        elif isinstance(data, (bool, int, float)):
+            self.uop = const_view(data, dt or dtypes.from_py(data), _device_uop(dev), ())
+        elif isinstance(data, (list, tuple)):
+            flat, shape = _flatten_nested(data)
+            for v in flat:
+                if not isinstance(v, (bool, int, float)) and not _is_numpy_scalar(v):
+                    raise TypeError(f"can't make a Tensor from a sequence containing {type(v).__name__}")
+            dt = dt or (dtypes.from_py(flat) if flat else dtypes.default_float)
+            self.uop = Tensor._from_bytes(_pack(flat, dt), shape, dt, dev)
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            dt = dt or dtypes.uint8
+            raw = bytes(data)
+            if len(raw) % dt.itemsize: raise ValueError(f"{len(raw)} bytes is not a whole number of {dt} elements")
+            self.uop = Tensor._from_bytes(raw, (len(raw) // dt.itemsize,), dt, dev)
+        elif type(data).__module__ == "numpy" and type(data).__name__ == "ndarray":
+            import numpy as np
+            from fusegrad.dtype import from_np_dtype
+            src_dt = from_np_dtype(data.dtype)
+            arr = np.ascontiguousarray(data)
+            self.uop = Tensor._from_bytes(arr.tobytes(), tuple(arr.shape), src_dt, dev)
+            if dt is not None and dt != src_dt: self.uop = self.uop.cast(dt)
+        elif _is_numpy_scalar(data):
+            self.__init__(data.item(), device, dt or __import__("fusegrad.dtype").dtype.from_np_dtype(data.dtype))
+            return
+        else:
+            raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+        all_tensors.add(self)
+
+    @staticmethod
+    def _from_bytes(raw: bytes, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
+        buf = new_buffer(_device_uop(device), prod(shape), dtype)
+        b = get_buffer(buf)
+        b.allocate()
+        if raw: b.copyin(memoryview(bytearray(raw)))
+        return buf.reshape(shape) if shape != (prod(shape),) else buf
+
+    # *** properties ***
+
+    @property
+    def lazydata(self) -> UOp: return self.uop
+    @property
+    def shape(self) -> tuple[int, ...]: return self.uop.shape
+    @property
+    def dtype(self) -> DType: return self.uop.dtype
+    @property
+    def device(self) -> str: return self.uop.device
+    @property
+    def ndim(self) -> int: return len(self.shape)
+    def numel(self) -> int: return prod(self.shape)
+    def element_size(self) -> int: return self.dtype.itemsize
+    def nbytes(self) -> int: return self.numel() * self.element_size()
+    def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        return self.shape if dim is None else self.shape[_resolve_axis(dim, self.ndim)]
+    def __len__(self) -> int:
+        if not self.shape: raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+    def __repr__(self) -> str:
+        return f"<Tensor {self.uop.op.name} shape={self.shape} dtype={self.dtype} device={self.device!r}>"
+    __hash__ = object.__hash__
+    def __bool__(self) -> bool:
+        if self.numel() != 1: raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
+        return bool(self.item())
+
+    # *** realization ***
+
+    @staticmethod
+    def _apply_map(kmap: dict[UOp, UOp]) -> None:
+        """Point every live tensor at its node's replacement, rebuilding graphs that contain replaced nodes."""
+        changed = {k: v for k, v in kmap.items() if k is not v}
+        if not changed: return
+        for t in list(all_tensors):
+            if t.uop in changed: t.uop = changed[t.uop]; continue
+            topo = t.uop.toposort(gate=lambda u: u not in changed)
+            if any(u in changed for u in topo): t.uop = substitute_map(t.uop, changed)[t.uop]
+
+    def kernelize(self, *lst: Tensor) -> Tensor:
+        """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
+        sink = UOp.sink_of(*[t.uop for t in (self,) + lst])
+        Tensor._apply_map(kernelize_map(sink))
+        return self
+
+    def schedule(self, *lst: Tensor) -> list:
+        """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers."""
+        from fusegrad.engine.realize import ExecItem
+        tensors = (self,) + lst
+        self.kernelize(*lst)
+        sink = UOp.sink_of(*[t.uop for t in tensors])
+        kernels = kernels_in_order(sink)
+        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src]) for k in kernels if k.src[0].arg[1] > 0]
+        # every kernel output is a buffer from now on
+        becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
+                   for u in sink.toposort() if is_realized(u) and u.op is Ops.ASSIGN}
+        Tensor._apply_map(becomes)
+        keep = {id(get_buffer(u)) for t in all_tensors for u in [t.uop.base] if u.op is Ops.BUFFER}
+        plan_memory(items, keep)
+        return items
+
+    def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
+        """Compute these tensors now; afterwards each one's graph is just its buffer."""
+        from fusegrad.engine.realize import run_schedule
+        run_schedule(self.schedule(*lst), do_update_stats=do_update_stats)
+        return self
+
+    def _buffer(self):
+        """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
+        t = self if _is_buffer_view(self.uop) else self.contiguous()
+        t.realize()
+        assert _is_buffer_view(t.uop), f"realize left {t.uop.op}"
+        return get_buffer(t.uop.base)
+
+    def data(self) -> memoryview:
+        b = self._buffer()
+        if b.size == 0: return memoryview(bytearray(0)).cast(self.dtype.fmt or "B")
+        mv = b.as_buffer() if hasattr(b, "as_buffer") else None
+        if self.dtype == dtypes.bfloat16: raise TypeError("bfloat16 has no memoryview format; use .float() first")
+        return memoryview(bytes(mv)).cast(self.dtype.fmt, self.shape) if self.shape else \
+            memoryview(bytes(mv)).cast(self.dtype.fmt)
+
+    def numpy(self) -> Any:
+        """A numpy array copy of the values (numpy must be installed)."""
+        import numpy as np
+        from fusegrad.dtype import to_np_dtype
+        if self.dtype == dtypes.bfloat16: return self.float().numpy()
+        if self.numel() == 0: return np.zeros(self.shape, dtype=to_np_dtype(self.dtype))
+        b = self._buffer()
+        return np.frombuffer(bytes(b.as_buffer()), dtype=to_np_dtype(self.dtype)).reshape(self.shape).copy()
+
+    def tolist(self) -> Any:
+        """The values as (nested) Python lists of Python scalars."""
+        if self.dtype == dtypes.bfloat16: return self.float().tolist()
+        if self.numel() == 0:
+            return _nest([], self.shape)
+        b = self._buffer()
+        vals = list(struct.unpack(f"<{self.numel()}{self.dtype.fmt}", bytes(b.as_buffer())))
+        if self.dtype == dtypes.bool: vals = [bool(v) for v in vals]
+        return vals[0] if self.shape == () else _nest(vals, self.shape)
+
+    def item(self) -> ConstType:
+        """The single value of a one-element tensor as a Python scalar."""
+        if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has {self.numel()}")
+        return self.reshape(()).tolist()
+
+    def clone(self) -> Tensor: return self.contiguous()
+    def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+    def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+    def to(self, device: str | None) -> Tensor:
+        dev = _canonical_device(device)
+        if dev == self.device: return self
+        return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, _device_uop(dev))))
+
+    def assign(self, x: Any) -> Tensor:
+        """Write `x` into this (realized) tensor's memory in place; returns this tensor."""
+        if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
+        if x.shape != self.shape: raise ValueError(f"assign shape mismatch: target {self.shape}, value {x.shape}")
+        if x.dtype != self.dtype: raise TypeError(f"assign dtype mismatch: target {self.dtype}, value {x.dtype}")
+        if x.device != self.device: raise ValueError(f"assign device mismatch: {self.device} and {x.device}")
+        if not _is_realized_view(self.uop):
+            raise RuntimeError("assign target must be a realized tensor (or a view of one): call .realize() first")
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+        return self
+
+    def replace(self, x: Tensor) -> Tensor:
+        if x.shape != self.shape: raise ValueError(f"replace shape mismatch: {self.shape} vs {x.shape}")
+        self.uop = x.uop
+        return self
+
+    # *** creation ***
+
+    @staticmethod
+    def full(shape: int | Sequence[int], fill_value: ConstType, dtype: DType | str | None = None,
+             device: str | None = None) -> Tensor:
+        shp = _shape_arg(shape)
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
+        return Tensor(const_view(fill_value, dt, _device_uop(_canonical_device(device)), shp))
+    @staticmethod
+    def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        return Tensor.full(argfix(*shape), 0.0, dtype=dtype or dtypes.default_float, device=device)
+    @staticmethod
+    def ones(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        return Tensor.full(argfix(*shape), 1.0, dtype=dtype or dtypes.default_float, device=device)
+    @staticmethod
+    def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        shp = _shape_arg(argfix(*shape))
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        buf = new_buffer(_device_uop(_canonical_device(device)), prod(shp), dt)
+        return Tensor(buf.reshape(shp) if shp != (prod(shp),) else buf)
+    @staticmethod
+    def arange(start: int | float, stop: int | float | None = None, step: int | float = 1,
+               dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        if stop is None: start, stop = 0, start
+        if step == 0: raise ValueError("arange step must not be zero")
+        n = max(0, math.ceil((stop - start) / step))
+        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
+        idx = Tensor._iota(n, device)
+        return (idx.cast(dt) * step + start).cast(dt) if n else Tensor.zeros(0, dtype=dt, device=device)
+    @staticmethod
+    def _iota(n: int, device: str | None) -> Tensor:
+        """0, 1, ..., n-1 (int32): the loop index itself, so it costs no memory traffic."""
+        return Tensor(UOp(Ops.RANGE, dtypes.int32, (_device_uop(_canonical_device(device)),), n))
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
+        m = n if m is None else m
+        if n < 0 or m < 0: raise ValueError(f"eye needs nonnegative sizes, got {n}, {m}")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if n == 0 or m == 0: return Tensor.zeros(n, m, dtype=dt, device=device)
+        return (Tensor.arange(n, device=device).reshape(n, 1) == Tensor.arange(m, device=device).reshape(1, m)).cast(dt)
+    def full_like(self, fill_value: ConstType, dtype: DType | str | None = None) -> Tensor:
+        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=self.device)
+    def zeros_like(self, dtype: DType | str | None = None) -> Tensor: return self.full_like(0, dtype)
+    def ones_like(self, dtype: DType | str | None = None) -> Tensor: return self.full_like(1, dtype)
+
+    # *** movement ***
+
+    def reshape(self, shape: Any, *args: int) -> Tensor:
+        new = _infer_shape(argfix(shape, *args), self.numel(), self.shape)
+        return self if new == self.shape else Tensor(self.uop.reshape(new))
+    def view(self, shape: Any, *args: int) -> Tensor: return self.reshape(shape, *args)
+    def permute(self, order: Any, *args: int) -> Tensor:
+        order_t = tuple(_resolve_axis(a, self.ndim) for a in argfix(order, *args))
+        if sorted(order_t) != list(range(self.ndim)):
+            raise ValueError(f"permute order {argfix(order, *args)} is not a permutation of {self.ndim} dims")
+        return Tensor(self.uop.permute(order_t))
+    def expand(self, shape: Any, *args: int) -> Tensor:
+        new = argfix(shape, *args)
+        if len(new) < self.ndim: raise ValueError(f"can't expand shape {self.shape} to fewer dims {new}")
+        old = (1,) * (len(new) - self.ndim) + self.shape
+        out = tuple(o if n == -1 else n for o, n in zip(old, new))
+        for o, n in zip(old, out):
+            if o != n and o != 1: raise ValueError(f"can't expand shape {self.shape} to {new}: dim of size {o} isn't 1")
+            if n < 0: raise ValueError(f"bad size {n} in expand to {new}")
+        x = self.reshape(old) if old != self.shape else self
+        return x if out == x.shape else Tensor(x.uop.expand(out))
+    def pad(self, padding: Sequence, value: float = 0.0) -> Tensor:
+        """Pad with `value`: ((before, after), ...) per dim (None for no padding), or torch's flat (left, right, ...)
+        form for the last dims. Negative amounts crop."""
+        if padding and all(isinstance(p, int) for p in padding):
+            if len(padding) % 2 or len(padding) // 2 > self.ndim:
+                raise ValueError(f"flat padding {padding} needs an even length of at most 2*ndim={2*self.ndim}")
+            pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)][::-1]
+            arg = [(0, 0)] * (self.ndim - len(pairs)) + pairs
+        else:
+            if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per dim ({self.ndim})")
+            arg = [(0, 0) if p is None else tuple(p) for p in padding]
+            if any(len(p) != 2 for p in arg): raise ValueError(f"each padding entry must be (before, after): {padding}")
+        if any(not isinstance(b, int) or not isinstance(e, int) for b, e in arg):
+            raise TypeError(f"padding amounts must be ints: {padding}")
+        # negative padding crops
+        x = self
+        if any(b < 0 or e < 0 for b, e in arg):
+            x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
+            arg = [(max(b, 0), max(e, 0)) for b, e in arg]
+        if all(b == 0 and e == 0 for b, e in arg): return x
+        padded = Tensor(x.uop.pad(tuple(arg)))
+        if value == 0: return padded
+        inside = Tensor(x.ones_like(dtypes.bool).uop.pad(tuple(arg)))
+        return inside.where(padded, value)
+    def shrink(self, arg: Sequence) -> Tensor:
+        if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one (start, end) per dim ({self.ndim})")
+        full = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+        for (b, e), s in zip(full, self.shape):
+            if not 0 <= b <= e <= s: raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+        return self if all(b == 0 and e == s for (b, e), s in zip(full, self.shape)) else Tensor(self.uop.shrink(full))
+    def flip(self, axis: Any, *args: int) -> Tensor:
+        axes = {_resolve_axis(a, self.ndim) for a in argfix(axis, *args)}
+        return Tensor(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+        order = list(range(self.ndim))
+        a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+    @property
+    def T(self) -> Tensor: return self.permute(tuple(range(self.ndim))[::-1])
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0: return self.reshape(1)
+        s, e = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
+        return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+    def squeeze(self, dim: int | None = None) -> Tensor:
+        if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = _resolve_axis(dim, self.ndim)
+        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+    def unsqueeze(self, dim: int) -> Tensor:
+        d = _resolve_axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def __getitem__(self, index: Any) -> Tensor:
+        """Basic indexing: ints, slices (any step), None and Ellipsis."""
+        idx = list(index) if isinstance(index, tuple) else [index]
+        for i in idx:
+            if not (i is None or i is Ellipsis or isinstance(i, (int, slice))) or isinstance(i, bool):
+                raise TypeError(f"unsupported index {i!r}: only ints, slices, None and ... are supported")
+        if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis")
+        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        if n_real > self.ndim: raise IndexError(f"too many indices ({n_real}) for a tensor of {self.ndim} dims")
+        if Ellipsis in idx:
+            e = idx.index(Ellipsis)
+            idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
+        else: idx += [slice(None)] * (self.ndim - n_real)
+        x, dim, out_shape = self, 0, []
+        shrink_arg, flip_axes, strides, squeeze = [], [], [], []
+        for i in idx:
+            if i is None: out_shape.append(None); continue
+            size = self.shape[dim]
+            if isinstance(i, int):
+                if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for dim {dim} of size {size}")
+                i = i + size if i < 0 else i
+                shrink_arg.append((i, i + 1)); strides.append(1); squeeze.append(True)
+            else:
+                start, stop, step = i.indices(size)
+                if step > 0: b, e = start, max(start, stop)
+                else: b, e = max(stop + 1, 0), start + 1 if start >= stop else stop + 1
+                shrink_arg.append((b, max(b, e))); strides.append(step); squeeze.append(False)
+                if step < 0: flip_axes.append(dim)
+                out_shape.append(dim)
+            dim += 1
+        x = x.shrink(tuple(shrink_arg))
+        if flip_axes: x = x.flip(flip_axes)
+        if any(abs(s) != 1 for s in strides):
+            # stride s: pad each dim to a multiple of s, split it into (n, s) and keep the first of every s
+            st = [abs(s) for s in strides]
+            x = x.pad(tuple((0, -sh % s) for sh, s in zip(x.shape, st)))
+            x = x.reshape(tuple(d for sh, s in zip(x.shape, st) for d in (sh // s, s)))
+            x = x.shrink(tuple(p for n in x.shape[::2] for p in ((0, n), (0, 1))))
+            x = x.reshape(x.shape[::2])
+        final = []
+        kept = [d for d, sq in zip(x.shape, squeeze) if not sq]
+        it = iter(kept)
+        for o in out_shape: final.append(1 if o is None else next(it))
+        return x.reshape(tuple(final))
+
+    # *** elementwise ***
+
+    def _const_like_operand(self, y: ConstType) -> Tensor:
+        """A Python scalar as a tensor operand: it adopts this tensor's dtype when that dtype can hold its kind."""
+        if isinstance(y, float) and not dtypes.is_float(self.dtype): dt = dtypes.default_float
+        elif isinstance(y, bool): dt = self.dtype
+        elif isinstance(y, int) and self.dtype == dtypes.bool: dt = dtypes.default_int
+        else: dt = self.dtype
+        return Tensor(const_view(y, dt, _device_uop(self.device), ()))
+
+    def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+        x = self
+        if not isinstance(y, Tensor):
+            if not isinstance(y, (bool, int, float)) and not _is_numpy_scalar(y):
+                raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor operation")
+            y = x._const_like_operand(y.item() if _is_numpy_scalar(y) else y)
+        if x.device != y.device: raise ValueError(f"tensors are on different devices: {x.device} and {y.device}")
+        if reverse: x, y = y, x
+        if match_dtype and x.dtype != y.dtype:
+            out = least_upper_dtype(x.dtype, y.dtype)
+            x, y = x.cast(out), y.cast(out)
+        shape = _broadcast_shape(x.shape, y.shape)
+        return x._broadcast_to(shape), y._broadcast_to(shape)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape: return self
+        return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+
+    def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        return Tensor(UOp(op, dtype or self.dtype, (self.uop,) + tuple(s.uop for s in srcs)))
+
+    def cast(self, dtype: DType | str) -> Tensor:
+        dt = to_dtype(dtype)
+        return self if dt == self.dtype else Tensor(self.uop.cast(dt))
+    def bitcast(self, dtype: DType | str) -> Tensor:
+        dt = to_dtype(dtype)
+        if dt.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast needs equal sizes: {self.dtype} -> {dt}")
+        return self if dt == self.dtype else Tensor(self.uop.bitcast(dt))
+    def float(self) -> Tensor: return self.cast(dtypes.float32)
+    def half(self) -> Tensor: return self.cast(dtypes.float16)
+    def double(self) -> Tensor: return self.cast(dtypes.float64)
+    def int(self) -> Tensor: return self.cast(dtypes.int32)
+    def long(self) -> Tensor: return self.cast(dtypes.int64)
+    def bool(self) -> Tensor: return self.cast(dtypes.bool)
+
+    def add(self, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype == dtypes.bool: return a._alu(Ops.OR, b)
+        return a._alu(Ops.ADD, b)
+    def sub(self, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype == dtypes.bool: raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
+        return a._alu(Ops.ADD, b._alu(Ops.NEG))
+    def mul(self, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if a.dtype == dtypes.bool: return a._alu(Ops.AND, b)
+        return a._alu(Ops.MUL, b)
+    def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        """True division (ints give floats); rounding_mode 'trunc' or 'floor' as torch.div."""
+        a, b = self._broadcasted(x, reverse)
+        if rounding_mode == "trunc":
+            if dtypes.is_int(a.dtype): return a._alu(Ops.IDIV, b)
+            return a._alu(Ops.FDIV, b).trunc()
+        if rounding_mode == "floor": return a.__floordiv__(b)
+        if rounding_mode is not None: raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
+        ft = least_upper_float(a.dtype)
+        return a.cast(ft)._alu(Ops.FDIV, b.cast(ft))
+    def __floordiv__(self, x: Any) -> Tensor: return self._floordiv(x, False)
+    def __rfloordiv__(self, x: Any) -> Tensor: return self._floordiv(x, True)
+    def _floordiv(self, x: Any, reverse: bool) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype): return a._alu(Ops.FDIV, b).floor()
+        if a.dtype == dtypes.bool: raise TypeError("floor division of bool tensors is not supported")
+        q = a._alu(Ops.IDIV, b)
+        if dtypes.is_unsigned(a.dtype): return q
+        # C truncates toward zero; step down when the signs differ and the division wasn't exact
+        inexact = a._alu(Ops.MOD, b)._alu(Ops.CMPNE, b.zeros_like(), dtype=dtypes.bool)
+        signs_differ = (a < 0)._alu(Ops.CMPNE, b < 0, dtype=dtypes.bool)
+        return (inexact & signs_differ).where(q - 1, q)
+    def mod(self, x: Any, reverse: bool = False) -> Tensor:
+        """Remainder with the sign of the divisor (Python's % and torch.remainder)."""
+        a, b = self._broadcasted(x, reverse)
+        if dtypes.is_float(a.dtype): return a - (a / b).floor() * b
+        if a.dtype == dtypes.bool: raise TypeError("% of bool tensors is not supported")
+        r = a._alu(Ops.MOD, b)
+        if dtypes.is_unsigned(a.dtype): return r
+        fix = r._alu(Ops.CMPNE, r.zeros_like(), dtype=dtypes.bool) & (r < 0)._alu(Ops.CMPNE, b < 0, dtype=dtypes.bool)
+        return fix.where(r + b, r)
+    def pow(self, x: Any, reverse: bool = False) -> Tensor:
+        if not reverse and isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8:
+            if x == 0: return self.ones_like()
+            ret = self
+            for _ in range(x - 1): ret = ret * self
+            return ret
+        a, b = self._broadcasted(x, reverse)
+        if not dtypes.is_float(a.dtype):
+            ft = dtypes.default_float
+            return a.cast(ft).pow(b.cast(ft)).round_half().cast(a.dtype)
+        # |a|^b, with the sign of a for odd integer b, nan for negative a and non-integer b
+        mag = (b * a.abs().log2()).exp2()
+        b_int = b.trunc()._alu(Ops.CMPEQ, b, dtype=dtypes.bool)
+        b_odd = (b.abs() - (b.abs() / 2).floor() * 2)._alu(Ops.CMPEQ, b.ones_like(), dtype=dtypes.bool)
+        neg = a < 0
+        signed = (neg & b_odd).where(-mag, mag)
+        return (neg & b_int.logical_not()).where(float("nan"), signed)
+    def round_half(self) -> Tensor: return (self + 0.5).floor() * (self >= 0).cast(self.dtype) + \
+        (self - 0.5).ceil() * (self < 0).cast(self.dtype)
+
+    def __add__(self, x: Any) -> Tensor: return self.add(x)
+    def __radd__(self, x: Any) -> Tensor: return self.add(x, True)
+    def __sub__(self, x: Any) -> Tensor: return self.sub(x)
+    def __rsub__(self, x: Any) -> Tensor: return self.sub(x, True)
+    def __mul__(self, x: Any) -> Tensor: return self.mul(x)
+    def __rmul__(self, x: Any) -> Tensor: return self.mul(x, True)
+    def __truediv__(self, x: Any) -> Tensor: return self.div(x)
+    def __rtruediv__(self, x: Any) -> Tensor: return self.div(x, True)
+    def __mod__(self, x: Any) -> Tensor: return self.mod(x)
+    def __rmod__(self, x: Any) -> Tensor: return self.mod(x, True)
+    def __pow__(self, x: Any) -> Tensor: return self.pow(x)
+    def __rpow__(self, x: Any) -> Tensor: return self.pow(x, True)
+    def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)
+    def __rmatmul__(self, x: Tensor) -> Tensor: return Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)
+    def __neg__(self) -> Tensor: return self.neg()
+    def __invert__(self) -> Tensor: return self.bitwise_not()
+    def __and__(self, x: Any) -> Tensor: return self.bitwise_and(x)
+    def __rand__(self, x: Any) -> Tensor: return self.bitwise_and(x, True)
+    def __or__(self, x: Any) -> Tensor: return self.bitwise_or(x)
+    def __ror__(self, x: Any) -> Tensor: return self.bitwise_or(x, True)
+    def __xor__(self, x: Any) -> Tensor: return self.bitwise_xor(x)
+    def __rxor__(self, x: Any) -> Tensor: return self.bitwise_xor(x, True)
+    def __lshift__(self, x: int) -> Tensor: return self._int_op(Ops.SHL, x)
+    def __rshift__(self, x: int) -> Tensor: return self._int_op(Ops.SHR, x)
+    def __iadd__(self, x: Any) -> Tensor: return self.assign(self + x) if _is_realized_view(self.uop) else self + x
+    def __isub__(self, x: Any) -> Tensor: return self.assign(self - x) if _is_realized_view(self.uop) else self - x
+    def __imul__(self, x: Any) -> Tensor: return self.assign(self * x) if _is_realized_view(self.uop) else self * x
+    def __itruediv__(self, x: Any) -> Tensor: return self.assign(self / x) if _is_realized_view(self.uop) else self / x
+
+    def _int_op(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        if not (dtypes.is_int(a.dtype) or a.dtype == dtypes.bool):
+            raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {a.dtype}")
+        return a._alu(op, b)
+    def bitwise_and(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.AND, x, reverse)
+    def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.OR, x, reverse)
+    def bitwise_xor(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.XOR, x, reverse)
+    def bitwise_not(self) -> Tensor:
+        if self.dtype == dtypes.bool: return self.logical_not()
+        if not dtypes.is_int(self.dtype): raise TypeError(f"bitwise_not needs an integer or bool tensor, got {self.dtype}")
+        return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ int(dtypes.max(self.dtype))
+    def logical_not(self) -> Tensor: return self.cast(dtypes.bool)._alu(Ops.CMPNE, Tensor(True, device=self.device)
+                                                                       ._broadcast_to(self.shape), dtype=dtypes.bool)
+    def logical_and(self, x: Any) -> Tensor: return self.bool() & (x.bool() if isinstance(x, Tensor) else bool(x))
+    def logical_or(self, x: Any) -> Tensor: return self.bool() | (x.bool() if isinstance(x, Tensor) else bool(x))
+
+    # comparisons: nan compares unequal and unordered, as in IEEE
+    def _cmp(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+        a, b = self._broadcasted(x, reverse)
+        return a._alu(op, b, dtype=dtypes.bool)
+    def __lt__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPLT, x)
+    def __gt__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPLT, x, True)
+    def __le__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPLT, x) | self._cmp(Ops.CMPEQ, x)
+    def __ge__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPLT, x, True) | self._cmp(Ops.CMPEQ, x)
+    def __eq__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPEQ, x)  # type: ignore[override]
+    def __ne__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPNE, x)  # type: ignore[override]
+    def eq(self, x: Any) -> Tensor: return self == x
+    def ne(self, x: Any) -> Tensor: return self != x
+    def lt(self, x: Any) -> Tensor: return self < x
+    def gt(self, x: Any) -> Tensor: return self > x
+    def le(self, x: Any) -> Tensor: return self <= x
+    def ge(self, x: Any) -> Tensor: return self >= x
+
+    def where(self, x: Any, y: Any) -> Tensor:
+        """Elementwise `x if self else y` (self is the condition)."""
+        cond = self.cast(dtypes.bool)
+        if not isinstance(x, Tensor) and not isinstance(y, Tensor):
+            dt = dtypes.from_py([x, y]) if type(x) is not type(y) else dtypes.from_py(x)
+            x, y = Tensor(x, device=self.device, dtype=dt), Tensor(y, device=self.device, dtype=dt)
+        elif not isinstance(x, Tensor): x = y._const_like_operand(x)
+        elif not isinstance(y, Tensor): y = x._const_like_operand(y)
+        x, y = x._broadcasted(y)
+        shape = _broadcast_shape(cond.shape, x.shape)
+        cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+        return cond._alu(Ops.WHERE, x, y, dtype=x.dtype)
+
+    def maximum(self, x: Any) -> Tensor:
+        a, b = self._broadcasted(x)
+        if a.dtype == dtypes.bool: return a | b
+        return a._alu(Ops.MAX, b)
+    def minimum(self, x: Any) -> Tensor:
+        a, b = self._broadcasted(x)
+        if a.dtype == dtypes.bool: return a & b
+        if dtypes.is_float(a.dtype): return -((-a).maximum(-b))
+        return (a < b).where(a, b)
+    def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
+        if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ or max_")
+        x = self if min_ is None else self.maximum(min_)
+        return x if max_ is None else x.minimum(max_)
+    clamp = clip
+
+    # *** unary math ***
+
+    def _float_unary(self, op: Ops) -> Tensor:
+        x = self.cast(least_upper_float(self.dtype))
+        return x._alu(op)
+    def neg(self) -> Tensor:
+        if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
+        return self._alu(Ops.NEG)
+    def relu(self) -> Tensor: return self.maximum(0) if self.dtype != dtypes.bool else self
+    def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2)))._alu(Ops.EXP2)
+    def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
+    def log(self) -> Tensor: return self._float_unary(Ops.LOG2) * math.log(2)
+    def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
+    def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT)
+    def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
+    def sin(self) -> Tensor: return self._float_unary(Ops.SIN)
+    def cos(self) -> Tensor: return (math.pi / 2 - self.cast(least_upper_float(self.dtype))).sin()
+    def tan(self) -> Tensor: return self.sin() / self.cos()
+    def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP)
+    def square(self) -> Tensor: return self * self
+    def abs(self) -> Tensor:
+        if self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype): return self
+        return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self.maximum(-self)
+    def sign(self) -> Tensor:
+        return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
+    def trunc(self) -> Tensor: return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
+    def floor(self) -> Tensor:
+        if not dtypes.is_float(self.dtype): return self
+        t = self.trunc()
+        return (t > self).where(t - 1, t)
+    def ceil(self) -> Tensor:
+        if not dtypes.is_float(self.dtype): return self
+        t = self.trunc()
+        return (t < self).where(t + 1, t)
+    def sigmoid(self) -> Tensor: return (1 + (-self).exp()).reciprocal()
+    def tanh(self) -> Tensor: return 2.0 * (2.0 * self).sigmoid() - 1.0
+    def isnan(self) -> Tensor: return self != self
+    def isinf(self) -> Tensor: return (self == float("inf")) | (self == float("-inf"))
+    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+    def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self ** 3)).tanh())
+    def silu(self) -> Tensor: return self * self.sigmoid()
+    swish = silu
+
+    # *** reductions ***
+
+    def _reduce_axes(self, axis: Any) -> tuple[int, ...]:
+        if axis is None: return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        resolved = tuple(_resolve_axis(a, self.ndim) for a in axes)
+        if len(set(resolved)) != len(resolved): raise ValueError(f"axis {axis} has repeated dims")
+        return tuple(sorted(a for a in resolved if self.ndim > 0))
+
+    def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor:
+        axes = self._reduce_axes(axis)
+        out_keep = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        ret = Tensor(self.uop.r(op, axes)) if axes else self
+        return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes)) \
+            if ret.shape == out_keep else ret
+
+    def sum(self, axis: Any = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)
+        ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
+        # half precision sums accumulate in float32 but return the input dtype, as tinygrad does
+        return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+    def prod(self, axis: Any = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
+        acc = to_dtype(dtype) if dtype is not None else self.dtype
+        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
+    def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+        axes = self._reduce_axes(axis)
+        if any(self.shape[a] == 0 for a in axes):
+            raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+        return self._reduce(Ops.MAX, axis, keepdim)
+    def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+        if dtypes.is_unsigned(self.dtype): return ~((~self).max(axis, keepdim))
+        if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
+        if dtypes.is_int(self.dtype): return ~((~self).max(axis, keepdim))
+        return -((-self).max(axis, keepdim))
+    def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+        axes = self._reduce_axes(axis)
+        n = prod(self.shape[a] for a in axes)
+        out_dt = least_upper_float(self.dtype)
+        s = self.cast(out_dt).sum(axis, keepdim)
+        return (s / n if n else s * float("nan")).cast(out_dt)
+    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        axes = self._reduce_axes(axis)
+        n = prod(self.shape[a] for a in axes)
+        sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        return sq / max(0, n - correction)
+    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        return self.var(axis, keepdim, correction).sqrt()
+    def any(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
+    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+
+    def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        e = (x - x.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+    def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        m = x - x.max(axis, keepdim=True)
+        return m - m.exp().sum(axis, keepdim=True).log()
+    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+        m = self.max(axis, keepdim=True)
+        return (self - m).exp().sum(axis, keepdim=True).log().add(m)._squeeze_axes(self, axis, keepdim)
+    def _squeeze_axes(self, like: Tensor, axis: Any, keepdim: bool) -> Tensor:
+        if keepdim: return self
+        axes = like._reduce_axes(axis)
+        return self.reshape(tuple(s for i, s in enumerate(like.shape) if i not in axes))
+
+    # *** linear algebra ***
+
+    def dot(self, w: Tensor) -> Tensor:
+        """Matrix product with numpy/torch broadcasting rules, as a broadcast multiply and a sum (one kernel)."""
+        if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
+        if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors with at least 1 dim, got a 0-d one")
+        x, y = self, w
+        if x.shape[-1] != y.shape[-2 if y.ndim >= 2 else -1]:
+            raise ValueError(f"matmul shape mismatch: {x.shape} @ {y.shape} (inner dims "
+                             f"{x.shape[-1]} and {y.shape[-2 if y.ndim >= 2 else -1]} differ)")
+        squeeze_x, squeeze_y = x.ndim == 1, y.ndim == 1
+        if squeeze_x: x = x.reshape(1, -1)
+        if squeeze_y: y = y.reshape(-1, 1)
+        n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
+        batch = _broadcast_shape(x.shape[:-2], y.shape[:-2])
+        xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
+        yb = y._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+        out_dt = least_upper_dtype(x.dtype, y.dtype)
+        ret = (xb.cast(out_dt) * yb.cast(out_dt)).sum(-1, dtype=sum_acc_dtype(out_dt)).cast(out_dt)
+        if squeeze_x: ret = ret.reshape(ret.shape[:-2] + ret.shape[-1:])
+        if squeeze_y: ret = ret.reshape(ret.shape[:-1])
+        return ret
+    matmul = dot
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        x = self.mul(weight) if weight.ndim == 1 else self.dot(weight)
+        return x.add(bias) if bias is not None else x
+
+# *** helpers ***
+
+def _is_numpy_scalar(x: Any) -> bool:
+    return type(x).__module__ == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ()
+
+def _nest(flat: list, shape: tuple[int, ...]) -> Any:
+    if len(shape) <= 1: return list(flat) if shape else flat[0]
+    step = prod(shape[1:])
+    return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
+
+def _is_buffer_view(u: UOp) -> bool:
+    """A realized buffer read in row-major order: its memory is the tensor's data."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op is Ops.BUFFER
+
+def _is_realized_view(u: UOp) -> bool:
+    while u.op in GroupOp.Movement: u = u.src[0]
+    return u.op is Ops.BUFFER or is_realized(u)
+
+def _shape_arg(shape: Any) -> tuple[int, ...]:
+    shp = (shape,) if isinstance(shape, int) else tuple(shape)
+    for s in shp:
+        if not isinstance(s, int) or isinstance(s, bool): raise TypeError(f"shape entries must be ints, got {shape!r}")
+        if s < 0: raise ValueError(f"negative dimension in shape {shp}")
+    return shp
+
+def _infer_shape(shape: tuple, numel: int, old: tuple[int, ...]) -> tuple[int, ...]:
+    if any(not isinstance(s, int) or isinstance(s, bool) for s in shape):
+        raise TypeError(f"reshape sizes must be ints, got {shape}")
+    if sum(s == -1 for s in shape) > 1: raise ValueError(f"reshape {shape}: only one dimension can be -1")
+    if any(s < -1 for s in shape): raise ValueError(f"reshape {shape}: negative size")
+    if -1 in shape:
+        known = prod(s for s in shape if s != -1)
+        if known == 0 or numel % known: raise ValueError(f"can't reshape {old} ({numel} elements) to {shape}")
+        shape = tuple(numel // known if s == -1 else s for s in shape)
+    if prod(shape) != numel: raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
+    return tuple(shape)
+
+__all__ = ["Tensor", "ALL_DTYPES", "make_tuple", "Callable", "Iterable"]
