@@ -1,0 +1,153 @@
+"""Scheduler tests: kernel boundaries (fusion), the kernelize contract, the schedule cache and memory planning."""
+import numpy as np
+import pytest
+from fusegrad import Tensor, dtypes
+from fusegrad.uop.ops import Ops
+from fusegrad.schedule.kernelize import schedule_cache_stats
+
+N = 64
+rng = np.random.default_rng(0)
+A, B, C = (rng.standard_normal((N, N)).astype(np.float32) for _ in range(3))
+V = rng.standard_normal(N).astype(np.float32)
+
+def inputs():
+    a, b, c, v = Tensor(A), Tensor(B), Tensor(C), Tensor(V)
+    return a, b, c, v
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+# (program, most kernels allowed (tinygrad 0.14 on the same programs), numpy reference)
+KERNEL_COUNTS = {
+    "a*b+c": (lambda a, b, c, v: a * b + c, 1, lambda: A * B + C),
+    "(a*b).sum()": (lambda a, b, c, v: (a * b).sum(), 1, lambda: (A * B).sum()),
+    "(a*b).sum(1)+v": (lambda a, b, c, v: (a * b).sum(1) + v, 1, lambda: (A * B).sum(1) + V),
+    "a@b": (lambda a, b, c, v: a @ b, 1, lambda: A @ B),
+    "(a@b).relu()+c": (lambda a, b, c, v: (a @ b).relu() + c, 1, lambda: np.maximum(A @ B, 0) + C),
+    "a.softmax(1)": (lambda a, b, c, v: a.softmax(1), 3, lambda: _softmax(A, 1)),
+    "a.log_softmax(1)": (lambda a, b, c, v: a.log_softmax(1), 3, lambda: np.log(_softmax(A, 1))),
+    "var": (lambda a, b, c, v: (a - a.mean(1, keepdim=True)).square().mean(1), 2,
+            lambda: ((A - A.mean(1, keepdims=True)) ** 2).mean(1)),
+    "a.T.contiguous()": (lambda a, b, c, v: a.T.contiguous(), 1, lambda: A.T),
+    "a.pad(((1,1),(1,1))).sum()": (lambda a, b, c, v: a.pad(((1, 1), (1, 1))).sum(), 1, lambda: A.sum()),
+    "a.max(1)": (lambda a, b, c, v: a.max(1), 1, lambda: A.max(1)),
+    "a[::2,1:5]+1": (lambda a, b, c, v: a[::2, 1:5] + 1, 1, lambda: A[::2, 1:5] + 1),
+}
+
+@pytest.mark.parametrize("name", list(KERNEL_COUNTS))
+def test_kernel_count(name):
+    fn, most, ref = KERNEL_COUNTS[name]
+    out = fn(*inputs())
+    sched = out.schedule()
+    assert len(sched) <= most, f"{name}: {len(sched)} kernels, expected at most {most}"
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    np.testing.assert_allclose(out.numpy(), ref(), rtol=1e-4, atol=1e-4)
+
+def test_kernelize_contract():
+    a, b, c, _ = inputs()
+    out = (a * b + c).kernelize()
+    assert out.uop.op is Ops.ASSIGN
+    buf, kernel = out.uop.src
+    assert buf.op is Ops.BUFFER and kernel.op is Ops.KERNEL
+    ast = kernel.arg
+    assert ast.op is Ops.SINK and ast.src[0].op is Ops.STORE
+    loads = [u for u in ast.toposort() if u.op is Ops.LOAD]
+    assert len(loads) == 3
+    # a child of a kernelized tensor loads its buffer instead of fusing the computation again
+    child = out + 2
+    sched = child.schedule()
+    assert len(sched) == 2
+    child_ast = sched[1].ast
+    assert not any(u.op is Ops.MUL for u in child_ast.toposort())
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    np.testing.assert_allclose(child.numpy(), A * B + C + 2, rtol=1e-6)
+    np.testing.assert_allclose(out.numpy(), A * B + C, rtol=1e-6)
+
+def test_realize_replaces_graph_by_buffer():
+    a, b, c, _ = inputs()
+    out = (a * b + c).realize()
+    assert out.uop.base.op is Ops.BUFFER
+
+def test_lazy_until_needed():
+    from fusegrad import GlobalCounters
+    a, b, c, _ = inputs()
+    GlobalCounters.reset()
+    out = (a * b).sum(1).exp() + 1
+    assert GlobalCounters.kernel_count == 0
+    out.numpy()
+    assert GlobalCounters.kernel_count == 1
+
+def test_long_elementwise_chain_is_one_kernel():
+    a = Tensor(V)
+    x = a
+    ref = V.astype(np.float64)
+    for i in range(1000):
+        x = x * 1.0001 + 0.001 if i % 2 == 0 else x - 0.0005
+        ref = ref * 1.0001 + 0.001 if i % 2 == 0 else ref - 0.0005
+    sched = x.schedule()
+    assert len(sched) == 1
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    np.testing.assert_allclose(x.numpy(), ref, rtol=1e-3, atol=1e-3)
+
+def test_schedule_cache_hit_on_identical_graph():
+    def step(a, b):
+        return ((a @ b).relu() * 0.5 + a).sum(1)
+    a, b, _, _ = inputs()
+    step(a, b).schedule()
+    hits = schedule_cache_stats["hits"]
+    a2, b2 = Tensor(B), Tensor(A)  # different buffers, same graph
+    out = step(a2, b2)
+    sched = out.schedule()
+    assert schedule_cache_stats["hits"] == hits + 1
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    np.testing.assert_allclose(out.numpy(), (np.maximum(B @ A, 0) * 0.5 + B).sum(1), rtol=1e-4, atol=1e-3)
+
+def test_memory_planner_reuses_dead_buffers():
+    a = Tensor(A)
+    # each stage is broadcast into the next, so each is its own kernel; stage i's buffer is dead after stage i+1
+    x1 = (a + 1).sum(1, keepdim=True)
+    x2 = (a * x1).sum(1, keepdim=True)
+    x3 = (a * x2).sum(1, keepdim=True)
+    x4 = (a * x3).sum(1, keepdim=True)
+    out = (a * x4).sum(1)
+    sched = out.schedule()
+    assert len(sched) == 5
+    bases = [b._base if getattr(b, "_base", None) is not None else b for ei in sched for b in ei.bufs[:1]]
+    assert len({id(b) for b in bases}) < 5, "intermediate buffers with disjoint lifetimes should share storage"
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    r1 = (A + 1).sum(1, keepdims=True); r2 = (A * r1).sum(1, keepdims=True); r3 = (A * r2).sum(1, keepdims=True)
+    r4 = (A * r3).sum(1, keepdims=True)
+    np.testing.assert_allclose(out.numpy(), (A * r4).sum(1), rtol=1e-3)
+
+def test_size_zero_needs_no_kernel():
+    x = Tensor.ones(3, 0) * 2 + 1
+    assert len(x.schedule()) == 0
+    assert x.numpy().shape == (3, 0)
+
+def test_constant_folding():
+    x = Tensor.full((4, 4), 2.0) * 3 + 1
+    sched = x.schedule()
+    assert len(sched) == 1
+    ast = sched[0].ast
+    assert not any(u.op in (Ops.MUL, Ops.ADD, Ops.LOAD) and u.dtype == dtypes.float32 for u in ast.toposort())
+
+def test_assign_in_place():
+    a = Tensor(A).realize()
+    buf = a.uop.base
+    a.assign(a * 2 + 1).realize()
+    assert a.uop.base is buf
+    np.testing.assert_allclose(a.numpy(), A * 2 + 1, rtol=1e-6)
+
+def test_reader_runs_before_in_place_writer():
+    a = Tensor(A).realize()
+    b = a * 3
+    a.assign(a + 1)
+    Tensor.realize(b, a)
+    np.testing.assert_allclose(b.numpy(), A * 3, rtol=1e-6)
+    np.testing.assert_allclose(a.numpy(), A + 1, rtol=1e-6)
