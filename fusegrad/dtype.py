@@ -1,7 +1,8 @@
 """Data types: scalar, vector and pointer forms, the promotion lattice and conversions to numpy/torch/Python."""
 from __future__ import annotations
-import math, struct
-from dataclasses import dataclass
+import math
+import struct
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Final
 
@@ -17,12 +18,25 @@ class DType:
     count: int = 1
     _scalar: DType | None = None
 
+    def __post_init__(self):
+        # dtypes are compared and hashed on every UOp construction and pattern match, so the field tuple and its hash
+        # are computed once (the generated dataclass methods rebuild the tuple on every call)
+        key = tuple(getattr(self, f.name) for f in fields(self))
+        object.__setattr__(self, "_key", (type(self), key))
+        object.__setattr__(self, "_hash", hash((type(self), key)))
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, DType) and self._hash == other._hash and self._key == other._key)
+    def __hash__(self) -> int: return self._hash
+
     @staticmethod
     def new(priority: int, itemsize: int, name: str, fmt: str | None) -> DType:
         return DType(priority, itemsize, name, fmt)
 
-    def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self.scalar().name}.vec({self.count})"
-    def __reduce__(self): return (DType, (self.priority, self.itemsize, self.name, self.fmt, self.count, self._scalar))
+    def __repr__(self) -> str:
+        # the canonical attribute name (self.name is the C type, e.g. "unsigned char", which isn't an attribute)
+        base = f"dtypes.{_CANONICAL_NAMES.get(self.scalar().name, self.scalar().name)}"
+        return base if self.count == 1 else f"{base}.vec({self.count})"
+    def __reduce__(self): return (type(self), self._key[1])
     def __lt__(self, other: DType) -> bool: return (self.priority, self.itemsize, self.name, self.count) < \
         (other.priority, other.itemsize, other.name, other.count)
 
@@ -50,7 +64,7 @@ class DType:
 def _vec(dt: DType, size: int) -> DType:
     return DType(dt.priority, dt.itemsize * size, f"{dt.name}{size}", None, size, dt)
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)  # eq=False keeps DType's cached __eq__/__hash__ (they cover these fields too)
 class PtrDType(DType):
     """A pointer to `_base` elements; `size` is the number of elements addressed (-1 when unknown)."""
     _base: DType | None = None
@@ -64,9 +78,10 @@ class PtrDType(DType):
     def vcount(self) -> int: return self.v
     def vec(self, size: int) -> PtrDType:
         assert self.v == 1, f"can't vectorize {self}"
-        return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self._base, size, self.size,
-                        self.addrspace)
-    def ptr(self, size: int = -1, addrspace: str = "global") -> PtrDType: raise TypeError("can't make a pointer to a pointer")
+        return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self._base, size,
+                        self.size, self.addrspace)
+    def ptr(self, size: int = -1, addrspace: str = "global") -> PtrDType:
+        raise TypeError("can't make a pointer to a pointer")
     def scalar(self) -> PtrDType:
         return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, None, self._base, 1, self.size,
                         self.addrspace) if self.v != 1 else self
@@ -168,6 +183,9 @@ class dtypes:
 
 DTYPES_DICT: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("_")
                                  and k not in ("default_float", "default_int")}
+# C type name -> canonical attribute of `dtypes` (the first name each dtype has in the class body; aliases come later)
+_CANONICAL_NAMES: dict[str, str] = {}
+for _k, _v in DTYPES_DICT.items(): _CANONICAL_NAMES.setdefault(_v.name, _k)
 # canonical (non-alias) dtypes users can make tensors of
 ALL_DTYPES: tuple[DType, ...] = (dtypes.bool,) + dtypes.ints + dtypes.floats
 

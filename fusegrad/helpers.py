@@ -1,6 +1,13 @@
 """Small shared utilities: environment knobs (getenv, Context), sequence helpers and terminal colors."""
 from __future__ import annotations
-import contextlib, functools, math, operator, os, platform, sys, time
+import contextlib
+import functools
+import math
+import operator
+import os
+import platform
+import sys
+import time
 from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -49,8 +56,13 @@ def to_function_name(s: str) -> str:
 
 @functools.cache
 def getenv(key: str, default: Any = 0) -> Any:
-    """The environment variable `key` converted to the type of `default` (cached; Context overrides it)."""
-    return type(default)(os.getenv(key, default))
+    """The environment variable `key` converted to the type of `default` (cached; Context overrides it).
+    For a bool default, "", "0", "false" and "no" (any case) are False and anything else is True."""
+    val = os.getenv(key)
+    if val is None: return default
+    # bool("0") would be True, so bools are parsed rather than converted
+    if isinstance(default, bool): return val.strip().lower() not in ("", "0", "false", "no")
+    return type(default)(val)
 
 class ContextVar:
     """An environment knob whose value `Context` can override for the length of a with-block."""
@@ -73,13 +85,16 @@ class ContextVar:
 
 class Context(contextlib.ContextDecorator):
     """`with Context(DEBUG=2, NOOPT=1): ...` overrides knobs inside the block (and as a decorator)."""
-    def __init__(self, **kwargs: Any): self.kwargs = kwargs
+    def __init__(self, **kwargs: Any):
+        self.kwargs = kwargs
+        # a stack, not one slot: a decorated function may re-enter itself (recursion) before the outer call exits
+        self.saved: list[dict[str, Any]] = []
     def __enter__(self):
-        self.old = {k: ContextVar.get(k).value for k in self.kwargs}
+        self.saved.append({k: ContextVar.get(k).value for k in self.kwargs})
         for k, v in self.kwargs.items(): ContextVar.get(k).value = v
         return self
     def __exit__(self, *args):
-        for k, v in self.old.items(): ContextVar._cache[k].value = v
+        for k, v in self.saved.pop().items(): ContextVar._cache[k].value = v
 
 DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), ContextVar("NOOPT", 0), \
     ContextVar("BEAM", 0), ContextVar("JIT", 1)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable, Sequence
 from fusegrad.dtype import ConstType, DType, ALL_DTYPES, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import argfix, make_tuple, prod
-from fusegrad.schedule.kernelize import is_realized, kernelize_map, new_buffer, substitute_map
+from fusegrad.schedule.kernelize import is_realized, kernelize_map_cached, new_buffer, substitute_map
 from fusegrad.schedule.linear import buffer_map, get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
@@ -147,7 +147,7 @@ class Tensor:
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
         sink = UOp.sink_of(*[t.uop for t in (self,) + lst])
-        Tensor._apply_map(kernelize_map(sink))
+        Tensor._apply_map(kernelize_map_cached(sink))
         return self
 
     def schedule(self, *lst: Tensor) -> list:

@@ -4,7 +4,8 @@ decision), and group everything else into KERNEL UOps, each with its AST. After 
 from __future__ import annotations
 import itertools
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import prod
+from fusegrad.helpers import SPEC, prod
+from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index
 from fusegrad.schedule.simplify import _is_contiguous_buffer, const_value, sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -97,6 +98,7 @@ def build_kernel(r: UOp, realized: set[UOp], replaced: dict[UOp, UOp]) -> UOp:
     val = kb.value(value_node, ranges) if value_node is not r else _value_of_root(kb, r, ranges)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),))
+    if SPEC: verify(ast, kernel_spec, "kernel AST")
     inputs = tuple(replaced.get(b, b) for b in kb.globals[1:])
     kernel = UOp(Ops.KERNEL, dtypes.void, (out_buf,) + inputs, ast)
     if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
@@ -113,6 +115,7 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
     """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow."""
     simplified = graph_rewrite_map(sink, sym_tensor, name="sym_tensor")
     ssink = simplified[sink]
+    if SPEC: verify(ssink, tensor_spec, "tensor graph after sym_tensor")
     realized = find_realized(ssink)
     replaced: dict[UOp, UOp] = {}
     for u in ssink.toposort():
@@ -130,3 +133,38 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:
     return out
 
 __all__ = ["kernelize_map", "is_realized", "buffer_of", "new_buffer", "const_value"]
+
+# *** the schedule cache: an identical graph over different buffers (the next training step) is kernelized once ***
+
+schedule_cache: dict[UOp, tuple[dict[UOp, UOp], tuple[UOp, ...]]] = {}
+SCHEDULE_CACHE_SIZE = 512
+schedule_cache_stats = {"hits": 0, "misses": 0}
+
+def _param(i: int, buf: UOp) -> UOp: return UOp(Ops.BUFFER, buf.dtype, buf.src, (("param", i), buf.arg[1]))
+
+def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
+    """kernelize_map for the nodes that change, using the schedule cache. Buffers are replaced by numbered parameters
+    to form the cache key; the cached result is instantiated with this graph's buffers and fresh output buffers."""
+    topo = list(sink.toposort())
+    inputs = [u for u in topo if u.op is Ops.BUFFER]
+    to_param = {b: _param(i, b) for i, b in enumerate(inputs)}
+    normalized = substitute_map(sink, to_param)
+    key = normalized[sink]
+    if (hit := schedule_cache.get(key)) is None:
+        schedule_cache_stats["misses"] += 1
+        nmap = kernelize_map(key)
+        changed = {k: v for k, v in nmap.items() if k is not v}
+        params = set(to_param.values())
+        outs = tuple(u for v in changed.values() for u in v.toposort() if u.op is Ops.BUFFER and u not in params)
+        hit = (changed, tuple(dict.fromkeys(outs)))
+        if len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
+        schedule_cache[key] = hit
+    else: schedule_cache_stats["hits"] += 1
+    changed, outs = hit
+    if not changed: return {}
+    # instantiate: parameters back to this graph's buffers, cached output buffers to new ones
+    back = {p: b for b, p in to_param.items()}
+    back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in outs})
+    vals = UOp.sink_of(*changed.values())
+    inst = substitute_map(vals, back)
+    return {orig: inst[changed[n]] for orig, n in normalized.items() if n in changed}

@@ -1,6 +1,8 @@
 """The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, with the `Ops` every stage uses."""
 from __future__ import annotations
-import math, struct, weakref
+import math
+import struct
+import weakref
 from enum import Enum, auto
 from typing import Any, Callable, Iterator
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_int, truncate_float
@@ -364,9 +366,17 @@ class UOp(metaclass=UOpMetaClass):
 
     @property
     def device(self) -> str:
-        for u in self.toposort():
-            if u.op is Ops.DEVICE: return u.arg
-        raise TypeError(f"{self.op} graph has no device")
+        """The device of a tensor-level node: from its DEVICE source, else from its sources (memoized)."""
+        if "_device" not in self.__dict__:
+            for u in self.toposort(gate=lambda u: "_device" not in u.__dict__):
+                if "_device" in u.__dict__: continue
+                d = u.arg if u.op is Ops.DEVICE else None
+                if u.op is Ops.COPY: d = u.src[1].arg
+                for s in u.src if d is None else ():
+                    if (d := s.__dict__.get("_device")) is not None: break
+                u.__dict__["_device"] = d
+        if (d := self.__dict__["_device"]) is None: raise TypeError(f"{self.op} graph has no device")
+        return d
 
     @property
     def base(self) -> UOp:
@@ -582,7 +592,8 @@ def _repr_arg(arg: Any) -> str:
     # inf and nan have no literal; write them as the math constants so the text stays valid Python
     if isinstance(arg, float) and not math.isfinite(arg):
         return "math.nan" if math.isnan(arg) else ("math.inf" if arg > 0 else "-math.inf")
-    if isinstance(arg, tuple): return f"({_repr_arg(arg[0])},)" if len(arg) == 1 else f"({', '.join(map(_repr_arg, arg))})"
+    if isinstance(arg, tuple):
+        return f"({_repr_arg(arg[0])},)" if len(arg) == 1 else f"({', '.join(map(_repr_arg, arg))})"
     return repr(arg)
 
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.FDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<",

@@ -1,8 +1,9 @@
 """Pattern rewriting: `UPat` describes a subgraph, `PatternMatcher` maps patterns to rewrites, `graph_rewrite` applies
 them to a fixed point. Everything is iterative, so graphs of any depth rewrite without hitting the recursion limit."""
 from __future__ import annotations
-import inspect, itertools, time
-from collections import defaultdict
+import inspect
+import itertools
+import time
 from typing import Any, Callable, Iterable
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
@@ -11,7 +12,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 class UPat:
     """A pattern over UOps. `op`/`dtype` may be one value or a set; `src` is a tuple (in order), a list (any
     permutation, for commutative ops) or a single UPat (every source matches it); `name` binds the matched node."""
-    __slots__ = ("op", "dtype", "arg", "name", "src", "allow_any_len", "_src_options")
+    __slots__ = ("op", "dtype", "arg", "name", "src", "allow_any_len", "_src_options", "_op_checks")
 
     def __init__(self, op: Ops | Iterable[Ops] | None = None, dtype: DType | Iterable[DType] | None = None,
                  src: tuple[UPat, ...] | list[UPat] | UPat | None = None, arg: Any = None, name: str | None = None,
@@ -24,6 +25,10 @@ class UPat:
         if src is None or isinstance(src, UPat): self._src_options: list[tuple[UPat, ...]] | None = None
         elif isinstance(src, list): self._src_options = [tuple(p) for p in itertools.permutations(src)]
         else: self._src_options = [tuple(src)]
+        # per source ordering, the (position, allowed ops) of sources whose pattern names ops: checked before any
+        # bindings are built, so a wrong ordering of a commutative pattern is rejected cheaply
+        self._op_checks: list[tuple[tuple[int, frozenset[Ops]], ...]] = [] if self._src_options is None else \
+            [tuple((i, p.op) for i, p in enumerate(o) if p.op is not None) for o in self._src_options]
 
     # *** constructors ***
 
@@ -95,13 +100,16 @@ class UPat:
             for s in uop.src: stores = [r for st in stores for r in self.src.match(s, st)]
             return stores
         assert self._src_options is not None
+        src = uop.src
         n = len(self._src_options[0])
-        if len(uop.src) != n and not (self.allow_any_len and len(uop.src) >= n): return []
+        if len(src) != n and not (self.allow_any_len and len(src) >= n): return []
         res: list[dict[str, UOp]] = []
-        for option in self._src_options:
+        for option, op_checks in zip(self._src_options, self._op_checks):
+            if any(src[i].op not in ops for i, ops in op_checks): continue
             stores = [store]
-            for p, s in zip(option, uop.src):
-                stores = [r for st in stores for r in p.match(s, st)]
+            for p, s in zip(option, src):
+                # one binding so far is by far the common case: skip building a flattened list
+                stores = p.match(s, stores[0]) if len(stores) == 1 else [r for st in stores for r in p.match(s, st)]
                 if not stores: break
             res.extend(stores)
         return res
@@ -141,13 +149,15 @@ def _rewrite_to_fixed_point(pm: PatternMatcher, uop: UOp, ctx: Any, limit: int =
         new = pm.rewrite(uop, ctx)
         if new is None: return uop
         uop = new
-    raise RuntimeError(f"{pm.name}: rewriting did not reach a fixed point after {limit} steps at {uop.op}")
+    raise RuntimeError(f"{pm.name or 'graph_rewrite'}: rewriting did not reach a fixed point after {limit} steps at "
+                       f"{uop.op}")
 
 class RewriteContext:
     """One graph_rewrite run: the rules, the context, and the memo of node -> fully rewritten node."""
     def __init__(self, pm: PatternMatcher, ctx: Any, bottom_up: bool):
         self.pm, self.ctx, self.bottom_up = pm, ctx, bottom_up
         self.replace: dict[UOp, UOp] = {}
+        self.max_reentries = 100
 
     def rewrite(self, root: UOp) -> UOp:
         """`root` rewritten to a fixed point; an explicit stack replaces recursion.
@@ -157,30 +167,45 @@ class RewriteContext:
         replace, pm, ctx = self.replace, self.pm, self.ctx
         # stack entries: (original node, stage, node being processed for it)
         stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
+        # nodes whose processing has started and not finished; meeting one again means a rule put a node being
+        # rewritten back into its own result. That can be fine once (a ctx-guarded rule wrapping a node), but rules that
+        # cycle (a -> b -> a) would loop forever, so re-entries per node are capped
+        pending: set[UOp] = set()
+        reentries: dict[UOp, int] = {}
         while stack:
             n, stage, cur = stack.pop()
             if stage == 0:
                 if n in replace: continue
+                if n in pending:
+                    reentries[n] = reentries.get(n, 0) + 1
+                    if reentries[n] > self.max_reentries:
+                        raise RuntimeError(f"{pm.name or 'graph_rewrite'}: rules rewrite a {n.op} into a graph "
+                                           "containing itself, forever")
+                pending.add(n)
                 if not self.bottom_up: cur = _rewrite_to_fixed_point(pm, n, ctx)
                 if cur is not n and cur in replace:
                     replace[n] = replace[cur]
+                    pending.discard(n)
                     continue
                 stack.append((n, 1, cur))
                 for s in reversed(cur.src):
                     if s not in replace: stack.append((s, 0, s))
             elif stage == 1:
-                new_src = tuple(replace[s] for s in cur.src)
-                rebuilt = cur if all(a is b for a, b in zip(new_src, cur.src)) else cur.replace(src=new_src)
+                new_src = tuple(map(replace.__getitem__, cur.src))
+                # tuples of UOps compare element by element with identity (UOp has no __eq__), at C speed
+                rebuilt = cur if new_src == cur.src else UOp(cur.op, cur.dtype, new_src, cur.arg)
                 # top-down already took `cur` to a fixed point; only a rebuilt node can match again
                 new = None if rebuilt is cur and not self.bottom_up else pm.rewrite(rebuilt, ctx)
                 if new is None:
                     replace[n] = rebuilt
                     if cur is not n: replace[cur] = rebuilt
+                    pending.discard(n)
                 else:
                     stack.append((n, 2, new))
                     stack.append((new, 0, new))
             else:
                 replace[n] = replace[cur]
+                pending.discard(n)
         return replace[root]
 
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = False,

@@ -1,9 +1,438 @@
-"""Symbolic integer and boolean simplification (placeholder: constant folding only, replaced by the full rules)."""
-from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
+"""Symbolic simplification of integer and boolean expressions, as PatternMatchers.
+
+`symbolic_simple` folds constants, identities, boolean logic, WHERE, and anything range analysis decides.
+`symbolic` (what `UOp.simplify()` uses) adds canonical ordering, combining like terms, div/mod folding and comparison
+rewriting on top.
+
+Semantics are the target's: IDIV and MOD truncate toward zero as in C, fixed-width ints wrap around, dtypes.index is a
+plain (non-wrapping) integer. Rules that reorder or combine sums are exact in wrap-around arithmetic (it is a ring), but
+rules that divide, compare or take MAX need the *true* integer value of a sum; those check `_exact` first, which trusts
+range analysis to return the full dtype range whenever something in a sum could have wrapped. Float expressions only get
+rewrites that are exact in IEEE arithmetic (constant folding, x*1, constants moved right).
+"""
+from __future__ import annotations
+import math
+from typing import Any
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu, python_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
-def _fold(a: UOp) -> UOp | None:
-    if all(s.op is Ops.CONST for s in a.src): return UOp.const(a.dtype, exec_alu(a.op, a.dtype, tuple(s.arg for s in a.src)))
+# *** helpers ***
+
+def _is_int(u: UOp) -> bool: return dtypes.is_int(u.dtype)  # any integer width, index included; not bool
+def _is_intbool(u: UOp) -> bool: return dtypes.is_int(u.dtype) or u.dtype.scalar() == dtypes.bool
+def _is_signed(u: UOp) -> bool:
+    dt = u.dtype.scalar()
+    return dt == dtypes.index or dt in dtypes.sints
+
+def _exact(u: UOp) -> bool:
+    """True when the computed value of `u` is the true integer value of its sum/product tree (nothing wrapped).
+    index never wraps; a signed fixed-width value is exact when range analysis found bounds narrower than the dtype
+    (a possible wrap anywhere below makes the range the full dtype range). Unsigned values are not trusted."""
+    dt = u.dtype.scalar()
+    if dt == dtypes.index: return True
+    if dt not in dtypes.sints: return False
+    return u.vmin != dtypes.min(dt) or u.vmax != dtypes.max(dt)
+
+def _fits(v: int, dt: DType) -> bool:
+    """Whether `v` is representable (without wrapping) in integer dtype `dt`."""
+    return dt.scalar() == dtypes.index or dtypes.min(dt) <= v <= dtypes.max(dt)
+
+def _arg_key(a: Any) -> tuple:
+    # a total, deterministic order over the args UOps carry (never depends on id() or hash randomization)
+    if a is None: return (0,)
+    if isinstance(a, (bool, int, float)): return (1, a)
+    if isinstance(a, str): return (2, a)
+    if isinstance(a, tuple): return (3,) + tuple(_arg_key(x) for x in a)
+    return (4, repr(a))
+
+def _dtype_key(dt: DType) -> tuple: return (dt.priority, dt.count, dt.name, isinstance(dt, PtrDType))
+
+def sort_key(u: UOp) -> tuple:
+    """The deterministic order of canonical forms: structural (op, dtype, arg, sources), constants last.
+    Variables therefore sort by name. Cached on the node like vmin/vmax."""
+    d = u.__dict__
+    if "_skey" not in d:
+        for x in u.toposort(gate=lambda x: "_skey" not in x.__dict__):
+            xd = x.__dict__
+            if "_skey" not in xd:
+                xd["_skey"] = (x.op is Ops.CONST, x.op.value, _dtype_key(x.dtype), _arg_key(x.arg),
+                               tuple(s.__dict__["_skey"] for s in x.src))
+    return d["_skey"]
+
+def _wrap(v: int, dt: DType) -> int: return v if dt.scalar() == dtypes.index else dtypes.as_const(v, dt)
+
+# *** sums: flatten to {base: coefficient} + constant, and rebuild canonically ***
+
+def _terms(u: UOp) -> tuple[dict[UOp, int], int]:
+    """`u` as sum(coef * base) + const, flattening ADD chains and constant factors. Constants are distributed into a
+    sum only for dtypes.index (index math wants (x+1)*4 as x*4+4; data math would pay an extra multiply)."""
+    dt = u.dtype
+    distribute = dt.scalar() == dtypes.index
+    terms: dict[UOp, int] = {}
+    k = 0
+    stack = [(u, 1)]
+    while stack:
+        x, c = stack.pop()
+        op = x.op
+        if op is Ops.ADD:
+            stack.append((x.src[1], c)); stack.append((x.src[0], c))
+            continue
+        if op is Ops.CONST:
+            k += c * x.arg
+            continue
+        if op is Ops.MUL:
+            s0, s1 = x.src
+            b, m = (s0, s1.arg) if s1.op is Ops.CONST else (s1, s0.arg) if s0.op is Ops.CONST else (None, 0)
+            if b is not None and (distribute or b.op is not Ops.ADD):
+                stack.append((b, c * m))
+                continue
+        terms[x] = terms.get(x, 0) + c
+    return terms, k
+
+def _build_sum(terms: dict[UOp, int], k: int, dt: DType) -> UOp:
+    """The canonical sum: terms sorted by base, base*coef (coef != 1), left-associated, the constant last."""
+    parts = [b if c == 1 else UOp(Ops.MUL, dt, (b, UOp.const(dt, c)))
+             for b, c in sorted(terms.items(), key=lambda t: sort_key(t[0])) if c != 0]
+    if k != 0 or not parts: parts.append(UOp.const(dt, k))
+    ret = parts[0]
+    for p in parts[1:]: ret = UOp(Ops.ADD, dt, (ret, p))
+    return ret
+
+def _combine_divmod(terms: dict[UOp, int], dt: DType) -> bool:
+    """Merge, in place, k*(x//c)*c + k*(x%c) into k*x and k*((x//a)%b)*a + k*(x%a) into k*(x%(a*b)).
+    Both hold for every sign under C semantics (and modulo 2^n), so they need no range checks."""
+    for m, coef in list(terms.items()):
+        if m.op is not Ops.MOD or m.src[1].op is not Ops.CONST or coef == 0: continue
+        x, cu = m.src
+        c = cu.arg
+        if c <= 0: continue
+        for other, oc in terms.items():
+            if oc != _wrap(coef * c, dt) or other.op not in (Ops.IDIV, Ops.MOD) or other.src[1].op is not Ops.CONST:
+                continue
+            if other.op is Ops.IDIV and other.src[0] is x and other.src[1] is cu: new = x
+            elif other.op is Ops.MOD and other.src[0].op is Ops.IDIV and other.src[0].src[0] is x and \
+                    other.src[0].src[1] is cu and other.src[1].arg > 0 and _fits(c * other.src[1].arg, dt):
+                new = UOp(Ops.MOD, dt, (x, UOp.const(dt, c * other.src[1].arg)))
+            else: continue
+            del terms[m], terms[other]
+            terms[new] = _wrap(terms.get(new, 0) + coef, dt)
+            return True
+    return False
+
+def normalize_add(a: UOp) -> UOp | None:
+    """Integer sums in canonical form: like terms combined, terms sorted, constant last, left-associated."""
+    dt = a.dtype
+    terms, k = _terms(a)
+    terms = {b: w for b, c in terms.items() if (w := _wrap(c, dt)) != 0}
+    while _combine_divmod(terms, dt): terms = {b: c for b, c in terms.items() if c != 0}
+    ret = _build_sum(terms, _wrap(k, dt), dt)
+    return None if ret is a else ret
+
+def normalize_mul(m: UOp) -> UOp | None:
+    """Integer products in canonical form: constants multiplied into one, placed last; other factors sorted.
+    For dtypes.index a constant times a sum is distributed."""
+    dt = m.dtype
+    factors: list[UOp] = []
+    k = 1
+    stack = [m]
+    while stack:
+        x = stack.pop()
+        if x.op is Ops.MUL: stack.append(x.src[1]); stack.append(x.src[0])
+        elif x.op is Ops.CONST: k = _wrap(k * x.arg, dt)
+        else: factors.append(x)
+    if k == 0 or not factors: return m.const_like(k)
+    if dt.scalar() == dtypes.index and len(factors) == 1 and factors[0].op is Ops.ADD and k != 1:
+        terms, c = _terms(factors[0])
+        return _build_sum({b: v * k for b, v in terms.items()}, c * k, dt)
+    factors.sort(key=sort_key)
+    ret = factors[0]
+    for f in factors[1:]: ret = UOp(Ops.MUL, dt, (ret, f))
+    if k != 1: ret = UOp(Ops.MUL, dt, (ret, UOp.const(dt, k)))
+    return None if ret is m else ret
+
+# *** constant and range folding ***
+
+def fold_consts(a: UOp) -> UOp | None:
+    """Every ALU op on constants, with the target's semantics for the dtype (exec_alu)."""
+    for s in a.src:
+        if s.op is not Ops.CONST: return None
+    if a.op not in python_alu or isinstance(a.dtype, PtrDType): return None
+    return UOp.const(a.dtype, exec_alu(a.op, a.dtype, tuple(s.arg for s in a.src)))
+
+def fold_by_range(a: UOp) -> UOp | None:
+    """An integer or boolean node whose range is a single value is that constant."""
+    if not _is_intbool(a) or isinstance(a.dtype, PtrDType): return None
+    lo, hi = a._min_max
+    return a.const_like(lo) if lo == hi else None
+
+def _swap_commutative(a: UOp) -> UOp | None:
+    """Two-source commutative ops: constants go right; for int/bool, sources are sorted by sort_key."""
+    s0, s1 = a.src
+    if a.op in (Ops.ADD, Ops.MUL) and _is_int(a): return None  # normalize_add/mul order whole chains
+    if not _is_intbool(s0):
+        # floats: only moving a constant right is exact for every op (MAX with a NaN isn't symmetric in C)
+        return a.replace(src=(s1, s0)) if a.op is not Ops.MAX and s0.op is Ops.CONST and s1.op is not Ops.CONST \
+            else None
+    return a.replace(src=(s1, s0)) if sort_key(s1) < sort_key(s0) else None
+
+# *** identities ***
+
+def _all_ones(c: UOp) -> bool:
+    # -1 in two's complement; unsigned constants are stored wrapped, as the dtype's max
+    return c.arg == -1 or (dtypes.is_unsigned(c.dtype) and c.arg == dtypes.max(c.dtype))
+
+def _and_const(x: UOp, c: UOp) -> UOp | None:
+    if x.dtype.scalar() == dtypes.bool: return x if c.arg else c
+    if _is_int(x): return c if c.arg == 0 else x if _all_ones(c) else None
     return None
 
-symbolic = PatternMatcher([(UPat(GroupOp.ALU, name="a"), _fold)], name="symbolic")
+def _or_const(x: UOp, c: UOp) -> UOp | None:
+    if x.dtype.scalar() == dtypes.bool: return c if c.arg else x
+    if _is_int(x): return x if c.arg == 0 else c if _all_ones(c) else None
+    return None
+
+def _xor_const(x: UOp, c: UOp) -> UOp | None:
+    if not _is_intbool(x): return None
+    if not c.arg: return x
+    return x.ne(True) if x.dtype.scalar() == dtypes.bool else None
+
+def _self_op(a: UOp, x: UOp) -> UOp | None:
+    """x op x for integers and booleans."""
+    if not _is_intbool(x): return None
+    if a.op in (Ops.AND, Ops.OR, Ops.MAX): return x
+    if a.op in (Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MOD): return a.const_like(0)
+    if a.op is Ops.CMPEQ: return a.const_like(True)
+    if a.op is Ops.IDIV and (x.vmin > 0 or x.vmax < 0): return a.const_like(1)
+    return None
+
+def _max_by_range(x: UOp, y: UOp) -> UOp | None:
+    """MAX decided by ranges (ints and bools)."""
+    if not _is_intbool(x): return None
+    if x.vmin >= y.vmax: return x
+    if y.vmin >= x.vmax: return y
+    return None
+
+def _where_bool(c: UOp, t: UOp, f: UOp) -> UOp | None:
+    if t.dtype.scalar() != dtypes.bool: return None
+    if t.arg is True and f.arg is False: return c
+    if t.arg is False and f.arg is True: return c.ne(True)
+    return None
+
+symbolic_simple = PatternMatcher([
+    # constants
+    (UPat(GroupOp.ALU, name="a"), fold_consts),
+    (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="a"),
+     lambda a, c: UOp.const(a.dtype, c.arg) if not isinstance(a.dtype, PtrDType) else None),
+    (UPat(GroupOp.ALU | {Ops.CAST}, name="a"), fold_by_range),
+    (UPat(Ops.CAST, name="a"), lambda a: a.src[0] if a.src[0].dtype == a.dtype else None),
+    # add / mul identities
+    (UPat.var("x") + 0, lambda x: x if _is_int(x) else None),
+    (UPat.var("x") * 1, lambda x: x),
+    (UPat.var("x") * 0, lambda x: x.const_like(0) if _is_int(x) else None),
+    # div / mod identities
+    (UPat.var("x") // 1, lambda x: x if _is_int(x) else None),
+    (UPat.var("x") % 1, lambda x: x.const_like(0) if _is_int(x) else None),
+    (UPat(Ops.IDIV, src=(UPat.const(None, 0), UPat.var("x")), name="a"), lambda a, x: a.src[0] if _is_int(x) else None),
+    (UPat(Ops.MOD, src=(UPat.const(None, 0), UPat.var("x")), name="a"), lambda a, x: a.src[0] if _is_int(x) else None),
+    # x op x
+    (UPat((Ops.AND, Ops.OR, Ops.MAX, Ops.XOR, Ops.CMPNE, Ops.CMPEQ, Ops.CMPLT, Ops.IDIV, Ops.MOD),
+          src=(UPat.var("x"), UPat.var("x")), name="a"), _self_op),
+    (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))), _max_by_range),
+    # boolean logic
+    (UPat.var("x") & UPat.cvar("c"), _and_const),
+    (UPat.var("x") | UPat.cvar("c"), _or_const),
+    (UPat.var("x") ^ UPat.cvar("c"), _xor_const),
+    (UPat.var("x", dtypes.bool) & UPat.var("x").ne(True), lambda x: x.const_like(False)),
+    (UPat.var("x", dtypes.bool) | UPat.var("x").ne(True), lambda x: x.const_like(True)),
+    (UPat.var("x", dtypes.bool).ne(True).ne(True), lambda x: x),
+    (UPat.var("x", dtypes.bool).ne(False), lambda x: x),
+    (UPat(Ops.CMPEQ, src=[UPat.var("x", dtypes.bool), UPat.cvar("c", dtypes.bool)]),
+     lambda x, c: x if c.arg else x.ne(True)),
+    (UPat(Ops.NOT, src=(UPat(Ops.NOT, src=(UPat.var("x"),)),)), lambda x: x),
+    # WHERE
+    (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("t"), UPat.var("f"))), lambda c, t, f: t if c.arg else f),
+    (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("x"), UPat.var("x"))), lambda x: x),
+    (UPat(Ops.WHERE, src=(UPat.var("c", dtypes.bool), UPat.cvar("t"), UPat.cvar("f"))), _where_bool),
+    (UPat(Ops.WHERE, src=(UPat.var("c", dtypes.bool).ne(True), UPat.var("t"), UPat.var("f"))),
+     lambda c, t, f: c.where(f, t)),
+    # a nested WHERE on the same condition takes the same branch
+    (UPat.var("c").where(UPat.var("c").where(UPat.var("t"), UPat.var()), UPat.var("f")), lambda c, t, f: c.where(t, f)),
+    (UPat.var("c").where(UPat.var("t"), UPat.var("c").where(UPat.var(), UPat.var("f"))), lambda c, t, f: c.where(t, f)),
+], name="symbolic_simple")
+"""Constant folding, identities (x+0, x*1, x*0, x//1, x%1, x op x), boolean and WHERE folding, and folding of any
+integer/boolean node that range analysis pins to one value. Exact for every dtype."""
+
+# *** canonical forms ***
+
+def _sub_to_add(x: UOp, y: UOp) -> UOp | None: return x + y * -1 if _is_int(x) else None
+def _neg_to_mul(x: UOp) -> UOp | None: return x * -1 if _is_int(x) else None
+
+# *** division and modulo ***
+
+def _neg_divisor(a: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x//-c -> -(x//c) and x%-c -> x%c: C truncation is odd in the divisor, the remainder follows the dividend."""
+    if c.arg >= 0 or not _is_signed(x) or not _fits(-c.arg, x.dtype): return None
+    nc = c.const_like(-c.arg)
+    return (x // nc) * -1 if a.op is Ops.IDIV else x % nc
+
+def _divmod_by_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x//c and x%c for a constant c > 1, with x = c*Q + R split term by term.
+
+    A common factor g of c and every coefficient cancels for any sign: (g*A)//(g*C) = A//C, (g*A)%(g*C) = (A%C)*g.
+    Otherwise truncation agrees with the floor identities only when x and R have the same sign, so the split is done
+    with remainders in [0, c) when x >= 0 and in (-c, 0] when x <= 0; when R also stays inside (-c, c), x//c is Q and
+    x%c is R."""
+    cv, dt, is_mod = c.arg, a.dtype, a.op is Ops.MOD
+    if cv <= 1 or not _is_signed(x) or not _exact(x): return None
+    terms, k = _terms(x)
+    terms = {b: v for b, v in terms.items() if v != 0}
+    g = math.gcd(cv, k, *terms.values())
+    if g > 1:
+        if is_mod and g == cv: return a.const_like(0)
+        inner = _build_sum({b: v // g for b, v in terms.items()}, k // g, dt)
+        return (inner % (cv // g)) * g if is_mod else inner // (cv // g)
+    lo, hi = x.vmin, x.vmax
+    if lo >= 0: rem = lambda v: v % cv
+    elif hi <= 0: rem = lambda v: -((-v) % cv)
+    else: return None
+    rterms: dict[UOp, int] = {}
+    qterms: dict[UOp, int] = {}
+    removed = False  # a term divides out entirely, so it leaves the division
+    rmin = rmax = rk = rem(k)
+    for b, v in terms.items():
+        r = rem(v)
+        if r:
+            rterms[b] = r
+            rmin += min(r * b.vmin, r * b.vmax); rmax += max(r * b.vmin, r * b.vmax)
+        if q := (v - r) // cv:
+            qterms[b] = q
+            removed |= not r
+    if (lo >= 0 and rmin < 0) or (hi <= 0 and rmax > 0) or not (_fits(rmin, dt) and _fits(rmax, dt)): return None
+    fits = -cv < rmin and rmax < cv
+    if is_mod:
+        if fits: return _build_sum(rterms, rk, dt)
+        if rterms == terms and rk == k: return None
+        return _build_sum(rterms, rk, dt) % c
+    if fits: return _build_sum(qterms, (k - rk) // cv, dt)
+    if not removed: return None
+    return _build_sum(qterms, (k - rk) // cv, dt) + _build_sum(rterms, rk, dt) // c
+
+def _div_div(x: UOp, a: UOp, b: UOp) -> UOp | None:
+    """(x//a)//b -> x//(a*b) for a, b > 0: nested truncations compose, for either sign of x."""
+    if a.arg <= 0 or b.arg <= 0 or not _is_int(x) or not _fits(a.arg * b.arg, x.dtype): return None
+    return x // (a.arg * b.arg)
+
+def _mod_mod(x: UOp, m: UOp, a: UOp) -> UOp | None:
+    """(x%m)%a -> x%a when a divides m (a, m > 0): holds for either sign since both remainders follow x's sign."""
+    if a.arg <= 0 or m.arg <= 0 or m.arg % a.arg != 0 or not _is_int(x): return None
+    return x % a
+
+def _mod_div(x: UOp, m: UOp, a: UOp) -> UOp | None:
+    """(x%m)//a -> (x//a)%(m//a) when a divides m (a, m > 0); valid for either sign of x."""
+    if a.arg <= 0 or m.arg <= 0 or m.arg % a.arg != 0 or not _is_int(x): return None
+    return (x // a) % (m.arg // a.arg)
+
+def _mod_small(x: UOp, y: UOp) -> UOp | None:
+    """x%y -> x when |x| < |y| for every value (C keeps x then, whatever the signs)."""
+    if not _is_int(x) or (y.vmin <= 0 <= y.vmax): return None
+    return x if max(abs(x.vmin), abs(x.vmax)) < min(abs(y.vmin), abs(y.vmax)) else None
+
+def _mul_div_self(a: UOp, m: UOp, y: UOp) -> UOp | None:
+    """(x*y)//y -> x and (x*y)%y -> 0, when y is never 0 and x*y did not wrap."""
+    if not _is_int(y) or y.vmin <= 0 <= y.vmax or not _exact(m): return None
+    x = m.src[1] if m.src[0] is y else m.src[0]
+    return x if a.op is Ops.IDIV else a.const_like(0)
+
+# *** comparisons ***
+
+def _ceildiv(a: int, b: int) -> int: return -((-a) // b)
+
+def _cmp_bound_of_div(c: int, d: int) -> int:
+    """B such that (x//d < c) == (x < B) for d > 0 under C truncation."""
+    return c * d if c > 0 else d * (c - 1) + 1
+
+def _lt_const(a: UOp) -> UOp | None:
+    """x < c and c < x with x an integer sum or x//d: constants move to the constant side, a common factor of the
+    coefficients divides out, an all-negative sum is negated; x//d < c becomes x < B."""
+    s0, s1 = a.src
+    on_left = s1.op is Ops.CONST
+    x, c = (s0, s1.arg) if on_left else (s1, s0.arg)
+    if x.op is Ops.CONST or not _is_signed(x): return None
+    dt = x.dtype
+    if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
+        d = x.src[1].arg
+        if on_left: bound, ok = _cmp_bound_of_div(c, d), True
+        else: bound, ok = _cmp_bound_of_div(c + 1, d) - 1, _fits(c + 1, dt)
+        if not ok or not _fits(bound, dt): return None
+        return x.src[0] < bound if on_left else x.src[0].const_like(bound) < x.src[0]
+    if x.op not in (Ops.ADD, Ops.MUL) or not _exact(x): return None
+    terms, k = _terms(x)
+    terms = {b: v for b, v in terms.items() if v != 0}
+    if not terms: return None
+    c2 = c - k
+    flip = all(v < 0 for v in terms.values())
+    if flip:
+        if not _fits(-x.vmin, dt): return None
+        terms, c2, on_left = {b: -v for b, v in terms.items()}, -c2, not on_left
+    g = math.gcd(*terms.values())
+    if g == 1 and k == 0 and not flip: return None
+    bound = _ceildiv(c2, g) if on_left else c2 // g
+    if not _fits(bound, dt): return None
+    s = _build_sum({b: v // g for b, v in terms.items()}, 0, dt)
+    return s < bound if on_left else s.const_like(bound) < s
+
+def _ne_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
+    """x != c / x == c with x an integer sum: the sum's constant moves right and a negated sum flips (both exact
+    modulo 2^n); a common factor g of the coefficients divides out when the sum is exact (g not dividing c: unequal)."""
+    if not _is_int(x) or x.op not in (Ops.ADD, Ops.MUL): return None
+    dt = x.dtype
+    terms, k = _terms(x)
+    terms = {b: v for b, v in terms.items() if v != 0}
+    if not terms: return None
+    c2 = _wrap(c.arg - k, dt)
+    if all(v < 0 for v in terms.values()) and _is_signed(x):
+        terms, c2 = {b: -v for b, v in terms.items()}, _wrap(-c2, dt)
+    g = math.gcd(*terms.values()) if _exact(x) else 1
+    if g > 1 and c2 % g != 0: return a.const_like(a.op is Ops.CMPNE)
+    s = _build_sum({b: v // g for b, v in terms.items()}, 0, dt)
+    if s is x and c2 // g == c.arg: return None
+    return s.ne(c2 // g) if a.op is Ops.CMPNE else s.alu(Ops.CMPEQ, s.const_like(c2 // g))
+
+def _not_lt(x: UOp, c: UOp, c_left: bool) -> UOp | None:
+    """!(x < c) -> (c-1) < x and !(c < x) -> x < (c+1), for integers."""
+    if not _is_int(x): return None
+    if not c_left: return c.const_like(c.arg - 1) < x if _fits(c.arg - 1, x.dtype) else None
+    return x < c.arg + 1 if _fits(c.arg + 1, x.dtype) else None
+
+def _int_only(fxn):
+    # restrict a rule on a node to integer results; cheap guard in front of the heavier callbacks
+    return lambda a: fxn(a) if _is_int(a) else None
+
+symbolic = symbolic_simple + PatternMatcher([
+    # canonical sums and products
+    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("y"))), _sub_to_add),
+    (UPat(Ops.NEG, src=(UPat.var("x"),)), _neg_to_mul),
+    (UPat(Ops.MULACC, src=(UPat.var("x"), UPat.var("y"), UPat.var("z"))),
+     lambda x, y, z: x * y + z if _is_int(x) else None),
+    (UPat(Ops.ADD, name="a"), _int_only(normalize_add)),
+    (UPat(Ops.MUL, name="a"), _int_only(normalize_mul)),
+    (UPat(GroupOp.Commutative, src=(UPat.var(), UPat.var()), name="a"), _swap_commutative),
+    # division and modulo
+    (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _neg_divisor),
+    (UPat.var("x") // UPat.cvar("a") // UPat.cvar("b"), _div_div),
+    (UPat.var("x") % UPat.cvar("m") % UPat.cvar("a"), _mod_mod),
+    (UPat.var("x") % UPat.cvar("m") // UPat.cvar("a"), _mod_div),
+    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.var("y"))), _mod_small),
+    (UPat((Ops.IDIV, Ops.MOD), src=(UPat(Ops.MUL, src=[UPat.var(), UPat.var("y")], name="m"), UPat.var("y")), name="a"),
+     _mul_div_self),
+    (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _divmod_by_const),
+    # comparisons
+    (UPat(Ops.CMPLT, src=[UPat.var(), UPat.cvar()], name="a"), _lt_const),
+    (UPat((Ops.CMPNE, Ops.CMPEQ), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _ne_const),
+    (UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.cvar("c"))).ne(True), lambda x, c: _not_lt(x, c, False)),
+    (UPat(Ops.CMPLT, src=(UPat.cvar("c"), UPat.var("x"))).ne(True), lambda x, c: _not_lt(x, c, True)),
+], name="symbolic_rules")
+symbolic.name = "symbolic"
+"""symbolic_simple plus canonical order (constants right, variables sorted, so x+y and y+x are one UOp), combining like
+terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, and linear comparison rewriting."""

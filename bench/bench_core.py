@@ -1,0 +1,183 @@
+"""Core benchmark: fusegrad against NumPy and PyTorch (CPU, 2 threads) in one process.
+
+Workloads: 1024x1024 float32 matmul (GFLOPS), the fused elementwise ((x*y+z).relu()*0.5) on 2^24 floats (GB/s,
+4 arrays x 4 bytes per element), row sums of a 4096x4096 float32 matrix (GB/s), and the cost of scheduling a 200-op
+elementwise graph (ms, cold and cached).
+
+For fusegrad every timed run realizes a fresh lazy expression over inputs realized beforehand, so the time includes
+building and scheduling the graph (as a user pays it) but not creating the inputs. Each measurement warms up once
+(kernel compiles happen there), then repeats while it stays inside a small time budget and reports the best run (the
+median is shown too). A failing fusegrad part prints its error and the rest still runs.
+
+Run: .venv/bin/python bench/bench_core.py  [--quick]
+"""
+from __future__ import annotations
+import statistics
+import sys
+import time
+import traceback
+from typing import Callable
+import numpy as np
+import torch
+
+torch.set_num_threads(2)
+
+from fusegrad import Tensor  # noqa: E402  (torch threads are set first, as the brief asks)
+
+QUICK = "--quick" in sys.argv
+BUDGET_S = 1.0 if QUICK else 3.0   # per (workload, framework) after warm-up
+MAX_REPS = 3 if QUICK else 7
+
+def bench(fn: Callable[[], object], budget_s: float = BUDGET_S, max_reps: int = MAX_REPS) -> tuple[float, float]:
+    """(best, median) wall time in seconds of fn() after one warm-up call; stops early when over the budget."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < 2 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if times[-1] > budget_s: break  # a very slow implementation gets one timed run
+    return min(times), statistics.median(times)
+
+class Row:
+    """One workload: best/median seconds per framework and how to turn seconds into a throughput."""
+    def __init__(self, name: str, unit: str, work: float):
+        self.name, self.unit, self.work = name, unit, work   # work: FLOPs or bytes per run
+        self.t: dict[str, tuple[float, float] | None] = {}
+        self.note = ""
+
+    def run(self, framework: str, fn: Callable[[], object]) -> None:
+        try: self.t[framework] = bench(fn)
+        except Exception as e:  # keep going: one broken part must not hide the other numbers
+            self.t[framework] = None
+            self.note += f" {framework} failed: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+            if "-v" in sys.argv: traceback.print_exc()
+
+    def throughput(self, framework: str) -> str:
+        t = self.t.get(framework)
+        if t is None: return "n/a"
+        return f"{self.work / t[0] / 1e9:8.1f}"
+
+def check(name: str, got: np.ndarray, exp: np.ndarray, rtol: float = 1e-4, atol: float = 1e-4) -> str:
+    """An empty string when fusegrad's answer matches the reference, else a warning for the table."""
+    try:
+        np.testing.assert_allclose(got, exp, rtol=rtol, atol=atol)
+        return ""
+    except AssertionError:
+        return f" WRONG RESULT in {name}!"
+
+def fmt_ms(t: tuple[float, float] | None) -> str:
+    return "       n/a        " if t is None else f"{t[0] * 1e3:8.2f} ({t[1] * 1e3:7.2f})"
+
+def ratio(rows: Row, ref: str) -> str:
+    a, b = rows.t.get("fusegrad"), rows.t.get(ref)
+    return "  n/a" if a is None or b is None else f"{a[0] / b[0]:6.2f}x"
+
+def bench_matmul(n: int = 1024) -> Row:
+    row = Row(f"matmul {n}x{n} f32", "GFLOPS", 2.0 * n ** 3)
+    rng = np.random.default_rng(0)
+    a_np, b_np = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a_t, b_t = torch.from_numpy(a_np), torch.from_numpy(b_np)
+    row.run("numpy", lambda: a_np @ b_np)
+    row.run("torch", lambda: a_t @ b_t)
+    try:
+        a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+        row.run("fusegrad", lambda: (a @ b).realize())
+        if row.t.get("fusegrad") is not None:
+            row.note += check("matmul", (a @ b).numpy(), a_np @ b_np, rtol=1e-3, atol=1e-3)
+    except Exception as e:
+        row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
+    return row
+
+def bench_elementwise(n: int = 1 << 24) -> Row:
+    row = Row("((x*y+z).relu()*0.5) 2^24", "GB/s", 4.0 * 4 * n)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(n, dtype=np.float32) for _ in range(3)]
+    x_np, y_np, z_np = xs
+    x_t, y_t, z_t = (torch.from_numpy(v) for v in xs)
+    row.run("numpy", lambda: np.maximum(x_np * y_np + z_np, 0) * np.float32(0.5))
+    row.run("torch", lambda: ((x_t * y_t + z_t).relu() * 0.5))
+    try:
+        x, y, z = (Tensor(v).realize() for v in xs)
+        row.run("fusegrad", lambda: ((x * y + z).relu() * 0.5).realize())
+        if row.t.get("fusegrad") is not None:
+            ref = np.maximum(x_np * y_np + z_np, 0) * 0.5
+            row.note += check("elementwise", ((x * y + z).relu() * 0.5).numpy(), ref)
+    except Exception as e:
+        row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
+    return row
+
+def bench_rowsum(n: int = 4096) -> Row:
+    row = Row(f"row sums {n}x{n} f32", "GB/s", 4.0 * n * n)
+    m_np = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
+    m_t = torch.from_numpy(m_np)
+    row.run("numpy", lambda: m_np.sum(axis=1))
+    row.run("torch", lambda: m_t.sum(dim=1))
+    try:
+        m = Tensor(m_np).realize()
+        row.run("fusegrad", lambda: m.sum(axis=1).realize())
+        if row.t.get("fusegrad") is not None:
+            ref = m_np.astype(np.float64).sum(axis=1)
+            row.note += check("row sums", m.sum(axis=1).numpy(), ref, rtol=1e-4, atol=1e-3)
+    except Exception as e:
+        row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
+    return row
+
+def build_graph(x: Tensor, k: float, n_ops: int = 200) -> Tensor:
+    """An elementwise chain of n_ops ALU ops; `k` varies the constants so every k gives a new (uncached) graph."""
+    out = x
+    for i in range(n_ops // 2):
+        out = out * (1.0 + k * 1e-3 + i * 1e-6) + 0.5 if i % 2 else (out - 0.25).maximum(-1.0 - k)
+    return out
+
+def bench_schedule(reps: int = 3 if QUICK else 5) -> tuple[list[float], list[float], int | None, str]:
+    """ms to schedule a new 200-op graph (cold) and the same graph rebuilt (cached); also the kernel count."""
+    cold, cached, nkernels, note = [], [], None, ""
+    try:
+        x = Tensor(np.arange(1024, dtype=np.float32)).realize()
+        build_graph(x, -1.0).schedule()  # warm the imports and code paths of the scheduler itself
+        for k in range(reps):
+            g1 = build_graph(x, float(k))
+            t0 = time.perf_counter()
+            sched = g1.schedule()
+            cold.append((time.perf_counter() - t0) * 1e3)
+            nkernels = len(sched)
+            g2 = build_graph(x, float(k))   # the same graph again: a schedule-cache hit
+            t0 = time.perf_counter()
+            g2.schedule()
+            cached.append((time.perf_counter() - t0) * 1e3)
+    except Exception as e:
+        note = f" fusegrad failed: {type(e).__name__}: {e}"
+        if "-v" in sys.argv: traceback.print_exc()
+    return cold, cached, nkernels, note
+
+def main() -> None:
+    t_start = time.perf_counter()
+    print(f"bench_core: numpy {np.__version__} torch {torch.__version__} (threads={torch.get_num_threads()})"
+          f"{' [quick]' if QUICK else ''}")
+    print("times: best (median) ms over the timed runs after one warm-up; ratio = fusegrad time / reference time\n")
+    rows = [bench_matmul(), bench_elementwise(), bench_rowsum()]
+    hdr = (f"{'workload':28s} {'unit':>6s} | {'fusegrad ms':>18s} {'numpy ms':>18s} {'torch ms':>18s} | "
+           f"{'fg':>8s} {'np':>8s} {'torch':>8s} | {'fg/np':>7s} {'fg/torch':>8s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r.name:28s} {r.unit:>6s} | {fmt_ms(r.t.get('fusegrad'))} {fmt_ms(r.t.get('numpy'))} "
+              f"{fmt_ms(r.t.get('torch'))} | {r.throughput('fusegrad'):>8s} {r.throughput('numpy'):>8s} "
+              f"{r.throughput('torch'):>8s} | {ratio(r, 'numpy'):>7s} {ratio(r, 'torch'):>8s}")
+    cold, cached, nk, note = bench_schedule()
+    print()
+    if cold:
+        print(f"schedule 200-op elementwise graph: cold {min(cold):.2f} ms (median {statistics.median(cold):.2f}), "
+              f"cached {min(cached):.2f} ms (median {statistics.median(cached):.2f}), "
+              f"cold/cached {min(cold) / max(min(cached), 1e-9):.1f}x, {nk} kernel(s)")
+    else:
+        print("schedule 200-op elementwise graph: n/a")
+    for r in rows:
+        if r.note: print(f"note [{r.name}]:{r.note}")
+    if note: print(f"note [schedule]:{note}")
+    print(f"\ntotal bench time {time.perf_counter() - t_start:.1f} s")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
+from __future__ import annotations
+from fusegrad.codegen.affine import range_size
+from fusegrad.codegen.expand import simplify_index, vectorize
+from fusegrad.codegen.linearize import linearize
+from fusegrad.codegen.lower import lower_kernel
+from fusegrad.codegen.opt import Kernel, Opt, kernel_name
+from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+from fusegrad.dtype import PtrDType, dtypes
+from fusegrad.helpers import NOOPT
+from fusegrad.renderer import Estimates, ProgramSpec, Renderer
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+def _simplify_index(idx: UOp) -> UOp | None:
+    new = idx.replace(src=(idx.src[0], *[simplify_index(s) for s in idx.src[1:]]))
+    return new if new is not idx else None
+
+pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index)], name="simplify_indexing")
+pm_simplify_indexing.__doc__ = "index and valid expressions are simplified by the symbolic rules"
+
+def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...]]:
+    """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), and the opts applied."""
+    k = Kernel(ast, renderer)
+    if opts is not None:
+        for o in opts: k.apply_opt(o)
+    elif not NOOPT: hand_coded_optimizations(k)
+    return k.get_optimized_ast(), tuple(k.applied_opts)
+
+def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
+    """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
+    sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
+    if ctx.vec is not None: sink = vectorize(sink, ctx.vec, range_size(ctx.vec), tuple(renderer.vector_dtypes))
+    return graph_rewrite(sink, pm_simplify_indexing, name="simplify_indexing")
+
+def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
+    """The linearized UOps of a kernel AST."""
+    opt_ast, applied = optimize(ast, renderer, opts)
+    return linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
+
+def estimate(uops: list[UOp]) -> Estimates:
+    """ALU ops (vector ops count every lane, index math not at all) times loop trip counts; bytes of every buffer."""
+    ops, mult, stack = 0, 1, []
+    for u in uops:
+        if u.op is Ops.RANGE:
+            n = range_size(u)
+            stack.append(mult)
+            mult *= n if isinstance(n, int) else int(n.vmax)
+        elif u.op is Ops.END: mult = stack.pop()
+        elif u.op in GroupOp.ALU and u.dtype.scalar() != dtypes.index:
+            ops += mult * u.dtype.count * (2 if u.op is Ops.MULACC else 1)
+    mem = 0
+    for u in uops:
+        if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
+            mem += u.dtype.size * u.dtype.base.itemsize
+    return Estimates(ops=ops, mem=mem)
+
+def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
+    """Optimize, lower, linearize and render one kernel AST."""
+    opt_ast, applied = optimize(ast, renderer, opts)
+    uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
+    name = name or kernel_name(opt_ast)
+    gl = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    stored = {u.src[0].src[0].arg for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
+    loaded = {u.src[0].src[0].arg for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+    glob = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
+    return ProgramSpec(name=name, src=renderer.render(uops, name), device=renderer.device, uops=uops,
+                       globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
+                       vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),
+                       global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops),
+                       applied_opts=applied, ast=ast)

@@ -1,0 +1,47 @@
+"""Small analyses of index expressions shared by the optimizer and the lowerer: which RANGEs a node depends on and
+the (constant) coefficient of a RANGE in an affine index."""
+from __future__ import annotations
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
+
+def range_kind(r: UOp) -> str: return r.arg[1]
+def range_size(r: UOp) -> int | UOp:
+    """The trip count of a RANGE: an int when constant, else the (symbolic) end expression."""
+    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
+
+def ranges_in(u: UOp) -> list[UOp]:
+    """Every RANGE reachable from `u`, in toposort order."""
+    return [x for x in u.toposort() if x.op is Ops.RANGE]
+
+def depends_on(u: UOp, r: UOp) -> bool: return r in u.toposort()
+
+def coeff(x: UOp, r: UOp) -> int | None:
+    """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor)."""
+    c: dict[UOp, int | None] = {}
+    for u in x.toposort():
+        if u is r: c[u] = 1; continue
+        cs = [c[s] for s in u.src]
+        if all(v == 0 for v in cs): c[u] = 0; continue
+        if any(v is None for v in cs): c[u] = None; continue
+        if u.op is Ops.ADD: c[u] = cs[0] + cs[1]
+        elif u.op is Ops.SUB: c[u] = cs[0] - cs[1]
+        elif u.op is Ops.NEG: c[u] = -cs[0]
+        elif u.op is Ops.MUL:
+            # exactly one side depends on r; the other must be a constant
+            dep, other = (0, 1) if cs[0] != 0 else (1, 0)
+            c[u] = cs[dep] * u.src[other].arg if u.src[other].op is Ops.CONST and cs[other] == 0 else None
+        elif u.op is Ops.CAST and dtypes.is_int(u.dtype) and dtypes.is_int(u.src[0].dtype): c[u] = cs[0]
+        else: c[u] = None
+    return c[x]
+
+def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
+    """The RANGEs the value of `u` varies with: an END(store, *loops) no longer varies with its loops, and a lanes
+    REDUCE(x, vec) no longer with its vector axis. `memo` caches results across calls."""
+    for x in u.toposort(gate=lambda x: x not in memo):
+        if x in memo: continue
+        s = frozenset().union(*[memo[y] for y in x.src]) if x.src else frozenset()
+        if x.op is Ops.RANGE: s = s | {x}
+        elif x.op is Ops.END: s = s - set(x.src[1:])
+        elif x.op is Ops.REDUCE and isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
+        memo[x] = s
+    return memo[u]

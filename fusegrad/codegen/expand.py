@@ -1,0 +1,113 @@
+"""Vectorization: the vector axis (one RANGE of kind "upcast" chosen by lower.py) becomes SIMD lanes.
+
+A value that depends on the vector axis gets a vector dtype of `width` lanes. Memory accesses that are contiguous
+along the axis become one vector LOAD/STORE (INDEX with a vector pointer dtype); others become one scalar access per
+lane. ALU ops on dtypes the renderer can hold in vectors stay vector ops; the rest are split into lanes (GEP) and
+rebuilt (VECTORIZE), and every such VECTORIZE of a non-vector dtype is folded away again by GEP(VECTORIZE) -> lane."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from fusegrad.codegen.affine import coeff, live_ranges
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.symbolic import symbolic
+
+@dataclass
+class VecCtx:
+    vec: UOp
+    width: int
+    vec_dtypes: tuple[DType, ...]
+    live: dict = field(default_factory=dict)
+    def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
+    def lane(self, u: UOp, k: int) -> UOp: return u.substitute({self.vec: UOp.const(self.vec.dtype, k)})
+
+def simplify_index(x: UOp) -> UOp: return graph_rewrite(x, symbolic, name="simplify_index")
+
+def broadcast(s: UOp, width: int) -> UOp: return UOp(Ops.VECTORIZE, s.dtype.vec(width), (s,) * width)
+def gep(s: UOp, k: int) -> UOp: return UOp(Ops.GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s
+
+def _split_index(idx: UOp) -> tuple[UOp, UOp, UOp | None]:
+    return idx.src[0], idx.src[1], idx.src[2] if len(idx.src) > 2 else None
+
+def _contiguous(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> bool:
+    return buf.dtype.base in ctx.vec_dtypes and (valid is None or not ctx.dep(valid)) and coeff(i, ctx.vec) == 1
+
+def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
+    base = simplify_index(i.substitute({ctx.vec: UOp.const(ctx.vec.dtype, 0)}))
+    assert isinstance(buf.dtype, PtrDType)
+    return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
+
+def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
+    if ld.dtype.count > 1 or not ctx.dep(idx): return None
+    buf, i, valid = _split_index(idx)
+    if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
+    lanes = [UOp(Ops.LOAD, ld.dtype, (ctx.lane(idx, k),)) for k in range(ctx.width)]
+    return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
+
+pm_vector_memory = PatternMatcher([
+    (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"), _vec_load),
+], name="vector_memory")
+pm_vector_memory.__doc__ = "loads along the vector axis are one vector load when contiguous, else one load per lane"
+
+def vector_stores(ctx: VecCtx, st: UOp) -> list[UOp]:
+    """A memory STORE along the vector axis as one vector store (contiguous) or one store per lane."""
+    if st.src[0].op is not Ops.INDEX or not ctx.dep(st.src[0]): return [st]
+    buf, i, valid = _split_index(st.src[0])
+    if _contiguous(ctx, buf, i, valid): return [st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))]
+    return [UOp(Ops.STORE, dtypes.void, (ctx.lane(st.src[0], k), UOp(Ops.GEP, st.src[1].dtype, (st.src[1],), k)))
+            for k in range(ctx.width)]
+
+# *** values ***
+
+def _is_vec(u: UOp) -> bool: return u.dtype.count > 1
+
+def _alu(ctx: VecCtx, x: UOp) -> UOp | None:
+    if not any(_is_vec(s) for s in x.src) or _is_vec(x): return None
+    w = ctx.width
+    if x.dtype in ctx.vec_dtypes and all(s.dtype.scalar() in ctx.vec_dtypes for s in x.src):
+        return UOp(x.op, x.dtype.vec(w), tuple(s if _is_vec(s) else broadcast(s, w) for s in x.src), x.arg)
+    return UOp(Ops.VECTORIZE, x.dtype.vec(w), tuple(x.replace(src=tuple(gep(s, k) for s in x.src)) for k in range(w)))
+
+def _lanes_reduce(red: UOp) -> UOp | None:
+    x, op = red.src[0], red.arg[0]
+    if not _is_vec(x): return None
+    vals = [gep(x, k) for k in range(x.dtype.count)]
+    while len(vals) > 1:   # pairwise, so float sums stay accurate
+        vals = [vals[i].alu(op, vals[i + 1]) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]
+
+def _fold_index_const(x: UOp) -> UOp | None:
+    # lanes of the vector axis used as values (e.g. arange) fold to per-lane constants
+    if x.dtype != dtypes.index or not all(s.op is Ops.CONST for s in x.src): return None
+    return UOp.const(x.dtype, exec_alu(x.op, x.dtype, tuple(s.arg for s in x.src)))
+
+pm_vectorize = PatternMatcher([
+    (UPat(Ops.RANGE, name="r"), lambda ctx, r: UOp(Ops.VECTORIZE, r.dtype.vec(ctx.width),
+                                                   tuple(UOp.const(r.dtype, k) for k in range(ctx.width)))
+     if r is ctx.vec else None),
+    (UPat(Ops.DEFINE_REG, name="d"), lambda ctx, d: d.replace(dtype=d.dtype.vec(ctx.width), src=())
+     if d.src and not _is_vec(d) else None),
+    # accumulator reads and writes follow the accumulator's width
+    (UPat(Ops.LOAD, src=(UPat(Ops.DEFINE_REG, name="d"),), allow_any_len=True, name="ld"),
+     lambda d, ld: ld.replace(dtype=d.dtype) if d.dtype != ld.dtype else None),
+    (UPat(Ops.STORE, src=(UPat((Ops.DEFINE_REG, Ops.INDEX), name="d"), UPat.var("v")), allow_any_len=True, name="st"),
+     lambda ctx, d, v, st: st.replace(src=(d, broadcast(v, d.dtype.vcount), *st.src[2:]))
+     if d.dtype.vcount > 1 and not _is_vec(v) else None),
+    (UPat(Ops.REDUCE, name="red"), lambda red: _lanes_reduce(red) if red.arg[1] == "lanes" else None),
+    (UPat(Ops.GEP, src=(UPat(Ops.VECTORIZE, name="v"),), name="g"), lambda v, g: v.src[g.arg]),
+    (UPat(Ops.GEP, name="g"), lambda g: g.src[0] if not _is_vec(g.src[0]) else None),
+    (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), _alu),
+    (UPat(GroupOp.ALU, name="x"), _fold_index_const),
+], name="vectorize")
+pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dtypes; no other vector dtype remains"
+
+def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) -> UOp:
+    """Turn the vector axis `vec` of a lowered kernel into SIMD lanes."""
+    ctx = VecCtx(vec, width, vec_dtypes)
+    stores = [s for st in sink.src for s in vector_stores(ctx, st)]
+    sink = graph_rewrite(UOp.sink_of(*stores), pm_vector_memory, ctx=ctx, name="vector_memory")
+    sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize")
+    for u in sink.toposort():
+        if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes and not isinstance(u.dtype, PtrDType):
+            raise RuntimeError(f"vectorize left a {u.dtype} {u.op}")
+    return sink

@@ -1,0 +1,112 @@
+"""Linearization: a lowered kernel graph -> an ordered list of UOps with RANGE ... END(RANGE) loop blocks.
+
+Loops form a tree: output loops nest in axis order; the loops of a reduction sit inside the deepest loop its
+accumulator's reset depends on. Every node goes in the deepest loop among the ranges its value varies with (so loop
+invariant code is hoisted), and within one loop the nodes and child loops are ordered topologically."""
+from __future__ import annotations
+import heapq
+from fusegrad.codegen.affine import live_ranges, range_kind
+from fusegrad.uop.ops import Ops, UOp
+
+_LOOP_KINDS = ("global", "loop", "reduce")
+_FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_REG: 2}
+
+def linearize(sink: UOp) -> list[UOp]:
+    """The nodes of `sink` in execution order; a loop over RANGE r is `r, body..., UOp(Ops.END, src=(r,))`."""
+    topo = list(sink.toposort())
+    order = {u: i for i, u in enumerate(topo)}
+    memo: dict[UOp, frozenset[UOp]] = {}
+    loops_of = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
+
+    # *** the loop tree ***
+    parent: dict[UOp, UOp | None] = {}
+    outs = sorted({r for r in topo if r.op is Ops.RANGE and range_kind(r) in ("global", "loop")}, key=lambda r: r.arg[0])
+    for i, r in enumerate(outs): parent[r] = outs[i - 1] if i else None
+    enclosing: dict[UOp, frozenset[UOp]] = {}
+    for u in topo:
+        if u.op is not Ops.END: continue
+        for i, r in enumerate(u.src[1:]):
+            if r in enclosing: continue
+            enclosing[r] = loops_of[u] | frozenset(u.src[1:1 + i])
+    depth: dict[UOp, int] = {}
+    def get_depth(r: UOp) -> int:
+        if r not in depth:
+            if r not in parent:
+                encl = enclosing.get(r, frozenset())
+                parent[r] = max(encl, key=get_depth) if encl else None
+            depth[r] = 0 if parent[r] is None else get_depth(parent[r]) + 1
+        return depth[r]
+    loops = [r for r in topo if r.op is Ops.RANGE and range_kind(r) in _LOOP_KINDS]
+    for r in loops: get_depth(r)
+
+    def ancestors(r: UOp | None) -> list[UOp]:
+        ret = []
+        while r is not None: ret.append(r); r = parent[r]
+        return ret
+
+    scope: dict[UOp, UOp | None] = {}
+    for u in topo:
+        if u.op is Ops.RANGE and u in parent: scope[u] = u; continue
+        ls = loops_of[u]
+        s = max(ls, key=lambda r: depth[r]) if ls else None
+        if not ls.issubset(anc := set(ancestors(s))):
+            raise RuntimeError(f"{u.op} depends on loops {sorted(r.arg for r in ls - anc)} outside its loop {s.arg}")
+        scope[u] = s
+    children: dict[UOp | None, list[UOp]] = {}
+    for r in loops: children.setdefault(parent[r], []).append(r)
+    members: dict[UOp | None, list[UOp]] = {}
+    for u in topo:
+        if u.op in (Ops.SINK, Ops.END) or (u.op is Ops.RANGE and u in parent): continue
+        members.setdefault(scope[u], []).append(u)
+
+    def item_in(u: UOp, block: UOp | None) -> UOp | None:
+        """What `u` is inside `block`: itself, the child loop of `block` containing it, or None (outside)."""
+        s = scope[u]
+        if s is block and u not in parent: return u
+        while s is not None and parent.get(s) is not block: s = parent.get(s)
+        return s
+
+    def subtree(r: UOp) -> list[UOp]:
+        ret = [r] + members.get(r, [])
+        for c in children.get(r, []): ret += subtree(c)
+        return ret
+
+    def emit(block: UOp | None) -> list[UOp]:
+        items: list[UOp] = members.get(block, []) + children.get(block, [])
+        deps: dict[UOp, set[UOp]] = {it: set() for it in items}
+        for it in items:
+            nodes = subtree(it) if it in parent else [it]
+            inside = set(nodes)
+            for n in nodes:
+                for s in n.src:
+                    if s in inside or s.op is Ops.SINK: continue
+                    # ENDs are ordering-only: depending on one means depending on the loop it closes
+                    srcs = [s] if s.op is not Ops.END else [s.src[0]]
+                    for x in srcs:
+                        d = item_in(x, block)
+                        if d is not None and d is not it and d in deps: deps[it].add(d)
+                    if s.op is Ops.END:
+                        for x in s.src[1:]:
+                            d = item_in(x, block)
+                            if d is not None and d is not it and d in deps: deps[it].add(d)
+        users: dict[UOp, list[UOp]] = {it: [] for it in items}
+        for it, ds in deps.items():
+            for d in ds: users[d].append(it)
+        pending = {it: len(ds) for it, ds in deps.items()}
+        key = lambda it: (_FIRST.get(it.op, 3) if it not in parent else 3, order[it])
+        heap = [(key(it), id(it), it) for it in items if pending[it] == 0]
+        heapq.heapify(heap)
+        out: list[UOp] = []
+        done = 0
+        while heap:
+            _, _, it = heapq.heappop(heap)
+            done += 1
+            if it in parent: out += [it] + emit(it) + [UOp(Ops.END, src=(it,))]
+            else: out.append(it)
+            for usr in users[it]:
+                pending[usr] -= 1
+                if pending[usr] == 0: heapq.heappush(heap, (key(usr), id(usr), usr))
+        if done < len(items): raise RuntimeError("cycle while linearizing")
+        return out
+
+    return emit(None)

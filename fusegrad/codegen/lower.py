@@ -1,0 +1,128 @@
+"""Lowering an optimized kernel AST: expanded (upcast/unroll) axes become separate values, REDUCEs become
+accumulators in registers updated inside their loops.
+
+After `lower_kernel` the graph holds no REDUCE over a loop: each became
+    acc  = DEFINE_REG(arg=id)                       a register (declared once, at the top of the kernel)
+    init = STORE(acc, identity, *outer_loops)       reset in the loop the result lives in
+    cur  = LOAD(acc, init, *reduce_loops)           read inside the innermost reduce loop
+    upd  = STORE(acc, op(cur, value))               accumulate
+    res  = LOAD(acc, END(upd, *reduce_loops))       read after the reduce loops closed
+The only RANGE of kind "upcast" left is the vector axis (if any), turned into SIMD lanes by expand.py."""
+from __future__ import annotations
+import itertools, math
+from dataclasses import dataclass, field
+from fusegrad.codegen.affine import coeff, live_ranges, range_kind, range_size
+from fusegrad.dtype import DType, dtypes
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+LOOP_KINDS = ("global", "loop", "reduce")
+
+def identity_element(op: Ops, dt: DType) -> UOp:
+    """The value a reduction starts from: 0 for ADD, 1 for MUL, the dtype's minimum (-inf for floats) for MAX."""
+    if op is Ops.ADD: return UOp.const(dt, 0)
+    if op is Ops.MUL: return UOp.const(dt, 1)
+    if op is Ops.MAX: return UOp.const(dt, dtypes.min(dt))
+    raise NotImplementedError(f"no identity for reduce op {op}")
+
+@dataclass
+class LowerCtx:
+    vec: UOp | None = None           # the RANGE kept as SIMD lanes
+    use_fma: bool = False            # fuse ADD-reduces of products into fused multiply-adds
+    next_reg: int = 0
+    expanded: set = field(default_factory=set)   # RANGEs expanded by substitution
+    live: dict = field(default_factory=dict)     # memo for live_ranges
+
+def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
+    if op is Ops.ADD and ctx.use_fma and val.op is Ops.MUL and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
+        return UOp(Ops.MULACC, acc.dtype, (val.src[0], val.src[1], acc))
+    return acc.alu(op, val)
+
+# *** expansion of upcast/unroll axes by substitution ***
+
+def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
+    """REDUCE(src, *ranges, arg=op) -> REDUCE(*values, *loops[, vec], arg=(op, n_acc, n_seq)): one value per
+    combination of the expanded axes; "upcast" reduce axes give separate accumulators, "unroll" axes a chain."""
+    if not isinstance(red.arg, Ops): return None
+    rngs = red.src[1:]
+    acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r is not ctx.vec]
+    seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
+    keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
+    ctx.expanded.update(acc_axes + seq_axes)
+    vals = []
+    for a in itertools.product(*[range(range_size(r)) for r in acc_axes]):
+        for s in itertools.product(*[range(range_size(r)) for r in seq_axes]):
+            sub = {r: UOp.const(r.dtype, v) for r, v in zip(acc_axes + seq_axes, a + s)}
+            vals.append(red.src[0].substitute(sub) if sub else red.src[0])
+    n_acc = math.prod(range_size(r) for r in acc_axes)
+    return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
+
+pm_expand_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _expand_reduce)], name="expand_reduce")
+pm_expand_reduce.__doc__ = "every REDUCE lists one value per combination of its upcast/unroll lanes"
+
+def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
+    op, n_acc, n_seq = red.arg
+    vals, rngs = red.src[:n_acc * n_seq], red.src[n_acc * n_seq:]
+    loops = [r for r in rngs if range_kind(r) in LOOP_KINDS]
+    own_vec = ctx.vec is not None and ctx.vec in rngs
+    dt = red.dtype
+    live = frozenset().union(*[live_ranges(v, ctx.live) for v in vals])
+    outer_srcs = tuple(sorted((r for r in live if range_kind(r) in LOOP_KINDS and r not in loops), key=lambda r: r.arg[0]))
+    acc_on_vec = own_vec or (ctx.vec is not None and ctx.vec in live)
+    finals = []
+    for a in range(n_acc):
+        chain = vals[a * n_seq:(a + 1) * n_seq]
+        if not loops:
+            cur = identity_element(op, dt)
+            for v in chain: cur = _combine(ctx, op, cur, v)
+            finals.append(cur)
+            continue
+        acc = UOp(Ops.DEFINE_REG, dt, (ctx.vec,) if acc_on_vec else (), ctx.next_reg)
+        ctx.next_reg += 1
+        init = UOp(Ops.STORE, dtypes.void, (acc, identity_element(op, dt)) + outer_srcs)
+        cur = UOp(Ops.LOAD, dt, (acc, init, *loops))
+        for v in chain: cur = _combine(ctx, op, cur, v)
+        upd = UOp(Ops.STORE, dtypes.void, (acc, cur))
+        finals.append(UOp(Ops.LOAD, dt, (acc, UOp(Ops.END, dtypes.void, (upd, *loops)))))
+    res = finals[0]
+    for f in finals[1:]: res = res.alu(op, f)
+    # partial accumulators along the vector lanes are combined across lanes (expand.py makes it a horizontal reduce)
+    if own_vec: res = UOp(Ops.REDUCE, dt, (res, ctx.vec), (op, "lanes"))
+    return res
+
+pm_lower_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"),
+                                   lambda ctx, red: _lower_reduce(ctx, red) if red.arg[1] != "lanes" else None)],
+                                 name="lower_reduce")
+pm_lower_reduce.__doc__ = "no REDUCE over a loop remains: accumulators are registers updated inside the loops"
+
+def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
+    """The upcast RANGE to keep as SIMD lanes: a power-of-two axis contiguous in the most memory accesses."""
+    vec_dts = getattr(renderer, "vector_dtypes", ())
+    if not vec_dts: return None
+    topo = ast.toposort()
+    if any(u.op is Ops.REDUCE and u.dtype not in vec_dts for u in topo): return None
+    best, best_score = None, 0
+    for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+        sz = range_size(r)
+        if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
+        score = 0
+        for idx in (u for u in topo if u.op is Ops.INDEX):
+            if r not in idx.toposort(): continue
+            vectorizable = idx.src[0].dtype.base in vec_dts and (len(idx.src) < 3 or r not in idx.src[2].toposort())
+            score += 1 if coeff(idx.src[1], r) == 1 and vectorizable else -1
+        if score > best_score: best, best_score = r, score
+    return best
+
+def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, LowerCtx]:
+    """The optimized AST with expanded axes substituted and REDUCEs lowered to accumulators."""
+    ctx = LowerCtx(vec=choose_vector_axis(ast, renderer), use_fma=use_fma and getattr(renderer, "has_fma", False))
+    reduce_rngs = {r for u in ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
+    stores = []
+    for st in ast.src:
+        axes = [r for r in st.toposort() if r.op is Ops.RANGE and range_kind(r) == "upcast" and r is not ctx.vec
+                and r not in reduce_rngs]
+        for vals in itertools.product(*[range(range_size(r)) for r in axes]):
+            stores.append(st.substitute({r: UOp.const(r.dtype, v) for r, v in zip(axes, vals)}) if axes else st)
+    sink = graph_rewrite(UOp.sink_of(*stores), pm_expand_reduce, ctx=ctx, name="expand_reduce")
+    sink = graph_rewrite(sink, pm_lower_reduce, ctx=ctx, bottom_up=True, name="lower_reduce")
+    return sink, ctx

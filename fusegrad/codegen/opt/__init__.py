@@ -1,0 +1,147 @@
+"""Kernel optimization: a `Kernel` holds a kernel AST and its loops, `apply_opt` splits and reorders them.
+
+An optimization never changes what a kernel computes, only how its loops are shaped:
+  UPCAST(axis, amt)  split `amt` off the inside of a loop and expand it in registers. On an output loop the lanes
+                     become separate values (vectorized along a contiguous axis); on a reduce loop they become
+                     separate partial accumulators, combined after the loop.
+  UNROLL(axis, amt)  split `amt` off the inside of a reduce loop and unroll it, accumulating the lanes one after
+                     the other into the same accumulator (the summation order is unchanged).
+  SWAP(axis, other)  exchange the nesting order of two output loops.
+`axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
+
+Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores), "loop", "reduce",
+"upcast", "unroll"."""
+from __future__ import annotations
+from dataclasses import dataclass
+from enum import Enum, auto
+from fusegrad.codegen.affine import range_kind, range_size
+from fusegrad.uop.ops import Ops, UOp
+
+class OptOps(Enum):
+    UPCAST = auto(); UNROLL = auto(); SWAP = auto()
+    def __repr__(self) -> str: return f"OptOps.{self.name}"
+
+@dataclass(frozen=True)
+class Opt:
+    """One optimization step; see the module docstring."""
+    op: OptOps
+    axis: int
+    arg: int
+    def __repr__(self) -> str: return f"Opt(op={self.op}, axis={self.axis}, arg={self.arg})"
+
+class KernelOptError(Exception):
+    """An Opt that doesn't apply to this kernel (bad axis, amount that doesn't divide the loop, ...)."""
+
+def _store_ranges(ast: UOp) -> list[UOp]:
+    return [u for st in ast.src for u in st.src[0].toposort() if u.op is Ops.RANGE]
+
+def uniquify_reduce_ranges(ast: UOp) -> UOp:
+    """Give a REDUCE nested inside another REDUCE over a shared RANGE its own fresh RANGEs, so every REDUCE's loops
+    are distinct from the loops it runs inside of."""
+    next_id = max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1) + 1
+    while True:
+        for red in ast.toposort():
+            if red.op is not Ops.REDUCE: continue
+            own = set(red.src[1:])
+            inner = [u for u in red.src[0].toposort() if u.op is Ops.REDUCE and own.intersection(u.src[1:])]
+            if inner: break
+        else: return ast
+        n = inner[-1]
+        fresh = {}
+        for r in own.intersection(n.src[1:]):
+            fresh[r] = UOp(Ops.RANGE, r.dtype, r.src, (next_id, r.arg[1])); next_id += 1
+        ast = ast.substitute({n: n.substitute(fresh)})
+
+class Kernel:
+    """A kernel AST with its loops, transformed by `apply_opt` and finalized by `get_optimized_ast`."""
+    def __init__(self, ast: UOp, renderer=None):
+        if ast.op is not Ops.SINK or any(s.op is not Ops.STORE for s in ast.src):
+            raise ValueError(f"a kernel AST is a SINK of STOREs, got {ast.op}")
+        self.ast, self.renderer = uniquify_reduce_ranges(ast), renderer
+        topo = self.ast.toposort()
+        out = sorted(set(_store_ranges(self.ast)), key=lambda r: r.arg[0])
+        red: list[UOp] = []
+        for u in topo:
+            if u.op is Ops.REDUCE: red.extend(r for r in u.src[1:] if r not in red)
+        self.loops: list[UOp] = out + red
+        self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
+        self.applied_opts: list[Opt] = []
+        self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
+        self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
+
+    # *** queries ***
+
+    @property
+    def first_reduce(self) -> int: return sum(1 for r in self.loops if range_kind(r) != "reduce")
+    def output_axes(self) -> list[int]: return list(range(self.first_reduce))
+    def reduce_axes(self) -> list[int]: return list(range(self.first_reduce, len(self.loops)))
+    def size(self, axis: int) -> int | UOp: return range_size(self.loops[axis])
+    def accesses(self) -> list[tuple[UOp, bool]]:
+        """Every memory INDEX of the kernel with whether it is stored to."""
+        stores = {st.src[0] for st in self.ast.src}
+        return [(u, u in stores) for u in self.ast.toposort() if u.op is Ops.INDEX]
+
+    # *** transformations ***
+
+    def _split(self, axis: int, amt: int, kind: str) -> UOp:
+        r = self.loops[axis]
+        size = range_size(r)
+        if not isinstance(size, int): raise KernelOptError(f"can't split symbolic loop {r.arg}")
+        amt = amt or size
+        if amt <= 0 or size % amt != 0: raise KernelOptError(f"{amt} doesn't divide loop of {size}")
+        inner = UOp.range(amt, self.next_id, kind); self.next_id += 1
+        if amt == size:
+            outer, expr = None, inner
+            self.loops.pop(axis)
+        else:
+            outer = UOp.range(size // amt, r.arg[0], r.arg[1])
+            expr = outer * amt + inner
+            self.loops[axis] = outer
+        self.expanded.append(inner)
+        # REDUCEs list their ranges as sources: there r becomes (outer, inner); in index math it becomes expr
+        replaced: dict[UOp, UOp] = {}
+        for u in self.ast.toposort():
+            if u is r: replaced[u] = expr; continue
+            if u.op is Ops.REDUCE and r in u.src[1:]:
+                rngs = [x for s in u.src[1:] for x in (([outer] if outer is not None else []) + [inner] if s is r else [s])]
+                replaced[u] = u.replace(src=(replaced[u.src[0]], *rngs)); continue
+            new_src = tuple(replaced[s] for s in u.src)
+            replaced[u] = u if new_src == u.src else u.replace(src=new_src)
+        self.ast = replaced[self.ast]
+        return inner
+
+    def apply_opt(self, opt: Opt) -> UOp | None:
+        """Apply one Opt (raises KernelOptError if it doesn't fit); returns the new expanded range, if any."""
+        if not 0 <= opt.axis < len(self.loops): raise KernelOptError(f"no axis {opt.axis} in {len(self.loops)} loops")
+        ret = None
+        if opt.op is OptOps.UPCAST: ret = self._split(opt.axis, opt.arg, "upcast")
+        elif opt.op is OptOps.UNROLL:
+            if range_kind(self.loops[opt.axis]) != "reduce": raise KernelOptError("UNROLL needs a reduce axis")
+            ret = self._split(opt.axis, opt.arg, "unroll")
+        elif opt.op is OptOps.SWAP:
+            a, b = opt.axis, opt.arg
+            if not (a < self.first_reduce and 0 <= b < self.first_reduce): raise KernelOptError("SWAP needs output axes")
+            self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
+        else: raise KernelOptError(f"unknown opt {opt.op}")
+        self.applied_opts.append(opt)
+        return ret
+
+    def get_optimized_ast(self) -> UOp:
+        """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
+        "global" when every STORE depends on it and its trip count is a constant."""
+        outs = self.loops[:self.first_reduce]
+        stored_by_all = bool(outs) and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
+        parallel = stored_by_all and isinstance(range_size(outs[0]), int)
+        mapping: dict[UOp, UOp] = {}
+        for i, r in enumerate(self.loops + self.expanded):
+            kind = "global" if i == 0 and parallel else range_kind(r)
+            mapping[r] = UOp(Ops.RANGE, r.dtype, r.src, (i, kind))
+        return self.ast.substitute(mapping)
+
+def kernel_name(ast: UOp) -> str:
+    """E_<sizes> for elementwise kernels, r_<sizes> when there is a reduction (loop sizes in loop order)."""
+    rngs = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    prefix = "r" if any(u.op is Ops.REDUCE for u in ast.toposort()) else "E"
+    parts = [str(s) if isinstance(s := range_size(r), int) else "".join(c for c in s.render() if c.isalnum())
+             for r in rngs]
+    return "_".join([prefix] + parts) if parts else prefix

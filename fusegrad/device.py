@@ -1,0 +1,348 @@
+"""Devices, memory and compilers: `Device[name]` loads a device plugin (fusegrad/runtime/ops_<name>.py), `Buffer` is a
+lazily allocated piece of device memory, `Allocator` and `Compiler` are the parts a device plugin provides."""
+from __future__ import annotations
+import functools
+import hashlib
+import importlib
+import os
+import pathlib
+import tempfile
+from collections import OrderedDict
+from typing import Any, Callable
+from fusegrad.dtype import DType, dtypes, to_np_dtype
+from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
+
+class GlobalCounters:
+    """Process-wide work counters, updated as schedules run (and by allocations, for mem_used)."""
+    global_ops: int = 0      # ALU ops of the kernels run
+    global_mem: int = 0      # bytes the kernels and copies moved
+    time_sum_s: float = 0.0  # measured kernel time (only when runs were timed)
+    kernel_count: int = 0    # compiled kernels run (copies and views are not kernels)
+    mem_used: int = 0        # bytes of device memory currently allocated by Buffers
+    @staticmethod
+    def reset() -> None:
+        """Zero the run counters (mem_used tracks live memory, so it is kept)."""
+        GlobalCounters.global_ops, GlobalCounters.global_mem, GlobalCounters.time_sum_s = 0, 0, 0.0
+        GlobalCounters.kernel_count = 0
+
+# *** the device registry ***
+
+_RUNTIME_DIR = pathlib.Path(__file__).parent / "runtime"
+
+class _Device:
+    """`Device[name]` -> the (cached) device object; `Device.DEFAULT` is the device new tensors go to."""
+    def __init__(self) -> None:
+        self._default: str | None = None
+
+    @functools.cached_property
+    def _devices(self) -> list[str]:
+        return sorted(p.stem[len("ops_"):].upper() for p in _RUNTIME_DIR.glob("ops_*.py"))
+
+    @property
+    def available(self) -> list[str]:
+        """The device names this install has plugins for (whether or not they work on this machine)."""
+        return list(self._devices)
+
+    def canonicalize(self, device: str | None) -> str:
+        """"cpu" -> "CPU", "CPU:0" -> "CPU", "cpu:1" -> "CPU:1"; None -> the default device."""
+        return self.DEFAULT if device is None else _canonicalize(device)
+
+    def _check(self, canonical: str) -> None:
+        base = canonical.partition(":")[0]
+        if base not in self._devices:
+            raise ValueError(f"unknown device {canonical!r}; available devices: {', '.join(self._devices)}")
+
+    def __getitem__(self, name: str) -> Compiled: return self._open(self.canonicalize(name))
+
+    @functools.cache  # noqa: B019 -- one object per device for the life of the process is the point
+    def _open(self, canonical: str) -> Compiled:
+        self._check(canonical)
+        base = canonical.partition(":")[0]
+        module = importlib.import_module(f"fusegrad.runtime.ops_{base.lower()}")
+        cls = getattr(module, f"{base}Device", None)
+        if cls is None: raise ValueError(f"fusegrad/runtime/ops_{base.lower()}.py defines no {base}Device")
+        return cls(canonical)
+
+    @property
+    def DEFAULT(self) -> str:
+        if self._default is None: self._default = self._from_env()
+        return self._default
+    @DEFAULT.setter
+    def DEFAULT(self, name: str) -> None:
+        canonical = self.canonicalize(name)
+        self._check(canonical)
+        self._default = canonical
+
+    def _from_env(self) -> str:
+        # DEV=CPU wins; else a tinygrad-style CPU=1 naming exactly one device; else CPU
+        if dev := os.getenv("DEV"):
+            canonical = self.canonicalize(dev)
+            self._check(canonical)
+            return canonical
+        chosen = [d for d in self._devices if getenv(d, 0) == 1]
+        if len(chosen) > 1: raise ValueError(f"more than one device selected by environment variables: {chosen}")
+        return chosen[0] if chosen else "CPU"
+
+@functools.cache
+def _canonicalize(device: str) -> str:
+    name, _, rest = device.partition(":")
+    return name.upper() + (f":{rest}" if rest and rest != "0" else "")
+
+Device = _Device()
+
+# *** memory ***
+
+class Allocator:
+    """Device memory. A device implements `_alloc`/`_free` and the copies; `_as_buffer` (zero-copy host view) and
+    `_offset` (a sub-range of an allocation, for Buffer views) are optional."""
+    supports_views: bool = False
+    def alloc(self, size: int, options: Any = None) -> Any:
+        if size < 0: raise ValueError(f"can't allocate {size} bytes")
+        return self._alloc(size, options)
+    def free(self, opaque: Any, size: int, options: Any = None) -> None: self._free(opaque, size, options)
+    def _alloc(self, size: int, options: Any) -> Any: raise NotImplementedError
+    def _free(self, opaque: Any, size: int, options: Any) -> None: pass  # garbage collection frees by default
+    def _copyin(self, dest: Any, src: memoryview) -> None: raise NotImplementedError
+    def _copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
+    def _offset(self, opaque: Any, size: int, offset: int) -> Any: raise NotImplementedError(f"{self} has no views")
+
+class LRUAllocator(Allocator):
+    """An allocator that keeps freed allocations (up to `max_cached` bytes) to hand them out again: training loops
+    free and re-allocate the same sizes every step, and fresh host memory costs page faults."""
+    def __init__(self, max_cached: int = 1 << 30) -> None:
+        self.cache: OrderedDict[tuple[int, Any], list[Any]] = OrderedDict()
+        self.cached_bytes, self.max_cached = 0, max_cached
+
+    def alloc(self, size: int, options: Any = None) -> Any:
+        if (lst := self.cache.get((size, options))):
+            self.cached_bytes -= size
+            ret = lst.pop()
+            if not lst: del self.cache[(size, options)]
+            return ret
+        try: return super().alloc(size, options)
+        except MemoryError:
+            self.free_cache()
+            return super().alloc(size, options)
+
+    def free(self, opaque: Any, size: int, options: Any = None) -> None:
+        if getenv("LRU", 1) and size <= self.max_cached and self._reusable(opaque):
+            self.cache.setdefault((size, options), []).append(opaque)
+            self.cache.move_to_end((size, options))
+            self.cached_bytes += size
+            # evict least recently freed sizes first
+            while self.cached_bytes > self.max_cached:
+                key, lst = next(iter(self.cache.items()))
+                self.cached_bytes -= key[0]
+                super().free(lst.pop(0), key[0], key[1])
+                if not lst: del self.cache[key]
+        else: super().free(opaque, size, options)
+
+    def _reusable(self, opaque: Any) -> bool: return True
+
+    def free_cache(self) -> None:
+        """Really free every cached allocation."""
+        for (size, options), lst in self.cache.items():
+            for opaque in lst: super().free(opaque, size, options)
+        self.cache.clear()
+        self.cached_bytes = 0
+
+class Buffer:
+    """`size` elements of `dtype` on `device`, allocated on first use. A view (`base` given) shares the base's memory
+    at byte `offset`; memory is freed when the base and all its views are garbage collected."""
+    def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, base: Buffer | None = None,
+                 offset: int = 0):
+        if size < 0: raise ValueError(f"Buffer size must be >= 0, got {size}")
+        self.device, self.size, self.dtype, self.offset = Device.canonicalize(device), size, dtype, offset
+        self._base: Buffer | None = None
+        if base is not None:
+            if opaque is not None: raise ValueError("a view takes its memory from its base; don't pass opaque")
+            if base._base is not None: raise ValueError("the base of a view must not be a view itself")
+            if base.device != self.device: raise ValueError(f"view on {self.device} of a buffer on {base.device}")
+            if offset < 0 or offset + self.nbytes > base.nbytes:
+                raise ValueError(f"view of {self.nbytes} bytes at offset {offset} exceeds base of {base.nbytes} bytes")
+            self._base = base
+        elif offset != 0: raise ValueError("only views have an offset")
+        if opaque is not None: self.allocate(opaque)
+
+    @property
+    def base(self) -> Buffer: return self._base if self._base is not None else self
+    @property
+    def nbytes(self) -> int: return self.size * self.dtype.itemsize
+    @property
+    def allocator(self) -> Allocator: return Device[self.device].allocator
+
+    def is_allocated(self) -> bool: return hasattr(self, "_buf")
+    def ensure_allocated(self) -> Buffer: return self if hasattr(self, "_buf") else self.allocate()
+
+    def allocate(self, opaque: Any = None) -> Buffer:
+        """Get memory now: `opaque` (an existing allocation) if given, else from the device (or from the base)."""
+        if self.is_allocated(): raise RuntimeError(f"{self!r} is already allocated")
+        if self._base is not None:
+            self._base.ensure_allocated()
+            self._buf = self.allocator._offset(self._base._buf, self.nbytes, self.offset)
+        elif opaque is not None:
+            self._buf, self._owned = opaque, False  # memory we didn't allocate isn't ours to free or count
+        else:
+            self._buf, self._owned = self.allocator.alloc(self.nbytes), True
+            GlobalCounters.mem_used += self.nbytes
+        return self
+
+    def deallocate(self) -> None:
+        """Give the memory back (to the allocator's cache). Views just drop their handle."""
+        if not self.is_allocated(): raise RuntimeError(f"{self!r} is not allocated")
+        opaque = self._buf
+        del self._buf
+        if self._base is None and self._owned:
+            GlobalCounters.mem_used -= self.nbytes
+            self.allocator.free(opaque, self.nbytes)
+
+    def __del__(self) -> None:
+        # interpreter shutdown may have torn down what deallocate needs; the OS reclaims the memory anyway
+        try:
+            if self.is_allocated() and self._base is None: self.deallocate()
+        except Exception: pass
+
+    def view(self, size: int, dtype: DType, offset: int) -> Buffer:
+        """A Buffer of `size` `dtype` elements sharing this buffer's memory from byte `offset`."""
+        return Buffer(self.device, size, dtype, base=self.base, offset=self.offset + offset)
+
+    # *** host transfers ***
+
+    def copyin(self, mv: memoryview) -> Buffer:
+        """Fill the buffer from host memory of exactly nbytes bytes."""
+        mv = _flat_bytes(mv)
+        if mv.nbytes != self.nbytes: raise ValueError(f"copyin of {mv.nbytes} bytes into a {self.nbytes} byte buffer")
+        if self.nbytes: self.ensure_allocated().allocator._copyin(self._buf, mv)
+        else: self.ensure_allocated()
+        return self
+
+    def copyout(self, mv: memoryview) -> memoryview:
+        """Copy the contents into writable host memory of exactly nbytes bytes."""
+        mv = _flat_bytes(mv)
+        if mv.nbytes != self.nbytes: raise ValueError(f"copyout of a {self.nbytes} byte buffer into {mv.nbytes} bytes")
+        if self.nbytes: self.ensure_allocated().allocator._copyout(mv, self._buf)
+        return mv
+
+    def as_buffer(self, allow_zero_copy: bool = True) -> memoryview:
+        """The contents as a byte memoryview: on devices with host memory (CPU) the memory itself, else a copy."""
+        self.ensure_allocated()
+        if allow_zero_copy and hasattr(self.allocator, "_as_buffer"): return self.allocator._as_buffer(self._buf)
+        return self.copyout(memoryview(bytearray(self.nbytes)))
+
+    def numpy(self) -> Any:
+        """A numpy array (1-D, this buffer's dtype) holding a copy of the contents."""
+        import numpy as np
+        if self.dtype.scalar() == dtypes.bfloat16:  # numpy has no bfloat16: widen the bits to float32
+            raw = np.frombuffer(self.as_buffer(), dtype=np.uint16).astype(np.uint32) << 16
+            return raw.view(np.float32)
+        return np.frombuffer(self.as_buffer(), dtype=to_np_dtype(self.dtype)).copy()
+
+    def __repr__(self) -> str:
+        extra = f" view of offset {self.offset}" if self._base is not None else ""
+        alloc = "" if self.is_allocated() else " (unallocated)"
+        return f"<Buffer {self.device} size={self.size} dtype={self.dtype}{extra}{alloc}>"
+
+def _flat_bytes(mv: Any) -> memoryview:
+    mv = mv if isinstance(mv, memoryview) else memoryview(mv)
+    if not mv.c_contiguous: raise ValueError("host memory for a copy must be contiguous")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+# *** compilers ***
+
+class CompileError(Exception):
+    """The device compiler rejected a program; the message holds its output and the numbered source."""
+
+def numbered(src: str) -> str:
+    return "\n".join(f"{i+1:4d} {line}" for i, line in enumerate(src.splitlines()))
+
+class Compiler:
+    """Turns source into a loadable binary, with a memory cache and a disk cache (CACHELEVEL=0 disables the disk).
+
+    Cache entries on disk are `MAGIC + sha256(payload) + payload`, written atomically, so a truncated or garbage file
+    is detected and recompiled instead of crashing the program that loads it."""
+    MAGIC = b"FGC1"
+    def __init__(self, cachekey: str | None = None):
+        # cachekey names this compiler's configuration (compiler path, version, flags); None means no caching
+        self.cachekey = cachekey
+        self.mem_cache: dict[str, bytes] = {}
+        self.disk_hits, self.compiles = 0, 0
+
+    def compile(self, src: str) -> bytes: raise NotImplementedError
+    def validate(self, lib: bytes) -> bool:
+        """Whether a cached binary looks loadable (devices override with a format check)."""
+        return True
+
+    def _key(self, src: str) -> str: return hashlib.sha256(f"{self.cachekey}\0{src}".encode()).hexdigest()
+    def cache_path(self, src: str) -> str:
+        return os.path.join(cache_dir(), "compiled", self._key(src)[:2], self._key(src))
+
+    def compile_cached(self, src: str) -> bytes:
+        """`compile(src)`, through the memory and disk caches."""
+        if self.cachekey is None: return self._compile(src)
+        key = self._key(src)
+        if (lib := self.mem_cache.get(key)) is not None: return lib
+        path = self.cache_path(src)
+        if CACHELEVEL >= 1 and (lib := self._read(path)) is not None: self.disk_hits += 1
+        else:
+            lib = self._compile(src)
+            if CACHELEVEL >= 1: self._write(path, lib)
+        self.mem_cache[key] = lib
+        return lib
+
+    def evict(self, src: str) -> None:
+        """Forget a cached binary (memory and disk), e.g. when it failed to load."""
+        if self.cachekey is None: return
+        self.mem_cache.pop(self._key(src), None)
+        try: os.unlink(self.cache_path(src))
+        except OSError: pass
+
+    def _compile(self, src: str) -> bytes:
+        self.compiles += 1
+        return self.compile(src)
+
+    def _read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f: data = f.read()
+        except OSError: return None
+        head = len(self.MAGIC) + 32
+        if len(data) < head or not data.startswith(self.MAGIC): return self._corrupt(path)
+        lib = data[head:]
+        if hashlib.sha256(lib).digest() != data[len(self.MAGIC):head] or not self.validate(lib):
+            return self._corrupt(path)
+        return lib
+
+    def _corrupt(self, path: str) -> None:
+        if DEBUG >= 1: print(f"compile cache: ignoring corrupt entry {path}")
+        return None
+
+    def _write(self, path: str, lib: bytes) -> None:
+        # tmp file + rename: readers see the old entry or the whole new one, never a half-written file
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f: f.write(self.MAGIC + hashlib.sha256(lib).digest() + lib)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:  # a read-only or full cache dir only costs speed
+            if DEBUG >= 1: print(f"compile cache: can't write {path}: {e}")
+
+# *** a device ***
+
+class Compiled:
+    """A device: its memory (`allocator`), code generator (`renderer`), `compiler` and program class (`runtime`)."""
+    def __init__(self, device: str, allocator: Allocator, renderer: Any, compiler: Compiler | None,
+                 runtime: Callable[..., Any] | None):
+        self.device, self.allocator, self.runtime = device, allocator, runtime
+        # a subclass may supply renderer/compiler lazily (as properties) instead
+        if renderer is not None: self.renderer = renderer
+        if compiler is not None: self.compiler = compiler
+    @property
+    def max_threads(self) -> int:
+        """How many host threads one kernel may be split across (1: the runtime doesn't split)."""
+        return 1
+    def synchronize(self) -> None:
+        """Wait until all work submitted to the device is done (host devices run synchronously)."""
+    def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"

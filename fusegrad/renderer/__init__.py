@@ -1,0 +1,45 @@
+"""The interface between code generation and devices: a Renderer turns linearized UOps into source text for one
+device family, and a ProgramSpec carries that source with everything a runtime needs to call it."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from fusegrad.uop.ops import UOp
+
+@dataclass(frozen=True)
+class Estimates:
+    """Work of one kernel run: floating/integer ALU ops, bytes read+written."""
+    ops: int = 0
+    mem: int = 0
+
+@dataclass
+class ProgramSpec:
+    """A rendered kernel.
+
+    The C entry point is `void <name>(<one pointer per buffer, in `globals` order>, <one `long` per var in `vars`>,
+    long core_lo, long core_hi)`. When `global_size` > 1 the kernel's outermost loop runs over [core_lo, core_hi)
+    instead of [0, global_size), so a runtime may split [0, global_size) across threads; with global_size == 1 the
+    runtime passes (0, 1)."""
+    name: str
+    src: str
+    device: str
+    uops: list[UOp] = field(default_factory=list)
+    globals: list[int] = field(default_factory=list)   # DEFINE_GLOBAL args (buffer indices into ExecItem.bufs)
+    outs: list[int] = field(default_factory=list)      # which of those are written
+    ins: list[int] = field(default_factory=list)       # which are read
+    vars: list[UOp] = field(default_factory=list)      # DEFINE_VARs passed after the buffers
+    global_size: int = 1                               # extent of the parallel (outermost) loop
+    estimates: Estimates = field(default_factory=Estimates)
+    applied_opts: tuple = ()                           # optimizations applied, for DEBUG=3 and BEAM
+    ast: UOp | None = None
+
+class Renderer:
+    """What a device's code generator declares and how it prints a program."""
+    device: str = ""
+    has_threads: bool = True        # the runtime can split the outermost loop across cores
+    supports_float4: bool = True
+    max_upcast: int = 16            # product of upcast/unroll sizes kept in registers
+    simd_bytes: int = 0             # width of one SIMD register (0: don't vectorize explicitly)
+    vector_registers: int = 16      # SIMD registers, bounds how many accumulators a kernel keeps
+    vector_dtypes: tuple = ()       # dtypes the renderer can hold in vectors
+    has_fma: bool = False           # reductions of products may use fused multiply-add
+    compile_flags: list[str] = []   # flags for the device's compiler (read by the runtime)
+    def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError

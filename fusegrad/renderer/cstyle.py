@@ -1,0 +1,315 @@
+"""C-style renderers: linearized UOps -> C source. `CStyleLanguage` holds what C dialects share (expressions, loops,
+literals); `ClangRenderer` is plain C for the CPU, compiled by gcc/clang into a shared object.
+
+Semantics follow C/IEEE without fast-math: nan and inf propagate, float MAX propagates nan (as torch.max does),
+integer division truncates toward zero and gives 0 for a zero divisor (and never traps on INT_MIN / -1), shifts by
+the width or more give 0, half and bfloat16 arithmetic is done in float and rounded (to nearest even) after every op."""
+from __future__ import annotations
+import functools, math, platform, struct
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.renderer import Renderer
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+_SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16",
+          dtypes.int32: "i32", dtypes.uint32: "u32", dtypes.int64: "i64", dtypes.uint64: "u64", dtypes.float16: "f16",
+          dtypes.bfloat16: "bf16", dtypes.float32: "f32", dtypes.float64: "f64", dtypes.index: "i64"}
+_UNSIGNED_OF = {dtypes.int8: "unsigned char", dtypes.int16: "unsigned short", dtypes.int32: "unsigned int",
+                dtypes.int64: "unsigned long", dtypes.index: "unsigned long"}
+_SMALL = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)   # promoted to int by C arithmetic
+_LOWP = (dtypes.float16, dtypes.bfloat16)                                        # computed in float
+_UNARY_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&",
+          Ops.OR: "|", Ops.XOR: "^"}
+
+class CStyleLanguage(Renderer):
+    """What C-like languages share. Subclasses set the type names, the kernel signature and the vector syntax."""
+    kernel_prefix: str = "void"
+    buffer_suffix: str = " restrict"
+    type_map: dict[DType, str] = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char",
+                                  dtypes.int16: "short", dtypes.uint16: "unsigned short", dtypes.int32: "int",
+                                  dtypes.uint32: "unsigned int", dtypes.int64: "long", dtypes.uint64: "unsigned long",
+                                  dtypes.float16: "half", dtypes.bfloat16: "bf16", dtypes.float32: "float",
+                                  dtypes.float64: "double", dtypes.index: "long"}
+    vector_dtypes: tuple[DType, ...] = ()
+
+    # *** per-render state: typedefs and helper functions, emitted only when used ***
+
+    def _need(self, name: str, code: str) -> str:
+        if name not in self._helpers: self._helpers[name] = code
+        return name
+
+    def dtype_name(self, dt: DType) -> str:
+        if isinstance(dt, PtrDType): return self.dtype_name(dt.base) + "*"
+        if dt.count > 1:
+            name = f"{_SHORT[dt.scalar()]}x{dt.count}"
+            sc = self.dtype_name(dt.scalar())
+            # aligned to the element so a vector can be loaded from any element address
+            return self._need(name, f"typedef {sc} {name} __attribute__((vector_size({dt.itemsize}), "
+                                    f"aligned({dt.scalar().itemsize})));")
+        if dt == dtypes.float16: self._need("half", "typedef _Float16 half;")
+        if dt == dtypes.bfloat16: self._bf16()
+        return self.type_map[dt]
+
+    def _bf16(self) -> None:
+        self._need("bf16", "typedef unsigned short bf16;  /* bfloat16 bits */")
+        self._need("fg_bf16_to_f32", "static inline float fg_bf16_to_f32(bf16 x) {\n"
+                   "  unsigned int u = (unsigned int)x << 16; float f; __builtin_memcpy(&f, &u, 4); return f;\n}")
+        self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
+                   "  unsigned int u; __builtin_memcpy(&u, &f, 4);\n"
+                   "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
+                   "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
+
+    # *** literals and conversions ***
+
+    def render_const(self, v, dt: DType) -> str:
+        if dt.count > 1: raise ValueError(f"no vector constants: {dt}")
+        if dt == dtypes.bool: return "1" if v else "0"
+        if dtypes.is_float(dt):
+            if dt == dtypes.bfloat16:
+                self._bf16()
+                return f"((bf16)0x{struct.unpack('I', struct.pack('f', v))[0] >> 16:04x})"
+            f, sfx = ("", "") if dt == dtypes.float64 else ("f", "f")
+            if math.isnan(v): s = f"__builtin_nan{f}(\"\")"
+            elif math.isinf(v): s = f"__builtin_inf{f}()" if v > 0 else f"(-__builtin_inf{f}())"
+            else: s = repr(float(v)) + sfx
+            if s.startswith("-"): s = f"({s})"
+            if dt == dtypes.float16: return f"(({self.dtype_name(dt)}){s})"
+            return s
+        bits = 8 * dt.itemsize
+        if dtypes.is_unsigned(dt): return f"{v}u" if bits <= 32 else f"{v}ul"
+        if v == -2 ** (bits - 1) and bits >= 32: return f"({v + 1}{'L' if bits == 64 else ''}-1)"
+        s = f"{v}L" if bits == 64 and dt != dtypes.index else str(v)
+        return f"({s})" if v < 0 else s
+
+    def to_float(self, x: str, dt: DType) -> str:
+        """A float32 C expression of a half/bfloat16 value."""
+        return f"fg_bf16_to_f32({x})" if dt == dtypes.bfloat16 else f"((float){x})"
+
+    def from_float(self, x: str, dt: DType) -> str:
+        """A float32 C expression rounded to half/bfloat16."""
+        self.dtype_name(dt)
+        return f"fg_f32_to_bf16({x})" if dt == dtypes.bfloat16 else f"((half)({x}))"
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if src == dst: return x
+        if dst.count > 1: return f"__builtin_convertvector({x}, {self.dtype_name(dst)})"
+        if src == dtypes.bfloat16: x, src = self.to_float(x, src), dtypes.float32
+        if dst == dtypes.bool: return f"((_Bool)({x}))"
+        if dst == dtypes.bfloat16: return self.from_float(f"(float)({x})", dst)
+        return f"(({self.dtype_name(dst)})({x}))"
+
+    def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+        if dst.count > 1: return f"(({self.dtype_name(dst)})({x}))"
+        t, s = self.dtype_name(dst), self.dtype_name(src)
+        return f"({{ {t} fg_r; {s} fg_s = {x}; __builtin_memcpy(&fg_r, &fg_s, sizeof(fg_r)); fg_r; }})"
+
+    # *** ALU ***
+
+    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+        """A C expression computing `op` on scalars or vectors (vectors use native operators or a lane loop)."""
+        if dt.count > 1: return self._vector_alu(op, dt, srcs, src_dts)
+        if op is Ops.WHERE: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
+        odt = src_dts[-1] if op in GroupOp.Comparison else dt    # the dtype the operation is carried out in
+        if odt in _LOWP:
+            fs = [self.to_float(s, d) if d in _LOWP else s for s, d in zip(srcs, src_dts)]
+            ret = self.render_alu(op, dtypes.bool if op in GroupOp.Comparison else dtypes.float32, fs,
+                                  [dtypes.float32 if d in _LOWP else d for d in src_dts])
+            return ret if op in GroupOp.Comparison else self.from_float(ret, dt)
+        ret = self._scalar_alu(op, odt, srcs)
+        return f"(({self.dtype_name(dt)}){ret})" if dt in _SMALL and op not in GroupOp.Comparison else ret
+
+    def _scalar_alu(self, op: Ops, dt: DType, s: list[str]) -> str:
+        isf, t = dtypes.is_float(dt), self.dtype_name(dt)
+        fsfx = "f" if dt == dtypes.float32 else ""
+        if op in _INFIX:
+            if dt == dtypes.bool and op is Ops.SUB: op = Ops.XOR
+            return f"({s[0]}{_INFIX[op]}{s[1]})"
+        if op is Ops.NEG: return f"(!{s[0]})" if dt == dtypes.bool else f"(-{s[0]})"
+        if op is Ops.NOT: return f"(!{s[0]})"
+        if op is Ops.RECIP: return f"(1.0{fsfx}/{s[0]})" if isf else self._scalar_alu(Ops.IDIV, dt, ["1", s[0]])
+        if op in _UNARY_FN:
+            if not isf: return s[0] if op is Ops.TRUNC else f"(({t})__builtin_{_UNARY_FN[op]}((double){s[0]}))"
+            return f"__builtin_{_UNARY_FN[op]}{fsfx}({s[0]})"
+        if op is Ops.MULACC: return f"__builtin_fma{fsfx}({s[0]}, {s[1]}, {s[2]})" if isf else f"(({s[0]}*{s[1]})+{s[2]})"
+        if op is Ops.POW:
+            return f"__builtin_pow{fsfx}({s[0]}, {s[1]})" if isf else f"(({t})__builtin_pow((double){s[0]}, (double){s[1]}))"
+        if op is Ops.FDIV and isf: return f"({s[0]}/{s[1]})"
+        if op in (Ops.IDIV, Ops.FDIV, Ops.MOD):
+            if isf: return f"__builtin_trunc{fsfx}({s[0]}/{s[1]})" if op is not Ops.MOD else f"__builtin_fmod{fsfx}({s[0]}, {s[1]})"
+            return self._int_div(op, dt, s)
+        if op is Ops.MAX:
+            if isf:
+                name = f"fg_max_{_SHORT[dt]}"
+                return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ return (a > b || a != a) ? a : b; }}  /* nan wins */')}({s[0]}, {s[1]})"
+            name = f"fg_max_{_SHORT[dt]}"
+            return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ return a > b ? a : b; }}')}({s[0]}, {s[1]})"
+        if op in (Ops.SHL, Ops.SHR): return self._shift(op, dt, s)
+        if op is Ops.THREEFRY: return f"{self._threefry()}({s[0]}, {s[1]})"
+        raise NotImplementedError(f"no C for {op} on {dt}")
+
+    def _int_div(self, op: Ops, dt: DType, s: list[str]) -> str:
+        signed = not dtypes.is_unsigned(dt) and dt != dtypes.bool
+        try: d = int(s[1].strip("()").rstrip("uUlL"))
+        except ValueError: d = None
+        if d is not None and d != 0 and not (signed and d == -1): return f"({s[0]}{'/' if op is not Ops.MOD else '%'}{s[1]})"
+        t, name = self.dtype_name(dt), f"fg_{'mod' if op is Ops.MOD else 'div'}_{_SHORT[dt]}"
+        # x/0 gives 0 and x/-1 is a negation (INT_MIN/-1 traps in hardware)
+        if op is Ops.MOD: body = "return b == 0" + (" || b == -1" if signed else "") + " ? 0 : a % b;"
+        else: body = "return b == 0 ? 0 : " + (f"b == -1 ? ({t})(0 - ({_UNSIGNED_OF.get(dt, t)})a) : " if signed else "") + "a / b;"
+        return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ {body} }}')}({s[0]}, {s[1]})"
+
+    def _shift(self, op: Ops, dt: DType, s: list[str]) -> str:
+        bits, t = 8 * dt.itemsize, self.dtype_name(dt)
+        ut = _UNSIGNED_OF.get(dt, t)
+        shifted = f"({t})(({ut}){s[0]} << {s[1]})" if op is Ops.SHL else f"({s[0]} >> {s[1]})"
+        try:
+            n = int(s[1].strip("()").rstrip("uUlL"))
+            return f"({shifted})" if 0 <= n < bits else "0"
+        except ValueError: return f"((unsigned long)({s[1]}) < {bits} ? {shifted} : 0)"
+
+    def _threefry(self) -> str:
+        return self._need("fg_threefry", """static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
+  /* Threefry-2x32 with 20 rounds: x and key are each two 32-bit words (low word first) */
+  static const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+  unsigned int k[3] = {(unsigned int)key, (unsigned int)(key >> 32), 0};
+  k[2] = k[0] ^ k[1] ^ 0x1BD11BDAu;
+  unsigned int x0 = (unsigned int)x + k[0], x1 = (unsigned int)(x >> 32) + k[1];
+  for (int r = 0; r < 20; r++) {
+    x0 += x1; x1 = (x1 << rot[r % 8]) | (x1 >> (32 - rot[r % 8])); x1 ^= x0;
+    if (r % 4 == 3) { int i = r / 4 + 1; x0 += k[i % 3]; x1 += k[(i + 1) % 3] + (unsigned int)i; }
+  }
+  return ((unsigned long)x1 << 32) | x0;
+}""")
+
+    def _vector_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+        sc = dt.scalar()
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL) or (op in (Ops.AND, Ops.OR, Ops.XOR) and not dtypes.is_float(sc)):
+            return f"({srcs[0]}{_INFIX[op]}{srcs[1]})"
+        if op is Ops.NEG: return f"(-{srcs[0]})"
+        if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
+        # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
+        vt, n = self.dtype_name(dt), dt.count
+        args = [f"{self.dtype_name(d)} {chr(97 + i)}" for i, d in enumerate(src_dts)]
+        lane = self.render_alu(op, sc, [f"{chr(97 + i)}[i]" for i in range(len(srcs))], [d.scalar() for d in src_dts])
+        name = f"fg_v{op.name.lower()}_{_SHORT[sc]}x{n}"
+        self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({', '.join(args)}) {{\n"
+                         f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane}; return r;\n}}")
+        return f"{name}({', '.join(srcs)})"
+
+    def _broadcast(self, dt: DType) -> str:
+        vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({self.dtype_name(dt.scalar())} x) "
+                                f"{{\n  {vt} r; for (int i = 0; i < {dt.count}; i++) r[i] = x; return r;\n}}")
+
+    # *** the kernel ***
+
+    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
+        helpers = "\n".join(self._helpers.values())
+        return (helpers + "\n" if helpers else "") + f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + \
+            "\n".join(body) + "\n}\n"
+
+    def render(self, uops: list[UOp], name: str) -> str:
+        self._helpers: dict[str, str] = {}
+        users: dict[UOp, list[UOp]] = {}
+        depth_of: dict[UOp, int] = {}
+        depth = 0
+        for u in uops:
+            if u.op is Ops.END: depth -= 1
+            depth_of[u] = depth
+            if u.op is Ops.RANGE: depth += 1
+            for s in u.src: users.setdefault(s, []).append(u)
+        stored = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
+        r: dict[UOp, str] = {}
+        bufs: list[tuple[int, str]] = []
+        var_params: list[tuple[str, str]] = []
+        body: list[str] = []
+        counter: dict[str, int] = {}
+        depth = 1
+        def line(s: str) -> None: body.append("  " * depth + s)
+        def new_var(prefix: str) -> str:
+            counter[prefix] = counter.get(prefix, -1) + 1
+            return f"{prefix}{counter[prefix]}"
+        def assign(u: UOp, expr: str, prefix: str) -> None:
+            us = users.get(u, [])
+            if prefix != "val" and len(us) == 1 and depth_of[us[0]] == depth_of[u] and us[0].op is not Ops.RANGE:
+                r[u] = expr
+            else:
+                r[u] = new_var(prefix)
+                line(f"{self.dtype_name(u.dtype)} {r[u]} = {expr};")
+
+        for u in uops:
+            op, src = u.op, u.src
+            if op is Ops.DEFINE_GLOBAL:
+                r[u] = f"data{u.arg}"
+                const = "" if u in stored else "const "
+                bufs.append((u.arg, f"{const}{self.dtype_name(u.dtype.base)}*{self.buffer_suffix} {r[u]}"))
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                var_params.append((r[u], f"long {r[u]}"))
+            elif op is Ops.DEFINE_REG:
+                r[u] = f"acc{u.arg}"
+                line(f"{self.dtype_name(u.dtype)} {r[u]};")
+            elif op is Ops.CONST: r[u] = self.render_const(u.arg, u.dtype)
+            elif op is Ops.RANGE:
+                v = f"ridx{u.arg[0]}"
+                r[u] = v
+                lo, hi = ("core_lo", "core_hi") if u.arg[1] == "global" else ("0", r[src[0]])
+                line(f"for (long {v} = {lo}; {v} < {hi}; {v}++) {{")
+                depth += 1
+            elif op is Ops.END:
+                depth -= 1
+                line("}")
+            elif op is Ops.INDEX:
+                ptr = f"({r[src[0]]}+{r[src[1]]})"
+                r[u] = ptr if u.dtype.vcount == 1 else f"(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*){ptr})"
+            elif op is Ops.LOAD:
+                if src[0].op is Ops.DEFINE_REG: r[u] = r[src[0]]; continue
+                idx = src[0]
+                val = f"(*{r[idx]})"
+                if len(idx.src) > 2:
+                    zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else f"(({self.dtype_name(u.dtype)}){{0}})"
+                    val = f"({r[idx.src[2]]}?{val}:{zero})"
+                assign(u, val, "val")
+            elif op is Ops.STORE:
+                if src[0].op is Ops.DEFINE_REG: line(f"{r[src[0]]} = {r[src[1]]};"); continue
+                st = f"*{r[src[0]]} = {r[src[1]]};"
+                line(f"if ({r[src[0].src[2]]}) {st}" if len(src[0].src) > 2 else st)
+            elif op is Ops.VECTORIZE:
+                if all(s is src[0] for s in src): assign(u, f"{self._broadcast(u.dtype)}({r[src[0]]})", "vec")
+                else: assign(u, f"(({self.dtype_name(u.dtype)}){{{', '.join(r[s] for s in src)}}})", "vec")
+            elif op is Ops.GEP: assign(u, f"{r[src[0]]}[{u.arg}]", "gep")
+            elif op is Ops.CAST: assign(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op is Ops.BITCAST: assign(u, self.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
+            elif op in GroupOp.ALU:
+                assign(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
+            else: raise NotImplementedError(f"can't render {op}")
+        params = [p for _, p in sorted(bufs)] + [p for _, p in sorted(var_params)] + ["long core_lo", "long core_hi"]
+        return self.render_kernel(name, params, body)
+
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for ln in f:
+                if ln.startswith("flags"): return frozenset(ln.split(":", 1)[1].split())
+    except OSError: pass
+    return frozenset()
+
+class ClangRenderer(CStyleLanguage):
+    """C for the CPU: one function per kernel, loops over [core_lo, core_hi) of the outermost output loop."""
+    device = "CPU"
+    has_threads = True
+    # no fast-math: IEEE semantics (nan/inf, no reassociation, no contraction of a*b+c); -fwrapv makes integer
+    # overflow wrap as the Python reference does; -fno-math-errno lets sqrt & co. be single instructions
+    compile_flags: list[str] = ["-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fwrapv",
+                                "-fno-math-errno", "-fno-strict-aliasing", "-lm"]
+    vector_dtypes = (dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16,
+                     dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
+
+    def __init__(self) -> None:
+        flags = _cpu_flags()
+        x86 = platform.machine() in ("x86_64", "AMD64", "i386", "i686")
+        if x86: self.simd_bytes = 64 if "avx512f" in flags else 32 if "avx2" in flags or "avx" in flags else 16
+        else: self.simd_bytes = 16
+        self.vector_registers = 32 if (x86 and "avx512f" in flags) or not x86 else 16
+        self.has_fma = "fma" in flags if x86 else True

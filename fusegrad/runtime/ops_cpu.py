@@ -1,0 +1,226 @@
+"""The CPU device: C rendered by ClangRenderer, compiled by the system C compiler into a shared object, loaded with
+ctypes and called on host memory. One kernel can be split across cores by calling it from several threads on
+disjoint ranges of its outermost loop (ctypes releases the GIL during the call)."""
+from __future__ import annotations
+import ctypes
+import functools
+import hashlib
+import itertools
+import os
+import platform
+import queue
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
+from fusegrad.helpers import CPU_THREADS, DEBUG
+
+# *** memory ***
+
+ALIGN = 64  # bytes: a cache line, and enough for any SIMD load the renderer emits
+
+def _libc_allocator() -> tuple[Any, Any] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        alloc, free = libc.aligned_alloc, libc.free
+    except (OSError, AttributeError): return None
+    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    return alloc, free
+
+_LIBC = _libc_allocator()
+
+class CPUAllocator(LRUAllocator):
+    """64-byte aligned host memory. An allocation is a ctypes byte array (so it can be passed straight to a kernel);
+    it is freed when it and every view of it are garbage collected."""
+    def _alloc(self, size: int, options: Any) -> ctypes.Array:
+        if _LIBC is None:
+            # no libc: over-allocate a ctypes array (zero-filled, so slower) and take the aligned part
+            raw = (ctypes.c_uint8 * (size + ALIGN - 1))()
+            return (ctypes.c_uint8 * size).from_buffer(raw, -ctypes.addressof(raw) % ALIGN)
+        # malloc'd memory isn't zero-filled and reuses freed heap pages, which is much cheaper than fresh zero pages
+        ptr = _LIBC[0](ALIGN, max(ALIGN, -(-size // ALIGN) * ALIGN))
+        if not ptr: raise MemoryError(f"can't allocate {size} bytes of host memory")
+        ret = (ctypes.c_uint8 * size).from_address(ptr)
+        weakref.finalize(ret, _LIBC[1], ptr).atexit = False  # at exit the OS takes the memory back anyway
+        return ret
+
+    def _offset(self, opaque: ctypes.Array, size: int, offset: int) -> ctypes.Array:
+        view = (ctypes.c_uint8 * size).from_buffer(opaque, offset)
+        view._root = getattr(opaque, "_root", opaque)  # exports are tracked on the allocation itself
+        return view
+
+    def _as_buffer(self, opaque: ctypes.Array) -> memoryview:
+        # a separate ctypes object per export, so free() can see (via weakrefs) whether a memoryview still uses it
+        exp = (ctypes.c_uint8 * len(opaque)).from_buffer(opaque)
+        root = getattr(opaque, "_root", opaque)
+        exports = root.__dict__.setdefault("_exports", [])
+        exports[:] = [r for r in exports if r() is not None] + [weakref.ref(exp)]
+        return memoryview(exp).cast("B")
+
+    def _reusable(self, opaque: ctypes.Array) -> bool:
+        # memory a live memoryview (e.g. a numpy array) still reads must not be handed to another Buffer
+        return not any(r() is not None for r in opaque.__dict__.get("_exports", ()))
+
+    def _copyin(self, dest: ctypes.Array, src: memoryview) -> None: memoryview(dest).cast("B")[:] = src
+    def _copyout(self, dest: memoryview, src: ctypes.Array) -> None: dest[:] = memoryview(src).cast("B")
+
+def address(opaque: ctypes.Array) -> int:
+    """The address of a CPU allocation, for passing to C code."""
+    return ctypes.addressof(opaque)
+
+# *** compiler ***
+
+DEFAULT_FLAGS = ["-O2", "-march=native", "-fno-math-errno"]
+
+@functools.cache
+def find_cc() -> list[str]:
+    """The C compiler command: $CC (may include arguments), else the first of cc, gcc, clang on PATH."""
+    if cc := os.getenv("CC"): return shlex.split(cc)
+    for name in ("cc", "gcc", "clang"):
+        if path := shutil.which(name): return [path]
+    raise CompileError("no C compiler found: set CC or install cc, gcc or clang")
+
+@functools.cache
+def _cc_version(cc: tuple[str, ...]) -> str:
+    try: out = subprocess.run([*cc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired): return "unknown"
+    return out.splitlines()[0] if out else "unknown"
+
+@functools.cache
+def _host_cpu() -> str:
+    # -march=native binaries only run on this kind of CPU, so a cache shared between machines must tell them apart
+    try:
+        with open("/proc/cpuinfo") as f: info = f.read()
+        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+        return hashlib.sha256("\n".join(dict.fromkeys(lines)).encode()).hexdigest()[:16]
+    except OSError: return platform.processor() or platform.machine()
+
+class CPUCompiler(Compiler):
+    """C source -> shared object bytes, with the system C compiler. `flags` are the code generation flags (the
+    renderer's `compile_flags` when it has them); the flags that make a shared object are always added."""
+    def __init__(self, flags: list[str] | None = None):
+        self.flags = list(DEFAULT_FLAGS if flags is None else flags)
+        self.cc = find_cc()
+        host = _host_cpu() if any("native" in f for f in self.flags) else ""
+        super().__init__(f"{self.cc}|{_cc_version(tuple(self.cc))}|{self.flags}|{host}")
+
+    def compile(self, src: str) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="fusegrad-cc-") as d:
+            out = os.path.join(d, "k.so")
+            cmd = [*self.cc, *self.flags, "-shared", "-fPIC", "-x", "c", "-", "-o", out, "-lm"]
+            try: res = subprocess.run(cmd, input=src.encode(), capture_output=True)
+            except OSError as e: raise CompileError(f"can't run {shlex.join(cmd)}: {e}\n{numbered(src)}") from e
+            if res.returncode != 0:
+                raise CompileError(f"{shlex.join(cmd)} failed:\n{res.stderr.decode(errors='replace').strip()}\n"
+                                   f"--- source ---\n{numbered(src)}")
+            with open(out, "rb") as f: return f.read()
+
+    def validate(self, lib: bytes) -> bool:
+        return lib.startswith(b"\x7fELF") if sys.platform.startswith("linux") else len(lib) > 0
+
+# *** programs ***
+
+class _ThreadPool:
+    """Persistent worker threads that run (function, args) tasks; the caller runs one share of the work itself."""
+    def __init__(self) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.nworkers, self.lock = 0, threading.Lock()
+
+    def _work(self) -> None:
+        while True:
+            fxn, args, done = self.tasks.get()
+            try:
+                fxn(*args)
+                done.put(None)
+            except BaseException as e: done.put(e)
+
+    def run(self, fxn: Any, argsets: list[tuple]) -> None:
+        """fxn(*a) for every a in argsets, concurrently; returns when all are done, raising the first error."""
+        with self.lock:
+            while self.nworkers < len(argsets) - 1:
+                threading.Thread(target=self._work, name=f"fusegrad-cpu-{self.nworkers}", daemon=True).start()
+                self.nworkers += 1
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        for args in argsets[1:]: self.tasks.put((fxn, args, done))
+        err: BaseException | None = None
+        try: fxn(*argsets[0])
+        except BaseException as e: err = e
+        for _ in argsets[1:]:
+            if (e := done.get()) is not None and err is None: err = e
+        if err is not None: raise err
+
+_pool = _ThreadPool()
+_load_counter = itertools.count()
+
+def _load_library(lib: bytes) -> ctypes.CDLL:
+    # dlopen needs a file; the name must never repeat in this process (the loader reuses objects by name)
+    fd, path = tempfile.mkstemp(prefix=f"fusegrad-{os.getpid()}-{next(_load_counter)}-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f: f.write(lib)
+        return ctypes.CDLL(path)
+    finally: os.unlink(path)
+
+class CPUProgram:
+    """A kernel `void name(ptr..., long var..., long core_lo, long core_hi)` loaded from shared object bytes."""
+    def __init__(self, name: str, lib: bytes):
+        self.name, self.lib = name, lib
+        try: self._dll = _load_library(lib)
+        except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
+        try: self.fxn = getattr(self._dll, name)
+        except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
+        self.fxn.restype = None
+        self._nargs = -1
+
+    def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
+                 wait: bool = False) -> float | None:
+        """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
+        when set). Returns the elapsed seconds if `wait`."""
+        if (n := len(bufs) + len(vals)) != self._nargs:
+            # argtypes make ctypes convert cheaply and pass 64-bit longs correctly; they only change with arity
+            self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_long] * (len(vals) + 2)
+            self._nargs = n
+        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
+        threads = max(1, min(threads, global_size))
+        st = time.perf_counter() if wait else 0.0
+        if threads == 1: self.fxn(*bufs, *vals, 0, max(global_size, 1))
+        else:
+            bounds = [global_size * i // threads for i in range(threads + 1)]
+            _pool.run(self.fxn, [(*bufs, *vals, bounds[i], bounds[i + 1]) for i in range(threads)])
+        return time.perf_counter() - st if wait else None
+
+# *** the device ***
+
+class CPUDevice(Compiled):
+    """The host CPU."""
+    def __init__(self, device: str = "CPU"):
+        super().__init__(device, CPUAllocator(), None, None, CPUProgram)
+
+    @functools.cached_property
+    def renderer(self) -> Any:
+        # imported on first use: the renderer depends on codegen, which shouldn't load just to allocate memory
+        from fusegrad.renderer.cstyle import ClangRenderer
+        return ClangRenderer()
+
+    @functools.cached_property
+    def compiler(self) -> CPUCompiler:
+        try: flags = getattr(self.renderer, "compile_flags", None)
+        except ImportError:
+            if DEBUG >= 1: print("CPU: no ClangRenderer yet, compiling with the default flags")
+            flags = None
+        return CPUCompiler(flags)
+
+    @property
+    def max_threads(self) -> int:
+        return int(CPU_THREADS.value) if CPU_THREADS.value > 0 else self._ncpu
+
+    @functools.cached_property
+    def _ncpu(self) -> int:
+        # the cores this process may run on (a container or taskset may allow fewer than the machine has)
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

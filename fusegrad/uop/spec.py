@@ -1,0 +1,64 @@
+"""Specs between stages: which ops, dtypes and shapes may appear in a graph when it leaves a stage. With SPEC=1 the
+scheduler and code generator check every graph they produce; a violation raises SpecError naming the node."""
+from __future__ import annotations
+from typing import Callable
+from fusegrad.dtype import PtrDType, dtypes
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import UPat
+
+class SpecError(RuntimeError):
+    """A graph broke the contract of the stage that produced it."""
+
+Rule = tuple[UPat, Callable[..., bool]]
+
+def _same_shape_srcs(x: UOp) -> bool:
+    shapes = {s.shape for s in x.src if s.op not in (Ops.DEVICE,)}
+    return len(shapes) <= 1
+
+tensor_spec: list[Rule] = [
+    (UPat(Ops.SINK, name="x"), lambda x: True),
+    (UPat(Ops.DEVICE, name="x"), lambda x: isinstance(x.arg, str)),
+    (UPat(Ops.BUFFER, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE and x.arg[1] >= 0),
+    (UPat(Ops.CONST, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE),
+    (UPat(Ops.RANGE, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE and dtypes.is_int(x.dtype)),
+    (UPat(GroupOp.Movement, name="x"), lambda x: x.dtype == x.src[0].dtype and x.shape is not None),
+    (UPat(Ops.REDUCE_AXIS, name="x"), lambda x: x.arg[0] in (Ops.ADD, Ops.MAX, Ops.MUL) and
+     all(0 <= a < len(x.src[0].shape) for a in x.arg[1])),
+    (UPat(GroupOp.Comparison, name="x"), lambda x: x.dtype == dtypes.bool and x.src[0].dtype == x.src[1].dtype and
+     _same_shape_srcs(x)),
+    (UPat(Ops.WHERE, name="x"), lambda x: x.src[0].dtype == dtypes.bool and x.src[1].dtype == x.src[2].dtype == x.dtype
+     and _same_shape_srcs(x)),
+    (UPat(GroupOp.ALU, name="x"), lambda x: all(s.dtype == x.dtype for s in x.src) and _same_shape_srcs(x)),
+    (UPat((Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.COPY), name="x"), lambda x: True),
+    (UPat(Ops.ASSIGN, name="x"), lambda x: len(x.src) == 2 and (x.src[1].op is Ops.KERNEL or
+                                                               x.src[0].shape == x.src[1].shape)),
+    (UPat(Ops.KERNEL, name="x"), lambda x: x.arg.op is Ops.SINK),
+]
+
+kernel_spec: list[Rule] = [
+    (UPat(Ops.SINK, name="x"), lambda x: all(s.op is Ops.STORE for s in x.src)),
+    (UPat(Ops.DEFINE_GLOBAL, name="x"), lambda x: isinstance(x.dtype, PtrDType) and isinstance(x.arg, int)),
+    (UPat(Ops.DEFINE_VAR, name="x"), lambda x: dtypes.is_int(x.dtype)),
+    (UPat(Ops.RANGE, name="x"), lambda x: x.dtype == dtypes.index and x.arg[1] in ("loop", "reduce")),
+    (UPat(Ops.INDEX, name="x"), lambda x: x.src[0].op is Ops.DEFINE_GLOBAL and dtypes.is_int(x.src[1].dtype) and
+     (len(x.src) == 2 or x.src[2].dtype == dtypes.bool)),
+    (UPat(Ops.LOAD, name="x"), lambda x: x.src[0].op is Ops.INDEX and x.dtype == x.src[0].dtype.base),
+    (UPat(Ops.STORE, name="x"), lambda x: x.src[0].op is Ops.INDEX and x.src[1].dtype == x.src[0].dtype.base),
+    (UPat(Ops.REDUCE, name="x"), lambda x: x.arg in (Ops.ADD, Ops.MAX, Ops.MUL) and
+     all(r.op is Ops.RANGE for r in x.src[1:])),
+    (UPat(Ops.CONST, name="x"), lambda x: not x.src),
+    (UPat(GroupOp.Comparison, name="x"), lambda x: x.dtype.scalar() == dtypes.bool),
+    (UPat(Ops.WHERE, name="x"), lambda x: x.src[0].dtype.scalar() == dtypes.bool and x.src[1].dtype == x.src[2].dtype),
+    (UPat((Ops.SHL, Ops.SHR), name="x"), lambda x: dtypes.is_int(x.dtype) or x.dtype == dtypes.bool),
+    (UPat(GroupOp.ALU, name="x"), lambda x: all(s.dtype == x.dtype for s in x.src)),
+    (UPat((Ops.CAST, Ops.BITCAST), name="x"), lambda x: True),
+]
+
+def verify(sink: UOp, spec: list[Rule], stage: str) -> None:
+    """Check every node of `sink` against `spec`: the first rule whose pattern matches decides; no match is an error."""
+    for u in sink.toposort():
+        for pat, ok in spec:
+            if (m := pat.match(u, {})):
+                if not ok(**m[0]): raise SpecError(f"{stage}: {u.op} node breaks the spec:\n{u}")
+                break
+        else: raise SpecError(f"{stage}: {u.op} may not appear here:\n{u}")

@@ -1,0 +1,54 @@
+"""Test helpers: build kernel ASTs by hand and run their C with ctypes on numpy arrays."""
+from __future__ import annotations
+import ctypes, hashlib, os, subprocess, tempfile
+import numpy as np
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Opt
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import Context
+from fusegrad.renderer import ProgramSpec
+from fusegrad.renderer.cstyle import ClangRenderer
+from fusegrad.uop.ops import Ops, UOp
+
+RENDERER = ClangRenderer()
+_CACHE_DIR = tempfile.mkdtemp(prefix="fusegrad_codegen_test_")
+_libs: dict[str, ctypes.CDLL] = {}
+
+def glob(i: int, dt: DType, size: int) -> UOp: return UOp(Ops.DEFINE_GLOBAL, dt.ptr(size), arg=i)
+def rng(end: int | UOp, axis: int, kind: str = "loop") -> UOp: return UOp.range(end, axis, kind)
+def reduce(src: UOp, *rngs: UOp, op: Ops = Ops.ADD) -> UOp: return UOp(Ops.REDUCE, src.dtype, (src, *rngs), op)
+
+def compile_src(src: str, name: str) -> ctypes.CDLL:
+    key = hashlib.sha256(src.encode()).hexdigest()[:20]
+    if key in _libs: return _libs[key]
+    c_path, so_path = os.path.join(_CACHE_DIR, f"{key}.c"), os.path.join(_CACHE_DIR, f"{key}.so")
+    with open(c_path, "w") as f: f.write(src)
+    # the runtime's flags, at -O2 to keep the tests fast
+    flags = [f if f != "-O3" else "-O2" for f in RENDERER.compile_flags]
+    subprocess.run(["cc", *flags, "-o", so_path, c_path], check=True, capture_output=True, text=True)
+    _libs[key] = ctypes.CDLL(so_path)
+    return _libs[key]
+
+def compile_program(p: ProgramSpec):
+    return getattr(compile_src(p.src, p.name), p.name)
+
+def call(p: ProgramSpec, bufs: list[np.ndarray], var_vals: dict[str, int] | None = None,
+         splits: list[tuple[int, int]] | None = None) -> None:
+    """Run program `p` on `bufs` (indexed by DEFINE_GLOBAL arg) once per [lo, hi) of `splits` (default: all)."""
+    fn = compile_program(p)
+    args = [ctypes.c_void_p(bufs[i].ctypes.data) for i in p.globals]
+    args += [ctypes.c_long((var_vals or {})[v.arg[0]]) for v in p.vars]
+    for lo, hi in (splits or [(0, p.global_size)]): fn(*args, ctypes.c_long(lo), ctypes.c_long(hi))
+
+def run(ast: UOp, bufs: list[np.ndarray], var_vals: dict[str, int] | None = None, opts: list[Opt] | None = None,
+        noopt: bool = False, splits: list[tuple[int, int]] | None = None) -> ProgramSpec:
+    """Compile `ast` (optimized unless `noopt`, or with explicit `opts`) and run it in place on `bufs`."""
+    with Context(NOOPT=int(noopt)): p = get_program(ast, RENDERER, opts=opts)
+    call(p, bufs, var_vals, splits)
+    return p
+
+def matmul_ast(M: int, N: int, K: int, dt: DType = dtypes.float32) -> UOp:
+    g0, g1, g2 = glob(0, dt, M * N), glob(1, dt, M * K), glob(2, dt, K * N)
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    acc = reduce(g1.index(r0 * K + r2).load() * g2.index(r2 * N + r1).load(), r2)
+    return UOp.sink_of(g0.index(r0 * N + r1).store(acc))

@@ -1,0 +1,215 @@
+"""The engine: ExecItems lowered to runners (kernels, copies, views), run by run_schedule, counted in GlobalCounters."""
+import sys
+import types
+import uuid
+import numpy as np
+import pytest
+from fusegrad.device import Buffer, GlobalCounters
+from fusegrad.dtype import dtypes
+from fusegrad.engine import realize
+from fusegrad.engine.realize import (BufferCopy, CompiledRunner, ExecItem, Runner, ViewOp, get_runner,
+                                     lower_schedule_item, run_schedule, sym_infer)
+from fusegrad.helpers import Context
+from fusegrad.renderer import Estimates, ProgramSpec
+from fusegrad.uop.ops import Ops, UOp, Variable
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    GlobalCounters.reset()
+
+def buf(arr: np.ndarray) -> Buffer:
+    from fusegrad.dtype import from_np_dtype
+    return Buffer("CPU", arr.size, from_np_dtype(arr.dtype)).copyin(memoryview(np.ascontiguousarray(arr)))
+
+def empty(n: int, dtype=dtypes.float32) -> Buffer: return Buffer("CPU", n, dtype)
+
+def kernel_ast(tag: str) -> UOp:
+    # a distinct (placeholder) kernel AST per tag: hand-made ProgramSpecs carry the code, the AST is only a cache key
+    return UOp(Ops.SINK, arg=tag)
+
+ADD_SRC = """void {name}(float* restrict out, const float* restrict a, const float* restrict b,
+                   long core_lo, long core_hi) {{
+  for (long i = core_lo; i < core_hi; i++) out[i] = a[i] + b[i];
+}}"""
+
+def add_spec(n: int, ops: int | None = None, mem: int | None = None, name: str | None = None) -> ProgramSpec:
+    name = name or f"add_{uuid.uuid4().hex[:8]}"
+    return ProgramSpec(name, ADD_SRC.format(name=name), "CPU", globals=[0, 1, 2], outs=[0], ins=[1, 2], global_size=n,
+                       estimates=Estimates(ops=n if ops is None else ops, mem=12 * n if mem is None else mem))
+
+class Recorder(Runner):
+    """A stub runner that records what it was called with."""
+    def __init__(self): super().__init__("recorder", "CPU", Estimates(ops=10, mem=20)); self.calls = []
+    def __call__(self, rawbufs, var_vals, wait=False):
+        self.calls.append((list(rawbufs), dict(var_vals), wait))
+        return 0.5 if wait else None
+
+def test_stub_runner_gets_allocated_bufs_and_vars():
+    r = Recorder()
+    a, b = empty(4), empty(4)
+    ei = ExecItem(kernel_ast("stub"), [a, b], fixedvars={"j": 3}, prg=r)
+    run_schedule([ei], {"i": 1})
+    (bufs, vv, wait), = r.calls
+    assert bufs[0] is a and bufs[1] is b and a.is_allocated() and b.is_allocated()
+    assert vv == {"i": 1, "j": 3} and wait is False
+    assert GlobalCounters.global_ops == 10 and GlobalCounters.global_mem == 20
+    assert GlobalCounters.kernel_count == 0  # only compiled kernels count as kernels
+
+def test_compiled_runner_runs_and_counts():
+    rng = np.random.default_rng(0)
+    a, b = rng.random(100, dtype=np.float32), rng.random(100, dtype=np.float32)
+    p = add_spec(100)
+    runner = CompiledRunner(p)
+    assert runner.src == p.src and runner.uops == p.uops and runner.p is p
+    out = empty(100)
+    items = [ExecItem(kernel_ast("add"), [out, buf(a), buf(b)], prg=runner)] * 3
+    run_schedule(items)
+    np.testing.assert_allclose(out.numpy(), a + b)
+    assert GlobalCounters.kernel_count == 3
+    assert GlobalCounters.global_ops == 300 and GlobalCounters.global_mem == 3600
+    assert GlobalCounters.time_sum_s == 0.0  # not timed without DEBUG>=2
+    run_schedule(items[:1], do_update_stats=False)
+    assert GlobalCounters.kernel_count == 3
+    GlobalCounters.reset()
+    assert (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem) == (0, 0, 0)
+
+def test_timed_run_counts_time():
+    ei = ExecItem(kernel_ast("timed"), [empty(10), buf(np.ones(10, np.float32)), buf(np.ones(10, np.float32))],
+                  prg=CompiledRunner(add_spec(10)))
+    et = ei.run(wait=True)
+    assert et is not None and et > 0 and GlobalCounters.time_sum_s == et
+    assert ei.bufs[0].numpy().tolist() == [2.0] * 10
+
+def test_globals_order_maps_bufs():
+    # the kernel's parameters are bufs[globals[0]], bufs[globals[1]], ...; other buffers (or None) may sit between
+    name = f"sub_{uuid.uuid4().hex[:8]}"
+    src = f"""void {name}(float* restrict out, const float* restrict a, const float* restrict b, long lo, long hi) {{
+      for (long i = lo; i < hi; i++) out[i] = a[i] - b[i]; }}"""
+    p = ProgramSpec(name, src, "CPU", globals=[2, 0, 3], global_size=4, estimates=Estimates(ops=4, mem=48))
+    a, b, out = np.arange(4, dtype=np.float32), np.full(4, 10, np.float32), empty(4)
+    run_schedule([ExecItem(kernel_ast("order"), [buf(a), None, out, buf(b)], prg=CompiledRunner(p))])
+    np.testing.assert_array_equal(out.numpy(), a - b)
+
+def test_variables_are_passed_by_name():
+    name = f"prefix_{uuid.uuid4().hex[:8]}"
+    src = f"""void {name}(int* restrict out, long n, long k, long lo, long hi) {{
+      for (long i = 0; i < n; i++) out[i] = (int)(k * i); }}"""
+    n, k = Variable("n", 1, 16), Variable("k", 0, 9)
+    p = ProgramSpec(name, src, "CPU", globals=[0], vars=[n, k], estimates=Estimates(ops=n * 2, mem=n * 4))
+    out = buf(np.full(16, -1, np.int32))
+    ei = ExecItem(kernel_ast("vars"), [out], fixedvars={"k": 3}, prg=CompiledRunner(p))
+    run_schedule([ei], {"n": 5})
+    assert out.numpy().tolist() == [0, 3, 6, 9, 12] + [-1] * 11
+    assert GlobalCounters.global_ops == 10 and GlobalCounters.global_mem == 20  # symbolic estimates, n=5
+    with pytest.raises(ValueError, match="n"): run_schedule([ExecItem(kernel_ast("vars"), [out], prg=ei.prg)])
+
+def test_sym_infer():
+    n, m = Variable("n", 1, 100), Variable("m", 1, 100)
+    assert sym_infer(7, {}) == 7
+    assert sym_infer(n * 3 + m, {"n": 4, "m": 2}) == 14
+
+def test_thread_choice():
+    small, big = CompiledRunner(add_spec(1000)), CompiledRunner(add_spec(1 << 20, ops=1 << 20, mem=12 << 20))
+    scalar = CompiledRunner(add_spec(1, ops=1 << 30, mem=1 << 30))
+    assert small.threads({}) == 1 and scalar.threads({}) == 1
+    with Context(CPU_THREADS=2): assert big.threads({}) == 2
+    with Context(CPU_THREADS=1): assert big.threads({}) == 1
+
+def test_big_kernel_split_matches_numpy():
+    n = 1 << 20
+    rng = np.random.default_rng(2)
+    a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+    out = empty(n)
+    with Context(CPU_THREADS=2):
+        run_schedule([ExecItem(kernel_ast("big"), [out, buf(a), buf(b)], prg=CompiledRunner(add_spec(n)))])
+    np.testing.assert_allclose(out.numpy(), a + b)
+
+# *** copies and views ***
+
+def test_buffer_copy():
+    src = buf(np.arange(10, dtype=np.int32))
+    dest = empty(10, dtypes.int32)
+    run_schedule([ExecItem(UOp(Ops.COPY), [dest, src])])
+    assert dest.numpy().tolist() == list(range(10))
+    assert GlobalCounters.global_mem == 40 and GlobalCounters.kernel_count == 0
+
+def test_buffer_copy_between_views():
+    base = buf(np.arange(20, dtype=np.float32))
+    dest = empty(5)
+    run_schedule([ExecItem(UOp(Ops.COPY), [dest, base.view(5, dtypes.float32, 40)])])
+    assert dest.numpy().tolist() == [10.0, 11.0, 12.0, 13.0, 14.0]
+
+def test_buffer_copy_size_mismatch():
+    with pytest.raises(ValueError): run_schedule([ExecItem(UOp(Ops.COPY), [empty(3), empty(4)])])
+
+def test_buffer_view_item():
+    base = buf(np.arange(8, dtype=np.float32))
+    v = base.view(4, dtypes.float32, 8)
+    ei = lower_schedule_item(ExecItem(UOp(Ops.BUFFER_VIEW), [v, base]))
+    assert isinstance(ei.prg, ViewOp)
+    run_schedule([ei])
+    assert v.numpy().tolist() == [2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(RuntimeError): run_schedule([ExecItem(UOp(Ops.BUFFER_VIEW), [empty(4), base])])
+
+def test_lower_kinds():
+    assert isinstance(lower_schedule_item(ExecItem(UOp(Ops.COPY), [empty(2), empty(2)])).prg, BufferCopy)
+    si = ExecItem(UOp(Ops.COPY), [empty(2), empty(2)])
+    lowered = lower_schedule_item(si)
+    assert si.prg is None and lowered.prg is not None and lower_schedule_item(lowered) is lowered
+    with pytest.raises(ValueError): lower_schedule_item(ExecItem(UOp(Ops.NOOP), [empty(2)]))
+
+# *** the method cache (with a stand-in code generator, so this doesn't depend on codegen's internals) ***
+
+@pytest.fixture
+def fake_codegen(monkeypatch):
+    calls = []
+    def get_program(ast, renderer, name=None):
+        calls.append(ast)
+        return add_spec(4, name=f"fake_{uuid.uuid4().hex[:8]}")
+    import fusegrad
+    mod = types.ModuleType("fusegrad.codegen")
+    mod.get_program = get_program
+    monkeypatch.setitem(sys.modules, "fusegrad.codegen", mod)
+    monkeypatch.setattr(fusegrad, "codegen", mod, raising=False)
+    monkeypatch.setattr(realize, "method_cache", {})
+    monkeypatch.setattr(type(realize.Device["CPU"]), "renderer", None)
+    return calls
+
+def test_method_cache(fake_codegen):
+    ast1, ast2 = kernel_ast(f"m1-{uuid.uuid4()}"), kernel_ast(f"m2-{uuid.uuid4()}")
+    r1 = get_runner("CPU", ast1)
+    assert get_runner("cpu", ast1) is r1 and fake_codegen == [ast1]
+    assert get_runner("CPU", ast2) is not r1 and fake_codegen == [ast1, ast2]
+    with Context(NOOPT=1): assert get_runner("CPU", ast1) is not r1  # different optimization settings, new kernel
+    assert len(fake_codegen) == 3
+
+def test_run_schedule_lowers_through_method_cache(fake_codegen):
+    ast = kernel_ast(f"run-{uuid.uuid4()}")
+    a, b = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    outs = [empty(4) for _ in range(3)]
+    schedule = [ExecItem(ast, [o, buf(a), buf(b)]) for o in outs]
+    run_schedule(schedule)
+    assert len(fake_codegen) == 1 and GlobalCounters.kernel_count == 3
+    assert all(o.numpy().tolist() == [1.0, 2.0, 3.0, 4.0] for o in outs)
+    assert all(si.prg is None for si in schedule)  # the caller's items are left as they were
+
+# *** DEBUG output ***
+
+def test_debug_output(capsys):
+    p = add_spec(64)
+    items = [ExecItem(kernel_ast("dbg"), [empty(64), buf(np.ones(64, np.float32)), buf(np.ones(64, np.float32))],
+                      prg=CompiledRunner(p)),
+             ExecItem(UOp(Ops.COPY), [empty(64), buf(np.ones(64, np.float32))])]
+    with Context(DEBUG=0): run_schedule(items)
+    assert capsys.readouterr().out == ""
+    with Context(DEBUG=1): run_schedule(items)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "1 kernels" in out[0] and "2 items" in out[0]
+    with Context(DEBUG=2): run_schedule(items)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    assert p.name in lines[0] and "gs=64" in lines[0] and "GFLOPS" in lines[0] and "GB/s" in lines[0]
+    assert "us" in lines[0] or "ms" in lines[0]
+    assert "copy" in lines[1] and "run_schedule" in lines[2]
+    assert GlobalCounters.time_sum_s > 0  # DEBUG=2 times every kernel
