@@ -79,7 +79,7 @@ class _Device:
             canonical = self.canonicalize(dev)
             self._check(canonical)
             return canonical
-        chosen = [d for d in self._devices if getenv(d, 0) == 1]
+        chosen = [d for d in self._devices if os.getenv(d) == "1"]  # not getenv: PYTHON=/usr/bin/python mustn't crash
         if len(chosen) > 1: raise ValueError(f"more than one device selected by environment variables: {chosen}")
         return chosen[0] if chosen else "CPU"
 

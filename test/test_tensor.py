@@ -329,6 +329,33 @@ def test_shared_subexpression_computed_once_values():
     assert u.tolist() == [4.0, 7.0] and v.tolist() == [2.0, 5.0]
     assert s.tolist() == [3.0, 6.0]
 
+def test_same_graph_on_new_inputs_uses_new_data():
+    # the schedule and program caches must bind the current buffers and constants, not the ones first seen
+    f = lambda a, b: ((a * b) + 1).sum(axis=0)
+    x1, y1 = Tensor([[1.0, 2.0], [3.0, 4.0]]).realize(), Tensor([[1.0, 1.0], [2.0, 2.0]]).realize()
+    x2, y2 = Tensor([[5.0, 6.0], [7.0, 8.0]]).realize(), Tensor([[0.5, 0.5], [1.0, 0.0]]).realize()
+    assert f(x1, y1).tolist() == [9.0, 12.0]
+    assert f(x2, y2).tolist() == [11.5, 5.0]
+    assert f(x1, y1).tolist() == [9.0, 12.0]
+    assert (x1 + 1).tolist() == [[2.0, 3.0], [4.0, 5.0]]
+    assert (x1 + 2).tolist() == [[3.0, 4.0], [5.0, 6.0]]
+    assert (x1.cast(dtypes.int32) + 2).tolist() == [[3, 4], [5, 6]]
+
+def test_numpy_input_is_copied():
+    # like torch.tensor: later changes to the source array do not leak into the tensor
+    a = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    t = Tensor(a)
+    u = Tensor(a) * 2
+    a[0] = 100.0
+    assert t.tolist() == [1.0, 2.0, 3.0]
+    assert u.tolist() == [2.0, 4.0, 6.0]
+
+def test_numpy_output_survives_later_work():
+    t = Tensor([1.0, 2.0, 3.0]).realize()
+    out = t.numpy()
+    t.assign(t * 10).realize()
+    assert out.tolist() == [1.0, 2.0, 3.0], "numpy() hands out a copy, not a view into a buffer that changes"
+
 # ---------------------------------------------------------------------------------------------------------------------
 # assign
 

@@ -260,19 +260,20 @@ class CStyleLanguage(Renderer):
                 depth -= 1
                 line("}")
             elif op is Ops.INDEX:
-                ptr = f"({r[src[0]]}+{r[src[1]]})"
-                r[u] = ptr if u.dtype.vcount == 1 else f"(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*){ptr})"
+                # the lvalue of the element (or of the vector starting there)
+                if u.dtype.vcount == 1: r[u] = f"{r[src[0]]}[{r[src[1]]}]"
+                else: r[u] = f"(*(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*)({r[src[0]]}+{r[src[1]]})))"
             elif op is Ops.LOAD:
                 if src[0].op is Ops.DEFINE_REG: r[u] = r[src[0]]; continue
                 idx = src[0]
-                val = f"(*{r[idx]})"
+                val = r[idx]
                 if len(idx.src) > 2:
                     zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else f"(({self.dtype_name(u.dtype)}){{0}})"
                     val = f"({r[idx.src[2]]}?{val}:{zero})"
                 assign(u, val, "val")
             elif op is Ops.STORE:
                 if src[0].op is Ops.DEFINE_REG: line(f"{r[src[0]]} = {r[src[1]]};"); continue
-                st = f"*{r[src[0]]} = {r[src[1]]};"
+                st = f"{r[src[0]]} = {r[src[1]]};"
                 line(f"if ({r[src[0].src[2]]}) {st}" if len(src[0].src) > 2 else st)
             elif op is Ops.VECTORIZE:
                 if all(s is src[0] for s in src): assign(u, f"{self._broadcast(u.dtype)}({r[src[0]]})", "vec")

@@ -7,6 +7,10 @@ An optimization never changes what a kernel computes, only how its loops are sha
   UNROLL(axis, amt)  split `amt` off the inside of a reduce loop and unroll it, accumulating the lanes one after
                      the other into the same accumulator (the summation order is unchanged).
   SWAP(axis, other)  exchange the nesting order of two output loops.
+  KBLOCK(axis, amt)  block a reduce loop through the output buffer: the loop runs `amt` at a time in registers and
+                     an outer loop over the blocks (placed right inside the outermost output loop) adds each block's
+                     result to the output, so the data one block reads stays in cache while all output tiles use it.
+                     Only for a single STORE of a REDUCE whose dtype is the output's, to a buffer not read otherwise.
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
 
 Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores), "loop", "reduce",
@@ -18,7 +22,7 @@ from fusegrad.codegen.affine import range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
-    UPCAST = auto(); UNROLL = auto(); SWAP = auto()
+    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -122,9 +126,34 @@ class Kernel:
             a, b = opt.axis, opt.arg
             if not (a < self.first_reduce and 0 <= b < self.first_reduce): raise KernelOptError("SWAP needs output axes")
             self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
+        elif opt.op is OptOps.KBLOCK: self._kblock(opt.axis, opt.arg)
         else: raise KernelOptError(f"unknown opt {opt.op}")
         self.applied_opts.append(opt)
         return ret
+
+    def _kblock(self, axis: int, amt: int) -> None:
+        r = self.loops[axis]
+        size = range_size(r)
+        if range_kind(r) != "reduce" or not isinstance(size, int) or amt <= 0 or size % amt or amt == size:
+            raise KernelOptError(f"KBLOCK needs a reduce loop with a proper divisor, not {amt} of {size}")
+        if len(self.ast.src) != 1: raise KernelOptError("KBLOCK needs a single STORE")
+        st = self.ast.src[0]
+        idx, red = st.src[0], st.src[1]
+        if red.op is not Ops.REDUCE or r not in red.src[1:] or red.dtype != idx.src[0].dtype.base or \
+                red.arg not in (Ops.ADD, Ops.MAX, Ops.MUL):
+            raise KernelOptError("KBLOCK needs the stored value to be a REDUCE over the axis, in the output dtype")
+        if any(u.op is Ops.INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()):
+            raise KernelOptError("KBLOCK can't accumulate into a buffer the kernel also reads")
+        if not self.first_reduce: raise KernelOptError("KBLOCK needs an output loop to place the block loop in")
+        from fusegrad.codegen.lower import identity_element
+        blk = UOp.range(size // amt, self.next_id, "loop"); self.next_id += 1
+        inner = UOp.range(amt, r.arg[0], "reduce")
+        rngs = tuple(inner if x is r else x for x in red.src[1:])
+        part = UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({r: blk * amt + inner}), *rngs), red.arg)
+        prev = blk.eq(0).where(identity_element(red.arg, red.dtype), idx.load())
+        self.ast = UOp.sink_of(st.replace(src=(idx, part.alu(red.arg, prev))))
+        self.loops[axis] = inner
+        self.loops.insert(1, blk)
 
     def get_optimized_ast(self) -> UOp:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes

@@ -1,0 +1,214 @@
+"""Kernels with reductions (sums, max, products, matmul, nested and multiple reduces), optimized and not, checked
+against numpy."""
+import numpy as np
+import pytest
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.dtype import DType, dtypes, to_np_dtype
+from fusegrad.uop.ops import Ops, UOp
+from test.codegen.helpers import RENDERER, call, glob, matmul_ast, reduce, rng, run
+
+RS = np.random.RandomState(0)
+
+def reduce_2d_ast(M: int, N: int, axis: int | None, op: Ops, dt: DType) -> UOp:
+    """out = reduce(op) of an (M, N) array over `axis` (None: everything)."""
+    if axis is None:
+        r0, r1 = rng(M, 0, "reduce"), rng(N, 1, "reduce")
+        val = reduce(glob(1, dt, M * N).index(r0 * N + r1).load(), r0, r1, op=op)
+        return UOp.sink_of(glob(0, dt, 1).index(UOp.const(dtypes.index, 0)).store(val))
+    out_n = N if axis == 0 else M
+    ro, rr = rng(out_n, 0), rng(M if axis == 0 else N, 1, "reduce")
+    idx = rr * N + ro if axis == 0 else ro * N + rr
+    return UOp.sink_of(glob(0, dt, out_n).index(ro).store(reduce(glob(1, dt, M * N).index(idx).load(), rr, op=op)))
+
+NP_REDUCE = {Ops.ADD: np.sum, Ops.MAX: np.max, Ops.MUL: np.prod}
+
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX, Ops.MUL], ids=lambda o: o.name)
+@pytest.mark.parametrize("axis", [0, 1, None])
+@pytest.mark.parametrize("shape", [(32, 64), (7, 45)])
+def test_reduce_float32(op: Ops, axis, shape):
+    M, N = shape
+    a = RS.uniform(0.95, 1.05, (M, N)).astype(np.float32)   # products stay normal floats
+    for noopt in (False, True):
+        out = np.zeros(1 if axis is None else (N if axis == 0 else M), np.float32)
+        run(reduce_2d_ast(M, N, axis, op, dtypes.float32), [out, a], noopt=noopt)
+        np.testing.assert_allclose(out.reshape(()) if axis is None else out, NP_REDUCE[op](a, axis=axis), rtol=2e-5)
+
+@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.uint8, dtypes.int64, dtypes.float64, dtypes.float16])
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX], ids=lambda o: o.name)
+def test_reduce_dtypes(dt: DType, op: Ops):
+    M, N = 24, 48
+    # small integers: every sum is exact in every dtype (uint8 wraps the same way in C and numpy)
+    a = RS.randint(0, 5 if dt == dtypes.float16 else 100, (M, N)).astype(to_np_dtype(dt))
+    out = np.zeros(M, to_np_dtype(dt))
+    run(reduce_2d_ast(M, N, 1, op, dt), [out, a])
+    want = NP_REDUCE[op](a, axis=1).astype(to_np_dtype(dt)) if dt != dtypes.uint8 else \
+        NP_REDUCE[op](a.astype(np.int64), axis=1).astype(np.uint8)
+    np.testing.assert_array_equal(out, want)
+
+def test_max_reduce_nan_and_inf():
+    M, N = 4, 64
+    a = RS.randn(M, N).astype(np.float32)
+    a[0, 17] = np.nan                # nan anywhere wins, as in torch.max
+    a[1, :] = -np.inf                # all -inf stays -inf
+    a[2, 63] = np.nan
+    a[3, 5] = np.inf
+    for axis in (1, 0):
+        out = np.zeros(M if axis == 1 else N, np.float32)
+        run(reduce_2d_ast(M, N, axis, Ops.MAX, dtypes.float32), [out, a])
+        np.testing.assert_array_equal(out, np.max(a, axis=axis))
+    out = np.zeros(1, np.float32)
+    run(reduce_2d_ast(M, N, None, Ops.MAX, dtypes.float32), [out, a])
+    assert np.isnan(out[0])
+
+def test_sum_propagates_nan_and_inf():
+    a = np.ones((2, 64), np.float32)
+    a[0, 3], a[1, 9] = np.nan, np.inf
+    out = np.zeros(2, np.float32)
+    run(reduce_2d_ast(2, 64, 1, Ops.ADD, dtypes.float32), [out, a])
+    assert np.isnan(out[0]) and out[1] == np.inf
+
+def test_reduce_inside_elementwise():
+    # out[i, j] = relu(sum_k a[i, k]) + b[i, j]
+    M, N, K = 6, 32, 20
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(M, N).astype(np.float32)
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    s = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r2).load(), r2)
+    val = s.maximum(0.0) + glob(2, dtypes.float32, M * N).index(r0 * N + r1).load()
+    ast = UOp.sink_of(glob(0, dtypes.float32, M * N).index(r0 * N + r1).store(val))
+    for noopt in (False, True):
+        out = np.zeros((M, N), np.float32)
+        run(ast, [out, a, b], noopt=noopt)
+        np.testing.assert_allclose(out, np.maximum(a.sum(1, keepdims=True), 0) + b, rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("shared_range", [False, True])
+def test_two_reduces(shared_range: bool):
+    # out[i] = sum_k a[i, k] * max_k a[i, k]; with shared_range both REDUCEs use the very same RANGE
+    M, K = 9, 48
+    a = RS.randn(M, K).astype(np.float32)
+    r0, rs, rm = rng(M, 0), rng(K, 1, "reduce"), rng(K, 2, "reduce")
+    if shared_range: rm = rs
+    g1 = glob(1, dtypes.float32, M * K)
+    val = reduce(g1.index(r0 * K + rs).load(), rs) * reduce(g1.index(r0 * K + rm).load(), rm, op=Ops.MAX)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(val))
+    for noopt in (False, True):
+        out = np.zeros(M, np.float32)
+        run(ast, [out, a], noopt=noopt)
+        np.testing.assert_allclose(out, a.sum(1) * a.max(1), rtol=1e-5)
+
+@pytest.mark.parametrize("shared_range", [False, True])
+def test_nested_reduce(shared_range: bool):
+    # softmax denominator: out[i] = sum_j exp2(a[i, j] - max_k a[i, k]); the inner REDUCE sits inside the outer one
+    M, K = 5, 40
+    a = RS.randn(M, K).astype(np.float32)
+    r0, rj, rk = rng(M, 0), rng(K, 1, "reduce"), rng(K, 2, "reduce")
+    if shared_range: rk = rj
+    g1 = glob(1, dtypes.float32, M * K)
+    mx = reduce(g1.index(r0 * K + rk).load(), rk, op=Ops.MAX)
+    val = reduce((g1.index(r0 * K + rj).load() - mx).alu(Ops.EXP2), rj)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(val))
+    want = np.exp2(a - a.max(1, keepdims=True)).sum(1)
+    for noopt in (False, True):
+        out = np.zeros(M, np.float32)
+        run(ast, [out, a], noopt=noopt)
+        np.testing.assert_allclose(out, want, rtol=1e-5)
+
+def test_nested_reduce_depending_on_outer_range():
+    # out[i] = sum_j (sum_k a[i, k] * [k <= j]): the inner reduce varies with the outer reduce's range j
+    M, K = 4, 12
+    a = RS.randn(M, K).astype(np.float32)
+    r0, rj, rk = rng(M, 0), rng(K, 1, "reduce"), rng(K, 2, "reduce")
+    g1 = glob(1, dtypes.float32, M * K)
+    inner = reduce((rj < rk).where(0.0, g1.index(r0 * K + rk).load()), rk)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(reduce(inner, rj)))
+    want = np.cumsum(a, axis=1).sum(1)
+    for noopt in (False, True):
+        out = np.zeros(M, np.float32)
+        run(ast, [out, a], noopt=noopt)
+        np.testing.assert_allclose(out, want, rtol=1e-5)
+
+@pytest.mark.parametrize("shape", [(64, 64, 64), (17, 33, 65), (1, 1, 1), (3, 48, 5), (32, 16, 128), (40, 96, 7)])
+def test_matmul(shape):
+    M, N, K = shape
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    for noopt in (False, True):
+        out = np.zeros((M, N), np.float32)
+        p = run(matmul_ast(M, N, K), [out, a, b], noopt=noopt)
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+        assert p.estimates.ops == 2 * M * N * K
+
+def test_matmul_is_register_tiled():
+    p = get_program(matmul_ast(64, 64, 64), RENDERER)
+    ops = {o.op for o in p.applied_opts}
+    assert OptOps.UPCAST in ops and OptOps.UNROLL in ops
+    assert sum(1 for u in p.uops if u.op is Ops.DEFINE_REG) >= 8   # several accumulators in registers
+
+@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float64])
+def test_matmul_dtypes(dt: DType):
+    M, N, K = 12, 32, 24
+    a, b = RS.randint(-9, 9, (M, K)).astype(to_np_dtype(dt)), RS.randint(-9, 9, (K, N)).astype(to_np_dtype(dt))
+    out = np.zeros((M, N), to_np_dtype(dt))
+    run(matmul_ast(M, N, K, dt), [out, a, b])
+    np.testing.assert_array_equal(out, a @ b)
+
+def test_matvec():
+    M, K = 24, 256
+    a, x = RS.randn(M, K).astype(np.float32), RS.randn(K).astype(np.float32)
+    r0, r1 = rng(M, 0), rng(K, 1, "reduce")
+    val = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r1).load() * glob(2, dtypes.float32, K).index(r1).load(), r1)
+    out = np.zeros(M, np.float32)
+    run(UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(val)), [out, a, x])
+    np.testing.assert_allclose(out, a @ x, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("noopt", [False, True])
+def test_conv1d_with_padding_in_reduce(noopt: bool):
+    # out[i] = sum_k w[k] * xpad[i + k], x padded by 1 on both sides: the valid mask depends on a reduce range
+    N, KW = 64, 3
+    x, w = RS.randn(N).astype(np.float32), RS.randn(KW).astype(np.float32)
+    r0, rk = rng(N, 0), rng(KW, 1, "reduce")
+    pos = r0 + rk - 1
+    xv = glob(1, dtypes.float32, N).index(pos, valid=(pos < 0).logical_not() & (pos < N)).load()
+    ast = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(reduce(xv * glob(2, dtypes.float32, KW).index(rk).load(), rk)))
+    out = np.zeros(N, np.float32)
+    run(ast, [out, x, w], noopt=noopt)
+    xp = np.pad(x, 1)
+    np.testing.assert_allclose(out, [sum(w[k] * xp[i + k] for k in range(KW)) for i in range(N)], rtol=1e-5, atol=1e-6)
+
+def test_parallel_split_halves():
+    M, N, K = 48, 32, 16
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    p = get_program(matmul_ast(M, N, K), RENDERER)
+    assert p.global_size > 1
+    h = p.global_size // 2
+    out = np.zeros((M, N), np.float32)
+    call(p, [out, a, b], splits=[(0, h)])
+    rows = M * h // p.global_size
+    np.testing.assert_allclose(out[:rows], (a @ b)[:rows], rtol=1e-4, atol=1e-4)
+    assert not out[rows:].any()   # the second half isn't touched by the first call
+    call(p, [out, a, b], splits=[(h, p.global_size)])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+def test_noopt_equals_opt():
+    M, N, K = 32, 48, 64
+    a, b = RS.randint(-3, 4, (M, K)).astype(np.float32), RS.randint(-3, 4, (K, N)).astype(np.float32)
+    for ast, bufs in [(matmul_ast(M, N, K), [a, b]), (reduce_2d_ast(M, K, 1, Ops.ADD, dtypes.float32), [a]),
+                      (reduce_2d_ast(M, K, 0, Ops.MAX, dtypes.float32), [a]),
+                      (reduce_2d_ast(M, K, None, Ops.ADD, dtypes.float32), [a])]:
+        outs = []
+        for noopt in (False, True):
+            n_out = ast.src[0].src[0].src[0].dtype.size
+            outs.append(np.zeros(n_out, np.float32))
+            p = run(ast, [outs[-1], *bufs], noopt=noopt)
+            assert bool(p.applied_opts) != noopt
+        # integer-valued data: every summation order gives exactly the same result
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+def test_explicit_opts():
+    M, N, K = 16, 32, 8
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    for opts in ([Opt(OptOps.UPCAST, 1, 8)], [Opt(OptOps.UNROLL, 2, 0)], [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.SWAP, 0, 1)],
+                 [Opt(OptOps.UPCAST, 2, 4)], [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 1, 2)]):
+        out = np.zeros((M, N), np.float32)
+        p = run(matmul_ast(M, N, K), [out, a, b], opts=opts)
+        assert list(p.applied_opts) == opts
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-5)

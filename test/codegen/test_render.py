@@ -1,0 +1,92 @@
+"""The program around the code: names, signature, ProgramSpec fields, estimates, the linearized form."""
+import subprocess
+import numpy as np
+from fusegrad.codegen import full_rewrite, get_program
+from fusegrad.dtype import dtypes
+from fusegrad.helpers import Context
+from fusegrad.uop.ops import Ops, UOp
+from test.codegen.helpers import RENDERER, compile_program, glob, matmul_ast, reduce, rng, run
+
+def add_ast(M=4, N=8) -> UOp:
+    r0, r1 = rng(M, 0), rng(N, 1)
+    idx = r0 * N + r1
+    val = glob(1, dtypes.float32, M * N).index(idx).load() + glob(2, dtypes.float32, M * N).index(idx).load()
+    return UOp.sink_of(glob(0, dtypes.float32, M * N).index(idx).store(val))
+
+def test_render_smoke():
+    p = get_program(add_ast(), RENDERER)
+    assert p.name == "E_4_8" and p.device == "CPU"
+    assert "void E_4_8(float* restrict data0, const float* restrict data1, const float* restrict data2, " \
+           "long core_lo, long core_hi)" in p.src
+    assert "#include" not in p.src
+    assert "for (long ridx0 = core_lo; ridx0 < core_hi; ridx0++)" in p.src
+    assert (p.globals, p.outs, p.ins, p.vars, p.global_size) == ([0, 1, 2], [0], [1, 2], [], 4)
+    assert p.estimates.ops == 32 and p.estimates.mem == 3 * 32 * 4
+    compile_program(p)  # compiles without warnings turning into errors
+
+def test_render_compiles_warning_free():
+    p = get_program(matmul_ast(32, 32, 32), RENDERER)
+    res = subprocess.run(["cc", "-O1", "-march=native", "-Wall", "-Wextra", "-fsyntax-only", "-x", "c", "-"],
+                         input=p.src, capture_output=True, text=True)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+
+def test_reduce_kernel_name_and_estimates():
+    with Context(NOOPT=1): p = get_program(matmul_ast(16, 8, 4), RENDERER)
+    assert p.name == "r_16_8_4" and p.applied_opts == ()
+    assert p.estimates.ops == 2 * 16 * 8 * 4
+    assert p.estimates.mem == (16 * 8 + 16 * 4 + 4 * 8) * 4
+    assert "__attribute__((vector_size" not in p.src   # NOOPT: plain scalar loops
+
+def test_linearized_structure():
+    uops = full_rewrite(matmul_ast(32, 32, 32), RENDERER)
+    assert all(isinstance(u, UOp) for u in uops)
+    depth = 0
+    for u in uops:
+        if u.op is Ops.RANGE: depth += 1
+        if u.op is Ops.END: depth -= 1
+        assert depth >= 0
+    assert depth == 0
+    first = [u.op for u in uops[:3]]
+    assert first == [Ops.DEFINE_GLOBAL] * 3
+    assert uops.index(next(u for u in uops if u.op is Ops.DEFINE_REG)) < uops.index(next(u for u in uops
+                                                                                          if u.op is Ops.RANGE))
+    assert any(u.op is Ops.STORE for u in uops)
+
+def test_loop_invariant_code_is_hoisted():
+    # the reduce over k doesn't depend on j: it is computed once per i, outside the j loop
+    M, N, K = 4, 8, 16
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    s = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r2).load(), r2)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M * N).index(r0 * N + r1).store(s + r1.cast(dtypes.float32)))
+    with Context(NOOPT=1): uops = full_rewrite(ast, RENDERER)
+    rngs = [u for u in uops if u.op is Ops.RANGE]
+    j_loop, k_loop = next(r for r in rngs if r.src[0].arg == N), next(r for r in rngs if r.src[0].arg == K)
+    end_k = next(i for i, u in enumerate(uops) if u.op is Ops.END and u.src[0] is k_loop)
+    assert end_k < uops.index(j_loop)
+    a = np.random.RandomState(0).randn(M, K).astype(np.float32)
+    out = np.zeros((M, N), np.float32)
+    run(ast, [out, a])
+    np.testing.assert_allclose(out, a.sum(1, keepdims=True) + np.arange(N), rtol=1e-5, atol=1e-5)
+
+def test_vars_in_signature_sorted_by_name():
+    b, a = UOp.variable("b", 0, 10), UOp.variable("a", 1, 10)
+    r = rng(a, 0)
+    ast = UOp.sink_of(glob(0, dtypes.int32, 32).index(r + b).store(r.cast(dtypes.int32)))
+    p = get_program(ast, RENDERER)
+    assert [v.arg[0] for v in p.vars] == ["a", "b"]
+    assert "long a, long b, long core_lo, long core_hi)" in p.src
+    assert p.global_size == 1   # a loop of symbolic length isn't split across cores
+    out = np.full(32, -1, np.int32)
+    run(ast, [out], var_vals={"a": 5, "b": 3})
+    assert out.tolist() == [-1] * 3 + list(range(5)) + [-1] * 24
+
+def test_scalar_output_kernel():
+    r = rng(10, 0, "reduce")
+    ast = UOp.sink_of(glob(0, dtypes.int32, 1).index(UOp.const(dtypes.index, 0)).store(reduce(r.cast(dtypes.int32), r)))
+    out = np.zeros(1, np.int32)
+    p = run(ast, [out])
+    assert p.global_size == 1 and out[0] == 45
+
+def test_compile_flags_declared():
+    flags = RENDERER.compile_flags
+    assert "-ffp-contract=off" in flags and not any("fast-math" in f for f in flags)
