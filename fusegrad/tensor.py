@@ -502,7 +502,10 @@ class Tensor:
         b_odd = (b.abs() - (b.abs() / 2).floor() * 2)._alu(Ops.CMPEQ, b.ones_like(), dtype=dtypes.bool)
         neg = a < 0
         signed = (neg & b_odd).where(-mag, mag)
-        return (neg & b_int.logical_not()).where(float("nan"), signed)
+        ret = (neg & b_int.logical_not()).where(float("nan"), signed)
+        # x**0 and 1**y are 1 even where the formula meets 0*inf or nan (IEEE pow, as torch)
+        return (b._alu(Ops.CMPEQ, b.zeros_like(), dtype=dtypes.bool) | a._alu(Ops.CMPEQ, a.ones_like(),
+                dtype=dtypes.bool)).where(1.0, ret)
     def round_half(self) -> Tensor: return (self + 0.5).floor() * (self >= 0).cast(self.dtype) + \
         (self - 0.5).ceil() * (self < 0).cast(self.dtype)
 
@@ -600,20 +603,25 @@ class Tensor:
     # *** unary math ***
 
     def _float_unary(self, op: Ops) -> Tensor:
-        x = self.cast(least_upper_float(self.dtype))
-        return x._alu(op)
+        return self._in_float32(lambda x: x._alu(op))
+    def _in_float32(self, fxn: Callable[[Tensor], Tensor]) -> Tensor:
+        """fxn computed in at least float32 and returned in this tensor's float dtype: half-precision math rounds
+        only once, at the end, as torch does."""
+        out = least_upper_float(self.dtype)
+        if out.itemsize >= 4: return fxn(self.cast(out))
+        return fxn(self.cast(dtypes.float32)).cast(out)
     def neg(self) -> Tensor:
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
     def relu(self) -> Tensor: return self.maximum(0) if self.dtype != dtypes.bool else self
-    def exp(self) -> Tensor: return (self.cast(least_upper_float(self.dtype)) * (1 / math.log(2)))._alu(Ops.EXP2)
+    def exp(self) -> Tensor: return self._in_float32(lambda x: (x * (1 / math.log(2)))._alu(Ops.EXP2))
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
-    def log(self) -> Tensor: return self._float_unary(Ops.LOG2) * math.log(2)
+    def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
     def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT)
     def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
     def sin(self) -> Tensor: return self._float_unary(Ops.SIN)
-    def cos(self) -> Tensor: return (math.pi / 2 - self.cast(least_upper_float(self.dtype))).sin()
+    def cos(self) -> Tensor: return self._in_float32(lambda x: (math.pi / 2 - x)._alu(Ops.SIN))
     def tan(self) -> Tensor: return self.sin() / self.cos()
     def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP)
     def square(self) -> Tensor: return self * self

@@ -177,6 +177,37 @@ def test_scalar_dtype_promotion(dtname, scalar, expected):
         assert out.dtype == getattr(dtypes, expected), f"{dtname} with {scalar!r}: got {out.dtype}"
         assert_close(out, ref.to(to_torch_dtype(out.dtype)), atol=1e-3)
 
+@pytest.mark.parametrize("name,fxn", [
+    ("int<2.5", lambda t: t < 2.5), ("int==2.0", lambda t: t == 2.0), ("int>=1.5", lambda t: t >= 1.5),
+    ("int+0.5", lambda t: t + 0.5), ("int*1.5", lambda t: t * 1.5), ("int/2.0", lambda t: t / 2.0),
+    ("int-0.25", lambda t: 0.25 - t), ("int.clamp_min(2.5)", None),
+])
+def test_int_tensor_with_float_scalar(name, fxn):
+    # the float scalar promotes the int tensor to float; it must not be truncated to an int first
+    x = np.array([-2, 1, 2, 3, 5], dtype=np.int32)
+    tx = torch.from_numpy(x)
+    if fxn is None:
+        out, ref = Tensor(x).maximum(2.5), torch.clamp(tx, min=2.5)
+        assert out.dtype == dtypes.float32
+    else:
+        out, ref = fxn(Tensor(x)), fxn(tx)
+        assert out.dtype == (dtypes.bool if ref.dtype == torch.bool else dtypes.float32)
+    assert_close(out, ref)
+
+def test_floordiv_float():
+    a = np.array([-7.5, 7.5, -7.5, 7.5, 0.5, -0.5, 6.0], dtype=np.float32)
+    b = np.array([2.0, -2.0, -2.0, 2.0, 1.0, 1.0, 3.0], dtype=np.float32)
+    assert_close(Tensor(a) // Tensor(b), torch.floor_divide(torch.from_numpy(a), torch.from_numpy(b)))
+    assert_close(Tensor(a) // 2, torch.floor_divide(torch.from_numpy(a), 2))
+
+def test_bool_arithmetic_with_scalars():
+    b = np.array([True, False, True])
+    out = Tensor(b) * 2.5
+    assert out.dtype == dtypes.float32 and out.tolist() == [2.5, 0.0, 2.5]
+    assert (Tensor(b) + Tensor(b)).dtype == dtypes.bool  # torch and numpy: bool + bool is logical or
+    assert (Tensor(b) + Tensor(b)).tolist() == (torch.from_numpy(b) + torch.from_numpy(b)).tolist()
+    assert (Tensor(b) * Tensor([False, True, True])).tolist() == [False, False, True]
+
 # ---------------------------------------------------------------------------------------------------------------------
 # comparisons and where
 
@@ -478,6 +509,18 @@ def test_pad_nested():
     assert_close(Tensor(x).pad(((1, 0), (0, 1))).exp(), torch.nn.functional.pad(tx, (0, 1, 1, 0)).exp(), atol=1e-6)
     assert_close((Tensor(x).exp()).pad(((1, 0), (0, 1))), torch.nn.functional.pad(tx.exp(), (0, 1, 1, 0)), atol=1e-6)
 
+def test_pad_then_reduce():
+    # padded zeros take part in the reduce: max of negatives with padding is 0, exp of padding adds 1 each
+    x = _rand((3, 4), low=-3, high=-1, seed=51)
+    tx = torch.from_numpy(x)
+    F = torch.nn.functional
+    assert_close(Tensor(x).pad(((0, 0), (1, 2))).max(axis=1), F.pad(tx, (1, 2)).amax(1))
+    assert_close(Tensor(x).pad(((2, 0), (0, 0))).min(axis=0), F.pad(tx, (0, 0, 2, 0)).amin(0))
+    assert_close(Tensor(x).pad(((0, 0), (1, 2))).exp().sum(axis=1), F.pad(tx, (1, 2)).exp().sum(1), atol=1e-6)
+    assert_close(Tensor(x).shrink(((1, 3), (1, 4))).sum(axis=0), tx[1:3, 1:4].sum(0), atol=1e-6)
+    assert_close(Tensor(x).flip(1).pad(((0, 0), (0, 1))).log_softmax(-1),
+                 F.pad(tx.flip(1), (0, 1)).log_softmax(-1), atol=1e-5)
+
 def test_shrink():
     x = _rand((4, 5), seed=19)
     tx = torch.from_numpy(x)
@@ -595,6 +638,16 @@ def test_float16_ops(name, fxn, low, high):
     out = fxn(Tensor(a), Tensor(b))
     assert out.dtype == dtypes.float16
     assert_close(out, ref, atol=1e-2, rtol=2e-3)
+
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "sin"])
+def test_float16_transcendental_precision(name):
+    # torch computes in float32 and rounds once (<= 0.5 ulp); allow 2 ulp (2^-9 relative) over a wide normal range
+    lo, hi = {"exp": (-9.0, 11.0), "log": (0.01, 60000.0), "sqrt": (0.0, 60000.0), "sin": (-6.0, 6.0)}[name]
+    x = np.linspace(lo, hi, 1001).astype(np.float16)
+    ref = getattr(torch.from_numpy(x), name)()
+    out = getattr(Tensor(x), name)()
+    assert out.dtype == dtypes.float16
+    assert_close(out, ref, atol=2e-3 if name in ("log", "sin") else 0, rtol=2 ** -9)
 
 @pytest.mark.parametrize("name,fxn", [("add", lambda x, y: x + y), ("mul", lambda x, y: x * y),
                                       ("exp", lambda x, y: x.exp()), ("max", lambda x, y: x.maximum(y))])

@@ -64,6 +64,9 @@ def _is_vec(u: UOp) -> bool: return u.dtype.count > 1
 def _alu(ctx: VecCtx, x: UOp) -> UOp | None:
     if not any(_is_vec(s) for s in x.src) or _is_vec(x): return None
     w = ctx.width
+    if x.op is Ops.WHERE and not _is_vec(x.src[0]) and x.dtype in ctx.vec_dtypes:
+        # a scalar condition picks a whole vector
+        return UOp(Ops.WHERE, x.dtype.vec(w), (x.src[0], *[s if _is_vec(s) else broadcast(s, w) for s in x.src[1:]]))
     if x.dtype in ctx.vec_dtypes and all(s.dtype.scalar() in ctx.vec_dtypes for s in x.src):
         return UOp(x.op, x.dtype.vec(w), tuple(s if _is_vec(s) else broadcast(s, w) for s in x.src), x.arg)
     return UOp(Ops.VECTORIZE, x.dtype.vec(w), tuple(x.replace(src=tuple(gep(s, k) for s in x.src)) for k in range(w)))

@@ -16,11 +16,25 @@ def linearize(sink: UOp) -> list[UOp]:
     topo = list(sink.toposort())
     order = {u: i for i, u in enumerate(topo)}
     memo: dict[UOp, frozenset[UOp]] = {}
-    loops_of = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
+    live = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
+    # a load from a buffer the kernel also stores to can't be hoisted out of the loops around that store: it has to
+    # see what earlier iterations wrote (e.g. partial sums accumulated in the output)
+    store_loops: dict[UOp, frozenset[UOp]] = {}
+    for u in topo:
+        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX:
+            store_loops[u.src[0].src[0]] = store_loops.get(u.src[0].src[0], frozenset()) | live[u]
+    loops_of: dict[UOp, frozenset[UOp]] = {}
+    for u in topo:
+        ls = frozenset().union(*[loops_of[s] for s in u.src]) | live[u]
+        if u.op is Ops.END: ls = ls - set(u.src[1:])
+        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0] in store_loops:
+            ls = ls | store_loops[u.src[0].src[0]]
+        loops_of[u] = ls
 
     # *** the loop tree ***
     parent: dict[UOp, UOp | None] = {}
-    outs = sorted({r for r in topo if r.op is Ops.RANGE and range_kind(r) in ("global", "loop")}, key=lambda r: r.arg[0])
+    outs = sorted({r for r in topo if r.op is Ops.RANGE and range_kind(r) in ("global", "loop")},
+                  key=lambda r: r.arg[0])
     for i, r in enumerate(outs): parent[r] = outs[i - 1] if i else None
     enclosing: dict[UOp, frozenset[UOp]] = {}
     for u in topo:

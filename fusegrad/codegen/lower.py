@@ -9,7 +9,8 @@ After `lower_kernel` the graph holds no REDUCE over a loop: each became
     res  = LOAD(acc, END(upd, *reduce_loops))       read after the reduce loops closed
 The only RANGE of kind "upcast" left is the vector axis (if any), turned into SIMD lanes by expand.py."""
 from __future__ import annotations
-import itertools, math
+import itertools
+import math
 from dataclasses import dataclass, field
 from fusegrad.codegen.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.dtype import DType, dtypes
@@ -67,7 +68,8 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     own_vec = ctx.vec is not None and ctx.vec in rngs
     dt = red.dtype
     live = frozenset().union(*[live_ranges(v, ctx.live) for v in vals])
-    outer_srcs = tuple(sorted((r for r in live if range_kind(r) in LOOP_KINDS and r not in loops), key=lambda r: r.arg[0]))
+    outer_srcs = tuple(sorted((r for r in live if range_kind(r) in LOOP_KINDS and r not in loops),
+                              key=lambda r: r.arg[0]))
     acc_on_vec = own_vec or (ctx.vec is not None and ctx.vec in live)
     finals = []
     for a in range(n_acc):

@@ -5,7 +5,10 @@ Semantics follow C/IEEE without fast-math: nan and inf propagate, float MAX prop
 integer division truncates toward zero and gives 0 for a zero divisor (and never traps on INT_MIN / -1), shifts by
 the width or more give 0, half and bfloat16 arithmetic is done in float and rounded (to nearest even) after every op."""
 from __future__ import annotations
-import functools, math, platform, struct
+import functools
+import math
+import platform
+import struct
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -107,8 +110,8 @@ class CStyleLanguage(Renderer):
 
     def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         """A C expression computing `op` on scalars or vectors (vectors use native operators or a lane loop)."""
+        if op is Ops.WHERE and src_dts[0].count == 1: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
         if dt.count > 1: return self._vector_alu(op, dt, srcs, src_dts)
-        if op is Ops.WHERE: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
         odt = src_dts[-1] if op in GroupOp.Comparison else dt    # the dtype the operation is carried out in
         if odt in _LOWP:
             fs = [self.to_float(s, d) if d in _LOWP else s for s, d in zip(srcs, src_dts)]
@@ -130,19 +133,20 @@ class CStyleLanguage(Renderer):
         if op in _UNARY_FN:
             if not isf: return s[0] if op is Ops.TRUNC else f"(({t})__builtin_{_UNARY_FN[op]}((double){s[0]}))"
             return f"__builtin_{_UNARY_FN[op]}{fsfx}({s[0]})"
-        if op is Ops.MULACC: return f"__builtin_fma{fsfx}({s[0]}, {s[1]}, {s[2]})" if isf else f"(({s[0]}*{s[1]})+{s[2]})"
+        if op is Ops.MULACC:
+            return f"__builtin_fma{fsfx}({s[0]}, {s[1]}, {s[2]})" if isf else f"(({s[0]}*{s[1]})+{s[2]})"
         if op is Ops.POW:
-            return f"__builtin_pow{fsfx}({s[0]}, {s[1]})" if isf else f"(({t})__builtin_pow((double){s[0]}, (double){s[1]}))"
+            if isf: return f"__builtin_pow{fsfx}({s[0]}, {s[1]})"
+            return f"(({t})__builtin_pow((double){s[0]}, (double){s[1]}))"
         if op is Ops.FDIV and isf: return f"({s[0]}/{s[1]})"
-        if op in (Ops.IDIV, Ops.FDIV, Ops.MOD):
-            if isf: return f"__builtin_trunc{fsfx}({s[0]}/{s[1]})" if op is not Ops.MOD else f"__builtin_fmod{fsfx}({s[0]}, {s[1]})"
-            return self._int_div(op, dt, s)
+        if op in (Ops.IDIV, Ops.FDIV) and isf: return f"__builtin_trunc{fsfx}({s[0]}/{s[1]})"
+        if op is Ops.MOD and isf: return f"__builtin_fmod{fsfx}({s[0]}, {s[1]})"
+        if op in (Ops.IDIV, Ops.FDIV, Ops.MOD): return self._int_div(op, dt, s)
         if op is Ops.MAX:
-            if isf:
-                name = f"fg_max_{_SHORT[dt]}"
-                return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ return (a > b || a != a) ? a : b; }}  /* nan wins */')}({s[0]}, {s[1]})"
             name = f"fg_max_{_SHORT[dt]}"
-            return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ return a > b ? a : b; }}')}({s[0]}, {s[1]})"
+            # for floats a nan on either side wins, as in torch.maximum
+            body = "return (a > b || a != a) ? a : b;" if isf else "return a > b ? a : b;"
+            return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ {body} }}')}({s[0]}, {s[1]})"
         if op in (Ops.SHL, Ops.SHR): return self._shift(op, dt, s)
         if op is Ops.THREEFRY: return f"{self._threefry()}({s[0]}, {s[1]})"
         raise NotImplementedError(f"no C for {op} on {dt}")
@@ -151,11 +155,14 @@ class CStyleLanguage(Renderer):
         signed = not dtypes.is_unsigned(dt) and dt != dtypes.bool
         try: d = int(s[1].strip("()").rstrip("uUlL"))
         except ValueError: d = None
-        if d is not None and d != 0 and not (signed and d == -1): return f"({s[0]}{'/' if op is not Ops.MOD else '%'}{s[1]})"
+        if d is not None and d != 0 and not (signed and d == -1):
+            return f"({s[0]}{'/' if op is not Ops.MOD else '%'}{s[1]})"
         t, name = self.dtype_name(dt), f"fg_{'mod' if op is Ops.MOD else 'div'}_{_SHORT[dt]}"
         # x/0 gives 0 and x/-1 is a negation (INT_MIN/-1 traps in hardware)
         if op is Ops.MOD: body = "return b == 0" + (" || b == -1" if signed else "") + " ? 0 : a % b;"
-        else: body = "return b == 0 ? 0 : " + (f"b == -1 ? ({t})(0 - ({_UNSIGNED_OF.get(dt, t)})a) : " if signed else "") + "a / b;"
+        else:
+            neg = f"b == -1 ? ({t})(0 - ({_UNSIGNED_OF.get(dt, t)})a) : " if signed else ""
+            body = f"return b == 0 ? 0 : {neg}a / b;"
         return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ {body} }}')}({s[0]}, {s[1]})"
 
     def _shift(self, op: Ops, dt: DType, s: list[str]) -> str:
@@ -168,7 +175,8 @@ class CStyleLanguage(Renderer):
         except ValueError: return f"((unsigned long)({s[1]}) < {bits} ? {shifted} : 0)"
 
     def _threefry(self) -> str:
-        return self._need("fg_threefry", """static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
+        return self._need("fg_threefry", """\
+static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
   /* Threefry-2x32 with 20 rounds: x and key are each two 32-bit words (low word first) */
   static const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
   unsigned int k[3] = {(unsigned int)key, (unsigned int)(key >> 32), 0};
@@ -198,8 +206,9 @@ class CStyleLanguage(Renderer):
 
     def _broadcast(self, dt: DType) -> str:
         vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
-        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({self.dtype_name(dt.scalar())} x) "
-                                f"{{\n  {vt} r; for (int i = 0; i < {dt.count}; i++) r[i] = x; return r;\n}}")
+        st = self.dtype_name(dt.scalar())
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{\n"
+                                f"  {vt} r; for (int i = 0; i < {dt.count}; i++) r[i] = x; return r;\n}}")
 
     # *** the kernel ***
 
@@ -268,7 +277,8 @@ class CStyleLanguage(Renderer):
                 idx = src[0]
                 val = r[idx]
                 if len(idx.src) > 2:
-                    zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else f"(({self.dtype_name(u.dtype)}){{0}})"
+                    zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else \
+                        f"(({self.dtype_name(u.dtype)}){{0}})"
                     val = f"({r[idx.src[2]]}?{val}:{zero})"
                 assign(u, val, "val")
             elif op is Ops.STORE:

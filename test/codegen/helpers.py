@@ -1,6 +1,10 @@
 """Test helpers: build kernel ASTs by hand and run their C with ctypes on numpy arrays."""
 from __future__ import annotations
-import ctypes, hashlib, os, subprocess, tempfile
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
 import numpy as np
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Opt

@@ -221,7 +221,8 @@ def test_float_semantics_not_fast_math():
 
 def guarded_array(n: int, dtype=np.float32) -> np.ndarray:
     """An array whose last element is the last byte before a page that can't be read (touching past it crashes)."""
-    import ctypes, mmap
+    import ctypes
+    import mmap
     page = mmap.PAGESIZE
     nbytes = n * np.dtype(dtype).itemsize
     npages = (nbytes + page - 1) // page
@@ -316,5 +317,19 @@ def test_constants_special_values():
         lo = np.iinfo(to_np_dtype(dt)).min
         out = np.zeros(n, to_np_dtype(dt))
         x = glob(1, dt, n).index(r).load()
-        run(UOp.sink_of(glob(0, dt, n).index(r).store(x.maximum(UOp.const(dt, lo)))), [out, np.full(n, lo, to_np_dtype(dt))])
+        ast = UOp.sink_of(glob(0, dt, n).index(r).store(x.maximum(UOp.const(dt, lo))))
+        run(ast, [out, np.full(n, lo, to_np_dtype(dt))])
         assert out.tolist() == [lo] * n
+
+def test_threefry_known_answers():
+    # Random123's known-answer vectors for Threefry-2x32 (20 rounds); a uint64 holds (word0 | word1 << 32)
+    n = 3
+    r = rng(n, 0)
+    x, k = glob(1, dtypes.uint64, n).index(r).load(), glob(2, dtypes.uint64, n).index(r).load()
+    ast = UOp.sink_of(glob(0, dtypes.uint64, n).index(r).store(x.alu(Ops.THREEFRY, k)))
+    xs = np.array([0, 2**64 - 1, (0x85a308d3 << 32) | 0x243f6a88], np.uint64)
+    ks = np.array([0, 2**64 - 1, (0x03707344 << 32) | 0x13198a2e], np.uint64)
+    out = np.zeros(n, np.uint64)
+    run(ast, [out, xs, ks])
+    assert [(int(v) & 0xffffffff, int(v) >> 32) for v in out] == \
+        [(0x6b200159, 0x99ba4efe), (0x1cb996fc, 0xbb002be7), (0xc4923a9c, 0x483df7a0)]

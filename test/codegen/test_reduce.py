@@ -137,6 +137,26 @@ def test_matmul(shape):
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
         assert p.estimates.ops == 2 * M * N * K
 
+def test_matmul_long_reduce_blocked_through_output():
+    M, N, K = 16, 64, 768
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    out = np.full((M, N), np.nan, np.float32)   # the first block must not read what was there before
+    p = run(matmul_ast(M, N, K), [out, a, b], splits=[(0, 1), (1, 2)])
+    assert OptOps.KBLOCK in {o.op for o in p.applied_opts} and p.global_size == 2
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+def test_kblock_refuses_unsafe_kernels():
+    from fusegrad.codegen.opt import Kernel, KernelOptError
+    # out = out_old + sum(...): the output is also read, so it can't hold partial sums
+    r0, r1 = rng(4, 0), rng(64, 1, "reduce")
+    g0 = glob(0, dtypes.float32, 4)
+    val = reduce(glob(1, dtypes.float32, 256).index(r0 * 64 + r1).load(), r1) + g0.index(r0).load()
+    k = Kernel(UOp.sink_of(g0.index(r0).store(val)), RENDERER)
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.KBLOCK, 1, 16))
+    k = Kernel(matmul_ast(4, 4, 64, dtypes.float32), RENDERER)
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.KBLOCK, 2, 48))   # doesn't divide
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.KBLOCK, 0, 2))    # not a reduce axis
+
 def test_matmul_is_register_tiled():
     p = get_program(matmul_ast(64, 64, 64), RENDERER)
     ops = {o.op for o in p.applied_opts}
@@ -155,7 +175,8 @@ def test_matvec():
     M, K = 24, 256
     a, x = RS.randn(M, K).astype(np.float32), RS.randn(K).astype(np.float32)
     r0, r1 = rng(M, 0), rng(K, 1, "reduce")
-    val = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r1).load() * glob(2, dtypes.float32, K).index(r1).load(), r1)
+    prod = glob(1, dtypes.float32, M * K).index(r0 * K + r1).load() * glob(2, dtypes.float32, K).index(r1).load()
+    val = reduce(prod, r1)
     out = np.zeros(M, np.float32)
     run(UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(val)), [out, a, x])
     np.testing.assert_allclose(out, a @ x, rtol=1e-4, atol=1e-4)
@@ -168,7 +189,8 @@ def test_conv1d_with_padding_in_reduce(noopt: bool):
     r0, rk = rng(N, 0), rng(KW, 1, "reduce")
     pos = r0 + rk - 1
     xv = glob(1, dtypes.float32, N).index(pos, valid=(pos < 0).logical_not() & (pos < N)).load()
-    ast = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(reduce(xv * glob(2, dtypes.float32, KW).index(rk).load(), rk)))
+    val = reduce(xv * glob(2, dtypes.float32, KW).index(rk).load(), rk)
+    ast = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(val))
     out = np.zeros(N, np.float32)
     run(ast, [out, x, w], noopt=noopt)
     xp = np.pad(x, 1)
@@ -206,8 +228,10 @@ def test_noopt_equals_opt():
 def test_explicit_opts():
     M, N, K = 16, 32, 8
     a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
-    for opts in ([Opt(OptOps.UPCAST, 1, 8)], [Opt(OptOps.UNROLL, 2, 0)], [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.SWAP, 0, 1)],
-                 [Opt(OptOps.UPCAST, 2, 4)], [Opt(OptOps.UPCAST, 2, 2), Opt(OptOps.UNROLL, 2, 2), Opt(OptOps.UPCAST, 1, 2)]):
+    U = lambda axis, amt: Opt(OptOps.UPCAST, axis, amt)
+    for opts in ([U(1, 8)], [Opt(OptOps.UNROLL, 2, 0)], [U(0, 4), Opt(OptOps.SWAP, 0, 1)],
+                 [U(2, 4)], [U(2, 2), Opt(OptOps.UNROLL, 2, 2), U(1, 2)],
+                 [Opt(OptOps.KBLOCK, 2, 2), Opt(OptOps.UPCAST, 2, 0)]):
         out = np.zeros((M, N), np.float32)
         p = run(matmul_ast(M, N, K), [out, a, b], opts=opts)
         assert list(p.applied_opts) == opts

@@ -90,7 +90,7 @@ class Gen:
         r = self.rng
         if depth <= 0 or r.random() < 0.15: return self.leaf()
         d = depth - 1
-        kind = r.randrange(15)
+        kind = r.randrange(16)
         if kind == 0: return self.expr(d) + self.expr(d)
         if kind == 1: return self.expr(d) - self.expr(d)
         if kind == 2: return self.expr(d) * r.randint(*self.mults)
@@ -108,6 +108,11 @@ class Gen:
         if kind == 10: return x // a // b
         if kind == 11: return (x % (a * b)) // a
         if kind == 12: return (x % (a * b)) % a
+        if kind == 15:
+            # a split index put back together, k*(x//a)*a + k*(x%a) (= k*x), sometimes with a coefficient off by one
+            m, m2 = r.randint(-3, 3), r.choice([0, 0, 0, 1, -1])
+            if r.random() < 0.5: return (x // a) * (a * m + m2) + (x % a) * m
+            return ((x // a) % b) * (a * m + m2) + (x % a) * m + (x // (a * b)) * (a * b * m)
         # a linear combination as made by reshapes: (v1*s1 + v2*s2 + c) // s % n
         v1, v2 = r.sample(self.vars, 2)
         return ((v1 * a * b + v2 * r.randint(0, a * b) + r.randint(-3, 9)) // a) % b

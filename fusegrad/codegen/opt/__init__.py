@@ -107,7 +107,8 @@ class Kernel:
         for u in self.ast.toposort():
             if u is r: replaced[u] = expr; continue
             if u.op is Ops.REDUCE and r in u.src[1:]:
-                rngs = [x for s in u.src[1:] for x in (([outer] if outer is not None else []) + [inner] if s is r else [s])]
+                split_r = ([outer] if outer is not None else []) + [inner]
+                rngs = [x for s in u.src[1:] for x in (split_r if s is r else [s])]
                 replaced[u] = u.replace(src=(replaced[u.src[0]], *rngs)); continue
             new_src = tuple(replaced[s] for s in u.src)
             replaced[u] = u if new_src == u.src else u.replace(src=new_src)
@@ -124,7 +125,8 @@ class Kernel:
             ret = self._split(opt.axis, opt.arg, "unroll")
         elif opt.op is OptOps.SWAP:
             a, b = opt.axis, opt.arg
-            if not (a < self.first_reduce and 0 <= b < self.first_reduce): raise KernelOptError("SWAP needs output axes")
+            if not (a < self.first_reduce and 0 <= b < self.first_reduce):
+                raise KernelOptError("SWAP needs output axes")
             self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
         elif opt.op is OptOps.KBLOCK: self._kblock(opt.axis, opt.arg)
         else: raise KernelOptError(f"unknown opt {opt.op}")
@@ -150,7 +152,7 @@ class Kernel:
         inner = UOp.range(amt, r.arg[0], "reduce")
         rngs = tuple(inner if x is r else x for x in red.src[1:])
         part = UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({r: blk * amt + inner}), *rngs), red.arg)
-        prev = blk.eq(0).where(identity_element(red.arg, red.dtype), idx.load())
+        prev = (blk < 1).where(identity_element(red.arg, red.dtype), idx.load())
         self.ast = UOp.sink_of(st.replace(src=(idx, part.alu(red.arg, prev))))
         self.loops[axis] = inner
         self.loops.insert(1, blk)

@@ -50,19 +50,34 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                  any(c == 0 for c, is_store in strides(r) if not is_store)]
         n_vec = 1
         if reuse and rest is not None and isinstance(sz := range_size(rest), int) and sz % 2 == 0:
-            if split(OptOps.UPCAST, rest, 2)[1] is not None: n_vec = 2
+            rest, inner2 = split(OptOps.UPCAST, rest, 2)
+            if inner2 is not None: n_vec = 2
         if reuse:
             r = reuse[-1]
             amt = _largest_divisor(range_size(r), tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget))
             if amt > 1: split(OptOps.UPCAST, r, amt)
-        # 3. unroll the reduce a little so each accumulator gets a short chain of multiply-adds per iteration
+        # 3. matmul-like: the columns of the vectorized axis go outermost (split across cores), so the slice of the
+        #    broadcast input they need is reused by every row tile; long reductions are blocked through the output
+        #    so that slice stays in cache
+        if reuse and rest is not None and rest in k.loops and isinstance(range_size(rest), int) and \
+                range_size(rest) >= 2 and k.loops.index(rest) != 0:
+            k.apply_opt(Opt(OptOps.SWAP, 0, k.loops.index(rest)))
+        if reuse:
+            for r in [k.loops[i] for i in k.reduce_axes()]:
+                if isinstance(sz := range_size(r), int) and sz > 384:
+                    blk = next((b for b in (256, 192, 128) if sz % b == 0), None)
+                    if blk is not None:
+                        try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(r), blk))
+                        except KernelOptError: pass
+                break
+        # 4. unroll the reduce a little so each accumulator gets a short chain of multiply-adds per iteration
         for r in [k.loops[i] for i in k.reduce_axes()]:
             if isinstance(sz := range_size(r), int) and sz % 4 == 0 and sz >= 8:
                 split(OptOps.UNROLL, r, 4)
                 break
         return k.applied_opts
 
-    # 4. no vectorizable output axis: vectorize the reduction itself with partial accumulators along an axis that
+    # 5. no vectorizable output axis: vectorize the reduction itself with partial accumulators along an axis that
     #    is contiguous in every load that depends on it
     if width >= 2 and len(k.reduceops) == 1:
         for r in reversed(reds):
