@@ -107,7 +107,7 @@ class KernelBuilder:
             children = self._children(u, ix, valid)
             if not ready:
                 stack.append((u, ix, valid, True))
-                for c in children:
+                for c in reversed(children):
                     if (c[0], c[1], c[2]) not in result: stack.append((c[0], c[1], c[2], False))
                 continue
             srcs = [result[(c[0], c[1], c[2])] for c in children]

@@ -9,7 +9,8 @@ from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index
 from fusegrad.schedule.simplify import _is_contiguous_buffer, const_value, sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.pattern import graph_rewrite_map
+from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
+from fusegrad.uop.symbolic import symbolic
 
 _buffer_ids = itertools.count()
 
@@ -97,7 +98,9 @@ def build_kernel(r: UOp, realized: set[UOp], replaced: dict[UOp, UOp]) -> UOp:
     g = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype.ptr(out_buf.arg[1]), arg=0)
     val = kb.value(value_node, ranges) if value_node is not r else _value_of_root(kb, r, ranges)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
-    ast = UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),))
+    # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
+    ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)), symbolic,
+                        name="simplify kernel indices")
     if SPEC: verify(ast, kernel_spec, "kernel AST")
     inputs = tuple(replaced.get(b, b) for b in kb.globals[1:])
     kernel = UOp(Ops.KERNEL, dtypes.void, (out_buf,) + inputs, ast)

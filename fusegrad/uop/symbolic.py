@@ -19,11 +19,13 @@ from fusegrad.uop.pattern import PatternMatcher, UPat
 
 # *** helpers ***
 
-def _is_int(u: UOp) -> bool: return dtypes.is_int(u.dtype)  # any integer width, index included; not bool
-def _is_intbool(u: UOp) -> bool: return dtypes.is_int(u.dtype) or u.dtype.scalar() == dtypes.bool
-def _is_signed(u: UOp) -> bool:
-    dt = u.dtype.scalar()
-    return dt == dtypes.index or dt in dtypes.sints
+# dtype classes as sets: these checks run for every node visited, and set lookups are much cheaper than dtypes.is_int
+_INTS = frozenset(dtypes.ints + (dtypes.index,))
+_INTBOOL = _INTS | {dtypes.bool}
+_SIGNED = frozenset(dtypes.sints + (dtypes.index,))
+def _is_int(u: UOp) -> bool: return u.dtype.scalar() in _INTS  # any integer width, index included; not bool
+def _is_intbool(u: UOp) -> bool: return u.dtype.scalar() in _INTBOOL
+def _is_signed(u: UOp) -> bool: return u.dtype.scalar() in _SIGNED
 
 def _exact(u: UOp) -> bool:
     """True when the computed value of `u` is the true integer value of its sum/product tree (nothing wrapped).

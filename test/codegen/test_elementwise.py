@@ -210,12 +210,12 @@ def test_float_semantics_not_fast_math():
     a = np.array([1 + 2**-12, np.inf, 1e20], np.float32)
     b = np.array([1 - 2**-12, 1.0, 1.0], np.float32)
     c = np.array([-1.0, 0.0, 1.0], np.float32)
-    got = run_ew(lambda x, y, z: x * y + z, [a, b, c], [dtypes.float32] * 3, dtypes.float32)
-    np.testing.assert_array_equal(got, a * b + c)
-    got = run_ew(lambda x: x - x, [a], [dtypes.float32], dtypes.float32)
-    np.testing.assert_array_equal(got, a - a)
-    got = run_ew(lambda x, y: (x + y) - x, [a, b], [dtypes.float32] * 2, dtypes.float32)
-    np.testing.assert_array_equal(got, (a + b) - a)
+    fma, sub, assoc = run_ews([lambda x, y, z: x * y + z, lambda x, y, z: x - x, lambda x, y, z: (x + y) - x],
+                              [a, b, c], [dtypes.float32] * 3, [dtypes.float32] * 3)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(fma, a * b + c)
+        np.testing.assert_array_equal(sub, a - a)
+        np.testing.assert_array_equal(assoc, (a + b) - a)
 
 # *** indexing: padding masks and symbolic variables ***
 
@@ -303,23 +303,23 @@ def test_arange_value_from_index():
     run(ast, [out])
     np.testing.assert_array_equal(out, (np.arange(n) * 3 - 5) * np.float32(0.5))
 
-def test_constants_special_values():
-    n = 4
-    r = rng(n, 0)
-    for dt in (dtypes.float32, dtypes.float64, dtypes.float16):
-        for v in (math.inf, -math.inf, -0.0, 1e-30, 65504.0):
-            out = np.zeros(n, to_np_dtype(dt))
-            x = glob(1, dt, n).index(r).load()
-            run(UOp.sink_of(glob(0, dt, n).index(r).store(x + UOp.const(dt, v))), [out, np.zeros(n, to_np_dtype(dt))])
-            want = np.zeros(n, to_np_dtype(dt)) + np.array(v).astype(to_np_dtype(dt))
-            np.testing.assert_array_equal(out, want)
-    for dt in (dtypes.int64, dtypes.int32, dtypes.uint64):
-        lo = np.iinfo(to_np_dtype(dt)).min
-        out = np.zeros(n, to_np_dtype(dt))
-        x = glob(1, dt, n).index(r).load()
-        ast = UOp.sink_of(glob(0, dt, n).index(r).store(x.maximum(UOp.const(dt, lo))))
-        run(ast, [out, np.full(n, lo, to_np_dtype(dt))])
-        assert out.tolist() == [lo] * n
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16], ids=str)
+def test_float_constants(dt: DType):
+    vals = [math.inf, -math.inf, -0.0, 1e-30, 65504.0, 0.1, -3.25]
+    zero = np.zeros(4, np_storage(dt))
+    outs = run_ews([lambda x, v=v: x + UOp.const(dt, v) for v in vals], [zero], [dt], [dt] * len(vals))
+    for v, got in zip(vals, outs):
+        want = np.float32(v) if dt == dtypes.bfloat16 else np.array(v).astype(to_np_dtype(dt))
+        if dt == dtypes.bfloat16: want = as_float(bf16_bits(np.array([want] * 4, np.float32)), dt)
+        np.testing.assert_array_equal(as_float(got, dt), np.zeros(4) + want, err_msg=str(v))
+
+@pytest.mark.parametrize("dt", [dtypes.int64, dtypes.int32, dtypes.uint64, dtypes.int8])
+def test_int_constants_extremes(dt: DType):
+    info = np.iinfo(to_np_dtype(dt))
+    x = np.array([0, 1, 2, 3], to_np_dtype(dt))
+    outs = run_ews([lambda a: a.maximum(UOp.const(dt, int(info.min))), lambda a: a * 0 + UOp.const(dt, int(info.max)),
+                    lambda a: a * 0 + UOp.const(dt, int(info.min))], [x], [dt], [dt] * 3)
+    assert [o.tolist() for o in outs] == [x.tolist(), [int(info.max)] * 4, [int(info.min)] * 4]
 
 def test_threefry_known_answers():
     # Random123's known-answer vectors for Threefry-2x32 (20 rounds); a uint64 holds (word0 | word1 << 32)
