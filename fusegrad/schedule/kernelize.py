@@ -58,7 +58,27 @@ def find_realized(sink: UOp) -> set[UOp]:
         if u.op is Ops.REDUCE_AXIS and len(r) > 1:
             realize.add(u); roots[u] = frozenset([u])
         else: roots[u] = r
+    # an assign whose value reads its own buffer at other positions computes the value into a temporary first, so
+    # the in-place writes can't be observed by the reads
+    for u in topo:
+        if u.op is Ops.ASSIGN and not is_realized(u) and _reads_target_elsewhere(u, realize):
+            realize.add(u.src[1])
     return {u for u in realize if not is_realized(u)}
+
+def _buffer_under(u: UOp) -> UOp | None:
+    b = _view_base(u)
+    if b.op is Ops.ASSIGN and is_realized(b): b = b.src[0]
+    return b if b.op is Ops.BUFFER else None
+
+def _reads_target_elsewhere(assign: UOp, realize: set[UOp]) -> bool:
+    target, value = assign.src
+    buf = _buffer_under(target)
+    def is_other_view(x: UOp) -> bool: return x is not target and _buffer_under(x) is buf
+    if value.op in GroupOp.Movement or is_realized(value): return is_other_view(value)
+    for n in value.toposort(gate=lambda x: x is value or (x not in realize and not is_realized(x))):
+        if n.op in GroupOp.Movement or (n is not value and (n in realize or is_realized(n))): continue
+        if any(is_other_view(s) for s in n.src): return True
+    return False
 
 def _is_cheap(u: UOp) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""

@@ -48,10 +48,14 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         #    depend on it), and take a second vector along the vectorized axis
         reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
                  any(c == 0 for c, is_store in strides(r) if not is_store)]
+        # with reuse, two vectors wide and as many rows as fit; without, several vectors so each row of the
+        # reduction is read in longer contiguous runs
         n_vec = 1
-        if reuse and rest is not None and isinstance(sz := range_size(rest), int) and sz % 2 == 0:
-            rest, inner2 = split(OptOps.UPCAST, rest, 2)
-            if inner2 is not None: n_vec = 2
+        if rest is not None and isinstance(sz := range_size(rest), int):
+            n_vec = _largest_divisor(sz, (2,) if reuse else tuple(c for c in (8, 4, 2) if c <= budget))
+            if n_vec > 1:
+                rest, inner2 = split(OptOps.UPCAST, rest, n_vec)
+                if inner2 is None: n_vec = 1
         if reuse:
             r = reuse[-1]
             amt = _largest_divisor(range_size(r), tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget))
