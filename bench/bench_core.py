@@ -22,7 +22,7 @@ import torch
 
 torch.set_num_threads(2)
 
-from fusegrad import Tensor  # noqa: E402  (torch threads are set first, as the brief asks)
+from fusegrad import GlobalCounters, Tensor  # noqa: E402  (torch threads are set first, as the brief asks)
 
 QUICK = "--quick" in sys.argv
 BUDGET_S = 1.0 if QUICK else 3.0   # per (workload, framework) after warm-up
@@ -48,7 +48,12 @@ class Row:
         self.note = ""
 
     def run(self, framework: str, fn: Callable[[], object]) -> None:
-        try: self.t[framework] = bench(fn)
+        try:
+            self.t[framework] = bench(fn)
+            if framework == "fusegrad":  # a timed run that ran no kernel measured a cache, not the computation
+                k0 = GlobalCounters.kernel_count
+                fn()
+                if GlobalCounters.kernel_count == k0: self.note += " fusegrad ran no kernel per run: timing is invalid!"
         except Exception as e:  # keep going: one broken part must not hide the other numbers
             self.t[framework] = None
             self.note += f" {framework} failed: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"

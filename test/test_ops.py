@@ -275,6 +275,25 @@ def test_sin_large_arguments():
 def test_exp_log_roundtrip_precision():
     helper_test_op([(64,)], lambda x: x.exp().log(), low=-20, high=20, atol=1e-5, rtol=1e-5)
 
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "sin", "exp2", "log2"])
+def test_float64_transcendentals_keep_double_precision(name):
+    # computing a float64 op through float32 would leave ~1e-7 relative error
+    x = np.linspace(0.1, 20, 97) if name in ("log", "sqrt", "log2") else np.linspace(-20, 20, 97)
+    out = getattr(Tensor(x), name)()
+    assert out.dtype == dtypes.float64
+    assert_close(out, getattr(torch.from_numpy(x), name)(), atol=1e-13, rtol=1e-13)
+
+def test_int64_uint64_large_values():
+    big = np.array([2 ** 40 + 7, -(2 ** 41) - 3, 5], dtype=np.int64)
+    assert (Tensor(big) * 3).tolist() == (big * 3).tolist()
+    assert (Tensor(big) // 1000).tolist() == [int(v) // 1000 for v in big]
+    assert (Tensor(big) % 1000).tolist() == [int(v) % 1000 for v in big]
+    assert (Tensor(big) > 2 ** 40).tolist() == [True, False, False]
+    u = np.array([2 ** 63 + 5, 3, 2 ** 64 - 1], dtype=np.uint64)
+    assert (Tensor(u) + 1).tolist() == [2 ** 63 + 6, 4, 0]
+    assert Tensor(u).max().item() == 2 ** 64 - 1 and Tensor(u).min().item() == 3
+    assert (Tensor(u) > Tensor(np.full(3, 2 ** 62, np.uint64))).tolist() == [True, False, True]
+
 @pytest.mark.parametrize("name", ["exp", "sqrt", "log", "sin"])
 def test_unary_of_int_is_float(name):
     a = np.array([1, 2, 3, 9], dtype=np.int32)

@@ -5,6 +5,7 @@ along the axis become one vector LOAD/STORE (INDEX with a vector pointer dtype);
 lane. ALU ops on dtypes the renderer can hold in vectors stay vector ops; the rest are split into lanes (GEP) and
 rebuilt (VECTORIZE), and every such VECTORIZE of a non-vector dtype is folded away again by GEP(VECTORIZE) -> lane."""
 from __future__ import annotations
+import functools
 from dataclasses import dataclass, field
 from fusegrad.codegen.affine import coeff, live_ranges
 from fusegrad.dtype import DType, PtrDType, dtypes
@@ -37,10 +38,24 @@ def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
     assert isinstance(buf.dtype, PtrDType)
     return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
 
+def _monotone(valid: UOp, r: UOp) -> bool:
+    """Whether `valid` is an AND of comparisons of expressions affine in r: then it holds for every r in [a, b]
+    when it holds at a and at b."""
+    if valid.op is Ops.AND: return all(_monotone(s, r) for s in valid.src)
+    if valid.op is Ops.CMPNE and valid.src[1].op is Ops.CONST and valid.src[0].dtype == dtypes.bool:
+        return _monotone(valid.src[0], r)   # logical not
+    return valid.op is Ops.CMPLT and all(coeff(s, r) is not None for s in valid.src)
+
 def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     if ld.dtype.count > 1 or not ctx.dep(idx): return None
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
+    if valid is not None and buf.dtype.base in ctx.vec_dtypes and coeff(i, ctx.vec) == 1:
+        # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
+        # valid and a gated load per lane elsewhere
+        lanes = [simplify_index(ctx.lane(valid, k)) for k in range(ctx.width)]
+        every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
+        return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, None), simplify_index(every), *lanes))
     lanes = [UOp(Ops.LOAD, ld.dtype, (ctx.lane(idx, k),)) for k in range(ctx.width)]
     return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 

@@ -110,8 +110,8 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         score = 0
         for idx in (u for u in topo if u.op is Ops.INDEX):
             if r not in idx.toposort(): continue
-            vectorizable = idx.src[0].dtype.base in vec_dts and (len(idx.src) < 3 or r not in idx.src[2].toposort())
-            score += 1 if coeff(idx.src[1], r) == 1 and vectorizable else -1
+            # contiguous: one vector access (behind a check that every lane is valid, if the mask varies with r)
+            score += 1 if coeff(idx.src[1], r) == 1 and idx.src[0].dtype.base in vec_dts else -1
         if score > best_score: best, best_score = r, score
     return best
 

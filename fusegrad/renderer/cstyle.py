@@ -255,6 +255,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
                 var_params.append((r[u], f"long {r[u]}"))
+            elif op is Ops.BIND: r[u] = r[src[0]]
             elif op is Ops.DEFINE_REG:
                 r[u] = f"acc{u.arg}"
                 line(f"{self.dtype_name(u.dtype)} {r[u]};")
@@ -276,6 +277,11 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 if src[0].op is Ops.DEFINE_REG: r[u] = r[src[0]]; continue
                 idx = src[0]
                 val = r[idx]
+                if len(src) > 1:   # vector load on a padded edge: all lanes valid, or each lane gated
+                    buf, base = r[idx.src[0]], r[idx.src[1]]
+                    lanes = ", ".join(f"({r[m]}?{buf}[{base}+{k}]:{self.render_const(0, u.dtype.scalar())})"
+                                      for k, m in enumerate(src[2:]))
+                    val = f"({r[src[1]]}?{val}:(({self.dtype_name(u.dtype)}){{{lanes}}}))"
                 if len(idx.src) > 2:
                     zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else \
                         f"(({self.dtype_name(u.dtype)}){{0}})"

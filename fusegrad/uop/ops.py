@@ -425,6 +425,8 @@ def _compute_shape(u: UOp) -> tuple[int, ...] | None:
 
 # *** range analysis (vmin/vmax) ***
 
+_INT_DTYPES = frozenset(dtypes.ints + (dtypes.index,))
+
 def _minmax_of_products(a: tuple, b: tuple) -> tuple:
     vals = [x * y for x in a for y in b]
     return min(vals), max(vals)
@@ -436,16 +438,25 @@ def _compute_min_max(u: UOp) -> tuple[ConstType, ConstType]:
     that is narrower than the dtype's. dtypes.index doesn't wrap (constant folding never truncates it), so its bounds
     are exact Python ints and may lie outside 64 bits. Float values that could be NaN get (-inf, inf), which decides
     no comparison."""
+    op, s = u.op, u.src
+    # the two leaves first: they are most of the nodes, and need nothing else
+    if op is Ops.CONST and not (isinstance(u.arg, float) and math.isnan(u.arg)): return (u.arg, u.arg)
+    if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
     if isinstance(u.dtype, PtrDType): return (dtypes.min(dtypes.index), dtypes.max(dtypes.index))
     dt = u.dtype.scalar()
     if dt == dtypes.void: return (-math.inf, math.inf)
+    if dt in _INT_DTYPES:
+        if op in GroupOp.ALU and op is not Ops.WHERE or op is Ops.CAST:
+            ret = _int_min_max(u, dt)
+            lo, hi = dtypes.min(dt), dtypes.max(dt)
+            # a fixed-width result outside the dtype's range may have wrapped around, so nothing is known
+            if ret is None or (dt != dtypes.index and (ret[0] < lo or ret[1] > hi)): return (lo, hi)
+            return ret
     full = (dtypes.min(dt), dtypes.max(dt))
-    op, s = u.op, u.src
     if op is Ops.CONST or op is Ops.VCONST:
         vals = u.arg if isinstance(u.arg, tuple) else (u.arg,)
         if any(isinstance(v, float) and math.isnan(v) for v in vals): return full
         return (min(vals), max(vals))
-    if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
     if op is Ops.BIND or op is Ops.GEP: return s[0]._min_max
     if op is Ops.VECTORIZE and s: return (min(x.vmin for x in s), max(x.vmax for x in s))
     if op is Ops.RANGE or op is Ops.SPECIAL:
@@ -459,12 +470,6 @@ def _compute_min_max(u: UOp) -> tuple[ConstType, ConstType]:
     if dt == dtypes.bool:
         ret = _bool_min_max(u)
         return ret if ret is not None else (False, True)
-    if dtypes.is_int(dt):
-        ret = _int_min_max(u, dt)
-        if ret is None: return full
-        # a fixed-width result outside the dtype's range may have wrapped around, so nothing is known
-        if dt != dtypes.index and (ret[0] < full[0] or ret[1] > full[1]): return full
-        return ret
     if dtypes.is_float(dt) and op is Ops.CAST and (dtypes.is_int(s[0].dtype) or s[0].dtype.scalar() == dtypes.bool):
         # rounding to the float dtype is monotonic, so rounded bounds stay bounds
         return (truncate_float(float(s[0].vmin), dt), truncate_float(float(s[0].vmax), dt))

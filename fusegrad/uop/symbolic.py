@@ -27,18 +27,22 @@ def _is_int(u: UOp) -> bool: return u.dtype.scalar() in _INTS  # any integer wid
 def _is_intbool(u: UOp) -> bool: return u.dtype.scalar() in _INTBOOL
 def _is_signed(u: UOp) -> bool: return u.dtype.scalar() in _SIGNED
 
+# (min, max) of each fixed-width integer dtype; dtypes.index has no bounds (it doesn't wrap)
+_BOUNDS: dict[DType, tuple[int, int]] = {dt: (int(dtypes.min(dt)), int(dtypes.max(dt))) for dt in dtypes.ints}
+
 def _exact(u: UOp) -> bool:
     """True when the computed value of `u` is the true integer value of its sum/product tree (nothing wrapped).
     index never wraps; a signed fixed-width value is exact when range analysis found bounds narrower than the dtype
     (a possible wrap anywhere below makes the range the full dtype range). Unsigned values are not trusted."""
     dt = u.dtype.scalar()
     if dt == dtypes.index: return True
-    if dt not in dtypes.sints: return False
-    return u.vmin != dtypes.min(dt) or u.vmax != dtypes.max(dt)
+    if dt not in _SIGNED: return False
+    return u._min_max != _BOUNDS[dt]
 
 def _fits(v: int, dt: DType) -> bool:
     """Whether `v` is representable (without wrapping) in integer dtype `dt`."""
-    return dt.scalar() == dtypes.index or dtypes.min(dt) <= v <= dtypes.max(dt)
+    b = _BOUNDS.get(dt.scalar())
+    return b is None or b[0] <= v <= b[1]
 
 def _arg_key(a: Any) -> tuple:
     # a total, deterministic order over the args UOps carry (never depends on id() or hash randomization)
@@ -50,16 +54,19 @@ def _arg_key(a: Any) -> tuple:
 
 def _dtype_key(dt: DType) -> tuple: return (dt.priority, dt.count, dt.name, isinstance(dt, PtrDType))
 
+def _make_key(x: UOp) -> tuple:
+    return (x.op is Ops.CONST, x.op.value, _dtype_key(x.dtype), _arg_key(x.arg),
+            tuple(s.__dict__["_skey"] for s in x.src))
+
 def sort_key(u: UOp) -> tuple:
     """The deterministic order of canonical forms: structural (op, dtype, arg, sources), constants last.
     Variables therefore sort by name. Cached on the node like vmin/vmax."""
     d = u.__dict__
-    if "_skey" not in d:
+    if "_skey" in d: return d["_skey"]
+    if all("_skey" in s.__dict__ for s in u.src): d["_skey"] = _make_key(u)  # the common case: only this node is new
+    else:
         for x in u.toposort(gate=lambda x: "_skey" not in x.__dict__):
-            xd = x.__dict__
-            if "_skey" not in xd:
-                xd["_skey"] = (x.op is Ops.CONST, x.op.value, _dtype_key(x.dtype), _arg_key(x.arg),
-                               tuple(s.__dict__["_skey"] for s in x.src))
+            if "_skey" not in x.__dict__: x.__dict__["_skey"] = _make_key(x)
     return d["_skey"]
 
 def _wrap(v: int, dt: DType) -> int: return v if dt.scalar() == dtypes.index else dtypes.as_const(v, dt)
@@ -122,13 +129,23 @@ def _combine_divmod(terms: dict[UOp, int], dt: DType) -> bool:
             return True
     return False
 
+def _mark_canonical(u: UOp) -> None:
+    # every prefix of a canonical chain is canonical too (still sorted, nothing to combine, no constant), so top-down
+    # rewriting can skip re-normalizing each of them: that would make long chains quadratic
+    while u.op is Ops.ADD and not u.__dict__.get("_canon"):
+        u.__dict__["_canon"] = True
+        u = u.src[0]
+
 def normalize_add(a: UOp) -> UOp | None:
     """Integer sums in canonical form: like terms combined, terms sorted, constant last, left-associated."""
+    if a.__dict__.get("_canon"): return None
     dt = a.dtype
     terms, k = _terms(a)
     terms = {b: w for b, c in terms.items() if (w := _wrap(c, dt)) != 0}
     while _combine_divmod(terms, dt): terms = {b: c for b, c in terms.items() if c != 0}
     ret = _build_sum(terms, _wrap(k, dt), dt)
+    # a sum kept whole as a term (int32 (a+b)*2 + (a+b)*-1) is flattened by the next pass: not canonical yet
+    if all(b.op is not Ops.ADD for b in terms): _mark_canonical(ret)
     return None if ret is a else ret
 
 def normalize_mul(m: UOp) -> UOp | None:
@@ -153,29 +170,46 @@ def normalize_mul(m: UOp) -> UOp | None:
     if k != 1: ret = UOp(Ops.MUL, dt, (ret, UOp.const(dt, k)))
     return None if ret is m else ret
 
-# *** constant and range folding ***
+# *** folding: constants, x op x, ranges ***
 
-def fold_consts(a: UOp) -> UOp | None:
-    """Every ALU op on constants, with the target's semantics for the dtype (exec_alu)."""
-    for s in a.src:
-        if s.op is not Ops.CONST: return None
-    if a.op not in python_alu or isinstance(a.dtype, PtrDType): return None
-    return UOp.const(a.dtype, exec_alu(a.op, a.dtype, tuple(s.arg for s in a.src)))
+def _self_op(a: UOp, x: UOp) -> UOp | None:
+    """x op x for integers and booleans."""
+    op = a.op
+    if op is Ops.AND or op is Ops.OR or op is Ops.MAX: return x
+    if op in (Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MOD): return a.const_like(0)
+    if op is Ops.CMPEQ: return a.const_like(True)
+    if op is Ops.IDIV and (x.vmin > 0 or x.vmax < 0): return a.const_like(1)
+    return None
 
-def fold_by_range(a: UOp) -> UOp | None:
-    """An integer or boolean node whose range is a single value is that constant."""
-    if not _is_intbool(a) or isinstance(a.dtype, PtrDType): return None
+def fold(a: UOp) -> UOp | None:
+    """ALU ops on constants are computed with the target's semantics for the dtype (exec_alu); for integers and
+    booleans, x op x is folded and a node whose range is a single value becomes that constant."""
+    src = a.src
+    if all(s.op is Ops.CONST for s in src):
+        if a.op not in python_alu or isinstance(a.dtype, PtrDType): return None
+        return UOp.const(a.dtype, exec_alu(a.op, a.dtype, tuple(s.arg for s in src)))
+    if a.dtype.scalar() not in _INTBOOL: return None
+    if len(src) == 2 and src[0] is src[1] and (ret := _self_op(a, src[0])) is not None: return ret
+    lo, hi = a._min_max
+    return a.const_like(lo) if lo == hi else None
+
+def _fold_cast(a: UOp) -> UOp | None:
+    x = a.src[0]
+    if x.dtype == a.dtype: return x
+    if isinstance(a.dtype, PtrDType): return None
+    if x.op is Ops.CONST: return UOp.const(a.dtype, x.arg)
+    if a.dtype.scalar() not in _INTBOOL: return None
     lo, hi = a._min_max
     return a.const_like(lo) if lo == hi else None
 
 def _swap_commutative(a: UOp) -> UOp | None:
     """Two-source commutative ops: constants go right; for int/bool, sources are sorted by sort_key."""
     s0, s1 = a.src
-    if a.op in (Ops.ADD, Ops.MUL) and _is_int(a): return None  # normalize_add/mul order whole chains
     if not _is_intbool(s0):
         # floats: only moving a constant right is exact for every op (MAX with a NaN isn't symmetric in C)
         return a.replace(src=(s1, s0)) if a.op is not Ops.MAX and s0.op is Ops.CONST and s1.op is not Ops.CONST \
             else None
+    if a.op in (Ops.ADD, Ops.MUL) and s0.dtype.scalar() in _INTS: return None  # normalize_add/mul order whole chains
     return a.replace(src=(s1, s0)) if sort_key(s1) < sort_key(s0) else None
 
 # *** identities ***
@@ -199,15 +233,6 @@ def _xor_const(x: UOp, c: UOp) -> UOp | None:
     if not c.arg: return x
     return x.ne(True) if x.dtype.scalar() == dtypes.bool else None
 
-def _self_op(a: UOp, x: UOp) -> UOp | None:
-    """x op x for integers and booleans."""
-    if not _is_intbool(x): return None
-    if a.op in (Ops.AND, Ops.OR, Ops.MAX): return x
-    if a.op in (Ops.XOR, Ops.CMPNE, Ops.CMPLT, Ops.MOD): return a.const_like(0)
-    if a.op is Ops.CMPEQ: return a.const_like(True)
-    if a.op is Ops.IDIV and (x.vmin > 0 or x.vmax < 0): return a.const_like(1)
-    return None
-
 def _max_by_range(x: UOp, y: UOp) -> UOp | None:
     """MAX decided by ranges (ints and bools)."""
     if not _is_intbool(x): return None
@@ -221,25 +246,21 @@ def _where_bool(c: UOp, t: UOp, f: UOp) -> UOp | None:
     if t.arg is False and f.arg is True: return c.ne(True)
     return None
 
-symbolic_simple = PatternMatcher([
-    # constants
-    (UPat(GroupOp.ALU, name="a"), fold_consts),
-    (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="a"),
-     lambda a, c: UOp.const(a.dtype, c.arg) if not isinstance(a.dtype, PtrDType) else None),
-    (UPat(GroupOp.ALU | {Ops.CAST}, name="a"), fold_by_range),
-    (UPat(Ops.CAST, name="a"), lambda a: a.src[0] if a.src[0].dtype == a.dtype else None),
-    # add / mul identities
+_fold_rules: list = [
+    (UPat(GroupOp.ALU, name="a"), fold),
+    (UPat(Ops.CAST, name="a"), _fold_cast),
+]
+# identities that normalize_add/normalize_mul and divmod_rules subsume in `symbolic`
+_arith_identities: list = [
     (UPat.var("x") + 0, lambda x: x if _is_int(x) else None),
-    (UPat.var("x") * 1, lambda x: x),
     (UPat.var("x") * 0, lambda x: x.const_like(0) if _is_int(x) else None),
-    # div / mod identities
     (UPat.var("x") // 1, lambda x: x if _is_int(x) else None),
     (UPat.var("x") % 1, lambda x: x.const_like(0) if _is_int(x) else None),
-    (UPat(Ops.IDIV, src=(UPat.const(None, 0), UPat.var("x")), name="a"), lambda a, x: a.src[0] if _is_int(x) else None),
-    (UPat(Ops.MOD, src=(UPat.const(None, 0), UPat.var("x")), name="a"), lambda a, x: a.src[0] if _is_int(x) else None),
-    # x op x
-    (UPat((Ops.AND, Ops.OR, Ops.MAX, Ops.XOR, Ops.CMPNE, Ops.CMPEQ, Ops.CMPLT, Ops.IDIV, Ops.MOD),
-          src=(UPat.var("x"), UPat.var("x")), name="a"), _self_op),
+    (UPat((Ops.IDIV, Ops.MOD), src=(UPat.const(None, 0), UPat.var("x")), name="a"),
+     lambda a, x: a.src[0] if _is_int(x) else None),
+]
+_logic_rules: list = [
+    (UPat.var("x") * 1, lambda x: x),  # exact for floats too
     (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))), _max_by_range),
     # boolean logic
     (UPat.var("x") & UPat.cvar("c"), _and_const),
@@ -261,7 +282,9 @@ symbolic_simple = PatternMatcher([
     # a nested WHERE on the same condition takes the same branch
     (UPat.var("c").where(UPat.var("c").where(UPat.var("t"), UPat.var()), UPat.var("f")), lambda c, t, f: c.where(t, f)),
     (UPat.var("c").where(UPat.var("t"), UPat.var("c").where(UPat.var(), UPat.var("f"))), lambda c, t, f: c.where(t, f)),
-], name="symbolic_simple")
+]
+
+symbolic_simple = PatternMatcher(_fold_rules + _arith_identities + _logic_rules, name="symbolic_simple")
 """Constant folding, identities (x+0, x*1, x*0, x//1, x%1, x op x), boolean and WHERE folding, and folding of any
 integer/boolean node that range analysis pins to one value. Exact for every dtype."""
 
@@ -286,7 +309,8 @@ def _divmod_by_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
     with remainders in [0, c) when x >= 0 and in (-c, 0] when x <= 0; when R also stays inside (-c, c), x//c is Q and
     x%c is R."""
     cv, dt, is_mod = c.arg, a.dtype, a.op is Ops.MOD
-    if cv <= 1 or not _is_signed(x) or not _exact(x): return None
+    # a lone term with coefficient 1 can't be split (what range analysis decides is folded elsewhere)
+    if cv <= 1 or x.op not in (Ops.ADD, Ops.MUL) or not _is_signed(x) or not _exact(x): return None
     terms, k = _terms(x)
     terms = {b: v for b, v in terms.items() if v != 0}
     g = math.gcd(cv, k, *terms.values())
@@ -407,34 +431,48 @@ def _not_lt(x: UOp, c: UOp, c_left: bool) -> UOp | None:
     if not c_left: return c.const_like(c.arg - 1) < x if _fits(c.arg - 1, x.dtype) else None
     return x < c.arg + 1 if _fits(c.arg + 1, x.dtype) else None
 
+def divmod_rules(a: UOp) -> UOp | None:
+    """Every rule for x//y and x%y on integers, tried in order (one dispatch instead of a pattern per rule)."""
+    x, y = a.src
+    if x.dtype.scalar() not in _INTS: return None
+    is_mod = a.op is Ops.MOD
+    if x.op is Ops.CONST and x.arg == 0: return x  # 0//y and 0%y (y == 0 folds to 0 as well)
+    if y.op is not Ops.CONST:
+        if x.op is Ops.MUL and (x.src[0] is y or x.src[1] is y) and (ret := _mul_div_self(a, x, y)) is not None:
+            return ret
+        return _mod_small(x, y) if is_mod else None
+    c = y.arg
+    if c == 1 or (c == -1 and is_mod): return x.const_like(0) if is_mod else x
+    if c < 0: return _neg_divisor(a, x, y)
+    if c == 0: return None
+    if x.op in (Ops.IDIV, Ops.MOD) and x.src[1].op is Ops.CONST:
+        inner = x.src[0], x.src[1]
+        ret = (_mod_div(*inner, y) if x.op is Ops.MOD else _div_div(*inner, y)) if not is_mod else \
+            (_mod_mod(*inner, y) if x.op is Ops.MOD else None)
+        if ret is not None: return ret
+    if is_mod and (ret := _mod_small(x, y)) is not None: return ret
+    return _divmod_by_const(a, x, y)
+
 def _int_only(fxn):
     # restrict a rule on a node to integer results; cheap guard in front of the heavier callbacks
-    return lambda a: fxn(a) if _is_int(a) else None
+    return lambda a: fxn(a) if a.dtype.scalar() in _INTS else None
 
-symbolic = symbolic_simple + PatternMatcher([
-    # canonical sums and products
+symbolic = PatternMatcher(_fold_rules + [
+    # canonical sums and products (these also do x+0, x*0, x*1, x-x)
+    (UPat(Ops.ADD, name="a"), _int_only(normalize_add)),
+    (UPat(Ops.MUL, name="a"), _int_only(normalize_mul)),
+    (UPat(GroupOp.Commutative, src=(UPat.var(), UPat.var()), name="a"), _swap_commutative),
     (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("y"))), _sub_to_add),
     (UPat(Ops.NEG, src=(UPat.var("x"),)), _neg_to_mul),
     (UPat(Ops.MULACC, src=(UPat.var("x"), UPat.var("y"), UPat.var("z"))),
      lambda x, y, z: x * y + z if _is_int(x) else None),
-    (UPat(Ops.ADD, name="a"), _int_only(normalize_add)),
-    (UPat(Ops.MUL, name="a"), _int_only(normalize_mul)),
-    (UPat(GroupOp.Commutative, src=(UPat.var(), UPat.var()), name="a"), _swap_commutative),
     # division and modulo
-    (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _neg_divisor),
-    (UPat.var("x") // UPat.cvar("a") // UPat.cvar("b"), _div_div),
-    (UPat.var("x") % UPat.cvar("m") % UPat.cvar("a"), _mod_mod),
-    (UPat.var("x") % UPat.cvar("m") // UPat.cvar("a"), _mod_div),
-    (UPat(Ops.MOD, src=(UPat.var("x"), UPat.var("y"))), _mod_small),
-    (UPat((Ops.IDIV, Ops.MOD), src=(UPat(Ops.MUL, src=[UPat.var(), UPat.var("y")], name="m"), UPat.var("y")), name="a"),
-     _mul_div_self),
-    (UPat((Ops.IDIV, Ops.MOD), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _divmod_by_const),
+    (UPat((Ops.IDIV, Ops.MOD), name="a"), divmod_rules),
     # comparisons
     (UPat(Ops.CMPLT, src=[UPat.var(), UPat.cvar()], name="a"), _lt_const),
     (UPat((Ops.CMPNE, Ops.CMPEQ), src=(UPat.var("x"), UPat.cvar("c")), name="a"), _ne_const),
     (UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.cvar("c"))).ne(True), lambda x, c: _not_lt(x, c, False)),
     (UPat(Ops.CMPLT, src=(UPat.cvar("c"), UPat.var("x"))).ne(True), lambda x, c: _not_lt(x, c, True)),
-], name="symbolic_rules")
-symbolic.name = "symbolic"
+] + _logic_rules, name="symbolic")
 """symbolic_simple plus canonical order (constants right, variables sorted, so x+y and y+x are one UOp), combining like
 terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, and linear comparison rewriting."""

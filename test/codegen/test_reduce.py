@@ -236,3 +236,54 @@ def test_explicit_opts():
         p = run(matmul_ast(M, N, K), [out, a, b], opts=opts)
         assert list(p.applied_opts) == opts
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-5)
+
+def test_softmax_one_kernel():
+    # out[i, j] = exp2(x[i, j] - max_k x[i, k]) / sum_k exp2(x[i, k] - max_m x[i, m]): nested and multiple REDUCEs
+    # next to a vectorizable output axis
+    M, N = 6, 48
+    x = RS.randn(M, N).astype(np.float32) * 3
+    r0, r1, rk, rm, rn = rng(M, 0), rng(N, 1), rng(N, 2, "reduce"), rng(N, 3, "reduce"), rng(N, 4, "reduce")
+    g1 = glob(1, dtypes.float32, M * N)
+    ld = lambda r: g1.index(r0 * N + r).load()
+    mx1, mx2 = reduce(ld(rk), rk, op=Ops.MAX), reduce(ld(rm), rm, op=Ops.MAX)
+    den = reduce((ld(rn) - mx2).alu(Ops.EXP2), rn)
+    val = (ld(r1) - mx1).alu(Ops.EXP2) * den.alu(Ops.RECIP)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M * N).index(r0 * N + r1).store(val))
+    e = np.exp2(x - x.max(1, keepdims=True))
+    for noopt in (False, True):
+        out = np.zeros((M, N), np.float32)
+        run(ast, [out, x], noopt=noopt)
+        np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+def test_matmul_with_epilogue():
+    # out = relu(a @ b) + bias[j]
+    M, N, K = 16, 64, 512
+    a, b, bias = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32), RS.randn(N).astype(np.float32)
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    mm = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r2).load() * glob(2, dtypes.float32, K * N).index(
+        r2 * N + r1).load(), r2)
+    val = mm.maximum(0.0) + glob(3, dtypes.float32, N).index(r1).load()
+    out = np.zeros((M, N), np.float32)
+    run(UOp.sink_of(glob(0, dtypes.float32, M * N).index(r0 * N + r1).store(val)), [out, a, b, bias])
+    np.testing.assert_allclose(out, np.maximum(a @ b, 0) + bias, rtol=1e-4, atol=1e-4)
+
+def test_conv2d_padded():
+    # out[co, y, x] = sum_{ci, ky, kx} w[co, ci, ky, kx] * in[ci, y + ky - 1, x + kx - 1] (zero padding 1)
+    CO, CI, H, W = 4, 3, 9, 32
+    inp, w = RS.randn(CI, H, W).astype(np.float32), RS.randn(CO, CI, 3, 3).astype(np.float32)
+    co, y, x = rng(CO, 0), rng(H, 1), rng(W, 2)
+    ci, ky, kx = rng(CI, 3, "reduce"), rng(3, 4, "reduce"), rng(3, 5, "reduce")
+    iy, ix = y + ky - 1, x + kx - 1
+    valid = (iy < 0).logical_not() & (iy < H) & (ix < 0).logical_not() & (ix < W)
+    xv = glob(1, dtypes.float32, CI * H * W).index(ci * (H * W) + iy * W + ix, valid=valid).load()
+    wv = glob(2, dtypes.float32, CO * CI * 9).index(co * (CI * 9) + ci * 9 + ky * 3 + kx).load()
+    out_idx = glob(0, dtypes.float32, CO * H * W).index(co * (H * W) + y * W + x)
+    ast = UOp.sink_of(out_idx.store(reduce(xv * wv, ci, ky, kx)))
+    pad = np.pad(inp, ((0, 0), (1, 1), (1, 1)))
+    want = np.zeros((CO, H, W), np.float32)
+    for dy in range(3):
+        for dx in range(3): want += np.einsum("oc,chw->ohw", w[:, :, dy, dx], pad[:, dy:dy + H, dx:dx + W])
+    for noopt in (False, True):
+        out = np.zeros((CO, H, W), np.float32)
+        run(ast, [out, inp, w], noopt=noopt)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)

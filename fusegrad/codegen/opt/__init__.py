@@ -7,6 +7,7 @@ An optimization never changes what a kernel computes, only how its loops are sha
   UNROLL(axis, amt)  split `amt` off the inside of a reduce loop and unroll it, accumulating the lanes one after
                      the other into the same accumulator (the summation order is unchanged).
   SWAP(axis, other)  exchange the nesting order of two output loops.
+  SPLIT(axis, amt)   split an output loop into an outer loop of `amt` iterations around an inner loop of the rest.
   KBLOCK(axis, amt)  block a reduce loop through the output buffer: the loop runs `amt` at a time in registers and
                      an outer loop over the blocks (placed right inside the outermost output loop) adds each block's
                      result to the output, so the data one block reads stays in cache while all output tiles use it.
@@ -22,7 +23,7 @@ from fusegrad.codegen.affine import range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
-    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto()
+    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -88,11 +89,14 @@ class Kernel:
     # *** transformations ***
 
     def _split(self, axis: int, amt: int, kind: str) -> UOp:
+        """Split `amt` off the inside of loop `axis` as a new range of `kind` ("loop": `amt` is the outer part)."""
         r = self.loops[axis]
         size = range_size(r)
         if not isinstance(size, int): raise KernelOptError(f"can't split symbolic loop {r.arg}")
         amt = amt or size
-        if amt <= 0 or size % amt != 0: raise KernelOptError(f"{amt} doesn't divide loop of {size}")
+        if amt <= 0 or size % amt != 0 or (kind == "loop" and amt in (1, size)):
+            raise KernelOptError(f"{amt} doesn't split loop of {size}")
+        if kind == "loop": amt = size // amt
         inner = UOp.range(amt, self.next_id, kind); self.next_id += 1
         if amt == size:
             outer, expr = None, inner
@@ -101,7 +105,8 @@ class Kernel:
             outer = UOp.range(size // amt, r.arg[0], r.arg[1])
             expr = outer * amt + inner
             self.loops[axis] = outer
-        self.expanded.append(inner)
+        if kind == "loop": self.loops.insert(axis + 1, inner)
+        else: self.expanded.append(inner)
         # REDUCEs list their ranges as sources: there r becomes (outer, inner); in index math it becomes expr
         replaced: dict[UOp, UOp] = {}
         for u in self.ast.toposort():
@@ -129,6 +134,9 @@ class Kernel:
                 raise KernelOptError("SWAP needs output axes")
             self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
         elif opt.op is OptOps.KBLOCK: self._kblock(opt.axis, opt.arg)
+        elif opt.op is OptOps.SPLIT:
+            if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
+            self._split(opt.axis, opt.arg, "loop")
         else: raise KernelOptError(f"unknown opt {opt.op}")
         self.applied_opts.append(opt)
         return ret

@@ -1,6 +1,7 @@
 """Hand-coded optimization heuristics for CPUs: vectorize a contiguous axis, register-tile matmul-like kernels, split
 long reductions into partial accumulators."""
 from __future__ import annotations
+import os
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.uop.ops import UOp
@@ -46,8 +47,9 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         if inner is None: return k.applied_opts
         # 2. register tiling: upcast another output axis whose lanes share a vector load (a load that doesn't
         #    depend on it), and take a second vector along the vectorized axis
+        loads = [idx for idx, is_store in k.accesses() if not is_store]
         reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
-                 any(c == 0 for c, is_store in strides(r) if not is_store)]
+                 any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) == 1 for idx in loads)]
         # with reuse, two vectors wide and as many rows as fit; without, several vectors so each row of the
         # reduction is read in longer contiguous runs
         n_vec = 1
@@ -66,6 +68,20 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         if reuse and rest is not None and rest in k.loops and isinstance(range_size(rest), int) and \
                 range_size(rest) >= 2 and k.loops.index(rest) != 0:
             k.apply_opt(Opt(OptOps.SWAP, 0, k.loops.index(rest)))
+        # a reduction over a strided axis with no reuse (a column sum): rows are read in blocks, each block added
+        # to the output, so every row is read once, contiguously, by the core that owns its columns
+        if not reuse and len(k.reduceops) == 1:
+            red_rngs = [k.loops[i] for i in k.reduce_axes()]
+            if len(red_rngs) == 1 and isinstance(rsz := range_size(red_rngs[0]), int) and rsz >= 64 and \
+                    rsz % 8 == 0 and all(c not in (0, 1) for c, st in strides(red_rngs[0]) if not st):
+                if k.first_reduce == 1 and isinstance(osz := range_size(k.loops[0]), int):
+                    # one chunk of columns per core: the longest contiguous runs per row
+                    cores = os.cpu_count() or 2
+                    chunks = next((t for t in (cores, 2 * cores, 4 * cores) if osz % t == 0 and osz > t), None)
+                    if chunks is not None: k.apply_opt(Opt(OptOps.SPLIT, 0, chunks))
+                if k.first_reduce >= 2:
+                    try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(red_rngs[0]), _largest_divisor(rsz, (32, 16, 8))))
+                    except KernelOptError: pass
         if reuse:
             for r in [k.loops[i] for i in k.reduce_axes()]:
                 if isinstance(sz := range_size(r), int) and sz > 384:
