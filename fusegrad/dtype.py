@@ -121,11 +121,11 @@ class dtypes:
     ints: tuple[DType, ...] = uints + sints
 
     @staticmethod
-    def is_float(x: DType) -> bool: return x.scalar() in dtypes.floats
+    def is_float(x: DType) -> bool: return x.scalar() in _FLOATS
     @staticmethod
-    def is_int(x: DType) -> bool: return x.scalar() in dtypes.ints or x.scalar() == dtypes.index
+    def is_int(x: DType) -> bool: return x.scalar() in _INTS_AND_INDEX
     @staticmethod
-    def is_unsigned(x: DType) -> bool: return x.scalar() in dtypes.uints
+    def is_unsigned(x: DType) -> bool: return x.scalar() in _UINTS
     @staticmethod
     def is_bool(x: DType) -> bool: return x.scalar() == dtypes.bool
 
@@ -180,6 +180,10 @@ class dtypes:
 
     @staticmethod
     def fields() -> dict[str, DType]: return DTYPES_DICT
+
+# sets for the is_* tests, which run on every constant and range computation (a tuple scan compares one by one)
+_FLOATS, _UINTS = frozenset(dtypes.floats), frozenset(dtypes.uints)
+_INTS_AND_INDEX = frozenset(dtypes.ints + (dtypes.index,))
 
 DTYPES_DICT: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("_")
                                  and k not in ("default_float", "default_int")}

@@ -103,24 +103,27 @@ def linearize(sink: UOp) -> list[UOp]:
                         for x in s.src[1:]:
                             d = item_in(x, block)
                             if d is not None and d is not it and d in deps: deps[it].add(d)
-        users: dict[UOp, list[UOp]] = {it: [] for it in items}
-        for it, ds in deps.items():
-            for d in ds: users[d].append(it)
-        pending = {it: len(ds) for it, ds in deps.items()}
+        # list scheduling from the end: each step places, last among what's left, the ready item (all its users
+        # placed) that comes latest in the graph's order. Values land just before their first use (short live
+        # ranges: loads of the output aren't held in registers across a reduce loop) and loops come early.
+        n_users = {it: 0 for it in items}
+        for ds in deps.values():
+            for d in ds: n_users[d] += 1
         key = lambda it: (_FIRST.get(it.op, 3) if it not in parent else 3, order[it])
-        heap = [(key(it), id(it), it) for it in items if pending[it] == 0]
+        heap = [(tuple(-k for k in key(it)), id(it), it) for it in items if n_users[it] == 0]
         heapq.heapify(heap)
-        out: list[UOp] = []
-        done = 0
+        rev: list[UOp] = []
         while heap:
             _, _, it = heapq.heappop(heap)
-            done += 1
+            rev.append(it)
+            for d in deps[it]:
+                n_users[d] -= 1
+                if n_users[d] == 0: heapq.heappush(heap, (tuple(-k for k in key(d)), id(d), d))
+        if len(rev) < len(items): raise RuntimeError("cycle while linearizing")
+        out: list[UOp] = []
+        for it in reversed(rev):
             if it in parent: out += [it] + emit(it) + [UOp(Ops.END, src=(it,))]
             else: out.append(it)
-            for usr in users[it]:
-                pending[usr] -= 1
-                if pending[usr] == 0: heapq.heappush(heap, (key(usr), id(usr), usr))
-        if done < len(items): raise RuntimeError("cycle while linearizing")
         return out
 
     return emit(None)

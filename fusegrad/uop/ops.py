@@ -112,9 +112,9 @@ def _arg_key(arg: Any) -> Any:
     """A cache key for a UOp arg that tells apart what `==` conflates: 0.0 vs -0.0, 1 vs True vs 1.0, and that finds
     nan again (a nan is != itself, so it could never be looked up by value)."""
     t = type(arg)
-    if t is float: return (float, struct.pack("<d", arg))
     if t is tuple: return tuple(_arg_key(a) for a in arg)
     if t is bool: return (bool, arg)
+    if t is float or isinstance(arg, float): return (float, struct.pack("<d", arg))  # numpy floats too
     return arg
 
 class UOpMetaClass(type):
@@ -132,10 +132,6 @@ class UOpMetaClass(type):
         object.__setattr__(ret, "_ukey", key)
         UOpMetaClass.ucache[key] = weakref.ref(ret)
         return ret
-
-def live_uops() -> list[UOp]:
-    """Every UOp currently alive (in the hash-consing cache)."""
-    return [u for wr in list(UOpMetaClass.ucache.values()) if (u := wr()) is not None]
 
 def _as_uop(x: Any, like: UOp) -> UOp:
     return x if isinstance(x, UOp) else like.const_like(x)
@@ -160,7 +156,7 @@ class UOp(metaclass=UOpMetaClass):
             key = self._ukey
             wr = UOpMetaClass.ucache.get(key)
             if wr is not None and ((u := wr()) is self or u is None): del UOpMetaClass.ucache[key]
-        except (AttributeError, TypeError, KeyError): pass  # not fully built, or the interpreter is shutting down
+        except (AttributeError, TypeError, KeyError, NameError): pass  # not fully built, or the interpreter is exiting
 
     def __setattr__(self, name: str, value: Any): raise AttributeError("UOps are immutable; use replace()")
     def __delattr__(self, name: str): raise AttributeError("UOps are immutable; use replace()")

@@ -93,8 +93,9 @@ def _terms(u: UOp) -> tuple[dict[UOp, int], int]:
         if op is Ops.MUL:
             s0, s1 = x.src
             b, m = (s0, s1.arg) if s1.op is Ops.CONST else (s1, s0.arg) if s0.op is Ops.CONST else (None, 0)
-            if b is not None and (distribute or b.op is not Ops.ADD):
-                stack.append((b, c * m))
+            if b is not None:
+                if distribute or b.op is not Ops.ADD: stack.append((b, c * m))
+                else: terms[b] = terms.get(b, 0) + c * m  # the sum stays whole, as a term with a coefficient
                 continue
         terms[x] = terms.get(x, 0) + c
     return terms, k
@@ -189,7 +190,9 @@ def fold(a: UOp) -> UOp | None:
         if a.op not in python_alu or isinstance(a.dtype, PtrDType): return None
         return UOp.const(a.dtype, exec_alu(a.op, a.dtype, tuple(s.arg for s in src)))
     if a.dtype.scalar() not in _INTBOOL: return None
-    if len(src) == 2 and src[0] is src[1] and (ret := _self_op(a, src[0])) is not None: return ret
+    # x op x: only for integer/bool operands (a float x may be NaN, and NaN != NaN)
+    if len(src) == 2 and src[0] is src[1] and src[0].dtype.scalar() in _INTBOOL and \
+            (ret := _self_op(a, src[0])) is not None: return ret
     lo, hi = a._min_max
     return a.const_like(lo) if lo == hi else None
 
@@ -306,8 +309,8 @@ def _divmod_by_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
 
     A common factor g of c and every coefficient cancels for any sign: (g*A)//(g*C) = A//C, (g*A)%(g*C) = (A%C)*g.
     Otherwise truncation agrees with the floor identities only when x and R have the same sign, so the split is done
-    with remainders in [0, c) when x >= 0 and in (-c, 0] when x <= 0; when R also stays inside (-c, c), x//c is Q and
-    x%c is R."""
+    with remainders in [0, c) when x >= 0 (or x is one term k*b, k > 0) and in (-c, 0] when x <= 0; when R also stays
+    inside (-c, c), x//c is Q and x%c is R."""
     cv, dt, is_mod = c.arg, a.dtype, a.op is Ops.MOD
     # a lone term with coefficient 1 can't be split (what range analysis decides is folded elsewhere)
     if cv <= 1 or x.op not in (Ops.ADD, Ops.MUL) or not _is_signed(x) or not _exact(x): return None
@@ -319,7 +322,9 @@ def _divmod_by_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
         inner = _build_sum({b: v // g for b, v in terms.items()}, k // g, dt)
         return (inner % (cv // g)) * g if is_mod else inner // (cv // g)
     lo, hi = x.vmin, x.vmax
-    if lo >= 0: rem = lambda v: v % cv
+    # a single term k*b (k > 0) and its remainder r*b (0 <= r < c) have the same sign at every point, whatever b's range
+    monomial = k == 0 and len(terms) == 1 and next(iter(terms.values())) > 0
+    if lo >= 0 or monomial: rem = lambda v: v % cv
     elif hi <= 0: rem = lambda v: -((-v) % cv)
     else: return None
     rterms: dict[UOp, int] = {}

@@ -11,8 +11,9 @@ from fusegrad.uop.ops import Ops, UOp, Variable
 # *** an evaluator that shares no code with fusegrad's exec_alu ***
 
 def wrap(v: int, dt: DType) -> int:
-    """Two's-complement wrap of a Python int to a signed fixed-width dtype; index is unbounded."""
+    """Two's-complement wrap of a Python int to a fixed-width dtype; index is unbounded."""
     if dt.scalar() == dtypes.index: return v
+    if dtypes.is_unsigned(dt): return v % (1 << (8 * dt.itemsize))
     half = 1 << (8 * dt.itemsize - 1)
     return (v + half) % (2 * half) - half
 

@@ -5,6 +5,7 @@ import gc
 import math
 import pickle
 import weakref
+import numpy as np
 import pytest
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, Variable, pretty_print
@@ -51,6 +52,9 @@ class TestHashConsing:
         assert UOp.const(dtypes.float32, float("nan")) is UOp.const(dtypes.float32, float("nan"))
         assert UOp.const(dtypes.float64, math.nan) is UOp.const(dtypes.float64, float("nan"))
         assert math.isnan(UOp.const(dtypes.float32, math.nan).arg)
+        # args that are numpy floats key by value too
+        assert UOp(Ops.NOOP, dtypes.void, (), np.float64("nan")) is UOp(Ops.NOOP, dtypes.void, (), np.float64("nan"))
+        assert UOp(Ops.NOOP, dtypes.void, (), np.float64(-0.0)) is not UOp(Ops.NOOP, dtypes.void, (), np.float64(0.0))
 
     def test_unused_uops_are_collected(self):
         unique = "test_unused_uops_are_collected-unique-arg"

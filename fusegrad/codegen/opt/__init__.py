@@ -41,21 +41,35 @@ def _store_ranges(ast: UOp) -> list[UOp]:
     return [u for st in ast.src for u in st.src[0].toposort() if u.op is Ops.RANGE]
 
 def uniquify_reduce_ranges(ast: UOp) -> UOp:
-    """Give a REDUCE nested inside another REDUCE over a shared RANGE its own fresh RANGEs, so every REDUCE's loops
-    are distinct from the loops it runs inside of."""
+    """Give REDUCEs that share a RANGE but can't share its loop fresh RANGEs: a REDUCE nested inside another over
+    the same RANGE, and sibling REDUCEs whose values vary with different outer ranges (their loops sit in different
+    places). Siblings with the same outer ranges keep sharing, so they run in one loop."""
     next_id = max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1) + 1
+    def rename(red: UOp, rngs) -> UOp:
+        nonlocal next_id
+        fresh = {}
+        for r in rngs:
+            fresh[r] = UOp(Ops.RANGE, r.dtype, r.src, (next_id, r.arg[1])); next_id += 1
+        return red.substitute(fresh)
     while True:
-        for red in ast.toposort():
-            if red.op is not Ops.REDUCE: continue
+        reds = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+        change = None
+        for red in reds:
             own = set(red.src[1:])
             inner = [u for u in red.src[0].toposort() if u.op is Ops.REDUCE and own.intersection(u.src[1:])]
-            if inner: break
-        else: return ast
-        n = inner[-1]
-        fresh = {}
-        for r in own.intersection(n.src[1:]):
-            fresh[r] = UOp(Ops.RANGE, r.dtype, r.src, (next_id, r.arg[1])); next_id += 1
-        ast = ast.substitute({n: n.substitute(fresh)})
+            if inner:
+                change = (inner[-1], rename(inner[-1], own.intersection(inner[-1].src[1:])))
+                break
+        if change is None:
+            seen: dict[UOp, frozenset[UOp]] = {}
+            for red in reds:
+                outer = frozenset(x for x in red.src[0].toposort() if x.op is Ops.RANGE) - set(red.src[1:])
+                if bad := [r for r in red.src[1:] if r in seen and seen[r] != outer]:
+                    change = (red, rename(red, bad))
+                    break
+                for r in red.src[1:]: seen[r] = outer
+        if change is None: return ast
+        ast = ast.substitute({change[0]: change[1]})
 
 class Kernel:
     """A kernel AST with its loops, transformed by `apply_opt` and finalized by `get_optimized_ast`."""
