@@ -61,8 +61,9 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
     name = name or kernel_name(opt_ast)
     gl = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    stored = {u.src[0].src[0].arg for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
-    loaded = {u.src[0].src[0].arg for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+    bufs = lambda op: {u.src[0].src[0].arg for u in uops if u.op is op and u.src[0].op is Ops.INDEX and
+                       u.src[0].src[0].op is Ops.DEFINE_GLOBAL}
+    stored, loaded = bufs(Ops.STORE), bufs(Ops.LOAD)
     glob = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
     return ProgramSpec(name=name, src=renderer.render(uops, name), device=renderer.device, uops=uops,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),

@@ -59,19 +59,19 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     lanes = [UOp(Ops.LOAD, ld.dtype, (ctx.lane(idx, k),)) for k in range(ctx.width)]
     return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 
+def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
+    if idx.dtype.vcount > 1 or not ctx.dep(idx): return None
+    buf, i, valid = _split_index(idx)
+    if _contiguous(ctx, buf, i, valid): return st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))
+    # one store per lane, grouped under a NOOP
+    return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (ctx.lane(idx, k), UOp(
+        Ops.GEP, st.src[1].dtype, (st.src[1],), k))) for k in range(ctx.width)))
+
 pm_vector_memory = PatternMatcher([
     (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"), _vec_load),
+    (UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat()), name="st"), _vec_store),
 ], name="vector_memory")
-pm_vector_memory.__doc__ = "loads along the vector axis are one vector load when contiguous, else one load per lane"
-
-def vector_stores(ctx: VecCtx, st: UOp) -> list[UOp]:
-    """A memory STORE along the vector axis as one vector store (contiguous) or one store per lane."""
-    if st.src[0].op is not Ops.INDEX or not ctx.dep(st.src[0]): return [st]
-    buf, i, valid = _split_index(st.src[0])
-    if _contiguous(ctx, buf, i, valid): return [st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))]
-    return [UOp(Ops.STORE, dtypes.void, (ctx.lane(st.src[0], k), UOp(Ops.GEP, st.src[1].dtype, (st.src[1],), k)))
-            for k in range(ctx.width)]
-
+pm_vector_memory.__doc__ = "memory accesses along the vector axis are one vector access when contiguous, else per lane"
 # *** values ***
 
 def _is_vec(u: UOp) -> bool: return u.dtype.count > 1
@@ -122,8 +122,7 @@ pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dt
 def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) -> UOp:
     """Turn the vector axis `vec` of a lowered kernel into SIMD lanes."""
     ctx = VecCtx(vec, width, vec_dtypes)
-    stores = [s for st in sink.src for s in vector_stores(ctx, st)]
-    sink = graph_rewrite(UOp.sink_of(*stores), pm_vector_memory, ctx=ctx, name="vector_memory")
+    sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory")
     sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize")
     for u in sink.toposort():
         if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes and not isinstance(u.dtype, PtrDType):

@@ -8,8 +8,8 @@ import heapq
 from fusegrad.codegen.affine import live_ranges, range_kind
 from fusegrad.uop.ops import Ops, UOp
 
-_LOOP_KINDS = ("global", "loop", "reduce")
-_FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_REG: 2}
+_LOOP_KINDS = ("global", "loop", "reduce", "copy")
+_FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2, Ops.DEFINE_REG: 2}
 
 def linearize(sink: UOp) -> list[UOp]:
     """The nodes of `sink` in execution order; a loop over RANGE r is `r, body..., UOp(Ops.END, src=(r,))`."""

@@ -17,7 +17,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
-LOOP_KINDS = ("global", "loop", "reduce")
+LOOP_KINDS = ("global", "loop", "reduce", "copy")
 
 def identity_element(op: Ops, dt: DType) -> UOp:
     """The value a reduction starts from: 0 for ADD, 1 for MUL, the dtype's minimum (-inf for floats) for MAX."""
@@ -31,7 +31,6 @@ class LowerCtx:
     vec: UOp | None = None           # the RANGE kept as SIMD lanes
     use_fma: bool = False            # fuse ADD-reduces of products into fused multiply-adds
     next_reg: int = 0
-    expanded: set = field(default_factory=set)   # RANGEs expanded by substitution
     live: dict = field(default_factory=dict)     # memo for live_ranges
 
 def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
@@ -49,7 +48,6 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r is not ctx.vec]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
-    ctx.expanded.update(acc_axes + seq_axes)
     vals = []
     for a in itertools.product(*[range(range_size(r)) for r in acc_axes]):
         for s in itertools.product(*[range(range_size(r)) for r in seq_axes]):

@@ -255,7 +255,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
                 var_params.append((r[u], f"long {r[u]}"))
+            elif op is Ops.NOOP: continue     # groups stores
             elif op is Ops.BIND: r[u] = r[src[0]]
+            elif op is Ops.DEFINE_LOCAL:
+                r[u] = f"local{u.arg}"
+                line(f"{self.dtype_name(u.dtype.base)} {r[u]}[{u.dtype.size}] __attribute__((aligned(64)));")
+            elif op is Ops.BARRIER: r[u] = r[src[0]]   # the local buffer once its copy loop is done
             elif op is Ops.DEFINE_REG:
                 r[u] = f"acc{u.arg}"
                 line(f"{self.dtype_name(u.dtype)} {r[u]};")
@@ -316,10 +321,11 @@ class ClangRenderer(CStyleLanguage):
     """C for the CPU: one function per kernel, loops over [core_lo, core_hi) of the outermost output loop."""
     device = "CPU"
     has_threads = True
-    # no fast-math: IEEE semantics (nan/inf, no reassociation, no contraction of a*b+c); -fwrapv makes integer
-    # overflow wrap as the Python reference does; -fno-math-errno lets sqrt & co. be single instructions
-    compile_flags: list[str] = ["-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fwrapv",
-                                "-fno-math-errno", "-fno-strict-aliasing", "-lm"]
+    # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
+    # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
+    # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read)
+    compile_flags: list[str] = ["-O3", "-march=native", "-ffp-contract=off", "-fwrapv", "-fno-math-errno",
+                                "-fno-strict-aliasing"]
     vector_dtypes = (dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16,
                      dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
 

@@ -401,10 +401,14 @@ def _lt_const(a: UOp) -> UOp | None:
     terms, k = _terms(x)
     terms = {b: v for b, v in terms.items() if v != 0}
     if not terms: return None
+    # S = x - k is compared with c - k as true integers, so the rebuilt S must not wrap: x's range says where S lies
+    # (x itself being exact doesn't imply it when x isn't in canonical order, e.g. int8 (b1-20)+b2)
+    lo, hi = x.vmin - k, x.vmax - k
+    if not (_fits(lo, dt) and _fits(hi, dt)): return None
     c2 = c - k
     flip = all(v < 0 for v in terms.values())
     if flip:
-        if not _fits(-x.vmin, dt): return None
+        if not (_fits(-lo, dt) and _fits(-hi, dt)): return None
         terms, c2, on_left = {b: -v for b, v in terms.items()}, -c2, not on_left
     g = math.gcd(*terms.values())
     if g == 1 and k == 0 and not flip: return None
@@ -414,21 +418,24 @@ def _lt_const(a: UOp) -> UOp | None:
     return s < bound if on_left else s.const_like(bound) < s
 
 def _ne_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
-    """x != c / x == c with x an integer sum: the sum's constant moves right and a negated sum flips (both exact
-    modulo 2^n); a common factor g of the coefficients divides out when the sum is exact (g not dividing c: unequal)."""
+    """x != c / x == c with x an integer sum S + k. Moving k across and negating both sides are exact modulo 2^n.
+    When x doesn't wrap, a common factor g of S's coefficients divides out: x == c means S == c-k as true integers,
+    never true if g doesn't divide c-k; and S/g == (c-k)/g modulo 2^n means x == c modulo g*2^n, so x == c."""
     if not _is_int(x) or x.op not in (Ops.ADD, Ops.MUL): return None
-    dt = x.dtype
+    dt, is_ne = x.dtype, a.op is Ops.CMPNE
     terms, k = _terms(x)
     terms = {b: v for b, v in terms.items() if v != 0}
     if not terms: return None
-    c2 = _wrap(c.arg - k, dt)
+    g = math.gcd(*terms.values())
+    if g > 1 and _exact(x):
+        if (c.arg - k) % g != 0: return a.const_like(is_ne)
+        terms, c2 = {b: v // g for b, v in terms.items()}, _wrap((c.arg - k) // g, dt)
+    else: c2 = _wrap(c.arg - k, dt)
     if all(v < 0 for v in terms.values()) and _is_signed(x):
         terms, c2 = {b: -v for b, v in terms.items()}, _wrap(-c2, dt)
-    g = math.gcd(*terms.values()) if _exact(x) else 1
-    if g > 1 and c2 % g != 0: return a.const_like(a.op is Ops.CMPNE)
-    s = _build_sum({b: v // g for b, v in terms.items()}, 0, dt)
-    if s is x and c2 // g == c.arg: return None
-    return s.ne(c2 // g) if a.op is Ops.CMPNE else s.alu(Ops.CMPEQ, s.const_like(c2 // g))
+    s = _build_sum(terms, 0, dt)
+    if s is x and c2 == c.arg: return None
+    return s.ne(c2) if is_ne else s.alu(Ops.CMPEQ, s.const_like(c2))
 
 def _not_lt(x: UOp, c: UOp, c_left: bool) -> UOp | None:
     """!(x < c) -> (c-1) < x and !(c < x) -> x < (c+1), for integers."""

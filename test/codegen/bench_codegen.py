@@ -2,7 +2,11 @@
 
 Runs each kernel split across 2 threads (as the CPU runtime does), best of many interleaved runs so a busy machine
 disturbs both sides alike."""
-import ctypes, os, sys, threading, time
+import ctypes
+import os
+import sys
+import threading
+import time
 import numpy as np
 from fusegrad.codegen import get_program
 from fusegrad.dtype import dtypes
@@ -57,4 +61,19 @@ def main():
         t, tn = best([go, lambda: x.sum(axis)], 7)
         print(f"sum axis={axis} {p.name}: {M*K*4/t/1e9:.1f} GB/s, numpy {M*K*4/tn/1e9:.1f} GB/s")
 
-if __name__ == "__main__": main()
+
+
+def bench_matmul_bt(N: int = 1024):
+    a, b, c = (np.random.rand(N, N).astype(np.float32) for _ in range(3))
+    r0, r1, r2 = rng(N, 0), rng(N, 1), rng(N, 2, "reduce")
+    acc = reduce(glob(1, dtypes.float32, N * N).index(r0 * N + r2).load() * glob(2, dtypes.float32, N * N).index(
+        r1 * N + r2).load(), r2)
+    p, go = runner(UOp.sink_of(glob(0, dtypes.float32, N * N).index(r0 * N + r1).store(acc)), [c, a, b])
+    go()
+    assert np.allclose(c, a @ b.T, rtol=1e-3, atol=1e-3)
+    t, tn = best([go, lambda: a @ b.T])
+    print(f"matmul a@b.T {N}: {p.name} {2*N**3/t/1e9:.1f} GFLOPS, numpy {2*N**3/tn/1e9:.1f} GFLOPS, ratio {tn/t:.2f}")
+
+if __name__ == "__main__":
+    main()
+    bench_matmul_bt()

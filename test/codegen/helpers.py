@@ -29,7 +29,8 @@ def compile_src(src: str, name: str) -> ctypes.CDLL:
     with open(c_path, "w") as f: f.write(src)
     # the runtime's flags, at -O2 to keep the tests fast
     flags = [f if f != "-O3" else "-O2" for f in RENDERER.compile_flags]
-    subprocess.run(["cc", *flags, "-o", so_path, c_path], check=True, capture_output=True, text=True)
+    subprocess.run(["cc", *flags, "-shared", "-fPIC", "-o", so_path, c_path, "-lm"], check=True, capture_output=True,
+                   text=True)
     _libs[key] = ctypes.CDLL(so_path)
     return _libs[key]
 
@@ -42,7 +43,9 @@ def call(p: ProgramSpec, bufs: list[np.ndarray], var_vals: dict[str, int] | None
     fn = compile_program(p)
     args = [ctypes.c_void_p(bufs[i].ctypes.data) for i in p.globals]
     args += [ctypes.c_long((var_vals or {})[v.arg[0]]) for v in p.vars]
-    for lo, hi in (splits or [(0, p.global_size)]): fn(*args, ctypes.c_long(lo), ctypes.c_long(hi))
+    gs = p.global_size if isinstance(p.global_size, int) else \
+        int(p.global_size.substitute({v: v.const_like((var_vals or {})[v.arg[0]]) for v in p.vars}))
+    for lo, hi in (splits or [(0, gs)]): fn(*args, ctypes.c_long(lo), ctypes.c_long(hi))
 
 def run(ast: UOp, bufs: list[np.ndarray], var_vals: dict[str, int] | None = None, opts: list[Opt] | None = None,
         noopt: bool = False, splits: list[tuple[int, int]] | None = None) -> ProgramSpec:

@@ -159,9 +159,42 @@ def test_kblock_refuses_unsafe_kernels():
 
 def test_matmul_is_register_tiled():
     p = get_program(matmul_ast(64, 64, 64), RENDERER)
-    ops = {o.op for o in p.applied_opts}
-    assert OptOps.UPCAST in ops and OptOps.UNROLL in ops
+    assert OptOps.UPCAST in {o.op for o in p.applied_opts}
     assert sum(1 for u in p.uops if u.op is Ops.DEFINE_REG) >= 8   # several accumulators in registers
+    assert any(u.dtype.count > 1 for u in p.uops if u.op is Ops.DEFINE_REG)   # ... that are vectors
+
+def matmul_bt_ast(M: int, N: int, K: int) -> UOp:
+    """out = a @ b.T with b stored (N, K), as a linear layer's weight is."""
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    acc = reduce(glob(1, dtypes.float32, M * K).index(r0 * K + r2).load() *
+                 glob(2, dtypes.float32, N * K).index(r1 * K + r2).load(), r2)
+    return UOp.sink_of(glob(0, dtypes.float32, M * N).index(r0 * N + r1).store(acc))
+
+@pytest.mark.parametrize("shape", [(32, 64, 768), (24, 48, 40), (64, 32, 1024)])
+def test_matmul_transposed_b(shape):
+    M, N, K = shape
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(N, K).astype(np.float32)
+    out = np.zeros((M, N), np.float32)
+    p = run(matmul_bt_ast(M, N, K), [out, a, b])
+    if M >= 32:   # enough row tiles to reuse a copy: b's block is transposed into a contiguous local buffer
+        assert OptOps.PACK in {o.op for o in p.applied_opts}
+        assert any(u.op is Ops.DEFINE_LOCAL for u in p.uops)
+    np.testing.assert_allclose(out, a @ b.T, rtol=1e-4, atol=1e-4)
+
+def test_pack_explicit():
+    M, N, K = 16, 64, 96
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    U, PK = (lambda ax, n: Opt(OptOps.UPCAST, ax, n)), (lambda ax, buf: Opt(OptOps.PACK, ax, buf))
+    tiled = [U(1, 16), U(1, 2), U(0, 4), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.KBLOCK, 2, 32), PK(1, 2),
+             Opt(OptOps.UNROLL, 3, 4)]
+    for opts in ([PK(1, 2)], [PK(0, 1)], [U(1, 4), PK(0, 1)], tiled):
+        out = np.zeros((M, N), np.float32)
+        p = run(matmul_ast(M, N, K), [out, a, b], opts=opts)
+        assert list(p.applied_opts) == opts
+        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    from fusegrad.codegen.opt import Kernel, KernelOptError
+    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, N, K), RENDERER).apply_opt(PK(0, 2))  # varies inside
+    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, N, K), RENDERER).apply_opt(PK(0, 0))  # the output
 
 @pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float64])
 def test_matmul_dtypes(dt: DType):

@@ -75,10 +75,13 @@ def test_vars_in_signature_sorted_by_name():
     p = get_program(ast, RENDERER)
     assert [v.arg[0] for v in p.vars] == ["a", "b"]
     assert "long a, long b, long core_lo, long core_hi)" in p.src
-    assert p.global_size == 1   # a loop of symbolic length isn't split across cores
+    assert p.global_size is a   # a loop of symbolic length is split across cores once its length is known
     out = np.full(32, -1, np.int32)
     run(ast, [out], var_vals={"a": 5, "b": 3})
     assert out.tolist() == [-1] * 3 + list(range(5)) + [-1] * 24
+    out[:] = -1
+    run(ast, [out], var_vals={"a": 5, "b": 3}, splits=[(2, 5)])
+    assert out.tolist() == [-1] * 5 + [2, 3, 4] + [-1] * 24
 
 def test_scalar_output_kernel():
     r = rng(10, 0, "reduce")
@@ -89,4 +92,4 @@ def test_scalar_output_kernel():
 
 def test_compile_flags_declared():
     flags = RENDERER.compile_flags
-    assert "-ffp-contract=off" in flags and not any("fast-math" in f for f in flags)
+    assert "-ffp-contract=off" in flags and "-fwrapv" in flags and not any("fast-math" in f for f in flags)

@@ -143,6 +143,19 @@ def test_div_mod_identities():
     check(c(0) // (x + 1), 0)
     check(c(0) % (x + 1), 0)
 
+def test_product_divided_by_a_factor():
+    p, q = Variable("p", 1, 9), Variable("q", -4, -1)
+    check((x * p) // p, x)
+    check((p * x) % p, 0)
+    check((x * q) // q, x)
+    assert ((x * y) // y).simplify().render() == "((x*y)//y)"  # y can be 0
+    b, r = Variable("b", -128, 127, dtypes.int8), Variable("r", 1, 3, dtypes.int8)
+    e = (b * r) // r  # b*r wraps in int8
+    assert e.simplify() is not b
+    for bv, rv in itertools.product(range(-128, 128), range(1, 4)):
+        env = {"b": bv, "r": rv}
+        assert evaluate(e, env)[e] == evaluate(e.simplify(), env)[e.simplify()]
+
 def test_float_rules_stay_exact():
     f = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(), arg=0),))
     assert (f * 1.0).simplify() is f                     # exact
@@ -412,6 +425,29 @@ def test_no_exact_rules_when_int32_could_wrap():
     for e in [(b * 2).ne(0), (b * 2) % 4, (b * 3 + 1) // 3, b * -1 < 5]:
         s = e.simplify()
         for v in range(-128, 128): assert evaluate(e, {"b": v})[e] == evaluate(s, {"b": v})[s], (e.render(), v)
+
+def test_remainder_sum_that_would_overflow():
+    # x = b1 - b2 fits int32 and is >= 0, but its remainder part for %4, b1 + 3*b2, would not fit
+    b1, b2 = Variable("b1", 2**30, 2**31 - 1, dtypes.int32), Variable("b2", 0, 2**30, dtypes.int32)
+    for e in [(b1 - b2) % 4, (b1 - b2) // 4]:
+        s = e.simplify()
+        # at b1=2**30, b2=2**29+1 the remainder part is in (2**31, 2**32): it would wrap to a negative value
+        for env in [{"b1": 2**30, "b2": 2**29 + 1}, {"b1": 2**31 - 1, "b2": 2**30}, {"b1": 2**30, "b2": 2**30}]:
+            assert evaluate(e, env)[e] == evaluate(s, env)[s], (s.render(), env)
+
+def test_comparisons_of_sums_near_the_int_limits():
+    # the gcd of x*-2 must divide out before negating: -(x*-2) is 2**31 at x=2**30, which int32 can't hold
+    xi = Variable("x", 0, 2**30, dtypes.int32)
+    for e in [(xi * -2).ne(-2**31), (xi * -2).alu(Ops.CMPEQ, c(-2**31, dtypes.int32)), xi * -2 < -2**31 + 2]:
+        s = e.simplify()
+        for v in [0, 1, 2**30 - 1, 2**30]: assert evaluate(e, {"x": v})[e] == evaluate(s, {"x": v})[s], (s.render(), v)
+    # not in canonical order, (b1-20)+b2 stays in int8 while b1+b2 doesn't
+    b1, b2 = Variable("b1", 50, 70, dtypes.int8), Variable("b2", 50, 70, dtypes.int8)
+    for e in [((b1 - 20) + b2) < 100, ((b1 - 20) + b2).ne(110), ((b1 - 20) + b2) * -1 < -100, ((b1 - 20) + b2) * 2 < 5]:
+        s = e.simplify()
+        for p, q in itertools.product(range(50, 71), repeat=2):
+            env = {"b1": p, "b2": q}
+            assert evaluate(e, env)[e] == evaluate(s, env)[s], (e.render(), s.render(), env)
 
 def test_int32_small_ranges_simplify():
     a, b = Variable("a", 0, 100, dtypes.int32), Variable("b", 0, 3, dtypes.int32)

@@ -75,7 +75,8 @@ class Gen:
         r = self.rng
         if r.random() < 0.3:  # a linear form against a constant, as index bounds checks are
             v1, v2 = r.sample(self.vars, 2)
-            x = v1 * r.randint(*self.mults) + v2 * r.randint(*self.mults) + self.const()
+            t1, t2, k = v1 * r.randint(*self.mults), v2 * r.randint(*self.mults), self.const()
+            x = t1 + t2 + k if r.random() < 0.5 else t1 + k + t2  # not always in canonical order
         else: x = self.expr(depth)
         if r.random() < 0.2: x = x // r.choice(DIVISORS[1:11])
         y = self.expr(depth - 1) if r.random() < 0.3 else self.const()
@@ -177,3 +178,25 @@ def test_fuzz_index_huge():
     # index values beyond 64 bits: index math must not wrap anywhere (range analysis included)
     specs = [("a", 0, 2**62), ("b", -2**70, 2**70), ("c", -8, 8), ("d", 1, 2**40)]
     assert fuzz(4000, 400, dtypes.index, 3, specs, consts=(-2**66, 2**66), mults=(-2**33, 2**33)) > 150
+
+def test_fuzz_int8_linear_comparisons():
+    # sums of small multiples of int8 variables near the limits, the constant not always last, compared with
+    # constants: the comparison rules must notice when a rebuilt part of the sum would wrap
+    rng = random.Random(5000)
+    specs = [("p", 50, 70), ("q", 40, 80), ("r", -70, -50), ("s", -128, -100), ("t", 100, 127)]
+    vs = [Variable(nm, lo, hi, dtypes.int8) for nm, lo, hi in specs]
+    for i in range(1500):
+        v1, v2 = rng.sample(vs, 2)
+        m1, m2 = rng.choice([1, 2, -1, -2]), rng.choice([1, 2, -1, -2, 3])
+        # the true range of m1*v1 + m2*v2, then k so that the whole sum fits int8 while the part without k may not
+        ends = [m * b for m, v in ((m1, v1), (m2, v2)) for b in (v.arg[1], v.arg[2])]
+        lo = min(ends[0], ends[1]) + min(ends[2], ends[3])
+        hi = max(ends[0], ends[1]) + max(ends[2], ends[3])
+        k = rng.randint(-128 - lo, 127 - hi) if -128 - lo <= 127 - hi and rng.random() < 0.8 else rng.randint(-128, 127)
+        x = (v1 * m1 + k) + v2 * m2 if rng.random() < 0.7 else v1 * m1 + v2 * m2 + k
+        if rng.random() < 0.3: x = x * -1
+        c = UOp.const(dtypes.int8, max(-128, min(127, rng.randint(x.vmin, x.vmax))))
+        e = rng.choice([lambda: x < c, lambda: c < x, lambda: x.ne(c), lambda: x.alu(Ops.CMPEQ, c)])()
+        s = e.simplify()
+        for env in env_points(rng, specs, 12):
+            assert evaluate(e, env)[e] == evaluate(s, env)[s], f"#{i} {env}: {e.render()} -> {s.render()}"

@@ -8,6 +8,10 @@ An optimization never changes what a kernel computes, only how its loops are sha
                      the other into the same accumulator (the summation order is unchanged).
   SWAP(axis, other)  exchange the nesting order of two output loops.
   SPLIT(axis, amt)   split an output loop into an outer loop of `amt` iterations around an inner loop of the rest.
+  PACK(axis, buf)    copy what the kernel loads from global buffer `buf` inside output loop `axis` into a local
+                     (stack) buffer at the start of that loop's body, and load from the copy: a block of a matrix
+                     read with a large stride becomes contiguous and stays in L1 while loops inside reuse it. The
+                     load must not vary with output loops inside `axis`.
   KBLOCK(axis, amt)  block a reduce loop through the output buffer: the loop runs `amt` at a time in registers and
                      an outer loop over the blocks (placed right inside the outermost output loop) adds each block's
                      result to the output, so the data one block reads stays in cache while all output tiles use it.
@@ -17,13 +21,15 @@ An optimization never changes what a kernel computes, only how its loops are sha
 Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores), "loop", "reduce",
 "upcast", "unroll"."""
 from __future__ import annotations
+import math
 from dataclasses import dataclass
 from enum import Enum, auto
-from fusegrad.codegen.affine import range_kind, range_size
+from fusegrad.codegen.affine import coeff, range_kind, range_size
+from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
-    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto()
+    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Kernel:
             if u.op is Ops.REDUCE: red.extend(r for r in u.src[1:] if r not in red)
         self.loops: list[UOp] = out + red
         self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
+        self.copies: list[UOp] = []          # loops of PACK copies
         self.applied_opts: list[Opt] = []
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
         self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
@@ -148,6 +155,7 @@ class Kernel:
                 raise KernelOptError("SWAP needs output axes")
             self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
         elif opt.op is OptOps.KBLOCK: self._kblock(opt.axis, opt.arg)
+        elif opt.op is OptOps.PACK: self._pack(opt.axis, opt.arg)
         elif opt.op is OptOps.SPLIT:
             if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
             self._split(opt.axis, opt.arg, "loop")
@@ -179,14 +187,51 @@ class Kernel:
         self.loops[axis] = inner
         self.loops.insert(1, blk)
 
+    MAX_LOCAL_BYTES = 64 * 1024
+
+    def _pack(self, axis: int, buf_arg: int) -> None:
+        if axis >= self.first_reduce: raise KernelOptError("PACK needs an output axis")
+        idxs = {u for u in self.ast.toposort() if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL
+                and u.src[0].arg == buf_arg}
+        if len(idxs) != 1: raise KernelOptError(f"PACK needs exactly one access to buffer {buf_arg}")
+        idx = idxs.pop()
+        if any(u.op is Ops.STORE and u.src[0] is idx for u in self.ast.toposort()): raise KernelOptError("stored")
+        outs = self.loops[:self.first_reduce]
+        deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
+        if deps & set(outs[axis + 1:]): raise KernelOptError("the load varies inside the PACK loop")
+        # layout of the copy: its loops outermost (in the order of their strides in memory), then the upcast lanes
+        # with the innermost split (the vector lanes) last, so the copy is contiguous along the vector lanes even
+        # when the buffer isn't (a transposed matrix gets transposed by the copy)
+        strides = {r: coeff(idx.src[1], r) for r in deps}
+        def layout(r: UOp) -> tuple:
+            if r in self.expanded: return (1, -self.expanded.index(r))
+            return (0, -(strides[r] if strides[r] is not None else 1 << 62))
+        inner = sorted(deps - set(outs[:axis + 1]), key=layout)
+        sizes = [range_size(r) for r in inner]
+        if not inner or not all(isinstance(s, int) for s in sizes): raise KernelOptError("nothing to PACK")
+        n = math.prod(sizes)
+        if n * idx.dtype.base.itemsize > self.MAX_LOCAL_BYTES: raise KernelOptError(f"PACK of {n} elements is too big")
+        # the copy loops over fresh ranges where the load has loops; upcast lanes stay (they expand the same way)
+        fresh = {}
+        for r in inner:
+            if range_kind(r) in ("reduce", "loop"):
+                fresh[r] = UOp.range(range_size(r), self.next_id, "copy"); self.next_id += 1
+                self.copies.append(fresh[r])
+        lin = UOp.const(dtypes.index, 0)
+        for r, s in zip(inner, sizes): lin = lin * s + r
+        local = UOp(Ops.DEFINE_LOCAL, idx.dtype.base.ptr(n, "local"), arg=len(self.copies))
+        copy = local.index(lin.substitute(fresh)).store(UOp(Ops.LOAD, idx.dtype.base, (idx.substitute(fresh),)))
+        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copy, *fresh.values()))))
+        loads = {u for u in self.ast.toposort() if u.op is Ops.LOAD and u.src[0] is idx}
+        self.ast = self.ast.substitute({ld: UOp(Ops.LOAD, ld.dtype, (ready.index(lin),)) for ld in loads})
+
     def get_optimized_ast(self) -> UOp:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
-        "global" when every STORE depends on it and its trip count is a constant."""
+        "global" (split across cores) when every STORE depends on it."""
         outs = self.loops[:self.first_reduce]
-        stored_by_all = bool(outs) and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
-        parallel = stored_by_all and isinstance(range_size(outs[0]), int)
+        parallel = bool(outs) and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
         mapping: dict[UOp, UOp] = {}
-        for i, r in enumerate(self.loops + self.expanded):
+        for i, r in enumerate(self.loops + self.expanded + self.copies):
             kind = "global" if i == 0 and parallel else range_kind(r)
             mapping[r] = UOp(Ops.RANGE, r.dtype, r.src, (i, kind))
         return self.ast.substitute(mapping)
