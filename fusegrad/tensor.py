@@ -7,7 +7,7 @@ from fusegrad.dtype import ConstType, DType, ALL_DTYPES, dtypes, least_upper_dty
     to_dtype, truncate_float
 from fusegrad.helpers import argfix, make_tuple, prod
 from fusegrad.schedule.kernelize import is_realized, kernelize_map_cached, new_buffer, substitute_map
-from fusegrad.schedule.linear import buffer_map, get_buffer, kernels_in_order
+from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -33,8 +33,8 @@ def _flatten_nested(data: Any) -> tuple[list, tuple[int, ...]]:
 
 def _pack(values: list, dtype: DType) -> bytes:
     if dtype == dtypes.bfloat16:
-        return b"".join(struct.pack("<I", struct.unpack("<I", struct.pack("<f", truncate_float(float(v), dtype)))[0])[2:]
-                        for v in values)
+        # bfloat16 is the top half of a float32 (little endian: bytes 2 and 3), rounded to nearest even first
+        return b"".join(struct.pack("<f", truncate_float(float(v), dtype))[2:] for v in values)
     return struct.pack(f"<{len(values)}{dtype.fmt}", *[dtypes.as_const(v, dtype) for v in values])
 
 def _resolve_axis(axis: int, ndim: int) -> int:
@@ -87,7 +87,8 @@ class Tensor:
             from fusegrad.dtype import from_np_dtype
             src_dt = from_np_dtype(data.dtype)
             arr = np.ascontiguousarray(data)
-            self.uop = Tensor._from_bytes(arr.tobytes(), tuple(arr.shape), src_dt, dev)
+            self.uop = Tensor._from_bytes(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"",
+                                          tuple(arr.shape), src_dt, dev)
             if dt is not None and dt != src_dt: self.uop = self.uop.cast(dt)
         elif _is_numpy_scalar(data):
             self.__init__(data.item(), device, dt or __import__("fusegrad.dtype").dtype.from_np_dtype(data.dtype))
@@ -97,11 +98,11 @@ class Tensor:
         all_tensors.add(self)
 
     @staticmethod
-    def _from_bytes(raw: bytes, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
+    def _from_bytes(raw: bytes | memoryview, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
         buf = new_buffer(_device_uop(device), prod(shape), dtype)
         b = get_buffer(buf)
         b.allocate()
-        if raw: b.copyin(memoryview(bytearray(raw)))
+        if len(raw): b.copyin(memoryview(raw))
         return buf.reshape(shape) if shape != (prod(shape),) else buf
 
     # *** properties ***
@@ -129,7 +130,8 @@ class Tensor:
         return f"<Tensor {self.uop.op.name} shape={self.shape} dtype={self.dtype} device={self.device!r}>"
     __hash__ = object.__hash__
     def __bool__(self) -> bool:
-        if self.numel() != 1: raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
         return bool(self.item())
 
     # *** realization ***
@@ -193,8 +195,8 @@ class Tensor:
         from fusegrad.dtype import to_np_dtype
         if self.dtype == dtypes.bfloat16: return self.float().numpy()
         if self.numel() == 0: return np.zeros(self.shape, dtype=to_np_dtype(self.dtype))
-        b = self._buffer()
-        return np.frombuffer(bytes(b.as_buffer()), dtype=to_np_dtype(self.dtype)).reshape(self.shape).copy()
+        # one copy out of the device buffer: it may be overwritten later (assign, reuse), so no view is handed out
+        return self._buffer().numpy().reshape(self.shape)
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of Python scalars."""
@@ -202,7 +204,7 @@ class Tensor:
         if self.numel() == 0:
             return _nest([], self.shape)
         b = self._buffer()
-        vals = list(struct.unpack(f"<{self.numel()}{self.dtype.fmt}", bytes(b.as_buffer())))
+        vals = list(struct.unpack(f"<{self.numel()}{self.dtype.fmt}", b.as_buffer()))
         if self.dtype == dtypes.bool: vals = [bool(v) for v in vals]
         return vals[0] if self.shape == () else _nest(vals, self.shape)
 
@@ -462,7 +464,8 @@ class Tensor:
             if dtypes.is_int(a.dtype): return a._alu(Ops.IDIV, b)
             return a._alu(Ops.FDIV, b).trunc()
         if rounding_mode == "floor": return a.__floordiv__(b)
-        if rounding_mode is not None: raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
+        if rounding_mode is not None:
+            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', not {rounding_mode!r}")
         ft = least_upper_float(a.dtype)
         return a.cast(ft)._alu(Ops.FDIV, b.cast(ft))
     def __floordiv__(self, x: Any) -> Tensor: return self._floordiv(x, False)
@@ -522,7 +525,7 @@ class Tensor:
     def __pow__(self, x: Any) -> Tensor: return self.pow(x)
     def __rpow__(self, x: Any) -> Tensor: return self.pow(x, True)
     def __matmul__(self, x: Tensor) -> Tensor: return self.matmul(x)
-    def __rmatmul__(self, x: Tensor) -> Tensor: return Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)
+    def __rmatmul__(self, x: Any) -> Tensor: return (x if isinstance(x, Tensor) else Tensor(x)).matmul(self)
     def __neg__(self) -> Tensor: return self.neg()
     def __invert__(self) -> Tensor: return self.bitwise_not()
     def __and__(self, x: Any) -> Tensor: return self.bitwise_and(x)
@@ -548,7 +551,8 @@ class Tensor:
     def bitwise_xor(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.XOR, x, reverse)
     def bitwise_not(self) -> Tensor:
         if self.dtype == dtypes.bool: return self.logical_not()
-        if not dtypes.is_int(self.dtype): raise TypeError(f"bitwise_not needs an integer or bool tensor, got {self.dtype}")
+        if not dtypes.is_int(self.dtype):
+            raise TypeError(f"bitwise_not needs an integer or bool tensor, got {self.dtype}")
         return self ^ -1 if not dtypes.is_unsigned(self.dtype) else self ^ int(dtypes.max(self.dtype))
     def logical_not(self) -> Tensor: return self.cast(dtypes.bool)._alu(Ops.CMPNE, Tensor(True, device=self.device)
                                                                        ._broadcast_to(self.shape), dtype=dtypes.bool)
@@ -696,7 +700,8 @@ class Tensor:
     def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
     def any(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
-    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.logical_not().any(axis, keepdim).logical_not()
+    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
+        return self.logical_not().any(axis, keepdim).logical_not()
 
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))

@@ -41,7 +41,8 @@ def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp 
         out: list[UOp] = [_idx(0)] * len(arg)
         for i, axis in enumerate(arg): out[axis] = idxs[i]
         return tuple(out), None
-    if m.op is Ops.EXPAND: return tuple(_idx(0) if s == 1 and n != 1 else i for i, s, n in zip(idxs, src_shape, arg)), None
+    if m.op is Ops.EXPAND:
+        return tuple(_idx(0) if s == 1 and n != 1 else i for i, s, n in zip(idxs, src_shape, arg)), None
     if m.op is Ops.SHRINK: return tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, arg)), None
     if m.op is Ops.FLIP: return tuple((i * -1 + (s - 1)) if f else i for i, f, s in zip(idxs, arg, src_shape)), None
     if m.op is Ops.PAD:

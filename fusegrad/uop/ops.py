@@ -101,7 +101,8 @@ def exec_alu(op: Ops, dtype: DType, operands: tuple[ConstType, ...]) -> ConstTyp
     if dtypes.is_int(dtype) and op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC) and \
             any(isinstance(o, float) for o in operands):
         operands = tuple(int(o) for o in operands)
-    if dtypes.is_float(dtype) and op is Ops.POW and operands[0] < 0 and not float(operands[1]).is_integer(): return math.nan
+    if dtypes.is_float(dtype) and op is Ops.POW and operands[0] < 0 and not float(operands[1]).is_integer():
+        return math.nan
     try: ret = python_alu[op](*operands)
     except (OverflowError, ZeroDivisionError, ValueError): return math.nan if dtypes.is_float(dtype) else 0
     return dtypes.as_const(ret, dtype)
@@ -387,7 +388,9 @@ class UOp(metaclass=UOpMetaClass):
     def pad(self, arg: tuple[tuple[sint, sint], ...]) -> UOp: return UOp(Ops.PAD, self.dtype, (self,), tuple(arg))
     def shrink(self, arg: tuple[tuple[sint, sint], ...]) -> UOp: return UOp(Ops.SHRINK, self.dtype, (self,), tuple(arg))
     def flip(self, arg: tuple[bool, ...]) -> UOp: return UOp(Ops.FLIP, self.dtype, (self,), tuple(arg))
-    def r(self, op: Ops, axis: tuple[int, ...]) -> UOp: return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, tuple(axis)))
+    def r(self, op: Ops, axis: tuple[int, ...]) -> UOp:
+        """Reduce over `axis` with `op` (ADD, MAX, MUL); reduced dims keep size 1."""
+        return UOp(Ops.REDUCE_AXIS, self.dtype, (self,), (op, tuple(axis)))
 
     # *** printing ***
 
