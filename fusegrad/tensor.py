@@ -182,12 +182,10 @@ class Tensor:
         return get_buffer(t.uop.base)
 
     def data(self) -> memoryview:
-        b = self._buffer()
-        if b.size == 0: return memoryview(bytearray(0)).cast(self.dtype.fmt or "B")
-        mv = b.as_buffer() if hasattr(b, "as_buffer") else None
+        """A memoryview (a copy) of the values, shaped like the tensor."""
         if self.dtype == dtypes.bfloat16: raise TypeError("bfloat16 has no memoryview format; use .float() first")
-        return memoryview(bytes(mv)).cast(self.dtype.fmt, self.shape) if self.shape else \
-            memoryview(bytes(mv)).cast(self.dtype.fmt)
+        raw = memoryview(bytearray(self._buffer().as_buffer()) if self.numel() else bytearray(0))
+        return raw.cast(self.dtype.fmt, self.shape) if self.numel() else raw.cast(self.dtype.fmt)
 
     def numpy(self) -> Any:
         """A numpy array copy of the values (numpy must be installed)."""
@@ -354,6 +352,29 @@ class Tensor:
     def unsqueeze(self, dim: int) -> Tensor:
         d = _resolve_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
+        """Concatenate along `dim`: each piece is padded to the full length there and the pieces are added (one
+        fused kernel, no copies)."""
+        tensors = (self,) + args
+        d = _resolve_axis(dim, self.ndim)
+        for t in args:
+            if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
+                raise ValueError(f"cat: shapes {self.shape} and {t.shape} differ outside dim {dim}")
+        dt = least_upper_dtype(*(t.dtype for t in tensors))
+        total, ret, offset = sum(t.shape[d] for t in tensors), None, 0
+        for t in tensors:
+            pad = tuple((offset, total - offset - t.shape[d]) if i == d else (0, 0) for i in range(self.ndim))
+            piece = t.cast(dt).pad(pad)
+            ret = piece if ret is None else (ret | piece if dt == dtypes.bool else ret + piece)
+            offset += t.shape[d]
+        return ret
+    @staticmethod
+    def stack(*args: Tensor, dim: int = 0) -> Tensor:
+        """Stack equal-shaped tensors along a new dim."""
+        if not args: raise ValueError("stack needs at least one tensor")
+        d = _resolve_axis(dim, args[0].ndim + 1)
+        return args[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in args[1:]], dim=d)
 
     def __getitem__(self, index: Any) -> Tensor:
         """Basic indexing: ints, slices (any step), None and Ellipsis."""

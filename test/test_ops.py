@@ -874,3 +874,14 @@ def test_dtype_op_matrix(dtname, op):
     out = fxn(Tensor(na), Tensor(nb))
     assert_close(out, ref, atol=1e-3, rtol=1e-3)
 
+
+def test_cat_and_stack():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.arange(9, dtype=np.float32).reshape(3, 3) * -1
+    np.testing.assert_array_equal(Tensor(a).cat(Tensor(b), dim=0).numpy(), np.concatenate([a, b], 0))
+    np.testing.assert_array_equal(Tensor(a).cat(Tensor(a), Tensor(a), dim=-1).numpy(), np.concatenate([a, a, a], -1))
+    np.testing.assert_array_equal(Tensor.stack(Tensor(a), Tensor(a * 2), dim=1).numpy(), np.stack([a, a * 2], 1))
+    ints = Tensor([1, 2]).cat(Tensor([3.5]))
+    assert ints.dtype == dtypes.float32 and ints.tolist() == [1.0, 2.0, 3.5]
+    with pytest.raises(ValueError, match="differ"):
+        Tensor(a).cat(Tensor(b), dim=1)
