@@ -5,6 +5,7 @@ Semantics follow C/IEEE without fast-math: nan and inf propagate, float MAX prop
 integer division truncates toward zero and gives 0 for a zero divisor (and never traps on INT_MIN / -1), shifts by
 the width or more give 0, half and bfloat16 arithmetic is done in float and rounded (to nearest even) after every op."""
 from __future__ import annotations
+import copy
 import functools
 import math
 import platform
@@ -218,6 +219,10 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             "\n".join(body) + "\n}\n"
 
     def render(self, uops: list[UOp], name: str) -> str:
+        # the helpers a kernel needs are collected on a copy, so one renderer can render in several threads
+        return copy.copy(self)._render(uops, name)
+
+    def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
         users: dict[UOp, list[UOp]] = {}
         depth_of: dict[UOp, int] = {}

@@ -1,7 +1,8 @@
 """Benchmark of generated kernels against numpy (not a test): `PYTHONPATH=. python test/codegen/bench_codegen.py`.
 
-Runs each kernel split across 2 threads (as the CPU runtime does), best of many interleaved runs so a busy machine
-disturbs both sides alike."""
+Runs each kernel split across THREADS=2 threads (as the CPU runtime does), best of many runs. Each side is timed in
+its own stretch: OpenBLAS threads spin for a while after a call and would steal the cores from a kernel run right
+after it."""
 import ctypes
 import os
 import sys
@@ -29,8 +30,9 @@ def runner(ast, bufs):
 
 def best(fns, reps=15):
     times = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, f in enumerate(fns):
+    for i, f in enumerate(fns):
+        time.sleep(0.2)
+        for _ in range(reps):
             t = time.perf_counter(); f(); times[i] = min(times[i], time.perf_counter() - t)
     return times
 

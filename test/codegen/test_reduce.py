@@ -320,3 +320,14 @@ def test_conv2d_padded():
         out = np.zeros((CO, H, W), np.float32)
         run(ast, [out, inp, w], noopt=noopt)
         np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+def test_row_reduce_narrow_vectors():
+    # 100 isn't a multiple of the full vector width: narrower vectors of partial accumulators
+    M, N = 6, 100
+    a = RS.randn(M, N).astype(np.float32)
+    a[2, 50] = np.nan
+    for op, ref in ((Ops.ADD, np.sum), (Ops.MAX, np.max)):
+        out = np.zeros(M, np.float32)
+        p = run(reduce_2d_ast(M, N, 1, op, dtypes.float32), [out, a])
+        assert p.applied_opts
+        np.testing.assert_allclose(out, ref(a, axis=1), rtol=1e-5)

@@ -82,11 +82,14 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
 
     # 3. no vectorizable output axis: vectorize the reduction itself with partial accumulators along an axis that
     #    is contiguous in every load that depends on it
+    #    (narrower vectors when the length isn't a multiple of the full width)
     if width >= 2 and len(k.reduceops) == 1:
         for r in reversed(reds):
             sz = range_size(r)
-            if not isinstance(sz, int) or sz % width or not all(c in (0, 1) for c, _ in strides(r)): continue
-            rem, inner = split(OptOps.UPCAST, r, width)
+            if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): continue
+            w = next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)
+            if w is None: continue
+            rem, inner = split(OptOps.UPCAST, r, w)
             if inner is None: continue
             # output axes that some vector load doesn't depend on share that load across their lanes (matrix-vector,
             # a @ b.T): up to two of them, 4x4 dot products at a time
