@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable, Sequence
 from fusegrad.dtype import ConstType, DType, ALL_DTYPES, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import argfix, make_tuple, prod
-from fusegrad.schedule.kernelize import is_realized, kernelize_map_cached, new_buffer, substitute_map
+from fusegrad.schedule.kernelize import buffer_of, is_realized, kernelize_map_cached, new_buffer, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
@@ -86,12 +86,14 @@ class Tensor:
             import numpy as np
             from fusegrad.dtype import from_np_dtype
             src_dt = from_np_dtype(data.dtype)
-            arr = np.ascontiguousarray(data)
+            # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+            arr = data if data.flags.c_contiguous else data.copy(order="C")
             self.uop = Tensor._from_bytes(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"",
-                                          tuple(arr.shape), src_dt, dev)
+                                          tuple(data.shape), src_dt, dev)
             if dt is not None and dt != src_dt: self.uop = self.uop.cast(dt)
         elif _is_numpy_scalar(data):
-            self.__init__(data.item(), device, dt or __import__("fusegrad.dtype").dtype.from_np_dtype(data.dtype))
+            from fusegrad.dtype import from_np_dtype
+            self.__init__(data.item(), device, dt or from_np_dtype(data.dtype))
             return
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
@@ -159,7 +161,7 @@ class Tensor:
         self.kernelize(*lst)
         sink = UOp.sink_of(*[t.uop for t in tensors])
         kernels = kernels_in_order(sink)
-        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src]) for k in kernels if k.src[0].arg[1] > 0]
+        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src]) for k in kernels if buffer_of(k.src[0]).arg[1] > 0]
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
                    for u in sink.toposort() if is_realized(u) and u.op is Ops.ASSIGN}

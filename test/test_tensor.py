@@ -407,3 +407,9 @@ def test_assign_reading_self_through_a_reduce():
     b = Tensor([1.0, 2.0, 3.0, 4.0]).realize()
     b.assign(b / b.sum()).realize()
     assert b.tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4], rel=1e-6)
+
+def test_zero_dim_numpy_array_keeps_its_shape():
+    for arr in (np.array(3, dtype=np.int32), np.array(2.5, dtype=np.float32), np.float64(1.5)):
+        t = Tensor(arr)
+        assert t.shape == () and t.numpy().shape == ()
+        assert t.item() == arr.item()

@@ -96,43 +96,38 @@ def _assign_target(u: UOp) -> UOp:
         raise RuntimeError("assign target must be a realized tensor (call .realize() on it first)")
     return target
 
-def build_kernel(r: UOp, realized: set[UOp], replaced: dict[UOp, UOp]) -> UOp:
-    """The ASSIGN(BUFFER, KERNEL) that computes realized node `r`."""
-    def is_input(u: UOp) -> bool: return u is not r and (u in realized or is_realized(u))
-    kb = KernelBuilder(is_input)
+def build_kernel(r: UOp) -> UOp:
+    """The kernel computing realized node `r`, whose sources already refer to earlier kernels' outputs. Returns
+    ASSIGN(BUFFER, KERNEL) (for an assign: the target view over it, so users keep reading through the view)."""
+    kb = KernelBuilder(lambda u: u is not r and is_realized(u))
     shape = r.shape
+    ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
     if r.op is Ops.ASSIGN:
-        target_view, out_buf = _assign_target(r), buffer_of(_view_base(r.src[0]))
-        value_node = r.src[1]
+        target_view, value_node = _assign_target(r), r.src[1]
+        target_base = _view_base(target_view)
+        out_buf = buffer_of(target_base)
+        # address the target through its view: an assign may write a slice of a buffer
+        _, idx, valid = KernelBuilder(is_realized).address(target_view, ranges)
     else:
         out_buf = new_buffer(_device(r), prod(shape), r.dtype)
-        target_view, value_node = out_buf.reshape(shape) if shape != out_buf.shape else out_buf, r
-    ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
+        value_node = r.src[0] if r.op is Ops.CONTIGUOUS else r
+        idx, valid = flat_index(ranges, shape), None
     # output first: DEFINE_GLOBAL 0 is the buffer written
     kb.globals.append(out_buf)
-    if r.op is Ops.ASSIGN:
-        # address the target through its view (an assign may write a slice of a buffer)
-        target_builder = KernelBuilder(lambda u: u is out_buf or is_realized(u))
-        _, idx, valid = target_builder.address(target_view, ranges)
-    else: idx, valid = flat_index(ranges, shape), None
+    val = kb.value(value_node, ranges)
     g = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype.ptr(out_buf.arg[1]), arg=0)
-    val = kb.value(value_node, ranges) if value_node is not r else _value_of_root(kb, r, ranges)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
     ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)), symbolic,
                         name="simplify kernel indices")
     if SPEC: verify(ast, kernel_spec, "kernel AST")
-    inputs = tuple(replaced.get(b, b) for b in kb.globals[1:])
-    kernel = UOp(Ops.KERNEL, dtypes.void, (out_buf,) + inputs, ast)
+    # an assign over a pending kernel's output names that output as its first source, so it runs after it
+    first = target_base if r.op is Ops.ASSIGN and target_base.op is Ops.ASSIGN else out_buf
+    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]), ast)
     if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
-    # users of an assign see the target view, now reading the buffer after the kernel ran
+    # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
-    return target_view.substitute({out_buf: done})
-
-def _value_of_root(kb: KernelBuilder, r: UOp, ranges: tuple[UOp, ...]) -> UOp:
-    # the root itself is computed here, so look through it once (its sources may be inputs)
-    if r.op is Ops.CONTIGUOUS: return kb.value(r.src[0], ranges)
-    return kb.value(r, ranges)
+    return target_view.substitute({target_base: done})
 
 def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
     """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow."""
@@ -140,10 +135,12 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
     ssink = simplified[sink]
     if SPEC: verify(ssink, tensor_spec, "tensor graph after sym_tensor")
     realized = find_realized(ssink)
-    replaced: dict[UOp, UOp] = {}
+    # one pass in dependency order: rebuild each node over its sources' replacements; realized nodes become kernels
+    final: dict[UOp, UOp] = {}
     for u in ssink.toposort():
-        if u in realized: replaced[u] = build_kernel(u, realized, replaced)
-    final = substitute_map(ssink, replaced)
+        new_src = tuple(final[s] for s in u.src)
+        nu = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
+        final[u] = build_kernel(nu) if u in realized else nu
     return {k: final.get(v, v) for k, v in simplified.items()}
 
 def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:

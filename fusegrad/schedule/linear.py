@@ -24,9 +24,9 @@ def kernels_in_order(sink: UOp) -> list[UOp]:
     deps: dict[UOp, set[UOp]] = {k: set() for k in kernels}
     writers: dict[UOp, UOp] = {}
     for k in kernels:
-        for s in k.src[1:]:
+        for s in k.src:
             if s.op is Ops.ASSIGN and s.src[1] in deps: deps[k].add(s.src[1])
-        writers.setdefault(k.src[0], k)
+        writers.setdefault(buffer_of(k.src[0]), k)
     for k in kernels:
         for s in k.src[1:]:
             w = writers.get(s) if s.op is Ops.BUFFER else None
