@@ -284,7 +284,7 @@ class Generator:
             for name, e in self.pending: env[name] = eval(e, env)
             r = eval(expr, env)
             self._check(r)
-        except Reject:
+        except (Reject, ValueError, IndexError):   # numpy's errors: an invalid line (e.g. shapes don't broadcast)
             self.pending, self.consumes, self.self_read = [], [], 0
             return False
         for name, e in self.pending:

@@ -84,10 +84,7 @@ def _is_cheap(u: UOp) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""
     return not any(x.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.COPY) for x in u.toposort())
 
-def _device(u: UOp) -> UOp:
-    for x in u.toposort():
-        if x.op is Ops.DEVICE: return x
-    raise RuntimeError("no device")
+def _device(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
 
 def _assign_target(u: UOp) -> UOp:
     """The buffer view an ASSIGN writes to (checked to be a realized buffer)."""

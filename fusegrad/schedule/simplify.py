@@ -18,10 +18,7 @@ def const_value(u: UOp):
         u = u.src[0]
     return u.arg if u.op is Ops.CONST and u.src else None
 
-def _device_of(u: UOp) -> UOp:
-    for x in u.toposort():
-        if x.op is Ops.DEVICE: return x
-    raise RuntimeError(f"no device in graph of {u.op}")
+def _device_of(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
 
 def _fold_alu(a: UOp) -> UOp | None:
     vals = [const_value(s) for s in a.src]
