@@ -313,7 +313,12 @@ class UOp(metaclass=UOpMetaClass):
         """This expression simplified by the symbolic rules (constant folding, identities, range folding)."""
         from fusegrad.uop.pattern import graph_rewrite
         from fusegrad.uop.symbolic import symbolic
-        return graph_rewrite(self, symbolic, name="simplify")
+        # the rules are deterministic and context-free, so the result is memoized on the node
+        # (an already simple node stores False rather than a reference to itself, to avoid a reference cycle)
+        if (ret := self.__dict__.get("_simplified")) is None:
+            ret = graph_rewrite(self, symbolic, name="simplify")
+            self.__dict__["_simplified"] = False if ret is self else ret
+        return self if ret is False else ret
 
     def _eval(self, types: tuple[type, ...]) -> ConstType:
         s = self.simplify()
