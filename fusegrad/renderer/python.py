@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import re
-from fusegrad.dtype import DTYPES_DICT, DType, dtypes
+from fusegrad.dtype import DTYPES_DICT, DType
 from fusegrad.helpers import getenv
 from fusegrad.renderer import Renderer
 from fusegrad.uop.ops import Ops, UOp

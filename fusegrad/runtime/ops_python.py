@@ -16,8 +16,8 @@ register file with one slot per UOp. Semantics follow cstyle.py:
     rule constant folding uses, dtypes.as_const)
   - registers are read when their LOAD executes (a snapshot), memory accesses are bounds-checked, a gated LOAD gives 0
     and a gated STORE is skipped, an accumulator read before it is written is an error
-  - the outermost ("global") loop runs over [core_lo, core_hi); a call split into chunks runs them in reverse order,
-    so chunks that aren't independent show up as wrong results."""
+  - the outermost ("global") loop runs over [core_lo, core_hi); a call split into chunks (threads on the CPU) runs
+    them in reverse order, each with fresh registers, so chunks that aren't independent show up as wrong results."""
 from __future__ import annotations
 import functools
 import math
@@ -84,7 +84,8 @@ def int_to_float(v: int, mant: int) -> float:
 def fma_f32(a: float, b: float, c: float) -> float:
     """float32 fused multiply-add, correctly rounded. The product of two float32s is exact in double; the sum is
     made exact with TwoSum and rounded to odd in double, which then rounds to float32 like the exact value does."""
-    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)): return round_f32(a * b + c)
+    if not (math.isfinite(a) and math.isfinite(b)): return round_f32(a * b + c)
+    if not math.isfinite(c): return c    # the exact product is finite
     p = a * b
     s = p + c
     bb = s - p
@@ -94,11 +95,12 @@ def fma_f32(a: float, b: float, c: float) -> float:
 
 def fma_f64(a: float, b: float, c: float) -> float:
     """float64 fused multiply-add, correctly rounded (exact rational arithmetic)."""
-    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)): return a * b + c
+    if not (math.isfinite(a) and math.isfinite(b)): return a * b + c
+    if not math.isfinite(c): return c    # the exact product is finite, even when it overflows double
     exact = Fraction(a) * Fraction(b) + Fraction(c)
     if exact == 0: return a * b + c if a * b == 0 and c == 0 else 0.0   # the sign of an exact zero as IEEE says
     try: return float(exact)
-    except OverflowError: return math.copysign(math.inf, exact)
+    except OverflowError: return math.inf if exact > 0 else -math.inf
 
 def _fdiv(a: float, b: float) -> float:
     try: return a / b
@@ -216,8 +218,9 @@ def alu_fn(op: Ops, dt: DType, src_dts: tuple[DType, ...]) -> Callable[..., Any]
         rnd = round_fn(odt)
         if op is Ops.MULACC: return fma_f64 if odt == dtypes.float64 else \
             (fma_f32 if odt == dtypes.float32 else lambda a, b, c: rnd(fma_f32(a, b, c)))
-        if op is Ops.IDIV:   # trunc of the quotient rounded to the dtype
-            return lambda a, b: rnd(_ftrunc(rnd(_fdiv(a, b))))
+        if op is Ops.IDIV:   # trunc of the quotient rounded to the dtype computed in (float32 for half and bfloat16)
+            q = round_f32 if odt in (dtypes.float16, dtypes.bfloat16) else rnd
+            return lambda a, b: rnd(_ftrunc(q(_fdiv(a, b))))
         if op not in _FLOAT_ALU: raise NotImplementedError(f"no {op} on {odt}")
         f = _FLOAT_ALU[op]
         if len(src_dts) == 1: return lambda a: rnd(f(a))
@@ -347,7 +350,7 @@ class PythonProgram:
         n = len(self.instrs)
         self.core_lo, self.core_hi = n, n + 1
         self.template: list[Any] = [None] * (n + 2)
-        self.globals: list[tuple[int, DType]] = []     # (slot, element dtype) in argument order
+        self.globals: list[tuple[int, int, DType]] = []   # (arg, slot, element dtype) in argument order
         self.vars: list[tuple[str, int]] = []          # (name, slot) in argument order
         self.body = self._build()
 
@@ -375,7 +378,7 @@ class PythonProgram:
                 blocks[-1].append(self._loop(open_loops.pop(), body))
             elif (step := self._step(i, op, dt, srcs, arg)) is not None: blocks[-1].append(step)
         if open_loops: raise self._err(open_loops[-1], "loop never closed")
-        self.globals = [(slot, dt) for _, slot, dt in sorted(gl)]
+        self.globals = sorted(gl)
         self.vars.sort()
         return blocks[0]
 
@@ -388,7 +391,8 @@ class PythonProgram:
         if arg[1] == "global":
             lo, hi, end = self.core_lo, self.core_hi, self._src(i, srcs, 0)
             def run_global(r: list) -> None:
-                if r[hi] > r[end]: raise self._err(i, f"core range [{r[lo]}, {r[hi]}) exceeds the loop's {r[end]}")
+                if r[lo] < 0 or r[hi] > r[end]:
+                    raise self._err(i, f"core range [{r[lo]}, {r[hi]}) exceeds the loop's [0, {r[end]})")
                 for x in range(r[lo], r[hi]):
                     r[i] = x
                     for s in body: s(r)
@@ -539,13 +543,14 @@ class PythonProgram:
             raise TypeError(f"PYTHON kernel {self.name} takes {len(self.globals)} buffers and {len(self.vars)} vars, "
                             f"got {len(bufs)} and {len(vals)}")
         st = time.perf_counter()
-        regs = list(self.template)
-        for (slot, dt), buf in zip(self.globals, bufs): regs[slot] = _Mem(buf, dt, f"{self.name} data{slot}")
-        for (_, slot), v in zip(self.vars, vals): regs[slot] = v
+        init = list(self.template)
+        for (arg, slot, dt), buf in zip(self.globals, bufs): init[slot] = _Mem(buf, dt, f"{self.name} data{arg}")
+        for (_, slot), v in zip(self.vars, vals): init[slot] = v
         gs = max(global_size, 1)
         threads = max(1, min(threads, gs))
         bounds = [gs * k // threads for k in range(threads + 1)]
         for k in reversed(range(threads)):
+            regs = list(init)   # each chunk (a thread on the CPU) has its own registers and local buffers
             regs[self.core_lo], regs[self.core_hi] = bounds[k], bounds[k + 1]
             for s in self.body: s(regs)
         return time.perf_counter() - st if wait else None
