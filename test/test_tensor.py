@@ -413,3 +413,16 @@ def test_zero_dim_numpy_array_keeps_its_shape():
         t = Tensor(arr)
         assert t.shape == () and t.numpy().shape == ()
         assert t.item() == arr.item()
+
+def test_copy_between_devices():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = Tensor(x)
+    b = a.to("PYTHON")
+    assert b.device == "PYTHON" and a.to("CPU") is a
+    np.testing.assert_array_equal((b * 2).numpy(), x * 2)
+    # a view is made contiguous before it crosses devices
+    c = (b.T + 1).to("CPU")
+    assert c.device == "CPU"
+    np.testing.assert_array_equal(c.numpy(), x.T + 1)
+    with pytest.raises(ValueError, match="device"):
+        a + b

@@ -41,7 +41,7 @@ def find_realized(sink: UOp) -> set[UOp]:
         if not _is_contiguous_buffer(out) and prod(out.shape or (1,)) >= 0: realize.add(out)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
-        if u.op is Ops.COPY: realize.add(u.src[0])
+        if u.op is Ops.COPY and not _is_contiguous_buffer(u.src[0]): realize.add(u.src[0])
         # a computed value that is broadcast is computed once into a buffer, not once per output element
         if u.op is Ops.EXPAND:
             base = _view_base(u.src[0])
@@ -96,6 +96,7 @@ def _assign_target(u: UOp) -> UOp:
 def build_kernel(r: UOp) -> UOp:
     """The kernel computing realized node `r`, whose sources already refer to earlier kernels' outputs. Returns
     ASSIGN(BUFFER, KERNEL) (for an assign: the target view over it, so users keep reading through the view)."""
+    if r.op is Ops.COPY: return _copy_kernel(r)
     kb = KernelBuilder(lambda u: u is not r and is_realized(u))
     shape = r.shape
     ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
@@ -125,6 +126,14 @@ def build_kernel(r: UOp) -> UOp:
     # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
     return target_view.substitute({target_base: done})
+
+def _copy_kernel(r: UOp) -> UOp:
+    """A COPY between devices: the whole (contiguous) source buffer into a new buffer on the target device."""
+    src = r.src[0]
+    while src.op is Ops.RESHAPE: src = src.src[0]
+    out_buf = new_buffer(r.src[1], prod(r.shape), r.dtype)
+    ast = UOp(Ops.COPY, r.dtype, arg=out_buf.arg[1] * r.dtype.itemsize)
+    return UOp(Ops.ASSIGN, r.dtype, (out_buf, UOp(Ops.KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
 def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
     """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow."""

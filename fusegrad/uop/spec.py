@@ -32,7 +32,7 @@ tensor_spec: list[Rule] = [
     (UPat((Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.COPY), name="x"), lambda x: True),
     (UPat(Ops.ASSIGN, name="x"), lambda x: len(x.src) == 2 and (x.src[1].op is Ops.KERNEL or
                                                                x.src[0].shape == x.src[1].shape)),
-    (UPat(Ops.KERNEL, name="x"), lambda x: x.arg.op is Ops.SINK),
+    (UPat(Ops.KERNEL, name="x"), lambda x: x.arg.op in (Ops.SINK, Ops.COPY)),
 ]
 
 kernel_spec: list[Rule] = [
