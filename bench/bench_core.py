@@ -22,7 +22,7 @@ import torch
 
 torch.set_num_threads(2)
 
-from fusegrad import GlobalCounters, Tensor  # noqa: E402  (torch threads are set first, as the brief asks)
+from fusegrad import GlobalCounters, Tensor  # noqa: E402  (torch threads are set first)
 
 QUICK = "--quick" in sys.argv
 BUDGET_S = 1.0 if QUICK else 3.0   # per (workload, framework) after warm-up
