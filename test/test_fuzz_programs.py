@@ -510,11 +510,16 @@ class Generator:
         if self.rs.random() < 0.5:   # assign the whole (lazy) tensor; the value may read the target elsewhere
             t = self.new_input(r.shape, r.dt)
             self.consumes.append(t)
-            kind = self.rs.randint(0, 2)
+            kind = self.rs.randint(0, 4)
             if kind == 0: return f"{t}.assign({a})"
             if kind == 1: return f"{t}.assign({a} + {t})"
             self.self_read = 1
-            return f"{t}.assign({a} - {t}.flip({self.rs.randrange(r.ndim)}))"
+            ax = self.rs.randrange(r.ndim)
+            if kind == 2: return f"{t}.assign({a} - {t}.flip({ax}))"
+            # the read of the target is under an elementwise op, the movement above it
+            if kind == 4 and r.ndim >= 2 and r.shape[-1] == r.shape[-2]:
+                return f"{t}.assign(({a} * {t}).transpose(-1, -2))"
+            return f"{t}.assign(({a} - {t}).flip({ax}))"
         # write into a region of a bigger buffer, realized at once
         pads = [(self.rs.randint(0, 2), self.rs.randint(0, 2)) for _ in r.shape]
         big = tuple(d + b + e for d, (b, e) in zip(r.shape, pads))

@@ -10,10 +10,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.uop.ops import UOp
 from fusegrad.engine.realize import ExecItem, run_schedule
 
-try:
-    from fusegrad import GlobalCounters
-except ImportError:  # GlobalCounters lives in device.py and is re-exported by the engine
-    from fusegrad.engine.realize import GlobalCounters  # type: ignore[no-redef]
+from fusegrad import GlobalCounters
 
 def kernels() -> int: return GlobalCounters.kernel_count
 

@@ -2,7 +2,8 @@
 
 Loops form a tree: output loops nest in axis order; the loops of a reduction sit inside the deepest loop its
 accumulator's reset depends on. Every node goes in the deepest loop among the ranges its value varies with (so loop
-invariant code is hoisted), and within one loop the nodes and child loops are ordered topologically."""
+invariant code is hoisted), except that a memory load is never hoisted out of a loop that may run zero times (see
+`_sink_loads`), and within one loop the nodes and child loops are ordered topologically."""
 from __future__ import annotations
 import heapq
 from fusegrad.codegen.affine import live_ranges, range_kind
@@ -10,6 +11,37 @@ from fusegrad.uop.ops import Ops, UOp
 
 _LOOP_KINDS = ("global", "loop", "reduce", "copy")
 _FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2, Ops.DEFINE_REG: 2}
+
+def _may_be_empty(r: UOp) -> bool:
+    """Whether loop `r` may run zero times."""
+    end = r.src[0]
+    return (end.arg if end.op is Ops.CONST else end.vmin) <= 0
+
+def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp, UOp | None]) -> None:
+    """Move memory loads into loops that may be empty. A load hoisted out of a loop runs even when the loop runs zero
+    times, and then it may read out of bounds (an empty buffer, an index made of a size variable that is 0): a load
+    whose every use is inside such a loop goes inside the innermost one."""
+    users: dict[UOp, list[UOp]] = {}
+    for u in topo:
+        for s in u.src: users.setdefault(s, []).append(u)
+    def chain(s: UOp | None) -> list[UOp]:   # s and the loops around it, innermost first
+        ret = []
+        while s is not None: ret.append(s); s = parent[s]
+        return ret
+    for u in reversed(topo):   # users first: a load used by a load that moves in can follow it
+        if u.op is not Ops.LOAD or u.src[0].op is not Ops.INDEX: continue
+        # where each use needs the value: a loop bound before its loop, anything else in its own loop
+        uses = [parent[x] if x in parent else scope[x] for x in users.get(u, []) if x.op not in (Ops.SINK, Ops.END)]
+        if not uses: continue
+        common = chain(uses[0])
+        for s in uses[1:]:
+            around = set(chain(s))
+            common = [r for r in common if r in around]
+        for r in common:   # innermost first, up to the loop the load already is in
+            if r is scope[u]: break
+            if _may_be_empty(r):
+                scope[u] = r
+                break
 
 def linearize(sink: UOp) -> list[UOp]:
     """The nodes of `sink` in execution order; a loop over RANGE r is `r, body..., UOp(Ops.END, src=(r,))`."""
@@ -66,6 +98,7 @@ def linearize(sink: UOp) -> list[UOp]:
         if not ls.issubset(anc := set(ancestors(s))):
             raise RuntimeError(f"{u.op} depends on loops {sorted(r.arg for r in ls - anc)} outside its loop {s.arg}")
         scope[u] = s
+    _sink_loads(topo, scope, parent)
     children: dict[UOp | None, list[UOp]] = {}
     for r in loops: children.setdefault(parent[r], []).append(r)
     members: dict[UOp | None, list[UOp]] = {}

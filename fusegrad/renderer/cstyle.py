@@ -213,8 +213,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     # *** the kernel ***
 
-    def render_kernel(self, name: str, params: list[str], body: list[str]) -> str:
-        helpers = "\n".join(self._helpers.values())
+    def prelude(self, uops: list[UOp]) -> list[str]:
+        """Lines that go before everything else in the source of a kernel made of `uops` (none by default)."""
+        return []
+
+    def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
+        helpers = "\n".join((prelude or []) + list(self._helpers.values()))
         return (helpers + "\n" if helpers else "") + f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + \
             "\n".join(body) + "\n}\n"
 
@@ -311,7 +315,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 assign(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
             else: raise NotImplementedError(f"can't render {op}")
         params = [p for _, p in sorted(bufs)] + [p for _, p in sorted(var_params)] + ["long core_lo", "long core_hi"]
-        return self.render_kernel(name, params, body)
+        return self.render_kernel(name, params, body, self.prelude(uops))
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
@@ -333,6 +337,28 @@ class ClangRenderer(CStyleLanguage):
                                 "-fno-strict-aliasing"]
     vector_dtypes = (dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16,
                      dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
+
+    def prelude(self, uops: list[UOp]) -> list[str]:
+        # Workarounds for GCC 12 (reproduced with 12.2 at -O3 -march=native), which miscompiles valid C:
+        # - with AVX512-FP16, vectorized code drops the rounding of float->_Float16->float conversion pairs (SLP makes
+        #   them vector conversions, which a later value-numbering pass folds away). Our half arithmetic is done in
+        #   float anyway, so kernels that use half are compiled without the extension.
+        # - the loop vectorizer gives every vector copy of a masked (conditional) load the first copy's mask, and
+        #   adds the elements of an in-order float reduction in memory order instead of the order the loop says.
+        #   Kernels with conditional memory accesses or with float accumulators in scalar registers are left to
+        #   the SLP vectorizer and our own vector code.
+        out: list[str] = []
+        def elem(u: UOp) -> DType: return (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar()
+        if any(elem(u) == dtypes.float16 for u in uops):
+            out += ["#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512FP16__)",
+                    "#pragma GCC target(\"no-avx512fp16\")", "#endif"]
+        gated = any((u.op is Ops.INDEX and len(u.src) > 2) or (u.op is Ops.LOAD and len(u.src) > 1 and
+                                                               u.src[0].op is Ops.INDEX) for u in uops)
+        float_acc = any(u.op is Ops.DEFINE_REG and u.dtype.count == 1 and dtypes.is_float(u.dtype) for u in uops)
+        if gated or float_acc:
+            out += ["#if defined(__GNUC__) && !defined(__clang__)", "#pragma GCC optimize(\"no-tree-loop-vectorize\")",
+                    "#endif"]
+        return out
 
     def __init__(self) -> None:
         flags = _cpu_flags()

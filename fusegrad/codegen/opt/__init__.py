@@ -115,7 +115,8 @@ class Kernel:
         size = range_size(r)
         if not isinstance(size, int): raise KernelOptError(f"can't split symbolic loop {r.arg}")
         amt = amt or size
-        if amt <= 0 or size % amt != 0 or (kind == "loop" and amt in (1, size)):
+        # an empty loop isn't split: its lanes would be loads and stores the loop never makes
+        if amt <= 0 or amt > size or size % amt != 0 or (kind == "loop" and amt in (1, size)):
             raise KernelOptError(f"{amt} doesn't split loop of {size}")
         if kind == "loop": amt = size // amt
         inner = UOp.range(amt, self.next_id, kind); self.next_id += 1
@@ -166,7 +167,7 @@ class Kernel:
     def _kblock(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
         size = range_size(r)
-        if range_kind(r) != "reduce" or not isinstance(size, int) or amt <= 0 or size % amt or amt == size:
+        if range_kind(r) != "reduce" or not isinstance(size, int) or amt <= 0 or size % amt or amt >= size:
             raise KernelOptError(f"KBLOCK needs a reduce loop with a proper divisor, not {amt} of {size}")
         if len(self.ast.src) != 1: raise KernelOptError("KBLOCK needs a single STORE")
         st = self.ast.src[0]
