@@ -269,7 +269,8 @@ class Generator:
         if self.rs.random() < 0.12:
             # now and then a long axis or two, so the optimizer vectorizes, tiles and blocks (16 floats per vector)
             shp = [self.rs.choice([16, 24, 32, 48, 64]) for _ in range(self.rs.randint(1, 2))]
-            shp.insert(self.rs.randint(0, len(shp)), self.rs.randint(1, 5))
+            small = self.rs.randint(1, 5)
+            shp.insert(self.rs.randint(0, len(shp)), small if small * int(np.prod(shp)) <= MAX_NUMEL else 1)
             return tuple(shp)
         rank = self.rs.choice([0, 1, 1, 2, 2, 2, 3, 3, 4])
         hi = 9 if rank <= 2 else 6 if rank == 3 else 4
@@ -572,35 +573,60 @@ class Result:
     kernels: int = 0
     message: str = ""
 
-def run_program(prog: Program) -> Result:
-    """Run the program in fusegrad and on the NumPy reference; compare every output."""
-    ref_env = dict(REF_ENV)
-    for name, e in prog.lines: ref_env[name] = eval(e, ref_env)
-    fg_env = dict(FG_ENV)
-    k0 = GlobalCounters.kernel_count
+RERUN_SALT = 1_000_003   # the second run adds this to every input's data seed
+
+def reference(prog: Program, salt: int = 0) -> dict[str, Ref] | None:
+    """Every variable of the program on the NumPy reference, or None when these inputs make a line ill-conditioned
+    (the generator only vetted the unsalted inputs)."""
+    env: dict[str, Any] = dict(REF_ENV, make_input=lambda s, d, seed: Ref(input_array(s, d, seed + salt)))
     try:
-        for name, e in prog.lines: fg_env[name] = eval(e, fg_env)
-        outs = list({id(fg_env[o]): fg_env[o] for o in prog.outputs}.values())
-        Tensor.realize(*outs)
-        kernels = GlobalCounters.kernel_count - k0
-        got = {o: fg_env[o].numpy() for o in prog.outputs}
-    except Exception:
-        return Result(prog, False, message=f"fusegrad raised:\n{traceback.format_exc()}")
+        for name, e in prog.lines:
+            env[name] = eval(e, env)
+            Generator._check(env[name])
+    except (Reject, ValueError, IndexError): return None
+    return env
+
+def run_fusegrad(prog: Program, salt: int = 0) -> tuple[dict[str, np.ndarray], int]:
+    """The program's outputs computed by fusegrad, and the number of kernels that ran."""
+    env: dict[str, Any] = dict(FG_ENV, make_input=lambda s, d, seed: Tensor(input_array(s, d, seed + salt)))
+    k0 = GlobalCounters.kernel_count
+    for name, e in prog.lines: env[name] = eval(e, env)
+    Tensor.realize(*{id(env[o]): env[o] for o in prog.outputs}.values())
+    kernels = GlobalCounters.kernel_count - k0
+    return {o: env[o].numpy() for o in prog.outputs}, kernels
+
+def compare(prog: Program, got: dict[str, np.ndarray], ref: dict[str, Ref]) -> list[str]:
     problems = []
     for o in prog.outputs:
-        exp, g = ref_env[o], got[o]
+        exp, g = ref[o], got[o]
         if g.shape != exp.shape: problems.append(f"{o}: shape {g.shape} != expected {exp.shape}"); continue
         if _np_dtype_name(g) != exp.dt: problems.append(f"{o}: dtype {g.dtype} != expected {exp.dt}"); continue
-        diff = np.abs(g.astype(np.float64) - exp.v.astype(np.float64))
-        bad = ~(diff <= exp.tol())
+        diff, tol = np.abs(g.astype(np.float64) - exp.v.astype(np.float64)), exp.tol()
+        bad = ~(diff <= tol)
         if bad.any():
-            i = np.unravel_index(np.argmax(np.where(bad, diff - exp.tol(), -np.inf)), exp.shape) if exp.shape else ()
+            i = np.unravel_index(np.argmax(np.where(bad, diff - tol, -np.inf)), exp.shape) if exp.shape else ()
             problems.append(f"{o}: {int(bad.sum())}/{bad.size} elements differ; at {tuple(int(x) for x in i)} got "
-                            f"{g[i]!r} expected {exp.v[i]!r} (tolerance {exp.tol()[i]:.3g})\n"
+                            f"{g[i]!r} expected {exp.v[i]!r} (tolerance {tol[i]:.3g})\n"
                             f"  got      {np.array2string(g.ravel()[:12], precision=4)}\n"
                             f"  expected {np.array2string(exp.v.ravel()[:12], precision=4)}")
+    return problems
+
+def run_program(prog: Program, rerun: bool = True) -> Result:
+    """Run the program in fusegrad and on the NumPy reference and compare every output. With `rerun`, run it again
+    on new input data: the same graph over other buffers comes from the schedule cache."""
+    ref = reference(prog)
+    assert ref is not None, "the generator kept an ill-conditioned line"
+    try: got, kernels = run_fusegrad(prog)
+    except Exception: return Result(prog, False, message=f"fusegrad raised:\n{traceback.format_exc()}")
+    problems = compare(prog, got, ref)
     bound = prog.n_ops + prog.self_reading_assigns
     if kernels > bound: problems.append(f"{kernels} kernels for {prog.n_ops} ops (bound {bound})")
+    if rerun and not problems and (ref2 := reference(prog, RERUN_SALT)) is not None:
+        tag = f"[second run, input seeds + {RERUN_SALT}]"
+        try: got2, kernels2 = run_fusegrad(prog, RERUN_SALT)
+        except Exception: return Result(prog, False, kernels, f"{tag} fusegrad raised:\n{traceback.format_exc()}")
+        problems += [f"{tag} {p}" for p in compare(prog, got2, ref2)]
+        if kernels2 != kernels: problems.append(f"{tag} {kernels2} kernels, the first run had {kernels}")
     return Result(prog, not problems, kernels, "\n".join(problems))
 
 def report(res: Result) -> str:

@@ -326,6 +326,20 @@ def _cpu_flags() -> frozenset[str]:
     except OSError: pass
     return frozenset()
 
+def _chained_float_reduction(st: UOp) -> bool:
+    """Whether `st` updates a scalar float accumulator with more than one operation per iteration, or inside more
+    than one loop (the compiler may unroll the inner ones into a chain)."""
+    if st.op is not Ops.STORE or (acc := st.src[0]).op is not Ops.DEFINE_REG or acc.dtype.count > 1 or \
+            not dtypes.is_float(acc.dtype): return False
+    reads = [x for x in st.src[1].toposort() if x.op is Ops.LOAD and x.src[0] is acc and len(x.src) > 1]
+    if not reads: return False   # a reset
+    if len(reads[0].src) > 3: return True   # LOAD(acc, reset, *loops)
+    steps, v = 0, st.src[1]
+    while v is not reads[0]:
+        v = next(s for s in v.src if reads[0] in s.toposort())
+        steps += 1
+    return steps > 1
+
 class ClangRenderer(CStyleLanguage):
     """C for the CPU: one function per kernel, loops over [core_lo, core_hi) of the outermost output loop."""
     device = "CPU"
@@ -344,9 +358,10 @@ class ClangRenderer(CStyleLanguage):
         #   them vector conversions, which a later value-numbering pass folds away). Our half arithmetic is done in
         #   float anyway, so kernels that use half are compiled without the extension.
         # - the loop vectorizer gives every vector copy of a masked (conditional) load the first copy's mask, and
-        #   adds the elements of an in-order float reduction in memory order instead of the order the loop says.
-        #   Kernels with conditional memory accesses or with float accumulators in scalar registers are left to
-        #   the SLP vectorizer and our own vector code.
+        #   adds the elements of an in-order float reduction in memory order instead of the order the loop says
+        #   (when it reduces a chain of several additions per iteration: unrolled, or inner loops fully unrolled).
+        #   Kernels with conditional memory accesses or with such float reductions are left to the SLP vectorizer
+        #   and our own vector code.
         out: list[str] = []
         def elem(u: UOp) -> DType: return (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar()
         if any(elem(u) == dtypes.float16 for u in uops):
@@ -354,8 +369,7 @@ class ClangRenderer(CStyleLanguage):
                     "#pragma GCC target(\"no-avx512fp16\")", "#endif"]
         gated = any((u.op is Ops.INDEX and len(u.src) > 2) or (u.op is Ops.LOAD and len(u.src) > 1 and
                                                                u.src[0].op is Ops.INDEX) for u in uops)
-        float_acc = any(u.op is Ops.DEFINE_REG and u.dtype.count == 1 and dtypes.is_float(u.dtype) for u in uops)
-        if gated or float_acc:
+        if gated or any(_chained_float_reduction(u) for u in uops):
             out += ["#if defined(__GNUC__) && !defined(__clang__)", "#pragma GCC optimize(\"no-tree-loop-vectorize\")",
                     "#endif"]
         return out
