@@ -70,8 +70,10 @@ class KernelBuilder:
         return r
 
     def define_global(self, buf: UOp) -> UOp:
-        if buf not in self.globals: self.globals.append(buf)
-        i = self.globals.index(buf)
+        # one argument per memory: a buffer and a pending kernel's output in it are the same argument
+        mem = [_storage(b) for b in self.globals]
+        if _storage(buf) not in mem: self.globals.append(buf); mem.append(_storage(buf))
+        i = mem.index(_storage(buf))
         return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(_buffer_size(buf)), arg=i)
 
     def address(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp, UOp | None]:
@@ -152,6 +154,13 @@ class KernelBuilder:
         if u.op in (Ops.CONTIGUOUS,): return srcs[0]
         if u.op is Ops.ASSIGN: return srcs[1]
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
+
+def _storage(u: UOp) -> UOp:
+    """The BUFFER holding a realized node (itself for other nodes)."""
+    b = u
+    while b.op is Ops.RESHAPE: b = b.src[0]
+    if b.op is Ops.ASSIGN and len(b.src) == 2 and b.src[1].op is Ops.KERNEL: b = b.src[0]
+    return b if b.op is Ops.BUFFER else u
 
 def _buffer_size(buf: UOp) -> int:
     b = buf

@@ -58,27 +58,7 @@ def find_realized(sink: UOp) -> set[UOp]:
         if u.op is Ops.REDUCE_AXIS and len(r) > 1:
             realize.add(u); roots[u] = frozenset([u])
         else: roots[u] = r
-    # an assign whose value reads its own buffer at other positions computes the value into a temporary first, so
-    # the in-place writes can't be observed by the reads
-    for u in topo:
-        if u.op is Ops.ASSIGN and not is_realized(u) and _reads_target_elsewhere(u, realize):
-            realize.add(u.src[1])
     return {u for u in realize if not is_realized(u)}
-
-def _buffer_under(u: UOp) -> UOp | None:
-    b = _view_base(u)
-    if b.op is Ops.ASSIGN and is_realized(b): b = b.src[0]
-    return b if b.op is Ops.BUFFER else None
-
-def _reads_target_elsewhere(assign: UOp, realize: set[UOp]) -> bool:
-    target, value = assign.src
-    buf = _buffer_under(target)
-    def is_other_view(x: UOp) -> bool: return x is not target and _buffer_under(x) is buf
-    if value.op in GroupOp.Movement or is_realized(value): return is_other_view(value)
-    for n in value.toposort(gate=lambda x: x is value or (x not in realize and not is_realized(x))):
-        if n.op in GroupOp.Movement or (n is not value and (n in realize or is_realized(n))): continue
-        if any(is_other_view(s) for s in n.src): return True
-    return False
 
 def _is_cheap(u: UOp) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""
@@ -119,6 +99,10 @@ def build_kernel(r: UOp) -> UOp:
     ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)), symbolic,
                         name="simplify kernel indices")
     if SPEC: verify(ast, kernel_spec, "kernel AST")
+    if r.op is Ops.ASSIGN and _reads_output_elsewhere(ast):
+        # the value reads the buffer being written at other positions: compute it into a temporary first, so the
+        # in-place writes can't be observed by the reads
+        return build_kernel(r.replace(src=(r.src[0], build_kernel(r.src[1]))))
     # an assign over a pending kernel's output names that output as its first source, so it runs after it
     first = target_base if r.op is Ops.ASSIGN and target_base.op is Ops.ASSIGN else out_buf
     kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]), ast)
@@ -126,6 +110,11 @@ def build_kernel(r: UOp) -> UOp:
     # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
     return target_view.substitute({target_base: done})
+
+def _reads_output_elsewhere(ast: UOp) -> bool:
+    """Whether a kernel loads from its output buffer at an index other than the one it stores to."""
+    store_index = ast.src[0].src[0]
+    return any(u.op is Ops.INDEX and u.src[0].arg == 0 and u is not store_index for u in ast.toposort())
 
 def _copy_kernel(r: UOp) -> UOp:
     """A COPY between devices: the whole (contiguous) source buffer into a new buffer on the target device."""
