@@ -1,7 +1,7 @@
 """Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
 from __future__ import annotations
 from fusegrad.codegen.affine import range_size
-from fusegrad.codegen.expand import simplify_index, vectorize
+from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.lower import lower_kernel
 from fusegrad.codegen.opt import Kernel, Opt, kernel_name
@@ -10,14 +10,9 @@ from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
 from fusegrad.renderer import Estimates, ProgramSpec, Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.pattern import graph_rewrite
 
-def _simplify_index(idx: UOp) -> UOp | None:
-    new = idx.replace(src=(idx.src[0], *[simplify_index(s) for s in idx.src[1:]]))
-    return new if new is not idx else None
-
-pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index)], name="simplify_indexing")
-pm_simplify_indexing.__doc__ = "index and valid expressions are simplified by the symbolic rules"
+from fusegrad.uop.symbolic import pm_simplify_indexing
 
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...]]:
     """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), and the opts applied."""

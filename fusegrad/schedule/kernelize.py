@@ -10,7 +10,7 @@ from fusegrad.schedule.indexing import KernelBuilder, flat_index
 from fusegrad.schedule.simplify import _is_contiguous_buffer, const_value, sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
-from fusegrad.uop.symbolic import symbolic
+from fusegrad.uop.symbolic import pm_simplify_indexing
 
 _buffer_ids = itertools.count()
 
@@ -96,8 +96,8 @@ def build_kernel(r: UOp) -> UOp:
     g = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype.ptr(out_buf.arg[1]), arg=0)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
-    ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)), symbolic,
-                        name="simplify kernel indices")
+    ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)),
+                        pm_simplify_indexing, name="simplify kernel indices")
     if SPEC: verify(ast, kernel_spec, "kernel AST")
     if r.op is Ops.ASSIGN and _reads_output_elsewhere(ast):
         # the value reads the buffer being written at other positions: compute it into a temporary first, so the

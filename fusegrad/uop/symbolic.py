@@ -488,3 +488,11 @@ symbolic = PatternMatcher(_fold_rules + [
 ] + _logic_rules, name="symbolic")
 """symbolic_simple plus canonical order (constants right, variables sorted, so x+y and y+x are one UOp), combining like
 terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, and linear comparison rewriting."""
+
+def _simplify_index_sources(idx: UOp) -> UOp | None:
+    new = idx.replace(src=(idx.src[0], *[s.simplify() for s in idx.src[1:]]))
+    return new if new is not idx else None
+
+pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index_sources)],
+                                      name="simplify_indexing")
+pm_simplify_indexing.__doc__ = "index and valid expressions are simplified by symbolic (values are left alone)"
