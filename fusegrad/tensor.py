@@ -62,8 +62,8 @@ class Tensor:
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
-        dev = _canonical_device(device)
         self.requires_grad, self.grad = requires_grad, None
+        dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) else ""
         if isinstance(data, UOp):
             self.uop = data if dt is None or data.dtype == dt else data.cast(dt)
         elif isinstance(data, Tensor):

@@ -354,7 +354,11 @@ class UOp(metaclass=UOpMetaClass):
     @property
     def shape(self) -> tuple[sint, ...] | None:
         """The shape of a tensor-level node (None where a node has no shape, e.g. DEVICE or KERNEL)."""
-        if "_shape" not in self.__dict__:
+        d = self.__dict__
+        if "_shape" in d: return d["_shape"]
+        if all("_shape" in s.__dict__ for s in self.src):  # the common case: a new node over known ones
+            d["_shape"] = _compute_shape(self)
+        else:
             for u in self.toposort(gate=lambda u: "_shape" not in u.__dict__):
                 if "_shape" not in u.__dict__: u.__dict__["_shape"] = _compute_shape(u)
         return self.__dict__["_shape"]
@@ -369,6 +373,9 @@ class UOp(metaclass=UOpMetaClass):
     @property
     def device(self) -> str:
         """The device of a tensor-level node: from its DEVICE source, else from its sources (memoized)."""
+        if "_device" not in self.__dict__ and self.op is not Ops.DEVICE and self.op is not Ops.COPY and self.src and \
+                (d := self.src[0].__dict__.get("_device")) is not None:
+            self.__dict__["_device"] = d  # the common case: a new node over a source whose device is known
         if "_device" not in self.__dict__:
             for u in self.toposort(gate=lambda u: "_device" not in u.__dict__):
                 if "_device" in u.__dict__: continue
