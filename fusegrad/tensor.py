@@ -726,6 +726,25 @@ class Tensor:
     def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         return self.logical_not().any(axis, keepdim).logical_not()
 
+    def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
+        if axis is None: return self.flatten().argmax(0)
+        ax = _resolve_axis(axis, self.ndim)
+        n = self.shape[ax] if self.ndim else 1
+        if n == 0: raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
+        x = self if self.ndim else self.reshape(1)
+        # mark each maximum with n - index, so the largest mark is the first maximum; nan counts as the maximum
+        is_max = x == x.max(ax, keepdim=True)
+        if dtypes.is_float(x.dtype): is_max = is_max | x.isnan()
+        marks = Tensor.arange(n, 0, -1, dtype=dtypes.int32, device=self.device).reshape(
+            tuple(n if i == ax else 1 for i in range(x.ndim)))
+        ret = n - (is_max.cast(dtypes.int32) * marks).max(ax, keepdim=keepdim)
+        return ret if self.ndim else ret.reshape(())
+    def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
+        """Index of the first minimum along `axis` (of the flattened tensor when None), as int32."""
+        if dtypes.is_float(self.dtype): return (-self).argmax(axis, keepdim)
+        return (~self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
+
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         e = (x - x.max(axis, keepdim=True)).exp()

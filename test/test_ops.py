@@ -885,3 +885,24 @@ def test_cat_and_stack():
     assert ints.dtype == dtypes.float32 and ints.tolist() == [1.0, 2.0, 3.5]
     with pytest.raises(ValueError, match="differ"):
         Tensor(a).cat(Tensor(b), dim=1)
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_argmax_argmin(axis, keepdim):
+    x = np.array([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 9]], dtype=np.float32)  # ties: first index wins
+    tx = torch.from_numpy(x)
+    if axis is None and keepdim: return
+    targs = {} if axis is None else {"dim": axis, "keepdim": keepdim}
+    np.testing.assert_array_equal(Tensor(x).argmax(axis, keepdim).numpy(), tx.argmax(**targs).numpy())
+    np.testing.assert_array_equal(Tensor(x).argmin(axis, keepdim).numpy(), tx.argmin(**targs).numpy())
+    xi = x.astype(np.int32)
+    ti = torch.from_numpy(xi)
+    np.testing.assert_array_equal(Tensor(xi).argmax(axis, keepdim).numpy(), ti.argmax(**targs).numpy())
+    np.testing.assert_array_equal(Tensor(xi).argmin(axis, keepdim).numpy(), ti.argmin(**targs).numpy())
+
+def test_argmax_nan_and_scalar():
+    x = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    assert Tensor(x).argmax().item() == torch.from_numpy(x).argmax().item()
+    assert Tensor(2.5).argmax().item() == 0
+    with pytest.raises(ValueError, match="empty"):
+        Tensor.zeros(0).argmax()
