@@ -4,6 +4,12 @@ Workloads: 1024x1024 float32 matmul (GFLOPS), the fused elementwise ((x*y+z).rel
 4 arrays x 4 bytes per element), row sums of a 4096x4096 float32 matrix (GB/s), and the cost of scheduling a 200-op
 elementwise graph (ms, cold and cached).
 
+The memory-bound workloads also get a "C" column: the figure to beat, a plain hand-written C loop (bench/ref_kernels.c,
+built at start with the system C compiler at -O3 -march=native and called through ctypes) split across 2 pthreads
+over the same numpy arrays, writing into an output allocated once. A one-line "machine bandwidth" figure (a 256 MB
+copy by the same kind of loop, read+write bytes counted) says how close any of this is to the memory system's limit.
+Without a C compiler the column is skipped with a note.
+
 For fusegrad every timed run realizes a fresh lazy expression over inputs realized beforehand, so the time includes
 building and scheduling the graph (as a user pays it) but not creating the inputs. Each measurement warms up once
 (kernel compiles happen there), then repeats while it stays inside a small time budget and reports the best run (the
@@ -12,8 +18,12 @@ median is shown too). A failing fusegrad part prints its error and the rest stil
 Run: .venv/bin/python bench/bench_core.py  [--quick]
 """
 from __future__ import annotations
+import ctypes
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from typing import Callable
@@ -27,6 +37,8 @@ from fusegrad import GlobalCounters, Tensor  # noqa: E402  (torch threads are se
 QUICK = "--quick" in sys.argv
 BUDGET_S = 1.0 if QUICK else 3.0   # per (workload, framework) after warm-up
 MAX_REPS = 3 if QUICK else 7
+C_THREADS = 2                      # threads of the hand-written C reference (the CPU count the project targets)
+C_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-pthread"]
 
 def bench(fn: Callable[[], object], budget_s: float = BUDGET_S, max_reps: int = MAX_REPS) -> tuple[float, float]:
     """(best, median) wall time in seconds of fn() after one warm-up call; stops early when over the budget."""
@@ -39,6 +51,34 @@ def bench(fn: Callable[[], object], budget_s: float = BUDGET_S, max_reps: int = 
         times.append(time.perf_counter() - t0)
         if times[-1] > budget_s: break  # a very slow implementation gets one timed run
     return min(times), statistics.median(times)
+
+def load_c_reference() -> tuple[ctypes.CDLL | None, str]:
+    """The hand-written C kernels (bench/ref_kernels.c) compiled and loaded, or None and the reason they aren't."""
+    try:
+        from fusegrad.runtime.ops_cpu import find_cc   # the same compiler discovery as fusegrad: $CC, cc, gcc, clang
+        cc = find_cc()
+    except Exception as e:
+        return None, f"no C compiler ({type(e).__name__}: {e})"
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ref_kernels.c")
+    with tempfile.TemporaryDirectory(prefix="bench-core-") as d:
+        so = os.path.join(d, "ref_kernels.so")
+        try:
+            res = subprocess.run([*cc, *C_FLAGS, src, "-o", so], capture_output=True, text=True, timeout=120)
+            if res.returncode != 0:
+                return None, f"compiling {src} failed (exit {res.returncode}): {res.stderr.strip()[:300]}"
+            lib = ctypes.CDLL(so)   # the loaded object stays mapped after its file is removed
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"can't build {src}: {type(e).__name__}: {e}"
+    fp, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    for name, args in (("ref_elementwise", [fp, fp, fp, fp, i64, i32]), ("ref_rowsum", [fp, fp, i64, i64, i32]),
+                       ("ref_copy", [fp, fp, i64, i32])):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = args, None
+    return lib, ""
+
+def ptr(a: np.ndarray) -> int:
+    """The data address of a C-contiguous float32 array, for the C reference."""
+    assert a.dtype == np.float32 and a.flags.c_contiguous
+    return a.ctypes.data
 
 class Row:
     """One workload: best/median seconds per framework and how to turn seconds into a throughput."""
@@ -76,6 +116,7 @@ def fmt_ms(t: tuple[float, float] | None) -> str:
     return "       n/a        " if t is None else f"{t[0] * 1e3:8.2f} ({t[1] * 1e3:7.2f})"
 
 def ratio(rows: Row, ref: str) -> str:
+    if ref not in rows.t: return "     -"   # no such reference for this workload
     a, b = rows.t.get("fusegrad"), rows.t.get(ref)
     return "  n/a" if a is None or b is None else f"{a[0] / b[0]:6.2f}x"
 
@@ -95,7 +136,7 @@ def bench_matmul(n: int = 1024) -> Row:
         row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
     return row
 
-def bench_elementwise(n: int = 1 << 24) -> Row:
+def bench_elementwise(clib: ctypes.CDLL | None, n: int = 1 << 24) -> Row:
     row = Row("((x*y+z).relu()*0.5) 2^24", "GB/s", 4.0 * 4 * n)
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal(n, dtype=np.float32) for _ in range(3)]
@@ -103,6 +144,11 @@ def bench_elementwise(n: int = 1 << 24) -> Row:
     x_t, y_t, z_t = (torch.from_numpy(v) for v in xs)
     row.run("numpy", lambda: np.maximum(x_np * y_np + z_np, 0) * np.float32(0.5))
     row.run("torch", lambda: ((x_t * y_t + z_t).relu() * 0.5))
+    if clib is not None:
+        out_c = np.empty(n, dtype=np.float32)
+        row.run("C", lambda: clib.ref_elementwise(ptr(x_np), ptr(y_np), ptr(z_np), ptr(out_c), n, C_THREADS))
+        if row.t.get("C") is not None:
+            row.note += check("C elementwise", out_c, np.maximum(x_np * y_np + z_np, 0) * np.float32(0.5))
     try:
         x, y, z = (Tensor(v).realize() for v in xs)
         row.run("fusegrad", lambda: ((x * y + z).relu() * 0.5).realize())
@@ -113,12 +159,17 @@ def bench_elementwise(n: int = 1 << 24) -> Row:
         row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
     return row
 
-def bench_rowsum(n: int = 4096) -> Row:
+def bench_rowsum(clib: ctypes.CDLL | None, n: int = 4096) -> Row:
     row = Row(f"row sums {n}x{n} f32", "GB/s", 4.0 * n * n)
     m_np = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
     m_t = torch.from_numpy(m_np)
     row.run("numpy", lambda: m_np.sum(axis=1))
     row.run("torch", lambda: m_t.sum(dim=1))
+    if clib is not None:
+        out_c = np.empty(n, dtype=np.float32)
+        row.run("C", lambda: clib.ref_rowsum(ptr(m_np), ptr(out_c), n, n, C_THREADS))
+        if row.t.get("C") is not None:
+            row.note += check("C row sums", out_c, m_np.astype(np.float64).sum(axis=1), rtol=1e-4, atol=1e-3)
     try:
         m = Tensor(m_np).realize()
         row.run("fusegrad", lambda: m.sum(axis=1).realize())
@@ -128,6 +179,16 @@ def bench_rowsum(n: int = 4096) -> Row:
     except Exception as e:
         row.note += f" fusegrad setup failed: {type(e).__name__}: {e}"
     return row
+
+def bench_copy(clib: ctypes.CDLL, nbytes: int = 256 << 20) -> str:
+    """The machine bandwidth line: the hand-written C copy of an nbytes buffer on C_THREADS threads."""
+    n = nbytes // 4
+    src = np.arange(n, dtype=np.float32)
+    dst = np.empty_like(src)   # its pages are first touched by the warm-up run, outside the timing
+    best, med = bench(lambda: clib.ref_copy(ptr(src), ptr(dst), n, C_THREADS))
+    ok = "" if np.array_equal(src, dst) else "  WRONG RESULT in C copy!"
+    return (f"machine bandwidth: C copy of {nbytes >> 20} MB on {C_THREADS} threads {2 * nbytes / best / 1e9:.1f} GB/s "
+            f"(read+write; best {best * 1e3:.2f} ms, median {med * 1e3:.2f} ms){ok}")
 
 def build_graph(x: Tensor, k: float, n_ops: int = 200) -> Tensor:
     """An elementwise chain of n_ops ALU ops; `k` varies the constants so every k gives a new (uncached) graph."""
@@ -162,17 +223,26 @@ def main() -> None:
     print(f"bench_core: numpy {np.__version__} torch {torch.__version__} (threads={torch.get_num_threads()})"
           f"{' [quick]' if QUICK else ''}")
     print("times: best (median) ms over the timed runs after one warm-up; ratio = fusegrad time / reference time\n")
-    rows = [bench_matmul(), bench_elementwise(), bench_rowsum()]
-    hdr = (f"{'workload':28s} {'unit':>6s} | {'fusegrad ms':>18s} {'numpy ms':>18s} {'torch ms':>18s} | "
-           f"{'fg':>8s} {'np':>8s} {'torch':>8s} | {'fg/np':>7s} {'fg/torch':>8s}")
+    clib, c_note = load_c_reference()
+    rows = [bench_matmul(), bench_elementwise(clib), bench_rowsum(clib)]
+    hdr = (f"{'workload':28s} {'unit':>6s} | {'fusegrad ms':>18s} {'numpy ms':>18s} {'torch ms':>18s} "
+           f"{'C (hand) ms':>18s} | {'fg':>8s} {'np':>8s} {'torch':>8s} {'C':>8s} | "
+           f"{'fg/np':>7s} {'fg/torch':>8s} {'fg/C':>7s}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
+        c_ms = fmt_ms(r.t["C"]) if "C" in r.t else f"{'-':>18s}"
+        c_tp = r.throughput("C") if "C" in r.t else "-"
         print(f"{r.name:28s} {r.unit:>6s} | {fmt_ms(r.t.get('fusegrad'))} {fmt_ms(r.t.get('numpy'))} "
-              f"{fmt_ms(r.t.get('torch'))} | {r.throughput('fusegrad'):>8s} {r.throughput('numpy'):>8s} "
-              f"{r.throughput('torch'):>8s} | {ratio(r, 'numpy'):>7s} {ratio(r, 'torch'):>8s}")
-    cold, cached, nk, note = bench_schedule()
+              f"{fmt_ms(r.t.get('torch'))} {c_ms} | {r.throughput('fusegrad'):>8s} {r.throughput('numpy'):>8s} "
+              f"{r.throughput('torch'):>8s} {c_tp:>8s} | {ratio(r, 'numpy'):>7s} {ratio(r, 'torch'):>8s} "
+              f"{ratio(r, 'C'):>7s}")
     print()
+    if clib is not None:
+        try: print(bench_copy(clib))
+        except Exception as e: print(f"machine bandwidth: n/a ({type(e).__name__}: {e})")
+    else: print(f"machine bandwidth: n/a; C (hand) column skipped: {c_note}")
+    cold, cached, nk, note = bench_schedule()
     if cold:
         print(f"schedule 200-op elementwise graph: cold {min(cold):.2f} ms (median {statistics.median(cold):.2f}), "
               f"cached {min(cached):.2f} ms (median {statistics.median(cached):.2f}), "
