@@ -161,9 +161,10 @@ class Ref:
         if self.v.min(initial=1) < 1: raise Reject("log is only fuzzed on x >= 1")
         return self._unary(np.log(self.v), self.err / self.v + 2)
     def sqrt(self) -> Ref:
-        if self.v.min(initial=1) < 1: raise Reject("sqrt is only fuzzed on x >= 1")
+        if self.v.min(initial=1) < 0: raise Reject("sqrt of a negative number")
         v = np.sqrt(self.v)
-        return self._unary(v, self.err / (2 * v))
+        with np.errstate(divide="ignore", invalid="ignore"):   # sqrt near 0 is ill-conditioned: inf, then rejected
+            return self._unary(v, np.where(self.err == 0, 0, self.err / (2 * v)))
     def reciprocal(self) -> Ref:
         if self.v.min(initial=1) < 1: raise Reject("reciprocal is only fuzzed on x >= 1")
         return self._unary(1 / self.v, self.err / self.v ** 2)
@@ -191,6 +192,40 @@ class Ref:
         return self._red(np.max, axis, keepdim, lambda ax, kd: np.max(self.err, axis=ax, keepdims=kd))
     def min(self, axis: Any = None, keepdim: bool = False) -> Ref:
         return self._red(np.min, axis, keepdim, lambda ax, kd: np.max(self.err, axis=ax, keepdims=kd))
+    # composites, built from the primitives above so their error bounds follow
+    def softmax(self, axis: int = -1) -> Ref:
+        e = (self - self.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+    def log_softmax(self, axis: int = -1) -> Ref:
+        m = self - self.max(axis, keepdim=True)
+        return m - m.exp().sum(axis, keepdim=True).log()
+    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Ref:
+        m = self.max(axis, keepdim=True)
+        r = (self - m).exp().sum(axis, keepdim=True).log() + m
+        return r if keepdim else r.reshape(np.sum(self.v, axis=axis).shape)
+    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Ref:
+        n = self.v.size // max(np.sum(self.v, axis=axis).size, 1)
+        return (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim) / max(0, n - correction)
+    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Ref:
+        return self.var(axis, keepdim, correction).sqrt()
+    def argmax(self, axis: int | None = None, keepdim: bool = False) -> Ref:
+        x, ax = (self.reshape(-1), 0) if axis is None else (self, axis)
+        if x.dt == "float32" and x.shape[ax] > 1:
+            # the maximum must win by more than the error of the two largest values, or the index is a coin toss
+            top = np.sort(x.v, axis=ax)
+            tol = np.max(x.tol(), axis=ax)
+            if np.any(np.take(top, -1, ax) - np.take(top, -2, ax) <= 4 * tol): raise Reject("argmax of near-ties")
+        return Ref(np.argmax(x.v, axis=ax, keepdims=keepdim), dt="int32")
+    def argmin(self, axis: int | None = None, keepdim: bool = False) -> Ref: return (-self).argmax(axis, keepdim)
+    def _rounding(self, fn: Callable) -> Ref:
+        if self.dt != "float32": return self
+        if np.any(np.abs(self.v - np.round(self.v)) <= 2 * self.tol()): raise Reject("rounding near an integer")
+        return Ref(fn(self.v), dt="float32")
+    def floor(self) -> Ref: return self._rounding(np.floor)
+    def ceil(self) -> Ref: return self._rounding(np.ceil)
+    def cat(self, *others: Ref, dim: int = 0) -> Ref:
+        xs = (self,) + others
+        return Ref(np.concatenate([x.v for x in xs], dim), np.concatenate([x.err for x in xs], dim), self.dt)
     def any(self, axis: Any = None, keepdim: bool = False) -> Ref: return Ref(np.any(self.v, axis, keepdims=keepdim))
     def all(self, axis: Any = None, keepdim: bool = False) -> Ref: return Ref(np.all(self.v, axis, keepdims=keepdim))
     def __matmul__(self, y: Ref) -> Ref:
@@ -215,8 +250,22 @@ def fg_assign_view(t: Tensor, region: tuple, x: Tensor, accumulate: bool) -> Ten
     view.assign(view + x if accumulate else x).realize()
     return t
 
+class RefTensor:
+    """The `Tensor` name in reference programs: the creation functions programs use."""
+    @staticmethod
+    def arange(start: int, stop: int | None = None, step: int = 1) -> Ref:
+        return Ref(np.arange(start, stop, step) if stop is not None else np.arange(start), dt="int32")
+    @staticmethod
+    def full(shape: tuple[int, ...], value: float | int) -> Ref:
+        return Ref(np.full(shape, value), dt="float32" if isinstance(value, float) else "int32")
+    @staticmethod
+    def eye(n: int) -> Ref: return Ref(np.eye(n), dt="float32")
+    @staticmethod
+    def stack(*xs: Ref, dim: int = 0) -> Ref:
+        return Ref(np.stack([x.v for x in xs], dim), np.stack([x.err for x in xs], dim), xs[0].dt)
+
 REF_ENV: dict[str, Any] = {"make_input": lambda s, d, seed: Ref(input_array(s, d, seed)),
-                           "assign_view": ref_assign_view}
+                           "assign_view": ref_assign_view, "Tensor": RefTensor}
 FG_ENV: dict[str, Any] = {"make_input": lambda s, d, seed: Tensor(input_array(s, d, seed)),
                           "assign_view": fg_assign_view, "Tensor": Tensor}
 
@@ -494,6 +543,45 @@ class Generator:
         if kind < 0.6: return f"{a} @ {self.new_input((k, m), ra.dt)}"
         return f"{a} @ {self.new_input((m, k), ra.dt)}.T"   # the right operand is a permuted view
 
+    def create(self) -> str | None:
+        rs = self.rs
+        kind = rs.randint(0, 4)
+        if kind == 0: return f"Tensor.arange({rs.randint(1, 12)})"
+        if kind == 1:
+            shp = self.random_shape()
+            return f"Tensor.arange({int(np.prod(shp))}).reshape({shp})"
+        if kind == 2: return f"Tensor.arange({rs.randint(-5, 3)}, {rs.randint(4, 12)}, {rs.randint(1, 3)})"
+        if kind == 3: return f"Tensor.full({self.random_shape()}, {rs.choice(CONSTS + (2, -3))})"
+        return f"Tensor.eye({rs.randint(1, 6)})"
+
+    def composite(self) -> str | None:
+        a = self.pick(("float32", "int32"), lambda r: r.ndim > 0)
+        if a is None: return None
+        r, rs = self.env[a], self.rs
+        ax = rs.randrange(r.ndim) - (r.ndim if rs.random() < 0.3 else 0)
+        kd = rs.random() < 0.5
+        if r.dt == "int32" or rs.random() < 0.15:
+            return rs.choice([f"{a}.argmax()", f"{a}.argmax(axis={ax})", f"{a}.argmin(axis={ax}, keepdim={kd})"])
+        return rs.choice([f"{a}.softmax({ax})", f"{a}.log_softmax({ax})", f"{a}.logsumexp(axis={ax}, keepdim={kd})",
+                          f"{a}.var(axis={ax}, keepdim={kd})", f"{a}.std(axis={ax})", f"{a}.floor()", f"{a}.ceil()",
+                          f"{a} - {a}.max(axis={ax}, keepdim=True)", f"{a} / ({a}.sum(axis={ax}, keepdim=True).abs() + 1)",
+                          f"{a}.sum(axis={ax}, keepdim=True).max()", f"{a} * {a}.mean(axis={ax}, keepdim=True)"])
+
+    def cat(self) -> str | None:
+        a = self.pick(pred=lambda r: r.ndim > 0)
+        if a is None: return None
+        r, rs = self.env[a], self.rs
+        d = rs.randrange(r.ndim)
+        if rs.random() < 0.3:
+            b = self.pick(r.dt, lambda x: x.shape == r.shape) or self.new_input(r.shape, r.dt)
+            return f"Tensor.stack({a}, {b}, dim={rs.randint(-r.ndim - 1, r.ndim)})"
+        def fits(x: Ref) -> bool: return x.ndim == r.ndim and all(p == q for i, (p, q) in enumerate(zip(x.shape, r.shape))
+                                                                  if i != d)
+        if r.dt == "bool" or (b := self.pick(r.dt, fits)) is None or rs.random() < 0.4:
+            if r.dt == "bool": return None
+            b = self.new_input(r.shape[:d] + (rs.randint(1, 4),) + r.shape[d + 1:], r.dt)
+        return f"{a}.cat({b}, dim={d})" if rs.random() < 0.7 else f"{b}.cat({a}, {a}, dim={d - r.ndim})"
+
     def cast(self) -> str | None:
         a = self.pick(("int32", "bool"))
         if a is None: return None
@@ -531,7 +619,8 @@ class Generator:
 
     FAMILIES: list[tuple[str, float]] = [("unary", 3), ("binary", 4), ("compare", 1), ("where", 1.5),
                                          ("reduce", 3.5), ("movement", 6), ("matmul", 1), ("cast", 0.5),
-                                         ("realize", 0.5), ("assign", 1.0)]
+                                         ("realize", 0.5), ("assign", 1.0), ("create", 0.5),
+                                         ("composite", 1.5), ("cat", 1.0)]
 
     def generate(self) -> Program:
         rs = self.rs
@@ -661,6 +750,52 @@ def test_fuzz_programs_many():
     fails = [r for r in (run_program(generate(s)) for s in range(10_000, 12_000)) if not r.ok]
     assert not fails, f"{len(fails)} of 2000 programs failed, seeds {[r.prog.seed for r in fails]}\n" + \
         "\n\n".join(report(r) for r in fails[:5])
+
+# ---------------------------------------------------------------------------------------------------------------------
+# minimized reproducers of bugs the fuzzer found (each fails until its bug is fixed)
+
+def test_repro_assign_in_place_transpose_of_expression():
+    # fuzz seeds 30, 103, 114 (and most failures with an assign): the value reads the target under an elementwise op
+    # and a movement op sits above it, so element (i, j) is written before (j, i) reads it: the value must go through
+    # a temporary buffer like `t.assign(t.T)` does
+    a = np.arange(9, dtype=np.float32).reshape(3, 3)
+    t = Tensor(a.copy())
+    t.assign((t * 1).T)
+    np.testing.assert_array_equal(t.numpy(), a.T)
+
+def test_repro_assign_flip_of_expression():
+    a = np.arange(4, dtype=np.float32)
+    t = Tensor(a.copy())
+    t.assign((-t).flip(0))
+    np.testing.assert_array_equal(t.numpy(), -a[::-1])
+    b = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = Tensor(b.copy())
+    t.assign((t + 1).flip(1) * 2)
+    np.testing.assert_array_equal(t.numpy(), (b + 1)[:, ::-1] * 2)
+
+# The next three were one bug: the C kernels are right (right at -O1, or with -fno-tree-loop-vectorize), but gcc
+# 12.2's loop vectorizer miscompiled them at -O3 -march=native (reversed loads in a nested float reduction; a
+# conditional load in a short inner loop). The renderer now turns the loop vectorizer off for such kernels.
+
+def test_repro_pad_rows():
+    # fuzz seeds 246, 3293: rows 2.. of the padded output come back 0 (or garbage)
+    a = np.arange(1, 17, dtype=np.float32).reshape(8, 2)
+    np.testing.assert_array_equal(Tensor(a).pad(((1, 0), (0, 0))).numpy(), np.pad(a, ((1, 0), (0, 0))))
+
+def test_repro_sum_of_flipped_rows():
+    # fuzz seeds 3142, 3948: 315 instead of 300
+    a = np.arange(1, 25, dtype=np.float32).reshape(4, 1, 6)
+    assert Tensor(a).flip(2).sum().item() == 300.0
+    b = np.arange(1, 17, dtype=np.float32).reshape(4, 4, 1, 1)
+    got = Tensor(b)[:, 1::-1, 0, :].sum(axis=(0, 1, 2)).numpy()
+    np.testing.assert_array_equal(got, b[:, 1::-1, 0, :].sum((0, 1, 2)))
+
+def test_repro_pad_crop_of_broadcast():
+    # fuzz seed 507: a pad that also crops (negative amounts) of an expanded tensor reads garbage
+    a = np.arange(1, 17, dtype=np.float32).reshape(2, 2, 4, 1)
+    got = Tensor(a).expand(2, 2, 4, 5).pad(((0, 0), (3, -1), (0, 0), (-1, 0))).numpy()
+    exp = np.pad(np.broadcast_to(a, (2, 2, 4, 5))[:, :1, :, 1:], ((0, 0), (3, 0), (0, 0), (0, 0)))
+    np.testing.assert_array_equal(got, exp)
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
