@@ -94,9 +94,74 @@ class CStyleLanguage(Renderer):
         self.dtype_name(dt)
         return f"fg_f32_to_bf16({x})" if dt == dtypes.bfloat16 else f"((half)({x}))"
 
+    # *** half/bfloat16 vectors: explicit conversions to and from float vectors ***
+
+    f16_chunk: int = 0   # lanes of the widest float->half vector conversion instruction (0: none)
+
+    def vec_to_float(self, x: str, dt: DType) -> str:
+        """A float32 vector C expression of a half/bfloat16 vector (exact)."""
+        n, vt, ft = dt.count, self.dtype_name(dt), self.dtype_name(dtypes.float32.vec(dt.count))
+        name = f"fg_{_SHORT[dt.scalar()]}x{n}_to_f32"
+        if dt.scalar() == dtypes.bfloat16:
+            ut = self.dtype_name(dtypes.uint32.vec(n))
+            body = f"  return ({ft})(__builtin_convertvector(x, {ut}) << 16);"
+        else: body = self._f16_convert(n, to_float=True)
+        return f"{self._inline_fn(name, ft, vt, body)}({x})"
+
+    def vec_from_float(self, x: str, dt: DType) -> str:
+        """A float32 vector C expression rounded (to nearest even) to the half/bfloat16 vector dtype `dt`."""
+        n, vt, ft = dt.count, self.dtype_name(dt), self.dtype_name(dtypes.float32.vec(dt.count))
+        name = f"fg_f32x{n}_to_{_SHORT[dt.scalar()]}"
+        if dt.scalar() == dtypes.bfloat16:
+            ut = self.dtype_name(dtypes.uint32.vec(n))
+            # as fg_f32_to_bf16 lane by lane, with a mask instead of a branch (nan: quiet it, keep the sign)
+            body = (f"  {ut} u = ({ut})x, nan = ({ut})((u & 0x7fffffffu) > 0x7f800000u);\n"
+                    f"  {ut} r = (((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & ~nan) | (((u >> 16) | 0x40u) & nan);\n"
+                    f"  return __builtin_convertvector(r, {vt});")
+        else: body = self._f16_convert(n, to_float=False)
+        return f"{self._inline_fn(name, vt, ft, body)}({x})"
+
+    def _inline_fn(self, name: str, ret: str, arg: str, body: str) -> str:
+        return self._need(name, f"static inline __attribute__((always_inline)) {ret} {name}({arg} x) {{\n{body}\n}}")
+
+    def _f16_convert(self, n: int, to_float: bool) -> str:
+        """The body of a conversion of `n` lanes between half and float vectors: F16C/AVX-512 instructions (called as
+        GCC builtins, so no header), `chunk` lanes at a time. Written explicitly because gcc 12 drops the rounding
+        of the vector float->half->float pairs its own vectorizer makes (see `ClangRenderer.prelude`)."""
+        chunk = min(self.f16_chunk, n)
+        if chunk < 4 or n % chunk:   # no instruction for it: lane by lane
+            t = "float" if to_float else self.dtype_name(dtypes.float16)
+            return f"  {self.dtype_name((dtypes.float32 if to_float else dtypes.float16).vec(n))} r;\n" \
+                   f"  for (int i = 0; i < {n}; i++) r[i] = ({t})x[i];\n  return r;"
+        hw, fw = max(chunk, 8), chunk   # lanes of the half (at least 128 bits) and float registers
+        self._need(f"fg_v{hw}hi", f"typedef short fg_v{hw}hi __attribute__((vector_size({2 * hw})));")
+        self._need(f"fg_v{fw}sf", f"typedef float fg_v{fw}sf __attribute__((vector_size({4 * fw})));")
+        if to_float:
+            cvt = {4: "__builtin_ia32_vcvtph2ps(h)", 8: "__builtin_ia32_vcvtph2ps256(h)",
+                   16: "__builtin_ia32_vcvtph2ps512_mask(h, (fg_v16sf){0}, (unsigned short)-1, 4)"}[chunk]
+            step = f"fg_v{hw}hi h = {{0}}; __builtin_memcpy(&h, (const char*)&x + {2} * k, {2 * chunk}); " \
+                   f"fg_v{fw}sf f = {cvt}; __builtin_memcpy((char*)&r + 4 * k, &f, {4 * chunk});"
+            rt = self.dtype_name(dtypes.float32.vec(n))
+        else:
+            # immediate 0: round to nearest even
+            cvt = {4: "__builtin_ia32_vcvtps2ph(f, 0)", 8: "__builtin_ia32_vcvtps2ph256(f, 0)",
+                   16: "__builtin_ia32_vcvtps2ph512_mask(f, 0, (fg_v16hi){0}, (unsigned short)-1)"}[chunk]
+            step = f"fg_v{fw}sf f; __builtin_memcpy(&f, (const char*)&x + 4 * k, {4 * chunk}); " \
+                   f"fg_v{hw}hi h = {cvt}; __builtin_memcpy((char*)&r + 2 * k, &h, {2 * chunk});"
+            rt = self.dtype_name(dtypes.float16.vec(n))
+        return f"  {rt} r;\n  for (int k = 0; k < {n}; k += {chunk}) {{ {step} }}\n  return r;"
+
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
         if src == dst: return x
-        if dst.count > 1: return f"__builtin_convertvector({x}, {self.dtype_name(dst)})"
+        if dst.count > 1:
+            if src.scalar() in _LOWP: x, src = self.vec_to_float(x, src), dtypes.float32.vec(src.count)
+            if dst.scalar() in _LOWP:
+                if src.scalar() == dtypes.float64:   # rounded once, directly (not through float): lane by lane
+                    return f"{self._lane_helper('cast_f64', dst, f'({self.dtype_name(dst.scalar())})a[i]', [src])}({x})"
+                if src.scalar() != dtypes.float32:   # integers are exact in float wherever they fit in half
+                    x = f"__builtin_convertvector({x}, {self.dtype_name(dtypes.float32.vec(src.count))})"
+                return self.vec_from_float(x, dst)
+            return x if src == dst else f"__builtin_convertvector({x}, {self.dtype_name(dst)})"
         if src == dtypes.bfloat16: x, src = self.to_float(x, src), dtypes.float32
         if dst == dtypes.bool: return f"((_Bool)({x}))"
         if dst == dtypes.bfloat16: return self.from_float(f"(float)({x})", dst)
@@ -112,8 +177,14 @@ class CStyleLanguage(Renderer):
     def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         """A C expression computing `op` on scalars or vectors (vectors use native operators or a lane loop)."""
         if op is Ops.WHERE and src_dts[0].count == 1: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
-        if dt.count > 1: return self._vector_alu(op, dt, srcs, src_dts)
         odt = src_dts[-1] if op in GroupOp.Comparison else dt    # the dtype the operation is carried out in
+        if dt.count > 1 and odt.scalar() in _LOWP and op is not Ops.WHERE:
+            # half/bfloat16 vectors: converted to float vectors, computed, rounded back
+            f32 = lambda d: dtypes.float32.vec(d.count) if d.scalar() in _LOWP else d
+            fs = [self.vec_to_float(s, d) if d.scalar() in _LOWP else s for s, d in zip(srcs, src_dts)]
+            ret = self._vector_alu(op, dt if op in GroupOp.Comparison else f32(dt), fs, [f32(d) for d in src_dts])
+            return ret if op in GroupOp.Comparison else self.vec_from_float(ret, dt)
+        if dt.count > 1: return self._vector_alu(op, dt, srcs, src_dts)
         if odt in _LOWP:
             fs = [self.to_float(s, d) if d in _LOWP else s for s, d in zip(srcs, src_dts)]
             ret = self.render_alu(op, dtypes.bool if op in GroupOp.Comparison else dtypes.float32, fs,
@@ -197,13 +268,16 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if op is Ops.NEG: return f"(-{srcs[0]})"
         if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
+        lane = self.render_alu(op, sc, [f"{chr(97 + i)}[i]" for i in range(len(srcs))], [d.scalar() for d in src_dts])
+        return f"{self._lane_helper(op.name.lower(), dt, lane, src_dts)}({', '.join(srcs)})"
+
+    def _lane_helper(self, what: str, dt: DType, lane: str, src_dts: list[DType]) -> str:
+        """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane`."""
         vt, n = self.dtype_name(dt), dt.count
         args = [f"{self.dtype_name(d)} {chr(97 + i)}" for i, d in enumerate(src_dts)]
-        lane = self.render_alu(op, sc, [f"{chr(97 + i)}[i]" for i in range(len(srcs))], [d.scalar() for d in src_dts])
-        name = f"fg_v{op.name.lower()}_{_SHORT[sc]}x{n}"
-        self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({', '.join(args)}) {{\n"
-                         f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane}; return r;\n}}")
-        return f"{name}({', '.join(srcs)})"
+        name = f"fg_v{what}_{_SHORT[dt.scalar()]}x{n}"
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({', '.join(args)}) {{\n"
+                                f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane}; return r;\n}}")
 
     def _broadcast(self, dt: DType) -> str:
         vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
@@ -380,4 +454,9 @@ class ClangRenderer(CStyleLanguage):
         if x86: self.simd_bytes = 64 if "avx512f" in flags else 32 if "avx2" in flags or "avx" in flags else 16
         else: self.simd_bytes = 16
         self.vector_registers = 32 if (x86 and "avx512f" in flags) or not x86 else 16
+        # half vectors need the F16C conversion instructions (16 lanes at a time with AVX-512); bfloat16 vectors are
+        # converted with integer vector operations
+        self.f16_chunk = (16 if "avx512f" in flags else 8) if x86 and "f16c" in flags else 0
+        self.vector_dtypes = ClangRenderer.vector_dtypes + ((dtypes.float16,) if self.f16_chunk else ()) + \
+            (dtypes.bfloat16,)
         self.has_fma = "fma" in flags if x86 else True

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
@@ -12,9 +13,15 @@ def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to `k`; returns them (also in k.applied_opts)."""
     ren = k.renderer
-    if not k.reduceops: return []  # elementwise: a plain contiguous inner loop is what gcc vectorizes best
-    acc_dt = k.reduceops[-1].dtype
     vec_dts = getattr(ren, "vector_dtypes", ())
+    if not k.reduceops:
+        # elementwise: a plain contiguous inner loop is what gcc vectorizes best, except with half buffers (computed
+        # in float): the C renderer has gcc vectorize no half conversions (it miscompiles them), so those get our
+        # vector code, with explicit conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer
+        # conversions well by itself.)
+        if not any(idx.src[0].dtype.base == dtypes.float16 and dtypes.float16 in vec_dts for idx, _ in k.accesses()):
+            return []
+    acc_dt = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
     width = getattr(ren, "simd_bytes", 0) // acc_dt.itemsize if acc_dt in vec_dts else 0
     budget = max(getattr(ren, "vector_registers", 16) // 2, 4)   # accumulators kept in registers
     cores = os.cpu_count() or 2
@@ -52,7 +59,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 break
     if vec_out is not None:
         rest, inner = split(OptOps.UPCAST, vec_out, width)
-        if inner is None: return k.applied_opts
+        if inner is None or not k.reduceops: return k.applied_opts
         # 2. register tiling: upcast another output axis whose lanes share a vector load (a load that doesn't
         #    depend on it): 8 rows x 2 vectors of accumulators
         reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
