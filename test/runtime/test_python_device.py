@@ -451,7 +451,9 @@ def test_default_device_from_env():
 
 # *** random programs ***
 
-TRANSCENDENTAL = re.compile(r"\.(exp|log|sin|cos|tan|tanh|sigmoid|softmax|log_softmax|gelu|silu|pow)\(|\*\*")
+# glibc's float exp/log/sin/pow are not correctly rounded (1 ulp); +,-,*,/ and sqrt are, so those compare exactly
+TRANSCENDENTAL = re.compile(r"\.(exp|exp2|log|log2|logsumexp|sin|cos|tan|tanh|sigmoid|softmax|log_softmax|gelu|silu"
+                            r"|pow)\(|\*\*")
 
 @pytest.mark.parametrize("seeds", [range(0, 15), range(15, 30)], ids=str)
 def test_fuzz_programs_agree(seeds: range):
