@@ -170,8 +170,8 @@ def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
         nmap = kernelize_map(key)
         changed = {k: v for k, v in nmap.items() if k is not v}
         params = set(to_param.values())
-        outs = tuple(u for v in changed.values() for u in v.toposort() if u.op is Ops.BUFFER and u not in params)
-        hit = (changed, tuple(dict.fromkeys(outs)))
+        outs = tuple(u for u in UOp.sink_of(*changed.values()).toposort() if u.op is Ops.BUFFER and u not in params)
+        hit = (changed, outs)
         if len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
         schedule_cache[key] = hit
     else: schedule_cache_stats["hits"] += 1
