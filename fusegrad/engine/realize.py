@@ -107,19 +107,25 @@ class ViewOp(Runner):
 
 # *** lowering ***
 
-# (device, ast, BEAM, NOOPT) -> runner: the same kernel is generated and compiled once per process
+# (device, ast, BEAM, NOOPT) -> runner: the same kernel is generated and compiled once per process. Least recently
+# used kernels are dropped past METHOD_CACHE_SIZE, so a process making endless distinct kernels doesn't grow forever
+# (each loaded program holds memory mappings; a dropped one unloads once no ExecItem uses it).
 method_cache: dict[tuple[str, UOp, int, int], CompiledRunner] = {}
+METHOD_CACHE_SIZE = 4096
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""
     ckey = (Device.canonicalize(device), ast, int(BEAM.value), int(NOOPT.value))
-    if (ret := method_cache.get(ckey)) is not None: return ret
+    if (ret := method_cache.pop(ckey, None)) is not None:
+        method_cache[ckey] = ret  # most recently used goes last
+        return ret
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
     p = get_program(ast, Device[device].renderer)
     if DEBUG >= 3:
         print(ast)
         print(f"{p.name}: applied opts {p.applied_opts}")
     method_cache[ckey] = ret = CompiledRunner(p)
+    while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))
     return ret
 
 @dataclass

@@ -2,6 +2,7 @@
 ctypes and called on host memory. One kernel can be split across cores by calling it from several threads on
 disjoint ranges of its outermost loop (ctypes releases the GIL during the call)."""
 from __future__ import annotations
+import _ctypes
 import ctypes
 import functools
 import hashlib
@@ -177,6 +178,15 @@ class CPUProgram:
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         self.fxn.restype = None
         self._nargs = -1
+
+    def __del__(self):
+        # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
+        # run with thousands of distinct kernels exhausts the process's map count
+        dll = getattr(self, "_dll", None)
+        if dll is not None:
+            self.fxn = None
+            try: _ctypes.dlclose(dll._handle)
+            except OSError: pass
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False) -> float | None:
