@@ -641,6 +641,7 @@ class Generator:
         k = self.rs.randint(0, 2)
         read = None if k == 0 else region if k == 1 else \
             tuple((o, o + d) for d, o in ((d, self.rs.randint(0, B - d)) for d, B in zip(r.shape, big)))
+        if read is not None and read != region: self.self_read = 1
         return f"assign_view({t}, {region}, {a}, {read})"
 
     FAMILIES: list[tuple[str, float]] = [("unary", 3), ("binary", 4), ("compare", 1), ("where", 1.5),
@@ -795,6 +796,19 @@ def test_fuzz_programs_many():
 
 # ---------------------------------------------------------------------------------------------------------------------
 # minimized reproducers of bugs the fuzzer found (each fails until its bug is fixed)
+
+def test_repro_zero_dim_numpy_input_keeps_its_shape():
+    # the first survey: every program with a 0-d input failed (np.ascontiguousarray makes 0-d arrays 1-d)
+    assert Tensor(np.array(2.5, dtype=np.float32)).shape == ()
+    assert (Tensor(np.array(3, dtype=np.int32)) + 1).numpy().shape == ()
+
+def test_repro_read_of_assign_to_2d_target_sees_new_values():
+    # fuzz seeds 30, 57, 195 (first generator): a kernel reading a 2-d assign target (a RESHAPE over the ASSIGN) was
+    # ordered before the assign kernel, so .numpy() returned the old values
+    b = np.arange(8, dtype=np.float32).reshape(2, 4)
+    t = Tensor(b.copy())
+    t.assign(t.flip(1) + 1)
+    np.testing.assert_array_equal(t.numpy(), b[:, ::-1] + 1)
 
 def test_repro_assign_in_place_transpose_of_expression():
     # fuzz seeds 30, 103, 114 (and most failures with an assign): the value reads the target under an elementwise op
