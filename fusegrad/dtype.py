@@ -269,12 +269,12 @@ _NP_NAMES: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.
                                dtypes.int64: "int64", dtypes.uint64: "uint64", dtypes.float16: "float16",
                                dtypes.float32: "float32", dtypes.float64: "float64"}
 
-def _to_np_dtype(dt: DType) -> Any:
+def to_np_dtype(dt: DType) -> Any:
     import numpy as np
     if dt.scalar() not in _NP_NAMES: raise TypeError(f"{dt} has no numpy equivalent")
     return np.dtype(_NP_NAMES[dt.scalar()])
 
-def _from_np_dtype(npdt: Any) -> DType:
+def from_np_dtype(npdt: Any) -> DType:
     import numpy as np
     name = np.dtype(npdt).name
     for dt, n in _NP_NAMES.items():
@@ -283,20 +283,16 @@ def _from_np_dtype(npdt: Any) -> DType:
 
 _TORCH_NAMES: dict[DType, str] = {**{k: v for k, v in _NP_NAMES.items()}, dtypes.bfloat16: "bfloat16"}
 
-def _to_torch_dtype(dt: DType) -> Any:
+def to_torch_dtype(dt: DType) -> Any:
     import torch
     return getattr(torch, _TORCH_NAMES[dt.scalar()])
 
-def _from_torch_dtype(tdt: Any) -> DType:
+def from_torch_dtype(tdt: Any) -> DType:
     name = str(tdt).removeprefix("torch.")
     for dt, n in _TORCH_NAMES.items():
         if n == name: return dt
     raise TypeError(f"torch dtype {tdt} is not supported")
 
-def to_np_dtype(dt: DType) -> Any: return _to_np_dtype(dt)
-def from_np_dtype(npdt: Any) -> DType: return _from_np_dtype(npdt)
-def to_torch_dtype(dt: DType) -> Any: return _to_torch_dtype(dt)
-def from_torch_dtype(tdt: Any) -> DType: return _from_torch_dtype(tdt)
 
 def py_type(dt: DType) -> type:
     """The Python scalar type of a dtype's elements."""

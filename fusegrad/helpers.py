@@ -2,17 +2,11 @@
 from __future__ import annotations
 import contextlib
 import functools
-import math
 import operator
 import os
-import platform
-import sys
-import time
-from typing import Any, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
-
-OSX, LINUX, WINDOWS = platform.system() == "Darwin", platform.system() == "Linux", sys.platform == "win32"
 
 def prod(x: Iterable[T], start: Any = 1) -> Any:
     """The product of `x` (works for ints and for symbolic UOps)."""
@@ -23,34 +17,14 @@ def dedup(x: Iterable[T]) -> list[T]:
     return list(dict.fromkeys(x))
 
 def flatten(x: Iterable[Iterable[T]]) -> list[T]: return [item for sub in x for item in sub]
-def argsort(x: Sequence[Any]) -> list[int]: return sorted(range(len(x)), key=x.__getitem__)
 def argfix(*x: Any) -> tuple:
     """Accept f(1, 2), f((1, 2)) and f([1, 2]) alike."""
     if x and x[0].__class__ in (tuple, list):
         if len(x) != 1: raise ValueError(f"bad arg {x}")
         return tuple(x[0])
     return x
-def all_same(items: Sequence[Any]) -> bool: return all(x == items[0] for x in items)
 def all_int(t: Iterable[Any]) -> bool: return all(isinstance(s, int) for s in t)
 def ceildiv(num: int, amt: int) -> int: return -(num // -amt)
-def round_up(num: int, amt: int) -> int: return ceildiv(num, amt) * amt
-def make_tuple(x: int | Sequence[int], cnt: int) -> tuple[int, ...]:
-    return (x,) * cnt if isinstance(x, int) else tuple(x)
-def merge_dicts(ds: Iterable[dict]) -> dict:
-    out: dict = {}
-    for d in ds:
-        for k, v in d.items():
-            if k in out and out[k] != v: raise ValueError(f"conflicting values for {k}: {out[k]} and {v}")
-            out[k] = v
-    return out
-def partition(itr: Iterable[T], fxn) -> tuple[list[T], list[T]]:
-    a: list[T] = []; b: list[T] = []
-    for s in itr: (a if fxn(s) else b).append(s)
-    return a, b
-def to_function_name(s: str) -> str:
-    """A C identifier made from `s` (ANSI color codes dropped, other characters hex-escaped)."""
-    s = ansistrip(s)
-    return "".join(c if c.isalnum() or c == "_" else f"{ord(c):02X}" for c in s)
 
 # *** environment knobs ***
 
@@ -109,28 +83,16 @@ def colored(st: str, color: str | None, background: bool = False) -> str:
     code = 10 * background + 60 * (color.upper() == color) + 30 + colors.index(color.lower())
     return f"\u001b[{code}m{st}\u001b[0m"
 
-def colorize_float(x: float) -> str:
-    return colored(f"{x:7.2f}x", "green" if x < 0.75 else "red" if x > 1.15 else "yellow")
-
 def ansistrip(s: str) -> str:
     import re
     return re.sub(r"\x1b\[[0-9;]*m", "", s)
 
 def ansilen(s: str) -> int: return len(ansistrip(s))
 
-# *** timing ***
-
-@contextlib.contextmanager
-def Timing(prefix: str = "", on_exit=None, enabled: bool = True) -> Iterator[None]:
-    st = time.perf_counter_ns()
-    try: yield
-    finally:
-        et = time.perf_counter_ns() - st
-        if enabled: print(f"{prefix}{et*1e-6:6.2f} ms" + (on_exit(et) if on_exit else ""))
+# *** caches ***
 
 def cache_dir() -> str:
     """Where the on-disk caches live ($XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad)."""
     base = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     return os.path.join(base, "fusegrad")
 
-def is_finite(x: float) -> bool: return not (math.isnan(x) or math.isinf(x))

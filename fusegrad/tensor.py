@@ -2,15 +2,16 @@
 needed (.numpy(), .tolist(), .item(), .realize())."""
 from __future__ import annotations
 import math, struct, weakref
-from typing import Any, Callable, Iterable, Sequence
-from fusegrad.dtype import ConstType, DType, ALL_DTYPES, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
+from typing import Any, Callable, Sequence
+from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
-from fusegrad.helpers import argfix, make_tuple, prod
-from fusegrad.schedule.kernelize import buffer_of, is_realized, kernelize_map_cached, new_buffer, substitute_map
+from fusegrad.helpers import argfix, prod
+from fusegrad.schedule.indexing import is_realized, storage_of
+from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
@@ -178,10 +179,8 @@ class Tensor:
 
     def _buffer(self):
         """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
-        t = self if _is_buffer_view(self.uop) else self.contiguous()
-        t.realize()
-        assert _is_buffer_view(t.uop), f"realize left {t.uop.op}"
-        return get_buffer(t.uop.base)
+        t = (self if storage_of(self.uop) is not None else self.contiguous()).realize()
+        return get_buffer(t.uop)
 
     def data(self) -> memoryview:
         """A memoryview (a copy) of the values, shaped like the tensor."""
@@ -799,14 +798,7 @@ def _nest(flat: list, shape: tuple[int, ...]) -> Any:
     step = prod(shape[1:])
     return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
-def _is_buffer_view(u: UOp) -> bool:
-    """A realized buffer read in row-major order: its memory is the tensor's data."""
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    return u.op is Ops.BUFFER
-
-def _is_realized_view(u: UOp) -> bool:
-    while u.op in GroupOp.Movement: u = u.src[0]
-    return u.op is Ops.BUFFER or is_realized(u)
+def _is_realized_view(u: UOp) -> bool: return is_realized(u.base)
 
 def _shape_arg(shape: Any) -> tuple[int, ...]:
     shp = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -827,4 +819,4 @@ def _infer_shape(shape: tuple, numel: int, old: tuple[int, ...]) -> tuple[int, .
     if prod(shape) != numel: raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
     return tuple(shape)
 
-__all__ = ["Tensor", "ALL_DTYPES", "make_tuple", "Callable", "Iterable"]
+__all__ = ["Tensor"]

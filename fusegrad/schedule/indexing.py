@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
+def is_realized(u: UOp) -> bool:
+    """A node whose value lives in a buffer: a BUFFER or a kernel's output ASSIGN(BUFFER, KERNEL)."""
+    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
+
+def storage_of(u: UOp) -> UOp | None:
+    """The BUFFER holding a realized node or a reshape view of one (None for anything else)."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.ASSIGN and is_realized(u): u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
 def _idx(v: int) -> UOp: return UOp.const(dtypes.index, v)
 
 def flat_index(idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
@@ -61,6 +71,7 @@ class KernelBuilder:
     """Builds the AST of one kernel. `is_input(u)` says where the kernel stops and loads from a buffer instead."""
     is_input: object  # Callable[[UOp], bool]
     globals: list[UOp] = field(default_factory=list)        # tensor-level buffer nodes, in DEFINE_GLOBAL order
+    slots: dict[UOp, int] = field(default_factory=dict)     # BUFFER -> its DEFINE_GLOBAL number
     next_axis: int = 0
     memo: dict = field(default_factory=dict)
 
@@ -70,11 +81,14 @@ class KernelBuilder:
         return r
 
     def define_global(self, buf: UOp) -> UOp:
-        # one argument per memory: a buffer and a pending kernel's output in it are the same argument
-        mem = [_storage(b) for b in self.globals]
-        if _storage(buf) not in mem: self.globals.append(buf); mem.append(_storage(buf))
-        i = mem.index(_storage(buf))
-        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(_buffer_size(buf)), arg=i)
+        """The kernel argument for realized node `buf`: one per memory, so a buffer and a pending kernel's output in
+        it are the same argument. The first one defined is argument 0, the output."""
+        mem = storage_of(buf)
+        if mem is None: raise RuntimeError(f"{buf.op} is not held in a buffer")
+        if mem not in self.slots:
+            self.slots[mem] = len(self.globals)
+            self.globals.append(buf)
+        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(mem.arg[1]), arg=self.slots[mem])
 
     def address(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp, UOp | None]:
         """(DEFINE_GLOBAL, flat index, valid) of element `idxs` of `view`: movement ops over a realized buffer."""
@@ -125,8 +139,8 @@ class KernelBuilder:
         if u.op is Ops.REDUCE_AXIS:
             rix = self._reduce_ranges(u, ix)
             return [(u.src[0], rix, valid)]
-        if u.op in GroupOp.Elementwise or u.op in (Ops.CONTIGUOUS, Ops.ASSIGN):
-            return [(s, ix, valid) for s in u.src]
+        # (CONTIGUOUS, ASSIGN and COPY are always realized, so they are never fused into a consumer)
+        if u.op in GroupOp.Elementwise: return [(s, ix, valid) for s in u.src]
         raise RuntimeError(f"can't fuse {u.op} into a kernel")
 
     def _reduce_ranges(self, u: UOp, ix: tuple[UOp, ...]) -> tuple[UOp, ...]:
@@ -151,19 +165,5 @@ class KernelBuilder:
             rix = self.memo[("reduce", u, ix)]
             ranges = tuple(r for r in rix if r.op is Ops.RANGE and r.arg[1] == "reduce" and r not in ix)
             return UOp(Ops.REDUCE, u.dtype, (srcs[0],) + ranges, u.arg[0]) if ranges else srcs[0]
-        if u.op in (Ops.CONTIGUOUS,): return srcs[0]
-        if u.op is Ops.ASSIGN: return srcs[1]
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 
-def _storage(u: UOp) -> UOp:
-    """The BUFFER holding a realized node (itself for other nodes)."""
-    b = u
-    while b.op is Ops.RESHAPE: b = b.src[0]
-    if b.op is Ops.ASSIGN and len(b.src) == 2 and b.src[1].op is Ops.KERNEL: b = b.src[0]
-    return b if b.op is Ops.BUFFER else u
-
-def _buffer_size(buf: UOp) -> int:
-    b = buf
-    if b.op is Ops.ASSIGN: b = b.src[0]
-    while b.op is Ops.RESHAPE: b = b.src[0]
-    return b.arg[1] if b.op is Ops.BUFFER else b.size

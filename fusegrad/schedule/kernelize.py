@@ -6,9 +6,9 @@ import itertools
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
-from fusegrad.schedule.indexing import KernelBuilder, flat_index
-from fusegrad.schedule.simplify import _is_contiguous_buffer, const_value, sym_tensor
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
+from fusegrad.schedule.simplify import sym_tensor
+from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
 from fusegrad.uop.symbolic import pm_simplify_indexing
 
@@ -18,33 +18,24 @@ def new_buffer(device: UOp, size: int, dtype) -> UOp:
     """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
     return UOp(Ops.BUFFER, dtype, (device,), (next(_buffer_ids), size))
 
-def is_realized(u: UOp) -> bool:
-    """A node whose value lives in a buffer: a BUFFER or a kernel's output."""
-    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
-
 def buffer_of(u: UOp) -> UOp:
     """The BUFFER node behind a realized node or a reshape view of one."""
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is Ops.ASSIGN: return buffer_of(u.src[0])
-    if u.op is not Ops.BUFFER: raise RuntimeError(f"{u.op} is not a buffer")
-    return u
-
-def _view_base(u: UOp) -> UOp:
-    while u.op in GroupOp.Movement: u = u.src[0]
-    return u
+    if (b := storage_of(u)) is None: raise RuntimeError(f"{u.op} is not a buffer")
+    return b
 
 def find_realized(sink: UOp) -> set[UOp]:
     """The fusion decision: which nodes get their own buffer (and kernel)."""
     realize: set[UOp] = set()
     topo = list(sink.toposort())
     for out in sink.src:
-        if not _is_contiguous_buffer(out) and prod(out.shape or (1,)) >= 0: realize.add(out)
+        # an output already in a buffer in row-major order (only reshapes on top) needs no kernel
+        if storage_of(out) is None: realize.add(out)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
-        if u.op is Ops.COPY and not _is_contiguous_buffer(u.src[0]): realize.add(u.src[0])
+        if u.op is Ops.COPY and storage_of(u.src[0]) is None: realize.add(u.src[0])
         # a computed value that is broadcast is computed once into a buffer, not once per output element
         if u.op is Ops.EXPAND:
-            base = _view_base(u.src[0])
+            base = u.src[0].base
             if not is_realized(base) and not _is_cheap(base): realize.add(base)
     # a reduce feeding more than one kernel is computed once (walk users before sources)
     users: dict[UOp, list[UOp]] = {}
@@ -69,7 +60,7 @@ def _device(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
 def _assign_target(u: UOp) -> UOp:
     """The buffer view an ASSIGN writes to (checked to be a realized buffer)."""
     target = u.src[0]
-    if not is_realized(_view_base(target)):
+    if not is_realized(target.base):
         raise RuntimeError("assign target must be a realized tensor (call .realize() on it first)")
     return target
 
@@ -82,7 +73,7 @@ def build_kernel(r: UOp) -> UOp:
     ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
     if r.op is Ops.ASSIGN:
         target_view, value_node = _assign_target(r), r.src[1]
-        target_base = _view_base(target_view)
+        target_base = target_view.base
         out_buf = buffer_of(target_base)
         # address the target through its view: an assign may write a slice of a buffer
         _, idx, valid = KernelBuilder(is_realized).address(target_view, ranges)
@@ -90,10 +81,8 @@ def build_kernel(r: UOp) -> UOp:
         out_buf = new_buffer(_device(r), prod(shape), r.dtype)
         value_node = r.src[0] if r.op is Ops.CONTIGUOUS else r
         idx, valid = flat_index(ranges, shape), None
-    # output first: DEFINE_GLOBAL 0 is the buffer written
-    kb.globals.append(out_buf)
+    g = kb.define_global(out_buf)  # defined first: DEFINE_GLOBAL 0 is the buffer written
     val = kb.value(value_node, ranges)
-    g = UOp(Ops.DEFINE_GLOBAL, out_buf.dtype.ptr(out_buf.arg[1]), arg=0)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
     ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)),
@@ -147,7 +136,7 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:
         out[u] = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
     return out
 
-__all__ = ["kernelize_map", "is_realized", "buffer_of", "new_buffer", "const_value"]
+__all__ = ["kernelize_map", "kernelize_map_cached", "is_realized", "buffer_of", "new_buffer"]
 
 # *** the schedule cache: an identical graph over different buffers (the next training step) is kernelized once ***
 

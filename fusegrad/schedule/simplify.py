@@ -2,6 +2,7 @@
 from __future__ import annotations
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
+from fusegrad.schedule.indexing import storage_of
 from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
@@ -50,11 +51,6 @@ def _is_noop_movement(m: UOp) -> bool:
     if m.op is Ops.FLIP: return not any(f for f, s in zip(m.arg, src_shape) if s > 1)
     return False
 
-def _is_contiguous_buffer(x: UOp) -> bool:
-    """A realized buffer viewed in row-major order (only reshapes on top): reading it needs no kernel."""
-    while x.op is Ops.RESHAPE: x = x.src[0]
-    return x.op is Ops.BUFFER or (x.op is Ops.ASSIGN and x.src[1].op is Ops.KERNEL)
-
 sym_tensor = PatternMatcher([
     # constant folding: ALU and CAST of uniform constants are constants
     (UPat(GroupOp.ALU, name="a"), _fold_alu),
@@ -69,7 +65,7 @@ sym_tensor = PatternMatcher([
      lambda m, inner: inner.src[0].reshape(m.arg)),
     (UPat(GroupOp.Movement, name="m"), _movement_of_const),
     # a contiguous copy of something already contiguous in memory is that thing
-    (UPat(Ops.CONTIGUOUS, name="c"), lambda c: c.src[0] if _is_contiguous_buffer(c.src[0]) else None),
+    (UPat(Ops.CONTIGUOUS, name="c"), lambda c: c.src[0] if storage_of(c.src[0]) is not None else None),
     # size-0 tensors hold nothing: replace them by a constant so no kernel reads or writes them
     (UPat(name="x"), _size_zero),
 ], name="sym_tensor")

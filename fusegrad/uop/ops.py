@@ -4,8 +4,8 @@ import math
 import struct
 import weakref
 from enum import Enum, auto
-from typing import Any, Callable, Iterator
-from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_int, truncate_float
+from typing import Any, Callable
+from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_float
 from fusegrad.helpers import prod
 
 class Ops(Enum):
@@ -52,8 +52,6 @@ class GroupOp:
     Associative = {Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX}
     Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
     Idempotent = {Ops.AND, Ops.OR, Ops.MAX}
-    # f(0) != 0 for these, so a padded region must not be computed through them
-    UnsafePad = {Ops.RECIP, Ops.LOG2, Ops.EXP2, Ops.IDIV, Ops.POW, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
     Buffer = {Ops.LOAD, Ops.STORE}
 
 # *** constant folding: what every ALU op computes, with C semantics for integers ***
@@ -640,11 +638,5 @@ def resolve(x: Any, default: bool = True) -> bool:
     if x.dtype.scalar() != dtypes.bool: raise TypeError(f"resolve needs a bool UOp, got {x.dtype}")
     return bool(x.vmin) if x.vmin == x.vmax else default
 
-def ssimplify(x: Any) -> Any: return x.simplify() if isinstance(x, UOp) else x
-def smax(*lst: Any) -> Any: return max(lst)
-def smin(*lst: Any) -> Any: return min(lst)
 
-def consts_truncate(v: ConstType, dt: DType) -> ConstType:
-    return truncate_int(int(v), dt) if dtypes.is_int(dt) else truncate_float(float(v), dt)
 
-def all_nodes(u: UOp) -> Iterator[UOp]: yield from u.toposort()
