@@ -162,7 +162,9 @@ class Tensor:
         self.kernelize(*lst)
         sink = UOp.sink_of(*[t.uop for t in tensors])
         kernels = kernels_in_order(sink)
-        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src]) for k in kernels if buffer_of(k.src[0]).arg[1] > 0]
+        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src if b.op is not Ops.BIND],
+                          fixedvars={b.src[0].arg[0]: b.src[1].arg for b in k.src if b.op is Ops.BIND})
+                 for k in kernels if buffer_of(k.src[0]).arg[1] > 0]
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
                    for u in sink.toposort() if is_realized(u) and u.op is Ops.ASSIGN}

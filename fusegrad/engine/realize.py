@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 from fusegrad.device import Buffer, Device, GlobalCounters
+from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, DEBUG, NOOPT, ansilen, colored
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
@@ -49,6 +50,8 @@ class CompiledRunner(Runner):
         # argument plumbing is fixed per kernel, so work it out once (this runs every step of a training loop)
         self._gidx = tuple(p.globals)
         self._vnames = tuple(v.arg[0] for v in p.vars)
+        # the kernel ABI passes float parameters as double and integer ones as 64-bit ints
+        self._vconv = tuple(float if dtypes.is_float(v.dtype) else int for v in p.vars)
         # the ProgramSpec contract makes any kernel with global_size > 1 splittable; the device says how far
         self._static_gs = p.global_size if isinstance(p.global_size, int) else None
         self._may_split = self._static_gs is None or self._static_gs > 1
@@ -73,7 +76,7 @@ class CompiledRunner(Runner):
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
-        try: vals = tuple(var_vals[n] for n in self._vnames)
+        try: vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
         except KeyError as e: raise ValueError(f"kernel {self.p.name} needs a value for Variable {e.args[0]}") from e
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         return self._prg(*bufs, vals=vals, global_size=gs, threads=self.threads(var_vals) if gs > 1 else 1, wait=wait)

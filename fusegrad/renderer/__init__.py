@@ -14,8 +14,8 @@ class Estimates:
 class ProgramSpec:
     """A rendered kernel.
 
-    The C entry point is `void <name>(<one pointer per buffer, in `globals` order>, <one `long` per var in `vars`>,
-    long core_lo, long core_hi)`. When `global_size` > 1 the kernel's outermost loop runs over [core_lo, core_hi)
+    The C entry point is `void <name>(<one pointer per buffer, in `globals` order>, <one parameter per var in `vars`:
+    `double` for a float var, `long` for an integer one>, long core_lo, long core_hi)`. When `global_size` > 1 the kernel's outermost loop runs over [core_lo, core_hi)
     instead of [0, global_size), so a runtime may split [0, global_size) across threads; with global_size == 1 the
     runtime passes (0, 1)."""
     name: str

@@ -336,8 +336,11 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 const = "" if u in stored else "const "
                 bufs.append((u.arg, f"{const}{self.dtype_name(u.dtype.base)}*{self.buffer_suffix} {r[u]}"))
             elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
-                var_params.append((r[u], f"long {r[u]}"))
+                # parameters arrive as double (floats) or long (integers), narrowed here to the var's dtype
+                wide = "double" if dtypes.is_float(u.dtype) else "long"
+                var_params.append((u.arg[0], f"{wide} {u.arg[0]}"))
+                narrow = u.dtype.scalar() not in (dtypes.float64, dtypes.int64, dtypes.index)
+                r[u] = f"(({self.dtype_name(u.dtype)}){u.arg[0]})" if narrow else u.arg[0]
             elif op is Ops.NOOP: continue     # groups stores
             elif op is Ops.BIND: r[u] = r[src[0]]
             elif op is Ops.DEFINE_LOCAL:

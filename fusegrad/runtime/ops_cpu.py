@@ -177,7 +177,7 @@ class CPUProgram:
         try: self.fxn = getattr(self._dll, name)
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         self.fxn.restype = None
-        self._nargs = -1
+        self._sig: tuple | None = None
 
     def __del__(self):
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
@@ -192,10 +192,12 @@ class CPUProgram:
                  wait: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). Returns the elapsed seconds if `wait`."""
-        if (n := len(bufs) + len(vals)) != self._nargs:
-            # argtypes make ctypes convert cheaply and pass 64-bit longs correctly; they only change with arity
-            self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_long] * (len(vals) + 2)
-            self._nargs = n
+        if (sig := (len(bufs), tuple(type(v) is float for v in vals) if vals else ())) != self._sig:
+            # argtypes make ctypes convert cheaply and pass 64-bit values correctly; they only change with the
+            # signature: pointers, then a double per float parameter and a long per integer one, then the range
+            self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + \
+                [ctypes.c_double if f else ctypes.c_long for f in sig[1]] + [ctypes.c_long] * 2
+            self._sig = sig
         if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
         threads = max(1, min(threads, global_size))
         st = time.perf_counter() if wait else 0.0

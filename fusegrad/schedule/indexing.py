@@ -66,6 +66,13 @@ def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp 
         return tuple(new), valid
     raise RuntimeError(f"{m.op} is not a movement op")
 
+def kernel_param(u: UOp) -> UOp:
+    """The kernel-level DEFINE_VAR for tensor-level parameter `u`. Kernels take float parameters as double and
+    integers as 64-bit, so a half or bfloat16 parameter arrives as float32 (exact: its value is a half) and is cast."""
+    if u.dtype in (dtypes.float16, dtypes.bfloat16):
+        return UOp(Ops.DEFINE_VAR, dtypes.float32, (), u.arg).cast(u.dtype)
+    return UOp(Ops.DEFINE_VAR, u.dtype, (), u.arg)
+
 @dataclass
 class KernelBuilder:
     """Builds the AST of one kernel. `is_input(u)` says where the kernel stops and loads from a buffer instead."""
@@ -120,6 +127,9 @@ class KernelBuilder:
                 continue
             if u.op is Ops.RANGE:  # a tensor-level iota: element i is i
                 result[key] = ix[0].cast(u.dtype)
+                continue
+            if u.op is Ops.DEFINE_VAR:  # a lifted constant: a kernel parameter
+                result[key] = kernel_param(u)
                 continue
             children = self._children(u, ix, valid)
             if not ready:

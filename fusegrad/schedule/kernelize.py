@@ -3,12 +3,14 @@ decision), and group everything else into KERNEL UOps, each with its AST. After 
 `ASSIGN(BUFFER, KERNEL(ast, buffers...), arg=r.shape)` and its users load from that buffer."""
 from __future__ import annotations
 import itertools
+import math
+from dataclasses import dataclass
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
 from fusegrad.schedule.simplify import sym_tensor
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
 from fusegrad.uop.symbolic import pm_simplify_indexing
 
@@ -49,7 +51,18 @@ def find_realized(sink: UOp) -> set[UOp]:
         if u.op is Ops.REDUCE_AXIS and len(r) > 1:
             realize.add(u); roots[u] = frozenset([u])
         else: roots[u] = r
+    # an expensive value feeding more than one kernel is computed once: recomputing it in each would make a chain of
+    # such values (x = f(x, sum(x)) in a loop) cost quadratic work and code size
+    ops: dict[UOp, int] = {}
+    for u in topo:
+        if u.op in GroupOp.Movement and u not in realize: ops[u] = ops.get(u.src[0], 0); continue
+        if u in realize or is_realized(u) or u.op not in GroupOp.Elementwise: ops[u] = 0; continue
+        ops[u] = min(RECOMPUTE_LIMIT + 1, 1 + sum(ops.get(s, 0) for s in u.src))
+        if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1: realize.add(u); ops[u] = 0
     return {u for u in realize if not is_realized(u)}
+
+# the most ALU ops of a fused value that is recomputed in every kernel that uses it
+RECOMPUTE_LIMIT = 32
 
 def _is_cheap(u: UOp) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""
@@ -94,7 +107,9 @@ def build_kernel(r: UOp) -> UOp:
         return build_kernel(r.replace(src=(r.src[0], build_kernel(r.src[1]))))
     # an assign over a pending kernel's output names that output as its first source, so it runs after it
     first = target_base if r.op is Ops.ASSIGN and target_base.op is Ops.ASSIGN else out_buf
-    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]), ast)
+    # the parameters the kernel reads follow its buffers; scheduling binds them to this call's values
+    params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0])
+    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]) + tuple(params), ast)
     if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
     # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
@@ -139,36 +154,82 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:
 __all__ = ["kernelize_map", "kernelize_map_cached", "is_realized", "buffer_of", "new_buffer"]
 
 # *** the schedule cache: an identical graph over different buffers (the next training step) is kernelized once ***
+#
+# The cache key is the graph with its buffers replaced by numbered parameters and its constants replaced by numbered
+# placeholders, so graphs that differ only in buffers or in the values of Python numbers share an entry. An entry
+# bakes the constants it was first built with into the kernels (full constant folding); when a later graph of the
+# same structure brings a different value at some position, that position is lifted for good: it becomes a kernel
+# parameter (a DEFINE_VAR) and the value is bound per call. So a step counter or a learning-rate schedule costs one
+# extra compile, then hits every step; constants that never change stay folded into the code.
 
-schedule_cache: dict[UOp, tuple[dict[UOp, UOp], tuple[UOp, ...]]] = {}
+@dataclass
+class _CacheEntry:
+    baseline: tuple        # the constant values the kernels were built with (keys from _arg_key, so -0.0 != 0.0)
+    lifted: frozenset      # positions that are kernel parameters
+    changed: dict          # kernelized graph: structure node -> its replacement
+    outs: tuple            # output BUFFERs created by the cached kernelization (fresh ones per call)
+    kernel_vars: dict      # position -> kernel-level DEFINE_VAR of a lifted constant
+
+    def accepts(self, keys: tuple) -> bool:
+        return all(k == b for i, (k, b) in enumerate(zip(keys, self.baseline)) if i not in self.lifted)
+
+schedule_cache: dict[UOp, _CacheEntry] = {}
 SCHEDULE_CACHE_SIZE = 512
 schedule_cache_stats = {"hits": 0, "misses": 0}
 
 def _param(i: int, buf: UOp) -> UOp: return UOp(Ops.BUFFER, buf.dtype, buf.src, (("param", i), buf.arg[1]))
 
+def _is_liftable(u: UOp) -> bool:
+    """A tensor-level constant that may become a kernel parameter (not bool: masks fold into control flow)."""
+    return u.op is Ops.CONST and bool(u.src) and u.dtype != dtypes.bool and u.dtype != dtypes.index
+
+def _placeholder(i: int, c: UOp) -> UOp:
+    dt = c.dtype
+    lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
+    return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
+
 def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
-    """kernelize_map for the nodes that change, using the schedule cache. Buffers are replaced by numbered parameters
-    to form the cache key; the cached result is instantiated with this graph's buffers and fresh output buffers."""
+    """kernelize_map for the nodes that change, using the schedule cache. The cached result is instantiated with
+    this graph's buffers, fresh output buffers, and this graph's values for lifted constants."""
     topo = list(sink.toposort())
-    inputs = [u for u in topo if u.op is Ops.BUFFER]
-    to_param = {b: _param(i, b) for i, b in enumerate(inputs)}
+    to_param: dict[UOp, UOp] = {}
+    consts: list[UOp] = []
+    for u in topo:
+        if u.op is Ops.BUFFER: to_param[u] = _param(len(to_param), u)
+        elif _is_liftable(u):
+            to_param[u] = _placeholder(len(consts), u)
+            consts.append(u)
     normalized = substitute_map(sink, to_param)
     key = normalized[sink]
-    if (hit := schedule_cache.get(key)) is None:
+    keys = tuple(_arg_key(c.arg) for c in consts)
+    entry = schedule_cache.get(key)
+    if entry is None or not entry.accepts(keys):
         schedule_cache_stats["misses"] += 1
-        nmap = kernelize_map(key)
-        changed = {k: v for k, v in nmap.items() if k is not v}
-        params = set(to_param.values())
-        outs = tuple(u for u in UOp.sink_of(*changed.values()).toposort() if u.op is Ops.BUFFER and u not in params)
-        hit = (changed, outs)
+        lifted = frozenset() if entry is None else \
+            entry.lifted | {i for i, (k, b) in enumerate(zip(keys, entry.baseline)) if k != b}
+        entry = _kernelize_structure(key, [to_param[c] for c in consts], consts, lifted, keys,
+                                     frozenset(to_param[u] for u in topo if u.op is Ops.BUFFER))
+        schedule_cache.pop(key, None)
         if len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
-        schedule_cache[key] = hit
+        schedule_cache[key] = entry
     else: schedule_cache_stats["hits"] += 1
-    changed, outs = hit
-    if not changed: return {}
-    # instantiate: parameters back to this graph's buffers, cached output buffers to new ones
-    back = {p: b for b, p in to_param.items()}
-    back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in outs})
-    vals = UOp.sink_of(*changed.values())
-    inst = substitute_map(vals, back)
-    return {orig: inst[changed[n]] for orig, n in normalized.items() if n in changed}
+    if not entry.changed: return {}
+    # instantiate: parameters back to this graph's buffers and constants, cached output buffers to new ones, and the
+    # kernel parameters bound to this call's values
+    back: dict[UOp, UOp] = {p: b for b, p in to_param.items()}
+    back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in entry.outs})
+    back.update({v: UOp(Ops.BIND, v.dtype, (v, v.const_like(consts[i].arg))) for i, v in entry.kernel_vars.items()})
+    inst = substitute_map(UOp.sink_of(*entry.changed.values()), back)
+    return {orig: inst[entry.changed[n]] for orig, n in normalized.items() if n in entry.changed}
+
+def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], lifted: frozenset, keys: tuple,
+                         params: frozenset) -> _CacheEntry:
+    """Kernelize the structure `key` with the constants not in `lifted` baked in as the values `consts`."""
+    baked = substitute_map(key, {p: consts[i] for i, p in enumerate(placeholders) if i not in lifted})
+    nmap = kernelize_map(baked[key])
+    changed = {n: nmap[b] for n, b in baked.items() if b in nmap and nmap[b] is not b}
+    everything = UOp.sink_of(*changed.values()).toposort()
+    outs = tuple(u for u in everything if u.op is Ops.BUFFER and u not in params)
+    names = {f"_c{i}": i for i in lifted}
+    kernel_vars = {names[u.arg[0]]: u for u in everything if u.op is Ops.DEFINE_VAR and not u.src}
+    return _CacheEntry(keys, lifted, changed, outs, kernel_vars)

@@ -416,6 +416,7 @@ _SHAPELESS = {Ops.DEVICE, Ops.UNIQUE, Ops.KERNEL, Ops.SINK, Ops.NOOP, Ops.DEFINE
 
 def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     op, arg = u.op, u.arg
+    if op is Ops.DEFINE_VAR and u.src: return ()  # a tensor-level scalar parameter (a lifted constant)
     if op in _SHAPELESS: return None
     if op is Ops.BUFFER: return (arg[1],)
     if op is Ops.BUFFER_VIEW: return (arg[0],)

@@ -21,6 +21,7 @@ tensor_spec: list[Rule] = [
     (UPat(Ops.BUFFER, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE and x.arg[1] >= 0),
     (UPat(Ops.CONST, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE),
     (UPat(Ops.RANGE, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE and dtypes.is_int(x.dtype)),
+    (UPat(Ops.DEFINE_VAR, name="x"), lambda x: len(x.src) == 1 and x.src[0].op is Ops.DEVICE),
     (UPat(GroupOp.Movement, name="x"), lambda x: x.dtype == x.src[0].dtype and x.shape is not None),
     (UPat(Ops.REDUCE_AXIS, name="x"), lambda x: x.arg[0] in (Ops.ADD, Ops.MAX, Ops.MUL) and
      all(0 <= a < len(x.src[0].shape) for a in x.arg[1])),
@@ -38,7 +39,7 @@ tensor_spec: list[Rule] = [
 kernel_spec: list[Rule] = [
     (UPat(Ops.SINK, name="x"), lambda x: all(s.op is Ops.STORE for s in x.src)),
     (UPat(Ops.DEFINE_GLOBAL, name="x"), lambda x: isinstance(x.dtype, PtrDType) and isinstance(x.arg, int)),
-    (UPat(Ops.DEFINE_VAR, name="x"), lambda x: dtypes.is_int(x.dtype)),
+    (UPat(Ops.DEFINE_VAR, name="x"), lambda x: not x.src and (dtypes.is_int(x.dtype) or dtypes.is_float(x.dtype))),
     (UPat(Ops.RANGE, name="x"), lambda x: x.dtype == dtypes.index and x.arg[1] in ("loop", "reduce")),
     (UPat(Ops.INDEX, name="x"), lambda x: x.src[0].op is Ops.DEFINE_GLOBAL and dtypes.is_int(x.src[1].dtype) and
      (len(x.src) == 2 or x.src[2].dtype == dtypes.bool)),

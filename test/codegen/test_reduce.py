@@ -237,9 +237,11 @@ def test_parallel_split_halves():
     h = p.global_size // 2
     out = np.zeros((M, N), np.float32)
     call(p, [out, a, b], splits=[(0, h)])
-    rows = M * h // p.global_size
-    np.testing.assert_allclose(out[:rows], (a @ b)[:rows], rtol=1e-4, atol=1e-4)
-    assert not out[rows:].any()   # the second half isn't touched by the first call
+    # the first half of the parallel loop writes half of the outputs (which half depends on the loop order the
+    # optimizer chose for this machine's vector width) and leaves the rest untouched
+    written = out != 0
+    assert written.sum() == M * N // 2
+    np.testing.assert_allclose(out[written], (a @ b)[written], rtol=1e-4, atol=1e-4)
     call(p, [out, a, b], splits=[(h, p.global_size)])
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
 
