@@ -1,8 +1,10 @@
 """Core benchmark: fusegrad against NumPy and PyTorch (CPU, 2 threads) in one process.
 
 Workloads: 1024x1024 float32 matmul (GFLOPS), the fused elementwise ((x*y+z).relu()*0.5) on 2^24 floats (GB/s,
-4 arrays x 4 bytes per element), row sums of a 4096x4096 float32 matrix (GB/s), and the cost of scheduling a 200-op
-elementwise graph (ms, cold and cached).
+4 arrays x 4 bytes per element), row sums of a 4096x4096 float32 matrix (GB/s), the cost of scheduling a 200-op
+elementwise graph (ms, cold and cached), a loop whose graph changes only by a Python number against the same loop
+with a fixed number (ms per iteration, RSS), and the first run of a 200-op graph in a fresh process with an empty
+program cache, for each compile path (C through the system compiler, LLVM through llvmlite).
 
 The memory-bound workloads also get a "C" column: the figure to beat, a plain hand-written C loop (bench/ref_kernels.c,
 built at start with the system C compiler at -O3 -march=native and called through ctypes) split across 2 pthreads
@@ -191,19 +193,21 @@ def bench_copy(clib: ctypes.CDLL, nbytes: int = 256 << 20) -> str:
             f"(read+write; best {best * 1e3:.2f} ms, median {med * 1e3:.2f} ms){ok}")
 
 def build_graph(x: Tensor, k: float, n_ops: int = 200) -> Tensor:
-    """An elementwise chain of n_ops ALU ops; `k` varies the constants so every k gives a new (uncached) graph."""
+    """An elementwise chain of n_ops ALU ops with constants depending on `k`."""
     out = x
     for i in range(n_ops // 2):
         out = out * (1.0 + k * 1e-3 + i * 1e-6) + 0.5 if i % 2 else (out - 0.25).maximum(-1.0 - k)
     return out
 
 def bench_schedule(reps: int = 3 if QUICK else 5) -> tuple[list[float], list[float], int | None, str]:
-    """ms to schedule a new 200-op graph (cold) and the same graph rebuilt (cached); also the kernel count."""
+    """ms to schedule a new 200-op graph (cold) and the same graph rebuilt (cached); also the kernel count. Graphs
+    that differ only in constants share a cache entry, so each cold graph is over an input of another size."""
     cold, cached, nkernels, note = [], [], None, ""
     try:
-        x = Tensor(np.arange(1024, dtype=np.float32)).realize()
-        build_graph(x, -1.0).schedule()  # warm the imports and code paths of the scheduler itself
+        Tensor(np.arange(1000, dtype=np.float32)).realize()
+        build_graph(Tensor(np.arange(1000, dtype=np.float32)).realize(), -1.0).schedule()  # warm the code paths
         for k in range(reps):
+            x = Tensor(np.arange(1024 + k, dtype=np.float32)).realize()
             g1 = build_graph(x, float(k))
             t0 = time.perf_counter()
             sched = g1.schedule()
@@ -217,6 +221,58 @@ def bench_schedule(reps: int = 3 if QUICK else 5) -> tuple[list[float], list[flo
         note = f" fusegrad failed: {type(e).__name__}: {e}"
         if "-v" in sys.argv: traceback.print_exc()
     return cold, cached, nkernels, note
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+def bench_changing_constant(iters: tuple[int, ...] = (1000, 5000)) -> list[str]:
+    """A training-loop-shaped graph whose only change per step is a Python number, against the same loop with a fixed
+    number: ms per iteration and RSS after each count of iterations."""
+    out = []
+    x = Tensor(np.ones((256, 256), np.float32)).realize()
+    for label, const in (("fixed constant", lambda i: 3), ("changing constant", lambda i: i)):
+        for i in range(20): ((x * 1.5 + 1).relu().sum(1) + const(i)).realize()   # compile and warm up
+        rss, done, t0 = [], 0, time.perf_counter()
+        for n in iters:
+            for i in range(done, n): ((x * 1.5 + 1).relu().sum(1) + const(i)).realize()
+            done = n
+            rss.append(f"RSS after {n}: {rss_mb():.1f} MB")
+        ms = (time.perf_counter() - t0) * 1e3 / iters[-1]
+        out.append(f"{label:18s} {ms:7.3f} ms/iter   " + "   ".join(rss))
+    return out
+
+G200_PROGRAM = """
+import time
+t0 = time.perf_counter()
+from fusegrad import Tensor, GlobalCounters
+t1 = time.perf_counter()
+x = Tensor.ones(77, 77).contiguous().realize()
+for i in range(200): x = (x*1.01+0.5).relu() if i % 3 else x.sum(1, keepdim=True).expand(77, 77)*0.001 + x
+x.realize()
+t2 = time.perf_counter()
+print(f"{(t2 - t1) * 1e3:.0f} {(t1 - t0) * 1e3:.0f} {GlobalCounters.kernel_count}")
+"""
+
+def bench_first_run(devices: tuple[str, ...] = ("CPU", "LLVM")) -> list[str]:
+    """The 200-op graph of elementwise ops and row reductions broadcast back, run once in a fresh process with an empty
+    program cache (cold), then again with the cache that run left (warm), for each compile path."""
+    out = []
+    for dev in devices:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "XDG_CACHE_HOME": cache, "DEV": dev}
+            runs = []
+            for _ in ("cold", "warm"):
+                t0 = time.perf_counter()
+                res = subprocess.run([sys.executable, "-c", G200_PROGRAM], env=env, capture_output=True, text=True)
+                wall = (time.perf_counter() - t0) * 1e3
+                if res.returncode != 0:
+                    runs.append(f"failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else '?'}")
+                    break
+                run_ms, import_ms, kernels = res.stdout.split()
+                runs.append(f"{run_ms} ms ({kernels} kernels; process {wall:.0f} ms, import {import_ms} ms)")
+            out.append(f"200-op graph first run, DEV={dev:5s}: cold " + "; warm ".join(runs))
+    return out
 
 def main() -> None:
     t_start = time.perf_counter()
@@ -249,6 +305,8 @@ def main() -> None:
               f"cold/cached {min(cold) / max(min(cached), 1e-9):.1f}x, {nk} kernel(s)")
     else:
         print("schedule 200-op elementwise graph: n/a")
+    for line in bench_changing_constant((200, 1000) if QUICK else (1000, 5000)): print(line)
+    for line in bench_first_run(): print(line)
     for r in rows:
         if r.note: print(f"note [{r.name}]:{r.note}")
     if note: print(f"note [schedule]:{note}")

@@ -8,6 +8,7 @@ import os
 import pathlib
 import tempfile
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
 from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
@@ -261,10 +262,12 @@ class Compiler:
     Cache entries on disk are `MAGIC + sha256(payload) + payload`, written atomically, so a truncated or garbage file
     is detected and recompiled instead of crashing the program that loads it."""
     MAGIC = b"FGC1"
+    MEM_CACHE_SIZE = 256        # binaries kept in memory (least recently used dropped; the disk keeps them all)
+    parallel: bool = False      # compile() may run in several threads at once (a compiler process per call)
     def __init__(self, cachekey: str | None = None):
         # cachekey names this compiler's configuration (compiler path, version, flags); None means no caching
         self.cachekey = cachekey
-        self.mem_cache: dict[str, bytes] = {}
+        self.mem_cache: OrderedDict[str, bytes] = OrderedDict()
         self.disk_hits, self.compiles = 0, 0
 
     def compile(self, src: str) -> bytes: raise NotImplementedError
@@ -278,16 +281,33 @@ class Compiler:
 
     def compile_cached(self, src: str) -> bytes:
         """`compile(src)`, through the memory and disk caches."""
-        if self.cachekey is None: return self._compile(src)
-        key = self._key(src)
-        if (lib := self.mem_cache.get(key)) is not None: return lib
-        path = self.cache_path(src)
-        if CACHELEVEL >= 1 and (lib := self._read(path)) is not None: self.disk_hits += 1
-        else:
-            lib = self._compile(src)
-            if CACHELEVEL >= 1: self._write(path, lib)
-        self.mem_cache[key] = lib
-        return lib
+        return self.compile_cached_many([src])[0]
+
+    def compile_cached_many(self, srcs: list[str]) -> list[bytes]:
+        """`compile_cached` of every source; the ones not cached are compiled together (in parallel threads when
+        the compiler allows it), so a schedule of new kernels costs about one compile per core, not one per kernel."""
+        if self.cachekey is None: return self._compile_all(srcs)
+        out: dict[str, bytes] = {}
+        for src in dict.fromkeys(srcs):
+            key = self._key(src)
+            if (lib := self.mem_cache.get(key)) is not None: self.mem_cache.move_to_end(key)
+            elif CACHELEVEL >= 1 and (lib := self._read(self.cache_path(src))) is not None: self.disk_hits += 1
+            else: continue
+            out[src] = lib
+        todo = [src for src in dict.fromkeys(srcs) if src not in out]
+        for src, lib in zip(todo, self._compile_all(todo)):
+            if CACHELEVEL >= 1: self._write(self.cache_path(src), lib)
+            out[src] = lib
+        for src, lib in out.items():
+            self.mem_cache[self._key(src)] = lib
+            while len(self.mem_cache) > self.MEM_CACHE_SIZE: self.mem_cache.popitem(last=False)
+        return [out[src] for src in srcs]
+
+    def _compile_all(self, srcs: list[str]) -> list[bytes]:
+        if not self.parallel or len(srcs) < 2: return [self._compile(src) for src in srcs]
+        workers = min(len(srcs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+                      or 1)
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool: return list(pool.map(self._compile, srcs))
 
     def evict(self, src: str) -> None:
         """Forget a cached binary (memory and disk), e.g. when it failed to load."""

@@ -1,5 +1,6 @@
 """Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
 from __future__ import annotations
+import hashlib
 from fusegrad.codegen.affine import range_size
 from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.linearize import linearize
@@ -60,7 +61,13 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
                        u.src[0].src[0].op is Ops.DEFINE_GLOBAL}
     stored, loaded = bufs(Ops.STORE), bufs(Ops.LOAD)
     glob = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
-    return ProgramSpec(name=name, src=renderer.render(uops, name), device=renderer.device, uops=uops,
+    src, function_name = renderer.render(uops, name), name
+    if renderer.unique_symbols:
+        # same-named kernels (E_77_77 with different bodies) get different symbols, so they can share a binary
+        function_name = f"{name}_{hashlib.sha256(src.encode()).hexdigest()[:10]}"
+        assert src.count(f" {name}(") == 1, f"kernel name {name} appears more than once in its source"
+        src = src.replace(f" {name}(", f" {function_name}(")
+    return ProgramSpec(name=name, src=src, device=renderer.device, uops=uops, function_name=function_name,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops),

@@ -12,7 +12,7 @@ from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
-           "lower_schedule_item", "run_schedule", "method_cache", "capturing"]
+           "lower_schedule_item", "run_schedule", "compile_kernels", "method_cache", "capturing"]
 
 # a kernel is split across threads only when it does enough work: waking workers costs ~10-20us, and a memory-bound
 # kernel only gains once it moves a few MB (measured on a 2-core Xeon: 2MB no gain, 8MB 1.4x, 64MB 1.8x)
@@ -34,19 +34,21 @@ class Runner:
 
 class CompiledRunner(Runner):
     """A kernel compiled for its device and ready to call."""
-    def __init__(self, p: ProgramSpec, precompiled: bytes | None = None):
+    def __init__(self, p: ProgramSpec, precompiled: bytes | None = None, cached: bytes | None = None):
+        # precompiled: a binary the caller vouches for; cached: one from the compile caches (recompiled if it fails)
         self.p = p
         dev = Device[p.device]
         self.dev = dev
         if DEBUG >= 4: print(p.src)
-        self.lib = precompiled if precompiled is not None else dev.compiler.compile_cached(p.src)
-        try: self._prg = dev.runtime(p.name, self.lib)
+        self.lib = precompiled if precompiled is not None else cached if cached is not None else \
+            dev.compiler.compile_cached(p.src)
+        try: self._prg = dev.runtime(p.function_name, self.lib)
         except Exception:
             if precompiled is not None: raise
             # a cached binary that doesn't load is recompiled once before giving up
             dev.compiler.evict(p.src)
             self.lib = dev.compiler.compile_cached(p.src)
-            self._prg = dev.runtime(p.name, self.lib)
+            self._prg = dev.runtime(p.function_name, self.lib)
         # argument plumbing is fixed per kernel, so work it out once (this runs every step of a training loop)
         self._gidx = tuple(p.globals)
         self._vnames = tuple(v.arg[0] for v in p.vars)
@@ -116,20 +118,33 @@ class ViewOp(Runner):
 method_cache: dict[tuple[str, UOp, int, int], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
+def _method_key(device: str, ast: UOp) -> tuple[str, UOp, int, int]:
+    return (Device.canonicalize(device), ast, int(BEAM.value), int(NOOPT.value))
+
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""
-    ckey = (Device.canonicalize(device), ast, int(BEAM.value), int(NOOPT.value))
+    ckey = _method_key(device, ast)
     if (ret := method_cache.pop(ckey, None)) is not None:
         method_cache[ckey] = ret  # most recently used goes last
         return ret
+    return compile_kernels(device, [ast])[0]
+
+def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
+    """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put
+    the runners in the method cache."""
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
-    p = get_program(ast, Device[device].renderer)
-    if DEBUG >= 3:
-        print(ast)
-        print(f"{p.name}: applied opts {p.applied_opts}")
-    method_cache[ckey] = ret = CompiledRunner(p)
+    dev = Device[device]
+    programs = []
+    for ast in asts:
+        programs.append(p := get_program(ast, dev.renderer))
+        if DEBUG >= 3:
+            print(ast)
+            print(f"{p.name}: applied opts {p.applied_opts}")
+    libs = dev.compiler.compile_cached_many([p.src for p in programs])
+    runners = [CompiledRunner(p, cached=lib) for p, lib in zip(programs, libs)]
+    for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
     while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))
-    return ret
+    return runners
 
 @dataclass
 class ExecItem:
@@ -190,6 +205,16 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
     else: raise ValueError(f"don't know how to run an ExecItem with a {si.ast.op} ast")
     return dataclasses.replace(si, prg=prg)
 
+def _compile_new_kernels(schedule: list[ExecItem]) -> None:
+    """Compile the kernels of a schedule that aren't in the method cache yet, all at once (one batch per device)."""
+    new: dict[str, dict[UOp, None]] = {}
+    for si in schedule:
+        if si.prg is None and si.ast.op is Ops.SINK and si.bufs and si.bufs[0] is not None and \
+                _method_key(dev := si.bufs[0].device, si.ast) not in method_cache:
+            new.setdefault(dev, {})[si.ast] = None
+    for dev, asts in new.items():
+        if len(asts) > 1: compile_kernels(dev, list(asts))
+
 # the JIT puts a recorder here while it captures; each item run by run_schedule is handed to capturing[0].add
 capturing: list[Any] = []
 
@@ -198,6 +223,7 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     """Lower and run every item in order (allocating buffers as needed), counting the work in GlobalCounters."""
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
+    _compile_new_kernels(schedule)
     for si in schedule:
         ei = lower_schedule_item(si)
         ei.run(var_vals, do_update_stats=do_update_stats)

@@ -14,10 +14,11 @@ class Estimates:
 class ProgramSpec:
     """A rendered kernel.
 
-    The C entry point is `void <name>(<one pointer per buffer, in `globals` order>, <one parameter per var in `vars`:
-    `double` for a float var, `long` for an integer one>, long core_lo, long core_hi)`. When `global_size` > 1 the kernel's outermost loop runs over [core_lo, core_hi)
-    instead of [0, global_size), so a runtime may split [0, global_size) across threads; with global_size == 1 the
-    runtime passes (0, 1)."""
+    The entry point is `void <function_name>(<one pointer per buffer, in `globals` order>, <one parameter per var in
+    `vars`: `double` for a float var, `long` for an integer one>, long core_lo, long core_hi)`. When `global_size` > 1
+    the kernel's outermost loop runs over [core_lo, core_hi) instead of [0, global_size), so a runtime may split
+    [0, global_size) across threads; with global_size == 1 the runtime passes (0, 1). `name` is the kernel's display
+    name (E_4_8: elementwise over 4x8), `function_name` its symbol (the same unless the renderer makes it unique)."""
     name: str
     src: str
     device: str
@@ -30,6 +31,10 @@ class ProgramSpec:
     estimates: Estimates = field(default_factory=Estimates)
     applied_opts: tuple = ()                           # optimizations applied, for DEBUG=3 and BEAM
     ast: UOp | None = None
+    function_name: str = ""                            # the symbol in the binary, when it isn't `name`
+
+    def __post_init__(self) -> None:
+        if not self.function_name: self.function_name = self.name
 
 class Renderer:
     """What a device's code generator declares and how it prints a program."""
@@ -42,4 +47,5 @@ class Renderer:
     vector_dtypes: tuple = ()       # dtypes the renderer can hold in vectors
     has_fma: bool = False           # reductions of products may use fused multiply-add
     compile_flags: list[str] = []   # flags for the device's compiler (read by the runtime)
+    unique_symbols: bool = False    # name each function after its source, so many kernels can share one binary
     def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError

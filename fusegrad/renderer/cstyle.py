@@ -7,6 +7,7 @@ the width or more give 0, half and bfloat16 arithmetic is done in float and roun
 from __future__ import annotations
 import copy
 import functools
+import hashlib
 import math
 import platform
 import struct
@@ -24,6 +25,8 @@ _LOWP = (dtypes.float16, dtypes.bfloat16)                                       
 _UNARY_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&",
           Ops.OR: "|", Ops.XOR: "^"}
+
+def _short_hash(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 class CStyleLanguage(Renderer):
     """What C-like languages share. Subclasses set the type names, the kernel signature and the vector syntax."""
@@ -292,7 +295,10 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return []
 
     def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
-        helpers = "\n".join((prelude or []) + list(self._helpers.values()))
+        # each helper is guarded (by its name and text), so several kernels can be compiled as one translation unit
+        guarded = [f"#ifndef FG_DEF_{n}_{_short_hash(code)}\n#define FG_DEF_{n}_{_short_hash(code)}\n{code}\n#endif"
+                   for n, code in self._helpers.items()]
+        helpers = "\n".join((prelude or []) + guarded)
         return (helpers + "\n" if helpers else "") + f"{self.kernel_prefix} {name}({', '.join(params)}) {{\n" + \
             "\n".join(body) + "\n}\n"
 
@@ -421,6 +427,7 @@ class ClangRenderer(CStyleLanguage):
     """C for the CPU: one function per kernel, loops over [core_lo, core_hi) of the outermost output loop."""
     device = "CPU"
     has_threads = True
+    unique_symbols = True
     # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
     # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
     # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read)

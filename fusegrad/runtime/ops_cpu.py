@@ -10,6 +10,7 @@ import itertools
 import os
 import platform
 import queue
+import re
 import shlex
 import shutil
 import subprocess
@@ -103,9 +104,19 @@ def _host_cpu() -> str:
         return hashlib.sha256("\n".join(dict.fromkeys(lines)).encode()).hexdigest()[:16]
     except OSError: return platform.processor() or platform.machine()
 
+BATCH_KERNELS = 24  # kernels per compiler process when a schedule has many new ones
+
+def _ncpu() -> int: return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+def _kernel_name(src: str) -> str | None:
+    """The name of the (last) exported function of a kernel's C source."""
+    names = re.findall(r"^void (\w+)\(", src, flags=re.MULTILINE)
+    return names[-1] if names else None
+
 class CPUCompiler(Compiler):
     """C source -> shared object bytes, with the system C compiler. `flags` are the code generation flags (the
     renderer's `compile_flags` when it has them); the flags that make a shared object are always added."""
+    parallel = True  # every compile is its own process
     def __init__(self, flags: list[str] | None = None):
         self.flags = list(DEFAULT_FLAGS if flags is None else flags)
         self.cc = find_cc()
@@ -122,6 +133,33 @@ class CPUCompiler(Compiler):
                 raise CompileError(f"{shlex.join(cmd)} failed:\n{res.stderr.decode(errors='replace').strip()}\n"
                                    f"--- source ---\n{numbered(src)}")
             with open(out, "rb") as f: return f.read()
+
+    def _compile_all(self, srcs: list[str]) -> list[bytes]:
+        # starting the compiler costs more than compiling a small kernel, so kernels are compiled a batch at a time:
+        # one translation unit (one shared object) per batch, the batches in parallel. Kernels with pragmas of their
+        # own, and kernels named like one already in the batch, go to other batches.
+        if len(srcs) < 2: return super()._compile_all(srcs)
+        nbatches = max(_ncpu(), -(-len(srcs) // BATCH_KERNELS))
+        batches: list[list[int]] = [[] for _ in range(nbatches)]
+        names: list[set[str]] = [set() for _ in range(nbatches)]
+        for i, src in enumerate(srcs):
+            name = _kernel_name(src)
+            fits = [b for b in range(len(batches)) if name is not None and "#pragma" not in src and name not in names[b]
+                    and all("#pragma" not in srcs[j] for j in batches[b])]
+            if not fits: batches.append([i]); names.append({name or ""}); continue
+            b = min(fits, key=lambda b: len(batches[b]))
+            batches[b].append(i)
+            names[b].add(name)  # type: ignore[arg-type]
+        batches = [b for b in batches if b]
+        units = ["\n".join(srcs[i] for i in b) for b in batches]
+        try: libs = super()._compile_all(units)
+        except CompileError:
+            if all(len(b) == 1 for b in batches): raise
+            return super()._compile_all(srcs)  # one by one, so the error names the kernel that failed
+        out: list[bytes] = [b""] * len(srcs)
+        for b, lib in zip(batches, libs):
+            for i in b: out[i] = lib
+        return out
 
     def validate(self, lib: bytes) -> bool:
         return lib.startswith(b"\x7fELF") if sys.platform.startswith("linux") else len(lib) > 0
@@ -168,6 +206,10 @@ def _load_library(lib: bytes) -> ctypes.CDLL:
         return ctypes.CDLL(path)
     finally: os.unlink(path)
 
+def _unload_library(handle: int, dlclose: Any = _ctypes.dlclose, error: type = OSError) -> None:
+    try: dlclose(handle)
+    except error: pass
+
 class CPUProgram:
     """A kernel `void name(ptr..., long var..., long core_lo, long core_hi)` loaded from shared object bytes."""
     def __init__(self, name: str, lib: bytes):
@@ -178,15 +220,10 @@ class CPUProgram:
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         self.fxn.restype = None
         self._sig: tuple | None = None
-
-    def __del__(self):
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
-        # run with thousands of distinct kernels exhausts the process's map count
-        dll = getattr(self, "_dll", None)
-        if dll is not None:
-            self.fxn = None
-            try: _ctypes.dlclose(dll._handle)
-            except OSError: pass
+        # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
+        # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
+        weakref.finalize(self, _unload_library, self._dll._handle).atexit = False
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False) -> float | None:

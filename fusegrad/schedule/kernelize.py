@@ -210,7 +210,7 @@ def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
         entry = _kernelize_structure(key, [to_param[c] for c in consts], consts, lifted, keys,
                                      frozenset(to_param[u] for u in topo if u.op is Ops.BUFFER))
         schedule_cache.pop(key, None)
-        if len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
+        while len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
         schedule_cache[key] = entry
     else: schedule_cache_stats["hits"] += 1
     if not entry.changed: return {}

@@ -35,7 +35,7 @@ def compile_src(src: str, name: str) -> ctypes.CDLL:
     return _libs[key]
 
 def compile_program(p: ProgramSpec):
-    return getattr(compile_src(p.src, p.name), p.name)
+    return getattr(compile_src(p.src, p.name), p.function_name)
 
 def call(p: ProgramSpec, bufs: list[np.ndarray], var_vals: dict[str, int] | None = None,
          splits: list[tuple[int, int]] | None = None) -> None:

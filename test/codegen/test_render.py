@@ -16,7 +16,11 @@ def add_ast(M=4, N=8) -> UOp:
 def test_render_smoke():
     p = get_program(add_ast(), RENDERER)
     assert p.name == "E_4_8" and p.device == "CPU"
-    assert "void E_4_8(float* restrict data0, const float* restrict data1, const float* restrict data2, " \
+    # a kernel of the same name with another body gets another symbol, so both can live in one shared object
+    doubled = add_ast().substitute({add_ast().src[0].src[1]: add_ast().src[0].src[1] * 2.0})
+    q = get_program(doubled, RENDERER)
+    assert q.name == "E_4_8" and p.function_name.startswith("E_4_8_") and q.function_name != p.function_name
+    assert f"void {p.function_name}(float* restrict data0, const float* restrict data1, const float* restrict data2, " \
            "long core_lo, long core_hi)" in p.src
     assert "#include" not in p.src
     assert "for (long ridx0 = core_lo; ridx0 < core_hi; ridx0++)" in p.src
