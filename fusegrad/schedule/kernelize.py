@@ -231,5 +231,5 @@ def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], l
     everything = UOp.sink_of(*changed.values()).toposort()
     outs = tuple(u for u in everything if u.op is Ops.BUFFER and u not in params)
     names = {f"_c{i}": i for i in lifted}
-    kernel_vars = {names[u.arg[0]]: u for u in everything if u.op is Ops.DEFINE_VAR and not u.src}
+    kernel_vars = {names[u.arg[0]]: u for u in everything if u.op is Ops.DEFINE_VAR and u.arg[0] in names}
     return _CacheEntry(keys, lifted, changed, outs, kernel_vars)
