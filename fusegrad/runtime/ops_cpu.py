@@ -169,15 +169,20 @@ def _load_library(lib: bytes) -> ctypes.CDLL:
     finally: os.unlink(path)
 
 class CPUProgram:
-    """A kernel `void name(ptr..., long var..., long core_lo, long core_hi)` loaded from shared object bytes."""
+    """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
+    `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
     def __init__(self, name: str, lib: bytes):
         self.name, self.lib = name, lib
+        self.fxn = self._load(name, lib)
+        self.fxn.restype = None
+        self._sig: tuple | None = None
+
+    def _load(self, name: str, lib: bytes) -> Any:
+        """The callable ctypes function `name` of `lib` (a subclass may load another binary format)."""
         try: self._dll = _load_library(lib)
         except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
-        try: self.fxn = getattr(self._dll, name)
+        try: return getattr(self._dll, name)
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
-        self.fxn.restype = None
-        self._nargs = -1
 
     def __del__(self):
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
@@ -188,14 +193,16 @@ class CPUProgram:
             try: _ctypes.dlclose(dll._handle)
             except OSError: pass
 
-    def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
+    def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). Returns the elapsed seconds if `wait`."""
-        if (n := len(bufs) + len(vals)) != self._nargs:
-            # argtypes make ctypes convert cheaply and pass 64-bit longs correctly; they only change with arity
-            self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + [ctypes.c_long] * (len(vals) + 2)
-            self._nargs = n
+        if (sig := (len(bufs), tuple(type(v) is float for v in vals) if vals else ())) != self._sig:
+            # argtypes make ctypes convert cheaply and pass 64-bit values correctly; they only change with the
+            # signature: pointers, then a double per float parameter and a long per integer one, then the range
+            self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + \
+                [ctypes.c_double if f else ctypes.c_long for f in sig[1]] + [ctypes.c_long] * 2
+            self._sig = sig
         if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
         threads = max(1, min(threads, global_size))
         st = time.perf_counter() if wait else 0.0
