@@ -165,7 +165,11 @@ class LLVMRenderer(Renderer):
         if _isf(s) and _isf(d):
             if s.itemsize == d.itemsize: return x
             return self._val(f"{'fpext' if d.itemsize > s.itemsize else 'fptrunc'} {st} {x} to {dt_}")
-        if _isf(s): return self._val(f"{'fptoui' if dtypes.is_unsigned(d) else 'fptosi'} {st} {x} to {dt_}")
+        if _isf(s):
+            # out of range (inf, nan, too big) C leaves undefined and LLVM makes poison; frozen, the result is what
+            # the CPU's conversion instruction gives, as in the C path, and no later fold may assume it in range
+            r = self._val(f"{'fptoui' if dtypes.is_unsigned(d) else 'fptosi'} {st} {x} to {dt_}")
+            return self._val(f"freeze {dt_} {r}")
         if _isf(d): return self._val(f"{'sitofp' if _signed(s) else 'uitofp'} {st} {x} to {dt_}")
         sb, db = (1 if s == dtypes.bool else 8 * s.itemsize), 8 * d.itemsize
         if sb == db: return x
