@@ -527,3 +527,21 @@ def test_renderer_is_pure_text():
     assert f"define void @{p.name}(ptr noalias %data0, ptr noalias %data1, i64 %\"var.a\", double %\"var.f\", " \
            "i64 %core_lo, i64 %core_hi)" in p.src
     assert "declare" in p.src and "@llvm.exp2" in p.src and "fast" not in p.src and " nsw " not in p.src
+
+def test_optimization_levels_agree():
+    from fusegrad.runtime.ops_llvm import LLVMCompiler
+    M = 48
+    a, b = tame(data(dtypes.float32, (M, M), 30)), tame(data(dtypes.float32, (M, M), 31))
+    ta, tb = Tensor(a, device="LLVM"), Tensor(b, device="LLVM")
+    p = get_program((ta @ tb).schedule()[-1].ast, Device["LLVM"].renderer)
+    outs, keys = [], set()
+    for opt in (0, 1, 2, 3):
+        comp = LLVMCompiler(opt)
+        keys.add(comp.cachekey)
+        out = np.zeros((M, M), np.float32)
+        LLVMProgram(p.name, comp.compile(p.src))(ptr(out), ptr(a), ptr(b), global_size=p.global_size, threads=2)
+        outs.append(out)
+    assert len(keys) == 4   # the optimization level is part of the cache key
+    for out in outs: assert_same(outs[0], out)   # no fast-math at any level: the same bits
+    np.testing.assert_allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match="0..3"): LLVMCompiler(5)
