@@ -211,21 +211,27 @@ def _unload_library(handle: int, dlclose: Any = _ctypes.dlclose, error: type = O
     except error: pass
 
 class CPUProgram:
-    """A kernel `void name(ptr..., long var..., long core_lo, long core_hi)` loaded from shared object bytes."""
+    """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
+    `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
     def __init__(self, name: str, lib: bytes):
         self.name, self.lib = name, lib
-        try: self._dll = _load_library(lib)
-        except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
-        try: self.fxn = getattr(self._dll, name)
-        except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
+        self.fxn = self._load(name, lib)
         self.fxn.restype = None
         self._sig: tuple | None = None
+
+    def _load(self, name: str, lib: bytes) -> Any:
+        """The callable ctypes function `name` of `lib` (a subclass may load another binary format)."""
+        try: self._dll = _load_library(lib)
+        except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
+        try: fxn = getattr(self._dll, name)
+        except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
         # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
         # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
         weakref.finalize(self, _unload_library, self._dll._handle).atexit = False
+        return fxn
 
-    def __call__(self, *bufs: Any, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
+    def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). Returns the elapsed seconds if `wait`."""
