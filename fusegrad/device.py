@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.util
 import os
 import pathlib
 import tempfile
@@ -82,7 +83,16 @@ class _Device:
             return canonical
         chosen = [d for d in self._devices if os.getenv(d) == "1"]  # not getenv: PYTHON=/usr/bin/python mustn't crash
         if len(chosen) > 1: raise ValueError(f"more than one device selected by environment variables: {chosen}")
-        return chosen[0] if chosen else "CPU"
+        return chosen[0] if chosen else _host_device()
+
+def _host_device() -> str:
+    """CPU (C through the system compiler: batched, the fastest first runs); LLVM when there is no C compiler but
+    llvmlite is installed."""
+    from fusegrad.runtime.ops_cpu import find_cc
+    try: find_cc()
+    except Exception:
+        if importlib.util.find_spec("llvmlite") is not None: return "LLVM"
+    return "CPU"
 
 @functools.cache
 def _canonicalize(device: str) -> str:

@@ -56,3 +56,13 @@ def test_default_from_env(env):
 def test_unknown_default_from_env():
     r = _default_in_subprocess(DEV="FOO")
     assert r.returncode != 0 and "FOO" in r.stderr and "CPU" in r.stderr
+
+def test_default_without_a_c_compiler_is_llvm():
+    # no cc, gcc or clang on PATH: the host device compiles through llvmlite instead
+    pytest.importorskip("llvmlite")
+    prog = "from fusegrad import Device, Tensor; print(Device.DEFAULT, (Tensor([1.0, 2.0]) * 3).tolist())"
+    env = {k: v for k, v in os.environ.items() if k not in ("DEV", "CC", "CPU", "LLVM", "PYTHON")}
+    res = subprocess.run([sys.executable, "-c", prog], env={**env, "PATH": "/nonexistent"}, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["LLVM", "[3.0,", "6.0]"]
