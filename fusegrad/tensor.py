@@ -99,6 +99,7 @@ class Tensor(AutogradMixin):
             return
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+        if requires_grad: self._own_storage()
         all_tensors.add(self)
 
     @staticmethod

@@ -33,7 +33,17 @@ class AutogradMixin:
         if requires_grad not in (True, False, None): raise TypeError(f"requires_grad must be a bool or None, "
                                                                      f"got {requires_grad!r}")
         self.requires_grad = requires_grad
+        if requires_grad: self._own_storage()
         return self
+
+    def _own_storage(self: Tensor) -> None:
+        """Give a tensor that is only a constant (zeros, ones, full) a buffer of its own, lazily: constants are
+        hash-consed, so two such parameters would otherwise be one node of the graph and share their gradients."""
+        from fusegrad.schedule.kernelize import new_buffer
+        if any(u.op is Ops.BUFFER for u in self.uop.toposort()): return
+        buf = new_buffer(UOp(Ops.DEVICE, arg=self.device), self.numel(), self.dtype)
+        view = buf.reshape(self.shape) if self.shape != (self.numel(),) else buf
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (view, self.uop))
 
     def gradient(self: Tensor, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """The gradients of this tensor with respect to `targets` (lazy tensors; nothing is stored in `.grad`).
@@ -79,7 +89,8 @@ class AutogradMixin:
                 raise RuntimeError(f"grad can be implicitly created only for scalar outputs: this tensor has shape "
                                    f"{self.shape}; pass gradient= of that shape")
             return const_view(1.0, self.dtype, UOp(Ops.DEVICE, arg=self.device), ())
-        if not isinstance(gradient, Tensor): raise TypeError(f"gradient must be a Tensor, got {type(gradient).__name__}")
+        if not isinstance(gradient, Tensor):
+            raise TypeError(f"gradient must be a Tensor, got {type(gradient).__name__}")
         if gradient.shape != self.shape:
             raise ValueError(f"gradient has shape {gradient.shape}, but the tensor has shape {self.shape}")
         if gradient.device != self.device:

@@ -121,7 +121,8 @@ CASES: list[tuple[str, Callable, Callable, list[tuple[int, ...]], tuple[float, f
     ("bcast_where_cond", lambda a, b: (b > 0).where(a, -a) * b.exp(), lambda a, b: torch.where(b > 0, a, -a) * b.exp(),
      [(3, 4), (4,)], (-2, 2)),
     # non-contiguous inputs: views of the input feed the ops
-    ("noncontig_permute", lambda a, b: a.permute(1, 0) * b, lambda a, b: a.permute(1, 0) * b, [(4, 3), (3, 4)], (-2, 2)),
+    ("noncontig_permute", lambda a, b: a.permute(1, 0) * b, lambda a, b: a.permute(1, 0) * b, [(4, 3), (3, 4)],
+     (-2, 2)),
     ("noncontig_flip_shrink", lambda a: a.flip(0)[1:3].sum(0) * a[0], lambda a: a.flip(0)[1:3].sum(0) * a[0],
      [(4, 3)], (-2, 2)),
     ("noncontig_pad_matmul", lambda a, b: a.pad(((0, 0), (1, 1))) @ b,
@@ -131,7 +132,8 @@ CASES: list[tuple[str, Callable, Callable, list[tuple[int, ...]], tuple[float, f
     ("zero_d_bcast", lambda a, b: a * b, lambda a, b: a * b, [(), (3, 4)], (-2, 2)),
     # a value used several times accumulates its gradients
     ("reuse", lambda a: a * a.exp() + a.sum() * a - a, lambda a: a * a.exp() + a.sum() * a - a, [(3, 4)], (-2, 2)),
-    ("detach_part", lambda a, b: a.detach() * b + a * b.detach().exp(), lambda a, b: a.detach() * b + a * b.detach().exp(),
+    ("detach_part", lambda a, b: a.detach() * b + a * b.detach().exp(),
+     lambda a, b: a.detach() * b + a * b.detach().exp(),
      [(3, 4), (3, 4)], (-2, 2)),
 ]
 
@@ -273,7 +275,8 @@ def test_backward_unreached_param_gets_zeros() -> None:
     x, y = Tensor(_rand(3, seed=13), requires_grad=True), Tensor(_rand(3, seed=14), requires_grad=True)
     out = x.detach() * 2 + (y > 0).where(1.0, 0.0).sum()
     out.sum().backward()
-    np.testing.assert_array_equal(x.grad.numpy(), np.zeros(3)); np.testing.assert_array_equal(y.grad.numpy(), np.zeros(3))
+    np.testing.assert_array_equal(x.grad.numpy(), np.zeros(3))
+    np.testing.assert_array_equal(y.grad.numpy(), np.zeros(3))
 
 def test_detach_stops_gradient() -> None:
     x = Tensor(_rand(3, seed=15), requires_grad=True)
@@ -414,7 +417,8 @@ def _fuzz_program(rng: random.Random, inputs: list[tuple[Tensor, torch.Tensor]])
         elif k == 19: r = (a.softmax(1), ta.softmax(1))
         elif k == 20: r = ((a @ b.T) @ b * 0.1, (ta @ tb.T) @ tb * 0.1)
         elif k == 21: r = (a.cat(b, dim=1)[:, 2:6], torch.cat([ta, tb], 1)[:, 2:6])
-        elif k == 22: r = (a.permute(1, 0).contiguous().permute(1, 0) * 2, ta.permute(1, 0).contiguous().permute(1, 0) * 2)
+        elif k == 22:
+            r = (a.permute(1, 0).contiguous().permute(1, 0) * 2, ta.permute(1, 0).contiguous().permute(1, 0) * 2)
         else: r = (a.detach() * b, ta.detach() * tb)
         pool.append(r)
     # the output mixes the last value with a random earlier one, so several paths reach the inputs
@@ -444,3 +448,13 @@ def test_fuzz_gradients() -> None: _run_fuzz(200, seed=1)
 @pytest.mark.slow
 def test_fuzz_gradients_many() -> None:
     for s in range(2, 12): _run_fuzz(300, seed=s)
+
+def test_constant_parameters_keep_their_own_gradients() -> None:
+    # equal constants are one node of the graph; a parameter made from one must still get a gradient of its own
+    a, b = Tensor.zeros(3, 2).requires_grad_(), Tensor.zeros(3, 2).requires_grad_()
+    c, d = Tensor(2.0, requires_grad=True), Tensor(2.0, requires_grad=True)
+    ((a * 2 + b * 3).sum() + c * 4 + d * d).backward()
+    np.testing.assert_array_equal(a.grad.numpy(), np.full((3, 2), 2.0))
+    np.testing.assert_array_equal(b.grad.numpy(), np.full((3, 2), 3.0))
+    assert (c.grad.item(), d.grad.item(), d.item()) == (4.0, 4.0, 2.0)
+    np.testing.assert_array_equal(a.numpy(), np.zeros((3, 2)))
