@@ -458,3 +458,21 @@ def test_constant_parameters_keep_their_own_gradients() -> None:
     np.testing.assert_array_equal(b.grad.numpy(), np.full((3, 2), 3.0))
     assert (c.grad.item(), d.grad.item(), d.item()) == (4.0, 4.0, 2.0)
     np.testing.assert_array_equal(a.numpy(), np.zeros((3, 2)))
+
+@pytest.mark.parametrize("dt", ["float16", "float64"])
+def test_gradient_dtype_follows_target(dt: str) -> None:
+    x_np = _rand(3, 4, seed=50).astype(dt)
+    x = Tensor(x_np)
+    gx, = (x.exp() * x).sum(1).mean().gradient(x)
+    tx = torch.tensor(x_np, requires_grad=True)
+    tg, = torch.autograd.grad((tx.exp() * tx).sum(1).mean(), tx)
+    assert gx.dtype == x.dtype
+    _close(gx.numpy().astype(np.float32), tg.numpy().astype(np.float32), 2e-3 if dt == "float16" else 1e-6)
+
+def test_gradient_with_respect_to_an_intermediate_and_its_input() -> None:
+    x_np = _rand(4, seed=51)
+    x = Tensor(x_np)
+    y = x.exp()
+    gy, gx = (y * y).sum().gradient(y, x)
+    np.testing.assert_allclose(gy.numpy(), 2 * np.exp(x_np), rtol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), 2 * np.exp(2 * x_np), rtol=1e-5)
