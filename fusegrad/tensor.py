@@ -11,6 +11,7 @@ from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buf
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
+from fusegrad.tensor_autograd import AutogradMixin
 from fusegrad.uop.ops import Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
@@ -55,7 +56,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
-class Tensor:
+class Tensor(AutogradMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: bool = False
@@ -98,6 +99,7 @@ class Tensor:
             return
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+        if requires_grad: self._own_storage()
         all_tensors.add(self)
 
     @staticmethod

@@ -1,0 +1,171 @@
+"""Reverse-mode autodiff as a rewrite of the tensor graph: one derivative rule per op, applied from the root in reverse
+topological order. The result is an ordinary lazy graph, so it schedules and fuses like any other.
+
+Where the derivative is not unique the rules follow tinygrad:
+- elementwise MAX of two equal inputs gives each half of the gradient (torch.maximum does the same; torch's relu
+  gives 0 at 0 where `x.maximum(0)` here gives 0.5);
+- a MAX reduction splits the gradient evenly among the elements equal to the maximum. torch does the same for
+  `x.max()` and `x.amax(dim)`, but `x.max(dim)` (which returns indices) gives it all to the one element at the
+  returned index.
+"""
+from __future__ import annotations
+import math
+from fusegrad.dtype import dtypes, sum_acc_dtype
+from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat
+
+# *** tensor-level graph building (constants carry a device and the shape of the value they stand in for) ***
+
+def _const(like: UOp, v: float | int | bool, dtype=None) -> UOp:
+    return const_view(v, dtype or like.dtype, UOp(Ops.DEVICE, arg=like.device), like.shape)
+
+def _alu(op: Ops, *src: UOp) -> UOp:
+    dt = dtypes.bool if op in GroupOp.Comparison else src[-1].dtype
+    return UOp(op, dt, src)
+
+def _mul(a: UOp, b: UOp) -> UOp: return _alu(Ops.MUL, a, b)
+def _neg(a: UOp) -> UOp: return _alu(Ops.NEG, a)
+def _recip(a: UOp) -> UOp: return _alu(Ops.RECIP, a)
+def _scale(a: UOp, v: float) -> UOp: return _mul(a, _const(a, v))
+def _where(c: UOp, a: UOp, b: UOp) -> UOp: return _alu(Ops.WHERE, c, a, b)
+def _zero(like: UOp) -> UOp: return _const(like, 0)
+
+def _sum_to(g: UOp, axes: tuple[int, ...]) -> UOp:
+    """`g` summed over `axes` (kept as size 1), accumulated in at least float32 and returned in g's dtype."""
+    if not axes: return g
+    acc = sum_acc_dtype(g.dtype)
+    return g.cast(acc).r(Ops.ADD, axes).cast(g.dtype)
+
+def _expand_to(g: UOp, shape: tuple[int, ...]) -> UOp: return g if g.shape == shape else g.expand(shape)
+
+# *** the rules: each gets the upstream gradient `ctx` and the node, and returns one gradient (or None) per source ***
+
+def _no_grad(ret: UOp) -> tuple[None, ...]: return (None,) * len(ret.src)
+
+def _max_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
+    x, y = ret.src
+    half = _scale(ctx, 0.5)
+    eq = _alu(Ops.CMPEQ, x, y)
+    return (_where(eq, half, _where(_alu(Ops.CMPLT, y, x), ctx, _zero(ctx))),
+            _where(eq, half, _where(_alu(Ops.CMPLT, x, y), ctx, _zero(ctx))))
+
+def _pow_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
+    x, y = ret.src
+    dx = _mul(y, _alu(Ops.POW, x, _alu(Ops.ADD, y, _const(y, -1))))
+    dy = _mul(ret, _scale(_alu(Ops.LOG2, x), math.log(2)))
+    return _mul(ctx, dx), _mul(ctx, dy)
+
+def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+    x = ret.src[0]
+    op, axes = ret.arg
+    g = _expand_to(ctx, x.shape)
+    if op is Ops.ADD: return (g,)
+    r = _expand_to(ret, x.shape)
+    if op is Ops.MAX:
+        # every element equal to the maximum gets an equal share
+        is_max = _alu(Ops.CMPEQ, x, r).cast(ctx.dtype)
+        count = _expand_to(_sum_to(is_max, axes), x.shape)
+        return (_mul(g, _alu(Ops.FDIV, is_max, count)),)
+    if op is Ops.MUL:
+        # d prod / d x_i is the product of the others: prod/x_i without zeros; with one zero only that element gets
+        # the product of the nonzero ones; with two or more zeros every such product is 0
+        is_zero = _alu(Ops.CMPEQ, x, _zero(x))
+        zeros = _expand_to(_sum_to(is_zero.cast(x.dtype), axes), x.shape)
+        nonzero_prod = _expand_to(_where(is_zero, _const(x, 1), x).r(Ops.MUL, axes), x.shape)
+        one_zero = _alu(Ops.CMPEQ, zeros, _const(zeros, 1))
+        no_zero = _alu(Ops.CMPEQ, zeros, _zero(zeros))
+        d = _where(no_zero, _alu(Ops.FDIV, r, _where(is_zero, _const(x, 1), x)),
+                   _where(one_zero, _where(is_zero, nonzero_prod, _zero(x)), _zero(x)))
+        return (_mul(g, d),)
+    raise NotImplementedError(f"no gradient for a {op} reduction")
+
+def _expand_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+    src_shape = ret.src[0].shape
+    axes = tuple(i for i, (s, o) in enumerate(zip(src_shape, ret.shape)) if s != o)
+    return (_sum_to(ctx, axes),)
+
+def _permute_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+    inverse = [0] * len(ret.arg)
+    for i, a in enumerate(ret.arg): inverse[a] = i
+    return (ctx.permute(tuple(inverse)),)
+
+def _cast_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None]:
+    src_dt = ret.src[0].dtype
+    return (ctx.cast(src_dt),) if dtypes.is_float(src_dt) and dtypes.is_float(ret.dtype) else (None,)
+
+def _copy_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, None]:
+    dev = ret.src[0].device
+    return (ctx if ctx.device == dev else UOp(Ops.COPY, ctx.dtype, (ctx, UOp(Ops.DEVICE, arg=dev)))), None
+
+LN2 = math.log(2)
+
+pm_gradient = PatternMatcher([
+    # arithmetic
+    (UPat(Ops.ADD, name="ret"), lambda ctx, ret: (ctx, ctx)),
+    (UPat(Ops.SUB, name="ret"), lambda ctx, ret: (ctx, _neg(ctx))),
+    (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (_mul(ctx, ret.src[1]), _mul(ctx, ret.src[0]))),
+    (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (_mul(ctx, ret.src[1]), _mul(ctx, ret.src[0]), ctx)),
+    (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (_alu(Ops.FDIV, ctx, ret.src[1]),
+                                                   _neg(_mul(ctx, _alu(Ops.FDIV, ret, ret.src[1]))))),
+    (UPat(Ops.NEG, name="ret"), lambda ctx, ret: (_neg(ctx),)),
+    (UPat(Ops.RECIP, name="ret"), lambda ctx, ret: (_neg(_mul(ctx, _mul(ret, ret))),)),
+    (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (_mul(ctx, _recip(_scale(ret, 2))),)),
+    (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (_mul(ctx, _scale(ret, LN2)),)),
+    (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (_mul(ctx, _recip(_scale(ret.src[0], LN2))),)),
+    # sin' = cos, and cos(x) = sin(pi/2 - x)
+    (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (
+        _mul(ctx, _alu(Ops.SIN, _alu(Ops.ADD, _const(ret, math.pi / 2), _neg(ret.src[0])))),)),
+    (UPat(Ops.POW, name="ret"), _pow_grad),
+    (UPat(Ops.MAX, name="ret"), _max_grad),
+    # the condition gets nothing; each branch gets the gradient where it was chosen
+    (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, _where(ret.src[0], ctx, _zero(ctx)),
+                                                    _where(ret.src[0], _zero(ctx), ctx))),
+    # piecewise constant: zero almost everywhere (as torch's trunc/floor/ceil)
+    (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (_zero(ctx),)),
+    # comparisons and integer or bitwise ops carry no gradient
+    (UPat(GroupOp.Comparison | {Ops.IDIV, Ops.MOD, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NOT,
+                                Ops.THREEFRY, Ops.BITCAST}, name="ret"), _no_grad),
+    (UPat(Ops.CAST, name="ret"), _cast_grad),
+    # reductions and movement: each movement's gradient is its inverse movement
+    (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
+    (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+    (UPat(Ops.PERMUTE, name="ret"), _permute_grad),
+    (UPat(Ops.EXPAND, name="ret"), _expand_grad),
+    (UPat(Ops.PAD, name="ret"), lambda ctx, ret: (
+        ctx.shrink(tuple((b, b + s) for (b, _), s in zip(ret.arg, ret.src[0].shape))),)),
+    (UPat(Ops.SHRINK, name="ret"), lambda ctx, ret: (
+        ctx.pad(tuple((b, s - e) for (b, e), s in zip(ret.arg, ret.src[0].shape))),)),
+    (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(ret.arg),)),
+    # buffers and copies: the value passes through; DETACH stops it, an assign's old target contributes nothing
+    (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
+    (UPat(Ops.DETACH, name="ret"), _no_grad),
+    (UPat(Ops.COPY, name="ret"), _copy_grad),
+    (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
+], name="gradient")
+pm_gradient.__doc__ = "Each rule maps a node's gradient to one gradient per source, of that source's shape and dtype."
+
+# nodes whose sources are not values (leaves of the tensor graph), and DETACH, which stops the walk
+_LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIND, Ops.KERNEL, Ops.UNIQUE}
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+    """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
+    Targets the root does not depend on are absent from the result."""
+    if root_grad.shape != root.shape: raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
+    topo = list(root.toposort(gate=lambda u: u.op not in _LEAVES and u.op is not Ops.DETACH))
+    # only nodes that lead to a target need a gradient
+    on_path: dict[UOp, bool] = {}
+    for u in topo: on_path[u] = u in targets or any(on_path.get(s, False) for s in u.src)
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for u in reversed(topo):
+        if (g := grads.get(u)) is None or u.op in _LEAVES or not any(on_path.get(s, False) for s in u.src): continue
+        src_grads = pm_gradient.rewrite(u, ctx=g)
+        if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
+        assert isinstance(src_grads, tuple) and len(src_grads) == len(u.src), f"bad gradient rule for {u.op}"
+        for s, sg in zip(u.src, src_grads):
+            if sg is None or not on_path.get(s, False): continue
+            assert sg.shape == s.shape, f"gradient of {u.op} has shape {sg.shape}, its source {s.shape}"
+            if sg.dtype != s.dtype: sg = sg.cast(s.dtype)
+            # a node used more than once sums the gradients of its uses
+            grads[s] = sg if s not in grads else _alu(Ops.ADD, grads[s], sg)
+    return {u: g for u, g in grads.items() if u in targets}

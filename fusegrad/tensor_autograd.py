@@ -1,0 +1,98 @@
+"""The autodiff part of the Tensor API: gradient(), backward(), requires_grad_() and the no-grad switch.
+
+`requires_grad` is tri-state, as in tinygrad: True means backward() fills `.grad`; None means "not decided" (backward()
+leaves it alone; an optimizer given the tensor turns it to True); False means never. `gradient()` differentiates
+with respect to whatever targets it is given, whatever their flag."""
+from __future__ import annotations
+import contextlib
+from typing import TYPE_CHECKING, ClassVar, Iterator
+from fusegrad.dtype import dtypes
+from fusegrad.gradient import compute_gradient
+from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+class AutogradMixin:
+    """Reverse-mode differentiation for Tensor; the gradient graphs are lazy like any other."""
+    __slots__ = ()
+    no_grad: ClassVar[bool] = False
+
+    @staticmethod
+    @contextlib.contextmanager
+    def inference_mode(mode: bool = True) -> Iterator[None]:
+        """`with Tensor.inference_mode():` sets Tensor.no_grad inside the block, so backward() fills no grads."""
+        from fusegrad.tensor import Tensor
+        prev, Tensor.no_grad = Tensor.no_grad, mode
+        try: yield
+        finally: Tensor.no_grad = prev
+
+    def requires_grad_(self: Tensor, requires_grad: bool | None = True) -> Tensor:
+        """Set requires_grad in place (True, False or None) and return this tensor."""
+        if requires_grad not in (True, False, None): raise TypeError(f"requires_grad must be a bool or None, "
+                                                                     f"got {requires_grad!r}")
+        self.requires_grad = requires_grad
+        if requires_grad: self._own_storage()
+        return self
+
+    def _own_storage(self: Tensor) -> None:
+        """Give a tensor that is only a constant (zeros, ones, full) a buffer of its own, lazily: constants are
+        hash-consed, so two such parameters would otherwise be one node of the graph and share their gradients."""
+        from fusegrad.schedule.kernelize import new_buffer
+        if any(u.op is Ops.BUFFER for u in self.uop.toposort()): return
+        buf = new_buffer(UOp(Ops.DEVICE, arg=self.device), self.numel(), self.dtype)
+        view = buf.reshape(self.shape) if self.shape != (self.numel(),) else buf
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (view, self.uop))
+
+    def gradient(self: Tensor, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """The gradients of this tensor with respect to `targets` (lazy tensors; nothing is stored in `.grad`).
+        Without `gradient` this tensor must be a scalar (the seed is 1); a target it doesn't depend on is an error."""
+        from fusegrad.tensor import Tensor
+        for t in targets:
+            if not isinstance(t, Tensor): raise TypeError(f"gradient targets must be Tensors, got {type(t).__name__}")
+        seed = self._grad_seed(gradient)
+        for t in (self,) + targets:
+            if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
+        grads = compute_gradient(self.uop, seed, {t.uop for t in targets})
+        ret = []
+        for i, t in enumerate(targets):
+            if t.uop not in grads:
+                raise RuntimeError(f"target {i} ({t!r}) is not part of the graph this tensor was computed from "
+                                   "(or only reaches it through detach/non-differentiable ops)")
+            ret.append(Tensor(grads[t.uop]))
+        return ret
+
+    def backward(self: Tensor, gradient: Tensor | None = None) -> Tensor:
+        """Add the gradient of this tensor to `.grad` of every tensor with requires_grad=True it was computed from
+        (zeros where it depends on it only through non-differentiable ops). Returns this tensor."""
+        from fusegrad.tensor import Tensor, _is_realized_view, all_tensors
+        seed = self._grad_seed(gradient)
+        if Tensor.no_grad: return self
+        topo = self.uop.toposort()
+        need = [t for t in list(all_tensors) if t.requires_grad is True and t.uop in topo]
+        if not need: return self
+        grads = compute_gradient(self.uop, seed, {t.uop for t in need if dtypes.is_float(t.dtype)})
+        for t in need:
+            if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
+            g = Tensor(grads[t.uop] if t.uop in grads else const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device),
+                                                                         t.shape))
+            if t.grad is None: t.grad = g
+            elif _is_realized_view(t.grad.uop): t.grad.assign(t.grad + g)  # update realized grads in place
+            else: t.grad = t.grad + g
+        return self
+
+    def _grad_seed(self: Tensor, gradient: Tensor | None) -> UOp:
+        from fusegrad.tensor import Tensor
+        if gradient is None:
+            if self.shape != ():
+                raise RuntimeError(f"grad can be implicitly created only for scalar outputs: this tensor has shape "
+                                   f"{self.shape}; pass gradient= of that shape")
+            return const_view(1.0, self.dtype, UOp(Ops.DEVICE, arg=self.device), ())
+        if not isinstance(gradient, Tensor):
+            raise TypeError(f"gradient must be a Tensor, got {type(gradient).__name__}")
+        if gradient.shape != self.shape:
+            raise ValueError(f"gradient has shape {gradient.shape}, but the tensor has shape {self.shape}")
+        if gradient.device != self.device:
+            raise ValueError(f"gradient is on {gradient.device}, but the tensor is on {self.device}")
+        return gradient.cast(self.dtype).uop
