@@ -71,7 +71,11 @@ class AutogradMixin:
         if Tensor.no_grad: return self
         topo = self.uop.toposort()
         need = [t for t in list(all_tensors) if t.requires_grad is True and t.uop in topo]
-        if not need: return self
+        if not need:
+            # as torch does: silently filling nothing hides a graph cut by realize() (which replaces a tensor's graph
+            # by its buffer) or parameters left without requires_grad
+            raise RuntimeError("backward(): no tensor with requires_grad=True is part of this tensor's graph (was it "
+                               "realized before backward()? realize() replaces the graph by its buffer)")
         grads = compute_gradient(self.uop, seed, {t.uop for t in need if dtypes.is_float(t.dtype)})
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")

@@ -476,3 +476,16 @@ def test_gradient_with_respect_to_an_intermediate_and_its_input() -> None:
     gy, gx = (y * y).sum().gradient(y, x)
     np.testing.assert_allclose(gy.numpy(), 2 * np.exp(x_np), rtol=1e-5)
     np.testing.assert_allclose(gx.numpy(), 2 * np.exp(2 * x_np), rtol=1e-5)
+
+def test_backward_after_realize_is_an_error():
+    # realize() replaces the loss's graph by its buffer: no parameter is reachable any more, and saying so beats
+    # leaving every .grad None (torch raises too when nothing in the graph requires grad)
+    w = Tensor(np.arange(4, dtype=np.float32)).requires_grad_()
+    loss = (w * w).sum()
+    loss.realize()
+    with pytest.raises(RuntimeError, match="realize"): loss.backward()
+    # read through item() instead, the graph stays and backward works
+    loss = (w * w).sum()
+    assert loss.item() == 14.0
+    loss.backward()
+    np.testing.assert_array_equal(w.grad.numpy(), 2 * np.arange(4, dtype=np.float32))
