@@ -1,5 +1,10 @@
 """The Tensor front end: a lazy n-dimensional array. Operations build a graph of UOps; nothing runs until a value is
-needed (.numpy(), .tolist(), .item(), .realize())."""
+needed (.numpy(), .tolist(), .item(), .realize()).
+
+The class is assembled from one module per family of methods: this one holds construction, realization, movement,
+elementwise arithmetic and the basic reductions; autograd.py, creation.py (random numbers and more constructors),
+indexing.py, elementwise.py (activations and math functions), reduce.py (scans, sorting, statistics) and nn.py
+(convolution, pooling, losses, attention) each add theirs as a mixin."""
 from __future__ import annotations
 import math, struct, weakref
 from typing import Any, Callable, Sequence
@@ -11,7 +16,12 @@ from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buf
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.simplify import const_view
-from fusegrad.tensor_autograd import AutogradMixin
+from fusegrad.tensor.autograd import AutogradMixin
+from fusegrad.tensor.creation import CreationMixin
+from fusegrad.tensor.indexing import IndexingMixin
+from fusegrad.tensor.elementwise import ElementwiseMixin
+from fusegrad.tensor.nn import NNMixin
+from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.uop.ops import Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
@@ -56,7 +66,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
-class Tensor(AutogradMixin):
+class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: bool = False
