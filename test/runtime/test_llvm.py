@@ -11,6 +11,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
+from test.runtime.test_python_device import _arith, _compare
 import torch
 from fusegrad import Tensor, dtypes
 from fusegrad.codegen import get_program
@@ -96,22 +97,7 @@ def test_compile_error_and_bad_object():
 
 # *** elementwise, every dtype ***
 
-def _arith(dt: DType):
-    if dt == dtypes.bool:
-        return lambda a, b: Tensor.stack(a & b, a | b, a ^ b, a + b, a * b, a.maximum(b), a.logical_not(),
-                                         (a < b).where(a, b))
-    if dtypes.is_int(dt):
-        return lambda a, b: Tensor.stack(a + b, a - b, a * b, a.div(b, rounding_mode="trunc"), a // b, a % b,
-                                         a.maximum(b), a.minimum(b), -a, a.abs(), a & b, a | b, a ^ b, a << 3,
-                                         a >> 2, a << (b & 63), a >> (b & 63), a * 3 + 7, (a < b).where(a, b))
-    return lambda a, b: Tensor.stack(a + b, a - b, a * b, a / b, a.maximum(b), a.minimum(b), -a, a.abs(), a.sqrt(),
-                                     a.reciprocal(), a.trunc(), a.floor(), a.ceil(), a % b, a * b + a,
-                                     a.clip(-1.0, 1.0), (a < b).where(a, b), a * 0.1 - 3.0)
-
-def _compare(a: Tensor, b: Tensor) -> Tensor:
-    return Tensor.stack(a < b, a == b, a != b, a >= b, a.bool(), *((a.isnan(), a.isinf())
-                        if dtypes.is_float(a.dtype) else ()))
-
+# the same programs the PYTHON device is cross-checked with
 @pytest.mark.parametrize("dt", ALL, ids=str)
 def test_elementwise(dt: DType):
     a, b = data(dt, (5, 24), 1), data(dt, (5, 24), 2)
