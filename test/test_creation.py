@@ -275,6 +275,11 @@ def test_multinomial_with_replacement():
     nz = p > 0
     assert chi2_stat(counts[nz].astype(np.float64), p[nz] / p.sum()) < chi2_limit(int(nz.sum()) - 1)
     assert (s2.numpy()[0] == 3).all() and (s2.numpy()[1] == 0).all()
+    # huge and tiny weights (half precision too) keep their proportions
+    big = Tensor([3e38, 1e38], dtype=dtypes.float32).multinomial(4000, replacement=True).numpy()
+    tiny = Tensor([1e-4, 3e-4], dtype=dtypes.float16).multinomial(4000, replacement=True).numpy()
+    for s, q in ((big, 0.75), (tiny, 0.25)):
+        assert abs((s == 0).mean() - q) < ALPHA_Z * math.sqrt(q * (1 - q) / 4000)
 
 def test_multinomial_without_replacement():
     Tensor.manual_seed(22)
@@ -333,6 +338,10 @@ def test_dropout_rate_scale_and_gradient():
     # the gradient is the mask scaled like the values (torch: grad = mask / (1 - p) * upstream)
     np.testing.assert_allclose(g.numpy().T, np.where(kept, 2 / 0.7, 0).astype(np.float32), rtol=1e-6)
     assert (y1.numpy() == 0).all()
+    # nan and inf propagate through dropped elements as in torch (x * mask)
+    special = Tensor([float("nan"), float("inf"), 1.0] * 200).dropout(0.5).numpy().reshape(200, 3)
+    assert np.isnan(special[:, 0]).all() and (np.isnan(special[:, 1]) | np.isinf(special[:, 1])).all()
+    assert set(np.unique(special[:, 2])) == {0.0, 2.0}
     assert yh.dtype == dtypes.float16 and abs((yh.numpy() == 0).mean() - 0.5) < 0.03
     with pytest.raises(TypeError, match="floating"): Tensor([1, 2]).dropout(0.5)
     assert Tensor.ones(0, 3).dropout(0.5).shape == (0, 3)
@@ -382,6 +391,9 @@ def test_like_constructors():
         assert o.shape == (3, 2) and o.dtype == dt and o.device == x.device
     assert outs[5].tolist() == [[1, 1]] * 3 and outs[6].tolist() == [[7.0, 7.0]] * 3 and not outs[8].numpy().any()
     e = x.empty_like()
+    c = x.const_like(3)
+    assert c.dtype == dtypes.float16 and c.tolist() == [[3.0, 3.0]] * 3
+    assert x.const_like(1, dtypes.int8).dtype == dtypes.int8
     assert e.shape == (3, 2) and e.dtype == dtypes.float16 and x.empty_like(dtype=dtypes.int8).dtype == dtypes.int8
     with pytest.raises(TypeError, match="floating"): Tensor([1, 2]).rand_like()
     assert Tensor([1, 2]).rand_like(dtype=dtypes.float32).dtype == dtypes.float32

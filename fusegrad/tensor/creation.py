@@ -241,7 +241,7 @@ class CreationMixin:
 
     @staticmethod
     def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int, **kwargs: Any) -> Tensor:
-        """A random permutation of 0, ..., n-1 (the stable order of n random 64-bit keys; O(n^2) work)."""
+        """A random permutation of 0, ..., n-1: the ranks of n random 64-bit keys (one kernel of O(n^2) work)."""
         if not isinstance(n, int) or isinstance(n, bool): raise TypeError(f"randperm n must be an int, got {n!r}")
         if n < 0: raise ValueError(f"randperm needs n >= 0, got {n}")
         dt = to_dtype(dtype)
@@ -251,9 +251,9 @@ class CreationMixin:
         _, contiguous, requires_grad = _kwargs({**kwargs, "device": device}, "randperm")
         keys = CreationMixin._random_u64((n,), device)
         if n == 0: return _finish(keys.cast(dt), contiguous, requires_grad)
-        # realize the keys and the ranks once: each is read n times by the next step
-        perm = _gather_by_rank(_ranks(keys.contiguous(), False).contiguous(), n)
-        return _finish(perm.cast(dt), contiguous, requires_grad)
+        # the ranks of i.i.d. keys are a uniformly random permutation; the keys are realized once since the ranking
+        # reads each of them n times
+        return _finish(_ranks(keys.contiguous(), False).cast(dt), contiguous, requires_grad)
 
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Indices (int64) drawn from the categories weighted by the last axis of this 1-D or 2-D tensor."""
@@ -268,6 +268,8 @@ class CreationMixin:
         if not replacement and num_samples > n:
             raise ValueError(f"multinomial can't draw {num_samples} samples without replacement from {n} categories")
         w = (self if self.ndim == 2 else self.reshape(1, n)).cast(_compute_dtype(self.dtype))
+        # scaled to a maximum of 1 so that w / E below can't overflow (E is at least about 3e-8)
+        w = w / w.max(-1, keepdim=True)
         rows = w.shape[0]
         # exponential races: category i wins with probability w_i / sum(w) when it has the largest w_i / E_i,
         # E_i ~ Exp(1) independent; u is in (0, 1) so E_i > 0
@@ -290,7 +292,8 @@ class CreationMixin:
         if not dtypes.is_float(self.dtype): raise TypeError(f"dropout needs a floating point tensor, got {self.dtype}")
         if p == 1: return self * 0
         keep = CreationMixin._unit_uniform(self.shape, dtypes.float32, self.device) >= p
-        return keep.where(self * (1.0 / (1.0 - p)), 0)
+        # a multiplication (not a select) so that nan and inf propagate as in torch
+        return self * (keep.cast(self.dtype) * (1.0 / (1.0 - p)))
 
     # *** tensors like another ***
 
@@ -303,6 +306,10 @@ class CreationMixin:
         """randn with this tensor's shape, dtype and device (dtype= and device= override)."""
         device = kwargs.pop("device", self.device)
         return CreationMixin.randn(*self.shape, dtype=dtype or self.dtype, device=device, **kwargs)
+
+    def const_like(self: Tensor, b: Any, dtype: DType | None = None) -> Tensor:
+        """A tensor of the constant `b` with this tensor's shape and device (and dtype unless given)."""
+        return self.full_like(b, dtype)
 
     def empty_like(self: Tensor, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         """An uninitialized tensor with this tensor's shape, dtype and device."""
