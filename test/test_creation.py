@@ -293,6 +293,7 @@ def test_multinomial_without_replacement():
     ns = s.numpy()
     assert (ns[:, 0] != ns[:, 1]).all()
     assert sorted(full.tolist()) == [0, 1, 2, 3]
+    assert Tensor.ones(0, 3).multinomial(2).numpy().shape == (0, 2)
     # first draw ~ p; second draw j: sum over i != j of p_i p_j / (1 - p_i)
     second = np.array([sum(p[i] * p[j] / (1 - p[i]) for i in range(3) if i != j) for j in range(3)])
     assert chi2_stat(np.bincount(ns[:, 0], minlength=3).astype(np.float64), p) < chi2_limit(2)
@@ -461,3 +462,34 @@ def test_from_blob_copies():
     with pytest.raises(TypeError, match="ptr"): Tensor.from_blob("0x10", (2,))
     with pytest.raises(TypeError, match="unexpected"): Tensor.from_blob(arr.ctypes.data, (2,), colour=1)
     with pytest.raises(ValueError, match="negative"): Tensor.from_blob(arr.ctypes.data, (-2,))
+
+# ---------------------------------------------------------------------------------------------------------------------
+# devices
+
+@pytest.mark.parametrize("dev", ["LLVM", "PYTHON"])
+def test_same_stream_on_every_device(dev):
+    """The generator is the same function on every backend: the values match the CPU's bit for bit."""
+    def draw(device: str) -> list[np.ndarray]:
+        Tensor.manual_seed(3)
+        outs = [Tensor.rand(5, device=device), Tensor.randn(3, device=device, dtype=dtypes.float64),
+                Tensor.randint(4, low=-5, high=5, device=device)]
+        Tensor.realize(*outs)
+        assert all(o.device == outs[0].device for o in outs)
+        return [o.numpy() for o in outs]
+    try: other = draw(dev)
+    except (ImportError, ModuleNotFoundError, RuntimeError) as e: pytest.skip(f"{dev} unavailable: {e}")
+    for a, b in zip(draw("CPU"), other): np.testing.assert_array_equal(a, b)
+
+@pytest.mark.slow
+def test_large_samples_higher_moments():
+    Tensor.manual_seed(99)
+    n = 2_000_000
+    z, u = Tensor.randn(n, dtype=dtypes.float64), Tensor.rand(n)
+    p = Tensor.randperm(3000)
+    Tensor.realize(z, u, p)
+    z, u = z.numpy(), u.numpy()
+    se = 1 / math.sqrt(n)
+    assert abs(z.mean()) < 5 * se and abs(z.var() - 1) < 5 * math.sqrt(2) * se
+    assert abs((z ** 3).mean()) < 5 * math.sqrt(15) * se and abs((z ** 4).mean() - 3) < 5 * math.sqrt(96) * se
+    assert ks_distance(z, normal_cdf) < ks_limit(n) and ks_distance(u, lambda x: np.clip(x, 0, 1)) < ks_limit(n)
+    assert sorted(p.tolist()) == list(range(3000))
