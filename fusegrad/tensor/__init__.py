@@ -290,10 +290,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         if n == 0 or m == 0: return Tensor.zeros(n, m, dtype=dt, device=device)
         return (Tensor.arange(n, device=device).reshape(n, 1) == Tensor.arange(m, device=device).reshape(1, m)).cast(dt)
-    def full_like(self, fill_value: ConstType, dtype: DType | str | None = None) -> Tensor:
-        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=self.device)
-    def zeros_like(self, dtype: DType | str | None = None) -> Tensor: return self.full_like(0, dtype)
-    def ones_like(self, dtype: DType | str | None = None) -> Tensor: return self.full_like(1, dtype)
 
     # *** movement ***
 
