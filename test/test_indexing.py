@@ -13,6 +13,7 @@ import torch
 from fusegrad import Tensor, dtypes
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 
 def _rand(*shape: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed * 7919 + sum(shape) * 31 + len(shape))
@@ -141,3 +142,221 @@ def test_case(results: dict[str, Any], name: str):
     np.testing.assert_allclose(got, exp, rtol=1e-6, atol=1e-6)
     assert len(grads) == len(exp_grads)
     for g, e in zip(grads, exp_grads): np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5)
+
+# *** negative steps (torch has none: compared with numpy, the gradient is the seed put back in place) ***
+
+NEG_STEPS = [(np.s_[::-1], (5,)), (np.s_[::-2, 1], (5, 3)), (np.s_[-1:0:-3, ::-1], (7, 4)),
+             (np.s_[3:0:-1, None, ..., 1::-1], (5, 2, 3)), (np.s_[1::-5], (4,))]
+
+def test_negative_steps():
+    outs, grads, exp = [], [], []
+    for k, (idx, shape) in enumerate(NEG_STEPS):
+        x = _rand(*shape, seed=k)
+        t = Tensor(x).flip(0)  # a non-contiguous input
+        out = t[idx]
+        seed = _rand(*out.shape, seed=50 + k)
+        outs.append(out); grads.append((out * Tensor(seed)).sum().gradient(t)[0])
+        g = np.zeros(shape, np.float32)
+        g[idx] = seed
+        exp.append((x[::-1][idx], g))
+    Tensor.realize(*outs, *grads)
+    for o, g, (eo, eg) in zip(outs, grads, exp):
+        np.testing.assert_array_equal(o.numpy(), eo)
+        np.testing.assert_array_equal(g.numpy(), eg)
+
+# *** dtypes, special values, out-of-range tensor indices ***
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "int8", "int64", "uint8", "bool"])
+def test_dtypes(dt: str):
+    x = (np.arange(24).reshape(4, 6) % 5 - 2)
+    tx = torch.tensor(x).to(getattr(torch, dt))
+    t = Tensor(tx.float().numpy() if dt == "bfloat16" else tx.numpy()).cast(dt)
+    idx = np.array([[3, 0], [1, 1]])
+    outs = [t[Tensor(idx)], t.gather(1, Tensor(idx)), t.scatter(0, Tensor(idx), t[:2, :2]), t.tril(1),
+            t.masked_fill(Tensor(x > 0), 1), t.roll(1, 0), t.diagonal()]
+    exps = [tx[torch.tensor(idx)], tx.gather(1, torch.tensor(idx)), tx.scatter(0, torch.tensor(idx), tx[:2, :2]),
+            tx.tril(1), tx.masked_fill(torch.tensor(x > 0), 1), tx.roll(1, 0), tx.diagonal()]
+    Tensor.realize(*outs)
+    for o, e in zip(outs, exps):
+        assert o.dtype == t.dtype and o.shape == tuple(e.shape)
+        np.testing.assert_array_equal(o.float().numpy() if dt == "bfloat16" else o.numpy(),
+                                      e.float().numpy() if dt == "bfloat16" else e.numpy())
+
+def test_special_values_dont_leak():
+    x = np.array([[np.nan, 1.0, np.inf], [-np.inf, 3e38, -0.0]], np.float32)
+    t = Tensor(x)
+    outs = [t[:, Tensor([1, 2])], t[Tensor([1, 0]), Tensor([1, 0])], t.gather(1, Tensor([[1], [1]])),
+            t.scatter(1, Tensor([[0], [2]]), Tensor([[5.0], [6.0]]))]
+    exp = [x[:, [1, 2]], x[[1, 0], [1, 0]], x[:, [1]], np.array([[5.0, 1.0, np.inf], [-np.inf, 3e38, 6.0]], np.float32)]
+    Tensor.realize(*outs)
+    for o, e in zip(outs, exp): np.testing.assert_array_equal(o.numpy(), e)
+
+def test_out_of_range_tensor_indices_read_zero_and_write_nowhere():
+    # tensor indices can't be checked without reading them: out of range reads 0 and writes nothing (documented)
+    t = Tensor(np.arange(1, 7, dtype=np.float32).reshape(2, 3))
+    outs = [t[Tensor([0, 2, -3])], t[:, Tensor([3, -1, -4])], t.gather(1, Tensor([[5], [-1]])),
+            t.scatter(1, Tensor([[7], [1]]), Tensor([[9.0], [8.0]])), Tensor([0, 7]).one_hot(3)]
+    exp = [[[1, 2, 3], [0, 0, 0], [0, 0, 0]], [[0, 3, 0], [0, 6, 0]], [[0], [0]], [[1, 2, 3], [4, 8, 6]],
+           [[1, 0, 0], [0, 0, 0]]]
+    Tensor.realize(*outs)
+    for o, e in zip(outs, exp): assert o.tolist() == e
+
+def test_index_is_one_fused_kernel():
+    x, i, j = Tensor(_rand(8, 9)).realize(), Tensor([[1, 7], [0, 3]]).realize(), Tensor([2, 8]).realize()
+    # a fixed number of kernels whatever the sizes: the gather itself is one reduction, the index arithmetic (wrapping
+    # negatives, combining two indices) may be realized first by the fusion decision
+    assert len(x[i, j].schedule()) <= 3
+    assert len(x.gather(0, i).schedule()) == 1
+    big = Tensor.arange(200).reshape(2, 100).realize()
+    assert len(x[big % 8, big % 9].schedule()) <= 3
+
+# *** __setitem__ ***
+
+def _setitem_cases():
+    x = _rand(4, 5, 3)
+    return x, [(np.s_[1], 2.5), (np.s_[:, 1:4:2], _rand(2, 1)), (np.s_[..., -1], _rand(4, 5)),
+               (np.s_[[0, 3], 1], _rand(3)), (np.s_[np.array([[1], [2]]), :, np.array([0, 2])], -1.0),
+               (np.s_[x > 1], 0.0), (np.s_[None, 2, [4, 0]], _rand(2, 3)), (np.s_[[1, 1, 2]], 7.0)]
+
+def test_setitem_in_place():
+    x, cases = _setitem_cases()
+    for idx, v in cases:
+        t = Tensor(x.copy()).realize()
+        buf = t.uop
+        ti = tuple(Tensor(i) if isinstance(i, np.ndarray) else i for i in (idx if isinstance(idx, tuple) else (idx,)))
+        t[ti] = Tensor(v) if isinstance(v, np.ndarray) else v
+        e = torch.tensor(x.copy())
+        e[idx] = torch.tensor(v) if isinstance(v, np.ndarray) else v
+        np.testing.assert_array_equal(t.numpy(), e.numpy())
+        assert t.uop.base is buf.base  # still the same memory
+
+def test_setitem_through_a_view_and_reading_itself():
+    a = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+    row = a[1]
+    row[1:3] = -1.0
+    a[0, :] = a[2]
+    a[2, 1:] = a[2, :-1]
+    e = np.arange(12, dtype=np.float32).reshape(3, 4)
+    e[1, 1:3] = -1
+    e[0, :] = e[2]
+    e[2, 1:] = e[2, :-1].copy()
+    np.testing.assert_array_equal(a.numpy(), e)
+
+def test_setitem_casts_and_broadcasts_like_torch():
+    a = Tensor([[1, 2, 3], [4, 5, 6]]).realize()
+    a[:, 1] = Tensor([2.7, -3.9])
+    a[Tensor([True, False])] = 9
+    b = Tensor([1.0, 2.0, 3.0], dtype=dtypes.float16).realize()
+    b[Tensor([2, 0])] = 0.1
+    c = Tensor([True, False, True]).realize()
+    c[1:] = Tensor([True, False])
+    z = Tensor(5.0).realize()
+    z[...] = 3
+    e = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
+    e[:, 1] = torch.tensor([2.7, -3.9])
+    e[torch.tensor([True, False])] = 9
+    eb = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16)
+    eb[torch.tensor([2, 0])] = 0.1
+    assert a.tolist() == e.tolist() and a.dtype == dtypes.int32
+    assert b.tolist() == eb.tolist() and b.dtype == dtypes.float16
+    assert c.tolist() == [True, True, False] and z.item() == 3.0
+
+def test_setitem_gradient():
+    x, cases = _setitem_cases()
+    outs, exps = [], []
+    for k, (idx, v) in enumerate(cases[:-1]):  # no duplicate indices: torch's gradient there is arbitrary
+        varr = np.asarray(v, np.float32)
+        w = _rand(*x.shape, seed=k + 100)
+        tx, tv = Tensor(x), Tensor(varr)
+        y = tx * 2
+        ti = tuple(Tensor(i) if isinstance(i, np.ndarray) else i for i in (idx if isinstance(idx, tuple) else (idx,)))
+        y[ti] = tv * 3
+        outs += [y, *(y * Tensor(w)).sum().gradient(tx, tv)]
+        ex, ev = torch.tensor(x, requires_grad=True), torch.tensor(varr, requires_grad=True)
+        ey = ex * 2
+        ey[idx] = ev * 3
+        exps += [ey.detach().numpy(), *[g.numpy() for g in torch.autograd.grad((ey * torch.tensor(w)).sum(), [ex, ev])]]
+    Tensor.realize(*outs)
+    for o, e in zip(outs, exps): np.testing.assert_allclose(o.numpy(), e, rtol=1e-6, atol=1e-6)
+
+# *** splits, nonzero, one_hot, scatter_reduce, rearrange ***
+
+def test_split_chunk():
+    x = _rand(5, 7)
+    t, e = Tensor(x), torch.tensor(x)
+    for got, exp in [(t.split(2), e.split(2)), (t.split([3, 0, 4], dim=-1), e.split([3, 0, 4], dim=-1)),
+                     (t.chunk(3, 1), e.chunk(3, 1)), (t.chunk(5), e.chunk(5)), (t.chunk(9, 0), e.chunk(9, 0)),
+                     (Tensor.zeros(0, 2).split(3), torch.zeros(0, 2).split(3))]:
+        assert len(got) == len(exp)
+        for g, ex in zip(got, exp): np.testing.assert_array_equal(g.numpy(), ex.numpy())
+
+def test_nonzero_masked_select_one_hot():
+    x = np.array([[0.0, 1.5, 0.0], [np.nan, 0.0, -2.0]], np.float32)
+    t, e = Tensor(x), torch.tensor(x)
+    nz = t.nonzero()
+    assert nz.dtype == dtypes.int64 and nz.tolist() == e.nonzero().tolist()
+    assert t.nonzero(size=5, fill_value=-1).tolist() == e.nonzero().tolist() + [[-1, -1]] * 2
+    assert Tensor(3.0).nonzero().shape == (1, 0) and Tensor.zeros(0, 4).nonzero().shape == (0, 2)
+    m = Tensor(x != 0)
+    np.testing.assert_array_equal(t.masked_select(m).numpy(), e.masked_select(torch.tensor(x != 0)).numpy())
+    assert t.masked_select(m, size=4, fill_value=9).numpy()[3] == 9
+    c = np.array([[2, 0], [1, 3]])
+    oh = Tensor(c).one_hot(4)
+    assert oh.dtype == dtypes.int64 and oh.tolist() == torch.nn.functional.one_hot(torch.tensor(c), 4).tolist()
+    assert Tensor(c).one_hot().tolist() == torch.nn.functional.one_hot(torch.tensor(c)).tolist()
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+def test_scatter_reduce(reduce: str):
+    x, src = _rand(4, 3), _rand(5, 3, seed=1)
+    idx = np.array([[0, 1, 3], [3, 1, 0], [0, 1, 0], [2, 0, 0], [3, 3, 0]])
+    outs, exps = [], []
+    for inc in (True, False):
+        outs.append(Tensor(x).scatter_reduce(0, Tensor(idx), Tensor(src), reduce, include_self=inc))
+        exps.append(torch.tensor(x).scatter_reduce(0, torch.tensor(idx), torch.tensor(src), reduce, include_self=inc))
+    ix = np.array([[5, 2, 7], [1, 4, 2]])
+    outs.append(Tensor(ix).scatter_reduce(1, Tensor(idx[:2] % 2), Tensor(ix * 3), reduce))
+    exps.append(torch.tensor(ix).scatter_reduce(1, torch.tensor(idx[:2] % 2), torch.tensor(ix * 3), reduce))
+    Tensor.realize(*outs)
+    for o, e in zip(outs, exps): np.testing.assert_allclose(o.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+
+def test_rearrange():
+    x = np.arange(2 * 6 * 4, dtype=np.float32).reshape(2, 6, 4)
+    t = Tensor(x)
+    assert np.array_equal(t.rearrange("b (h w) c -> b h w c", h=2).numpy(), x.reshape(2, 2, 3, 4))
+    assert np.array_equal(t.rearrange("b s c -> c (b s)").numpy(), x.transpose(2, 0, 1).reshape(4, 12))
+    assert np.array_equal(t.rearrange("b (h w) c -> (c w) b h", w=3).numpy(),
+                          x.reshape(2, 2, 3, 4).transpose(3, 2, 0, 1).reshape(12, 2, 2))
+    assert np.array_equal(t.rearrange("b ... -> ... b").numpy(), x.transpose(1, 2, 0))
+    assert t.rearrange("a b c -> a b () c").shape == (2, 6, 1, 4)
+
+# *** errors ***
+
+@pytest.mark.parametrize("fn, exc", [
+    (lambda t: t[3], IndexError), (lambda t: t[0, -5], IndexError), (lambda t: t[0, 0, 0], IndexError),
+    (lambda t: t[..., ...], IndexError), (lambda t: t[Tensor([0.5])], IndexError), (lambda t: t["a"], TypeError),
+    (lambda t: t[Tensor([True, False])], IndexError), (lambda t: t[::0], ValueError),
+    (lambda t: t[Tensor([0, 1]), Tensor([0, 1, 2])], IndexError),
+    (lambda t: t.gather(2, Tensor([[0]])), IndexError), (lambda t: t.gather(0, Tensor([[0.0]])), TypeError),
+    (lambda t: t.gather(0, Tensor([0])), ValueError), (lambda t: t.gather(0, Tensor([[0] * 5])), ValueError),
+    (lambda t: t.scatter(0, Tensor([[0]]), 1.0, reduce="max"), ValueError),
+    (lambda t: t.scatter_reduce(0, Tensor([[0]]), Tensor([[1.0]]), "median"), ValueError),
+    (lambda t: t.masked_fill(Tensor([1, 0, 1, 1]), 0), TypeError),
+    (lambda t: t.masked_fill(Tensor([True, False]), 0), ValueError),
+    (lambda t: t.masked_fill(Tensor([True] * 4), Tensor([1.0, 2.0])), ValueError),
+    (lambda t: t[0].tril(), ValueError), (lambda t: t.diagonal(0, 1, -1), ValueError),
+    (lambda t: t.reshape(1, 3, 4).diag(), ValueError), (lambda t: t.repeat(2), ValueError),
+    (lambda t: t.repeat_interleave(-1), ValueError), (lambda t: t.split([1, 1]), ValueError),
+    (lambda t: t.split(0), ValueError), (lambda t: t.chunk(0), ValueError), (lambda t: t.roll((1, 2), 0), ValueError),
+    (lambda t: t.one_hot(3), TypeError), (lambda t: t.rearrange("a b"), ValueError),
+    (lambda t: t.rearrange("a b -> a c"), ValueError), (lambda t: t.rearrange("(a b) c -> a b c"), ValueError),
+    (lambda t: t.rearrange("a b c -> a b c"), ValueError), (lambda t: t.rearrange("(a b c -> a b c"), ValueError),
+])
+def test_errors(fn: Callable, exc: type):
+    with pytest.raises(exc): fn(Tensor(np.zeros((3, 4), np.float32)))
+
+def test_setitem_errors():
+    t = Tensor(np.zeros((3, 4), np.float32)).realize()
+    with pytest.raises(ValueError, match="shape mismatch"): t[0] = Tensor([1.0, 2.0])
+    with pytest.raises(IndexError): t[5] = 1.0
+    p = Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match="requires grad"): p[0] = 3.0

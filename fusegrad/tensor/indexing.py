@@ -222,7 +222,9 @@ class IndexingMixin:
         except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} can't be broadcast to the "
                                             f"indexing result of shape {view.shape}") from None
         has_adv = any(isinstance(e, tuple) for e in entries)
-        if _is_realized_view(self.uop) and not has_adv and self.requires_grad is not True:
+        if _is_realized_view(self.uop) and self.requires_grad is True:
+            raise RuntimeError("a realized tensor that requires grad can't be written in place; write into a copy")
+        if _is_realized_view(self.uop) and not has_adv:
             # basic indexing of memory: write through the view, only the indexed elements are touched
             view.assign(v.contiguous() if v.uop.base is self.uop.base else v).realize()
             return
@@ -241,7 +243,7 @@ class IndexingMixin:
             placed = Tensor(compute_gradient(pview.uop, v.cast(wd).uop, {ph.uop})[ph.uop])
             hit = Tensor(compute_gradient(pview.uop, pview.ones_like().uop, {ph.uop})[ph.uop]) != 0
             new = hit.where(placed.cast(self.dtype), self)
-        if _is_realized_view(self.uop) and self.requires_grad is not True: self.assign(new.contiguous()).realize()
+        if _is_realized_view(self.uop): self.assign(new.contiguous()).realize()
         else: self.uop = new.uop
 
     # *** gather / scatter ***
@@ -535,7 +537,8 @@ class IndexingMixin:
         pos, at = {}, 0
         for n in lnames: pos[n] = list(range(at, at + len(dims[n]))); at += len(dims[n])
         x = self.reshape(tuple(flat_shape)).permute([p for i in order for p in pos[lnames[i]]])
-        return x.reshape(tuple(prod(d for n in g for d in dims[n]) for g in rhs))
+        out = [s for g in rhs for s in (dims["..."] if g == ["..."] else (prod(d for n in g for d in dims[n]),))]
+        return x.reshape(tuple(out))
 
 def _parse_side(side: str, formula: str) -> list[list[str]]:
     """'a (b c) ...' -> [['a'], ['b', 'c'], ['...']]."""
