@@ -104,6 +104,12 @@ CASES: list[tuple[str, Callable, list[tuple[int, ...]], bool]] = [
     ("repeat", lambda L, a: a.repeat(2, 1, 3), [(3, 2)], True),
     ("repeat_zero", lambda L, a: a.repeat(0, 2), [(3, 2)], True),
     ("repeat_interleave", lambda L, a: a.repeat_interleave(3, 1), [(2, 3)], True),
+    ("numpy_index", lambda L, a: a[np.array([1, -1]), np.int64(2)], [(3, 4)], True),
+    ("bool_0d_tensor", lambda L, a: a[L.b(True), 1:], [(3, 4)], True),
+    ("true_with_tensors", lambda L, a: a[:, L.i([0, 1]), True, L.i([2, 2])], [(2, 3, 4, 5)], True),
+    ("gather_0d", lambda L, a: a.gather(0, L.i(0)), [()], True),
+    ("scatter_0d", lambda L, a, b: a.scatter(0, L.i(0), b), [(), ()], True),
+    ("roll_0d", lambda L, a: a.roll(1), [()], True),
     ("repeat_interleave_flat", lambda L, a: a.repeat_interleave(2), [(2, 3)], True),
 ]
 
@@ -328,6 +334,8 @@ def test_rearrange():
                           x.reshape(2, 2, 3, 4).transpose(3, 2, 0, 1).reshape(12, 2, 2))
     assert np.array_equal(t.rearrange("b ... -> ... b").numpy(), x.transpose(1, 2, 0))
     assert t.rearrange("a b c -> a b () c").shape == (2, 6, 1, 4)
+    assert t.rearrange("a b c -> a 1 (b 1 c)").shape == (2, 1, 24)
+    assert Tensor.zeros(1, 3).rearrange("1 b -> b").shape == (3,)
 
 # *** errors ***
 
@@ -360,3 +368,45 @@ def test_setitem_errors():
     with pytest.raises(IndexError): t[5] = 1.0
     p = Tensor([1.0, 2.0], requires_grad=True)
     with pytest.raises(RuntimeError, match="requires grad"): p[0] = 3.0
+
+# *** random combinations of index kinds against torch ***
+
+def _random_index(rng: np.random.Generator, shape: tuple[int, ...]) -> tuple:
+    idx: list[Any] = []
+    for s in shape:
+        kind = rng.integers(6)
+        if kind == 0: idx.append(int(rng.integers(-s, s)))
+        elif kind == 1:
+            a, b = sorted(rng.integers(-s - 1, s + 2, size=2).tolist())
+            idx.append(slice(a, b, int(rng.integers(1, 4))))
+        elif kind == 2: idx.append(slice(None))
+        elif kind == 3: idx.append(rng.integers(-s, s, size=tuple(rng.integers(1, 3, size=int(rng.integers(1, 3))))))
+        elif kind == 4: idx.append(rng.integers(-s, s, size=(2,)))
+        else: idx.append(rng.random(s) > 0.5)
+        if rng.random() < 0.2: idx.append(None)
+    while len(idx) > 1 and rng.random() < 0.3: idx.pop()
+    if rng.random() < 0.3: idx.insert(int(rng.integers(len(idx) + 1)), Ellipsis)
+    return tuple(idx)
+
+def test_random_indices_against_torch():
+    rng = np.random.default_rng(0)
+    outs, grads, exps = [], [], []
+    while len(outs) < 30:
+        shape = tuple(int(s) for s in rng.integers(1, 5, size=int(rng.integers(1, 4))))
+        x = _rand(*shape, seed=len(outs))
+        idx = _random_index(rng, shape)
+        ex = torch.tensor(x, requires_grad=True)
+        try: e = ex[tuple(torch.tensor(i) if isinstance(i, np.ndarray) else i for i in idx)]
+        except (IndexError, RuntimeError): continue  # e.g. index tensors that don't broadcast together
+        seed = _rand(*e.shape, seed=500 + len(outs))
+        eg = torch.autograd.grad((e * torch.tensor(seed)).sum(), ex)[0] if e.numel() else torch.zeros(shape)
+        t = Tensor(x)
+        out = t[tuple(Tensor(i) if isinstance(i, np.ndarray) else i for i in idx)]
+        outs.append(out)
+        grads.append((out * Tensor(seed)).sum().gradient(t)[0] if out.numel() else Tensor.zeros(*shape))
+        exps.append((idx, e.detach().numpy(), eg.numpy()))
+    Tensor.realize(*[t for t in outs + grads if t.numel()])
+    for o, g, (idx, e, eg) in zip(outs, grads, exps):
+        assert o.shape == e.shape, idx
+        np.testing.assert_array_equal(o.numpy(), e, err_msg=str(idx))
+        np.testing.assert_allclose(g.numpy(), eg, rtol=1e-6, atol=1e-6, err_msg=str(idx))

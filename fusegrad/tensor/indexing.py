@@ -226,7 +226,9 @@ class IndexingMixin:
             raise RuntimeError("a realized tensor that requires grad can't be written in place; write into a copy")
         if _is_realized_view(self.uop) and not has_adv:
             # basic indexing of memory: write through the view, only the indexed elements are touched
-            view.assign(v.contiguous() if v.uop.base is self.uop.base else v).realize()
+            # a value that reads this memory is computed first, so overlapping reads see the old values
+            reads_self = self.uop.base in v.uop.toposort()
+            view.assign(v.contiguous() if reads_self else v).realize()
             return
         if has_adv:
             # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
@@ -295,6 +297,10 @@ class IndexingMixin:
         """A copy of self with src written at `index` along `dim` (PyTorch's scatter; reduce 'add' or 'multiply')."""
         if reduce not in (None, "add", "multiply"):
             raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+        if self.ndim == 0:
+            if not isinstance(index, _T()) or index.ndim: raise ValueError("scatter on a 0-d tensor needs a 0-d index")
+            src1 = src.reshape(1) if isinstance(src, _T()) else src
+            return self.reshape(1).scatter(0, index.reshape(1), src1, reduce).reshape(())
         if reduce is not None: return self.scatter_reduce(dim, index, src if isinstance(src, _T()) else
                                                           _T().full(index.shape, src, dtype=self.dtype,
                                                                     device=self.device),
@@ -319,6 +325,10 @@ class IndexingMixin:
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise ValueError(f"scatter_reduce reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
         if not isinstance(src, _T()): raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
+        if self.ndim == 0:
+            if not isinstance(index, _T()) or index.ndim or src.ndim:
+                raise ValueError("scatter_reduce on a 0-d tensor needs a 0-d index and src")
+            return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
         d, oh, s = self._scatter_parts("scatter_reduce", dim, index, src)
         if index.numel() == 0: return self
         count = self._place(d, oh.cast(dtypes.int32).sum(d, keepdim=True), 0)
@@ -551,6 +561,9 @@ def _parse_side(side: str, formula: str) -> list[list[str]]:
         elif tok == ")":
             if cur is None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}")
             groups.append(cur); cur = None
+        elif tok == "1":
+            # a unit axis; inside parentheses a factor of 1 changes nothing
+            if cur is None: groups.append([])
         elif not (tok == "..." or tok.isidentifier()): raise ValueError(f"rearrange: bad axis name {tok!r}")
         elif cur is not None: cur.append(tok)
         else: groups.append([tok])
