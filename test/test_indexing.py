@@ -258,6 +258,9 @@ def test_setitem_casts_and_broadcasts_like_torch():
     c[1:] = Tensor([True, False])
     z = Tensor(5.0).realize()
     z[...] = 3
+    d = Tensor([[1.0, 2.0]]).realize()
+    d[True] = Tensor([[[5.0, 6.0]]])
+    d[False] = 7.0
     e = torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32)
     e[:, 1] = torch.tensor([2.7, -3.9])
     e[torch.tensor([True, False])] = 9
@@ -265,7 +268,7 @@ def test_setitem_casts_and_broadcasts_like_torch():
     eb[torch.tensor([2, 0])] = 0.1
     assert a.tolist() == e.tolist() and a.dtype == dtypes.int32
     assert b.tolist() == eb.tolist() and b.dtype == dtypes.float16
-    assert c.tolist() == [True, True, False] and z.item() == 3.0
+    assert c.tolist() == [True, True, False] and z.item() == 3.0 and d.tolist() == [[5.0, 6.0]]
 
 def test_setitem_gradient():
     x, cases = _setitem_cases()

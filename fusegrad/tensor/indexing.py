@@ -221,9 +221,10 @@ class IndexingMixin:
         try: v = v._broadcast_to(view.shape) if v.shape != view.shape else v
         except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} can't be broadcast to the "
                                             f"indexing result of shape {view.shape}") from None
-        has_adv = any(isinstance(e, tuple) for e in entries)
+        has_adv = any(isinstance(e, tuple) and e[0] == "adv" for e in entries)
         if _is_realized_view(self.uop) and self.requires_grad is True:
             raise RuntimeError("a realized tensor that requires grad can't be written in place; write into a copy")
+        if view.numel() == 0: return
         if _is_realized_view(self.uop) and not has_adv:
             # basic indexing of memory: write through the view, only the indexed elements are touched
             # a value that reads this memory is computed first, so overlapping reads see the old values
