@@ -413,3 +413,16 @@ def test_random_indices_against_torch():
         assert o.shape == e.shape, idx
         np.testing.assert_array_equal(o.numpy(), e, err_msg=str(idx))
         np.testing.assert_allclose(g.numpy(), eg, rtol=1e-6, atol=1e-6, err_msg=str(idx))
+
+def test_setitem_on_lazy_tensors_and_half_gradients():
+    x = Tensor.zeros(3)
+    x[0] = 1
+    x[Tensor([2, -1])] = 5
+    y = Tensor.arange(6).reshape(2, 3)
+    y[:, 1] = -1
+    h = Tensor(np.ones((2, 3), np.float16))
+    g = (h.gather(1, Tensor([[0, 0], [2, 1]])) * 2).sum().gradient(h)[0]
+    eh = torch.ones(2, 3, dtype=torch.float16, requires_grad=True)
+    (eh.gather(1, torch.tensor([[0, 0], [2, 1]])) * 2).sum().backward()
+    assert x.tolist() == [1.0, 0.0, 5.0] and y.tolist() == [[0, -1, 2], [3, -1, 5]]
+    assert g.dtype == dtypes.float16 and g.tolist() == eh.grad.tolist()
