@@ -387,51 +387,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         d = _resolve_axis(dim, args[0].ndim + 1)
         return args[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in args[1:]], dim=d)
 
-    def __getitem__(self, index: Any) -> Tensor:
-        """Basic indexing: ints, slices (any step), None and Ellipsis."""
-        idx = list(index) if isinstance(index, tuple) else [index]
-        for i in idx:
-            if not (i is None or i is Ellipsis or isinstance(i, (int, slice))) or isinstance(i, bool):
-                raise TypeError(f"unsupported index {i!r}: only ints, slices, None and ... are supported")
-        if sum(i is Ellipsis for i in idx) > 1: raise IndexError("an index can only have a single ellipsis")
-        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-        if n_real > self.ndim: raise IndexError(f"too many indices ({n_real}) for a tensor of {self.ndim} dims")
-        if Ellipsis in idx:
-            e = idx.index(Ellipsis)
-            idx = idx[:e] + [slice(None)] * (self.ndim - n_real) + idx[e + 1:]
-        else: idx += [slice(None)] * (self.ndim - n_real)
-        x, dim, out_shape = self, 0, []
-        shrink_arg, flip_axes, strides, squeeze = [], [], [], []
-        for i in idx:
-            if i is None: out_shape.append(None); continue
-            size = self.shape[dim]
-            if isinstance(i, int):
-                if not -size <= i < size: raise IndexError(f"index {i} is out of bounds for dim {dim} of size {size}")
-                i = i + size if i < 0 else i
-                shrink_arg.append((i, i + 1)); strides.append(1); squeeze.append(True)
-            else:
-                start, stop, step = i.indices(size)
-                if step > 0: b, e = start, max(start, stop)
-                else: b, e = max(stop + 1, 0), start + 1 if start >= stop else stop + 1
-                shrink_arg.append((b, max(b, e))); strides.append(step); squeeze.append(False)
-                if step < 0: flip_axes.append(dim)
-                out_shape.append(dim)
-            dim += 1
-        x = x.shrink(tuple(shrink_arg))
-        if flip_axes: x = x.flip(flip_axes)
-        if any(abs(s) != 1 for s in strides):
-            # stride s: pad each dim to a multiple of s, split it into (n, s) and keep the first of every s
-            st = [abs(s) for s in strides]
-            x = x.pad(tuple((0, -sh % s) for sh, s in zip(x.shape, st)))
-            x = x.reshape(tuple(d for sh, s in zip(x.shape, st) for d in (sh // s, s)))
-            x = x.shrink(tuple(p for n in x.shape[::2] for p in ((0, n), (0, 1))))
-            x = x.reshape(x.shape[::2])
-        final = []
-        kept = [d for d, sq in zip(x.shape, squeeze) if not sq]
-        it = iter(kept)
-        for o in out_shape: final.append(1 if o is None else next(it))
-        return x.reshape(tuple(final))
-
     # *** elementwise ***
 
     def _const_like_operand(self, y: ConstType) -> Tensor:

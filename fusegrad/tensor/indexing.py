@@ -1,6 +1,577 @@
-"""Indexing beyond basic slices: tensor and list indices, setitem, gather and scatter, masks, triangles."""
+"""Indexing: basic and advanced __getitem__/__setitem__, gather and scatter, masks, triangles and diagonals, rolls,
+repeats, splits and einops-style rearrange.
+
+Index tensors become one-hot compare-and-sum reductions: out[b] = sum_n where(index[b] == n, x[n], 0), which the
+scheduler fuses into one kernel (no kernel per element) and which autodiff differentiates like any other graph. An
+index tensor's values can't be checked without reading them, so an out-of-range tensor index (after wrapping
+negatives, where allowed) matches no position: it reads 0 (False for bool tensors) and writes nowhere. Python int and
+slice indices are checked and raise IndexError, as in PyTorch. Boolean masks have a data-dependent result size, so
+they are realized and read once (nonzero) before indexing."""
 from __future__ import annotations
+import math
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+from fusegrad.dtype import ConstType, dtypes
+from fusegrad.helpers import argfix, prod
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+def _T():
+    from fusegrad.tensor import Tensor
+    return Tensor
+
+def _axis(axis: int, ndim: int, name: str = "dim") -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool): raise TypeError(f"{name} must be an int, got {axis!r}")
+    n = max(ndim, 1)
+    if not -n <= axis < n: raise IndexError(f"{name} {axis} is out of range for a tensor with {ndim} dimensions")
+    return axis % n
+
+def _is_mask(t: Tensor) -> bool: return t.dtype in (dtypes.bool, dtypes.uint8)
+
+def _index_tensor(i: Any, device: str) -> Tensor:
+    """A list / numpy array / Tensor used as an index, as a Tensor, with its dtype checked."""
+    Tensor = _T()
+    if not isinstance(i, Tensor):
+        t = Tensor(i, device=device) if not (isinstance(i, (list, tuple)) and len(i) == 0) else \
+            Tensor.zeros(0, dtype=dtypes.int64, device=device)
+    else: t = i
+    if not (dtypes.is_int(t.dtype) or t.dtype == dtypes.bool):
+        raise IndexError(f"tensors used as indices must be integer or bool tensors, got {t.dtype}")
+    return t
+
+def _onehot(index: Tensor, n: int) -> Tensor:
+    """index.shape + (n,) bools: True where the index equals the position (out-of-range indices match nothing)."""
+    Tensor = _T()
+    ar = Tensor.arange(n, dtype=dtypes.int32, device=index.device)
+    return index.cast(dtypes.int32 if index.dtype.itemsize <= 4 else index.dtype).unsqueeze(-1) == ar
+
+def _select_sum(onehot: Tensor, x: Tensor, axis: int) -> Tensor:
+    """Sum over `axis` of x where onehot (where, not multiply, so nan/inf elsewhere don't leak in), in x's dtype."""
+    if x.dtype == dtypes.bool: return onehot.where(x, False).any(axis)
+    return onehot.where(x, 0).sum(axis).cast(x.dtype)
 
 class IndexingMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
+
+    # *** __getitem__ ***
+
+    def _parse_indices(self: Tensor, indices: Any) -> list:
+        """Normalize an index into a list of int / slice / None / ('adv', Tensor) entries covering every dim."""
+        Tensor = _T()
+        raw = list(indices) if isinstance(indices, tuple) else [indices]
+        entries: list = []
+        for i in raw:
+            if isinstance(i, bool): entries.append(("bool", i))
+            elif i is None or i is Ellipsis or isinstance(i, slice): entries.append(i)
+            elif isinstance(i, int): entries.append(i)
+            elif type(i).__module__ == "numpy" and getattr(i, "shape", None) == () and hasattr(i, "item"):
+                entries.append(("bool", bool(i)) if isinstance(i.item(), bool) else int(i.item()))
+            elif isinstance(i, (Tensor, list, tuple)) or type(i).__module__ == "numpy":
+                t = _index_tensor(i, self.device)
+                if t.ndim == 0 and _is_mask(t): entries.append(("bool", bool(t.item())))
+                elif _is_mask(t): entries.append(("mask", t))
+                else: entries.append(("adv", t))
+            else: raise TypeError(f"unsupported index type {type(i).__name__}: use ints, slices, None, ..., "
+                                  "bools, lists or integer/bool Tensors")
+        if sum(e is Ellipsis for e in entries) > 1: raise IndexError("an index can only have a single ellipsis (...)")
+        consumed = sum(e[1].ndim if isinstance(e, tuple) and e[0] == "mask" else
+                       0 if e is None or e is Ellipsis or isinstance(e, tuple) and e[0] == "bool" else 1
+                       for e in entries)
+        if consumed > self.ndim:
+            raise IndexError(f"too many indices for a tensor of dimension {self.ndim} (got {consumed})")
+        fill = [slice(None)] * (self.ndim - consumed)
+        if Ellipsis in entries:
+            at = entries.index(Ellipsis)
+            entries = entries[:at] + fill + entries[at + 1:]
+        else: entries += fill
+        # masks become one integer index per dim they cover (their nonzero positions)
+        out, dim = [], 0
+        for e in entries:
+            if isinstance(e, tuple) and e[0] == "mask":
+                m = e[1]
+                if m.shape != self.shape[dim:dim + m.ndim]:
+                    raise IndexError(f"the shape of the mask {m.shape} at index {dim} does not match the shape "
+                                     f"{self.shape[dim:dim + m.ndim]} of the indexed tensor there")
+                nz = m.nonzero()
+                out += [("adv", nz[:, k]) for k in range(m.ndim)]
+                dim += m.ndim
+            else:
+                out.append(e)
+                if not (e is None or isinstance(e, tuple) and e[0] == "bool"): dim += 1
+        return out
+
+    def _basic_index(self: Tensor, entries: list) -> Tensor:
+        """Apply ints, slices and None (one per dim of self, plus Nones): shrinks, flips, strides and reshapes."""
+        shrink_arg, flip_axes, strides, squeeze, out_shape = [], [], [], [], []
+        dim = 0
+        for i in entries:
+            if i is None: out_shape.append(None); continue
+            size = self.shape[dim]
+            if isinstance(i, int):
+                if not -size <= i < size:
+                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+                i = i + size if i < 0 else i
+                shrink_arg.append((i, i + 1)); strides.append(1); squeeze.append(True)
+            else:
+                if i.step == 0: raise ValueError("slice step cannot be zero")
+                start, stop, step = i.indices(size)
+                # the elements start, start+step, ... before stop, as a (begin, end) window read forwards or backwards
+                count = len(range(start, stop, step))
+                b = start if step > 0 else start + step * (count - 1) if count else 0
+                e = b + abs(step) * (count - 1) + 1 if count else b
+                shrink_arg.append((b, e)); strides.append(step); squeeze.append(False)
+                if step < 0: flip_axes.append(dim)
+                out_shape.append(dim)
+            dim += 1
+        x = self.shrink(tuple(shrink_arg)) if shrink_arg else self
+        if flip_axes: x = x.flip(flip_axes)
+        if any(abs(s) != 1 for s in strides):
+            # stride s: pad each dim to a multiple of s, split it into (n, s) and keep the first of every s
+            st = [abs(s) for s in strides]
+            x = x.pad(tuple((0, -sh % s) for sh, s in zip(x.shape, st)))
+            x = x.reshape(tuple(d for sh, s in zip(x.shape, st) for d in (sh // s, s)))
+            x = x.shrink(tuple(p for n in x.shape[::2] for p in ((0, n), (0, 1))))
+            x = x.reshape(x.shape[::2])
+        kept = iter([d for d, sq in zip(x.shape, squeeze) if not sq])
+        return x.reshape(tuple(1 if o is None else next(kept) for o in out_shape))
+
+    def _getitem(self: Tensor, entries: list) -> Tensor:
+        Tensor = _T()
+        # python bools are new dims of size 1 (True) or 0 (False); with other tensor indices, True is an index 0
+        has_adv = any(isinstance(e, tuple) and e[0] == "adv" for e in entries)
+        basic, adv, empty_dims, out_pos, last_adv, adjacent = [], [], [], 0, None, True
+        for k, e in enumerate(entries):
+            if isinstance(e, tuple) and e[0] == "bool":
+                basic.append(None)
+                if not has_adv:
+                    if not e[1]: empty_dims.append(out_pos)
+                    out_pos += 1
+                    continue
+                if not e[1]: raise IndexError("a False index can't be combined with tensor indices")
+                t = Tensor(0, device=self.device)
+            elif isinstance(e, tuple): basic.append(slice(None)); t = e[1]
+            else:
+                basic.append(e)
+                if not isinstance(e, int): out_pos += 1
+                continue
+            # ints don't separate tensor indices (they are applied first), slices and None do
+            if last_adv is not None and any(not isinstance(entries[j], int) for j in range(last_adv + 1, k)):
+                adjacent = False
+            adv.append((out_pos, t)); last_adv = k
+            out_pos += 1
+        x = self._basic_index(basic)
+        if empty_dims: x = x.shrink(tuple((0, 0) if d in empty_dims else (0, s) for d, s in enumerate(x.shape)))
+        if not adv: return x
+        return x._gather_adv(adv, adjacent)
+
+    def _gather_adv(self: Tensor, adv: list, adjacent: bool) -> Tensor:
+        """x indexed by integer tensors at dims [d for d, _ in adv]: their broadcast shape B replaces those dims (in
+        place when the indices were adjacent, in front otherwise)."""
+        from fusegrad.tensor import _broadcast_shape
+        dims = [d for d, _ in adv]
+        try: bshape = _broadcast_shape(*[t.shape for _, t in adv])
+        except ValueError: raise IndexError("shape mismatch: indexing tensors could not be broadcast together with "
+                                            f"shapes {[t.shape for _, t in adv]}") from None
+        sizes = [self.shape[d] for d in dims]
+        rest = [d for d in range(self.ndim) if d not in dims]
+        rshape = tuple(self.shape[d] for d in rest)
+        n = prod(sizes)
+        if n == 0 or prod(bshape) == 0:
+            if prod(bshape) and n == 0: raise IndexError("index is out of bounds for a dimension with size 0")
+            out = _T().zeros(*(rshape + bshape), dtype=self.dtype, device=self.device)
+        else:
+            # one linear index over the indexed dims; a component out of range makes it -1, which matches nothing
+            lin, valid, stride = None, None, 1
+            for (d, t), s in list(zip(adv, sizes))[::-1]:
+                wide = t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype)
+                t = t.cast(dtypes.int64 if wide else dtypes.int32)
+                t = (t < 0).where(t + s, t)._broadcast_to(bshape)
+                ok = (t >= 0) & (t < s)
+                lin = t * stride if lin is None else lin + t * stride
+                valid = ok if valid is None else valid & ok
+                stride *= s
+            lin = valid.where(lin, -1)
+            xp = self.permute(rest + dims).reshape(rshape + (1,) * len(bshape) + (n,))
+            oh = _onehot(lin, n).reshape((1,) * len(rshape) + bshape + (n,))
+            out = _select_sum(oh, xp, -1)
+        if adjacent:
+            at, nb, nr = dims[0], len(bshape), len(rshape)
+            order = list(range(at)) + list(range(nr, nr + nb)) + list(range(at, nr))
+            out = out.permute(order)
+        else: out = out.permute(list(range(len(rshape), len(rshape) + len(bshape))) + list(range(len(rshape))))
+        return out
+
+    def __getitem__(self: Tensor, indices: Any) -> Tensor:
+        """PyTorch indexing: ints, slices (any step), None, ..., bools, and integer/bool tensors or lists."""
+        return self._getitem(self._parse_indices(indices))
+
+    # *** __setitem__ ***
+
+    def __setitem__(self: Tensor, indices: Any, v: Any) -> None:
+        """Write `v` (broadcast and cast to this dtype) into the indexed positions, as PyTorch's setitem."""
+        Tensor = _T()
+        from fusegrad.tensor import _is_realized_view
+        from fusegrad.gradient import compute_gradient
+        entries = self._parse_indices(indices)
+        view = self._getitem(entries)
+        if not isinstance(v, Tensor): v = Tensor(v, device=self.device, dtype=self.dtype)
+        if v.device != self.device: raise ValueError(f"setitem value is on {v.device}, the tensor on {self.device}")
+        v = v.cast(self.dtype)
+        try: v = v._broadcast_to(view.shape) if v.shape != view.shape else v
+        except ValueError: raise ValueError(f"shape mismatch: value of shape {v.shape} can't be broadcast to the "
+                                            f"indexing result of shape {view.shape}") from None
+        has_adv = any(isinstance(e, tuple) and e[0] == "adv" for e in entries)
+        if _is_realized_view(self.uop) and self.requires_grad is True:
+            raise RuntimeError("a realized tensor that requires grad can't be written in place; write into a copy")
+        if view.numel() == 0: return
+        if _is_realized_view(self.uop) and not has_adv:
+            # basic indexing of memory: write through the view, only the indexed elements are touched
+            # a value that reads this memory is computed first, so overlapping reads see the old values
+            reads_self = self.uop.base in v.uop.toposort()
+            view.assign(v.contiguous() if reads_self else v).realize()
+            return
+        if has_adv:
+            # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
+            flat_pos = Tensor.arange(self.numel(), dtype=dtypes.int32, device=self.device).reshape(self.shape)
+            pos = flat_pos._getitem(entries).flatten()
+            new = self.flatten().scatter(0, pos, v.flatten()).reshape(self.shape) if pos.numel() else self
+        else:
+            # the indexing's adjoint places a tensor of the view's shape into a tensor of self's shape: apply it to
+            # the value and to ones (the written positions), using a fresh placeholder so self's graph isn't touched
+            wd = dtypes.int32 if self.dtype == dtypes.bool or not dtypes.is_float(self.dtype) and \
+                self.dtype.itemsize < 4 else self.dtype
+            ph = Tensor.empty(*self.shape, dtype=wd, device=self.device)
+            pview = ph._getitem(entries)
+            placed = Tensor(compute_gradient(pview.uop, v.cast(wd).uop, {ph.uop})[ph.uop])
+            hit = Tensor(compute_gradient(pview.uop, pview.ones_like().uop, {ph.uop})[ph.uop]) != 0
+            new = hit.where(placed.cast(self.dtype), self)
+        if _is_realized_view(self.uop): self.assign(new.contiguous()).realize()
+        else: self.uop = new.uop
+
+    # *** gather / scatter ***
+
+    def _check_index_like(self: Tensor, name: str, dim: int, index: Tensor) -> int:
+        Tensor = _T()
+        if not isinstance(index, Tensor): raise TypeError(f"{name}: index must be a Tensor, not {type(index).__name__}")
+        if not dtypes.is_int(index.dtype): raise TypeError(f"{name}: index must be integer, not {index.dtype}")
+        d = _axis(dim, self.ndim)
+        if index.ndim != self.ndim and not (index.ndim <= 1 and self.ndim <= 1):
+            raise ValueError(f"{name}: index has {index.ndim} dims but self has {self.ndim}; they must match")
+        for k, (a, b) in enumerate(zip(index.shape, self.shape)):
+            if k != d and a > b: raise ValueError(f"{name}: index shape {index.shape} is larger than self "
+                                                  f"{self.shape} at dimension {k}")
+        return d
+
+    def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+        """out[..i..] = self[..index[..i..]..] along `dim` (PyTorch's gather); out-of-range indices read 0."""
+        d = self._check_index_like("gather", dim, index)
+        x, idx = (self.reshape(1), index.reshape(1)) if self.ndim == 0 else (self, index.reshape(index.shape or (1,)))
+        if idx.numel() == 0 or x.shape[d] == 0:
+            return _T().zeros(*index.shape, dtype=self.dtype, device=self.device)
+        x = x.shrink(tuple((0, s) if k == d else (0, i) for k, (s, i) in enumerate(zip(x.shape, idx.shape))))
+        # x with `dim` moved to a new last axis, against the one-hot of the index along that axis
+        xs = x.unsqueeze(-1).transpose(d, -1)
+        return _select_sum(_onehot(idx, x.shape[d]), xs, -1).reshape(index.shape)
+
+    def _scatter_parts(self: Tensor, name: str, dim: int, index: Tensor, src: Any) -> tuple:
+        """(dim, one-hot of index (index.shape + (n,)), src cut to index's shape with a last axis of 1)."""
+        Tensor = _T()
+        d = self._check_index_like(name, dim, index)
+        if isinstance(src, Tensor):
+            if src.ndim != index.ndim: raise ValueError(f"{name}: src has {src.ndim} dims, index {index.ndim}")
+            if any(i > s for i, s in zip(index.shape, src.shape)):
+                raise ValueError(f"{name}: index shape {index.shape} is larger than src {src.shape}")
+            src = src.cast(self.dtype).shrink(tuple((0, i) for i in index.shape))
+        else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        return d, _onehot(index, self.shape[d] if self.ndim else 1), src.unsqueeze(-1)
+
+    def _place(self: Tensor, d: int, t: Tensor, fill: Any) -> Tensor:
+        """A reduction over index's `dim` (shape index.shape with `dim` -> 1, plus the last axis n) moved back into
+        self's layout and padded with `fill` where index was smaller than self."""
+        t = t.transpose(d, -1).squeeze(-1) if self.ndim else t.reshape(())
+        pad = tuple((0, s - ts) for s, ts in zip(self.shape, t.shape))
+        return t if all(p == (0, 0) for p in pad) else t.pad(pad, value=fill)
+
+    def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | ConstType,
+                reduce: Literal["multiply", "add"] | None = None) -> Tensor:
+        """A copy of self with src written at `index` along `dim` (PyTorch's scatter; reduce 'add' or 'multiply')."""
+        if reduce not in (None, "add", "multiply"):
+            raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+        if self.ndim == 0:
+            if not isinstance(index, _T()) or index.ndim: raise ValueError("scatter on a 0-d tensor needs a 0-d index")
+            src1 = src.reshape(1) if isinstance(src, _T()) else src
+            return self.reshape(1).scatter(0, index.reshape(1), src1, reduce).reshape(())
+        if reduce is not None: return self.scatter_reduce(dim, index, src if isinstance(src, _T()) else
+                                                          _T().full(index.shape, src, dtype=self.dtype,
+                                                                    device=self.device),
+                                                          "sum" if reduce == "add" else "prod")
+        d, oh, src = self._scatter_parts("scatter", dim, index, src)
+        if index.numel() == 0: return self
+        # duplicate indices: the last one wins (what PyTorch does on the CPU, though it documents it as undefined)
+        m = index.shape[d] if index.ndim else 1
+        pos = _T().arange(1, m + 1, dtype=dtypes.int32, device=self.device).reshape(
+            tuple(m if k == d else 1 for k in range(max(index.ndim, 1))) + (1,))
+        last = oh.where(pos, 0).max(d, keepdim=True)
+        oh = oh & (pos == last)
+        hit = self._place(d, last > 0, False)
+        val = oh.where(src, False).any(d, keepdim=True) if self.dtype == dtypes.bool else \
+            oh.where(src, 0).sum(d, keepdim=True).cast(self.dtype)
+        val = self._place(d, val, False if self.dtype == dtypes.bool else 0)
+        return hit.where(val, self)
+
+    def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor,
+                       reduce: Literal["sum", "prod", "mean", "amax", "amin"], include_self: bool = True) -> Tensor:
+        """Reduce src's values into self at `index` along `dim` (PyTorch's scatter_reduce)."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ValueError(f"scatter_reduce reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
+        if not isinstance(src, _T()): raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
+        if self.ndim == 0:
+            if not isinstance(index, _T()) or index.ndim or src.ndim:
+                raise ValueError("scatter_reduce on a 0-d tensor needs a 0-d index and src")
+            return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
+        d, oh, s = self._scatter_parts("scatter_reduce", dim, index, src)
+        if index.numel() == 0: return self
+        count = self._place(d, oh.cast(dtypes.int32).sum(d, keepdim=True), 0)
+        hit = count > 0
+        base = self if include_self else hit.where(0, self)
+        if reduce in ("sum", "mean"):
+            total = base + self._place(d, oh.where(s, 0).sum(d, keepdim=True).cast(self.dtype), 0)
+            if reduce == "sum": return total
+            n = count + 1 if include_self else count.maximum(1)
+            if dtypes.is_float(self.dtype): return total / n.cast(self.dtype)
+            return total.div(n.cast(self.dtype), rounding_mode="floor")
+        if reduce == "prod":
+            base = self if include_self else hit.where(1, self)
+            return base * self._place(d, oh.where(s, 1).prod(d, keepdim=True), 1)
+        lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
+        sign = 1 if reduce == "amax" else -1
+        if reduce == "amin": lowest = math.inf if dtypes.is_float(self.dtype) else dtypes.max(self.dtype)
+        red = oh.where(s, lowest)
+        m = self._place(d, red.max(d, keepdim=True) if sign == 1 else red.min(d, keepdim=True), lowest)
+        if include_self: m = m.maximum(self) if sign == 1 else m.minimum(self)
+        return hit.where(m, self)
+
+    # *** masks ***
+
+    def masked_fill(self: Tensor, mask: Tensor, value: Tensor | ConstType) -> Tensor:
+        """self where mask is False, value where it is True (mask broadcasts)."""
+        Tensor = _T()
+        if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool:
+            raise TypeError(f"masked_fill: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
+        if isinstance(value, Tensor):
+            if value.ndim != 0: raise ValueError(f"masked_fill: value must be a 0-d tensor, got shape {value.shape}")
+            value = value.cast(self.dtype)
+        else: value = Tensor(value, device=self.device, dtype=self.dtype)
+        ret = mask.where(value, self)
+        if ret.shape != self.shape: raise ValueError(f"masked_fill: mask of shape {mask.shape} can't be broadcast "
+                                                     f"to {self.shape}")
+        return ret
+
+    def nonzero(self: Tensor, size: int | None = None, fill_value: ConstType = 0) -> Tensor:
+        """(count, ndim) int64 positions of the nonzero elements, in row-major order. The count depends on the data,
+        so the tensor is realized and read once; with `size`, the result has `size` rows (cut, or padded with
+        fill_value)."""
+        Tensor = _T()
+        flat = self.flatten().cast(dtypes.bool).tolist() if self.numel() else []
+        pos = [i for i, b in enumerate(flat) if b]
+        if size is not None:
+            if size < 0: raise ValueError(f"nonzero size must be nonnegative, got {size}")
+            rows = [list(_unravel(p, self.shape)) for p in pos[:size]] + \
+                [[fill_value] * self.ndim] * max(0, size - len(pos))
+        else: rows = [list(_unravel(p, self.shape)) for p in pos]
+        if not rows or self.ndim == 0: return Tensor.zeros(len(rows), self.ndim, dtype=dtypes.int64, device=self.device)
+        return Tensor(rows, dtype=dtypes.int64, device=self.device)
+
+    def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: ConstType = 0) -> Tensor:
+        """The elements of self where mask (broadcast) is True, as a 1-D tensor."""
+        Tensor = _T()
+        from fusegrad.tensor import _broadcast_shape
+        if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool:
+            raise TypeError(f"masked_select: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
+        shape = _broadcast_shape(self.shape, mask.shape)
+        x, m = self._broadcast_to(shape).flatten(), mask._broadcast_to(shape).flatten()
+        if size is None: return x[m]
+        idx = m.nonzero(size, -1)[:, 0]
+        return (idx >= 0).where(x._gather_adv([(0, idx)], True), fill_value)
+
+    def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
+        """int64 one-hot vectors along a new last dim; num_classes=-1 means max()+1 (reads the data)."""
+        if not dtypes.is_int(self.dtype): raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+        if not isinstance(num_classes, int) or num_classes < -1:
+            raise ValueError(f"num_classes must be a nonnegative int or -1, got {num_classes!r}")
+        if num_classes == -1:
+            if self.numel() == 0: raise ValueError("one_hot can't infer num_classes from an empty tensor")
+            num_classes = int(self.max().item()) + 1
+        return _onehot(self, num_classes).cast(dtypes.int64)
+
+    # *** triangles and diagonals ***
+
+    def _tri(self: Tensor, diagonal: int, lower: bool) -> Tensor:
+        Tensor = _T()
+        if self.ndim < 2: raise ValueError(f"tril/triu need a tensor with at least 2 dims, got shape {self.shape}")
+        r, c = self.shape[-2:]
+        rows = Tensor.arange(r, dtype=dtypes.int32, device=self.device).reshape(r, 1)
+        cols = Tensor.arange(c, dtype=dtypes.int32, device=self.device).reshape(1, c)
+        keep = (cols <= rows + diagonal) if lower else (cols >= rows + diagonal)
+        return keep.where(self, False if self.dtype == dtypes.bool else 0)
+
+    def tril(self: Tensor, diagonal: int = 0) -> Tensor:
+        """The lower triangle of the last two dims (at and below `diagonal`); the rest is 0."""
+        return self._tri(diagonal, True)
+
+    def triu(self: Tensor, diagonal: int = 0) -> Tensor:
+        """The upper triangle of the last two dims (at and above `diagonal`); the rest is 0."""
+        return self._tri(diagonal, False)
+
+    def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The diagonal of dims dim1 and dim2 (shifted by offset) as a new last dim, as PyTorch's diagonal."""
+        if self.ndim < 2: raise ValueError(f"diagonal needs a tensor with at least 2 dims, got shape {self.shape}")
+        a, b = _axis(dim1, self.ndim, "dim1"), _axis(dim2, self.ndim, "dim2")
+        if a == b: raise ValueError(f"diagonal dimensions cannot be identical: {dim1}, {dim2}")
+        x = self.permute([k for k in range(self.ndim) if k not in (a, b)] + [a, b])
+        r, c = x.shape[-2:]
+        r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+        n = max(0, min(r - r0, c - c0))
+        lead = x.shape[:-2]
+        x = x.shrink(tuple((0, s) for s in lead) + ((min(r0, r), min(r0, r) + n), (min(c0, c), min(c0, c) + n)))
+        if n == 0: return x.reshape(lead + (0,))
+        # in a flattened n x n block the diagonal is every (n+1)-th element
+        x = x.reshape(lead + (n * n,)).pad(tuple((0, 0) for _ in lead) + ((0, n),))
+        return x.reshape(lead + (n, n + 1)).shrink(tuple((0, s) for s in lead) + ((0, n), (0, 1))).reshape(lead + (n,))
+
+    def diag(self: Tensor) -> Tensor:
+        """A 1-D tensor becomes a diagonal matrix; a 2-D tensor gives its diagonal."""
+        Tensor = _T()
+        if self.ndim == 2: return self.diagonal()
+        if self.ndim != 1: raise ValueError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+        n = self.shape[0]
+        eye = Tensor.arange(n, device=self.device).reshape(n, 1) == Tensor.arange(n, device=self.device).reshape(1, n)
+        return eye.where(self.reshape(1, n), False if self.dtype == dtypes.bool else 0)
+
+    # *** rolls, repeats, splits ***
+
+    def roll(self: Tensor, shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> Tensor:
+        """Shift elements along dims, wrapping around (PyTorch's roll; dims=None rolls the flattened tensor)."""
+        if dims is None:
+            if not isinstance(shifts, int): raise ValueError("roll with dims=None takes a single int shift")
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        sh, dm = (shifts,) if isinstance(shifts, int) else tuple(shifts), (dims,) if isinstance(dims, int) else \
+            tuple(dims)
+        if len(sh) != len(dm): raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+        x = self
+        for s, d in zip(sh, dm):
+            d = _axis(d, self.ndim)
+            n = x.shape[d]
+            if n == 0 or s % n == 0: continue
+            s %= n
+            both = x.cat(x, dim=d)
+            x = both.shrink(tuple((n - s, 2 * n - s) if k == d else (0, z) for k, z in enumerate(x.shape)))
+        return x
+
+    def repeat(self: Tensor, repeats: Any, *args: int) -> Tensor:
+        """Tile the tensor: repeats[i] copies along dim i (leading extra repeats add dims), as PyTorch's repeat."""
+        reps = argfix(repeats, *args)
+        if any(not isinstance(r, int) or r < 0 for r in reps): raise ValueError(f"repeat counts must be ints >= 0: "
+                                                                                f"{reps}")
+        if len(reps) < self.ndim: raise ValueError(f"repeat needs at least {self.ndim} counts, got {len(reps)}")
+        shape = (1,) * (len(reps) - self.ndim) + self.shape
+        x = self.reshape(tuple(d for s in shape for d in (1, s)))
+        x = x.expand(tuple(d for r, s in zip(reps, shape) for d in (r, s)))
+        return x.reshape(tuple(r * s for r, s in zip(reps, shape)))
+
+    def repeat_interleave(self: Tensor, repeats: int, dim: int | None = None) -> Tensor:
+        """Repeat each element `repeats` times along dim (the flattened tensor when dim is None)."""
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 0:
+            raise ValueError(f"repeat_interleave repeats must be an int >= 0, got {repeats!r}")
+        x = self.flatten() if dim is None else self
+        d = 0 if dim is None else _axis(dim, self.ndim)
+        if x.ndim == 0: x = x.reshape(1)
+        x = x.unsqueeze(d + 1)
+        x = x.expand(x.shape[:d + 1] + (repeats,) + x.shape[d + 2:])
+        return x.reshape(x.shape[:d] + (x.shape[d] * repeats,) + x.shape[d + 2:])
+
+    def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+        """Pieces along dim: of `sizes` each (the last may be smaller), or of the listed sizes."""
+        d = _axis(dim, self.ndim)
+        n = self.shape[d]
+        if isinstance(sizes, int):
+            if sizes <= 0 and not (sizes == 0 and n == 0): raise ValueError(f"split size must be positive, got {sizes}")
+            lens = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
+        else:
+            lens = list(sizes)
+            if sum(lens) != n or any(s < 0 for s in lens):
+                raise ValueError(f"split sizes {lens} must be nonnegative and sum to the dim size {n}")
+        out, at = [], 0
+        for s in lens:
+            out.append(self.shrink(tuple((at, at + s) if k == d else (0, z) for k, z in enumerate(self.shape))))
+            at += s
+        return tuple(out)
+
+    def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
+        """At most `chunks` pieces along dim, each of ceil(size / chunks) elements (the last may be smaller)."""
+        if not isinstance(chunks, int) or chunks <= 0: raise ValueError(f"chunk count must be a positive int: {chunks}")
+        n = self.shape[_axis(dim, self.ndim)]
+        return list(self.split(max(1, math.ceil(n / chunks)), dim)) if n else [self] * chunks
+
+    # *** einops ***
+
+    def rearrange(self: Tensor, formula: str, **sizes: int) -> Tensor:
+        """einops-style reshape/permute: 'b (h w) c -> b h w c' with h=... for sizes the formula can't infer."""
+        if "->" not in formula: raise ValueError(f"rearrange formula needs '->': {formula!r}")
+        lhs, rhs = (_parse_side(s, formula) for s in formula.split("->", 1))
+        lnames = [n for g in lhs for n in g]
+        rnames = [n for g in rhs for n in g]
+        if sorted(lnames) != sorted(rnames) or len(set(lnames)) != len(lnames):
+            raise ValueError(f"rearrange: both sides must name the same axes once each: {formula!r}")
+        has_ell = "..." in lnames
+        if len(lhs) - has_ell > self.ndim or not has_ell and len(lhs) != self.ndim:
+            raise ValueError(f"rearrange: {formula!r} has {len(lhs)} groups on the left, the tensor {self.ndim} dims")
+        ell = self.ndim - (len(lhs) - 1) if has_ell else 0
+        dims: dict[str, tuple[int, ...]] = {}
+        flat_shape: list[int] = []
+        k = 0
+        for g in lhs:
+            if g == ["..."]:
+                dims["..."] = self.shape[k:k + ell]; flat_shape += list(dims["..."]); k += ell; continue
+            total = self.shape[k]; k += 1
+            known = {n: sizes[n] for n in g if n in sizes}
+            unknown = [n for n in g if n not in known]
+            if len(unknown) > 1: raise ValueError(f"rearrange: can't infer the sizes of {unknown} in {formula!r}")
+            rest = total // max(1, prod(known.values())) if unknown else 1
+            if prod(known.values()) * rest != total:
+                raise ValueError(f"rearrange: sizes {known} don't divide dim of size {total} in {formula!r}")
+            for n in g:
+                dims[n] = (known.get(n, rest),); flat_shape.append(dims[n][0])
+        order = [lnames.index(n) for n in rnames]
+        # '...' may stand for several dims: expand the permutation over them
+        pos, at = {}, 0
+        for n in lnames: pos[n] = list(range(at, at + len(dims[n]))); at += len(dims[n])
+        x = self.reshape(tuple(flat_shape)).permute([p for i in order for p in pos[lnames[i]]])
+        out = [s for g in rhs for s in (dims["..."] if g == ["..."] else (prod(d for n in g for d in dims[n]),))]
+        return x.reshape(tuple(out))
+
+def _parse_side(side: str, formula: str) -> list[list[str]]:
+    """'a (b c) ...' -> [['a'], ['b', 'c'], ['...']]."""
+    groups: list[list[str]] | None = []
+    cur: list[str] | None = None
+    for tok in side.replace("(", " ( ").replace(")", " ) ").split():
+        if tok == "(":
+            if cur is not None: raise ValueError(f"rearrange: nested parentheses in {formula!r}")
+            cur = []
+        elif tok == ")":
+            if cur is None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}")
+            groups.append(cur); cur = None
+        elif tok == "1":
+            # a unit axis; inside parentheses a factor of 1 changes nothing
+            if cur is None: groups.append([])
+        elif not (tok == "..." or tok.isidentifier()): raise ValueError(f"rearrange: bad axis name {tok!r}")
+        elif cur is not None: cur.append(tok)
+        else: groups.append([tok])
+    if cur is not None: raise ValueError(f"rearrange: unbalanced parentheses in {formula!r}")
+    return groups
+
+def _unravel(i: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for s in reversed(shape): out.append(i % s); i //= s
+    return tuple(reversed(out))
