@@ -308,7 +308,8 @@ def test_attention_errors():
 @pytest.mark.parametrize("formula,shapes", [
     ("ij,jk->ik", [(3, 4), (4, 5)]), ("ij,jk", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
     ("ii->i", [(4, 4)]), ("ii", [(4, 4)]), ("i,i->", [(5,), (5,)]), ("i,j->ij", [(3,), (4,)]),
-    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]), ("ijk->kji", [(2, 3, 4)]), ("bii->b", [(2, 3, 3)]),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)]),
+    ("bij,bjk->bik", [(1, 3, 4), (2, 4, 2)]), ("ijk->kji", [(2, 3, 4)]), ("bii->b", [(2, 3, 3)]),
     ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]), ("i j , j -> i", [(3, 4), (4,)]),
 ])
 def test_einsum(formula, shapes):
@@ -355,3 +356,58 @@ def test_linear_sequential():
     out = Tensor(_rand(2, 3)).linear(Tensor(_rand(3, 4)), dtype=dtypes.float16)
     assert out.dtype == dtypes.float16
     check(lambda x: x.sequential([lambda t: t * 2, lambda t: t.relu()]), lambda x: (x * 2).relu(), _rand(3, 3))
+
+# *** dtypes and edge cases ***
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision(dtype):
+    tol = dict(atol=2e-2, rtol=2e-2, grad=False, dtype=dtype)
+    check(lambda x, w, b: x.conv2d(w, b, padding=1), lambda x, w, b: F.conv2d(x, w, b, padding=1), _rand(1, 2, 4, 4),
+          _rand(3, 2, 3, 3, seed=1), _rand(3, seed=2), **tol)
+    check(lambda x: x.avg_pool2d((2, 2)), lambda x: F.avg_pool2d(x, 2), _rand(1, 2, 4, 4), **tol)
+    check(lambda x: x.max_pool2d((2, 2), padding=1), lambda x: F.max_pool2d(x, 2, padding=1), _rand(1, 2, 4, 4), **tol)
+    check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), _rand(3, 5), np.array([0, 4, 2]), **tol)
+    check(lambda x: x.layernorm(), lambda x: F.layer_norm(x, (6,)), _rand(2, 6), **tol)
+    check(lambda x: x.pad((1, 1), mode="reflect"), lambda x: F.pad(x, (1, 1), mode="reflect"), _rand(2, 3), **tol)
+
+def test_cross_entropy_large_logits_and_empty():
+    x = _rand(3, 4) * 1e4
+    check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), x, np.array([0, 3, 1]), atol=1e-2)
+    check(lambda x, y: x.cross_entropy(y, reduction="sum"), lambda x, y: F.cross_entropy(x, y, reduction="sum"),
+          _rand(0, 4), np.zeros(0, dtype=np.int64), grad=False)
+    check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), _rand(0, 4),
+          np.zeros(0, dtype=np.int64), grad=False)  # the mean of nothing is nan
+
+def test_losses_nan_inf():
+    x = _rand(2, 3)
+    x[0, 1] = np.nan
+    check(lambda x, y: x.cross_entropy(y, reduction="none"), lambda x, y: F.cross_entropy(x, y, reduction="none"),
+          x, np.array([0, 2]), grad=False)
+    x = _rand(2, 3)
+    x[1, 2] = np.inf
+    check(lambda x, y: x.binary_crossentropy_logits(y, "none"), lambda x, y: F.binary_cross_entropy_with_logits(x, y,
+          reduction="none"), x, _rand(2, 3, low=0.0, high=1.0, seed=1), grad=False)
+
+def test_attention_eval_dropout_and_0d_unfold():
+    q = _rand(3, 4)
+    assert not Tensor.training
+    check(lambda q: q.scaled_dot_product_attention(q, q, dropout_p=0.5), lambda q: F.scaled_dot_product_attention(
+          q, q, q), q)
+    with pytest.raises(ValueError, match="dropout_p"): Tensor(q).scaled_dot_product_attention(Tensor(q), Tensor(q),
+                                                                                            dropout_p=1.5)
+    check(lambda x: x.unfold(0, 1, 1), lambda x: x.unfold(0, 1, 1), np.array(2.5, dtype=np.float32))
+
+def test_pool_conv_broadcast_pieces():
+    # a batch of one broadcast by expand, and an input that is itself a computed expression (fused into the window)
+    check(lambda x, w: (x.expand(3, 2, 5, 5) * 2 + 1).conv2d(w), lambda x, w: F.conv2d(x.expand(3, 2, 5, 5) * 2 + 1, w),
+          _rand(1, 2, 5, 5), _rand(4, 2, 3, 3, seed=1))
+
+def test_avg_pool_dilation_and_type_errors():
+    # torch's avg_pool2d has no dilation: a dilated window average is a depthwise convolution with 1/k weights
+    check(lambda x: x.avg_pool2d((2, 3), stride=1, dilation=2),
+          lambda x: F.conv2d(x.reshape(6, 1, 7, 8), torch.full((1, 1, 2, 3), 1 / 6), dilation=2).reshape(2, 3, 5, 4),
+          _rand(2, 3, 7, 8))
+    check(lambda x, y: x.nll_loss(y), lambda x, y: F.nll_loss(x, y), _rand(4), np.array(2))
+    with pytest.raises(TypeError, match="weight"): Tensor.ones(1, 1, 3, 3).conv2d(np.ones((1, 1, 2, 2)))
+    with pytest.raises(TypeError, match="Y"): Tensor.ones(2, 3).cross_entropy([0, 1])
+    with pytest.raises(TypeError, match="key"): Tensor.ones(2, 3).scaled_dot_product_attention(1.0, Tensor.ones(2, 3))

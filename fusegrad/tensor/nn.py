@@ -37,6 +37,13 @@ def _side_pairs(flat: list[int]) -> list[tuple[int, int]]:
     """Flat torch padding -> (before, after) per dim in dim order."""
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
 
+def _need_tensors(name: str, **args: object) -> None:
+    """A clear TypeError when an argument that must be a Tensor (or None, for optional ones) isn't."""
+    Tensor = _tensor_cls()
+    for k, v in args.items():
+        if v is not None and not isinstance(v, Tensor): raise TypeError(f"{name}: {k} must be a Tensor, got "
+                                                                        f"{type(v).__name__}")
+
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS: raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
 
@@ -169,6 +176,7 @@ class NNMixin:
                padding: int | Sequence[int] = 0, dtype: DType | str | None = None) -> Tensor:
         """Convolution (cross-correlation, as torch) over any number of spatial dims: input (N, Cin, *spatial),
         weight (Cout, Cin/groups, *kernel)."""
+        _need_tensors("conv2d", weight=weight, bias=bias)
         if self.ndim < 3: raise ValueError(f"conv2d input needs shape (N, C, *spatial), got {self.shape}")
         if weight.ndim != self.ndim:
             raise ValueError(f"conv2d weight {weight.shape} must have as many dims as the input {self.shape}")
@@ -194,6 +202,7 @@ class NNMixin:
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
                          padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Tensor:
         """Transposed convolution over any number of spatial dims: weight (Cin, Cout/groups, *kernel)."""
+        _need_tensors("conv_transpose2d", weight=weight, bias=bias)
         if self.ndim < 3: raise ValueError(f"conv_transpose2d input needs shape (N, C, *spatial), got {self.shape}")
         if weight.ndim != self.ndim:
             raise ValueError(f"conv_transpose2d weight {weight.shape} must have as many dims as the input {self.shape}")
@@ -272,7 +281,7 @@ class NNMixin:
         ones = Tensor.ones(self.shape[-n:], dtype=dtypes.float32, device=self.device)
         if count_include_pad:
             ones = ones.pad(tuple(pairs), value=1.0)
-            cnt = ones._windows(k_, s_, d_, [(0, 0)] * n, [a * 0 + e for (_, a), e in zip(pairs, extra)], o_, 0.0)
+            cnt = ones._windows(k_, s_, d_, [(0, 0)] * n, extra, o_, 0.0)
         else: cnt = ones._windows(*geo, value=0.0)
         return (total / cnt.sum(tuple(range(-n, 0))).cast(total.dtype)).cast(x.dtype)
 
@@ -287,6 +296,7 @@ class NNMixin:
         low = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
         win = self._windows(*geo, value=low)
         axes = tuple(range(-n, 0))
+        # one max reduction (it fuses); tied maxima share the gradient evenly where torch gives it to the first
         out = win.max(axes)
         if not return_indices: return out
         Tensor = _tensor_cls()
@@ -303,6 +313,7 @@ class NNMixin:
                      stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
                      padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
         """Inverse of max_pool2d: each value goes to its index in a zero output plane (torch's max_unpool)."""
+        _need_tensors("max_unpool2d", indices=indices)
         k_ = (kernel_size,) * 2 if isinstance(kernel_size, int) else tuple(kernel_size)
         n = len(k_)
         if indices.shape != self.shape:
@@ -344,7 +355,7 @@ class NNMixin:
         for j, o in enumerate(size):
             d = self.ndim - len(size) + j
             i = x.shape[d]
-            if i == o and mode != "linear" or (i == o and not align_corners): continue
+            if i == o: continue  # every mode maps each index to itself
             dst = Tensor.arange(o, dtype=dtypes.float32, device=self.device)
             src_i = Tensor.arange(i, dtype=dtypes.int32, device=self.device).reshape(i, 1)
             if mode == "linear":
@@ -364,6 +375,7 @@ class NNMixin:
 
     def binary_crossentropy(self: Tensor, Y: Tensor, reduction: str = "mean") -> Tensor:
         """Binary cross-entropy of probabilities `self` against targets Y (logs clamped at -100, as torch)."""
+        _need_tensors("binary_crossentropy", Y=Y)
         _check_reduction(reduction)
         if Y.shape != self.shape: raise ValueError(f"binary_crossentropy target shape {Y.shape} != input {self.shape}")
         loss = -(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100))
@@ -372,6 +384,7 @@ class NNMixin:
     def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: str = "mean",
                                    pos_weight: Tensor | None = None) -> Tensor:
         """Binary cross-entropy of logits `self` against targets Y, computed stably (torch's BCEWithLogits)."""
+        _need_tensors("binary_crossentropy_logits", Y=Y, pos_weight=pos_weight)
         _check_reduction(reduction)
         if Y.shape != self.shape:
             raise ValueError(f"binary_crossentropy_logits target shape {Y.shape} != input {self.shape}")
@@ -388,6 +401,7 @@ class NNMixin:
     def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
                                         reduction: str = "mean") -> Tensor:
         """Cross-entropy of logits (..., C) against integer labels (...); labels equal to ignore_index don't count."""
+        _need_tensors("sparse_categorical_crossentropy", Y=Y)
         _check_reduction(reduction)
         if self.ndim == 0 or Y.shape != self.shape[:-1]:
             raise ValueError(f"sparse_categorical_crossentropy labels shape {Y.shape} must be the logits shape "
@@ -406,6 +420,7 @@ class NNMixin:
     def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
                       ignore_index: int = -100) -> Tensor:
         """Cross-entropy of logits (class dim 1, or 0 for 1-d input) against class indices or class probabilities."""
+        _need_tensors("cross_entropy", Y=Y)
         _check_reduction(reduction)
         if self.ndim == 0: raise ValueError("cross_entropy input needs at least 1 dim (the classes)")
         if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
@@ -425,6 +440,7 @@ class NNMixin:
     def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
                  reduction: str = "mean") -> Tensor:
         """Negative log likelihood of log-probabilities (class dim 1, or 0 for 1-d input) at integer labels Y."""
+        _need_tensors("nll_loss", Y=Y, weight=weight)
         _check_reduction(reduction)
         if self.ndim == 0: raise ValueError("nll_loss input needs at least 1 dim (the classes)")
         cdim = 1 if self.ndim >= 2 else 0
@@ -450,6 +466,7 @@ class NNMixin:
                                      enable_gqa: bool = False) -> Tensor:
         """softmax(q k^T / sqrt(E) + mask) v over (..., L, E) queries and (..., S, E) keys/values; dropout applies
         only while Tensor.training."""
+        _need_tensors("scaled_dot_product_attention", key=key, value=value, attn_mask=attn_mask)
         Tensor = _tensor_cls()
         q, k, v = self, key, value
         if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
@@ -459,6 +476,7 @@ class NNMixin:
             raise ValueError(f"scaled_dot_product_attention shape mismatch: query {q.shape}, key {k.shape}, "
                              f"value {v.shape}")
         if is_causal and attn_mask is not None: raise ValueError("give either attn_mask or is_causal, not both")
+        if not 0.0 <= dropout_p <= 1.0: raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
         if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
             if q.shape[-3] % k.shape[-3]:
                 raise ValueError(f"enable_gqa: {q.shape[-3]} query heads aren't a multiple of {k.shape[-3]} key heads")
@@ -474,7 +492,9 @@ class NNMixin:
             if attn_mask.dtype == dtypes.bool: scores = attn_mask.where(scores, float("-inf"))
             else: scores = scores + attn_mask
         w = scores.softmax(-1)
-        if dropout_p and Tensor.training: w = w.dropout(dropout_p)
+        if dropout_p and Tensor.training:
+            if not hasattr(w, "dropout"): raise NotImplementedError("attention dropout needs Tensor.dropout")
+            w = w.dropout(dropout_p)
         return w.cast(v.dtype).matmul(v)
 
     # *** normalization ***
