@@ -198,7 +198,7 @@ def test_unfold_errors():
 
 @pytest.mark.parametrize("mode,align", [("nearest", False), ("nearest-exact", False), ("linear", False),
                                         ("linear", True)])
-@pytest.mark.parametrize("size", [(10, 4), (3, 9)], ids=str)
+@pytest.mark.parametrize("size", [(10, 4), (3, 9), (12, 20), (2, 1)], ids=str)
 def test_interpolate_2d(mode, align, size):
     tm = "bilinear" if mode == "linear" else mode
     check(lambda x: x.interpolate(size, mode=mode, align_corners=align),
@@ -230,6 +230,9 @@ def test_cross_entropy_probs_ignore_index_1d():
     p = np.random.default_rng(5).dirichlet(np.ones(5), size=4).astype(np.float32)
     check(lambda x, y: x.cross_entropy(y, label_smoothing=0.1), lambda x, y: F.cross_entropy(x, y,
           label_smoothing=0.1), _rand(4, 5), p)
+    p3 = np.random.default_rng(6).dirichlet(np.ones(3), size=(2, 4)).astype(np.float32).transpose(0, 2, 1).copy()
+    check(lambda x, y: x.cross_entropy(y, "none"), lambda x, y: F.cross_entropy(x, y, reduction="none"),
+          _rand(2, 3, 4), p3)
     y = np.array([1, -100, 4, 0], dtype=np.int64)
     check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), _rand(4, 5), y)
     check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), _rand(5), np.array(3))

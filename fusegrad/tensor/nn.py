@@ -356,6 +356,18 @@ class NNMixin:
             d = self.ndim - len(size) + j
             i = x.shape[d]
             if i == o: continue  # every mode maps each index to itself
+            up, down = o // i if o % i == 0 else 0, i // o if i % o == 0 else 0
+            if mode != "linear" and (up and up & (up - 1) == 0 or down):
+                # exact factors (up by a power of two, down by an integer) need no index arithmetic: torch's float32
+                # source index is exact there, so nearest is a pure view (repeat, or every down-th element)
+                sh = x.shape
+                if up: x = x.unsqueeze(d + 1).expand(sh[:d + 1] + (up,) + sh[d + 1:]).flatten(d, d + 1)
+                else:
+                    pick = down // 2 if mode == "nearest-exact" else 0
+                    x = x.reshape(sh[:d] + (o, down) + sh[d + 1:])
+                    x = x.shrink(tuple((pick, pick + 1) if a == d + 1 else None for a in range(x.ndim)))
+                    x = x.reshape(sh[:d] + (o,) + sh[d + 1:])
+                continue
             dst = Tensor.arange(o, dtype=dtypes.float32, device=self.device)
             src_i = Tensor.arange(i, dtype=dtypes.int32, device=self.device).reshape(i, 1)
             if mode == "linear":
