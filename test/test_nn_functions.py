@@ -151,7 +151,7 @@ def test_max_pool_inf_nan_int_1d():
 
 def test_pool_errors():
     x = Tensor.ones(1, 1, 4, 4)
-    with pytest.raises(ValueError, match="half the kernel"): x.max_pool2d((2, 2), padding=2)
+    with pytest.raises(ValueError, match="at most half"): x.max_pool2d((2, 2), padding=2)
     with pytest.raises(ValueError, match="larger"): x.avg_pool2d((5, 5))
     with pytest.raises(ValueError, match="stride"): x.max_pool2d((2, 2), stride=(1, 2, 3))
     with pytest.raises(ValueError, match="dims"): Tensor.ones(3).max_pool2d((2, 2))
@@ -372,6 +372,10 @@ def test_half_precision(dtype):
     check(lambda x, y: x.cross_entropy(y), lambda x, y: F.cross_entropy(x, y), _rand(3, 5), np.array([0, 4, 2]), **tol)
     check(lambda x: x.layernorm(), lambda x: F.layer_norm(x, (6,)), _rand(2, 6), **tol)
     check(lambda x: x.pad((1, 1), mode="reflect"), lambda x: F.pad(x, (1, 1), mode="reflect"), _rand(2, 3), **tol)
+    check(lambda q, k: q.scaled_dot_product_attention(k, k, is_causal=True), lambda q, k:
+          F.scaled_dot_product_attention(q, k, k, is_causal=True), _rand(2, 3, 4), _rand(2, 3, 4, seed=1), **tol)
+    check(lambda x: x.interpolate((5, 3)), lambda x: F.interpolate(x, (5, 3), mode="bilinear"), _rand(1, 1, 3, 4),
+          **tol)
 
 def test_cross_entropy_large_logits_and_empty():
     x = _rand(3, 4) * 1e4

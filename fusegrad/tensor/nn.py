@@ -246,8 +246,9 @@ class NNMixin:
         pairs = _side_pairs(_flat_pads(padding, n))
         if any(k <= 0 for k in k_) or any(s <= 0 for s in s_) or any(d <= 0 for d in d_):
             raise ValueError(f"{name}: kernel {k_}, stride {s_} and dilation {d_} must be positive")
-        if any(b > k // 2 or a > k // 2 or b < 0 or a < 0 for k, (b, a) in zip(k_, pairs)):
-            raise ValueError(f"{name}: padding {padding} must be at most half the kernel size {k_}")
+        # (as torch: so that every window holds at least one input element)
+        if any(max(b, a) > (d * (k - 1) + 1) // 2 or min(b, a) < 0 for k, d, (b, a) in zip(k_, d_, pairs)):
+            raise ValueError(f"{name}: padding {padding} must be at most half the (dilated) kernel size {k_}")
         i_ = self.shape[-n:]
         o_, extra = [], []
         for i, k, s, d, (b, a) in zip(i_, k_, s_, d_, pairs):
@@ -261,6 +262,7 @@ class NNMixin:
         return k_, s_, d_, pairs, extra, tuple(o_)
 
     def _windows(self: Tensor, k_, s_, d_, pairs, extra, o_, value: ConstType) -> Tensor:
+        """The pooling windows (..., *out, *kernel) of this tensor padded with `value`, from _pool_setup's geometry."""
         n = len(k_)
         x = self.pad(tuple((0, 0) for _ in self.shape[:-n]) + tuple((b, a + e) for (b, a), e in zip(pairs, extra)),
                      value=value)._pool(k_, s_, d_)
