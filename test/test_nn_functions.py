@@ -418,3 +418,27 @@ def test_avg_pool_dilation_and_type_errors():
     with pytest.raises(TypeError, match="weight"): Tensor.ones(1, 1, 3, 3).conv2d(np.ones((1, 1, 2, 2)))
     with pytest.raises(TypeError, match="Y"): Tensor.ones(2, 3).cross_entropy([0, 1])
     with pytest.raises(TypeError, match="key"): Tensor.ones(2, 3).scaled_dot_product_attention(1.0, Tensor.ones(2, 3))
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(12))
+def test_conv_pool_random_configs(seed):
+    rng = np.random.default_rng(seed)
+    nd = int(rng.integers(1, 4))
+    groups, k = int(rng.integers(1, 3)), tuple(int(v) for v in rng.integers(1, 4, nd))
+    stride, dil = tuple(int(v) for v in rng.integers(1, 3, nd)), tuple(int(v) for v in rng.integers(1, 3, nd))
+    pad = tuple(int(v) for v in rng.integers(0, 2, nd))
+    xs = (2, 2 * groups) + tuple(int(v) for v in rng.integers(5, 8, nd))
+    conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
+    check(lambda x, w: x.conv2d(w, groups=groups, stride=stride, dilation=dil, padding=pad),
+          lambda x, w: conv(x, w, groups=groups, stride=stride, dilation=dil, padding=pad), _rand(*xs, seed=seed),
+          _rand(3 * groups, 2, *k, seed=seed + 1))
+    pk = tuple(max(2, v) for v in k)
+    ppad = tuple(min(p, v // 2) for p, v in zip(pad, pk))
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
+    x = rng.permutation(int(np.prod(xs))).reshape(xs).astype(np.float32)
+    check(lambda x: x.max_pool2d(pk, stride, dil, ppad, ceil_mode=bool(seed % 2)),
+          lambda x: pool(x, pk, stride, ppad, dil, ceil_mode=bool(seed % 2)), x)
+    if nd < 3:
+        avg = (F.avg_pool1d, F.avg_pool2d)[nd - 1]
+        check(lambda x: x.avg_pool2d(pk, stride, 1, ppad, ceil_mode=bool(seed % 2), count_include_pad=seed % 3 == 0),
+              lambda x: avg(x, pk, stride, ppad, ceil_mode=bool(seed % 2), count_include_pad=seed % 3 == 0), x)
