@@ -312,30 +312,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if n < 0: raise ValueError(f"bad size {n} in expand to {new}")
         x = self.reshape(old) if old != self.shape else self
         return x if out == x.shape else Tensor(x.uop.expand(out))
-    def pad(self, padding: Sequence, value: float = 0.0) -> Tensor:
-        """Pad with `value`: ((before, after), ...) per dim (None for no padding), or torch's flat (left, right, ...)
-        form for the last dims. Negative amounts crop."""
-        if padding and all(isinstance(p, int) for p in padding):
-            if len(padding) % 2 or len(padding) // 2 > self.ndim:
-                raise ValueError(f"flat padding {padding} needs an even length of at most 2*ndim={2*self.ndim}")
-            pairs = [(padding[i], padding[i + 1]) for i in range(0, len(padding), 2)][::-1]
-            arg = [(0, 0)] * (self.ndim - len(pairs)) + pairs
-        else:
-            if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per dim ({self.ndim})")
-            arg = [(0, 0) if p is None else tuple(p) for p in padding]
-            if any(len(p) != 2 for p in arg): raise ValueError(f"each padding entry must be (before, after): {padding}")
-        if any(not isinstance(b, int) or not isinstance(e, int) for b, e in arg):
-            raise TypeError(f"padding amounts must be ints: {padding}")
-        # negative padding crops
-        x = self
-        if any(b < 0 or e < 0 for b, e in arg):
-            x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
-            arg = [(max(b, 0), max(e, 0)) for b, e in arg]
-        if all(b == 0 and e == 0 for b, e in arg): return x
-        padded = Tensor(x.uop.pad(tuple(arg)))
-        if value == 0: return padded
-        inside = Tensor(x.ones_like(dtypes.bool).uop.pad(tuple(arg)))
-        return inside.where(padded, value)
     def shrink(self, arg: Sequence) -> Tensor:
         if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one (start, end) per dim ({self.ndim})")
         full = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
@@ -748,10 +724,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if squeeze_y: ret = ret.reshape(ret.shape[:-1])
         return ret
     matmul = dot
-
-    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        x = self.mul(weight) if weight.ndim == 1 else self.dot(weight)
-        return x.add(bias) if bias is not None else x
 
 # *** helpers ***
 

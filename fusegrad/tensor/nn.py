@@ -1,6 +1,644 @@
-"""Neural-network functions: convolution, pooling, resizing, padding modes, losses, attention."""
+"""Neural-network functions: convolution, pooling, resizing, padding modes, losses, attention.
+
+Windows (convolution, pooling, unfold) are views built from movement ops only (pad/reshape/expand/shrink/permute), so
+the reduction over a window fuses with whatever produced the input: no im2col buffer is ever written."""
 from __future__ import annotations
+import math
+from typing import TYPE_CHECKING, Callable, Sequence
+from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.helpers import prod
+
+if TYPE_CHECKING:
+    from fusegrad.tensor import Tensor
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+def _tensor_cls() -> type[Tensor]:
+    from fusegrad.tensor import Tensor
+    return Tensor
+
+def _int_tuple(x: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
+    """An int broadcast to n dims, or a sequence of exactly n ints."""
+    t = (x,) * n if isinstance(x, int) else tuple(x)
+    if len(t) != n or any(not isinstance(v, int) or isinstance(v, bool) for v in t):
+        raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {x!r}")
+    return t
+
+def _flat_pads(padding: int | Sequence[int], n: int) -> list[int]:
+    """Padding of the last n dims in torch's flat form (left, right of the last dim, then the dim before...): from an
+    int, one int per dim (symmetric), or already 2*n ints per side."""
+    if isinstance(padding, int): return [padding] * (2 * n)
+    p = list(padding)
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in p) or len(p) not in (n, 2 * n):
+        raise ValueError(f"padding must be an int or a sequence of {n} or {2 * n} ints, got {padding!r}")
+    return p if len(p) == 2 * n else [v for v in p for _ in range(2)][::-1]
+
+def _side_pairs(flat: list[int]) -> list[tuple[int, int]]:
+    """Flat torch padding -> (before, after) per dim in dim order."""
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+
+def _need_tensors(name: str, **args: object) -> None:
+    """A clear TypeError when an argument that must be a Tensor (or None, for optional ones) isn't."""
+    Tensor = _tensor_cls()
+    for k, v in args.items():
+        if v is not None and not isinstance(v, Tensor): raise TypeError(f"{name}: {k} must be a Tensor, got "
+                                                                        f"{type(v).__name__}")
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS: raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+    return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
 
 class NNMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
+
+    # *** padding ***
+
+    def pad(self: Tensor, padding: Sequence, mode: str = "constant", value: ConstType = 0.0) -> Tensor:
+        """Pad with mode constant (`value`), reflect, replicate or circular: ((before, after) or None per dim), or
+        torch's flat (left, right, top, bottom, ...) form for the last dims. Negative amounts crop."""
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
+        if mode != "constant" and value != 0: raise ValueError(f"pad value {value} only applies to mode 'constant'")
+        if padding and all(isinstance(p, int) for p in padding):
+            if len(padding) % 2 or len(padding) // 2 > self.ndim:
+                raise ValueError(f"flat padding {padding} needs an even length of at most 2*ndim={2*self.ndim}")
+            pairs = _side_pairs(list(padding))
+            arg = [(0, 0)] * (self.ndim - len(pairs)) + pairs
+        else:
+            if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per dim ({self.ndim})")
+            arg = [(0, 0) if p is None else tuple(p) for p in padding]
+            if any(len(p) != 2 for p in arg): raise ValueError(f"each padding entry must be (before, after): {padding}")
+        if any(not isinstance(b, int) or not isinstance(e, int) or isinstance(b, bool) or isinstance(e, bool)
+               for b, e in arg):
+            raise TypeError(f"padding amounts must be ints: {padding}")
+        # negative padding crops
+        x = self
+        if any(b < 0 or e < 0 for b, e in arg):
+            if any(-min(b, 0) - min(e, 0) > s for (b, e), s in zip(arg, x.shape)):
+                raise ValueError(f"negative padding {padding} crops more than the size of shape {self.shape}")
+            x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
+            arg = [(max(b, 0), max(e, 0)) for b, e in arg]
+        if all(b == 0 and e == 0 for b, e in arg): return x
+        if mode == "constant":
+            Tensor = _tensor_cls()
+            padded = Tensor(x.uop.pad(tuple(arg)))
+            if value == 0: return padded
+            inside = Tensor(x.ones_like(dtypes.bool).uop.pad(tuple(arg)))
+            return inside.where(padded, value)
+        for d, (b, e) in enumerate(arg):
+            if b == 0 and e == 0: continue
+            n = x.shape[d]
+            if mode == "reflect" and (b >= n or e >= n):
+                raise ValueError(f"reflect padding ({b}, {e}) must be smaller than the size {n} of dim {d}")
+            if mode == "circular" and (b > n or e > n):
+                raise ValueError(f"circular padding ({b}, {e}) can't be larger than the size {n} of dim {d}")
+            if mode == "replicate" and n == 0: raise ValueError(f"replicate padding of the empty dim {d}")
+            def part(lo: int, hi: int) -> Tensor: return x.shrink(tuple((lo, hi) if i == d else None
+                                                                          for i in range(x.ndim)))
+            if mode == "reflect": left, right = part(1, b + 1).flip(d), part(n - 1 - e, n - 1).flip(d)
+            elif mode == "circular": left, right = part(n - b, n), part(0, e)
+            else:
+                left = part(0, 1).expand(tuple(b if i == d else s for i, s in enumerate(x.shape)))
+                right = part(n - 1, n).expand(tuple(e if i == d else s for i, s in enumerate(x.shape)))
+            x = left.cat(x, right, dim=d)
+        return x
+
+    # *** windows ***
+
+    def _pool(self: Tensor, k_: tuple[int, ...], stride: int | Sequence[int] = 1,
+              dilation: int | Sequence[int] = 1) -> Tensor:
+        """Sliding windows over the last len(k_) dims: shape (..., *out, *k_), movement ops only."""
+        n = len(k_)
+        if self.ndim < n: raise ValueError(f"a window of {n} dims needs a tensor of at least {n} dims: {self.shape}")
+        s_, d_ = _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation")
+        if any(k <= 0 for k in k_): raise ValueError(f"kernel size must be positive, got {k_}")
+        if any(s <= 0 for s in s_): raise ValueError(f"stride must be positive, got {s_}")
+        if any(d <= 0 for d in d_): raise ValueError(f"dilation must be positive, got {d_}")
+        pre, i_ = self.shape[:-n], self.shape[-n:]
+        o_ = tuple((i - d * (k - 1) - 1) // s + 1 for i, d, k, s in zip(i_, d_, k_, s_))
+        if any(o <= 0 for o in o_):
+            raise ValueError(f"window {k_} (dilation {d_}) is larger than the input's spatial size {i_}")
+        keep = tuple((0, p) for p in pre)
+        if all(k <= s for k, s in zip(k_, s_)) and all(d == 1 for d in d_):
+            # windows don't overlap: cut each dim into o blocks of s and keep the first k of each block
+            x = self.pad(tuple((0, 0) for _ in pre) + tuple((0, o * s - i) for o, s, i in zip(o_, s_, i_)))
+            x = x.reshape(pre + tuple(v for o, s in zip(o_, s_) for v in (o, s)))
+            x = x.shrink(keep + tuple(v for o, k in zip(o_, k_) for v in ((0, o), (0, k))))
+            ko = tuple(v for o, k in zip(o_, k_) for v in (o, k))
+            x = x.reshape(pre + ko)
+            npre = len(pre)
+            return x.permute(tuple(range(npre)) + tuple(npre + 2 * j for j in range(n)) +
+                             tuple(npre + 2 * j + 1 for j in range(n)))
+        # overlapping windows: repeat each dim e times and view the repeats as rows of length i+d, so row j starts
+        # j*d further into the input; window o of row j is then column o*s
+        e_ = tuple(math.ceil(k * (i + d) / i) for k, i, d in zip(k_, i_, d_))
+        x = self.reshape(pre + tuple(v for i in i_ for v in (1, i)))
+        x = x.expand(pre + tuple(v for e, i in zip(e_, i_) for v in (e, i)))
+        x = x.reshape(pre + tuple(e * i for e, i in zip(e_, i_)))
+        x = x.shrink(keep + tuple((0, k * (i + d)) for k, i, d in zip(k_, i_, d_)))
+        x = x.reshape(pre + tuple(v for k, i, d in zip(k_, i_, d_) for v in (k, i + d)))
+        x = x.pad(tuple((0, 0) for _ in pre) + tuple(v for o, s, i, d in zip(o_, s_, i_, d_)
+                                                      for v in ((0, 0), (0, o * s - (i + d)))))
+        x = x.reshape(pre + tuple(v for k, o, s in zip(k_, o_, s_) for v in (k, o, s)))
+        x = x.shrink(keep + tuple(v for k, o in zip(k_, o_) for v in ((0, k), (0, o), (0, 1))))
+        x = x.reshape(pre + tuple(v for k, o in zip(k_, o_) for v in (k, o)))
+        npre = len(pre)
+        return x.permute(tuple(range(npre)) + tuple(npre + 2 * j + 1 for j in range(n)) +
+                         tuple(npre + 2 * j for j in range(n)))
+
+    def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
+        """Windows of `size` elements every `step` along `dim`, as a new last dim (torch.Tensor.unfold)."""
+        from fusegrad.tensor import _resolve_axis
+        if self.ndim == 0:
+            if dim not in (0, -1) or size not in (0, 1): raise ValueError(f"unfold of a 0-d tensor: bad dim {dim} or "
+                                                                          f"size {size}")
+            return self.reshape(1).shrink(((0, size),))
+        d = _resolve_axis(dim, self.ndim)
+        if not isinstance(size, int) or size < 0 or size > self.shape[d]:
+            raise ValueError(f"unfold size {size} must be between 0 and the size {self.shape[d]} of dim {dim}")
+        if not isinstance(step, int) or step <= 0: raise ValueError(f"unfold step must be positive, got {step}")
+        order = tuple(i for i in range(self.ndim) if i != d) + (d,)
+        if size == 0:
+            x = self.permute(order)
+            w = x.shrink(tuple((0, v) for v in x.shape[:-1]) + ((0, 0),)).unsqueeze(-2)
+            w = w.expand(x.shape[:-1] + (self.shape[d] // step + 1, 0))
+        else: w = self.permute(order)._pool((size,), step)  # (..., o, size)
+        back = tuple(range(d)) + (self.ndim - 1,) + tuple(range(d, self.ndim - 1)) + (self.ndim,)
+        return w.permute(back)
+
+    # *** convolution ***
+
+    def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+               stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+               padding: int | Sequence[int] = 0, dtype: DType | str | None = None) -> Tensor:
+        """Convolution (cross-correlation, as torch) over any number of spatial dims: input (N, Cin, *spatial),
+        weight (Cout, Cin/groups, *kernel)."""
+        _need_tensors("conv2d", weight=weight, bias=bias)
+        if self.ndim < 3: raise ValueError(f"conv2d input needs shape (N, C, *spatial), got {self.shape}")
+        if weight.ndim != self.ndim:
+            raise ValueError(f"conv2d weight {weight.shape} must have as many dims as the input {self.shape}")
+        if not isinstance(groups, int) or groups <= 0: raise ValueError(f"groups must be a positive int, got {groups}")
+        (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        n = len(hw)
+        if cin * groups != cin_:
+            raise ValueError(f"conv2d input has {cin_} channels but weight {weight.shape} with groups={groups} "
+                             f"expects {cin * groups}")
+        if cout % groups: raise ValueError(f"conv2d out channels {cout} are not divisible by groups={groups}")
+        if bias is not None and bias.shape != (cout,):
+            raise ValueError(f"conv2d bias must have shape ({cout},), got {bias.shape}")
+        x = self.pad(_flat_pads(padding, n))._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
+        rcout, oyx = cout // groups, x.shape[2:2 + n]
+        x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
+        x = x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n)))
+        w = weight.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
+        ret = (x.cast(out_dt) * w.cast(out_dt)).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + oyx)
+        return ret if bias is None else ret + bias.cast(out_dt).reshape((1, cout) + (1,) * n)
+
+    def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
+                         stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
+                         padding: int | Sequence[int] = 0, output_padding: int | Sequence[int] = 0) -> Tensor:
+        """Transposed convolution over any number of spatial dims: weight (Cin, Cout/groups, *kernel)."""
+        _need_tensors("conv_transpose2d", weight=weight, bias=bias)
+        if self.ndim < 3: raise ValueError(f"conv_transpose2d input needs shape (N, C, *spatial), got {self.shape}")
+        if weight.ndim != self.ndim:
+            raise ValueError(f"conv_transpose2d weight {weight.shape} must have as many dims as the input {self.shape}")
+        if not isinstance(groups, int) or groups <= 0: raise ValueError(f"groups must be a positive int, got {groups}")
+        hw, n = weight.shape[2:], weight.ndim - 2
+        cin, rcout = weight.shape[:2]
+        if cin != self.shape[1]:
+            raise ValueError(f"conv_transpose2d input has {self.shape[1]} channels, weight {weight.shape} wants {cin}")
+        if cin % groups: raise ValueError(f"conv_transpose2d in channels {cin} are not divisible by groups={groups}")
+        s_, d_ = _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation")
+        op_ = _int_tuple(output_padding, n, "output_padding")
+        if any(o < 0 or o >= max(s, d) for o, s, d in zip(op_, s_, d_)):
+            raise ValueError(f"output_padding {op_} must be smaller than either stride {s_} or dilation {d_}")
+        # the transpose is a stride-1 convolution of the input spread out by the stride, with the kernel flipped and
+        # its in/out channels swapped within each group
+        w = weight.reshape((groups, cin // groups, rcout) + hw).permute((0, 2, 1) + tuple(range(3, 3 + n)))
+        w = w.flip(tuple(range(3, 3 + n))).reshape((groups * rcout, cin // groups) + hw)
+        x, i_ = self, self.shape[2:]
+        if any(s > 1 for s in s_):
+            pre = x.shape[:2]
+            x = x.reshape(pre + tuple(v for i in i_ for v in (i, 1)))
+            x = x.pad(((0, 0), (0, 0)) + tuple(v for s in s_ for v in ((0, 0), (0, s - 1))))
+            x = x.reshape(pre + tuple(i * s for i, s in zip(i_, s_)))
+            x = x.shrink(((0, pre[0]), (0, pre[1])) + tuple((0, (i - 1) * s + 1) for i, s in zip(i_, s_)))
+        pairs = _side_pairs(_flat_pads(padding, n))
+        new_pairs = [((k - 1) * d - b, (k - 1) * d - a + o) for k, d, (b, a), o in zip(hw, d_, pairs, op_)]
+        flat = [v for p in new_pairs[::-1] for v in p]
+        return x.conv2d(w, bias, groups=groups, dilation=d_, padding=flat)
+
+    # *** pooling ***
+
+    def _pool_setup(self: Tensor, kernel_size: int | tuple[int, ...], stride: int | Sequence[int] | None,
+                    dilation: int | Sequence[int], padding: int | Sequence[int], ceil_mode: bool, name: str):
+        """The window geometry of a pooling op: kernel, stride, dilation, (before, after) pads per spatial dim, the
+        extra right padding that ceil_mode needs, and the output sizes."""
+        k_ = (kernel_size,) * 2 if isinstance(kernel_size, int) else tuple(kernel_size)
+        n = len(k_)
+        if self.ndim < n: raise ValueError(f"{name} with kernel {k_} needs at least {n} dims, got shape {self.shape}")
+        s_ = k_ if stride is None else _int_tuple(stride, n, "stride")
+        d_ = _int_tuple(dilation, n, "dilation")
+        pairs = _side_pairs(_flat_pads(padding, n))
+        if any(k <= 0 for k in k_) or any(s <= 0 for s in s_) or any(d <= 0 for d in d_):
+            raise ValueError(f"{name}: kernel {k_}, stride {s_} and dilation {d_} must be positive")
+        # (as torch: so that every window holds at least one input element)
+        if any(max(b, a) > (d * (k - 1) + 1) // 2 or min(b, a) < 0 for k, d, (b, a) in zip(k_, d_, pairs)):
+            raise ValueError(f"{name}: padding {padding} must be at most half the (dilated) kernel size {k_}")
+        i_ = self.shape[-n:]
+        o_, extra = [], []
+        for i, k, s, d, (b, a) in zip(i_, k_, s_, d_, pairs):
+            span = i + b + a - d * (k - 1) - 1
+            if span < 0: raise ValueError(f"{name}: kernel {k_} is larger than the padded input {i_}")
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            # the last window must start inside the input or the left padding
+            if ceil_mode and (o - 1) * s >= i + b: o -= 1
+            o_.append(o)
+            extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (i + b + a)))
+        return k_, s_, d_, pairs, extra, tuple(o_)
+
+    def _windows(self: Tensor, k_, s_, d_, pairs, extra, o_, value: ConstType) -> Tensor:
+        """The pooling windows (..., *out, *kernel) of this tensor padded with `value`, from _pool_setup's geometry."""
+        n = len(k_)
+        x = self.pad(tuple((0, 0) for _ in self.shape[:-n]) + tuple((b, a + e) for (b, a), e in zip(pairs, extra)),
+                     value=value)._pool(k_, s_, d_)
+        pre = x.shape[:-2 * n]
+        return x.shrink(tuple((0, p) for p in pre) + tuple((0, o) for o in o_) + tuple((0, k) for k in k_))
+
+    def avg_pool2d(self: Tensor, kernel_size: tuple[int, ...] = (2, 2), stride: int | Sequence[int] | None = None,
+                   dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Tensor:
+        """Average over windows of the last len(kernel_size) dims (torch.nn.functional.avg_pool2d semantics)."""
+        geo = self._pool_setup(kernel_size, stride, dilation, padding, ceil_mode, "avg_pool2d")
+        k_, s_, d_, pairs, extra, o_ = geo
+        n = len(k_)
+        x = self.cast(least_upper_float(self.dtype))
+        total = x._windows(*geo, value=0.0).sum(tuple(range(-n, 0)))
+        # the divisor counts the window positions inside the input (and the padding, with count_include_pad)
+        Tensor = _tensor_cls()
+        ones = Tensor.ones(self.shape[-n:], dtype=dtypes.float32, device=self.device)
+        if count_include_pad:
+            ones = ones.pad(tuple(pairs), value=1.0)
+            cnt = ones._windows(k_, s_, d_, [(0, 0)] * n, extra, o_, 0.0)
+        else: cnt = ones._windows(*geo, value=0.0)
+        return (total / cnt.sum(tuple(range(-n, 0))).cast(total.dtype)).cast(x.dtype)
+
+    def max_pool2d(self: Tensor, kernel_size: tuple[int, ...] = (2, 2), stride: int | Sequence[int] | None = None,
+                   dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, ceil_mode: bool = False,
+                   return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Maximum over windows of the last len(kernel_size) dims; with return_indices also the (int64) index of each
+        maximum in its flattened spatial plane, as torch."""
+        geo = self._pool_setup(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
+        n = len(geo[0])
+        if self.dtype == dtypes.bool: raise TypeError("max_pool2d of a bool tensor is not supported")
+        low = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
+        win = self._windows(*geo, value=low)
+        axes = tuple(range(-n, 0))
+        # one max reduction (it fuses); tied maxima share the gradient evenly where torch gives it to the first
+        out = win.max(axes)
+        if not return_indices: return out
+        Tensor = _tensor_cls()
+        spatial = self.shape[-n:]
+        idx = Tensor.arange(prod(spatial), dtype=dtypes.int32, device=self.device).reshape(spatial)
+        big = prod(spatial)
+        iwin = idx._windows(*geo, value=big)
+        hit = win == out.reshape(out.shape + (1,) * n)
+        if dtypes.is_float(self.dtype): hit = hit | win.isnan()
+        ind = hit.where(iwin, big).min(axes)
+        return out, ind.cast(dtypes.int64)
+
+    def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: tuple[int, ...] = (2, 2),
+                     stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0, output_size: Sequence[int] | None = None) -> Tensor:
+        """Inverse of max_pool2d: each value goes to its index in a zero output plane (torch's max_unpool)."""
+        _need_tensors("max_unpool2d", indices=indices)
+        k_ = (kernel_size,) * 2 if isinstance(kernel_size, int) else tuple(kernel_size)
+        n = len(k_)
+        if indices.shape != self.shape:
+            raise ValueError(f"max_unpool2d indices shape {indices.shape} must equal the input shape {self.shape}")
+        if dtypes.is_float(indices.dtype) or indices.dtype == dtypes.bool:
+            raise TypeError(f"max_unpool2d indices must be integers, got {indices.dtype}")
+        if self.ndim < n: raise ValueError(f"max_unpool2d with kernel {k_} needs at least {n} dims, got {self.shape}")
+        s_ = k_ if stride is None else _int_tuple(stride, n, "stride")
+        d_ = _int_tuple(dilation, n, "dilation")
+        pairs = _side_pairs(_flat_pads(padding, n))
+        i_ = self.shape[-n:]
+        if output_size is None:
+            out_sp = tuple((i - 1) * s - b - a + d * (k - 1) + 1 for i, s, (b, a), d, k in zip(i_, s_, pairs, d_, k_))
+        else: out_sp = tuple(output_size)[-n:]
+        pre = self.shape[:-n]
+        n_in, n_out = prod(i_), prod(out_sp)
+        Tensor = _tensor_cls()
+        hit = indices.reshape(pre + (n_in, 1)).cast(dtypes.int32) == \
+            Tensor.arange(n_out, dtype=dtypes.int32, device=self.device)
+        return hit.where(self.reshape(pre + (n_in, 1)), 0).sum(-2).cast(self.dtype).reshape(pre + out_sp)
+
+    # *** resizing ***
+
+    def interpolate(self: Tensor, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) dims with mode nearest, nearest-exact or linear (bilinear, trilinear: the same,
+        one dim at a time), as torch.nn.functional.interpolate with `size`."""
+        Tensor = _tensor_cls()
+        size = tuple(size)
+        if mode in ("bilinear", "trilinear"): mode = "linear"
+        if mode not in ("linear", "nearest", "nearest-exact"):
+            raise ValueError(f"interpolate mode must be nearest, nearest-exact, linear, bilinear or trilinear, "
+                             f"got {mode!r}")
+        if mode != "linear" and align_corners: raise ValueError("align_corners only applies to linear modes")
+        if len(size) > self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
+            raise ValueError(f"interpolate size {size} must be positive ints for at most {self.ndim} dims")
+        if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
+        # each dim is a matrix product with an (in, out) weight matrix built from index arithmetic in float32
+        x = self.float()
+        for j, o in enumerate(size):
+            d = self.ndim - len(size) + j
+            i = x.shape[d]
+            if i == o: continue  # every mode maps each index to itself
+            up, down = o // i if o % i == 0 else 0, i // o if i % o == 0 else 0
+            if mode != "linear" and (up and up & (up - 1) == 0 or down):
+                # exact factors (up by a power of two, down by an integer) need no index arithmetic: torch's float32
+                # source index is exact there, so nearest is a pure view (repeat, or every down-th element)
+                sh = x.shape
+                if up: x = x.unsqueeze(d + 1).expand(sh[:d + 1] + (up,) + sh[d + 1:]).flatten(d, d + 1)
+                else:
+                    pick = down // 2 if mode == "nearest-exact" else 0
+                    x = x.reshape(sh[:d] + (o, down) + sh[d + 1:])
+                    x = x.shrink(tuple((pick, pick + 1) if a == d + 1 else None for a in range(x.ndim)))
+                    x = x.reshape(sh[:d] + (o,) + sh[d + 1:])
+                continue
+            dst = Tensor.arange(o, dtype=dtypes.float32, device=self.device)
+            src_i = Tensor.arange(i, dtype=dtypes.int32, device=self.device).reshape(i, 1)
+            if mode == "linear":
+                if align_corners: src = dst * ((i - 1) / (o - 1) if o > 1 else 0.0)
+                else: src = ((dst + 0.5) * (i / o) - 0.5).maximum(0.0)
+                lo = src.floor().cast(dtypes.int32).minimum(i - 1)
+                hi = (lo + 1).minimum(i - 1)
+                lam = src - lo.float()
+                m = (src_i == lo).where(1 - lam, 0.0) + (src_i == hi).where(lam, 0.0)
+            else:
+                src = (dst + 0.5) * (i / o) if mode == "nearest-exact" else dst * (i / o)
+                m = (src_i == src.floor().cast(dtypes.int32).minimum(i - 1)).float()
+            x = x.transpose(d, -1).matmul(m).transpose(d, -1)
+        return x.cast(self.dtype)
+
+    # *** losses ***
+
+    def binary_crossentropy(self: Tensor, Y: Tensor, reduction: str = "mean") -> Tensor:
+        """Binary cross-entropy of probabilities `self` against targets Y (logs clamped at -100, as torch)."""
+        _need_tensors("binary_crossentropy", Y=Y)
+        _check_reduction(reduction)
+        if Y.shape != self.shape: raise ValueError(f"binary_crossentropy target shape {Y.shape} != input {self.shape}")
+        loss = -(Y * self.log().maximum(-100) + (1 - Y) * (1 - self).log().maximum(-100))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: str = "mean",
+                                   pos_weight: Tensor | None = None) -> Tensor:
+        """Binary cross-entropy of logits `self` against targets Y, computed stably (torch's BCEWithLogits)."""
+        _need_tensors("binary_crossentropy_logits", Y=Y, pos_weight=pos_weight)
+        _check_reduction(reduction)
+        if Y.shape != self.shape:
+            raise ValueError(f"binary_crossentropy_logits target shape {Y.shape} != input {self.shape}")
+        # log(1 + exp(-|x|)) + max(-x, 0) is -log(sigmoid(x)) without overflow
+        log_sig_neg = (1 + (-self.abs()).exp()).log() + (-self).maximum(0)
+        coef = 1 if pos_weight is None else 1 + (pos_weight - 1) * Y
+        return _reduce_loss((1 - Y) * self + coef * log_sig_neg, reduction)
+
+    def _one_hot_of(self: Tensor, num_classes: int) -> Tensor:
+        Tensor = _tensor_cls()
+        return self.unsqueeze(-1).cast(dtypes.int32) == Tensor.arange(num_classes, dtype=dtypes.int32,
+                                                                       device=self.device)
+
+    def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing: float = 0.0,
+                                        reduction: str = "mean") -> Tensor:
+        """Cross-entropy of logits (..., C) against integer labels (...); labels equal to ignore_index don't count."""
+        _need_tensors("sparse_categorical_crossentropy", Y=Y)
+        _check_reduction(reduction)
+        if self.ndim == 0 or Y.shape != self.shape[:-1]:
+            raise ValueError(f"sparse_categorical_crossentropy labels shape {Y.shape} must be the logits shape "
+                             f"{self.shape} without its last dim")
+        if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool:
+            raise TypeError(f"sparse_categorical_crossentropy labels must be integers, got {Y.dtype}")
+        if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
+        logp = self.log_softmax(-1)
+        mask = Y != ignore_index
+        nll = -(Y._one_hot_of(self.shape[-1]).where(logp, 0.0)).sum(-1)
+        smooth = -logp.mean(-1)
+        loss = mask.where((1 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
+        if reduction == "mean": return loss.sum() / mask.sum().cast(loss.dtype)
+        return _reduce_loss(loss, reduction)
+
+    def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
+                      ignore_index: int = -100) -> Tensor:
+        """Cross-entropy of logits (class dim 1, or 0 for 1-d input) against class indices or class probabilities."""
+        _need_tensors("cross_entropy", Y=Y)
+        _check_reduction(reduction)
+        if self.ndim == 0: raise ValueError("cross_entropy input needs at least 1 dim (the classes)")
+        if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
+        cdim = 1 if self.ndim >= 2 else 0
+        x = self.transpose(cdim, -1) if self.ndim > 2 else self
+        if Y.shape == self.shape and dtypes.is_float(Y.dtype):
+            logp = x.log_softmax(-1)
+            nc = self.shape[cdim]
+            y = (Y.transpose(cdim, -1) if self.ndim > 2 else Y) * (1 - label_smoothing) + label_smoothing / nc
+            return _reduce_loss(-(y * logp).sum(-1), reduction)
+        expected = self.shape[:cdim] + self.shape[cdim + 1:]
+        if Y.shape != expected:
+            raise ValueError(f"cross_entropy target shape {Y.shape} must be {expected} (class indices) or {self.shape} "
+                             f"(probabilities)")
+        return x.sparse_categorical_crossentropy(Y, ignore_index, label_smoothing, reduction)
+
+    def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
+                 reduction: str = "mean") -> Tensor:
+        """Negative log likelihood of log-probabilities (class dim 1, or 0 for 1-d input) at integer labels Y."""
+        _need_tensors("nll_loss", Y=Y, weight=weight)
+        _check_reduction(reduction)
+        if self.ndim == 0: raise ValueError("nll_loss input needs at least 1 dim (the classes)")
+        cdim = 1 if self.ndim >= 2 else 0
+        nc = self.shape[cdim]
+        expected = self.shape[:cdim] + self.shape[cdim + 1:]
+        if Y.shape != expected: raise ValueError(f"nll_loss target shape {Y.shape} must be {expected}")
+        if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool:
+            raise TypeError(f"nll_loss target must be integers, got {Y.dtype}")
+        if weight is not None and weight.shape != (nc,):
+            raise ValueError(f"nll_loss weight must have shape ({nc},), got {weight.shape}")
+        x = self.transpose(cdim, -1) if self.ndim > 2 else self
+        oh = Y._one_hot_of(nc)
+        w = oh.where(weight if weight is not None else 1.0, 0.0)
+        if ignore_index is not None: w = (Y != ignore_index).unsqueeze(-1).where(w, 0.0)
+        loss = -(w * x).sum(-1)
+        if reduction == "mean": return loss.sum() / w.sum().cast(loss.dtype)
+        return _reduce_loss(loss, reduction)
+
+    # *** attention ***
+
+    def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False,
+                                     enable_gqa: bool = False) -> Tensor:
+        """softmax(q k^T / sqrt(E) + mask) v over (..., L, E) queries and (..., S, E) keys/values; dropout applies
+        only while Tensor.training."""
+        _need_tensors("scaled_dot_product_attention", key=key, value=value, attn_mask=attn_mask)
+        Tensor = _tensor_cls()
+        q, k, v = self, key, value
+        if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+            raise ValueError(f"scaled_dot_product_attention needs tensors of at least 2 dims, got {q.shape}, "
+                             f"{k.shape}, {v.shape}")
+        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+            raise ValueError(f"scaled_dot_product_attention shape mismatch: query {q.shape}, key {k.shape}, "
+                             f"value {v.shape}")
+        if is_causal and attn_mask is not None: raise ValueError("give either attn_mask or is_causal, not both")
+        if not 0.0 <= dropout_p <= 1.0: raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+        if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+            if q.shape[-3] % k.shape[-3]:
+                raise ValueError(f"enable_gqa: {q.shape[-3]} query heads aren't a multiple of {k.shape[-3]} key heads")
+            r = q.shape[-3] // k.shape[-3]
+            def rep(t: Tensor) -> Tensor:
+                return t.unsqueeze(-3).expand(t.shape[:-2] + (r,) + t.shape[-2:]).flatten(-4, -3)
+            k, v = rep(k), rep(v)
+        scores = q.matmul(k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]))
+        L, S = q.shape[-2], k.shape[-2]
+        if is_causal:
+            attn_mask = Tensor.arange(L, device=q.device).reshape(L, 1) >= Tensor.arange(S, device=q.device)
+        if attn_mask is not None:
+            if attn_mask.dtype == dtypes.bool: scores = attn_mask.where(scores, float("-inf"))
+            else: scores = scores + attn_mask
+        w = scores.softmax(-1)
+        if dropout_p and Tensor.training:
+            if not hasattr(w, "dropout"): raise NotImplementedError("attention dropout needs Tensor.dropout")
+            w = w.dropout(dropout_p)
+        return w.cast(v.dtype).matmul(v)
+
+    # *** normalization ***
+
+    def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        """Divide by the p-norm along `dim` (at least eps), as torch.nn.functional.normalize."""
+        if p == float("inf"): norm = self.abs().max(dim, keepdim=True)
+        elif p == 1: norm = self.abs().sum(dim, keepdim=True)
+        else:
+            # integer powers multiply (no log of 0), and a zero norm takes no root, so a zero vector's gradient stays
+            # finite as in torch
+            s = self.abs().pow(int(p) if float(p).is_integer() and 0 < p <= 8 else p).sum(dim, keepdim=True)
+            zero = s == 0
+            norm = zero.where(0.0, zero.where(1.0, s).pow(1 / p))
+        return self / norm.maximum(eps)
+
+    def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
+        """(x - mean) / sqrt(var + eps) over `axis`, with the biased variance (no affine part)."""
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
+
+    def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+                  axis: int | tuple[int, ...] = 1) -> Tensor:
+        """(x - mean) * invstd * weight + bias, where the statistics run along `axis` (the channels)."""
+        from fusegrad.tensor import _resolve_axis
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(_resolve_axis(a, self.ndim) for a in axes)
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        def fit(t: Tensor, name: str) -> Tensor:
+            if t.numel() != prod(shape):
+                raise ValueError(f"batchnorm {name} of shape {t.shape} doesn't match the channels {shape} of "
+                                 f"input {self.shape}")
+            return t.reshape(shape)
+        x = self - fit(mean, "mean")
+        if weight is not None: x = x * fit(weight, "weight")
+        ret = x * fit(invstd, "invstd")
+        return ret + fit(bias, "bias") if bias is not None else ret
+
+    # *** composition ***
+
+    def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None, dtype: DType | str | None = None) -> Tensor:
+        """self @ weight + bias (a 1-d weight multiplies elementwise), optionally computed in `dtype`."""
+        x = self.cast(dtype) if dtype is not None else self
+        w = weight.cast(dtype) if dtype is not None else weight
+        out = x.mul(w) if w.ndim == 1 else x.dot(w)
+        return out.add(bias.cast(out.dtype) if dtype is not None else bias) if bias is not None else out
+
+    def sequential(self: Tensor, ll: list[Callable[[Tensor], Tensor]]) -> Tensor:
+        """Apply each callable in turn."""
+        x = self
+        for f in ll: x = f(x)
+        return x
+
+    @staticmethod
+    def einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DType | str | None = None) -> Tensor:
+        """Einstein summation ('ij,jk->ik', '...' broadcasting, repeated letters in an operand take its diagonal)."""
+        return _einsum(formula, *operands, dtype=dtype)
+
+def _einsum(formula: str, *operands: Tensor | Sequence[Tensor], dtype: DType | str | None = None) -> Tensor:
+    ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+    if not ops: raise ValueError("einsum needs at least one operand")
+    formula = formula.replace(" ", "")
+    lhs, out = formula.split("->") if "->" in formula else (formula, None)
+    specs = lhs.split(",")
+    if len(specs) != len(ops): raise ValueError(f"einsum formula {formula!r} has {len(specs)} operands, "
+                                                f"got {len(ops)} tensors")
+    # '...' becomes private labels, aligned to the right like broadcasting
+    n_ell = 0
+    for sp, t in zip(specs, ops):
+        if "..." in sp: n_ell = max(n_ell, t.ndim - (len(sp) - 3))
+    ell = [chr(0x4e00 + j) for j in range(n_ell)]
+    labels: list[list[str]] = []
+    for sp, t in zip(specs, ops):
+        if sp.count("...") > 1: raise ValueError(f"einsum operand {sp!r} has more than one '...'")
+        if "..." in sp:
+            a, b = sp.split("...")
+            m = t.ndim - len(a) - len(b)
+            if m < 0: raise ValueError(f"einsum operand {sp!r} has more labels than the {t.ndim} dims of its tensor")
+            lab = list(a) + ell[n_ell - m:] + list(b)
+        else: lab = list(sp)
+        if any(not (c.isalpha() and c.isascii()) for c in lab if c not in ell):
+            raise ValueError(f"einsum labels must be letters, got {sp!r}")
+        if len(lab) != t.ndim:
+            raise ValueError(f"einsum operand {sp!r} has {len(lab)} labels for a tensor of {t.ndim} dims {t.shape}")
+        labels.append(lab)
+    if out is None:
+        counts: dict[str, int] = {}
+        for lab in labels:
+            for c in lab: counts[c] = counts.get(c, 0) + 1
+        out_l = ell + sorted(c for c, v in counts.items() if v == 1 and c not in ell)
+    else:
+        if out.count("...") > 1: raise ValueError(f"einsum output {out!r} has more than one '...'")
+        out_l = list(out.replace("...", "\0")) if "..." in out else list(out)
+        if "\0" in out_l:
+            i = out_l.index("\0")
+            out_l = out_l[:i] + ell + out_l[i + 1:]
+        elif ell: raise ValueError(f"einsum output {out!r} must contain '...' when the operands do")
+        if len(set(out_l)) != len(out_l): raise ValueError(f"einsum output {out!r} repeats a label")
+        every = {c for lab in labels for c in lab}
+        for c in out_l:
+            if c not in every: raise ValueError(f"einsum output label {c!r} doesn't appear in any operand")
+    summed = sorted({c for lab in labels for c in lab} - set(out_l))
+    order = out_l + summed
+    sizes: dict[str, int] = {}
+    aligned = []
+    for lab, t in zip(labels, ops):
+        # a label repeated within an operand takes the diagonal
+        while len(set(lab)) != len(lab):
+            c = next(c for c in lab if lab.count(c) > 1)
+            i, j = [p for p, x in enumerate(lab) if x == c][:2]
+            if t.shape[i] != t.shape[j]:
+                raise ValueError(f"einsum label {c!r} repeated in one operand with sizes {t.shape[i]} and {t.shape[j]}")
+            rest = [p for p in range(t.ndim) if p not in (i, j)]
+            t = t.permute(rest + [i, j])
+            n = t.shape[-1]
+            t = t.reshape(t.shape[:-2] + (n * n,)).pad(tuple((0, 0) for _ in rest) + ((0, n),))
+            t = t.reshape(t.shape[:-1] + (n, n + 1))
+            t = t.shrink(tuple((0, s) for s in t.shape[:-2]) + ((0, n), (0, 1)))
+            t = t.reshape(t.shape[:-2] + (n,))
+            lab = [lab[p] for p in rest] + [c]
+        for c, s in zip(lab, t.shape):
+            if s != 1 and sizes.get(c, 1) not in (1, s):
+                raise ValueError(f"einsum label {c!r} has sizes {sizes[c]} and {s} in different operands")
+            if s != 1 or c not in sizes: sizes[c] = s
+        t = t.permute([lab.index(c) for c in order if c in lab])
+        aligned.append(t.reshape(tuple(t.shape[[c for c in order if c in lab].index(c)] if c in lab else 1
+                                       for c in order)))
+    out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(*(t.dtype for t in aligned))
+    full = tuple(sizes[c] for c in order)
+    prodt = aligned[0].cast(out_dt).expand(full)
+    for t in aligned[1:]: prodt = prodt * t.cast(out_dt).expand(full)
+    ret = prodt.sum(tuple(range(len(out_l), len(order)))) if summed else prodt
+    return ret.cast(out_dt)
