@@ -442,3 +442,23 @@ def test_conv_pool_random_configs(seed):
         avg = (F.avg_pool1d, F.avg_pool2d)[nd - 1]
         check(lambda x: x.avg_pool2d(pk, stride, 1, ppad, ceil_mode=bool(seed % 2), count_include_pad=seed % 3 == 0),
               lambda x: avg(x, pk, stride, ppad, ceil_mode=bool(seed % 2), count_include_pad=seed % 3 == 0), x)
+
+def test_sdpa_dropout_in_training():
+    # with v the identity, the output is the dropped attention matrix: each weight is zeroed or scaled by 1/(1-p)
+    rng = np.random.default_rng(7)
+    q, k = rng.standard_normal((4, 64, 16), dtype=np.float32), rng.standard_normal((4, 64, 16), dtype=np.float32)
+    v = np.broadcast_to(np.eye(64, dtype=np.float32), (4, 64, 64)).copy()
+    want = torch.softmax(torch.from_numpy(q) @ torch.from_numpy(k).transpose(-1, -2) / 4.0, -1).numpy()
+    old = Tensor.training
+    try:
+        Tensor.training = True
+        Tensor.manual_seed(3)
+        got = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), dropout_p=0.5).numpy()
+        Tensor.manual_seed(3)
+        again = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), dropout_p=0.5).numpy()
+    finally: Tensor.training = old
+    np.testing.assert_array_equal(got, again)
+    kept = got != 0
+    np.testing.assert_allclose(got[kept], 2 * want[kept], rtol=1e-5)
+    # 16384 independent keep/drop draws at p = 0.5: the kept fraction is within 5 sigma (0.02) of one half
+    assert abs(kept.mean() - 0.5) < 0.02

@@ -507,7 +507,6 @@ class NNMixin:
             else: scores = scores + attn_mask
         w = scores.softmax(-1)
         if dropout_p and Tensor.training:
-            if not hasattr(w, "dropout"): raise NotImplementedError("attention dropout needs Tensor.dropout")
             w = w.dropout(dropout_p)
         return w.cast(v.dtype).matmul(v)
 
