@@ -493,6 +493,14 @@ def _simplify_index_sources(idx: UOp) -> UOp | None:
     new = idx.replace(src=(idx.src[0], *[s.simplify() for s in idx.src[1:]]))
     return new if new is not idx else None
 
-pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index_sources)],
-                                      name="simplify_indexing")
-pm_simplify_indexing.__doc__ = "index and valid expressions are simplified by symbolic (values are left alone)"
+def _simplify_gate(w: UOp) -> UOp | None:
+    # a WHERE gated by index arithmetic alone (a padding mask computed in the value, not in a load) is index math too
+    gate = w.src[0]
+    if any(u.dtype not in (dtypes.index, dtypes.bool) or u.op is Ops.LOAD for u in gate.toposort()): return None
+    new = gate.simplify()
+    return w.replace(src=(new, *w.src[1:])) if new is not gate else None
+
+pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index_sources),
+                                       (UPat(Ops.WHERE, name="w"), _simplify_gate)], name="simplify_indexing")
+pm_simplify_indexing.__doc__ = "index, valid and index-only gate expressions are simplified by symbolic (values are " \
+    "left alone)"

@@ -104,3 +104,19 @@ def test_recomputation_is_bounded():
     from fusegrad.engine.realize import run_schedule
     run_schedule(sched)
     np.testing.assert_allclose(x.numpy(), xn, rtol=1e-5)
+
+def test_index_only_gates_are_simplified():
+    # the input gradient of a padded convolution masks values computed in the kernel (not loads) with padding gates;
+    # those gates are index arithmetic and must simplify like load indices do (they were 500 leftover div/mod)
+    rng = np.random.default_rng(1)
+    xn, wn = rng.standard_normal((2, 4, 9, 9), dtype=np.float32), rng.standard_normal((5, 4, 3, 3), dtype=np.float32)
+    x, w = Tensor(xn).realize(), Tensor(wn).realize()
+    g, = x.conv2d(w, padding=1).sum().gradient(x)
+    (si,) = g.schedule()
+    divmods = sum(1 for u in si.ast.toposort() if u.op in (Ops.IDIV, Ops.MOD))
+    assert divmods <= 12, f"{divmods} div/mod left in the kernel"
+    tx = torch.from_numpy(xn).requires_grad_()
+    torch.nn.functional.conv2d(tx, torch.from_numpy(wn), padding=1).sum().backward()
+    from fusegrad.engine.realize import run_schedule
+    run_schedule([si])
+    np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
