@@ -660,9 +660,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
     def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT)
     def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
-    def sin(self) -> Tensor: return self._float_unary(Ops.SIN)
-    def cos(self) -> Tensor: return self._in_float32(lambda x: (math.pi / 2 - x)._alu(Ops.SIN))
-    def tan(self) -> Tensor: return self.sin() / self.cos()
     def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP)
     def square(self) -> Tensor: return self * self
     def abs(self) -> Tensor:
@@ -680,11 +677,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         t = self.trunc()
         return (t < self).where(t + 1, t)
     def sigmoid(self) -> Tensor: return (1 + (-self).exp()).reciprocal()
-    def tanh(self) -> Tensor: return 2.0 * (2.0 * self).sigmoid() - 1.0
     def isnan(self) -> Tensor: return self != self
-    def isinf(self) -> Tensor: return (self == float("inf")) | (self == float("-inf"))
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
-    def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self ** 3)).tanh())
     def silu(self) -> Tensor: return self * self.sigmoid()
     swish = silu
 
