@@ -703,9 +703,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
         # half precision sums accumulate in float32 but return the input dtype, as tinygrad does
         return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
-    def prod(self, axis: Any = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        acc = to_dtype(dtype) if dtype is not None else self.dtype
-        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
     def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
         if any(self.shape[a] == 0 for a in axes):
@@ -722,17 +719,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         out_dt = least_upper_float(self.dtype)
         s = self.cast(out_dt).sum(axis, keepdim)
         return (s / n if n else s * float("nan")).cast(out_dt)
-    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        axes = self._reduce_axes(axis)
-        n = prod(self.shape[a] for a in axes)
-        sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction)
-    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        return self.var(axis, keepdim, correction).sqrt()
-    def any(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
-    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        return self.logical_not().any(axis, keepdim).logical_not()
-
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
         if axis is None: return self.flatten().argmax(0)
@@ -760,9 +746,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         m = x - x.max(axis, keepdim=True)
         return m - m.exp().sum(axis, keepdim=True).log()
-    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        m = self.max(axis, keepdim=True)
-        return (self - m).exp().sum(axis, keepdim=True).log().add(m)._squeeze_axes(self, axis, keepdim)
     def _squeeze_axes(self, like: Tensor, axis: Any, keepdim: bool) -> Tensor:
         if keepdim: return self
         axes = like._reduce_axes(axis)
