@@ -178,3 +178,41 @@ def test_errors():
     with pytest.raises(TypeError, match="floating point"): Tensor([1, 2]).var()
     with pytest.raises(TypeError, match="floating point"): Tensor([1, 2]).std_mean()
     with pytest.raises(ValueError, match="repeated"): x.prod((0, 0))
+
+@pytest.mark.parametrize("dt", ["float32", "int8"])
+def test_bitonic_sort_network(monkeypatch, dt):
+    # rows above the counting limit take the bitonic network: lower the limit to check it on short rows
+    import fusegrad.tensor.reduce as reduce_mod
+    monkeypatch.setattr(reduce_mod, "_SORT_COUNT_LIMIT", 4)
+    rng = np.random.default_rng(3)
+    x_np = rng.integers(0 if dt == "uint32" else -4, 5, size=(2, 13)).astype(dt)
+    if dt.startswith("float"): x_np[0, 3] = x_np[1, 5] = x_np[1, 7] = np.nan
+    x, t = Tensor(x_np), torch.tensor(x_np.astype(np.int64) if dt == "uint32" else x_np)
+    outs = [*x.sort(1), *x.sort(-1, descending=True), *x.topk(4, 1), *x.T.sort(0)]
+    Tensor.realize(*outs)
+    exps = [*t.sort(stable=True, dim=1), *t.sort(stable=True, dim=-1, descending=True),
+            *(r[:, :4] for r in t.sort(stable=True, dim=1, descending=True)), *t.T.sort(stable=True, dim=0)]
+    for o, e in zip(outs, exps):
+        assert o.dtype == (x.dtype if e.dtype != torch.int64 or o is outs[0] else dtypes.int32) or o.dtype == x.dtype
+        np.testing.assert_array_equal(o.numpy().astype(np.float64), e.numpy().astype(np.float64))
+
+@pytest.mark.slow  # scheduling this backward graph takes about a minute
+def test_bitonic_sort_gradient(monkeypatch):
+    import fusegrad.tensor.reduce as reduce_mod
+    monkeypatch.setattr(reduce_mod, "_SORT_COUNT_LIMIT", 4)
+    x_np = _rand((2, 6), 11)
+    x = Tensor(x_np)
+    out = x.sort(1, descending=True)[0] * Tensor.arange(6).float()
+    (g,) = out.sum().gradient(x)
+    t = torch.tensor(x_np, requires_grad=True)
+    (tg,) = torch.autograd.grad((t.sort(1, descending=True)[0] * torch.arange(6)).sum(), t)
+    np.testing.assert_allclose(g.numpy(), tg.numpy())
+
+def test_outputs_realized_one_at_a_time():
+    # values and indices realized separately (each realization plans memory for its own kernels only)
+    x_np = np.random.default_rng(5).integers(-50, 50, size=(2, 300)).astype(np.int32)
+    t = torch.tensor(x_np)
+    v, i = Tensor(x_np).cummax(1)
+    assert v.tolist() == t.cummax(1)[0].tolist() and i.tolist() == t.cummax(1)[1].tolist()
+    v, i = Tensor(x_np).sort(1)
+    assert i.tolist() == t.sort(stable=True, dim=1)[1].tolist() and v.tolist() == t.sort(stable=True, dim=1)[0].tolist()

@@ -47,6 +47,68 @@ def _scan_last(x: Tensor, window: Callable[[Tensor, Tensor], Tensor], combine: C
     out = first.where(inner, combine(inner, before))
     return out.reshape(x.shape[:-1] + (blocks * size,))[..., :n]
 
+# rows up to this long are sorted by counting, for each element, the elements that go before it (n*n work in two
+# kernels); longer ones by a bitonic network (log2(n)^2 / 2 steps of n work, two kernels each)
+_SORT_COUNT_LIMIT = 4096
+
+def _bitonic(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
+    """(values, indices) of x (..., n) sorted along its last axis; stable, since ties are ordered by index."""
+    from fusegrad.tensor import Tensor
+    n = x.shape[-1]
+    size = 1 << max(0, (n - 1).bit_length())
+    lead = x.shape[:-1]
+    key = x.pad(((0, 0),) * len(lead) + ((0, size - n),))
+    idx = Tensor.arange(size, dtype=dtypes.int32, device=x.device).reshape((1,) * len(lead) + (size,)).expand(
+        lead + (size,))
+    packed = _pack(key, idx)
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j >= 1:
+            key, idx = _unpack(packed, x.dtype)
+            shp = lead + (size // (2 * j), 2, j)
+            kk, ii = key.reshape(shp), idx.reshape(shp)
+            lo_k, hi_k, lo_i, hi_i = kk[..., 0, :], kk[..., 1, :], ii[..., 0, :], ii[..., 1, :]
+            # pairs in blocks whose bit k is set sort the other way, so that each 2k block is bitonic for the next k
+            block_desc = ((_iota(size // (2 * j), x, (size // (2 * j), 1)) // (k // (2 * j))) % 2) == 1
+            swap = block_desc.where(_before_padded(lo_k, hi_k, lo_i, hi_i, n, descending),
+                                    _before_padded(hi_k, lo_k, hi_i, lo_i, n, descending))
+            key = swap.where(hi_k, lo_k).unsqueeze(-2).cat(swap.where(lo_k, hi_k).unsqueeze(-2), dim=-2)
+            idx = swap.where(hi_i, lo_i).unsqueeze(-2).cat(swap.where(lo_i, hi_i).unsqueeze(-2), dim=-2)
+            packed = _pack(key.reshape(lead + (size,)), idx.reshape(lead + (size,)))
+            j //= 2
+        k *= 2
+    key, idx = _unpack(packed, x.dtype)
+    return key[..., :n], idx[..., :n]
+
+def _before_padded(a: Tensor, b: Tensor, ia: Tensor, ib: Tensor, n: int, descending: bool) -> Tensor:
+    """_order_before with the padding (indices >= n) after every element."""
+    pa, pb = ia >= n, ib >= n
+    return (pa.logical_not() & pb) | ((pa | pb).logical_not() & _order_before(a, b, ia, ib, descending))
+
+def _carrier(dt: DType) -> DType:
+    """The dtype that holds both a value of dtype dt (exactly) and an int32 index (as bits or as a number)."""
+    if dtypes.is_float(dt): return dtypes.float64 if dt.itemsize == 8 else dtypes.float32
+    return dtypes.int64 if dt.itemsize == 8 or dt == dtypes.uint32 else dtypes.int32
+
+def _pack(vals: Tensor, idx: Tensor) -> Tensor:
+    """vals and int32 idx (same shape) stacked in one contiguous tensor of shape (..., 2), so that both are realized
+    by the same kernel: realizing one of them alone must not leave the other reading buffers that memory planning
+    has since reused."""
+    c = _carrier(vals.dtype)
+    if dtypes.is_float(c): i = idx.bitcast(c) if c == dtypes.float32 else idx.cast(dtypes.int64).bitcast(c)
+    else: i = idx.cast(c)
+    v = vals.bitcast(c) if vals.dtype == dtypes.uint64 else vals.cast(c)
+    return v.unsqueeze(-1).cat(i.unsqueeze(-1), dim=-1).contiguous()
+
+def _unpack(packed: Tensor, dt: DType) -> tuple[Tensor, Tensor]:
+    v, i = packed[..., 0], packed[..., 1]
+    if packed.dtype == dtypes.float32: i = i.bitcast(dtypes.int32)
+    elif packed.dtype == dtypes.float64: i = i.bitcast(dtypes.int64)
+    return (v.bitcast(dt) if dt == dtypes.uint64 else v.cast(dt)), i.cast(dtypes.int32)
+
+def _paired(vals: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]: return _unpack(_pack(vals, idx), vals.dtype)
+
 def _on_axis(x: Tensor, axis: int, fn: Callable[[Tensor], Any]) -> Any:
     """fn applied along `axis` (moved last, then back); fn returns a tensor or a tuple of them."""
     if x.ndim == 0: return _squeeze0(fn(x.reshape(1)))
@@ -177,11 +239,14 @@ class ReduceMixin:
         x = self.cast(dtypes.int32) if self.dtype == dtypes.bool else self
         vals = hit.where(x.unsqueeze(-2), 0).sum(-1, dtype=x.dtype)
         idx = hit.where(_iota(n, self, (1, n)), 0).sum(-1, dtype=dtypes.int32)
-        return vals.cast(self.dtype), idx
+        return _paired(vals.cast(self.dtype), idx)
 
     def sort(self: Any, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         """(sorted values, their original indices) along `dim`; stable, nan sorts as the largest."""
-        return _on_axis(self, dim, lambda x: x._take_ranks(x._ranks(descending), x.shape[-1]))
+        def fn(x: Tensor) -> tuple[Tensor, Tensor]:
+            if x.shape[-1] > _SORT_COUNT_LIMIT: return _bitonic(x, descending)
+            return x._take_ranks(x._ranks(descending), x.shape[-1])
+        return _on_axis(self, dim, fn)
     def argsort(self: Any, dim: int = -1, descending: bool = False) -> Tensor:
         """The indices that sort the tensor along `dim` (stable)."""
         return self.sort(dim, descending)[1]
@@ -190,7 +255,12 @@ class ReduceMixin:
         n = self.shape[_resolve(dim, self.ndim)] if self.ndim else 1
         if not isinstance(k, int) or isinstance(k, bool): raise TypeError(f"topk k must be an int, got {k!r}")
         if not 0 <= k <= n: raise ValueError(f"topk k={k} is out of range for a dimension of size {n}")
-        return _on_axis(self, dim, lambda x: x._take_ranks(x._ranks(largest), k))
+        def fn(x: Tensor) -> tuple[Tensor, Tensor]:
+            if x.shape[-1] > _SORT_COUNT_LIMIT:
+                vals, idx = _bitonic(x, largest)
+                return vals[..., :k], idx[..., :k]
+            return x._take_ranks(x._ranks(largest), k)
+        return _on_axis(self, dim, fn)
 
 def _cum_extreme(x: Tensor, is_max: bool) -> tuple[Tensor, Tensor]:
     """Running max (or min) of x along its last axis and the index it came from."""
@@ -208,7 +278,7 @@ def _cum_extreme(x: Tensor, is_max: bool) -> tuple[Tensor, Tensor]:
     if x.dtype == dtypes.bool: out = vals.cast(dtypes.bool) if is_max else vals.cast(dtypes.bool).logical_not()
     elif dtypes.is_float(x.dtype): out = vals if is_max else -vals
     else: out = vals if is_max else ~vals
-    return out, idx
+    return _paired(out, idx)
 
 def _ops():
     from fusegrad.uop.ops import Ops
