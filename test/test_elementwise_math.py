@@ -60,6 +60,8 @@ SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-30, -1e-7, 0
 LARGE = list(np.linspace(-1e4, 1e4, 37)) + [12345.678, 3.0e4, 2 ** 20 + 0.5]
 BINARY_SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.5, -2.5, 7.0, -7.0, 1e10]
 
+# half precision for a sample (each case is one more kernel to compile; test_half_dtypes_keep_dtype has more)
+HALF_CHECKED = {"gelu_none", "erf", "elu", "softplus", "hardswish", "logsigmoid", "cos", "acos", "tanh", "acosh"}
 ODD = {"erf", "softsign", "sin", "tan", "asin", "atan", "sinh", "tanh", "asinh", "atanh", "gelu_tanh", "square"}
 
 def _torch_unary(fn: Callable, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +84,7 @@ def realized() -> dict:
         x_np = _rand((5, 3), lo, hi, i + 100).astype("float32")
         res[(name, "view")] = (x_np, fg(Tensor(x_np).T.flip(0)), None)
         res[(name, "special")] = (np.array(SPECIAL), fg(Tensor(np.array(SPECIAL))), None)
-        res[(name, "half")] = (x_np, fg(Tensor(x_np).half()), None)
+        if name in HALF_CHECKED: res[(name, "half")] = (x_np, fg(Tensor(x_np).half()), None)
     for name in ("sin", "cos", "tan"):
         for dt in ("float32", "float64"):
             res[(name, "large", dt)] = getattr(Tensor(np.array(LARGE, dtype=dt)), name)()
@@ -113,6 +115,7 @@ def test_unary_view_special_half(realized, case):
     # the sign of zero results of odd functions
     zero = (exp == 0) & (name in ODD)
     np.testing.assert_array_equal(np.signbit(got[zero]), np.signbit(exp[zero]))
+    if name not in HALF_CHECKED: return
     x_np, out, _ = realized[(name, "half")]
     assert out.dtype == dtypes.float16
     exp = tfn(torch.tensor(x_np).half().float()).half().float().numpy()

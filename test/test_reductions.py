@@ -34,6 +34,7 @@ CASES: list[tuple[str, Callable, Callable, tuple[int, ...], tuple[float, float]]
     ("logsumexp", lambda x: x.logsumexp(), lambda x: x.logsumexp((0, 1)), (3, 4), (-50, 50)),
     ("logsumexp_axis", lambda x: x.logsumexp(1, keepdim=True), lambda x: x.logsumexp(1, keepdim=True), (3, 4),
      (-50, 50)),
+    ("softmin", lambda x: x.softmin(0), lambda x: torch.nn.functional.softmin(x, 0), (3, 4), (-2, 2)),
     ("cumsum", lambda x: x.cumsum(1), lambda x: x.cumsum(1), (3, 7), (-2, 2)),
     ("cumsum_axis0", lambda x: x.cumsum(), lambda x: x.cumsum(0), (5, 3), (-2, 2)),
     ("cumsum_long", lambda x: x.cumsum(-1), lambda x: x.cumsum(-1), (2, 300), (-2, 2)),

@@ -197,6 +197,10 @@ class ReduceMixin:
         ret = (x - m).exp().sum(axis, keepdim=True).log() + m
         return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
+    def softmin(self: Any, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        """softmax of -x along `axis`."""
+        return (-self).softmax(axis, dtype)
+
     # *** scans ***
 
     def cumsum(self: Any, axis: int = 0) -> Tensor:
