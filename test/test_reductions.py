@@ -187,7 +187,9 @@ def test_bitonic_sort_network(monkeypatch, dt):
     monkeypatch.setattr(reduce_mod, "_SORT_COUNT_LIMIT", 4)
     rng = np.random.default_rng(3)
     x_np = rng.integers(0 if dt == "uint32" else -4, 5, size=(2, 13)).astype(dt)
-    if dt.startswith("float"): x_np[0, 3] = x_np[1, 5] = x_np[1, 7] = np.nan
+    if dt.startswith("float"):
+        x_np[0, 3] = x_np[1, 5] = x_np[1, 7] = np.nan
+        x_np[0, 0], x_np[0, 1] = -0.0, 0.0
     x, t = Tensor(x_np), torch.tensor(x_np.astype(np.int64) if dt == "uint32" else x_np)
     outs = [*x.sort(1), *x.sort(-1, descending=True), *x.topk(4, 1), *x.T.sort(0)]
     Tensor.realize(*outs)
@@ -196,6 +198,7 @@ def test_bitonic_sort_network(monkeypatch, dt):
     for o, e in zip(outs, exps):
         assert o.dtype == (x.dtype if e.dtype != torch.int64 or o is outs[0] else dtypes.int32) or o.dtype == x.dtype
         np.testing.assert_array_equal(o.numpy().astype(np.float64), e.numpy().astype(np.float64))
+    np.testing.assert_array_equal(np.signbit(outs[0].numpy()), np.signbit(exps[0].numpy()))
 
 @pytest.mark.slow  # scheduling this backward graph takes about a minute
 def test_bitonic_sort_gradient(monkeypatch):
@@ -217,3 +220,21 @@ def test_outputs_realized_one_at_a_time():
     assert v.tolist() == t.cummax(1)[0].tolist() and i.tolist() == t.cummax(1)[1].tolist()
     v, i = Tensor(x_np).sort(1)
     assert i.tolist() == t.sort(stable=True, dim=1)[1].tolist() and v.tolist() == t.sort(stable=True, dim=1)[0].tolist()
+
+def test_signed_zeros_and_zero_gradients():
+    x_np = np.array([[0.0, -0.0, 2.0, -1.0], [3.0, 0.0, -2.0, 0.5]])
+    x, t = Tensor(x_np), torch.tensor(x_np, requires_grad=True)
+    for desc in (False, True):
+        v = x.sort(1, descending=desc)[0].numpy()
+        exp = torch.sort(t, stable=True, dim=1, descending=desc)[0].detach().numpy()
+        np.testing.assert_array_equal(np.signbit(v), np.signbit(exp))
+    # products with zeros: the gradient of the zero factor is the product of the others
+    outs = [x.prod(1), x.cumprod(1), x.prod()]
+    seeds = [np.arange(1.0, 3.0), np.arange(1.0, 9.0).reshape(2, 4), np.array(2.0)]
+    grads = [(o * Tensor(s)).sum().gradient(x)[0] for o, s in zip(outs, seeds)]
+    Tensor.realize(*outs, *grads)
+    touts = [t.prod(1), t.cumprod(1), t.prod()]
+    for o, g, to, s in zip(outs, grads, touts, seeds):
+        (tg,) = torch.autograd.grad((to * torch.tensor(s)).sum(), t)
+        np.testing.assert_allclose(o.numpy(), to.detach().numpy())
+        np.testing.assert_allclose(g.numpy(), tg.numpy())

@@ -73,8 +73,8 @@ def _bitonic(x: Tensor, descending: bool) -> tuple[Tensor, Tensor]:
             block_desc = ((_iota(size // (2 * j), x, (size // (2 * j), 1)) // (k // (2 * j))) % 2) == 1
             swap = block_desc.where(_before_padded(lo_k, hi_k, lo_i, hi_i, n, descending),
                                     _before_padded(hi_k, lo_k, hi_i, lo_i, n, descending))
-            key = swap.where(hi_k, lo_k).unsqueeze(-2).cat(swap.where(lo_k, hi_k).unsqueeze(-2), dim=-2)
-            idx = swap.where(hi_i, lo_i).unsqueeze(-2).cat(swap.where(lo_i, hi_i).unsqueeze(-2), dim=-2)
+            key = _stack2(swap.where(hi_k, lo_k), swap.where(lo_k, hi_k), -2)
+            idx = _stack2(swap.where(hi_i, lo_i), swap.where(lo_i, hi_i), -2)
             packed = _pack(key.reshape(lead + (size,)), idx.reshape(lead + (size,)))
             j //= 2
         k *= 2
@@ -99,7 +99,14 @@ def _pack(vals: Tensor, idx: Tensor) -> Tensor:
     if dtypes.is_float(c): i = idx.bitcast(c) if c == dtypes.float32 else idx.cast(dtypes.int64).bitcast(c)
     else: i = idx.cast(c)
     v = vals.bitcast(c) if vals.dtype == dtypes.uint64 else vals.cast(c)
-    return v.unsqueeze(-1).cat(i.unsqueeze(-1), dim=-1).contiguous()
+    return _stack2(v, i, -1).contiguous()
+
+def _stack2(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """a and b (same shape and dtype) stacked along a new axis at dim (-1 or -2) by selection: exact for every value
+    (cat adds zero padding, which turns -0.0 into +0.0)."""
+    shape = (2, 1) if dim == -2 else (2,)
+    first = _iota(2, a, shape) == 0
+    return first.where(a.unsqueeze(dim), b.unsqueeze(dim))
 
 def _unpack(packed: Tensor, dt: DType) -> tuple[Tensor, Tensor]:
     v, i = packed[..., 0], packed[..., 1]
@@ -242,6 +249,13 @@ class ReduceMixin:
         hit = ranks.unsqueeze(-2) == _iota(k, self, (k, 1))  # (..., k, n): element i has rank r
         x = self.cast(dtypes.int32) if self.dtype == dtypes.bool else self
         vals = hit.where(x.unsqueeze(-2), 0).sum(-1, dtype=x.dtype)
+        if dtypes.is_float(x.dtype):
+            # exactly one element per rank: summing its bits keeps -0.0 (a float sum would give +0.0); the float sum
+            # only carries the gradient, as a zero term
+            it = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[x.dtype.itemsize]
+            bits = hit.where(x.detach().bitcast(it).unsqueeze(-2), 0).sum(-1, dtype=it).bitcast(x.dtype)
+            vd = vals.detach()
+            vals = bits - vd.isfinite().where(vd - vals, 0.0)
         idx = hit.where(_iota(n, self, (1, n)), 0).sum(-1, dtype=dtypes.int32)
         return _paired(vals.cast(self.dtype), idx)
 
