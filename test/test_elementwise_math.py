@@ -280,3 +280,17 @@ def test_half_dtypes_keep_dtype():
         for o, e in zip(outs, exps):
             assert o.dtype == dt
             np.testing.assert_allclose(o.float().numpy(), e.float().numpy(), rtol=1e-2, atol=1e-2)
+
+@pytest.mark.parametrize("dt", ["float32", "float64"])
+def test_exp_tanh_to_an_ulp(dt):
+    # exp2(x*log2(e)) in the input's precision would be off by ~30 ulp at |x| ~ 80
+    x_np = np.concatenate([np.linspace(-80, 80, 801), np.linspace(-0.6, 0.6, 121), SPECIAL]).astype(dt)
+    x = Tensor(x_np)
+    outs = [x.exp(), x.tanh()]
+    Tensor.realize(*outs)
+    tol = 2.5e-7 if dt == "float32" else 5e-16
+    for o, fn in zip(outs, (torch.exp, torch.tanh)):
+        np.testing.assert_allclose(o.numpy(), fn(torch.tensor(x_np)).numpy(), rtol=tol, atol=1e-300, equal_nan=True)
+    xs = Tensor(x_np[:801])
+    (g,) = xs.exp().sum().gradient(xs)
+    np.testing.assert_allclose(g.numpy(), np.exp(x_np[:801].astype(np.float64)), rtol=tol * 4)

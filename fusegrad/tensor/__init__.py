@@ -654,7 +654,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
     def relu(self) -> Tensor: return self.maximum(0) if self.dtype != dtypes.bool else self
-    def exp(self) -> Tensor: return self._in_float32(lambda x: (x * (1 / math.log(2)))._alu(Ops.EXP2))
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)

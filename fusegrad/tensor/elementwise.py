@@ -40,6 +40,20 @@ def _log1p(y: Tensor) -> Tensor:
     series = 2.0 * z * _poly(z2, [1.0 / (2 * k + 1) for k in range(13)])
     return ((y > -1 / 3) & (y < 0.5)).where(series, (y + 1.0).log())
 
+# float64 exp: ln2 as a high part with trailing zero bits (so n * high is exact) and the rest; |x| beyond which exp is
+# inf or 0; the int dtype of the same width, its exponent bias and mantissa bits
+_EXP_CONSTS = (0.693147180369123816490, 1.90821492927058770002e-10, 750.0, dtypes.int64, 1023, 52)
+
+def _exp_value(x: Tensor) -> Tensor:
+    hi, lo, lim, it, bias, mant = _EXP_CONSTS
+    xc = x.maximum(-lim).minimum(lim)  # (nan stays nan)
+    n = (xc * (1 / _LN2) + 0.5).floor()
+    r = (xc - n * hi) - n * lo
+    # 2**n as two factors 2**n1 * 2**n2, each a normal number built from its exponent bits
+    n1 = (n * 0.5).floor()
+    def pow2(k: Tensor) -> Tensor: return ((k.detach().cast(it) + bias) << mant).bitcast(x.dtype)
+    return (r * (1 / _LN2))._alu(Ops.EXP2) * pow2(n1) * pow2(n - n1)
+
 def _expm1(x: Tensor) -> Tensor:
     """exp(x) - 1 accurate for small x: its series where |x| < 0.5."""
     s = x.maximum(-0.5).minimum(0.5)
@@ -86,12 +100,23 @@ def _sinh_v(x: Tensor) -> Tensor:
 def _cosh_v(x: Tensor) -> Tensor:
     a = x.abs()
     return (a - _LN2).exp() + 0.5 / a.exp()
+def _tanh_taylor(terms: int) -> list[float]:
+    """Coefficients c_k of tanh(x) = x * sum c_k x^(2k): 2^(2m) (2^(2m) - 1) B_2m / (2m)! with m = k + 1."""
+    from fractions import Fraction
+    bern = [Fraction(1)]  # Bernoulli numbers B_0..B_2terms+2 by their recurrence
+    for m in range(1, 2 * terms + 3):
+        bern.append(-sum(math.comb(m + 1, j) * bern[j] for j in range(m)) / (m + 1))
+    return [float(4 ** m * (4 ** m - 1) * bern[2 * m] / math.factorial(2 * m)) for m in range(1, terms + 1)]
+
+# |x| < 0.55: the series' terms shrink by about (2x/pi)^2 < 0.13 each
+_TANH_SERIES = {4: _tanh_taylor(9), 8: _tanh_taylor(19)}
+
 def _tanh_v(x: Tensor) -> Tensor:
     a = x.abs()
-    s = a.minimum(0.5)
-    small = _sinh_small(s) / (1 + 2 * _sinh_small(s * 0.5).square())  # sinh/cosh, cosh = 1 + 2 sinh^2(x/2)
+    s = x.maximum(-0.55).minimum(0.55)
+    small = s * _poly(s * s, _TANH_SERIES[x.dtype.itemsize])  # odd: keeps -0.0
     big = 1 - 2 / ((2 * a).exp() + 1)
-    return _odd(x, (a < 0.5).where(small, big))
+    return (a < 0.55).where(small, (x < 0).where(-big, big))
 
 def _signbit(x: Tensor) -> Tensor:
     """True where the sign bit is set (also for -0.0 and negative nan); false for ints >= 0."""
@@ -175,6 +200,12 @@ class ElementwiseMixin:
     # *** exponentials and logarithms ***
 
     def _log1p(self: Any) -> Tensor: return _log1p(self)
+    def exp(self: Any) -> Tensor:
+        """e**x to about an ulp. exp2(x*log2(e)) loses log2(|x|) bits of x in the multiply: float32 and half do it in
+        float64 (four ops, so it fuses like before); float64 splits x = n*ln2 + r first."""
+        out = least_upper_float(self.dtype)
+        if out.itemsize == 8: return _exp_value(self.cast(out))
+        return (self.cast(dtypes.float64) * (1 / _LN2))._alu(Ops.EXP2).cast(out)
     def log10(self: Any) -> Tensor:
         """Base-10 logarithm."""
         return self.log2() * math.log10(2)
