@@ -581,15 +581,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
     def relu(self) -> Tensor: return self.maximum(0) if self.dtype != dtypes.bool else self
-    def exp(self) -> Tensor: return self._in_float32(lambda x: (x * (1 / math.log(2)))._alu(Ops.EXP2))
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
     def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT)
     def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
-    def sin(self) -> Tensor: return self._float_unary(Ops.SIN)
-    def cos(self) -> Tensor: return self._in_float32(lambda x: (math.pi / 2 - x)._alu(Ops.SIN))
-    def tan(self) -> Tensor: return self.sin() / self.cos()
     def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP)
     def square(self) -> Tensor: return self * self
     def abs(self) -> Tensor:
@@ -607,11 +603,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         t = self.trunc()
         return (t < self).where(t + 1, t)
     def sigmoid(self) -> Tensor: return (1 + (-self).exp()).reciprocal()
-    def tanh(self) -> Tensor: return 2.0 * (2.0 * self).sigmoid() - 1.0
     def isnan(self) -> Tensor: return self != self
-    def isinf(self) -> Tensor: return (self == float("inf")) | (self == float("-inf"))
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
-    def gelu(self) -> Tensor: return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self ** 3)).tanh())
     def silu(self) -> Tensor: return self * self.sigmoid()
     swish = silu
 
@@ -636,9 +629,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
         # half precision sums accumulate in float32 but return the input dtype, as tinygrad does
         return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
-    def prod(self, axis: Any = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        acc = to_dtype(dtype) if dtype is not None else self.dtype
-        return self.cast(acc)._reduce(Ops.MUL, axis, keepdim)
     def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
         if any(self.shape[a] == 0 for a in axes):
@@ -655,17 +645,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         out_dt = least_upper_float(self.dtype)
         s = self.cast(out_dt).sum(axis, keepdim)
         return (s / n if n else s * float("nan")).cast(out_dt)
-    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        axes = self._reduce_axes(axis)
-        n = prod(self.shape[a] for a in axes)
-        sq = (self - self.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction)
-    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        return self.var(axis, keepdim, correction).sqrt()
-    def any(self, axis: Any = None, keepdim: bool = False) -> Tensor: return self.bool().max(axis, keepdim)
-    def all(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        return self.logical_not().any(axis, keepdim).logical_not()
-
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
         if axis is None: return self.flatten().argmax(0)
@@ -693,9 +672,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         m = x - x.max(axis, keepdim=True)
         return m - m.exp().sum(axis, keepdim=True).log()
-    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> Tensor:
-        m = self.max(axis, keepdim=True)
-        return (self - m).exp().sum(axis, keepdim=True).log().add(m)._squeeze_axes(self, axis, keepdim)
     def _squeeze_axes(self, like: Tensor, axis: Any, keepdim: bool) -> Tensor:
         if keepdim: return self
         axes = like._reduce_axes(axis)
