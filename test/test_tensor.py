@@ -423,3 +423,19 @@ def test_copy_between_devices():
     np.testing.assert_array_equal(c.numpy(), x.T + 1)
     with pytest.raises(ValueError, match="device"):
         a + b
+
+def test_realize_keeps_buffers_other_lazy_tensors_read():
+    # realizing `a` alone must not hand memory that lazy `b` still reads to a later intermediate of a's schedule
+    a, b = Tensor([3.0, 1.0, 2.0]), Tensor([0, 1, 2], dtype=dtypes.int32)
+    an, bn = np.array([3.0, 1.0, 2.0], np.float32), np.array([0, 1, 2], np.int32)
+    for _ in range(4):
+        a, b = (a + 1).contiguous(), (b + (a > 2).cast(dtypes.int32)).contiguous()
+        an, bn = an + 1, bn + (an > 2).astype(np.int32)
+    a.realize()
+    np.testing.assert_array_equal(b.numpy(), bn)
+    np.testing.assert_array_equal(a.numpy(), an)
+
+def test_cat_keeps_negative_zero():
+    got = Tensor([-0.0, 0.0]).cat(Tensor([-0.0]), Tensor([[-0.0]]).reshape(1)).numpy()
+    want = torch.cat([torch.tensor([-0.0, 0.0]), torch.tensor([-0.0]), torch.tensor([-0.0])]).numpy()
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -181,7 +181,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
                    for u in sink.toposort() if is_realized(u) and u.op is Ops.ASSIGN}
         Tensor._apply_map(becomes)
-        keep = {id(get_buffer(u)) for t in all_tensors for u in [t.uop.base] if u.op is Ops.BUFFER}
+        # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
+        # still lazy, every buffer its graph loads from
+        written = {buffer_of(k.src[0]) for k in kernels}
+        keep: set[int] = set()
+        for t in list(all_tensors):
+            if (base := t.uop.base).op is Ops.BUFFER: keep.add(id(get_buffer(base)))
+            else: keep.update(id(get_buffer(u)) for u in t.uop.toposort() if u in written)
         plan_memory(items, keep)
         return items
 
@@ -341,8 +347,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
     def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
-        """Concatenate along `dim`: each piece is padded to the full length there and the pieces are added (one
-        fused kernel, no copies)."""
+        """Concatenate along `dim`: each piece is padded to the full length there and selected by position (one
+        fused kernel, no copies; a select rather than a sum keeps -0.0)."""
         tensors = (self,) + args
         d = _resolve_axis(dim, self.ndim)
         for t in args:
@@ -350,10 +356,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                 raise ValueError(f"cat: shapes {self.shape} and {t.shape} differ outside dim {dim}")
         dt = least_upper_dtype(*(t.dtype for t in tensors))
         total, ret, offset = sum(t.shape[d] for t in tensors), None, 0
+        position = Tensor._iota(total, self.device).reshape(tuple(total if i == d else 1 for i in range(self.ndim)))
         for t in tensors:
             pad = tuple((offset, total - offset - t.shape[d]) if i == d else (0, 0) for i in range(self.ndim))
             piece = t.cast(dt).pad(pad)
-            ret = piece if ret is None else (ret | piece if dt == dtypes.bool else ret + piece)
+            ret = piece if ret is None else (position < offset).where(ret, piece)
             offset += t.shape[d]
         return ret
     @staticmethod
