@@ -439,3 +439,29 @@ def test_cat_keeps_negative_zero():
     got = Tensor([-0.0, 0.0]).cat(Tensor([-0.0]), Tensor([[-0.0]]).reshape(1)).numpy()
     want = torch.cat([torch.tensor([-0.0, 0.0]), torch.tensor([-0.0]), torch.tensor([-0.0])]).numpy()
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+def test_small_api_names_against_torch():
+    rng = np.random.default_rng(4)
+    xn = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    x, tx = Tensor(xn), torch.from_numpy(xn)
+    np.testing.assert_array_equal(x.unflatten(1, (2, -1)).numpy(), tx.unflatten(1, (2, -1)).numpy())
+    np.testing.assert_array_equal(x.unflatten(-1, (3, 1)).numpy(), tx.unflatten(-1, (3, 1)).numpy())
+    assert x.short().dtype == dtypes.int16 and x.bfloat16().dtype == dtypes.bfloat16
+    np.testing.assert_array_equal(x.short().numpy(), tx.short().numpy())
+    np.testing.assert_array_equal(x.bfloat16().float().numpy(), tx.bfloat16().float().numpy())
+    np.testing.assert_array_equal(x.shrink_to(1, None, 2).numpy(), xn[:1, :, :2])
+    np.testing.assert_array_equal(x.pad_to(3, 6, 5, value=1.5).numpy(), np.pad(xn, ((0, 1), (0, 0), (0, 2)),
+                                                                               constant_values=1.5))
+    with pytest.raises(ValueError, match="shrink_to"): x.shrink_to(3, 6, 3)
+    with pytest.raises(ValueError, match="pad_to"): x.pad_to(1, 6, 3)
+    with pytest.raises(ValueError, match="dims"): x.pad_to(2, 6)
+    a = np.array([1.0, 1.0 + 1e-6, 2.0, np.inf, -np.inf, np.nan, np.nan, 0.0], np.float32)
+    b = np.array([1.0, 1.0, 2.1, np.inf, np.inf, np.nan, 1.0, 1e-9], np.float32)
+    for equal_nan in (False, True):
+        want = torch.isclose(torch.from_numpy(a), torch.from_numpy(b), equal_nan=equal_nan).numpy()
+        np.testing.assert_array_equal(Tensor(a).isclose(Tensor(b), equal_nan=equal_nan).numpy(), want)
+        assert Tensor(a).allclose(Tensor(b), equal_nan=equal_nan).item() == \
+            torch.allclose(torch.from_numpy(a), torch.from_numpy(b), equal_nan=equal_nan)
+    assert Tensor(a[:2]).allclose(Tensor(b[:2])).item() is True
+    t = Tensor([1.0, 2.0], device="CPU")
+    assert t.to_("PYTHON") is t and t.device == "PYTHON" and t.tolist() == [1.0, 2.0]

@@ -236,9 +236,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
     def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
     def to(self, device: str | None) -> Tensor:
+        """This tensor on `device` (itself if it is there already)."""
         dev = _canonical_device(device)
         if dev == self.device: return self
         return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, _device_uop(dev))))
+    def to_(self, device: str | None) -> Tensor:
+        """Move this tensor to `device` in place (its graph becomes a copy there); returns it."""
+        self.uop = self.to(device).uop
+        return self
 
     def assign(self, x: Any) -> Tensor:
         """Write `x` into this (realized) tensor's memory in place; returns this tensor."""
@@ -338,6 +343,26 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.ndim == 0: return self.reshape(1)
         s, e = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
         return self.reshape(self.shape[:s] + (prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+    def unflatten(self, dim: int, sizes: tuple[int, ...]) -> Tensor:
+        """Split dimension `dim` into `sizes` (one entry may be -1)."""
+        d = _resolve_axis(dim, self.ndim)
+        return self.reshape(self.shape[:d] + _infer_shape(tuple(sizes), self.shape[d], (self.shape[d],)) +
+                            self.shape[d + 1:])
+    def shrink_to(self, shape: Any, *args: int) -> Tensor:
+        """The leading `shape` corner of this tensor (None keeps a dimension)."""
+        new = self._target_shape(argfix(shape, *args), "shrink_to", lambda n, s: n <= s)
+        return self.shrink(tuple((0, n) for n in new))
+    def pad_to(self, shape: Any, *args: int, value: ConstType = 0) -> Tensor:
+        """This tensor padded at the end of each dimension to `shape` (None keeps a dimension) with `value`."""
+        new = self._target_shape(argfix(shape, *args), "pad_to", lambda n, s: n >= s)
+        return self.pad(tuple((0, n - s) for n, s in zip(new, self.shape)), value=value)
+    def _target_shape(self, shape: tuple, name: str, ok: Callable[[int, int], bool]) -> tuple[int, ...]:
+        if len(shape) != self.ndim:
+            raise ValueError(f"{name}: shape {shape} has {len(shape)} dims, the tensor {self.ndim}")
+        new = tuple(s if n is None else n for n, s in zip(shape, self.shape))
+        if not all(isinstance(n, int) and ok(n, s) for n, s in zip(new, self.shape)):
+            raise ValueError(f"{name}: can't go from shape {self.shape} to {shape}")
+        return new
     def squeeze(self, dim: int | None = None) -> Tensor:
         if dim is None: return self.reshape(tuple(s for s in self.shape if s != 1))
         d = _resolve_axis(dim, self.ndim)
@@ -414,6 +439,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def int(self) -> Tensor: return self.cast(dtypes.int32)
     def long(self) -> Tensor: return self.cast(dtypes.int64)
     def bool(self) -> Tensor: return self.cast(dtypes.bool)
+    def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+    def short(self) -> Tensor: return self.cast(dtypes.int16)
 
     def add(self, x: Any, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)

@@ -294,6 +294,15 @@ class ElementwiseMixin:
         """True where the value is neither inf nor nan."""
         if not dtypes.is_float(self.dtype): return self.ones_like(dtypes.bool)
         return (self - self) == 0
+    def isclose(self: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+        """True where |self - other| <= atol + rtol * |other| (infinities equal themselves; nan only if equal_nan)."""
+        a, b = self._broadcasted(other)
+        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+        if dtypes.is_float(a.dtype): close = (a == b) | (close & a.isfinite() & b.isfinite())
+        return close | (a.isnan() & b.isnan()) if equal_nan and dtypes.is_float(a.dtype) else close
+    def allclose(self: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+        """Whether every element is close (a bool scalar tensor; see isclose)."""
+        return self.isclose(other, rtol, atol, equal_nan).all()
     def copysign(self: Any, other: Any) -> Tensor:
         """|self| with the sign of other (including the sign of -0.0 and of nan)."""
         a, b = self._broadcasted(other)
