@@ -66,13 +66,6 @@ def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp 
         return tuple(new), valid
     raise RuntimeError(f"{m.op} is not a movement op")
 
-def kernel_param(u: UOp) -> UOp:
-    """The kernel-level DEFINE_VAR for tensor-level parameter `u`. Kernels take float parameters as double and
-    integers as 64-bit, so a half or bfloat16 parameter arrives as float32 (exact: its value is a half) and is cast."""
-    if u.dtype in (dtypes.float16, dtypes.bfloat16):
-        return UOp(Ops.DEFINE_VAR, dtypes.float32, (), u.arg).cast(u.dtype)
-    return UOp(Ops.DEFINE_VAR, u.dtype, (), u.arg)
-
 @dataclass
 class KernelBuilder:
     """Builds the AST of one kernel. `is_input(u)` says where the kernel stops and loads from a buffer instead."""
@@ -81,6 +74,16 @@ class KernelBuilder:
     slots: dict[UOp, int] = field(default_factory=dict)     # BUFFER -> its DEFINE_GLOBAL number
     next_axis: int = 0
     memo: dict = field(default_factory=dict)
+    params: list[UOp] = field(default_factory=list)          # tensor-level parameters, in kernel parameter order
+
+    def param(self, u: UOp) -> UOp:
+        """The kernel parameter for tensor-level parameter `u` (a lifted constant), named by its place among this
+        kernel's parameters, so the kernel's AST doesn't depend on the graph around it. Kernels take float parameters
+        as double and integers as 64-bit, so a half or bfloat16 one arrives as float32 (exact: its value is a half)."""
+        if u not in self.params: self.params.append(u)
+        name = (f"_p{self.params.index(u)}", u.arg[1], u.arg[2])
+        if u.dtype not in (dtypes.float16, dtypes.bfloat16): return UOp(Ops.DEFINE_VAR, u.dtype, (), name)
+        return UOp(Ops.DEFINE_VAR, dtypes.float32, (), name).cast(u.dtype)
 
     def new_range(self, end: int, kind: str) -> UOp:
         r = UOp.range(end, self.next_axis, kind)
@@ -129,7 +132,7 @@ class KernelBuilder:
                 result[key] = ix[0].cast(u.dtype)
                 continue
             if u.op is Ops.DEFINE_VAR:  # a lifted constant: a kernel parameter
-                result[key] = kernel_param(u)
+                result[key] = self.param(u)
                 continue
             children = self._children(u, ix, valid)
             if not ready:

@@ -107,9 +107,9 @@ def build_kernel(r: UOp) -> UOp:
         return build_kernel(r.replace(src=(r.src[0], build_kernel(r.src[1]))))
     # an assign over a pending kernel's output names that output as its first source, so it runs after it
     first = target_base if r.op is Ops.ASSIGN and target_base.op is Ops.ASSIGN else out_buf
-    # the parameters the kernel reads follow its buffers; scheduling binds them to this call's values
-    params = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0])
-    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]) + tuple(params), ast)
+    # the parameters the kernel reads follow its buffers (in _p0, _p1... order); a lifted constant's placeholder is
+    # replaced by this call's constant when the cached kernelization is instantiated
+    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
     if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
     # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
@@ -168,7 +168,6 @@ class _CacheEntry:
     lifted: frozenset      # positions that are kernel parameters
     changed: dict          # kernelized graph: structure node -> its replacement
     outs: tuple            # output BUFFERs created by the cached kernelization (fresh ones per call)
-    kernel_vars: dict      # position -> kernel-level DEFINE_VAR of a lifted constant
 
     def accepts(self, keys: tuple) -> bool:
         return all(k == b for i, (k, b) in enumerate(zip(keys, self.baseline)) if i not in self.lifted)
@@ -214,11 +213,10 @@ def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
         schedule_cache[key] = entry
     else: schedule_cache_stats["hits"] += 1
     if not entry.changed: return {}
-    # instantiate: parameters back to this graph's buffers and constants, cached output buffers to new ones, and the
-    # kernel parameters bound to this call's values
+    # instantiate: parameters back to this graph's buffers and constants (so kernels get this call's values), cached
+    # output buffers to new ones
     back: dict[UOp, UOp] = {p: b for b, p in to_param.items()}
     back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in entry.outs})
-    back.update({v: UOp(Ops.BIND, v.dtype, (v, v.const_like(consts[i].arg))) for i, v in entry.kernel_vars.items()})
     inst = substitute_map(UOp.sink_of(*entry.changed.values()), back)
     return {orig: inst[entry.changed[n]] for orig, n in normalized.items() if n in entry.changed}
 
@@ -230,6 +228,4 @@ def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], l
     changed = {n: nmap[b] for n, b in baked.items() if b in nmap and nmap[b] is not b}
     everything = UOp.sink_of(*changed.values()).toposort()
     outs = tuple(u for u in everything if u.op is Ops.BUFFER and u not in params)
-    names = {f"_c{i}": i for i in lifted}
-    kernel_vars = {names[u.arg[0]]: u for u in everything if u.op is Ops.DEFINE_VAR and u.arg[0] in names}
-    return _CacheEntry(keys, lifted, changed, outs, kernel_vars)
+    return _CacheEntry(keys, lifted, changed, outs)

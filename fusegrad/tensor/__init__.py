@@ -174,8 +174,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         self.kernelize(*lst)
         sink = UOp.sink_of(*[t.uop for t in tensors])
         kernels = kernels_in_order(sink)
-        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src if b.op is not Ops.BIND],
-                          fixedvars={b.src[0].arg[0]: b.src[1].arg for b in k.src if b.op is Ops.BIND})
+        # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
+        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src if b.op is not Ops.CONST],
+                          fixedvars={f"_p{i}": c.arg for i, c in enumerate(b for b in k.src if b.op is Ops.CONST)})
                  for k in kernels if buffer_of(k.src[0]).arg[1] > 0]
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])

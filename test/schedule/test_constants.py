@@ -22,7 +22,7 @@ def test_changing_constant_hits_the_caches():
     assert kernel_params(step(0)) == [[]]
     # another value at the same place: lifted into a kernel parameter, once
     (params,) = kernel_params(step(1))
-    assert len(params) == 1 and params[0].startswith("_c")
+    assert len(params) == 1 and params[0] == "_p0"
     want = (np.arange(12).reshape(3, 4) * 1.5 + 1).sum(1)
     np.testing.assert_allclose(step(2).realize().numpy(), want + 12, rtol=1e-6)
     misses, kernels, compiles = schedule_cache_stats["misses"], len(method_cache), Device["CPU"].compiler.compiles
@@ -34,10 +34,10 @@ def test_constants_that_never_change_stay_in_the_code():
     x = Tensor(np.ones(8, np.float32)).realize()
     for lr in (0.1, 0.01, 0.001):
         (x * 0.5 + lr).realize()
-    # only the changing one (position 1 in graph order) is a parameter; 0.5 is still folded into the code
+    # only the changing one is a parameter (the kernel's first, _p0); 0.5 is still folded into the code
     (si,) = (x * 0.5 + 0.0001).schedule()
     consts = {u.arg for u in si.ast.toposort() if u.op is Ops.CONST and u.dtype == dtypes.float32}
-    assert 0.5 in consts and [u.arg[0] for u in si.ast.toposort() if u.op is Ops.DEFINE_VAR] == ["_c1"]
+    assert 0.5 in consts and [u.arg[0] for u in si.ast.toposort() if u.op is Ops.DEFINE_VAR] == ["_p0"]
 
 DTYPES = [(dtypes.float32, np.float32), (dtypes.float64, np.float64), (dtypes.int8, np.int8),
           (dtypes.int32, np.int32), (dtypes.int64, np.int64), (dtypes.uint8, np.uint8), (dtypes.uint32, np.uint32),
