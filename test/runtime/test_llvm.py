@@ -11,7 +11,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from test.runtime.test_python_device import _arith, _compare
+from test.runtime.test_python_device import _arith, _compare, padded_conv1d_ast
 import torch
 from fusegrad import Tensor, dtypes
 from fusegrad.codegen import get_program
@@ -414,11 +414,7 @@ def test_vector_loads_on_padded_edges():
     # lanes are valid, else each lane is loaded behind its own gate
     N, KW = 64, 5
     x, w = tame(data(dtypes.float32, (N,), 20)), tame(data(dtypes.float32, (KW,), 21))
-    r0, rk = UOp.range(N, 0), UOp.range(KW, 1, "reduce")
-    pos = r0 + rk - 2
-    xv = glob(1, dtypes.float32, N).index(pos, valid=(pos < 0).logical_not() & (pos < N)).load()
-    ast = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(red(xv * glob(2, dtypes.float32, KW).index(
-        rk).load(), rk)))
+    ast = padded_conv1d_ast(N, KW)
     p = get_program(ast, Device["LLVM"].renderer, opts=[Opt(OptOps.UPCAST, 0, 8)])
     assert any(u.op is Ops.LOAD and len(u.src) > 2 and u.dtype.count == 8 for u in p.uops)
     got, cpu = run_kernel(ast, [np.zeros(N, np.float32), x, w], opts=[Opt(OptOps.UPCAST, 0, 8)])

@@ -308,16 +308,20 @@ def test_blocked_and_packed_matmul():
         assert_same(cpu[0], py[0], what=str(opts))
         np.testing.assert_allclose(py[0].reshape(M, N), a @ b, rtol=1e-4, atol=1e-3)
 
-def test_vector_loads_on_padded_edges():
-    # out[i] = sum_k w[k] * xpad[i + k - 2], the output axis vectorized: near the edges some lanes are padding, so
-    # the vector load is taken only when all lanes are valid, else each lane is loaded behind its own gate
-    N, KW = 64, 5
-    x, w = tame(data(dtypes.float32, (N,), 20)), tame(data(dtypes.float32, (KW,), 21))
+def padded_conv1d_ast(N: int, KW: int) -> UOp:
+    """out[i] = sum_k w[k] * xpad[i + k - 2]: x read behind a padding gate."""
     r0, rk = UOp.range(N, 0), UOp.range(KW, 1, "reduce")
     pos = r0 + rk - 2
     xv = glob(1, dtypes.float32, N).index(pos, valid=(pos < 0).logical_not() & (pos < N)).load()
-    ast = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(red(xv * glob(2, dtypes.float32, KW).index(
+    return UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(red(xv * glob(2, dtypes.float32, KW).index(
         rk).load(), rk)))
+
+def test_vector_loads_on_padded_edges():
+    # the output axis vectorized: near the edges some lanes are padding, so the vector load is taken only when all
+    # lanes are valid, else each lane is loaded behind its own gate
+    N, KW = 64, 5
+    x, w = tame(data(dtypes.float32, (N,), 20)), tame(data(dtypes.float32, (KW,), 21))
+    ast = padded_conv1d_ast(N, KW)
     p = get_program(ast, Device["PYTHON"].renderer, opts=[Opt(OptOps.UPCAST, 0, 8)])
     assert any(u.op is Ops.LOAD and len(u.src) > 2 and u.dtype.count == 8 for u in p.uops)
     cpu, py = run_kernel(ast, [np.zeros(N, np.float32), x, w], opts=[Opt(OptOps.UPCAST, 0, 8)])
