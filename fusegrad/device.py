@@ -12,7 +12,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
-from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
+from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv, host_cpu_count
 
 class GlobalCounters:
     """Process-wide work counters, updated as schedules run (and by allocations, for mem_used)."""
@@ -315,9 +315,8 @@ class Compiler:
 
     def _compile_all(self, srcs: list[str]) -> list[bytes]:
         if not self.parallel or len(srcs) < 2: return [self._compile(src) for src in srcs]
-        workers = min(len(srcs), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-                      or 1)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool: return list(pool.map(self._compile, srcs))
+        with ThreadPoolExecutor(max_workers=min(len(srcs), host_cpu_count())) as pool:
+            return list(pool.map(self._compile, srcs))
 
     def evict(self, src: str) -> None:
         """Forget a cached binary (memory and disk), e.g. when it failed to load."""

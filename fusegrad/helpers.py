@@ -96,3 +96,6 @@ def cache_dir() -> str:
     base = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     return os.path.join(base, "fusegrad")
 
+def host_cpu_count() -> int:
+    """The cores this process may run on (a container or taskset may allow fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

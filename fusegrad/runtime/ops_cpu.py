@@ -21,7 +21,7 @@ import time
 import weakref
 from typing import Any
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
-from fusegrad.helpers import CPU_THREADS, DEBUG
+from fusegrad.helpers import CPU_THREADS, DEBUG, host_cpu_count
 
 # *** memory ***
 
@@ -106,8 +106,6 @@ def _host_cpu() -> str:
 
 BATCH_KERNELS = 24  # kernels per compiler process when a schedule has many new ones
 
-def _ncpu() -> int: return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
 def _kernel_name(src: str) -> str | None:
     """The name of the (last) exported function of a kernel's C source."""
     names = re.findall(r"^void (\w+)\(", src, flags=re.MULTILINE)
@@ -139,7 +137,7 @@ class CPUCompiler(Compiler):
         # one translation unit (one shared object) per batch, the batches in parallel. Kernels with pragmas of their
         # own, and kernels named like one already in the batch, go to other batches.
         if len(srcs) < 2: return super()._compile_all(srcs)
-        nbatches = max(_ncpu(), -(-len(srcs) // BATCH_KERNELS))
+        nbatches = max(host_cpu_count(), -(-len(srcs) // BATCH_KERNELS))
         batches: list[list[int]] = [[] for _ in range(nbatches)]
         names: list[set[str]] = [set() for _ in range(nbatches)]
         for i, src in enumerate(srcs):
@@ -276,6 +274,4 @@ class CPUDevice(Compiled):
         return int(CPU_THREADS.value) if CPU_THREADS.value > 0 else self._ncpu
 
     @functools.cached_property
-    def _ncpu(self) -> int:
-        # the cores this process may run on (a container or taskset may allow fewer than the machine has)
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    def _ncpu(self) -> int: return host_cpu_count()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from test.runtime.test_python_device import _arith, _compare, padded_conv1d_ast
+from test.runtime.test_python_device import _arith, _compare, check_vector_loads_on_padded_edges
 import torch
 from fusegrad import Tensor, dtypes
 from fusegrad.codegen import get_program
@@ -410,18 +410,11 @@ def test_threefry_known_answers():
         np.testing.assert_array_equal(got[0], want)
 
 def test_vector_loads_on_padded_edges():
-    # out[i] = sum_k w[k] * xpad[i + k - 2] with the output axis vectorized: the vector load is taken only when all
-    # lanes are valid, else each lane is loaded behind its own gate
-    N, KW = 64, 5
-    x, w = tame(data(dtypes.float32, (N,), 20)), tame(data(dtypes.float32, (KW,), 21))
-    ast = padded_conv1d_ast(N, KW)
-    p = get_program(ast, Device["LLVM"].renderer, opts=[Opt(OptOps.UPCAST, 0, 8)])
-    assert any(u.op is Ops.LOAD and len(u.src) > 2 and u.dtype.count == 8 for u in p.uops)
-    got, cpu = run_kernel(ast, [np.zeros(N, np.float32), x, w], opts=[Opt(OptOps.UPCAST, 0, 8)])
-    assert_same(cpu[0], got[0])
-    xp = np.pad(x, 2)
-    want = [sum(np.float64(w[k]) * xp[i + k] for k in range(KW)) for i in range(N)]
-    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    # the same check as the PYTHON device's, the reference being the CPU device
+    def run(ast, arrays, opts):
+        got, cpu = run_kernel(ast, arrays, opts=opts)
+        return cpu, got
+    check_vector_loads_on_padded_edges(Device["LLVM"].renderer, run)
 
 def test_gated_store_and_load_bounds():
     # a gated store writes only where the gate holds; a gated load never touches memory outside the buffer

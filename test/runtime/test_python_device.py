@@ -316,19 +316,23 @@ def padded_conv1d_ast(N: int, KW: int) -> UOp:
     return UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(red(xv * glob(2, dtypes.float32, KW).index(
         rk).load(), rk)))
 
-def test_vector_loads_on_padded_edges():
-    # the output axis vectorized: near the edges some lanes are padding, so the vector load is taken only when all
-    # lanes are valid, else each lane is loaded behind its own gate
+def check_vector_loads_on_padded_edges(renderer, run) -> None:
+    """The output axis vectorized: near the edges some lanes are padding, so the vector load is taken only when all
+    lanes are valid, else each lane is loaded behind its own gate. `run(ast, arrays, opts)` gives (reference, got)."""
     N, KW = 64, 5
     x, w = tame(data(dtypes.float32, (N,), 20)), tame(data(dtypes.float32, (KW,), 21))
     ast = padded_conv1d_ast(N, KW)
-    p = get_program(ast, Device["PYTHON"].renderer, opts=[Opt(OptOps.UPCAST, 0, 8)])
+    p = get_program(ast, renderer, opts=[Opt(OptOps.UPCAST, 0, 8)])
     assert any(u.op is Ops.LOAD and len(u.src) > 2 and u.dtype.count == 8 for u in p.uops)
-    cpu, py = run_kernel(ast, [np.zeros(N, np.float32), x, w], opts=[Opt(OptOps.UPCAST, 0, 8)])
-    assert_same(cpu[0], py[0])
+    ref, got = run(ast, [np.zeros(N, np.float32), x, w], [Opt(OptOps.UPCAST, 0, 8)])
+    assert_same(ref[0], got[0])
     xp = np.pad(x, 2)
     want = [sum(np.float64(w[k]) * xp[i + k] for k in range(KW)) for i in range(N)]
-    np.testing.assert_allclose(py[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+def test_vector_loads_on_padded_edges():
+    check_vector_loads_on_padded_edges(Device["PYTHON"].renderer, lambda ast, arrays, opts: run_kernel(ast, arrays,
+                                                                                                       opts=opts))
 
 def test_symbolic_variables():
     n, off = UOp.variable("n", 1, 64), UOp.variable("off", 0, 16)
