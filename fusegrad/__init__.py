@@ -5,5 +5,8 @@ from fusegrad.uop.ops import UOp, Ops, Variable
 from fusegrad.tensor import Tensor
 from fusegrad.device import Device
 from fusegrad.engine.realize import GlobalCounters
+from fusegrad.engine.jit import TinyJit
+from fusegrad import nn
 
-__all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "UOp", "Ops", "DEBUG"]
+__all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "TinyJit", "nn",
+           "UOp", "Ops", "DEBUG"]
