@@ -1,2 +1,194 @@
-"""Optimizers: SGD, Adam, AdamW, LAMB, LARS, Muon and OptimizerGroup, with the learning rate held in a tensor."""
+"""Optimizers: SGD, Adam, AdamW, LAMB, LARS, Muon and OptimizerGroup.
+
+The learning rate and every piece of optimizer state (momentum buffers, Adam's moments and its bias-correction
+powers) live in device buffers updated with `assign`, so a training step is one lazy graph: `step()` realizes the
+new parameters and state in a single schedule, and changing the learning rate between steps only rewrites a buffer
+(no new kernel, no new schedule)."""
 from __future__ import annotations
+import math
+from typing import Any
+from fusegrad.dtype import dtypes
+from fusegrad.tensor import Tensor
+
+__all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
+
+def _state_buffer(value: float, shape: tuple[int, ...], device: Any) -> Tensor:
+    """A float32 buffer of its own (constants are hash-consed, so two `zeros(3)` would be one node)."""
+    t = Tensor.full(shape, value, dtype=dtypes.float32, device=device)
+    t._own_storage()
+    t.requires_grad = False
+    return t
+
+class Optimizer:
+    """Base class: holds the parameters (requires_grad None becomes True), the learning rate tensor and the step."""
+    def __init__(self, params: list[Tensor], lr: float, device=None, fused: bool = False):
+        params = list(dict.fromkeys(params))  # a parameter listed twice would be updated twice
+        if not params: raise ValueError("optimizer got an empty parameter list")
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer parameters must be Tensors, got {type(p).__name__}")
+            if p.requires_grad is None: p.requires_grad_(True)
+        self.params = [p for p in params if p.requires_grad]
+        # tensors that don't take gradients (e.g. batchnorm running stats) are realized with each step
+        self.buffers = [p for p in params if not p.requires_grad]
+        if not self.params: raise ValueError("optimizer got no parameter with requires_grad")
+        self.device = device if device is not None else self.params[0].device
+        self.fused = fused
+        self._lr = _state_buffer(lr, (1,), self.device)
+
+    def _realize_state(self, *state: Tensor) -> None:
+        """Give the parameters, the learning rate and the optimizer state their memory in one realize (assign needs
+        it), instead of one schedule per tensor at the first step."""
+        Tensor.realize(self._lr, *self.params, *self.buffers, *state)
+
+    @property
+    def lr(self) -> Tensor:
+        """The learning rate, a (1,) float32 tensor; setting a number or tensor writes into the same buffer."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float | Tensor) -> None:
+        if isinstance(value, Tensor) and value is self._lr: return
+        v = value if isinstance(value, Tensor) else Tensor([float(value)], dtype=dtypes.float32, device=self.device)
+        self._lr.assign(v.reshape(1).cast(dtypes.float32)).realize()
+
+    def zero_grad(self) -> None:
+        """Forget the gradients of every parameter."""
+        for p in self.params: p.grad = None
+
+    def schedule_step(self) -> list[Tensor]:
+        """The tensors one step updates (parameters, optimizer state, buffers), lazily: realize them together."""
+        missing = [i for i, p in enumerate(self.params) if p.grad is None]
+        if missing:
+            p = self.params[missing[0]]
+            raise RuntimeError(f"parameter {missing[0]} (shape {p.shape}) has no gradient: call backward() on a loss "
+                               "that depends on every parameter before step()")
+        return self._step(self.params, [p.grad for p in self.params]) + self.params + self.buffers
+
+    def step(self) -> None:
+        """Apply one update to every parameter (one realize of the parameters and the optimizer state)."""
+        Tensor.realize(*self.schedule_step())
+
+    def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]: raise NotImplementedError
+
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (e.g. Muon for matrices and AdamW for the rest)."""
+    def __init__(self, *optimizers: Optimizer):
+        if not optimizers: raise ValueError("OptimizerGroup needs at least one optimizer")
+        self.optimizers = list(optimizers)
+        self.params = [p for o in self.optimizers for p in o.params]
+        self.buffers = [b for o in self.optimizers for b in o.buffers]
+
+    def __getitem__(self, i: int) -> Optimizer: return self.optimizers[i]
+    def zero_grad(self) -> None: [o.zero_grad() for o in self.optimizers]
+    def schedule_step(self) -> list[Tensor]: return [t for o in self.optimizers for t in o.schedule_step()]
+
+class LARS(Optimizer):
+    """Momentum SGD with layer-wise trust ratios (LARS; tcoef=0 gives plain SGD) and an optional Newton-Schulz
+    orthogonalization of the update (ns_steps > 0).
+
+    classic=True applies the learning rate before the momentum buffer (classic momentum); classic=False after it,
+    which is PyTorch's SGD. pre_wd=True adds weight decay to the gradient; pre_wd=False decays the weights directly."""
+    def __init__(self, params: list[Tensor], lr=0.001, momentum=0.9, weight_decay=1e-4, ns_steps=0,
+                 ns_coefficients=None, nesterov=False, classic=True, pre_wd=True, tcoef=0.001, device=None,
+                 fused: bool = False):
+        super().__init__(params, lr, device, fused)
+        if momentum < 0: raise ValueError(f"momentum must be >= 0, got {momentum}")
+        if nesterov and momentum == 0: raise ValueError("nesterov momentum needs momentum > 0")
+        self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
+        self.nesterov, self.classic, self.pre_wd, self.tcoef = nesterov, classic, pre_wd, tcoef
+        self.b = [_state_buffer(0.0, p.shape, p.device) for p in self.params] if momentum else []
+        self._realize_state(*self.b)
+
+    def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+        for i, (t, g) in enumerate(zip(params, grads)):
+            g = g.float()
+            if self.pre_wd and self.wd: g = g + self.wd * t.detach().float()
+            r: Tensor | float = 1.0
+            if self.tcoef != 0:
+                r1, r2 = t.detach().float().square().sum().sqrt(), g.square().sum().sqrt()
+                r = ((r1 > 0) & (r2 > 0)).where(self.tcoef * r1 / r2, 1.0)
+            if self.classic: g = g * r * self.lr
+            if self.momentum:
+                self.b[i].assign(self.momentum * self.b[i] + g)
+                g = g + self.momentum * self.b[i] if self.nesterov else self.b[i]
+            if self.ns_steps:
+                shape = g.shape
+                g = g.reshape(shape[0], -1).newton_schulz(self.ns_steps, self.ns_coefficients).reshape(shape)
+            if not self.classic: g = g * r * self.lr
+            new = t.detach().float()
+            if not self.pre_wd and self.wd: new = new * (1.0 - self.wd * self.lr)
+            t.assign((new - g).cast(t.dtype))
+        return self.b
+
+def SGD(params: list[Tensor], lr=0.001, momentum=0.0, weight_decay=0.0, nesterov=False, classic=False, device=None,
+        fused: bool = False) -> LARS:
+    """Stochastic gradient descent with optional (Nesterov) momentum and weight decay; classic=False is PyTorch's."""
+    return LARS(params, lr, momentum, weight_decay, 0, None, nesterov, classic=classic, pre_wd=True, tcoef=0.0,
+                device=device, fused=fused)
+
+class Muon(Optimizer):
+    """Momentum orthogonalized by Newton-Schulz (PyTorch's Muon): buf = m*buf + (1-m)*g, the update (Nesterov:
+    lerp(g, buf, m)) orthogonalized and scaled by sqrt(max(1, rows/cols)), decoupled weight decay. Parameters of more
+    than 2 dims are treated as (shape[0], -1) matrices."""
+    def __init__(self, params: list[Tensor], lr=0.001, momentum=0.95, weight_decay=0.1, ns_steps=5,
+                 ns_coefficients=(3.4445, -4.775, 2.0315), nesterov=True, device=None, fused: bool = False):
+        super().__init__(params, lr, device, fused)
+        for p in self.params:
+            if p.ndim < 2: raise ValueError(f"Muon only takes parameters of 2 or more dims, got shape {p.shape}")
+        self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
+        self.nesterov, self.eps = nesterov, 1e-7
+        self.b = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
+        self._realize_state(*self.b)
+
+    def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+        for t, g, b in zip(params, grads, self.b):
+            g = g.float()
+            b.assign(self.momentum * b + (1 - self.momentum) * g)
+            update = g + self.momentum * (b - g) if self.nesterov else b
+            rows, cols = t.shape[0], math.prod(t.shape[1:])
+            update = update.reshape(rows, cols).newton_schulz(self.ns_steps, self.ns_coefficients, self.eps)
+            scale = math.sqrt(max(1.0, rows / cols))
+            new = t.detach().float() * (1.0 - self.lr * self.wd) - (self.lr * scale) * update.reshape(t.shape)
+            t.assign(new.cast(t.dtype))
+        return self.b
+
+class LAMB(Optimizer):
+    """Adam moments with a layer-wise trust ratio ||w|| / ||update|| (LAMB); adam=True drops the trust ratio."""
+    def __init__(self, params: list[Tensor], lr=0.001, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.0, adam=False,
+                 device=None, fused: bool = False):
+        super().__init__(params, lr, device, fused)
+        for name, v in (("b1", b1), ("b2", b2)):
+            if not 0.0 <= v < 1.0: raise ValueError(f"{name} must be in [0, 1), got {v}")
+        self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
+        # b1^t and b2^t for the bias correction, kept on the device so the step number is not a Python constant
+        self.b1_t, self.b2_t = (_state_buffer(1.0, (1,), self.device) for _ in range(2))
+        self.m = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
+        self.v = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
+        self._realize_state(self.b1_t, self.b2_t, *self.m, *self.v)
+
+    def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
+        self.b1_t.assign(self.b1_t * self.b1)
+        self.b2_t.assign(self.b2_t * self.b2)
+        for t, g, m, v in zip(params, grads, self.m, self.v):
+            g = g.float()
+            m.assign(self.b1 * m + (1.0 - self.b1) * g)
+            v.assign(self.b2 * v + (1.0 - self.b2) * g.square())
+            m_hat, v_hat = m / (1.0 - self.b1_t), v / (1.0 - self.b2_t)
+            up = m_hat / (v_hat.sqrt() + self.eps)
+            if self.wd: up = up + self.wd * t.detach().float()
+            r: Tensor | float = 1.0
+            if not self.adam:
+                r1, r2 = t.detach().float().square().sum().sqrt(), up.square().sum().sqrt()
+                r = ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
+            t.assign((t.detach().float() - self.lr * r * up).cast(t.dtype))
+        return [self.b1_t, self.b2_t] + self.m + self.v
+
+def Adam(params: list[Tensor], lr=0.001, b1=0.9, b2=0.999, eps=1e-8, device=None, fused: bool = False) -> LAMB:
+    """Adam (PyTorch's update with bias correction)."""
+    return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, device=device, fused=fused)
+
+def AdamW(params: list[Tensor], lr=0.001, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01, device=None,
+          fused: bool = False) -> LAMB:
+    """Adam with decoupled weight decay (PyTorch's AdamW)."""
+    return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True, device=device, fused=fused)

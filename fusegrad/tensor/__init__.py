@@ -22,7 +22,7 @@ from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin
 from fusegrad.tensor.reduce import ReduceMixin
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
@@ -253,7 +253,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if x.dtype != self.dtype: raise TypeError(f"assign dtype mismatch: target {self.dtype}, value {x.dtype}")
         if x.device != self.device: raise ValueError(f"assign device mismatch: {self.device} and {x.device}")
         if not _is_realized_view(self.uop):
-            raise RuntimeError("assign target must be a realized tensor (or a view of one): call .realize() first")
+            if self.uop.op in GroupOp.Movement:
+                raise RuntimeError("assign target is a view of an unrealized tensor: realize the tensor it views first")
+            # a lazy target (e.g. a parameter or state buffer not computed yet) gets its memory now
+            self.realize()
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
         return self
 

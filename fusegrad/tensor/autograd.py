@@ -28,6 +28,21 @@ class AutogradMixin:
         try: yield
         finally: Tensor.no_grad = prev
 
+    class train(contextlib.ContextDecorator):
+        """`with Tensor.train():` (or as a decorator) sets Tensor.training inside: dropout drops and batchnorm uses
+        and updates batch statistics. `Tensor.train(False)` switches training off inside."""
+        def __init__(self, mode: bool = True): self.mode = mode
+        def __enter__(self) -> None:
+            from fusegrad.tensor import Tensor
+            self.prev, Tensor.training = Tensor.training, self.mode
+        def __exit__(self, *exc: object) -> None:
+            from fusegrad.tensor import Tensor
+            Tensor.training = self.prev
+
+    class test(train):
+        """`with Tensor.test():` evaluation mode inside (Tensor.training False)."""
+        def __init__(self, mode: bool = True): super().__init__(not mode)
+
     def requires_grad_(self: Tensor, requires_grad: bool | None = True) -> Tensor:
         """Set requires_grad in place (True, False or None) and return this tensor."""
         if requires_grad not in (True, False, None): raise TypeError(f"requires_grad must be a bool or None, "

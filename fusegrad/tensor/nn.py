@@ -555,6 +555,23 @@ class NNMixin:
         out = x.mul(w) if w.ndim == 1 else x.dot(w)
         return out.add(bias.cast(out.dtype) if dtype is not None else bias) if bias is not None else out
 
+    def newton_schulz(self: Tensor, steps: int, params: tuple[float, ...], eps: float = 1e-7) -> Tensor:
+        """The Newton-Schulz iteration toward the orthogonal factor of the last two dims (Muon's update):
+        X <- sum_i params[i] * (X X^T)^i X, starting from X / (||X||_F + eps), on the wide orientation."""
+        if self.ndim < 2: raise ValueError(f"newton_schulz needs at least 2 dims, got shape {self.shape}")
+        if not isinstance(steps, int) or steps < 0: raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        if len(params) == 0: raise ValueError("newton_schulz needs at least one coefficient in params")
+        if self.shape[-2] > self.shape[-1]:
+            return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
+        x = self / (self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
+        for _ in range(steps):
+            gram, term, acc = x @ x.transpose(-2, -1), x, x * params[0]
+            for p in params[1:]:
+                term = gram @ term
+                acc = acc + p * term
+            x = acc
+        return x
+
     def sequential(self: Tensor, ll: list[Callable[[Tensor], Tensor]]) -> Tensor:
         """Apply each callable in turn."""
         x = self
