@@ -128,7 +128,7 @@ class BatchNorm:
         if track_running_stats:
             self.running_mean = _owned(Tensor.zeros(sz), requires_grad=False)
             self.running_var = _owned(Tensor.ones(sz), requires_grad=False)
-            self.num_batches_tracked = _owned(Tensor.zeros(1, dtype=dtypes.long), requires_grad=False)
+            self.num_batches_tracked = _owned(Tensor.zeros((), dtype=dtypes.long), requires_grad=False)
 
     def calc_stats(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The batch mean and biased variance per channel."""

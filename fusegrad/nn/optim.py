@@ -6,6 +6,7 @@ new parameters and state in a single schedule, and changing the learning rate be
 (no new kernel, no new schedule)."""
 from __future__ import annotations
 import math
+import struct
 from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.tensor import Tensor
@@ -22,11 +23,13 @@ def _state_buffer(value: float, shape: tuple[int, ...], device: Any) -> Tensor:
 class Optimizer:
     """Base class: holds the parameters (requires_grad None becomes True), the learning rate tensor and the step."""
     def __init__(self, params: list[Tensor], lr: float, device=None, fused: bool = False):
-        params = list(dict.fromkeys(params))  # a parameter listed twice would be updated twice
-        if not params: raise ValueError("optimizer got an empty parameter list")
+        params = list(params)
         for p in params:
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer parameters must be Tensors, got {type(p).__name__}")
+        params = list(dict.fromkeys(params))  # a parameter listed twice would be updated twice
+        if not params: raise ValueError("optimizer got an empty parameter list")
+        for p in params:
             if p.requires_grad is None: p.requires_grad_(True)
         self.params = [p for p in params if p.requires_grad]
         # tensors that don't take gradients (e.g. batchnorm running stats) are realized with each step
@@ -48,9 +51,11 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value: float | Tensor) -> None:
-        if isinstance(value, Tensor) and value is self._lr: return
-        v = value if isinstance(value, Tensor) else Tensor([float(value)], dtype=dtypes.float32, device=self.device)
-        self._lr.assign(v.reshape(1).cast(dtypes.float32)).realize()
+        if isinstance(value, Tensor):
+            if value is not self._lr: self._lr.assign(value.reshape(1).cast(dtypes.float32)).realize()
+            return
+        # a number is written straight into the buffer: no kernel, so no compile even for the first new value
+        self._lr._buffer().copyin(memoryview(struct.pack("f", float(value))))
 
     def zero_grad(self) -> None:
         """Forget the gradients of every parameter."""
