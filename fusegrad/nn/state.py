@@ -1,2 +1,501 @@
-"""Model state: parameters and state dicts, safetensors, PyTorch checkpoints, GGUF, zip and tar archives."""
+"""Model state: parameters and state dicts, safetensors, PyTorch checkpoints, GGUF, zip and tar archives.
+
+Files are mapped (mmap), never read whole into Python objects: each tensor's byte range is checked against the file
+and copied once from the mapping into device memory. Every length, offset and count a file declares is checked
+before it is used, so a truncated or hostile file raises a ValueError naming what is wrong instead of reading out of
+bounds or allocating what it asks for."""
 from __future__ import annotations
+import io
+import json
+import mmap
+import os
+import pickle
+import struct
+import tarfile
+import zipfile
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, TypeVar
+from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import prod
+from fusegrad.tensor import Tensor
+
+__all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "safe_load", "safe_load_metadata",
+           "torch_load", "zip_extract", "tar_extract", "gguf_load", "accept_filename"]
+
+T = TypeVar("T")
+
+# *** walking models ***
+
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
+    """Every tensor reachable from `obj` through attributes, lists, tuples and dicts, named like PyTorch's state-dict
+    keys (`layers.0.weight`)."""
+    if isinstance(obj, tensor_type): return {prefix.strip("."): obj}
+    if hasattr(obj, "_asdict"): return get_state_dict(obj._asdict(), prefix, tensor_type)  # namedtuples
+    if isinstance(obj, OrderedDict | dict):
+        return {k: v for key, val in obj.items()
+                for k, v in get_state_dict(val, f"{prefix}{key}.", tensor_type).items()}
+    if isinstance(obj, list | tuple):
+        return {k: v for i, x in enumerate(obj) for k, v in get_state_dict(x, f"{prefix}{i}.", tensor_type).items()}
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return get_state_dict(vars(obj), prefix, tensor_type)
+    return {}
+
+def get_parameters(obj: Any) -> list[Tensor]:
+    """Every distinct tensor reachable from `obj` (see get_state_dict), in state-dict order."""
+    return list(dict.fromkeys(get_state_dict(obj).values()))
+
+def _progress(items: Iterable[T], total: int, desc: str, enabled: bool) -> Iterable[T]:
+    """A tqdm progress bar when tqdm is installed and `enabled`; the items unchanged otherwise."""
+    if enabled:
+        try:
+            from tqdm import tqdm
+            return tqdm(items, total=total, desc=desc, leave=False)
+        except ImportError: pass
+    return items
+
+def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = True,
+                    consume: bool = False, realize: bool = True) -> list[Tensor]:
+    """Copy `state_dict` into the model's tensors (values of another float dtype are cast). strict: missing and
+    unexpected keys are errors (else missing keys are kept and reported with verbose). A shape mismatch is always an
+    error naming the key. consume: delete each entry from state_dict once loaded. Returns the loaded tensors."""
+    model_state = get_state_dict(model)
+    missing = [k for k in model_state if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in model_state]
+    if strict and (missing or unexpected):
+        raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+    if verbose and missing: print(f"load_state_dict: {len(missing)} keys not in the state dict, kept: {missing[:8]}")
+    loaded: list[Tensor] = []
+    keys = [k for k in model_state if k in state_dict]
+    for k in _progress(keys, len(keys), "loading", verbose and len(keys) > 16):
+        target, value = model_state[k], state_dict[k]
+        if not isinstance(value, Tensor):
+            raise TypeError(f"load_state_dict: {k} is a {type(value).__name__}, not a Tensor")
+        if value.shape != target.shape:
+            raise ValueError(f"load_state_dict: shape mismatch for {k}: the model has {target.shape}, the state dict "
+                             f"{value.shape}")
+        if value.dtype != target.dtype:
+            if dtypes.is_float(value.dtype) != dtypes.is_float(target.dtype):
+                raise TypeError(f"load_state_dict: dtype mismatch for {k}: the model has {target.dtype}, the state "
+                                f"dict {value.dtype}")
+            value = value.cast(target.dtype)
+        target.replace(value.to(target.device).contiguous())
+        loaded.append(target)
+        if consume: del state_dict[k]
+    if realize and loaded: Tensor.realize(*loaded)
+    return loaded
+
+# *** reading files ***
+
+class _Mapped:
+    """A read-only file mapping with bounds-checked slicing."""
+    def __init__(self, fn: str | os.PathLike):
+        with open(fn, "rb") as f:
+            self.size = os.fstat(f.fileno()).st_size
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None
+        self.name = str(fn)
+
+    def view(self, start: int, end: int, what: str) -> memoryview:
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= self.size):
+            raise ValueError(f"{self.name}: {what} spans bytes [{start}, {end}) outside the file of {self.size} bytes")
+        return memoryview(self.mm)[start:end] if self.mm is not None else memoryview(b"")
+
+def _source(fn: Any) -> _Mapped | memoryview:
+    if isinstance(fn, Tensor):
+        if fn.dtype != dtypes.uint8: raise TypeError(f"expected a uint8 tensor of file bytes, got {fn.dtype}")
+        return memoryview(bytes(fn.data()))
+    if isinstance(fn, bytes | bytearray | memoryview): return memoryview(fn)
+    if not isinstance(fn, str | os.PathLike): raise TypeError(f"expected a file name, got {type(fn).__name__}")
+    return _Mapped(fn)
+
+def _bytes(src: _Mapped | memoryview, start: int, end: int, what: str) -> memoryview:
+    if isinstance(src, _Mapped): return src.view(start, end, what)
+    if not (0 <= start <= end <= len(src)):
+        raise ValueError(f"{what} spans bytes [{start}, {end}) outside the data of {len(src)} bytes")
+    return src[start:end]
+
+def _size(src: _Mapped | memoryview) -> int: return src.size if isinstance(src, _Mapped) else len(src)
+
+def _tensor(raw: memoryview, shape: tuple[int, ...], dtype: DType, device: str | None = None) -> Tensor:
+    if len(raw) != prod(shape) * dtype.itemsize:
+        raise ValueError(f"{len(raw)} bytes can't hold a {dtype} tensor of shape {shape}")
+    return Tensor(Tensor._from_bytes(raw, shape, dtype, Tensor.full((), 0).device if device is None else device))
+
+def accept_filename(func: Callable[[Any], T]) -> Callable[[Any], T]:
+    """Let a loader taking a tensor of file bytes take a file name too (the file is mapped, not read)."""
+    return func
+
+# *** safetensors ***
+
+_SAFE_DTYPES: dict[str, DType] = {"F64": dtypes.float64, "F32": dtypes.float32, "F16": dtypes.float16,
+                                  "BF16": dtypes.bfloat16, "I64": dtypes.int64, "I32": dtypes.int32,
+                                  "I16": dtypes.int16, "I8": dtypes.int8, "U8": dtypes.uint8, "BOOL": dtypes.bool,
+                                  "U16": dtypes.uint16, "U32": dtypes.uint32, "U64": dtypes.uint64}
+_SAFE_NAMES = {v: k for k, v in _SAFE_DTYPES.items()}
+_MAX_HEADER = 100 << 20  # the safetensors format's own bound on the JSON header
+
+def safe_load_metadata(t: Any) -> tuple[Any, int, dict[str, Any]]:
+    """(the file source, the JSON header length, the parsed header) of a safetensors file or byte tensor."""
+    src = _source(t)
+    if _size(src) < 8: raise ValueError(f"safetensors: file too short ({_size(src)} bytes) for its 8-byte header size")
+    (n,) = struct.unpack("<Q", _bytes(src, 0, 8, "header size"))
+    if n > _MAX_HEADER or 8 + n > _size(src):
+        raise ValueError(f"safetensors: header length {n} runs past the end of the file ({_size(src)} bytes)")
+    try: header = json.loads(bytes(_bytes(src, 8, 8 + n, "header")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"safetensors: malformed header: {e}") from e
+    if not isinstance(header, dict): raise ValueError("safetensors: the header is not a JSON object")
+    return src, n, header
+
+def safe_load(fn: Any) -> dict[str, Tensor]:
+    """The tensors of a safetensors file (name -> tensor on the default device); every entry is validated first."""
+    src, n, header = safe_load_metadata(fn)
+    data_start, data_len = 8 + n, _size(src) - 8 - n
+    entries = []
+    for name, info in header.items():
+        if name == "__metadata__": continue
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+            raise ValueError(f"safetensors: entry {name!r} lacks dtype, shape or data_offsets")
+        if info["dtype"] not in _SAFE_DTYPES:
+            raise ValueError(f"safetensors: {name!r} has unknown dtype {info['dtype']!r}")
+        dt, shape, offs = _SAFE_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
+        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+            raise ValueError(f"safetensors: {name!r} has a bad shape {shape!r}")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
+                and 0 <= offs[0] <= offs[1] <= data_len):
+            raise ValueError(f"safetensors: {name!r} has data offsets {offs!r} outside the data ({data_len} bytes)")
+        if offs[1] - offs[0] != prod(shape) * dt.itemsize:
+            raise ValueError(f"safetensors: {name!r} spans {offs[1] - offs[0]} bytes but {info['dtype']} {shape} "
+                             f"needs {prod(shape) * dt.itemsize}")
+        entries.append((offs[0], offs[1], name, dt, tuple(shape)))
+    entries.sort()
+    for (_, e0, n0, *_), (b1, _, n1, *_) in zip(entries, entries[1:]):
+        if b1 < e0: raise ValueError(f"safetensors: the data of {n0!r} and {n1!r} overlap")
+    return {name: _tensor(_bytes(src, data_start + b, data_start + e, name), shape, dt)
+            for b, e, name, dt, shape in entries}
+
+def safe_save(tensors: dict[str, Tensor], fn: str, metadata: dict[str, Any] | None = None) -> None:
+    """Write `tensors` (and string metadata) as a safetensors file."""
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("safetensors metadata must map strings to strings")
+        header["__metadata__"] = metadata
+    offset, blobs = 0, []
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor): raise TypeError(f"safe_save: {name!r} is a {type(t).__name__}, not a Tensor")
+        if t.dtype not in _SAFE_NAMES:
+            raise TypeError(f"safe_save: {name!r} has dtype {t.dtype}, which safetensors lacks")
+        raw = bytes(t.contiguous().to("CPU")._buffer().as_buffer()) if t.numel() else b""
+        header[name] = {"dtype": _SAFE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    hdr = json.dumps(header, separators=(",", ":")).encode()
+    hdr += b" " * (-len(hdr) % 8)  # the data starts 8-byte aligned, as the reference writer does
+    with open(fn, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr)
+        for b in blobs: f.write(b)
+
+# *** archives ***
+
+def zip_extract(t: Any) -> dict[str, Tensor]:
+    """name -> uint8 tensor of each member of a zip archive (stored or deflated members)."""
+    src = _source(t)
+    try: zf = zipfile.ZipFile(io.BytesIO(_bytes(src, 0, _size(src), "archive")) if not isinstance(src, _Mapped)
+                              else src.name)
+    except zipfile.BadZipFile as e: raise ValueError(f"not a zip archive: {e}") from e
+    with zf:
+        return {info.filename: _tensor(memoryview(zf.read(info)), (info.file_size,), dtypes.uint8)
+                for info in zf.infolist() if not info.is_dir()}
+
+def tar_extract(t: Any) -> dict[str, Tensor]:
+    """name -> uint8 tensor of each regular file of a tar archive."""
+    src = _source(t)
+    try:
+        tf = tarfile.open(src.name if isinstance(src, _Mapped) else None,
+                          fileobj=None if isinstance(src, _Mapped) else io.BytesIO(bytes(src)))
+    except tarfile.TarError as e: raise ValueError(f"not a tar archive: {e}") from e
+    with tf:
+        out = {}
+        for m in tf.getmembers():
+            if not m.isfile(): continue
+            f = tf.extractfile(m)
+            assert f is not None
+            out[m.name] = _tensor(memoryview(f.read()), (m.size,), dtypes.uint8)
+        return out
+
+# *** PyTorch checkpoints ***
+
+_TORCH_STORAGES: dict[str, DType] = {
+    "DoubleStorage": dtypes.float64, "FloatStorage": dtypes.float32, "HalfStorage": dtypes.float16,
+    "BFloat16Storage": dtypes.bfloat16, "LongStorage": dtypes.int64, "IntStorage": dtypes.int32,
+    "ShortStorage": dtypes.int16, "CharStorage": dtypes.int8, "ByteStorage": dtypes.uint8, "BoolStorage": dtypes.bool}
+
+class _StorageType:
+    def __init__(self, dtype: DType): self.dtype = dtype
+
+class _Storage:
+    """A storage's bytes, read on demand by the loader that owns it."""
+    def __init__(self, dtype: DType, numel: int, read: Callable[[], memoryview] | None):
+        # read is None while the bytes are still ahead in the file (the legacy format stores them after the pickle)
+        self.dtype, self.numel, self._read, self._tensor = dtype, numel, read, None
+    def tensor(self) -> Tensor:
+        if self._tensor is None:
+            assert self._read is not None
+            raw = self._read()
+            if len(raw) < self.numel * self.dtype.itemsize:
+                raise ValueError(f"torch_load: a storage of {self.numel} {self.dtype} holds only {len(raw)} bytes")
+            self._tensor = _tensor(raw[:self.numel * self.dtype.itemsize], (self.numel,), self.dtype)
+        return self._tensor
+
+class _Pending:
+    """A tensor whose storage bytes come later in the file."""
+    def __init__(self, *args: Any): self.args = args
+
+def _rebuild_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple, *args: Any) -> Tensor | _Pending:
+    if not isinstance(storage, _Storage):
+        raise ValueError("torch_load: a tensor is rebuilt from something not a storage")
+    if storage._read is None: return _Pending(storage, offset, size, stride)
+    return _build_tensor(storage, offset, size, stride)
+
+def _build_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple) -> Tensor:
+    size, stride = tuple(size), tuple(stride)
+    if len(size) != len(stride) or any(s < 0 for s in size) or any(s < 0 for s in stride) or offset < 0:
+        raise ValueError(f"torch_load: bad tensor geometry size={size} stride={stride} offset={offset}")
+    n = prod(size)
+    if n == 0: return Tensor.zeros(*size, dtype=storage.dtype)
+    last = offset + sum((s - 1) * st for s, st in zip(size, stride))
+    if last >= storage.numel:
+        raise ValueError(f"torch_load: a tensor of size {size} and stride {stride} at offset {offset} reads past its "
+                         f"storage of {storage.numel} elements")
+    flat = storage.tensor()
+    # strides that are a permutation of a contiguous layout: shrink, reshape and permute (no gather)
+    order = sorted(range(len(size)), key=lambda i: (stride[i], size[i]), reverse=True)
+    contiguous, expect = True, 1
+    for i in reversed(order):
+        if size[i] != 1 and stride[i] != expect: contiguous = False
+        expect *= size[i]
+    if contiguous:
+        perm_shape = tuple(size[i] for i in order)
+        t = flat[offset:offset + n].reshape(perm_shape)
+        return t.permute(tuple(order.index(i) for i in range(len(size))))
+    idx = Tensor.full(size, offset, dtype=dtypes.int64)
+    for d, (s, st) in enumerate(zip(size, stride)):
+        along = tuple(s if i == d else 1 for i in range(len(size)))
+        idx = idx + Tensor.arange(s, dtype=dtypes.int64).reshape(along) * st
+    return flat.contiguous()[idx.flatten()].reshape(size)
+
+def _rebuild_parameter(data: Tensor, *args: Any) -> Tensor: return data
+
+class _TorchUnpickler(pickle.Unpickler):
+    """Unpickles tensor storage and containers only: any other global is refused (a checkpoint can't run code)."""
+    ALLOWED: dict[tuple[str, str], Any] = {
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor, ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+        ("torch._utils", "_rebuild_parameter"): _rebuild_parameter, ("collections", "OrderedDict"): OrderedDict,
+        ("torch", "Size"): tuple}
+
+    def __init__(self, f: Any, storages: Callable[[tuple], _Storage]):
+        super().__init__(f)
+        self.storages = storages
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.ALLOWED: return self.ALLOWED[(module, name)]
+        if module == "torch" and name in _TORCH_STORAGES: return _StorageType(_TORCH_STORAGES[name])
+        raise pickle.UnpicklingError(f"torch_load: refusing to load global {module}.{name} (only tensor storage and "
+                                     "containers are allowed)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and pid and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+            raise pickle.UnpicklingError(f"torch_load: unknown persistent id {pid!r:.80}")
+        return self.storages(pid)
+
+def torch_load(t: Any) -> dict[str, Tensor]:
+    """The object saved by torch.save (a state dict, possibly nested) with tensors as fusegrad tensors; both the zip
+    format and the legacy format, parsed without importing torch."""
+    src = _source(t)
+    head = bytes(_bytes(src, 0, min(4, _size(src)), "magic"))
+    if head == b"PK\x03\x04": return _torch_load_zip(src)
+    return _torch_load_legacy(src)
+
+def _torch_load_zip(src: _Mapped | memoryview) -> Any:
+    try: zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(bytes(src)))
+    except zipfile.BadZipFile as e: raise ValueError(f"torch_load: not a valid zip checkpoint: {e}") from e
+    with zf:
+        names = zf.namelist()
+        pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
+        if len(pkl) != 1: raise ValueError("torch_load: the archive has no (or several) data.pkl")
+        prefix = pkl[0][:-len("data.pkl")]
+        cache: dict[str, _Storage] = {}
+        def storage(pid: tuple) -> _Storage:
+            if len(pid) < 5: raise pickle.UnpicklingError(f"torch_load: short storage id {pid!r}")
+            key, numel = str(pid[2]), pid[4]
+            if key not in cache:
+                member = f"{prefix}data/{key}"
+                if member not in names: raise ValueError(f"torch_load: storage {key} is missing from the archive")
+                cache[key] = _Storage(pid[1].dtype, numel, lambda m=member: memoryview(zf.read(m)))
+            return cache[key]
+        obj = _TorchUnpickler(io.BytesIO(zf.read(pkl[0])), storage).load()
+        return _materialize(obj)
+
+def _resolve(obj: Any) -> Any:
+    """`obj` with each _Pending tensor built."""
+    if isinstance(obj, _Pending): return _build_tensor(*obj.args)
+    if isinstance(obj, dict):
+        for k, v in obj.items(): obj[k] = _resolve(v)
+        return obj
+    if isinstance(obj, list): return [_resolve(v) for v in obj]
+    if isinstance(obj, tuple): return tuple(_resolve(v) for v in obj)
+    return obj
+
+def _materialize(obj: Any) -> Any:
+    """Realize every tensor (the storages are read while the archive is open)."""
+    obj = _resolve(obj)
+    ts = [v for v in _walk(obj) if isinstance(v, Tensor)]
+    if ts: Tensor.realize(*[t.contiguous() for t in ts])
+    return obj
+
+def _walk(obj: Any) -> Iterable[Any]:
+    if isinstance(obj, dict):
+        for v in obj.values(): yield from _walk(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj: yield from _walk(v)
+    else: yield obj
+
+def _no_storage(pid: tuple) -> _Storage: raise pickle.UnpicklingError("torch_load: a storage where none belongs")
+
+def _torch_load_legacy(src: _Mapped | memoryview) -> Any:
+    data = _bytes(src, 0, _size(src), "checkpoint")
+    f = io.BytesIO(data)
+    def plain_load() -> Any:
+        try: return _TorchUnpickler(f, _no_storage).load()
+        except (EOFError, pickle.UnpicklingError, ValueError, IndexError) as e:
+            raise ValueError(f"torch_load: not a PyTorch checkpoint ({e})") from e
+    magic = plain_load()
+    if magic != 0x1950a86a20f9469cfc6c: raise ValueError("torch_load: bad magic number: not a PyTorch checkpoint")
+    plain_load()  # protocol version
+    plain_load()  # system info
+    storages: dict[str, _Storage] = {}
+    def storage(pid: tuple) -> _Storage:
+        if len(pid) < 5: raise pickle.UnpicklingError(f"torch_load: short storage id {pid!r}")
+        key = str(pid[2])
+        if key not in storages: storages[key] = _Storage(pid[1].dtype, pid[4], None)
+        return storages[key]
+    try: obj = _TorchUnpickler(f, storage).load()
+    except EOFError as e: raise ValueError("torch_load: the checkpoint is truncated") from e
+    keys = plain_load()
+    if not isinstance(keys, list): raise ValueError("torch_load: bad storage key list")
+    pos = f.tell()
+    for key in keys:
+        if str(key) not in storages: raise ValueError(f"torch_load: storage {key} has no tensor")
+        st = storages[str(key)]
+        (numel,) = struct.unpack("<q", _bytes(data, pos, pos + 8, f"storage {key} size"))
+        if numel != st.numel: raise ValueError(f"torch_load: storage {key} holds {numel} elements, expected {st.numel}")
+        nbytes = numel * st.dtype.itemsize
+        raw = _bytes(data, pos + 8, pos + 8 + nbytes, f"storage {key}")
+        st._read = lambda r=raw: r
+        pos += 8 + nbytes
+    return _materialize(obj)
+
+# *** GGUF ***
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+# ggml type -> (elements per block, bytes per block)
+_GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 14: (256, 210)}
+
+class _Reader:
+    def __init__(self, src: _Mapped | memoryview): self.src, self.pos = src, 0
+    def take(self, n: int, what: str) -> memoryview:
+        out = _bytes(self.src, self.pos, self.pos + n, f"gguf {what}")
+        self.pos += n
+        return out
+    def scalar(self, fmt: str, what: str) -> Any: return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+    def string(self) -> str:
+        n = self.scalar("<Q", "string length")
+        return bytes(self.take(n, "string")).decode("utf-8", errors="replace")
+    def value(self, vtype: int, depth: int = 0) -> Any:
+        if vtype in _GGUF_SCALARS: return self.scalar(_GGUF_SCALARS[vtype], "value")
+        if vtype == 8: return self.string()
+        if vtype == 9 and depth < 4:
+            itype, n = self.scalar("<I", "array type"), self.scalar("<Q", "array length")
+            if n > _size(self.src): raise ValueError(f"gguf: array of {n} items is longer than the file")
+            return [self.value(itype, depth + 1) for _ in range(n)]
+        raise ValueError(f"gguf: unknown value type {vtype}")
+
+def _f16_from_bytes(lo: Tensor, hi: Tensor) -> Tensor:
+    """float16 values from their little-endian byte pairs (uint8 tensors), as float32."""
+    return (lo.cast(dtypes.uint16) | (hi.cast(dtypes.uint16) << 8)).bitcast(dtypes.float16).float()
+
+def _dequantize(blocks: Tensor, ggml_type: int) -> Tensor:
+    """float32 values of (n_blocks, block_bytes) uint8 quantized blocks, computed with tensor ops on the device."""
+    nb = blocks.shape[0]
+    if ggml_type == 8:  # Q8_0: d, 32 x int8
+        d = _f16_from_bytes(blocks[:, 0:1], blocks[:, 1:2])
+        return (blocks[:, 2:34].bitcast(dtypes.int8).float() * d).flatten()
+    if ggml_type in (2, 3):  # Q4_0: d, 16 bytes of nibbles (value (q-8)*d); Q4_1: d, m, nibbles (value q*d+m)
+        d = _f16_from_bytes(blocks[:, 0:1], blocks[:, 1:2])
+        qs = blocks[:, 4:20] if ggml_type == 3 else blocks[:, 2:18]
+        q = (qs & 15).cat(qs >> 4, dim=1).float()  # low nibbles are elements 0..15, high ones 16..31
+        if ggml_type == 2: return ((q - 8) * d).flatten()
+        return (q * d + _f16_from_bytes(blocks[:, 2:3], blocks[:, 3:4])).flatten()
+    if ggml_type == 14:  # Q6_K: ql[128], qh[64], scales int8[16], d; two halves of 128 values
+        ql, qh = blocks[:, 0:128].reshape(nb, 2, 64), blocks[:, 128:192].reshape(nb, 2, 32)
+        sc = blocks[:, 192:208].bitcast(dtypes.int8).float().reshape(nb, 2, 4, 2, 1)
+        d = _f16_from_bytes(blocks[:, 208:209], blocks[:, 209:210]).reshape(nb, 1, 1, 1, 1)
+        lo, hi = ql[:, :, :32], ql[:, :, 32:]
+        q = Tensor.stack(lo & 15 | (qh & 3) << 4, hi & 15 | ((qh >> 2) & 3) << 4,
+                         lo >> 4 | ((qh >> 4) & 3) << 4, hi >> 4 | ((qh >> 6) & 3) << 4, dim=2)  # (nb, 2, 4, 32)
+        return (d * sc * (q.float() - 32).reshape(nb, 2, 4, 2, 16)).flatten()
+    raise ValueError(f"gguf: unsupported tensor type {ggml_type}")
+
+def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """(metadata, tensors) of a GGUF v2/v3 file; F32, F16, BF16, Q8_0, Q4_0, Q4_1 and Q6_K tensors come back
+    dequantized to float32 (except F16 and BF16, kept as they are), in PyTorch's dim order."""
+    src = _source(fn)
+    r = _Reader(src)
+    if bytes(r.take(4, "magic")) != b"GGUF": raise ValueError("gguf: bad magic: not a GGUF file")
+    version = r.scalar("<I", "version")
+    if version not in (2, 3): raise ValueError(f"gguf: unsupported version {version}")
+    n_tensors, n_kv = r.scalar("<Q", "tensor count"), r.scalar("<Q", "metadata count")
+    # each entry takes at least 8 bytes, so larger counts can't be honest
+    if n_tensors > _size(src) // 8 or n_kv > _size(src) // 8:
+        raise ValueError(f"gguf: {n_tensors} tensors / {n_kv} metadata entries can't fit in {_size(src)} bytes")
+    kv = {}
+    for _ in range(n_kv):
+        key = r.string()
+        kv[key] = r.value(r.scalar("<I", "value type"))
+    infos = []
+    for _ in range(n_tensors):
+        name, ndim = r.string(), r.scalar("<I", "dims")
+        if ndim > 8: raise ValueError(f"gguf: tensor {name!r} has {ndim} dims")
+        dims = [r.scalar("<Q", "dim") for _ in range(ndim)]
+        infos.append((name, tuple(reversed(dims)), r.scalar("<I", "type"), r.scalar("<Q", "offset")))
+    align = kv.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1): raise ValueError(f"gguf: bad alignment {align}")
+    data_start = -(-r.pos // align) * align
+    tensors, spans = {}, []
+    for name, shape, ggml_type, offset in infos:
+        if ggml_type not in _GGML_BLOCKS: raise ValueError(f"gguf: tensor {name!r} has unsupported type {ggml_type}")
+        per, nbytes_block = _GGML_BLOCKS[ggml_type]
+        n = prod(shape)
+        if n % per: raise ValueError(f"gguf: tensor {name!r} of {n} elements is not whole blocks of {per}")
+        start = data_start + offset
+        raw = _bytes(src, start, start + n // per * nbytes_block, f"data of tensor {name!r}")
+        spans.append((start, start + len(raw), name))
+        if ggml_type in (0, 1, 30):
+            dt = {0: dtypes.float32, 1: dtypes.float16, 30: dtypes.bfloat16}[ggml_type]
+            tensors[name] = _tensor(raw, shape, dt)
+        else:
+            blocks = _tensor(raw, (n // per, nbytes_block), dtypes.uint8)
+            tensors[name] = _dequantize(blocks, ggml_type).reshape(shape)
+    spans.sort()
+    for (_, e0, n0), (b1, _, n1) in zip(spans, spans[1:]):
+        if b1 < e0: raise ValueError(f"gguf: the data of {n0!r} and {n1!r} overlap")
+    return kv, tensors
+
+def fs_load(t: Tensor, size: int) -> Tensor:
+    """Not available: fusegrad has no content-addressed tensor store."""
+    raise NotImplementedError("fs_load: fusegrad has no content-addressed tensor store")
+
+def fs_store(t: Tensor) -> Tensor:
+    """Not available: fusegrad has no content-addressed tensor store."""
+    raise NotImplementedError("fs_store: fusegrad has no content-addressed tensor store")
