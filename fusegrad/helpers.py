@@ -23,6 +23,15 @@ def argfix(*x: Any) -> tuple:
         if len(x) != 1: raise ValueError(f"bad arg {x}")
         return tuple(x[0])
     return x
+# The random generator's call counter reaches kernels as the uint64 constant (counter + 1) << 32 (added to the element
+# index). The encoding is never 0 (an added 0 would fold away and change the graph), and it is recognisable, so the
+# scheduler makes it a kernel parameter from the first call and a captured JIT can move it on at each replay.
+def rng_counter_const(counter: int) -> int: return ((counter & 0xFFFFFFFF) + 1) << 32
+def rng_counter_of(value: Any) -> int | None:
+    """The counter encoded by rng_counter_const, or None if `value` isn't such a constant."""
+    if not isinstance(value, int) or value < 1 << 32 or value & 0xFFFFFFFF or value >> 32 > 1 << 32: return None
+    return (value >> 32) - 1
+
 def all_int(t: Iterable[Any]) -> bool: return all(isinstance(s, int) for s in t)
 def ceildiv(num: int, amt: int) -> int: return -(num // -amt)
 

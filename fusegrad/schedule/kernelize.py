@@ -6,7 +6,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import SPEC, prod
+from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
 from fusegrad.schedule.simplify import sym_tensor
@@ -204,8 +204,11 @@ def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
     entry = schedule_cache.get(key)
     if entry is None or not entry.accepts(keys):
         schedule_cache_stats["misses"] += 1
-        lifted = frozenset() if entry is None else \
-            entry.lifted | {i for i, (k, b) in enumerate(zip(keys, entry.baseline)) if k != b}
+        # random counters change on every call: parameters from the start (see helpers.rng_counter_const)
+        lifted = frozenset(i for i, c in enumerate(consts)
+                           if c.dtype == dtypes.uint64 and rng_counter_of(c.arg) is not None)
+        if entry is not None:
+            lifted |= entry.lifted | {i for i, (k, b) in enumerate(zip(keys, entry.baseline)) if k != b}
         entry = _kernelize_structure(key, [to_param[c] for c in consts], consts, lifted, keys,
                                      frozenset(to_param[u] for u in topo if u.op is Ops.BUFFER))
         schedule_cache.pop(key, None)

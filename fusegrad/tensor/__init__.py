@@ -167,11 +167,23 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         Tensor._apply_map(kernelize_map_cached(sink))
         return self
 
+    @staticmethod
+    def _readers_of_overwritten(*tensors: Tensor) -> tuple[Tensor, ...]:
+        """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
+        schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
+        otherwise a loss computed before an optimizer step would be evaluated with the updated weights."""
+        sink = UOp.sink_of(*[t.uop for t in tensors])
+        targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
+        if not targets: return ()
+        ids = {id(t) for t in tensors}
+        return tuple(t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
+                     not is_realized(t.uop) and any(u in targets for u in t.uop.toposort()))
+
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers."""
         from fusegrad.engine.realize import ExecItem
-        tensors = (self,) + lst
-        self.kernelize(*lst)
+        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst)
+        tensors[0].kernelize(*tensors[1:])
         sink = UOp.sink_of(*[t.uop for t in tensors])
         kernels = kernels_in_order(sink)
         # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
@@ -200,6 +212,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def _buffer(self):
         """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
+        from fusegrad.engine.realize import capturing
+        if capturing:
+            from fusegrad.engine.jit import JitError
+            raise JitError("reading tensor data (numpy, item, tolist, data) inside a TinyJit function while it is "
+                           "captured: replays would not run that Python code; return the tensor instead")
         t = (self if storage_of(self.uop) is not None else self.contiguous()).realize()
         return get_buffer(t.uop)
 

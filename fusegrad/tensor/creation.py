@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes, math, time
 from typing import TYPE_CHECKING, Any, ClassVar
 from fusegrad.dtype import DType, dtypes, to_dtype
-from fusegrad.helpers import argfix, prod
+from fusegrad.helpers import argfix, prod, rng_counter_const
 from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class CreationMixin:
         counter = T._rng_counter & _M32
         T._rng_counter += 1
         if n == 0: return T.zeros(shape, dtype=dtypes.uint64, device=device)
-        idx = T._iota(n, device).cast(dtypes.uint64) + (counter << 32)
+        idx = T._iota(n, device).cast(dtypes.uint64) + rng_counter_const(counter)
         return idx.threefry(T._seed & _M64).reshape(shape)
 
     @staticmethod

@@ -1,0 +1,144 @@
+"""TinyJit: replays equal eager runs (NumPy and torch as references) over many calls with changing data, do no graph
+work in Python (counted), hand out fresh outputs, keep random numbers flowing, and reject what they can't replay."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor, TinyJit, nn
+from fusegrad.engine.jit import JitError
+from fusegrad.nn import optim
+
+torch.set_num_threads(1)
+rng = np.random.default_rng(0)
+
+def _r(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+class _Count:
+    """Counts Tensor.schedule calls (all graph work goes through it)."""
+    def __init__(self, monkeypatch):
+        self.n = 0
+        orig = Tensor.schedule
+        def counted(t, *lst):
+            self.n += 1
+            return orig(t, *lst)
+        monkeypatch.setattr(Tensor, "schedule", counted)
+
+def test_replay_equals_eager_elementwise_reduce_matmul(monkeypatch):
+    @TinyJit
+    def f(a, b, w):
+        return ((a * b).relu() @ w).sum(1), (a - b).max()
+    count = _Count(monkeypatch)
+    kept = []
+    for i in range(8):
+        a, b, w = _r(4, 5), _r(4, 5), _r(5, 3)
+        before = count.n
+        s, m = f(Tensor(a), Tensor(b), Tensor(w))
+        if i >= 2: assert count.n == before, "a replay scheduled a graph"
+        kept.append((s, m, (np.maximum(a * b, 0) @ w).sum(1), (a - b).max()))
+    assert len(f.captured) >= 1
+    for s, m, rs, rm in kept:  # outputs kept from earlier calls are not overwritten
+        np.testing.assert_allclose(s.numpy(), rs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(m.numpy(), rm, rtol=1e-6)
+
+def test_kwargs_and_lazy_inputs():
+    @TinyJit
+    def f(x, *, scale):
+        return x * scale
+    for i in range(5):
+        a, s = _r(3), _r(3)
+        out = f(Tensor(a) + 1, scale=Tensor(s))  # a lazy input is realized first
+        np.testing.assert_allclose(out.numpy(), (a + 1) * s, rtol=1e-6)
+
+def test_training_step_matches_torch():
+    x, y = _r(16, 8), _r(16, 4)
+    l1, l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+    params = [l1.weight, l1.bias, l2.weight, l2.bias]
+    opt = optim.Adam(params, lr=0.01)
+    tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
+    topt = torch.optim.Adam(tparams, lr=0.01)
+
+    @TinyJit
+    def step(xb, yb):
+        opt.zero_grad()
+        loss = (l2(l1(xb).relu()) - yb).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+    for i in range(6):
+        xb, yb = x + i * 0.01, y
+        loss = step(Tensor(xb), Tensor(yb))
+        topt.zero_grad()
+        w1, b1, w2, b2 = tparams
+        tl = ((torch.relu(torch.tensor(xb) @ w1.T + b1) @ w2.T + b2 - torch.tensor(yb)) ** 2).mean()
+        tl.backward()
+        topt.step()
+        np.testing.assert_allclose(loss.item(), tl.item(), rtol=1e-4)
+    for p, tp in zip(params, tparams): np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), atol=1e-5)
+
+def test_random_numbers_change_per_replay_and_match_eager():
+    def draw(x): return x + Tensor.rand(64)
+    z = Tensor.zeros(64).contiguous().realize()
+    Tensor.manual_seed(5)
+    eager = [draw(z).numpy() for _ in range(5)]
+    Tensor.manual_seed(5)
+    jitted = TinyJit(draw)
+    got = [jitted(z).numpy() for _ in range(5)]
+    for e, g in zip(eager, got): np.testing.assert_array_equal(g, e)
+    assert len({tuple(v) for v in got}) == 5
+
+def test_dropout_under_jit_gives_new_masks():
+    @TinyJit
+    def f(x):
+        with Tensor.train(): return x.dropout(0.5)
+    masks = [tuple(f(Tensor.ones(256).contiguous()).numpy() > 0) for _ in range(5)]
+    assert len(set(masks)) == 5
+
+def test_outputs_fresh_and_state_persistent():
+    acc = Tensor.zeros(3).contiguous().realize()
+    @TinyJit
+    def f(x):
+        acc.assign(acc + x).realize()
+        return x * 2
+    outs = [f(Tensor([float(i)] * 3)) for i in range(5)]
+    assert [o.tolist() for o in outs] == [[2.0 * i] * 3 for i in range(5)]
+    assert acc.tolist() == [10.0] * 3
+
+def test_errors():
+    @TinyJit
+    def f(x): return x + 1
+    for _ in range(3): f(Tensor.zeros(3).contiguous())
+    with pytest.raises(JitError, match=r"shape \(3,\).*shape \(4,\)"): f(Tensor.zeros(4).contiguous())
+    with pytest.raises(JitError, match="int"): f(Tensor([1, 2, 3]))
+    with pytest.raises(JitError, match="1 tensor arguments, called with 2"): f(Tensor.zeros(3), Tensor.zeros(3))
+
+    @TinyJit
+    def reads(x): return x.sum().item()
+    reads(Tensor.zeros(3).contiguous())
+    with pytest.raises(JitError, match="reading tensor data"): reads(Tensor.zeros(3).contiguous())
+
+    calls = []
+    @TinyJit
+    def inconsistent(x):
+        calls.append(1)
+        return x + 1 if len(calls) == 1 else (x + 1, x)
+    inconsistent(Tensor.zeros(3).contiguous())
+    with pytest.raises(JitError, match="same structure"): inconsistent(Tensor.zeros(3).contiguous())
+
+def test_jit_off(monkeypatch):
+    monkeypatch.setenv("JIT", "0")
+    from fusegrad.helpers import getenv
+    getenv.cache_clear()
+    try:
+        f = TinyJit(lambda x: x * 3)
+        for i in range(4): assert f(Tensor([float(i)])).tolist() == [3.0 * i]
+        assert f.captured == []
+    finally:
+        monkeypatch.delenv("JIT")
+        getenv.cache_clear()
+
+def test_reset_recaptures():
+    f = TinyJit(lambda x: x - 1)
+    for _ in range(3): f(Tensor.zeros(2).contiguous())
+    f.reset()
+    for _ in range(3): assert f(Tensor.ones(5).contiguous()).tolist() == [0.0] * 5
