@@ -15,6 +15,7 @@ import tarfile
 import zipfile
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, TypeVar
+from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
 from fusegrad.tensor import Tensor
@@ -118,7 +119,7 @@ def _size(src: _Mapped | memoryview) -> int: return src.size if isinstance(src, 
 def _tensor(raw: memoryview, shape: tuple[int, ...], dtype: DType, device: str | None = None) -> Tensor:
     if len(raw) != prod(shape) * dtype.itemsize:
         raise ValueError(f"{len(raw)} bytes can't hold a {dtype} tensor of shape {shape}")
-    return Tensor(Tensor._from_bytes(raw, shape, dtype, Tensor.full((), 0).device if device is None else device))
+    return Tensor(Tensor._from_bytes(raw, shape, dtype, Device.DEFAULT if device is None else device))
 
 def accept_filename(func: Callable[[Any], T]) -> Callable[[Any], T]:
     """Let a loader taking a tensor of file bytes take a file name too (the file is mapped, not read)."""

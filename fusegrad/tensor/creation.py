@@ -1,11 +1,11 @@
 """More constructors: random numbers (a counter-based generator computed in kernels), initializers, ranges.
 
 Random numbers come from Threefry-2x32 (20 rounds), a counter-based generator: the value at element `i` of the `c`-th
-random call since `manual_seed(s)` is `threefry((c << 32) | i, key=s)`, a pure function computed inside the kernel
-that uses it. So results are reproducible under `Tensor.manual_seed`, calls are independent (each takes the next
-counter), recomputing a random tensor gives the same values, and no Python code ever loops over elements. The call
-counter reaches the kernel as a constant; it changes every call, so the schedule cache turns it into a kernel
-argument after the first change and later calls reuse the compiled kernels.
+random call since `manual_seed(s)` (c = 0, 1, ...) is `threefry(((c + 1) << 32) | i, key=s)`, a pure function computed
+inside the kernel that uses it. So results are reproducible under `Tensor.manual_seed`, calls are independent (each
+takes the next counter), recomputing a random tensor gives the same values, and no Python code ever loops over
+elements. The call counter reaches the kernel as a parameter from the first call (`helpers.rng_counter_const`), so
+later calls reuse the compiled kernels and a TinyJit replay can move it on.
 """
 from __future__ import annotations
 import ctypes, math, time
