@@ -50,7 +50,11 @@ class CPUAllocator(LRUAllocator):
         ptr = _LIBC[0](ALIGN, max(ALIGN, -(-size // ALIGN) * ALIGN))
         if not ptr: raise MemoryError(f"can't allocate {size} bytes of host memory")
         ret = (ctypes.c_uint8 * size).from_address(ptr)
-        weakref.finalize(ret, _LIBC[1], ptr).atexit = False  # at exit the OS takes the memory back anyway
+        # the memory is freed when the array object is collected. When it dies in a reference cycle, the garbage
+        # collector runs this finalizer before the owning Buffer's __del__ hands the array back to the LRU cache,
+        # so _reusable checks that the finalizer hasn't run (reusing the array then would be a use after free)
+        ret._finalizer = weakref.finalize(ret, _LIBC[1], ptr)
+        ret._finalizer.atexit = False  # at exit the OS takes the memory back anyway
         return ret
 
     def _offset(self, opaque: ctypes.Array, size: int, offset: int) -> ctypes.Array:
@@ -68,7 +72,9 @@ class CPUAllocator(LRUAllocator):
 
     def _reusable(self, opaque: ctypes.Array) -> bool:
         # memory a live memoryview (e.g. a numpy array) still reads must not be handed to another Buffer
-        return not any(r() is not None for r in opaque.__dict__.get("_exports", ()))
+        if any(r() is not None for r in opaque.__dict__.get("_exports", ())): return False
+        fin = opaque.__dict__.get("_finalizer")
+        return fin is None or fin.alive
 
     def _copyin(self, dest: ctypes.Array, src: memoryview) -> None: memoryview(dest).cast("B")[:] = src
     def _copyout(self, dest: memoryview, src: ctypes.Array) -> None: dest[:] = memoryview(src).cast("B")

@@ -154,3 +154,18 @@ def test_external_opaque():
 def test_bad_sizes():
     with pytest.raises(ValueError): Buffer("CPU", -1, dtypes.float32)
     with pytest.raises(ValueError): Device["CPU"].allocator.alloc(-5)
+
+def test_buffer_dying_in_a_reference_cycle_is_not_recycled_after_its_memory_is_freed():
+    """In cyclic garbage the memory's finalizer runs before Buffer.__del__ returns the allocation to the LRU cache;
+    that allocation must not be handed out again (it would be a use after free)."""
+    import gc
+    from fusegrad.device import Buffer, Device
+    from fusegrad.dtype import dtypes
+    alloc = Device["CPU"].allocator
+    b = Buffer("CPU", 1000003, dtypes.uint8).ensure_allocated()
+    cycle: list = [b]
+    cycle.append(cycle)
+    del b, cycle
+    gc.collect()
+    for lst in alloc.cache.values():
+        for opaque in lst: assert opaque._finalizer.alive
