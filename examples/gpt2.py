@@ -8,7 +8,9 @@ attention masks the cache rows past it. So every decoding step has the same shap
 TinyJit replays the same kernels for every token (no tracing, scheduling or compiling per token)."""
 from __future__ import annotations
 import argparse
+import heapq
 import math
+import random
 import time
 from dataclasses import dataclass
 from fusegrad import Tensor, TinyJit, dtypes, nn
@@ -95,11 +97,16 @@ class GPT2:
         wanted = get_state_dict(self)
         load_state_dict(self, {k: v for k, v in sd.items() if k in wanted}, strict=False)
 
-def sample(logits: Tensor, temperature: float = 0.8, top_k: int = 40) -> int:
-    """A token drawn from the top_k logits at this temperature (greedy when temperature is 0)."""
-    if temperature == 0: return int(logits.argmax().item())
-    vals, idx = (logits / temperature).topk(top_k)
-    return int(idx[vals.softmax().multinomial()].item())
+def sample(logits: Tensor, temperature: float = 0.8, top_k: int = 40, rng: random.Random | None = None) -> int:
+    """A token drawn from the top_k logits at this temperature (greedy when temperature is 0). The choice among the
+    top k runs on the host: it is a few dozen numbers, and sorting the vocabulary on the device each step costs more
+    than the whole forward pass."""
+    vals = logits.tolist()
+    if temperature == 0: return max(range(len(vals)), key=vals.__getitem__)
+    top = heapq.nlargest(top_k, range(len(vals)), key=vals.__getitem__)
+    m = vals[top[0]]
+    weights = [math.exp((vals[i] - m) / temperature) for i in top]
+    return (rng or random).choices(top, weights)[0]
 
 def generate(model: GPT2, prompt: list[int], count: int, temperature: float = 0.8, top_k: int = 40,
              quiet: bool = False) -> tuple[list[int], float]:

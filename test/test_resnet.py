@@ -1,0 +1,70 @@
+"""The ResNet example against a torch.nn ResNet written here with torchvision's layout: its state dict loads into ours
+key for key (through a .pth file read without torch), and the logits and gradients agree."""
+from __future__ import annotations
+import pathlib
+import sys
+import numpy as np
+import torch
+from fusegrad import Tensor
+from fusegrad.nn.state import get_state_dict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+import resnet  # noqa: E402
+sys.path.pop(0)
+
+torch.set_num_threads(1)
+
+class TBlock(torch.nn.Module):
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(cin, width, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = torch.nn.Conv2d(width, width, 3, 1, 1, bias=False), torch.nn.BatchNorm2d(width)
+        self.downsample = torch.nn.Sequential(torch.nn.Conv2d(cin, width, 1, stride, bias=False),
+                                              torch.nn.BatchNorm2d(width)) if stride != 1 or cin != width else None
+    def forward(self, x):
+        out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        return torch.relu(out + (self.downsample(x) if self.downsample is not None else x))
+
+class TResNet(torch.nn.Module):
+    def __init__(self, width=8, classes=10):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(3, width, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(width)
+        cin = width
+        for i in range(4):
+            setattr(self, f"layer{i + 1}", torch.nn.Sequential(TBlock(cin, width * 2 ** i, 2 if i else 1)))
+            cin = width * 2 ** i
+        self.fc = torch.nn.Linear(cin, classes)
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+        for i in range(1, 5): x = getattr(self, f"layer{i}")(x)
+        return self.fc(x.mean((2, 3)))
+
+def test_tiny_resnet_matches_torch(tmp_path):
+    torch.manual_seed(0)
+    ref = TResNet()
+    with torch.no_grad():  # non-trivial running statistics
+        for m in ref.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    torch.save(ref.state_dict(), tmp_path / "r.pth")
+    ours = resnet.ResNet(18, num_classes=10, width=8, blocks=[1, 1, 1, 1])
+    assert set(get_state_dict(ours)) == set(ref.state_dict())
+    resnet.load(ours, str(tmp_path / "r.pth"))
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    ref.eval()
+    with torch.no_grad(): r = ref(torch.tensor(x)).numpy()
+    with Tensor.test(): got = ours(Tensor(x)).numpy()
+    np.testing.assert_allclose(got, r, atol=1e-4, rtol=1e-4)
+    # training mode: batch statistics; gradients of a few parameters
+    ref.train()
+    out = ref(torch.tensor(x))
+    out.square().sum().backward()
+    params = [ours.conv1.weight, ours.layer3[0].conv2.weight, ours.fc.weight]
+    for p in params: p.requires_grad_(True)
+    with Tensor.train():
+        o = ours(Tensor(x))
+        o.square().sum().backward()
+    np.testing.assert_allclose(o.numpy(), out.detach().numpy(), atol=1e-4, rtol=1e-4)
+    for p, rp in zip(params, [ref.conv1.weight, ref.layer3[0].conv2.weight, ref.fc.weight]):
+        np.testing.assert_allclose(p.grad.numpy(), rp.grad.numpy(), atol=2e-3, rtol=2e-3)
