@@ -139,6 +139,7 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(ret.arg),)),
     # buffers and copies: the value passes through; DETACH stops it, an assign's old target contributes nothing
     (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
+    (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
     (UPat(Ops.DETACH, name="ret"), _no_grad),
     (UPat(Ops.COPY, name="ret"), _copy_grad),
     (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),

@@ -22,6 +22,7 @@ from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin
 from fusegrad.tensor.reduce import ReduceMixin
+from fusegrad.tensor.extras import ExtrasMixin
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
@@ -66,7 +67,7 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
-class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin):
+class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin, ExtrasMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
     __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
     training: bool = False
