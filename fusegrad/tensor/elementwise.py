@@ -21,16 +21,20 @@ def _odd(x: Tensor, mag: Tensor) -> Tensor:
     """An odd function's value from its value `mag` at |x|: sign of x restored, and x itself kept at +-0."""
     return (x < 0).where(-mag, (x == 0).where(x, mag))
 
-def _with_grad(value: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
-    """`value` (computed without autodiff) whose derivative with respect to each x of `pairs` is its deriv. The value
-    comes out exactly, -0.0 included: each term subtracted is a zero that carries x's gradient times deriv, written so
-    that its zero is +0.0 (v - (+0.0) is v for every v). Where x or deriv isn't finite the term would be nan: it is
-    skipped and the gradient there is 0. deriv is a constant of the backward graph: no second derivatives."""
+def _with_grad(value: Tensor, *pairs: tuple[Tensor, Callable[[Tensor], Tensor]]) -> Tensor:
+    """`value` (computed without autodiff) whose derivative with respect to each x of `pairs` is deriv(x), deriv a
+    function built from differentiable ops. The value comes out exactly, -0.0 included: each term subtracted is a
+    zero y * deriv(xd + y/2), y = x - xd (xd is x detached: y is +0.0 with derivative 1), written so that its zero is
+    +0.0 (v - (+0.0) is v for every v). Its first derivative is deriv(x) and its second deriv'(x), so a gradient of
+    a gradient is exact (higher orders are approximate). Where x or deriv isn't finite the term is skipped and the
+    gradient there is 0."""
     ret = value.detach()
     for x, deriv in pairs:
-        xd, dd = x.detach(), deriv.detach()
-        term = _signbit(dd).where((x - xd) * -dd, (xd - x) * dd)
-        ret = ret - (x.isfinite() & dd.isfinite()).where(term, 0.0)
+        xd = x.detach()
+        dd = deriv(xd + (x - xd) * 0.5)
+        d0 = dd.detach()
+        term = _signbit(d0).where((x - xd) * -dd, (xd - x) * dd)
+        ret = ret - (xd.isfinite() & d0.isfinite()).where(term, 0.0)
     return ret
 
 def _log1p(y: Tensor) -> Tensor:
@@ -132,13 +136,12 @@ class ElementwiseMixin:
     def _math(self: Any, value: Callable[[Tensor], Tensor], deriv: Callable[[Tensor], Tensor] | None = None,
               wide: bool = False) -> Tensor:
         """A float function computed in float32 (float64 if `wide` or the input is double) and returned in the input's
-        float dtype. Its gradient comes from autodiff through `value`, or is `deriv` when given (first order only)."""
+        float dtype. Its gradient comes from autodiff through `value`, or is `deriv` when given (see _with_grad)."""
         out = least_upper_float(self.dtype)
         x = self.cast(out)
         work = dtypes.float64 if wide else (out if out.itemsize >= 4 else dtypes.float32)
         if deriv is None: return value(x.cast(work)).cast(out)
-        xw = x.detach().cast(work)
-        return _with_grad(value(xw).cast(out), (x, deriv(xw).cast(out)))
+        return _with_grad(value(x.detach().cast(work)).cast(out), (x, lambda m: deriv(m.cast(work)).cast(out)))
 
 
     # *** activations ***
@@ -313,7 +316,8 @@ class ElementwiseMixin:
         # the sign bit of b over the other bits of a, as bits: exact for zeros, infinities and nan
         bits = (a.detach().bitcast(it) & ~(-sign)) | (b.detach().bitcast(it) & -sign)
         flips = _signbit(a.detach()) != _signbit(b.detach())
-        return _with_grad(bits.bitcast(ft), (a, flips.where(-1.0, 1.0).cast(ft)))
+        sign = flips.where(-1.0, 1.0).cast(ft)
+        return _with_grad(bits.bitcast(ft), (a, lambda _: sign))
     def lerp(self: Any, end: Any, weight: Any) -> Tensor:
         """self + weight * (end - self), computed from the nearer end for accuracy (as torch)."""
         from fusegrad.tensor import Tensor
@@ -331,7 +335,7 @@ class ElementwiseMixin:
         if not dtypes.is_float(a.dtype): return r
         # d/da = 1, d/db = -trunc(a/b); the value stays libm's exact fmod
         q = ((a - r) / b).detach().round()
-        return _with_grad(r, (a, a.ones_like()), (b, -q))
+        return _with_grad(r, (a, lambda _: a.ones_like().detach()), (b, lambda _: -q))
     def lshift(self: Any, x: Any, reverse: bool = False) -> Tensor:
         """self << x (integers)."""
         return self._int_op(Ops.SHL, x, reverse)
