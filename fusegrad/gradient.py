@@ -140,6 +140,8 @@ pm_gradient = PatternMatcher([
     # buffers and copies: the value passes through; DETACH stops it, an assign's old target contributes nothing
     (UPat(Ops.CONTIGUOUS, name="ret"), lambda ctx, ret: (ctx,)),
     (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
+    # a value with a user-given gradient: src[0] is the (detached) value, arg computes the inputs' gradients
+    (UPat(Ops.CUSTOM_GRAD, name="ret"), lambda ctx, ret: (None,) + ret.arg(ctx, ret.src[1:])),
     (UPat(Ops.DETACH, name="ret"), _no_grad),
     (UPat(Ops.COPY, name="ret"), _copy_grad),
     (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),

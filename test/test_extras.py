@@ -82,8 +82,18 @@ def test_params_shapes_invalids_and_schedules():
     outs = Tensor([1.0, 2.0]).custom_kernel(Tensor([3.0, 4.0]), fxn=lambda a, b: [a + b, a * b])
     assert [o.tolist() for o in outs] == [[4.0, 6.0], [3.0, 8.0]]
     assert Tensor([2.0]).call(fxn=lambda a: a * 5).tolist() == [10.0]
-    with pytest.raises(NotImplementedError, match="grad_fxn"):
-        Tensor([1.0]).custom_kernel(fxn=lambda a: a, grad_fxn=lambda g, x: g)
+
+def test_custom_kernel_with_its_own_gradient():
+    a = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    b = Tensor([4.0, 5.0, 6.0], requires_grad=True)
+    # forward a*b; a deliberately different "gradient": 10*g for a, none for b
+    (out,) = a.custom_kernel(b, fxn=lambda x, y: x * y, grad_fxn=lambda g, x, y: (g * 10, None))
+    (out * 2).sum().backward()
+    assert out.tolist() == [4.0, 10.0, 18.0]
+    assert a.grad.tolist() == [20.0, 20.0, 20.0] and b.grad.tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="2 inputs"):
+        (bad,) = a.custom_kernel(b, fxn=lambda x, y: x + y, grad_fxn=lambda g, x, y: g)
+        bad.sum().gradient(a)
 
 def test_from_url_downloads_once(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

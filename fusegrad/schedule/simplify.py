@@ -58,7 +58,7 @@ sym_tensor = PatternMatcher([
     # cast to the same dtype, detach (no autodiff in the schedule), and an empty reduce do nothing
     (UPat(Ops.CAST, name="c"), lambda c: c.src[0] if c.src[0].dtype == c.dtype else None),
     (UPat(Ops.DETACH, name="d"), lambda d: d.src[0]),
-    (UPat(Ops.CONTIGUOUS_BACKWARD, name="d"), lambda d: d.src[0]),
+    (UPat((Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD), name="d"), lambda d: d.src[0]),
     (UPat(Ops.REDUCE_AXIS, name="r"), lambda r: r.src[0] if not r.arg[1] else None),
     # movement: no-ops vanish, reshapes merge, constants stay canonical
     (UPat(GroupOp.Movement, name="m"), lambda m: m.src[0] if _is_noop_movement(m) else None),

@@ -233,16 +233,16 @@ class ExtrasMixin:
 
     def custom_kernel(self: Tensor, *lst: Tensor, fxn: Callable, grad_fxn: Callable | None = None) -> list[Tensor]:
         """Compute `fxn(self, *lst)` (a function of tensors returning a tensor or a list of them) as its own kernels:
-        each output is realized as a separate buffer (a fusion boundary). With grad_fxn, the gradient of the outputs
-        with respect to the inputs is grad_fxn(grad_outputs, inputs) instead of the derivative of fxn."""
-        if grad_fxn is not None:
-            raise NotImplementedError("custom_kernel with grad_fxn: a custom gradient needs an op the gradient pass "
-                                      "can call back into, which fusegrad doesn't have yet; with grad_fxn=None the "
-                                      "gradient is the derivative of fxn")
+        each output is realized as a separate buffer (a fusion boundary). With grad_fxn, backward doesn't
+        differentiate fxn: the gradients of the inputs from each output are grad_fxn(grad_output, *inputs), a
+        tensor or a tuple with one tensor (or None) per input."""
         T = _T()
-        outs = fxn(self, *lst)
+        ins = (self,) + lst
+        outs = fxn(*ins)
         outs = [outs] if isinstance(outs, T) else list(outs)
-        return [o.contiguous() for o in outs]
+        if grad_fxn is None: return [o.contiguous() for o in outs]
+        return [T(UOp(Ops.CUSTOM_GRAD, o.dtype, (o.detach().uop, *(x.uop for x in ins)), _UserGradient(grad_fxn, ins)))
+                .contiguous() for o in outs]
 
     def call(self: Tensor, *lst: Tensor, fxn: Any, grad_fxn: Callable | None = None) -> Tensor:
         """Apply a function (a callable on tensors) to this tensor and `lst` as one fusion unit: see custom_kernel."""
@@ -262,6 +262,22 @@ class ExtrasMixin:
     def schedule_linear(self: Tensor, *lst: Tensor) -> UOp:
         """The kernels computing these tensors as one SINK of kernel ASTs (see linear_with_vars)."""
         return self.linear_with_vars(*lst)[0]
+
+class _UserGradient:
+    """The gradient rule of a custom_kernel output: calls grad_fxn on tensors and checks what it returns."""
+    def __init__(self, fn: Callable, ins: tuple): self.fn, self.n = fn, len(ins)
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
+        T = _T()
+        gs = self.fn(T(grad), *[T(u) for u in ins])
+        gs = (gs,) if isinstance(gs, T) or gs is None else tuple(gs)
+        if len(gs) != len(ins):
+            raise ValueError(f"custom_kernel grad_fxn returned {len(gs)} gradients for {len(ins)} inputs")
+        for g, u in zip(gs, ins):
+            if g is not None and g.shape != u.shape:
+                raise ValueError(f"custom_kernel grad_fxn returned a gradient of shape {g.shape} for an input of "
+                                 f"shape {u.shape}")
+        return tuple(None if g is None else g.cast(u.dtype).uop for g, u in zip(gs, ins))
 
 # tensors marked with is_param_, by id (Tensor compares elementwise, so it can't key a set); entries leave with them
 _PARAMS: dict[int, weakref.ref] = {}

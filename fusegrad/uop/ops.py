@@ -14,7 +14,7 @@ class Ops(Enum):
     SINK = auto(); NOOP = auto(); UNIQUE = auto(); DEVICE = auto(); KERNEL = auto()
     # tensor level
     BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto(); CONTIGUOUS = auto(); DETACH = auto()
-    CONTIGUOUS_BACKWARD = auto()
+    CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
     REDUCE_AXIS = auto()
     # movement ops (tensor level; turned into index expressions by the scheduler)
     RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()

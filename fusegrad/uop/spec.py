@@ -30,7 +30,8 @@ tensor_spec: list[Rule] = [
     (UPat(Ops.WHERE, name="x"), lambda x: x.src[0].dtype == dtypes.bool and x.src[1].dtype == x.src[2].dtype == x.dtype
      and _same_shape_srcs(x)),
     (UPat(GroupOp.ALU, name="x"), lambda x: all(s.dtype == x.dtype for s in x.src) and _same_shape_srcs(x)),
-    (UPat((Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.COPY), name="x"),
+    (UPat((Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD,
+           Ops.COPY), name="x"),
      lambda x: True),
     (UPat(Ops.ASSIGN, name="x"), lambda x: len(x.src) == 2 and (x.src[1].op is Ops.KERNEL or
                                                                x.src[0].shape == x.src[1].shape)),
