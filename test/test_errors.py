@@ -2,6 +2,7 @@
 point of the mistake -- while the lazy graph is built, not later inside the compiler."""
 from __future__ import annotations
 import pytest
+import torch
 from fusegrad import Tensor
 
 def raises(exc: type[BaseException] | tuple[type[BaseException], ...], *words: str):
@@ -171,3 +172,11 @@ def test_bool_of_multi_element_tensor():
     # truthiness of a lazy multi-element tensor is ambiguous, as in torch and numpy
     with raises((ValueError, RuntimeError, TypeError), "bool", "ambiguous", "element", "truth"):
         bool(Tensor([1, 2]) > 0)
+
+@pytest.mark.parametrize("index", [[0, 7], [[0], [-4]], (Ellipsis, [1, 3])], ids=str)
+def test_out_of_range_host_index_lists(index):
+    t = Tensor([[1.0, 2.0, 3.0]] * 3)
+    ref = torch.tensor([[1.0, 2.0, 3.0]] * 3)
+    with pytest.raises(IndexError): ref[index]
+    with raises(IndexError, "out of bounds"):
+        t[index]

@@ -39,6 +39,16 @@ def _index_tensor(i: Any, device: str) -> Tensor:
         raise IndexError(f"tensors used as indices must be integer or bool tensors, got {t.dtype}")
     return t
 
+def _host_range(i: Any) -> tuple[int, int]:
+    """(min, max) of the integers in a nested list/tuple or a numpy array."""
+    if type(i).__module__ == "numpy": return int(i.min()), int(i.max())
+    flat, stack = [], [i]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)): stack.extend(x)
+        else: flat.append(int(x))
+    return min(flat), max(flat)
+
 def _onehot(index: Tensor, n: int) -> Tensor:
     """index.shape + (n,) bools: True where the index equals the position (out-of-range indices match nothing)."""
     Tensor = _T()
@@ -71,6 +81,10 @@ class IndexingMixin:
                 t = _index_tensor(i, self.device)
                 if t.ndim == 0 and _is_mask(t): entries.append(("bool", bool(t.item())))
                 elif _is_mask(t): entries.append(("mask", t))
+                elif not isinstance(i, Tensor) and t.numel():
+                    # indices given as host data are checked now, as torch does (a device tensor's values aren't
+                    # known without waiting for it: out-of-range entries there select nothing)
+                    entries.append(("adv", t, _host_range(i)))
                 else: entries.append(("adv", t))
             else: raise TypeError(f"unsupported index type {type(i).__name__}: use ints, slices, None, ..., "
                                   "bools, lists or integer/bool Tensors")
@@ -97,6 +111,12 @@ class IndexingMixin:
                 out += [("adv", nz[:, k]) for k in range(m.ndim)]
                 dim += m.ndim
             else:
+                if isinstance(e, tuple) and e[0] == "adv" and len(e) == 3:
+                    (lo, hi), size = e[2], self.shape[dim]
+                    if hi >= size or lo < -size:
+                        bad = hi if hi >= size else lo
+                        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+                    e = e[:2]
                 out.append(e)
                 if not (e is None or isinstance(e, tuple) and e[0] == "bool"): dim += 1
         return out
