@@ -173,7 +173,7 @@ def test_bool_of_multi_element_tensor():
     with raises((ValueError, RuntimeError, TypeError), "bool", "ambiguous", "element", "truth"):
         bool(Tensor([1, 2]) > 0)
 
-@pytest.mark.parametrize("index", [[0, 7], [[0], [-4]], (Ellipsis, [1, 3])], ids=str)
+@pytest.mark.parametrize("index", [[0, 7], ([0], [-4]), (Ellipsis, [1, 3])], ids=str)
 def test_out_of_range_host_index_lists(index):
     t = Tensor([[1.0, 2.0, 3.0]] * 3)
     ref = torch.tensor([[1.0, 2.0, 3.0]] * 3)
