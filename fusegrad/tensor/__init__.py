@@ -6,7 +6,7 @@ elementwise arithmetic and the basic reductions; autograd.py, creation.py (rando
 indexing.py, elementwise.py (activations and math functions), reduce.py (scans, sorting, statistics) and nn.py
 (convolution, pooling, losses, attention) each add theirs as a mixin."""
 from __future__ import annotations
-import math, struct, weakref
+import itertools, math, struct, weakref
 from typing import Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
@@ -27,6 +27,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+_tensor_serials = itertools.count()
 
 def _device_uop(device: str) -> UOp: return UOp(Ops.DEVICE, arg=device)
 
@@ -69,13 +70,14 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin, ExtrasMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
-    __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("uop", "requires_grad", "grad", "_serial", "__weakref__")
     training: bool = False
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
         dt = to_dtype(dtype) if dtype is not None else None
         self.requires_grad, self.grad = requires_grad, None
+        self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
         dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) else ""
         if isinstance(data, UOp):
             self.uop = data if dt is None or data.dtype == dt else data.cast(dt)
@@ -177,8 +179,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
-        return tuple(t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
-                     not is_realized(t.uop) and any(u in targets for u in t.uop.toposort()))
+        # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
+        return tuple(sorted((t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
+                             not is_realized(t.uop) and any(u in targets for u in t.uop.toposort())),
+                            key=lambda t: t._serial))
 
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers."""

@@ -193,3 +193,21 @@ def test_errors():
     with pytest.raises(RuntimeError, match="no gradient"): optim.SGD([w]).step()
     with pytest.raises(ValueError, match="2 or more dims"): optim.Muon([Tensor([1.0, 2.0])])
     with pytest.raises(ValueError, match="nesterov"): optim.SGD([w], nesterov=True)
+
+def test_repeated_training_step_hits_the_schedule_cache():
+    """The graph of a step must be the same every step (tensors added to a schedule come in creation order), so a
+    training loop schedules from the cache after its first steps."""
+    from fusegrad.schedule.kernelize import schedule_cache_stats
+    x, y = _data()
+    model = Model()
+    opt = optim.Adam(model.params(), lr=0.01)
+    def step():
+        opt.zero_grad()
+        loss = (model(Tensor(x)) - Tensor(y)).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    for _ in range(3): step()
+    before = schedule_cache_stats["misses"]
+    for _ in range(5): step()
+    assert schedule_cache_stats["misses"] == before
