@@ -57,50 +57,41 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], nblocks: in
     out["ours"], out["torch"] = best["ours"], best["torch"]
     return out
 
-def mlp_step(jit: bool) -> tuple[Callable, Callable]:
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
-    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
-    opt = nn.optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
+def adam_steps(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: float, jit: bool,
+               torch_model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[Callable, Callable]:
+    """One Adam step on cross-entropy for each side: fusegrad (in training mode, TinyJit-ed if `jit`) and torch."""
+    opt = nn.optim.Adam(params, lr=lr)
+    @Tensor.train()
     def step(xb: Tensor, yb: Tensor) -> Tensor:
         opt.zero_grad()
-        loss = l2(l1(xb).relu()).sparse_categorical_crossentropy(yb)
+        loss = forward(xb).sparse_categorical_crossentropy(yb)
         loss.backward()
         opt.step()
         return loss
     fstep = TinyJit(step) if jit else step
-    tm = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-    topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
+    topt = torch.optim.Adam(torch_model.parameters(), lr=lr)
     tx, ty = torch.tensor(x), torch.tensor(y).long()
     def tstep():
         topt.zero_grad()
-        F.cross_entropy(tm(tx), ty).backward()
+        F.cross_entropy(torch_model(tx), ty).backward()
         topt.step()
     return (lambda: fstep(Tensor(x), Tensor(y)).realize()), tstep
+
+def mlp_step(jit: bool) -> tuple[Callable, Callable]:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
+    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
+    tm = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    return adam_steps([l1.weight, l1.bias, l2.weight, l2.bias], lambda xb: l2(l1(xb).relu()), 1e-3, jit, tm, x, y)
 
 def digits_step() -> tuple[Callable, Callable]:
     rng = np.random.default_rng(0)
     x, y = rng.random((64, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32)
     model = DigitsNet()
-    opt = nn.optim.Adam(get_parameters(model), lr=3e-3)
-    @TinyJit
-    @Tensor.train()
-    def step(xb: Tensor, yb: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(xb).sparse_categorical_crossentropy(yb)
-        loss.backward()
-        opt.step()
-        return loss
     tm = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
                              torch.nn.MaxPool2d(2), torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64),
                              torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(256, 10))
-    topt = torch.optim.Adam(tm.parameters(), lr=3e-3)
-    tx, ty = torch.tensor(x), torch.tensor(y).long()
-    def tstep():
-        topt.zero_grad()
-        F.cross_entropy(tm(tx), ty).backward()
-        topt.step()
-    return (lambda: step(Tensor(x), Tensor(y)).realize()), tstep
+    return adam_steps(get_parameters(model), model, 3e-3, True, tm, x, y)
 
 def resnet_forward(size: int) -> tuple[Callable, Callable]:
     x = np.random.default_rng(0).standard_normal((8, 3, size, size)).astype(np.float32)

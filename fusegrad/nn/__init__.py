@@ -203,21 +203,16 @@ class GroupNorm:
         cshape = (1, -1) + (1,) * (x.ndim - 2)
         return y * self.weight.reshape(cshape) + self.bias.reshape(cshape)
 
-class InstanceNorm:
-    """Normalization of each channel of each sample over its spatial dims, with a per-channel affine part."""
+class InstanceNorm(GroupNorm):
+    """Normalization of each channel of each sample over its spatial dims (GroupNorm with one channel per group)."""
     def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True):
         _positive("InstanceNorm", num_features=num_features)
-        self.num_features, self.eps = num_features, eps
-        self.weight = _owned(Tensor.ones(num_features)) if affine else None
-        self.bias = _owned(Tensor.zeros(num_features)) if affine else None
+        super().__init__(num_features, num_features, eps, affine)
+        self.num_features = num_features
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.ndim < 3 or x.shape[1] != self.num_features:
-            raise ValueError(f"InstanceNorm expects input (N, {self.num_features}, *spatial), got shape {x.shape}")
-        y = x.reshape(x.shape[0], self.num_features, -1).layernorm(eps=self.eps).reshape(x.shape)
-        if self.weight is None: return y
-        cshape = (1, -1) + (1,) * (x.ndim - 2)
-        return y * self.weight.reshape(cshape) + self.bias.reshape(cshape)
+        if x.ndim < 3: raise ValueError(f"InstanceNorm expects input (N, {self.num_features}, *spatial), got {x.shape}")
+        return super().__call__(x)
 
 class Embedding:
     """A lookup table: idx (any int dtype and shape) -> rows of weight (vocab_size, embed_size)."""

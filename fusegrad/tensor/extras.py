@@ -50,6 +50,7 @@ class ExtrasMixin:
     def alu(self: Tensor, op: Ops, *src: Tensor) -> Tensor:
         """Apply the elementwise UOp `op` to this tensor and `src` (broadcast together; comparisons give bool)."""
         if op not in GroupOp.ALU: raise ValueError(f"alu needs an elementwise op, got {op}")
+        from fusegrad.tensor import _broadcast_shape
         T = _T()
         srcs = [s if isinstance(s, T) else T(s, dtype=self.dtype, device=self.device) for s in src]
         shape = _broadcast_shape(self.shape, *(s.shape for s in srcs))
@@ -281,16 +282,6 @@ class _UserGradient:
 
 # tensors marked with is_param_, by id (Tensor compares elementwise, so it can't key a set); entries leave with them
 _PARAMS: dict[int, weakref.ref] = {}
-
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    n = max(len(s) for s in shapes)
-    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        big = {d for d in dims if d != 1}
-        if len(big) > 1: raise ValueError(f"shapes {shapes} can't be broadcast together")
-        out.append(big.pop() if big else 1)
-    return tuple(out)
 
 def _rotl(x: Tensor, amounts: Tensor) -> Tensor:
     return (x << amounts) | (x >> ((64 - amounts) & 63))
