@@ -66,5 +66,13 @@ def test_tiny_resnet_matches_torch(tmp_path):
         o = ours(Tensor(x))
         o.square().sum().backward()
     np.testing.assert_allclose(o.numpy(), out.detach().numpy(), atol=1e-4, rtol=1e-4)
-    for p, rp in zip(params, [ref.conv1.weight, ref.layer3[0].conv2.weight, ref.fc.weight]):
-        np.testing.assert_allclose(p.grad.numpy(), rp.grad.numpy(), atol=2e-3, rtol=2e-3)
+    # batch statistics over 2 samples at 1x1 spatial size make these gradients ill-conditioned (torch's own float32
+    # ones are off by 1e-4 of their scale), so they are compared with float64 torch, relative to their scale
+    ref64 = TResNet().double()
+    state = torch.load(tmp_path / "r.pth")
+    ref64.load_state_dict({k: v.double() if v.is_floating_point() else v for k, v in state.items()})
+    ref64.train()
+    ref64(torch.tensor(x).double()).square().sum().backward()
+    for p, rp in zip(params, [ref64.conv1.weight, ref64.layer3[0].conv2.weight, ref64.fc.weight]):
+        g = rp.grad.numpy()
+        np.testing.assert_allclose(p.grad.numpy(), g, atol=1e-3 * np.abs(g).max(), rtol=1e-3)

@@ -178,7 +178,7 @@ def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None) -> No
     if DEBUG >= 2:
         is_kernel = isinstance(prg, CompiledRunner)
         idx = f"{GlobalCounters.kernel_count:5d}" if is_kernel else "    -"
-        gs = f"gs={prg.p.global_size}" if is_kernel else ""
+        gs = f"gs={sym_infer(prg.p.global_size, var_vals)}" if is_kernel else ""
         name = prg.display_name + " " * max(0, 34 - ansilen(prg.display_name))
         flops = f"{ops / et * 1e-9:9.2f} GFLOPS" if et and ops else " " * 16
         perf = f"{flops} {mem / et * 1e-9:8.2f} GB/s" if et else " " * 30

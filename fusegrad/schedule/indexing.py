@@ -131,8 +131,8 @@ class KernelBuilder:
             if u.op is Ops.RANGE:  # a tensor-level iota: element i is i
                 result[key] = ix[0].cast(u.dtype)
                 continue
-            if u.op is Ops.DEFINE_VAR:  # a lifted constant: a kernel parameter
-                result[key] = self.param(u)
+            if u.op is Ops.DEFINE_VAR:  # a lifted constant or a Variable: a kernel parameter
+                result[key] = self.param(u) if u.src else u
                 continue
             children = self._children(u, ix, valid)
             if not ready:

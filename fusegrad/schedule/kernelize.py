@@ -4,13 +4,14 @@ decision), and group everything else into KERNEL UOps, each with its AST. After 
 from __future__ import annotations
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
 from fusegrad.schedule.simplify import sym_tensor
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, map_arg_uops
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
 from fusegrad.uop.symbolic import pm_simplify_indexing
 
@@ -19,6 +20,11 @@ _buffer_ids = itertools.count()
 def new_buffer(device: UOp, size: int, dtype) -> UOp:
     """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
     return UOp(Ops.BUFFER, dtype, (device,), (next(_buffer_ids), size))
+
+def max_size(shape: tuple) -> int:
+    """The number of elements a buffer for `shape` needs: for a symbolic shape, at the Variables' largest values."""
+    n = prod(shape)
+    return n if isinstance(n, int) else int(n.vmax)
 
 def buffer_of(u: UOp) -> UOp:
     """The BUFFER node behind a realized node or a reshape view of one."""
@@ -91,7 +97,7 @@ def build_kernel(r: UOp) -> UOp:
         # address the target through its view: an assign may write a slice of a buffer
         _, idx, valid = KernelBuilder(is_realized).address(target_view, ranges)
     else:
-        out_buf = new_buffer(_device(r), prod(shape), r.dtype)
+        out_buf = new_buffer(_device(r), max_size(shape), r.dtype)
         value_node = r.src[0] if r.op is Ops.CONTIGUOUS else r
         idx, valid = flat_index(ranges, shape), None
     g = kb.define_global(out_buf)  # defined first: DEFINE_GLOBAL 0 is the buffer written
@@ -124,7 +130,7 @@ def _copy_kernel(r: UOp) -> UOp:
     """A COPY between devices: the whole (contiguous) source buffer into a new buffer on the target device."""
     src = r.src[0]
     while src.op is Ops.RESHAPE: src = src.src[0]
-    out_buf = new_buffer(r.src[1], prod(r.shape), r.dtype)
+    out_buf = new_buffer(r.src[1], max_size(r.shape), r.dtype)
     ast = UOp(Ops.COPY, r.dtype, arg=out_buf.arg[1] * r.dtype.itemsize)
     return UOp(Ops.ASSIGN, r.dtype, (out_buf, UOp(Ops.KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
@@ -142,13 +148,36 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
         final[u] = build_kernel(nu) if u in realized else nu
     return {k: final.get(v, v) for k, v in simplified.items()}
 
-def substitute_map(root: UOp, dvars: dict[UOp, UOp]) -> dict[UOp, UOp]:
-    """old -> new for every node under `root` after replacing the keys of `dvars` by their values."""
+def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False) -> dict[UOp, UOp]:
+    """old -> new for every node under `root` after replacing the keys of `dvars` by their values. With `in_args`,
+    the symbolic expressions inside shape args (movement ops, ASSIGN) are substituted too."""
     out: dict[UOp, UOp] = {}
     for u in root.toposort():
         if u in dvars: out[u] = dvars[u]; continue
         new_src = tuple(out[s] for s in u.src)
-        out[u] = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
+        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars)) if in_args and type(u.arg) is tuple else u.arg
+        same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
+        out[u] = u if same and all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src, arg=arg)
+    return out
+
+def bound_variables(topo: Iterable[UOp]) -> dict[UOp, UOp]:
+    """BIND -> its Variable, for every bound Variable used by these nodes (as a value or in a symbolic shape)."""
+    binds: dict[UOp, UOp] = {}
+    for u in topo:
+        if u.op is Ops.BIND: binds[u] = u.src[0]
+        elif type(u.arg) is tuple and u.op is not Ops.KERNEL:
+            for x in arg_uops(u.arg):
+                for b in x.toposort():
+                    if b.op is Ops.BIND: binds[b] = b.src[0]
+    return binds
+
+def var_values(binds: Iterable[UOp]) -> dict[str, int]:
+    """Variable name -> bound value; one Variable bound to two values in one schedule is an error."""
+    out: dict[str, int] = {}
+    for b in binds:
+        (var, val) = b.unbind()
+        if out.setdefault(var.arg[0], val) != val:
+            raise ValueError(f"Variable {var.arg[0]} is bound to both {out[var.arg[0]]} and {val} in one computation")
     return out
 
 __all__ = ["kernelize_map", "kernelize_map_cached", "is_realized", "buffer_of", "new_buffer"]
@@ -187,18 +216,21 @@ def _placeholder(i: int, c: UOp) -> UOp:
     lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
     return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
 
-def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
+def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> dict[UOp, UOp]:
     """kernelize_map for the nodes that change, using the schedule cache. The cached result is instantiated with
-    this graph's buffers, fresh output buffers, and this graph's values for lifted constants."""
+    this graph's buffers, fresh output buffers, and this graph's values for lifted constants. Bound Variables are
+    unbound for the key (one entry, one compiled kernel serves every value); their values go to `var_vals`."""
     topo = list(sink.toposort())
-    to_param: dict[UOp, UOp] = {}
+    binds = bound_variables(topo)
+    if var_vals is not None: var_vals.update(var_values(binds))
+    to_param: dict[UOp, UOp] = dict(binds)
     consts: list[UOp] = []
     for u in topo:
         if u.op is Ops.BUFFER: to_param[u] = _param(len(to_param), u)
         elif _is_liftable(u):
             to_param[u] = _placeholder(len(consts), u)
             consts.append(u)
-    normalized = substitute_map(sink, to_param)
+    normalized = substitute_map(sink, to_param, in_args=bool(binds))
     key = normalized[sink]
     keys = tuple(_arg_key(c.arg) for c in consts)
     entry = schedule_cache.get(key)
@@ -220,7 +252,7 @@ def kernelize_map_cached(sink: UOp) -> dict[UOp, UOp]:
     # output buffers to new ones
     back: dict[UOp, UOp] = {p: b for b, p in to_param.items()}
     back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in entry.outs})
-    inst = substitute_map(UOp.sink_of(*entry.changed.values()), back)
+    inst = substitute_map(UOp.sink_of(*entry.changed.values()), back, in_args=bool(binds))
     return {orig: inst[entry.changed[n]] for orig, n in normalized.items() if n in entry.changed}
 
 def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], lifted: frozenset, keys: tuple,

@@ -23,7 +23,7 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import ExtrasMixin
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sym_eq, sym_le, sym_value
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
@@ -78,8 +78,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         dt = to_dtype(dtype) if dtype is not None else None
         self.requires_grad, self.grad = requires_grad, None
         self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
-        dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) else ""
-        if isinstance(data, UOp):
+        dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) or is_symbolic(data) else ""
+        if is_symbolic(data):
+            # the value of a symbolic integer: element `data` of the iota 0, 1, ..., data (a loop index, no memory)
+            n = ssimplify(data)
+            self.uop = Tensor._iota(n + 1, dev).shrink(((n, n + 1),)).reshape(()).uop.cast(dt or dtypes.default_int)
+        elif isinstance(data, UOp):
             self.uop = data if dt is None or data.dtype == dt else data.cast(dt)
         elif isinstance(data, Tensor):
             self.uop = data.uop if dt is None else data.uop.cast(dt)
@@ -185,10 +189,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                             key=lambda t: t._serial))
 
     def schedule(self, *lst: Tensor) -> list:
-        """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers."""
+        """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
+        (Kernels over symbolic shapes also need the Variables' values: see schedule_with_vars.)"""
+        return self.schedule_with_vars(*lst)[0]
+
+    def schedule_with_vars(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
+        """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
         from fusegrad.engine.realize import ExecItem
         tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst)
-        tensors[0].kernelize(*tensors[1:])
+        var_vals: dict[str, int] = {}
+        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*[t.uop for t in tensors]), var_vals))
         sink = UOp.sink_of(*[t.uop for t in tensors])
         kernels = kernels_in_order(sink)
         # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
@@ -207,12 +217,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if (base := t.uop.base).op is Ops.BUFFER: keep.add(id(get_buffer(base)))
             else: keep.update(id(get_buffer(u)) for u in t.uop.toposort() if u in written)
         plan_memory(items, keep)
-        return items
+        return items, var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer."""
         from fusegrad.engine.realize import run_schedule
-        run_schedule(self.schedule(*lst), do_update_stats=do_update_stats)
+        run_schedule(*self.schedule_with_vars(*lst), do_update_stats=do_update_stats)
         return self
 
     def _buffer(self):
@@ -231,24 +241,31 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         raw = memoryview(bytearray(self._buffer().as_buffer()) if self.numel() else bytearray(0))
         return raw.cast(self.dtype.fmt, self.shape) if self.numel() else raw.cast(self.dtype.fmt)
 
+    def _concrete_shape(self) -> tuple[int, ...]:
+        """The shape with each symbolic entry replaced by its value under the bound Variables."""
+        return tuple(sym_value(s) for s in self.shape)
+
     def numpy(self) -> Any:
         """A numpy array copy of the values (numpy must be installed)."""
         import numpy as np
         from fusegrad.dtype import to_np_dtype
         if self.dtype == dtypes.bfloat16: return self.float().numpy()
-        if self.numel() == 0: return np.zeros(self.shape, dtype=to_np_dtype(self.dtype))
-        # one copy out of the device buffer: it may be overwritten later (assign, reuse), so no view is handed out
-        return self._buffer().numpy().reshape(self.shape)
+        shape = self._concrete_shape()
+        if prod(shape) == 0: return np.zeros(shape, dtype=to_np_dtype(self.dtype))
+        # one copy out of the device buffer: it may be overwritten later (assign, reuse), so no view is handed out;
+        # a symbolic tensor's buffer is sized for the Variables' maxima and holds its elements at the start
+        return self._buffer().numpy()[:prod(shape)].reshape(shape)
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of Python scalars."""
         if self.dtype == dtypes.bfloat16: return self.float().tolist()
-        if self.numel() == 0:
-            return _nest([], self.shape)
+        shape = self._concrete_shape()
+        if prod(shape) == 0:
+            return _nest([], shape)
         b = self._buffer()
-        vals = list(struct.unpack(f"<{self.numel()}{self.dtype.fmt}", b.as_buffer()))
+        vals = list(struct.unpack_from(f"<{prod(shape)}{self.dtype.fmt}", b.as_buffer()))
         if self.dtype == dtypes.bool: vals = [bool(v) for v in vals]
-        return vals[0] if self.shape == () else _nest(vals, self.shape)
+        return vals[0] if shape == () else _nest(vals, shape)
 
     def item(self) -> ConstType:
         """The single value of a one-element tensor as a Python scalar."""
@@ -346,15 +363,18 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         out = tuple(o if n == -1 else n for o, n in zip(old, new))
         for o, n in zip(old, out):
             if o != n and o != 1: raise ValueError(f"can't expand shape {self.shape} to {new}: dim of size {o} isn't 1")
-            if n < 0: raise ValueError(f"bad size {n} in expand to {new}")
+            if isinstance(n, int) and n < 0: raise ValueError(f"bad size {n} in expand to {new}")
         x = self.reshape(old) if old != self.shape else self
         return x if out == x.shape else Tensor(x.uop.expand(out))
     def shrink(self, arg: Sequence) -> Tensor:
         if len(arg) != self.ndim: raise ValueError(f"shrink {arg} needs one (start, end) per dim ({self.ndim})")
         full = tuple((0, s) if a is None else tuple(a) for a, s in zip(arg, self.shape))
+        full = tuple((ssimplify(b), ssimplify(e)) for b, e in full)
         for (b, e), s in zip(full, self.shape):
-            if not 0 <= b <= e <= s: raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
-        return self if all(b == 0 and e == s for (b, e), s in zip(full, self.shape)) else Tensor(self.uop.shrink(full))
+            if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
+                raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+        if all(sym_eq(b, 0) and sym_eq(e, s) for (b, e), s in zip(full, self.shape)): return self
+        return Tensor(self.uop.shrink(full))
     def flip(self, axis: Any, *args: int) -> Tensor:
         axes = {_resolve_axis(a, self.ndim) for a in argfix(axis, *args)}
         return Tensor(self.uop.flip(tuple(i in axes for i in range(self.ndim))))
@@ -433,7 +453,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
         x = self
-        if not isinstance(y, Tensor):
+        if is_symbolic(y):  # a symbolic integer: an int tensor, or a float one next to floats
+            y = Tensor(y, x.device, x.dtype if dtypes.is_float(x.dtype) else dtypes.default_int)
+        elif not isinstance(y, Tensor):
             if not isinstance(y, (bool, int, float)) and not _is_numpy_scalar(y):
                 raise TypeError(f"unsupported operand type {type(y).__name__} for a Tensor operation")
             y = x._const_like_operand(y.item() if _is_numpy_scalar(y) else y)
@@ -701,9 +723,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return -((-self).max(axis, keepdim))
     def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
-        n = prod(self.shape[a] for a in axes)
+        n = ssimplify(prod(self.shape[a] for a in axes))
         out_dt = least_upper_float(self.dtype)
         s = self.cast(out_dt).sum(axis, keepdim)
+        if is_symbolic(n): return (s / Tensor(n, self.device, out_dt)).cast(out_dt)
         return (s / n if n else s * float("nan")).cast(out_dt)
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
@@ -773,23 +796,29 @@ def _nest(flat: list, shape: tuple[int, ...]) -> Any:
 
 def _is_realized_view(u: UOp) -> bool: return is_realized(u.base)
 
-def _shape_arg(shape: Any) -> tuple[int, ...]:
-    shp = (shape,) if isinstance(shape, int) else tuple(shape)
+def _shape_arg(shape: Any) -> tuple[sint, ...]:
+    shp = (shape,) if isinstance(shape, (int, UOp)) else tuple(shape)
     for s in shp:
+        if is_symbolic(s): continue
         if not isinstance(s, int) or isinstance(s, bool): raise TypeError(f"shape entries must be ints, got {shape!r}")
         if s < 0: raise ValueError(f"negative dimension in shape {shp}")
-    return shp
+    return tuple(ssimplify(s) for s in shp)
 
-def _infer_shape(shape: tuple, numel: int, old: tuple[int, ...]) -> tuple[int, ...]:
-    if any(not isinstance(s, int) or isinstance(s, bool) for s in shape):
+def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint, ...]:
+    if any(not is_symbolic(s) and (not isinstance(s, int) or isinstance(s, bool)) for s in shape):
         raise TypeError(f"reshape sizes must be ints, got {shape}")
-    if sum(s == -1 for s in shape) > 1: raise ValueError(f"reshape {shape}: only one dimension can be -1")
-    if any(s < -1 for s in shape): raise ValueError(f"reshape {shape}: negative size")
-    if -1 in shape:
-        known = prod(s for s in shape if s != -1)
-        if known == 0 or numel % known: raise ValueError(f"can't reshape {old} ({numel} elements) to {shape}")
-        shape = tuple(numel // known if s == -1 else s for s in shape)
-    if prod(shape) != numel: raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
+    shape = tuple(ssimplify(s) for s in shape)
+    fixed = [s for s in shape if isinstance(s, int)]
+    if sum(s == -1 for s in fixed) > 1: raise ValueError(f"reshape {shape}: only one dimension can be -1")
+    if any(s < -1 for s in fixed): raise ValueError(f"reshape {shape}: negative size")
+    if -1 in fixed:
+        known = prod(s for s in shape if not isinstance(s, int) or s != -1)
+        rest = ssimplify(numel // known) if not sym_eq(known, 0) else None
+        if rest is None or not sym_eq(rest * known, numel):
+            raise ValueError(f"can't reshape {old} ({numel} elements) to {shape}")
+        shape = tuple(rest if isinstance(s, int) and s == -1 else s for s in shape)
+    if not sym_eq(prod(shape), numel):
+        raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
     return tuple(shape)
 
 __all__ = ["Tensor"]

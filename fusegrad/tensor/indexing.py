@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 from fusegrad.dtype import ConstType, dtypes
 from fusegrad.helpers import argfix, prod
+from fusegrad.uop.ops import is_symbolic, sym_le
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -60,6 +61,19 @@ def _select_sum(onehot: Tensor, x: Tensor, axis: int) -> Tensor:
     if x.dtype == dtypes.bool: return onehot.where(x, False).any(axis)
     return onehot.where(x, 0).sum(axis).cast(x.dtype)
 
+def _symbolic_window(i: Any, size: Any, dim: int) -> tuple[Any, Any]:
+    """The (begin, end) that an index or a step-1 slice selects where the index or the size is symbolic. Python's
+    negative indices and clamping need the values, so a symbolic window must lie inside the dimension as given."""
+    if isinstance(i, slice):
+        if i.step not in (None, 1): raise IndexError(f"a slice with a symbolic bound or size needs step 1, got {i}")
+        b, e = (0 if i.start is None else i.start), (size if i.stop is None else i.stop)
+    else: b, e = i, i + 1
+    if any(isinstance(x, int) and x < 0 for x in (b, e)):
+        raise IndexError(f"negative index {i} in dimension {dim} of symbolic size {size}: give it from the start")
+    if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, size)):
+        raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+    return b, e
+
 class IndexingMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
@@ -74,7 +88,7 @@ class IndexingMixin:
         for i in raw:
             if isinstance(i, bool): entries.append(("bool", i))
             elif i is None or i is Ellipsis or isinstance(i, slice): entries.append(i)
-            elif isinstance(i, int): entries.append(i)
+            elif isinstance(i, int) or is_symbolic(i): entries.append(i)
             elif type(i).__module__ == "numpy" and getattr(i, "shape", None) == () and hasattr(i, "item"):
                 entries.append(("bool", bool(i)) if isinstance(i.item(), bool) else int(i.item()))
             elif isinstance(i, (Tensor, list, tuple)) or type(i).__module__ == "numpy":
@@ -128,7 +142,12 @@ class IndexingMixin:
         for i in entries:
             if i is None: out_shape.append(None); continue
             size = self.shape[dim]
-            if isinstance(i, int):
+            if is_symbolic(i) or is_symbolic(size) or \
+                    isinstance(i, slice) and (is_symbolic(i.start) or is_symbolic(i.stop)):
+                b, e = _symbolic_window(i, size, dim)
+                shrink_arg.append((b, e)); strides.append(1); squeeze.append(not isinstance(i, slice))
+                if isinstance(i, slice): out_shape.append(dim)
+            elif isinstance(i, int):
                 if not -size <= i < size:
                     raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
                 i = i + size if i < 0 else i

@@ -4,9 +4,10 @@ Windows (convolution, pooling, unfold) are views built from movement ops only (p
 the reduction over a window fuses with whatever produced the input: no im2col buffer is ever written."""
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import prod
+from fusegrad.uop.ops import is_symbolic, ssimplify
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -71,17 +72,22 @@ class NNMixin:
             if len(padding) != self.ndim: raise ValueError(f"padding {padding} needs one entry per dim ({self.ndim})")
             arg = [(0, 0) if p is None else tuple(p) for p in padding]
             if any(len(p) != 2 for p in arg): raise ValueError(f"each padding entry must be (before, after): {padding}")
-        if any(not isinstance(b, int) or not isinstance(e, int) or isinstance(b, bool) or isinstance(e, bool)
-               for b, e in arg):
+        def is_amount(v: Any) -> bool: return is_symbolic(v) or isinstance(v, int) and not isinstance(v, bool)
+        if any(not is_amount(b) or not is_amount(e) for b, e in arg):
             raise TypeError(f"padding amounts must be ints: {padding}")
+        if mode != "constant" and any(is_symbolic(v) for p in arg for v in p):
+            raise ValueError(f"pad mode {mode!r} needs int amounts, got the symbolic {padding}")
+        arg = [(ssimplify(b), ssimplify(e)) for b, e in arg]
+        if any(is_symbolic(v) and v.vmin < 0 for p in arg for v in p):
+            raise ValueError(f"a symbolic padding amount must be >= 0 for every value of its Variables: {padding}")
         # negative padding crops
         x = self
-        if any(b < 0 or e < 0 for b, e in arg):
+        if any(isinstance(v, int) and v < 0 for p in arg for v in p):
             if any(-min(b, 0) - min(e, 0) > s for (b, e), s in zip(arg, x.shape)):
                 raise ValueError(f"negative padding {padding} crops more than the size of shape {self.shape}")
             x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
             arg = [(max(b, 0), max(e, 0)) for b, e in arg]
-        if all(b == 0 and e == 0 for b, e in arg): return x
+        if all(isinstance(b, int) and b == 0 and isinstance(e, int) and e == 0 for b, e in arg): return x
         if mode == "constant":
             Tensor = _tensor_cls()
             padded = Tensor(x.uop.pad(tuple(arg)))

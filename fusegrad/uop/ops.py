@@ -136,7 +136,44 @@ class UOpMetaClass(type):
 def _as_uop(x: Any, like: UOp) -> UOp:
     return x if isinstance(x, UOp) else like.const_like(x)
 
-sint = int  # a shape or index entry: an int, or (later) a symbolic UOp
+sint = int  # a shape or index entry: an int, or a symbolic UOp (an expression of bound Variables)
+
+def ssimplify(x: Any) -> Any:
+    """A shape entry in its simplest form: an int stays an int, a UOp folds to an int when it is constant."""
+    if not isinstance(x, UOp): return x
+    s = x.simplify()
+    return s.arg if s.op is Ops.CONST else s
+
+def is_symbolic(x: Any) -> bool:
+    """A symbolic shape entry or index: an integer expression of Variables."""
+    return isinstance(x, UOp) and x.dtype == dtypes.index
+
+def sym_eq(a: Any, b: Any) -> bool:
+    """Whether two shape entries are provably equal (for symbolic ones: their difference simplifies to 0)."""
+    if not isinstance(a, UOp) and not isinstance(b, UOp): return a == b
+    return a is b or ssimplify(a - b) == 0
+
+def sym_le(a: Any, b: Any) -> bool:
+    """Whether a <= b may hold: False only where it provably fails (over every value of the Variables)."""
+    d = ssimplify(b - a)
+    return d >= 0 if not isinstance(d, UOp) else d.vmax >= 0
+
+def sym_value(x: Any) -> Any:
+    """The value of a shape entry with its bound Variables replaced by their values (an int stays an int)."""
+    if not isinstance(x, UOp): return x
+    return int(x.substitute({b: b.src[1] for b in x.toposort() if b.op is Ops.BIND}))
+
+def arg_uops(arg: Any) -> list[UOp]:
+    """The UOps nested in a tuple arg (a symbolic shape, shrink or pad), outermost first."""
+    if isinstance(arg, UOp): return [arg]
+    if type(arg) is tuple: return [u for a in arg for u in arg_uops(a)]
+    return []
+
+def map_arg_uops(arg: Any, fxn: Callable[[UOp], Any]) -> Any:
+    """A tuple arg with each UOp nested in it replaced by fxn(UOp)."""
+    if isinstance(arg, UOp): return fxn(arg)
+    if type(arg) is tuple: return tuple(map_arg_uops(a, fxn) for a in arg)
+    return arg
 
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
@@ -428,8 +465,8 @@ def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.ASSIGN and arg is not None: return arg
     if ss is None: return None
     if op is Ops.PERMUTE: return tuple(ss[i] for i in arg)
-    if op is Ops.PAD: return tuple(s + b + e for s, (b, e) in zip(ss, arg))
-    if op is Ops.SHRINK: return tuple(e - b for b, e in arg)
+    if op is Ops.PAD: return tuple(ssimplify(s + b + e) for s, (b, e) in zip(ss, arg))
+    if op is Ops.SHRINK: return tuple(ssimplify(e - b) for b, e in arg)
     if op is Ops.REDUCE_AXIS: return tuple(1 if i in arg[1] else s for i, s in enumerate(ss))
     # elementwise ops and FLIP/CONTIGUOUS/COPY/ASSIGN/DETACH keep the (common) shape of their sources
     return ss

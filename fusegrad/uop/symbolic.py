@@ -369,6 +369,30 @@ def _mod_small(x: UOp, y: UOp) -> UOp | None:
     if not _is_int(x) or (y.vmin <= 0 <= y.vmax): return None
     return x if max(abs(x.vmin), abs(x.vmax)) < min(abs(y.vmin), abs(y.vmax)) else None
 
+def _below(x: UOp, y: UOp) -> bool:
+    """x < y for every value: a loop index running to y, or by range analysis of y - x."""
+    return (x.op is Ops.RANGE and x.src[0] is y) or (y - x).simplify().vmin >= 1
+
+def _divmod_by_symbol(a: UOp, x: UOp, y: UOp) -> UOp | None:
+    """x//y and x%y for a symbolic y > 0 and x >= 0 (where C's truncation is floor): the terms of x that are
+    multiples of y go to the quotient, e.g. (i + j*n)//n -> j and (i + j*n)%n -> i for a loop index i < n."""
+    if y.vmin <= 0 or x.vmin < 0 or y.dtype.scalar() != dtypes.index: return None
+    terms, k = _terms(x)
+    quotient: dict[UOp, int] = {}
+    rest: dict[UOp, int] = {}
+    for base, coef in terms.items():
+        if base is y: quotient[base.const_like(1)] = quotient.get(base.const_like(1), 0) + coef
+        elif base.op is Ops.MUL and y in base.src: quotient[base.src[1] if base.src[0] is y else base.src[0]] = coef
+        else: rest[base] = coef
+    r = _build_sum(rest, k, x.dtype).simplify()
+    if r.vmin < 0 or any(b.vmin < 0 or c < 0 for b, c in quotient.items()): return None
+    small = _below(r, y)
+    if not quotient and not small: return None
+    if a.op is Ops.MOD: return r if small else (r % y if quotient else None)
+    q = _build_sum({b: c for b, c in quotient.items() if b.op is not Ops.CONST},
+                   sum(c * b.arg for b, c in quotient.items() if b.op is Ops.CONST), x.dtype)
+    return q if small else q + r // y
+
 def _mul_div_self(a: UOp, m: UOp, y: UOp) -> UOp | None:
     """(x*y)//y -> x and (x*y)%y -> 0, when y is never 0 and x*y did not wrap."""
     if not _is_int(y) or y.vmin <= 0 <= y.vmax or not _exact(m): return None
@@ -452,6 +476,7 @@ def divmod_rules(a: UOp) -> UOp | None:
     if y.op is not Ops.CONST:
         if x.op is Ops.MUL and (x.src[0] is y or x.src[1] is y) and (ret := _mul_div_self(a, x, y)) is not None:
             return ret
+        if (ret := _divmod_by_symbol(a, x, y)) is not None: return ret
         return _mod_small(x, y) if is_mod else None
     c = y.arg
     if c == 1 or (c == -1 and is_mod): return x.const_like(0) if is_mod else x
