@@ -3,9 +3,10 @@
     .venv/bin/python examples/gpt2.py --weights model.safetensors --prompt "Hello" --count 20
     .venv/bin/python examples/gpt2.py --random --count 20          # the real 124M shape with random weights
 
-The KV cache has a fixed size (the model's context); the current position reaches the kernels as a tensor, and
-attention masks the cache rows past it. So every decoding step has the same shapes, and after its first two calls
-TinyJit replays the same kernels for every token (no tracing, scheduling or compiling per token)."""
+The KV cache has room for the model's context. A decoding step at position `pos` writes its key and value into row
+`pos` and attends to rows 0..pos: the position is a bound Variable, so those shapes are symbolic, every position runs
+the same compiled kernels (looping over pos+1 rows, not the whole cache), and after its first two calls TinyJit
+replays them for every token with the new value of the Variable (no tracing, scheduling or compiling per token)."""
 from __future__ import annotations
 import argparse
 import heapq
@@ -13,7 +14,8 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from fusegrad import Tensor, TinyJit, dtypes, nn
+from fusegrad import Tensor, TinyJit, Variable, dtypes, nn
+from fusegrad.uop.ops import UOp
 from fusegrad.nn.state import get_state_dict, load_state_dict, safe_load
 
 @dataclass(frozen=True)
@@ -33,26 +35,21 @@ class Attention:
         self.cache_k = Tensor.zeros(*shape).contiguous().realize()
         self.cache_v = Tensor.zeros(*shape).contiguous().realize()
 
-    def __call__(self, x: Tensor, start: Tensor) -> Tensor:
-        """x (B, T, dim) at positions start..start+T-1; start is a (1,) int tensor."""
+    def __call__(self, x: Tensor, start: int | UOp) -> Tensor:
+        """x (B, T, dim) at positions start..start+T-1 (start: an int, or a bound Variable)."""
         B, T, dim = x.shape
         q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).chunk(3, dim=2)
         q, k, v = q.squeeze(2), k.squeeze(2), v.squeeze(2)
-        C = self.cache_k.shape[1]
-        # write the new rows into the cache: rows start..start+T-1 take k/v (shapes stay fixed for every position)
-        rows = Tensor.arange(C).reshape(1, C, 1, 1)
-        offset = (rows - start.reshape(1, 1, 1, 1)).clip(0, T - 1)  # which new row lands on each cache row
-        inside = (rows >= start.reshape(1, 1, 1, 1)) & (rows < start.reshape(1, 1, 1, 1) + T)
-        new_k = k.gather(1, offset.expand(B, C, self.n_head, self.head_dim)) if T > 1 else k.expand(B, C, *k.shape[2:])
-        new_v = v.gather(1, offset.expand(B, C, self.n_head, self.head_dim)) if T > 1 else v.expand(B, C, *v.shape[2:])
-        self.cache_k.assign(inside.where(new_k, self.cache_k))
-        self.cache_v.assign(inside.where(new_v, self.cache_v))
-        keys, values = self.cache_k.transpose(1, 2), self.cache_v.transpose(1, 2)  # (B, H, C, hd)
-        scores = q.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.head_dim)  # (B, H, T, C)
-        query_pos = start.reshape(1, 1, 1, 1) + Tensor.arange(T).reshape(1, 1, T, 1)
-        allowed = Tensor.arange(C).reshape(1, 1, 1, C) <= query_pos
-        att = allowed.where(scores, -math.inf).softmax(-1)
-        return self.c_proj((att @ values).transpose(1, 2).reshape(B, T, dim))
+        # the new rows go into the cache in place; attention reads rows 0..start+T-1 of it
+        self.cache_k[:, start:start + T].assign(k).realize()
+        self.cache_v[:, start:start + T].assign(v).realize()
+        keys = self.cache_k[:, 0:start + T].transpose(1, 2)  # (B, H, start+T, hd)
+        values = self.cache_v[:, 0:start + T].transpose(1, 2)
+        scores = q.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.head_dim)  # (B, H, T, start+T)
+        if T > 1:  # a prompt: each query sees the rows up to its own position
+            rows, queries = Tensor.arange(start + T).reshape(1, 1, 1, -1), Tensor.arange(start, start + T)
+            scores = (rows <= queries.reshape(1, 1, T, 1)).where(scores, -math.inf)
+        return self.c_proj((scores.softmax(-1) @ values).transpose(1, 2).reshape(B, T, dim))
 
 class MLP:
     def __init__(self, cfg: Config):
@@ -63,7 +60,7 @@ class Block:
     def __init__(self, cfg: Config, batch: int):
         self.ln_1, self.attn = nn.LayerNorm(cfg.dim, cfg.norm_eps), Attention(cfg, batch)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.dim, cfg.norm_eps), MLP(cfg)
-    def __call__(self, x: Tensor, start: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, start: int | UOp) -> Tensor:
         x = x + self.attn(self.ln_1(x), start)
         return x + self.mlp(self.ln_2(x))
 
@@ -75,19 +72,22 @@ class GPT2:
         self.h = [Block(cfg, batch) for _ in range(cfg.n_layer)]
         self.ln_f = nn.LayerNorm(cfg.dim, cfg.norm_eps)
         self._decode = TinyJit(self.forward)
+        self.start_pos = Variable("start_pos", 0, cfg.max_context - 1)
 
-    def forward(self, tokens: Tensor, start: Tensor) -> Tensor:
-        """Logits (B, T, vocab) for tokens (B, T) at positions start.. (start: a (1,) int32 tensor)."""
+    def forward(self, tokens: Tensor, start: int | UOp) -> Tensor:
+        """Logits (B, T, vocab) for tokens (B, T) at positions start.. (start: an int, or a bound Variable)."""
         T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(start.reshape(1, 1) + Tensor.arange(T, dtype=dtypes.int32).reshape(1, T))
+        x = self.wte(tokens) + self.wpe(Tensor.arange(T, dtype=dtypes.int32).reshape(1, T) + start)
         for block in self.h: x = block(x, start)
         return self.ln_f(x) @ self.wte.weight.T
 
     def __call__(self, tokens: Tensor, start: int) -> Tensor:
         """Logits for tokens at position `start`; single tokens go through the TinyJit-compiled step."""
-        pos = Tensor([start], dtype=dtypes.int32)
-        if tokens.shape[1] == 1: return self._decode(tokens.cast(dtypes.int32).contiguous(), pos)
-        return self.forward(tokens.cast(dtypes.int32), pos)
+        if start + tokens.shape[1] > self.cfg.max_context:
+            raise ValueError(f"positions {start}..{start + tokens.shape[1] - 1} are past the context "
+                             f"({self.cfg.max_context})")
+        if tokens.shape[1] == 1: return self._decode(tokens.cast(dtypes.int32).contiguous(), self.start_pos.bind(start))
+        return self.forward(tokens.cast(dtypes.int32), start)
 
     def load_hf(self, fn: str) -> None:
         """Load a Hugging Face GPT-2 .safetensors file (its Conv1D weights are the transposes of Linear's)."""

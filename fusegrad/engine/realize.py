@@ -79,7 +79,9 @@ class CompiledRunner(Runner):
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
         try: vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
-        except KeyError as e: raise ValueError(f"kernel {self.p.name} needs a value for Variable {e.args[0]}") from e
+        except KeyError as e: raise ValueError(f"kernel {self.p.name} needs a value for Variable {e.args[0]}: bind it "
+                                         "(Variable.bind(value)) where the shape is built, or pass the bound Variable "
+                                         "to the TinyJit function") from e
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         return self._prg(*bufs, vals=vals, global_size=gs, threads=self.threads(var_vals) if gs > 1 else 1, wait=wait)
 

@@ -155,17 +155,21 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False) -> d
     for u in root.toposort():
         if u in dvars: out[u] = dvars[u]; continue
         new_src = tuple(out[s] for s in u.src)
-        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars)) if in_args and type(u.arg) is tuple else u.arg
+        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars)) if in_args and _symbolic_arg(u) else u.arg
         same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
         out[u] = u if same and all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src, arg=arg)
     return out
+
+def _symbolic_arg(u: UOp) -> bool:
+    """Whether u's arg may hold symbolic sizes: a shape, shrink or pad tuple, or a tensor-level iota's length."""
+    return type(u.arg) is tuple or (u.op is Ops.RANGE and isinstance(u.arg, UOp))
 
 def bound_variables(topo: Iterable[UOp]) -> dict[UOp, UOp]:
     """BIND -> its Variable, for every bound Variable used by these nodes (as a value or in a symbolic shape)."""
     binds: dict[UOp, UOp] = {}
     for u in topo:
         if u.op is Ops.BIND: binds[u] = u.src[0]
-        elif type(u.arg) is tuple and u.op is not Ops.KERNEL:
+        elif _symbolic_arg(u):
             for x in arg_uops(u.arg):
                 for b in x.toposort():
                     if b.op is Ops.BIND: binds[b] = b.src[0]

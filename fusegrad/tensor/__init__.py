@@ -139,7 +139,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def device(self) -> str: return self.uop.device
     @property
     def ndim(self) -> int: return len(self.shape)
-    def numel(self) -> int: return prod(self.shape)
+    def numel(self) -> sint: return ssimplify(prod(self.shape))
     def element_size(self) -> int: return self.dtype.itemsize
     def nbytes(self) -> int: return self.numel() * self.element_size()
     def is_floating_point(self) -> bool: return dtypes.is_float(self.dtype)
@@ -329,6 +329,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         if stop is None: start, stop = 0, start
         if step == 0: raise ValueError("arange step must not be zero")
+        if is_symbolic(start) or is_symbolic(stop):
+            if step != 1 or isinstance(start, float) or isinstance(stop, float):
+                raise ValueError(f"arange with a symbolic bound needs int bounds and step 1: {start}, {stop}, {step}")
+            n = ssimplify(stop - start)
+            if is_symbolic(n) and n.vmin < 0: raise ValueError(f"arange({start}, {stop}) may have a negative length")
+            dt = to_dtype(dtype) if dtype is not None else dtypes.default_int
+            return (Tensor._iota(n, device).cast(dt) + start).cast(dt)
         n = max(0, math.ceil((stop - start) / step))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         idx = Tensor._iota(n, device)

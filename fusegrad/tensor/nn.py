@@ -75,8 +75,9 @@ class NNMixin:
         def is_amount(v: Any) -> bool: return is_symbolic(v) or isinstance(v, int) and not isinstance(v, bool)
         if any(not is_amount(b) or not is_amount(e) for b, e in arg):
             raise TypeError(f"padding amounts must be ints: {padding}")
-        if mode != "constant" and any(is_symbolic(v) for p in arg for v in p):
-            raise ValueError(f"pad mode {mode!r} needs int amounts, got the symbolic {padding}")
+        if mode != "constant" and (any(is_symbolic(v) for p in arg for v in p) or
+                                   any(is_symbolic(s) and p != (0, 0) for p, s in zip(arg, self.shape))):
+            raise ValueError(f"pad mode {mode!r} needs int amounts and sizes, got {padding} for shape {self.shape}")
         arg = [(ssimplify(b), ssimplify(e)) for b, e in arg]
         if any(is_symbolic(v) and v.vmin < 0 for p in arg for v in p):
             raise ValueError(f"a symbolic padding amount must be >= 0 for every value of its Variables: {padding}")

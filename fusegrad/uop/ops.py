@@ -442,7 +442,9 @@ class UOp(metaclass=UOpMetaClass):
 
     # *** printing ***
 
-    def __repr__(self) -> str: return pretty_print(self)
+    def __repr__(self) -> str:
+        if is_symbolic(self) and (r := _symbolic_repr(self)) is not None: return r
+        return pretty_print(self)
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.index) -> UOp:
     """A named symbolic integer with an inclusive range [min_val, max_val]; `.bind(v)` gives it a value."""
@@ -670,6 +672,15 @@ def render_expr(root: UOp) -> str:
         elif u.op is Ops.CAST: r[u] = f"({u.dtype.name})({s[0]})"
         else: r[u] = f"{u.op.name.lower()}({', '.join(s)})"
     return r[root]
+
+_SCALAR_EXPR = {Ops.DEFINE_VAR, Ops.BIND, Ops.CONST} | set(GroupOp.ALU)
+
+def _symbolic_repr(x: UOp) -> str | None:
+    """A symbolic shape entry as short text, e.g. <(pos+1) pos=3>, or None for anything else (a kernel's index math)."""
+    topo = x.toposort()
+    if any(u.op not in _SCALAR_EXPR or u.src and u.op is Ops.DEFINE_VAR for u in topo): return None
+    binds = ", ".join(f"{b.src[0].arg[0]}={b.src[1].arg}" for b in topo if b.op is Ops.BIND)
+    return f"<{render_expr(x)}{' ' + binds if binds else ''}>"
 
 def resolve(x: Any, default: bool = True) -> bool:
     """A Python bool for `x`: itself if not a UOp, else decided by range analysis, else `default`."""
