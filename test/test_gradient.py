@@ -362,8 +362,9 @@ KERNEL_COUNTS = [
     ("linear_relu_sum", lambda x, w, b: (x @ w + b).relu().sum(), [(16, 32), (32, 8), (8,)], 4),
     # softmax weighted by w: the forward row max and row sum of exp; the backward's row reductions: the count of
     # maxima (the max's gradient is split between ties), the gradient of the denominator, and the gradient reaching
-    # the max through x - max (zero in exact math, computed all the same, as torch does); then gx and gw elementwise
-    ("softmax_weighted", lambda x, w: (x.softmax() * w).sum(), [(16, 32), (16, 32)], 7),
+    # the max through x - max (zero in exact math, computed all the same, as torch does); then gx and gw elementwise.
+    # Row reductions used row by row fuse into their consumers, which saves one.
+    ("softmax_weighted", lambda x, w: (x.softmax() * w).sum(), [(16, 32), (16, 32)], 6),
 ]
 
 @pytest.mark.parametrize("name,f,shapes,bound", KERNEL_COUNTS, ids=[k[0] for k in KERNEL_COUNTS])

@@ -35,20 +35,31 @@ def find_realized(sink: UOp) -> set[UOp]:
     """The fusion decision: which nodes get their own buffer (and kernel)."""
     realize: set[UOp] = set()
     topo = list(sink.toposort())
+    users: dict[UOp, list[UOp]] = {}
+    for u in topo:
+        for s in u.src: users.setdefault(s, []).append(u)
     for out in sink.src:
         # an output already in a buffer in row-major order (only reshapes on top) needs no kernel
         if storage_of(out) is None: realize.add(out)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
         if u.op is Ops.COPY and storage_of(u.src[0]) is None: realize.add(u.src[0])
-        # a computed value that is broadcast is computed once into a buffer, not once per output element
+    cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
+    for u in topo:
+        if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
+                                                  u.op is Ops.REDUCE_AXIS):
+            cost[u] = 0
+            continue
+        cost[u] = min(RECOMPUTE_LIMIT + 1, (u.op not in GroupOp.Movement) + sum(cost.get(s, 0) for s in u.src))
+        # a computed value that is broadcast is computed once into a buffer, not once per output element; except a
+        # cheap enough per-row value used row by row, which the consumer computes once per row itself
         if u.op is Ops.EXPAND:
             base = u.src[0].base
-            if not is_realized(base) and not _is_cheap(base): realize.add(base)
+            if not is_realized(base) and not _is_cheap(base) and \
+                    (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
+                realize.add(base)
+                cost[base] = cost[u] = 0
     # a reduce feeding more than one kernel is computed once (walk users before sources)
-    users: dict[UOp, list[UOp]] = {}
-    for u in topo:
-        for s in u.src: users.setdefault(s, []).append(u)
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
         if u.op is Ops.SINK: continue
@@ -69,6 +80,28 @@ def find_realized(sink: UOp) -> set[UOp]:
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
+
+def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp]) -> bool:
+    """Whether a broadcast value can be computed inside its consumers, once per output row: it is broadcast only along
+    trailing axes, and every path to a kernel output is elementwise on that shape or a reduction over those axes.
+    The consumer's loops then run in shape order with the broadcast axes innermost, and the linearizer hoists the
+    value out of them: x - x.max(1, keepdim=True) needs no kernel of its own, so softmax and layernorm are one."""
+    src_shape, shape = expand.src[0].shape, expand.shape
+    axes = [i for i, (a, b) in enumerate(zip(src_shape, shape)) if a != b]
+    if not axes or any(i not in axes and s != 1 for i, s in enumerate(shape) if i > axes[0]): return False
+    # a single row (or column) may be split across cores along the broadcast axes: computed once into a buffer
+    if all(s == 1 for i, s in enumerate(shape) if i not in axes): return False
+    stack, seen = [expand], set()
+    while stack:
+        u = stack.pop()
+        for x in users.get(u, []):
+            if x in seen or x.op is Ops.SINK: continue
+            seen.add(x)
+            if x.op is Ops.REDUCE_AXIS and set(axes) <= set(x.arg[1]) and x.src[0].shape == shape: continue
+            if x.op in (Ops.ASSIGN, Ops.CONTIGUOUS) and x in realize and x.shape == shape: continue
+            if x.op not in GroupOp.Elementwise or x.shape != shape: return False
+            if x not in realize: stack.append(x)
+    return True
 
 def _is_cheap(u: UOp) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""

@@ -25,10 +25,20 @@ KERNEL_COUNTS = {
     "(a*b).sum(1)+v": (lambda a, b, c, v: (a * b).sum(1) + v, 1, lambda: (A * B).sum(1) + V),
     "a@b": (lambda a, b, c, v: a @ b, 1, lambda: A @ B),
     "(a@b).relu()+c": (lambda a, b, c, v: (a @ b).relu() + c, 1, lambda: np.maximum(A @ B, 0) + C),
-    "a.softmax(1)": (lambda a, b, c, v: a.softmax(1), 3, lambda: _softmax(A, 1)),
-    "a.log_softmax(1)": (lambda a, b, c, v: a.log_softmax(1), 3, lambda: np.log(_softmax(A, 1))),
-    "var": (lambda a, b, c, v: (a - a.mean(1, keepdim=True)).square().mean(1), 2,
+    # row reductions broadcast back along their row are computed inside the consumer: one kernel
+    "a.softmax(1)": (lambda a, b, c, v: a.softmax(1), 1, lambda: _softmax(A, 1)),
+    "a.log_softmax(1)": (lambda a, b, c, v: a.log_softmax(1), 1, lambda: np.log(_softmax(A, 1))),
+    "a.logsumexp(1)": (lambda a, b, c, v: a.logsumexp(1), 1, lambda: np.log(np.exp(A).sum(1))),
+    "a.layernorm(1)": (lambda a, b, c, v: a.layernorm(1), 1,
+                       lambda: (A - A.mean(1, keepdims=True)) / np.sqrt(A.var(1, keepdims=True) + 1e-5)),
+    "rmsnorm": (lambda a, b, c, v: a * (a.square().mean(1, keepdim=True) + 1e-6).rsqrt(), 1,
+                lambda: A / np.sqrt((A * A).mean(1, keepdims=True) + 1e-6)),
+    "var": (lambda a, b, c, v: (a - a.mean(1, keepdim=True)).square().mean(1), 1,
             lambda: ((A - A.mean(1, keepdims=True)) ** 2).mean(1)),
+    "softmax of a 3-d tensor": (lambda a, b, c, v: a.reshape(8, 8, 64).softmax(-1), 1,
+                                lambda: _softmax(A.reshape(8, 8, 64), -1)),
+    # over a leading axis the rows are not innermost: the reductions get their own kernels
+    "a.softmax(0)": (lambda a, b, c, v: a.softmax(0), 3, lambda: _softmax(A, 0)),
     "a.T.contiguous()": (lambda a, b, c, v: a.T.contiguous(), 1, lambda: A.T),
     "a.pad(((1,1),(1,1))).sum()": (lambda a, b, c, v: a.pad(((1, 1), (1, 1))).sum(), 1, lambda: A.sum()),
     "a.max(1)": (lambda a, b, c, v: a.max(1), 1, lambda: A.max(1)),
@@ -109,11 +119,11 @@ def test_schedule_cache_hit_on_identical_graph():
 
 def test_memory_planner_reuses_dead_buffers():
     def chain(a):
-        # each stage is broadcast into the next, so each is its own kernel; stage i's buffer is dead after stage i+1.
-        # No tensor holds the intermediates, so their storage is free to share.
-        x = (a + 1).sum(1, keepdim=True)
-        for _ in range(3): x = (a * x).sum(1, keepdim=True)
-        return (a * x).sum(1)
+        # each stage is broadcast into the next along a leading axis, so each is its own kernel; stage i's buffer is
+        # dead after stage i+1. No tensor holds the intermediates, so their storage is free to share.
+        x = (a + 1).sum(0, keepdim=True)
+        for _ in range(3): x = (a * x).sum(0, keepdim=True)
+        return (a * x).sum(0)
     out = chain(Tensor(A))
     sched = out.schedule()
     assert len(sched) == 5
@@ -121,9 +131,9 @@ def test_memory_planner_reuses_dead_buffers():
     assert len({id(b) for b in bases}) < 5, "intermediate buffers with disjoint lifetimes should share storage"
     from fusegrad.engine.realize import run_schedule
     run_schedule(sched)
-    r1 = (A + 1).sum(1, keepdims=True); r2 = (A * r1).sum(1, keepdims=True); r3 = (A * r2).sum(1, keepdims=True)
-    r4 = (A * r3).sum(1, keepdims=True)
-    np.testing.assert_allclose(out.numpy(), (A * r4).sum(1), rtol=1e-3)
+    r1 = (A + 1).sum(0, keepdims=True); r2 = (A * r1).sum(0, keepdims=True); r3 = (A * r2).sum(0, keepdims=True)
+    r4 = (A * r3).sum(0, keepdims=True)
+    np.testing.assert_allclose(out.numpy(), (A * r4).sum(0), rtol=1e-3)
 
 def test_size_zero_needs_no_kernel():
     x = Tensor.ones(3, 0) * 2 + 1
