@@ -26,7 +26,7 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
     sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
-    if ctx.vec is not None: sink = vectorize(sink, ctx.vec, range_size(ctx.vec), tuple(renderer.vector_dtypes))
+    for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
     return graph_rewrite(sink, pm_simplify_indexing, name="simplify_indexing")
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:

@@ -35,13 +35,15 @@ def coeff(x: UOp, r: UOp) -> int | None:
     return c[x]
 
 def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
-    """The RANGEs the value of `u` varies with: an END(store, *loops) no longer varies with its loops, and a lanes
-    REDUCE(x, vec) no longer with its vector axis. `memo` caches results across calls."""
+    """The RANGEs the value of `u` varies with: an END(store, *loops) no longer varies with its loops, a lanes
+    REDUCE(x, vec) no longer with its vector axis, a REDUCE(x, *ranges) not with the ranges it reduces. `memo`
+    caches results across calls."""
     for x in u.toposort(gate=lambda x: x not in memo):
         if x in memo: continue
         s = frozenset().union(*[memo[y] for y in x.src]) if x.src else frozenset()
         if x.op is Ops.RANGE: s = s | {x}
         elif x.op is Ops.END: s = s - set(x.src[1:])
         elif x.op is Ops.REDUCE and isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
+        elif x.op is Ops.REDUCE and isinstance(x.arg, Ops): s = s - set(x.src[1:])  # not lowered yet
         memo[x] = s
     return memo[u]

@@ -103,8 +103,9 @@ pm_vectorize = PatternMatcher([
     (UPat(Ops.RANGE, name="r"), lambda ctx, r: UOp(Ops.VECTORIZE, r.dtype.vec(ctx.width),
                                                    tuple(UOp.const(r.dtype, k) for k in range(ctx.width)))
      if r is ctx.vec else None),
+    # an accumulator along this pass's axis (its RANGE source is already the lanes; another axis' is still a RANGE)
     (UPat(Ops.DEFINE_REG, name="d"), lambda ctx, d: d.replace(dtype=d.dtype.vec(ctx.width), src=())
-     if d.src and not _is_vec(d) else None),
+     if d.src and d.src[0].op is not Ops.RANGE and not _is_vec(d) else None),
     # accumulator reads and writes follow the accumulator's width
     (UPat(Ops.LOAD, src=(UPat(Ops.DEFINE_REG, name="d"),), allow_any_len=True, name="ld"),
      lambda d, ld: ld.replace(dtype=d.dtype) if d.dtype != ld.dtype else None),

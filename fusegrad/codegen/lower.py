@@ -7,7 +7,8 @@ After `lower_kernel` the graph holds no REDUCE over a loop: each became
     cur  = LOAD(acc, init, *reduce_loops)           read inside the innermost reduce loop
     upd  = STORE(acc, op(cur, value))               accumulate
     res  = LOAD(acc, END(upd, *reduce_loops))       read after the reduce loops closed
-The only RANGE of kind "upcast" left is the vector axis (if any), turned into SIMD lanes by expand.py."""
+The only RANGEs of kind "upcast" left are the vector axes (if any), turned into SIMD lanes by expand.py: the main one,
+and in a kernel with several reductions (softmax) one per reduction that doesn't involve the main one."""
 from __future__ import annotations
 import itertools
 import math
@@ -32,6 +33,10 @@ class LowerCtx:
     use_fma: bool = False            # fuse ADD-reduces of products into fused multiply-adds
     next_reg: int = 0
     live: dict = field(default_factory=dict)     # memo for live_ranges
+    reduce_vecs: tuple[UOp, ...] = ()  # further vector axes, each the lanes of one reduction's partial accumulators
+
+    @property
+    def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
 
 def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
     if op is Ops.ADD and ctx.use_fma and val.op is Ops.MUL and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
@@ -45,7 +50,7 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     combination of the expanded axes; "upcast" reduce axes give separate accumulators, "unroll" axes a chain."""
     if not isinstance(red.arg, Ops): return None
     rngs = red.src[1:]
-    acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r is not ctx.vec]
+    acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r not in ctx.vecs]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
     vals = []
@@ -63,12 +68,15 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     op, n_acc, n_seq = red.arg
     vals, rngs = red.src[:n_acc * n_seq], red.src[n_acc * n_seq:]
     loops = [r for r in rngs if range_kind(r) in LOOP_KINDS]
-    own_vec = ctx.vec is not None and ctx.vec in rngs
     dt = red.dtype
     live = frozenset().union(*[live_ranges(v, ctx.live) for v in vals])
+    # the vector axis of this reduction: its own lanes (partial accumulators), or one its value varies with
+    vec = next((v for v in ctx.vecs if v in rngs), None)
+    if vec is None: vec = next((v for v in ctx.vecs if v in live), None)
+    own_vec = vec is not None and vec in rngs
     outer_srcs = tuple(sorted((r for r in live if range_kind(r) in LOOP_KINDS and r not in loops),
                               key=lambda r: r.arg[0]))
-    acc_on_vec = own_vec or (ctx.vec is not None and ctx.vec in live)
+    acc_on_vec = vec is not None
     finals = []
     for a in range(n_acc):
         chain = vals[a * n_seq:(a + 1) * n_seq]
@@ -77,7 +85,7 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
             for v in chain: cur = _combine(ctx, op, cur, v)
             finals.append(cur)
             continue
-        acc = UOp(Ops.DEFINE_REG, dt, (ctx.vec,) if acc_on_vec else (), ctx.next_reg)
+        acc = UOp(Ops.DEFINE_REG, dt, (vec,) if acc_on_vec else (), ctx.next_reg)
         ctx.next_reg += 1
         init = UOp(Ops.STORE, dtypes.void, (acc, identity_element(op, dt)) + outer_srcs)
         cur = UOp(Ops.LOAD, dt, (acc, init, *loops))
@@ -87,7 +95,7 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     res = finals[0]
     for f in finals[1:]: res = res.alu(op, f)
     # partial accumulators along the vector lanes are combined across lanes (expand.py makes it a horizontal reduce)
-    if own_vec: res = UOp(Ops.REDUCE, dt, (res, ctx.vec), (op, "lanes"))
+    if own_vec: res = UOp(Ops.REDUCE, dt, (res, vec), (op, "lanes"))
     return res
 
 pm_lower_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"),
@@ -113,9 +121,36 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         if score > best_score: best, best_score = r, score
     return best
 
+def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp, ...]:
+    """In a kernel with several reductions, an upcast reduce axis of each one that doesn't involve the main vector
+    axis `vec`, contiguous in every load that varies with it: its partial accumulators become SIMD lanes too."""
+    vec_dts = getattr(renderer, "vector_dtypes", ())
+    reds = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    if len(reds) < 2 or not vec_dts: return ()
+    live: dict = {}
+    chosen: list[tuple[UOp, UOp]] = []
+    for red in reds:
+        if red.dtype not in vec_dts: continue
+        for r in red.src[1:]:
+            sz = range_size(r)
+            if range_kind(r) != "upcast" or not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
+            idxs = [u for u in red.src[0].toposort() if u.op is Ops.INDEX and r in u.toposort()]
+            if not idxs or not all(coeff(i.src[1], r) == 1 and i.src[0].dtype.base in vec_dts for i in idxs): continue
+            # no value may vary along two vector axes: this reduction's inputs vary with no other one, and the
+            # inputs of the others (a reduction nested in this one) don't vary with this one
+            axes = [v for v in (vec,) if v is not None] + [a for _, a in chosen]
+            if any(a in live_ranges(red.src[0], live) for a in axes) or \
+                    any(r in live_ranges(other.src[0], live) for other, _ in chosen):
+                continue
+            chosen.append((red, r))
+            break
+    return tuple(r for _, r in chosen)
+
 def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, LowerCtx]:
     """The optimized AST with expanded axes substituted and REDUCEs lowered to accumulators."""
-    ctx = LowerCtx(vec=choose_vector_axis(ast, renderer), use_fma=use_fma and getattr(renderer, "has_fma", False))
+    vec = choose_vector_axis(ast, renderer)
+    ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
+                   reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec))
     reduce_rngs = {r for u in ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
     stores = []
     for st in ast.src:

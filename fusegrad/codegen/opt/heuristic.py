@@ -50,12 +50,15 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     if width >= 2:
         for r in reversed(outs):
             sz = range_size(r)
-            if not isinstance(sz, int) or sz % width: continue
+            # the widest vector that divides the loop (a 1000-long row takes 8 lanes where 16 don't fit)
+            w = next((w for w in (width, width // 2, width // 4) if w >= 2 and isinstance(sz, int) and sz % w == 0),
+                     None)
+            if w is None: continue
             st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
             if all(c == 1 for c, is_store, _ in st if is_store) and \
                     all(c in (0, 1) or (not is_store and packable(idx, r)) for c, is_store, idx in st) and \
                     any(c != 0 for c, is_store, _ in st if not is_store):
-                vec_out = r
+                vec_out, width = r, w
                 break
     if vec_out is not None:
         rest, inner = split(OptOps.UPCAST, vec_out, width)
@@ -80,6 +83,14 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             _block_matmul(k, rest, inner, width * n_vec * acc_dt.itemsize, cores)
             return k.applied_opts
         if len(k.reduceops) == 1: _block_strided_reduce(k, strides, cores)
+        else:
+            # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
+            for r in [k.loops[i] for i in k.reduce_axes()]:
+                sz = range_size(r)
+                if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): continue
+                if (w := next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)):
+                    split(OptOps.UPCAST, r, w)
+            return k.applied_opts
         # unroll the reduce a little: fewer loop iterations for the short bodies
         for r in [k.loops[i] for i in k.reduce_axes()]:
             if isinstance(sz := range_size(r), int) and sz % 4 == 0 and sz >= 8:
