@@ -82,6 +82,8 @@ class Context(contextlib.ContextDecorator):
 DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), ContextVar("NOOPT", 0), \
     ContextVar("BEAM", 0), ContextVar("JIT", 1)
 CACHELEVEL, CPU_THREADS, VIZ = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS", 0), ContextVar("VIZ", 0)
+# 0: EXP2/LOG2/SIN are left to the device's math library instead of codegen/transcendental.py's polynomials
+TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 
 # *** terminal output ***
 

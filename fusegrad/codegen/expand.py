@@ -76,13 +76,22 @@ pm_vector_memory.__doc__ = "memory accesses along the vector axis are one vector
 
 def _is_vec(u: UOp) -> bool: return u.dtype.count > 1
 
+# bools are vectors only in registers: masks made by comparisons, combined by logic ops, used by WHERE and CAST (in
+# memory they stay lanes: bool is not a vector dtype of any renderer)
+_MASK_OPS = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.NOT, Ops.NEG, Ops.WHERE, Ops.CAST}
+
+def _in_vectors(ctx: VecCtx, x: UOp) -> bool:
+    dts = [x.dtype.scalar()] + [s.dtype.scalar() for s in x.src]
+    if dtypes.bool in dts and x.op not in _MASK_OPS: return False
+    return all(d in ctx.vec_dtypes or d == dtypes.bool for d in dts)
+
 def _alu(ctx: VecCtx, x: UOp) -> UOp | None:
     if not any(_is_vec(s) for s in x.src) or _is_vec(x): return None
     w = ctx.width
     if x.op is Ops.WHERE and not _is_vec(x.src[0]) and x.dtype in ctx.vec_dtypes:
         # a scalar condition picks a whole vector
         return UOp(Ops.WHERE, x.dtype.vec(w), (x.src[0], *[s if _is_vec(s) else broadcast(s, w) for s in x.src[1:]]))
-    if x.dtype in ctx.vec_dtypes and all(s.dtype.scalar() in ctx.vec_dtypes for s in x.src):
+    if _in_vectors(ctx, x):
         return UOp(x.op, x.dtype.vec(w), tuple(s if _is_vec(s) else broadcast(s, w) for s in x.src), x.arg)
     return UOp(Ops.VECTORIZE, x.dtype.vec(w), tuple(x.replace(src=tuple(gep(s, k) for s in x.src)) for k in range(w)))
 
@@ -118,7 +127,8 @@ pm_vectorize = PatternMatcher([
     (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), _alu),
     (UPat(GroupOp.ALU, name="x"), _fold_index_const),
 ], name="vectorize")
-pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dtypes; no other vector dtype remains"
+pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dtypes or bool masks; no other " \
+    "vector dtype remains"
 
 def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) -> UOp:
     """Turn the vector axis `vec` of a lowered kernel into SIMD lanes."""
@@ -126,6 +136,7 @@ def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) ->
     sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory")
     sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize")
     for u in sink.toposort():
-        if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes and not isinstance(u.dtype, PtrDType):
+        if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes + (dtypes.bool,) and \
+                not isinstance(u.dtype, PtrDType):
             raise RuntimeError(f"vectorize left a {u.dtype} {u.op}")
     return sink

@@ -20,11 +20,14 @@ _SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int
           dtypes.bfloat16: "bf16", dtypes.float32: "f32", dtypes.float64: "f64", dtypes.index: "i64"}
 _UNSIGNED_OF = {dtypes.int8: "unsigned char", dtypes.int16: "unsigned short", dtypes.int32: "unsigned int",
                 dtypes.int64: "unsigned long", dtypes.index: "unsigned long"}
+_MASK_INT = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}   # lanes of bool vectors (masks)
 _SMALL = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)   # promoted to int by C arithmetic
 _LOWP = (dtypes.float16, dtypes.bfloat16)                                        # computed in float
 _UNARY_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&",
           Ops.OR: "|", Ops.XOR: "^"}
+
+_MASK_USERS = GroupOp.ALU | {Ops.CAST, Ops.VECTORIZE, Ops.GEP}   # ops that may make or read a bool vector
 
 def _short_hash(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -243,11 +246,15 @@ class CStyleLanguage(Renderer):
     def _shift(self, op: Ops, dt: DType, s: list[str]) -> str:
         bits, t = 8 * dt.itemsize, self.dtype_name(dt)
         ut = _UNSIGNED_OF.get(dt, t)
-        shifted = f"({t})(({ut}){s[0]} << {s[1]})" if op is Ops.SHL else f"({s[0]} >> {s[1]})"
+        def shifted(n: str) -> str: return f"({t})(({ut}){s[0]} << {n})" if op is Ops.SHL else f"({s[0]} >> {n})"
         try:
             n = int(s[1].strip("()").rstrip("uUlL"))
-            return f"({shifted})" if 0 <= n < bits else "0"
-        except ValueError: return f"((unsigned long)({s[1]}) < {bits} ? {shifted} : 0)"
+            return f"({shifted(s[1])})" if 0 <= n < bits else "0"
+        except ValueError:
+            # a count of the width or more gives 0: the count is masked into range and the result masked to 0, without
+            # a branch (a ?: here keeps gcc's loop vectorizer from if-converting the code around it)
+            ok = f"(0-({ut})((unsigned long)({s[1]}) < {bits}))"
+            return f"(({t})({shifted(f'(({s[1]})&{bits - 1})')}&{ok}))"
 
     def _threefry(self) -> str:
         return self._need("fg_threefry", """\
@@ -266,6 +273,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _vector_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         sc = dt.scalar()
+        if op is Ops.MULACC and (fma := self._native_fma(dt)) is not None: return f"{fma}({', '.join(srcs)})"
         if op in (Ops.ADD, Ops.SUB, Ops.MUL) or (op in (Ops.AND, Ops.OR, Ops.XOR) and not dtypes.is_float(sc)):
             return f"({srcs[0]}{_INFIX[op]}{srcs[1]})"
         if op is Ops.NEG: return f"(-{srcs[0]})"
@@ -273,6 +281,21 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
         lane = self.render_alu(op, sc, [f"{chr(97 + i)}[i]" for i in range(len(srcs))], [d.scalar() for d in src_dts])
         return f"{self._lane_helper(op.name.lower(), dt, lane, src_dts)}({', '.join(srcs)})"
+
+    def _native_fma(self, dt: DType) -> str | None:
+        """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
+        lane loop of fmaf is left scalar by gcc 12 at -O2, which made 16-lane kernels 16x slower.)"""
+        flags, sc, bits = _cpu_flags(), dt.scalar(), dt.count * dt.scalar().itemsize * 8
+        if sc not in (dtypes.float32, dtypes.float64) or platform.machine() not in ("x86_64", "AMD64"): return None
+        sfx = "ps" if sc == dtypes.float32 else "pd"
+        if bits == 512 and "avx512f" in flags:
+            mask = "(unsigned short)-1" if sc == dtypes.float32 else "(unsigned char)-1"
+            name = f"fg_fma_{sfx}512"
+            vt = self.dtype_name(dt)
+            return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b, {vt} c) "
+                                    f"{{ return __builtin_ia32_vfmadd{sfx}512_mask(a, b, c, {mask}, 4); }}")
+        if bits in (128, 256) and "fma" in flags: return f"__builtin_ia32_vfmadd{sfx}{'256' if bits == 256 else ''}"
+        return None
 
     def _lane_helper(self, what: str, dt: DType, lane: str, src_dts: list[DType]) -> str:
         """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane`."""
@@ -287,6 +310,64 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         st = self.dtype_name(dt.scalar())
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{\n"
                                 f"  {vt} r; for (int i = 0; i < {dt.count}; i++) r[i] = x; return r;\n}}")
+
+    # *** vectors of bools: masks ***
+    # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes
+    # of the values compared (what GCC's vector comparisons give), widened or narrowed where it meets another width.
+
+    def _mask_type(self, n: int, width: int) -> str: return self.dtype_name(_MASK_INT[width].vec(n))
+
+    def _mask_conv(self, m: str, n: int, frm: int, to: int) -> str:
+        return m if frm == to else f"__builtin_convertvector({m}, {self._mask_type(n, to)})"
+
+    def _select(self, m: str, a: str, b: str, n: int, width: int) -> str:
+        """Lanes of integer vectors a where mask m is set, else of b."""
+        t = self._mask_type(n, width)
+        name = f"fg_vselect_{_SHORT[_MASK_INT[width]]}x{n}"
+        self._need(name, f"static inline __attribute__((always_inline)) {t} {name}({t} m, {t} a, {t} b) {{\n"
+                         f"  return (a & m) | (b & ~m);\n}}")
+        return f"{name}({m}, {a}, {b})"
+
+    def render_mask_op(self, u: UOp, r: dict[UOp, str], mw: dict[UOp, int]) -> tuple[str, int | None]:
+        """The C expression of `u`, an op making or using a bool vector, and the mask width of its result (None when
+        the result isn't a mask). `mw` holds the widths of the masks rendered so far."""
+        op, src, n = u.op, u.src, u.dtype.count
+        is_mask = lambda x: x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
+        if op is Ops.GEP: return f"((_Bool)({r[src[0]]}[{u.arg}]))", None
+        if op is Ops.VECTORIZE:
+            t = self._mask_type(n, 4)
+            if all(s is src[0] for s in src): return f"(({t}){{0}}-(int)({r[src[0]]}))", 4
+            return f"(({t}){{{', '.join(f'-(int)({r[s]})' for s in src)}}})", 4
+        if op is Ops.CAST:
+            s = src[0]
+            if is_mask(s) and is_mask(u): return r[s], mw[s]
+            if is_mask(s): return self.render_cast(f"(-{r[s]})", _MASK_INT[mw[s]].vec(n), u.dtype), None  # true is 1
+            x, dt = r[s], s.dtype
+            if dt.scalar() in _LOWP: x, dt = self.vec_to_float(x, dt), dtypes.float32.vec(n)
+            return f"(({self._mask_type(n, dt.scalar().itemsize)})({x}!=0))", dt.scalar().itemsize
+        if op is Ops.WHERE:
+            c, a, b = src
+            if is_mask(u):
+                w = mw[a]
+                return self._select(self._mask_conv(r[c], n, mw[c], w), r[a], self._mask_conv(r[b], n, mw[b], w), n,
+                                    w), w
+            w, it = u.dtype.scalar().itemsize, self._mask_type(n, u.dtype.scalar().itemsize)
+            sel = self._select(self._mask_conv(r[c], n, mw[c], w), f"(({it}){r[a]})", f"(({it}){r[b]})", n, w)
+            return f"(({self.dtype_name(u.dtype)}){sel})", None
+        if op in GroupOp.Comparison and not is_mask(src[0]):
+            xs, dt = [r[s] for s in src], src[0].dtype
+            if dt.scalar() in _LOWP: xs, dt = [self.vec_to_float(x, dt) for x in xs], dtypes.float32.vec(n)
+            w = dt.scalar().itemsize
+            return f"(({self._mask_type(n, w)})({xs[0]}{_INFIX[op]}{xs[1]}))", w
+        # logic on masks (C arithmetic on bools: + and max are or, * is and, - is xor)
+        w = mw[src[0]]
+        ms = [r[src[0]]] + [self._mask_conv(r[s], n, mw[s], w) for s in src[1:]]
+        if op in (Ops.NOT, Ops.NEG): return f"(~{ms[0]})", w
+        if op is Ops.CMPEQ: return f"(~({ms[0]}^{ms[1]}))", w
+        if op is Ops.CMPLT: return f"(~{ms[0]}&{ms[1]})", w
+        sym = {Ops.AND: "&", Ops.MUL: "&", Ops.OR: "|", Ops.ADD: "|", Ops.MAX: "|", Ops.XOR: "^", Ops.SUB: "^",
+               Ops.CMPNE: "^"}[op]
+        return f"({ms[0]}{sym}{ms[1]})", w
 
     # *** the kernel ***
 
@@ -327,13 +408,15 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         def new_var(prefix: str) -> str:
             counter[prefix] = counter.get(prefix, -1) + 1
             return f"{prefix}{counter[prefix]}"
-        def assign(u: UOp, expr: str, prefix: str) -> None:
+        def assign(u: UOp, expr: str, prefix: str, ctype: str | None = None) -> None:
             us = users.get(u, [])
             if prefix != "val" and len(us) == 1 and depth_of[us[0]] == depth_of[u] and us[0].op is not Ops.RANGE:
                 r[u] = expr
             else:
                 r[u] = new_var(prefix)
-                line(f"{self.dtype_name(u.dtype)} {r[u]} = {expr};")
+                line(f"{ctype or self.dtype_name(u.dtype)} {r[u]} = {expr};")
+        mask_width: dict[UOp, int] = {}
+        def is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
 
         for u in uops:
             op, src = u.op, u.src
@@ -388,6 +471,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 if src[0].op is Ops.DEFINE_REG: line(f"{r[src[0]]} = {r[src[1]]};"); continue
                 st = f"{r[src[0]]} = {r[src[1]]};"
                 line(f"if ({r[src[0].src[2]]}) {st}" if len(src[0].src) > 2 else st)
+            elif op in _MASK_USERS and (is_mask(u) or any(is_mask(s) for s in src)):
+                expr, width = self.render_mask_op(u, r, mask_width)
+                if width is None: assign(u, expr, "alu")
+                else:
+                    mask_width[u] = width
+                    assign(u, expr, "mask", self._mask_type(u.dtype.count, width))
             elif op is Ops.VECTORIZE:
                 if all(s is src[0] for s in src): assign(u, f"{self._broadcast(u.dtype)}({r[src[0]]})", "vec")
                 else: assign(u, f"(({self.dtype_name(u.dtype)}){{{', '.join(r[s] for s in src)}}})", "vec")
@@ -430,9 +519,11 @@ class ClangRenderer(CStyleLanguage):
     unique_symbols = True
     # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
     # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
-    # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read)
+    # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read);
+    # -fno-trapping-math (floating-point exception flags are never read either; values don't change) lets the loop
+    # vectorizer if-convert a?b:c on floats, which it otherwise keeps as a branch since a comparison may trap
     compile_flags: list[str] = ["-O3", "-march=native", "-ffp-contract=off", "-fwrapv", "-fno-math-errno",
-                                "-fno-strict-aliasing"]
+                                "-fno-trapping-math", "-fno-strict-aliasing"]
     vector_dtypes = (dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16,
                      dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
 
