@@ -16,13 +16,14 @@ from fusegrad.uop.pattern import graph_rewrite
 
 from fusegrad.uop.symbolic import pm_simplify_indexing
 
-def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...]]:
-    """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), and the opts applied."""
+def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...], float]:
+    """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), the opts applied, and the
+    fraction of its loop iterations that do useful work (less than 1 where loops were padded)."""
     k = Kernel(ast, renderer)
     if opts is not None:
         for o in opts: k.apply_opt(o)
     elif not NOOPT: hand_coded_optimizations(k)
-    return k.get_optimized_ast(), tuple(k.applied_opts)
+    return k.get_optimized_ast(), tuple(k.applied_opts), k.useful
 
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
@@ -33,11 +34,12 @@ def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
     """The linearized UOps of a kernel AST."""
-    opt_ast, applied = optimize(ast, renderer, opts)
+    opt_ast, applied, _ = optimize(ast, renderer, opts)
     return linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
 
-def estimate(uops: list[UOp]) -> Estimates:
-    """ALU ops (vector ops count every lane, index math not at all) times loop trip counts; bytes of every buffer."""
+def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
+    """ALU ops (vector ops count every lane, index math not at all) times loop trip counts, scaled by the `useful`
+    fraction of the iterations (padded loops); bytes of every buffer."""
     ops, mult, stack = 0, 1, []
     for u in uops:
         if u.op is Ops.RANGE:
@@ -51,11 +53,11 @@ def estimate(uops: list[UOp]) -> Estimates:
     for u in uops:
         if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
             mem += u.dtype.size * u.dtype.base.itemsize
-    return Estimates(ops=ops, mem=mem)
+    return Estimates(ops=round(ops * useful), mem=mem)
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Optimize, lower, linearize and render one kernel AST."""
-    opt_ast, applied = optimize(ast, renderer, opts)
+    opt_ast, applied, useful = optimize(ast, renderer, opts)
     uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
     name = name or kernel_name(opt_ast)
     gl = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
@@ -72,5 +74,5 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     return ProgramSpec(name=name, src=src, device=renderer.device, uops=uops, function_name=function_name,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),
-                       global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops),
+                       global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
                        applied_opts=applied, ast=ast)

@@ -135,7 +135,8 @@ def test_matmul(shape):
         out = np.zeros((M, N), np.float32)
         p = run(matmul_ast(M, N, K), [out, a, b], noopt=noopt)
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
-        assert p.estimates.ops == 2 * M * N * K
+        # (padded loops are counted for the fraction of their iterations that is real work)
+        assert abs(p.estimates.ops - 2 * M * N * K) <= 0.001 * 2 * M * N * K
 
 def test_matmul_long_reduce_blocked_through_output():
     M, N, K = 16, 64, 768

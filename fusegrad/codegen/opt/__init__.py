@@ -12,6 +12,9 @@ An optimization never changes what a kernel computes, only how its loops are sha
                      (stack) buffer at the start of that loop's body, and load from the copy: a block of a matrix
                      read with a large stride becomes contiguous and stays in L1 while loops inside reuse it. The
                      load must not vary with output loops inside `axis`.
+  PADTO(axis, amt)   round output loop `axis` up to a multiple of `amt`: the extra iterations compute garbage that
+                     is never stored (every memory access that varies with the loop is gated by `index < size`), so
+                     the loop can be vectorized and tiled whatever its size (1023 columns become 64 vectors of 16).
   KBLOCK(axis, amt)  block a reduce loop through the output buffer: the loop runs `amt` at a time in registers and
                      an outer loop over the blocks (placed right inside the outermost output loop) adds each block's
                      result to the output, so the data one block reads stays in cache while all output tiles use it.
@@ -29,7 +32,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
-    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto()
+    UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto(); PADTO = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class Kernel:
         self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
         self.copies: list[UOp] = []          # loops of PACK copies
         self.applied_opts: list[Opt] = []
+        self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
         self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
 
@@ -156,6 +160,7 @@ class Kernel:
                 raise KernelOptError("SWAP needs output axes")
             self.loops[a], self.loops[b] = self.loops[b], self.loops[a]
         elif opt.op is OptOps.KBLOCK: self._kblock(opt.axis, opt.arg)
+        elif opt.op is OptOps.PADTO: self._padto(opt.axis, opt.arg)
         elif opt.op is OptOps.PACK: self._pack(opt.axis, opt.arg)
         elif opt.op is OptOps.SPLIT:
             if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
@@ -163,6 +168,24 @@ class Kernel:
         else: raise KernelOptError(f"unknown opt {opt.op}")
         self.applied_opts.append(opt)
         return ret
+
+    def _padto(self, axis: int, amt: int) -> None:
+        r = self.loops[axis]
+        size = range_size(r)
+        if axis >= self.first_reduce: raise KernelOptError("PADTO needs an output axis")
+        if not isinstance(size, int) or amt < 2 or size % amt == 0: raise KernelOptError(f"can't pad {size} to {amt}")
+        padded = UOp.range(-(-size // amt) * amt, r.arg[0], r.arg[1])
+        ast = self.ast.substitute({r: padded})
+        # every access that varies with the loop is gated, so the padded iterations neither read nor write memory
+        inside = padded < size
+        gated = {}
+        for u in ast.toposort():
+            if u.op is Ops.INDEX and padded in u.toposort():
+                valid = inside if len(u.src) < 3 else u.src[2] & inside
+                gated[u] = u.replace(src=(u.src[0], u.src[1], valid))
+        self.ast = ast.substitute(gated)
+        self.loops[axis] = padded
+        self.useful *= size / range_size(padded)
 
     def _kblock(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
