@@ -133,11 +133,13 @@ def _exp2(x: UOp, fma: bool) -> UOp:
     return _ldexp(p, n.cast(f.int), f)
 
 def _exp2_double_to_float(y: UOp, fma: bool) -> UOp:
-    """float32 exp2 of a float64 argument: n and r = y - n exact in float64, the polynomial and scaling in float32."""
-    y = (y < -151.0).where(_c(y, -151.0), y)
-    y = (_c(y, 129.0) < y).where(_c(y, 129.0), y)
+    """float32 exp2 of a float64 argument: n and r = y - n exact in float64, the rest in float32 (twice the lanes),
+    the range checks too: beyond [-151, 129] n alone decides (0 or inf), and +-inf gives r = nan there."""
     n = _rint(y, _Float(dtypes.float64))
-    p = _poly(_sub(y, n).cast(dtypes.float32), [1.0] + EXP2_F32, fma)
+    r, n = _sub(y, n).cast(dtypes.float32), n.cast(dtypes.float32)
+    low, high = n < -151.0, _c(n, 129.0) < n
+    n = low.where(_c(n, -151.0), high.where(_c(n, 129.0), n))
+    p = _poly((low | high).where(_c(r, 0.0), r), [1.0] + EXP2_F32, fma)
     return _ldexp(p, n.cast(dtypes.int32), _Float(dtypes.float32))
 
 # *** log2 ***

@@ -162,8 +162,11 @@ class CStyleLanguage(Renderer):
         if dst.count > 1:
             if src.scalar() in _LOWP: x, src = self.vec_to_float(x, src), dtypes.float32.vec(src.count)
             if dst.scalar() in _LOWP:
-                if src.scalar() == dtypes.float64:   # rounded once, directly (not through float): lane by lane
-                    return f"{self._lane_helper('cast_f64', dst, f'({self.dtype_name(dst.scalar())})a[i]', [src])}({x})"
+                if src.scalar() == dtypes.float64:   # lane by lane: half rounded once, directly; bfloat16 through
+                    # float as the scalar cast does (bf16 is an integer type in C: a C cast would convert the value)
+                    lane = "fg_f32_to_bf16((float)a[i])" if dst.scalar() == dtypes.bfloat16 else \
+                        f"({self.dtype_name(dst.scalar())})a[i]"
+                    return f"{self._lane_helper('cast_f64', dst, lane, [src])}({x})"
                 if src.scalar() != dtypes.float32:   # integers are exact in float wherever they fit in half
                     x = f"__builtin_convertvector({x}, {self.dtype_name(dtypes.float32.vec(src.count))})"
                 return self.vec_from_float(x, dst)
@@ -328,6 +331,26 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                          f"  return (a & m) | (b & ~m);\n}}")
         return f"{name}({m}, {a}, {b})"
 
+    def _vector_compare(self, op: Ops, dt: DType, a: str, b: str) -> str:
+        """The mask of a comparison of two `dt` vectors. GCC makes scalar code of comparisons of vectors wider than a
+        register, so those are done in halves (copied out and back: __builtin_shufflevector is too new)."""
+        n, sz = dt.count, dt.scalar().itemsize
+        w = sz
+        if n * sz <= max(getattr(self, "simd_bytes", 0), 16) or n % 2:
+            return f"(({self._mask_type(n, w)})({a}{_INFIX[op]}{b}))"
+        h, half, mt = n // 2, n * sz // 2, self._mask_type(n, w)
+        ht, hm = self.dtype_name(dt.scalar().vec(n // 2)), self._mask_type(n // 2, w)
+        name = f"fg_v{op.name.lower()}_{_SHORT[dt.scalar()]}x{n}"
+        self._need(name, f"static inline __attribute__((always_inline)) {mt} {name}({self.dtype_name(dt)} a, "
+                         f"{self.dtype_name(dt)} b) {{\n  {ht} a0, a1, b0, b1; {mt} r;\n"
+                         f"  __builtin_memcpy(&a0, &a, {half}); __builtin_memcpy(&a1, (char*)&a + {half}, {half});\n"
+                         f"  __builtin_memcpy(&b0, &b, {half}); __builtin_memcpy(&b1, (char*)&b + {half}, {half});\n"
+                         f"  {hm} r0 = {self._vector_compare(op, dt.scalar().vec(h), 'a0', 'b0')}, "
+                         f"r1 = {self._vector_compare(op, dt.scalar().vec(h), 'a1', 'b1')};\n"
+                         f"  __builtin_memcpy(&r, &r0, {half * w // sz}); "
+                         f"__builtin_memcpy((char*)&r + {half * w // sz}, &r1, {half * w // sz});\n  return r;\n}}")
+        return f"{name}({a}, {b})"
+
     def render_mask_op(self, u: UOp, r: dict[UOp, str], mw: dict[UOp, int]) -> tuple[str, int | None]:
         """The C expression of `u`, an op making or using a bool vector, and the mask width of its result (None when
         the result isn't a mask). `mw` holds the widths of the masks rendered so far."""
@@ -357,8 +380,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if op in GroupOp.Comparison and not is_mask(src[0]):
             xs, dt = [r[s] for s in src], src[0].dtype
             if dt.scalar() in _LOWP: xs, dt = [self.vec_to_float(x, dt) for x in xs], dtypes.float32.vec(n)
-            w = dt.scalar().itemsize
-            return f"(({self._mask_type(n, w)})({xs[0]}{_INFIX[op]}{xs[1]}))", w
+            return self._vector_compare(op, dt, xs[0], xs[1]), dt.scalar().itemsize
         # logic on masks (C arithmetic on bools: + and max are or, * is and, - is xor)
         w = mw[src[0]]
         ms = [r[src[0]]] + [self._mask_conv(r[s], n, mw[s], w) for s in src[1:]]
