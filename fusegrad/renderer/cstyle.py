@@ -311,8 +311,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _broadcast(self, dt: DType) -> str:
         vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
         st = self.dtype_name(dt.scalar())
-        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{\n"
-                                f"  {vt} r; for (int i = 0; i < {dt.count}; i++) r[i] = x; return r;\n}}")
+        # an initializer of equal elements: gcc makes it one broadcast instruction (a lane loop became n loads)
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{ "
+                                f"return ({vt}){{{', '.join(['x'] * dt.count)}}}; }}")
 
     # *** vectors of bools: masks ***
     # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes

@@ -30,10 +30,14 @@ def flat_index(idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
     return ret
 
 def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
-    """Position in `shape` of the row-major offset `flat` (inverse of flat_index)."""
+    """Position in `shape` of the row-major offset `flat` (inverse of flat_index). The outermost position takes no
+    modulo: `flat` is below the size wherever the element is read (an index outside a padded tensor's data is gated),
+    and without the modulo the index stays affine, so loads along it vectorize."""
     out, stride = [], 1
-    for s in reversed(shape):
+    outer = next((i for i, s in enumerate(shape) if s != 1), len(shape))
+    for i, s in reversed(list(enumerate(shape))):
         if s == 1: out.append(_idx(0))
+        elif i == outer: out.append(flat // stride if stride != 1 else flat)
         else: out.append((flat // stride) % s if stride != 1 else flat % s)
         stride *= s
     return tuple(reversed(out))

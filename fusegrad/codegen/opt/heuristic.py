@@ -87,6 +87,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             r = reuse[-1]
             amt = _largest_divisor(range_size(r), tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget))
             if amt > 1: split(OptOps.UPCAST, r, amt)
+            _unroll_windows(k, n_vec * max(amt, 1), getattr(ren, "vector_registers", 16))
             _block_matmul(k, rest, inner, width * n_vec * acc_dt.itemsize, cores)
             return k.applied_opts
         if len(k.reduceops) == 1: _block_strided_reduce(k, strides, cores)
@@ -130,6 +131,19 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: split(OptOps.UPCAST, rem, extra)
             return k.applied_opts
     return k.applied_opts
+
+def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
+    """A convolution's window (kh, kw: short reduce loops whose index moves with an output loop's, as in oh + kh) is
+    unrolled, and that output loop upcast by 2 when the accumulators fit the registers: the two output rows then
+    share most of their input rows, loaded once."""
+    windows = [r for r in (k.loops[i] for i in k.reduce_axes()) if isinstance(sz := range_size(r), int) and sz <= 7]
+    if not windows: return
+    loads = [idx for idx, is_store in k.accesses() if not is_store]
+    slides = [o for o in k.loops[:k.first_reduce] if isinstance(range_size(o), int) and range_size(o) % 2 == 0 and
+              any((c := coeff(idx.src[1], o)) not in (0, None) and any(coeff(idx.src[1], w) == c for w in windows)
+                  for idx in loads)]
+    for w in windows: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(w), 0))
+    if slides and 2 * accumulators <= registers: k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(slides[-1]), 2))
 
 def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: int) -> None:
     """Cache blocking of a register-tiled matmul-like kernel. The columns (the vectorized axis) go outermost, in one
