@@ -45,7 +45,7 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
         if u.op is Ops.RANGE:
             n = range_size(u)
             stack.append(mult)
-            mult *= n if isinstance(n, int) else int(n.vmax)
+            mult = mult * n  # a symbolic trip count keeps the estimate symbolic (evaluated with the Variables' values)
         elif u.op is Ops.END: mult = stack.pop()
         elif u.op in GroupOp.ALU and u.dtype.scalar() != dtypes.index:
             ops += mult * u.dtype.count * (2 if u.op is Ops.MULACC else 1)
@@ -53,7 +53,8 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
     for u in uops:
         if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
             mem += u.dtype.size * u.dtype.base.itemsize
-    return Estimates(ops=round(ops * useful), mem=mem)
+    if isinstance(ops, UOp): ops = ops.simplify()
+    return Estimates(ops=round(ops * useful) if isinstance(ops, int) else ops, mem=mem)
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Optimize, lower, linearize and render one kernel AST."""
