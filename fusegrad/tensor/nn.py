@@ -4,10 +4,11 @@ Windows (convolution, pooling, unfold) are views built from movement ops only (p
 the reduction over a window fuses with whatever produced the input: no im2col buffer is ever written."""
 from __future__ import annotations
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import prod
-from fusegrad.uop.ops import is_symbolic, ssimplify
+from fusegrad.uop.ops import Ops, UOp, is_symbolic, ssimplify
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -37,6 +38,34 @@ def _flat_pads(padding: int | Sequence[int], n: int) -> list[int]:
 def _side_pairs(flat: list[int]) -> list[tuple[int, int]]:
     """Flat torch padding -> (before, after) per dim in dim order."""
     return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)][::-1]
+
+@dataclass(frozen=True)
+class _ConvGradient:
+    """conv2d's gradient rule. The input's gradient is a transposed convolution, i.e. a convolution of the same fast
+    kind as the forward (differentiating the overlapping-window view instead gives index math that doesn't vectorize:
+    80x slower); the weight's is the sum over the windows of the input times the output gradient. Compared by value,
+    so a training step's graph is the same every step (the schedule cache keys on it)."""
+    groups: int
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    padding: tuple[int, ...]   # flat, torch's order
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+        T = _tensor_cls()
+        g, x, w = T(grad), T(ins[0]), T(ins[1])
+        n, bs, (cout, cin), hw = len(self.stride), x.shape[0], w.shape[:2], w.shape[2:]
+        i_, o_, pairs = x.shape[2:], g.shape[2:], _side_pairs(list(self.padding))
+        # the extra input rows the forward's windows never reached (output_padding) get a zero gradient
+        out_pad = [i - ((o - 1) * s + d * (k - 1) + 1 - b - a)
+                   for i, o, s, d, k, (b, a) in zip(i_, o_, self.stride, self.dilation, hw, pairs)]
+        gx = g.conv_transpose2d(w, groups=self.groups, stride=self.stride, dilation=self.dilation,
+                                padding=list(self.padding), output_padding=out_pad)
+        rcout = cout // self.groups
+        xw = x.pad(list(self.padding))._pool(hw, self.stride, self.dilation)  # (bs, cin_, *out, *hw)
+        xw = xw.reshape((bs, self.groups, 1, cin) + o_ + hw)
+        gr = g.reshape((bs, self.groups, rcout, 1) + o_ + (1,) * n)
+        gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
+        return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
 
 def _need_tensors(name: str, **args: object) -> None:
     """A clear TypeError when an argument that must be a Tensor (or None, for optional ones) isn't."""
@@ -196,13 +225,18 @@ class NNMixin:
         if cout % groups: raise ValueError(f"conv2d out channels {cout} are not divisible by groups={groups}")
         if bias is not None and bias.shape != (cout,):
             raise ValueError(f"conv2d bias must have shape ({cout},), got {bias.shape}")
-        x = self.pad(_flat_pads(padding, n))._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
+        flat = _flat_pads(padding, n)
+        x = self.pad(flat)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n)))
         w = weight.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
         ret = (x.cast(out_dt) * w.cast(out_dt)).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + oyx)
+        if dtypes.is_float(out_dt):
+            rule = _ConvGradient(groups, _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation"),
+                                 tuple(flat))
+            ret = _tensor_cls()(UOp(Ops.CUSTOM_GRAD, ret.dtype, (ret.detach().uop, self.uop, weight.uop), rule))
         return ret if bias is None else ret + bias.cast(out_dt).reshape((1, cout) + (1,) * n)
 
     def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,

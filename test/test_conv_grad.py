@@ -1,0 +1,66 @@
+"""conv2d's gradients (a transposed convolution for the input, a window reduction for the weight) against torch for
+strides, dilations, groups, asymmetric padding, 1-3 spatial dims, dropped edge rows; a gradient of a gradient; and the
+speed-relevant structure: the input gradient of a 3x3 convolution is one vectorized kernel."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor
+from fusegrad.codegen.opt import OptOps
+
+torch.set_num_threads(1)
+CASES = [
+    ((2, 4, 9, 9), (6, 4, 3, 3), dict(stride=2, padding=1)),
+    ((2, 4, 10, 7), (6, 2, 3, 2), dict(groups=2, dilation=2, padding=(1, 2))),
+    ((1, 3, 8), (5, 3, 4), dict(stride=3, padding=2)),          # the last input rows reach no window
+    ((1, 2, 5, 5, 5), (3, 2, 2, 2, 2), dict(stride=(1, 2, 1))),
+    ((2, 6, 8, 8), (6, 1, 3, 3), dict(groups=6, padding=1)),    # depthwise
+    ((2, 3, 7, 7), (4, 3, 1, 1), dict(stride=2)),
+    ((1, 2, 6, 6), (2, 2, 3, 3), dict(padding=[1, 0, 2, 1])),   # flat (left, right, top, bottom)
+]
+TORCH_CONV = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
+
+def _torch_padding(kw: dict, xt: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    if isinstance(kw.get("padding"), list):  # torch takes only symmetric padding: pad the input itself
+        return {k: v for k, v in kw.items() if k != "padding"}, torch.nn.functional.pad(xt, kw["padding"])
+    return kw, xt
+
+@pytest.mark.parametrize("xs,ws,kw", CASES)
+def test_gradients_match_torch(xs, ws, kw):
+    rng = np.random.default_rng(len(xs) + sum(ws))
+    X, W = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    x, w = Tensor(X, requires_grad=True), Tensor(W, requires_grad=True)
+    out = x.conv2d(w, **kw)
+    G = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(G)).sum().backward()
+    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
+    tkw, txp = _torch_padding(kw, tx)
+    tout = TORCH_CONV[len(xs)](txp, tw, **tkw)
+    (tout * torch.tensor(G)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def test_gradient_of_gradient_matches_torch():
+    rng = np.random.default_rng(7)
+    X, W = rng.standard_normal((2, 3, 6, 6)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    x, w = Tensor(X, requires_grad=True), Tensor(W, requires_grad=True)
+    gx, = x.conv2d(w, stride=2, padding=1).square().sum().gradient(x)
+    gw2, = gx.square().sum().gradient(w)
+    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
+    tgx, = torch.autograd.grad(torch.nn.functional.conv2d(tx, tw, stride=2, padding=1).square().sum(), tx,
+                               create_graph=True)
+    tgw2, = torch.autograd.grad(tgx.square().sum(), tw)
+    np.testing.assert_allclose(gx.numpy(), tgx.detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw2.numpy(), tgw2.numpy(), rtol=1e-3, atol=1e-3)
+
+def test_input_gradient_is_one_vectorized_convolution():
+    x, w = Tensor.rand(2, 16, 16, 16, requires_grad=True).realize(), Tensor.rand(16, 16, 3, 3).realize()
+    g = Tensor.rand(2, 16, 16, 16).realize()
+    gx, = (x.conv2d(w, padding=1) * g).sum().gradient(x)
+    from fusegrad.codegen import get_program
+    from fusegrad.device import Device
+    (si,) = [si for si in gx.schedule() if si.ast.op.name == "SINK"][-1:]
+    p = get_program(si.ast, Device["CPU"].renderer)
+    assert OptOps.UPCAST in {o.op for o in p.applied_opts} and OptOps.UNROLL in {o.op for o in p.applied_opts}
+    assert any(u.dtype.count > 1 for u in p.uops if u.op.name == "DEFINE_REG"), "accumulators are vectors"
