@@ -22,6 +22,7 @@ float16 and bfloat16 are computed in float32 and rounded once.
 The polynomial coefficients were fitted with `python -m fusegrad.codegen.transcendental` (Chebyshev fits with mpmath of
 each function's reduced form over its interval, which prints them); TRANSCENDENTAL=0 turns the pass off (libm calls)."""
 from __future__ import annotations
+import math
 from typing import Any
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import TRANSCENDENTAL
@@ -218,34 +219,33 @@ def _mul_limbs(m: list[UOp], w: list[UOp]) -> list[UOp]:
         carry = v >> 32
     return out
 
-def _payne_hanek(x: UOp) -> tuple[UOp, list[UOp]]:
-    """For |x| >= pi/4 (float32 or float64; any finite value): |x| * 2/pi = k + g with k the nearest integer, as
-    (k mod 4 in uint64, terms of g in quadrants: exact float64 values, largest first, g = their sum)."""
-    f = _Float(x.dtype)
+def _payne_hanek(x: UOp, mant: int, max_e: int, nlimbs: int) -> tuple[UOp, list[UOp]]:
+    """For float64 x with pi/4 <= |x| < inf, a significand of at most `mant` bits (24 or 53) and |x| = m 2^e,
+    e <= max_e (m the integer significand): |x| * 2/pi = k + g with k the nearest integer, as (k mod 4 in uint64, the
+    terms of g in quadrants: exact float64 values, largest first, g = their sum). The product takes N = 32 nlimbs bits
+    of 2/pi, so g is off by less than m 2^(2-N)."""
     u64 = dtypes.uint64
-    bits = x.bitcast(f.uint).cast(u64)
-    # |x| = m * 2^e with the mantissa m an integer; bits of 2/pi worth less than 4/m in x*2/pi don't change it mod 4
-    m = (bits & ((1 << f.mant) - 1)) | (1 << f.mant)
-    biased = ((bits >> f.mant) & (2 * f.bias + 1)).cast(dtypes.int64)
-    # x*2/pi mod 4 = (m * W mod 2^N) * 2^(2-N), W = the N bits of 2/pi from bit e-1 on (1: the first after the point)
-    start = biased + (_ZERO_BITS - 2 - f.bias - f.mant)   # index of bit e-1 among the zero-prefixed table's bits
-    nlimbs = 3 if f.dt == dtypes.float32 else 6            # N = 96 or 192 bits
+    bits = x.bitcast(u64)
+    drop = 53 - mant   # zero bits at the end of the significand
+    m = ((bits & ((1 << 52) - 1)) | (1 << 52)) >> drop
+    # x*2/pi mod 4 = (m * W mod 2^N) * 2^(2-N), W = the N bits of 2/pi from bit e-1 on (1: the first after the point):
+    # bits before it are worth multiples of 4. start is bit e-1's index among the zero-prefixed table's bits
+    start = ((bits >> 52) & 0x7FF).cast(dtypes.int64) + (_ZERO_BITS - 2 - 1075 + drop)
     nwords = (nlimbs + 1) // 2
     j, sh = start >> 6, (start & 63).cast(u64)
-    # windows start at most at bit 166 (float32) or 1033 (float64)
-    words = _select_words(TWO_OVER_PI_WORDS[:5 if f.dt == dtypes.float32 else 20], j, nwords + 1)
+    table = TWO_OVER_PI_WORDS[:((max_e + _ZERO_BITS - 2) >> 6) + nwords + 1]
+    assert len(table) <= len(TWO_OVER_PI_WORDS), f"no table of 2/pi for exponents up to {max_e}"
+    words = _select_words(table, j, nwords + 1)
     # the window's 64-bit words: shifted left by sh, topped up from the next word (a shift by 64 gives 0)
     win = [(words[i] << sh) | (words[i + 1] >> _sub(_c(sh, 64), sh)) for i in range(nwords)]
     limbs = [lw for w64 in win for lw in (w64 >> 32, w64 & _M32)][:nlimbs][::-1]
-    mlimbs = [m] if f.dt == dtypes.float32 else [m & _M32, m >> 32]
-    q = _mul_limbs(mlimbs, limbs)
+    q = _mul_limbs([m] if mant <= 32 else [m & _M32, m >> 32], limbs)
     # round to the nearest quadrant: add half a quadrant, the top two bits are k, the rest g + 1/2
     top = (q[-1] + (1 << 29)) & _M32
     k = top >> 30
     g_hi = _sub((top & ((1 << 30) - 1)).cast(dtypes.int64), _c(top, 1 << 29, dtypes.int64))
     terms = [g_hi.cast(dtypes.float64) * 2.0 ** -30]
-    terms += [q[-2 - i].cast(dtypes.float64) * 2.0 ** (-62 - 32 * i) for i in range(nlimbs - 1 if nlimbs <= 3 else 3)]
-    return k, terms
+    return k, terms + [q[-2 - i].cast(dtypes.float64) * 2.0 ** (-62 - 32 * i) for i in range(min(nlimbs - 1, 3))]
 
 def _sin_cos_poly(k: UOp, rh: UOp, rl: UOp | None, fma: bool, wide: bool) -> UOp:
     """sin(r) for even k, cos(r) for odd k, negated for k mod 4 in (2, 3); r = rh + rl (rl None: 0), |r| <= pi/4."""
@@ -265,13 +265,13 @@ def _sin_cos_poly(k: UOp, rh: UOp, rl: UOp | None, fma: bool, wide: bool) -> UOp
     v = _bit(k, 0).where(c, s)
     return _bit(k, 1).where(_neg(v), v)
 
-def _sin(x: UOp, fma: bool) -> UOp:
-    """sin of float32 (computed in float64) or float64."""
-    wide = x.dtype == dtypes.float64
-    xd = x.cast(dtypes.float64)
+def _sin(xd: UOp, fma: bool, mant: int, max_e: int, wide: bool) -> UOp:
+    """sin of the float64 xd (significand of `mant` bits at most, exponent at most max_e, as for _payne_hanek), to
+    float64 accuracy if `wide` (the remainder as a double-double), else to float32's."""
     neg = xd < 0.0
     ax = neg.where(_neg(xd), xd)
-    k, terms = _payne_hanek(x)
+    # g to 2^-70 of a quadrant (float32 results), or 2^-102 / 2^-137 (24 / 53-bit arguments, float64 results)
+    k, terms = _payne_hanek(xd, mant, max_e, (4 if mant <= 24 else 6) if wide else 3)
     if wide:
         # g as a double-double, then r = g * pi/2 as a double-double
         s1, e1 = _two_sum(terms[0], terms[1])
@@ -289,13 +289,29 @@ def _sin(x: UOp, fma: bool) -> UOp:
     ret = _sin_cos_poly(k, rh, rl, fma, wide)
     # sin(+-0) keeps its sign; inf and nan give nan
     ret = _eq(xd, 0.0).where(xd, ret)
-    ret = (ax < float("inf")).where(ret, _c(ret, float("nan")))
-    return ret if wide else ret.cast(dtypes.float32)
+    return (ax < float("inf")).where(ret, _c(ret, float("nan")))
+
+def _narrow(y: UOp) -> int | None:
+    """The largest exponent e (of |y| = m 2^e, m an integer) when the float64 y is a float32, half or bfloat16 value
+    times a power of two, so its significand has 24 bits at most: float32 cos and tan are float64 SIN of such values,
+    and a reduction for 24-bit significands needs a third of the work."""
+    scale = 0
+    if y.op is Ops.MUL and (c := next((s for s in y.src if s.op is Ops.CONST), None)) is not None:
+        frac, exp = math.frexp(abs(c.arg)) if math.isfinite(c.arg) else (0.0, 0)
+        if frac != 0.5 or not -64 <= exp <= 64: return None
+        y, scale = next(s for s in y.src if s is not c), exp - 1
+    if y.op is not Ops.CAST or y.src[0].dtype not in (dtypes.float32, dtypes.float16, dtypes.bfloat16): return None
+    return 104 + scale   # float32's largest: (2 - 2^-23) 2^127 = (2^24 - 1) 2^104
+
+def _sin_any(x: UOp, fma: bool) -> UOp:
+    if x.dtype == dtypes.float32: return _sin(x.cast(dtypes.float64), fma, 24, 104, False).cast(dtypes.float32)
+    if (max_e := _narrow(x)) is not None: return _sin(x, fma, 24, max_e, True)
+    return _sin(x, fma, 53, 971, True)
 
 # *** the pass ***
 
 _IMPL = {Ops.EXP2: _exp2, Ops.LOG2: lambda x, fma: (_log2_f64 if x.dtype == dtypes.float64 else _log2_f32)(x, fma),
-         Ops.SIN: _sin}
+         Ops.SIN: _sin_any}
 
 def _expand(ctx: Any, x: UOp) -> UOp:
     fma = bool(getattr(ctx, "has_fma", False))

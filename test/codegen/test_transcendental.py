@@ -181,6 +181,26 @@ def test_special_values_exact(dt: DType):
     assert np.isnan(s[2]) and np.isnan(s[3]) and np.isnan(s[4])
     assert s[7] == x[7] and s[9] == -s[8]   # sin(tiny) = tiny, odd
 
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_sin_of_narrow_float64(device: str):
+    # float32 cos and tan are float64 SIN of (double)x * 0.5 or (double)x: a reduction for 24-bit significands
+    x = inputs(dtypes.float32, 1 << 11 if device == "CPU" else 96, 1 << 7 if device == "CPU" else 4, seed=9)
+    x = np.concatenate([x, np.array(SIN_HARD_F32, np.float32) * 2])
+    x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+    n = len(x)
+    r = UOp.range(n, 0)
+    v = _glob(2, dtypes.float32, n).index(r).load().cast(dtypes.float64)
+    ast = UOp.sink_of(_glob(0, dtypes.float64, n).index(r).store(UOp(Ops.SIN, dtypes.float64, (v * 0.5,))),
+                      _glob(1, dtypes.float64, n).index(r).store(UOp(Ops.SIN, dtypes.float64, (v,))))
+    for vector in (False, True):
+        p = get_program(ast, Device[device].renderer, opts=[Opt(OptOps.UPCAST, 0, 16)] if vector else None)
+        bufs = [Buffer(device, n, dtypes.float64).allocate() for _ in range(2)]
+        bufs.append(Buffer(device, n, dtypes.float32).copyin(memoryview(x)))
+        CompiledRunner(p)(bufs, {})
+        with np.errstate(invalid="ignore"): xd = x.astype(np.float64)   # (signaling nans among the random bits)
+        assert_ulps(Ops.SIN, xd * 0.5, bufs[0].numpy(), dtypes.float64, what=device)
+        assert_ulps(Ops.SIN, xd, bufs[1].numpy(), dtypes.float64, what=device)
+
 # *** the Tensor functions built on exp2, log2 and sin (their own formulas bound some errors) ***
 
 def _sigmoid(v: float) -> float:
