@@ -11,12 +11,13 @@ arguments up to the largest finite value:
 - log2: x = 2^e * m with m in [sqrt(1/2), sqrt(2)) read from the bits (denormals scaled first), then
   log(m) = f - (f^2/2 - s (f^2/2 + R(s^2))), f = m - 1, s = f / (2 + f). float64 adds e and multiplies by 1/ln 2 in
   double-double; float32 is computed in float64 and rounded once.
-- sin: |x| <= pi/4 is its own reduced argument; larger |x| is reduced exactly with a Payne-Hanek reduction: the
-  mantissa times the bits of 2/pi that matter for x's exponent (64-bit words picked by a WHERE barrel shifter from a
-  table made at import), multiplied in 32-bit limbs with 64-bit integer products, gives the quadrant and a fraction
-  good to 2^-70 (float32) or 2^-137 (float64) of a quadrant, far below the closest any float comes to a multiple of
-  pi/2. sin and cos of the remainder (a double-double for float64) by polynomials, chosen and signed by the quadrant.
-  float32 is computed in float64 and rounded once.
+- sin: |x| < pi/4 is its own reduced argument; larger |x| is reduced exactly with a Payne-Hanek reduction: the
+  integer significand times the bits of 2/pi that matter for x's exponent (64-bit words of a table made at import,
+  picked by a barrel shifter of integer selects), multiplied in 32-bit limbs with 64-bit integer products, gives the
+  quadrant and a fraction good to 2^-70 (float32), 2^-102 (float64 arguments with 24-bit significands: float32 cos and
+  tan) or 2^-137 (float64) of a quadrant, far below the closest any float comes to a multiple of pi/2. sin or cos of
+  the remainder (a double-double for float64) by polynomials, as the quadrant says. float32 is computed in float64 and
+  rounded once.
 float16 and bfloat16 are computed in float32 and rounded once.
 
 The polynomial coefficients were fitted with `python -m fusegrad.codegen.transcendental` (Chebyshev fits with mpmath of
@@ -80,12 +81,11 @@ FLOATS = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 _M32 = 0xFFFFFFFF
 
 class _Float:
-    """What the bit manipulations need to know about float32 or float64."""
+    """What the bit manipulations need to know about float32 or float64: the int of the same width, the stored
+    significand bits and the exponent bias."""
     def __init__(self, dt: DType):
-        self.dt, self.bits = dt, 8 * dt.itemsize
-        self.int, self.uint = (dtypes.int32, dtypes.uint32) if dt == dtypes.float32 else (dtypes.int64, dtypes.uint64)
-        self.mant = 23 if dt == dtypes.float32 else 52
-        self.bias = 127 if dt == dtypes.float32 else 1023
+        self.dt, self.int = dt, dtypes.int32 if dt == dtypes.float32 else dtypes.int64
+        self.mant, self.bias = (23, 127) if dt == dtypes.float32 else (52, 1023)
 
 def _c(like: UOp, v: Any, dt: DType | None = None) -> UOp: return UOp.const(dt or like.dtype, v)
 def _sub(a: UOp, b: UOp | float) -> UOp: return a.alu(Ops.SUB, b if isinstance(b, UOp) else _c(a, b))
@@ -124,6 +124,7 @@ def _two_sum(a: UOp, b: UOp) -> tuple[UOp, UOp]:
 # *** exp2 ***
 
 def _exp2(x: UOp, fma: bool) -> UOp:
+    """2^x of float32 (in float32) or float64."""
     f = _Float(x.dtype)
     # beyond these 2^x is 0 (below half the smallest denormal) or inf; nan stays nan (comparisons with it are false)
     lo, hi = (-151.0, 129.0) if f.dt == dtypes.float32 else (-1076.0, 1025.0)
@@ -304,14 +305,16 @@ def _narrow(y: UOp) -> int | None:
     return 104 + scale   # float32's largest: (2 - 2^-23) 2^127 = (2^24 - 1) 2^104
 
 def _sin_any(x: UOp, fma: bool) -> UOp:
+    """sin of float32 (in float64, to float32 accuracy) or float64."""
     if x.dtype == dtypes.float32: return _sin(x.cast(dtypes.float64), fma, 24, 104, False).cast(dtypes.float32)
     if (max_e := _narrow(x)) is not None: return _sin(x, fma, 24, max_e, True)
     return _sin(x, fma, 53, 971, True)
 
 # *** the pass ***
 
-_IMPL = {Ops.EXP2: _exp2, Ops.LOG2: lambda x, fma: (_log2_f64 if x.dtype == dtypes.float64 else _log2_f32)(x, fma),
-         Ops.SIN: _sin_any}
+def _log2(x: UOp, fma: bool) -> UOp: return _log2_f64(x, fma) if x.dtype == dtypes.float64 else _log2_f32(x, fma)
+
+_IMPL = {Ops.EXP2: _exp2, Ops.LOG2: _log2, Ops.SIN: _sin_any}
 
 def _expand(ctx: Any, x: UOp) -> UOp:
     fma = bool(getattr(ctx, "has_fma", False))
