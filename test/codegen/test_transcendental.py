@@ -306,8 +306,9 @@ def test_vector_masks(dt: DType, device: str):
     x, y = (_glob(i, io, n).index(r).load().cast(dt) for i in (2, 3))
     lt, ne = x < y, x.ne(y)
     mix = (lt & ne) | (lt.alu(Ops.CMPEQ, ne))
-    outs = [lt.where(x, y).cast(io), (mix ^ (x.alu(Ops.CMPEQ, y))).where(y, x).cast(io), mix.cast(io),
-            (x < 1).cast(dtypes.float64).cast(io)]
+    # a WHERE of masks and a cast of numbers to bools too
+    outs = [lt.where(x, y).cast(io), (mix ^ (x.alu(Ops.CMPEQ, y))).where(y, x).cast(io),
+            mix.cast(io) + ne.where(x.cast(dtypes.bool), lt).cast(io) * 2, (x < 1).cast(dtypes.float64).cast(io)]
     ast = UOp.sink_of(*[_glob(i, io, n).index(r).store(v) for i, v in enumerate(outs[:2])],
                       _glob(4, io, n).index(r).store(outs[2]), _glob(5, io, n).index(r).store(outs[3]))
     p = get_program(ast, Device[device].renderer, opts=[Opt(OptOps.UPCAST, 0, 16)])
@@ -319,7 +320,8 @@ def test_vector_masks(dt: DType, device: str):
     lt_, ne_, eq_ = a < b, a != b, a == b
     mix_ = (lt_ & ne_) | (lt_ == ne_)
     for got, want in zip([bufs[i].numpy() for i in (0, 1, 4, 5)],
-                         [np.where(lt_, a, b), np.where(mix_ ^ eq_, b, a), mix_.astype(np.float32), (a < 1) * 1.0]):
+                         [np.where(lt_, a, b), np.where(mix_ ^ eq_, b, a), mix_ + np.where(ne_, a != 0, lt_) * 2.0,
+                          (a < 1) * 1.0]):
         np.testing.assert_array_equal(got, want.astype(np.float32))
 
 def test_float64_to_bfloat16_vector_cast():
