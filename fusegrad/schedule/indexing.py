@@ -42,6 +42,34 @@ def unflatten_index(flat: UOp, shape: tuple[int, ...]) -> tuple[UOp, ...]:
         stride *= s
     return tuple(reversed(out))
 
+def _reshape_groups(old: tuple, new: tuple) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+    """The runs of dims that a reshape regroups: pairs of (old dims, new dims) index ranges with equal products, as
+    small as possible (a reshape that adds or drops 1s, or splits one dim, touches only its own dims). None for
+    symbolic shapes."""
+    if not all(isinstance(s, int) for s in old + new): return None
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj, pa, pb = i, j, 1, 1
+        if i < len(old): pa, i = old[i], i + 1
+        if j < len(new): pb, j = new[j], j + 1
+        while pa != pb:
+            if pa < pb and i < len(old): pa, i = pa * old[i], i + 1
+            elif pb < pa and j < len(new): pb, j = pb * new[j], j + 1
+            else: return None
+        groups.append(((gi, i), (gj, j)))
+    return groups
+
+def reshape_index(idxs: tuple[UOp, ...], new: tuple, old: tuple) -> tuple[UOp, ...]:
+    """Position in the source shape `old` of element `idxs` of its reshape to `new`, computed within each group of
+    regrouped dims: a dim that the reshape leaves alone keeps its index unchanged (so an offset from padding next to
+    it stays in that dim instead of spreading into div/mod of the whole flat index)."""
+    groups = _reshape_groups(tuple(old), tuple(new))
+    if groups is None: return unflatten_index(flat_index(idxs, new), old)
+    out: list[UOp] = []
+    for (oa, ob), (na, nb) in groups:
+        out.extend(unflatten_index(flat_index(idxs[na:nb], new[na:nb]), old[oa:ob]))
+    return tuple(out)
+
 def _and(a: UOp | None, b: UOp | None) -> UOp | None:
     if a is None: return b
     if b is None: return a
@@ -50,7 +78,7 @@ def _and(a: UOp | None, b: UOp | None) -> UOp | None:
 def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp | None]:
     """For movement op `m` read at `idxs`: the position in `m.src[0]` to read and a validity condition (PAD)."""
     src_shape, arg = m.src[0].shape, m.arg
-    if m.op is Ops.RESHAPE: return unflatten_index(flat_index(idxs, m.shape), src_shape), None
+    if m.op is Ops.RESHAPE: return reshape_index(idxs, m.shape, src_shape), None
     if m.op is Ops.PERMUTE:
         out: list[UOp] = [_idx(0)] * len(arg)
         for i, axis in enumerate(arg): out[axis] = idxs[i]

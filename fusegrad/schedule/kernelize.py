@@ -59,6 +59,19 @@ def find_realized(sink: UOp) -> set[UOp]:
                     (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
                 realize.add(base)
                 cost[base] = cost[u] = 0
+    # a reduction inside another one's loop (a convolution then a mean over the image) is computed into a buffer
+    # first: nested, it would run once per iteration of the outer loop, where nothing vectorizes or tiles it. (A
+    # broadcast reduction inside one, as softmax's max in its sum, was decided above: hoisted or realized.)
+    seen: set[UOp] = set()
+    for u in topo:
+        if u.op is not Ops.REDUCE_AXIS: continue
+        stack = [u.src[0]]
+        while stack:
+            x = stack.pop()
+            if x in seen or x in realize or is_realized(x): continue
+            seen.add(x)
+            if x.op is Ops.REDUCE_AXIS: realize.add(x)
+            elif x.op is not Ops.EXPAND: stack.extend(x.src)
     # a reduce feeding more than one kernel is computed once (walk users before sources)
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
