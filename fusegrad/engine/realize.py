@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from fusegrad.device import Buffer, Device, GlobalCounters
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, ansilen, colored
+from fusegrad.helpers import BEAM, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
@@ -114,14 +114,18 @@ class ViewOp(Runner):
 
 # *** lowering ***
 
-# (device, ast, BEAM, NOOPT) -> runner: the same kernel is generated and compiled once per process. Least recently
-# used kernels are dropped past METHOD_CACHE_SIZE, so a process making endless distinct kernels doesn't grow forever
-# (each loaded program holds memory mappings; a dropped one unloads once no ExecItem uses it).
-method_cache: dict[tuple[str, UOp, int, int], CompiledRunner] = {}
+# the knobs that change the code generated for a kernel AST: part of the method cache key, so a `Context` that sets
+# one of them inside a process gets kernels generated under its values, not ones compiled before
+CODEGEN_KNOBS: tuple[ContextVar, ...] = (BEAM, NOOPT, TRANSCENDENTAL)
+
+# (device, ast, values of CODEGEN_KNOBS) -> runner: the same kernel is generated and compiled once per process. Least
+# recently used kernels are dropped past METHOD_CACHE_SIZE, so a process making endless distinct kernels doesn't grow
+# forever (each loaded program holds memory mappings; a dropped one unloads once no ExecItem uses it).
+method_cache: dict[tuple[str, UOp, tuple[int, ...]], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
-def _method_key(device: str, ast: UOp) -> tuple[str, UOp, int, int]:
-    return (Device.canonicalize(device), ast, int(BEAM.value), int(NOOPT.value))
+def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
+    return (Device.canonicalize(device), ast, tuple(int(k.value) for k in CODEGEN_KNOBS))
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""

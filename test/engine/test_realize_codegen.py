@@ -1,4 +1,6 @@
 """run_schedule on kernel ASTs built by hand and compiled by the real code generator, checked against numpy."""
+import math
+import re
 import numpy as np
 import pytest
 from fusegrad.device import Buffer, GlobalCounters
@@ -61,6 +63,27 @@ def test_noopt_is_a_different_kernel():
         run_schedule([ExecItem(ast, [out, buf(x)])])
     assert plain.p.applied_opts == () and plain is not get_runner("CPU", ast)
     np.testing.assert_allclose(out.numpy(), x.sum(axis=1))
+
+def test_transcendental_knob_is_a_different_kernel():
+    # the same exp kernel with the polynomial pass and with TRANSCENDENTAL=0 in one process: the method cache must not
+    # serve the first one's code to the second
+    n = 256
+    out_g, a_g = glob(0, n), glob(1, n)
+    i = UOp.range(n, 0, "loop")
+    ast = UOp.sink_of(out_g.index(i).store((a_g.index(i).load() * (1 / math.log(2))).alu(Ops.EXP2)))
+    x = np.linspace(-80, 80, n, dtype=np.float32)
+    want = np.array([math.exp(float(v)) for v in x])
+    srcs = {}
+    for knob in (1, 0, 1):
+        with Context(TRANSCENDENTAL=knob):
+            r = get_runner("CPU", ast)
+            out = Buffer("CPU", n, dtypes.float32)
+            run_schedule([ExecItem(ast, [out, buf(x)])])
+        srcs.setdefault(knob, r.p.src)
+        assert r.p.src == srcs[knob]
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5)
+    libm = re.compile(r"\bexp2f?\(|__builtin_exp2f?\(")
+    assert libm.search(srcs[0]) and not libm.search(srcs[1]), "TRANSCENDENTAL=0 calls exp2, the pass doesn't"
 
 def test_symbolic_loop_bound():
     n = Variable("n", 1, 32)
