@@ -54,7 +54,7 @@ def find_realized(sink: UOp) -> set[UOp]:
         # a computed value that is broadcast is computed once into a buffer, not once per output element; except a
         # cheap enough per-row value used row by row, which the consumer computes once per row itself
         if u.op is Ops.EXPAND:
-            base = u.src[0].base
+            base = _unpadded(u.src[0].base)
             if not is_realized(base) and not _is_cheap(base) and \
                     (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
                 realize.add(base)
@@ -93,6 +93,14 @@ def find_realized(sink: UOp) -> set[UOp]:
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
+
+def _unpadded(u: UOp) -> UOp:
+    """The value under a constant padding (pad(x, value=v) is where(pad(ones), pad(x), v)): padding costs nothing
+    in the kernel that reads it, so x is what gets a buffer, and the kernel computing x keeps its plain indices."""
+    while u.op is Ops.WHERE and u.src[1].op is Ops.PAD and u.src[0].op is Ops.PAD and _is_cheap(u.src[0]) and \
+            _is_cheap(u.src[2]) and u.src[0].arg == u.src[1].arg:
+        u = u.src[1].src[0].base
+    return u
 
 def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp]) -> bool:
     """Whether a broadcast value can be computed inside its consumers, once per output row: it is broadcast only along
