@@ -158,7 +158,8 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     if k.first_reduce >= 2 and osz > cores and osz % cores == 0: k.apply_opt(Opt(OptOps.SPLIT, 0, cores))
     red = [k.loops[i] for i in k.reduce_axes()]
     if len(red) != 1 or not isinstance(rsz := range_size(red[0]), int): return
-    blk = next((b for b in (512, 384, 256, 128) if rsz % b == 0 and rsz > b and b * row_bytes <= k.MAX_LOCAL_BYTES),
+    # the largest block of 128 to 512 that divides the reduction (784 = 2 x 392, 1000 = 2 x 500)
+    blk = next((b for b in range(512, 127, -1) if rsz % b == 0 and rsz > b and b * row_bytes <= k.MAX_LOCAL_BYTES),
                None)
     if blk is not None and rsz > 384:
         try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(red[0]), blk))
