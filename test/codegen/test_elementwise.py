@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.dtype import ALL_DTYPES, DType, dtypes, to_np_dtype
 from fusegrad.uop.ops import Ops, UOp
 from test.codegen.helpers import glob, rng, run
@@ -79,6 +80,34 @@ def test_max_propagates_nan(dt: DType):
     b = np.array([1.0, np.nan, np.nan, -np.inf, -3.0], to_np_dtype(dt))
     got = run_ew(BINARY["max"], [a, b], [dt, dt], dt)
     np.testing.assert_array_equal(got, np.array([np.nan, np.nan, np.nan, -np.inf, 2.0], to_np_dtype(dt)))
+
+VMAX_DTS = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.int8, dtypes.uint8, dtypes.int16,
+            dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64]
+
+@pytest.mark.parametrize("width", [4, 16, 32])
+@pytest.mark.parametrize("dt", VMAX_DTS, ids=str)
+def test_vector_max(dt: DType, width: int):
+    # MAX of vectors (the loop upcast to `width` lanes: up to 256 bytes, wider than a register, compared in halves) is
+    # native comparisons and a bitwise select. Floats: a nan on either side wins (numpy's maximum, torch.maximum), and
+    # as the scalar rule `a if a > b or a != a else b` two zeros give the second: max(0.0, -0.0) is -0.0
+    n = 128
+    a, b = sample(dt, n, seed=7), sample(dt, n, seed=8)
+    b[10:20] = a[10:20]  # equal pairs
+    if dtypes.is_float(dt):
+        pairs = [(np.nan, 1.0), (1.0, np.nan), (np.nan, np.nan), (0.0, -0.0), (-0.0, 0.0), (-0.0, -0.0), (0.0, 0.0),
+                 (np.inf, -np.inf), (-np.inf, np.inf), (-np.inf, -np.inf), (np.nan, -np.inf), (np.inf, np.nan),
+                 (-0.0, np.nan), (np.nan, 0.0), (-1.0, -0.0), (-0.0, -1.0)]
+        for k, (x, y) in enumerate(pairs * 2):   # in both halves of a wide vector
+            i = 32 + k if k < len(pairs) else 96 + k - len(pairs)
+            a[i], b[i] = (bf16_bits(np.array([x, y])) if dt == dtypes.bfloat16 else (x, y))
+    out = np.zeros(n, np_storage(dt))
+    p = run(ew_kernel([BINARY["max"]], [dt, dt], [dt], n), [out, a, b], opts=[Opt(OptOps.UPCAST, 0, width)])
+    assert "fg_vmax_" in p.src and "fg_vselect_" in p.src and "= fg_max_" not in p.src, "not a native vector max"
+    np.testing.assert_array_equal(out, np_binary("max", a, b, dt))
+    if dtypes.is_float(dt):
+        fa, fb, got = as_float(a, dt), as_float(b, dt), as_float(out, dt)
+        want = np.where((fa > fb) | np.isnan(fa), fa, fb)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 CAST_DTS = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
             dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64]
