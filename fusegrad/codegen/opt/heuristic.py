@@ -137,10 +137,11 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     return k.applied_opts
 
 def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
-    """A convolution's window (kh, kw: short reduce loops whose index moves with an output loop's, as in oh + kh) is
-    unrolled, and that output loop upcast by 2 when the accumulators fit the registers: the two output rows then
-    share most of their input rows, loaded once."""
-    windows = [r for r in (k.loops[i] for i in k.reduce_axes()) if isinstance(sz := range_size(r), int) and sz <= 7]
+    """A convolution's small window (kh, kw of at most 3: reduce loops whose index moves with an output loop's, as in
+    oh + kh) is unrolled, and that output loop upcast by 2 when the accumulators fit the registers: the two output
+    rows then share most of their input rows, loaded once. (Unrolling a 7x7 window made code that compiled slowly and
+    ran slower.)"""
+    windows = [r for r in (k.loops[i] for i in k.reduce_axes()) if isinstance(sz := range_size(r), int) and sz <= 3]
     if not windows: return
     loads = [idx for idx, is_store in k.accesses() if not is_store]
     slides = [o for o in k.loops[:k.first_reduce] if isinstance(range_size(o), int) and range_size(o) % 2 == 0 and
