@@ -125,7 +125,10 @@ def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp
     return True
 
 def _is_cheap(u: UOp) -> bool:
-    """Computed from constants and loop indices alone (no memory reads, no reductions): recomputing it is free."""
+    """Computed from constants and loop indices alone (no memory reads, no reductions), or a conversion of a buffer
+    read (half inputs of a matmul, converted as they are loaded): recomputing it costs less than a buffer of it."""
+    while u.op in (Ops.CAST, Ops.BITCAST) or u.op in GroupOp.Movement: u = u.src[0]
+    if is_realized(u): return True
     return not any(x.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.COPY) for x in u.toposort())
 
 def _device(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)

@@ -785,7 +785,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
         yb = y._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
         out_dt = least_upper_dtype(x.dtype, y.dtype)
-        ret = (xb.cast(out_dt) * yb.cast(out_dt)).sum(-1, dtype=sum_acc_dtype(out_dt)).cast(out_dt)
+        # products are formed in the accumulation dtype (half inputs: exact float32 products, as BLAS does)
+        acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
+        ret = (xb.cast(acc_dt) * yb.cast(acc_dt)).sum(-1, dtype=sum_acc_dtype(out_dt)).cast(out_dt)
         if squeeze_x: ret = ret.reshape(ret.shape[:-2] + ret.shape[-1:])
         if squeeze_y: ret = ret.reshape(ret.shape[:-1])
         return ret

@@ -63,8 +63,9 @@ def test_reductions_and_matmul(dt, tdt):
     rs = np.random.default_rng(5)
     a, b = rs.uniform(-2, 2, (32, 64)).astype(np.float32), rs.uniform(-2, 2, (64, 48)).astype(np.float32)
     ta, tb = torch.from_numpy(a).to(tdt).float(), torch.from_numpy(b).to(tdt).float()
-    # the products are rounded to the low precision dtype, the sums are in float32 (in another order than torch's)
-    prods = (ta[:, :, None] * tb[None, :, :]).to(tdt).float()
+    # a matmul's products are exact float32 products of the low precision values, summed in float32 (in another
+    # order than torch's) and rounded once, as BLAS does
+    prods = ta[:, :, None] * tb[None, :, :]
     for fn, want in [(lambda x, y: x @ y, prods.sum(1).to(tdt)), (lambda x, y: x.sum(1), ta.sum(1).to(tdt)),
                      (lambda x, y: x.sum(), ta.sum().to(tdt)), (lambda x, y: x.max(0), ta.max(0).values.to(tdt)),
                      (lambda x, y: (x * x).sum(0), (ta * ta).to(tdt).float().sum(0).to(tdt))]:

@@ -334,3 +334,21 @@ def test_row_reduce_narrow_vectors():
         p = run(reduce_2d_ast(M, N, 1, op, dtypes.float32), [out, a])
         assert p.applied_opts
         np.testing.assert_allclose(out, ref(a, axis=1), rtol=1e-5)
+
+@pytest.mark.parametrize("n", [256, 200, 64])
+def test_half_matmul_accumulates_exact_products(n):
+    # half inputs: float32 products summed in float32 and rounded once, as BLAS does, so the result equals numpy's
+    # float32 matmul of the same values rounded to half; the packed block of b is converted once (a float local)
+    from fusegrad import Tensor
+    from fusegrad.codegen import get_program
+    a, b = RS.rand(n, n).astype(np.float16), RS.rand(n, n).astype(np.float16)
+    out = Tensor(a) @ Tensor(b)
+    si = out.schedule()[-1]
+    p = get_program(si.ast, RENDERER)
+    if OptOps.PACK in {o.op for o in p.applied_opts}:
+        assert all(u.dtype.base == dtypes.float32 for u in p.uops if u.op is Ops.DEFINE_LOCAL)
+    from fusegrad.engine.realize import run_schedule
+    run_schedule([si])
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    # within one half ulp: the float32 sums may be ordered differently and land on the other side of a rounding tie
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=0)

@@ -234,7 +234,15 @@ class Kernel:
         sizes = [range_size(r) for r in inner]
         if not inner or not all(isinstance(s, int) for s in sizes): raise KernelOptError("nothing to PACK")
         n = math.prod(sizes)
-        if n * idx.dtype.base.itemsize > self.MAX_LOCAL_BYTES: raise KernelOptError(f"PACK of {n} elements is too big")
+        # a load that is only ever converted (half -> float) is packed converted: the inner loops then read floats
+        topo = list(self.ast.toposort())
+        loads = {u for u in topo if u.op is Ops.LOAD and u.src[0] is idx}
+        users = [u for u in topo for x in u.src if x in loads]
+        casts = {u for u in users if u.op is Ops.CAST}
+        to = next(iter(casts)).dtype if casts and len(casts) == len(users) and len({c.dtype for c in casts}) == 1 \
+            else None
+        elem = to if to is not None else idx.dtype.base
+        if n * elem.itemsize > self.MAX_LOCAL_BYTES: raise KernelOptError(f"PACK of {n} elements is too big")
         # the copy loops over fresh ranges where the load has loops; upcast lanes stay (they expand the same way)
         fresh = {}
         for r in inner:
@@ -243,11 +251,12 @@ class Kernel:
                 self.copies.append(fresh[r])
         lin = UOp.const(dtypes.index, 0)
         for r, s in zip(inner, sizes): lin = lin * s + r
-        local = UOp(Ops.DEFINE_LOCAL, idx.dtype.base.ptr(n, "local"), arg=len(self.copies))
-        copy = local.index(lin.substitute(fresh)).store(UOp(Ops.LOAD, idx.dtype.base, (idx.substitute(fresh),)))
+        local = UOp(Ops.DEFINE_LOCAL, elem.ptr(n, "local"), arg=len(self.copies))
+        value = UOp(Ops.LOAD, idx.dtype.base, (idx.substitute(fresh),))
+        copy = local.index(lin.substitute(fresh)).store(value.cast(to) if to is not None else value)
         ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copy, *fresh.values()))))
-        loads = {u for u in self.ast.toposort() if u.op is Ops.LOAD and u.src[0] is idx}
-        self.ast = self.ast.substitute({ld: UOp(Ops.LOAD, ld.dtype, (ready.index(lin),)) for ld in loads})
+        replaced = casts if to is not None else loads
+        self.ast = self.ast.substitute({u: UOp(Ops.LOAD, u.dtype, (ready.index(lin),)) for u in replaced})
 
     def get_optimized_ast(self) -> UOp:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
