@@ -1,6 +1,7 @@
 """Hand-coded optimization heuristics for CPUs: vectorize a contiguous axis, register-tile matmul-like kernels and
 block them for the caches, split long reductions into partial accumulators."""
 from __future__ import annotations
+import math
 import os
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
@@ -46,31 +47,37 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     #    contiguous local block (PACK) reused across that axis
     def packable(idx: UOp, r: UOp) -> bool:
         return bool(reds) and any(o is not r and coeff(idx.src[1], o) == 0 for o in outs)
-    vec_out = None
+    def vector_width(sz: int | UOp) -> tuple[int | None, bool]:
+        """The widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to its
+        loads), that its padding to whole vectors wastes at most an eighth of: 56 columns take 16 lanes (padded to
+        64) rather than 8, 1023 or 50257 columns get vectors at all, a 7x7 image takes 8. (width, padded)"""
+        if not isinstance(sz, int): return None, False
+        for cand in (c for c in (width, width // 2, width // 4) if c >= 2):
+            if sz % cand == 0: return cand, False
+            if k.reduceops and -sz % cand * 8 <= sz + -sz % cand: return cand, True
+        return None, False
+    def fits(r: UOp, strided_store: bool) -> bool:
+        st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
+        return all(c == 1 or (strided_store and c is not None) for c, is_store, _ in st if is_store) and \
+            all(c in (0, 1) or (not is_store and packable(idx, r)) for c, is_store, idx in st if not is_store) and \
+            any(c != 0 for c, is_store, _ in st if not is_store)
+    vec_out, pad = None, False
     if width >= 2:
-        for r in reversed(outs):
-            sz = range_size(r)
-            if not isinstance(sz, int): continue
-            # the widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to
-            # its loads), that its padding to whole vectors wastes at most an eighth of: 56 columns take 16 lanes
-            # (padded to 64) rather than 8, 1023 or 50257 columns get vectors at all, a 7x7 image takes 8
-            w = pad = None
-            for cand in (c for c in (width, width // 2, width // 4) if c >= 2):
-                if sz % cand == 0: w = cand
-                elif k.reduceops and -sz % cand * 8 <= sz + -sz % cand: pad = cand
-                else: continue
-                break
-            if w is None and pad is None: continue
-            st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
-            if all(c == 1 for c, is_store, _ in st if is_store) and \
-                    all(c in (0, 1) or (not is_store and packable(idx, r)) for c, is_store, idx in st) and \
-                    any(c != 0 for c, is_store, _ in st if not is_store):
-                vec_out, width = r, (pad if pad is not None else w)
-                if pad is not None:
-                    axis = k.loops.index(r)
-                    k.apply_opt(Opt(OptOps.PADTO, axis, width))
-                    vec_out = outs[outs.index(r)] = k.loops[axis]
-                break
+        # innermost first, among the axes the output is contiguous along
+        cands = [(r, *vector_width(range_size(r))) for r in reversed(outs)]
+        best = next(((r, w, p) for r, w, p in cands if w is not None and fits(r, False)), None)
+        # a tiny image (4x4) gives a quarter-width vector: a long reduction's output (a convolution's channels) may
+        # take the full width instead, with a store per lane (few next to the reduction's loads)
+        red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
+        if best is not None and best[1] <= width // 4 and red_len >= 64:
+            wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True)), None)
+            if wide is not None: best = wide
+        if best is not None:
+            vec_out, width, pad = best
+            if pad:
+                axis, at = k.loops.index(vec_out), outs.index(vec_out)
+                k.apply_opt(Opt(OptOps.PADTO, axis, width))
+                vec_out = outs[at] = k.loops[axis]
     if vec_out is not None:
         rest, inner = split(OptOps.UPCAST, vec_out, width)
         if inner is None or not k.reduceops: return k.applied_opts
