@@ -205,14 +205,20 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
         final[u] = build_kernel(nu) if u in realized else nu
     return {k: final.get(v, v) for k, v in simplified.items()}
 
-def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False) -> dict[UOp, UOp]:
+def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
+                   topo: Iterable[UOp] | None = None) -> dict[UOp, UOp]:
     """old -> new for every node under `root` after replacing the keys of `dvars` by their values. With `in_args`,
-    the symbolic expressions inside shape args (movement ops, ASSIGN) are substituted too."""
+    the symbolic expressions inside shape args (movement ops, ASSIGN) are substituted too. `topo` is root's toposort
+    if the caller has it (one that stops at the keys of `dvars` is enough: only root's own entry is then complete)."""
     out: dict[UOp, UOp] = {}
-    for u in root.toposort():
+    for u in (root.toposort() if topo is None else topo):
         if u in dvars: out[u] = dvars[u]; continue
         new_src = tuple(out[s] for s in u.src)
-        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars)) if in_args and _symbolic_arg(u) else u.arg
+        if not (in_args and _symbolic_arg(u)):
+            # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
+            out[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
+            continue
+        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars))
         same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
         out[u] = u if same and all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src, arg=arg)
     return out
@@ -258,6 +264,12 @@ class _CacheEntry:
     lifted: frozenset      # positions that are kernel parameters
     changed: dict          # kernelized graph: structure node -> its replacement
     outs: tuple            # output BUFFERs created by the cached kernelization (fresh ones per call)
+    topo: tuple = ()       # toposort of the replacements, walked to instantiate them
+    # entries keyed by _structure_key: where the graph's nodes sit in its toposort, so a hit maps them by position
+    # without building the normalized graph. (toposort position, its parameter or placeholder) and (position, the
+    # node's replacement)
+    leaves: tuple = ()
+    positions: tuple = ()
 
     def accepts(self, keys: tuple) -> bool:
         return all(k == b for i, (k, b) in enumerate(zip(keys, self.baseline)) if i not in self.lifted)
@@ -277,6 +289,24 @@ def _placeholder(i: int, c: UOp) -> UOp:
     lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
     return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
 
+def _structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
+    """The schedule cache key of a graph without bound Variables, and its liftable constants. It describes the same
+    graph as the normalized one (buffers as parameters, liftable constants as placeholders) as a tuple with a node
+    per toposort position, each naming its sources by position: building it costs a tuple per node where the
+    normalized graph costs a hash-consed UOp per node, and it is built on every call, hit or miss."""
+    index: dict[UOp, int] = {}
+    parts: list[tuple] = []
+    consts: list[UOp] = []
+    for i, u in enumerate(topo):
+        index[u] = i
+        if u.op is Ops.BUFFER: arg: object = ("param", u.arg[1])  # which buffer is told by its position alone
+        elif _is_liftable(u):
+            arg = "_c"  # the value is checked against the entry's baseline instead
+            consts.append(u)
+        else: arg = u._ukey[3]  # the arg's _arg_key, computed when the node was made
+        parts.append((u.op, u.dtype, tuple(index[s] for s in u.src), arg))
+    return tuple(parts), consts
+
 def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> dict[UOp, UOp]:
     """kernelize_map for the nodes that change, using the schedule cache. The cached result is instantiated with
     this graph's buffers, fresh output buffers, and this graph's values for lifted constants. Bound Variables are
@@ -284,6 +314,17 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> d
     topo = list(sink.toposort())
     binds = bound_variables(topo)
     if var_vals is not None: var_vals.update(var_values(binds))
+    if not binds:
+        skey, sconsts = _structure_key(topo)
+        keys = tuple(_arg_key(c.arg) for c in sconsts)
+        entry = schedule_cache.get(skey)
+        if entry is not None and entry.accepts(keys):
+            schedule_cache_stats["hits"] += 1
+            if not entry.positions: return {}
+            back = {p: topo[i] for i, p in entry.leaves}
+            back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in entry.outs})
+            inst = substitute_map(UOp.sink_of(*entry.changed.values()), back, topo=entry.topo)
+            return {topo[i]: inst[r] for i, r in entry.positions}
     to_param: dict[UOp, UOp] = dict(binds)
     consts: list[UOp] = []
     for u in topo:
@@ -292,7 +333,7 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> d
             to_param[u] = _placeholder(len(consts), u)
             consts.append(u)
     normalized = substitute_map(sink, to_param, in_args=bool(binds))
-    key = normalized[sink]
+    key = normalized[sink] if binds else skey
     keys = tuple(_arg_key(c.arg) for c in consts)
     entry = schedule_cache.get(key)
     if entry is None or not entry.accepts(keys):
@@ -302,8 +343,12 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> d
                            if c.dtype == dtypes.uint64 and rng_counter_of(c.arg) is not None)
         if entry is not None:
             lifted |= entry.lifted | {i for i, (k, b) in enumerate(zip(keys, entry.baseline)) if k != b}
-        entry = _kernelize_structure(key, [to_param[c] for c in consts], consts, lifted, keys,
+        entry = _kernelize_structure(normalized[sink], [to_param[c] for c in consts], consts, lifted, keys,
                                      frozenset(to_param[u] for u in topo if u.op is Ops.BUFFER))
+        if not binds:
+            at = {normalized[u]: i for i, u in enumerate(topo)}
+            entry.leaves = tuple((at[p], p) for p in to_param.values())
+            entry.positions = tuple((at[n], r) for n, r in entry.changed.items())
         schedule_cache.pop(key, None)
         while len(schedule_cache) >= SCHEDULE_CACHE_SIZE: schedule_cache.pop(next(iter(schedule_cache)))
         schedule_cache[key] = entry
@@ -313,7 +358,7 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> d
     # output buffers to new ones
     back: dict[UOp, UOp] = {p: b for b, p in to_param.items()}
     back.update({o: new_buffer(o.src[0], o.arg[1], o.dtype) for o in entry.outs})
-    inst = substitute_map(UOp.sink_of(*entry.changed.values()), back, in_args=bool(binds))
+    inst = substitute_map(UOp.sink_of(*entry.changed.values()), back, in_args=bool(binds), topo=entry.topo)
     return {orig: inst[entry.changed[n]] for orig, n in normalized.items() if n in entry.changed}
 
 def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], lifted: frozenset, keys: tuple,
@@ -322,6 +367,6 @@ def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], l
     baked = substitute_map(key, {p: consts[i] for i, p in enumerate(placeholders) if i not in lifted})
     nmap = kernelize_map(baked[key])
     changed = {n: nmap[b] for n, b in baked.items() if b in nmap and nmap[b] is not b}
-    everything = UOp.sink_of(*changed.values()).toposort()
+    everything = tuple(UOp.sink_of(*changed.values()).toposort())
     outs = tuple(u for u in everything if u.op is Ops.BUFFER and u not in params)
-    return _CacheEntry(keys, lifted, changed, outs)
+    return _CacheEntry(keys, lifted, changed, outs, everything)

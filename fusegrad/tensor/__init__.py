@@ -75,9 +75,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
-        dt = to_dtype(dtype) if dtype is not None else None
         self.requires_grad, self.grad = requires_grad, None
         self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
+        if type(data) is UOp and dtype is None and not requires_grad and data.dtype != dtypes.index:
+            # the common case, every tensor operation's result: the node as is (what the branches below do for it)
+            self.uop = data
+            all_tensors.add(self)
+            return
+        dt = to_dtype(dtype) if dtype is not None else None
         dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) or is_symbolic(data) else ""
         if is_symbolic(data):
             # the value of a symbolic integer: element `data` of the iota 0, 1, ..., data (a loop index, no memory)
@@ -165,8 +170,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if not changed: return
         for t in list(all_tensors):
             if t.uop in changed: t.uop = changed[t.uop]; continue
+            # the walk stops at replaced nodes: what lies under them (a whole kernelized graph) is not rebuilt
             topo = t.uop.toposort(gate=lambda u: u not in changed)
-            if any(u in changed for u in topo): t.uop = substitute_map(t.uop, changed)[t.uop]
+            if any(u in changed for u in topo): t.uop = substitute_map(t.uop, changed, topo=topo)[t.uop]
 
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
@@ -183,10 +189,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
+        lazy = [t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
+                not is_realized(t.uop)]
+        # one walk over all their graphs (they mostly share one forward and backward graph), marking the nodes that
+        # read a target
+        reads: dict[UOp, bool] = {}
+        for u in UOp.sink_of(*[t.uop for t in lazy]).toposort():
+            reads[u] = u in targets or any(reads[s] for s in u.src)
         # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
-        return tuple(sorted((t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
-                             not is_realized(t.uop) and any(u in targets for u in t.uop.toposort())),
-                            key=lambda t: t._serial))
+        return tuple(sorted((t for t in lazy if reads[t.uop]), key=lambda t: t._serial))
 
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
@@ -450,16 +461,25 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     # *** elementwise ***
 
+    def _const_operand_dtype(self, y: ConstType) -> DType:
+        """The dtype of a Python scalar operand: this tensor's dtype when that dtype can hold its kind."""
+        if isinstance(y, float) and not dtypes.is_float(self.dtype): return dtypes.default_float
+        if isinstance(y, bool): return self.dtype
+        if isinstance(y, int) and self.dtype == dtypes.bool: return dtypes.default_int
+        return self.dtype
+
     def _const_like_operand(self, y: ConstType) -> Tensor:
         """A Python scalar as a tensor operand: it adopts this tensor's dtype when that dtype can hold its kind."""
-        if isinstance(y, float) and not dtypes.is_float(self.dtype): dt = dtypes.default_float
-        elif isinstance(y, bool): dt = self.dtype
-        elif isinstance(y, int) and self.dtype == dtypes.bool: dt = dtypes.default_int
-        else: dt = self.dtype
-        return Tensor(const_view(y, dt, _device_uop(self.device), ()))
+        return Tensor(const_view(y, self._const_operand_dtype(y), _device_uop(self.device), ()))
 
     def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
         x = self
+        if type(y) in (int, float, bool) and x._const_operand_dtype(y) == x.dtype and \
+                all(type(s) is int for s in x.shape):
+            # a Python number of this tensor's dtype (most `2 * x`, `x - 1.0`): the constant at this tensor's shape at
+            # once, the same nodes the general path below makes through reshape and expand, with less Python
+            c = Tensor(const_view(y, x.dtype, _device_uop(x.device), x.shape))
+            return (c, x) if reverse else (x, c)
         if is_symbolic(y):  # a symbolic integer: an int tensor, or a float one next to floats
             y = Tensor(y, x.device, x.dtype if dtypes.is_float(x.dtype) else dtypes.default_int)
         elif not isinstance(y, Tensor):

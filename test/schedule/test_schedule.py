@@ -117,6 +117,22 @@ def test_schedule_cache_hit_on_identical_graph():
     run_schedule(sched)
     np.testing.assert_allclose(out.numpy(), (np.maximum(B @ A, 0) * 0.5 + B).sum(1), rtol=1e-4, atol=1e-3)
 
+def test_schedule_cache_key_tells_shared_buffers_apart():
+    # the key names buffers by their place in the graph: a + b over two buffers and a + a over one are different
+    # structures, and a hit maps every node of the new graph to the cached kernels by that place
+    a, b, _, _ = inputs()
+    np.testing.assert_allclose(((a + b) * 2).numpy(), (A + B) * 2, rtol=1e-6)
+    hits, misses = schedule_cache_stats["hits"], schedule_cache_stats["misses"]
+    a2 = Tensor(C)
+    np.testing.assert_allclose(((a2 + a2) * 2).numpy(), (C + C) * 2, rtol=1e-6)
+    assert schedule_cache_stats["misses"] == misses + 1
+    a3, b3 = Tensor(B), Tensor(C)
+    lazy = a3 + b3  # a live tensor over a node the cached kernels compute: it is pointed at their output too
+    out = lazy * 2
+    np.testing.assert_allclose(out.numpy(), (B + C) * 2, rtol=1e-6)
+    assert schedule_cache_stats["hits"] >= hits + 1
+    np.testing.assert_allclose(lazy.numpy(), B + C, rtol=1e-6)
+
 def test_memory_planner_reuses_dead_buffers():
     def chain(a):
         # each stage is broadcast into the next along a leading axis, so each is its own kernel; stage i's buffer is
