@@ -96,7 +96,14 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 if inner2 is None: n_vec = 1
         if reuse:
             r = reuse[-1]
-            amt = _largest_divisor(range_size(r), tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget))
+            choices = tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget)
+            amt = _largest_divisor(rsz := range_size(r), choices)
+            # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most
+            # an eighth: the padded rows are never stored, and the tile is what reuses each vector load
+            if choices and amt < choices[0] and isinstance(rsz, int) and -rsz % choices[0] * 8 <= rsz:
+                axis = k.loops.index(r)
+                k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
+                r, amt = k.loops[axis], choices[0]
             if amt > 1: split(OptOps.UPCAST, r, amt)
             _unroll_windows(k, n_vec * max(amt, 1), getattr(ren, "vector_registers", 16))
             _block_matmul(k, rest, inner, width * n_vec * acc_dt.itemsize, cores)
