@@ -1,7 +1,6 @@
 """Running schedules: an `ExecItem` (kernel AST + buffers) is lowered to a `Runner` (a compiled kernel, a copy or a
 no-op view), buffers are allocated, the runners run, and `GlobalCounters` count the work."""
 from __future__ import annotations
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,7 +124,7 @@ method_cache: dict[tuple[str, UOp, tuple[int, ...]], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
 def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
-    return (Device.canonicalize(device), ast, tuple(int(k.value) for k in CODEGEN_KNOBS))
+    return (Device.canonicalize(device), ast, tuple([int(k.value) for k in CODEGEN_KNOBS]))
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""
@@ -209,7 +208,8 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
         assert si.bufs[0] is not None
         prg = ViewOp(si.bufs[0])
     else: raise ValueError(f"don't know how to run an ExecItem with a {si.ast.op} ast")
-    return dataclasses.replace(si, prg=prg)
+    # (the constructor, not dataclasses.replace: this runs for every kernel of every eager step)
+    return ExecItem(si.ast, si.bufs, si.metadata, si.fixedvars, prg)
 
 def _compile_new_kernels(schedule: list[ExecItem]) -> None:
     """Compile the kernels of a schedule that aren't in the method cache yet, all at once (one batch per device)."""

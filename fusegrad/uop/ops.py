@@ -180,7 +180,9 @@ class UOp(metaclass=UOpMetaClass):
     __slots__ = ("op", "dtype", "src", "arg", "_ukey", "__weakref__", "__dict__")
 
     def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
-        if not all(isinstance(s, UOp) for s in src): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
+        # (a loop, not all() over a generator: this runs for every new node)
+        for s in src:
+            if not isinstance(s, UOp): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
