@@ -175,11 +175,13 @@ class LAMB(Optimizer):
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
         self.b1_t.assign(self.b1_t * self.b1)
         self.b2_t.assign(self.b2_t * self.b2)
+        # the bias corrections are the same (1,) tensors for every parameter: built once
+        c1, c2 = 1.0 - self.b1_t, 1.0 - self.b2_t
         for t, g, m, v in zip(params, grads, self.m, self.v):
             g = g.float()
             m.assign(self.b1 * m + (1.0 - self.b1) * g)
             v.assign(self.b2 * v + (1.0 - self.b2) * g.square())
-            m_hat, v_hat = m / (1.0 - self.b1_t), v / (1.0 - self.b2_t)
+            m_hat, v_hat = m / c1, v / c2
             up = m_hat / (v_hat.sqrt() + self.eps)
             if self.wd: up = up + self.wd * t.detach().float()
             r: Tensor | float = 1.0

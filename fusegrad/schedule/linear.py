@@ -2,6 +2,7 @@
 from __future__ import annotations
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from fusegrad.schedule.kernelize import buffer_of
 from fusegrad.uop.ops import Ops, UOp
 
@@ -16,10 +17,11 @@ def get_buffer(buf: UOp):
         b = buffer_map[buf] = Buffer(buf.device, buf.arg[1], buf.dtype)
     return b
 
-def kernels_in_order(sink: UOp) -> list[UOp]:
-    """Every KERNEL under `sink`, dependencies first. Besides data dependencies, a kernel that reads a buffer runs
-    before a kernel that overwrites it in place (an ASSIGN target), so it sees the old values."""
-    kernels = [u for u in sink.toposort() if u.op is Ops.KERNEL]
+def kernels_in_order(sink: UOp, topo: Iterable[UOp] | None = None) -> list[UOp]:
+    """Every KERNEL under `sink` (`topo`: its toposort, if the caller has it), dependencies first. Besides data
+    dependencies, a kernel that reads a buffer runs before a kernel that overwrites it in place (an ASSIGN target),
+    so it sees the old values."""
+    kernels = [u for u in (sink.toposort() if topo is None else topo) if u.op is Ops.KERNEL]
     index = {k: i for i, k in enumerate(kernels)}
     deps: dict[UOp, set[UOp]] = {k: set() for k in kernels}
     writers: dict[UOp, UOp] = {}

@@ -211,14 +211,20 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         var_vals: dict[str, int] = {}
         Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*[t.uop for t in tensors]), var_vals))
         sink = UOp.sink_of(*[t.uop for t in tensors])
-        kernels = kernels_in_order(sink)
+        topo = sink.toposort()
+        kernels = kernels_in_order(sink, topo)
         # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
-        items = [ExecItem(k.arg, [get_buffer(b) for b in k.src if b.op is not Ops.CONST],
-                          fixedvars={f"_p{i}": c.arg for i, c in enumerate(b for b in k.src if b.op is Ops.CONST)})
-                 for k in kernels if buffer_of(k.src[0]).arg[1] > 0]
+        items = []
+        for k in kernels:
+            if buffer_of(k.src[0]).arg[1] <= 0: continue
+            bufs, fixedvars = [], {}
+            for b in k.src:
+                if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
+                else: bufs.append(get_buffer(b))
+            items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
-                   for u in sink.toposort() if is_realized(u) and u.op is Ops.ASSIGN}
+                   for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
         Tensor._apply_map(becomes)
         # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
         # still lazy, every buffer its graph loads from

@@ -166,8 +166,12 @@ def sym_value(x: Any) -> Any:
 def arg_uops(arg: Any) -> list[UOp]:
     """The UOps nested in a tuple arg (a symbolic shape, shrink or pad), outermost first."""
     if isinstance(arg, UOp): return [arg]
-    if type(arg) is tuple: return [u for a in arg for u in arg_uops(a)]
-    return []
+    if type(arg) is not tuple: return []
+    # (ints, the common entries, are skipped without a call: scheduling looks at every shape of a graph each step)
+    out: list[UOp] = []
+    for a in arg:
+        if type(a) is not int: out.extend(arg_uops(a))
+    return out
 
 def map_arg_uops(arg: Any, fxn: Callable[[UOp], Any]) -> Any:
     """A tuple arg with each UOp nested in it replaced by fxn(UOp)."""
