@@ -207,6 +207,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
         from fusegrad.engine.realize import ExecItem
+        if all(_is_plain_buffer(t.uop) for t in (self,) + lst): return [], {}  # realized already: nothing to do
         tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst)
         var_vals: dict[str, int] = {}
         Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*[t.uop for t in tensors]), var_vals))
@@ -830,6 +831,13 @@ def _nest(flat: list, shape: tuple[int, ...]) -> Any:
     return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 def _is_realized_view(u: UOp) -> bool: return is_realized(u.base)
+
+def _is_plain_buffer(u: UOp) -> bool:
+    """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
+    schedule or simplify, and no Variables. (A training loop realizes its loss after the step has computed it.)"""
+    if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER:
+        return u.arg != u.src[0].shape and all(type(s) is int for s in u.arg) and prod(u.arg) != 0
+    return u.op is Ops.BUFFER
 
 def _shape_arg(shape: Any) -> tuple[sint, ...]:
     shp = (shape,) if isinstance(shape, (int, UOp)) else tuple(shape)
