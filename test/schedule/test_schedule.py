@@ -133,6 +133,14 @@ def test_schedule_cache_key_tells_shared_buffers_apart():
     assert schedule_cache_stats["hits"] >= hits + 1
     np.testing.assert_allclose(lazy.numpy(), B + C, rtol=1e-6)
 
+def test_realized_tensors_schedule_nothing():
+    # a realized tensor is its buffer, or a reshape of it (a scalar loss): realizing it again schedules nothing
+    a, _, _, v = inputs()
+    s = (a * 2).sum().realize()
+    assert s.uop.op is Ops.RESHAPE and s.uop.src[0].op is Ops.BUFFER
+    assert s.schedule() == [] and a.schedule() == [] and Tensor.schedule(a, v, s) == []
+    np.testing.assert_allclose(s.numpy(), (A * 2).sum(), rtol=1e-4)
+
 def test_memory_planner_reuses_dead_buffers():
     def chain(a):
         # each stage is broadcast into the next along a leading axis, so each is its own kernel; stage i's buffer is
