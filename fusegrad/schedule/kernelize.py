@@ -213,7 +213,7 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
     out: dict[UOp, UOp] = {}
     for u in (root.toposort() if topo is None else topo):
         if u in dvars: out[u] = dvars[u]; continue
-        new_src = tuple(out[s] for s in u.src)
+        new_src = tuple([out[s] for s in u.src])  # (a list comprehension is faster than a generator here)
         if not (in_args and _symbolic_arg(u)):
             # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
             out[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
@@ -299,12 +299,12 @@ def _structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
     consts: list[UOp] = []
     for i, u in enumerate(topo):
         index[u] = i
-        if u.op is Ops.BUFFER: arg: object = ("param", u.arg[1])  # which buffer is told by its position alone
-        elif _is_liftable(u):
+        if (op := u.op) is Ops.BUFFER: arg: object = ("param", u.arg[1])  # which buffer is told by its position alone
+        elif op is Ops.CONST and _is_liftable(u):
             arg = "_c"  # the value is checked against the entry's baseline instead
             consts.append(u)
         else: arg = u._ukey[3]  # the arg's _arg_key, computed when the node was made
-        parts.append((u.op, u.dtype, tuple(index[s] for s in u.src), arg))
+        parts.append((op, u.dtype, tuple([index[s] for s in u.src]), arg))
     return tuple(parts), consts
 
 def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> dict[UOp, UOp]:

@@ -112,7 +112,7 @@ def _arg_key(arg: Any) -> Any:
     """A cache key for a UOp arg that tells apart what `==` conflates: 0.0 vs -0.0, 1 vs True vs 1.0, and that finds
     nan again (a nan is != itself, so it could never be looked up by value)."""
     t = type(arg)
-    if t is tuple: return tuple(_arg_key(a) for a in arg)
+    if t is tuple: return tuple([_arg_key(a) for a in arg])  # (faster than a generator: runs for every new node)
     if t is bool: return (bool, arg)
     if t is float or isinstance(arg, float): return (float, struct.pack("<d", arg))  # numpy floats too
     return arg
