@@ -736,6 +736,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor:
         axes = self._reduce_axes(axis)
         out_keep = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+        n = prod(self.shape)
+        if axes and prod(out_keep) == 1 and isinstance(n, int) and n >= 1 << 18 and \
+                (chunks := next((c for c in (64, 32, 16) if n % c == 0), None)):
+            # a big reduction to one number is done in two steps, partial results of chunks first: the first kernel has
+            # an output loop to split across cores (one output alone runs on one core)
+            part = Tensor(self.reshape(chunks, n // chunks).uop.r(op, (1,)))
+            ret = Tensor(part.uop.r(op, (0,))).reshape(out_keep)
+            return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
         ret = Tensor(self.uop.r(op, axes)) if axes else self
         return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes)) \
             if ret.shape == out_keep else ret

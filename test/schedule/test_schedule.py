@@ -185,3 +185,21 @@ def test_reader_runs_before_in_place_writer():
     Tensor.realize(b, a)
     np.testing.assert_allclose(b.numpy(), A * 3, rtol=1e-6)
     np.testing.assert_allclose(a.numpy(), A + 1, rtol=1e-6)
+
+def test_big_full_reduction_runs_on_every_core():
+    # a sum of 2^18+ elements to one number: partial sums of 64 chunks (an output loop the cores split), then their sum
+    from fusegrad.codegen import get_program
+    from fusegrad.device import Device
+    xn = rng.standard_normal((512, 1024)).astype(np.float32)
+    x = Tensor(xn, requires_grad=True)
+    s = x.sum()
+    sched = s.schedule()
+    assert len(sched) == 2
+    assert get_program(sched[0].ast, Device["CPU"].renderer).global_size > 1
+    from fusegrad.engine.realize import run_schedule
+    run_schedule(sched)
+    np.testing.assert_allclose(s.numpy(), xn.astype(np.float64).sum(), rtol=1e-4)
+    np.testing.assert_allclose(x.max().numpy(), xn.max())
+    np.testing.assert_allclose(x.mean(keepdim=True).numpy(), xn.mean(keepdims=True), rtol=1e-4, atol=1e-6)
+    x.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones_like(xn))
