@@ -297,29 +297,34 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
                                 f"  return ({vt}){self._select(m, f'(({mt})a)', f'(({mt})b)', n, w)};\n}}")
 
+    @staticmethod
+    def _x86_float_vector(dt: DType) -> tuple[str, int, str] | None:
+        """For a float32/float64 vector on x86: the builtins' suffix (ps/pd), its width in bits and the C type of a
+        lane mask; else None."""
+        sc = dt.scalar()
+        if sc not in (dtypes.float32, dtypes.float64) or platform.machine() not in ("x86_64", "AMD64"): return None
+        return ("ps" if sc == dtypes.float32 else "pd", dt.count * sc.itemsize * 8,
+                "unsigned short" if dt.count == 16 else "unsigned char")
+
     def _masked_load(self, dt: DType) -> str | None:
         """A helper loading a float vector with an AVX-512 lane mask (zero where masked off), if the CPU has one."""
-        flags, sc, bits = _cpu_flags(), dt.scalar(), dt.count * dt.scalar().itemsize * 8
-        if sc not in (dtypes.float32, dtypes.float64) or platform.machine() not in ("x86_64", "AMD64"): return None
+        if (x86 := self._x86_float_vector(dt)) is None: return None
+        (sfx, bits, mt), flags = x86, _cpu_flags()
         if not ("avx512f" in flags and (bits == 512 or (bits in (128, 256) and "avx512vl" in flags))): return None
-        sfx, vt, st = "ps" if sc == dtypes.float32 else "pd", self.dtype_name(dt), self.dtype_name(sc)
-        mt = "unsigned short" if dt.count == 16 else "unsigned char"
-        name = f"fg_maskload_{_SHORT[sc]}x{dt.count}"
+        vt, st = self.dtype_name(dt), self.dtype_name(dt.scalar())
+        name = f"fg_maskload_{_SHORT[dt.scalar()]}x{dt.count}"
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}(const {st}* p, unsigned m) "
                                 f"{{ return __builtin_ia32_loadu{sfx}{bits}_mask(p, ({vt}){{0}}, ({mt})m); }}")
 
     def _native_fma(self, dt: DType) -> str | None:
         """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
         lane loop of fmaf is left scalar by gcc 12 at -O2, which made 16-lane kernels 16x slower.)"""
-        flags, sc, bits = _cpu_flags(), dt.scalar(), dt.count * dt.scalar().itemsize * 8
-        if sc not in (dtypes.float32, dtypes.float64) or platform.machine() not in ("x86_64", "AMD64"): return None
-        sfx = "ps" if sc == dtypes.float32 else "pd"
+        if (x86 := self._x86_float_vector(dt)) is None: return None
+        (sfx, bits, mt), flags = x86, _cpu_flags()
         if bits == 512 and "avx512f" in flags:
-            mask = "(unsigned short)-1" if sc == dtypes.float32 else "(unsigned char)-1"
-            name = f"fg_fma_{sfx}512"
-            vt = self.dtype_name(dt)
+            vt, name = self.dtype_name(dt), f"fg_fma_{sfx}512"
             return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b, {vt} c) "
-                                    f"{{ return __builtin_ia32_vfmadd{sfx}512_mask(a, b, c, {mask}, 4); }}")
+                                    f"{{ return __builtin_ia32_vfmadd{sfx}512_mask(a, b, c, ({mt})-1, 4); }}")
         if bits in (128, 256) and "fma" in flags: return f"__builtin_ia32_vfmadd{sfx}{'256' if bits == 256 else ''}"
         return None
 

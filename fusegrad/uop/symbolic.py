@@ -378,19 +378,20 @@ def _divmod_by_symbol(a: UOp, x: UOp, y: UOp) -> UOp | None:
     multiples of y go to the quotient, e.g. (i + j*n)//n -> j and (i + j*n)%n -> i for a loop index i < n."""
     if y.vmin <= 0 or x.vmin < 0 or y.dtype.scalar() != dtypes.index: return None
     terms, k = _terms(x)
-    quotient: dict[UOp, int] = {}
-    rest: dict[UOp, int] = {}
+    # x = (qk + sum(c * b for b, c in quotient)) * y + rest
+    qk, quotient, rest = 0, dict[UOp, int](), dict[UOp, int]()
     for base, coef in terms.items():
-        if base is y: quotient[base.const_like(1)] = quotient.get(base.const_like(1), 0) + coef
-        elif base.op is Ops.MUL and y in base.src: quotient[base.src[1] if base.src[0] is y else base.src[0]] = coef
+        if base is y: qk += coef
+        elif base.op is Ops.MUL and y in base.src:
+            other = base.src[1] if base.src[0] is y else base.src[0]
+            quotient[other] = quotient.get(other, 0) + coef
         else: rest[base] = coef
     r = _build_sum(rest, k, x.dtype).simplify()
-    if r.vmin < 0 or any(b.vmin < 0 or c < 0 for b, c in quotient.items()): return None
-    small = _below(r, y)
-    if not quotient and not small: return None
-    if a.op is Ops.MOD: return r if small else (r % y if quotient else None)
-    q = _build_sum({b: c for b, c in quotient.items() if b.op is not Ops.CONST},
-                   sum(c * b.arg for b, c in quotient.items() if b.op is Ops.CONST), x.dtype)
+    if r.vmin < 0 or qk < 0 or any(b.vmin < 0 or c < 0 for b, c in quotient.items()): return None
+    small, whole = _below(r, y), bool(quotient) or qk != 0
+    if not whole and not small: return None
+    if a.op is Ops.MOD: return r if small else r % y
+    q = _build_sum(quotient, qk, x.dtype)
     return q if small else q + r // y
 
 def _mul_div_self(a: UOp, m: UOp, y: UOp) -> UOp | None:
