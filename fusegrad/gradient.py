@@ -154,14 +154,25 @@ _LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIN
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
     Targets the root does not depend on are absent from the result."""
-    if root_grad.shape != root.shape: raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
-    topo = list(root.toposort(gate=lambda u: u.op not in _LEAVES and u.op is not Ops.DETACH))
+    return compute_gradients({root: root_grad}, targets)
+
+def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) \
+        -> dict[UOp, UOp]:
+    """compute_gradient of several roots at once (the sum of their seeded gradients), e.g. the shards of a tensor
+    split over devices. Gradients don't pass below `leaves` (shards that are copies of one another are each a
+    variable of their own)."""
+    for root, root_grad in seeds.items():
+        if root_grad.shape != root.shape:
+            raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
+    sink = UOp.sink_of(*seeds)
+    topo = [u for u in sink.toposort(gate=lambda u: u.op not in _LEAVES and u.op is not Ops.DETACH) if u is not sink]
     # only nodes that lead to a target need a gradient
     on_path: dict[UOp, bool] = {}
     for u in topo: on_path[u] = u in targets or any(on_path.get(s, False) for s in u.src)
-    grads: dict[UOp, UOp] = {root: root_grad}
+    grads: dict[UOp, UOp] = dict(seeds)
     for u in reversed(topo):
-        if (g := grads.get(u)) is None or u.op in _LEAVES or not any(on_path.get(s, False) for s in u.src): continue
+        if (g := grads.get(u)) is None or u.op in _LEAVES or u in leaves: continue
+        if not any(on_path.get(s, False) for s in u.src): continue
         src_grads = pm_gradient.rewrite(u, ctx=g)
         if src_grads is None: raise NotImplementedError(f"no gradient rule for {u.op}")
         assert isinstance(src_grads, tuple) and len(src_grads) == len(u.src), f"bad gradient rule for {u.op}"

@@ -29,11 +29,28 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sy
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 _tensor_serials = itertools.count()
 
-def _device_uop(device: str) -> UOp: return UOp(Ops.DEVICE, arg=device)
+def _device_uop(device: str | tuple[str, ...]) -> UOp: return UOp(Ops.DEVICE, arg=device)
 
-def _canonical_device(device: str | None) -> str:
+# set once a tensor is sharded over several devices: until then no graph can hold a MULTI, and making a tensor skips
+# the check for one
+_sharding_used = False
+
+def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
+    """A device name in canonical form ("cpu:0" -> "CPU"); a tuple of names (several devices) is canonicalized
+    name by name."""
     from fusegrad.device import Device
+    if isinstance(device, (tuple, list)):
+        global _sharding_used
+        if not device: raise ValueError("a tuple of devices needs at least one device")
+        _sharding_used = True
+        return tuple(Device.canonicalize(d) for d in device)
     return Device.canonicalize(device) if device is not None else Device.DEFAULT
+
+def _multi(u: UOp) -> UOp:
+    """`u` with its operations over sharded tensors rewritten into per-shard ones (see engine/multi.py)."""
+    if not _sharding_used: return u
+    from fusegrad.engine.multi import needs_multi, to_multi
+    return to_multi(u) if needs_multi(u) else u
 
 def _flatten_nested(data: Any) -> tuple[list, tuple[int, ...]]:
     """Flatten a nested list/tuple of scalars, checking it is rectangular."""
@@ -79,11 +96,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
         if type(data) is UOp and dtype is None and not requires_grad and data.dtype != dtypes.index:
             # the common case, every tensor operation's result: the node as is (what the branches below do for it)
-            self.uop = data
+            self.uop = _multi(data) if _sharding_used else data
             all_tensors.add(self)
             return
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) or is_symbolic(data) else ""
+        if isinstance(dev, tuple):
+            # data for several devices: made on the first, then copied to the others
+            self.__init__(Tensor(data, dev[0], dtype).shard(dev).uop, requires_grad=requires_grad)
+            return
         if is_symbolic(data):
             # the value of a symbolic integer: element `data` of the iota 0, 1, ..., data (a loop index, no memory)
             n = ssimplify(data)
@@ -121,6 +142,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             return
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+        if _sharding_used: self.uop = _multi(self.uop)
         if requires_grad: self._own_storage()
         all_tensors.add(self)
 
@@ -176,7 +198,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
-        sink = UOp.sink_of(*[t.uop for t in (self,) + lst])
+        sink = UOp.sink_of(*_shards((self,) + lst))
         Tensor._apply_map(kernelize_map_cached(sink))
         return self
 
@@ -185,16 +207,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
         schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
         otherwise a loss computed before an optimizer step would be evaluated with the updated weights."""
-        sink = UOp.sink_of(*[t.uop for t in tensors])
+        sink = UOp.sink_of(*_shards(tensors))
         targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
-        lazy = [t for t in list(all_tensors) if id(t) not in ids and t.uop.base.op is not Ops.BUFFER and
-                not is_realized(t.uop)]
+        lazy = [t for t in list(all_tensors) if id(t) not in ids and
+                any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
         # one walk over all their graphs (they mostly share one forward and backward graph), marking the nodes that
         # read a target
         reads: dict[UOp, bool] = {}
-        for u in UOp.sink_of(*[t.uop for t in lazy]).toposort():
+        for u in UOp.sink_of(*_shards(lazy)).toposort():
             reads[u] = u in targets or any(reads[s] for s in u.src)
         # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
         return tuple(sorted((t for t in lazy if reads[t.uop]), key=lambda t: t._serial))
@@ -207,11 +229,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
         from fusegrad.engine.realize import ExecItem
-        if all(_is_plain_buffer(t.uop) for t in (self,) + lst): return [], {}  # realized already: nothing to do
+        if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
         tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst)
         var_vals: dict[str, int] = {}
-        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*[t.uop for t in tensors]), var_vals))
-        sink = UOp.sink_of(*[t.uop for t in tensors])
+        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals))
+        sink = UOp.sink_of(*_shards(tensors))
         topo = sink.toposort()
         kernels = kernels_in_order(sink, topo)
         # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
@@ -250,6 +272,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             from fusegrad.engine.jit import JitError
             raise JitError("reading tensor data (numpy, item, tolist, data) inside a TinyJit function while it is "
                            "captured: replays would not run that Python code; return the tensor instead")
+        if self.uop.op is Ops.MULTI:  # a sharded tensor: its shards gathered on the first device
+            from fusegrad.engine.multi import gather
+            return Tensor(gather(self.uop, self.device[0]))._buffer()
         t = (self if storage_of(self.uop) is not None else self.contiguous()).realize()
         return get_buffer(t.uop)
 
@@ -293,11 +318,37 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def clone(self) -> Tensor: return self.contiguous()
     def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
     def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
-    def to(self, device: str | None) -> Tensor:
-        """This tensor on `device` (itself if it is there already)."""
+    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
+        """This tensor on `device` (itself if it is there already). A sharded tensor moved to one device is gathered
+        there; a tuple of devices shards a tensor (replicas for a single-device one, the same split axis for a
+        sharded one)."""
         dev = _canonical_device(device)
         if dev == self.device: return self
+        if isinstance(dev, tuple): return self.shard(dev, self.uop.arg if self.uop.op is Ops.MULTI else None)
         return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, _device_uop(dev))))
+    def shard(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """This tensor split over `devices` along `axis` (in shards of ceil(size/n), so the last ones may be smaller
+        or empty), or whole on each of them when `axis` is None. Operations on the result run shard by shard, with
+        copies and all-reduces where they cross shards."""
+        from fusegrad.engine.multi import shard_uop
+        if not isinstance(devices, (tuple, list)) or not devices or not all(isinstance(d, str) for d in devices):
+            raise TypeError(f"shard needs a non-empty tuple of device names, got {devices!r}")
+        devs = _canonical_device(tuple(devices))
+        if len(set(devs)) != len(devs): raise ValueError(f"shard: a device appears twice in {devs}")
+        ax = _resolve_axis(axis, self.ndim) if axis is not None else None
+        if ax is not None and self.ndim == 0: raise IndexError("can't split a 0-d tensor along an axis")
+        if any(is_symbolic(s) for s in self.shape): raise NotImplementedError("sharding a tensor of symbolic shape")
+        return Tensor(shard_uop(self.uop, devs, ax))
+    def shard_(self, devices: tuple[str, ...], axis: int | None = None) -> Tensor:
+        """Shard this tensor in place (see shard); returns it."""
+        self.uop = self.shard(devices, axis).uop
+        return self
+    def shard_like(self, y: Tensor) -> Tensor:
+        """This tensor laid out as `y` is: on y's devices, split along y's axis (as is, if y is on one device)."""
+        if y.uop.op is not Ops.MULTI: return self.to(y.device)
+        from fusegrad.engine.multi import multi_bounds, shard_uop
+        if self.shape != y.shape: raise ValueError(f"shard_like: shapes {self.shape} and {y.shape} differ")
+        return Tensor(shard_uop(self.uop, y.device, y.uop.arg, multi_bounds(y.uop)))
     def to_(self, device: str | None) -> Tensor:
         """Move this tensor to `device` in place (its graph becomes a copy there); returns it."""
         self.uop = self.to(device).uop
@@ -308,13 +359,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if not isinstance(x, Tensor): x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.shape != self.shape: raise ValueError(f"assign shape mismatch: target {self.shape}, value {x.shape}")
         if x.dtype != self.dtype: raise TypeError(f"assign dtype mismatch: target {self.dtype}, value {x.dtype}")
-        if x.device != self.device: raise ValueError(f"assign device mismatch: {self.device} and {x.device}")
+        if x.device != self.device and not (isinstance(self.device, tuple) and isinstance(x.device, tuple)):
+            raise ValueError(f"assign device mismatch: {self.device} and {x.device}")
         if not _is_realized_view(self.uop):
             if self.uop.op in GroupOp.Movement:
                 raise RuntimeError("assign target is a view of an unrealized tensor: realize the tensor it views first")
             # a lazy target (e.g. a parameter or state buffer not computed yet) gets its memory now
             self.realize()
-        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop))
+        self.uop = _multi(UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop)))
         return self
 
     def replace(self, x: Tensor) -> Tensor:
@@ -340,7 +392,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         shp = _shape_arg(argfix(*shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        buf = new_buffer(_device_uop(_canonical_device(device)), prod(shp), dt)
+        if isinstance(dev := _canonical_device(device), tuple):  # memory on each device, one replica each
+            return Tensor(UOp(Ops.MULTI, dt, tuple(Tensor.empty(shp, dtype=dt, device=d).uop for d in dev)))
+        buf = new_buffer(_device_uop(dev), prod(shp), dt)
         return Tensor(buf.reshape(shp) if shp != (prod(shp),) else buf)
     @staticmethod
     def arange(start: int | float, stop: int | float | None = None, step: int | float = 1,
@@ -838,7 +892,13 @@ def _nest(flat: list, shape: tuple[int, ...]) -> Any:
     step = prod(shape[1:])
     return [_nest(flat[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
-def _is_realized_view(u: UOp) -> bool: return is_realized(u.base)
+def _is_realized_view(u: UOp) -> bool:
+    if u.op is Ops.MULTI: return all(is_realized(s.base) for s in u.src)
+    return is_realized(u.base)
+
+def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
+    """The graphs of these tensors, a sharded one's being its shards'."""
+    return [s for t in tensors for s in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to

@@ -7,12 +7,23 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar, Iterator
 from fusegrad.dtype import dtypes
-from fusegrad.gradient import compute_gradient
+from fusegrad.gradient import compute_gradient, compute_gradients
 from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
+
+def _shard_uops(u: UOp) -> tuple[UOp, ...]: return u.src if u.op is Ops.MULTI else (u,)
+
+def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> dict[UOp, UOp | None]:
+    """compute_gradient, with sharded roots and targets taken shard by shard."""
+    if root.op is not Ops.MULTI and not any(t.op is Ops.MULTI for t in targets):
+        return compute_gradient(root, seed, set(targets))  # type: ignore[return-value]
+    from fusegrad.engine.multi import gradient_of, gradient_seeds, gradient_targets
+    shards = frozenset(s for t in targets if t.op is Ops.MULTI for s in t.src)
+    grads = compute_gradients(gradient_seeds(root, seed), gradient_targets(targets), shards)
+    return {t: gradient_of(t, grads) for t in targets}
 
 class AutogradMixin:
     """Reverse-mode differentiation for Tensor; the gradient graphs are lazy like any other."""
@@ -55,6 +66,12 @@ class AutogradMixin:
         """Give a tensor that is only a constant (zeros, ones, full) a buffer of its own, lazily: constants are
         hash-consed, so two such parameters would otherwise be one node of the graph and share their gradients."""
         from fusegrad.schedule.kernelize import new_buffer
+        if self.uop.op is Ops.MULTI:  # each shard its own buffer
+            from fusegrad.tensor import Tensor
+            shards = [Tensor(s) for s in self.uop.src]
+            for t in shards: t._own_storage()
+            self.uop = UOp(Ops.MULTI, self.dtype, tuple(t.uop for t in shards), self.uop.arg)
+            return
         if any(u.op is Ops.BUFFER for u in self.uop.toposort()): return
         buf = new_buffer(UOp(Ops.DEVICE, arg=self.device), self.numel(), self.dtype)
         view = buf.reshape(self.shape) if self.shape != (self.numel(),) else buf
@@ -69,13 +86,13 @@ class AutogradMixin:
         seed = self._grad_seed(gradient)
         for t in (self,) + targets:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
-        grads = compute_gradient(self.uop, seed, {t.uop for t in targets})
+        grads = _gradients(self.uop, seed, [t.uop for t in targets])
         ret = []
         for i, t in enumerate(targets):
-            if t.uop not in grads:
+            if (g := grads.get(t.uop)) is None:
                 raise RuntimeError(f"target {i} ({t!r}) is not part of the graph this tensor was computed from "
                                    "(or only reaches it through detach/non-differentiable ops)")
-            ret.append(Tensor(grads[t.uop]))
+            ret.append(Tensor(g))
         return ret
 
     def backward(self: Tensor, gradient: Tensor | None = None) -> Tensor:
@@ -84,18 +101,18 @@ class AutogradMixin:
         from fusegrad.tensor import Tensor, _is_realized_view, all_tensors
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
-        topo = self.uop.toposort()
-        need = [t for t in list(all_tensors) if t.requires_grad is True and t.uop in topo]
+        topo = UOp.sink_of(*_shard_uops(self.uop)).toposort()
+        need = [t for t in list(all_tensors) if t.requires_grad is True and any(u in topo for u in _shard_uops(t.uop))]
         if not need:
             # as torch does: silently filling nothing hides a graph cut by realize() (which replaces a tensor's graph
             # by its buffer) or parameters left without requires_grad
             raise RuntimeError("backward(): no tensor with requires_grad=True is part of this tensor's graph (was it "
                                "realized before backward()? realize() replaces the graph by its buffer)")
-        grads = compute_gradient(self.uop, seed, {t.uop for t in need if dtypes.is_float(t.dtype)})
+        grads = _gradients(self.uop, seed, [t.uop for t in need if dtypes.is_float(t.dtype)])
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
-            g = Tensor(grads[t.uop] if t.uop in grads else const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device),
-                                                                         t.shape))
+            g = Tensor(grads[t.uop] if grads.get(t.uop) is not None else
+                       const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device), t.shape))
             if t.grad is None: t.grad = g
             elif _is_realized_view(t.grad.uop): t.grad.assign(t.grad + g)  # update realized grads in place
             else: t.grad = t.grad + g

@@ -15,6 +15,8 @@ class Ops(Enum):
     # tensor level
     BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto(); CONTIGUOUS = auto(); DETACH = auto()
     CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
+    # a tensor split over several devices: one source per device (its shard), arg the split axis (None: replicas)
+    MULTI = auto()
     REDUCE_AXIS = auto()
     # movement ops (tensor level; turned into index expressions by the scheduler)
     RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto(); FLIP = auto()
@@ -416,13 +418,14 @@ class UOp(metaclass=UOpMetaClass):
     def device(self) -> str:
         """The device of a tensor-level node: from its DEVICE source, else from its sources (memoized)."""
         if "_device" not in self.__dict__ and self.op is not Ops.DEVICE and self.op is not Ops.COPY and self.src and \
-                (d := self.src[0].__dict__.get("_device")) is not None:
+                self.op is not Ops.MULTI and (d := self.src[0].__dict__.get("_device")) is not None:
             self.__dict__["_device"] = d  # the common case: a new node over a source whose device is known
         if "_device" not in self.__dict__:
             for u in self.toposort(gate=lambda u: "_device" not in u.__dict__):
                 if "_device" in u.__dict__: continue
                 d = u.arg if u.op is Ops.DEVICE else None
                 if u.op is Ops.COPY: d = u.src[1].arg
+                if u.op is Ops.MULTI: d = tuple(s.__dict__["_device"] for s in u.src)
                 for s in u.src if d is None else ():
                     if (d := s.__dict__.get("_device")) is not None: break
                 u.__dict__["_device"] = d
@@ -470,6 +473,8 @@ def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.RANGE: return (arg,) if u.src and u.src[0].op is Ops.DEVICE else None
     if op is Ops.RESHAPE or op is Ops.EXPAND: return arg
     ss = u.src[0].shape if u.src else None
+    if op is Ops.MULTI and ss is not None and arg is not None:
+        return tuple(sum(s.shape[arg] for s in u.src) if i == arg else d for i, d in enumerate(ss))
     if op is Ops.ASSIGN and arg is not None: return arg
     if ss is None: return None
     if op is Ops.PERMUTE: return tuple(ss[i] for i in arg)
