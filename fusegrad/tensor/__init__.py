@@ -43,7 +43,9 @@ def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
         global _sharding_used
         if not device: raise ValueError("a tuple of devices needs at least one device")
         _sharding_used = True
-        return tuple(Device.canonicalize(d) for d in device)
+        devs = tuple(Device.canonicalize(d) for d in device)
+        for d in devs: Device._check(d)
+        return devs
     return Device.canonicalize(device) if device is not None else Device.DEFAULT
 
 def _multi(u: UOp) -> UOp:
@@ -219,7 +221,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         for u in UOp.sink_of(*_shards(lazy)).toposort():
             reads[u] = u in targets or any(reads[s] for s in u.src)
         # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
-        return tuple(sorted((t for t in lazy if reads[t.uop]), key=lambda t: t._serial))
+        return tuple(sorted((t for t in lazy if any(reads[u] for u in _shards((t,)))), key=lambda t: t._serial))
 
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
