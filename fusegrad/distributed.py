@@ -1,0 +1,364 @@
+"""Several processes working as one over MPI: collectives on tensors and data-parallel training.
+
+Start the processes with MPI's launcher, e.g. `mpirun -n 2 python train.py`; each one runs the same program and
+`rank()` tells them apart. Needs mpi4py and an MPI library (`pip install 'fusegrad[dist]'` installs both as wheels);
+`import fusegrad` never imports mpi4py, this module does on the first call that needs it.
+
+    import fusegrad.distributed as dist
+    total = dist.all_reduce(Tensor([float(dist.rank())]))       # the sum over every rank, on every rank
+    dp = dist.DataParallel(model)                                # parameters from rank 0 to all
+    loss.backward(); dp.sync_gradients(); opt.step()             # gradients averaged over the ranks
+
+Collectives hand the tensor's own host memory to MPI (no copy through Python objects) and return a new realized
+tensor; the variants ending in `_` overwrite their argument. They run as steps of fusegrad's schedules (ExecItems
+with a runner of their own), so a TinyJit function that calls them replays them on every call like its kernels:
+`sync_gradients()` may sit inside a jitted training step.
+
+Every rank must make the same calls in the same order with tensors of the same shape and dtype, as with any MPI
+collective. Each call checks that cheaply first (a two-number all-reduce of a hash of its arguments), so a mismatch
+raises ValueError on every rank instead of hanging or mixing up bytes. A rank that dies of an uncaught exception
+aborts all of them (`init()` chains a `sys.excepthook` that calls MPI_Abort), so no rank is left waiting forever."""
+from __future__ import annotations
+import array
+import hashlib
+import sys
+import time
+from typing import Any, Callable
+from fusegrad.device import Buffer
+from fusegrad.dtype import DType, dtypes
+from fusegrad.engine.realize import ExecItem, Runner, run_schedule
+from fusegrad.helpers import prod
+from fusegrad.schedule.indexing import storage_of
+from fusegrad.schedule.kernelize import new_buffer
+from fusegrad.schedule.linear import get_buffer
+from fusegrad.tensor import Tensor
+from fusegrad.uop.ops import Ops, UOp
+
+__all__ = ["init", "is_initialized", "rank", "world_size", "communicator", "all_reduce", "all_reduce_", "broadcast",
+           "broadcast_", "all_gather", "barrier", "DataParallel"]
+
+REDUCE_OPS = ("sum", "mean", "max")
+# MPI has no standard half-precision type to reduce on: these are reduced in float32 and rounded back once
+_WIDENED = (dtypes.float16, dtypes.bfloat16)
+
+_state: dict[str, Any] = {}   # "MPI" (the mpi4py module) and "comm" once initialized
+
+# *** setup ***
+
+def _import_mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except (ImportError, RuntimeError) as e:  # RuntimeError: mpi4py is there but can't load an MPI library
+        raise ImportError(f"fusegrad.distributed needs mpi4py and an MPI library ({e}); install them with "
+                          "pip install 'fusegrad[dist]'") from e
+    return MPI
+
+def init() -> None:
+    """Initialize MPI (once; later calls do nothing). Without mpirun the process is a world of one rank.
+
+    With more than one rank it also installs a `sys.excepthook` (after the previous one has printed the traceback)
+    that aborts every rank: otherwise the others would wait forever in their next collective."""
+    if "comm" in _state: return
+    MPI = _import_mpi()
+    if not MPI.Is_initialized(): MPI.Init()
+    comm = MPI.COMM_WORLD
+    _state["MPI"], _state["comm"] = MPI, comm
+    if comm.Get_size() > 1: _install_excepthook(comm)
+
+def _install_excepthook(comm: Any) -> None:
+    previous = sys.excepthook
+    def abort_all(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        try:
+            previous(tp, value, tb)
+            print(f"fusegrad.distributed: rank {comm.Get_rank()} raised {tp.__name__}; aborting all ranks",
+                  file=sys.stderr)
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            comm.Abort(1)
+    sys.excepthook = abort_all
+
+def is_initialized() -> bool:
+    """Whether `init()` has run in this process."""
+    return "comm" in _state
+
+def communicator() -> Any:
+    """The mpi4py communicator the collectives use (COMM_WORLD), initializing MPI if needed."""
+    init()
+    return _state["comm"]
+
+def rank() -> int:
+    """This process's number, 0 .. world_size() - 1 (initializes MPI if needed)."""
+    return communicator().Get_rank()
+
+def world_size() -> int:
+    """The number of processes (initializes MPI if needed)."""
+    return communicator().Get_size()
+
+# *** buffers and MPI datatypes ***
+
+def _mpi_type(dt: DType) -> Any:
+    """The MPI datatype of a fusegrad dtype. float16 and bfloat16 move as 16-bit integers (bit for bit)."""
+    MPI = _state["MPI"]
+    table = {dtypes.bool: MPI.C_BOOL, dtypes.int8: MPI.INT8_T, dtypes.uint8: MPI.UINT8_T, dtypes.int16: MPI.INT16_T,
+             dtypes.uint16: MPI.UINT16_T, dtypes.int32: MPI.INT32_T, dtypes.uint32: MPI.UINT32_T,
+             dtypes.int64: MPI.INT64_T, dtypes.uint64: MPI.UINT64_T, dtypes.float16: MPI.UINT16_T,
+             dtypes.bfloat16: MPI.UINT16_T, dtypes.float32: MPI.FLOAT, dtypes.float64: MPI.DOUBLE}
+    if (t := table.get(dt)) is None: raise TypeError(f"fusegrad.distributed has no MPI datatype for {dt}")
+    return t
+
+def _mpi_op(op: str, dt: DType) -> Any:
+    """The MPI reduction for `op` on `dt` (validated: a bad op or dtype raises before anything is sent)."""
+    if op not in REDUCE_OPS: raise ValueError(f"unknown reduction {op!r}; expected one of {', '.join(REDUCE_OPS)}")
+    MPI = _state["MPI"]
+    if dt == dtypes.bool:
+        # MPI reduces C_BOOL only with logical ops; the max of booleans is their or
+        if op != "max": raise TypeError(f"all_reduce {op!r} of a bool tensor: cast it to an integer dtype first")
+        return MPI.LOR
+    return MPI.MAX if op == "max" else MPI.SUM
+
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, Tensor): raise TypeError(f"{what} takes a Tensor, got {type(t).__name__}")
+    if not all(isinstance(s, int) for s in t.shape):
+        raise ValueError(f"{what} needs a concrete shape, got the symbolic shape {t.shape}")
+
+def _realized(t: Tensor) -> tuple[Tensor, Buffer]:
+    """`t` as a realized tensor with its elements in one buffer in row-major order (a kernel copies views), and
+    that buffer. (Not Tensor._buffer: this also works while TinyJit captures, the buffer read happens at run time.)"""
+    if storage_of(t.uop) is None: t = t.contiguous()
+    t.realize()
+    buf = get_buffer(t.uop)
+    assert buf.size == prod(t.shape), f"{buf} holds {buf.size} elements for a tensor of shape {t.shape}"
+    return t, buf
+
+def _is_plain(t: Tensor) -> bool:
+    """Whether `t` is its own buffer (possibly reshaped): writing that buffer in place changes exactly `t`."""
+    u = t.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op is Ops.BUFFER
+
+def _fresh(shape: tuple[int, ...], dtype: DType, device: str) -> tuple[Tensor, Buffer]:
+    """A new allocated tensor of `shape` (its contents are whatever the collective writes)."""
+    node = new_buffer(UOp(Ops.DEVICE, arg=device), prod(shape), dtype)
+    buf = get_buffer(node).ensure_allocated()
+    return Tensor(node.reshape(shape) if shape != (prod(shape),) else node), buf
+
+# *** collectives as schedule steps ***
+
+_MPI_AST = UOp(Ops.NOOP, arg="mpi")
+
+class _Collective(Runner):
+    """Runs an MPI call on host views of its buffers. bufs[0] is written: on a device without host memory its view
+    is a copy, written back afterwards."""
+    def __init__(self, name: str, device: str, nbytes: int, fn: Callable[..., None]):
+        super().__init__(f"mpi {name} {nbytes:8d}", device)
+        self.fn = fn
+
+    def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+        st = time.perf_counter()
+        views = [b.as_buffer() for b in rawbufs]
+        self.fn(*views)
+        if rawbufs and not hasattr(rawbufs[0].allocator, "_as_buffer"): rawbufs[0].copyin(views[0])
+        return time.perf_counter() - st if wait else None
+
+def _run(name: str, bufs: list[Buffer], fn: Callable[..., None]) -> None:
+    """Run `fn` on the buffers' memory as a schedule step, so TinyJit captures it and replays it with the kernels."""
+    device = bufs[0].device if bufs else "CPU"
+    nbytes = bufs[0].nbytes if bufs else 0
+    run_schedule([ExecItem(_MPI_AST, list(bufs), prg=_Collective(name, device, nbytes, fn))])
+
+def _check_same(what: str, *args: Any) -> None:
+    """Raise ValueError on every rank unless every rank called `what` with equal `args` (reprs of shapes, dtypes,
+    ops and roots). One all-reduce of two numbers: the max of a hash and the max of minus it agree only if all do."""
+    comm, MPI = _state["comm"], _state["MPI"]
+    if comm.Get_size() == 1: return
+    sig = repr(args)
+    h = int.from_bytes(hashlib.blake2b(sig.encode(), digest_size=7).digest(), "little")
+    both = array.array("q", [h, -h])
+    comm.Allreduce(MPI.IN_PLACE, [both, MPI.INT64_T], op=MPI.MAX)
+    if both[0] == -both[1] == h: return
+    sigs = comm.allgather(sig)  # only on a mismatch: the readable reason, for every rank's message
+    detail = "; ".join(f"rank {r}: {s}" for r, s in enumerate(sigs))
+    raise ValueError(f"{what}: the ranks' arguments differ ({detail}); every rank must pass tensors of the same shape "
+                     "and dtype (and the same op and root)")
+
+def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
+    """A new tensor of the element-wise `op` ("sum", "mean" or "max") over every rank's `t`, the same on all ranks.
+
+    "mean" is the sum divided by world_size() (an integer tensor gives a float one, as `t / n` does). float16 and
+    bfloat16 are reduced in float32 and rounded back once. bool tensors take only "max" (a logical or)."""
+    init()
+    _check_tensor(t, "all_reduce")
+    wide = t.dtype in _WIDENED
+    src = t.float() if wide else t
+    mpi_op, mpi_type = _mpi_op(op, src.dtype), _mpi_type(src.dtype)
+    _check_same("all_reduce", op, t.shape, t.dtype.name)
+    src, sbuf = _realized(src)
+    out, obuf = _fresh(t.shape, src.dtype, src.device)
+    if sbuf.size:
+        comm = _state["comm"]
+        _run("all_reduce", [obuf, sbuf], lambda o, s: comm.Allreduce([s, mpi_type], [o, mpi_type], op=mpi_op))
+    if op == "mean": out = out / world_size()
+    if wide: out = out.cast(t.dtype)
+    return out.realize()
+
+def all_reduce_(t: Tensor, op: str = "sum") -> Tensor:
+    """`all_reduce` written into `t` itself (a lazy `t` is realized first); returns `t`. Lazy tensors built from `t`
+    earlier and realized later see the reduced values. "mean" needs a float tensor."""
+    init()
+    _check_tensor(t, "all_reduce_")
+    if op == "mean" and not dtypes.is_float(t.dtype):
+        raise TypeError(f"in-place all_reduce_ 'mean' of a {t.dtype} tensor can't hold the quotient; use all_reduce")
+    if t.dtype in _WIDENED:  # reduced through a float32 copy anyway
+        out = all_reduce(t, op)
+        if prod(t.shape): t.assign(out).realize()  # (there is nothing to write into an empty tensor)
+        return t
+    _mpi_op(op, t.dtype)
+    _check_same("all_reduce", op, t.shape, t.dtype.name)
+    return _all_reduce_inplace(t, op)
+
+def _all_reduce_inplace(t: Tensor, op: str) -> Tensor:
+    mpi_op, mpi_type = _mpi_op(op, t.dtype), _mpi_type(t.dtype)
+    if not _is_plain(t): t.replace(t.contiguous())
+    t, buf = _realized(t)
+    if buf.size:
+        comm, MPI = _state["comm"], _state["MPI"]
+        _run("all_reduce_", [buf], lambda b: comm.Allreduce(MPI.IN_PLACE, [b, mpi_type], op=mpi_op))
+    if op == "mean" and buf.size: t.assign(t / world_size()).realize()
+    return t
+
+def _check_root(root: int) -> None:
+    n = world_size()
+    if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < n:
+        raise ValueError(f"broadcast root must be a rank in 0..{n - 1}, got {root!r}")
+
+def broadcast(t: Tensor, root: int = 0) -> Tensor:
+    """A new tensor holding rank `root`'s `t`, on every rank. Every rank passes a tensor of the same shape and dtype
+    (the non-root ranks' values are not read)."""
+    init()
+    _check_tensor(t, "broadcast")
+    _check_root(root)
+    mpi_type = _mpi_type(t.dtype)
+    _check_same("broadcast", root, t.shape, t.dtype.name)
+    src, sbuf = _realized(t)
+    out, obuf = _fresh(t.shape, t.dtype, t.device)
+    if sbuf.size:
+        comm = _state["comm"]
+        def bcast(o: memoryview, s: memoryview) -> None:
+            if comm.Get_rank() == root: o[:] = s  # one memcpy into the result, which is what gets sent
+            comm.Bcast([o, mpi_type], root=root)
+        _run("broadcast", [obuf, sbuf], bcast)
+    return out
+
+def broadcast_(t: Tensor, root: int = 0) -> Tensor:
+    """`broadcast` into `t` itself (a lazy `t` is realized first): afterwards every rank's `t` is rank `root`'s."""
+    init()
+    _check_tensor(t, "broadcast_")
+    _check_root(root)
+    _mpi_type(t.dtype)
+    _check_same("broadcast", root, t.shape, t.dtype.name)
+    return _broadcast_inplace(t, root)
+
+def _broadcast_inplace(t: Tensor, root: int) -> Tensor:
+    mpi_type = _mpi_type(t.dtype)
+    if not _is_plain(t): t.replace(t.contiguous())
+    t, buf = _realized(t)
+    if buf.size:
+        comm = _state["comm"]
+        _run("broadcast_", [buf], lambda b: comm.Bcast([b, mpi_type], root=root))
+    return t
+
+def all_gather(t: Tensor) -> Tensor:
+    """Every rank's `t` concatenated along axis 0 in rank order, on every rank: shape (n * d0, d1, ...) for n ranks
+    (a 0-d tensor gives shape (n,)). All ranks pass the same shape and dtype."""
+    init()
+    _check_tensor(t, "all_gather")
+    mpi_type = _mpi_type(t.dtype)
+    _check_same("all_gather", t.shape, t.dtype.name)
+    n = world_size()
+    shape = (n,) if t.ndim == 0 else (n * t.shape[0],) + t.shape[1:]
+    src, sbuf = _realized(t)
+    out, obuf = _fresh(shape, t.dtype, t.device)
+    if sbuf.size:
+        comm = _state["comm"]
+        _run("all_gather", [obuf, sbuf], lambda o, s: comm.Allgather([s, mpi_type], [o, mpi_type]))
+    return out
+
+def barrier() -> None:
+    """Wait until every rank has called barrier() (a schedule step too, so a jitted function keeps it)."""
+    init()
+    comm = _state["comm"]
+    _run("barrier", [], lambda: comm.Barrier())
+
+# *** data-parallel training ***
+
+class DataParallel:
+    """Data-parallel training: every rank holds the whole model, trains on its own share of each batch, and the
+    gradients are averaged before each optimizer step, so all ranks take the same step.
+
+        dp = DataParallel(model)     # or a list of tensors; rank 0's values are broadcast to every rank
+        ...
+        loss.backward()
+        dp.sync_gradients()          # every .grad becomes the mean over the ranks
+        opt.step()
+
+    With equal local batches and a loss that is a mean over the batch, the averaged gradient is the full batch's, so
+    training matches one process on the whole batch (up to rounding). `sync_gradients` works inside a TinyJit step
+    (its MPI call is captured and replayed). Tensors without gradients (batchnorm running statistics) are not
+    averaged: each rank keeps its own unless `broadcast_parameters()` is called again."""
+
+    def __init__(self, model: Any, root: int = 0):
+        from fusegrad.nn.state import get_parameters
+        init()
+        if isinstance(model, (list, tuple)) and all(isinstance(p, Tensor) for p in model):
+            params = list(dict.fromkeys(model))
+        else: params = get_parameters(model)
+        self.params = [p for p in params if prod(p.shape)]  # an empty tensor has nothing to send
+        if not self.params: raise ValueError("DataParallel found no tensors in the model")
+        self.root = root
+        self.broadcast_parameters(root)
+
+    def broadcast_parameters(self, root: int | None = None) -> None:
+        """Overwrite every rank's parameters (all tensors of the model) with rank `root`'s: one broadcast per dtype."""
+        root = self.root if root is None else root
+        _check_root(root)
+        _check_same("broadcast_parameters", root, [(p.shape, p.dtype.name) for p in self.params])
+        for group in _by_dtype(self.params, lambda p: p.dtype).values():
+            flat = _broadcast_inplace(_pack(group, group[0].dtype), root)
+            Tensor.realize(*[p.assign(v) for p, v in zip(group, _unpack(flat, group))])
+
+    def sync_gradients(self) -> None:
+        """Replace every parameter's gradient by its mean over the ranks: the gradients of each dtype are packed
+        into one buffer and reduced by one MPI all-reduce (half precision is reduced in float32). Parameters without
+        a gradient are skipped (the same ones on every rank)."""
+        n = world_size()
+        if n == 1: return
+        with_grad = [p for p in self.params if p.grad is not None]
+        _check_same("sync_gradients", [(p.grad.shape, p.grad.dtype.name) for p in with_grad])
+        groups = _by_dtype(with_grad, lambda p: dtypes.float32 if p.grad.dtype in _WIDENED else p.grad.dtype)
+        packed = {dt: _pack([p.grad for p in group], dt) for dt, group in groups.items()}
+        # the gradients and their packed copies in one schedule
+        Tensor.realize(*[p.grad for p in with_grad], *packed.values())
+        for dt, group in groups.items():
+            total = _all_reduce_inplace(packed[dt], "sum")
+            for p, g in zip(group, _unpack(total, [p.grad for p in group])):
+                # the division fuses into the optimizer's kernels
+                p.grad = (g / n).cast(p.grad.dtype)
+
+def _by_dtype(ts: list[Tensor], key: Callable[[Tensor], DType]) -> dict[DType, list[Tensor]]:
+    groups: dict[DType, list[Tensor]] = {}
+    for t in ts: groups.setdefault(key(t), []).append(t)
+    return groups
+
+def _pack(ts: list[Tensor], dt: DType) -> Tensor:
+    """The tensors flattened and concatenated into one `dt` tensor (lazy)."""
+    flat = [t.flatten().cast(dt) for t in ts]
+    return flat[0].cat(*flat[1:]) if len(flat) > 1 else flat[0].contiguous()
+
+def _unpack(flat: Tensor, like: list[Tensor]) -> list[Tensor]:
+    """Views of `flat` shaped like each of `like` (the inverse of _pack, before casting back)."""
+    out, at = [], 0
+    for t in like:
+        n = prod(t.shape)
+        out.append(flat[at:at + n].reshape(t.shape))
+        at += n
+    return out

