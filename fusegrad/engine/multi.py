@@ -166,7 +166,8 @@ def all_reduce(parts: list[UOp], op: Ops) -> list[UOp]:
     devs = [p.device for p in parts]
     combine: Callable[[UOp, UOp], UOp] = lambda a, b: a.alu(op, b)
     numel = prod(parts[0].shape)
-    if numel < max(RING_MIN_ELEMENTS, n):
+    if n == 2 or numel < max(RING_MIN_ELEMENTS, n):
+        # (two devices: the ring would copy the same bytes in twice the steps)
         # every device adds the same copies in the same order, so the replicas come out bitwise equal
         out = []
         for d in devs:

@@ -85,16 +85,24 @@ class CompiledRunner(Runner):
         return self._prg(*bufs, vals=vals, global_size=gs, threads=self.threads(var_vals) if gs > 1 else 1, wait=wait)
 
 class BufferCopy(Runner):
-    """Copies bufs[1] into bufs[0] (same or different devices) through host memory."""
-    def __init__(self, nbytes: int, dest_device: str, src_device: str):
+    """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of
+    bufs[1] from that byte on."""
+    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int | None = None):
         name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
         super().__init__(colored(name, "yellow"), dest_device, Estimates(mem=nbytes))
+        self.src_offset = src_offset
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         dest, src = rawbufs[0], rawbufs[1]
-        if dest.nbytes != src.nbytes: raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
+        off = self.src_offset
+        if off is None and dest.nbytes != src.nbytes:
+            raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
+        if off is not None and off + dest.nbytes > src.nbytes:
+            raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
         st = time.perf_counter()
-        if hasattr(dest.allocator, "_as_buffer") and not hasattr(src.allocator, "_as_buffer"):
+        if off is not None and dest.nbytes != src.nbytes:  # a part of the source
+            dest.copyin(src.as_buffer()[off:off + dest.nbytes])
+        elif hasattr(dest.allocator, "_as_buffer") and not hasattr(src.allocator, "_as_buffer"):
             src.copyout(dest.as_buffer())  # the destination's own memory is host memory: copy straight into it
         else: dest.copyin(src.as_buffer())
         if wait:
@@ -203,7 +211,7 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
     elif si.ast.op is Ops.COPY:
         dest, src = si.bufs[0], si.bufs[1]
         assert dest is not None and src is not None, "a COPY needs a destination and a source buffer"
-        prg = BufferCopy(dest.nbytes, dest.device, src.device)
+        prg = BufferCopy(dest.nbytes, dest.device, src.device, si.ast.arg[1] if isinstance(si.ast.arg, tuple) else None)
     elif si.ast.op is Ops.BUFFER_VIEW:
         assert si.bufs[0] is not None
         prg = ViewOp(si.bufs[0])

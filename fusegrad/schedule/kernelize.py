@@ -43,7 +43,9 @@ def find_realized(sink: UOp) -> set[UOp]:
         if storage_of(out) is None: realize.add(out)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
-        if u.op is Ops.COPY and storage_of(u.src[0]) is None: realize.add(u.src[0])
+        if u.op is Ops.COPY and contiguous_range(u.src[0]) is None:
+            # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
+            realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
@@ -183,12 +185,41 @@ def _reads_output_elsewhere(ast: UOp) -> bool:
     store_index = ast.src[0].src[0]
     return any(u.op is Ops.INDEX and u.src[0].arg == 0 and u is not store_index for u in ast.toposort())
 
-def _copy_kernel(r: UOp) -> UOp:
-    """A COPY between devices: the whole (contiguous) source buffer into a new buffer on the target device."""
-    src = r.src[0]
+def _range_base(u: UOp) -> UOp | None:
+    """The node whose row-major elements `u` is a run of (reshapes over a shrink that keeps whole rows), or None.
+    Only the outermost shrunk axis may take a part: the ones inside it are whole, the ones outside a single index."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is not Ops.SHRINK: return None
+    src = u.src[0]
+    if not all(type(x) is int for x in src.shape) or arg_uops(u.arg): return None
+    inner = [i for i, ((b, e), n) in enumerate(zip(u.arg, src.shape)) if (b, e) != (0, n)]
+    if inner and any((b, e) != (0, n) for (b, e), n in zip(u.arg[inner[0] + 1:], src.shape[inner[0] + 1:])): return None
+    if inner and any(e - b != 1 for b, e in u.arg[:inner[0]]): return None
     while src.op is Ops.RESHAPE: src = src.src[0]
+    return src
+
+def contiguous_range(u: UOp) -> tuple[UOp, int] | None:
+    """(the realized node, first element) when `u` is a run of consecutive elements of a buffer in row-major order
+    (the buffer itself, reshapes of it, or a shrink that keeps whole rows: what a COPY can read in place)."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is not Ops.SHRINK: return (u, 0) if storage_of(u) is not None else None
+    src = u.src[0]
+    if storage_of(src) is None or _range_base(u) is None: return None
+    offset, stride = 0, 1
+    for (b, _), n in reversed(list(zip(u.arg, src.shape))):
+        offset += b * stride
+        stride *= n
+    while src.op is Ops.RESHAPE: src = src.src[0]
+    return src, offset
+
+def _copy_kernel(r: UOp) -> UOp:
+    """A COPY between devices: a run of consecutive elements of the source buffer into a new buffer on the target
+    device (the ast's arg: the bytes and the byte offset in the source)."""
+    rng = contiguous_range(r.src[0])
+    assert rng is not None, "the scheduler realizes a COPY's source unless it is a run of a buffer"
+    src, offset = rng
     out_buf = new_buffer(r.src[1], max_size(r.shape), r.dtype)
-    ast = UOp(Ops.COPY, r.dtype, arg=out_buf.arg[1] * r.dtype.itemsize)
+    ast = UOp(Ops.COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize))
     return UOp(Ops.ASSIGN, r.dtype, (out_buf, UOp(Ops.KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
 def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
