@@ -49,9 +49,15 @@ class _Recorder:
     def __init__(self) -> None: self.items: list[ExecItem] = []
     def add(self, ei: ExecItem, var_vals: dict[str, int]) -> None: self.items.append(ei)
 
-def _base_buffer(t: Any) -> Buffer:
+def _shard_uops(t: Any) -> tuple[UOp, ...]:
+    """A tensor's graphs: a sharded tensor's shards, or the tensor's own."""
+    return t.uop.src if t.uop.op is Ops.MULTI else (t.uop,)
+
+def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in _shard_uops(t))
+
+def _base_buffers(t: Any) -> list[Buffer]:
     from fusegrad.schedule.linear import get_buffer
-    return get_buffer(t.uop.base)
+    return [get_buffer(u.base) for u in _shard_uops(t)]
 
 class TinyJit(Generic[R]):
     """Decorator: `@TinyJit def step(x, y): ...` captures the kernels of `step` and replays them on later calls."""
@@ -93,10 +99,9 @@ class TinyJit(Generic[R]):
                 var, val = x.unbind()
                 var_vals[var.arg[0]] = val
         # every input must be a plain buffer: its memory is what the captured kernels read
-        pending = [t for t in tensors if t.uop.op is not Ops.BUFFER and t.uop.base.op is not Ops.BUFFER]
-        for t in tensors:
-            if t.uop.op is not Ops.BUFFER and t.uop.base.op is Ops.BUFFER and t.uop.op is not Ops.RESHAPE:
-                pending.append(t)
+        pending = [t for t in tensors if any(u.op is not Ops.BUFFER and (u.base.op is not Ops.BUFFER or
+                                                                         u.op is not Ops.RESHAPE)
+                                             for u in _shard_uops(t))]
         for t in pending: t.replace(t.contiguous())
         if pending: Tensor.realize(*pending)
         return tensors, var_vals
@@ -152,15 +157,15 @@ class TinyJit(Generic[R]):
             raise JitError(f"TinyJit function returned {structure} on its first call but {self._out_structure} on its "
                            "second: it must return the same structure (of tensors and constants) on every call")
         self.jit_cache = rec.items
-        self._inputs_at_capture = [_base_buffer(t) for t in tensors]
+        self._inputs_at_capture = [b for t in tensors for b in _base_buffers(t)]
         # outputs computed during the capture get fresh buffers on each replay; outputs that existed before (state
         # the function updates in place, or an input handed back) are returned as they are
         self._out_leaves = leaves
         self._fresh = {}
         for x in leaves:
-            if isinstance(x, Tensor) and x.uop.base.op is Ops.BUFFER:
-                b = _base_buffer(x)
-                if id(b) not in before and all(b is not i for i in self._inputs_at_capture): self._fresh[id(b)] = b
+            if isinstance(x, Tensor) and _in_buffers(x):
+                for b in _base_buffers(x):
+                    if id(b) not in before and all(b is not i for i in self._inputs_at_capture): self._fresh[id(b)] = b
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
@@ -170,7 +175,8 @@ class TinyJit(Generic[R]):
     def _replay(self, tensors: list[Any], var_vals: dict[str, int], Tensor: Any) -> Any:
         from fusegrad.schedule.kernelize import new_buffer
         from fusegrad.schedule.linear import buffer_map
-        subst: dict[int, Buffer] = {id(old): _base_buffer(t) for old, t in zip(self._inputs_at_capture, tensors)}
+        now = [b for t in tensors for b in _base_buffers(t)]
+        subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, now)}
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}
         for bid, b in self._fresh.items():
@@ -196,7 +202,6 @@ class TinyJit(Generic[R]):
         return out
 
     def _output(self, x: Any, new_nodes: dict[int, UOp], Tensor: Any) -> Any:
-        if not isinstance(x, Tensor) or x.uop.base.op is not Ops.BUFFER: return x
-        b = _base_buffer(x)
-        if id(b) not in new_nodes: return x
-        return Tensor(x.uop.substitute({x.uop.base: new_nodes[id(b)]}))
+        if not isinstance(x, Tensor) or not _in_buffers(x): return x
+        swap = {u.base: new_nodes[id(b)] for u, b in zip(_shard_uops(x), _base_buffers(x)) if id(b) in new_nodes}
+        return Tensor(x.uop.substitute(swap)) if swap else x
