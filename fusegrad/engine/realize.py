@@ -149,7 +149,11 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     dev = Device[device]
     programs = []
     for ast in asts:
-        programs.append(p := get_program(ast, dev.renderer))
+        if BEAM >= 1 and not NOOPT:
+            from fusegrad.engine.search import beam_opts  # searched opts, or the ones a search chose before (disk)
+            p = get_program(ast, dev.renderer, opts=beam_opts(ast, device, int(BEAM.value)))
+        else: p = get_program(ast, dev.renderer)
+        programs.append(p)
         if DEBUG >= 3:
             print(ast)
             print(f"{p.name}: applied opts {p.applied_opts}")

@@ -94,6 +94,7 @@ class Kernel:
         self.loops: list[UOp] = out + red
         self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
         self.copies: list[UOp] = []          # loops of PACK copies
+        self.packed: set[int] = set()        # ids of the output loops a PACK copy's layout is fixed along
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
@@ -122,6 +123,8 @@ class Kernel:
         # an empty loop isn't split: its lanes would be loads and stores the loop never makes
         if amt <= 0 or amt > size or size % amt != 0 or (kind == "loop" and amt in (1, size)):
             raise KernelOptError(f"{amt} doesn't split loop of {size}")
+        # a PACK copy made inside this loop has no room for lanes of it: upcast or unroll it before the PACK
+        if kind != "loop" and r.arg[0] in self.packed: raise KernelOptError("can't expand a loop a PACK copies along")
         if kind == "loop": amt = size // amt
         inner = UOp.range(amt, self.next_id, kind); self.next_id += 1
         if amt == size:
@@ -131,7 +134,9 @@ class Kernel:
             outer = UOp.range(size // amt, r.arg[0], r.arg[1])
             expr = outer * amt + inner
             self.loops[axis] = outer
-        if kind == "loop": self.loops.insert(axis + 1, inner)
+        if kind == "loop":
+            self.loops.insert(axis + 1, inner)
+            if r.arg[0] in self.packed: self.packed.add(inner.arg[0])
         else: self.expanded.append(inner)
         # REDUCEs list their ranges as sources: there r becomes (outer, inner); in index math it becomes expr
         replaced: dict[UOp, UOp] = {}
@@ -231,6 +236,7 @@ class Kernel:
             if r in self.expanded: return (1, -self.expanded.index(r))
             return (0, -(strides[r] if strides[r] is not None else 1 << 62))
         inner = sorted(deps - set(outs[:axis + 1]), key=layout)
+        packed = {r.arg[0] for r in deps & set(outs[:axis + 1])}
         sizes = [range_size(r) for r in inner]
         if not inner or not all(isinstance(s, int) for s in sizes): raise KernelOptError("nothing to PACK")
         n = math.prod(sizes)
@@ -256,6 +262,7 @@ class Kernel:
         copy = local.index(lin.substitute(fresh)).store(value.cast(to) if to is not None else value)
         ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copy, *fresh.values()))))
         replaced = casts if to is not None else loads
+        self.packed |= packed
         self.ast = self.ast.substitute({u: UOp(Ops.LOAD, u.dtype, (ready.index(lin),)) for u in replaced})
 
     def get_optimized_ast(self) -> UOp:
