@@ -156,33 +156,30 @@ def gather(m: UOp, device: str) -> UOp:
 
 # *** all-reduce ***
 
-RING_MIN_ELEMENTS = 1 << 14  # below this, copies of whole partial results cost less than the ring's extra steps
+RING_MIN_ELEMENTS = 1 << 14  # below this, the ring's extra steps cost more than the bytes it saves
 
 def all_reduce(parts: list[UOp], op: Ops) -> list[UOp]:
-    """Every device's partial result combined with `op` (ADD, MAX, MUL), the total on every device. Big tensors go
-    round a ring: each chunk is reduced on its way round the devices, then the reduced chunks are passed round."""
+    """Every device's partial result combined with `op` (ADD, MAX, MUL), the total on every device.
+
+    Two devices, or small tensors: the first device combines copies of all partial results, then sends the total to
+    the others (2(n-1) copies and one kernel). Big tensors over three or more devices go round a ring: each chunk is
+    combined on its way round the devices, then the combined chunks are passed round, so no device moves more than
+    about twice its data. Every value is combined once and copied, so the replicas are bitwise equal."""
     n = len(parts)
     if n == 1: return parts
     devs = [p.device for p in parts]
     combine: Callable[[UOp, UOp], UOp] = lambda a, b: a.alu(op, b)
     numel = prod(parts[0].shape)
     if n == 2 or numel < max(RING_MIN_ELEMENTS, n):
-        # (two devices: the ring would copy the same bytes in twice the steps)
-        # every device adds the same copies in the same order, so the replicas come out bitwise equal
-        out = []
-        for d in devs:
-            acc = None
-            for p in parts:
-                p = _copy_to(p, d)
-                acc = p if acc is None else combine(acc, p)
-            out.append(acc)
-        return out
+        total = parts[0]
+        for p in parts[1:]: total = combine(total, _copy_to(p, devs[0]))
+        return [total] + [_copy_to(total, d) for d in devs[1:]]
     shape = parts[0].shape
     flat = [p.reshape((numel,)) for p in parts]
     chunks = shard_bounds(numel, n)
     reduced = []
     for c, (lo, hi) in enumerate(chunks):
-        # chunk c starts on device c+1 and ends, summed over all devices, on device c
+        # chunk c starts on device c+1 and ends, combined over all devices, on device c
         acc = _shrink_axis(flat[(c + 1) % n], 0, lo, hi)
         for k in range(2, n + 1):
             dev = (c + k) % n

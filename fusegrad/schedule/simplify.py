@@ -59,7 +59,8 @@ sym_tensor = PatternMatcher([
     (UPat(Ops.CAST, name="c"), lambda c: c.src[0] if c.src[0].dtype == c.dtype else None),
     (UPat(Ops.DETACH, name="d"), lambda d: d.src[0]),
     (UPat((Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD), name="d"), lambda d: d.src[0]),
-    (UPat(Ops.REDUCE_AXIS, name="r"), lambda r: r.src[0] if not r.arg[1] else None),
+    # a reduction over no axis, or over axes of size 1 only, is its source
+    (UPat(Ops.REDUCE_AXIS, name="r"), lambda r: r.src[0] if all(r.src[0].shape[a] == 1 for a in r.arg[1]) else None),
     # movement: no-ops vanish, reshapes merge, constants stay canonical
     (UPat(GroupOp.Movement, name="m"), lambda m: m.src[0] if _is_noop_movement(m) else None),
     (UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="inner"),), name="m"),
