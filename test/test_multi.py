@@ -272,3 +272,43 @@ def test_data_parallel_training_under_tinyjit():
         results.append((losses, model.l1.weight.numpy()))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
     np.testing.assert_allclose(results[1][1], results[0][1], atol=1e-5)
+
+NN_OPS = [
+    ("layernorm", lambda x: x.layernorm()), ("max_pool", lambda x: x.reshape(6, 1, 2, 5).max_pool2d((2, 1))),
+    ("avg_pool", lambda x: x.reshape(6, 1, 2, 5).avg_pool2d((1, 5))),
+    ("gather_rows", lambda x: x[Tensor([4, 0, 2], device=x.device)]),
+    ("gelu_logsoftmax", lambda x: x.gelu().log_softmax(1)), ("sort_free_topk", lambda x: x.max(1) - x.min(1)),
+    ("batchnorm_stats", lambda x: (x - x.mean(0)) / (x.var(0) + 1e-5).sqrt()),
+]
+
+@pytest.mark.parametrize("name,fn", NN_OPS, ids=[n for n, _ in NN_OPS])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_nn_functions(name, fn, axis):
+    check(fn, [(6, 10)], [axis], D2, atol=1e-4)
+
+def test_batchnorm_layer_with_batch_split():
+    a = _inputs([(6, 3, 4, 4)])[0]
+    outs = []
+    for devices in (None, D3):
+        bn = nn.BatchNorm2d(3)
+        x = Tensor(a) if devices is None else Tensor(a).shard(devices, 0)
+        if devices is not None:
+            for p in get_parameters(bn): p.shard_(devices).realize()
+        with Tensor.train(): y = bn(x).realize()
+        outs.append((y.numpy(), bn.running_mean.numpy(), bn.running_var.numpy()))
+    for got, want in zip(outs[1], outs[0]): np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+def test_python_devices():
+    a = _inputs([(5, 3)])[0]
+    x = Tensor(a, device="PYTHON").shard(("PYTHON", "PYTHON:1"), 0)
+    assert x.device == ("PYTHON", "PYTHON:1")
+    np.testing.assert_allclose((x * 2).sum(0).numpy(), (a * 2).sum(0), rtol=1e-6)
+    mixed = Tensor(a).shard(("CPU", "PYTHON:1"), 1)
+    np.testing.assert_allclose((mixed.exp() + 1).sum().numpy(), (np.exp(a) + 1).sum(), rtol=1e-5)
+
+def test_debug2_reports_the_allreduce(capsys):
+    from fusegrad import Context
+    x = Tensor(_inputs([(4, 8)])[0]).shard(D2, 0).realize()
+    with Context(DEBUG=2): x.sum(0).realize()
+    out = capsys.readouterr().out
+    assert "copy" in out and "CPU:1" in out
