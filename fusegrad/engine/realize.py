@@ -132,7 +132,8 @@ method_cache: dict[tuple[str, UOp, tuple[int, ...]], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
 def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
-    return (Device.canonicalize(device), ast, tuple([int(k.value) for k in CODEGEN_KNOBS]))
+    # the devices of one kind in this process (CPU, CPU:1, ...) run the same programs: their memory is all host memory
+    return (Device.canonicalize(device).partition(":")[0], ast, tuple([int(k.value) for k in CODEGEN_KNOBS]))
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""
@@ -183,10 +184,10 @@ class ExecItem:
         # positions matter (kernels index bufs by DEFINE_GLOBAL number), so a missing buffer stays a None
         bufs = [b.ensure_allocated() if b is not None else None for b in self.bufs]
         et = prg(bufs, vv, wait=wait or DEBUG >= 2)  # type: ignore[arg-type]
-        if do_update_stats: _update_stats(prg, vv, et)
+        if do_update_stats: _update_stats(prg, vv, et, bufs[0].device if bufs and bufs[0] is not None else prg.device)
         return et
 
-def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None) -> None:
+def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None, device: str) -> None:
     ops, mem = sym_infer(prg.estimates.ops, var_vals), sym_infer(prg.estimates.mem, var_vals)
     GlobalCounters.global_ops += ops
     GlobalCounters.global_mem += mem
@@ -199,7 +200,7 @@ def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None) -> No
         name = prg.display_name + " " * max(0, 34 - ansilen(prg.display_name))
         flops = f"{ops / et * 1e-9:9.2f} GFLOPS" if et and ops else " " * 16
         perf = f"{flops} {mem / et * 1e-9:8.2f} GB/s" if et else " " * 30
-        print(f"*** {prg.device:7s} {idx} {name} {gs:12s} tm {_fmt_time(et)} ({perf})"
+        print(f"*** {device:7s} {idx} {name} {gs:12s} tm {_fmt_time(et)} ({perf})"
               f"  total {_fmt_time(GlobalCounters.time_sum_s)}")
 
 def _fmt_time(s: float | None) -> str:
