@@ -229,8 +229,8 @@ def _compile_new_kernels(schedule: list[ExecItem]) -> None:
     new: dict[str, dict[UOp, None]] = {}
     for si in schedule:
         if si.prg is None and si.ast.op is Ops.SINK and si.bufs and si.bufs[0] is not None and \
-                _method_key(dev := si.bufs[0].device, si.ast) not in method_cache:
-            new.setdefault(dev, {})[si.ast] = None
+                (key := _method_key(si.bufs[0].device, si.ast)) not in method_cache:
+            new.setdefault(key[0], {})[si.ast] = None
     for dev, asts in new.items():
         if len(asts) > 1: compile_kernels(dev, list(asts))
 
