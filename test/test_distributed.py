@@ -71,7 +71,7 @@ def test_collectives_and_errors():
     # (0-d and empty included) against NumPy; collectives inside TinyJit; every bad-input error on every rank
     rc, out, _ = mpirun("collectives.py")
     assert rc == 0, out
-    for r in range(2): assert f"rank {r}/2: 416 checks passed" in out, out
+    for r in range(2): assert f"rank {r}/2: 419 checks passed" in out, out
 
 @needs_mpi
 def test_data_parallel_training_matches_one_process():

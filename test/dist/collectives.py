@@ -87,8 +87,14 @@ def check_collectives(me: int, n: int) -> int:
     # an in-place reduce of a lazy tensor realizes it first
     lazy = Tensor(base[me]) * 2
     expect(dist.all_reduce_(lazy, "mean"), sum(base) * 2 / n, dtypes.float32, "in-place mean of a lazy tensor")
+    # without the cross-rank argument check
+    expect(dist.all_reduce(Tensor(base[me]), "max", check=False), np.maximum.reduce(base), dtypes.float32,
+           "max, check=False")
+    expect(dist.all_gather(Tensor(base[me]), check=False), np.concatenate(base), dtypes.float32,
+           "all_gather, check=False")
+    expect(dist.broadcast(Tensor(base[me]), n - 1, check=False), base[n - 1], dtypes.float32, "broadcast, check=False")
     dist.barrier()
-    return checks + 4
+    return checks + 7
 
 def check_jit(me: int, n: int) -> int:
     """Collectives inside TinyJit are replayed with its kernels: every call gives this call's result."""
