@@ -38,15 +38,20 @@ def devices_of(m: UOp) -> tuple[str, ...]: return tuple(s.device for s in m.src)
 
 def _device(d: str) -> UOp: return UOp(Ops.DEVICE, arg=d)
 
-def _needs_multi(u: UOp) -> bool:
-    """Whether `u`'s graph holds a MULTI or a DEVICE of several devices (memoized per node)."""
+def _graph_flag(u: UOp, name: str, own: Callable[[UOp], bool]) -> bool:
+    """Whether `own` holds for any node of `u`'s graph, memoized per node under `name`."""
     d = u.__dict__
-    if "_multi" not in d:
-        for x in u.toposort(gate=lambda x: "_multi" not in x.__dict__):
-            if "_multi" not in x.__dict__:
-                x.__dict__["_multi"] = x.op is Ops.MULTI or (x.op is Ops.DEVICE and isinstance(x.arg, tuple)) or \
-                    any(s.__dict__["_multi"] for s in x.src)
-    return d["_multi"]
+    if name in d: return d[name]
+    if all(name in s.__dict__ for s in u.src):  # the common case: a new node over known ones
+        d[name] = own(u) or any(s.__dict__[name] for s in u.src)
+        return d[name]
+    for x in u.toposort(gate=lambda x: name not in x.__dict__):
+        if name not in x.__dict__: x.__dict__[name] = own(x) or any(s.__dict__[name] for s in x.src)
+    return d[name]
+
+def _needs_multi(u: UOp) -> bool:
+    """Whether `u`'s graph holds a MULTI or a DEVICE of several devices."""
+    return _graph_flag(u, "_multi", lambda x: x.op is Ops.MULTI or (x.op is Ops.DEVICE and isinstance(x.arg, tuple)))
 
 def needs_multi(u: UOp) -> bool:
     """A graph that `to_multi` must rewrite: an operation over a MULTI, or a lazy replica not split yet."""
@@ -68,9 +73,11 @@ def replicate(u: UOp, devices: tuple[str, ...]) -> UOp:
         return UOp(Ops.MULTI, u.dtype, tuple(u.substitute({_device(tdev): _device(d)}) for d in devices), None)
     return shard_uop(u, devices, None)
 
+_MEMORY_OPS = {Ops.BUFFER, Ops.COPY, Ops.ASSIGN, Ops.KERNEL, Ops.MULTI}
+
 def _rebuildable(u: UOp) -> bool:
     """A graph with no memory behind it: made anew on another device instead of copied."""
-    return not any(x.op in (Ops.BUFFER, Ops.COPY, Ops.ASSIGN, Ops.KERNEL, Ops.MULTI) for x in u.toposort())
+    return not _graph_flag(u, "_memory", lambda x: x.op in _MEMORY_OPS)
 
 def _copy_to(u: UOp, device: str) -> UOp:
     if u.device == device: return u
