@@ -6,11 +6,11 @@ elementwise arithmetic and the basic reductions; autograd.py, creation.py (rando
 indexing.py, elementwise.py (activations and math functions), reduce.py (scans, sorting, statistics) and nn.py
 (convolution, pooling, losses, attention) each add theirs as a mixin."""
 from __future__ import annotations
-import itertools, math, struct, weakref
+import itertools, math, struct, time, weakref
 from typing import Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
-from fusegrad.helpers import argfix, prod
+from fusegrad.helpers import DEBUG, argfix, prod
 from fusegrad.schedule.indexing import is_realized, storage_of
 from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
@@ -264,7 +264,21 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer."""
         from fusegrad.engine.realize import run_schedule
-        run_schedule(*self.schedule_with_vars(*lst), do_update_stats=do_update_stats)
+        if DEBUG < 2:
+            run_schedule(*self.schedule_with_vars(*lst), do_update_stats=do_update_stats)
+            return self
+        # DEBUG=2: where the time of a realize goes, Python's share per item included (scheduling, launching)
+        from fusegrad.device import GlobalCounters
+        t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
+        items, var_vals = self.schedule_with_vars(*lst)
+        t1 = time.perf_counter()
+        run_schedule(items, var_vals, do_update_stats=do_update_stats)
+        t2, kernel_s = time.perf_counter(), GlobalCounters.time_sum_s - k0
+        if items:
+            python_s = (t1 - t0) + max(0.0, (t2 - t1) - kernel_s)
+            print(f"realize: {len(items)} items, schedule {(t1 - t0) * 1e3:.2f} ms, run {(t2 - t1) * 1e3:.2f} ms "
+                  f"({kernel_s * 1e3:.2f} ms in kernels and copies), the rest (Python, compiling) "
+                  f"{python_s / len(items) * 1e6:.0f} us per item")
         return self
 
     def _buffer(self):

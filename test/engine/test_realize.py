@@ -213,3 +213,13 @@ def test_debug_output(capsys):
     assert "us" in lines[0] or "ms" in lines[0]
     assert "copy" in lines[1] and "run_schedule" in lines[2]
     assert GlobalCounters.time_sum_s > 0  # DEBUG=2 times every kernel
+
+def test_debug2_reports_python_time_per_item(capsys):
+    from fusegrad import Context, Tensor
+    a = Tensor.rand(16, 16).realize()
+    (a + 1).realize()  # compiled and cached, so the next realize is only Python and the kernel
+    with Context(DEBUG=2): (a + 1).realize()
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("realize:"))
+    assert "1 items" in line and "us per item" in line
+    assert float(line.split("the rest (Python, compiling) ")[1].split(" us")[0]) > 0
