@@ -32,13 +32,13 @@ HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
 needs_mpi = pytest.mark.skipif(not HAVE_MPI4PY or MPIRUN is None,
                                reason="needs mpi4py and mpirun: pip install 'fusegrad[dist]' (the test extra has both)")
 
-def child_env() -> dict[str, str]:
+def child_env(btl: str = "self,sm") -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         # CI and these machines run as root, which Open MPI refuses unless told twice
         "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         # the two ranks talk through shared memory only: no network interface needed (or probed)
-        "OMPI_MCA_btl": "self,sm",
+        "OMPI_MCA_btl": btl,
         # a rank waiting in a collective sleeps instead of spinning: tests share two cores with other tests
         "OMPI_MCA_mpi_yield_when_idle": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
@@ -61,9 +61,10 @@ def mpirun(script: str, n: int = 2) -> tuple[int, str, float]:
     return proc.returncode, out, time.perf_counter() - st
 
 def python(code: str) -> subprocess.CompletedProcess:
-    """`code` in a fresh interpreter (no mpirun), from the repository root."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), cwd=ROOT,
-                          timeout=TIMEOUT)
+    """`code` in a fresh interpreter (no mpirun), from the repository root. A world of one talks to no other process
+    (and, without the shared-memory transport, leaves no segment in /dev/shm behind)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(btl="self"),
+                          cwd=ROOT, timeout=TIMEOUT)
 
 @needs_mpi
 def test_collectives_and_errors():
