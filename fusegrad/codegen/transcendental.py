@@ -144,6 +144,31 @@ def _exp2_double_to_float(y: UOp, fma: bool) -> UOp:
     p = _poly((low | high).where(_c(r, 0.0), r), [1.0] + EXP2_F32, fma)
     return _ldexp(p, n.cast(dtypes.int32), _Float(dtypes.float32))
 
+# e^x of float32 in float32: x = n ln2 + r with ln2 split in two (n ln2_hi is exact for |n| < 2^8), then e^r by its
+# Taylor series to degree 7 (|r| <= ln2/2: the first term left out is below 6e-9 of the result) and 2^n
+LN2_HI, LN2_LO = 0.693145751953125, 1.4286068203094173e-06
+EXP_TAYLOR = [1.0 / math.factorial(k) for k in range(8)]
+
+def _exp_f32(x: UOp, fma: bool) -> UOp:
+    f = _Float(dtypes.float32)
+    n = _rint(x * _c(x, 1 / math.log(2)), f)
+    # beyond [-151, 129] n alone decides (0 or inf); +-inf gives r = nan there, so r is zeroed
+    low, high = n < -151.0, _c(n, 129.0) < n
+    n = low.where(_c(n, -151.0), high.where(_c(n, 129.0), n))
+    r = _fma(_neg(n), LN2_LO, _fma(_neg(n), LN2_HI, x)) if fma else _sub(_sub(x, n * LN2_HI), n * LN2_LO)
+    p = _poly((low | high).where(_c(r, 0.0), r), EXP_TAYLOR, fma)
+    return _ldexp(p, n.cast(dtypes.int32), f)
+
+def _exp_of_float(c: UOp, e: UOp, fma: bool) -> UOp:
+    """CAST(EXP2(y)) with y a float64 argument: e^x in float32 when y is float32 x times 1/ln 2, else the exact
+    float64 reduction of _exp2_double_to_float."""
+    y = e.src[0]
+    if y.op is Ops.MUL:
+        for a, k in (y.src, y.src[::-1]):
+            if k.op is Ops.CONST and k.arg == 1 / math.log(2) and a.op is Ops.CAST and a.src[0].dtype == dtypes.float32:
+                return _exp_f32(a.src[0], fma).cast(c.dtype)
+    return _exp2_double_to_float(y, fma).cast(c.dtype)
+
 # *** log2 ***
 
 def _log_parts(x: UOp, fma: bool, coeffs: list[float]) -> tuple[UOp, UOp, UOp]:
@@ -327,7 +352,7 @@ pm_transcendental = PatternMatcher([
     # exp of float32 and half is exp2 of a float64 argument rounded to float32 (or less): float32 math will do
     (UPat(Ops.CAST, dtype=(dtypes.float32, dtypes.float16, dtypes.bfloat16), src=(UPat(Ops.EXP2, dtypes.float64,
                                                                                       name="e"),), name="c"),
-     lambda ctx, c, e: _exp2_double_to_float(e.src[0], bool(getattr(ctx, "has_fma", False))).cast(c.dtype)),
+     lambda ctx, c, e: _exp_of_float(c, e, bool(getattr(ctx, "has_fma", False)))),
     (UPat((Ops.EXP2, Ops.LOG2, Ops.SIN), dtype=FLOATS, name="x"), _expand),
 ], name="transcendental")
 pm_transcendental.__doc__ = "no float EXP2, LOG2 or SIN remains: each became arithmetic within 2 ulp of the exact value"
