@@ -16,6 +16,7 @@ timing of both, so BEAM is never worse than the default beyond timing noise.
 another key or whose opts no longer apply is ignored (and replaced). `beam_stats` counts searches, cache hits and
 candidates for tests and benchmarks."""
 from __future__ import annotations
+import contextlib
 import copy
 import functools
 import hashlib
@@ -25,6 +26,7 @@ import os
 import platform
 import random
 import struct
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -93,18 +95,24 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
         acts += [Opt(OptOps.PACK, ax, b) for b in loaded]
     return list(dict.fromkeys(acts))
 
-def _variants(opts: tuple[Opt, ...], k: Kernel) -> list[tuple[Opt, ...]]:
-    """The heuristic's opts with one left out, or with another amount for one of them (the later ones kept where
-    they still apply)."""
+def _variants(ast: UOp, ren: Any, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]]:
+    """The heuristic's opts with one left out, or with another amount for one of them that fits its loop (the later
+    ones kept where they still apply)."""
     out = [opts[:i] + opts[i + 1:] for i in range(len(opts))]
-    cores = host_cpu_count()
+    cores, k = host_cpu_count(), Kernel(ast, ren)
     for i, o in enumerate(opts):
-        if o.op in (OptOps.UPCAST, OptOps.UNROLL): alts = (2, 3, 4, 8, 16, 32)
-        elif o.op is OptOps.KBLOCK: alts = (32, 64, 128, 256, 512)
-        elif o.op is OptOps.PADTO: alts = (8, 16, 32, 64)
-        elif o.op is OptOps.SPLIT: alts = (cores, 2 * cores, 4 * cores, 8 * cores)
-        else: continue
+        sz = range_size(k.loops[o.axis]) if o.axis < len(k.loops) else None
+        alts: list[int] = []
+        if isinstance(sz, int):
+            if o.op in (OptOps.UPCAST, OptOps.UNROLL): alts = [a for a in (2, 3, 4, 6, 8, 16, 32) if sz % a == 0]
+            elif o.op is OptOps.KBLOCK:
+                blocks = [b for b in range(32, min(sz, 1025)) if sz % b == 0]
+                alts = blocks[::max(1, len(blocks) // 6)]
+            elif o.op is OptOps.PADTO: alts = [a for a in (8, 16, 32, 64) if sz % a and _pads_cheaply(sz, a)]
+            elif o.op is OptOps.SPLIT: alts = [c for c in (cores, 2 * cores, 4 * cores, 8 * cores) if sz % c == 0]
         out += [opts[:i] + (Opt(o.op, o.axis, a),) + opts[i + 1:] for a in alts if a != o.arg]
+        try: k.apply_opt(o)
+        except KernelOptError: break
     return out
 
 # *** candidates ***
@@ -157,16 +165,27 @@ _FLOAT_MASKS: dict[DType, tuple[tuple[int, int], ...]] = {
 @functools.cache
 def _table(a: int, o: int) -> bytes: return bytes((b & a) | o for b in range(256))
 
+def _np() -> Any:
+    try:
+        import numpy
+        return numpy
+    except ImportError: return None
+
 def _random_bytes(dt: DType, n: int, rng: random.Random) -> bytes:
     """n elements of dtype dt as bytes (little-endian hosts)."""
     size = dt.itemsize
-    data = bytearray(rng.randbytes(n * size))
+    data = rng.randbytes(n * size)
     masks = _FLOAT_MASKS.get(dt) or ((0x01 if dt == dtypes.bool else 0x07, 0),) + ((0, 0),) * (size - 1)
-    for i, (a, o) in enumerate(masks): data[i::size] = data[i::size].translate(_table(a, o))
-    return bytes(data)
+    if sys.byteorder == "big": masks = masks[::-1]
+    if (np := _np()) is not None:
+        arr = np.frombuffer(data, np.uint8).reshape(n, size)
+        return ((arr & np.array([a for a, _ in masks], np.uint8)) | np.array([o for _, o in masks], np.uint8)).tobytes()
+    buf = bytearray(data)
+    for i, (a, o) in enumerate(masks): buf[i::size] = buf[i::size].translate(_table(a, o))
+    return bytes(buf)
 
 def _var_value(v: UOp) -> int | float:
-    name, lo, hi = v.arg[:3]
+    lo, hi = v.arg[1], v.arg[2]
     # a size (index dtype) at its largest, so every buffer is used as allocated; a lifted constant a tame value
     if v.dtype == dtypes.index: return hi
     if dtypes.is_float(v.dtype): return float(min(max(1.0, lo), hi))
@@ -184,9 +203,12 @@ class _Scratch:
                 sizes[u.arg] = (max(prev, size), u.dtype.base)
         self.stored = sorted({st.src[0].src[0].arg for st in ast.src if st.src[0].src[0].op is Ops.DEFINE_GLOBAL})
         rng = random.Random(0)
-        self.init = {i: _random_bytes(dt, n, rng) for i, (n, dt) in sorted(sizes.items())}
         self.bufs: list[Buffer | None] = [None] * (max(sizes) + 1 if sizes else 0)
-        for i, (n, dt) in sizes.items(): self.bufs[i] = Buffer(device, n, dt).copyin(memoryview(self.init[i]))
+        self.init: dict[int, bytes] = {}  # the first contents of the buffers the kernel writes
+        for i, (n, dt) in sorted(sizes.items()):
+            data = _random_bytes(dt, n, rng)
+            self.bufs[i] = Buffer(device, n, dt).copyin(memoryview(data))
+            if i in self.stored: self.init[i] = data
         self.dtypes = {i: dt for i, (n, dt) in sizes.items()}
         self.var_vals = {v.arg[0]: _var_value(v) for v in ast.toposort() if v.op is Ops.DEFINE_VAR}
 
@@ -194,37 +216,59 @@ class _Scratch:
         """The stored buffers back to their first contents (a kernel may read what it writes)."""
         for i in self.stored: self.bufs[i].copyin(memoryview(self.init[i]))  # type: ignore[union-attr]
 
-    def outputs(self) -> dict[int, bytes]: return {i: bytes(self.bufs[i].as_buffer()) for i in self.stored}  # type: ignore
+    def outputs(self) -> dict[int, memoryview]: return {i: self.bufs[i].as_buffer() for i in self.stored}  # type: ignore
 
-def _close(out: bytes, ref: bytes, dt: DType) -> bool:
-    """Whether a float output matches the reference within tolerance (others exactly; nans where the reference has
-    them). The tolerance is relative to the reference's largest finite magnitude: reordered sums and fused
-    multiply-adds move values by far less, wrong indexing by far more."""
-    if out == ref: return True
-    if not dtypes.is_float(dt): return False
-    tol = 1e-6 if dt == dtypes.float64 else 1e-3 if dt == dtypes.float32 else 2e-2
-    try:
-        import numpy as np
-    except ImportError: np = None
-    if np is not None:
-        def arr(b: bytes):
-            if dt == dtypes.bfloat16: return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
-            return np.frombuffer(b, {2: np.float16, 4: np.float32, 8: np.float64}[dt.itemsize])
-        x, y = arr(out).astype(np.float64), arr(ref).astype(np.float64)
-        fin = np.isfinite(y)
-        scale = float(np.abs(y[fin]).max()) if fin.any() else 0.0
-        return bool(np.isclose(x, y, rtol=tol, atol=tol * scale, equal_nan=True).all())
-    # without numpy: every element of outputs up to 2^20 elements, a strided sample of bigger ones
-    n = len(ref) // dt.itemsize
+def _tolerance(dt: DType) -> float: return 1e-6 if dt == dtypes.float64 else 1e-3 if dt == dtypes.float32 else 2e-2
+
+class _Reference:
+    """The unoptimized kernel's outputs, and `matches`: whether another kernel's output is the same within float
+    tolerance (other dtypes exactly; nans where the reference has them). The tolerance is relative to the reference's
+    largest finite magnitude: reordered sums and fused multiply-adds move values by far less, wrong indexing by far
+    more."""
+    def __init__(self, outs: dict[int, memoryview], dts: dict[int, DType]):
+        self.raw = {i: bytes(b) for i, b in outs.items()}
+        self.dts, self.np = dts, _np()
+        self.prepared: dict[int, tuple[Any, Any]] = {}
+        if self.np is None: return
+        for i, raw in self.raw.items():
+            if not dtypes.is_float(dts[i]): continue
+            y = self._floats(raw, dts[i])
+            fin = self.np.isfinite(y)
+            scale = float(self.np.abs(y[fin]).max()) if fin.any() else 0.0
+            tol = _tolerance(dts[i])
+            self.prepared[i] = (y, (tol * scale + tol * self.np.abs(y)).astype(y.dtype))
+
+    def _floats(self, b: Any, dt: DType) -> Any:
+        np = self.np
+        if dt == dtypes.bfloat16: return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        x = np.frombuffer(b, {2: np.float16, 4: np.float32, 8: np.float64}[dt.itemsize])
+        return x.astype(np.float32) if dt.itemsize == 2 else x
+
+    def matches(self, i: int, out: memoryview) -> bool:
+        if i in self.prepared:
+            np, (y, bound) = self.np, self.prepared[i]
+            x = self._floats(out, self.dts[i])
+            with np.errstate(invalid="ignore"): bad = ~(np.abs(x - y) <= bound)
+            if not bad.any(): return True
+            xb, yb = x[bad], y[bad]  # equal infinities, nans where the reference has nans
+            return bool(((xb == yb) | (np.isnan(xb) & np.isnan(yb))).all())
+        ref = self.raw[i]
+        if bytes(out) == ref: return True
+        return dtypes.is_float(self.dts[i]) and _close_slow(bytes(out), ref, self.dts[i])
+
+def _close_slow(out: bytes, ref: bytes, dt: DType) -> bool:
+    """`_Reference.matches` without numpy: every element of outputs up to 2^20 elements, a strided sample of bigger
+    ones."""
+    tol, n = _tolerance(dt), len(ref) // dt.itemsize
     def val(b: bytes, i: int) -> float:
         if dt == dtypes.bfloat16: return struct.unpack("<f", b"\0\0" + b[2 * i:2 * i + 2])[0]
-        return struct.unpack_from("<" + (dt.fmt or "f"), b, i * dt.itemsize)[0]
+        return struct.unpack_from("=" + (dt.fmt or "f"), b, i * dt.itemsize)[0]
     idxs = range(0, n, max(1, n >> 20))
     ys = [val(ref, i) for i in idxs]
     scale = max((abs(y) for y in ys if math.isfinite(y)), default=0.0)
     for i, y in zip(idxs, ys):
         x = val(out, i)
-        if math.isnan(y) and math.isnan(x): continue
+        if x == y or (math.isnan(y) and math.isnan(x)): continue
         if not abs(x - y) <= tol * scale + tol * abs(y): return False
     return True
 
@@ -253,7 +297,7 @@ class _Timer:
     """Runs candidates on the scratch buffers: the first run of each checks its outputs against the reference."""
     def __init__(self, scratch: _Scratch, runs: int, deadline: float):
         self.s, self.runs, self.deadline = scratch, runs, deadline
-        self.ref: dict[int, bytes] | None = None
+        self.ref: _Reference | None = None
         self.best = math.inf
 
     def run(self, c: _Cand) -> float:
@@ -265,7 +309,7 @@ class _Timer:
         try:
             self.s.reset()
             c.times.append(self.run(c))
-            self.ref = self.s.outputs()
+            self.ref = _Reference(self.s.outputs(), self.s.dtypes)
         except Exception as e:
             if DEBUG >= 1: print(f"BEAM: the unoptimized kernel failed to run ({e}); keeping the heuristic")
             return False
@@ -274,18 +318,19 @@ class _Timer:
     def time(self, c: _Cand, runs: int | None = None, check: bool = True) -> None:
         """Time `c` (checked against the reference on its first run) until it has `runs` runs or is too slow."""
         if c.bad or c.runner is None: return
-        want = self.runs if runs is None else runs
         try:
             if check and not c.times:
                 assert self.ref is not None
                 self.s.reset()
                 c.times.append(self.run(c))
-                if not all(_close(o, self.ref[i], self.s.dtypes[i]) for i, o in self.s.outputs().items()):
+                if not all(self.ref.matches(i, o) for i, o in self.s.outputs().items()):
                     c.bad = True
                     beam_stats["rejected"] += 1
                     if DEBUG >= 2: print(f"BEAM: rejected {list(c.opts)}: outputs differ from the unoptimized kernel's")
                     return
                 beam_stats["timed"] += 1
+            # kernels of a few microseconds are timed more often: their runs are cheap and noisier
+            want = (self.runs if runs is None else runs) * (5 if c.time < 1e-4 else 1)
             while len(c.times) < want and c.time <= SLOW_FACTOR * self.best and time.perf_counter() < self.deadline:
                 c.times.append(self.run(c))
         except Exception as e:
@@ -315,6 +360,14 @@ def _render(ast: UOp, ren: Any, cands: list[_Cand], seen: set, deadline: float, 
         out.append(c)
     return out
 
+class _Spent(dict):
+    """Seconds spent per phase of a search: `with spent("compile"): ...`."""
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        st = time.perf_counter()
+        try: yield
+        finally: self[phase] = self.get(phase, 0.0) + time.perf_counter() - st
+
 def _fmt(s: float) -> str: return "inf" if s == math.inf else f"{s * 1e6:.1f}us" if s < 1e-3 else f"{s * 1e3:.3f}ms"
 
 def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None) -> list[Opt]:
@@ -326,7 +379,9 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     ren = dev.renderer
     heur_opts = tuple(optimize(ast, ren)[1])
     beam_stats["searches"] += 1
-    try: scratch = _Scratch(ast, device)
+    spent = _Spent()
+    try:
+        with spent("buffers"): scratch = _Scratch(ast, device)
     except ValueError as e:
         if DEBUG >= 2: print(f"BEAM: not searching ({e}); keeping the heuristic")
         return list(heur_opts)
@@ -336,21 +391,24 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     # cost of the other candidates
     plain, heur = _kernel(ast, ren, ()), _kernel(ast, ren, heur_opts)
     assert plain is not None and heur is not None, "the heuristic's opts must apply"
-    first = _render(ast, ren, [plain, heur], seen, math.inf, 0.0)
-    est = _compile(first, dev)
-    if plain not in first or plain.runner is None or not timer.reference(plain): return list(heur_opts)
+    with spent("render"): first = _render(ast, ren, [plain, heur], seen, math.inf, 0.0)
+    with spent("compile"): est = _compile(first, dev)
+    with spent("run"): ok = plain in first and plain.runner is not None and timer.reference(plain)
+    if not ok: return list(heur_opts)
     name = plain.p.name if plain.p is not None else "kernel"
     if heur not in first: heur = plain  # the heuristic chose no opts
-    timer.time(heur)
+    with spent("run"): timer.time(heur)
     if heur.bad:
         if DEBUG >= 1: print(f"BEAM {name}: the heuristic's kernel doesn't match the unoptimized one; keeping it")
         return list(heur_opts)
-    timer.time(plain)
+    with spent("run"): timer.time(plain)
     # round 0: variants of the heuristic
-    variants = [v for o in _variants(heur_opts, heur.k) if (v := _kernel(ast, ren, o, lenient=True)) is not None]
-    cands = _render(ast, ren, variants, seen, deadline, est)
-    if cands: est = _compile(cands, dev)
-    for c in cands: timer.time(c)
+    variants = [v for o in _variants(ast, ren, heur_opts) if (v := _kernel(ast, ren, o, lenient=True)) is not None]
+    with spent("render"): cands = _render(ast, ren, variants, seen, deadline, est)
+    with spent("compile"):
+        if cands: est = _compile(cands, dev)
+    with spent("run"):
+        for c in cands: timer.time(c)
     everything = [c for c in [plain, heur] + cands if c.time < math.inf]
     tried = len(first) + len(cands)
     beam = sorted(everything, key=lambda c: c.time)[:amt]
@@ -361,10 +419,11 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
         if time.perf_counter() + est > deadline: break
         best_before = beam[0].time
         new = [c for b in beam for a in candidate_actions(b.k) if (c := _extend(b, a)) is not None]
-        cands = _render(ast, ren, new, seen, deadline, est)
+        with spent("render"): cands = _render(ast, ren, new, seen, deadline, est)
         if not cands: break
-        est = _compile(cands, dev)
-        for c in cands: timer.time(c)
+        with spent("compile"): est = _compile(cands, dev)
+        with spent("run"):
+            for c in cands: timer.time(c)
         tried += len(cands)
         everything += [c for c in cands if c.time < math.inf]
         for c in cands:
@@ -372,24 +431,41 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
         beam = sorted(everything, key=lambda c: c.time)[:amt]
         if DEBUG >= 2: print(f"BEAM {name}: round {rnd}, {len(cands)} candidates, best {_fmt(beam[0].time)}")
         if beam[0].time >= best_before * 0.99: break
-    # the final choice: the best candidates timed again, interleaved with the heuristic (so a lucky first timing of
-    # one candidate doesn't decide), and the heuristic kept unless the best is clearly faster
+    # the final choice: the best candidates timed again, interleaved with the heuristic, so a lucky timing of one
+    # candidate doesn't decide; the heuristic is kept unless the best is clearly faster in its least and median time
     finalists = list(dict.fromkeys([heur] + beam))
-    fin: dict[int, list[float]] = {id(c): [c.time] for c in finalists}
-    for _ in range(max(1, int(BEAM_RUNS.value))):
-        for c in finalists:
-            try: fin[id(c)].append(timer.run(c))
-            except Exception: fin[id(c)].append(math.inf)
+    fin: dict[int, list[float]] = {id(c): [] for c in finalists}
+    with spent("run"):
+        for _ in range(max(3, int(BEAM_RUNS.value)) * (5 if heur.time < 1e-4 else 1)):
+            for c in finalists:
+                try: fin[id(c)].append(timer.run(c))
+                except Exception: fin[id(c)].append(math.inf)
     best = min(finalists, key=lambda c: min(fin[id(c)]))
-    heur_t, best_t = min(fin[id(heur)]), min(fin[id(best)])
-    chosen = best if best_t < heur_t * (1 - float(BEAM_MIN_GAIN.value)) else heur
+    med = lambda c: sorted(fin[id(c)])[len(fin[id(c)]) // 2]
+    heur_t, best_t, gain = min(fin[id(heur)]), min(fin[id(best)]), 1 - float(BEAM_MIN_GAIN.value)
+    chosen = best if best_t < heur_t * gain and med(best) < med(heur) * gain else heur
     if DEBUG >= 2:
         print(f"BEAM {name}: {tried} candidates in {time.perf_counter() - st:.2f} s, best {_fmt(best_t)} vs heuristic "
               f"{_fmt(heur_t)} ({heur_t / best_t if best_t else 1:.2f}x): "
               f"{'heuristic' if chosen is heur else list(chosen.opts)}")
+        print(f"BEAM {name}: seconds spent " + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()))
     return list(chosen.opts)
 
 # *** the disk cache ***
+
+@functools.cache
+def _codegen_digest() -> str:
+    """A digest of the code generator's sources: when it changes, the kernels it makes do, and earlier choices are
+    stale (their opts may not even apply)."""
+    import fusegrad.codegen, fusegrad.renderer
+    h = hashlib.sha256()
+    for pkg in (fusegrad.codegen, fusegrad.renderer):
+        root = os.path.dirname(pkg.__file__ or "")
+        for d, _, files in sorted(os.walk(root)):
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    with open(os.path.join(d, f), "rb") as fh: h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()[:16]
 
 @functools.cache
 def _machine() -> str:
@@ -412,7 +488,7 @@ def ast_key(ast: UOp) -> str:
 def _cache_key(ast: UOp, device: str, amt: int) -> str:
     dev = Device[device]
     knobs = ",".join(f"{k.key}={k.value}" for k in CODEGEN_KNOBS if k.key != "BEAM")
-    return "|".join(["beam-v1", Device.canonicalize(device), type(dev.renderer).__name__,
+    return "|".join(["beam-v1", _codegen_digest(), Device.canonicalize(device), type(dev.renderer).__name__,
                      str(getattr(dev.compiler, "cachekey", None)), _machine(), f"threads={dev.max_threads}",
                      knobs, f"amt={amt}", ast_key(ast)])
 
@@ -440,7 +516,7 @@ def _read_cache(path: str, key: str) -> list[Opt] | None:
         if not isinstance(data, dict) or data.get("key") != key: raise ValueError("another key")
         return opts_from_json(data.get("opts"))
     except FileNotFoundError: return None
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except Exception as e:  # whatever is in the file, it only costs a search
         if DEBUG >= 1: print(f"BEAM cache: ignoring bad entry {path}: {e}")
         return None
 
@@ -458,10 +534,11 @@ def _write_cache(path: str, key: str, opts: list[Opt]) -> None:
         if DEBUG >= 1: print(f"BEAM cache: can't write {path}: {e}")
 
 def _applies(ast: UOp, ren: Any, opts: list[Opt]) -> bool:
+    k = Kernel(ast, ren)
     try:
-        get_program(ast, ren, opts=opts)
-        return True
-    except Exception: return False
+        for o in opts: k.apply_opt(o)
+    except KernelOptError: return False
+    return True
 
 def beam_opts(ast: UOp, device: str, amt: int) -> list[Opt]:
     """The opts BEAM=amt chooses for `ast` on `device`: from the disk cache, else searched (and stored)."""
@@ -474,6 +551,9 @@ def beam_opts(ast: UOp, device: str, amt: int) -> list[Opt]:
             if DEBUG >= 2: print(f"BEAM cache hit: {opts}")
             return opts
         if DEBUG >= 1: print(f"BEAM cache: ignoring stale entry {path}")
-    opts = beam_search(ast, device, amt)
+    try: opts = beam_search(ast, device, amt)
+    except Exception as e:  # a search that fails costs the kernel its search, not the program
+        if DEBUG >= 1: print(f"BEAM: search failed ({type(e).__name__}: {e}); using the heuristic")
+        return list(optimize(ast, Device[device].renderer)[1])
     if CACHELEVEL >= 1: _write_cache(path, key, opts)
     return opts
