@@ -44,7 +44,7 @@ REDUCE_OPS = ("sum", "mean", "max")
 # MPI has no standard half-precision type to reduce on: these are reduced in float32 and rounded back once
 _WIDENED = (dtypes.float16, dtypes.bfloat16)
 
-_state: dict[str, Any] = {}   # "MPI" (the mpi4py module) and "comm" once initialized
+_state: dict[str, Any] = {}   # once initialized: "MPI" (the mpi4py module), "comm", "types" (dtype -> MPI datatype)
 
 # *** setup ***
 
@@ -61,8 +61,8 @@ def init() -> None:
 
     With more than one rank it also installs a `sys.excepthook` (after the previous one has printed the traceback)
     that aborts every rank: otherwise the others would wait forever in their next collective. And when several
-    ranks share a machine and CPU_THREADS is not set, each rank's kernels use its share of the cores (all ranks
-    running all-core kernels at once made data-parallel training on 2 cores 1.7x slower)."""
+    ranks share a machine and CPU_THREADS is not set, each rank's kernels use its share of the cores (ranks that
+    each run kernels on every core oversubscribe them, and a collective waits for the slowest)."""
     if "comm" in _state: return
     MPI = _import_mpi()
     if not MPI.Is_initialized(): MPI.Init()
