@@ -312,3 +312,19 @@ def test_debug2_reports_the_allreduce(capsys):
     with Context(DEBUG=2): x.sum(0).realize()
     out = capsys.readouterr().out
     assert "copy" in out and "CPU:1" in out
+
+def test_optimizer_state_is_split_like_its_parameter():
+    w = Tensor(_inputs([(6, 4)])[0]).shard(D2, 0).realize().requires_grad_()
+    opt = nn.optim.Adam([w], lr=0.1)
+    for m in opt.m + opt.v: assert m.device == D2 and m.uop.arg == 0
+    (w * w).sum().backward()
+    opt.step()
+    opt.lr = 0.5  # written into every replica of the learning rate
+    assert opt.lr.device == D2 and [Tensor(s).item() for s in opt.lr.uop.src] == [0.5, 0.5]
+
+def test_optimizer_made_before_sharding_is_an_error():
+    w = Tensor(_inputs([(6, 4)])[0]).realize().requires_grad_()
+    opt = nn.optim.SGD([w], lr=0.1)
+    w.shard_(D2, 0).realize()
+    (w * w).sum().backward()
+    with pytest.raises(RuntimeError, match="before making the optimizer"): opt.step()

@@ -13,9 +13,12 @@ from fusegrad.tensor import Tensor
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
 
-def _state_buffer(value: float, shape: tuple[int, ...], device: Any) -> Tensor:
-    """A float32 buffer of its own (constants are hash-consed, so two `zeros(3)` would be one node)."""
-    t = Tensor.full(shape, value, dtype=dtypes.float32, device=device)
+def _state_buffer(value: float, shape: tuple[int, ...], device: Any, like: Tensor | None = None) -> Tensor:
+    """A float32 buffer of its own (constants are hash-consed, so two `zeros(3)` would be one node), laid out like
+    `like` (a sharded parameter's state is split like the parameter)."""
+    if like is not None and isinstance(like.device, tuple):
+        t = Tensor.full(shape, value, dtype=dtypes.float32, device=like.device[0]).shard_like(like)
+    else: t = Tensor.full(shape, value, dtype=dtypes.float32, device=device)
     t._own_storage()
     t.requires_grad = False
     return t
@@ -36,6 +39,7 @@ class Optimizer:
         self.buffers = [p for p in params if not p.requires_grad]
         if not self.params: raise ValueError("optimizer got no parameter with requires_grad")
         self.device = device if device is not None else self.params[0].device
+        self._devices = [p.device for p in self.params]  # the state is made for these
         self.fused = fused
         self._lr = _state_buffer(lr, (1,), self.device)
 
@@ -55,7 +59,10 @@ class Optimizer:
             if value is not self._lr: self._lr.assign(value.reshape(1).cast(dtypes.float32)).realize()
             return
         # a number is written straight into the buffer: no kernel, so no compile even for the first new value
-        self._lr._buffer().copyin(memoryview(struct.pack("f", float(value))))
+        raw = memoryview(struct.pack("f", float(value)))
+        from fusegrad.schedule.linear import get_buffer
+        lr = self._lr.realize()
+        for shard in (lr.uop.src if isinstance(lr.device, tuple) else (lr.uop,)): get_buffer(shard.base).copyin(raw)
 
     def zero_grad(self) -> None:
         """Forget the gradients of every parameter."""
@@ -68,6 +75,10 @@ class Optimizer:
             p = self.params[missing[0]]
             raise RuntimeError(f"parameter {missing[0]} (shape {p.shape}) has no gradient: call backward() on a loss "
                                "that depends on every parameter before step()")
+        for i, (p, was) in enumerate(zip(self.params, self._devices)):
+            if p.device != was:
+                raise RuntimeError(f"parameter {i} is on {p.device}, but the optimizer was made when it was on {was}: "
+                                   "move or shard the parameters before making the optimizer")
         return self._step(self.params, [p.grad for p in self.params]) + self.params + self.buffers
 
     def step(self) -> None:
@@ -102,7 +113,7 @@ class LARS(Optimizer):
         if nesterov and momentum == 0: raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
         self.nesterov, self.classic, self.pre_wd, self.tcoef = nesterov, classic, pre_wd, tcoef
-        self.b = [_state_buffer(0.0, p.shape, p.device) for p in self.params] if momentum else []
+        self.b = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params] if momentum else []
         self._realize_state(*self.b)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
@@ -143,7 +154,7 @@ class Muon(Optimizer):
             if p.ndim < 2: raise ValueError(f"Muon only takes parameters of 2 or more dims, got shape {p.shape}")
         self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
         self.nesterov, self.eps = nesterov, 1e-7
-        self.b = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
+        self.b = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
         self._realize_state(*self.b)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
@@ -168,8 +179,8 @@ class LAMB(Optimizer):
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         # b1^t and b2^t for the bias correction, kept on the device so the step number is not a Python constant
         self.b1_t, self.b2_t = (_state_buffer(1.0, (1,), self.device) for _ in range(2))
-        self.m = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
-        self.v = [_state_buffer(0.0, p.shape, p.device) for p in self.params]
+        self.m = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
+        self.v = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
         self._realize_state(self.b1_t, self.b2_t, *self.m, *self.v)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
