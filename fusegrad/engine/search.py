@@ -1,20 +1,22 @@
 """BEAM search: a kernel's Opts chosen by timing candidates on the device (`BEAM=n`), remembered on disk.
 
-`beam_search(ast, device, amt)` starts from the unoptimized kernel, the heuristic's choice and variants of it (one of
-the heuristic's opts left out or given another amount). Each round every kernel of the beam (the `amt` fastest so far)
-is extended by every action `candidate_actions` lists for it; the new candidates of a round are rendered, deduplicated
-(by optimized AST and by source), compiled in one batched compiler call and timed on scratch buffers (the least of
-`BEAM_RUNS` runs; a candidate over 3x slower than the best stops being timed). A candidate's first run is on fresh
-contents and its outputs must match the unoptimized kernel's within float tolerance, or it is rejected. The search
-stops when a round improves the best time by less than 1%, after `BEAM_ROUNDS` rounds, or at `BEAM_TIMEOUT_S`. The
-best kernel then replaces the heuristic's only if it is at least `BEAM_MIN_GAIN` faster in a final interleaved
-timing of both, so BEAM is never worse than the default beyond timing noise.
+`beam_search(ast, device, amt)` starts from the unoptimized kernel (the reference), the heuristic's choice and variants
+of it (one of its opts left out, or given another amount that fits its loop). Each round, every kernel of the beam (the
+`amt` fastest so far) is extended by every action `candidate_actions` lists for it. The new candidates of a round are
+rendered, deduplicated (by optimized AST and by source), compiled in one batched compiler call and timed on scratch
+buffers: the least of `BEAM_RUNS` runs, more (up to 10x, about 20 ms) for short kernels; a candidate over 3x slower
+than the best stops being timed. A candidate's first run is on fresh contents and its outputs must match the
+reference's within float tolerance, or it is rejected. The search stops when a round improves the best time by less
+than 1%, after `BEAM_ROUNDS` rounds, or at `BEAM_TIMEOUT_S` (as many candidates are rendered as the compile time
+measured so far lets finish in time). The best kernel replaces the heuristic's only if it is `BEAM_MIN_GAIN` faster in
+both the least and the median time of a final interleaved timing of the two (about 0.3 s), so BEAM is not worse than
+the default beyond timing noise.
 
-`beam_opts(ast, device, amt)` is what code generation calls: the opts from the disk cache
-(`cache_dir()/beam/<key>`, keyed by the kernel AST, device, machine, compiler, threads, codegen knobs and `amt`;
-`CACHELEVEL=0` turns it off), else from a search, whose result it stores. A cache entry that doesn't parse, belongs to
-another key or whose opts no longer apply is ignored (and replaced). `beam_stats` counts searches, cache hits and
-candidates for tests and benchmarks."""
+`beam_opts(ast, device, amt)` is what code generation calls: the opts from the disk cache (`cache_dir()/beam/..`,
+keyed by the kernel AST, the code generator's sources, device, machine, compiler, threads, codegen knobs and `amt`;
+`CACHELEVEL=0` turns it off), else from a search, whose result it stores. An entry that doesn't parse, belongs to
+another key or whose opts don't apply is ignored (and replaced). `beam_stats` counts searches, cache hits and
+candidates, for tests and benchmarks."""
 from __future__ import annotations
 import contextlib
 import copy
@@ -49,8 +51,9 @@ BEAM_TIMEOUT_S = ContextVar.get("BEAM_TIMEOUT_S", 10.0)  # seconds a search may 
 BEAM_RUNS = ContextVar.get("BEAM_RUNS", 3)               # timed runs per candidate (the least counts)
 BEAM_ROUNDS = ContextVar.get("BEAM_ROUNDS", 5)           # rounds of extending the beam by one action
 BEAM_MAX_LANES = ContextVar.get("BEAM_MAX_LANES", 1024)  # bound on the product of upcast and unroll amounts
-BEAM_MIN_GAIN = ContextVar.get("BEAM_MIN_GAIN", 0.02)    # how much faster than the heuristic a choice must time
+BEAM_MIN_GAIN = ContextVar.get("BEAM_MIN_GAIN", 0.05)    # how much faster than the heuristic a choice must time
 SLOW_FACTOR = 3.0  # a candidate this much slower than the best so far isn't timed further
+TIMING_S, FINAL_S = 0.02, 0.3  # about how long a candidate is timed, and the final comparison with the heuristic
 
 # searches: kernels searched; cache_hits: kernels whose opts came from the disk cache; compiled, timed, rejected:
 # candidates (rejected: outputs differ from the unoptimized kernel's)
@@ -329,8 +332,10 @@ class _Timer:
                     if DEBUG >= 2: print(f"BEAM: rejected {list(c.opts)}: outputs differ from the unoptimized kernel's")
                     return
                 beam_stats["timed"] += 1
-            # kernels of a few microseconds are timed more often: their runs are cheap and noisier
-            want = (self.runs if runs is None else runs) * (5 if c.time < 1e-4 else 1)
+            # short kernels are timed more often (up to 10x), for about TIMING_S: their runs are cheap, and on a
+            # busy machine their times are noisy, often bimodal (a thread waiting for a core)
+            runs = self.runs if runs is None else runs
+            want = max(runs, min(10 * runs, math.ceil(TIMING_S / max(c.time, 1e-7))))
             while len(c.times) < want and c.time <= SLOW_FACTOR * self.best and time.perf_counter() < self.deadline:
                 c.times.append(self.run(c))
         except Exception as e:
@@ -374,7 +379,8 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     """The fastest opts for kernel `ast` on `device` found by a beam search of width `amt` (see the module
     docstring); the heuristic's opts if nothing times clearly faster or the kernel can't be timed."""
     st = time.perf_counter()
-    deadline = st + (float(BEAM_TIMEOUT_S.value) if timeout_s is None else timeout_s)
+    # (the final comparison with the heuristic comes after the deadline)
+    deadline = st + (float(BEAM_TIMEOUT_S.value) if timeout_s is None else timeout_s) - FINAL_S
     dev = Device[device]
     ren = dev.renderer
     heur_opts = tuple(optimize(ast, ren)[1])
@@ -436,7 +442,8 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     finalists = list(dict.fromkeys([heur] + beam))
     fin: dict[int, list[float]] = {id(c): [] for c in finalists}
     with spent("run"):
-        for _ in range(max(3, int(BEAM_RUNS.value)) * (5 if heur.time < 1e-4 else 1)):
+        rounds = max(3, min(30, math.ceil(FINAL_S / max(sum(c.time for c in finalists), 1e-7))))
+        for _ in range(rounds):
             for c in finalists:
                 try: fin[id(c)].append(timer.run(c))
                 except Exception: fin[id(c)].append(math.inf)
