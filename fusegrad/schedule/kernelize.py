@@ -74,6 +74,18 @@ def find_realized(sink: UOp) -> set[UOp]:
             seen.add(x)
             if x.op is Ops.REDUCE_AXIS: realize.add(x)
             elif x.op is not Ops.EXPAND: stack.extend(x.src)
+    # a reduction under a padding is computed into a buffer first: padding gates only the reduction's result, so its
+    # loop would run for every element, the padded ones too (a cat of n reductions would compute each of them n times)
+    under_pad: set[UOp] = set()
+    for u in topo:
+        if u.op is not Ops.PAD: continue
+        stack = [u.src[0]]
+        while stack:
+            x = stack.pop()
+            if x in under_pad or x in realize or is_realized(x): continue
+            under_pad.add(x)
+            if x.op is Ops.REDUCE_AXIS: realize.add(x)
+            else: stack.extend(x.src)
     # a reduce feeding more than one kernel is computed once (walk users before sources)
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
