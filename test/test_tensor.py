@@ -465,3 +465,9 @@ def test_small_api_names_against_torch():
     assert Tensor(a[:2]).allclose(Tensor(b[:2])).item() is True
     t = Tensor([1.0, 2.0], device="CPU")
     assert t.to_("PYTHON") is t and t.device == "PYTHON" and t.tolist() == [1.0, 2.0]
+
+def test_assign_to_empty_tensor():
+    t = Tensor.zeros(2, 0, 3).contiguous().realize()
+    assert t.assign(Tensor.ones(2, 0, 3)).realize() is t
+    assert t.numpy().shape == (2, 0, 3)
+    with pytest.raises(ValueError, match="shape mismatch"): t.assign(Tensor.ones(2, 1, 3))

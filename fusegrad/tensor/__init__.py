@@ -377,6 +377,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if x.dtype != self.dtype: raise TypeError(f"assign dtype mismatch: target {self.dtype}, value {x.dtype}")
         if x.device != self.device and not (isinstance(self.device, tuple) and isinstance(x.device, tuple)):
             raise ValueError(f"assign device mismatch: {self.device} and {x.device}")
+        if any(type(s) is int and s == 0 for s in self.shape): return self  # no element to write
         if not _is_realized_view(self.uop):
             if self.uop.op in GroupOp.Movement:
                 raise RuntimeError("assign target is a view of an unrealized tensor: realize the tensor it views first")
