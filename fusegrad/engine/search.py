@@ -279,7 +279,7 @@ def _close_slow(out: bytes, ref: bytes, dt: DType) -> bool:
 
 def _compile(cands: list[_Cand], dev: Any) -> float:
     """Compile the candidates' sources in one batched compiler call (one by one if the batch fails) and load them.
-    Returns the wall time this took per candidate, as an estimate for the next batch."""
+    Returns the wall time this took per byte of source, as an estimate for the next batch."""
     srcs = [c.p.src for c in cands if c.p is not None]
     if not srcs: return 0.0
     st = time.perf_counter()
@@ -294,7 +294,10 @@ def _compile(cands: list[_Cand], dev: Any) -> float:
         try: c.runner = CompiledRunner(c.p, precompiled=lib) if lib is not None else None  # type: ignore[arg-type]
         except Exception: c.runner = None
         if c.runner is None: c.bad = True
-    return (time.perf_counter() - st) / max(len(srcs), host_cpu_count())
+    # compile time grows with the source (a variant with twice the lanes has twice the code); sources compile
+    # in parallel on every core
+    cores = host_cpu_count()
+    return (time.perf_counter() - st) * min(len(srcs), cores) / cores / sum(len(s) for s in srcs)
 
 class _Timer:
     """Runs candidates on the scratch buffers: the first run of each checks its outputs against the reference."""
@@ -346,12 +349,15 @@ class _Timer:
 
 # *** the search ***
 
-def _render(ast: UOp, ren: Any, cands: list[_Cand], seen: set, deadline: float, est: float) -> list[_Cand]:
+def _render(ast: UOp, ren: Any, cands: list[_Cand], seen: set, deadline: float, est: float = 0.0,
+            run: float = 0.0) -> list[_Cand]:
     """Candidates whose optimized AST and source are new, rendered (those that fail to render are dropped), as many
-    as can be rendered and compiled (`est` seconds each) before the deadline."""
+    as can be rendered, compiled (`est` seconds per byte of source) and timed (`run` seconds each) before the
+    deadline."""
     out: list[_Cand] = []
+    nbytes = 0
     for c in cands:
-        if time.perf_counter() + est * (len(out) + 1) > deadline: break
+        if time.perf_counter() + est * nbytes + run * (len(out) + 1) > deadline: break
         try: key = c.k.get_optimized_ast()
         except Exception: continue
         if key in seen: continue
@@ -362,6 +368,8 @@ def _render(ast: UOp, ren: Any, cands: list[_Cand], seen: set, deadline: float, 
             continue
         if c.p.src in seen: continue
         seen.add(c.p.src)
+        if time.perf_counter() + est * (nbytes + len(c.p.src)) + run * (len(out) + 1) > deadline: break
+        nbytes += len(c.p.src)
         out.append(c)
     return out
 
@@ -397,7 +405,7 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     # cost of the other candidates
     plain, heur = _kernel(ast, ren, ()), _kernel(ast, ren, heur_opts)
     assert plain is not None and heur is not None, "the heuristic's opts must apply"
-    with spent("render"): first = _render(ast, ren, [plain, heur], seen, math.inf, 0.0)
+    with spent("render"): first = _render(ast, ren, [plain, heur], seen, math.inf)
     with spent("compile"): est = _compile(first, dev)
     with spent("run"): ok = plain in first and plain.runner is not None and timer.reference(plain)
     if not ok: return list(heur_opts)
@@ -410,7 +418,8 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     with spent("run"): timer.time(plain)
     # round 0: variants of the heuristic
     variants = [v for o in _variants(ast, ren, heur_opts) if (v := _kernel(ast, ren, o, lenient=True)) is not None]
-    with spent("render"): cands = _render(ast, ren, variants, seen, deadline, est)
+    run = (timer.runs + 1) * heur.time  # timing a candidate about as fast as the heuristic's
+    with spent("render"): cands = _render(ast, ren, variants, seen, deadline, est, run)
     with spent("compile"):
         if cands: est = _compile(cands, dev)
     with spent("run"):
@@ -422,10 +431,10 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
         print(f"BEAM {name}: round 0, {tried} candidates, best {_fmt(beam[0].time)}, heuristic {_fmt(heur.time)}, "
               f"unoptimized {_fmt(plain.time)}")
     for rnd in range(1, int(BEAM_ROUNDS.value) + 1):
-        if time.perf_counter() + est > deadline: break
+        if time.perf_counter() + est * max(len(c.p.src) for c in beam if c.p is not None) > deadline: break
         best_before = beam[0].time
         new = [c for b in beam for a in candidate_actions(b.k) if (c := _extend(b, a)) is not None]
-        with spent("render"): cands = _render(ast, ren, new, seen, deadline, est)
+        with spent("render"): cands = _render(ast, ren, new, seen, deadline, est, run)
         if not cands: break
         with spent("compile"): est = _compile(cands, dev)
         with spent("run"):
