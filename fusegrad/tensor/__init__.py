@@ -887,13 +887,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if squeeze_x: x = x.reshape(1, -1)
         if squeeze_y: y = y.reshape(-1, 1)
         n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
-        batch = _broadcast_shape(x.shape[:-2], y.shape[:-2])
-        xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
-        yb = y._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
         out_dt = least_upper_dtype(x.dtype, y.dtype)
         # products are formed in the accumulation dtype (half inputs: exact float32 products, as BLAS does)
         acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
-        ret = (xb.cast(acc_dt) * yb.cast(acc_dt)).sum(-1, dtype=sum_acc_dtype(out_dt)).cast(out_dt)
+        # a long half-precision product runs as a float32 one: x (read once per output column tile, as broadcast
+        # scalars) converted beforehand, which costs 1/m of the product, and the sum kept in a float32 buffer, so the
+        # optimizer can block K through the output (adding partial sums into it), then rounded once
+        long_half = acc_dt != out_dt and type(k) is int and k >= 256 and type(m) is int and m >= 16
+        if long_half: x = x.cast(acc_dt).contiguous()
+        batch = _broadcast_shape(x.shape[:-2], y.shape[:-2])
+        xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
+        yb = y._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
+        ret = (xb.cast(acc_dt) * yb.cast(acc_dt)).sum(-1, dtype=sum_acc_dtype(out_dt))
+        ret = (ret.contiguous() if long_half else ret).cast(out_dt)
         if squeeze_x: ret = ret.reshape(ret.shape[:-2] + ret.shape[-1:])
         if squeeze_y: ret = ret.reshape(ret.shape[:-1])
         return ret
