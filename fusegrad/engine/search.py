@@ -39,19 +39,14 @@ from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
-from fusegrad.helpers import CACHELEVEL, DEBUG, ContextVar, cache_dir, host_cpu_count
+from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
+    cache_dir, host_cpu_count
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
 __all__ = ["beam_search", "beam_opts", "candidate_actions", "beam_stats", "beam_cache_path", "opts_to_json",
            "opts_from_json"]
 
-# (ContextVar.get: a Context may have created one of them before this module was imported)
-BEAM_TIMEOUT_S = ContextVar.get("BEAM_TIMEOUT_S", 10.0)  # seconds a search may take (compiles in flight finish)
-BEAM_RUNS = ContextVar.get("BEAM_RUNS", 3)               # timed runs per candidate (the least counts)
-BEAM_ROUNDS = ContextVar.get("BEAM_ROUNDS", 5)           # rounds of extending the beam by one action
-BEAM_MAX_LANES = ContextVar.get("BEAM_MAX_LANES", 1024)  # bound on the product of upcast and unroll amounts
-BEAM_MIN_GAIN = ContextVar.get("BEAM_MIN_GAIN", 0.05)    # how much faster than the heuristic a choice must time
 SLOW_FACTOR = 3.0  # a candidate this much slower than the best so far isn't timed further
 TIMING_S, FINAL_S = 0.02, 0.3  # about how long a candidate is timed, and the final comparison with the heuristic
 
