@@ -38,14 +38,17 @@ def find_realized(sink: UOp) -> set[UOp]:
     users: dict[UOp, list[UOp]] = {}
     for u in topo:
         for s in u.src: users.setdefault(s, []).append(u)
-    for out in sink.src:
-        # an output already in a buffer in row-major order (only reshapes on top) needs no kernel
-        if storage_of(out) is None: realize.add(out)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
         if u.op is Ops.COPY and contiguous_range(u.src[0]) is None:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
             realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])
+    for out in sink.src:
+        # an output already in a buffer in row-major order (only reshapes on top), or a reshape of a node that gets
+        # one anyway, needs no kernel of its own
+        base = out
+        while base.op is Ops.RESHAPE: base = base.src[0]
+        if storage_of(out) is None and base not in realize: realize.add(out)
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
