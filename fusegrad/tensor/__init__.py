@@ -188,15 +188,21 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     # *** realization ***
 
     @staticmethod
-    def _apply_map(kmap: dict[UOp, UOp]) -> None:
-        """Point every live tensor at its node's replacement, rebuilding graphs that contain replaced nodes."""
+    def _apply_map(kmap: dict[UOp, UOp], live: list[Tensor] | None = None) -> None:
+        """Point every live tensor (`live`: a snapshot of them) at its node's replacement, rebuilding graphs that
+        contain replaced nodes."""
         changed = {k: v for k, v in kmap.items() if k is not v}
         if not changed: return
-        for t in list(all_tensors):
-            if t.uop in changed: t.uop = changed[t.uop]; continue
+        # a realized tensor (a buffer, or a reshape of one) holds no replaced node unless a BUFFER itself is replaced:
+        # skipping them keeps a realize from costing a walk per live tensor (a model's hundreds of parameters)
+        buffers_stay = not any(k.op is Ops.BUFFER for k in changed)
+        for t in (live if live is not None else list(all_tensors)):
+            u = t.uop
+            if u in changed: t.uop = changed[u]; continue
+            if buffers_stay and (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)): continue
             # the walk stops at replaced nodes: what lies under them (a whole kernelized graph) is not rebuilt
-            topo = t.uop.toposort(gate=lambda u: u not in changed)
-            if any(u in changed for u in topo): t.uop = substitute_map(t.uop, changed, topo=topo)[t.uop]
+            topo = u.toposort(gate=lambda x: x not in changed)
+            if any(x in changed for x in topo): t.uop = substitute_map(u, changed, topo=topo)[u]
 
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
@@ -205,7 +211,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self
 
     @staticmethod
-    def _readers_of_overwritten(*tensors: Tensor) -> tuple[Tensor, ...]:
+    def _readers_of_overwritten(*tensors: Tensor, live: list[Tensor] | None = None) -> tuple[Tensor, ...]:
         """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
         schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
         otherwise a loss computed before an optimizer step would be evaluated with the updated weights."""
@@ -213,7 +219,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
-        lazy = [t for t in list(all_tensors) if id(t) not in ids and
+        lazy = [t for t in (live if live is not None else list(all_tensors)) if id(t) not in ids and
                 any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
         # one walk over all their graphs (they mostly share one forward and backward graph), marking the nodes that
         # read a target
@@ -232,9 +238,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
         from fusegrad.engine.realize import ExecItem
         if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
-        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst)
+        live = list(all_tensors)  # (no tensor is made below: one snapshot of the live ones serves every pass)
+        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst, live=live)
         var_vals: dict[str, int] = {}
-        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals))
+        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals), live)
         sink = UOp.sink_of(*_shards(tensors))
         topo = sink.toposort()
         kernels = kernels_in_order(sink, topo)
@@ -250,14 +257,17 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
                    for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
-        Tensor._apply_map(becomes)
+        Tensor._apply_map(becomes, live)
         # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
         # still lazy, every buffer its graph loads from
         written = {buffer_of(k.src[0]) for k in kernels}
         keep: set[int] = set()
-        for t in list(all_tensors):
-            if (base := t.uop.base).op is Ops.BUFFER: keep.add(id(get_buffer(base)))
-            else: keep.update(id(get_buffer(u)) for u in t.uop.toposort() if u in written)
+        for t in live:
+            u = t.uop
+            base = u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else u.base
+            if base.op is Ops.BUFFER:
+                if base in written: keep.add(id(get_buffer(base)))  # (only this schedule's buffers are planned)
+            else: keep.update(id(get_buffer(x)) for x in u.toposort() if x in written)
         plan_memory(items, keep)
         return items, var_vals
 
