@@ -243,13 +243,16 @@ def _ancestors(dt: DType) -> set[DType]:
 
 def least_upper_dtype(*ds: DType) -> DType:
     """The smallest dtype every one of `ds` promotes to (int64 and uint64 meet at a float, as no integer holds both)."""
-    scalars = [d.scalar() for d in ds]
+    return _least_upper(tuple(d.scalar() for d in ds))
+
+@cache
+def _least_upper(scalars: tuple[DType, ...]) -> DType:  # (memoized: every binary tensor operation asks)
     if len(scalars) == 1: return scalars[0]
     if dtypes.index in scalars:
         others = [d for d in scalars if d != dtypes.index]
         return least_upper_dtype(*others) if others else dtypes.index
     common = set.intersection(*(_ancestors(d) for d in scalars))
-    if not common: raise TypeError(f"no common dtype for {ds}")
+    if not common: raise TypeError(f"no common dtype for {scalars}")
     return min(common, key=lambda d: d.priority)
 
 def least_upper_float(dt: DType) -> DType:

@@ -951,6 +951,8 @@ def _shape_arg(shape: Any) -> tuple[sint, ...]:
     return tuple(ssimplify(s) for s in shp)
 
 def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint, ...]:
+    # the common case first: plain non-negative ints of the right product (every reshape inside matmul, conv, ...)
+    if all(type(s) is int and s >= 0 for s in shape) and type(numel) is int and prod(shape) == numel: return shape
     if any(not is_symbolic(s) and (not isinstance(s, int) or isinstance(s, bool)) for s in shape):
         raise TypeError(f"reshape sizes must be ints, got {shape}")
     shape = tuple(ssimplify(s) for s in shape)
