@@ -340,10 +340,15 @@ def case_mlp(jit: bool) -> Case:
         for t, o in zip(theirs_params, ours_params): t.copy_(torch.from_numpy(o.numpy()))
     ours, theirs = adam_steps(ours_params, lambda xb: l2(l1(xb).relu()), 1e-3, jit, tm, x, y)
     def check(name: str, _out: Any) -> None:
-        # called after each side made the same number of steps: its parameters must agree with torch's
+        # called after each side made the same number of steps (hundreds: as many as the timing blocks hold): its
+        # parameters must agree with torch's. Rounding differences accumulate over the steps, and Adam moves a weight
+        # whose gradient hovers around zero by a full step either way, so single elements may part; the parameters as
+        # a whole must stay within 1e-3 (relative norm of the difference)
         if name == "torch": return
         for o, t in zip(ours_params, theirs_params):
-            np.testing.assert_allclose(o.numpy(), t.detach().numpy(), rtol=1e-3, atol=1e-5)
+            a, b = o.numpy().astype(np.float64), t.detach().numpy().astype(np.float64)
+            rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+            if not rel < 1e-3: raise AssertionError(f"parameters differ from torch's by {rel:.2e} (relative norm)")
     return Case(f"MLP 784-512-10 Adam step b128, {'TinyJit' if jit else 'eager'}",
                 [Impl("fusegrad", ours), Impl("torch", theirs)], check)
 

@@ -70,8 +70,10 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
     if renderer.unique_symbols:
         # same-named kernels (E_77_77 with different bodies) get different symbols, so they can share a binary
         function_name = f"{name}_{hashlib.sha256(src.encode()).hexdigest()[:10]}"
-        assert src.count(f" {name}(") == 1, f"kernel name {name} appears more than once in its source"
-        src = src.replace(f" {name}(", f" {function_name}(")
+        # (the definition, and the call in its `_entry` wrapper if the renderer writes one)
+        assert src.count(f" {name}(") == 1 + getattr(renderer, "entry_point", False), \
+            f"kernel name {name} appears more than once in its source"
+        src = src.replace(f" {name}(", f" {function_name}(").replace(f" {name}_entry(", f" {function_name}_entry(")
     return ProgramSpec(name=name, src=src, device=renderer.device, uops=uops, function_name=function_name,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),

@@ -35,6 +35,7 @@ class CStyleLanguage(Renderer):
     """What C-like languages share. Subclasses set the type names, the kernel signature and the vector syntax."""
     kernel_prefix: str = "void"
     buffer_suffix: str = " restrict"
+    entry_point: bool = False  # also render `void <name>_entry(void **args, long core_lo, long core_hi)`
     type_map: dict[DType, str] = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char",
                                   dtypes.int16: "short", dtypes.uint16: "unsigned short", dtypes.int32: "int",
                                   dtypes.uint32: "unsigned int", dtypes.int64: "long", dtypes.uint64: "unsigned long",
@@ -544,7 +545,15 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 assign(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
             else: raise NotImplementedError(f"can't render {op}")
         params = [p for _, p in sorted(bufs)] + [p for _, p in sorted(var_params)] + ["long core_lo", "long core_hi"]
-        return self.render_kernel(name, params, body, self.prelude(uops))
+        src = self.render_kernel(name, params, body, self.prelude(uops))
+        if not self.entry_point: return src
+        # one signature for every kernel, so a thread pool written in C can call any of them: the buffers and the
+        # Variables' values by pointer in `a`, in the order of the parameters
+        casts = [f"({p.rsplit(' ', 1)[0].replace(self.buffer_suffix, '')})a[{i}]"
+                 for i, (_, p) in enumerate(sorted(bufs))]
+        casts += [f"*({p.split(' ', 1)[0]}*)a[{len(bufs) + i}]" for i, (_, p) in enumerate(sorted(var_params))]
+        return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
+            ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
 
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
@@ -574,6 +583,7 @@ class ClangRenderer(CStyleLanguage):
     device = "CPU"
     has_threads = True
     unique_symbols = True
+    entry_point = True
     # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
     # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
     # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read);

@@ -211,6 +211,99 @@ class _ThreadPool:
         if err is not None: raise err
 
 _pool = _ThreadPool()
+# a forked child has none of the parent's worker threads: it starts its own
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: _pool.__init__())
+
+# The same, in C: kernels rendered with an `<name>_entry(void **args, long lo, long hi)` wrapper are split across
+# threads without Python in between. Workers spin for about 10 us after a job (kernels of a step follow each other
+# within microseconds), then yield the core a while and sleep: spinning longer would take the core from other
+# processes (two test workers on two cores ran 2.5x slower with ~150 us of spinning). A dispatch costs a few
+# microseconds where the Python pool's costs tens.
+_C_POOL_SRC = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+typedef void (*fg_entry)(void **, long, long);
+#define FG_MAX_WORKERS 255
+#define FG_SPIN 300   /* pauses (about 10 us), then */
+#define FG_YIELD 50   /* yields to other runnable threads, then sleep */
+static pthread_mutex_t fg_run_mu = PTHREAD_MUTEX_INITIALIZER, fg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;
+static atomic_long fg_gen;
+static atomic_int fg_left;
+static int fg_workers, fg_atfork;
+static long fg_start[FG_MAX_WORKERS + 1];
+static fg_entry fg_fn;
+static void **fg_args;
+static long fg_size;
+static int fg_n;
+static inline void fg_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+static void *fg_worker(void *arg) {
+  long id = (long)arg, seen = fg_start[id];
+  for (;;) {
+    for (int spin = 0; atomic_load_explicit(&fg_gen, memory_order_acquire) == seen; spin++) {
+      if (spin < FG_SPIN) { fg_relax(); continue; }
+      if (spin < FG_SPIN + FG_YIELD) { sched_yield(); continue; }
+      pthread_mutex_lock(&fg_mu);
+      while (atomic_load(&fg_gen) == seen) pthread_cond_wait(&fg_cv, &fg_mu);
+      pthread_mutex_unlock(&fg_mu);
+    }
+    seen = atomic_load(&fg_gen);
+    if (id < fg_n) fg_fn(fg_args, fg_size * id / fg_n, fg_size * (id + 1) / fg_n);
+    atomic_fetch_sub_explicit(&fg_left, 1, memory_order_release);
+  }
+  return 0;
+}
+/* a forked child has none of the parent's threads: no workers, and locks and a condition variable that no thread
+   holds or waits on (the parent's sleeping workers would leave the condition variable waiting for them forever) */
+static void fg_forget_workers(void) {
+  fg_workers = 0;
+  pthread_mutex_init(&fg_run_mu, 0);
+  pthread_mutex_init(&fg_mu, 0);
+  pthread_cond_init(&fg_cv, 0);
+}
+int fg_pool_run(fg_entry fn, void **args, long size, int n) {
+  if (n > FG_MAX_WORKERS + 1) n = FG_MAX_WORKERS + 1;
+  pthread_mutex_lock(&fg_run_mu);
+  if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
+  while (fg_workers < n - 1) {
+    pthread_t t;
+    fg_start[fg_workers + 1] = atomic_load(&fg_gen);
+    if (pthread_create(&t, 0, fg_worker, (void *)(long)(fg_workers + 1))) break;
+    pthread_detach(t);
+    fg_workers++;
+  }
+  if (n > fg_workers + 1) n = fg_workers + 1;
+  fg_fn = fn; fg_args = args; fg_size = size; fg_n = n;
+  atomic_store(&fg_left, fg_workers);
+  pthread_mutex_lock(&fg_mu);
+  atomic_fetch_add_explicit(&fg_gen, 1, memory_order_release);
+  pthread_cond_broadcast(&fg_cv);
+  pthread_mutex_unlock(&fg_mu);
+  fn(args, 0, size / n);
+  while (atomic_load_explicit(&fg_left, memory_order_acquire) > 0) fg_relax();
+  pthread_mutex_unlock(&fg_run_mu);
+  return n;
+}
+"""
+
+@functools.cache
+def _c_pool() -> Any:
+    """fg_pool_run from the C pool compiled with the CPU compiler (None where that fails: the Python pool then)."""
+    try:
+        from fusegrad.device import Device
+        fxn = _load_library(Device["CPU"].compiler.compile_cached(_C_POOL_SRC)).fg_pool_run
+    except Exception as e:
+        if DEBUG >= 1: print(f"CPU: no C thread pool ({e}); kernels are split across threads from Python")
+        return None
+    fxn.restype, fxn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    return fxn
 _load_counter = itertools.count()
 
 def _load_library(lib: bytes) -> ctypes.CDLL:
@@ -240,6 +333,9 @@ class CPUProgram:
         except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
         try: fxn = getattr(self._dll, name)
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
+        # the entry point with one signature for every kernel, for the C thread pool (not every renderer writes one)
+        entry = getattr(self._dll, f"{name}_entry", None) if hasattr(self._dll, f"{name}_entry") else None
+        self._entry = ctypes.cast(entry, ctypes.c_void_p).value if entry is not None else None
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
         # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
         # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
@@ -260,6 +356,12 @@ class CPUProgram:
         threads = max(1, min(threads, global_size))
         st = time.perf_counter() if wait else 0.0
         if threads == 1: self.fxn(*bufs, *vals, 0, max(global_size, 1))
+        elif getattr(self, "_entry", None) is not None and (c_pool := _c_pool()) is not None:
+            # everything by pointer: the buffers' memory, and each Variable's value in a C variable kept alive here
+            boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
+            args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
+                *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
+            c_pool(self._entry, args, global_size, threads)
         else:
             bounds = [global_size * i // threads for i in range(threads + 1)]
             _pool.run(self.fxn, [(*bufs, *vals, bounds[i], bounds[i + 1]) for i in range(threads)])

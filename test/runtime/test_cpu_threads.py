@@ -1,0 +1,63 @@
+"""Kernels split across threads by the C thread pool compute what one thread computes, dispatch after dispatch, with
+the workers awake or asleep, with Variables passed by pointer, and in a forked child."""
+import multiprocessing
+import time
+import numpy as np
+import pytest
+from fusegrad import Context, Tensor, Variable
+from fusegrad.runtime import ops_cpu
+
+pytestmark = pytest.mark.skipif(ops_cpu._c_pool() is None, reason="the C thread pool could not be compiled here")
+
+def _programs(t: Tensor) -> list:
+    from fusegrad.engine.realize import lower_schedule_item
+    return [lower_schedule_item(si) for si in t.schedule()]
+
+def test_entry_points_exist():
+    a = Tensor.rand(256, 256).realize()
+    (ei,) = _programs(a.sum(1))
+    assert ei.prg._prg._entry is not None
+
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_split_equals_one_thread(threads):
+    rng = np.random.default_rng(threads)
+    x, w = rng.standard_normal((300, 200)).astype(np.float32), rng.standard_normal((200, 130)).astype(np.float32)
+    cases = [lambda a, b: (a @ b).relu(), lambda a, b: a.exp().sum(1), lambda a, b: (a * 2 + 1).softmax(1)]
+    for f in cases:
+        with Context(CPU_THREADS=1): one = f(Tensor(x), Tensor(w)).numpy()
+        with Context(CPU_THREADS=threads):
+            for _ in range(20):  # back to back: the workers are still spinning
+                np.testing.assert_array_equal(f(Tensor(x), Tensor(w)).numpy(), one)
+
+def test_after_workers_fell_asleep():
+    a = Tensor.rand(512, 512).realize()
+    want = a.numpy().sum(1)
+    for _ in range(5):
+        time.sleep(0.01)  # long past the spinning: the workers wait on the condition variable
+        np.testing.assert_allclose(a.sum(1).numpy(), want, rtol=1e-5)
+
+def test_variables_by_pointer():
+    n = Variable("n", 1, 4096)
+    a = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    t = Tensor(a).realize()
+    for v in (4096, 1000, 17):
+        out = (t[:n.bind(v)] * 3.0 + v).numpy()
+        np.testing.assert_allclose(out, a[:v] * 3.0 + v, rtol=1e-6)
+
+def _child(q):
+    import faulthandler
+    faulthandler.dump_traceback_later(20, exit=True)
+    a = Tensor.ones(1024, 1024).contiguous().realize()
+    q.put(float(a.sum().item()))
+
+def test_forked_child_runs_threaded_kernels():
+    Tensor.ones(1024, 1024).sum().realize()  # the parent's workers exist
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q,))
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("a threaded kernel in a forked child hung")
+    assert p.exitcode == 0 and q.get(timeout=5) == 1024 * 1024
