@@ -70,10 +70,11 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # innermost first, among the axes the output is contiguous along
         cands = [(r, *vector_width(range_size(r))) for r in reversed(outs)]
         best = next(((r, w, p) for r, w, p in cands if w is not None and fits(r, False)), None)
-        # a tiny image (4x4) gives a quarter-width vector: a long reduction's output (a convolution's channels) may
-        # take the full width instead, with a store per lane (few next to the reduction's loads)
+        # a tiny image (4x4) gives a quarter-width vector, a 2x2 or 1x1 one none: a long reduction's output (a
+        # convolution's channels) may take the full width instead, with a store per lane (few next to the
+        # reduction's loads)
         red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
-        if best is not None and best[1] <= width // 4 and red_len >= 64:
+        if (best is None or best[1] <= width // 4) and reds and red_len >= 64:
             wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True)), None)
             if wide is not None: best = wide
         if best is not None:
@@ -102,8 +103,12 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 rest, inner2 = split(OptOps.UPCAST, rest, n_vec)
                 if inner2 is None: n_vec = 1
         if reuse:
-            r = reuse[-1]
             choices = tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget)
+            # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and
+            # another takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
+            r = reuse[-1]
+            if _largest_divisor(range_size(r), choices) < 3:
+                r = max(reversed(reuse), key=lambda x: _largest_divisor(range_size(x), choices))
             amt = _largest_divisor(rsz := range_size(r), choices)
             # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most
             # an eighth: the padded rows are never stored, and the tile is what reuses each vector load
