@@ -186,6 +186,15 @@ class TwoLayer:
         self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 3)
     def __call__(self, x: Tensor) -> Tensor: return self.l2(self.l1(x).relu())
 
+def _two_layer_on(devices):
+    """The same seeded TwoLayer, its parameters replicated over `devices` (or on one device for None)."""
+    Tensor.manual_seed(1)
+    model = TwoLayer()
+    params = get_parameters(model)
+    if devices is not None:
+        for p in params: p.shard_(devices).realize()
+    return model, params
+
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
 def test_data_parallel_training_matches_one_device(opt_name):
     """Parameters replicated over 2 devices, the batch split: 20 steps give the parameters of one device."""
@@ -193,11 +202,7 @@ def test_data_parallel_training_matches_one_device(opt_name):
     Y = rng.integers(0, 3, 64)
     results = []
     for devices in (None, D2):
-        Tensor.manual_seed(1)
-        model = TwoLayer()
-        params = get_parameters(model)
-        if devices is not None:
-            for p in params: p.shard_(devices).realize()
+        model, params = _two_layer_on(devices)
         opt = nn.optim.SGD(params, lr=0.1, momentum=0.9) if opt_name == "SGD" else nn.optim.Adam(params, lr=0.01)
         with Tensor.train():
             for i in range(20):
@@ -248,11 +253,7 @@ def test_data_parallel_training_under_tinyjit():
     Y = rng.integers(0, 3, 64)
     results = []
     for devices in (None, D2):
-        Tensor.manual_seed(1)
-        model = TwoLayer()
-        params = get_parameters(model)
-        if devices is not None:
-            for p in params: p.shard_(devices).realize()
+        model, params = _two_layer_on(devices)
         opt = nn.optim.Adam(params, lr=0.01)
 
         @TinyJit

@@ -69,26 +69,12 @@ def find_realized(sink: UOp) -> set[UOp]:
     # broadcast reduction inside one, as softmax's max in its sum, was decided above: hoisted or realized.)
     seen: set[UOp] = set()
     for u in topo:
-        if u.op is not Ops.REDUCE_AXIS: continue
-        stack = [u.src[0]]
-        while stack:
-            x = stack.pop()
-            if x in seen or x in realize or is_realized(x): continue
-            seen.add(x)
-            if x.op is Ops.REDUCE_AXIS: realize.add(x)
-            elif x.op is not Ops.EXPAND: stack.extend(x.src)
+        if u.op is Ops.REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, through_expand=False)
     # a reduction under a padding is computed into a buffer first: padding gates only the reduction's result, so its
     # loop would run for every element, the padded ones too (a cat of n reductions would compute each of them n times)
     under_pad: set[UOp] = set()
     for u in topo:
-        if u.op is not Ops.PAD: continue
-        stack = [u.src[0]]
-        while stack:
-            x = stack.pop()
-            if x in under_pad or x in realize or is_realized(x): continue
-            under_pad.add(x)
-            if x.op is Ops.REDUCE_AXIS: realize.add(x)
-            else: stack.extend(x.src)
+        if u.op is Ops.PAD: _realize_reductions_below(u.src[0], realize, under_pad, through_expand=True)
     # a reduce feeding more than one kernel is computed once (walk users before sources)
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
@@ -107,6 +93,17 @@ def find_realized(sink: UOp) -> set[UOp]:
         ops[u] = min(RECOMPUTE_LIMIT + 1, 1 + sum(ops.get(s, 0) for s in u.src))
         if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1: realize.add(u); ops[u] = 0
     return {u for u in realize if not is_realized(u)}
+
+def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], through_expand: bool) -> None:
+    """Add to `realize` the first unrealized REDUCE_AXIS on every path down from `start` (not past a broadcast
+    unless `through_expand`); `seen` holds the nodes already walked."""
+    stack = [start]
+    while stack:
+        x = stack.pop()
+        if x in seen or x in realize or is_realized(x): continue
+        seen.add(x)
+        if x.op is Ops.REDUCE_AXIS: realize.add(x)
+        elif through_expand or x.op is not Ops.EXPAND: stack.extend(x.src)
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
