@@ -329,3 +329,14 @@ def test_optimizer_made_before_sharding_is_an_error():
     w.shard_(D2, 0).realize()
     (w * w).sum().backward()
     with pytest.raises(RuntimeError, match="before making the optimizer"): opt.step()
+
+@pytest.mark.parametrize("rows,cols,kernels", [((2, 3), (1, 4), 0), ((1, 3), (0, 6), 0), ((3, 4), (5, 6), 0),
+                                               ((0, 4), (2, 5), 1)])
+def test_copy_reads_a_run_in_place(rows, cols, kernels):
+    """A copy of consecutive elements of a buffer needs no kernel first; any other view does."""
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = Tensor(a).realize()
+    GlobalCounters.reset()
+    c = t[rows[0]:rows[1], cols[0]:cols[1]].to("CPU:1").realize()
+    assert GlobalCounters.kernel_count == kernels
+    np.testing.assert_array_equal(c.numpy(), a[rows[0]:rows[1], cols[0]:cols[1]])

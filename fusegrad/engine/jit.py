@@ -13,6 +13,7 @@ import functools
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
+from fusegrad.engine.multi import shards_of
 from fusegrad.engine.realize import ExecItem
 from fusegrad.helpers import getenv, rng_counter_const, rng_counter_of
 from fusegrad.uop.ops import Ops, UOp
@@ -49,15 +50,11 @@ class _Recorder:
     def __init__(self) -> None: self.items: list[ExecItem] = []
     def add(self, ei: ExecItem, var_vals: dict[str, int]) -> None: self.items.append(ei)
 
-def _shard_uops(t: Any) -> tuple[UOp, ...]:
-    """A tensor's graphs: a sharded tensor's shards, or the tensor's own."""
-    return t.uop.src if t.uop.op is Ops.MULTI else (t.uop,)
-
-def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in _shard_uops(t))
+def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in shards_of(t.uop))
 
 def _base_buffers(t: Any) -> list[Buffer]:
     from fusegrad.schedule.linear import get_buffer
-    return [get_buffer(u.base) for u in _shard_uops(t)]
+    return [get_buffer(u.base) for u in shards_of(t.uop)]
 
 class TinyJit(Generic[R]):
     """Decorator: `@TinyJit def step(x, y): ...` captures the kernels of `step` and replays them on later calls."""
@@ -101,7 +98,7 @@ class TinyJit(Generic[R]):
         # every input must be a plain buffer: its memory is what the captured kernels read
         pending = [t for t in tensors if any(u.op is not Ops.BUFFER and (u.base.op is not Ops.BUFFER or
                                                                          u.op is not Ops.RESHAPE)
-                                             for u in _shard_uops(t))]
+                                             for u in shards_of(t.uop))]
         for t in pending: t.replace(t.contiguous())
         if pending: Tensor.realize(*pending)
         return tensors, var_vals
@@ -203,5 +200,5 @@ class TinyJit(Generic[R]):
 
     def _output(self, x: Any, new_nodes: dict[int, UOp], Tensor: Any) -> Any:
         if not isinstance(x, Tensor) or not _in_buffers(x): return x
-        swap = {u.base: new_nodes[id(b)] for u, b in zip(_shard_uops(x), _base_buffers(x)) if id(b) in new_nodes}
+        swap = {u.base: new_nodes[id(b)] for u, b in zip(shards_of(x.uop), _base_buffers(x)) if id(b) in new_nodes}
         return Tensor(x.uop.substitute(swap)) if swap else x

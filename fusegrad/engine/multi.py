@@ -36,6 +36,10 @@ def multi_bounds(m: UOp) -> Bounds | None:
 
 def devices_of(m: UOp) -> tuple[str, ...]: return tuple(s.device for s in m.src)
 
+def shards_of(u: UOp) -> tuple[UOp, ...]:
+    """The single-device graphs behind a tensor's node: a MULTI's shards, or the node itself."""
+    return u.src if u.op is Ops.MULTI else (u,)
+
 def _device(d: str) -> UOp: return UOp(Ops.DEVICE, arg=d)
 
 def _graph_flag(u: UOp, name: str, own: Callable[[UOp], bool]) -> bool:
@@ -116,9 +120,7 @@ def _cat(parts: list[UOp], axis: int, like: UOp, device: str, shape: tuple[int, 
 def gather_region(m: UOp, axis: int, lo: int, hi: int, device: str) -> UOp:
     """Elements lo..hi along `axis` of the whole tensor `m` (a MULTI), assembled on `device` from the shards that hold
     them: each piece shrunk where it lies, then copied."""
-    if m.arg is None:
-        src = next((s for s in m.src if s.device == device), m.src[0])
-        return _copy_to(_shrink_axis(src, axis, lo, hi), device)
+    if m.arg is None: return _copy_to(_shrink_axis(_replica_for(m, device), axis, lo, hi), device)
     a = m.arg
     parts = []
     for s, (b0, b1) in zip(m.src, multi_bounds(m)):
@@ -146,20 +148,18 @@ def relayout(m: UOp, devices: tuple[str, ...], axis: int | None, bounds: Bounds 
     assembled from the pieces of the old shards it covers; a layout that is already right is returned as is."""
     if axis is not None and bounds is None: bounds = shard_bounds(m.shape[axis], len(devices))
     if tuple(devices) == devices_of(m) and axis == m.arg and (axis is None or bounds == multi_bounds(m)): return m
-    if axis is None:
-        return UOp(Ops.MULTI, m.dtype, tuple(gather_region(m, 0, 0, m.shape[0], d) if m.shape else
-                                            _gather_scalar(m, d) for d in devices), None)
+    if axis is None: return UOp(Ops.MULTI, m.dtype, tuple(gather(m, d) for d in devices), None)
     return UOp(Ops.MULTI, m.dtype, tuple(gather_region(m, axis, lo, hi, d) for d, (lo, hi) in zip(devices, bounds)),
                axis)
 
-def _gather_scalar(m: UOp, device: str) -> UOp:
-    src = next((s for s in m.src if s.device == device), m.src[0])
-    return _copy_to(src, device)
+def _replica_for(m: UOp, device: str) -> UOp:
+    """The replica of a replicated MULTI to read on `device`: its own if it has one, else the first."""
+    return next((s for s in m.src if s.device == device), m.src[0])
 
 def gather(m: UOp, device: str) -> UOp:
     """The whole tensor `m` (a MULTI) on one device."""
-    if not m.shape: return _gather_scalar(m, device)
-    return gather_region(m, m.arg if m.arg is not None else 0, 0, m.shape[m.arg if m.arg is not None else 0], device)
+    if m.arg is None: return _copy_to(_replica_for(m, device), device)
+    return gather_region(m, m.arg, 0, m.shape[m.arg], device)
 
 # *** all-reduce ***
 
@@ -254,7 +254,6 @@ def _movement(u: UOp, m: UOp) -> UOp:
         if arg[a] != m.shape[a]: raise ValueError(f"can't expand split axis {a} of a sharded tensor {m.shape} to {arg}")
         return UOp(Ops.MULTI, u.dtype, tuple(s.expand(tuple(s.shape[a] if i == a else d for i, d in enumerate(arg)))
                                              for s in m.src), a)
-    others = lambda x: tuple((0, 0) if i == a else p for i, p in enumerate(x))
     if op is Ops.SHRINK:
         lo, hi = arg[a]
         whole = tuple((0, s) if i == a else p for i, (p, s) in enumerate(zip(arg, m.shape)))
@@ -267,7 +266,7 @@ def _movement(u: UOp, m: UOp) -> UOp:
         return _resplit(m, u.shape, shrink_piece, u.dtype)
     if op is Ops.PAD:
         pl, pr = arg[a]
-        rest = others(arg)
+        rest = tuple((0, 0) if i == a else p for i, p in enumerate(arg))
         if (pl, pr) == (0, 0): return UOp(Ops.MULTI, u.dtype, tuple(s.pad(rest) for s in m.src), a)
         n = m.shape[a]
         def pad_piece(x0: int, x1: int, d: str) -> UOp:
@@ -342,7 +341,7 @@ def gradient_seeds(root: UOp, seed: UOp) -> dict[UOp, UOp]:
 
 def gradient_targets(targets: list[UOp]) -> set[UOp]:
     """The nodes to differentiate with respect to: a sharded target's shards."""
-    return {s for t in targets for s in (t.src if t.op is Ops.MULTI else (t,))}
+    return {s for t in targets for s in shards_of(t)}
 
 def gradient_of(target: UOp, grads: dict[UOp, UOp]) -> UOp | None:
     """A target's gradient from its shards' (None if none has one): shards of a split tensor get their own

@@ -36,6 +36,7 @@ from typing import Any
 from fusegrad.codegen import get_program, optimize
 from fusegrad.codegen.affine import range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.codegen.opt.heuristic import pads_cheaply
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
@@ -56,7 +57,6 @@ beam_stats: dict[str, int] = {"searches": 0, "cache_hits": 0, "compiled": 0, "ti
 
 # *** candidate actions ***
 
-def _pads_cheaply(size: int, multiple: int) -> bool: return -size % multiple * 8 <= size + -size % multiple
 
 def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
     """The opts worth trying next on `k` (not all apply: `apply_opt` decides): UPCAST and UNROLL by 2, 3, 4, 8, 16
@@ -86,7 +86,7 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
             blocks |= {b for b in [next((b for b in range(512, 127, -1) if sz % b == 0 and sz > b), None)] if b}
             acts += [Opt(OptOps.KBLOCK, ax, b) for b in sorted(blocks)]
             continue
-        pads = {a for a in (4, 8, 16, width, 2 * width) if a >= 2 and sz % a and _pads_cheaply(sz, a)}
+        pads = {a for a in (4, 8, 16, width, 2 * width) if a >= 2 and sz % a and pads_cheaply(sz, a)}
         acts += [Opt(OptOps.PADTO, ax, a) for a in sorted(pads)]
         acts += [Opt(OptOps.SPLIT, ax, a) for a in sorted({cores, 2 * cores, 4 * cores}) if sz % a == 0 and sz > a]
         acts += [Opt(OptOps.SWAP, ax, o) for o in range(ax + 1, nout)]
@@ -106,7 +106,7 @@ def _variants(ast: UOp, ren: Any, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]
             elif o.op is OptOps.KBLOCK:
                 blocks = [b for b in range(32, min(sz, 1025)) if sz % b == 0]
                 alts = blocks[::max(1, len(blocks) // 6)]
-            elif o.op is OptOps.PADTO: alts = [a for a in (8, 16, 32, 64) if sz % a and _pads_cheaply(sz, a)]
+            elif o.op is OptOps.PADTO: alts = [a for a in (8, 16, 32, 64) if sz % a and pads_cheaply(sz, a)]
             elif o.op is OptOps.SPLIT: alts = [c for c in (cores, 2 * cores, 4 * cores, 8 * cores) if sz % c == 0]
         out += [opts[:i] + (Opt(o.op, o.axis, a),) + opts[i + 1:] for a in alts if a != o.arg]
         try: k.apply_opt(o)

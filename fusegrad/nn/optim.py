@@ -13,12 +13,12 @@ from fusegrad.tensor import Tensor
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
 
-def _state_buffer(value: float, shape: tuple[int, ...], device: Any, like: Tensor | None = None) -> Tensor:
-    """A float32 buffer of its own (constants are hash-consed, so two `zeros(3)` would be one node), laid out like
-    `like` (a sharded parameter's state is split like the parameter)."""
-    if like is not None and isinstance(like.device, tuple):
-        t = Tensor.full(shape, value, dtype=dtypes.float32, device=like.device[0]).shard_like(like)
-    else: t = Tensor.full(shape, value, dtype=dtypes.float32, device=device)
+def _state_buffer(value: float, shape: tuple[int, ...] = (1,), device: Any = None,
+                  like: Tensor | None = None) -> Tensor:
+    """A float32 buffer of its own (constants are hash-consed, so two `zeros(3)` would be one node): of `shape` on
+    `device`, or laid out like the parameter `like` (a sharded parameter's state is split like it)."""
+    if like is None: t = Tensor.full(shape, value, dtype=dtypes.float32, device=device)
+    else: t = Tensor.full(like.shape, value, dtype=dtypes.float32, device=like.device).shard_like(like)
     t._own_storage()
     t.requires_grad = False
     return t
@@ -41,7 +41,7 @@ class Optimizer:
         self.device = device if device is not None else self.params[0].device
         self._devices = [p.device for p in self.params]  # the state is made for these
         self.fused = fused
-        self._lr = _state_buffer(lr, (1,), self.device)
+        self._lr = _state_buffer(lr, device=self.device)
 
     def _realize_state(self, *state: Tensor) -> None:
         """Give the parameters, the learning rate and the optimizer state their memory in one realize (assign needs
@@ -60,9 +60,9 @@ class Optimizer:
             return
         # a number is written straight into the buffer: no kernel, so no compile even for the first new value
         raw = memoryview(struct.pack("f", float(value)))
+        from fusegrad.engine.multi import shards_of
         from fusegrad.schedule.linear import get_buffer
-        lr = self._lr.realize()
-        for shard in (lr.uop.src if isinstance(lr.device, tuple) else (lr.uop,)): get_buffer(shard.base).copyin(raw)
+        for shard in shards_of(self._lr.realize().uop): get_buffer(shard.base).copyin(raw)
 
     def zero_grad(self) -> None:
         """Forget the gradients of every parameter."""
@@ -113,7 +113,7 @@ class LARS(Optimizer):
         if nesterov and momentum == 0: raise ValueError("nesterov momentum needs momentum > 0")
         self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
         self.nesterov, self.classic, self.pre_wd, self.tcoef = nesterov, classic, pre_wd, tcoef
-        self.b = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params] if momentum else []
+        self.b = [_state_buffer(0.0, like=p) for p in self.params] if momentum else []
         self._realize_state(*self.b)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
@@ -154,7 +154,7 @@ class Muon(Optimizer):
             if p.ndim < 2: raise ValueError(f"Muon only takes parameters of 2 or more dims, got shape {p.shape}")
         self.momentum, self.wd, self.ns_steps, self.ns_coefficients = momentum, weight_decay, ns_steps, ns_coefficients
         self.nesterov, self.eps = nesterov, 1e-7
-        self.b = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
+        self.b = [_state_buffer(0.0, like=p) for p in self.params]
         self._realize_state(*self.b)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:
@@ -178,9 +178,9 @@ class LAMB(Optimizer):
             if not 0.0 <= v < 1.0: raise ValueError(f"{name} must be in [0, 1), got {v}")
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         # b1^t and b2^t for the bias correction, kept on the device so the step number is not a Python constant
-        self.b1_t, self.b2_t = (_state_buffer(1.0, (1,), self.device) for _ in range(2))
-        self.m = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
-        self.v = [_state_buffer(0.0, p.shape, p.device, p) for p in self.params]
+        self.b1_t, self.b2_t = (_state_buffer(1.0, device=self.device) for _ in range(2))
+        self.m = [_state_buffer(0.0, like=p) for p in self.params]
+        self.v = [_state_buffer(0.0, like=p) for p in self.params]
         self._realize_state(self.b1_t, self.b2_t, *self.m, *self.v)
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]:

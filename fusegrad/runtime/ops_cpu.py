@@ -323,6 +323,7 @@ class CPUProgram:
     `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
     def __init__(self, name: str, lib: bytes):
         self.name, self.lib = name, lib
+        self._entry: int | None = None  # set by _load when the binary has the C pool's entry point
         self.fxn = self._load(name, lib)
         self.fxn.restype = None
         self._sig: tuple | None = None
@@ -334,8 +335,8 @@ class CPUProgram:
         try: fxn = getattr(self._dll, name)
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         # the entry point with one signature for every kernel, for the C thread pool (not every renderer writes one)
-        entry = getattr(self._dll, f"{name}_entry", None) if hasattr(self._dll, f"{name}_entry") else None
-        self._entry = ctypes.cast(entry, ctypes.c_void_p).value if entry is not None else None
+        if (entry := getattr(self._dll, f"{name}_entry", None)) is not None:
+            self._entry = ctypes.cast(entry, ctypes.c_void_p).value
         # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
         # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
         # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
@@ -356,7 +357,7 @@ class CPUProgram:
         threads = max(1, min(threads, global_size))
         st = time.perf_counter() if wait else 0.0
         if threads == 1: self.fxn(*bufs, *vals, 0, max(global_size, 1))
-        elif getattr(self, "_entry", None) is not None and (c_pool := _c_pool()) is not None:
+        elif self._entry is not None and (c_pool := _c_pool()) is not None:
             # everything by pointer: the buffers' memory, and each Variable's value in a C variable kept alive here
             boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
             args = (ctypes.c_void_p * (len(bufs) + len(vals)))(

@@ -198,15 +198,14 @@ def _reads_output_elsewhere(ast: UOp) -> bool:
     return any(u.op is Ops.INDEX and u.src[0].arg == 0 and u is not store_index for u in ast.toposort())
 
 def _range_base(u: UOp) -> UOp | None:
-    """The node whose row-major elements `u` is a run of (reshapes over a shrink that keeps whole rows), or None.
-    Only the outermost shrunk axis may take a part: the ones inside it are whole, the ones outside a single index."""
+    """The node whose row-major elements `u` is a run of (reshapes over a shrink), or None. The run is contiguous
+    when every axis outside the innermost one the shrink cuts keeps a single index."""
     while u.op is Ops.RESHAPE: u = u.src[0]
     if u.op is not Ops.SHRINK: return None
     src = u.src[0]
     if not all(type(x) is int for x in src.shape) or arg_uops(u.arg): return None
-    inner = [i for i, ((b, e), n) in enumerate(zip(u.arg, src.shape)) if (b, e) != (0, n)]
-    if inner and any((b, e) != (0, n) for (b, e), n in zip(u.arg[inner[0] + 1:], src.shape[inner[0] + 1:])): return None
-    if inner and any(e - b != 1 for b, e in u.arg[:inner[0]]): return None
+    cut = [i for i, ((b, e), n) in enumerate(zip(u.arg, src.shape)) if (b, e) != (0, n)]
+    if cut and any(e - b != 1 for b, e in u.arg[:cut[-1]]): return None
     while src.op is Ops.RESHAPE: src = src.src[0]
     return src
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, argfix, prod
+from fusegrad.engine.multi import shards_of
 from fusegrad.schedule.indexing import is_realized, storage_of
 from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
@@ -933,7 +934,7 @@ def _is_realized_view(u: UOp) -> bool:
 
 def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
     """The graphs of these tensors, a sharded one's being its shards'."""
-    return [s for t in tensors for s in (t.uop.src if t.uop.op is Ops.MULTI else (t.uop,))]
+    return [s for t in tensors for s in shards_of(t.uop)]
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to

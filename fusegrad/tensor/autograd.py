@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar, Iterator
 from fusegrad.dtype import dtypes
+from fusegrad.engine.multi import shards_of
 from fusegrad.gradient import compute_gradient, compute_gradients
 from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
-
-def _shard_uops(u: UOp) -> tuple[UOp, ...]: return u.src if u.op is Ops.MULTI else (u,)
 
 def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> dict[UOp, UOp | None]:
     """compute_gradient, with sharded roots and targets taken shard by shard."""
@@ -101,8 +100,8 @@ class AutogradMixin:
         from fusegrad.tensor import Tensor, _is_realized_view, all_tensors
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
-        topo = UOp.sink_of(*_shard_uops(self.uop)).toposort()
-        need = [t for t in list(all_tensors) if t.requires_grad is True and any(u in topo for u in _shard_uops(t.uop))]
+        topo = UOp.sink_of(*shards_of(self.uop)).toposort()
+        need = [t for t in list(all_tensors) if t.requires_grad is True and any(u in topo for u in shards_of(t.uop))]
         if not need:
             # as torch does: silently filling nothing hides a graph cut by realize() (which replaces a tensor's graph
             # by its buffer) or parameters left without requires_grad

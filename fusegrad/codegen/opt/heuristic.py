@@ -8,7 +8,7 @@ from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
-def _pads_cheaply(size: int, multiple: int) -> bool:
+def pads_cheaply(size: int, multiple: int) -> bool:
     """Whether rounding `size` up to a multiple of `multiple` wastes at most an eighth of the padded loop."""
     return -size % multiple * 8 <= size + -size % multiple
 
@@ -58,7 +58,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         if not isinstance(sz, int): return None, False
         for cand in (c for c in (width, width // 2, width // 4) if c >= 2):
             if sz % cand == 0: return cand, False
-            if k.reduceops and _pads_cheaply(sz, cand): return cand, True
+            if k.reduceops and pads_cheaply(sz, cand): return cand, True
         return None, False
     def fits(r: UOp, strided_store: bool) -> bool:
         st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
@@ -82,7 +82,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             if pad:
                 # to two vectors' multiple when that also wastes at most an eighth (1000 -> 1024, not 1008): the
                 # register tile then holds two vectors per row
-                to = 2 * width if _pads_cheaply(range_size(vec_out), 2 * width) else width
+                to = 2 * width if pads_cheaply(range_size(vec_out), 2 * width) else width
                 axis, at = k.loops.index(vec_out), outs.index(vec_out)
                 k.apply_opt(Opt(OptOps.PADTO, axis, to))
                 vec_out = outs[at] = k.loops[axis]
@@ -112,7 +112,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             amt = _largest_divisor(rsz := range_size(r), choices)
             # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most
             # an eighth: the padded rows are never stored, and the tile is what reuses each vector load
-            if choices and amt < choices[0] and isinstance(rsz, int) and _pads_cheaply(rsz, choices[0]):
+            if choices and amt < choices[0] and isinstance(rsz, int) and pads_cheaply(rsz, choices[0]):
                 axis = k.loops.index(r)
                 k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
                 r, amt = k.loops[axis], choices[0]
