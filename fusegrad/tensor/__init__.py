@@ -265,7 +265,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         keep: set[int] = set()
         for t in live:
             u = t.uop
-            base = u.src[0] if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER else u.base
+            base = u.base
             if base.op is Ops.BUFFER:
                 if base in written: keep.add(id(get_buffer(base)))  # (only this schedule's buffers are planned)
             else: keep.update(id(get_buffer(x)) for x in u.toposort() if x in written)
