@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor
-from fusegrad.codegen.opt import OptOps
+from fusegrad.codegen.opt import Kernel, OptOps
 
 torch.set_num_threads(1)
 CASES = [
@@ -64,3 +64,19 @@ def test_input_gradient_is_one_vectorized_convolution():
     p = get_program(si.ast, Device["CPU"].renderer)
     assert OptOps.UPCAST in {o.op for o in p.applied_opts} and OptOps.UNROLL in {o.op for o in p.applied_opts}
     assert any(u.dtype.count > 1 for u in p.uops if u.op.name == "DEFINE_REG"), "accumulators are vectors"
+
+def test_weight_gradient_vectorizes_its_image_rows():
+    # the weight gradient sums over batch and image: its reduction is contiguous in both loads, so the image row is
+    # the vector axis (a vector over output channels would store per lane and read strided, 5x slower)
+    x, w = Tensor.rand(2, 16, 16, 16).realize(), Tensor.rand(16, 16, 3, 3, requires_grad=True).realize()
+    g = Tensor.rand(2, 16, 16, 16).realize()
+    gw, = (x.conv2d(w, padding=1) * g).sum().gradient(w)
+    np.testing.assert_allclose(gw.numpy(), torch.nn.grad.conv2d_weight(
+        torch.tensor(x.numpy()), (16, 16, 3, 3), torch.tensor(g.numpy()), padding=1).numpy(), rtol=1e-4, atol=1e-3)
+    gw, = (x.conv2d(w, padding=1) * g).sum().gradient(w)
+    from fusegrad.codegen import get_program
+    from fusegrad.device import Device
+    (si,) = [si for si in gw.schedule() if si.ast.op.name == "SINK"][-1:]
+    p = get_program(si.ast, Device["CPU"].renderer)
+    vector = p.applied_opts[0]
+    assert vector.op is OptOps.UPCAST and vector.axis >= Kernel(si.ast).first_reduce, p.applied_opts

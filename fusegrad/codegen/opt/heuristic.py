@@ -3,6 +3,7 @@ block them for the caches, split long reductions into partial accumulators."""
 from __future__ import annotations
 import math
 import os
+from typing import Callable
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import dtypes
@@ -74,7 +75,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # convolution's channels) may take the full width instead, with a store per lane (few next to the
         # reduction's loads)
         red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
-        if (best is None or best[1] <= width // 4) and reds and red_len >= 64:
+        # (with no output vector at all, a reduction contiguous in its loads (a weight gradient's image rows) is
+        # vectorized itself by step 3 instead: far fewer stores and no strided loads)
+        if (best[1] <= width // 4 if best is not None else not _contiguous_reduction(reds, strides, width)) and \
+                reds and red_len >= 64:
             wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True)), None)
             if wide is not None: best = wide
         if best is not None:
@@ -161,6 +165,13 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: split(OptOps.UPCAST, rem, extra)
             return k.applied_opts
     return k.applied_opts
+
+def _contiguous_reduction(reds: list[UOp], strides: Callable[[UOp], list[tuple[int | None, bool]]],
+                          width: int) -> bool:
+    """Whether step 3 can vectorize a reduce loop: contiguous or broadcast in every access, a whole number of vectors
+    of at least a quarter width."""
+    return any(isinstance(sz := range_size(r), int) and all(c in (0, 1) for c, _ in strides(r)) and
+               any(w >= 2 and sz % w == 0 for w in (width, width // 2, width // 4)) for r in reds)
 
 def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     """A convolution's small window (kh, kw of at most 3: reduce loops whose index moves with an output loop's, as in
