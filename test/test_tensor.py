@@ -471,3 +471,23 @@ def test_assign_to_empty_tensor():
     assert t.assign(Tensor.ones(2, 0, 3)).realize() is t
     assert t.numpy().shape == (2, 0, 3)
     with pytest.raises(ValueError, match="shape mismatch"): t.assign(Tensor.ones(2, 1, 3))
+
+def test_realize_walks_only_lazy_tensors():
+    # a realize re-points the lazy tensors only: realized ones leave the lazy set, and graphs built before a realize
+    # (over nodes it computes, or over a buffer it overwrites) still give the values numpy computes
+    from fusegrad.tensor import lazy_tensors
+    params = [Tensor(np.full((3,), float(i), np.float32)).realize() for i in range(50)]
+    a = Tensor(np.arange(6, dtype=np.float32)).reshape(2, 3)
+    b = a * 2                      # shares a's graph
+    c = (b + 1).sum(1)             # lazy, over b
+    b.realize()
+    ids = {id(t) for t in lazy_tensors()}
+    assert id(b) not in ids and not any(id(p) in ids for p in params) and id(c) in ids
+    np.testing.assert_equal(c.numpy(), (np.arange(6, dtype=np.float32).reshape(2, 3) * 2 + 1).sum(1))
+    w = params[3]
+    old_reader = w * 10            # reads w before it is overwritten
+    w.assign(w + 1)
+    assert id(w) in {id(t) for t in lazy_tensors()}
+    w.realize()
+    np.testing.assert_equal(old_reader.numpy(), np.full((3,), 30.0, np.float32))
+    np.testing.assert_equal(w.numpy(), np.full((3,), 4.0, np.float32))

@@ -28,6 +28,21 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sy
 
 # every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# the live tensors whose graph may be more than a buffer: only these can change when a schedule runs, so a realize
+# walks them instead of every live tensor (a model's hundreds of realized parameters). Every tensor given a graph that
+# is not a plain buffer is added (Tensor.uop's setter); realized ones are dropped after each schedule. (id -> a weak
+# reference: a WeakSet would compare two references to one tensor with Tensor.__eq__; a dead entry whose id is reused
+# still dereferences to None)
+_lazy_refs: dict[int, weakref.ref] = {}
+
+def lazy_tensors() -> list[Tensor]:
+    """The live tensors that may be lazy (a superset: some may have been realized since)."""
+    out, dead = [], []
+    for key, ref in _lazy_refs.items():
+        if (t := ref()) is None: dead.append(key)
+        else: out.append(t)
+    for key in dead: del _lazy_refs[key]
+    return out
 _tensor_serials = itertools.count()
 
 def _device_uop(device: str | tuple[str, ...]) -> UOp: return UOp(Ops.DEVICE, arg=device)
@@ -90,8 +105,18 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin, ExtrasMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
-    __slots__ = ("uop", "requires_grad", "grad", "_serial", "__weakref__")
+    __slots__ = ("_uop", "requires_grad", "grad", "_serial", "__weakref__")
     training: bool = False
+
+    @property
+    def uop(self) -> UOp:
+        """The node this tensor's value is: a buffer once realized, else the lazy graph computing it."""
+        return self._uop
+
+    @uop.setter
+    def uop(self, u: UOp) -> None:
+        self._uop = u
+        if not _is_plain_buffer(u): _lazy_refs[id(self)] = weakref.ref(self)
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
@@ -189,15 +214,17 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     # *** realization ***
 
     @staticmethod
-    def _apply_map(kmap: dict[UOp, UOp], live: list[Tensor] | None = None) -> None:
-        """Point every live tensor (`live`: a snapshot of them) at its node's replacement, rebuilding graphs that
-        contain replaced nodes."""
+    def _apply_map(kmap: dict[UOp, UOp], lazy: list[Tensor] | None = None) -> None:
+        """Point every live tensor at its node's replacement, rebuilding graphs that contain replaced nodes (`lazy`: a
+        snapshot of lazy_tensors)."""
         changed = {k: v for k, v in kmap.items() if k is not v}
         if not changed: return
         # a realized tensor (a buffer, or a reshape of one) holds no replaced node unless a BUFFER itself is replaced:
-        # skipping them keeps a realize from costing a walk per live tensor (a model's hundreds of parameters)
+        # only the lazy tensors are walked then
         buffers_stay = not any(k.op is Ops.BUFFER for k in changed)
-        for t in (live if live is not None else list(all_tensors)):
+        if not buffers_stay: tensors = list(all_tensors)
+        else: tensors = lazy if lazy is not None else lazy_tensors()
+        for t in tensors:
             u = t.uop
             if u in changed: t.uop = changed[u]; continue
             if buffers_stay and (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)): continue
@@ -212,7 +239,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self
 
     @staticmethod
-    def _readers_of_overwritten(*tensors: Tensor, live: list[Tensor] | None = None) -> tuple[Tensor, ...]:
+    def _readers_of_overwritten(*tensors: Tensor, lazy: list[Tensor] | None = None) -> tuple[Tensor, ...]:
         """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
         schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
         otherwise a loss computed before an optimizer step would be evaluated with the updated weights."""
@@ -220,7 +247,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
-        lazy = [t for t in (live if live is not None else list(all_tensors)) if id(t) not in ids and
+        lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
                 any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
         # one walk over all their graphs (they mostly share one forward and backward graph), marking the nodes that
         # read a target
@@ -239,10 +266,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
         from fusegrad.engine.realize import ExecItem
         if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
-        live = list(all_tensors)  # (no tensor is made below: one snapshot of the live ones serves every pass)
-        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst, live=live)
+        lazy = lazy_tensors()  # (no tensor is made below: one snapshot serves every pass)
+        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst, lazy=lazy)
         var_vals: dict[str, int] = {}
-        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals), live)
+        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals), lazy)
+        lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
         sink = UOp.sink_of(*_shards(tensors))
         topo = sink.toposort()
         kernels = kernels_in_order(sink, topo)
@@ -258,17 +286,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # every kernel output is a buffer from now on
         becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
                    for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
-        Tensor._apply_map(becomes, live)
+        Tensor._apply_map(becomes, lazy)
         # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
         # still lazy, every buffer its graph loads from
         written = {buffer_of(k.src[0]) for k in kernels}
+        # (a tensor realized before this schedule holds none of them: only the lazy ones are looked at)
         keep: set[int] = set()
-        for t in live:
+        for t in lazy:
             u = t.uop
             base = u.base
             if base.op is Ops.BUFFER:
                 if base in written: keep.add(id(get_buffer(base)))  # (only this schedule's buffers are planned)
             else: keep.update(id(get_buffer(x)) for x in u.toposort() if x in written)
+            if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
         plan_memory(items, keep)
         return items, var_vals
 

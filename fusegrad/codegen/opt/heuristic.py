@@ -107,7 +107,12 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
                 rest, inner2 = split(OptOps.UPCAST, rest, n_vec)
                 if inner2 is None: n_vec = 1
         if reuse:
-            choices = tuple(c for c in (8, 6, 4, 3, 2) if c * n_vec <= budget)
+            # a plain matmul (one reduce loop, no window to unroll) with two vectors per row gives each broadcast
+            # element two FMAs: it takes up to 12 rows, 24 accumulators when 32 registers hold them (1024^3: 257 ->
+            # 272 GFLOPS); convolutions keep 8 rows (their unrolled window wants registers too)
+            plain = n_vec > 1 and len(reds) == 1
+            tile = max(budget, getattr(ren, "vector_registers", 16) - 8) if plain else budget
+            choices = tuple(c for c in ((12, 8, 6, 4, 3, 2) if plain else (8, 6, 4, 3, 2)) if c * n_vec <= tile)
             # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and
             # another takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
             r = reuse[-1]
@@ -116,7 +121,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             amt = _largest_divisor(rsz := range_size(r), choices)
             # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most
             # an eighth: the padded rows are never stored, and the tile is what reuses each vector load
-            if choices and amt < choices[0] and isinstance(rsz, int) and pads_cheaply(rsz, choices[0]):
+            # (a plain matmul whose rows 8 divide pads to 12 only where that wastes under 1/32: 1024 -> 1032, not
+            # 64 -> 72)
+            if choices and amt < choices[0] and isinstance(rsz, int) and pads_cheaply(rsz, choices[0]) and \
+                    (amt < 8 or -rsz % choices[0] * 32 < rsz):
                 axis = k.loops.index(r)
                 k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
                 r, amt = k.loops[axis], choices[0]
