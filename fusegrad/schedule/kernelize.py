@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
@@ -312,6 +313,7 @@ class _CacheEntry:
     # node's replacement)
     leaves: tuple = ()
     positions: tuple = ()
+    replay: Any = None     # a ReplayPlan (schedule/replay.py) once a schedule of this structure was made
 
     def accepts(self, keys: tuple) -> bool:
         return all(k == b for i, (k, b) in enumerate(zip(keys, self.baseline)) if i not in self.lifted)
@@ -349,18 +351,37 @@ def _structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
         parts.append((op, u.dtype, tuple([index[s] for s in u.src]), arg))
     return tuple(parts), consts
 
-def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None) -> dict[UOp, UOp]:
-    """kernelize_map for the nodes that change, using the schedule cache. The cached result is instantiated with
-    this graph's buffers, fresh output buffers, and this graph's values for lifted constants. Bound Variables are
-    unbound for the key (one entry, one compiled kernel serves every value); their values go to `var_vals`."""
+@dataclass
+class CacheLookup:
+    """A graph's toposort and, for a graph without bound Variables, its structure key and the cache entry that
+    accepts its constants (None on a miss)."""
+    topo: list[UOp]
+    binds: dict[UOp, UOp]
+    skey: tuple | None = None
+    entry: _CacheEntry | None = None
+
+def schedule_cache_lookup(sink: UOp) -> CacheLookup:
+    """Look `sink`'s graph up in the schedule cache by its structure (see _structure_key)."""
     topo = list(sink.toposort())
     binds = bound_variables(topo)
+    if binds: return CacheLookup(topo, binds)
+    skey, sconsts = _structure_key(topo)
+    entry = schedule_cache.get(skey)
+    return CacheLookup(topo, binds, skey, entry if entry is not None and
+                       entry.accepts(tuple(_arg_key(c.arg) for c in sconsts)) else None)
+
+def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None,
+                         lookup: CacheLookup | None = None) -> dict[UOp, UOp]:
+    """kernelize_map for the nodes that change, using the schedule cache. The cached result is instantiated with
+    this graph's buffers, fresh output buffers, and this graph's values for lifted constants. Bound Variables are
+    unbound for the key (one entry, one compiled kernel serves every value); their values go to `var_vals`.
+    (`lookup`: schedule_cache_lookup(sink), if the caller made it.)"""
+    lookup = lookup if lookup is not None else schedule_cache_lookup(sink)
+    topo, binds = lookup.topo, lookup.binds
     if var_vals is not None: var_vals.update(var_values(binds))
     if not binds:
-        skey, sconsts = _structure_key(topo)
-        keys = tuple(_arg_key(c.arg) for c in sconsts)
-        entry = schedule_cache.get(skey)
-        if entry is not None and entry.accepts(keys):
+        skey, entry = lookup.skey, lookup.entry
+        if entry is not None:
             schedule_cache_stats["hits"] += 1
             if not entry.positions: return {}
             back = {p: topo[i] for i, p in entry.leaves}

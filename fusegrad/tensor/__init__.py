@@ -13,9 +13,11 @@ from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_up
 from fusegrad.helpers import DEBUG, argfix, prod
 from fusegrad.engine.multi import shards_of
 from fusegrad.schedule.indexing import is_realized, storage_of
-from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, substitute_map
+from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, schedule_cache, \
+    schedule_cache_lookup, schedule_cache_stats, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
+from fusegrad.schedule.replay import record_replay
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin
@@ -269,27 +271,42 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         lazy = lazy_tensors()  # (no tensor is made below: one snapshot serves every pass)
         tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst, lazy=lazy)
         var_vals: dict[str, int] = {}
-        Tensor._apply_map(kernelize_map_cached(UOp.sink_of(*_shards(tensors)), var_vals), lazy)
-        lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
-        sink = UOp.sink_of(*_shards(tensors))
-        topo = sink.toposort()
-        kernels = kernels_in_order(sink, topo)
-        # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
-        items = []
-        for k in kernels:
-            if buffer_of(k.src[0]).arg[1] <= 0: continue
-            bufs, fixedvars = [], {}
-            for b in k.src:
-                if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
-                else: bufs.append(get_buffer(b))
-            items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
-        # every kernel output is a buffer from now on
-        becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
-                   for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
-        Tensor._apply_map(becomes, lazy)
+        graph = UOp.sink_of(*_shards(tensors))
+        lookup = schedule_cache_lookup(graph)
+        if lookup.entry is not None and lookup.entry.replay is not None:
+            # this structure was scheduled before: its kernels and the realized nodes' buffers come from the plan
+            schedule_cache_stats["hits"] += 1
+            planned, results = lookup.entry.replay.instantiate(lookup.topo)
+            items = [ExecItem(ast, [get_buffer(b) for b in bufs], fixedvars=fixedvars)
+                     for ast, bufs, fixedvars in planned]
+            written = {bufs[0] for _, bufs, _ in planned}
+            Tensor._apply_map(results, lazy)
+        else:
+            replaced = kernelize_map_cached(graph, var_vals, lookup)
+            Tensor._apply_map(replaced, lazy)
+            lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
+            sink = UOp.sink_of(*_shards(tensors))
+            topo = sink.toposort()
+            # (kernels with an empty output have nothing to run)
+            kernels = [k for k in kernels_in_order(sink, topo) if buffer_of(k.src[0]).arg[1] > 0]
+            # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
+            items = []
+            for k in kernels:
+                bufs, fixedvars = [], {}
+                for b in k.src:
+                    if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
+                    else: bufs.append(get_buffer(b))
+                items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
+            # every kernel output is a buffer from now on
+            becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
+                       for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
+            Tensor._apply_map(becomes, lazy)
+            written = {buffer_of(k.src[0]) for k in kernels}
+            if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
+                    entry.replay is None:
+                entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
         # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
         # still lazy, every buffer its graph loads from
-        written = {buffer_of(k.src[0]) for k in kernels}
         # (a tensor realized before this schedule holds none of them: only the lazy ones are looked at)
         keep: set[int] = set()
         for t in lazy:

@@ -203,3 +203,60 @@ def test_big_full_reduction_runs_on_every_core():
     np.testing.assert_allclose(x.mean(keepdim=True).numpy(), xn.mean(keepdims=True), rtol=1e-4, atol=1e-6)
     x.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.ones_like(xn))
+
+# *** the replay plan: a structure scheduled before gets its kernels and buffers without kernelizing again ***
+
+def _no_kernelize(monkeypatch):
+    import fusegrad.tensor as tensor_module
+    def fail(*a, **k): raise AssertionError("a replayed schedule should not kernelize")
+    monkeypatch.setattr(tensor_module, "kernelize_map_cached", fail)
+
+def test_replay_gives_each_step_its_own_values(monkeypatch):
+    # an optimizer-like step: in-place updates of two parameters, a loss over a reshape, a lazy intermediate and a
+    # constant that changes every step (it is lifted to a kernel parameter, then replayed with each new value)
+    def step(w, m, x, lr):
+        h = (x @ w).relu()                       # held by the caller: rewritten over the kernel outputs
+        loss = h.sum().reshape(1)
+        g = x.T @ (h > 0).float()
+        m.assign(m * 0.9 + g)
+        w.assign(w - lr * m)
+        Tensor.realize(loss, w, m)
+        return h, loss
+    rng_ = np.random.default_rng(1)
+    W, M = rng_.standard_normal((N, N)).astype(np.float32) / 8, np.zeros((N, N), np.float32)
+    w, m = Tensor(W).realize(), Tensor(M).realize()
+    for i in range(4):
+        if i == 3: _no_kernelize(monkeypatch)  # by now the plan is recorded (step 2 lifted lr)
+        X = rng_.standard_normal((N, N)).astype(np.float32)
+        lr = 0.01 * (i + 1)
+        h, loss = step(w, m, Tensor(X), lr)
+        Hn = np.maximum(X @ W, 0)
+        M = M * 0.9 + X.T @ (Hn > 0).astype(np.float32)
+        W = W - lr * M
+        np.testing.assert_allclose(loss.numpy(), [Hn.sum()], rtol=1e-4)
+        np.testing.assert_allclose(h.numpy(), Hn, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(m.numpy(), M, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(w.numpy(), W, rtol=1e-4, atol=1e-5)
+
+def test_replay_keeps_views_and_shared_nodes_lazy(monkeypatch):
+    # tensors over a realized node (an expand of it, an op on it) stay lazy and are rewritten over its new buffer
+    def build(a):
+        s = a.sum(1, keepdim=True)
+        return s, s.expand(N, 4), (s * 3 + a).max(1)
+    for i in range(3):
+        if i == 2: _no_kernelize(monkeypatch)
+        an = A + i
+        s, view, other = build(Tensor(an))
+        s.realize()
+        assert s.uop.base.op is Ops.BUFFER
+        np.testing.assert_allclose(view.numpy(), np.broadcast_to(an.sum(1, keepdims=True), (N, 4)), rtol=1e-4)
+        np.testing.assert_allclose(other.numpy(), (an.sum(1, keepdims=True) * 3 + an).max(1), rtol=1e-4)
+
+def test_replay_of_a_graph_with_an_empty_output(monkeypatch):
+    for i in range(3):
+        if i == 2: _no_kernelize(monkeypatch)
+        a = Tensor(V + i)
+        e, full = Tensor.ones(0, 3) * (a.sum() + 1), a * 2
+        Tensor.realize(e, full)
+        assert e.numpy().shape == (0, 3)
+        np.testing.assert_allclose(full.numpy(), (V + i) * 2, rtol=1e-6)

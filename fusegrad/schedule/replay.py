@@ -1,0 +1,69 @@
+"""The schedule cache's fast path. The first schedule of a graph structure records a ReplayPlan in its cache entry:
+the kernels in order with where each one's buffers and parameters sit in the graph's toposort, the fresh output
+buffers, and which buffer each realized node becomes. A later graph of the same structure (the next training step)
+gets its kernels and its tensors' new buffers from the plan, without instantiating the cached kernel graph, ordering
+its kernels or rewriting tensors twice."""
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad.dtype import DType
+from fusegrad.schedule.kernelize import buffer_of, new_buffer, substitute_map
+from fusegrad.uop.ops import GroupOp, Ops, UOp
+
+# A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
+BufferRef = int
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    outs: tuple[tuple[UOp, int, DType], ...]                         # fresh output buffers: (device, size, dtype)
+    kernels: tuple[tuple[UOp, tuple[BufferRef, ...], tuple[int, ...]], ...]  # (AST, buffers, parameters' positions)
+    results: tuple[tuple[int, BufferRef, tuple[int, ...] | None], ...]  # (position, its buffer, reshaped to)
+
+    def instantiate(self, topo: list[UOp]) -> tuple[list[tuple[UOp, list[UOp], dict[str, object]]], dict[UOp, UOp]]:
+        """For a graph of the recorded structure (`topo`: its toposort): the kernels as (AST, BUFFER nodes, fixed
+        parameter values), and each realized node -> the buffer (view) it becomes."""
+        outs = [new_buffer(device, size, dtype) for device, size, dtype in self.outs]
+        def buf(ref: BufferRef) -> UOp: return topo[ref] if ref >= 0 else outs[~ref]
+        kernels = [(ast, [buf(r) for r in refs], {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
+                   for ast, refs, params in self.kernels]
+        results = {topo[pos]: buf(ref) if shape is None else buf(ref).reshape(shape)
+                   for pos, ref, shape in self.results}
+        return kernels, results
+
+def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
+                  replaced: dict[UOp, UOp]) -> ReplayPlan | None:
+    """The plan of a schedule just made: `topo` the graph's toposort, `kernels` its KERNEL nodes in run order (those
+    with an empty output left out), `replaced` what scheduling replaced the graph's nodes with, `becomes` the buffer
+    each realized replacement became. None when a realized node's buffer isn't a plain one (a view into a slice)."""
+    position = {u: i for i, u in enumerate(topo)}
+    outs: dict[UOp, int] = {}
+    def ref(b: UOp) -> BufferRef:
+        b = buffer_of(b)
+        if b in position: return position[b]
+        if b not in outs: outs[b] = len(outs)
+        return ~outs[b]
+    planned = []
+    for k in kernels:
+        refs, params = [], []
+        for s in k.src:
+            if s.op is not Ops.CONST: refs.append(ref(s))
+            elif s in position: params.append(position[s])
+            else: return None  # a parameter that isn't one of the graph's constants
+        planned.append((k.arg, tuple(refs), tuple(params)))
+    results = []
+    for u, r in replaced.items():
+        # a realized node, or a view of one: its buffer. Other replaced nodes stay out (a lazy tensor holding one is
+        # rewritten over the new buffers instead: the same values)
+        if (b := becomes.get(r)) is None and r.op in GroupOp.Movement and r.base in becomes:
+            b = substitute_map(r, becomes)[r]
+        if b is None: continue
+        base = b
+        while base.op is Ops.RESHAPE: base = base.src[0]  # (a reshape of a reshape is one reshape)
+        if base.op is not Ops.BUFFER: continue  # an expanded or padded view: rewritten like the others
+        if not all(type(s) is int for s in b.shape): return None
+        results.append((position[u], ref(base), None if b is base else b.shape))
+    # the tensors scheduled must all end up as buffers
+    done = {topo[pos] for pos, _, _ in results}
+    if not all(u in done or u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+               for u in topo[-1].src):
+        return None
+    return ReplayPlan(tuple((b.src[0], b.arg[1], b.dtype) for b in outs), tuple(planned), tuple(results))
