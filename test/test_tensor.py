@@ -491,3 +491,11 @@ def test_realize_walks_only_lazy_tensors():
     w.realize()
     np.testing.assert_equal(old_reader.numpy(), np.full((3,), 30.0, np.float32))
     np.testing.assert_equal(w.numpy(), np.full((3,), 4.0, np.float32))
+
+def test_tensor_registries_drop_dead_tensors():
+    # tensors made and dropped without any realize or backward still leave the registries bounded
+    import fusegrad.tensor as tensor_module
+    x = Tensor([1.0, 2.0])
+    for _ in range(100_000): x + 1
+    assert len(tensor_module._all_refs) <= 50_000 and len(tensor_module._lazy_refs) <= 50_000
+    np.testing.assert_equal((x + 1).numpy(), [2.0, 3.0])

@@ -6,7 +6,7 @@ elementwise arithmetic and the basic reductions; autograd.py, creation.py (rando
 indexing.py, elementwise.py (activations and math functions), reduce.py (scans, sorting, statistics) and nn.py
 (convolution, pooling, losses, attention) each add theirs as a mixin."""
 from __future__ import annotations
-import itertools, math, struct, time, weakref
+import itertools, math, operator, struct, time, weakref
 from typing import Any, Callable, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
@@ -28,23 +28,39 @@ from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import ExtrasMixin
 from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sym_eq, sym_le, sym_value
 
-# every live Tensor, so scheduling can re-point all of them at the buffers that now hold their values
-all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
-# the live tensors whose graph may be more than a buffer: only these can change when a schedule runs, so a realize
+# Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
+# references to one tensor with Tensor.__eq__; an entry whose tensor died dereferences to None even if its id is
+# reused). Dead entries are dropped when a registry is listed, and when they could pile up (see _register).
+# Every live Tensor: backward() looks for the ones that require gradients.
+_all_refs: dict[int, weakref.ref] = {}
+# The live tensors whose graph may be more than a buffer: only these can change when a schedule runs, so a realize
 # walks them instead of every live tensor (a model's hundreds of realized parameters). Every tensor given a graph that
-# is not a plain buffer is added (Tensor.uop's setter); realized ones are dropped after each schedule. (id -> a weak
-# reference: a WeakSet would compare two references to one tensor with Tensor.__eq__; a dead entry whose id is reused
-# still dereferences to None)
+# is not a plain buffer is added (Tensor.uop's setter); realized ones are dropped after each schedule.
 _lazy_refs: dict[int, weakref.ref] = {}
+_prune_above = 1 << 14
+
+def _listed(refs: dict[int, weakref.ref]) -> list[Tensor]:
+    out, dead = [], []
+    for key, ref in refs.items():
+        if (t := ref()) is None: dead.append(key)
+        else: out.append(t)
+    for key in dead: del refs[key]
+    return out
+
+def live_tensors() -> list[Tensor]:
+    """Every live tensor."""
+    return _listed(_all_refs)
 
 def lazy_tensors() -> list[Tensor]:
     """The live tensors that may be lazy (a superset: some may have been realized since)."""
-    out, dead = [], []
-    for key, ref in _lazy_refs.items():
-        if (t := ref()) is None: dead.append(key)
-        else: out.append(t)
-    for key in dead: del _lazy_refs[key]
-    return out
+    return _listed(_lazy_refs)
+
+def _register(t: Tensor, ref: weakref.ref) -> None:
+    global _prune_above
+    _all_refs[id(t)] = ref
+    if len(_all_refs) > _prune_above:  # (a program that never realizes or differentiates still frees its entries)
+        live_tensors(), lazy_tensors()
+        _prune_above = max(1 << 14, 2 * len(_all_refs))
 _tensor_serials = itertools.count()
 
 def _device_uop(device: str | tuple[str, ...]) -> UOp: return UOp(Ops.DEVICE, arg=device)
@@ -110,24 +126,23 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     __slots__ = ("_uop", "requires_grad", "grad", "_serial", "__weakref__")
     training: bool = False
 
-    @property
-    def uop(self) -> UOp:
-        """The node this tensor's value is: a buffer once realized, else the lazy graph computing it."""
-        return self._uop
-
-    @uop.setter
-    def uop(self, u: UOp) -> None:
+    def _set_uop(self, u: UOp) -> None:
         self._uop = u
         if not _is_plain_buffer(u): _lazy_refs[id(self)] = weakref.ref(self)
+    # (a C getter: Tensor.shape, dtype and device read it for every operation)
+    uop = property(operator.attrgetter("_uop"), _set_uop,
+                   doc="The node this tensor's value is: a buffer once realized, else the lazy graph computing it.")
 
     def __init__(self, data: Any, device: str | None = None, dtype: DType | str | None = None,
                  requires_grad: bool | None = None):
         self.requires_grad, self.grad = requires_grad, None
         self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
         if type(data) is UOp and dtype is None and not requires_grad and data.dtype != dtypes.index:
-            # the common case, every tensor operation's result: the node as is (what the branches below do for it)
-            self.uop = _multi(data) if _sharding_used else data
-            all_tensors.add(self)
+            # the common case, every tensor operation's result: the node as is (what the branches below do for it),
+            # registered as lazy without a look (a superset is fine)
+            self._uop = _multi(data) if _sharding_used else data
+            _register(self, ref := weakref.ref(self))
+            _lazy_refs[id(self)] = ref
             return
         dt = to_dtype(dtype) if dtype is not None else None
         dev = _canonical_device(device) if not isinstance(data, (UOp, Tensor)) or is_symbolic(data) else ""
@@ -174,7 +189,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
         if _sharding_used: self.uop = _multi(self.uop)
         if requires_grad: self._own_storage()
-        all_tensors.add(self)
+        _register(self, weakref.ref(self))
 
     @staticmethod
     def _from_bytes(raw: bytes | memoryview, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
@@ -189,11 +204,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     @property
     def lazydata(self) -> UOp: return self.uop
     @property
-    def shape(self) -> tuple[int, ...]: return self.uop.shape
+    def shape(self) -> tuple[int, ...]: return self._uop.shape
     @property
-    def dtype(self) -> DType: return self.uop.dtype
+    def dtype(self) -> DType: return self._uop.dtype
     @property
-    def device(self) -> str: return self.uop.device
+    def device(self) -> str: return self._uop.device
     @property
     def ndim(self) -> int: return len(self.shape)
     def numel(self) -> sint: return ssimplify(prod(self.shape))
@@ -224,7 +239,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # a realized tensor (a buffer, or a reshape of one) holds no replaced node unless a BUFFER itself is replaced:
         # only the lazy tensors are walked then
         buffers_stay = not any(k.op is Ops.BUFFER for k in changed)
-        if not buffers_stay: tensors = list(all_tensors)
+        if not buffers_stay: tensors = live_tensors()
         else: tensors = lazy if lazy is not None else lazy_tensors()
         for t in tensors:
             u = t.uop

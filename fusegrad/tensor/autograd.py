@@ -97,11 +97,11 @@ class AutogradMixin:
     def backward(self: Tensor, gradient: Tensor | None = None) -> Tensor:
         """Add the gradient of this tensor to `.grad` of every tensor with requires_grad=True it was computed from
         (zeros where it depends on it only through non-differentiable ops). Returns this tensor."""
-        from fusegrad.tensor import Tensor, _is_realized_view, all_tensors
+        from fusegrad.tensor import Tensor, _is_realized_view, live_tensors
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
         topo = UOp.sink_of(*shards_of(self.uop)).toposort()
-        need = [t for t in list(all_tensors) if t.requires_grad is True and any(u in topo for u in shards_of(t.uop))]
+        need = [t for t in live_tensors() if t.requires_grad is True and any(u in topo for u in shards_of(t.uop))]
         if not need:
             # as torch does: silently filling nothing hides a graph cut by realize() (which replaces a tensor's graph
             # by its buffer) or parameters left without requires_grad
