@@ -400,12 +400,17 @@ class UOp(metaclass=UOpMetaClass):
         """The shape of a tensor-level node (None where a node has no shape, e.g. DEVICE or KERNEL)."""
         d = self.__dict__
         if "_shape" in d: return d["_shape"]
-        if all("_shape" in s.__dict__ for s in self.src):  # the common case: a new node over known ones
-            d["_shape"] = _compute_shape(self)
+        # the common case: a new node over known ones, or over new leaves (a DEVICE, a constant's view)
+        for s in self.src:
+            if "_shape" not in (sd := s.__dict__):
+                if not all("_shape" in x.__dict__ for x in s.src): break
+                sd["_shape"] = _compute_shape(s)
         else:
-            for u in self.toposort(gate=lambda u: "_shape" not in u.__dict__):
-                if "_shape" not in u.__dict__: u.__dict__["_shape"] = _compute_shape(u)
-        return self.__dict__["_shape"]
+            d["_shape"] = _compute_shape(self)
+            return d["_shape"]
+        for u in self.toposort(gate=lambda u: "_shape" not in u.__dict__):
+            if "_shape" not in u.__dict__: u.__dict__["_shape"] = _compute_shape(u)
+        return d["_shape"]
 
     @property
     def size(self) -> int:
@@ -417,9 +422,14 @@ class UOp(metaclass=UOpMetaClass):
     @property
     def device(self) -> str:
         """The device of a tensor-level node: from its DEVICE source, else from its sources (memoized)."""
-        if "_device" not in self.__dict__ and self.op is not Ops.DEVICE and self.op is not Ops.COPY and self.src and \
-                self.op is not Ops.MULTI and (d := self.src[0].__dict__.get("_device")) is not None:
-            self.__dict__["_device"] = d  # the common case: a new node over a source whose device is known
+        if "_device" not in self.__dict__ and self.op is not Ops.DEVICE and self.op is not Ops.COPY and \
+                self.op is not Ops.MULTI:
+            # the common case: a new node over a source whose device is known, or over the DEVICE itself (the
+            # sources of any other node share one device)
+            for s in self.src:
+                if (d := s.__dict__.get("_device")) is not None or (s.op is Ops.DEVICE and (d := s.arg) is not None):
+                    self.__dict__["_device"] = d
+                    break
         if "_device" not in self.__dict__:
             for u in self.toposort(gate=lambda u: "_device" not in u.__dict__):
                 if "_device" in u.__dict__: continue
