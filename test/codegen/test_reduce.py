@@ -164,6 +164,25 @@ def test_matmul_is_register_tiled():
     assert sum(1 for u in p.uops if u.op is Ops.DEFINE_REG) >= 8   # several accumulators in registers
     assert any(u.dtype.count > 1 for u in p.uops if u.op is Ops.DEFINE_REG)   # ... that are vectors
 
+@pytest.mark.parametrize("N", [48 * 3, 16 * 49])
+def test_matmul_odd_vector_count_pads_to_pairs(N):
+    # a row of an odd number of vectors (784 = 49 x 16) is padded to pairs of vectors (the register tile's two
+    # columns), the padded columns never stored; a column sum (no operand broadcast over the columns) is left alone
+    M, K = 24, 64
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    out = np.full((M, N + 32), np.nan, np.float32)   # columns past N in a wider buffer: must stay untouched
+    flat = out.reshape(-1)[:M * N].reshape(M, N)
+    p = run(matmul_ast(M, N, K), [flat, a, b])
+    if RENDERER.simd_bytes >= 64:
+        assert OptOps.PADTO in {o.op for o in p.applied_opts}
+        assert [o.arg for o in p.applied_opts if o.op is OptOps.UPCAST][:2] == [16, 2]
+    np.testing.assert_allclose(flat, a @ b, rtol=1e-4, atol=1e-4)
+    assert np.isnan(out.reshape(-1)[M * N:]).all()
+    r0, r1 = rng(N, 0), rng(M, 1, "reduce")
+    col_sum = UOp.sink_of(glob(0, dtypes.float32, N).index(r0).store(reduce(glob(1, dtypes.float32, M * N).index(
+        r1 * N + r0).load(), r1)))
+    assert OptOps.PADTO not in {o.op for o in get_program(col_sum, RENDERER).applied_opts}
+
 def matmul_bt_ast(M: int, N: int, K: int) -> UOp:
     """out = a @ b.T with b stored (N, K), as a linear layer's weight is."""
     r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
