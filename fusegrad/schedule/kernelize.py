@@ -11,6 +11,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
+from fusegrad.schedule.merge import merge_kernels
 from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, map_arg_uops
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
@@ -246,7 +247,9 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
         new_src = tuple(final[s] for s in u.src)
         nu = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
         final[u] = build_kernel(nu) if u in realized else nu
-    return {k: final.get(v, v) for k, v in simplified.items()}
+    # elementwise kernels that feed another element for element are folded into it (kernels with several outputs)
+    merged = merge_kernels(UOp.sink_of(*final.values()))
+    return {k: merged[final[v]] if v in final else v for k, v in simplified.items()}
 
 def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
                    topo: Iterable[UOp] | None = None) -> dict[UOp, UOp]:

@@ -4,6 +4,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from fusegrad.schedule.kernelize import buffer_of
+from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.uop.ops import Ops, UOp
 
 # the storage behind every BUFFER node; entries vanish with their node
@@ -28,9 +29,9 @@ def kernels_in_order(sink: UOp, topo: Iterable[UOp] | None = None) -> list[UOp]:
     for k in kernels:
         for s in k.src:
             if s.op is Ops.ASSIGN and s.src[1] in deps: deps[k].add(s.src[1])
-        writers.setdefault(buffer_of(k.src[0]), k)
+        for o in kernel_outputs(k): writers.setdefault(buffer_of(o), k)
     for k in kernels:
-        for s in k.src[1:]:
+        for s in k.src[len(kernel_outputs(k)):]:
             w = writers.get(s) if s.op is Ops.BUFFER else None
             if w is not None and w is not k and k not in _ancestors(w, deps): deps[w].add(k)
     # Kahn's algorithm, stable in toposort order

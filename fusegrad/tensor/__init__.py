@@ -17,6 +17,7 @@ from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buf
     schedule_cache_lookup, schedule_cache_stats, substitute_map
 from fusegrad.schedule.linear import get_buffer, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
+from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import record_replay
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
@@ -294,7 +295,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             planned, results = lookup.entry.replay.instantiate(lookup.topo)
             items = [ExecItem(ast, [get_buffer(b) for b in bufs], fixedvars=fixedvars)
                      for ast, bufs, fixedvars in planned]
-            written = {bufs[0] for _, bufs, _ in planned}
+            written = {b for ast, bufs, _ in planned for b in bufs[:len(ast.src) if ast.op is Ops.SINK else 1]}
             Tensor._apply_map(results, lazy)
         else:
             replaced = kernelize_map_cached(graph, var_vals, lookup)
@@ -312,11 +313,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                     if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
                     else: bufs.append(get_buffer(b))
                 items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
-            # every kernel output is a buffer from now on
+            # every kernel output is a buffer from now on (those of a kernel with several outputs that only the
+            # replaced nodes reach too: the kernel's sources name its outputs' buffers, not their ASSIGNs)
             becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
-                       for u in topo if is_realized(u) and u.op is Ops.ASSIGN}
+                       for u in UOp.sink_of(sink, *replaced.values()).toposort()
+                       if u.op is Ops.ASSIGN and is_realized(u)}
             Tensor._apply_map(becomes, lazy)
-            written = {buffer_of(k.src[0]) for k in kernels}
+            written = {buffer_of(o) for k in kernels for o in kernel_outputs(k)}
             if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
                     entry.replay is None:
                 entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)

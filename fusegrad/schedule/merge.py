@@ -1,0 +1,189 @@
+"""Step 4b of scheduling: kernels with several outputs. An elementwise kernel whose result another elementwise kernel
+reads element for element (an optimizer's new moment, read by the parameter update) is folded into that reader: one
+kernel computes the value once, stores it, and uses it, instead of a second pass that stores it and a third that
+loads it back (Adam: three kernels per parameter become one)."""
+from __future__ import annotations
+from fusegrad.schedule.indexing import storage_of
+from fusegrad.uop.ops import Ops, UOp
+
+# the most stores one kernel gets: past a few, a bigger kernel only compiles slower
+MAX_OUTPUTS = 4
+
+def kernel_outputs(k: UOp) -> tuple[UOp, ...]:
+    """The sources of a KERNEL it writes: one per STORE of its AST (a COPY or a view writes its first source)."""
+    return k.src[:len(k.arg.src)] if k.arg.op is Ops.SINK else k.src[:1]
+
+def _n_globals(ast: UOp) -> int:
+    return 1 + max((u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=-1)
+
+def _is_elementwise(k: UOp) -> bool:
+    """A kernel AST that stores each element from loads of the same element's neighbourhood: no reduction, no local
+    buffer, and every store at one unmasked index."""
+    ast = k.arg
+    if ast.op is not Ops.SINK or any(u.op in (Ops.REDUCE, Ops.DEFINE_LOCAL) for u in ast.toposort()): return False
+    idxs = {st.src[0].src[1] for st in ast.src}
+    return len(idxs) == 1 and all(len(st.src[0].src) == 2 for st in ast.src)
+
+def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
+    """`ast` with DEFINE_GLOBAL i as slots[i] and parameter _pj as _p{params[j]}."""
+    sub: dict[UOp, UOp] = {}
+    for u in ast.toposort():
+        if u.op is Ops.DEFINE_GLOBAL and slots[u.arg] != u.arg: sub[u] = u.replace(arg=slots[u.arg])
+        elif u.op is Ops.DEFINE_VAR and isinstance(u.arg[0], str) and u.arg[0].startswith("_p") and not u.src:
+            j = int(u.arg[0][2:])
+            if params[j] != j: sub[u] = u.replace(arg=(f"_p{params[j]}",) + tuple(u.arg[1:]))
+    return ast.substitute(sub) if sub else ast
+
+def _merge(producer: UOp, reader: UOp) -> UOp | None:
+    """The KERNEL computing `reader`'s stores and `producer`'s, with the reader's loads of the producer's outputs
+    replaced by the values stored; None if the reader loads one elsewhere than at its own index."""
+    p_ast, r_ast = producer.arg, reader.arg
+    idx = r_ast.src[0].src[0].src[1]
+    if p_ast.src[0].src[0].src[1] is not idx: return None   # different loops or layouts
+    n_r_out, n_r_glob, n_p_out, n_p_glob = len(r_ast.src), _n_globals(r_ast), len(p_ast.src), _n_globals(p_ast)
+    p_outs = list(producer.src[:n_p_out])
+    # a reader of an output's old value (its BUFFER, not the producer's ASSIGN) must stay before the producer
+    written = {storage_of(o) for o in p_outs}
+    if any(s.op is Ops.BUFFER and storage_of(s) in written for s in reader.src[n_r_out:n_r_glob]): return None
+    # the merged kernel's buffers: the reader's outputs, the producer's, then everything read (one argument per
+    # memory); then the parameters
+    r_glob, r_params = list(reader.src[:n_r_glob]), list(reader.src[n_r_glob:])
+    p_glob, p_params = list(producer.src[:n_p_glob]), list(producer.src[n_p_glob:])
+    globals_ = r_glob[:n_r_out] + p_outs
+    memory = {storage_of(g): i for i, g in enumerate(globals_)}
+    def place(g: UOp) -> int:
+        mem = storage_of(g)
+        if mem not in memory:
+            memory[mem] = len(globals_)
+            globals_.append(g)
+        return memory[mem]
+    r_slots = {i: (i if i < n_r_out else place(g)) for i, g in enumerate(r_glob)}
+    p_slots = {i: (n_r_out + i if i < n_p_out else place(g)) for i, g in enumerate(p_glob)}
+    params = list(r_params)
+    p_param_slots = {}
+    for j, prm in enumerate(p_params):
+        if prm not in params: params.append(prm)
+        p_param_slots[j] = params.index(prm)
+    r_new = _renumber(r_ast, r_slots, {j: j for j in range(len(r_params))})
+    p_new = _renumber(p_ast, p_slots, p_param_slots)
+    # the reader's loads of the producer's outputs become the values stored (every one of the element computed: a
+    # load of another element would race with the iteration storing it)
+    value_of = {n_r_out + j: st.src[1] for j, st in enumerate(p_new.src)}
+    inline = {}
+    for u in r_new.toposort():
+        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in value_of and \
+                (u.src[1] is not idx or len(u.src) != 2):
+            return None
+        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and \
+                u.src[0].src[0].arg in value_of:
+            inline[u] = value_of[u.src[0].src[0].arg]
+    if not inline: return None
+    merged = UOp.sink_of(*[st.substitute(inline) for st in r_new.src], *p_new.src)
+    out_slots = set(range(n_r_out + n_p_out))
+    loads: dict[int, set[UOp]] = {}
+    for u in merged.toposort():
+        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in out_slots:
+            if u.src[1] is not idx or len(u.src) != 2: return None
+        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+            loads.setdefault(u.src[0].src[0].arg, set()).add(u)
+    # an output may be loaded (its old value, at the element stored: checked above) only where the store of it
+    # needs the load first, so the store can't overtake the load
+    for st in merged.src:
+        if (mine := loads.get(st.src[0].src[0].arg)) and not all(x in st.src[1].toposort() for x in mine): return None
+    return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
+
+def merge_kernels(root: UOp) -> dict[UOp, UOp]:
+    """old -> new for the nodes under `root`, with kernels merged (see the module docstring). One pass: merges are
+    decided on the graph of kernels (groups, checked to stay acyclic), then the graph is rebuilt once."""
+    topo = list(root.toposort())
+    kernels = [u for u in topo if u.op is Ops.KERNEL]
+    deps = _kernel_deps(kernels)
+    group = {k: k for k in kernels}              # kernel -> its group's representative (union-find)
+    members = {k: [k] for k in kernels}
+    merged: dict[UOp, UOp] = {}                  # representative -> the group's KERNEL (sources: old nodes)
+    def find(k: UOp) -> UOp:
+        while group[k] is not k: k = group[k]
+        return k
+    def group_deps(g: UOp) -> set[UOp]:
+        return {find(d) for m in members[g] for d in deps[m]} - {g}
+    def reaches(starts: set[UOp], target: UOp) -> bool:
+        stack, seen = list(starts), set()
+        while stack:
+            g = stack.pop()
+            if g is target: return True
+            if g in seen: continue
+            seen.add(g)
+            stack.extend(group_deps(g))
+        return False
+    elementwise = {k: _is_elementwise(k) for k in kernels}
+    # readers from the last kernel back: an optimizer's update takes its moments, a chain folds from its end
+    for reader in reversed(kernels):
+        if not elementwise[reader]: continue
+        for via in reader.src[len(reader.arg.src):_n_globals(reader.arg)]:
+            if via.op is not Ops.ASSIGN or via.src[1].op is not Ops.KERNEL: continue
+            producer = via.src[1]
+            gr, gp = find(reader), find(producer)
+            if gr is gp or not elementwise.get(producer, False) or via.src[0] not in kernel_outputs(producer) or \
+                    via.src[0].device != reader.src[0].device:
+                continue
+            # merged, the producer runs where the reader does: nothing else the reader's group waits for may wait
+            # for the producer's group
+            if reaches(group_deps(gr) - {gp}, gp): continue
+            if len(members[gp]) + len(members[gr]) > MAX_OUTPUTS: continue
+            if (both := _merge(merged.get(gp, gp), merged.get(gr, gr))) is None: continue
+            # (its sources must not name a kernel of its own group: that kernel is this one now)
+            own = set(members[gp]) | set(members[gr])
+            if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
+                continue
+            group[gp] = gr
+            members[gr] += members.pop(gp)
+            merged[gr] = both
+            merged.pop(gp, None)
+    if not merged: return {u: u for u in topo}
+    replacement = {m: g for g in merged for m in members[g]}
+    return _rebuild(topo, replacement, merged)
+
+def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
+    """kernel -> the kernels that must run before it: those whose outputs it reads, and those reading (the old
+    value of) a buffer it overwrites."""
+    deps: dict[UOp, set[UOp]] = {}
+    writers: dict[UOp, set[UOp]] = {}
+    for k in kernels:
+        for o in kernel_outputs(k):
+            if (mem := storage_of(o)) is not None: writers.setdefault(mem, set()).add(k)
+    for k in kernels:
+        found: set[UOp] = set()
+        for s in k.src:
+            for x in s.toposort(gate=lambda u: u.op is not Ops.KERNEL):
+                if x.op is Ops.KERNEL and x is not k: found.add(x)
+        deps[k] = found
+    for k in kernels:
+        for s in k.src[len(kernel_outputs(k)):]:
+            if s.op is Ops.BUFFER:
+                for w in writers.get(s, ()):
+                    if w is not k: deps[w].add(k)
+    return deps
+
+def _rebuild(topo: list[UOp], replacement: dict[UOp, UOp], merged: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """old -> new for every node of `topo`: a merged kernel's members become its group's KERNEL, rebuilt over the
+    new versions of its sources (which may come later in `topo` than a member: they are built first)."""
+    out: dict[UOp, UOp] = {}
+    def sources(u: UOp) -> tuple[UOp, ...]:
+        return merged[replacement[u]].src if u in replacement else u.src
+    for root in topo:
+        stack = [(root, False)]
+        while stack:
+            u, ready = stack.pop()
+            if u in out: continue
+            if not ready:
+                stack.append((u, True))
+                stack.extend((s, False) for s in sources(u) if s not in out)
+                continue
+            if u in replacement:
+                g = merged[replacement[u]]
+                new = UOp(Ops.KERNEL, g.dtype, tuple(out[s] for s in g.src), g.arg)
+                for m in (x for x, r in replacement.items() if r is replacement[u]): out[m] = new
+            else:
+                new_src = tuple(out[s] for s in u.src)
+                out[u] = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)
+    return out
