@@ -29,7 +29,8 @@ def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
     sub: dict[UOp, UOp] = {}
     for u in ast.toposort():
         if u.op is Ops.DEFINE_GLOBAL and slots[u.arg] != u.arg: sub[u] = u.replace(arg=slots[u.arg])
-        elif u.op is Ops.DEFINE_VAR and isinstance(u.arg[0], str) and u.arg[0].startswith("_p") and not u.src:
+        elif u.op is Ops.DEFINE_VAR and not u.src and isinstance(u.arg[0], str) and u.arg[0][:2] == "_p" and \
+                u.arg[0][2:].isdigit():  # (a kernel parameter, not a Variable)
             j = int(u.arg[0][2:])
             if params[j] != j: sub[u] = u.replace(arg=(f"_p{params[j]}",) + tuple(u.arg[1:]))
     return ast.substitute(sub) if sub else ast

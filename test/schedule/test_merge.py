@@ -75,3 +75,14 @@ def test_several_readers_and_a_chain():
     np.testing.assert_allclose(a.numpy(), A + 1, rtol=1e-6)
     np.testing.assert_allclose(b.numpy(), (A + 1) * 3, rtol=1e-6)
     np.testing.assert_allclose(c.numpy(), (A + 1) * 2, rtol=1e-5)
+
+def test_merged_kernels_keep_their_changing_constants_apart():
+    # Python numbers that change every call become kernel parameters of both kernels; merged, each keeps its own
+    X = rng.standard_normal((4, 20)).astype(np.float32)
+    for i in range(5):
+        c1, c2 = 1.5 + i, -0.25 * i
+        y = (Tensor(X) * c1).contiguous()
+        z = y + c2
+        Tensor.realize(z, y)
+        np.testing.assert_allclose(y.numpy(), X * np.float32(c1), rtol=1e-6)
+        np.testing.assert_allclose(z.numpy(), X * np.float32(c1) + np.float32(c2), rtol=1e-6)
