@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor
-from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt import Kernel, Opt, OptOps
 
 torch.set_num_threads(1)
 CASES = [
@@ -80,3 +80,17 @@ def test_weight_gradient_vectorizes_its_image_rows():
     p = get_program(si.ast, Device["CPU"].renderer)
     vector = p.applied_opts[0]
     assert vector.op is OptOps.UPCAST and vector.axis >= Kernel(si.ast).first_reduce, p.applied_opts
+
+def test_strided_stem_vectorizes_output_channels():
+    # a stride-2 convolution over a 3-channel image: a vector along the output row would gather every other pixel of
+    # the big image; along the output channels it gathers only the small weights (reused across a tile of pixels)
+    x, w = Tensor.rand(8, 3, 64, 64).realize(), Tensor.rand(32, 3, 7, 7).realize()
+    out = x.conv2d(w, padding=3, stride=2)
+    from fusegrad.codegen import get_program
+    from fusegrad.device import Device
+    (si,) = [si for si in out.schedule() if si.ast.op.name == "SINK"]
+    p = get_program(si.ast, Device["CPU"].renderer)
+    if Device["CPU"].renderer.simd_bytes >= 64:
+        assert p.applied_opts[0] == Opt(OptOps.UPCAST, 1, 16), p.applied_opts
+    ref = torch.nn.functional.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=3, stride=2)
+    np.testing.assert_allclose(x.conv2d(w, padding=3, stride=2).numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
