@@ -83,14 +83,17 @@ def test_weight_gradient_vectorizes_its_image_rows():
 
 def test_strided_stem_vectorizes_output_channels():
     # a stride-2 convolution over a 3-channel image: a vector along the output row would gather every other pixel of
-    # the big image; along the output channels it gathers only the small weights (reused across a tile of pixels)
+    # the big image; along the output channels it loads the weights (reused across a tile of pixels)
     x, w = Tensor.rand(8, 3, 64, 64).realize(), Tensor.rand(32, 3, 7, 7).realize()
     out = x.conv2d(w, padding=3, stride=2)
     from fusegrad.codegen import get_program
     from fusegrad.device import Device
-    (si,) = [si for si in out.schedule() if si.ast.op.name == "SINK"]
-    p = get_program(si.ast, Device["CPU"].renderer)
+    sched = [si for si in out.schedule() if si.ast.op.name == "SINK"]
+    # the weights are laid out with the output channels innermost first, so the vector loads them contiguously
+    assert len(sched) == 2 and sched[0].bufs[0].size == w.numel()
+    p = get_program(sched[1].ast, Device["CPU"].renderer)
     if Device["CPU"].renderer.simd_bytes >= 64:
         assert p.applied_opts[0] == Opt(OptOps.UPCAST, 1, 16), p.applied_opts
+        assert any(u.dtype.count == 16 for u in p.uops if u.op.name == "LOAD"), "weights loaded as vectors"
     ref = torch.nn.functional.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=3, stride=2)
     np.testing.assert_allclose(x.conv2d(w, padding=3, stride=2).numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)

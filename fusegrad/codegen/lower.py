@@ -110,14 +110,18 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     topo = ast.toposort()
     if any(u.op is Ops.REDUCE and u.dtype not in vec_dts for u in topo): return None
     best, best_score = None, 0
+    stored = {u.src[0] for u in topo if u.op is Ops.STORE}
+    reduces = any(u.op is Ops.REDUCE for u in topo)
     for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
         score = 0
         for idx in (u for u in topo if u.op is Ops.INDEX):
             if r not in idx.toposort(): continue
-            # contiguous: one vector access (behind a check that every lane is valid, if the mask varies with r)
-            score += 1 if coeff(idx.src[1], r) == 1 and idx.src[0].dtype.base in vec_dts else -1
+            # contiguous: one vector access (behind a check that every lane is valid, if the mask varies with r);
+            # a store per lane after a reduction costs little next to the reduction's loads
+            contiguous = coeff(idx.src[1], r) == 1 and idx.src[0].dtype.base in vec_dts
+            score += 1 if contiguous else 0 if idx in stored and reduces else -1
         if score > best_score: best, best_score = r, score
     return best
 

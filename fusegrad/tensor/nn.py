@@ -230,7 +230,14 @@ class NNMixin:
         rcout, oyx = cout // groups, x.shape[2:2 + n]
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n)))
-        w = weight.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
+        if any(s > 1 for s in _int_tuple(stride, n, "stride")):
+            # a strided convolution is vectorized along its output channels (along its output rows each vector would
+            # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
+            # contiguous (3x3 stride 2, 128 -> 256 channels on 28x28: 38 -> 7 ms)
+            order = tuple(range(1, n + 2)) + (0,)
+            laid_out = weight.permute(order).contiguous().permute(tuple(order.index(i) for i in range(n + 2)))
+        else: laid_out = weight
+        w = laid_out.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
         ret = (x.cast(out_dt) * w.cast(out_dt)).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + oyx)
         if dtypes.is_float(out_dt):
