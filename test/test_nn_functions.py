@@ -93,9 +93,16 @@ def test_conv_errors():
     ((2, 4, 3, 4), (4, 3, 3, 2), dict(groups=2, stride=2, padding=1, output_padding=1)),
     ((1, 2, 5), (2, 3, 3), dict(stride=3, dilation=2, padding=2, output_padding=2)),
     ((1, 2, 3, 3), (2, 2, 2, 2), dict()),
-], ids=["2d-groups", "1d-dilated", "plain"])
+    # strided: one stride-1 convolution per output phase, interleaved
+    ((2, 3, 5, 4), (3, 2, 2, 3), dict(stride=3)),                                  # phases without taps
+    ((1, 2, 6), (2, 3, 3), dict(stride=2, dilation=2, padding=1)),                 # dilation shares the stride's factor
+    ((1, 2, 5), (2, 2, 5), dict(stride=4, dilation=3, padding=3, output_padding=2)),
+    ((1, 2, 4, 3), (2, 2, 3, 3), dict(stride=(2, 1), padding=(1, 0))),             # strided along one dim only
+    ((1, 2, 3, 2, 3), (2, 2, 2, 3, 2), dict(stride=2, padding=1, output_padding=1)),
+], ids=["2d-groups", "1d-dilated", "plain", "stride3-empty-phases", "dilation-gcd", "1d-s4-d3", "2d-mixed-stride",
+        "3d"])
 def test_conv_transpose(xs, ws, kw):
-    th = F.conv_transpose2d if len(xs) == 4 else F.conv_transpose1d
+    th = {3: F.conv_transpose1d, 4: F.conv_transpose2d, 5: F.conv_transpose3d}[len(xs)]
     check(lambda x, w, b: x.conv_transpose2d(w, b, **kw), lambda x, w, b: th(x, w, b, **kw), _rand(*xs),
           _rand(*ws, seed=1), _rand(ws[1] * kw.get("groups", 1), seed=2))
 

@@ -3,6 +3,7 @@
 Windows (convolution, pooling, unfold) are views built from movement ops only (pad/reshape/expand/shrink/permute), so
 the reduction over a window fuses with whatever produced the input: no im2col buffer is ever written."""
 from __future__ import annotations
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -66,6 +67,44 @@ class _ConvGradient:
         gr = g.reshape((bs, self.groups, rcout, 1) + o_ + (1,) * n)
         gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
         return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
+
+def _subpixel_transpose(x: Tensor, w: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...],
+                        pads: list[tuple[int, int]]) -> Tensor:
+    """A strided transposed convolution as one stride-1 convolution per output phase (sub-pixel convolution): the
+    outputs s*q + r along a dim only meet the kernel taps t with r + t*d - left = 0 (mod s), so each phase convolves
+    the input itself with those taps, and the phases are interleaved. The stride-1 convolution of the input spread
+    out by the stride would multiply by its zeros too: s^n times the work, behind masked loads. `w` is the flipped,
+    channel-swapped kernel and `pads` the (left, right) padding of that stride-1 convolution, per dim."""
+    T = _tensor_cls()
+    n, i_, hw = len(s_), x.shape[2:], w.shape[2:]
+    outs = [(i - 1) * s + 1 + lp + rp - (k - 1) * d for i, s, k, d, (lp, rp) in zip(i_, s_, hw, d_, pads)]
+    qs = [-(-o // s) for o, s in zip(outs, s_)]
+    def phase_dim(j: int, r: int) -> tuple[slice, int, tuple[int, int]] | None:
+        """Along dim j, phase r: (the taps, the dilation between them, the input padding), None without taps."""
+        i, k, s, d, (lp, _) = i_[j], hw[j], s_[j], d_[j], pads[j]
+        taps = [t for t in range(k) if (r + t * d - lp) % s == 0]
+        q_r = -(-(outs[j] - r) // s)
+        if not taps or q_r <= 0: return None
+        step = taps[1] - taps[0] if len(taps) > 1 else 1
+        dil, off = (step * d // s if len(taps) > 1 else 1), (r + taps[0] * d - lp) // s
+        left = -off
+        return slice(taps[0], taps[-1] + 1, step), dil, (left, q_r - i - left + (len(taps) - 1) * dil)
+    phases = []
+    for rs in itertools.product(*[range(s) for s in s_]):
+        dims = [phase_dim(j, r) for j, r in enumerate(rs)]
+        if any(p is None for p in dims):
+            phases.append(T.zeros(x.shape[0], w.shape[0], *qs, dtype=least_upper_dtype(x.dtype, w.dtype),
+                                  device=x.device))
+            continue
+        wr = w[(slice(None), slice(None)) + tuple(p[0] for p in dims)]
+        flat = [v for p in dims[::-1] for v in p[2]]
+        y = x.conv2d(wr, groups=groups, dilation=tuple(p[1] for p in dims), padding=flat)
+        phases.append(y.pad(((0, 0), (0, 0)) + tuple((0, q - yq) for q, yq in zip(qs, y.shape[2:]))))
+    # (n, c, q1.., r1..) -> (n, c, q1, r1, q2, r2, ...) -> the interleaved output
+    st = T.stack(*phases, dim=-1).reshape(phases[0].shape + tuple(s_))
+    order = (0, 1) + tuple(v for j in range(n) for v in (2 + j, 2 + n + j))
+    full = st.permute(order).reshape(st.shape[:2] + tuple(q * s for q, s in zip(qs, s_)))
+    return full.shrink(((0, full.shape[0]), (0, full.shape[1])) + tuple((0, o) for o in outs))
 
 def _need_tensors(name: str, **args: object) -> None:
     """A clear TypeError when an argument that must be a Tensor (or None, for optional ones) isn't."""
@@ -269,14 +308,17 @@ class NNMixin:
         w = weight.reshape((groups, cin // groups, rcout) + hw).permute((0, 2, 1) + tuple(range(3, 3 + n)))
         w = w.flip(tuple(range(3, 3 + n))).reshape((groups * rcout, cin // groups) + hw)
         x, i_ = self, self.shape[2:]
+        pairs = _side_pairs(_flat_pads(padding, n))
+        new_pairs = [((k - 1) * d - b, (k - 1) * d - a + o) for k, d, (b, a), o in zip(hw, d_, pairs, op_)]
+        if any(s > 1 for s in s_) and all(isinstance(v, int) for v in i_ + hw):
+            ret = _subpixel_transpose(x, w, groups, s_, d_, new_pairs)
+            return ret if bias is None else ret + bias.reshape((1, -1) + (1,) * n)
         if any(s > 1 for s in s_):
             pre = x.shape[:2]
             x = x.reshape(pre + tuple(v for i in i_ for v in (i, 1)))
             x = x.pad(((0, 0), (0, 0)) + tuple(v for s in s_ for v in ((0, 0), (0, s - 1))))
             x = x.reshape(pre + tuple(i * s for i, s in zip(i_, s_)))
             x = x.shrink(((0, pre[0]), (0, pre[1])) + tuple((0, (i - 1) * s + 1) for i, s in zip(i_, s_)))
-        pairs = _side_pairs(_flat_pads(padding, n))
-        new_pairs = [((k - 1) * d - b, (k - 1) * d - a + o) for k, d, (b, a), o in zip(hw, d_, pairs, op_)]
         flat = [v for p in new_pairs[::-1] for v in p]
         return x.conv2d(w, bias, groups=groups, dilation=d_, padding=flat)
 
