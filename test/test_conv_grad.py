@@ -17,6 +17,11 @@ CASES = [
     ((2, 6, 8, 8), (6, 1, 3, 3), dict(groups=6, padding=1)),    # depthwise
     ((2, 3, 7, 7), (4, 3, 1, 1), dict(stride=2)),
     ((1, 2, 6, 6), (2, 2, 3, 3), dict(padding=[1, 0, 2, 1])),   # flat (left, right, top, bottom)
+    # strided: the weight gradient reads the input split into its phases, the input gradient convolves per phase
+    ((2, 4, 8, 8), (6, 4, 1, 1), dict(stride=2)),                # a downsampling 1x1
+    ((2, 6, 9, 7), (6, 1, 3, 3), dict(groups=6, stride=2, padding=1)),   # depthwise
+    ((1, 3, 11, 10), (4, 3, 5, 2), dict(stride=(3, 2), padding=(2, 1))),
+    ((1, 2, 7, 7), (3, 2, 2, 2), dict(stride=2)),
 ]
 TORCH_CONV = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
 

@@ -62,11 +62,33 @@ class _ConvGradient:
         gx = g.conv_transpose2d(w, groups=self.groups, stride=self.stride, dilation=self.dilation,
                                 padding=list(self.padding), output_padding=out_pad)
         rcout = cout // self.groups
-        xw = x.pad(list(self.padding))._pool(hw, self.stride, self.dilation)  # (bs, cin_, *out, *hw)
+        if any(s > 1 for s in self.stride) and all(d == 1 for d in self.dilation) and \
+                all(isinstance(v, int) for v in i_ + hw):
+            xw = _phase_windows(x.pad(list(self.padding)), self.stride, hw, o_)
+        else: xw = x.pad(list(self.padding))._pool(hw, self.stride, self.dilation)  # (bs, cin_, *out, *hw)
         xw = xw.reshape((bs, self.groups, 1, cin) + o_ + hw)
         gr = g.reshape((bs, self.groups, rcout, 1) + o_ + (1,) * n)
         gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
         return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
+
+def _phase_windows(xp: Tensor, s_: tuple[int, ...], hw: tuple[int, ...], o_: tuple[int, ...]) -> Tensor:
+    """The windows (bs, c, *o_, *hw) of a stride-s_ (dilation 1) convolution over the padded input `xp`, read from a
+    copy of it split into its phases (the pixels s*a + p, for each p): a window's tap s*q + p at output o is pixel
+    o + q of phase p, so along the output row the loads are contiguous (from `xp` itself they step by the stride, and
+    the weight gradient's reduction along that row can't be vectorized)."""
+    n, pre, ip = len(s_), xp.shape[:2], xp.shape[2:]
+    q_ = [-(-k // s) for k, s in zip(hw, s_)]
+    a_ = [max(-(-i // s), o + q - 1) for i, s, o, q in zip(ip, s_, o_, q_)]
+    xp = xp.pad(((0, 0), (0, 0)) + tuple((0, a * s - i) for a, s, i in zip(a_, s_, ip)))
+    xp = xp.reshape(pre + tuple(v for a, s in zip(a_, s_) for v in (a, s)))
+    phases = xp.permute((0, 1) + tuple(3 + 2 * j for j in range(n)) + tuple(2 + 2 * j for j in range(n))).contiguous()
+    w = phases._pool(tuple(q_), 1)    # (bs, c, *s_, *(a - q + 1), *q_)
+    w = w.shrink(tuple((0, v) for v in w.shape[:2 + n]) + tuple((0, o) for o in o_) + tuple((0, q) for q in q_))
+    # (bs, c, *o_, q1, s1, q2, s2, ...): the tap index q*s + p, cut to the kernel's size
+    taps = tuple(v for j in range(n) for v in (2 + 2 * n + j, 2 + j))
+    w = w.permute((0, 1) + tuple(2 + n + j for j in range(n)) + taps)
+    w = w.reshape(pre + tuple(o_) + tuple(q * s for q, s in zip(q_, s_)))
+    return w.shrink(tuple((0, v) for v in w.shape[:2 + n]) + tuple((0, k) for k in hw))
 
 def _subpixel_transpose(x: Tensor, w: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...],
                         pads: list[tuple[int, int]]) -> Tensor:
