@@ -469,3 +469,12 @@ def test_sdpa_dropout_in_training():
     np.testing.assert_allclose(got[kept], 2 * want[kept], rtol=1e-5)
     # 16384 independent keep/drop draws at p = 0.5: the kept fraction is within 5 sigma (0.02) of one half
     assert abs(kept.mean() - 0.5) < 0.02
+
+def test_conv_transpose_dtype_does_not_depend_on_the_stride():
+    x, w, b = Tensor(_rand(1, 2, 4, 4)).half(), Tensor(_rand(2, 3, 3, 3, seed=1)).half(), Tensor(_rand(3, seed=2))
+    for stride in (1, 2):
+        out = x.conv_transpose2d(w, b, stride=stride)
+        ref = F.conv_transpose2d(torch.tensor(x.numpy()).float(), torch.tensor(w.numpy()).float(),
+                                 torch.tensor(b.numpy()).half().float(), stride=stride)
+        assert out.dtype == dtypes.float16
+        np.testing.assert_allclose(out.numpy().astype(np.float32), ref.numpy(), rtol=1e-2, atol=1e-2)

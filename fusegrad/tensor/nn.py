@@ -334,7 +334,7 @@ class NNMixin:
         new_pairs = [((k - 1) * d - b, (k - 1) * d - a + o) for k, d, (b, a), o in zip(hw, d_, pairs, op_)]
         if any(s > 1 for s in s_) and all(isinstance(v, int) for v in i_ + hw):
             ret = _subpixel_transpose(x, w, groups, s_, d_, new_pairs)
-            return ret if bias is None else ret + bias.reshape((1, -1) + (1,) * n)
+            return ret if bias is None else ret + bias.cast(ret.dtype).reshape((1, -1) + (1,) * n)
         if any(s > 1 for s in s_):
             pre = x.shape[:2]
             x = x.reshape(pre + tuple(v for i in i_ for v in (i, 1)))
