@@ -142,7 +142,7 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             merged.pop(gp, None)
     if not merged: return {u: u for u in topo}
     replacement = {m: g for g in merged for m in members[g]}
-    return _rebuild(topo, replacement, merged)
+    return _rebuild(topo, replacement, merged, members)
 
 def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
     """kernel -> the kernels that must run before it: those whose outputs it reads, and those reading (the old
@@ -165,7 +165,8 @@ def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
                     if w is not k: deps[w].add(k)
     return deps
 
-def _rebuild(topo: list[UOp], replacement: dict[UOp, UOp], merged: dict[UOp, UOp]) -> dict[UOp, UOp]:
+def _rebuild(topo: list[UOp], replacement: dict[UOp, UOp], merged: dict[UOp, UOp],
+             members: dict[UOp, list[UOp]]) -> dict[UOp, UOp]:
     """old -> new for every node of `topo`: a merged kernel's members become its group's KERNEL, rebuilt over the
     new versions of its sources (which may come later in `topo` than a member: they are built first)."""
     out: dict[UOp, UOp] = {}
@@ -183,7 +184,7 @@ def _rebuild(topo: list[UOp], replacement: dict[UOp, UOp], merged: dict[UOp, UOp
             if u in replacement:
                 g = merged[replacement[u]]
                 new = UOp(Ops.KERNEL, g.dtype, tuple(out[s] for s in g.src), g.arg)
-                for m in (x for x, r in replacement.items() if r is replacement[u]): out[m] = new
+                for m in members[replacement[u]]: out[m] = new
             else:
                 new_src = tuple(out[s] for s in u.src)
                 out[u] = u if all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src)

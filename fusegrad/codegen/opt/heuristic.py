@@ -82,7 +82,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         def gathered(r: UOp) -> int:
             return max((idx.src[0].dtype.size for idx in loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
         if (best[1] <= width // 4 or gathered(best[0]) > 0 if best is not None
-                else not _contiguous_reduction(reds, strides, width)) and reds and red_len >= 64:
+                else not any(_reduce_vector_width(r, strides, width) for r in reds)) and reds and red_len >= 64:
             wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True) and
                          (best is None or best[1] <= width // 4 or 16 * gathered(r) < gathered(best[0]))), None)
             if wide is not None: best = wide
@@ -143,10 +143,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         else:
             # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
             for r in [k.loops[i] for i in k.reduce_axes()]:
-                sz = range_size(r)
-                if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): continue
-                if (w := next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)):
-                    split(OptOps.UPCAST, r, w)
+                if (w := _reduce_vector_width(r, strides, width)): split(OptOps.UPCAST, r, w)
             return k.applied_opts
         _unroll_reduce(k, split)  # fewer loop iterations for the short bodies
         return k.applied_opts
@@ -156,10 +153,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     #    (narrower vectors when the length isn't a multiple of the full width)
     if width >= 2 and len(k.reduceops) == 1:
         for r in reversed(reds):
-            sz = range_size(r)
-            if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): continue
-            w = next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)
-            if w is None: continue
+            if (w := _reduce_vector_width(r, strides, width)) is None: continue
             rem, inner = split(OptOps.UPCAST, r, w)
             if inner is None: continue
             # output axes that some vector load doesn't depend on share that load across their lanes (matrix-vector,
@@ -184,12 +178,12 @@ def _unroll_reduce(k: Kernel, split: Callable) -> None:
             split(OptOps.UNROLL, r, 4)
             return
 
-def _contiguous_reduction(reds: list[UOp], strides: Callable[[UOp], list[tuple[int | None, bool]]],
-                          width: int) -> bool:
-    """Whether step 3 can vectorize a reduce loop: contiguous or broadcast in every access, a whole number of vectors
-    of at least a quarter width."""
-    return any(isinstance(sz := range_size(r), int) and all(c in (0, 1) for c, _ in strides(r)) and
-               any(w >= 2 and sz % w == 0 for w in (width, width // 2, width // 4)) for r in reds)
+def _reduce_vector_width(r: UOp, strides: Callable[[UOp], list[tuple[int | None, bool]]], width: int) -> int | None:
+    """The vector width reduce loop `r` can be vectorized with (partial accumulators as lanes): the widest of a full,
+    half or quarter vector that divides it, if it is contiguous or broadcast in every access; else None."""
+    sz = range_size(r)
+    if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): return None
+    return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)
 
 def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     """A convolution's small window (kh, kw of at most 3: reduce loops whose index moves with an output loop's, as in
