@@ -207,13 +207,14 @@ def test_pack_explicit():
     U, PK = (lambda ax, n: Opt(OptOps.UPCAST, ax, n)), (lambda ax, buf: Opt(OptOps.PACK, ax, buf))
     tiled = [U(1, 16), U(1, 2), U(0, 4), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.KBLOCK, 2, 32), PK(1, 2),
              Opt(OptOps.UNROLL, 3, 4)]
-    for opts in ([PK(1, 2)], [PK(0, 1)], [U(1, 4), PK(0, 1)], tiled):
+    # (PK(0, 2): b varies with the column loop inside the row loop, so the copy is a tile of all its columns)
+    for opts in ([PK(1, 2)], [PK(0, 1)], [U(1, 4), PK(0, 1)], tiled, [PK(0, 2)], [U(1, 4), PK(0, 2)]):
         out = np.zeros((M, N), np.float32)
         p = run(matmul_ast(M, N, K), [out, a, b], opts=opts)
         assert list(p.applied_opts) == opts
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
     from fusegrad.codegen.opt import Kernel, KernelOptError
-    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, N, K), RENDERER).apply_opt(PK(0, 2))  # varies inside
+    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, 256, K), RENDERER).apply_opt(PK(0, 2))  # 96 KB tile
     with pytest.raises(KernelOptError): Kernel(matmul_ast(M, N, K), RENDERER).apply_opt(PK(0, 0))  # the output
 
 @pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float64])

@@ -10,8 +10,9 @@ An optimization never changes what a kernel computes, only how its loops are sha
   SPLIT(axis, amt)   split an output loop into an outer loop of `amt` iterations around an inner loop of the rest.
   PACK(axis, buf)    copy what the kernel loads from global buffer `buf` inside output loop `axis` into a local
                      (stack) buffer at the start of that loop's body, and load from the copy: a block of a matrix
-                     read with a large stride becomes contiguous and stays in L1 while loops inside reuse it. The
-                     load must not vary with output loops inside `axis`.
+                     read with a large stride becomes contiguous and stays in L1 while loops inside reuse it. A load
+                     that varies with output loops inside `axis` is copied for all their iterations: a tile (a
+                     transposing copy reads its tile contiguously, then writes the output from L1).
   PADTO(axis, amt)   round output loop `axis` up to a multiple of `amt`: the extra iterations compute garbage that
                      is never stored (every memory access that varies with the loop is gated by `index < size`), so
                      the loop can be vectorized and tiled whatever its size (1023 columns become 64 vectors of 16).
@@ -227,7 +228,8 @@ class Kernel:
         if any(u.op is Ops.STORE and u.src[0] is idx for u in self.ast.toposort()): raise KernelOptError("stored")
         outs = self.loops[:self.first_reduce]
         deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
-        if deps & set(outs[axis + 1:]): raise KernelOptError("the load varies inside the PACK loop")
+        tile = deps & set(outs[axis + 1:])
+        if any(range_kind(r) != "loop" for r in tile): raise KernelOptError("a PACK tile can't cover upcast lanes")
         # layout of the copy: its loops outermost (in the order of their strides in memory), then the upcast lanes
         # with the innermost split (the vector lanes) last, so the copy is contiguous along the vector lanes even
         # when the buffer isn't (a transposed matrix gets transposed by the copy)
@@ -236,7 +238,7 @@ class Kernel:
             if r in self.expanded: return (1, -self.expanded.index(r))
             return (0, -(strides[r] if strides[r] is not None else 1 << 62))
         inner = sorted(deps - set(outs[:axis + 1]), key=layout)
-        packed = {r.arg[0] for r in deps & set(outs[:axis + 1])}
+        packed = {r.arg[0] for r in deps & set(outs[:axis + 1]) | tile}
         sizes = [range_size(r) for r in inner]
         if not inner or not all(isinstance(s, int) for s in sizes): raise KernelOptError("nothing to PACK")
         n = math.prod(sizes)
@@ -249,7 +251,8 @@ class Kernel:
             else None
         elem = to if to is not None else idx.dtype.base
         if n * elem.itemsize > self.MAX_LOCAL_BYTES: raise KernelOptError(f"PACK of {n} elements is too big")
-        # the copy loops over fresh ranges where the load has loops; upcast lanes stay (they expand the same way)
+        # the copy loops over fresh ranges where the load has loops (a tile's output loops too); upcast lanes stay
+        # (they expand the same way)
         fresh = {}
         for r in inner:
             if range_kind(r) in ("reduce", "loop"):

@@ -1,0 +1,67 @@
+"""Transposing copies run in tiles copied through L1 (a PACK of the strided load): results against numpy, and the
+kernel's structure (which shapes are tiled, which aren't)."""
+import numpy as np
+import pytest
+from fusegrad import Tensor, dtypes
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import OptOps
+from fusegrad.device import Device
+from fusegrad.dtype import to_np_dtype
+from fusegrad.uop.ops import Ops
+
+RS = np.random.RandomState(7)
+
+def kernel_of(t: Tensor):
+    """The compiled program of the last kernel that computes `t` (which then points at buffers nothing has filled)."""
+    (si,) = [si for si in t.schedule() if si.ast.op is Ops.SINK][-1:]
+    return get_program(si.ast, Device["CPU"].renderer)
+
+def values(shape: tuple[int, ...], dt) -> np.ndarray:
+    if dt == dtypes.bool: return RS.rand(*shape) > 0.5
+    if dtypes.is_float(dt): return RS.randn(*shape).astype(to_np_dtype(dt))
+    return RS.randint(-100, 100, shape).astype(to_np_dtype(dt))
+
+@pytest.mark.parametrize("shape,perm", [
+    ((64, 64), (1, 0)), ((96, 160), (1, 0)), ((256, 64), (1, 0)),
+    ((3, 64, 96), (0, 2, 1)),          # a batch of transposes
+    ((2, 64, 3, 96), (0, 3, 2, 1)),    # a loop between the two transposed ones
+    ((64, 5, 96), (2, 1, 0)),
+    ((2, 12, 128, 64), (0, 1, 3, 2)),  # attention's k.transpose(-1, -2)
+])
+def test_transposed_copy(shape, perm):
+    x = values(shape, dtypes.float32)
+    np.testing.assert_array_equal(Tensor(x).permute(perm).contiguous().numpy(), x.transpose(perm))
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float64, dtypes.int8, dtypes.uint16,
+                                dtypes.int64, dtypes.bool])
+def test_transposed_copy_dtypes(dt):
+    x = values((96, 64), dt if dt != dtypes.bfloat16 else dtypes.float32)
+    t = Tensor(x).cast(dt) if dt == dtypes.bfloat16 else Tensor(x)
+    got = t.T.contiguous()
+    ref = x.T if dt != dtypes.bfloat16 else Tensor(x).cast(dt).float().numpy().T
+    np.testing.assert_array_equal(got.float().numpy() if dt == dtypes.bfloat16 else got.numpy(), ref)
+
+def test_transpose_fused_with_elementwise():
+    # a transposed operand next to a contiguous one, with a cast: only the transposed load goes through the tile
+    a, b = values((128, 96), dtypes.float16), values((96, 128), dtypes.float32)
+    got = (Tensor(a).T.float() * 2 + Tensor(b)).numpy()
+    np.testing.assert_allclose(got, a.T.astype(np.float32) * 2 + b, rtol=1e-6)
+
+def test_transpose_of_uneven_sizes_is_still_right():
+    # sizes that 32 doesn't divide keep the plain loop
+    x = values((100, 70), dtypes.float32)
+    assert OptOps.PACK not in {o.op for o in kernel_of(Tensor(x).T.contiguous()).applied_opts}
+    np.testing.assert_array_equal(Tensor(x).T.contiguous().numpy(), x.T)
+
+def test_big_transpose_is_tiled_through_a_local_copy():
+    t = Tensor(values((256, 128), dtypes.float32)).realize().T.contiguous()
+    p = kernel_of(t)
+    assert OptOps.PACK in {o.op for o in p.applied_opts}, p.applied_opts
+    local = [u for u in p.uops if u.op is Ops.DEFINE_LOCAL]
+    assert len(local) == 1 and local[0].dtype.size == 32 * 32, "one 32x32 tile"
+
+def test_small_or_contiguous_copies_are_not_tiled():
+    # a slice of 32 columns fits L1 whole; a contiguous copy reads nothing strided
+    for t in (Tensor(values((32, 256), dtypes.float32)).realize().T.contiguous(),
+              (Tensor(values((256, 256), dtypes.float32)).realize() + 1)):
+        assert OptOps.PACK not in {o.op for o in kernel_of(t).applied_opts}
