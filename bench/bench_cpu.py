@@ -6,11 +6,11 @@ Run: .venv/bin/python bench/bench_cpu.py  [--quick] [--only NAME]
   --only NAME  run only the cases whose name contains NAME (case-insensitive; repeatable)
 
 Cases: float32 matmuls (square, odd sizes and the MLP's first layer), a float16 matmul (against torch float16 and
-float32), the fused elementwise max(a*b+c, 0) on 2^24 floats, row sums, the full sum, softmax and layernorm of a
-4096x4096 float32 matrix, a 3x3 conv2d (forward, and forward plus input and weight gradients), ResNet-18 forward
-(batch 8, 224px, TinyJit against torch eval mode under no_grad), the 784-512-10 MLP Adam step at batch 128 (eager and
-TinyJit; the step code is bench_train.py's) and the 200-op mixed graph of bench_core.py (its first run in a fresh
-process with an empty compile cache, then warm in this process).
+float32), the fused elementwise max(a*b+c, 0) on 2^24 floats, a transposing copy of a 1024x4096 matrix, row sums,
+the full sum, softmax and layernorm of a 4096x4096 float32 matrix, a 3x3 conv2d (forward, and forward plus input
+and weight gradients), ResNet-18 forward (batch 8, 224px, TinyJit against torch eval mode under no_grad), the
+784-512-10 MLP Adam step at batch 128 (eager and TinyJit; the step code is bench_train.py's) and the 200-op mixed
+graph of bench_core.py (its first run in a fresh process with an empty compile cache, then warm in this process).
 
 The "C" rows are plain C loops (bench/bench_cpu_ref.c) compiled at start with gcc -O3 -march=native
 -mprefer-vector-width=512 -fopenmp into a shared library and called through ctypes on the same numpy arrays, writing
@@ -136,7 +136,8 @@ def load_c_reference() -> tuple[ctypes.CDLL | None, str]:
         return None, f"can't build {src}: {type(e).__name__}: {e}"
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
     for name, args in (("ref_matmul", [p, p, p, i64, i64, i64, i32]), ("ref_fma_relu", [p, p, p, p, i64, i32]),
-                       ("ref_rowsum", [p, p, i64, i64, i32]), ("ref_sum", [p, i64, i32]),
+                       ("ref_transpose", [p, p, i64, i64, i32]), ("ref_rowsum", [p, p, i64, i64, i32]),
+                       ("ref_sum", [p, i64, i32]),
                        ("ref_softmax", [p, p, i64, i64, i32]), ("ref_layernorm", [p, p, i64, i64, f32, i32])):
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_double if name == "ref_sum" else None
@@ -198,6 +199,16 @@ _MATRIX: dict[int, np.ndarray] = {}
 def matrix(n: int = 4096) -> np.ndarray:
     if n not in _MATRIX: _MATRIX[n] = np.random.default_rng(2).standard_normal((n, n), dtype=np.float32)
     return _MATRIX[n]
+
+def case_transpose(rows: int = 1024, cols: int = 4096) -> Case:
+    x = np.random.default_rng(3).standard_normal((rows, cols), dtype=np.float32)
+    fx, tx, out = realized(x), torch.from_numpy(x), np.empty((cols, rows), np.float32)
+    def c_transpose(lib):
+        lib.ref_transpose(ptr(x), ptr(out), rows, cols, C_THREADS)
+        return out
+    impls = [Impl("fusegrad", lambda: done(fx.T.contiguous())), Impl("torch", lambda: tx.T.contiguous()),
+             Impl("numpy", lambda: np.ascontiguousarray(x.T)), *c_impl(c_transpose)]
+    return Case(f"x.T.contiguous() {rows}x{cols} f32", impls, against(x.T, 0, 0), "GB/s", 2 * 4.0 * rows * cols)
 
 def case_rowsum(n: int = 4096) -> Case:
     x = matrix(n)
@@ -392,6 +403,7 @@ CASES: list[tuple[str, Callable[[], Case]]] = [
     ("matmul 128x784 @ 784x512 f32", lambda: case_matmul(128, 784, 512)),
     ("matmul 1024^3 f16", case_matmul_half),
     ("(a*b+c).relu() 2^24 f32", case_elementwise),
+    ("x.T.contiguous() 1024x4096 f32", case_transpose),
     ("x.sum(1) 4096x4096 f32", case_rowsum),
     ("x.sum() 4096x4096 f32", case_sum),
     ("x.softmax(-1) 4096x4096 f32", case_softmax),

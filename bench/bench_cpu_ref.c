@@ -70,6 +70,16 @@ void ref_fma_relu(const float *restrict a, const float *restrict b, const float 
   }
 }
 
+/* *** out = in transposed (in: rows x cols), in 32x32 blocks so both sides read and write whole cache lines *** */
+
+void ref_transpose(const float *restrict in, float *restrict out, long rows, long cols, int nthreads) {
+  #pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (long c0 = 0; c0 < cols; c0 += 32)
+    for (long r0 = 0; r0 < rows; r0 += 32)
+      for (long c = c0; c < c0 + 32 && c < cols; c++)
+        for (long r = r0; r < r0 + 32 && r < rows; r++) out[c * rows + r] = in[r * cols + c];
+}
+
 /* *** sums *** */
 
 static float row_sum(const float *restrict row, long cols) {
