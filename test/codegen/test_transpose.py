@@ -65,3 +65,12 @@ def test_small_or_contiguous_copies_are_not_tiled():
     for t in (Tensor(values((32, 256), dtypes.float32)).realize().T.contiguous(),
               (Tensor(values((256, 256), dtypes.float32)).realize() + 1)):
         assert OptOps.PACK not in {o.op for o in kernel_of(t).applied_opts}
+
+def test_transpose_of_views():
+    # gated loads (padding), offsets (a slice) and reversed strides (flip) go through the tile copy as they are
+    x = values((96, 128), dtypes.float32)
+    t = Tensor(x)
+    for got, ref in ((t.pad(((16, 16), (0, 0))).T, np.pad(x, ((16, 16), (0, 0))).T),
+                     (t.T.pad(((0, 0), (16, 16))), np.pad(x.T, ((0, 0), (16, 16)))),
+                     (t[:64, 32:].T, x[:64, 32:].T), (t.flip(0).T, x[::-1].T), (t.flip(1).T * 2, x[:, ::-1].T * 2)):
+        np.testing.assert_array_equal(got.contiguous().numpy(), ref)
