@@ -46,6 +46,9 @@ def test_transpose_fused_with_elementwise():
     a, b = values((128, 96), dtypes.float16), values((96, 128), dtypes.float32)
     got = (Tensor(a).T.float() * 2 + Tensor(b)).numpy()
     np.testing.assert_allclose(got, a.T.astype(np.float32) * 2 + b, rtol=1e-6)
+    # one buffer read both ways (the tile copy can't take it: the plain loop stays)
+    c = values((96, 96), dtypes.float32)
+    np.testing.assert_array_equal((Tensor(c) + Tensor(c).T).numpy(), c + c.T)
 
 def test_transpose_of_uneven_sizes_is_still_right():
     # sizes that 32 doesn't divide keep the plain loop

@@ -258,6 +258,8 @@ def _tile_transpose(k: Kernel) -> bool:
     if j is None: return False
     for idx, is_store in k.accesses():
         if is_store or coeff(idx.src[1], j) in (0, 1): continue
+        # (the tile copy is what makes the tiles pay, and it can only copy a buffer the kernel reads in one place)
+        if sum(1 for other, _ in k.accesses() if other.src[0] is idx.src[0]) > 1: continue
         i = next((r for r in outs if r is not j and coeff(idx.src[1], r) == 1), None)
         if i is None: continue
         sizes = (range_size(i), range_size(j))
@@ -268,7 +270,6 @@ def _tile_transpose(k: Kernel) -> bool:
         k.apply_opt(Opt(OptOps.SPLIT, ai, sizes[0] // t))
         k.apply_opt(Opt(OptOps.SPLIT, aj := k.loops.index(j), sizes[1] // t))
         k.apply_opt(Opt(OptOps.SWAP, ai + 1, aj))
-        try: k.apply_opt(Opt(OptOps.PACK, len(k.loops) - 3, idx.src[0].arg))
-        except KernelOptError: pass
+        k.apply_opt(Opt(OptOps.PACK, len(k.loops) - 3, idx.src[0].arg))
         return True
     return False
