@@ -228,8 +228,7 @@ class Kernel:
         if any(u.op is Ops.STORE and u.src[0] is idx for u in self.ast.toposort()): raise KernelOptError("stored")
         outs = self.loops[:self.first_reduce]
         deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
-        tile = deps & set(outs[axis + 1:])
-        if any(range_kind(r) != "loop" for r in tile): raise KernelOptError("a PACK tile can't cover upcast lanes")
+        tile = deps & set(outs[axis + 1:])  # (output loops are plain loops: upcast lanes aren't among them)
         # layout of the copy: its loops outermost (in the order of their strides in memory), then the upcast lanes
         # with the innermost split (the vector lanes) last, so the copy is contiguous along the vector lanes even
         # when the buffer isn't (a transposed matrix gets transposed by the copy)

@@ -252,14 +252,15 @@ def _tile_transpose(k: Kernel) -> bool:
     out from there: both sides of the copy then touch whole cache lines, and power-of-two strides stop evicting
     each other (1024x4096 float32 transposed: 19 -> 1.2 ms). Returns whether it applied."""
     t = TRANSPOSE_TILE
-    stores = [idx for idx, is_store in k.accesses() if is_store]
+    accesses = k.accesses()
+    stores = [idx for idx, is_store in accesses if is_store]
     outs = k.loops[:k.first_reduce]
     j = next((r for r in reversed(outs) if all(coeff(idx.src[1], r) == 1 for idx in stores)), None)
     if j is None: return False
-    for idx, is_store in k.accesses():
+    for idx, is_store in accesses:
         if is_store or coeff(idx.src[1], j) in (0, 1): continue
         # (the tile copy is what makes the tiles pay, and it can only copy a buffer the kernel reads in one place)
-        if sum(1 for other, _ in k.accesses() if other.src[0] is idx.src[0]) > 1: continue
+        if sum(1 for other, _ in accesses if other.src[0] is idx.src[0]) > 1: continue
         i = next((r for r in outs if r is not j and coeff(idx.src[1], r) == 1), None)
         if i is None: continue
         sizes = (range_size(i), range_size(j))
