@@ -22,9 +22,9 @@ the process starts with an empty fusegrad disk cache) and twice more (TinyJit ca
 output is checked once against a float64 NumPy or a torch reference; an implementation that fails the check is reported
 WRONG and not timed. Then each implementation runs in blocks of repetitions, alternating whole blocks (fusegrad, torch,
 numpy, C, fusegrad, torch, ...; never call by call, since a BLAS's idle threads spin after each call and would land in
-the next call's time); a case whose blocks take over 30 s stops after 3 rounds. fusegrad runs realize a fresh lazy graph
-over inputs realized beforehand (graph building and schedule-cache lookups are included, as a user pays them) and
-synchronize the device.
+the next call's time), each block after a 0.2 s pause in which the previous block's idle threads stop spinning; a case
+whose blocks take over 30 s stops after 3 rounds. fusegrad runs realize a fresh lazy graph over inputs realized
+beforehand (graph building and schedule-cache lookups are included, as a user pays them) and synchronize the device.
 
 Columns:
   first ms     the first run, with empty caches
@@ -71,6 +71,9 @@ import resnet  # noqa: E402
 C_THREADS = 2
 C_FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared"]
 MAX_BLOCKS_S = 30.0
+# a pause before each timed block: OpenBLAS's idle threads spin (with sched_yield) for about 0.1 s after a call and
+# an OpenMP runtime's for a while too; without it they take a core from the first ~100 ms of the next block
+SETTLE_S = 0.2
 
 @dataclass
 class Impl:
@@ -461,6 +464,7 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
         # a case whose runs take seconds (ResNet when fusegrad is slow) stops after 3 rounds
         if i >= 3 and time.perf_counter() - t_blocks > MAX_BLOCKS_S: break
         for impl in live:
+            time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             for _ in range(reps[impl.name]): impl.fn()
             impl.blocks.append((time.perf_counter() - t0) / reps[impl.name])
