@@ -19,7 +19,9 @@ An optimization never changes what a kernel computes, only how its loops are sha
   KBLOCK(axis, amt)  block a reduce loop through the output buffer: the loop runs `amt` at a time in registers and
                      an outer loop over the blocks (placed right inside the outermost output loop) adds each block's
                      result to the output, so the data one block reads stays in cache while all output tiles use it.
-                     Only for a single STORE of a REDUCE whose dtype is the output's, to a buffer not read otherwise.
+                     Only for a single STORE of a value holding one REDUCE (whose dtype is the output's) and no other
+                     reduction, to a buffer not read otherwise; what the value computes from the REDUCE (an
+                     epilogue: bias, batch norm, relu) is applied by the last block.
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
 
 Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores), "loop", "reduce",
@@ -193,27 +195,44 @@ class Kernel:
         self.loops[axis] = padded
         self.useful *= size / range_size(padded)
 
+    def kblock_reduce(self, axis: int) -> UOp:
+        """The REDUCE that KBLOCK of reduce loop `axis` would block, or KernelOptError saying why it can't."""
+        r = self.loops[axis]
+        if range_kind(r) != "reduce": raise KernelOptError("KBLOCK needs a reduce loop")
+        if len(self.ast.src) != 1: raise KernelOptError("KBLOCK needs a single STORE")
+        idx, value = self.ast.src[0].src[:2]
+        reds = [u for u in value.toposort() if u.op is Ops.REDUCE]
+        over = [u for u in reds if r in u.src[1:]]
+        if len(over) != 1 or over[0].dtype != idx.src[0].dtype.base or over[0].arg not in (Ops.ADD, Ops.MAX, Ops.MUL):
+            raise KernelOptError("KBLOCK needs the stored value to hold one REDUCE over the axis, in the output dtype")
+        # (an epilogue is computed for every block: another reduction in it would be computed that many times)
+        if any(u is not over[0] and u not in over[0].toposort() for u in reds):
+            raise KernelOptError("KBLOCK needs a stored value without other reductions")
+        if any(u.op is Ops.INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()) or \
+                any(u.op is Ops.LOAD and u.src[0] is idx for u in value.toposort()):
+            raise KernelOptError("KBLOCK can't accumulate into a buffer the kernel also reads")
+        if not self.first_reduce: raise KernelOptError("KBLOCK needs an output loop to place the block loop in")
+        return over[0]
+
     def _kblock(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
         size = range_size(r)
         if range_kind(r) != "reduce" or not isinstance(size, int) or amt <= 0 or size % amt or amt >= size:
             raise KernelOptError(f"KBLOCK needs a reduce loop with a proper divisor, not {amt} of {size}")
-        if len(self.ast.src) != 1: raise KernelOptError("KBLOCK needs a single STORE")
+        red = self.kblock_reduce(axis)
         st = self.ast.src[0]
-        idx, red = st.src[0], st.src[1]
-        if red.op is not Ops.REDUCE or r not in red.src[1:] or red.dtype != idx.src[0].dtype.base or \
-                red.arg not in (Ops.ADD, Ops.MAX, Ops.MUL):
-            raise KernelOptError("KBLOCK needs the stored value to be a REDUCE over the axis, in the output dtype")
-        if any(u.op is Ops.INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()):
-            raise KernelOptError("KBLOCK can't accumulate into a buffer the kernel also reads")
-        if not self.first_reduce: raise KernelOptError("KBLOCK needs an output loop to place the block loop in")
+        idx, value = st.src[:2]
         from fusegrad.codegen.lower import identity_element
         blk = UOp.range(size // amt, self.next_id, "loop"); self.next_id += 1
         inner = UOp.range(amt, r.arg[0], "reduce")
         rngs = tuple(inner if x is r else x for x in red.src[1:])
         part = UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({r: blk * amt + inner}), *rngs), red.arg)
         prev = (blk < 1).where(identity_element(red.arg, red.dtype), idx.load())
-        self.ast = UOp.sink_of(st.replace(src=(idx, part.alu(red.arg, prev))))
+        acc = part.alu(red.arg, prev)
+        # an epilogue after the reduction (a convolution's batch norm and relu) is applied by the last block only:
+        # the blocks before it store the bare partial result
+        stored = acc if value is red else (blk < size // amt - 1).where(acc, value.substitute({red: acc}))
+        self.ast = UOp.sink_of(st.replace(src=(idx, stored) + st.src[2:]))
         self.loops[axis] = inner
         self.loops.insert(1, blk)
 
