@@ -1,0 +1,135 @@
+"""Convolutions over small images as implicit matmuls along their output channels, KBLOCK with an epilogue, and the
+scheduler giving a long contraction a kernel of its own. Values are checked against torch and numpy."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from fusegrad import Device, GlobalCounters, Tensor
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import UOp
+from test.codegen.helpers import RENDERER, glob, reduce, rng, run
+
+RS = np.random.RandomState(7)
+
+def _kernels(t: Tensor) -> list:
+    """The kernels that compute t (scheduling replaces t's graph by buffers it doesn't compute: use a fresh graph
+    for t's values)."""
+    return [si for si in t.schedule() if si.ast.op.name == "SINK"]
+
+def _opts(si) -> tuple[Opt, ...]:
+    return get_program(si.ast, Device["CPU"].renderer).applied_opts
+
+# *** KBLOCK with an epilogue ***
+
+def _matmul_epilogue_ast(M: int, N: int, K: int):
+    """relu(a @ b * scale[n] + c[m, n]): a reduction and an epilogue reading two more buffers."""
+    f32 = dtypes.float32
+    out, a, b, scale, c = glob(0, f32, M * N), glob(1, f32, M * K), glob(2, f32, K * N), glob(3, f32, N), \
+        glob(4, f32, M * N)
+    r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
+    acc = reduce(a.index(r0 * K + r2).load() * b.index(r2 * N + r1).load(), r2)
+    val = acc * scale.index(r1).load() + c.index(r0 * N + r1).load()
+    return UOp.sink_of(out.index(r0 * N + r1).store(val.maximum(val.const_like(0.0))))
+
+@pytest.mark.parametrize("blk", [16, 64])
+def test_kblock_applies_the_epilogue_once(blk):
+    # the blocks add partial sums through the output; only the last one scales, adds and clamps: the epilogue
+    # applied to a partial sum, or twice, would give other values
+    M, N, K = 8, 32, 128
+    a, b = RS.randn(M, K).astype(np.float32), RS.randn(K, N).astype(np.float32)
+    scale, c = RS.randn(N).astype(np.float32), RS.randn(M, N).astype(np.float32)
+    out = np.full((M, N), np.nan, np.float32)
+    p = run(_matmul_epilogue_ast(M, N, K), [out, a, b, scale, c], opts=[Opt(OptOps.KBLOCK, 2, blk)])
+    assert OptOps.KBLOCK in {o.op for o in p.applied_opts}
+    np.testing.assert_allclose(out, np.maximum((a.astype(np.float64) @ b) * scale + c, 0), rtol=1e-4, atol=1e-4)
+
+def test_kblock_refuses_an_epilogue_with_another_reduction():
+    # a second reduction in the epilogue would be computed again by every block
+    f32 = dtypes.float32
+    out, a, b = glob(0, f32, 4), glob(1, f32, 4 * 64), glob(2, f32, 4 * 8)
+    r0, r1, r2 = rng(4, 0), rng(64, 1, "reduce"), rng(8, 2, "reduce")
+    val = reduce(a.index(r0 * 64 + r1).load(), r1) + reduce(b.index(r0 * 8 + r2).load(), r2)
+    k = Kernel(UOp.sink_of(out.index(r0).store(val)), RENDERER)
+    with pytest.raises(KernelOptError, match="other reductions"): k.apply_opt(Opt(OptOps.KBLOCK, 1, 16))
+
+def test_linear_layer_blocks_its_reduction():
+    # a long matmul with a bias and relu after it is blocked through the output like a bare one
+    x, w, bias = Tensor(RS.randn(64, 1024).astype(np.float32)), Tensor(RS.randn(256, 1024).astype(np.float32)), \
+        Tensor(RS.randn(256).astype(np.float32))
+    (si,) = _kernels(x.linear(w.T, bias).relu())
+    assert OptOps.KBLOCK in {o.op for o in _opts(si)}
+    want = np.maximum(x.numpy().astype(np.float64) @ w.numpy().T + bias.numpy(), 0)
+    np.testing.assert_allclose(x.linear(w.T, bias).relu().numpy(), want, rtol=1e-4, atol=1e-3)
+
+# *** convolutions along their output channels ***
+
+def _torch(x: Tensor) -> torch.Tensor: return torch.tensor(x.numpy())
+
+@pytest.mark.parametrize("hw,cin,cout", [(7, 64, 64), (14, 48, 32), (5, 64, 48)])
+def test_small_image_conv_is_vectorized_along_channels(hw, cin, cout):
+    # image rows of 7, 14 or 5 pixels would fill padded or narrow vectors: the output channels are the vector, the
+    # weights are packed per block of input channels, and the reduction is blocked through the output
+    x = Tensor(RS.randn(2, cin, hw, hw).astype(np.float32))
+    w = Tensor(RS.randn(cout, cin, 3, 3).astype(np.float32))
+    (si,) = _kernels(x.conv2d(w, padding=1))
+    opts = _opts(si)
+    ops = [o.op for o in opts]
+    assert opts[0] == Opt(OptOps.UPCAST, 1, 16), opts   # the channel axis, 16 float32 lanes
+    assert OptOps.KBLOCK in ops and OptOps.PACK in ops and OptOps.UNROLL not in ops, opts
+    np.testing.assert_allclose(x.conv2d(w, padding=1).numpy(), F.conv2d(_torch(x), _torch(w), padding=1).numpy(),
+                               rtol=1e-4, atol=1e-3)
+
+def test_conv_with_batch_norm_and_residual_epilogue():
+    # a residual block's second convolution: scale and shift per channel, the block's input added, relu; all in the
+    # convolution's kernel, applied by its last block
+    x = Tensor(RS.randn(2, 64, 7, 7).astype(np.float32))
+    w = Tensor(RS.randn(64, 64, 3, 3).astype(np.float32))
+    s, t = Tensor(RS.randn(1, 64, 1, 1).astype(np.float32)), Tensor(RS.randn(1, 64, 1, 1).astype(np.float32))
+    def block() -> Tensor: return (x.conv2d(w, padding=1) * s + t + x).relu()
+    (si,) = _kernels(block())
+    assert OptOps.KBLOCK in {o.op for o in _opts(si)}
+    want = torch.relu(F.conv2d(_torch(x), _torch(w), padding=1) * _torch(s) + _torch(t) + _torch(x))
+    np.testing.assert_allclose(block().numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
+
+def test_few_channels_stay_on_the_image_rows():
+    # 16 output channels are a single vector, no register tile of two: the image row stays the vector axis
+    x, w = Tensor(RS.randn(2, 16, 7, 7).astype(np.float32)), Tensor(RS.randn(16, 16, 3, 3).astype(np.float32))
+    (si,) = _kernels(x.conv2d(w, padding=1))
+    assert OptOps.UNROLL in {o.op for o in _opts(si)}   # the window, unrolled along the image row
+    np.testing.assert_allclose(x.conv2d(w, padding=1).numpy(), F.conv2d(_torch(x), _torch(w), padding=1).numpy(),
+                               rtol=1e-4, atol=1e-3)
+
+def test_wide_rows_go_to_the_cores_by_batch():
+    # 56-pixel rows: a core's half of a row would be two cache lines, and the rows aren't line-aligned; the batch is
+    # split across the cores, not the row
+    x, w = Tensor(RS.randn(2, 64, 56, 56).astype(np.float32)), Tensor(RS.randn(64, 64, 3, 3).astype(np.float32))
+    (si,) = _kernels(x.conv2d(w, padding=1))
+    assert OptOps.SWAP not in {o.op for o in _opts(si)}
+    np.testing.assert_allclose(x.conv2d(w, padding=1).numpy(), F.conv2d(_torch(x), _torch(w), padding=1).numpy(),
+                               rtol=1e-4, atol=1e-3)
+
+# *** one long contraction per kernel ***
+
+def test_downsample_beside_a_long_convolution_gets_its_own_kernel():
+    # a residual block with a 1x1 downsample: the 3x3 convolution (576 products per output) keeps its kernel to
+    # itself, with the downsample's result read in its epilogue
+    x = Tensor(RS.randn(2, 64, 7, 7).astype(np.float32))
+    w, wd = Tensor(RS.randn(64, 64, 3, 3).astype(np.float32)), Tensor(RS.randn(64, 64, 1, 1).astype(np.float32))
+    def block() -> Tensor: return (x.conv2d(w, padding=1) + x.conv2d(wd)).relu()
+    assert len(_kernels(block())) == 2
+    x.realize(), w.realize(), wd.realize()
+    GlobalCounters.reset()
+    got = block().numpy()
+    assert GlobalCounters.kernel_count == 2
+    want = torch.relu(F.conv2d(_torch(x), _torch(w), padding=1) + F.conv2d(_torch(x), _torch(wd)))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-3)
+
+def test_short_contractions_share_a_kernel():
+    # an LSTM cell's two small products (x @ W_ih + h @ W_hh) stay in one kernel
+    x, h = Tensor(RS.randn(4, 8).astype(np.float32)), Tensor(RS.randn(4, 16).astype(np.float32))
+    wi, wh = Tensor(RS.randn(8, 32).astype(np.float32)), Tensor(RS.randn(16, 32).astype(np.float32))
+    assert len(_kernels((x @ wi + h @ wh).tanh())) == 1
+    want = np.tanh(x.numpy() @ wi.numpy() + h.numpy() @ wh.numpy())
+    np.testing.assert_allclose((x @ wi + h @ wh).tanh().numpy(), want, rtol=1e-5, atol=1e-5)
