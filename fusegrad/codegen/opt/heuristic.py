@@ -230,13 +230,16 @@ def _blockable(k: Kernel) -> bool:
     return True
 
 def _sliding_windows(k: Kernel, along: UOp | None = None) -> list[UOp]:
-    """A convolution's window loops: reduce loops that move the index of a load just as an output loop does (as in
-    oh + kh). With `along`, only those of the loads that vary along that loop."""
+    """A convolution's window loops: small reduce loops (kernels up to 11 wide) that move the index of a load as an
+    output loop does, or a stride of up to 4 times less (as in oh * stride + kh). With `along`, only those of the
+    loads that vary along that loop."""
     outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
     loads = [idx for idx, is_store in k.accesses() if not is_store and
              (along is None or coeff(idx.src[1], along) not in (0, None))]
-    return [r for r in reds if any((c := coeff(idx.src[1], r)) not in (0, None) and
-                                   any(coeff(idx.src[1], o) == c for o in outs) for idx in loads)]
+    def slides(idx: UOp, r: UOp) -> bool:
+        c = coeff(idx.src[1], r)
+        return c not in (0, None) and any(coeff(idx.src[1], o) in (c, 2 * c, 3 * c, 4 * c) for o in outs)
+    return [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 11 and any(slides(i, r) for i in loads)]
 
 def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: int, conv: bool = False) -> None:
     """Cache blocking of a register-tiled matmul-like kernel. The columns (the vectorized axis) go outermost, in one
