@@ -13,7 +13,7 @@ from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
 from fusegrad.schedule.merge import merge_kernels
 from fusegrad.schedule.simplify import sym_tensor
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, map_arg_uops
+from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, _arg_key, arg_uops, map_arg_uops
 from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
 from fusegrad.uop.symbolic import pm_simplify_indexing
 
@@ -314,6 +314,7 @@ def _symbolic_arg(u: UOp) -> bool:
 def bound_variables(topo: Iterable[UOp]) -> dict[UOp, UOp]:
     """BIND -> its Variable, for every bound Variable used by these nodes (as a value or in a symbolic shape)."""
     binds: dict[UOp, UOp] = {}
+    if not UOpMetaClass.binds_made: return binds
     for u in topo:
         if u.op is Ops.BIND: binds[u] = u.src[0]
         elif _symbolic_arg(u):
@@ -401,9 +402,10 @@ class CacheLookup:
     skey: tuple | None = None
     entry: _CacheEntry | None = None
 
-def schedule_cache_lookup(sink: UOp) -> CacheLookup:
-    """Look `sink`'s graph up in the schedule cache by its structure (see _structure_key)."""
-    topo = list(sink.toposort())
+def schedule_cache_lookup(sink: UOp, topo: Iterable[UOp] | None = None) -> CacheLookup:
+    """Look `sink`'s graph up in the schedule cache by its structure (see _structure_key). (`topo`: its toposort, if
+    the caller made it.)"""
+    topo = list(topo if topo is not None else sink.toposort())
     binds = bound_variables(topo)
     if binds: return CacheLookup(topo, binds)
     skey, sconsts = _structure_key(topo)

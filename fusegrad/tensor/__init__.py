@@ -257,12 +257,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self
 
     @staticmethod
-    def _readers_of_overwritten(*tensors: Tensor, lazy: list[Tensor] | None = None) -> tuple[Tensor, ...]:
+    def _readers_of_overwritten(*tensors: Tensor, lazy: list[Tensor] | None = None,
+                                topo: dict[UOp, None] | None = None) -> tuple[Tensor, ...]:
         """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
         schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
-        otherwise a loss computed before an optimizer step would be evaluated with the updated weights."""
-        sink = UOp.sink_of(*_shards(tensors))
-        targets = {u.src[0].base for u in sink.toposort() if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
+        otherwise a loss computed before an optimizer step would be evaluated with the updated weights. (`topo`: the
+        toposort of these tensors' graph, if the caller made it.)"""
+        if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
+        targets = {u.src[0].base for u in topo if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
         lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
@@ -285,10 +287,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         from fusegrad.engine.realize import ExecItem
         if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
         lazy = lazy_tensors()  # (no tensor is made below: one snapshot serves every pass)
-        tensors = (self,) + lst + Tensor._readers_of_overwritten(self, *lst, lazy=lazy)
+        graph = UOp.sink_of(*_shards((self,) + lst))
+        topo = graph.toposort()
+        if readers := Tensor._readers_of_overwritten(self, *lst, lazy=lazy, topo=topo):
+            graph = UOp.sink_of(*_shards((self,) + lst + readers))
+            topo = graph.toposort()
+        tensors = (self,) + lst + readers
         var_vals: dict[str, int] = {}
-        graph = UOp.sink_of(*_shards(tensors))
-        lookup = schedule_cache_lookup(graph)
+        lookup = schedule_cache_lookup(graph, topo)
         if lookup.entry is not None and lookup.entry.replay is not None:
             # this structure was scheduled before: its kernels and the realized nodes' buffers come from the plan
             schedule_cache_stats["hits"] += 1

@@ -114,7 +114,12 @@ def _arg_key(arg: Any) -> Any:
     """A cache key for a UOp arg that tells apart what `==` conflates: 0.0 vs -0.0, 1 vs True vs 1.0, and that finds
     nan again (a nan is != itself, so it could never be looked up by value)."""
     t = type(arg)
-    if t is tuple: return tuple([_arg_key(a) for a in arg])  # (faster than a generator: runs for every new node)
+    if t is tuple:
+        # (a tuple of plain ints, most shapes, is its own key: checked without a call per entry, as this runs for
+        # every new node)
+        for a in arg:
+            if type(a) is not int: return tuple([_arg_key(a) for a in arg])
+        return arg
     if t is bool: return (bool, arg)
     if t is float or isinstance(arg, float): return (float, struct.pack("<d", arg))  # numpy floats too
     return arg
@@ -124,6 +129,8 @@ class UOpMetaClass(type):
     `ucache` maps a key to a weak reference, so a UOp nothing else holds is freed; its __del__ drops the entry.
     (A plain dict of weakrefs is a lot faster than a WeakValueDictionary, whose methods are Python code.)"""
     ucache: dict[tuple, weakref.ReferenceType[UOp]] = {}
+    # whether a BIND was ever made in this process: until then no graph has a bound Variable to look for
+    binds_made = False
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
         if type(src) is not tuple: raise TypeError(f"src must be a tuple of UOps, got {type(src).__name__}")
         key = (op, dtype, src, _arg_key(arg))
@@ -131,6 +138,7 @@ class UOpMetaClass(type):
         except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if wr is not None and (ret := wr()) is not None: return ret
         ret = super().__call__(op, dtype, src, arg)
+        if op is Ops.BIND: UOpMetaClass.binds_made = True
         object.__setattr__(ret, "_ukey", key)
         UOpMetaClass.ucache[key] = weakref.ref(ret)
         return ret
@@ -142,7 +150,7 @@ sint = int  # a shape or index entry: an int, or a symbolic UOp (an expression o
 
 def ssimplify(x: Any) -> Any:
     """A shape entry in its simplest form: an int stays an int, a UOp folds to an int when it is constant."""
-    if not isinstance(x, UOp): return x
+    if type(x) is int or not isinstance(x, UOp): return x
     s = x.simplify()
     return s.arg if s.op is Ops.CONST else s
 
@@ -152,11 +160,12 @@ def is_symbolic(x: Any) -> bool:
 
 def sym_eq(a: Any, b: Any) -> bool:
     """Whether two shape entries are provably equal (for symbolic ones: their difference simplifies to 0)."""
-    if not isinstance(a, UOp) and not isinstance(b, UOp): return a == b
+    if (type(a) is int and type(b) is int) or (not isinstance(a, UOp) and not isinstance(b, UOp)): return a == b
     return a is b or ssimplify(a - b) == 0
 
 def sym_le(a: Any, b: Any) -> bool:
     """Whether a <= b may hold: False only where it provably fails (over every value of the Variables)."""
+    if type(a) is int and type(b) is int: return a <= b
     d = ssimplify(b - a)
     return d >= 0 if not isinstance(d, UOp) else d.vmax >= 0
 
