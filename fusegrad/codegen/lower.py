@@ -112,16 +112,23 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     best, best_score = None, 0
     stored = {u.src[0] for u in topo if u.op is Ops.STORE}
     reduces = any(u.op is Ops.REDUCE for u in topo)
+    # (a single reduction weighs its accesses by where they run and prefers wider vectors; several, as softmax, keep
+    # the plain count: their own reduce vector axes are chosen after this one)
+    single = sum(1 for u in topo if u.op is Ops.REDUCE) == 1
     for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
         score = 0
         for idx in (u for u in topo if u.op is Ops.INDEX):
-            if r not in idx.toposort(): continue
+            if r not in (deps := idx.toposort()): continue
             # contiguous: one vector access (behind a check that every lane is valid, if the mask varies with r);
             # a store per lane after a reduction costs little next to the reduction's loads
             contiguous = coeff(idx.src[1], r) == 1 and idx.src[0].dtype.base in vec_dts
-            score += 1 if contiguous else 0 if idx in stored and reduces else -1
+            # an access inside a reduction's loop runs far more often than one after it
+            inner = single and any(x.op is Ops.RANGE and range_kind(x) in ("reduce", "unroll") for x in deps)
+            score += (4 if inner else 1) * (1 if contiguous else 0 if idx in stored and reduces else -1)
+        # (with a reduction, the wider of two vector axes wins: an image row of 8 pixels loses to 16 channels)
+        if single: score *= sz
         if score > best_score: best, best_score = r, score
     return best
 
