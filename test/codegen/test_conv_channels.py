@@ -67,17 +67,20 @@ def test_linear_layer_blocks_its_reduction():
 
 def _torch(x: Tensor) -> torch.Tensor: return torch.tensor(x.numpy())
 
-@pytest.mark.parametrize("hw,cin,cout", [(7, 64, 64), (14, 48, 32), (5, 64, 48)])
+@pytest.mark.parametrize("hw,cin,cout", [(7, 64, 64), (14, 48, 32), (5, 64, 48), (8, 64, 32), (16, 48, 32)])
 def test_small_image_conv_is_vectorized_along_channels(hw, cin, cout):
-    # image rows of 7, 14 or 5 pixels would fill padded or narrow vectors: the output channels are the vector, the
+    # image rows of 5 to 16 pixels would fill padded or narrow vectors: the output channels are the vector, the
     # weights are packed per block of input channels, and the reduction is blocked through the output
     x = Tensor(RS.randn(2, cin, hw, hw).astype(np.float32))
     w = Tensor(RS.randn(cout, cin, 3, 3).astype(np.float32))
     (si,) = _kernels(x.conv2d(w, padding=1))
-    opts = _opts(si)
+    p = get_program(si.ast, Device["CPU"].renderer)
+    opts = p.applied_opts
     ops = [o.op for o in opts]
     assert opts[0] == Opt(OptOps.UPCAST, 1, 16), opts   # the channel axis, 16 float32 lanes
     assert OptOps.KBLOCK in ops and OptOps.PACK in ops and OptOps.UNROLL not in ops, opts
+    # ... and the lowering keeps them as the vector (an 8-pixel row tile is a power of two too)
+    assert {u.dtype.count for u in p.uops if u.op.name == "DEFINE_REG"} == {16}
     np.testing.assert_allclose(x.conv2d(w, padding=1).numpy(), F.conv2d(_torch(x), _torch(w), padding=1).numpy(),
                                rtol=1e-4, atol=1e-3)
 
