@@ -478,3 +478,14 @@ def test_conv_transpose_dtype_does_not_depend_on_the_stride():
                                  torch.tensor(b.numpy()).half().float(), stride=stride)
         assert out.dtype == dtypes.float16
         np.testing.assert_allclose(out.numpy().astype(np.float32), ref.numpy(), rtol=1e-2, atol=1e-2)
+
+@pytest.mark.parametrize("shape,k,s,d", [((2, 3, 9, 9), (3, 3), 1, 1), ((2, 3, 9, 9), (3, 3), 2, 1),
+                                         ((2, 3, 10, 11), (2, 2), 2, 1), ((1, 2, 13), (5,), 3, 2),
+                                         ((2, 3, 8, 8, 8), (3, 3, 3), 1, 1), ((2, 4, 6, 6), (3, 3), 3, 1)])
+def test_pool_views_match_checked_tensor_ops(shape, k, s, d, monkeypatch):
+    # _pool builds its chain of views as nodes directly: the graph is the very one the checked Tensor ops make
+    import fusegrad.tensor.nn as nn_module
+    x = Tensor(np.random.rand(*shape).astype(np.float32))
+    fast = x._pool(k, s, d).uop
+    monkeypatch.setattr(nn_module, "_Views", lambda t: t)
+    assert x._pool(k, s, d).uop is fast

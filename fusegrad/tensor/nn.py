@@ -141,6 +141,35 @@ def _check_reduction(reduction: str) -> None:
 def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     return loss if reduction == "none" else loss.sum() if reduction == "sum" else loss.mean()
 
+class _Views:
+    """Movement ops on a node with int sizes, made as Tensor's would make them (no node for a no-op, negative padding
+    crops) but without checking their arguments: for chains built from sizes already checked."""
+    __slots__ = ("uop",)
+    def __init__(self, x: Any): self.uop = x.uop
+    def _then(self, u: UOp) -> _Views:
+        out = object.__new__(_Views)
+        out.uop = u
+        return out
+    @property
+    def shape(self) -> tuple[int, ...]: return self.uop.shape
+    def reshape(self, shape: tuple[int, ...]) -> _Views:
+        return self if shape == self.shape else self._then(self.uop.reshape(shape))
+    def expand(self, shape: tuple[int, ...]) -> _Views:
+        return self if shape == self.shape else self._then(self.uop.expand(shape))
+    def shrink(self, arg: tuple[tuple[int, int], ...]) -> _Views:
+        if all(b == 0 and e == s for (b, e), s in zip(arg, self.shape)): return self
+        return self._then(self.uop.shrink(arg))
+    def pad(self, arg: tuple[tuple[int, int], ...]) -> _Views:
+        x = self
+        if any(b < 0 or e < 0 for b, e in arg):
+            x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
+            arg = tuple((max(b, 0), max(e, 0)) for b, e in arg)
+        return x if all(b == 0 and e == 0 for b, e in arg) else x._then(x.uop.pad(arg))
+    def permute(self, order: tuple[int, ...]) -> _Views: return self._then(self.uop.permute(order))
+
+def _tensor_of(x: Any) -> Tensor:
+    return x if isinstance(x, (T := _tensor_cls())) else T(x.uop)
+
 class NNMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
@@ -219,20 +248,23 @@ class NNMixin:
         if any(o <= 0 for o in o_):
             raise ValueError(f"window {k_} (dilation {d_}) is larger than the input's spatial size {i_}")
         keep = tuple((0, p) for p in pre)
+        # with int sizes the views below are valid by construction: they are made as nodes directly, without a
+        # checked tensor operation each (a convolution's graph took ~400 us to build, mostly here)
+        x = _Views(self) if all(type(v) is int for v in self.shape) else self
         if all(k <= s for k, s in zip(k_, s_)) and all(d == 1 for d in d_):
             # windows don't overlap: cut each dim into o blocks of s and keep the first k of each block
-            x = self.pad(tuple((0, 0) for _ in pre) + tuple((0, o * s - i) for o, s, i in zip(o_, s_, i_)))
+            x = x.pad(tuple((0, 0) for _ in pre) + tuple((0, o * s - i) for o, s, i in zip(o_, s_, i_)))
             x = x.reshape(pre + tuple(v for o, s in zip(o_, s_) for v in (o, s)))
             x = x.shrink(keep + tuple(v for o, k in zip(o_, k_) for v in ((0, o), (0, k))))
             ko = tuple(v for o, k in zip(o_, k_) for v in (o, k))
             x = x.reshape(pre + ko)
             npre = len(pre)
-            return x.permute(tuple(range(npre)) + tuple(npre + 2 * j for j in range(n)) +
-                             tuple(npre + 2 * j + 1 for j in range(n)))
+            return _tensor_of(x.permute(tuple(range(npre)) + tuple(npre + 2 * j for j in range(n)) +
+                                        tuple(npre + 2 * j + 1 for j in range(n))))
         # overlapping windows: repeat each dim e times and view the repeats as rows of length i+d, so row j starts
         # j*d further into the input; window o of row j is then column o*s
         e_ = tuple(math.ceil(k * (i + d) / i) for k, i, d in zip(k_, i_, d_))
-        x = self.reshape(pre + tuple(v for i in i_ for v in (1, i)))
+        x = x.reshape(pre + tuple(v for i in i_ for v in (1, i)))
         x = x.expand(pre + tuple(v for e, i in zip(e_, i_) for v in (e, i)))
         x = x.reshape(pre + tuple(e * i for e, i in zip(e_, i_)))
         x = x.shrink(keep + tuple((0, k * (i + d)) for k, i, d in zip(k_, i_, d_)))
@@ -243,8 +275,8 @@ class NNMixin:
         x = x.shrink(keep + tuple(v for k, o in zip(k_, o_) for v in ((0, k), (0, o), (0, 1))))
         x = x.reshape(pre + tuple(v for k, o in zip(k_, o_) for v in (k, o)))
         npre = len(pre)
-        return x.permute(tuple(range(npre)) + tuple(npre + 2 * j + 1 for j in range(n)) +
-                         tuple(npre + 2 * j for j in range(n)))
+        return _tensor_of(x.permute(tuple(range(npre)) + tuple(npre + 2 * j + 1 for j in range(n)) +
+                                    tuple(npre + 2 * j for j in range(n))))
 
     def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
         """Windows of `size` elements every `step` along `dim`, as a new last dim (torch.Tensor.unfold)."""
@@ -289,8 +321,9 @@ class NNMixin:
         flat = _flat_pads(padding, n)
         x = self.pad(flat)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]
+        x = _Views(x) if all(type(v) is int for v in x.shape) else x
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
-        x = x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n)))
+        x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
         if any(s > 1 for s in _int_tuple(stride, n, "stride")):
             # a strided convolution is vectorized along its output channels (along its output rows each vector would
             # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
