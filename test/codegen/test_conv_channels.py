@@ -136,3 +136,18 @@ def test_short_contractions_share_a_kernel():
     assert len(_kernels((x @ wi + h @ wh).tanh())) == 1
     want = np.tanh(x.numpy() @ wi.numpy() + h.numpy() @ wh.numpy())
     np.testing.assert_allclose((x @ wi + h @ wh).tanh().numpy(), want, rtol=1e-5, atol=1e-5)
+
+def test_pointwise_conv_on_small_images_goes_along_channels():
+    # a 1x1 convolution on 7x7 images: its packed weight block is reused by batch x image rows (28 row tiles)
+    x, w = Tensor(RS.randn(4, 64, 7, 7).astype(np.float32)), Tensor(RS.randn(64, 64, 1, 1).astype(np.float32))
+    (si,) = _kernels(x.conv2d(w))
+    opts = _opts(si)
+    assert opts[0] == Opt(OptOps.UPCAST, 1, 16) and OptOps.PACK in {o.op for o in opts}, opts
+    np.testing.assert_allclose(x.conv2d(w).numpy(), F.conv2d(_torch(x), _torch(w)).numpy(), rtol=1e-4, atol=1e-3)
+
+def test_narrow_matmul_keeps_its_columns_as_the_vector():
+    # 7 columns: along the rows the whole left operand would be packed for a single tile of 7 columns
+    a, b = Tensor(RS.randn(256, 512).astype(np.float32)), Tensor(RS.randn(512, 7).astype(np.float32))
+    (si,) = _kernels(a @ b)
+    assert next(o for o in _opts(si) if o.op is OptOps.UPCAST).axis == 1
+    np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
