@@ -151,3 +151,16 @@ def test_narrow_matmul_keeps_its_columns_as_the_vector():
     (si,) = _kernels(a @ b)
     assert next(o for o in _opts(si) if o.op is OptOps.UPCAST).axis == 1
     np.testing.assert_allclose((a @ b).numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
+
+def test_small_image_weight_gradient_goes_along_output_channels():
+    # the weight gradient of a 7x7 convolution: no vector fits the image rows, and of the full-width axes the output
+    # channels pack the output gradient once per tile (the input channels would gather the image: 12x slower)
+    x = Tensor(RS.randn(2, 64, 7, 7).astype(np.float32), requires_grad=True)
+    w = Tensor(RS.randn(64, 64, 3, 3).astype(np.float32), requires_grad=True)
+    g = Tensor(RS.randn(2, 64, 7, 7).astype(np.float32))
+    def weight_grad() -> Tensor: return (x.conv2d(w, padding=1) * g).sum().gradient(w)[0]
+    (si,) = _kernels(weight_grad())[-1:]
+    opts = _opts(si)
+    assert opts[0] == Opt(OptOps.UPCAST, 0, 16) and OptOps.PACK in {o.op for o in opts}, opts
+    want = torch.nn.grad.conv2d_weight(_torch(x), (64, 64, 3, 3), _torch(g), padding=1)
+    np.testing.assert_allclose(weight_grad().numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
