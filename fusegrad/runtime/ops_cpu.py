@@ -218,7 +218,10 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: _
 # threads without Python in between. Workers spin for about 10 us after a job (kernels of a step follow each other
 # within microseconds), then yield the core a while and sleep: spinning longer would take the core from other
 # processes (two test workers on two cores ran 2.5x slower with ~150 us of spinning). A dispatch costs a few
-# microseconds where the Python pool's costs tens.
+# microseconds where the Python pool's costs tens. The chunks of a job are claimed from a shared ticket (the job's
+# generation and the next chunk), and the calling thread claims whatever is left after its own: a worker the OS
+# doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
+# scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s).
 _C_POOL_SRC = r"""
 #include <pthread.h>
 #include <sched.h>
@@ -230,7 +233,8 @@ typedef void (*fg_entry)(void **, long, long);
 static pthread_mutex_t fg_run_mu = PTHREAD_MUTEX_INITIALIZER, fg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;
 static atomic_long fg_gen;
-static atomic_int fg_left;
+static atomic_ulong fg_ticket;   /* (generation << 32) | the next unclaimed chunk of the current job */
+static atomic_int fg_done;       /* chunks of the current job finished */
 static int fg_workers, fg_atfork;
 static long fg_start[FG_MAX_WORKERS + 1];
 static fg_entry fg_fn;
@@ -244,6 +248,21 @@ static inline void fg_relax(void) {
   __asm__ volatile("yield");
 #endif
 }
+/* claim and run chunks of job `gen` until none is left; returns how many this thread ran. A claim succeeds only
+   while the ticket still names that job, and the job can't end while a claimed chunk runs, so its function and
+   arguments stay valid */
+static int fg_claim(unsigned long gen) {
+  int ran = 0;
+  for (;;) {
+    unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
+    unsigned long i = t & 0xffffffffUL;
+    if ((t >> 32) != (gen & 0xffffffffUL) || i >= (unsigned long)fg_n) return ran;
+    if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
+      continue;
+    fg_fn(fg_args, fg_size * (long)i / fg_n, fg_size * (long)(i + 1) / fg_n);
+    ran++;
+  }
+}
 static void *fg_worker(void *arg) {
   long id = (long)arg, seen = fg_start[id];
   for (;;) {
@@ -255,8 +274,8 @@ static void *fg_worker(void *arg) {
       pthread_mutex_unlock(&fg_mu);
     }
     seen = atomic_load(&fg_gen);
-    if (id < fg_n) fg_fn(fg_args, fg_size * id / fg_n, fg_size * (id + 1) / fg_n);
-    atomic_fetch_sub_explicit(&fg_left, 1, memory_order_release);
+    int ran = fg_claim((unsigned long)seen);
+    if (ran) atomic_fetch_add_explicit(&fg_done, ran, memory_order_release);
   }
   return 0;
 }
@@ -281,13 +300,20 @@ int fg_pool_run(fg_entry fn, void **args, long size, int n) {
   }
   if (n > fg_workers + 1) n = fg_workers + 1;
   fg_fn = fn; fg_args = args; fg_size = size; fg_n = n;
-  atomic_store(&fg_left, fg_workers);
+  atomic_store_explicit(&fg_done, 0, memory_order_relaxed);
+  unsigned long gen = (unsigned long)atomic_load(&fg_gen) + 1;
+  /* chunk 0 is this thread's: the ticket starts at chunk 1, published before the generation the workers wait on */
+  atomic_store_explicit(&fg_ticket, ((gen & 0xffffffffUL) << 32) | 1, memory_order_release);
   pthread_mutex_lock(&fg_mu);
-  atomic_fetch_add_explicit(&fg_gen, 1, memory_order_release);
+  atomic_store_explicit(&fg_gen, (long)gen, memory_order_release);
   pthread_cond_broadcast(&fg_cv);
   pthread_mutex_unlock(&fg_mu);
   fn(args, 0, size / n);
-  while (atomic_load_explicit(&fg_left, memory_order_acquire) > 0) fg_relax();
+  int ran = 1 + fg_claim(gen);
+  atomic_fetch_add_explicit(&fg_done, ran, memory_order_release);
+  for (int spin = 0; atomic_load_explicit(&fg_done, memory_order_acquire) < n; spin++) {
+    if (spin < FG_SPIN) fg_relax(); else sched_yield();
+  }
   pthread_mutex_unlock(&fg_run_mu);
   return n;
 }

@@ -61,3 +61,29 @@ def test_forked_child_runs_threaded_kernels():
         p.kill()
         pytest.fail("a threaded kernel in a forked child hung")
     assert p.exitcode == 0 and q.get(timeout=5) == 1024 * 1024
+
+_MARK_SRC = r"""
+void fg_test_mark(void **args, long lo, long hi) {
+  int *hits = (int *)args[0];
+  for (long i = lo; i < hi; i++) __atomic_fetch_add(&hits[i], 1, __ATOMIC_RELAXED);
+}
+"""
+
+def test_every_chunk_runs_once_whoever_claims_it():
+    # the calling thread claims the chunks no worker took in time: each element of every job is still visited once,
+    # with the workers spinning, asleep, or held up by another pool's spinning threads (numpy's BLAS)
+    import ctypes
+    from fusegrad.device import Device
+    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(_MARK_SRC))
+    entry = ctypes.cast(lib.fg_test_mark, ctypes.c_void_p).value
+    pool = ops_cpu._c_pool()
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((256, 256)).astype(np.float32)
+    for job in range(300):
+        size, n = int(rng.integers(1, 64)), int(rng.integers(2, 8))
+        hits = (ctypes.c_int * size)()
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(hits))
+        if job % 50 == 25: time.sleep(0.01)  # the workers fall asleep
+        if job % 7 == 0: m @ m  # numpy's threads spin for a while after this
+        pool(entry, args, size, n)
+        assert list(hits) == [1] * size, (job, size, n, list(hits))
