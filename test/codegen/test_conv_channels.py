@@ -164,3 +164,16 @@ def test_small_image_weight_gradient_goes_along_output_channels():
     assert opts[0] == Opt(OptOps.UPCAST, 0, 16) and OptOps.PACK in {o.op for o in opts}, opts
     want = torch.nn.grad.conv2d_weight(_torch(x), (64, 64, 3, 3), _torch(g), padding=1)
     np.testing.assert_allclose(weight_grad().numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
+
+@pytest.mark.parametrize("hw", [2, 4])
+def test_tiny_image_conv_with_a_residual_buffer_goes_along_channels(hw):
+    # 2x2 and 4x4 images (ResNet-18's last blocks at 64px): no vector fits the rows, and the residual, read from its
+    # own buffer strided along the channels, is gathered once per output like the store, not a reason to stay scalar
+    x = Tensor(RS.randn(4, 64, hw, hw).astype(np.float32))
+    w = Tensor(RS.randn(64, 64, 3, 3).astype(np.float32))
+    r = Tensor(RS.randn(4, 64, hw, hw).astype(np.float32)).realize()
+    def block() -> Tensor: return (x.conv2d(w, padding=1) + r).relu()
+    (si,) = _kernels(block())
+    assert _opts(si)[0] == Opt(OptOps.UPCAST, 1, 16), _opts(si)
+    want = torch.relu(F.conv2d(_torch(x), _torch(w), padding=1) + _torch(r))
+    np.testing.assert_allclose(block().numpy(), want.numpy(), rtol=1e-4, atol=1e-3)

@@ -96,7 +96,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             def copy_loops(r: UOp) -> int:
                 return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in loads()
                             if coeff(idx.src[1], r) not in (0, 1)), default=0)
-            ok = [c for c in cands if c[1] == width and not c[2] and fits(c[0], True) and
+            ok = [c for c in cands if c[1] == width and not c[2] and fits(c[0], True, True) and
                   (best is None or best[1] <= width // 4 or 16 * gathered(c[0]) < gathered(best[0]))]
             if ok: best = min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c)))
         # a convolution over image rows shorter than two vectors (7, 14 or 28 pixels: padded or narrow vectors) is
