@@ -483,9 +483,12 @@ def test_conv_transpose_dtype_does_not_depend_on_the_stride():
                                          ((2, 3, 10, 11), (2, 2), 2, 1), ((1, 2, 13), (5,), 3, 2),
                                          ((2, 3, 8, 8, 8), (3, 3, 3), 1, 1), ((2, 4, 6, 6), (3, 3), 3, 1)])
 def test_pool_views_match_checked_tensor_ops(shape, k, s, d, monkeypatch):
-    # _pool builds its chain of views as nodes directly: the graph is the very one the checked Tensor ops make
+    # _pool and conv2d build their chains of views as nodes directly: the graph is the very one the checked Tensor
+    # ops make
     import fusegrad.tensor.nn as nn_module
     x = Tensor(np.random.rand(*shape).astype(np.float32))
-    fast = x._pool(k, s, d).uop
-    monkeypatch.setattr(nn_module, "_Views", lambda t: t)
+    w = Tensor(np.random.rand(2, shape[1], *k).astype(np.float32))
+    fast, fast_conv = x._pool(k, s, d).uop, x.conv2d(w, stride=s, dilation=d).uop
+    monkeypatch.setattr(nn_module, "_views_of", lambda t: t)
     assert x._pool(k, s, d).uop is fast
+    assert x.conv2d(w, stride=s, dilation=d).uop is fast_conv

@@ -111,10 +111,10 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     if any(u.op is Ops.REDUCE and u.dtype not in vec_dts for u in topo): return None
     best, best_score = None, 0
     stored = {u.src[0] for u in topo if u.op is Ops.STORE}
-    reduces = any(u.op is Ops.REDUCE for u in topo)
+    n_reduces = sum(1 for u in topo if u.op is Ops.REDUCE)
     # (a single reduction weighs its accesses by where they run and prefers wider vectors; several, as softmax, keep
     # the plain count: their own reduce vector axes are chosen after this one)
-    single = sum(1 for u in topo if u.op is Ops.REDUCE) == 1
+    reduces, single = n_reduces > 0, n_reduces == 1
     for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue

@@ -121,18 +121,17 @@ def _contraction_length(r: UOp) -> int | None:
     x = r.src[0]
     while x.op is Ops.CAST: x = x.src[0]
     if r.arg[0] is not Ops.ADD or x.op is not Ops.MUL or \
-            not all(any(m.op is Ops.EXPAND for m in _movement_chain(s)) for s in x.src):
+            not all(_is_broadcast(s) for s in x.src):
         return None
     if not all(type(d) is int for d in x.shape + r.shape): return None
     return prod(x.shape) // max(prod(r.shape), 1)
 
-def _movement_chain(u: UOp) -> list[UOp]:
-    """u and the movement ops and casts under it, down to the first other node."""
-    out = [u]
+def _is_broadcast(u: UOp) -> bool:
+    """Whether the movement ops and casts from u down to the first other node include an EXPAND."""
     while u.op in GroupOp.Movement or u.op is Ops.CAST:
+        if u.op is Ops.EXPAND: return True
         u = u.src[0]
-        out.append(u)
-    return out
+    return False
 
 def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], through_expand: bool) -> None:
     """Add to `realize` the first unrealized REDUCE_AXIS on every path down from `start` (not past a broadcast

@@ -167,6 +167,10 @@ class _Views:
         return x if all(b == 0 and e == 0 for b, e in arg) else x._then(x.uop.pad(arg))
     def permute(self, order: tuple[int, ...]) -> _Views: return self._then(self.uop.permute(order))
 
+def _views_of(x: Tensor) -> Any:
+    """`x` as unchecked _Views when its sizes are ints (symbolic ones keep the checked Tensor ops)."""
+    return _Views(x) if all(type(v) is int for v in x.shape) else x
+
 def _tensor_of(x: Any) -> Tensor:
     return x if isinstance(x, (T := _tensor_cls())) else T(x.uop)
 
@@ -250,7 +254,7 @@ class NNMixin:
         keep = tuple((0, p) for p in pre)
         # with int sizes the views below are valid by construction: they are made as nodes directly, without a
         # checked tensor operation each (a convolution's graph took ~400 us to build, mostly here)
-        x = _Views(self) if all(type(v) is int for v in self.shape) else self
+        x = _views_of(self)
         if all(k <= s for k, s in zip(k_, s_)) and all(d == 1 for d in d_):
             # windows don't overlap: cut each dim into o blocks of s and keep the first k of each block
             x = x.pad(tuple((0, 0) for _ in pre) + tuple((0, o * s - i) for o, s, i in zip(o_, s_, i_)))
@@ -321,7 +325,7 @@ class NNMixin:
         flat = _flat_pads(padding, n)
         x = self.pad(flat)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]
-        x = _Views(x) if all(type(v) is int for v in x.shape) else x
+        x = _views_of(x)
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
         if any(s > 1 for s in _int_tuple(stride, n, "stride")):

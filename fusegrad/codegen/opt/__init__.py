@@ -206,7 +206,8 @@ class Kernel:
         if len(over) != 1 or over[0].dtype != idx.src[0].dtype.base or over[0].arg not in (Ops.ADD, Ops.MAX, Ops.MUL):
             raise KernelOptError("KBLOCK needs the stored value to hold one REDUCE over the axis, in the output dtype")
         # (an epilogue is computed for every block: another reduction in it would be computed that many times)
-        if any(u is not over[0] and u not in over[0].toposort() for u in reds):
+        inside = over[0].toposort()
+        if any(u is not over[0] and u not in inside for u in reds):
             raise KernelOptError("KBLOCK needs a stored value without other reductions")
         if any(u.op is Ops.INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()) or \
                 any(u.op is Ops.LOAD and u.src[0] is idx for u in value.toposort()):

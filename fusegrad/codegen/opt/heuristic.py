@@ -62,15 +62,16 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             if sz % cand == 0: return cand, False
             if k.reduceops and pads_cheaply(sz, cand): return cand, True
         return None, False
-    def fits(r: UOp, strided_store: bool, strided_epilogue: bool = False) -> bool:
-        """Whether r can be the vector axis: contiguous in the store (or strided, a store per lane, when allowed),
-        contiguous, broadcast or packable in the loads (or, when allowed, strided in a load outside the reduction:
-        gathered once per output, like the store), and varying in some load."""
+    def fits(r: UOp, per_lane: bool) -> bool:
+        """Whether r can be the vector axis: contiguous, broadcast or packable in the loads and contiguous in the
+        store, or, with `per_lane`, also strided where an access runs once per output (the store, and loads outside
+        the reduction such as a residual): gathered lane by lane, few next to the reduction's loads. And r varies
+        in some load."""
         st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
         def load_fits(c: int | None, idx: UOp) -> bool:
             return c in (0, 1) or packable(idx, r) or \
-                (strided_epilogue and c is not None and all(coeff(idx.src[1], q) == 0 for q in reds))
-        return all(c == 1 or (strided_store and c is not None) for c, is_store, _ in st if is_store) and \
+                (per_lane and c is not None and all(coeff(idx.src[1], q) == 0 for q in reds))
+        return all(c == 1 or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
             all(load_fits(c, idx) for c, is_store, idx in st if not is_store) and \
             any(c != 0 for c, is_store, _ in st if not is_store)
     vec_out, switched = None, False
@@ -96,7 +97,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             def copy_loops(r: UOp) -> int:
                 return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in loads()
                             if coeff(idx.src[1], r) not in (0, 1)), default=0)
-            ok = [c for c in cands if c[1] == width and not c[2] and fits(c[0], True, True) and
+            ok = [c for c in cands if c[1] == width and not c[2] and fits(c[0], True) and
                   (best is None or best[1] <= width // 4 or 16 * gathered(c[0]) < gathered(best[0]))]
             if ok: best = min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c)))
         # a convolution over image rows shorter than two vectors (7, 14 or 28 pixels: padded or narrow vectors) is
@@ -109,7 +110,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         if best is not None and isinstance(rsz := range_size(best[0]), int) and rsz < 2 * width and _blockable(k):
             windows = bool(_sliding_windows(k, best[0]))
             # (at least two vectors of channels: the register tile's two columns; 16 channels stay on the rows)
-            wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True, True) and
+            wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True) and
                          range_size(r) >= 2 * width and not _sliding_windows(k, r)), None)
             if wide is not None and not windows:
                 others = math.prod(s if isinstance(s := range_size(o), int) else 1 for o in outs
