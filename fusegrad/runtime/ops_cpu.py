@@ -217,8 +217,10 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: _
 # The same, in C: kernels rendered with an `<name>_entry(void **args, long lo, long hi)` wrapper are split across
 # threads without Python in between. Workers spin for about 10 us after a job (kernels of a step follow each other
 # within microseconds), then yield the core a while and sleep: spinning longer would take the core from other
-# processes (two test workers on two cores ran 2.5x slower with ~150 us of spinning). A dispatch costs a few
-# microseconds where the Python pool's costs tens. The chunks of a job are claimed from a shared ticket (the job's
+# processes (two test workers on two cores ran 2.5x slower with ~150 us of spinning). While jobs come in a burst
+# (a realize loop: ~100-300 us of Python between kernels) they keep yielding for 500 us instead of 30: a sleeping
+# worker takes ~50 us to wake, a yielding one gives its core to any other runnable thread at once. A dispatch costs
+# a few microseconds where the Python pool's costs tens. The chunks of a job are claimed from a shared ticket (the job's
 # generation and the next chunk), and the calling thread claims whatever is left after its own: a worker the OS
 # doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
 # scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s).
@@ -226,15 +228,20 @@ _C_POOL_SRC = r"""
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 typedef void (*fg_entry)(void **, long, long);
 #define FG_MAX_WORKERS 255
-#define FG_SPIN 300   /* pauses (about 10 us), then */
-#define FG_YIELD 50   /* yields to other runnable threads, then sleep */
+#define FG_SPIN 300            /* pauses (about 10 us), then yields to other runnable threads for */
+#define FG_YIELD_NS 30000L     /* 30 us, or when jobs come in a burst (this one posted within FG_HOT_GAP_NS of */
+#define FG_HOT_YIELD_NS 500000L /* the end of the one before) 500 us, then sleep */
+#define FG_HOT_GAP_NS 1000000L
 static pthread_mutex_t fg_run_mu = PTHREAD_MUTEX_INITIALIZER, fg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;
 static atomic_long fg_gen;
 static atomic_ulong fg_ticket;   /* (generation << 32) | the next unclaimed chunk of the current job */
 static atomic_int fg_done;       /* chunks of the current job finished */
+static atomic_int fg_hot;       /* the current job came within FG_HOT_GAP_NS of the one before */
+static long fg_last_ns;          /* when the last job ended */
 static int fg_workers, fg_atfork;
 static long fg_start[FG_MAX_WORKERS + 1];
 static fg_entry fg_fn;
@@ -247,6 +254,11 @@ static inline void fg_relax(void) {
 #elif defined(__aarch64__)
   __asm__ volatile("yield");
 #endif
+}
+static inline long fg_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 /* claim and run chunks of job `gen` until none is left; returns how many this thread ran. A claim succeeds only
    while the ticket still names that job, and the job can't end while a claimed chunk runs, so its function and
@@ -266,9 +278,11 @@ static int fg_claim(unsigned long gen) {
 static void *fg_worker(void *arg) {
   long id = (long)arg, seen = fg_start[id];
   for (;;) {
+    long yield_until = 0;
     for (int spin = 0; atomic_load_explicit(&fg_gen, memory_order_acquire) == seen; spin++) {
       if (spin < FG_SPIN) { fg_relax(); continue; }
-      if (spin < FG_SPIN + FG_YIELD) { sched_yield(); continue; }
+      if (spin == FG_SPIN) yield_until = fg_now_ns() + (atomic_load(&fg_hot) ? FG_HOT_YIELD_NS : FG_YIELD_NS);
+      if ((spin & 15) || fg_now_ns() < yield_until) { sched_yield(); continue; }
       pthread_mutex_lock(&fg_mu);
       while (atomic_load(&fg_gen) == seen) pthread_cond_wait(&fg_cv, &fg_mu);
       pthread_mutex_unlock(&fg_mu);
@@ -301,6 +315,7 @@ int fg_pool_run(fg_entry fn, void **args, long size, int n) {
   if (n > fg_workers + 1) n = fg_workers + 1;
   fg_fn = fn; fg_args = args; fg_size = size; fg_n = n;
   atomic_store_explicit(&fg_done, 0, memory_order_relaxed);
+  atomic_store_explicit(&fg_hot, fg_now_ns() - fg_last_ns < FG_HOT_GAP_NS, memory_order_relaxed);
   unsigned long gen = (unsigned long)atomic_load(&fg_gen) + 1;
   /* chunk 0 is this thread's: the ticket starts at chunk 1, published before the generation the workers wait on */
   atomic_store_explicit(&fg_ticket, ((gen & 0xffffffffUL) << 32) | 1, memory_order_release);
@@ -314,6 +329,7 @@ int fg_pool_run(fg_entry fn, void **args, long size, int n) {
   for (int spin = 0; atomic_load_explicit(&fg_done, memory_order_acquire) < n; spin++) {
     if (spin < FG_SPIN) fg_relax(); else sched_yield();
   }
+  fg_last_ns = fg_now_ns();
   pthread_mutex_unlock(&fg_run_mu);
   return n;
 }
