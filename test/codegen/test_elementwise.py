@@ -81,6 +81,18 @@ def test_max_propagates_nan(dt: DType):
     got = run_ew(BINARY["max"], [a, b], [dt, dt], dt)
     np.testing.assert_array_equal(got, np.array([np.nan, np.nan, np.nan, -np.inf, 2.0], to_np_dtype(dt)))
 
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16])
+def test_scalar_max_rule(dt: DType):
+    # the scalar MAX (computed in a SIMD register for float32/float64, so gcc can't make the select a branch) keeps
+    # the rule `a if a > b or a != a else b`: a nan on either side wins and two zeros give the second
+    pairs = [(np.nan, 1.0), (1.0, np.nan), (np.nan, np.nan), (0.0, -0.0), (-0.0, 0.0), (-0.0, -0.0), (np.inf, -np.inf),
+             (-np.inf, np.inf), (np.nan, -np.inf), (np.inf, np.nan), (-1.0, -0.0), (-0.0, -1.0), (2.5, 2.5), (-3.0, 7.0)]
+    a, b = (np.array([p[i] for p in pairs], to_np_dtype(dt)) for i in (0, 1))
+    got = run_ew(BINARY["max"], [a, b], [dt, dt], dt)
+    want = np.where((a > b) | np.isnan(a), a, b)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
 VMAX_DTS = [dtypes.float32, dtypes.float64, dtypes.float16, dtypes.bfloat16, dtypes.int8, dtypes.uint8, dtypes.int16,
             dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64]
 
