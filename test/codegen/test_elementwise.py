@@ -86,7 +86,8 @@ def test_scalar_max_rule(dt: DType):
     # the scalar MAX (computed in a SIMD register for float32/float64, so gcc can't make the select a branch) keeps
     # the rule `a if a > b or a != a else b`: a nan on either side wins and two zeros give the second
     pairs = [(np.nan, 1.0), (1.0, np.nan), (np.nan, np.nan), (0.0, -0.0), (-0.0, 0.0), (-0.0, -0.0), (np.inf, -np.inf),
-             (-np.inf, np.inf), (np.nan, -np.inf), (np.inf, np.nan), (-1.0, -0.0), (-0.0, -1.0), (2.5, 2.5), (-3.0, 7.0)]
+             (-np.inf, np.inf), (np.nan, -np.inf), (np.inf, np.nan), (-1.0, -0.0), (-0.0, -1.0), (2.5, 2.5),
+             (-3.0, 7.0)]
     a, b = (np.array([p[i] for p in pairs], to_np_dtype(dt)) for i in (0, 1))
     got = run_ew(BINARY["max"], [a, b], [dt, dt], dt)
     want = np.where((a > b) | np.isnan(a), a, b)
