@@ -290,8 +290,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         graph = UOp.sink_of(*_shards((self,) + lst))
         topo = graph.toposort()
         if readers := Tensor._readers_of_overwritten(self, *lst, lazy=lazy, topo=topo):
+            # (the new graph's toposort starts as the old one's, without its sink: the walk continues from there)
             graph = UOp.sink_of(*_shards((self,) + lst + readers))
-            topo = graph.toposort()
+            topo.popitem()
+            topo = graph.toposort(known=topo)
         tensors = (self,) + lst + readers
         var_vals: dict[str, int] = {}
         lookup = schedule_cache_lookup(graph, topo)

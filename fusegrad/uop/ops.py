@@ -137,11 +137,22 @@ class UOpMetaClass(type):
         try: wr = UOpMetaClass.ucache.get(key)
         except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if wr is not None and (ret := wr()) is not None: return ret
-        ret = super().__call__(op, dtype, src, arg)
+        # (a loop, not all() over a generator: this runs for every new node)
+        for s in src:
+            if not isinstance(s, UOp): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
+        # the fields are set here rather than by an __init__: a call less per new node, of which a training step
+        # makes hundreds
+        ret = _new_object(cls)
+        _set_field(ret, "op", op)
+        _set_field(ret, "dtype", dtype)
+        _set_field(ret, "src", src)
+        _set_field(ret, "arg", arg)
+        _set_field(ret, "_ukey", key)
         if op is Ops.BIND: UOpMetaClass.binds_made = True
-        object.__setattr__(ret, "_ukey", key)
         UOpMetaClass.ucache[key] = weakref.ref(ret)
         return ret
+
+_new_object, _set_field = object.__new__, object.__setattr__
 
 def _as_uop(x: Any, like: UOp) -> UOp:
     return x if isinstance(x, UOp) else like.const_like(x)
@@ -194,14 +205,11 @@ class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
     __slots__ = ("op", "dtype", "src", "arg", "_ukey", "__weakref__", "__dict__")
 
-    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
-        # (a loop, not all() over a generator: this runs for every new node)
-        for s in src:
-            if not isinstance(s, UOp): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
-        object.__setattr__(self, "op", op)
-        object.__setattr__(self, "dtype", dtype)
-        object.__setattr__(self, "src", src)
-        object.__setattr__(self, "arg", arg)
+    # (no __init__: UOpMetaClass.__call__ sets the fields of a new node)
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
 
     def __del__(self):
         # drop this node's cache entry, but not one a newer equal node took over: when the garbage collector frees
@@ -230,10 +238,12 @@ class UOp(metaclass=UOpMetaClass):
 
     # *** graph walking ***
 
-    def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+    def toposort(self, gate: Callable[[UOp], bool] | None = None, known: dict[UOp, None] | None = None) \
+            -> dict[UOp, None]:
         """Every node reachable from this one, sources before users (an ordered dict used as an ordered set).
-        `gate(u)` returning False stops the walk below u (u itself is still included)."""
-        visited: dict[UOp, None] = {}
+        `gate(u)` returning False stops the walk below u (u itself is still included). `known`: nodes already sorted
+        (the toposort of part of this graph, made before): they come first and aren't walked again."""
+        visited: dict[UOp, None] = dict(known) if known is not None else {}
         stack: list[tuple[UOp, bool]] = [(self, False)]
         while stack:
             node, expanded = stack.pop()
