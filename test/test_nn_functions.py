@@ -265,6 +265,14 @@ def test_sparse_categorical_crossentropy():
                                            reduction=red), _rand(2, 3, 4), y)
     with pytest.raises(TypeError, match="integers"): Tensor.ones(2, 3).sparse_categorical_crossentropy(Tensor.ones(2))
 
+def test_sparse_categorical_crossentropy_masked_logit():
+    # a class ruled out with a -inf logit: without label smoothing its log-probability (-inf) only meets the one-hot
+    # select, so the loss stays finite, as torch's
+    x = np.array([[0.0, -np.inf, 1.0], [2.0, 1.0, 0.5]], dtype=np.float32)
+    y = np.array([0, 2], dtype=np.int32)
+    got = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
+    np.testing.assert_allclose(got, F.cross_entropy(torch.tensor(x), torch.tensor(y).long()).numpy(), rtol=1e-6)
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss(reduction):
     y = np.array([[0, 2], [1, 1], [2, 0]], dtype=np.int64)

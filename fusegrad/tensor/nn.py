@@ -575,8 +575,9 @@ class NNMixin:
         logp = self.log_softmax(-1)
         mask = Y != ignore_index
         nll = -(Y._one_hot_of(self.shape[-1]).where(logp, 0.0)).sum(-1)
-        smooth = -logp.mean(-1)
-        loss = mask.where((1 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
+        # (without smoothing the mean of logp isn't computed at all: 0 times an infinite mean would be nan)
+        per = nll if label_smoothing == 0 else (1 - label_smoothing) * nll + label_smoothing * -logp.mean(-1)
+        loss = mask.where(per, 0.0)
         if reduction == "mean": return loss.sum() / mask.sum().cast(loss.dtype)
         return _reduce_loss(loss, reduction)
 
