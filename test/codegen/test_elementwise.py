@@ -83,7 +83,7 @@ def test_max_propagates_nan(dt: DType):
 
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16])
 def test_scalar_max_rule(dt: DType):
-    # the scalar MAX (computed in a SIMD register for float32/float64, so gcc can't make the select a branch) keeps
+    # the scalar MAX (written as a max instruction and a select on a being nan, so gcc doesn't branch on a > b) keeps
     # the rule `a if a > b or a != a else b`: a nan on either side wins and two zeros give the second
     pairs = [(np.nan, 1.0), (1.0, np.nan), (np.nan, np.nan), (0.0, -0.0), (-0.0, 0.0), (-0.0, -0.0), (np.inf, -np.inf),
              (-np.inf, np.inf), (np.nan, -np.inf), (np.inf, np.nan), (-1.0, -0.0), (-0.0, -1.0), (2.5, 2.5),
