@@ -449,6 +449,16 @@ class UOp(metaclass=UOpMetaClass):
                 if (d := s.__dict__.get("_device")) is not None or (s.op is Ops.DEVICE and (d := s.arg) is not None):
                     self.__dict__["_device"] = d
                     break
+            else:
+                # a chain of new nodes (a convolution's views): down the first sources to a known device, which every
+                # node on the way shares
+                path, u = [self], self.src[0] if self.src else None
+                while u is not None and "_device" not in u.__dict__ and u.src and u.op not in _DEVICE_CHANGERS:
+                    path.append(u)
+                    u = u.src[0]
+                d = None if u is None else u.__dict__.get("_device", u.arg if u.op is Ops.DEVICE else None)
+                if d is not None:
+                    for p in path: p.__dict__["_device"] = d
         if "_device" not in self.__dict__:
             for u in self.toposort(gate=lambda u: "_device" not in u.__dict__):
                 if "_device" in u.__dict__: continue
@@ -483,6 +493,9 @@ class UOp(metaclass=UOpMetaClass):
     def __repr__(self) -> str:
         if is_symbolic(self) and (r := _symbolic_repr(self)) is not None: return r
         return pretty_print(self)
+
+# nodes whose device isn't their sources' (a copy's is its target, a sharded tensor's the tuple of its shards')
+_DEVICE_CHANGERS = frozenset({Ops.COPY, Ops.MULTI, Ops.DEVICE})
 
 def Variable(name: str, min_val: int, max_val: int, dtype: DType = dtypes.index) -> UOp:
     """A named symbolic integer with an inclusive range [min_val, max_val]; `.bind(v)` gives it a value."""
