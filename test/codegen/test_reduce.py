@@ -235,6 +235,20 @@ def test_matvec():
     run(UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(val)), [out, a, x])
     np.testing.assert_allclose(out, a @ x, rtol=1e-4, atol=1e-4)
 
+def test_small_batch_linear_is_a_dot_product():
+    # a classifier at batch 8 (x @ W.T + b, W's rows contiguous along the reduction): copying W to read it once
+    # doesn't pay, and without the copy a vector along the outputs would load W lane by lane; the reduction is the
+    # vector instead (dot products, 4x4 at a time), with no copy
+    from fusegrad import Tensor
+    x, w = RS.randn(8, 512).astype(np.float32), RS.randn(1000, 512).astype(np.float32)
+    b = RS.randn(1000).astype(np.float32)
+    t = Tensor(x).linear(Tensor(w).T, Tensor(b))
+    (si,) = [si for si in t.schedule() if si.ast.op is Ops.SINK]
+    opts = get_program(si.ast, RENDERER).applied_opts
+    lanes = getattr(RENDERER, "simd_bytes", 0) // 4
+    if lanes >= 8: assert opts[0] == Opt(OptOps.UPCAST, 2, lanes) and all(o.op is not OptOps.PACK for o in opts), opts
+    np.testing.assert_allclose(Tensor(x).linear(Tensor(w).T, Tensor(b)).numpy(), x @ w.T + b, rtol=1e-4, atol=1e-4)
+
 @pytest.mark.parametrize("noopt", [False, True])
 def test_conv1d_with_padding_in_reduce(noopt: bool):
     # out[i] = sum_k w[k] * xpad[i + k], x padded by 1 on both sides: the valid mask depends on a reduce range
