@@ -38,6 +38,7 @@ def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     """The RANGEs the value of `u` varies with: an END(store, *loops) no longer varies with its loops, a lanes
     REDUCE(x, vec) no longer with its vector axis, a REDUCE(x, *ranges) not with the ranges it reduces. `memo`
     caches results across calls."""
+    if (known := memo.get(u)) is not None: return known
     for x in u.toposort(gate=lambda x: x not in memo):
         if x in memo: continue
         s = frozenset().union(*[memo[y] for y in x.src]) if x.src else frozenset()
