@@ -2,12 +2,11 @@
 no-op view), buffers are allocated, the runners run, and `GlobalCounters` count the work."""
 from __future__ import annotations
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from fusegrad.device import Buffer, Device, GlobalCounters
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, host_cpu_count
+from fusegrad.helpers import BEAM, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
@@ -145,42 +144,22 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
         return ret
     return compile_kernels(device, [ast])[0]
 
-# about how much C source goes to the compiler at once while code generation goes on (~0.3 s of gcc -O3)
-COMPILE_GROUP_CHARS = 60_000
-
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put
-    the runners in the method cache. Several kernels go to the compiler a group at a time while the next ones are
-    generated: code generation is Python and the compiler other processes, so they overlap (ResNet-18's first run
-    generates 53 kernels in 3.3 s and compiled them in 4.0 s after that: 7.8 -> 6.8 s; the 200-op graph's first run
-    0.93 -> 0.68 s). Not while BEAM searches: its timings would share the cores with the compiler."""
+    the runners in the method cache."""
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
     dev = Device[device]
-    search = BEAM >= 1 and not NOOPT
-    def program(ast: UOp) -> ProgramSpec:
-        if search:
+    programs = []
+    for ast in asts:
+        if BEAM >= 1 and not NOOPT:
             from fusegrad.engine.search import beam_opts  # searched opts, or the ones a search chose before (disk)
             p = get_program(ast, dev.renderer, opts=beam_opts(ast, device, int(BEAM.value)))
         else: p = get_program(ast, dev.renderer)
+        programs.append(p)
         if DEBUG >= 3:
             print(ast)
             print(f"{p.name}: applied opts {p.applied_opts}")
-        return p
-    if search or len(asts) < 2:
-        programs = [program(ast) for ast in asts]
-        libs = dev.compiler.compile_cached_many([p.src for p in programs])
-    else:
-        programs, pending, group = [], [], []
-        with ThreadPoolExecutor(max_workers=host_cpu_count()) as compiling:  # (its threads wait on compilers)
-            for ast in asts:
-                programs.append(p := program(ast))
-                group.append(p.src)
-                # (a compiler process costs ~20 ms to start: small kernels go in bigger groups)
-                if sum(len(src) for src in group) >= COMPILE_GROUP_CHARS:
-                    pending.append(compiling.submit(dev.compiler.compile_cached_many, group))
-                    group = []
-            if group: pending.append(compiling.submit(dev.compiler.compile_cached_many, group))
-            libs = [lib for f in pending for lib in f.result()]
+    libs = dev.compiler.compile_cached_many([p.src for p in programs])
     runners = [CompiledRunner(p, cached=lib) for p, lib in zip(programs, libs)]
     for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
     while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))

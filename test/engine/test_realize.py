@@ -194,36 +194,6 @@ def test_run_schedule_lowers_through_method_cache(fake_codegen):
     assert all(o.numpy().tolist() == [1.0, 2.0, 3.0, 4.0] for o in outs)
     assert all(si.prg is None for si in schedule)  # the caller's items are left as they were
 
-def test_compile_kernels_in_groups_keeps_each_kernels_binary(monkeypatch):
-    # several new kernels are compiled a group at a time while the next ones are generated: every runner must still
-    # get its own kernel's binary, in order (each kernel here adds a different multiple of b)
-    calls = []
-    def get_program(ast, renderer, name=None):
-        k = int(ast.arg.rsplit("-", 1)[1])
-        name = f"scaled_add_{k}_{uuid.uuid4().hex[:8]}"
-        src = ADD_SRC.format(name=name).replace("a[i] + b[i]", f"a[i] + {k}.0f * b[i]")
-        return ProgramSpec(name, src, "CPU", globals=[0, 1, 2], outs=[0], ins=[1, 2], global_size=4,
-                           estimates=Estimates(ops=4, mem=48))
-    import fusegrad
-    mod = types.ModuleType("fusegrad.codegen")
-    mod.get_program = get_program
-    monkeypatch.setitem(sys.modules, "fusegrad.codegen", mod)
-    monkeypatch.setattr(fusegrad, "codegen", mod, raising=False)
-    monkeypatch.setattr(realize, "method_cache", {})
-    monkeypatch.setattr(type(realize.Device["CPU"]), "renderer", None)
-    monkeypatch.setattr(realize, "COMPILE_GROUP_CHARS", 1)  # every kernel a group of its own
-    compiler = realize.Device["CPU"].compiler
-    original = compiler.compile_cached_many
-    monkeypatch.setattr(compiler, "compile_cached_many", lambda srcs: calls.append(len(srcs)) or original(srcs))
-    tag = uuid.uuid4().hex
-    runners = realize.compile_kernels("CPU", [kernel_ast(f"{tag}-{k}") for k in range(5)])
-    assert calls == [1] * 5
-    a, b = np.arange(4, dtype=np.float32), np.full(4, 2.0, np.float32)
-    for k, r in enumerate(runners):
-        out = empty(4)
-        ExecItem(kernel_ast(f"{tag}-{k}"), [out, buf(a), buf(b)], prg=r).run()
-        assert out.numpy().tolist() == (a + k * b).tolist()
-
 # *** DEBUG output ***
 
 def test_debug_output(capsys):
