@@ -1,16 +1,29 @@
 """Step 1 of scheduling: simplify the tensor graph before any fusion decision is made."""
 from __future__ import annotations
+from collections import OrderedDict
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.schedule.indexing import storage_of
-from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat
+
+# the constant views made last, kept alive: a training step makes the same ones every step (its 0.9s and 1e-8s at
+# each parameter's shape), and a live view is found by hash-consing instead of made again with its shape
+_recent_const_views: OrderedDict[tuple, UOp] = OrderedDict()
+RECENT_CONST_VIEWS = 512
 
 def const_view(value, dtype, device: UOp, shape: tuple[int, ...]) -> UOp:
     """A tensor-level constant: a 0-d CONST on `device`, reshaped and broadcast to `shape`."""
-    c = UOp(Ops.CONST, dtype, (device,), dtypes.as_const(value, dtype))
-    if shape == (): return c
-    return c.reshape((1,) * len(shape)).expand(shape) if any(s != 1 for s in shape) else c.reshape(shape)
+    v = dtypes.as_const(value, dtype)
+    key = (_arg_key(v), dtype, device, shape)
+    if (ret := _recent_const_views.get(key)) is not None:
+        _recent_const_views.move_to_end(key)
+        return ret
+    ret = c = UOp(Ops.CONST, dtype, (device,), v)
+    if shape != (): ret = c.reshape((1,) * len(shape)).expand(shape) if any(s != 1 for s in shape) else c.reshape(shape)
+    _recent_const_views[key] = ret
+    if len(_recent_const_views) > RECENT_CONST_VIEWS: _recent_const_views.popitem(last=False)
+    return ret
 
 def const_value(u: UOp):
     """The value of every element of `u` if it is a view of a constant that stays uniform (no PAD), else None."""

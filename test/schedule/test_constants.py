@@ -120,3 +120,20 @@ def test_index_only_gates_are_simplified():
     from fusegrad.engine.realize import run_schedule
     run_schedule([si])
     np.testing.assert_allclose(g.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+def test_recent_constant_views_keep_values_apart():
+    # the constant views made last are kept for reuse, keyed so that values `==` conflates stay apart: 0.0 and -0.0,
+    # 1 and 1.0 and True, and nan (which equals nothing, itself included)
+    from fusegrad.schedule.simplify import const_view
+    x = Tensor.ones(3, 2)
+    for _ in range(2):  # the second round finds the first round's views
+        got = [(x * v).numpy() for v in (0.0, -0.0, math.nan)]
+        np.testing.assert_array_equal(np.signbit(got[0]), np.zeros((3, 2), bool))
+        np.testing.assert_array_equal(np.signbit(got[1]), np.ones((3, 2), bool))
+        assert np.isnan(got[2]).all()
+        assert (Tensor.full((2,), 1).dtype, Tensor.full((2,), 1.0).dtype, Tensor.full((2,), True).dtype) == \
+            (dtypes.int32, dtypes.float32, dtypes.bool)
+        assert Tensor.full((2,), True).tolist() == [True, True] and Tensor.full((2,), 1).tolist() == [1, 1]
+    device = Tensor.ones(1).uop.base.src[0]  # (a constant's DEVICE node)
+    assert const_view(-0.0, dtypes.float32, device, (2,)) is not const_view(0.0, dtypes.float32, device, (2,))
+    assert const_view(math.nan, dtypes.float32, device, (2,)) is const_view(math.nan, dtypes.float32, device, (2,))
