@@ -56,9 +56,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     # loads would be per lane. A dot product along the reduction, step 3, is better then: 8x512 @ 512x1000
     # 147 -> 69 us, and 1.9 -> 0.1 s to compile)
     def packable(idx: UOp, r: UOp) -> bool:
+        # (no such loop: a product of 1)
         rows = math.prod(sz if isinstance(sz := range_size(o), int) else 16 for o in outs
                          if o is not r and coeff(idx.src[1], o) == 0)
-        return bool(reds) and rows >= 16 and any(o is not r and coeff(idx.src[1], o) == 0 for o in outs)
+        return bool(reds) and rows >= 16
     def vector_width(sz: int | UOp) -> tuple[int | None, bool]:
         """The widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to its
         loads), that its padding to whole vectors wastes at most an eighth of: 56 columns take 16 lanes (padded to
@@ -216,10 +217,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     # 4. nothing vectorized and a small window (a pooling's 2x2 or 3x3): its loops unrolled, so the compiler schedules
     #    the taps' loads and arithmetic together (max pool's backward, counting the taps equal to the max: 171 -> 76 us
     #    on 64x32x8x8)
-    if not k.applied_opts and reds and all(isinstance(range_size(r), int) for r in reds) and \
-            0 < math.prod(range_size(r) for r in reds) <= 16:
-        for r in reds:
-            if range_size(r) > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
+    taps = [range_size(r) for r in reds]
+    if not k.applied_opts and taps and all(isinstance(n, int) for n in taps) and 0 < math.prod(taps) <= 16:
+        for r, n in zip(reds, taps):
+            if n > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
     return k.applied_opts
 
 def _unroll_reduce(k: Kernel, split: Callable) -> None:
