@@ -84,6 +84,8 @@ DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), C
 CACHELEVEL, CPU_THREADS, VIZ = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS", 0), ContextVar("VIZ", 0)
 # 0: EXP2/LOG2/SIN are left to the device's math library instead of codegen/transcendental.py's polynomials
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
+# 0: float32 3x3 stride-1 convolutions are computed directly instead of by Winograd's F(4x4, 3x3) (tensor/nn.py)
+WINO = ContextVar("WINO", 1)
 # BEAM search (engine/search.py): seconds a search may take, timed runs per candidate, rounds, the bound on the
 # product of upcast and unroll amounts, and how much faster than the heuristic a choice must time
 BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), ContextVar("BEAM_RUNS", 3), \

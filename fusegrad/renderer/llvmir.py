@@ -270,7 +270,7 @@ class LLVMRenderer(Renderer):
         return self._val(f"select {bt} {isz}, {t} {zero}, {t} {r}")
 
     def _shift(self, op: Ops, dt: DType, x: str, n: str, ndt: DType) -> str:
-        t, bt, bits = self.ty(dt), self.ty(dtypes.bool.vec(dt.count)), 8 * dt.itemsize
+        t, bt, bits = self.ty(dt), self.ty(dtypes.bool.vec(dt.count)), 8 * dt.scalar().itemsize
         # the count compared as C's (unsigned long)n < bits: a negative count is huge, so it gives 0 too
         wide = dtypes.uint64.vec(dt.count)
         nw = self.cast(n, ndt, dtypes.int64.vec(dt.count) if _signed(ndt.scalar()) else wide)

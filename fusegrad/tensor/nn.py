@@ -71,6 +71,83 @@ class _ConvGradient:
         gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
         return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
 
+def _conv_result(ret: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, stride, dilation,
+                 flat: list[int], out_dt: DType) -> Tensor:
+    """A convolution's output `ret` with conv2d's gradient rule attached (float outputs) and the bias added."""
+    n = weight.ndim - 2
+    if dtypes.is_float(out_dt):
+        rule = _ConvGradient(groups, _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation"), tuple(flat))
+        ret = _tensor_cls()(UOp(Ops.CUSTOM_GRAD, ret.dtype, (ret.detach().uop, x.uop, weight.uop), rule))
+    return ret if bias is None else ret + bias.cast(out_dt).reshape((1, weight.shape[0]) + (1,) * n)
+
+# Winograd's F(4x4, 3x3) (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2015, with the points
+# 0, 1, -1, 2, -2 and infinity): a 4x4 tile of a 3x3 convolution's output is AT (G w G^T * BT d B) A, where d is the
+# 6x6 input tile, w the 3x3 kernel and * is elementwise. Over channels, the elementwise products become 36 matmuls
+# (one per tile position): 36 multiply-adds per tile and channel pair instead of 144.
+_WINO_BT = ((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+            (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1))
+_WINO_G = ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+           (1 / 24, -1 / 12, 1 / 6), (0, 0, 1))
+_WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))
+# Winograd pays where the 36 matmuls dominate: enough channels for the transforms (linear in them) to be small next
+# to the products (quadratic), enough tiles for the weights' transform (36 x cin x cout, made every call) to be
+# reused, and enough work for its five kernels' fixed cost. Measured on 3x3 convolutions with padding 1, direct ->
+# Winograd: 8x128x28x28 6.3 -> 4.8 ms, 8x256x14x14 6.8 -> 4.5 ms, 8x64x56x56 7.3 -> 6.7 ms, 16x64x32x32 ~4.0 both;
+# 8x512x7x7 (32 tiles) 6.2 -> 7.5 ms, 1x64x56x56 1.2 -> 1.9 ms and 8x32x16x16 0.4 -> 1.1 ms stay direct.
+WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 64, 1 << 30
+
+def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, flat: list[int], out_dt: DType) -> bool:
+    """Whether conv2d computes this convolution by Winograd's F(4x4, 3x3): WINO set, one device, float32, 2-D, 3x3,
+    stride and dilation 1, one group, padding of 0 to 2 (no crop), int sizes, and a size where it pays (see above)."""
+    from fusegrad.helpers import WINO
+    if not WINO or weight.ndim != 4 or weight.shape[2:] != (3, 3) or groups != 1: return False
+    if not isinstance(x.device, str) or x.device != weight.device: return False   # (sharded: the direct form)
+    if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32 or out_dt != dtypes.float32: return False
+    if _int_tuple(stride, 2, "stride") != (1, 1) or _int_tuple(dilation, 2, "dilation") != (1, 1): return False
+    if not all(0 <= p <= 2 for p in flat) or not all(type(v) is int for v in x.shape + weight.shape): return False
+    (bs, cin, h, w), cout = x.shape, weight.shape[0]
+    ho, wo = h + flat[2] + flat[3] - 2, w + flat[0] + flat[1] - 2
+    # (an output too small for a window is conv2d's error to raise)
+    if ho < 1 or wo < 1: return False
+    tiles = bs * -(-ho // 4) * -(-wo // 4)
+    return min(cin, cout) >= WINO_MIN_CHANNELS and tiles >= WINO_MIN_TILES and \
+        2 * bs * ho * wo * cin * cout * 9 >= WINO_MIN_FLOPS
+
+def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
+    """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in five kernels: the input tiles
+    transformed (36, cin, tiles), the weights transformed (36, cout, cin), their 36 matmuls, the output transform and
+    the copy that lays its 4x4 tiles out as rows (a last crop when the output isn't a multiple of 4 fuses into what
+    reads it). Each transform is one small matmul with its matrix over a whole tile (36 positions): a few nodes to
+    build, where applying the 6x6 matrices row by row as slices takes hundreds (a graph that took longer to build
+    and schedule than its kernels ran)."""
+    (bs, cin, h, w), cout = x.shape, weight.shape[0]
+    (top, bottom), (left, right) = pairs
+    ho, wo = h + top + bottom - 2, w + left + right - 2
+    th, tw = -(-ho // 4), -(-wo // 4)
+    # the input padded to whole tiles: (4 th + 2) x (4 tw + 2), the tiles overlapping by 2
+    xp = _views_of(x).pad(((0, 0), (0, 0), (top, 4 * th + 2 - h - top), (left, 4 * tw + 2 - w - left)))
+    d = _tensor_of(xp)._pool((6, 6), 4)                                   # (bs, cin, th, tw, 6, 6)
+    kb, kg, ka = _wino_matrices(x.device)
+    v = (kb @ d.permute(4, 5, 1, 0, 2, 3).reshape(36, cin * bs * th * tw)).reshape(36, cin, bs * th * tw)
+    u = (weight.reshape(cout * cin, 9) @ kg).T.reshape(36, cout, cin).contiguous()
+    m = (u @ v).reshape(36, cout * bs * th * tw)
+    y = (ka @ m).contiguous().reshape(4, 4, cout, bs, th, tw).permute(3, 2, 4, 0, 5, 1).contiguous()
+    y = _views_of(y).reshape((bs, cout, 4 * th, 4 * tw))
+    return _tensor_of(y.shrink(((0, bs), (0, cout), (0, ho), (0, wo))))
+
+_wino_matrix_cache: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+
+def _wino_matrices(device: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The transforms as matrices over a whole tile, float32 tensors on `device` (buffers made from the values, once):
+    BT (x) BT (36, 36), (G (x) G) transposed (9, 36) and AT (x) AT (16, 36)."""
+    if (hit := _wino_matrix_cache.get(device)) is None:
+        def kron(a, b) -> list[list[float]]: return [[x * y for x in ra for y in rb] for ra in a for rb in b]
+        T = _tensor_cls()
+        kgt = [list(col) for col in zip(*kron(_WINO_G, _WINO_G))]
+        hit = _wino_matrix_cache[device] = tuple(T(m, dtype=dtypes.float32, device=device) for m in
+                                                 (kron(_WINO_BT, _WINO_BT), kgt, kron(_WINO_AT, _WINO_AT)))
+    return hit
+
 def _phase_windows(xp: Tensor, s_: tuple[int, ...], hw: tuple[int, ...], o_: tuple[int, ...]) -> Tensor:
     """The windows (bs, c, *o_, *hw) of a stride-s_ (dilation 1) convolution over the padded input `xp`, read from a
     copy of it split into its phases (the pixels s*a + p, for each p): a window's tap s*q + p at output o is pixel
@@ -323,6 +400,10 @@ class NNMixin:
         if bias is not None and bias.shape != (cout,):
             raise ValueError(f"conv2d bias must have shape ({cout},), got {bias.shape}")
         flat = _flat_pads(padding, n)
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
+        if _winograd_fits(self, weight, groups, stride, dilation, flat, out_dt):
+            ret = _winograd_conv2d(self, weight, _side_pairs(flat))
+            return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)
         x = self.pad(flat)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]
         x = _views_of(x)
@@ -336,13 +417,8 @@ class NNMixin:
             laid_out = weight.permute(order).contiguous().permute(tuple(order.index(i) for i in range(n + 2)))
         else: laid_out = weight
         w = laid_out.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
-        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
         ret = (x.cast(out_dt) * w.cast(out_dt)).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + oyx)
-        if dtypes.is_float(out_dt):
-            rule = _ConvGradient(groups, _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation"),
-                                 tuple(flat))
-            ret = _tensor_cls()(UOp(Ops.CUSTOM_GRAD, ret.dtype, (ret.detach().uop, self.uop, weight.uop), rule))
-        return ret if bias is None else ret + bias.cast(out_dt).reshape((1, cout) + (1,) * n)
+        return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)
 
     def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,

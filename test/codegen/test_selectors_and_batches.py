@@ -1,0 +1,56 @@
+"""Two kernel shapes the heuristic recognizes: a concatenation or stack along a small axis (its loop is unrolled, so
+each lane loads only its own branch, and the loop left is vectorized), and a batched matmul (its batch loop stays
+outermost, so each batch's column panel is reused by that batch's row tiles). Results against numpy and torch, and
+the opts chosen."""
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.device import Device
+from fusegrad.uop.ops import Ops
+
+RS = np.random.RandomState(11)
+
+def opts_of(t: Tensor) -> list[Opt]:
+    """The opts of the last kernel that computes `t` (which then points at buffers nothing has filled)."""
+    si = [si for si in t.schedule() if si.ast.op is Ops.SINK][-1]
+    return get_program(si.ast, Device["CPU"].renderer).applied_opts
+
+def stacked(x: Tensor) -> Tensor:
+    return Tensor.stack(x[:, 0::4] * 2 + x[:, 1::4], x[:, 1::4] - x[:, 2::4], x[:, 2::4] + x[:, 3::4],
+                        x[:, 3::4] * 3, dim=1)
+
+def test_stack_of_slices_unrolls_its_branches():
+    X = RS.randn(8, 256, 64).astype(np.float32)
+    # the stack's axis (4 branches) is unrolled whole, then the innermost loop the store moves along is vectorized
+    opts = opts_of(stacked(Tensor(X)))
+    assert opts[0] == Opt(OptOps.UPCAST, 1, 0) and opts[1].op is OptOps.UPCAST and opts[1].arg > 1, opts
+    xt = torch.tensor(X)
+    ref = torch.stack([xt[:, 0::4] * 2 + xt[:, 1::4], xt[:, 1::4] - xt[:, 2::4], xt[:, 2::4] + xt[:, 3::4],
+                       xt[:, 3::4] * 3], dim=1).numpy()
+    np.testing.assert_allclose(stacked(Tensor(X)).numpy(), ref, rtol=1e-6, atol=1e-6)
+
+@pytest.mark.parametrize("n,dim,size", [(6, 1, (5, 1, 7)), (3, 0, (1, 33)), (8, 2, (2, 3, 1)), (2, 1, (4, 1, 16))])
+def test_cat_along_a_small_axis(n: int, dim: int, size: tuple):
+    parts = [RS.randn(*size).astype(np.float32) for _ in range(n)]
+    got = Tensor.cat(*[Tensor(p) * (i + 1) - i for i, p in enumerate(parts)], dim=dim).numpy()
+    np.testing.assert_array_equal(got, np.concatenate([p * np.float32(i + 1) - np.float32(i)
+                                                       for i, p in enumerate(parts)], axis=dim))
+
+def test_padding_alone_is_not_a_selector():
+    # a padded copy gates its load on sums of loops (the pixel's position), not on a loop by itself: no unrolling
+    X = RS.randn(4, 8, 8).astype(np.float32)
+    t = Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2
+    assert all(o.op is not OptOps.UPCAST for o in opts_of(t))
+    np.testing.assert_array_equal((Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2).numpy(),
+                                  np.pad(X, ((0, 0), (1, 1), (2, 2))) * 2)
+
+@pytest.mark.parametrize("b,m,k,n", [(36, 64, 64, 1024), (4, 128, 96, 256), (3, 64, 32, 512)])
+def test_batched_matmul_keeps_the_batch_outermost(b: int, m: int, k: int, n: int):
+    A, B = RS.randn(b, m, k).astype(np.float32), RS.randn(b, k, n).astype(np.float32)
+    opts = opts_of(Tensor(A) @ Tensor(B))
+    # the loops are (batch, rows, columns): the columns move inside the batch, never around it
+    assert Opt(OptOps.SWAP, 1, 2) in opts and all(o.axis != 0 for o in opts if o.op is OptOps.SWAP), opts
+    np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
