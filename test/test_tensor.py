@@ -499,3 +499,17 @@ def test_tensor_registries_drop_dead_tensors():
     for _ in range(100_000): x + 1
     assert len(tensor_module._all_refs) <= 50_000 and len(tensor_module._lazy_refs) <= 50_000
     np.testing.assert_equal((x + 1).numpy(), [2.0, 3.0])
+
+@pytest.mark.parametrize("a,b", [((128, 784), (784, 512)), ((3, 5, 7), (3, 7, 2)), ((2, 1), (1, 3)),
+                                 ((2, 3, 4, 5), (2, 3, 5, 6))])
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32, np.int64])
+def test_matmul_fast_path_builds_the_broadcast_graph(a, b, dt):
+    # the common matmul is made as nodes directly: it must be the very graph (hash-consed: the same node) that the
+    # broadcast multiply and sum make, so kernels and the schedule cache see no difference
+    from fusegrad.dtype import sum_acc_dtype
+    va, vb = (np.arange(np.prod(s)).reshape(s) % 7 - 3 for s in (a, b))   # (small: exact in every dtype)
+    x, y = Tensor(va.astype(dt)), Tensor(vb.astype(dt))
+    xb = x.reshape(a[:-2] + (a[-2], 1, a[-1]))
+    yb = y.transpose(-1, -2).reshape(b[:-2] + (1, b[-1], b[-2]))
+    assert (x @ y).uop is (xb * yb).sum(-1, dtype=sum_acc_dtype(x.dtype)).uop
+    np.testing.assert_array_equal((x @ y).numpy(), va @ vb)
