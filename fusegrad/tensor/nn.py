@@ -114,25 +114,30 @@ def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, fla
         2 * bs * ho * wo * cin * cout * 9 >= WINO_MIN_FLOPS
 
 def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
-    """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in five kernels: the input tiles
-    transformed (36, cin, tiles), the weights transformed (36, cout, cin), their 36 matmuls, the output transform and
-    the copy that lays its 4x4 tiles out as rows (a last crop when the output isn't a multiple of 4 fuses into what
-    reads it). Each transform is one small matmul with its matrix over a whole tile (36 positions): a few nodes to
-    build, where applying the 6x6 matrices row by row as slices takes hundreds (a graph that took longer to build
-    and schedule than its kernels ran)."""
+    """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles
+    transformed (36, cin, tiles), the weights transformed (36, cout, cin), their 36 matmuls and the output transform;
+    whatever reads the result lays its 4x4 tiles out as image rows (a following batch norm or relu as it loads them,
+    or a copy) and crops it when the output isn't a multiple of 4. Each transform is one small matmul with its
+    matrix over a whole tile (36 positions): a few nodes to build, where applying the 6x6 matrices row by row as
+    slices takes hundreds (a graph that took longer to build and schedule than its kernels ran)."""
     (bs, cin, h, w), cout = x.shape, weight.shape[0]
     (top, bottom), (left, right) = pairs
     ho, wo = h + top + bottom - 2, w + left + right - 2
     th, tw = -(-ho // 4), -(-wo // 4)
     # the input padded to whole tiles: (4 th + 2) x (4 tw + 2), the tiles overlapping by 2
     xp = _views_of(x).pad(((0, 0), (0, 0), (top, 4 * th + 2 - h - top), (left, 4 * tw + 2 - w - left)))
-    d = _tensor_of(xp)._pool((6, 6), 4)                                   # (bs, cin, th, tw, 6, 6)
+    d = _views_of(_tensor_of(xp)._pool((6, 6), 4))                        # (bs, cin, th, tw, 6, 6)
     kb, kg, ka = _wino_matrices(x.device)
-    v = (kb @ d.permute(4, 5, 1, 0, 2, 3).reshape(36, cin * bs * th * tw)).reshape(36, cin, bs * th * tw)
-    u = (weight.reshape(cout * cin, 9) @ kg).T.reshape(36, cout, cin).contiguous()
-    m = (u @ v).reshape(36, cout * bs * th * tw)
-    y = (ka @ m).contiguous().reshape(4, 4, cout, bs, th, tw).permute(3, 2, 4, 0, 5, 1).contiguous()
-    y = _views_of(y).reshape((bs, cout, 4 * th, 4 * tw))
+    T, tiles = _tensor_cls(), bs * th * tw
+    # (views made unchecked: the sizes follow from the checked input and weight)
+    def view(t: Tensor) -> _Views: return _Views(t)
+    def contiguous(t: Tensor) -> Tensor: return T(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,)))
+    v = view(kb @ _tensor_of(d.permute((4, 5, 1, 0, 2, 3)).reshape((36, cin * tiles)))).reshape((36, cin, tiles))
+    u = view(_tensor_of(view(weight).reshape((cout * cin, 9))) @ kg).permute((1, 0)).reshape((36, cout, cin))
+    m = view(contiguous(_tensor_of(u)) @ _tensor_of(v)).reshape((36, cout * tiles))
+    # the output's 4x4 tiles laid out as image rows by whatever reads them (an elementwise consumer, or a copy)
+    y = view(contiguous(ka @ _tensor_of(m))).reshape((4, 4, cout, bs, th, tw)).permute((3, 2, 4, 0, 5, 1))
+    y = y.reshape((bs, cout, 4 * th, 4 * tw))
     return _tensor_of(y.shrink(((0, bs), (0, cout), (0, ho), (0, wo))))
 
 _wino_matrix_cache: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
