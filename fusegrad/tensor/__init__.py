@@ -986,7 +986,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                 n * m > 1 and x.dtype == y.dtype == acc_dt == sum_acc_dtype(out_dt) and type(x.device) is str and \
                 x.device == y.device:
             # the common case (equal batch dims, one dtype that is its own accumulator) as nodes directly: the same
-            # graph as the tensor ops below make, without their checks and shape queries (78 -> 30 us per product)
+            # graph as the tensor ops below make, without their checks and shape queries (78 -> 23 us per product)
             nb, full = len(xs) - 2, xs[:-2] + (n, m, k)
             xu = x.uop.reshape(xs[:-2] + (n, 1, k)).expand(full)
             yu = y.uop.permute(tuple(range(nb)) + (nb + 1, nb)).reshape(xs[:-2] + (1, m, k)).expand(full)

@@ -91,7 +91,7 @@ _WINO_G = ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 
 _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))
 # Winograd pays where the 36 matmuls dominate: enough channels for the transforms (linear in them) to be small next
 # to the products (quadratic), enough tiles for the weights' transform (36 x cin x cout, made every call) to be
-# reused, and enough work for its five kernels' fixed cost. Measured on 3x3 convolutions with padding 1, direct ->
+# reused, and enough work for its four kernels' fixed cost. Measured on 3x3 convolutions with padding 1, direct ->
 # Winograd: 8x128x28x28 6.3 -> 4.8 ms, 8x256x14x14 6.8 -> 4.5 ms, 8x64x56x56 7.3 -> 6.7 ms, 16x64x32x32 ~4.0 both;
 # 8x512x7x7 (32 tiles) 6.2 -> 7.5 ms, 1x64x56x56 1.2 -> 1.9 ms and 8x32x16x16 0.4 -> 1.1 ms stay direct.
 WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 64, 1 << 30

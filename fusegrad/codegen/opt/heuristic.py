@@ -26,6 +26,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # in float): the C renderer has gcc vectorize no half conversions (it miscompiles them), so those get our
         # vector code, with explicit conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer
         # conversions well by itself.)
+        # (a concatenation's vector is as many lanes as a float32 one, whatever the dtype: as for half above)
         if _tile_transpose(k) or _unroll_selectors(k, width_of(dtypes.float32)): return k.applied_opts
         if not any(idx.src[0].dtype.base == dtypes.float16 and dtypes.float16 in vec_dts for idx, _ in k.accesses()):
             return []
@@ -286,11 +287,13 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         # batch is a matmul of its own whose column panels are reused by its row tiles. (With the columns outside
         # the batch, a panel is left for 35 other batches' before the next row tile reads it: Winograd's 36 matmuls
         # of 64x64 @ 64x1024 2.5 -> 1.1 ms.)
+        # (only when the outermost batch loop splits evenly across the cores: it is the loop they share)
         loads = [idx for idx, st in k.accesses() if not st]
         at = 0
         while at < k.first_reduce and k.loops[at] is not rest and \
                 all(coeff(idx.src[1], k.loops[at]) != 0 for idx in loads):
             at += 1
+        if at and not (isinstance(bsz := range_size(k.loops[0]), int) and bsz % cores == 0): at = 0
         if k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
         osz = range_size(k.loops[0])
         if k.first_reduce >= 2 and isinstance(osz, int) and osz > cores and osz % cores == 0:
