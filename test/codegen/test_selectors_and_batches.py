@@ -58,3 +58,15 @@ def test_batched_matmul_keeps_the_batch_outermost(b: int, m: int, k: int, n: int
     swap = Opt(OptOps.SWAP, 1, 2) if b % cores == 0 else Opt(OptOps.SWAP, 0, 2)
     assert swap in opts and all(o == swap for o in opts if o.op is OptOps.SWAP), opts
     np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16, np.int8, np.uint8, np.int32, np.int64, np.bool_])
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_stack_in_every_dtype(dt, device: str):
+    # the unrolled branches and the vector along the loop left, in every dtype and on both compiled backends
+    if device == "LLVM": pytest.importorskip("llvmlite")
+    X = (RS.randn(3, 40, 24) * 20).astype(dt) if dt is not np.bool_ else RS.rand(3, 40, 24) > 0.5
+    x = Tensor(X, device=device)
+    parts = [x[:, i::4] for i in range(4)]
+    np.testing.assert_array_equal(Tensor.stack(*parts, dim=1).numpy(), np.stack([X[:, i::4] for i in range(4)], 1))
+    got = Tensor.cat(x[:, :, :8], x[:, :, 16:], x[:, :, 8:16], dim=1).numpy()
+    np.testing.assert_array_equal(got, np.concatenate([X[:, :, :8], X[:, :, 16:], X[:, :, 8:16]], 1))
