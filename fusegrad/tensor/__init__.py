@@ -642,6 +642,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # once, the same nodes the general path below makes through reshape and expand, with less Python
             c = Tensor(const_view(y, x.dtype, _device_uop(x.device), x.shape))
             return (c, x) if reverse else (x, c)
+        if isinstance(y, Tensor) and y.dtype == x.dtype and y.shape == x.shape and type(xd := x.device) is str and \
+                xd == y.device:
+            return (y, x) if reverse else (x, y)   # (the same shape, dtype and device: nothing to broadcast or cast)
         if is_symbolic(y):  # a symbolic integer: an int tensor, or a float one next to floats
             y = Tensor(y, x.device, x.dtype if dtypes.is_float(x.dtype) else dtypes.default_int)
         elif not isinstance(y, Tensor):
