@@ -32,6 +32,7 @@ CASES = [
     ((1, 3, 7, 10), 2, (1, 2)),      # padding 1 on the rows, 2 on the columns
     ((1, 2, 6, 6), 3, [1, 0, 2, 1]), # flat (left, right, top, bottom)
     ((1, 2, 1, 1), 3, 1),            # a single pixel
+    ((1, 2, 3, 54), 3, 1),           # 14 tiles a row, padded to 16
 ]
 
 def _torch_conv(X, W, B, padding):
