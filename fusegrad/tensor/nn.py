@@ -71,6 +71,15 @@ class _ConvGradient:
         gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
         return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
 
+def matmul_nodes(a: UOp, b: UOp) -> UOp:
+    """a @ b for tensor-level nodes of int shapes (..., n, k) and (..., k, m) with the same batch dims and one dtype
+    that is its own accumulator (no checks): the broadcast multiply and sum that Tensor.dot makes, as nodes directly."""
+    (*batch, n, k), m = a.shape, b.shape[-1]
+    nb, full = len(batch), (*batch, n, m, k)
+    au = a.reshape((*batch, n, 1, k)).expand(full)
+    bu = b.permute(tuple(range(nb)) + (nb + 1, nb)).reshape((*batch, 1, m, k)).expand(full)
+    return UOp(Ops.MUL, a.dtype, (au, bu)).r(Ops.ADD, (nb + 2,)).reshape((*batch, n, m))
+
 def _conv_result(ret: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, stride, dilation,
                  flat: list[int], out_dt: DType) -> Tensor:
     """A convolution's output `ret` with conv2d's gradient rule attached (float outputs) and the bias added."""
@@ -130,19 +139,18 @@ def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) ->
     if tw % 8 and -tw % 8 * 8 <= tw + -tw % 8: tw += -tw % 8
     # the input padded to whole tiles: (4 th + 2) x (4 tw + 2), the tiles overlapping by 2
     xp = _views_of(x).pad(((0, 0), (0, 0), (top, 4 * th + 2 - h - top), (left, 4 * tw + 2 - w - left)))
-    d = _views_of(_tensor_of(xp)._pool((6, 6), 4))                        # (bs, cin, th, tw, 6, 6)
-    kb, kg, ka = _wino_matrices(x.device)
-    T, tiles = _tensor_cls(), bs * th * tw
-    # (views made unchecked: the sizes follow from the checked input and weight)
-    def view(t: Tensor) -> _Views: return _Views(t)
-    def contiguous(t: Tensor) -> Tensor: return T(UOp(Ops.CONTIGUOUS, t.dtype, (t.uop,)))
-    v = view(kb @ _tensor_of(d.permute((4, 5, 1, 0, 2, 3)).reshape((36, cin * tiles)))).reshape((36, cin, tiles))
-    u = view(_tensor_of(view(weight).reshape((cout * cin, 9))) @ kg).permute((1, 0)).reshape((36, cout, cin))
-    m = view(contiguous(_tensor_of(u)) @ _tensor_of(v)).reshape((36, cout * tiles))
+    d = _tensor_of(xp)._pool((6, 6), 4).uop                               # (bs, cin, th, tw, 6, 6)
+    kb, kg, ka = (t.uop for t in _wino_matrices(x.device))
+    tiles = bs * th * tw
+    # (nodes made directly: every size follows from the checked input and weight)
+    def contiguous(u: UOp) -> UOp: return UOp(Ops.CONTIGUOUS, u.dtype, (u,))
+    v = matmul_nodes(kb, d.permute((4, 5, 1, 0, 2, 3)).reshape((36, cin * tiles))).reshape((36, cin, tiles))
+    u = matmul_nodes(weight.uop.reshape((cout * cin, 9)), kg).permute((1, 0)).reshape((36, cout, cin))
+    m = matmul_nodes(contiguous(u), v).reshape((36, cout * tiles))
     # the output's 4x4 tiles laid out as image rows by whatever reads them (an elementwise consumer, or a copy)
-    y = view(contiguous(ka @ _tensor_of(m))).reshape((4, 4, cout, bs, th, tw)).permute((3, 2, 4, 0, 5, 1))
+    y = contiguous(matmul_nodes(ka, m)).reshape((4, 4, cout, bs, th, tw)).permute((3, 2, 4, 0, 5, 1))
     y = y.reshape((bs, cout, 4 * th, 4 * tw))
-    return _tensor_of(y.shrink(((0, bs), (0, cout), (0, ho), (0, wo))))
+    return _tensor_cls()(y if (ho, wo) == (4 * th, 4 * tw) else y.shrink(((0, bs), (0, cout), (0, ho), (0, wo))))
 
 _wino_matrix_cache: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
 
