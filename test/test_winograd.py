@@ -1,6 +1,6 @@
-"""conv2d by Winograd's F(4x4, 3x3) (tensor/nn.py): values and gradients against torch's direct convolution for
-paddings 0-2 (asymmetric too), outputs that aren't whole tiles, bias; which convolutions take it (WINO, the size
-gate); and the structure that makes it fast: 36 matmuls of transformed tiles, no kernel that reads every branch."""
+"""conv2d by Winograd's F(4x4, 3x3) (tensor/nn.py): values and gradients against torch's convolution in float64 for
+paddings 0-2 (asymmetric too), outputs that aren't whole tiles, bias; and which convolutions take it (WINO, the
+size gate, the cases it doesn't cover)."""
 from __future__ import annotations
 import numpy as np
 import pytest
