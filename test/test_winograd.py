@@ -109,3 +109,15 @@ def test_small_convolutions_stay_direct():
 def test_too_small_input_raises_conv2d_error(small_gate):
     with pytest.raises(ValueError, match="larger than the input"):
         Tensor.ones(1, 2, 1, 1).conv2d(Tensor.ones(2, 2, 3, 3))
+
+@pytest.mark.parametrize("device", ["LLVM", "PYTHON"])
+def test_other_backends(small_gate, device: str):
+    # the transforms are ordinary nodes and the matrices buffers on the convolution's device
+    if device == "LLVM": pytest.importorskip("llvmlite")
+    rng = np.random.default_rng(6)
+    X, W = rng.standard_normal((1, 3, 6, 7)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    out = Tensor(X, device=device).conv2d(Tensor(W, device=device), padding=1)
+    assert out.device == device
+    ref = torch.nn.functional.conv2d(torch.tensor(X, dtype=torch.float64), torch.tensor(W, dtype=torch.float64),
+                                     padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
