@@ -92,6 +92,10 @@ BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), Con
     ContextVar("BEAM_ROUNDS", 5)
 BEAM_MAX_LANES, BEAM_MIN_GAIN = ContextVar("BEAM_MAX_LANES", 1024), ContextVar("BEAM_MIN_GAIN", 0.05)
 
+def pads_cheaply(size: int, multiple: int) -> bool:
+    """Whether rounding `size` up to a multiple of `multiple` wastes at most an eighth of the padded size."""
+    return -size % multiple * 8 <= size + -size % multiple
+
 # *** terminal output ***
 
 def colored(st: str, color: str | None, background: bool = False) -> str:

@@ -36,12 +36,11 @@ from typing import Any
 from fusegrad.codegen import get_program, optimize
 from fusegrad.codegen.affine import range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.codegen.opt.heuristic import pads_cheaply
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
-    cache_dir, host_cpu_count
+    cache_dir, host_cpu_count, pads_cheaply
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 

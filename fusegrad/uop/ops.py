@@ -455,7 +455,7 @@ class UOp(metaclass=UOpMetaClass):
                 while u is not None and "_device" not in u.__dict__ and u.src and u.op not in _DEVICE_CHANGERS:
                     path.append(u)
                     u = u.src[0]
-                d = None if u is None else u.__dict__.get("_device", u.arg if u.op is Ops.DEVICE else None)
+                d = None if u is None else u.__dict__.get("_device", u.arg if u.op is _DEVICE else None)
                 if d is not None:
                     for p in path: p.__dict__["_device"] = d
         if "_device" not in self.__dict__:

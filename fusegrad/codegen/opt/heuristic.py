@@ -7,11 +7,8 @@ from typing import Callable
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import dtypes
+from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-
-def pads_cheaply(size: int, multiple: int) -> bool:
-    """Whether rounding `size` up to a multiple of `multiple` wastes at most an eighth of the padded loop."""
-    return -size % multiple * 8 <= size + -size % multiple
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
     return next((c for c in choices if n % c == 0), 1)
