@@ -126,10 +126,14 @@ class LRUAllocator(Allocator):
 
     def alloc(self, size: int, options: Any = None) -> Any:
         if (lst := self.cache.get((size, options))):
-            self.cached_bytes -= size
-            ret = lst.pop()
-            if not lst: del self.cache[(size, options)]
-            return ret
+            # the most recently freed allocation that no queued kernel still uses (with none, fresh memory: cheaper
+            # than waiting for the kernels)
+            for i in range(len(lst) - 1, -1, -1):
+                if self._idle(lst[i]):
+                    self.cached_bytes -= size
+                    ret = lst.pop(i)
+                    if not lst: del self.cache[(size, options)]
+                    return ret
         try: return super().alloc(size, options)
         except MemoryError:
             self.free_cache()
@@ -149,6 +153,9 @@ class LRUAllocator(Allocator):
         else: super().free(opaque, size, options)
 
     def _reusable(self, opaque: Any) -> bool: return True
+    def _idle(self, opaque: Any) -> bool:
+        """Whether no queued work uses this allocation any more (devices that queue kernels: see ops_cpu)."""
+        return True
 
     def free_cache(self) -> None:
         """Really free every cached allocation."""

@@ -86,6 +86,8 @@ CACHELEVEL, CPU_THREADS, VIZ = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THRE
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 # 0: float32 3x3 stride-1 convolutions are computed directly instead of by Winograd's F(4x4, 3x3) (tensor/nn.py)
 WINO = ContextVar("WINO", 1)
+# CPU kernels are queued and run while Python goes on (0: each kernel has run when its call returns)
+CPU_ASYNC = ContextVar("CPU_ASYNC", 1)
 # BEAM search (engine/search.py): seconds a search may take, timed runs per candidate, rounds, the bound on the
 # product of upcast and unroll amounts, and how much faster than the heuristic a choice must time
 BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), ContextVar("BEAM_RUNS", 3), \

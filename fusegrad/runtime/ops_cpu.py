@@ -1,9 +1,12 @@
 """The CPU device: C rendered by ClangRenderer, compiled by the system C compiler into a shared object, loaded with
-ctypes and called on host memory. One kernel can be split across cores by calling it from several threads on
-disjoint ranges of its outermost loop (ctypes releases the GIL during the call)."""
+ctypes and called on host memory. Kernels are queued on a thread pool written in C and run while Python goes on (host
+access to a buffer waits for the kernels using it); one kernel can be split across cores by running disjoint ranges
+of its outermost loop on several threads."""
 from __future__ import annotations
 import _ctypes
 import ctypes
+import atexit
+import collections
 import functools
 import hashlib
 import itertools
@@ -21,7 +24,7 @@ import time
 import weakref
 from typing import Any
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
-from fusegrad.helpers import CPU_THREADS, DEBUG, host_cpu_count
+from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG, host_cpu_count
 
 # *** memory ***
 
@@ -74,6 +77,7 @@ class CPUAllocator(LRUAllocator):
         return view
 
     def _as_buffer(self, opaque: ctypes.Array) -> memoryview:
+        wait_for(opaque)
         # a separate ctypes object per export, so free() can see (via weakrefs) whether a memoryview still uses it
         exp = (ctypes.c_uint8 * len(opaque)).from_buffer(opaque)
         root = getattr(opaque, "_root", opaque)
@@ -87,8 +91,16 @@ class CPUAllocator(LRUAllocator):
         fin = opaque.__dict__.get("_finalizer")
         return fin is None or fin.alive
 
-    def _copyin(self, dest: ctypes.Array, src: memoryview) -> None: memoryview(dest).cast("B")[:] = src
-    def _copyout(self, dest: memoryview, src: ctypes.Array) -> None: dest[:] = memoryview(src).cast("B")
+    def _idle(self, opaque: ctypes.Array) -> bool:
+        return not (count := getattr(_root(opaque), "_fg_job", 0)) or (pool := _c_pool()) is None or pool.done(count)
+
+    # (host access waits for the queued kernels that use the memory: see CPool)
+    def _copyin(self, dest: ctypes.Array, src: memoryview) -> None:
+        wait_for(dest)
+        memoryview(dest).cast("B")[:] = src
+    def _copyout(self, dest: memoryview, src: ctypes.Array) -> None:
+        wait_for(src)
+        dest[:] = memoryview(src).cast("B")
 
 def address(opaque: ctypes.Array) -> int:
     """The address of a CPU allocation, for passing to C code."""
@@ -214,15 +226,17 @@ _pool = _ThreadPool()
 # a forked child has none of the parent's worker threads: it starts its own
 if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: _pool.__init__())
 
-# The same, in C: kernels rendered with an `<name>_entry(void **args, long lo, long hi)` wrapper are split across
-# threads without Python in between. Workers spin for about 10 us after a job (kernels of a step follow each other
-# within microseconds), then yield the core a while and sleep: spinning longer would take the core from other
-# processes (two test workers on two cores ran 2.5x slower with ~150 us of spinning). While jobs come in a burst
-# (a realize loop: ~100-300 us of Python between kernels) they keep yielding for 500 us instead of 30: a sleeping
-# worker takes ~50 us to wake, a yielding one gives its core to any other runnable thread at once. A dispatch costs
-# a few microseconds where the Python pool's costs tens. The chunks of a job are claimed from a shared ticket (the job's
-# generation and the next chunk), and the calling thread claims whatever is left after its own: a worker the OS
-# doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
+# The same, in C, as a queue of jobs: kernels rendered with an `<name>_entry(void **args, long lo, long hi)` wrapper
+# are submitted without waiting for them (see CPUProgram: the Python that builds and schedules the next kernels runs
+# while these do) and split into chunks that worker threads and any thread waiting on the queue claim from a shared
+# ticket (the current job's number and its next chunk). Jobs run one after another in submission order, each only
+# once the one before has finished, so a kernel sees everything the kernels before it wrote. Workers spin for about
+# 10 us when there is nothing to claim (kernels of a step follow each other within microseconds), then yield the
+# core a while and sleep: spinning longer would take the core from other processes (two test workers on two cores
+# ran 2.5x slower with ~150 us of spinning). While jobs come in a burst (a realize loop: ~100-300 us of Python
+# between kernels) they keep yielding for 500 us instead of 30: a sleeping worker takes ~50 us to wake, a yielding
+# one gives its core to any other runnable thread at once. A thread waiting for a job claims its chunks too: a worker
+# the OS doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
 # scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s).
 _C_POOL_SRC = r"""
 #include <pthread.h>
@@ -231,23 +245,23 @@ _C_POOL_SRC = r"""
 #include <time.h>
 typedef void (*fg_entry)(void **, long, long);
 #define FG_MAX_WORKERS 255
+#define FG_QUEUE 64            /* jobs queued or running at once: a submit beyond waits for the oldest */
 #define FG_SPIN 300            /* pauses (about 10 us), then yields to other runnable threads for */
-#define FG_YIELD_NS 30000L     /* 30 us, or when jobs come in a burst (this one posted within FG_HOT_GAP_NS of */
+#define FG_YIELD_NS 30000L     /* 30 us, or when jobs come in a burst (this one began within FG_HOT_GAP_NS of */
 #define FG_HOT_YIELD_NS 500000L /* the end of the one before) 500 us, then sleep */
 #define FG_HOT_GAP_NS 1000000L
-static pthread_mutex_t fg_run_mu = PTHREAD_MUTEX_INITIALIZER, fg_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;
-static atomic_long fg_gen;
-static atomic_ulong fg_ticket;   /* (generation << 32) | the next unclaimed chunk of the current job */
-static atomic_int fg_done;       /* chunks of the current job finished */
-static atomic_int fg_hot;       /* the current job came within FG_HOT_GAP_NS of the one before */
+typedef struct { fg_entry fn; void **args; long size; long n; } fg_job;
+static fg_job fg_q[FG_QUEUE];
+static pthread_mutex_t fg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;       /* sleeping workers wait here for a job to begin */
+static pthread_cond_t fg_done_cv = PTHREAD_COND_INITIALIZER;  /* sleeping waiters wait here for a job to end */
+/* jobs ever submitted and ever finished: jobs fg_finished .. fg_submitted - 1 are queued, the first one running */
+atomic_ulong fg_submitted, fg_finished;
+static atomic_ulong fg_ticket;   /* (running job's number << 32) | its next unclaimed chunk */
+static atomic_long fg_left;      /* chunks of the running job not finished yet */
+static atomic_int fg_hot;        /* the running job began within FG_HOT_GAP_NS of the end of the one before */
 static long fg_last_ns;          /* when the last job ended */
-static int fg_workers, fg_atfork;
-static long fg_start[FG_MAX_WORKERS + 1];
-static fg_entry fg_fn;
-static void **fg_args;
-static long fg_size;
-static int fg_n;
+static int fg_workers, fg_sleepers, fg_waiters, fg_atfork;
 static inline void fg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -260,92 +274,183 @@ static inline long fg_now_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
-/* claim and run chunks of job `gen` until none is left; returns how many this thread ran. A claim succeeds only
-   while the ticket still names that job, and the job can't end while a claimed chunk runs, so its function and
-   arguments stay valid */
-static int fg_claim(unsigned long gen) {
+/* job j becomes the running one (fg_mu held) */
+static void fg_begin(unsigned long j) {
+  atomic_store_explicit(&fg_left, fg_q[j % FG_QUEUE].n, memory_order_relaxed);
+  atomic_store_explicit(&fg_hot, fg_now_ns() - fg_last_ns < FG_HOT_GAP_NS, memory_order_relaxed);
+  atomic_store_explicit(&fg_ticket, (j & 0xffffffffUL) << 32, memory_order_release);
+  if (fg_sleepers) pthread_cond_broadcast(&fg_cv);
+}
+/* the running job's last chunk is done: the next queued one begins */
+static void fg_finish(void) {
+  pthread_mutex_lock(&fg_mu);
+  unsigned long next = atomic_load(&fg_finished) + 1;
+  atomic_store_explicit(&fg_finished, next, memory_order_release);
+  fg_last_ns = fg_now_ns();
+  if (atomic_load(&fg_submitted) > next) fg_begin(next);
+  if (fg_waiters) pthread_cond_broadcast(&fg_done_cv);
+  pthread_mutex_unlock(&fg_mu);
+}
+/* whether the running job has a chunk left to claim. (The slot may be refilled for a later job only after the ticket
+   moved past it; a stale answer costs one more look) */
+static inline int fg_claimable(void) {
+  unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
+  return (long)(t & 0xffffffffUL) < fg_q[(t >> 32) % FG_QUEUE].n;
+}
+/* claim and run chunks of the running job, and of the ones after it, until none is left to claim; returns how many
+   this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a
+   claimed chunk runs, so its function and arguments stay valid */
+static int fg_claim(void) {
   int ran = 0;
   for (;;) {
     unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
     unsigned long i = t & 0xffffffffUL;
-    if ((t >> 32) != (gen & 0xffffffffUL) || i >= (unsigned long)fg_n) return ran;
+    fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
+    long n = job->n;
+    if ((long)i >= n) return ran;
     if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
       continue;
-    fg_fn(fg_args, fg_size * (long)i / fg_n, fg_size * (long)(i + 1) / fg_n);
+    job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
     ran++;
+    if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }
 }
 static void *fg_worker(void *arg) {
-  long id = (long)arg, seen = fg_start[id];
+  (void)arg;
   for (;;) {
     long yield_until = 0;
-    for (int spin = 0; atomic_load_explicit(&fg_gen, memory_order_acquire) == seen; spin++) {
+    for (int spin = 0; !fg_claimable(); spin++) {
       if (spin < FG_SPIN) { fg_relax(); continue; }
       if (spin == FG_SPIN) yield_until = fg_now_ns() + (atomic_load(&fg_hot) ? FG_HOT_YIELD_NS : FG_YIELD_NS);
       if ((spin & 15) || fg_now_ns() < yield_until) { sched_yield(); continue; }
       pthread_mutex_lock(&fg_mu);
-      while (atomic_load(&fg_gen) == seen) pthread_cond_wait(&fg_cv, &fg_mu);
+      fg_sleepers++;
+      while (!fg_claimable()) pthread_cond_wait(&fg_cv, &fg_mu);
+      fg_sleepers--;
       pthread_mutex_unlock(&fg_mu);
     }
-    seen = atomic_load(&fg_gen);
-    int ran = fg_claim((unsigned long)seen);
-    if (ran) atomic_fetch_add_explicit(&fg_done, ran, memory_order_release);
+    fg_claim();
   }
   return 0;
 }
-/* a forked child has none of the parent's threads: no workers, and locks and a condition variable that no thread
-   holds or waits on (the parent's sleeping workers would leave the condition variable waiting for them forever) */
+/* until `count` jobs have finished, claiming their chunks too */
+void fg_pool_wait(unsigned long count) {
+  for (int spin = 0; atomic_load_explicit(&fg_finished, memory_order_acquire) < count; spin++) {
+    if (fg_claim()) { spin = 0; continue; }
+    if (spin < FG_SPIN) { fg_relax(); continue; }
+    /* every chunk is claimed and the one running is long: sleep until a job ends (no core spent on waiting) */
+    pthread_mutex_lock(&fg_mu);
+    fg_waiters++;
+    if (atomic_load(&fg_finished) < count && !fg_claimable()) pthread_cond_wait(&fg_done_cv, &fg_mu);
+    fg_waiters--;
+    pthread_mutex_unlock(&fg_mu);
+  }
+}
+/* a forked child has none of the parent's threads: no workers, and locks and condition variables that no thread
+   holds or waits on (the parent waits for its queue to drain before forking, so no job is left half done) */
 static void fg_forget_workers(void) {
-  fg_workers = 0;
-  pthread_mutex_init(&fg_run_mu, 0);
+  fg_workers = fg_sleepers = fg_waiters = 0;
   pthread_mutex_init(&fg_mu, 0);
   pthread_cond_init(&fg_cv, 0);
+  pthread_cond_init(&fg_done_cv, 0);
 }
-int fg_pool_run(fg_entry fn, void **args, long size, int n) {
-  if (n > FG_MAX_WORKERS + 1) n = FG_MAX_WORKERS + 1;
-  pthread_mutex_lock(&fg_run_mu);
+/* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
+   at which it has finished (for fg_pool_wait) */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers) {
+  if (n < 1) n = 1;
+  if (n > size) n = size > 0 ? size : 1;
+  if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
+  pthread_mutex_lock(&fg_mu);
+  unsigned long j;
+  while ((j = atomic_load(&fg_submitted)) - atomic_load(&fg_finished) >= FG_QUEUE) {
+    pthread_mutex_unlock(&fg_mu);
+    fg_pool_wait(j - FG_QUEUE + 1);  /* the queue is full: help with its oldest job */
+    pthread_mutex_lock(&fg_mu);
+  }
   if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
-  while (fg_workers < n - 1) {
+  while (fg_workers < workers) {
     pthread_t t;
-    fg_start[fg_workers + 1] = atomic_load(&fg_gen);
-    if (pthread_create(&t, 0, fg_worker, (void *)(long)(fg_workers + 1))) break;
+    if (pthread_create(&t, 0, fg_worker, 0)) break;  /* fewer workers: waiting threads run the chunks */
     pthread_detach(t);
     fg_workers++;
   }
-  if (n > fg_workers + 1) n = fg_workers + 1;
-  fg_fn = fn; fg_args = args; fg_size = size; fg_n = n;
-  atomic_store_explicit(&fg_done, 0, memory_order_relaxed);
-  atomic_store_explicit(&fg_hot, fg_now_ns() - fg_last_ns < FG_HOT_GAP_NS, memory_order_relaxed);
-  unsigned long gen = (unsigned long)atomic_load(&fg_gen) + 1;
-  /* chunk 0 is this thread's: the ticket starts at chunk 1, published before the generation the workers wait on */
-  atomic_store_explicit(&fg_ticket, ((gen & 0xffffffffUL) << 32) | 1, memory_order_release);
-  pthread_mutex_lock(&fg_mu);
-  atomic_store_explicit(&fg_gen, (long)gen, memory_order_release);
-  pthread_cond_broadcast(&fg_cv);
+  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n};
+  atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
+  if (atomic_load(&fg_finished) == j) fg_begin(j);  /* nothing ahead of it: it runs now */
   pthread_mutex_unlock(&fg_mu);
-  fn(args, 0, size / n);
-  int ran = 1 + fg_claim(gen);
-  atomic_fetch_add_explicit(&fg_done, ran, memory_order_release);
-  for (int spin = 0; atomic_load_explicit(&fg_done, memory_order_acquire) < n; spin++) {
-    if (spin < FG_SPIN) fg_relax(); else sched_yield();
-  }
-  fg_last_ns = fg_now_ns();
-  pthread_mutex_unlock(&fg_run_mu);
-  return n;
+  return j + 1;
 }
 """
 
+class CPool:
+    """The C pool's job queue as seen from Python. Whatever a queued job uses (its argument array, the Variables'
+    values, the buffers' memory) is held here until the job has finished; each allocation a job uses is stamped
+    with the job count at which that job is done, so host access to it (Buffer copies, .numpy()) waits for exactly
+    the jobs that use it."""
+    def __init__(self, lib: ctypes.CDLL):
+        self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
+        self._submit.restype = ctypes.c_ulong
+        self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+        self._wait.restype, self._wait.argtypes = None, [ctypes.c_ulong]
+        self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
+        self._held: collections.deque[tuple[int, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self.submitted = 0
+
+    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any) -> int:
+        """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
+        `held` is kept alive until then."""
+        count = self._submit(entry, args, size, chunks, workers)
+        with self._lock:
+            self.submitted = max(self.submitted, count)
+            self._held.append((count, held))
+        self._release()
+        return count
+
+    def run(self, entry: int, args: Any, size: int, chunks: int) -> None:
+        """entry(args, lo, hi) over [0, size) in `chunks` chunks, returning once it has run (the caller helps)."""
+        self.wait(self.submit(entry, args, size, chunks, chunks - 1, None))
+
+    def done(self, count: int) -> bool: return self._finished.value >= count
+
+    def wait(self, count: int | None = None) -> None:
+        """Until the jobs up to `count` (all jobs submitted so far: None) have finished; this thread runs chunks."""
+        count = self.submitted if count is None else count
+        if self._finished.value < count: self._wait(count)
+        self._release()
+
+    def _release(self) -> None:
+        finished = self._finished.value
+        with self._lock:
+            held = self._held
+            while held and held[0][0] <= finished: held.popleft()
+
 @functools.cache
-def _c_pool() -> Any:
-    """fg_pool_run from the C pool compiled with the CPU compiler (None where that fails: the Python pool then)."""
+def _c_pool() -> CPool | None:
+    """The C pool compiled with the CPU compiler (None where that fails: kernels then run synchronously, split across
+    threads from Python)."""
     try:
         from fusegrad.device import Device
-        fxn = _load_library(Device["CPU"].compiler.compile_cached(_C_POOL_SRC)).fg_pool_run
+        pool = CPool(_load_library(Device["CPU"].compiler.compile_cached(_C_POOL_SRC)))
     except Exception as e:
-        if DEBUG >= 1: print(f"CPU: no C thread pool ({e}); kernels are split across threads from Python")
+        if DEBUG >= 1: print(f"CPU: no C thread pool ({e}); kernels run synchronously, split by the Python pool")
         return None
-    fxn.restype, fxn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
-    return fxn
+    # a forked child must not inherit half-run jobs: the queue drains before every fork. (At exit the same, so no job
+    # runs while the interpreter frees what it uses.)
+    if hasattr(os, "register_at_fork"): os.register_at_fork(before=pool.wait)
+    atexit.register(pool.wait)
+    return pool
+
+def _root(opaque: Any) -> Any: return getattr(opaque, "_root", opaque)
+
+def wait_for(opaque: Any) -> None:
+    """Until the queued kernels that use this CPU allocation (or its base allocation) have finished."""
+    if (count := getattr(_root(opaque), "_fg_job", 0)) and (pool := _c_pool()) is not None and not pool.done(count):
+        pool.wait(count)
+
+def _exported(root: Any) -> bool:
+    return any(r() is not None for r in root.__dict__.get("_exports", ()))
+
 _load_counter = itertools.count()
 
 def _load_library(lib: bytes) -> ctypes.CDLL:
@@ -388,27 +493,48 @@ class CPUProgram:
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
-        when set). Returns the elapsed seconds if `wait`."""
+        when set). The kernel is queued on the C pool (see CPool) and this returns before it has run, unless `wait`
+        (then it returns the elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
+        memory, whose reader expects the new values once the kernel is called)."""
+        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
+        threads = max(1, min(threads, global_size))
+        pool = _c_pool() if self._entry is not None else None
+        # (a timed one-thread kernel runs here, as it would without a queue: the handover to a worker isn't its time)
+        queued = bool(CPU_ASYNC.value) and _cores() > 1
+        if pool is not None and (threads > 1 or (queued and not wait)):
+            if wait: pool.wait()  # (timed alone: nothing queued before it)
+            st = time.perf_counter() if wait else 0.0
+            # everything by pointer: the buffers' memory, and each Variable's value in a C variable held with the job
+            boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
+            args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
+                *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
+            # (the program too: its code must stay loaded until the job has run)
+            count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs))
+            exported = False
+            for b in bufs:
+                if b is None: continue
+                root = _root(b)
+                root._fg_job = count
+                if "_exports" in root.__dict__ and _exported(root): exported = True
+            if wait or exported or not queued: pool.wait(count)
+            return time.perf_counter() - st if wait else None
+        # run here and now: after whatever is queued, which may write these buffers
+        if (c_pool := _c_pool()) is not None: c_pool.wait()
         if (sig := (len(bufs), tuple(type(v) is float for v in vals) if vals else ())) != self._sig:
             # argtypes make ctypes convert cheaply and pass 64-bit values correctly; they only change with the
             # signature: pointers, then a double per float parameter and a long per integer one, then the range
             self.fxn.argtypes = [ctypes.c_void_p] * len(bufs) + \
                 [ctypes.c_double if f else ctypes.c_long for f in sig[1]] + [ctypes.c_long] * 2
             self._sig = sig
-        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
-        threads = max(1, min(threads, global_size))
         st = time.perf_counter() if wait else 0.0
         if threads == 1: self.fxn(*bufs, *vals, 0, max(global_size, 1))
-        elif self._entry is not None and (c_pool := _c_pool()) is not None:
-            # everything by pointer: the buffers' memory, and each Variable's value in a C variable kept alive here
-            boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
-            args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
-                *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
-            c_pool(self._entry, args, global_size, threads)
         else:
             bounds = [global_size * i // threads for i in range(threads + 1)]
             _pool.run(self.fxn, [(*bufs, *vals, bounds[i], bounds[i + 1]) for i in range(threads)])
         return time.perf_counter() - st if wait else None
+
+@functools.cache
+def _cores() -> int: return host_cpu_count()
 
 # *** the device ***
 
@@ -430,6 +556,10 @@ class CPUDevice(Compiled):
             if DEBUG >= 1: print("CPU: no ClangRenderer yet, compiling with the default flags")
             flags = None
         return CPUCompiler(flags)
+
+    def synchronize(self) -> None:
+        """Wait until every kernel queued so far (on any CPU device: they share one queue) has run."""
+        if (pool := _c_pool()) is not None: pool.wait()
 
     @property
     def max_threads(self) -> int:

@@ -85,5 +85,5 @@ def test_every_chunk_runs_once_whoever_claims_it():
         args = (ctypes.c_void_p * 1)(ctypes.addressof(hits))
         if job % 50 == 25: time.sleep(0.01)  # the workers fall asleep
         if job % 7 == 0: m @ m  # numpy's threads spin for a while after this
-        pool(entry, args, size, n)
+        pool.run(entry, args, size, n)
         assert list(hits) == [1] * size, (job, size, n, list(hits))

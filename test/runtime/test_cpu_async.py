@@ -1,0 +1,167 @@
+"""CPU kernels are queued on the C pool and run while Python goes on: every way of looking at a buffer from the host
+sees what the kernels before it wrote, memory a queued kernel uses is neither freed nor handed to another buffer, and
+CPU_ASYNC=0 makes every kernel finish before its call returns. References are numpy's."""
+import ctypes
+import gc
+import multiprocessing
+import numpy as np
+import pytest
+from fusegrad import Context, Device, Tensor, Variable, dtypes
+from fusegrad.device import Buffer
+from fusegrad.runtime import ops_cpu
+
+pool = ops_cpu._c_pool()
+pytestmark = [pytest.mark.skipif(pool is None, reason="the C thread pool could not be compiled here"),
+              pytest.mark.skipif(ops_cpu._cores() < 2, reason="kernels only run asynchronously with 2+ cores")]
+
+def _slow_matmul(n: int = 1024) -> tuple[Tensor, np.ndarray]:
+    """A lazy product that takes a few milliseconds or more, and its inputs as numpy arrays."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    return Tensor(a).realize(), a
+
+def test_realize_returns_before_the_kernels_ran():
+    t, a = _slow_matmul(1536)
+    Device["CPU"].synchronize()
+    out = (t @ t).realize()  # ~10-20 ms of work on 2 cores: queued, not run yet when realize returns
+    assert not pool.done(pool.submitted)
+    Device["CPU"].synchronize()
+    assert pool.done(pool.submitted)
+    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
+
+def test_cpu_async_off_waits_for_each_kernel():
+    t, a = _slow_matmul(1024)
+    with Context(CPU_ASYNC=0):
+        for f in (lambda x: x * 2 + 1, lambda x: x @ x):  # one thread, and split across the cores
+            f(t).realize()
+            assert pool.done(pool.submitted)
+
+def test_reads_see_the_queued_kernels_results():
+    t, a = _slow_matmul(512)
+    want = a.astype(np.float64)
+    x, ref = t, want
+    for _ in range(6):  # a chain of kernels, each reading the last one's output, none waited for
+        x, ref = (x @ t) * 0.01, (ref @ want) * 0.01
+    np.testing.assert_allclose(x.numpy(), ref, rtol=1e-3, atol=1e-6)
+    s = (t.sum(1) * 3).realize()
+    assert s.tolist() == pytest.approx((a.astype(np.float64).sum(1) * 3).tolist(), rel=1e-4, abs=1e-3)
+    assert (t[3, 5] + 1).item() == pytest.approx(float(a[3, 5]) + 1, rel=1e-6)
+
+def test_copyin_into_a_buffer_a_queued_kernel_reads():
+    t, a = _slow_matmul(1024)
+    out = (t @ t).realize()           # queued: reads t
+    t.assign(Tensor.zeros(1024, 1024)).realize()   # then t is overwritten in place: after the product
+    b = np.ones((1024, 1024), np.float32)
+    t._buffer().copyin(memoryview(b))  # a host write into t: after both kernels
+    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
+    np.testing.assert_array_equal(t.numpy(), b)
+
+def test_freed_memory_is_not_reused_while_a_kernel_reads_it():
+    # the input's memory goes back to the allocator's cache while the product reading it is still queued: a new
+    # buffer of that size must not get it (its copyin would race the kernel's reads)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a = rng.standard_normal((768, 768), dtype=np.float32)
+        t = Tensor(a).realize()
+        out = (t @ t).realize()
+        del t
+        gc.collect()
+        Tensor(np.full((768, 768), 7.0, np.float32)).realize()  # same size, right after the free
+        np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
+
+def test_memory_freed_under_a_queued_kernel_stays_mapped():
+    # nothing holds the input or the intermediate but the queued kernels: their memory must outlive them (a free to
+    # the C heap here would be a use after free, a crash or garbage)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((1024, 1024), dtype=np.float32)
+    alloc = Device["CPU"].allocator
+    with Context(LRU=0):
+        out = (Tensor(a) @ Tensor(a)).relu().sum(1).realize()
+        gc.collect()
+        alloc.free_cache()
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.astype(np.float64) @ a, 0).sum(1), rtol=1e-3, atol=1e-1)
+
+def test_host_view_sees_in_place_updates():
+    # a live memoryview of a buffer: a kernel that writes it has run by the time the call returns (its reader can't
+    # know to wait)
+    t = Tensor(np.arange(4096, dtype=np.float32)).realize()
+    view = t._buffer().as_buffer()
+    arr = np.frombuffer(view, dtype=np.float32)
+    for step in range(1, 4):
+        t.assign(t + 1).realize()
+        np.testing.assert_array_equal(arr, np.arange(4096, dtype=np.float32) + step)
+
+def test_variables_of_queued_kernels_keep_their_values():
+    n = Variable("n", 1, 4096)
+    a = np.random.default_rng(2).standard_normal(4096).astype(np.float32)
+    t = Tensor(a).realize()
+    outs = [(t[:n.bind(v)] * 3.0 + v).realize() for v in (4096, 1000, 17, 4095, 1)]  # all queued back to back
+    for v, o in zip((4096, 1000, 17, 4095, 1), outs):
+        np.testing.assert_allclose(o.numpy(), a[:v] * 3.0 + v, rtol=1e-6)
+
+def test_program_dropped_while_its_kernel_is_queued():
+    # a runner nothing refers to after its call: its code must stay loaded until the queued job has run
+    from fusegrad.codegen import get_program
+    from fusegrad.engine.realize import CompiledRunner
+    x = Tensor.rand(1 << 20).realize()
+    (ei,) = (x * 2 + 1).schedule()
+    p = get_program(ei.ast, Device["CPU"].renderer)
+    want = x.numpy() * 2 + 1
+    for _ in range(10):
+        bufs = [Buffer("CPU", 1 << 20, dtypes.float32), ei.bufs[1]]
+        CompiledRunner(p)([b.ensure_allocated() for b in bufs], {})
+        gc.collect()
+        np.testing.assert_allclose(bufs[0].numpy(), want, rtol=1e-6)
+
+def test_timed_runs_wait_for_their_kernel():
+    from fusegrad.engine.realize import lower_schedule_item
+    t, _ = _slow_matmul(1024)
+    (ei,) = [lower_schedule_item(si) for si in (t @ t).schedule()]
+    et = ei.run(wait=True)
+    assert et is not None and et > 0 and pool.done(pool.submitted)
+
+def test_many_jobs_beyond_the_queue_length():
+    # more jobs than the queue holds (a submit then waits for the oldest): each still runs once, in order
+    t = Tensor.zeros(1000).contiguous().realize()
+    for _ in range(300): t.assign(t + 1).realize()
+    np.testing.assert_array_equal(t.numpy(), np.full(1000, 300, np.float32))
+
+def test_every_chunk_of_queued_jobs_runs_once():
+    src = r"""
+void fg_test_count(void **args, long lo, long hi) {
+  int *hits = (int *)args[0];
+  for (long i = lo; i < hi; i++) __atomic_fetch_add(&hits[i], 1, __ATOMIC_RELAXED);
+}"""
+    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(src))
+    entry = ctypes.cast(lib.fg_test_count, ctypes.c_void_p).value
+    rng = np.random.default_rng(3)
+    jobs = []
+    for _ in range(500):  # submitted without waiting: several times the queue's length
+        size, chunks = int(rng.integers(1, 200)), int(rng.integers(1, 5))
+        hits = (ctypes.c_int * size)()
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(hits))
+        pool.submit(entry, args, size, chunks, 1, (hits, args))
+        jobs.append(hits)
+    pool.wait()
+    for hits in jobs: assert list(hits) == [1] * len(hits)
+
+def _child(q):
+    import faulthandler
+    faulthandler.dump_traceback_later(30, exit=True)
+    a = Tensor.ones(512, 512).contiguous().realize()
+    q.put(float((a @ a).sum().item()))
+
+def test_fork_with_kernels_queued():
+    # the queue drains before the fork: the child starts with no half-run job, and its own kernels run
+    t, a = _slow_matmul(1536)
+    out = (t @ t).realize()
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q,))
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("a forked child hung")
+    assert p.exitcode == 0 and q.get(timeout=5) == 512.0 ** 3
+    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
