@@ -34,7 +34,7 @@ import torch
 
 torch.set_num_threads(2)
 
-from fusegrad import GlobalCounters, Tensor  # noqa: E402  (torch threads are set first)
+from fusegrad import Device, GlobalCounters, Tensor  # noqa: E402  (torch threads are set first)
 
 QUICK = "--quick" in sys.argv
 BUDGET_S = 1.0 if QUICK else 3.0   # per (workload, framework) after warm-up
@@ -50,6 +50,7 @@ def bench(fn: Callable[[], object], budget_s: float = BUDGET_S, max_reps: int = 
     while len(times) < max_reps and (len(times) < 2 or time.perf_counter() - start < budget_s):
         t0 = time.perf_counter()
         fn()
+        Device[Device.DEFAULT].synchronize()  # (fusegrad's CPU kernels run asynchronously: wait for them)
         times.append(time.perf_counter() - t0)
         if times[-1] > budget_s: break  # a very slow implementation gets one timed run
     return min(times), statistics.median(times)
@@ -236,6 +237,7 @@ def bench_changing_constant(iters: tuple[int, ...] = (1000, 5000)) -> list[str]:
         rss, done, t0 = [], 0, time.perf_counter()
         for n in iters:
             for i in range(done, n): ((x * 1.5 + 1).relu().sum(1) + const(i)).realize()
+            Device[x.device].synchronize()
             done = n
             rss.append(f"RSS after {n}: {rss_mb():.1f} MB")
         ms = (time.perf_counter() - t0) * 1e3 / iters[-1]
@@ -245,11 +247,12 @@ def bench_changing_constant(iters: tuple[int, ...] = (1000, 5000)) -> list[str]:
 G200_PROGRAM = """
 import time
 t0 = time.perf_counter()
-from fusegrad import Tensor, GlobalCounters
+from fusegrad import Device, Tensor, GlobalCounters
 t1 = time.perf_counter()
 x = Tensor.ones(77, 77).contiguous().realize()
 for i in range(200): x = (x*1.01+0.5).relu() if i % 3 else x.sum(1, keepdim=True).expand(77, 77)*0.001 + x
 x.realize()
+Device[x.device].synchronize()
 t2 = time.perf_counter()
 print(f"{(t2 - t1) * 1e3:.0f} {(t1 - t0) * 1e3:.0f} {GlobalCounters.kernel_count}")
 """

@@ -109,6 +109,10 @@ def done(*ts: Tensor) -> Any:
     Device[ts[0].device].synchronize()
     return ts[0] if len(ts) == 1 else ts
 
+def settle() -> None:
+    """Wait for fusegrad's queued kernels (CPU kernels run asynchronously): a timing ends when the work has run."""
+    Device[Device.DEFAULT].synchronize()
+
 def to_np(x: Any) -> Any:
     if isinstance(x, (tuple, list)): return [to_np(v) for v in x]
     if isinstance(x, Tensor): return x.numpy()
@@ -437,6 +441,7 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
             else:
                 t0 = time.perf_counter()
                 impl.fn()
+                settle()
                 impl.first = time.perf_counter() - t0
         except Exception as e:
             impl.problem = f"failed: {error_text(e)}"
@@ -447,6 +452,7 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
             impl.fn()   # a TinyJit captures here
             t0 = time.perf_counter()
             impl.out = impl.fn()
+            settle()
             per_run[impl.name] = time.perf_counter() - t0
         except Exception as e:
             impl.problem = f"failed: {error_text(e)}"
@@ -467,6 +473,7 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
             time.sleep(SETTLE_S)
             t0 = time.perf_counter()
             for _ in range(reps[impl.name]): impl.fn()
+            settle()
             impl.blocks.append((time.perf_counter() - t0) / reps[impl.name])
 
 # *** the table ***

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 import numpy as np
-from fusegrad import Tensor, TinyJit, nn
+from fusegrad import Device, Tensor, TinyJit, nn
 from fusegrad.nn.state import get_parameters
 
 D2 = ("CPU", "CPU:1")
@@ -25,6 +25,7 @@ D2 = ("CPU", "CPU:1")
 def _block(fn, reps: int) -> float:
     st = time.perf_counter()
     for _ in range(reps): fn()
+    for d in D2: Device[d].synchronize()  # (CPU kernels run asynchronously: a block ends when they have run)
     return (time.perf_counter() - st) / reps
 
 def allreduce_table(sizes: list[int], rounds: int) -> None:
@@ -35,6 +36,7 @@ def allreduce_table(sizes: list[int], rounds: int) -> None:
         x = Tensor(data).shard(D2, 0).realize()
         st = time.perf_counter()
         out = x.sum(0).realize()
+        for d in D2: Device[d].synchronize()
         first = time.perf_counter() - st
         np.testing.assert_allclose(out.numpy(), data.sum(0), rtol=1e-6, atol=1e-6)
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 torch.set_num_threads(2)
 
-from fusegrad import Tensor, TinyJit, nn  # noqa: E402  (torch threads are set first)
+from fusegrad import Device, Tensor, TinyJit, nn  # noqa: E402  (torch threads are set first)
 from fusegrad.nn.state import get_parameters, get_state_dict  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
@@ -35,6 +35,10 @@ from train_digits import DigitsNet  # noqa: E402
 QUICK = "--quick" in sys.argv
 BLOCK = 3 if QUICK else 10  # steps per block
 
+def settle() -> None:
+    """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
+    Device[Device.DEFAULT].synchronize()
+
 def blocks(ours: Callable[[], object], theirs: Callable[[], object], nblocks: int = 2) -> dict[str, float]:
     """Cold (first call) and steady (best block mean) seconds per call of each side, timed A B A B."""
     out: dict[str, float] = {}
@@ -42,10 +46,12 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], nblocks: in
     for name, fn in (("ours", ours), ("torch", theirs)):
         st = time.perf_counter()
         fn()
+        settle()
         out[f"{name}_cold"] = time.perf_counter() - st
         fn()  # a TinyJit captures on its second call
         st = time.perf_counter()
         fn()
+        settle()
         # slow workloads (a whole ResNet forward) get short blocks, so the run stays within minutes
         steps[name] = max(1, min(BLOCK, int(2.0 / (time.perf_counter() - st))))
     best = {"ours": math.inf, "torch": math.inf}
@@ -53,6 +59,7 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], nblocks: in
         for name, fn in (("ours", ours), ("torch", theirs)):
             st = time.perf_counter()
             for _ in range(steps[name]): fn()
+            settle()  # (the last steps' kernels may still be queued: a block ends when they have run)
             best[name] = min(best[name], (time.perf_counter() - st) / steps[name])
     out["ours"], out["torch"] = best["ours"], best["torch"]
     return out
