@@ -17,6 +17,11 @@ __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "Glob
 # elementwise a*b+1 on 2 cores: 0.8 MB moved 9.1 -> 7.4 us, 3 MB 103 -> 25 us, 12.6 MB 461 -> 258 us; the digits CNN
 # step 4.9 -> 4.65 ms with these bounds rather than 4x higher ones, which the Python pool's ~35 us dispatch needed)
 THREAD_MIN_OPS, THREAD_MIN_MEM = 1 << 17, 1 << 20
+# a device that queues kernels (CPU) has the calling thread run part of a split kernel itself, when nothing is queued
+# ahead of it, only for kernels of about a millisecond and more: there a second core halves the time to the result,
+# where for shorter ones the caller's next Python is worth more (the eager MLP Adam step: 4.5 ms with the caller
+# helping every split kernel, 3.4 ms with none; 4096x4096 sums 1.40 -> 1.34 ms with the help)
+HELP_MIN_OPS, HELP_MIN_MEM = 1 << 28, 1 << 25
 
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     """The value of an int or of a symbolic expression of Variables given by name in var_vals."""
@@ -76,6 +81,12 @@ class CompiledRunner(Runner):
     @staticmethod
     def _is_big(ops: int, mem: int) -> bool: return ops >= THREAD_MIN_OPS or mem >= THREAD_MIN_MEM
 
+    def _caller_helps(self, var_vals: dict[str, int]) -> bool:
+        ops, mem = self.estimates.ops, self.estimates.mem
+        if not isinstance(ops, int) or not isinstance(mem, int):
+            ops, mem = sym_infer(ops, var_vals), sym_infer(mem, var_vals)
+        return ops >= HELP_MIN_OPS or mem >= HELP_MIN_MEM
+
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
         try: vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
@@ -83,7 +94,9 @@ class CompiledRunner(Runner):
                                          "(Variable.bind(value)) where the shape is built, or pass the bound Variable "
                                          "to the TinyJit function") from e
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
-        return self._prg(*bufs, vals=vals, global_size=gs, threads=self.threads(var_vals) if gs > 1 else 1, wait=wait)
+        threads = self.threads(var_vals) if gs > 1 else 1
+        return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
+                         help=threads > 1 and self._caller_helps(var_vals))
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of

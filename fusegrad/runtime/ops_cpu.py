@@ -300,11 +300,12 @@ static inline int fg_claimable(void) {
 /* claim and run chunks of the running job, and of the ones after it, until none is left to claim; returns how many
    this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a
    claimed chunk runs, so its function and arguments stay valid */
-static int fg_claim(void) {
+static int fg_claim_of(long only) {
   int ran = 0;
   for (;;) {
     unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
     unsigned long i = t & 0xffffffffUL;
+    if (only >= 0 && (t >> 32) != ((unsigned long)only & 0xffffffffUL)) return ran;
     fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
     long n = job->n;
     if ((long)i >= n) return ran;
@@ -315,6 +316,7 @@ static int fg_claim(void) {
     if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }
 }
+static int fg_claim(void) { return fg_claim_of(-1); }
 static void *fg_worker(void *arg) {
   (void)arg;
   for (;;) {
@@ -355,8 +357,9 @@ static void fg_forget_workers(void) {
   pthread_cond_init(&fg_done_cv, 0);
 }
 /* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
-   at which it has finished (for fg_pool_wait) */
-unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers) {
+   at which it has finished (for fg_pool_wait). With `help`, a job that runs at once (nothing queued ahead of it) gets
+   chunks run by the caller too, until none is left to claim */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int help) {
   if (n < 1) n = 1;
   if (n > size) n = size > 0 ? size : 1;
   if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
@@ -376,8 +379,10 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   }
   fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n};
   atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
-  if (atomic_load(&fg_finished) == j) fg_begin(j);  /* nothing ahead of it: it runs now */
+  int now = atomic_load(&fg_finished) == j;
+  if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
   pthread_mutex_unlock(&fg_mu);
+  if (now && help) fg_claim_of((long)j);
   return j + 1;
 }
 """
@@ -390,17 +395,19 @@ class CPool:
     def __init__(self, lib: ctypes.CDLL):
         self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
         self._submit.restype = ctypes.c_ulong
-        self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+        self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int,
+                                 ctypes.c_int]
         self._wait.restype, self._wait.argtypes = None, [ctypes.c_ulong]
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
         self.submitted = 0
 
-    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any) -> int:
+    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, help: bool = False) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
-        `held` is kept alive until then."""
-        count = self._submit(entry, args, size, chunks, workers)
+        `held` is kept alive until then. With `help`, if nothing is queued ahead of the job, this thread runs chunks
+        of it before returning."""
+        count = self._submit(entry, args, size, chunks, workers, help)
         with self._lock:
             self.submitted = max(self.submitted, count)
             self._held.append((count, held))
@@ -491,11 +498,12 @@ class CPUProgram:
         return fxn
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False) -> float | None:
+                 wait: bool = False, help: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). The kernel is queued on the C pool (see CPool) and this returns before it has run, unless `wait`
         (then it returns the elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
-        memory, whose reader expects the new values once the kernel is called)."""
+        memory, whose reader expects the new values once the kernel is called). With `help`, a kernel that nothing
+        is queued ahead of has chunks run by this thread before the call returns."""
         if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
         threads = max(1, min(threads, global_size))
         pool = _c_pool() if self._entry is not None else None
@@ -509,7 +517,8 @@ class CPUProgram:
             args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
                 *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
             # (the program too: its code must stay loaded until the job has run)
-            count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs))
+            count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
+                                help and threads > 1)
             exported = False
             for b in bufs:
                 if b is None: continue

@@ -23,7 +23,8 @@ def _slow_matmul(n: int = 1024) -> tuple[Tensor, np.ndarray]:
 def test_realize_returns_before_the_kernels_ran():
     t, a = _slow_matmul(1536)
     Device["CPU"].synchronize()
-    out = (t @ t).realize()  # ~10-20 ms of work on 2 cores: queued, not run yet when realize returns
+    # ~30 ms of work on one thread (a kernel split across threads may have the caller run part of it)
+    with Context(CPU_THREADS=1): out = (t @ t).realize()
     assert not pool.done(pool.submitted)
     Device["CPU"].synchronize()
     assert pool.done(pool.submitted)
@@ -165,3 +166,35 @@ def test_fork_with_kernels_queued():
         pytest.fail("a forked child hung")
     assert p.exitcode == 0 and q.get(timeout=5) == 512.0 ** 3
     np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
+
+_WHO_SRC = r"""
+#include <pthread.h>
+#include <time.h>
+void fg_test_who(void **args, long lo, long hi) {
+  unsigned long *who = (unsigned long *)args[0];
+  struct timespec ts, now;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  do clock_gettime(CLOCK_MONOTONIC, &now);  /* 10 ms per chunk */
+  while ((now.tv_sec - ts.tv_sec) * 1000000000L + (now.tv_nsec - ts.tv_nsec) < 10000000L);
+  for (long i = lo; i < hi; i++) who[i] = (unsigned long)pthread_self();
+}
+unsigned long fg_test_me(void) { return (unsigned long)pthread_self(); }"""
+
+def test_caller_helps_only_when_asked():
+    # a long split kernel (help=True) with nothing queued ahead: the calling thread runs chunks before returning
+    # (of 6 chunks of 10 ms, the worker could only take all if this thread stalled for 50 ms); without help the call
+    # returns at once and a worker runs every chunk
+    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(_WHO_SRC))
+    entry = ctypes.cast(lib.fg_test_who, ctypes.c_void_p).value
+    lib.fg_test_me.restype = ctypes.c_ulong
+    me = lib.fg_test_me()
+    for help_ in (True, False):
+        Device["CPU"].synchronize()
+        who = (ctypes.c_ulong * 6)()
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(who))
+        before = (pool._finished.value, pool.submitted)
+        count = pool.submit(entry, args, 6, 6, 1, (who, args), help_)
+        if help_: assert me in list(who), (before, count, list(who), me)
+        else: assert not pool.done(count) and me not in list(who)
+        pool.wait(count)
+        assert all(list(who))
