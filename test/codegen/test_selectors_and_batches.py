@@ -1,7 +1,7 @@
 """Two kernel shapes the heuristic recognizes: a concatenation or stack along a small axis (its loop is unrolled, so
 each lane loads only its own branch, and the loop left is vectorized), and a batched matmul (its batch loop stays
 outermost, so each batch's column panel is reused by that batch's row tiles). Results against numpy and torch, and
-the opts chosen."""
+the opts chosen; and the row tile of a matmul whose rows 8 does not divide."""
 import os
 import numpy as np
 import pytest
@@ -70,3 +70,14 @@ def test_stack_in_every_dtype(dt, device: str):
     np.testing.assert_array_equal(Tensor.stack(*parts, dim=1).numpy(), np.stack([X[:, i::4] for i in range(4)], 1))
     got = Tensor.cat(x[:, :, :8], x[:, :, 16:], x[:, :, 8:16], dim=1).numpy()
     np.testing.assert_array_equal(got, np.concatenate([X[:, :, :8], X[:, :, 16:], X[:, :, 8:16]], 1))
+
+@pytest.mark.parametrize("m,tile,padded", [(36, 6, False), (30, 6, False), (1023, 8, True), (54, 8, True),
+                                           (100, 8, True), (1000, 8, False)])
+def test_matmul_row_tile(m: int, tile: int, padded: bool):
+    # rows that 8 doesn't divide: a 6-row tile where padding to 8 would waste a sixteenth or more (36 rows, Winograd's
+    # transforms), else padded to 8 when that wastes at most an eighth (1023, 54, 100)
+    A, B = RS.randn(m, 64).astype(np.float32), RS.randn(64, 256).astype(np.float32)
+    opts = opts_of(Tensor(A) @ Tensor(B))
+    rows = [o for o in opts if o.axis == 0 and o.op in (OptOps.UPCAST, OptOps.PADTO)]
+    assert (Opt(OptOps.PADTO, 0, 8) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, opts
+    np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
