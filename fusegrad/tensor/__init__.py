@@ -269,13 +269,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         ids = {id(t) for t in tensors}
         lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
                 any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
-        # one walk over all their graphs (they mostly share one forward and backward graph), marking the nodes that
-        # read a target
-        reads: dict[UOp, bool] = {}
-        for u in UOp.sink_of(*_shards(lazy)).toposort():
-            reads[u] = u in targets or any(reads[s] for s in u.src)
+        if not lazy: return ()
+        # one walk over all their graphs (they mostly share one forward and backward graph, and most of it is the
+        # graph scheduled: its toposort isn't walked again), collecting the nodes that read a target
+        reading = set(targets)
+        for u in UOp.sink_of(*_shards(lazy)).toposort(known=topo):
+            if not reading.isdisjoint(u.src): reading.add(u)
         # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
-        return tuple(sorted((t for t in lazy if any(reads[u] for u in _shards((t,)))), key=lambda t: t._serial))
+        return tuple(sorted((t for t in lazy if any(u in reading for u in _shards((t,)))), key=lambda t: t._serial))
 
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
