@@ -427,8 +427,17 @@ class UOp(metaclass=UOpMetaClass):
         else:
             d["_shape"] = _compute_shape(self)
             return d["_shape"]
-        for u in self.toposort(gate=lambda u: "_shape" not in u.__dict__):
-            if "_shape" not in u.__dict__: u.__dict__["_shape"] = _compute_shape(u)
+        # deeper new nodes (a matmul's chain of views built at once): sources first, without recursion (deep graphs)
+        # and without a toposort of the whole graph below (a walk that stops at nodes with shapes is all it needs)
+        stack = [self]
+        while stack:
+            u = stack[-1]
+            if "_shape" in (ud := u.__dict__): stack.pop(); continue
+            missing = [s for s in u.src if "_shape" not in s.__dict__]
+            if missing: stack.extend(missing)
+            else:
+                ud["_shape"] = _compute_shape(u)
+                stack.pop()
         return d["_shape"]
 
     @property
