@@ -21,7 +21,7 @@ THREAD_MIN_OPS, THREAD_MIN_MEM = 1 << 17, 1 << 20
 # ahead of it, only for kernels of about a millisecond and more: there a second core halves the time to the result,
 # where for shorter ones the caller's next Python is worth more (the eager MLP Adam step: 4.5 ms with the caller
 # helping every split kernel, 3.4 ms with none; 4096x4096 sums 1.40 -> 1.34 ms with the help)
-HELP_MIN_OPS, HELP_MIN_MEM = 1 << 28, 1 << 25
+JOIN_MIN_OPS, JOIN_MIN_MEM = 1 << 28, 1 << 25
 
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     """The value of an int or of a symbolic expression of Variables given by name in var_vals."""
@@ -81,11 +81,11 @@ class CompiledRunner(Runner):
     @staticmethod
     def _is_big(ops: int, mem: int) -> bool: return ops >= THREAD_MIN_OPS or mem >= THREAD_MIN_MEM
 
-    def _caller_helps(self, var_vals: dict[str, int]) -> bool:
+    def _caller_joins(self, var_vals: dict[str, int]) -> bool:
         ops, mem = self.estimates.ops, self.estimates.mem
         if not isinstance(ops, int) or not isinstance(mem, int):
             ops, mem = sym_infer(ops, var_vals), sym_infer(mem, var_vals)
-        return ops >= HELP_MIN_OPS or mem >= HELP_MIN_MEM
+        return ops >= JOIN_MIN_OPS or mem >= JOIN_MIN_MEM
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
@@ -96,7 +96,7 @@ class CompiledRunner(Runner):
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         threads = self.threads(var_vals) if gs > 1 else 1
         return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
-                         help=threads > 1 and self._caller_helps(var_vals))
+                         join=threads > 1 and self._caller_joins(var_vals))
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of

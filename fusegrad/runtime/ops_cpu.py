@@ -297,9 +297,9 @@ static inline int fg_claimable(void) {
   unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
   return (long)(t & 0xffffffffUL) < fg_q[(t >> 32) % FG_QUEUE].n;
 }
-/* claim and run chunks of the running job, and of the ones after it, until none is left to claim; returns how many
-   this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a
-   claimed chunk runs, so its function and arguments stay valid */
+/* claim and run chunks of the running job, and of the ones after it, until none is left to claim (with `only` >= 0:
+   only chunks of job number `only`); returns how many this thread ran. A claim succeeds only while the ticket still
+   names the job, and the job can't finish while a claimed chunk runs, so its function and arguments stay valid */
 static int fg_claim_of(long only) {
   int ran = 0;
   for (;;) {
@@ -357,9 +357,9 @@ static void fg_forget_workers(void) {
   pthread_cond_init(&fg_done_cv, 0);
 }
 /* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
-   at which it has finished (for fg_pool_wait). With `help`, a job that runs at once (nothing queued ahead of it) gets
+   at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
    chunks run by the caller too, until none is left to claim */
-unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int help) {
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join) {
   if (n < 1) n = 1;
   if (n > size) n = size > 0 ? size : 1;
   if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
@@ -382,7 +382,7 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   int now = atomic_load(&fg_finished) == j;
   if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
   pthread_mutex_unlock(&fg_mu);
-  if (now && help) fg_claim_of((long)j);
+  if (now && join) fg_claim_of((long)j);
   return j + 1;
 }
 """
@@ -403,11 +403,11 @@ class CPool:
         self._lock = threading.Lock()
         self.submitted = 0
 
-    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, help: bool = False) -> int:
+    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
-        `held` is kept alive until then. With `help`, if nothing is queued ahead of the job, this thread runs chunks
+        `held` is kept alive until then. With `join`, if nothing is queued ahead of the job, this thread runs chunks
         of it before returning."""
-        count = self._submit(entry, args, size, chunks, workers, help)
+        count = self._submit(entry, args, size, chunks, workers, join)
         with self._lock:
             self.submitted = max(self.submitted, count)
             self._held.append((count, held))
@@ -498,11 +498,11 @@ class CPUProgram:
         return fxn
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False, help: bool = False) -> float | None:
+                 wait: bool = False, join: bool = False) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). The kernel is queued on the C pool (see CPool) and this returns before it has run, unless `wait`
         (then it returns the elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
-        memory, whose reader expects the new values once the kernel is called). With `help`, a kernel that nothing
+        memory, whose reader expects the new values once the kernel is called). With `join`, a kernel that nothing
         is queued ahead of has chunks run by this thread before the call returns."""
         if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
         threads = max(1, min(threads, global_size))
@@ -518,7 +518,8 @@ class CPUProgram:
                 *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
             # (the program too: its code must stay loaded until the job has run)
             count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
-                                help and threads > 1)
+                                join and threads > 1)
+            # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
             for b in bufs:
                 if b is None: continue

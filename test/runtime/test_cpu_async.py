@@ -180,21 +180,21 @@ void fg_test_who(void **args, long lo, long hi) {
 }
 unsigned long fg_test_me(void) { return (unsigned long)pthread_self(); }"""
 
-def test_caller_helps_only_when_asked():
-    # a long split kernel (help=True) with nothing queued ahead: the calling thread runs chunks before returning
-    # (of 6 chunks of 10 ms, the worker could only take all if this thread stalled for 50 ms); without help the call
+def test_caller_joins_only_when_asked():
+    # a long split kernel (join=True) with nothing queued ahead: the calling thread runs chunks before returning
+    # (of 6 chunks of 10 ms, the worker could only take all if this thread stalled for 50 ms); without join the call
     # returns at once and a worker runs every chunk
     lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(_WHO_SRC))
     entry = ctypes.cast(lib.fg_test_who, ctypes.c_void_p).value
     lib.fg_test_me.restype = ctypes.c_ulong
     me = lib.fg_test_me()
-    for help_ in (True, False):
+    for join in (True, False):
         Device["CPU"].synchronize()
         who = (ctypes.c_ulong * 6)()
         args = (ctypes.c_void_p * 1)(ctypes.addressof(who))
         before = (pool._finished.value, pool.submitted)
-        count = pool.submit(entry, args, 6, 6, 1, (who, args), help_)
-        if help_: assert me in list(who), (before, count, list(who), me)
+        count = pool.submit(entry, args, 6, 6, 1, (who, args), join)
+        if join: assert me in list(who), (before, count, list(who), me)
         else: assert not pool.done(count) and me not in list(who)
         pool.wait(count)
         assert all(list(who))
