@@ -4,9 +4,12 @@ buffers, and which buffer each realized node becomes. A later graph of the same 
 gets its kernels and its tensors' new buffers from the plan, without instantiating the cached kernel graph, ordering
 its kernels or rewriting tensors twice."""
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from fusegrad.dtype import DType
 from fusegrad.schedule.kernelize import buffer_of, new_buffer, substitute_map
+from fusegrad.schedule.linear import get_buffer
+from fusegrad.schedule.memory import share_storage
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
@@ -17,17 +20,36 @@ class ReplayPlan:
     outs: tuple[tuple[UOp, int, DType], ...]                         # fresh output buffers: (device, size, dtype)
     kernels: tuple[tuple[UOp, tuple[BufferRef, ...], tuple[int, ...]], ...]  # (AST, buffers, parameters' positions)
     results: tuple[tuple[int, BufferRef, tuple[int, ...] | None], ...]  # (position, its buffer, reshaped to)
+    # fresh buffers that no tensor keeps -> which other one's storage each takes, per set of kept ones (see
+    # memory.share_storage: the same structure plans the same way every step)
+    shares: dict[frozenset[int], dict[int, int]] = field(default_factory=dict, compare=False)
 
-    def instantiate(self, topo: list[UOp]) -> tuple[list[tuple[UOp, list[UOp], dict[str, object]]], dict[UOp, UOp]]:
-        """For a graph of the recorded structure (`topo`: its toposort): the kernels as (AST, BUFFER nodes, fixed
-        parameter values), and each realized node -> the buffer (view) it becomes."""
+    def instantiate(self, topo: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
+        """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
+        node -> the buffer (view) it becomes."""
         outs = [new_buffer(device, size, dtype) for device, size, dtype in self.outs]
-        def buf(ref: BufferRef) -> UOp: return topo[ref] if ref >= 0 else outs[~ref]
-        kernels = [(ast, [buf(r) for r in refs], {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
-                   for ast, refs, params in self.kernels]
-        results = {topo[pos]: buf(ref) if shape is None else buf(ref).reshape(shape)
-                   for pos, ref, shape in self.results}
-        return kernels, results
+        results = {topo[pos]: (topo[ref] if ref >= 0 else outs[~ref]) if shape is None else
+                   (topo[ref] if ref >= 0 else outs[~ref]).reshape(shape) for pos, ref, shape in self.results}
+        return outs, results
+
+    def exec_items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[Any]:
+        """The ExecItems of the kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a
+        tensor holds from now on) get their own Buffers; the others share storage where their lifetimes allow."""
+        from fusegrad.device import Buffer
+        from fusegrad.engine.realize import ExecItem
+        if (shares := self.shares.get(kept)) is None:
+            uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
+            temps = {i for step in uses for i in step}
+            nbytes = {i: self.outs[i][1] * self.outs[i][2].itemsize for i in temps}
+            shares = self.shares[kept] = share_storage(uses, nbytes, {i: self.outs[i][0].arg for i in temps})
+        storage: list[Any] = [None] * len(outs)
+        for i, (device, size, dtype) in enumerate(self.outs):
+            # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
+            if i not in shares: storage[i] = get_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
+        for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
+        return [ExecItem(ast, [get_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
+                         fixedvars={f"_p{i}": topo[p].arg for i, p in enumerate(params)})
+                for ast, refs, params in self.kernels]
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
                   replaced: dict[UOp, UOp]) -> ReplayPlan | None:

@@ -7,7 +7,7 @@ indexing.py, elementwise.py (activations and math functions), reduce.py (scans, 
 (convolution, pooling, losses, attention) each add theirs as a mixin."""
 from __future__ import annotations
 import itertools, math, operator, struct, time, weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Container, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, argfix, prod
@@ -298,52 +298,42 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         tensors = (self,) + lst + readers
         var_vals: dict[str, int] = {}
         lookup = schedule_cache_lookup(graph, topo)
-        if lookup.entry is not None and lookup.entry.replay is not None:
-            # this structure was scheduled before: its kernels and the realized nodes' buffers come from the plan
+        if lookup.entry is not None and (plan := lookup.entry.replay) is not None:
+            # this structure was scheduled before: its kernels, the realized nodes' buffers and the memory plan come
+            # from the plan
             schedule_cache_stats["hits"] += 1
-            planned, results = lookup.entry.replay.instantiate(lookup.topo)
-            items = [ExecItem(ast, [get_buffer(b) for b in bufs], fixedvars=fixedvars)
-                     for ast, bufs, fixedvars in planned]
-            written = {b for ast, bufs, _ in planned for b in bufs[:len(ast.src) if ast.op is Ops.SINK else 1]}
+            outs, results = plan.instantiate(lookup.topo)
             Tensor._apply_map(results, lazy)
-        else:
-            replaced = kernelize_map_cached(graph, var_vals, lookup)
-            Tensor._apply_map(replaced, lazy)
-            lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
-            sink = UOp.sink_of(*_shards(tensors))
-            topo = sink.toposort()
-            # (kernels with an empty output have nothing to run)
-            kernels = [k for k in kernels_in_order(sink, topo) if buffer_of(k.src[0]).arg[1] > 0]
-            # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
-            items = []
-            for k in kernels:
-                bufs, fixedvars = [], {}
-                for b in k.src:
-                    if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
-                    else: bufs.append(get_buffer(b))
-                items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
-            # every kernel output is a buffer from now on (those of a kernel with several outputs that only the
-            # replaced nodes reach too: the kernel's sources name its outputs' buffers, not their ASSIGNs)
-            becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
-                       for u in UOp.sink_of(sink, *replaced.values()).toposort()
-                       if u.op is Ops.ASSIGN and is_realized(u)}
-            Tensor._apply_map(becomes, lazy)
-            written = {buffer_of(o) for k in kernels for o in kernel_outputs(k)}
-            if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
-                    entry.replay is None:
-                entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
-        # buffers a live tensor still reads must keep their memory: those it is (its base) and, for a tensor that is
-        # still lazy, every buffer its graph loads from
-        # (a tensor realized before this schedule holds none of them: only the lazy ones are looked at)
-        keep: set[int] = set()
-        for t in lazy:
-            u = t.uop
-            base = u.base
-            if base.op is Ops.BUFFER:
-                if base in written: keep.add(id(get_buffer(base)))  # (only this schedule's buffers are planned)
-            else: keep.update(id(get_buffer(x)) for x in u.toposort() if x in written)
-            if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
-        plan_memory(items, keep)
+            index = {o: i for i, o in enumerate(outs)}
+            kept = frozenset(index[b] for b in _held_buffers(lazy, index))
+            return plan.exec_items(lookup.topo, outs, kept), var_vals
+        replaced = kernelize_map_cached(graph, var_vals, lookup)
+        Tensor._apply_map(replaced, lazy)
+        lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
+        sink = UOp.sink_of(*_shards(tensors))
+        topo = sink.toposort()
+        # (kernels with an empty output have nothing to run)
+        kernels = [k for k in kernels_in_order(sink, topo) if buffer_of(k.src[0]).arg[1] > 0]
+        # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
+        items = []
+        for k in kernels:
+            bufs, fixedvars = [], {}
+            for b in k.src:
+                if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
+                else: bufs.append(get_buffer(b))
+            items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
+        # every kernel output is a buffer from now on (those of a kernel with several outputs that only the
+        # replaced nodes reach too: the kernel's sources name its outputs' buffers, not their ASSIGNs)
+        becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
+                   for u in UOp.sink_of(sink, *replaced.values()).toposort()
+                   if u.op is Ops.ASSIGN and is_realized(u)}
+        Tensor._apply_map(becomes, lazy)
+        written = {buffer_of(o) for k in kernels for o in kernel_outputs(k)}
+        if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
+                entry.replay is None:
+            entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
+        # (only this schedule's buffers are planned)
+        plan_memory(items, {id(get_buffer(b)) for b in _held_buffers(lazy, written)})
         return items, var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
@@ -1019,6 +1009,20 @@ def _is_realized_view(u: UOp) -> bool:
 def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
     """The graphs of these tensors, a sharded one's being its shards'."""
     return [s for t in tensors for s in shards_of(t.uop)]
+
+def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
+    """The BUFFER nodes `among` this schedule's that live tensors hold, so they keep their memory: those a tensor is
+    (its base) and, for a tensor that is still lazy, every buffer its graph loads from. (`lazy`: the tensors that
+    were lazy before the schedule; one realized before it holds none of these.) Tensors that are now plain buffers
+    leave the lazy set."""
+    held: set[UOp] = set()
+    for t in lazy:
+        u = t.uop
+        if (base := u.base).op is Ops.BUFFER:
+            if base in among: held.add(base)
+        else: held.update(x for x in u.toposort() if x in among)
+        if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
+    return held
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
