@@ -188,12 +188,18 @@ class LAMB(Optimizer):
         self.b2_t.assign(self.b2_t * self.b2)
         # the bias corrections are the same (1,) tensors for every parameter: built once
         c1, c2 = 1.0 - self.b1_t, 1.0 - self.b2_t
+        # plain Adam (no weight decay, no trust ratio) folds them into the step as PyTorch does: lr / c1 times
+        # m / (sqrt(v) / sqrt(c2) + eps), two tensor operations per parameter fewer than dividing m and v
+        folded = self.adam and not self.wd
+        if folded: step_size, c2_sqrt = self.lr / c1, c2.sqrt()
         for t, g, m, v in zip(params, grads, self.m, self.v):
             g = g.float()
             m.assign(self.b1 * m + (1.0 - self.b1) * g)
             v.assign(self.b2 * v + (1.0 - self.b2) * g.square())
-            m_hat, v_hat = m / c1, v / c2
-            up = m_hat / (v_hat.sqrt() + self.eps)
+            if folded:
+                t.assign((t.detach().float() - step_size * (m / (v.sqrt() / c2_sqrt + self.eps))).cast(t.dtype))
+                continue
+            up = (m / c1) / ((v / c2).sqrt() + self.eps)
             if self.wd: up = up + self.wd * t.detach().float()
             r: Tensor | float = 1.0
             if not self.adam:
