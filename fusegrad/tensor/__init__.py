@@ -503,7 +503,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         n = max(0, math.ceil((stop - start) / step))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         idx = Tensor._iota(n, device)
-        return (idx.cast(dt) * step + start).cast(dt) if n else Tensor.zeros(0, dtype=dt, device=device)
+        if not n: return Tensor.zeros(0, dtype=dt, device=device)
+        # (0, 1, ...: the index itself, without the multiply and add the general case builds and folds away later)
+        if step == 1 and start == 0: return idx.cast(dt)
+        return (idx.cast(dt) * step + start).cast(dt)
     @staticmethod
     def _iota(n: int, device: str | None) -> Tensor:
         """0, 1, ..., n-1 (int32): the loop index itself, so it costs no memory traffic."""
