@@ -265,6 +265,17 @@ def test_sparse_categorical_crossentropy():
                                            reduction=red), _rand(2, 3, 4), y)
     with pytest.raises(TypeError, match="integers"): Tensor.ones(2, 3).sparse_categorical_crossentropy(Tensor.ones(2))
 
+@pytest.mark.parametrize("ignore_index", [-1, 2, 7])
+@pytest.mark.parametrize("red", ["mean", "sum", "none"])
+def test_sparse_categorical_crossentropy_without_smoothing(ignore_index: int, red: str):
+    # (the mean with an ignored label outside the classes is one sum over every row and class: values and gradients
+    # must still be torch's, with ignored rows in the batch and an ignore_index that is a class)
+    y = np.array([[1, -1, 3], [0, 2, 2], [7, 3, 1]], dtype=np.int32)
+    y = np.where(y == 7, ignore_index, y).astype(np.int32)
+    check(lambda x, y: x.sparse_categorical_crossentropy(y, ignore_index=ignore_index, reduction=red),
+          lambda x, y: F.cross_entropy(x.permute(0, 2, 1), y.long(), ignore_index=ignore_index, reduction=red),
+          _rand(3, 3, 4), np.where(y == -1, ignore_index, y).astype(np.int32) if ignore_index != -1 else y)
+
 def test_sparse_categorical_crossentropy_masked_logit():
     # a class ruled out with a -inf logit: without label smoothing its log-probability (-inf) only meets the one-hot
     # select, so the loss stays finite, as torch's
