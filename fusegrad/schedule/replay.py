@@ -28,8 +28,9 @@ class ReplayPlan:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
         node -> the buffer (view) it becomes."""
         outs = [new_buffer(device, size, dtype) for device, size, dtype in self.outs]
-        results = {topo[pos]: (topo[ref] if ref >= 0 else outs[~ref]) if shape is None else
-                   (topo[ref] if ref >= 0 else outs[~ref]).reshape(shape) for pos, ref, shape in self.results}
+        def buf(ref: BufferRef) -> UOp: return topo[ref] if ref >= 0 else outs[~ref]
+        results = {topo[pos]: buf(ref) if shape is None else buf(ref).reshape(shape)
+                   for pos, ref, shape in self.results}
         return outs, results
 
     def exec_items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[Any]:
