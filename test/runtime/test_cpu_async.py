@@ -21,14 +21,14 @@ def _slow_matmul(n: int = 1024) -> tuple[Tensor, np.ndarray]:
     return Tensor(a).realize(), a
 
 def test_realize_returns_before_the_kernels_ran():
-    t, a = _slow_matmul(1536)
+    t, a = _slow_matmul(2048)
     Device["CPU"].synchronize()
-    # ~30 ms of work on one thread (a kernel split across threads may have the caller run part of it)
+    # ~0.1 s of work on one thread (a kernel split across threads may have the caller run part of it)
     with Context(CPU_THREADS=1): out = (t @ t).realize()
     assert not pool.done(pool.submitted)
     Device["CPU"].synchronize()
     assert pool.done(pool.submitted)
-    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(out.numpy()[:64], a[:64].astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
 
 def test_cpu_async_off_waits_for_each_kernel():
     t, a = _slow_matmul(1024)
