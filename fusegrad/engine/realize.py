@@ -62,7 +62,8 @@ class CompiledRunner(Runner):
         # the ProgramSpec contract makes any kernel with global_size > 1 splittable; the device says how far
         self._static_gs = p.global_size if isinstance(p.global_size, int) else None
         self._may_split = self._static_gs is None or self._static_gs > 1
-        self._static_big = self._is_big(p.estimates.ops, p.estimates.mem) \
+        # (ops, bytes moved) when they don't depend on Variables: the thread count and the caller's join need them
+        self._static_work = (p.estimates.ops, p.estimates.mem) \
             if isinstance(p.estimates.ops, int) and isinstance(p.estimates.mem, int) else None
         super().__init__(colored(p.name, "cyan"), p.device, p.estimates)
 
@@ -71,21 +72,16 @@ class CompiledRunner(Runner):
     @property
     def uops(self) -> list[UOp]: return self.p.uops
 
-    def threads(self, var_vals: dict[str, int]) -> int:
+    def _work(self, var_vals: dict[str, int]) -> tuple[int, int]:
+        """The ops and bytes moved of this call."""
+        if self._static_work is not None: return self._static_work
+        return sym_infer(self.estimates.ops, var_vals), sym_infer(self.estimates.mem, var_vals)
+
+    def threads(self, var_vals: dict[str, int], work: tuple[int, int] | None = None) -> int:
         """How many threads this call is split across: all the device allows for big kernels, else 1."""
         if not self._may_split: return 1
-        big = self._static_big if self._static_big is not None else \
-            self._is_big(sym_infer(self.estimates.ops, var_vals), sym_infer(self.estimates.mem, var_vals))
-        return self.dev.max_threads if big else 1
-
-    @staticmethod
-    def _is_big(ops: int, mem: int) -> bool: return ops >= THREAD_MIN_OPS or mem >= THREAD_MIN_MEM
-
-    def _caller_joins(self, var_vals: dict[str, int]) -> bool:
-        ops, mem = self.estimates.ops, self.estimates.mem
-        if not isinstance(ops, int) or not isinstance(mem, int):
-            ops, mem = sym_infer(ops, var_vals), sym_infer(mem, var_vals)
-        return ops >= JOIN_MIN_OPS or mem >= JOIN_MIN_MEM
+        ops, mem = work if work is not None else self._work(var_vals)
+        return self.dev.max_threads if ops >= THREAD_MIN_OPS or mem >= THREAD_MIN_MEM else 1
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
@@ -94,9 +90,10 @@ class CompiledRunner(Runner):
                                          "(Variable.bind(value)) where the shape is built, or pass the bound Variable "
                                          "to the TinyJit function") from e
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
-        threads = self.threads(var_vals) if gs > 1 else 1
+        work = self._work(var_vals)
+        threads = self.threads(var_vals, work) if gs > 1 else 1
         return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
-                         join=threads > 1 and self._caller_joins(var_vals))
+                         join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of

@@ -87,7 +87,7 @@ class CPUAllocator(LRUAllocator):
 
     def _reusable(self, opaque: ctypes.Array) -> bool:
         # memory a live memoryview (e.g. a numpy array) still reads must not be handed to another Buffer
-        if any(r() is not None for r in opaque.__dict__.get("_exports", ())): return False
+        if _exported(opaque): return False
         fin = opaque.__dict__.get("_finalizer")
         return fin is None or fin.alive
 
@@ -456,6 +456,7 @@ def wait_for(opaque: Any) -> None:
         pool.wait(count)
 
 def _exported(root: Any) -> bool:
+    """Whether a live host view (a memoryview from _as_buffer) reads this allocation."""
     return any(r() is not None for r in root.__dict__.get("_exports", ()))
 
 _load_counter = itertools.count()
@@ -525,7 +526,7 @@ class CPUProgram:
                 if b is None: continue
                 root = _root(b)
                 root._fg_job = count
-                if "_exports" in root.__dict__ and _exported(root): exported = True
+                if _exported(root): exported = True
             if wait or exported or not queued: pool.wait(count)
             return time.perf_counter() - st if wait else None
         # run here and now: after whatever is queued, which may write these buffers

@@ -3,7 +3,6 @@ sees what the kernels before it wrote, memory a queued kernel uses is neither fr
 CPU_ASYNC=0 makes every kernel finish before its call returns. References are numpy's."""
 import ctypes
 import gc
-import multiprocessing
 import numpy as np
 import pytest
 from fusegrad import Context, Device, Tensor, Variable, dtypes
@@ -145,27 +144,6 @@ void fg_test_count(void **args, long lo, long hi) {
         jobs.append(hits)
     pool.wait()
     for hits in jobs: assert list(hits) == [1] * len(hits)
-
-def _child(q):
-    import faulthandler
-    faulthandler.dump_traceback_later(30, exit=True)
-    a = Tensor.ones(512, 512).contiguous().realize()
-    q.put(float((a @ a).sum().item()))
-
-def test_fork_with_kernels_queued():
-    # the queue drains before the fork: the child starts with no half-run job, and its own kernels run
-    t, a = _slow_matmul(1536)
-    out = (t @ t).realize()
-    ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(q,))
-    p.start()
-    p.join(60)
-    if p.is_alive():
-        p.kill()
-        pytest.fail("a forked child hung")
-    assert p.exitcode == 0 and q.get(timeout=5) == 512.0 ** 3
-    np.testing.assert_allclose(out.numpy(), a.astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
 
 _WHO_SRC = r"""
 #include <pthread.h>

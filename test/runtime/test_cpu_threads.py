@@ -1,5 +1,5 @@
 """Kernels split across threads by the C thread pool compute what one thread computes, dispatch after dispatch, with
-the workers awake or asleep, with Variables passed by pointer, and in a forked child."""
+the workers awake or asleep, with Variables passed by pointer, and in a forked child (forked with a kernel queued)."""
 import multiprocessing
 import time
 import numpy as np
@@ -51,7 +51,11 @@ def _child(q):
     q.put(float(a.sum().item()))
 
 def test_forked_child_runs_threaded_kernels():
-    Tensor.ones(1024, 1024).sum().realize()  # the parent's workers exist
+    # the parent's workers exist and a product is queued when it forks: the queue drains first, so the child starts
+    # with no half-run job, and both the child's kernels and the parent's product give the right values
+    a = np.random.default_rng(5).standard_normal((1536, 1536), dtype=np.float32)
+    t = Tensor(a).realize()
+    out = (t @ t).realize()
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child, args=(q,))
@@ -61,6 +65,7 @@ def test_forked_child_runs_threaded_kernels():
         p.kill()
         pytest.fail("a threaded kernel in a forked child hung")
     assert p.exitcode == 0 and q.get(timeout=5) == 1024 * 1024
+    np.testing.assert_allclose(out.numpy()[:64], a[:64].astype(np.float64) @ a, rtol=1e-3, atol=1e-2)
 
 _MARK_SRC = r"""
 void fg_test_mark(void **args, long lo, long hi) {
