@@ -2,6 +2,7 @@
 from __future__ import annotations
 import contextlib
 import functools
+import gc
 import operator
 import os
 from typing import Any, Iterable, TypeVar
@@ -93,6 +94,19 @@ CPU_ASYNC = ContextVar("CPU_ASYNC", 1)
 BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), ContextVar("BEAM_RUNS", 3), \
     ContextVar("BEAM_ROUNDS", 5)
 BEAM_MAX_LANES, BEAM_MIN_GAIN = ContextVar("BEAM_MAX_LANES", 1024), ContextVar("BEAM_MIN_GAIN", 0.05)
+
+# The garbage collector's first-generation threshold (objects allocated and still alive) while it is still CPython's
+# default of 700. A training step keeps thousands of graph nodes, tensors and tuples alive until it ends, so at 700
+# every step ran a collection that found nothing to free and moved the step's live objects into the older generations;
+# those then set off a full collection of the process every few hundred steps (150 ms with torch loaded). At 5000 a
+# step's objects are freed by their reference counts before any collection: the eager MLP Adam step 3.3 -> 3.0 ms.
+# 0 leaves the collector as it is; a threshold the program set itself is never changed.
+GC_THRESHOLD = ContextVar("GC_THRESHOLD", 5000)
+
+def tune_gc() -> None:
+    """Raise the collector's first-generation threshold to GC_THRESHOLD when it is still CPython's default."""
+    first, *older = gc.get_threshold()
+    if GC_THRESHOLD.value > first == 700: gc.set_threshold(GC_THRESHOLD.value, *older)
 
 def pads_cheaply(size: int, multiple: int) -> bool:
     """Whether rounding `size` up to a multiple of `multiple` wastes at most an eighth of the padded size."""

@@ -147,3 +147,26 @@ class TestColored:
 def test_environment_is_not_leaked():
     # the tests above set variables only through monkeypatch
     assert not any(k.startswith("FUSEGRAD_TEST_") for k in os.environ)
+
+class TestGarbageCollectorThreshold:
+    """Importing fusegrad raises the collector's first threshold from CPython's default only (checked in fresh
+    interpreters against the gc module itself)."""
+    @staticmethod
+    def thresholds_after_import(env: dict[str, str], before: str = "") -> tuple[int, ...]:
+        import subprocess
+        import sys
+        code = f"import gc\n{before}\nimport fusegrad\nprint(*gc.get_threshold())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env}, timeout=120).stdout
+        return tuple(int(v) for v in out.split())
+
+    def test_default_threshold_is_raised(self):
+        import gc
+        default = self.thresholds_after_import({"GC_THRESHOLD": "0"})
+        assert default[0] == 700 and default[1:] == gc.get_threshold()[1:]   # the interpreter's own default
+        assert self.thresholds_after_import({}) == (5000,) + default[1:]
+        assert self.thresholds_after_import({"GC_THRESHOLD": "3000"}) == (3000,) + default[1:]
+
+    def test_a_threshold_the_program_set_is_kept(self):
+        assert self.thresholds_after_import({}, "gc.set_threshold(100, 5, 5)") == (100, 5, 5)
+        assert self.thresholds_after_import({"GC_THRESHOLD": "300"})[0] == 700   # (only ever raised)
