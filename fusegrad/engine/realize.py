@@ -142,9 +142,11 @@ CODEGEN_KNOBS: tuple[ContextVar, ...] = (BEAM, NOOPT, TRANSCENDENTAL)
 method_cache: dict[tuple[str, UOp, tuple[int, ...]], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
+def codegen_knob_values() -> tuple[int, ...]: return tuple([int(k.value) for k in CODEGEN_KNOBS])
+
 def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
     # the devices of one kind in this process (CPU, CPU:1, ...) run the same programs: their memory is all host memory
-    return (Device.canonicalize(device).partition(":")[0], ast, tuple([int(k.value) for k in CODEGEN_KNOBS]))
+    return (Device.canonicalize(device).partition(":")[0], ast, codegen_knob_values())
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
     """The compiled kernel for `ast` on `device`, from the method cache or freshly generated and compiled."""
@@ -235,7 +237,7 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
     # (the constructor, not dataclasses.replace: this runs for every kernel of every eager step)
     return ExecItem(si.ast, si.bufs, si.metadata, si.fixedvars, prg)
 
-def _compile_new_kernels(schedule: list[ExecItem]) -> None:
+def compile_new_kernels(schedule: list[ExecItem]) -> None:
     """Compile the kernels of a schedule that aren't in the method cache yet, all at once (one batch per device)."""
     new: dict[str, dict[UOp, None]] = {}
     for si in schedule:
@@ -253,7 +255,7 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     """Lower and run every item in order (allocating buffers as needed), counting the work in GlobalCounters."""
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
-    _compile_new_kernels(schedule)
+    compile_new_kernels(schedule)
     for si in schedule:
         ei = lower_schedule_item(si)
         ei.run(var_vals, do_update_stats=do_update_stats)

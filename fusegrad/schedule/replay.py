@@ -23,6 +23,9 @@ class ReplayPlan:
     # fresh buffers that no tensor keeps -> which other one's storage each takes, per set of kept ones (see
     # memory.share_storage: the same structure plans the same way every step)
     shares: dict[frozenset[int], dict[int, int]] = field(default_factory=dict, compare=False)
+    # each kernel's runner, per values of the knobs that change generated code (engine/realize.py CODEGEN_KNOBS): a
+    # replayed step skips the method cache lookup of each kernel
+    runners: dict[tuple[int, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False)
 
     def instantiate(self, topo: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
@@ -37,7 +40,7 @@ class ReplayPlan:
         """The ExecItems of the kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a
         tensor holds from now on) get their own Buffers; the others share storage where their lifetimes allow."""
         from fusegrad.device import Buffer
-        from fusegrad.engine.realize import ExecItem
+        from fusegrad.engine.realize import ExecItem, codegen_knob_values, compile_new_kernels, lower_schedule_item
         if (shares := self.shares.get(kept)) is None:
             uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
             temps = {i for step in uses for i in step}
@@ -48,9 +51,16 @@ class ReplayPlan:
             # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
             if i not in shares: storage[i] = get_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
         for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
-        return [ExecItem(ast, [get_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
-                         fixedvars={f"_p{i}": topo[p].arg for i, p in enumerate(params)})
-                for ast, refs, params in self.kernels]
+        knobs = codegen_knob_values()
+        runners = self.runners.get(knobs, (None,) * len(self.kernels))
+        items = [ExecItem(ast, [get_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
+                          fixedvars={f"_p{i}": topo[p].arg for i, p in enumerate(params)}, prg=prg)
+                 for (ast, refs, params), prg in zip(self.kernels, runners)]
+        if knobs not in self.runners:
+            compile_new_kernels(items)
+            items = [lower_schedule_item(ei) for ei in items]
+            self.runners[knobs] = tuple(ei.prg for ei in items)
+        return items
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
                   replaced: dict[UOp, UOp]) -> ReplayPlan | None:

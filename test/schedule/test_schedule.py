@@ -295,3 +295,21 @@ def test_replay_of_a_graph_with_an_empty_output(monkeypatch):
         Tensor.realize(e, full)
         assert e.numpy().shape == (0, 3)
         np.testing.assert_allclose(full.numpy(), (V + i) * 2, rtol=1e-6)
+
+def test_replay_runs_the_kernels_of_the_current_codegen_knobs(monkeypatch):
+    # the plan keeps each kernel's runner per value of the knobs that change generated code: a replay under
+    # TRANSCENDENTAL=0 runs the C library's exp, one under the default the polynomial, whichever was recorded first
+    import re
+    from fusegrad import Context
+    from fusegrad.engine.realize import lower_schedule_item, run_schedule
+    libm = re.compile(r"\bexp2f?\(|__builtin_exp2f?\(")
+    x = np.linspace(-20, 20, 512, dtype=np.float32)
+    a = Tensor(x).realize()
+    for i, knob in enumerate((1, 1, 0, 0, 1, 0)):
+        if i == 2: _no_kernelize(monkeypatch)   # (a replay from here on, under either value)
+        with Context(TRANSCENDENTAL=knob):
+            out = (a * 0.5).exp()
+            items = [lower_schedule_item(ei) for ei in out.schedule()]
+            assert len(items) == 1 and bool(libm.search(items[0].prg.p.src)) == (knob == 0)
+            run_schedule(items)
+        np.testing.assert_allclose(out.numpy(), np.exp(x.astype(np.float64) * 0.5), rtol=2e-6)
