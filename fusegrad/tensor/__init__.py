@@ -651,11 +651,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             out = least_upper_dtype(x.dtype, y.dtype)
             x, y = x.cast(out), y.cast(out)
         shape = _broadcast_shape(x.shape, y.shape)
-        return x._broadcast_to(shape), y._broadcast_to(shape)
+        return x._broadcast_unchecked(shape), y._broadcast_unchecked(shape)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
         if self.shape == shape: return self
         return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+
+    def _broadcast_unchecked(self, shape: tuple[int, ...]) -> Tensor:
+        """This tensor broadcast to `shape`, which _broadcast_shape made from its shape (so nothing to check): the nodes
+        made directly, not through reshape() and expand(), as every elementwise op between different shapes does."""
+        u = self.uop
+        if (have := u.shape) == shape: return self
+        if len(have) < len(shape): u = u.reshape((1,) * (len(shape) - len(have)) + have)
+        return Tensor(u.expand(shape) if u.shape != shape else u)
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
         return Tensor(UOp(op, dtype or self.dtype, (self.uop,) + tuple(s.uop for s in srcs)))
@@ -817,7 +825,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         elif not isinstance(y, Tensor): y = x._const_like_operand(y)
         x, y = x._broadcasted(y)
         shape = _broadcast_shape(cond.shape, x.shape)
-        cond, x, y = cond._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+        cond, x, y = cond._broadcast_unchecked(shape), x._broadcast_unchecked(shape), y._broadcast_unchecked(shape)
         return cond._alu(Ops.WHERE, x, y, dtype=x.dtype)
 
     def maximum(self, x: Any) -> Tensor:
