@@ -432,13 +432,10 @@ class CPool:
             held = self._held
             while held and held[0][0] <= finished: held.popleft()
 
-@functools.cache
-def _c_pool() -> CPool | None:
-    """The C pool compiled with the CPU compiler (None where that fails: kernels then run synchronously, split across
-    threads from Python)."""
-    try:
-        from fusegrad.device import Device
-        pool = CPool(_load_library(Device["CPU"].compiler.compile_cached(_C_POOL_SRC)))
+def _make_c_pool(device: Any) -> CPool | None:
+    """The C pool compiled with `device`'s compiler (None where that fails: kernels then run synchronously, split
+    across threads from Python)."""
+    try: pool = CPool(_load_library(device.compiler.compile_cached(_C_POOL_SRC)))
     except Exception as e:
         if DEBUG >= 1: print(f"CPU: no C thread pool ({e}); kernels run synchronously, split by the Python pool")
         return None
@@ -447,6 +444,31 @@ def _c_pool() -> CPool | None:
     if hasattr(os, "register_at_fork"): os.register_at_fork(before=pool.wait)
     atexit.register(pool.wait)
     return pool
+
+_pool_made: list[CPool | None] = []   # the pool, once made (one for the process: every CPU device queues on it)
+_pool_lock = threading.Lock()
+
+def _c_pool(device: Any = None) -> CPool | None:
+    """The process's C pool (made on first use, with the compiler of `device`, by default the CPU device)."""
+    if _pool_made: return _pool_made[0]
+    with _pool_lock:
+        if not _pool_made:
+            if device is None:
+                from fusegrad.device import Device
+                device = Device["CPU"]
+            _pool_made.append(_make_c_pool(device))
+    return _pool_made[0]
+
+def _build_pool_in_background(device: CPUDevice) -> None:
+    """Compile the C pool on another thread while the first kernels are generated and compiled: an empty disk cache
+    otherwise makes the first kernel launch wait ~0.1 s for it."""
+    if _pool_made or not CPU_ASYNC.value or _cores() < 2: return
+    threading.Thread(target=_c_pool, args=(device,), name="fusegrad-cpu-pool-build", daemon=True).start()
+
+def _forget_pool_lock() -> None:
+    global _pool_lock
+    _pool_lock = threading.Lock()   # (a fork while the build thread held it: the child makes its own pool)
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_pool_lock)
 
 def _root(opaque: Any) -> Any: return getattr(opaque, "_root", opaque)
 
@@ -553,6 +575,7 @@ class CPUDevice(Compiled):
     """The host CPU."""
     def __init__(self, device: str = "CPU"):
         super().__init__(device, CPUAllocator(), None, None, CPUProgram)
+        _build_pool_in_background(self)
 
     @functools.cached_property
     def renderer(self) -> Any:

@@ -176,3 +176,31 @@ def test_caller_joins_only_when_asked():
         else: assert not pool.done(count) and me not in list(who)
         pool.wait(count)
         assert all(list(who))
+
+def test_one_pool_when_threads_race_to_make_it(tmp_path):
+    # a fresh process with an empty disk cache: the pool is compiled on a thread of its own once the CPU device
+    # exists, while other threads (and the first kernel) ask for it; all of them get the one pool, whose queue runs
+    # the kernels (results against numpy)
+    import os
+    import subprocess
+    import sys
+    code = """
+import threading, numpy as np
+from fusegrad import Device, Tensor
+from fusegrad.runtime import ops_cpu
+dev = Device["CPU"]
+got = []
+threads = [threading.Thread(target=lambda: got.append(ops_cpu._c_pool())) for _ in range(4)]
+for t in threads: t.start()
+a = np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64) / 1000
+out = (Tensor(a) * 2 + 1).sum(1).numpy()
+for t in threads: t.join()
+assert len(got) == 4 and len({id(p) for p in got + [ops_cpu._c_pool()]}) == 1 and got[0] is not None
+np.testing.assert_allclose(out, (a.astype(np.float64) * 2 + 1).sum(1), rtol=1e-5)
+print("ok", got[0].submitted)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    ok, submitted = res.stdout.split()
+    assert ok == "ok" and int(submitted) >= 1   # the kernels went through that pool's queue
