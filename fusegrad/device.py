@@ -300,10 +300,11 @@ class Compiler:
         """`compile(src)`, through the memory and disk caches."""
         return self.compile_cached_many([src])[0]
 
-    def compile_cached_many(self, srcs: list[str]) -> list[bytes]:
+    def compile_cached_many(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         """`compile_cached` of every source; the ones not cached are compiled together (in parallel threads when
-        the compiler allows it), so a schedule of new kernels costs about one compile per core, not one per kernel."""
-        if self.cachekey is None: return self._compile_all(srcs)
+        the compiler allows it), so a schedule of new kernels costs about one compile per core, not one per kernel.
+        `units`: how many compiler runs the uncached sources are split into at most (a compiler that batches)."""
+        if self.cachekey is None: return self._compile_all(srcs, units)
         out: dict[str, bytes] = {}
         for src in dict.fromkeys(srcs):
             key = self._key(src)
@@ -312,7 +313,7 @@ class Compiler:
             else: continue
             out[src] = lib
         todo = [src for src in dict.fromkeys(srcs) if src not in out]
-        for src, lib in zip(todo, self._compile_all(todo)):
+        for src, lib in zip(todo, self._compile_all(todo, units)):
             if CACHELEVEL >= 1: self._write(self.cache_path(src), lib)
             out[src] = lib
         for src, lib in out.items():
@@ -320,7 +321,7 @@ class Compiler:
             while len(self.mem_cache) > self.MEM_CACHE_SIZE: self.mem_cache.popitem(last=False)
         return [out[src] for src in srcs]
 
-    def _compile_all(self, srcs: list[str]) -> list[bytes]:
+    def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         if not self.parallel or len(srcs) < 2: return [self._compile(src) for src in srcs]
         with ThreadPoolExecutor(max_workers=min(len(srcs), host_cpu_count())) as pool:
             return list(pool.map(self._compile, srcs))

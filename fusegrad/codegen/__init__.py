@@ -12,9 +12,8 @@ from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
 from fusegrad.renderer import Estimates, ProgramSpec, Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
-from fusegrad.uop.pattern import graph_rewrite
 
-from fusegrad.uop.symbolic import pm_simplify_indexing
+from fusegrad.uop.symbolic import simplify_indexing
 
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...], float]:
     """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), the opts applied, and the
@@ -30,7 +29,7 @@ def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
-    return graph_rewrite(sink, pm_simplify_indexing, name="simplify_indexing")
+    return simplify_indexing(sink)
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
     """The linearized UOps of a kernel AST."""

@@ -161,12 +161,12 @@ class CPUCompiler(Compiler):
                                    f"--- source ---\n{numbered(src)}")
             with open(out, "rb") as f: return f.read()
 
-    def _compile_all(self, srcs: list[str]) -> list[bytes]:
+    def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         # starting the compiler costs more than compiling a small kernel, so kernels are compiled a batch at a time:
         # one translation unit (one shared object) per batch, the batches in parallel. Kernels with pragmas of their
         # own, and kernels named like one already in the batch, go to other batches.
         if len(srcs) < 2: return super()._compile_all(srcs)
-        nbatches = max(host_cpu_count(), -(-len(srcs) // BATCH_KERNELS))
+        nbatches = units if units is not None else max(host_cpu_count(), -(-len(srcs) // BATCH_KERNELS))
         batches: list[list[int]] = [[] for _ in range(nbatches)]
         names: list[set[str]] = [set() for _ in range(nbatches)]
         for i, src in enumerate(srcs):

@@ -223,3 +223,26 @@ def test_debug2_reports_python_time_per_item(capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith("realize:"))
     assert "1 items" in line and "us per item" in line
     assert float(line.split("the rest (Python, compiling) ")[1].split(" us")[0]) > 0
+
+def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
+    # each kernel its own compile group (sent to the compiler while the next is generated): every runner still gets
+    # its own kernel's binary (results against numpy), and one compiler run was made per group (the last one
+    # may be split across cores)
+    from fusegrad import Tensor
+    from fusegrad.runtime import ops_cpu
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # (a fresh disk cache: nothing is served from it)
+    monkeypatch.setattr(realize, "PIPELINE_GROUP_S", 0.0)
+    runs: list[int] = []
+    compile_one = ops_cpu.CPUCompiler.compile
+    monkeypatch.setattr(ops_cpu.CPUCompiler, "compile", lambda self, src: runs.append(src.count("_entry(void")) or
+                        compile_one(self, src))
+    salt = uuid.uuid4().int % 1000 / 1000   # (constants no earlier test compiled: new kernels)
+    x = np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64)
+    t = Tensor(x)
+    outs = [(t * (salt + i)).exp().sum(1) if i % 2 else (t + salt - i).relu().max(0) for i in range(6)]
+    with Context(CACHELEVEL=0): Tensor.realize(*outs)
+    for i, o in enumerate(outs):
+        want = np.exp(x.astype(np.float64) * (salt + i)).sum(1) if i % 2 else np.maximum(x + salt - i, 0).max(0)
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+    kernel_runs = [n for n in runs if n]   # (the C pool's own source has no kernel)
+    assert sum(kernel_runs) == 6 and kernel_runs[:5] == [1] * 5
