@@ -10,6 +10,7 @@ import struct
 from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.tensor import Tensor
+from fusegrad.uop.ops import Ops, UOp
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
 
@@ -79,7 +80,51 @@ class Optimizer:
             if p.device != was:
                 raise RuntimeError(f"parameter {i} is on {p.device}, but the optimizer was made when it was on {was}: "
                                    "move or shard the parameters before making the optimizer")
-        return self._step(self.params, [p.grad for p in self.params]) + self.params + self.buffers
+        grads = [p.grad for p in self.params]
+        return self._step_graph(grads) + self.params + self.buffers
+
+    # A step's graph is the same every step but for the gradients (the parameters and the state are the same buffers,
+    # the settings the same numbers): it is built once over placeholders standing for the gradients, and each step
+    # substitutes its own gradients into it. Building it through tensor operations cost ~0.7 ms per step for the
+    # 784-512-10 MLP's Adam, the substitution ~0.1 ms.
+    def _step_graph(self, grads: list[Tensor]) -> list[Tensor]:
+        """Make the state tensors (parameters, optimizer state) this step's lazy updates; returns the state tensors
+        `_step` returns."""
+        state = self._state_tensors()
+        key = (self._settings(), tuple(t.uop for t in state), tuple((g.shape, g.dtype, g.device) for g in grads))
+        cached = getattr(self, "_step_cache", None)
+        if cached is None or cached[0] != key:
+            if not all(isinstance(g.device, str) and all(type(s) is int for s in g.shape) for g in grads):
+                return self._step(self.params, grads)   # (sharded or symbolic: built every step)
+            from fusegrad.schedule.kernelize import new_buffer
+            holders = [new_buffer(UOp(Ops.DEVICE, arg=g.device), math.prod(g.shape), g.dtype).reshape(g.shape)
+                       for g in grads]
+            returned = self._step(self.params, [Tensor(h) for h in holders])
+            if not all(any(r is t for t in state) for r in returned): raise RuntimeError("_step returned a tensor "
+                                                                                       "that isn't optimizer state")
+            # (a lazy target that assign realized here is a buffer next step: the graph is built once more then)
+            cached = self._step_cache = (key, holders, [t.uop for t in state], returned)
+        _, holders, template, returned = cached
+        new = UOp.sink_of(*template).substitute(dict(zip(holders, (g.uop for g in grads))))
+        for t, u in zip(state, new.src):
+            if t.uop is not u: t.uop = u
+        return returned
+
+    def _state_tensors(self) -> list[Tensor]:
+        """The tensors a step may update: the parameters and every tensor the optimizer holds but the buffers (a batch
+        norm's running statistics, which the forward pass updates: a new graph every step)."""
+        out: dict[int, Tensor] = {id(t): t for t in self.params}
+        skip = {id(t) for t in self.buffers}
+        for v in vars(self).values():
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, Tensor) and id(t) not in skip: out.setdefault(id(t), t)
+        return list(out.values())
+
+    def _settings(self) -> tuple:
+        """The optimizer's plain settings (numbers, flags, tuples of numbers): its step's graph depends on them."""
+        plain = (int, float, bool, str, type(None))
+        return tuple((k, v) for k, v in vars(self).items() if isinstance(v, plain) or
+                     (isinstance(v, tuple) and all(isinstance(x, plain) for x in v)))
 
     def step(self) -> None:
         """Apply one update to every parameter (one realize of the parameters and the optimizer state)."""

@@ -220,3 +220,48 @@ def test_repeated_training_step_hits_the_schedule_cache():
     before = schedule_cache_stats["misses"]
     for _ in range(6): step()
     assert schedule_cache_stats["misses"] - before <= 1
+
+def test_step_graph_is_built_once_and_follows_setting_changes(monkeypatch):
+    # the update graph is built once over placeholders for the gradients and reused with each step's gradients; a
+    # setting changed between steps (here weight decay and epsilon, as torch's param_groups allow) rebuilds it.
+    # Against torch's AdamW stepped with the same changes.
+    x, y = _data()
+    model = Model()
+    ps = _torch_params(model)
+    opt = optim.AdamW(model.params(), lr=0.01, weight_decay=0.1)
+    ref = torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)
+    builds = [0]
+    build = optim.LAMB._step
+    def counted(self, params, grads):
+        builds[0] += 1
+        return build(self, params, grads)
+    monkeypatch.setattr(optim.LAMB, "_step", counted)
+    xt, yt, xr, yr = Tensor(x), Tensor(y), torch.tensor(x), torch.tensor(y)
+    for i in range(8):
+        if i == 5:
+            opt.wd, opt.eps = 0.3, 1e-3
+            ref.param_groups[0]["weight_decay"], ref.param_groups[0]["eps"] = 0.3, 1e-3
+        opt.zero_grad()
+        ((model(xt) - yt).square().mean()).backward()
+        opt.step()
+        for p in ps: p.grad = None
+        ((_torch_forward(ps, xr) - yr).square().mean()).backward()
+        ref.step()
+    assert builds[0] == 2   # the first step, and the step after the settings changed
+    for g, r in zip(model.params(), ps): np.testing.assert_allclose(g.numpy(), r.detach().numpy(), atol=1e-5, rtol=1e-4)
+
+def test_step_graph_takes_each_parameter_its_own_gradient():
+    # two parameters whose gradients are one node (a sum of both: the same broadcast of the loss's gradient) in the
+    # first step and different ones later: each placeholder stands for its own parameter's gradient
+    a, b = Tensor([1.0, 2.0], requires_grad=True), Tensor([3.0, 4.0], requires_grad=True)
+    ta, tb = (torch.tensor(v, requires_grad=True) for v in ([1.0, 2.0], [3.0, 4.0]))
+    opt, ref = optim.SGD([a, b], lr=0.1, momentum=0.9), torch.optim.SGD([ta, tb], lr=0.1, momentum=0.9)
+    for i in range(4):
+        opt.zero_grad()
+        ((a + b).sum() if i == 0 else (a * a * (i + 1) + b * 3).sum()).backward()
+        opt.step()
+        ref.zero_grad()
+        ((ta + tb).sum() if i == 0 else (ta * ta * (i + 1) + tb * 3).sum()).backward()
+        ref.step()
+    np.testing.assert_allclose(a.numpy(), ta.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=1e-6)
