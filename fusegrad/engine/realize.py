@@ -169,7 +169,8 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
     dev = Device[device]
     programs: list[ProgramSpec] = []
-    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1
+    # (not while BEAM times candidate kernels: a compiler running beside them would skew their timings)
+    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not (BEAM >= 1 and not NOOPT)
     groups: list[Future] = []   # the compiles of the groups sent so far, in order
     compiling: ThreadPoolExecutor | None = None
     try:
