@@ -99,9 +99,15 @@ class Optimizer:
             from fusegrad.schedule.kernelize import new_buffer
             holders = [new_buffer(UOp(Ops.DEVICE, arg=g.device), math.prod(g.shape), g.dtype).reshape(g.shape)
                        for g in grads]
-            returned = self._step(self.params, [Tensor(h) for h in holders])
-            if not all(any(r is t for t in state) for r in returned): raise RuntimeError("_step returned a tensor "
-                                                                                       "that isn't optimizer state")
+            # (no tensor may keep a graph over the placeholders: where _step fails, or returns tensors that aren't
+            # state it holds, the state is put back; the latter is then built every step)
+            try: returned = self._step(self.params, [Tensor(h) for h in holders])
+            except BaseException:
+                for t, u in zip(state, key[1]): t.uop = u
+                raise
+            if not all(any(r is t for t in state) for r in returned):
+                for t, u in zip(state, key[1]): t.uop = u
+                return self._step(self.params, grads)
             # (a lazy target that assign realized here is a buffer next step: the graph is built once more then)
             cached = self._step_cache = (key, holders, [t.uop for t in state], returned)
         _, holders, template, returned = cached

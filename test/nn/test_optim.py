@@ -265,3 +265,17 @@ def test_step_graph_takes_each_parameter_its_own_gradient():
         ref.step()
     np.testing.assert_allclose(a.numpy(), ta.detach().numpy(), rtol=1e-6)
     np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=1e-6)
+
+def test_a_step_that_fails_leaves_the_parameters_as_they_were():
+    # a _step that raises after updating some parameters: none of them keeps the graph built over the gradients'
+    # placeholders (a later realize would read memory no gradient was written to)
+    class Failing(optim.LARS):
+        def _step(self, params, grads):
+            params[0].assign(params[0] - grads[0])
+            raise ValueError("second parameter refused")
+    a, b = Tensor([1.0, 2.0], requires_grad=True), Tensor([3.0], requires_grad=True)
+    opt = Failing([a, b], lr=0.1, momentum=0.0, weight_decay=0.0, tcoef=0.0)
+    before = a.uop
+    (a.sum() + b.sum()).backward()
+    with pytest.raises(ValueError, match="refused"): opt.step()
+    assert a.uop is before and a.tolist() == [1.0, 2.0]
