@@ -106,7 +106,7 @@ GC_THRESHOLD = ContextVar("GC_THRESHOLD", 5000)
 def tune_gc() -> None:
     """Raise the collector's first-generation threshold to GC_THRESHOLD when it is still CPython's default."""
     first, *older = gc.get_threshold()
-    if GC_THRESHOLD.value > first == 700: gc.set_threshold(GC_THRESHOLD.value, *older)
+    if first == 700 and GC_THRESHOLD.value > first: gc.set_threshold(GC_THRESHOLD.value, *older)
 
 def pads_cheaply(size: int, multiple: int) -> bool:
     """Whether rounding `size` up to a multiple of `multiple` wastes at most an eighth of the padded size."""

@@ -101,12 +101,14 @@ class Optimizer:
                        for g in grads]
             # (no tensor may keep a graph over the placeholders: where _step fails, or returns tensors that aren't
             # state it holds, the state is put back; the latter is then built every step)
+            def put_back() -> None:
+                for t, u in zip(state, key[1]): t.uop = u
             try: returned = self._step(self.params, [Tensor(h) for h in holders])
             except BaseException:
-                for t, u in zip(state, key[1]): t.uop = u
+                put_back()
                 raise
             if not all(any(r is t for t in state) for r in returned):
-                for t, u in zip(state, key[1]): t.uop = u
+                put_back()
                 return self._step(self.params, grads)
             # (a lazy target that assign realized here is a buffer next step: the graph is built once more then)
             cached = self._step_cache = (key, holders, [t.uop for t in state], returned)

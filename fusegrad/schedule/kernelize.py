@@ -14,8 +14,8 @@ from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, s
 from fusegrad.schedule.merge import merge_kernels
 from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, _arg_key, arg_uops, map_arg_uops
-from fusegrad.uop.pattern import graph_rewrite, graph_rewrite_map
-from fusegrad.uop.symbolic import pm_simplify_indexing
+from fusegrad.uop.pattern import graph_rewrite_map
+from fusegrad.uop.symbolic import simplify_indexing
 
 _buffer_ids = itertools.count()
 
@@ -214,8 +214,7 @@ def build_kernel(r: UOp) -> UOp:
     val = kb.value(value_node, ranges)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
-    ast = graph_rewrite(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)),
-                        pm_simplify_indexing, name="simplify kernel indices")
+    ast = simplify_indexing(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)))
     if SPEC: verify(ast, kernel_spec, "kernel AST")
     if r.op is Ops.ASSIGN and _reads_output_elsewhere(ast):
         # the value reads the buffer being written at other positions: compute it into a temporary first, so the

@@ -518,21 +518,11 @@ terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, a
 def _is_index_gate(gate: UOp) -> bool:
     return not any(u.dtype not in (dtypes.index, dtypes.bool) or u.op is Ops.LOAD for u in gate.toposort())
 
-def _simplify_index_sources(idx: UOp) -> UOp | None:
-    new = idx.replace(src=(idx.src[0], *[s.simplify() for s in idx.src[1:]]))
-    return new if new is not idx else None
-
-def _simplify_gate(w: UOp) -> UOp | None:
-    # a WHERE gated by index arithmetic alone (a padding mask computed in the value, not in a load) is index math too
-    gate = w.src[0]
-    if not _is_index_gate(gate): return None
-    new = gate.simplify()
-    return w.replace(src=(new, *w.src[1:])) if new is not gate else None
-
 def simplify_indexing(sink: UOp) -> UOp:
-    """What pm_simplify_indexing makes of `sink`, with all of its index, valid and gate expressions simplified in one
-    rewrite: a kernel's hundreds of accesses share most of their terms, which a rewrite per access redid each time
-    (the biggest convolution kernel of ResNet-18: 578 rewrites, 0.28 s)."""
+    """`sink` with every index and valid expression, and every WHERE gate made of index arithmetic alone (a padding
+    mask computed in the value, not in a load), simplified by symbolic; values are left alone. One rewrite for all of
+    them: a kernel's hundreds of accesses share most of their terms, which a rewrite per access redid each time (the
+    biggest convolution kernel of ResNet-18: 578 rewrites, 0.28 s)."""
     topo = sink.toposort()
     exprs = dict.fromkeys(s for u in topo if u.op is Ops.INDEX for s in u.src[1:])
     exprs.update(dict.fromkeys(u.src[0] for u in topo if u.op is Ops.WHERE and _is_index_gate(u.src[0])))
@@ -542,7 +532,3 @@ def simplify_indexing(sink: UOp) -> UOp:
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
     return sink.substitute(changed) if changed else sink
 
-pm_simplify_indexing = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _simplify_index_sources),
-                                       (UPat(Ops.WHERE, name="w"), _simplify_gate)], name="simplify_indexing")
-pm_simplify_indexing.__doc__ = "index, valid and index-only gate expressions are simplified by symbolic (values are " \
-    "left alone)"
