@@ -358,15 +358,16 @@ def case_mlp(jit: bool) -> Case:
         for t, o in zip(theirs_params, ours_params): t.copy_(torch.from_numpy(o.numpy()))
     ours, theirs = adam_steps(ours_params, lambda xb: l2(l1(xb).relu()), 1e-3, jit, tm, x, y)
     def check(name: str, _out: Any) -> None:
-        # called after each side made the same number of steps (hundreds: as many as the timing blocks hold): its
-        # parameters must agree with torch's. Rounding differences accumulate over the steps, and Adam moves a weight
-        # whose gradient hovers around zero by a full step either way, so single elements may part; the parameters as
-        # a whole must stay within 1e-3 (relative norm of the difference)
+        # called after each side made the same few steps: its parameters must agree with torch's. Adam moves a weight
+        # by about the learning rate whatever the size of its gradient, so where rounding puts a pre-activation on the
+        # other side of the relu (one hidden unit, one sample), that unit's whole row of weights parts from torch's by
+        # a step. Such rows are few; a wrong gradient moves most weights. So: at most 1% of each parameter's elements
+        # may differ by more than a tenth of a step
         if name == "torch": return
         for o, t in zip(ours_params, theirs_params):
             a, b = o.numpy().astype(np.float64), t.detach().numpy().astype(np.float64)
-            rel = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-            if not rel < 1e-3: raise AssertionError(f"parameters differ from torch's by {rel:.2e} (relative norm)")
+            parted = float(np.mean(np.abs(a - b) > 1e-4))
+            if parted > 0.01: raise AssertionError(f"{parted:.1%} of a parameter's elements differ from torch's")
     return Case(f"MLP 784-512-10 Adam step b128, {'TinyJit' if jit else 'eager'}",
                 [Impl("fusegrad", ours), Impl("torch", theirs)], check)
 
