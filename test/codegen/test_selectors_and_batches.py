@@ -1,5 +1,6 @@
-"""Two kernel shapes the heuristic recognizes: a concatenation or stack along a small axis (its loop is unrolled, so
-each lane loads only its own branch, and the loop left is vectorized), and a batched matmul (its batch loop stays
+"""Kernel shapes the heuristic recognizes: a concatenation or stack along a small axis (its loop is unrolled, so
+each lane loads only its own branch, and the loop left is vectorized), tiles laid out as image rows (the loop is
+upcast by the tile's width, so each lane's loads are affine), and a batched matmul (its batch loop stays
 outermost, so each batch's column panel is reused by that batch's row tiles). Results against numpy and torch, and
 the opts chosen; and the row tile of a matmul whose rows 8 does not divide."""
 import os
@@ -32,6 +33,18 @@ def test_stack_of_slices_unrolls_its_branches():
     ref = torch.stack([xt[:, 0::4] * 2 + xt[:, 1::4], xt[:, 1::4] - xt[:, 2::4], xt[:, 2::4] + xt[:, 3::4],
                        xt[:, 3::4] * 3], dim=1).numpy()
     np.testing.assert_allclose(stacked(Tensor(X)).numpy(), ref, rtol=1e-6, atol=1e-6)
+
+@pytest.mark.parametrize("tile,tw", [(4, 8), (2, 16), (3, 5)])
+def test_tiles_laid_out_as_rows(tile: int, tw: int):
+    # (tile, tile, c, b, th, tw) -> (b, c, th*tile, tw*tile): the pixel x*tile + j of a row is position j of tile x,
+    # so the row loop is upcast by the tile width (the lanes' loads are then contiguous along x)
+    X, bias = RS.randn(tile, tile, 8, 2, 3, tw).astype(np.float32), RS.randn(8).astype(np.float32)
+    def rows(t: Tensor, b: Tensor) -> Tensor:
+        return t.permute(3, 2, 4, 0, 5, 1).reshape(2, 8, 3 * tile, tw * tile) + b.reshape(1, 8, 1, 1)
+    opts = opts_of(rows(Tensor(X), Tensor(bias)))
+    assert Opt(OptOps.UPCAST, 3, tile) in opts, opts
+    ref = X.transpose(3, 2, 4, 0, 5, 1).reshape(2, 8, 3 * tile, tw * tile) + bias.reshape(1, 8, 1, 1)
+    np.testing.assert_array_equal(rows(Tensor(X), Tensor(bias)).numpy(), ref)
 
 @pytest.mark.parametrize("n,dim,size", [(6, 1, (5, 1, 7)), (3, 0, (1, 33)), (8, 2, (2, 3, 1)), (2, 1, (4, 1, 16))])
 def test_cat_along_a_small_axis(n: int, dim: int, size: tuple):

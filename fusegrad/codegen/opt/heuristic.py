@@ -24,7 +24,8 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # vector code, with explicit conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer
         # conversions well by itself.)
         # (a concatenation's vector is as many lanes as a float32 one, whatever the dtype: as for half above)
-        if _tile_transpose(k) or _unroll_selectors(k, width_of(dtypes.float32)): return k.applied_opts
+        if _tile_transpose(k) or _unroll_selectors(k, width_of(dtypes.float32)) or _upcast_remainders(k):
+            return k.applied_opts
         if not any(idx.src[0].dtype.base == dtypes.float16 and dtypes.float16 in vec_dts for idx, _ in k.accesses()):
             return []
     acc_dt = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
@@ -396,3 +397,20 @@ def _tile_transpose(k: Kernel) -> bool:
         k.apply_opt(Opt(OptOps.PACK, len(k.loops) - 3, idx.src[0].arg))
         return True
     return False
+
+REMAINDER_LANES = 8
+
+def _upcast_remainders(k: Kernel) -> bool:
+    """An elementwise kernel whose loads take the innermost output loop the store moves along divided and modulo a
+    small constant c (tiles laid out as image rows: the pixel 4*tx + j read from tile tx, position j) has that loop
+    upcast by c: in each lane the remainder is a constant, so the loads are affine again in the loop left, which the
+    compiler vectorizes (Winograd's output tiles to NCHW, 16x64x32x32: 0.34 -> 0.13 ms). Returns whether it applied."""
+    stores = [idx for idx, is_store in k.accesses() if is_store]
+    r = next((r for r in reversed(k.loops[:k.first_reduce]) if all(coeff(idx.src[1], r) == 1 for idx in stores)), None)
+    if r is None or not isinstance(sz := range_size(r), int): return False
+    divisors = {u.src[1].arg for idx, is_store in k.accesses() if not is_store for u in idx.src[1].toposort()
+                if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and coeff(u.src[0], r) == 1}
+    c = max((c for c in divisors if 1 < c <= REMAINDER_LANES and sz % c == 0 and sz > c), default=None)
+    if c is None: return False
+    k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), c))
+    return True
