@@ -10,9 +10,11 @@ Where the derivative is not unique the rules follow tinygrad:
 """
 from __future__ import annotations
 import math
+from dataclasses import dataclass
 from fusegrad.dtype import dtypes, sum_acc_dtype
+from fusegrad.schedule.kernelize import bound_variables, new_buffer, structure_key, substitute_map
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
 # *** tensor-level graph building (constants carry a device and the shape of the value they stand in for) ***
@@ -151,19 +153,26 @@ pm_gradient.__doc__ = "Each rule maps a node's gradient to one gradient per sour
 # nodes whose sources are not values (leaves of the tensor graph), and DETACH, which stops the walk
 _LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIND, Ops.KERNEL, Ops.UNIQUE}
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-    """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
-    Targets the root does not depend on are absent from the result."""
-    return compute_gradients({root: root_grad}, targets)
-
-def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) \
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], known: dict[UOp, None] | None = None) \
         -> dict[UOp, UOp]:
+    """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
+    Targets the root does not depend on are absent from the result. (`known`: a toposort of root, if the caller
+    made one.)"""
+    return compute_gradients({root: root_grad}, targets, known=known)
+
+def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset(),
+                      known: dict[UOp, None] | None = None) -> dict[UOp, UOp]:
     """compute_gradient of several roots at once (the sum of their seeded gradients), e.g. the shards of a tensor
     split over devices. Gradients don't pass below `leaves` (shards that are copies of one another are each a
     variable of their own)."""
     for root, root_grad in seeds.items():
         if root_grad.shape != root.shape:
             raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
+    if leaves: return _derive(seeds, targets, leaves)
+    return _cached_gradients(seeds, targets, known)
+
+def _derive(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) -> dict[UOp, UOp]:
+    """compute_gradients by applying the rules."""
     sink = UOp.sink_of(*seeds)
     topo = [u for u in sink.toposort(gate=lambda u: u.op not in _LEAVES and u.op is not Ops.DETACH) if u is not sink]
     # only nodes that lead to a target need a gradient
@@ -183,3 +192,55 @@ def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozense
             # a node used more than once sums the gradients of its uses
             grads[s] = sg if s not in grads else _alu(Ops.ADD, grads[s], sg)
     return {u: g for u, g in grads.items() if u in targets}
+
+# *** the gradient cache: a training loop differentiates a graph of the same structure every step ***
+#
+# The rules are a function of the graph's structure: its ops, dtypes, args and constants' values, but not of which
+# buffers it reads. So the gradients of a structure seen before are its cached gradient graph, built over
+# placeholder buffers, with this graph's buffers substituted: the nodes made are the same ones the rules would make
+# (hash-consing: the forward nodes that gradients use come out as the graph's own nodes). A structure is cached the
+# second time it is seen (a graph with fresh random counters, different every step, never repeats). Not cached:
+# graphs with bound Variables and user gradient functions (CUSTOM_GRAD rules without `pure = True`), which may
+# depend on more than the structure.
+
+@dataclass
+class _GradientTemplate:
+    nodes: tuple[tuple[int, UOp], ...]     # (toposort position of a graph node the gradients use, its stand-in)
+    targets: tuple[int, ...]               # the targets' toposort positions, in the order of `sink`'s sources
+    sink: UOp                              # the targets' gradients over the stand-ins
+    topo: tuple[UOp, ...]                  # sink's toposort down to the stand-ins
+
+GRADIENT_CACHE_SIZE = 128
+_gradient_cache: dict[tuple, _GradientTemplate | None] = {}   # None: seen once
+gradient_cache_stats = {"hits": 0, "misses": 0}
+
+def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], known: dict[UOp, None] | None) -> dict[UOp, UOp]:
+    # (the order of a toposort is a function of the graph's structure, so positions in it name the same nodes in
+    # graphs of the same structure)
+    topo = list(UOp.sink_of(*seeds, *seeds.values()).toposort(known=known))
+    if bound_variables(topo) or any(u.op is Ops.CUSTOM_GRAD and not getattr(u.arg, "pure", False) for u in topo):
+        return _derive(seeds, targets)
+    position = {u: i for i, u in enumerate(topo)}
+    parts, consts = structure_key(topo)
+    key = (parts, tuple(_arg_key(c.arg) for c in consts), tuple(sorted(position[t] for t in targets if t in position)))
+    if (template := _gradient_cache.get(key)) is not None:
+        gradient_cache_stats["hits"] += 1
+        new = substitute_map(template.sink, {p: topo[i] for i, p in template.nodes}, topo=template.topo)
+        return {topo[i]: new[g] for i, g in zip(template.targets, template.sink.src)}
+    gradient_cache_stats["misses"] += 1
+    grads = _derive(seeds, targets)
+    if key in _gradient_cache:
+        # the graph's buffers become placeholders, and the graph's nodes that the gradients use are found by position
+        # (only the nodes the rules made are made again)
+        order = list(grads)
+        over = substitute_map(UOp.sink_of(*grads.values()),
+                              {u: new_buffer(u.src[0], u.arg[1], u.dtype) for u in topo if u.op is Ops.BUFFER})
+        nodes = tuple((i, over[u]) for i, u in enumerate(topo) if u in over)
+        sink = UOp.sink_of(*(over[grads[t]] for t in order))
+        stand_ins = {p for _, p in nodes}
+        _gradient_cache[key] = _GradientTemplate(nodes, tuple(position[t] for t in order), sink,
+                                                 tuple(sink.toposort(gate=lambda u: u not in stand_ins)))
+    else:
+        while len(_gradient_cache) >= GRADIENT_CACHE_SIZE: _gradient_cache.pop(next(iter(_gradient_cache)))
+        _gradient_cache[key] = None
+    return grads

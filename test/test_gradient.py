@@ -1,6 +1,7 @@
 """Reverse-mode autodiff compared with torch.autograd (CPU) on random inputs: every derivative rule, broadcasting,
 non-contiguous inputs, 0-d and empty tensors, ties, accumulation, detach, the requires_grad tri-state, errors,
-second order, kernel counts of backward passes, and a fuzzer of random differentiable programs.
+second order, kernel counts of backward passes, a fuzzer of random differentiable programs, and the gradient
+cache (a structure seen before: its cached gradients over this graph's buffers).
 
 Kernel compiles dominate the run time, so the rule cases are built lazily and realized in one schedule (compiled in
 batches) by a module fixture; each case then checks its own results."""
@@ -490,3 +491,56 @@ def test_backward_after_realize_is_an_error():
     assert loss.item() == 14.0
     loss.backward()
     np.testing.assert_array_equal(w.grad.numpy(), 2 * np.arange(4, dtype=np.float32))
+
+# *** the gradient cache: a graph of a structure seen before gets its cached gradients over its own buffers ***
+
+def _mlp_loss(x: np.ndarray, w1: Tensor, w2: Tensor, scale: float = 1.0) -> Tensor:
+    return ((Tensor(x) @ w1).relu() @ w2 * scale).log_softmax(-1).mean()
+
+def test_gradient_cache_gives_the_rules_own_nodes():
+    from fusegrad.gradient import _derive, gradient_cache_stats
+    w1, w2 = Tensor(_rand(6, 5, seed=1), requires_grad=True), Tensor(_rand(5, 3, seed=2), requires_grad=True)
+    hits = gradient_cache_stats["hits"]
+    for step in range(4):
+        loss = _mlp_loss(_rand(4, 6, seed=10 + step), w1, w2)
+        seed = Tensor(1.0).uop
+        got = compute_gradient(loss.uop, seed, {w1.uop, w2.uop})
+        # hash-consing: the cached gradients, substituted, are the very nodes the rules make for this graph
+        derived = _derive({loss.uop: seed}, {w1.uop, w2.uop})
+        assert got.keys() == derived.keys() and all(got[t] is derived[t] for t in got), f"step {step}"
+    assert gradient_cache_stats["hits"] - hits == 2   # cached the second time the structure was seen
+
+def test_gradient_cache_steps_against_torch():
+    # each step a new batch, the same parameters' buffers (updated in place): every step's gradients are torch's
+    a1, a2 = _rand(6, 5, seed=3), _rand(5, 3, seed=4)
+    w1, w2 = Tensor(a1, requires_grad=True).realize(), Tensor(a2, requires_grad=True).realize()
+    t1, t2 = torch.tensor(a1, requires_grad=True), torch.tensor(a2, requires_grad=True)
+    for step in range(4):
+        x = _rand(4, 6, seed=20 + step)
+        w1.grad = w2.grad = None
+        _mlp_loss(x, w1, w2).backward()
+        tl = ((torch.tensor(x) @ t1).relu() @ t2).log_softmax(-1).mean()
+        g1, g2 = torch.autograd.grad(tl, [t1, t2])
+        _close(w1.grad.numpy(), g1.numpy())
+        _close(w2.grad.numpy(), g2.numpy())
+        for w, t, g in ((w1, t1, g1), (w2, t2, g2)):
+            w.assign(w - 0.1 * w.grad).realize()
+            with torch.no_grad(): t -= 0.1 * g
+
+def test_gradient_cache_keys_on_constants():
+    # the same structure with another constant is another graph: its gradient has the new constant
+    w = Tensor(_rand(3, 4, seed=5), requires_grad=True)
+    for scale in (2.0, 2.0, 2.0, 3.0, 0.5):
+        w.grad = None
+        (w * scale).sum().backward()
+        np.testing.assert_array_equal(w.grad.numpy(), np.full((3, 4), scale, np.float32))
+
+def test_gradient_cache_calls_user_gradients_every_time():
+    # a user's gradient function may depend on more than the graph: it is called on every backward
+    factor = [2.0]
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    for f in (2.0, 5.0, 7.0):
+        factor[0], a.grad = f, None
+        (out,) = a.custom_kernel(fxn=lambda x: x * 3, grad_fxn=lambda g, x: g * factor[0])
+        out.sum().backward()
+        np.testing.assert_array_equal(a.grad.numpy(), np.array([f, f], np.float32))

@@ -348,7 +348,7 @@ class _CacheEntry:
     changed: dict          # kernelized graph: structure node -> its replacement
     outs: tuple            # output BUFFERs created by the cached kernelization (fresh ones per call)
     topo: tuple = ()       # toposort of the replacements, walked to instantiate them
-    # entries keyed by _structure_key: where the graph's nodes sit in its toposort, so a hit maps them by position
+    # entries keyed by structure_key: where the graph's nodes sit in its toposort, so a hit maps them by position
     # without building the normalized graph. (toposort position, its parameter or placeholder) and (position, the
     # node's replacement)
     leaves: tuple = ()
@@ -373,7 +373,7 @@ def _placeholder(i: int, c: UOp) -> UOp:
     lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
     return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
 
-def _structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
+def structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
     """The schedule cache key of a graph without bound Variables, and its liftable constants. It describes the same
     graph as the normalized one (buffers as parameters, liftable constants as placeholders) as a tuple with a node
     per toposort position, each naming its sources by position: building it costs a tuple per node where the
@@ -402,12 +402,12 @@ class CacheLookup:
     entry: _CacheEntry | None = None
 
 def schedule_cache_lookup(sink: UOp, topo: Iterable[UOp] | None = None) -> CacheLookup:
-    """Look `sink`'s graph up in the schedule cache by its structure (see _structure_key). (`topo`: its toposort, if
+    """Look `sink`'s graph up in the schedule cache by its structure (see structure_key). (`topo`: its toposort, if
     the caller made it.)"""
     topo = list(topo if topo is not None else sink.toposort())
     binds = bound_variables(topo)
     if binds: return CacheLookup(topo, binds)
-    skey, sconsts = _structure_key(topo)
+    skey, sconsts = structure_key(topo)
     entry = schedule_cache.get(skey)
     return CacheLookup(topo, binds, skey, entry if entry is not None and
                        entry.accepts(tuple(_arg_key(c.arg) for c in sconsts)) else None)

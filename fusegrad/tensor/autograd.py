@@ -15,10 +15,11 @@ from fusegrad.uop.ops import Ops, UOp
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
-def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> dict[UOp, UOp | None]:
-    """compute_gradient, with sharded roots and targets taken shard by shard."""
+def _gradients(root: UOp, seed: UOp, targets: list[UOp], known: dict[UOp, None] | None = None) \
+        -> dict[UOp, UOp | None]:
+    """compute_gradient, with sharded roots and targets taken shard by shard. (`known`: a toposort of root.)"""
     if root.op is not Ops.MULTI and not any(t.op is Ops.MULTI for t in targets):
-        return compute_gradient(root, seed, set(targets))  # type: ignore[return-value]
+        return compute_gradient(root, seed, set(targets), known)  # type: ignore[return-value]
     from fusegrad.engine.multi import gradient_of, gradient_seeds, gradient_targets
     shards = frozenset(s for t in targets if t.op is Ops.MULTI for s in t.src)
     grads = compute_gradients(gradient_seeds(root, seed), gradient_targets(targets), shards)
@@ -107,7 +108,7 @@ class AutogradMixin:
             # by its buffer) or parameters left without requires_grad
             raise RuntimeError("backward(): no tensor with requires_grad=True is part of this tensor's graph (was it "
                                "realized before backward()? realize() replaces the graph by its buffer)")
-        grads = _gradients(self.uop, seed, [t.uop for t in need if dtypes.is_float(t.dtype)])
+        grads = _gradients(self.uop, seed, [t.uop for t in need if dtypes.is_float(t.dtype)], topo)
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
             g = Tensor(grads[t.uop] if grads.get(t.uop) is not None else

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import pads_cheaply, prod
 from fusegrad.uop.ops import Ops, UOp, is_symbolic, ssimplify
@@ -45,7 +45,9 @@ class _ConvGradient:
     """conv2d's gradient rule. The input's gradient is a transposed convolution, i.e. a convolution of the same fast
     kind as the forward (differentiating the overlapping-window view instead gives index math that doesn't vectorize:
     80x slower); the weight's is the sum over the windows of the input times the output gradient. Compared by value,
-    so a training step's graph is the same every step (the schedule cache keys on it)."""
+    so a training step's graph is the same every step (the schedule cache keys on it). `pure`: the gradients depend
+    on nothing but the arguments, so the gradient cache may serve them again."""
+    pure: ClassVar[bool] = True
     groups: int
     stride: tuple[int, ...]
     dilation: tuple[int, ...]
