@@ -46,6 +46,17 @@ def test_tiles_laid_out_as_rows(tile: int, tw: int):
     ref = X.transpose(3, 2, 4, 0, 5, 1).reshape(2, 8, 3 * tile, tw * tile) + bias.reshape(1, 8, 1, 1)
     np.testing.assert_array_equal(rows(Tensor(X), Tensor(bias)).numpy(), ref)
 
+def test_reduction_stored_as_tiled_rows():
+    # a small matmul whose (4, 4) rows are a tile's pixels, stored as image rows: no loop is vectorizable, so each
+    # tile's 16 outputs get scalar registers (both pixel loops upcast by 4), the values read in their memory order
+    A, M = RS.randn(16, 36).astype(np.float32), RS.randn(36, 8 * 2 * 3 * 4).astype(np.float32)
+    def rows(a: Tensor, m: Tensor) -> Tensor:
+        return (a @ m).reshape(4, 4, 8, 2, 3, 4).permute(3, 2, 4, 0, 5, 1).reshape(2, 8, 12, 16)
+    opts = opts_of(rows(Tensor(A), Tensor(M)))
+    assert [o.arg for o in opts if o.op is OptOps.UPCAST] == [4, 4] and any(o.op is OptOps.SWAP for o in opts), opts
+    ref = (A.astype(np.float64) @ M).reshape(4, 4, 8, 2, 3, 4).transpose(3, 2, 4, 0, 5, 1).reshape(2, 8, 12, 16)
+    np.testing.assert_allclose(rows(Tensor(A), Tensor(M)).numpy(), ref, rtol=1e-5, atol=1e-5)
+
 @pytest.mark.parametrize("n,dim,size", [(6, 1, (5, 1, 7)), (3, 0, (1, 33)), (8, 2, (2, 3, 1)), (2, 1, (4, 1, 16))])
 def test_cat_along_a_small_axis(n: int, dim: int, size: tuple):
     parts = [RS.randn(*size).astype(np.float32) for _ in range(n)]
