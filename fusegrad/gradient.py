@@ -226,6 +226,10 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], known: dict[UOp,
     if (template := _gradient_cache.get(key)) is not None:
         gradient_cache_stats["hits"] += 1
         new = substitute_map(template.sink, {p: topo[i] for i, p in template.nodes}, topo=template.topo)
+        # a node made again has its template's shape (the stand-ins have their nodes' shapes): known now, not
+        # computed node by node where something asks for a gradient's shape (an optimizer's step)
+        for u in template.topo:
+            if "_shape" not in (d := new[u].__dict__): d["_shape"] = u.__dict__["_shape"]
         return {topo[i]: new[g] for i, g in zip(template.targets, template.sink.src)}
     gradient_cache_stats["misses"] += 1
     grads = _derive(seeds, targets)
@@ -238,8 +242,9 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], known: dict[UOp,
         nodes = tuple((i, over[u]) for i, u in enumerate(topo) if u in over)
         sink = UOp.sink_of(*(over[grads[t]] for t in order))
         stand_ins = {p for _, p in nodes}
-        _gradient_cache[key] = _GradientTemplate(nodes, tuple(position[t] for t in order), sink,
-                                                 tuple(sink.toposort(gate=lambda u: u not in stand_ins)))
+        template_topo = tuple(sink.toposort(gate=lambda u: u not in stand_ins))
+        for u in template_topo: u.shape   # (computed once, for the nodes made from the template)
+        _gradient_cache[key] = _GradientTemplate(nodes, tuple(position[t] for t in order), sink, template_topo)
     else:
         while len(_gradient_cache) >= GRADIENT_CACHE_SIZE: _gradient_cache.pop(next(iter(_gradient_cache)))
         _gradient_cache[key] = None

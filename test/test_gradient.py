@@ -14,7 +14,7 @@ import torch
 from fusegrad import Tensor, dtypes
 from fusegrad.engine.realize import GlobalCounters
 from fusegrad.gradient import compute_gradient, pm_gradient
-from fusegrad.uop.ops import Ops
+from fusegrad.uop.ops import Ops, UOp, _compute_shape
 
 torch.set_num_threads(1)
 
@@ -508,6 +508,9 @@ def test_gradient_cache_gives_the_rules_own_nodes():
         # hash-consing: the cached gradients, substituted, are the very nodes the rules make for this graph
         derived = _derive({loss.uop: seed}, {w1.uop, w2.uop})
         assert got.keys() == derived.keys() and all(got[t] is derived[t] for t in got), f"step {step}"
+        # the shapes a cached gradient's nodes come with are the ones their sources give them
+        for u in UOp.sink_of(*got.values()).toposort():
+            assert u.shape == _compute_shape(u), f"step {step}: {u.op} has shape {u.shape}"
     assert gradient_cache_stats["hits"] - hits == 2   # cached the second time the structure was seen
 
 def test_gradient_cache_steps_against_torch():
