@@ -39,7 +39,9 @@ def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     REDUCE(x, vec) no longer with its vector axis, a REDUCE(x, *ranges) not with the ranges it reduces. `memo`
     caches results across calls."""
     if (known := memo.get(u)) is not None: return known
-    for x in u.toposort(gate=lambda x: x not in memo):
+    # (the common case, a walk in toposort order, finds every source known: no walk below u)
+    todo = (u,) if all(s in memo for s in u.src) else u.toposort(gate=lambda x: x not in memo)
+    for x in todo:
         if x in memo: continue
         s = frozenset().union(*[memo[y] for y in x.src]) if x.src else frozenset()
         if x.op is Ops.RANGE: s = s | {x}

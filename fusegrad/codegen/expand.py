@@ -20,7 +20,18 @@ class VecCtx:
     vec_dtypes: tuple[DType, ...]
     live: dict = field(default_factory=dict)
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
-    def lane(self, u: UOp, k: int) -> UOp: return u.substitute({self.vec: UOp.const(self.vec.dtype, k)})
+    def lanes(self, u: UOp) -> list[UOp]:
+        """`u` with the vector axis replaced by each lane's constant (one walk of `u` serves every lane)."""
+        topo = [x for x in u.toposort() if x.src]   # (leaves stay as they are)
+        out = []
+        for k in range(self.width):
+            rep: dict[UOp, UOp] = {self.vec: UOp.const(self.vec.dtype, k)}
+            for x in topo:
+                if x in rep: continue
+                src = tuple([rep.get(s, s) for s in x.src])
+                if src != x.src: rep[x] = x.replace(src=src)
+            out.append(rep.get(u, u))
+        return out
 
 def simplify_index(x: UOp) -> UOp: return graph_rewrite(x, symbolic, name="simplify_index")
 
@@ -53,10 +64,10 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     if valid is not None and buf.dtype.base in ctx.vec_dtypes and coeff(i, ctx.vec) == 1:
         # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
         # valid and a gated load per lane elsewhere
-        lanes = [simplify_index(ctx.lane(valid, k)) for k in range(ctx.width)]
+        lanes = [simplify_index(v) for v in ctx.lanes(valid)]
         every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
         return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, None), simplify_index(every), *lanes))
-    lanes = [UOp(Ops.LOAD, ld.dtype, (ctx.lane(idx, k),)) for k in range(ctx.width)]
+    lanes = [UOp(Ops.LOAD, ld.dtype, (i,)) for i in ctx.lanes(idx)]
     return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 
 def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
@@ -64,8 +75,9 @@ def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))
     # one store per lane, grouped under a NOOP
-    return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (ctx.lane(idx, k), UOp(
-        Ops.GEP, st.src[1].dtype, (st.src[1],), k))) for k in range(ctx.width)))
+    value = st.src[1]
+    return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (i, UOp(Ops.GEP, value.dtype, (value,), k)))
+                                            for k, i in enumerate(ctx.lanes(idx))))
 
 pm_vector_memory = PatternMatcher([
     (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"), _vec_load),
