@@ -21,17 +21,8 @@ class VecCtx:
     live: dict = field(default_factory=dict)
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
     def lanes(self, u: UOp) -> list[UOp]:
-        """`u` with the vector axis replaced by each lane's constant (one walk of `u` serves every lane)."""
-        topo = [x for x in u.toposort() if x.src]   # (leaves stay as they are)
-        out = []
-        for k in range(self.width):
-            rep: dict[UOp, UOp] = {self.vec: UOp.const(self.vec.dtype, k)}
-            for x in topo:
-                if x in rep: continue
-                src = tuple([rep.get(s, s) for s in x.src])
-                if src != x.src: rep[x] = x.replace(src=src)
-            out.append(rep.get(u, u))
-        return out
+        """`u` with the vector axis replaced by each lane's constant."""
+        return u.substitute_each([{self.vec: UOp.const(self.vec.dtype, k)} for k in range(self.width)])
 
 def simplify_index(x: UOp) -> UOp: return graph_rewrite(x, symbolic, name="simplify_index")
 

@@ -45,6 +45,12 @@ def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
 
 # *** expansion of upcast/unroll axes by substitution ***
 
+def _each_lane(u: UOp, axes: list[UOp]) -> list[UOp]:
+    """`u` with `axes` replaced by each combination of their values (the last axis varying fastest)."""
+    if not axes: return [u]
+    return u.substitute_each([{r: UOp.const(r.dtype, v) for r, v in zip(axes, lane)}
+                              for lane in itertools.product(*[range(range_size(r)) for r in axes])])
+
 def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     """REDUCE(src, *ranges, arg=op) -> REDUCE(*values, *loops[, vec], arg=(op, n_acc, n_seq)): one value per
     combination of the expanded axes; "upcast" reduce axes give separate accumulators, "unroll" axes a chain."""
@@ -53,11 +59,7 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r not in ctx.vecs]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
-    vals = []
-    for a in itertools.product(*[range(range_size(r)) for r in acc_axes]):
-        for s in itertools.product(*[range(range_size(r)) for r in seq_axes]):
-            sub = {r: UOp.const(r.dtype, v) for r, v in zip(acc_axes + seq_axes, a + s)}
-            vals.append(red.src[0].substitute(sub) if sub else red.src[0])
+    vals = _each_lane(red.src[0], acc_axes + seq_axes)
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
 
@@ -167,8 +169,7 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, L
     for st in ast.src:
         axes = [r for r in st.toposort() if r.op is Ops.RANGE and range_kind(r) == "upcast" and r is not ctx.vec
                 and r not in reduce_rngs]
-        for vals in itertools.product(*[range(range_size(r)) for r in axes]):
-            stores.append(st.substitute({r: UOp.const(r.dtype, v) for r, v in zip(axes, vals)}) if axes else st)
+        stores += _each_lane(st, axes)
     sink = graph_rewrite(UOp.sink_of(*stores), pm_expand_reduce, ctx=ctx, name="expand_reduce")
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=ctx, bottom_up=True, name="lower_reduce")
     return sink, ctx

@@ -266,6 +266,19 @@ class UOp(metaclass=UOpMetaClass):
             replaced[u] = u if new_src == u.src else u.replace(src=new_src)
         return replaced[self]
 
+    def substitute_each(self, subs: list[dict[UOp, UOp]]) -> list[UOp]:
+        """[self.substitute(d) for d in subs] with one walk of the graph (the lanes of an unrolled axis)."""
+        topo = list(self.toposort())
+        out = []
+        for dvars in subs:
+            replaced = dict(dvars)
+            for u in topo:
+                if u in replaced or not u.src: continue
+                new_src = tuple([replaced.get(s, s) for s in u.src])
+                if new_src != u.src: replaced[u] = u.replace(src=new_src)
+            out.append(replaced.get(self, self))
+        return out
+
     def sink(self, *srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self,) + srcs)
     @staticmethod
     def sink_of(*srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, srcs)

@@ -353,6 +353,17 @@ class TestSubstitute:
         assert e.substitute({x + y: y}) is y * x
         assert int(e.substitute({x: three, y: c(4, dtypes.index)})) == (3 + 4) * 3
 
+    def test_substitute_each(self):
+        # one walk for several substitutions gives what substitute gives for each: values by evaluation, nodes by
+        # identity (hash-consing), and a substitution that misses the graph leaves it as it is
+        x, y = Variable("x", 0, 10), Variable("y", 0, 10)
+        e = (x + y) * x + (x + 5) // 2
+        subs = [{x: c(v, dtypes.index)} for v in range(4)] + [{x: c(2, dtypes.index), y: c(7, dtypes.index)}, {},
+                                                                {Variable("z", 0, 3): c(1, dtypes.index)}]
+        got = e.substitute_each(subs)
+        assert [g is e.substitute(d) for g, d in zip(got, subs)] == [True] * len(subs)
+        assert int(got[4]) == (2 + 7) * 2 + (2 + 5) // 2 and got[5] is e and got[6] is e
+
     def test_substitute_deep(self):
         x = deep_chain(20_000)
         var = Variable("x", 0, 10)
