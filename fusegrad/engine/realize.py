@@ -221,7 +221,8 @@ class ExecItem:
         return et
 
 def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None, device: str) -> None:
-    ops, mem = sym_infer(prg.estimates.ops, var_vals), sym_infer(prg.estimates.mem, var_vals)
+    ops, mem = prg._work(var_vals) if isinstance(prg, CompiledRunner) else \
+        (sym_infer(prg.estimates.ops, var_vals), sym_infer(prg.estimates.mem, var_vals))
     GlobalCounters.global_ops += ops
     GlobalCounters.global_mem += mem
     if isinstance(prg, CompiledRunner): GlobalCounters.kernel_count += 1

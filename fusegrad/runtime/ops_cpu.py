@@ -479,7 +479,8 @@ def wait_for(opaque: Any) -> None:
 
 def _exported(root: Any) -> bool:
     """Whether a live host view (a memoryview from _as_buffer) reads this allocation."""
-    return any(r() is not None for r in root.__dict__.get("_exports", ()))
+    exports = root.__dict__.get("_exports")   # (most allocations never had one: no generator for them)
+    return bool(exports) and any(r() is not None for r in exports)
 
 _load_counter = itertools.count()
 
