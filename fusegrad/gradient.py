@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes, sum_acc_dtype
+from fusegrad.helpers import rng_counter_of
 from fusegrad.schedule.kernelize import bound_variables, new_buffer, structure_key, substitute_map
 from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
@@ -199,7 +200,7 @@ def _derive(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = f
 # buffers it reads. So the gradients of a structure seen before are its cached gradient graph, built over
 # placeholder buffers, with this graph's buffers substituted: the nodes made are the same ones the rules would make
 # (hash-consing: the forward nodes that gradients use come out as the graph's own nodes). A structure is cached the
-# second time it is seen (a graph with fresh random counters, different every step, never repeats). Not cached:
+# second time it is seen (a graph whose constants all change every step never repeats). Not cached:
 # graphs with bound Variables and user gradient functions (CUSTOM_GRAD rules without `pure = True`), which may
 # depend on more than the structure.
 
@@ -222,7 +223,11 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], known: dict[UOp,
         return _derive(seeds, targets)
     position = {u: i for i, u in enumerate(topo)}
     parts, consts = structure_key(topo)
-    key = (parts, tuple(_arg_key(c.arg) for c in consts), tuple(sorted(position[t] for t in targets if t in position)))
+    # (a random counter only seeds the generator, which the rules never look into: keyed by position, not value, so a
+    # step with dropout, whose counters are new every step, finds the template too)
+    values = tuple(None if c.dtype == dtypes.uint64 and rng_counter_of(c.arg) is not None else _arg_key(c.arg)
+                   for c in consts)
+    key = (parts, values, tuple(sorted(position[t] for t in targets if t in position)))
     if (template := _gradient_cache.get(key)) is not None:
         gradient_cache_stats["hits"] += 1
         new = substitute_map(template.sink, {p: topo[i] for i, p in template.nodes}, topo=template.topo)

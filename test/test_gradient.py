@@ -547,3 +547,21 @@ def test_gradient_cache_calls_user_gradients_every_time():
         (out,) = a.custom_kernel(fxn=lambda x: x * 3, grad_fxn=lambda g, x: g * factor[0])
         out.sum().backward()
         np.testing.assert_array_equal(a.grad.numpy(), np.array([f, f], np.float32))
+
+def test_gradient_cache_serves_dropout_steps():
+    # dropout's random counters are new every step: the structure is the same, so from the third step the gradients
+    # come from the cache, with this step's mask (the gradient is 1/(1-p) where an element was kept, else 0)
+    from fusegrad.gradient import gradient_cache_stats
+    p = 0.25
+    w = Tensor(np.full((6, 40), 2.0, np.float32), requires_grad=True).realize()
+    hits, masks = gradient_cache_stats["hits"], []
+    with Tensor.train():
+        for _ in range(5):
+            w.grad = None
+            out = (w * 3).dropout(p)
+            out.sum().backward()
+            kept = out.numpy() != 0
+            np.testing.assert_allclose(w.grad.numpy(), np.where(kept, 3 / (1 - p), 0).astype(np.float32), rtol=1e-6)
+            masks.append(kept)
+    assert gradient_cache_stats["hits"] - hits == 3
+    assert any((m != masks[0]).any() for m in masks[1:])   # (the steps' masks differ)
