@@ -2,12 +2,14 @@
 buffers reuse cached schedules and kernels, and every cache the process keeps is bounded."""
 from __future__ import annotations
 import gc
+import weakref
 import numpy as np
 import pytest
-from fusegrad import Tensor
+from fusegrad import Tensor, gradient
 from fusegrad.device import Device
 from fusegrad.engine.realize import method_cache
 from fusegrad.schedule.kernelize import schedule_cache, schedule_cache_stats
+from fusegrad.schedule.linear import get_buffer
 from fusegrad.uop.ops import UOpMetaClass
 
 RSS_BOUND_MB = 10
@@ -77,3 +79,46 @@ def test_caches_are_bounded():
         np.testing.assert_array_equal((Tensor.ones(1, 7).contiguous() * 3).numpy(), np.full((1, 7), 3, np.float32))
     finally:
         realize.METHOD_CACHE_SIZE, kernelize.SCHEDULE_CACHE_SIZE, Device["CPU"].compiler.MEM_CACHE_SIZE = old
+
+def test_gradient_cache_is_bounded_and_holds_no_memory():
+    rng = np.random.default_rng(1)
+    w = Tensor(rng.standard_normal((64, 64), dtype=np.float32), requires_grad=True).realize()
+    def step() -> None:
+        # a fresh 1 MB batch every step: a template holding a step's buffers would grow RSS by a MB a step
+        x = Tensor(rng.standard_normal((4096, 64), dtype=np.float32))
+        w.grad = None
+        (x @ w).relu().mean().backward()
+        w.grad.realize()
+    for _ in range(20): step()
+    # no cached template keeps a step's input alive (it holds placeholders, not the buffers it was built over): a
+    # structure new to the cache, seen once, made a template of, then served from it
+    v = Tensor(rng.standard_normal((48, 5), dtype=np.float32), requires_grad=True).realize()
+    gone = []
+    for _ in range(3):
+        x = Tensor(rng.standard_normal((2048, 48), dtype=np.float32)).realize()
+        gone.append(weakref.ref(get_buffer(x.uop)))
+        v.grad = None
+        (x @ v).tanh().sum().backward()
+        v.grad.realize()
+        del x
+    v.grad = None
+    gc.collect()
+    assert all(r() is None for r in gone), "a step's input buffer outlived the step"
+    gc.collect()
+    rss0, size0 = rss_mb(), len(gradient._gradient_cache)
+    for _ in range(300): step()
+    gc.collect()
+    assert rss_mb() - rss0 < RSS_BOUND_MB and len(gradient._gradient_cache) == size0
+    # more distinct structures than it holds: it stays at its bound, and an evicted structure's gradients come back
+    old, gradient.GRADIENT_CACHE_SIZE = gradient.GRADIENT_CACHE_SIZE, 8
+    try:
+        for n in range(1, 30):
+            for _ in range(2):
+                v = Tensor(np.ones((n, 3), np.float32), requires_grad=True)
+                (v * 2).sum().backward()
+        assert len(gradient._gradient_cache) <= 8
+        v = Tensor(np.ones((1, 3), np.float32), requires_grad=True)
+        (v * 5).sum().backward()
+        np.testing.assert_array_equal(v.grad.numpy(), np.full((1, 3), 5, np.float32))
+    finally:
+        gradient.GRADIENT_CACHE_SIZE = old
