@@ -278,11 +278,17 @@ def to_np_dtype(dt: DType) -> Any:
     return np.dtype(_NP_NAMES[dt.scalar()])
 
 def from_np_dtype(npdt: Any) -> DType:
+    # (a dtype object is looked up directly: this runs for every tensor made from an array)
+    if (dt := _FROM_NP.get(npdt)) is not None: return dt
     import numpy as np
     name = np.dtype(npdt).name
     for dt, n in _NP_NAMES.items():
-        if n == name: return dt
+        if n == name:
+            if isinstance(npdt, np.dtype): _FROM_NP[npdt] = dt
+            return dt
     raise TypeError(f"numpy dtype {name} is not supported")
+
+_FROM_NP: dict[Any, DType] = {}
 
 _TORCH_NAMES: dict[DType, str] = {**{k: v for k, v in _NP_NAMES.items()}, dtypes.bfloat16: "bfloat16"}
 
