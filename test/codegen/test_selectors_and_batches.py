@@ -1,8 +1,8 @@
 """Kernel shapes the heuristic recognizes: a concatenation or stack along a small axis (its loop is unrolled, so
 each lane loads only its own branch, and the loop left is vectorized), tiles laid out as image rows (the loop is
-upcast by the tile's width, so each lane's loads are affine), and a batched matmul (its batch loop stays
-outermost, so each batch's column panel is reused by that batch's row tiles). Results against numpy and torch, and
-the opts chosen; and the row tile of a matmul whose rows 8 does not divide."""
+upcast by the tile's width, so each lane's loads are affine; a longer period splits the loop instead), and a
+batched matmul (its batch loop stays outermost, so each batch's column panel is reused by that batch's row tiles).
+Results against numpy and torch, and the opts chosen; and the row tile of a matmul whose rows 8 does not divide."""
 import os
 import numpy as np
 import pytest
@@ -45,6 +45,19 @@ def test_tiles_laid_out_as_rows(tile: int, tw: int):
     assert Opt(OptOps.UPCAST, 3, tile) in opts, opts
     ref = X.transpose(3, 2, 4, 0, 5, 1).reshape(2, 8, 3 * tile, tw * tile) + bias.reshape(1, 8, 1, 1)
     np.testing.assert_array_equal(rows(Tensor(X), Tensor(bias)).numpy(), ref)
+
+@pytest.mark.parametrize("case", ["repeat", "heads"])
+def test_rows_split_where_loads_wrap(case: str):
+    # the store's row index modulo (or divided by) a long constant: the loop is split into blocks of it, each block
+    # contiguous in the loads (a repeated tensor; attention heads moved next to the batch, then merged)
+    X = RS.randn(8, 16, 4, 32).astype(np.float32)
+    def f(x: Tensor) -> Tensor:
+        return x.reshape(64, 256).repeat(2, 3) if case == "repeat" else x.permute(0, 2, 1, 3).reshape(8, 4, 512)
+    opts = opts_of(f(Tensor(X)))
+    assert any(o.op is OptOps.SPLIT for o in opts), opts
+    xt = torch.tensor(X)
+    ref = xt.reshape(64, 256).repeat(2, 3) if case == "repeat" else xt.permute(0, 2, 1, 3).reshape(8, 4, 512)
+    np.testing.assert_array_equal(f(Tensor(X)).numpy(), ref.numpy())
 
 def test_reduction_stored_as_tiled_rows():
     # a small matmul whose (4, 4) rows are a tile's pixels, stored as image rows: no loop is vectorizable, so each

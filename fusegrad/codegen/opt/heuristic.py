@@ -24,7 +24,8 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # vector code, with explicit conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer
         # conversions well by itself.)
         # (a concatenation's vector is as many lanes as a float32 one, whatever the dtype: as for half above)
-        if _tile_transpose(k) or _unroll_selectors(k, width_of(dtypes.float32)) or _upcast_remainders(k):
+        if _tile_transpose(k) or _unroll_selectors(k, width_of(dtypes.float32)) or _upcast_remainders(k) or \
+                _split_at_remainders(k):
             return k.applied_opts
         if not any(idx.src[0].dtype.base == dtypes.float16 and dtypes.float16 in vec_dts for idx, _ in k.accesses()):
             return []
@@ -423,6 +424,24 @@ def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
     return {u.src[1].arg for idx, is_store in k.accesses() if not is_store for u in idx.src[1].toposort()
             if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and coeff(u.src[0], r) == 1}
 
+def _store_loop(k: Kernel) -> UOp | None:
+    """The innermost output loop that every store is contiguous along."""
+    stores = [idx for idx, is_store in k.accesses() if is_store]
+    return next((r for r in reversed(k.loops[:k.first_reduce]) if all(coeff(idx.src[1], r) == 1 for idx in stores)),
+                None)
+
+def _split_at_remainders(k: Kernel) -> bool:
+    """An elementwise kernel whose loads take the innermost loop the store moves along modulo (or divided by) a
+    constant c too big to upcast, that c divides (a tensor repeated along its rows: x.repeat(2, 2)), has that loop
+    split into blocks of c: within a block the loads are contiguous again, and the compiler vectorizes the block's
+    loop (1024x4096 repeated 2x2: 6.1 -> 2.1 ms). Returns whether it applied."""
+    if (r := _store_loop(k)) is None or not isinstance(sz := range_size(r), int): return False
+    c = max((c for c in _remainder_divisors(k, r) if c > REMAINDER_LANES and sz % c == 0 and sz > c), default=None)
+    if c is None: return False
+    try: k.apply_opt(Opt(OptOps.SPLIT, k.loops.index(r), sz // c))
+    except KernelOptError: return False
+    return True
+
 def _upcast_remainders(k: Kernel, lanes: int = REMAINDER_LANES, innermost_only: bool = True) -> bool:
     """An output loop whose loads take it divided and modulo a small constant c (tiles laid out as image rows: the
     pixel 4*tx + j read from tile tx, position j) is upcast by c: in each lane the remainder is a constant, so the
@@ -433,10 +452,8 @@ def _upcast_remainders(k: Kernel, lanes: int = REMAINDER_LANES, innermost_only: 
     itself), every such loop from the innermost while the lanes (accumulators) fit `lanes`: a tile's 4x4 outputs
     share each load of its transformed values (16x64x32x32: no opts 44 ms, these 0.66 ms). Returns whether it
     applied."""
-    stores = [idx for idx, is_store in k.accesses() if is_store]
-    outs = k.loops[:k.first_reduce]
-    cands = [r for r in reversed(outs) if all(coeff(idx.src[1], r) == 1 for idx in stores)][:1] if innermost_only \
-        else list(reversed(outs))
+    if innermost_only: cands = [r] if (r := _store_loop(k)) is not None else []
+    else: cands = list(reversed(k.loops[:k.first_reduce]))
     applied = 1
     for r in cands:
         if not isinstance(sz := range_size(r), int): continue
