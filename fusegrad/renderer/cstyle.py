@@ -11,6 +11,7 @@ import hashlib
 import math
 import platform
 import struct
+from fusegrad.codegen.affine import coeff
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -471,6 +472,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 r[u] = new_var(prefix)
                 line(f"{ctype or self.dtype_name(u.dtype)} {r[u]} = {expr};")
         mask_width: dict[UOp, int] = {}
+        loops: list[UOp] = []   # the loops open at this point, innermost last
         def is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
 
         for u in uops:
@@ -498,12 +500,14 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             elif op is Ops.RANGE:
                 v = f"ridx{u.arg[0]}"
                 r[u] = v
+                loops.append(u)
                 lo, hi = ("core_lo", "core_hi") if u.arg[1] == "global" else ("0", r[src[0]])
                 line(f"for (long {v} = {lo}; {v} < {hi}; {v}++) {{")
                 depth += 1
             elif op is Ops.END:
                 depth -= 1
                 line("}")
+                loops.pop()
             elif op is Ops.INDEX:
                 # the lvalue of the element (or of the vector starting there)
                 if u.dtype.vcount == 1: r[u] = f"{r[src[0]]}[{r[src[1]]}]"
@@ -527,6 +531,15 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                     zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else \
                         f"(({self.dtype_name(u.dtype)}){{0}})"
                     val = f"({r[idx.src[2]]}?{val}:{zero})"
+                    # a gated load used once is written where it is used: inside a select (a branch of a
+                    # concatenation or of a reflecting pad), C evaluates it only when the select takes it. Not one
+                    # contiguous along the innermost loop whose gate varies along it (a concatenation along the
+                    # columns): there loading every branch without branching measured faster (7.0 against 8.3 ms)
+                    if len(us := users.get(u, [])) == 1 and us[0].op is not Ops.RANGE and \
+                            depth_of[us[0]] == depth_of[u] and u.dtype.count == 1 and idx.src[0] not in stored and \
+                            not (loops and coeff(idx.src[1], loops[-1]) == 1 and loops[-1] in idx.src[2].toposort()):
+                        r[u] = val   # (nothing writes the buffer in between: the kernel never writes it)
+                        continue
                 assign(u, val, "val")
             elif op is Ops.STORE:
                 if src[0].op is Ops.DEFINE_REG: line(f"{r[src[0]]} = {r[src[1]]};"); continue

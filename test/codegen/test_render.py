@@ -97,3 +97,29 @@ def test_scalar_output_kernel():
 def test_compile_flags_declared():
     flags = RENDERER.compile_flags
     assert "-ffp-contract=off" in flags and "-fwrapv" in flags and not any("fast-math" in f for f in flags)
+
+def _source_of(t) -> str:
+    from fusegrad.device import Device
+    si = [si for si in t.schedule() if si.ast.op is Ops.SINK][-1]
+    return get_program(si.ast, Device["CPU"].renderer).src
+
+def test_gated_loads_in_selects():
+    # a reflecting pad picks one of nine gated loads per element: the flipped branches' loads are written inside
+    # the select (only the taken one runs); a concatenation along the rows (gates constant along the innermost loop)
+    # too; one along the columns keeps its loads apart (vectorizable as masked loads). Values against numpy.
+    import re
+    from fusegrad import Tensor
+    rs = np.random.default_rng(3)
+    X, Y = rs.standard_normal((2, 3, 8, 8)).astype(np.float32), rs.standard_normal((64, 64)).astype(np.float32)
+    def named_loads(src: str) -> int: return len(re.findall(r"float val\d+ =", src))
+    def gated_loads(src: str) -> int: return len(re.findall(r"\?data1\[", src))
+    # (each built twice: scheduling for the source leaves a tensor over buffers nothing filled)
+    def pad() -> Tensor: return Tensor(X).pad((2, 2, 2, 2), mode="reflect")
+    def rows() -> Tensor: return Tensor(Y[:32]).cat(Tensor(Y[32:]) * 2, dim=0)
+    def cols() -> Tensor: return Tensor(Y[:, :32]).cat(Tensor(Y[:, 32:]) * 2, dim=1)
+    src = _source_of(pad())
+    assert gated_loads(src) == 9 and named_loads(src) <= 3, src
+    assert named_loads(_source_of(rows())) == 0 and named_loads(_source_of(cols())) == 2
+    np.testing.assert_array_equal(pad().numpy(), np.pad(X, ((0, 0), (0, 0), (2, 2), (2, 2)), mode="reflect"))
+    np.testing.assert_array_equal(rows().numpy(), np.concatenate([Y[:32], Y[32:] * 2], 0))
+    np.testing.assert_array_equal(cols().numpy(), np.concatenate([Y[:, :32], Y[:, 32:] * 2], 1))
