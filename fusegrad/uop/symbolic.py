@@ -530,5 +530,11 @@ def simplify_indexing(sink: UOp) -> UOp:
     keys = list(exprs)
     done = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(keys)), symbolic, name="simplify_indexing")
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
+    # an access whose valid became always true loses it (a kernel with gated accesses is compiled without the loop
+    # vectorizer: a stride-2 slice's load whose padding check folded to true stayed scalar)
+    for u in topo:
+        if u.op is Ops.INDEX and len(u.src) > 2 and (g := changed.get(u.src[2], u.src[2])).op is Ops.CONST and \
+                g.arg is True:
+            changed[u] = UOp(Ops.INDEX, u.dtype, tuple(changed.get(x, x) for x in u.src[:2]), u.arg)
     return sink.substitute(changed) if changed else sink
 
