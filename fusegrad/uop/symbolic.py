@@ -322,6 +322,12 @@ def _divmod_by_const(a: UOp, x: UOp, c: UOp) -> UOp | None:
         inner = _build_sum({b: v // g for b, v in terms.items()}, k // g, dt)
         return (inner % (cv // g)) * g if is_mod else inner // (cv // g)
     lo, hi = x.vmin, x.vmax
+    # a factor g of c and of every coefficient but not of the constant, for x >= 0: x = g*Y + kr with 0 <= kr < g, so
+    # x//c = Y//(c/g) and x%c = (Y%(c/g))*g + kr (the lanes of an upcast loop: (8*r+1)//64 -> r//8)
+    if lo >= 0 and (g := math.gcd(cv, *terms.values())) > 1:
+        kq, kr = divmod(k, g)
+        inner = _build_sum({b: v // g for b, v in terms.items()}, kq, dt)
+        return (inner % (cv // g)) * g + kr if is_mod else inner // (cv // g)
     # a single term k*b (k > 0) and its remainder r*b (0 <= r < c) have the same sign at every point, whatever b's range
     monomial = k == 0 and len(terms) == 1 and next(iter(terms.values())) > 0
     if lo >= 0 or monomial: rem = lambda v: v % cv
@@ -516,11 +522,14 @@ symbolic = PatternMatcher(_fold_rules + [
 terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, and linear comparison rewriting."""
 
 def _is_index_gate(gate: UOp) -> bool:
-    return not any(u.dtype not in (dtypes.index, dtypes.bool) or u.op is Ops.LOAD for u in gate.toposort())
+    """Whether a WHERE gate is integer arithmetic on ranges and constants alone (a padding mask, or a concatenation's
+    position compared with its pieces' offsets), which symbolic decides where the loops' values are known."""
+    return not any(u.dtype.scalar() not in _INTBOOL or u.op is Ops.LOAD for u in gate.toposort())
 
 def simplify_indexing(sink: UOp) -> UOp:
-    """`sink` with every index and valid expression, and every WHERE gate made of index arithmetic alone (a padding
-    mask computed in the value, not in a load), simplified by symbolic; values are left alone. One rewrite for all of
+    """`sink` with every index and valid expression, and every WHERE gate made of integer arithmetic alone (a padding
+    mask computed in the value, not in a load), simplified by symbolic; values are left alone, except where a gate
+    became a constant: a select is then its branch and a load that is never valid its zero. One rewrite for all of
     them: a kernel's hundreds of accesses share most of their terms, which a rewrite per access redid each time (the
     biggest convolution kernel of ResNet-18: 578 rewrites, 0.28 s)."""
     topo = sink.toposort()
@@ -530,11 +539,21 @@ def simplify_indexing(sink: UOp) -> UOp:
     keys = list(exprs)
     done = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(keys)), symbolic, name="simplify_indexing")
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
-    # an access whose valid became always true loses it (a kernel with gated accesses is compiled without the loop
+    if not changed: return sink
+    # a gate that folded to a constant decides its node here (the lanes of an unrolled concatenation axis each take
+    # one piece: the others' selects and loads would be compiled only for the C compiler to drop them again). An
+    # access whose valid became always true loses it (a kernel with gated accesses is compiled without the loop
     # vectorizer: a stride-2 slice's load whose padding check folded to true stayed scalar)
+    replaced: dict[UOp, UOp] = {}
     for u in topo:
-        if u.op is Ops.INDEX and len(u.src) > 2 and (g := changed.get(u.src[2], u.src[2])).op is Ops.CONST and \
-                g.arg is True:
-            changed[u] = UOp(Ops.INDEX, u.dtype, tuple(changed.get(x, x) for x in u.src[:2]), u.arg)
-    return sink.substitute(changed) if changed else sink
+        if u in changed: replaced[u] = changed[u]; continue
+        src = tuple([replaced.get(s, s) for s in u.src])
+        if u.op is Ops.WHERE and src[0].op is Ops.CONST: replaced[u] = src[1] if src[0].arg else src[2]
+        elif u.op is Ops.INDEX and len(src) > 2 and src[2].op is Ops.CONST and src[2].arg is True:
+            replaced[u] = UOp(Ops.INDEX, u.dtype, src[:2], u.arg)
+        elif u.op is Ops.LOAD and len(src) == 1 and src[0].op is Ops.INDEX and len(src[0].src) > 2 and \
+                src[0].src[2].op is Ops.CONST and src[0].src[2].arg is False and u.dtype.count == 1:
+            replaced[u] = u.const_like(0)
+        elif src != u.src: replaced[u] = u.replace(src=src)
+    return replaced.get(sink, sink)
 

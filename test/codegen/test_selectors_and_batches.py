@@ -34,6 +34,19 @@ def test_stack_of_slices_unrolls_its_branches():
                        xt[:, 3::4] * 3], dim=1).numpy()
     np.testing.assert_allclose(stacked(Tensor(X)).numpy(), ref, rtol=1e-6, atol=1e-6)
 
+def test_unrolled_branches_are_decided_in_the_source():
+    # in each lane of the unrolled stack axis the concatenation's position checks are constants: the lane's select
+    # is its own branch and the other branches' loads are gone, so no select on a constant reaches the compiler
+    import re
+    X = RS.randn(8, 256, 64).astype(np.float32)
+    si = [si for si in stacked(Tensor(X)).schedule() if si.ast.op is Ops.SINK][-1]
+    src = get_program(si.ast, Device["CPU"].renderer).src
+    assert not re.search(r"\((0|1|alu\d+)\?", src), src
+    xt = torch.tensor(X)
+    ref = torch.stack([xt[:, 0::4] * 2 + xt[:, 1::4], xt[:, 1::4] - xt[:, 2::4], xt[:, 2::4] + xt[:, 3::4],
+                       xt[:, 3::4] * 3], dim=1).numpy()
+    np.testing.assert_allclose(stacked(Tensor(X)).numpy(), ref, rtol=1e-6, atol=1e-6)
+
 @pytest.mark.parametrize("tile,tw", [(4, 8), (2, 16), (3, 5)])
 def test_tiles_laid_out_as_rows(tile: int, tw: int):
     # (tile, tile, c, b, th, tw) -> (b, c, th*tile, tw*tile): the pixel x*tile + j of a row is position j of tile x,

@@ -313,6 +313,20 @@ def test_negative_dividends():
     assert_same_values((n * 5 + 3) // 4)
     assert_same_values((n * 5 + 3) % 4)
 
+def test_lane_offset_below_the_common_factor():
+    # an upcast loop's lanes: 8*r + lane, with lane < 8 and 8 dividing the divisor, divides and wraps as r does
+    r = Variable("r", 0, 40)
+    check((r * 8 + 1) // 64, "(r//8)")
+    check((r * 8 + 3) % 64, "(((r%8)*8)+3)")
+    check((r * 8 + 7) // 16, "(r//2)")
+    check((r * 8 + 11) // 64, "((r+1)//8)")        # the constant's multiple of 8 joins r
+    check((r * 8 + 11) % 64, "((((r+1)%8)*8)+3)")
+    check((r * 8 + y * 16 + 5) // 32, "((r+(y*2))//4)")
+    # a dividend that can be negative keeps its division (truncation isn't floor there)
+    assert_same_values((r * 8 - 3) // 64)
+    assert_same_values((n * 8 + 1) // 16)
+    assert_same_values((n * 8 + 1) % 16)
+
 # *** nested div/mod ***
 
 def test_nested_div_mod():
