@@ -131,3 +131,27 @@ def test_matmul_row_tile(m: int, tile: int, padded: bool):
     rows = [o for o in opts if o.axis == 0 and o.op in (OptOps.UPCAST, OptOps.PADTO)]
     assert (Opt(OptOps.PADTO, 0, 8) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, opts
     np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("hw,stride", [(14, 1), (28, 1), (28, 2)])
+def test_depthwise_convolution_shares_its_loads(hw: int, stride: int):
+    # a depthwise convolution's weight is the same for every pixel of a channel: the rows of the image are upcast so
+    # their accumulators share each broadcast weight; its weight gradient upcasts its 3x3 taps, which all read each
+    # value of the output gradient (as scalar accumulators on 14x14, as vector ones along the rows on 28x28)
+    X, W = RS.randn(2, 32, hw, hw).astype(np.float32), RS.randn(32, 1, 3, 3).astype(np.float32)
+    G = RS.randn(2, 32, hw // stride, hw // stride).astype(np.float32)
+    def run() -> tuple[Tensor, Tensor, Tensor]:
+        x, w = Tensor(X), Tensor(W)
+        out = x.conv2d(w, stride=stride, padding=1, groups=32)
+        return (out, *out.gradient(x, w, gradient=Tensor(G)))
+    if stride == 1:
+        opts = opts_of(run()[0])
+        assert sum(1 for o in opts if o.op is OptOps.UPCAST) >= 2, opts   # the vector, and the rows sharing weights
+    wopts = opts_of(run()[2])
+    assert sum(1 for o in wopts if o.op is OptOps.UPCAST and o.arg in (0, 3)) == 2, wopts
+    out, gx, gw = run()
+    tx, tw = torch.tensor(X, requires_grad=True), torch.tensor(W, requires_grad=True)
+    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=1, groups=32)
+    tgx, tgw = torch.autograd.grad(tout, (tx, tw), torch.tensor(G))
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), tgx.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw.numpy(), tgw.numpy(), rtol=1e-4, atol=1e-4)
