@@ -422,6 +422,15 @@ class NNMixin:
             raise ValueError(f"conv2d bias must have shape ({cout},), got {bias.shape}")
         flat = _flat_pads(padding, n)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
+        s_ = _int_tuple(stride, n, "stride")
+        if all(k == 1 for k in hw) and any(s > 1 for s in s_) and all(type(v) is int for v in self.shape):
+            # a strided 1x1 convolution reads every s-th pixel: the same 1x1 convolution of those pixels (a view)
+            # at stride 1, which is vectorized along the pixels as a matmul would be, where a strided one gets its
+            # weights copied to vectorize along the output channels (ResNet's downsampling, 8x256x14x14 -> 512
+            # channels at stride 2: 1.05 -> 0.8 ms)
+            picked = self.pad(flat)._pool((1,) * n, s_)
+            picked = picked.reshape(picked.shape[:2 + n])
+            return picked.conv2d(weight, bias, groups, 1, 1, 0, out_dt)
         if _winograd_fits(self, weight, groups, stride, dilation, flat, out_dt):
             ret = _winograd_conv2d(self, weight, _side_pairs(flat))
             return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)

@@ -186,3 +186,43 @@ def test_tiny_image_conv_with_a_residual_buffer_goes_along_channels(hw):
     shaped(_opts(si)[0] == Opt(OptOps.UPCAST, 1, LANES), _opts(si))
     want = torch.relu(F.conv2d(_torch(x), _torch(w), padding=1) + _torch(r))
     np.testing.assert_allclose(block().numpy(), want.numpy(), rtol=1e-4, atol=1e-3)
+
+# *** pointwise convolutions: merged pixels, strides as views ***
+
+@pytest.mark.parametrize("hw,merged", [(28, True), (56, True), (7, False), (14, False)])
+def test_pointwise_conv_pixels_merge_into_whole_vectors(hw: int, merged: bool):
+    # a 1x1 convolution addresses its (oh, ow) pixels as one run: the loops merge where their product is whole
+    # vectors and a row isn't (28x28 -> 784 = 49 x 16); 7x7 images keep their rows (the channels are the vector)
+    x, w = Tensor(RS.randn(2, 16, hw, hw).astype(np.float32)), Tensor(RS.randn(32, 16, 1, 1).astype(np.float32))
+    (si,) = _kernels(x.conv2d(w))
+    sizes = [int(r.src[0].arg) for r in Kernel(si.ast, Device["CPU"].renderer).loops]
+    shaped(LANES != 16 or (hw * hw in sizes) == merged, sizes)
+    np.testing.assert_allclose(x.conv2d(w).numpy(), F.conv2d(_torch(x), _torch(w)).numpy(), rtol=1e-4, atol=1e-4)
+
+def test_loops_stay_apart_where_a_gate_or_value_uses_one():
+    # a padded copy checks its rows in the gates, an iota uses its positions as values: no merging for either
+    sizes = lambda t: [int(r.src[0].arg) for r in Kernel(_kernels(t)[-1].ast, Device["CPU"].renderer).loops]
+    x = Tensor(RS.randn(4, 6, 24).astype(np.float32))
+    shaped(24 in sizes(x.pad(((0, 0), (1, 1), (0, 0))) * 2), None)
+    shaped(24 in sizes(Tensor.arange(6 * 24).reshape(6, 24) * 1 + x), None)
+    np.testing.assert_array_equal((x.pad(((0, 0), (1, 1), (0, 0))) * 2).numpy(),
+                                  np.pad(x.numpy(), ((0, 0), (1, 1), (0, 0))) * 2)
+    np.testing.assert_array_equal((Tensor.arange(6 * 24).reshape(6, 24) * 1 + x).numpy(),
+                                  np.arange(6 * 24, dtype=np.float32).reshape(6, 24) + x.numpy())
+
+@pytest.mark.parametrize("stride,padding,hw", [(2, 0, 14), (2, 0, 15), (3, 1, 15), ((2, 3), 0, 9), (2, (1, 0), 8)])
+def test_strided_pointwise_conv_reads_the_picked_pixels(stride, padding, hw: int):
+    # a strided 1x1 convolution is the stride-1 one of every s-th pixel (a view): one kernel, no copy of the weights
+    X, W, B = (RS.randn(2, 8, hw, hw).astype(np.float32), RS.randn(16, 8, 1, 1).astype(np.float32),
+               RS.randn(16).astype(np.float32))
+    def run_conv() -> Tensor: return Tensor(X).conv2d(Tensor(W), Tensor(B), stride=stride, padding=padding)
+    assert len(_kernels(run_conv())) == 1
+    x, w, b = Tensor(X), Tensor(W), Tensor(B)
+    out = x.conv2d(w, b, stride=stride, padding=padding)
+    G = RS.randn(*out.shape).astype(np.float32)
+    grads = out.gradient(x, w, b, gradient=Tensor(G))
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (X, W, B))
+    tout = F.conv2d(tx, tw, tb, stride=stride, padding=padding)
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, torch.autograd.grad(tout, (tx, tw, tb), torch.tensor(G))):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)

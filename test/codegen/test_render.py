@@ -14,18 +14,19 @@ def add_ast(M=4, N=8) -> UOp:
     return UOp.sink_of(glob(0, dtypes.float32, M * N).index(idx).store(val))
 
 def test_render_smoke():
-    p = get_program(add_ast(), RENDERER)
-    assert p.name == "E_4_8" and p.device == "CPU"
+    # (16 columns: whole vectors, so the loops aren't merged)
+    p = get_program(add_ast(4, 16), RENDERER)
+    assert p.name == "E_4_16" and p.device == "CPU"
     # a kernel of the same name with another body gets another symbol, so both can live in one shared object
-    doubled = add_ast().substitute({add_ast().src[0].src[1]: add_ast().src[0].src[1] * 2.0})
+    doubled = add_ast(4, 16).substitute({add_ast(4, 16).src[0].src[1]: add_ast(4, 16).src[0].src[1] * 2.0})
     q = get_program(doubled, RENDERER)
-    assert q.name == "E_4_8" and p.function_name.startswith("E_4_8_") and q.function_name != p.function_name
+    assert q.name == "E_4_16" and p.function_name.startswith("E_4_16_") and q.function_name != p.function_name
     assert f"void {p.function_name}(float* restrict data0, const float* restrict data1, const float* restrict data2, " \
            "long core_lo, long core_hi)" in p.src
     assert "#include" not in p.src
     assert "for (long ridx0 = core_lo; ridx0 < core_hi; ridx0++)" in p.src
     assert (p.globals, p.outs, p.ins, p.vars, p.global_size) == ([0, 1, 2], [0], [1, 2], [], 4)
-    assert p.estimates.ops == 32 and p.estimates.mem == 3 * 32 * 4
+    assert p.estimates.ops == 64 and p.estimates.mem == 3 * 64 * 4
     compile_program(p)  # compiles without warnings turning into errors
 
 def test_render_compiles_warning_free():
