@@ -103,11 +103,11 @@ _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1,
 # Winograd pays where the 36 matmuls dominate: enough channels for the transforms (linear in them) to be small next
 # to the products (quadratic), enough tiles for the weights' transform (36 x cin x cout, made every call) to be
 # reused, and enough work for its four kernels' fixed cost. Measured on 3x3 convolutions with padding 1, direct ->
-# Winograd: 8x128x28x28 6.3 -> 4.3 ms, 8x256x14x14 6.8 -> 3.9 ms, 8x64x56x56 7.3 -> 5.8 ms, 4x128x28x28 3.8 -> 2.7 ms,
-# 16x64x32x32 ~3.8 both. Direct stay: 8x512x7x7 (32 tiles; alone 6.4 -> 6.1 ms, but ResNet-18's forward took
-# 101-106 -> 110-114 ms with its three), 4x512x7x7 (16 tiles) 3.7 -> 6.0 ms, 8x256x7x7 and 16x64x16x16 (under 2^29
-# FLOPs) 1.9 -> 2.0 and 1.5 -> 1.5 ms, 1x64x56x56 1.2 -> 1.4 ms.
-WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 64, 1 << 29
+# Winograd (AMD EPYC, 2 cores, the weights' transform writing each output channel's 36 rows in turn): 8x512x7x7
+# 10.5 -> 7.2 ms (32 tiles; ResNet-18's forward 143-146 -> 132-140 ms with its three), 8x256x14x14 9.3 -> 6.1 ms,
+# 16x64x16x16 1.75 -> 1.34 ms, 1x64x56x56 1.54 -> 1.16 ms; even: 4x512x7x7 (16 tiles) 5.8 -> 5.7, 8x256x7x7 2.7 ->
+# 2.6; direct stays: 2x512x7x7 (8 tiles) 3.3 -> 4.8 ms.
+WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
 
 def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, flat: list[int], out_dt: DType) -> bool:
     """Whether conv2d computes this convolution by Winograd's F(4x4, 3x3): WINO set, one device, float32, 2-D, 3x3,

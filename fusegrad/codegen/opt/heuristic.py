@@ -345,7 +345,12 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
                 all(coeff(idx.src[1], k.loops[at]) != 0 for idx in loads):
             at += 1
         if at and not (isinstance(bsz := range_size(k.loops[0]), int) and bsz % cores == 0): at = 0
-        if k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
+        # (a contraction of a few rows has no panel worth keeping: its biggest input is read once instead, in
+        # memory order, each block of it used by all the output loops it doesn't move with. Winograd's weight
+        # transform, 9 taps to 36 positions of 512x512 channel pairs: 2.6 -> 2.1 ms)
+        red_rows = math.prod(s if isinstance(s := range_size(k.loops[i]), int) else 1 << 30 for i in k.reduce_axes())
+        if red_rows < 16: _walk_in_memory_order(k)
+        elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
         osz = range_size(k.loops[0])
         if k.first_reduce >= 2 and isinstance(osz, int) and osz > cores and osz % cores == 0:
             k.apply_opt(Opt(OptOps.SPLIT, 0, cores))
