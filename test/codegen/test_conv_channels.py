@@ -228,3 +228,15 @@ def test_strided_pointwise_conv_reads_the_picked_pixels(stride, padding, hw: int
     np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, torch.autograd.grad(tout, (tx, tw, tb), torch.tensor(G))):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("cin,unrolled", [(1, 2), (3, 0), (32, 1)])
+def test_window_unrolled_by_its_channels(cin: int, unrolled: int):
+    # a 3x3 window over one channel is unrolled whole; over an RGB image's 3 channels not at all (the loops are
+    # cheaper than the registers the taps would take); over more channels only its rows (kw stays a loop)
+    X, W = RS.randn(4, cin, 16, 32).astype(np.float32), RS.randn(16, cin, 3, 3).astype(np.float32)
+    def conv() -> Tensor: return Tensor(X).conv2d(Tensor(W), padding=1)
+    with Context(WINO=0): (si,) = _kernels(conv())
+    shaped(sum(1 for o in _opts(si) if o.op is OptOps.UNROLL and o.arg == 0) == unrolled, _opts(si))
+    with Context(WINO=0): got = conv().numpy()
+    np.testing.assert_allclose(got, F.conv2d(torch.tensor(X), torch.tensor(W), padding=1).numpy(), rtol=1e-4,
+                               atol=1e-4)
