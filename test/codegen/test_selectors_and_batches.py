@@ -91,10 +91,14 @@ def test_cat_along_a_small_axis(n: int, dim: int, size: tuple):
                                                        for i, p in enumerate(parts)], axis=dim))
 
 def test_padding_alone_is_not_a_selector():
-    # a padded copy gates its load on sums of loops (the pixel's position), not on a loop by itself: no unrolling
+    # a padded copy gates its load on sums of loops (the pixel's position), not on a loop by itself: no loop is
+    # unrolled whole; its rows (12 columns) are vectorized instead, padded to a vector (gated loads: no gcc vectors)
     X = RS.randn(4, 8, 8).astype(np.float32)
     t = Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2
-    assert all(o.op is not OptOps.UPCAST for o in opts_of(t))
+    lanes = Device["CPU"].renderer.simd_bytes // 4
+    opts = opts_of(t)
+    assert all(o.arg != 0 for o in opts if o.op is OptOps.UPCAST), opts
+    if lanes >= 8: assert list(opts) == [Opt(OptOps.PADTO, 2, lanes), Opt(OptOps.UPCAST, 2, lanes)], opts
     np.testing.assert_array_equal((Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2).numpy(),
                                   np.pad(X, ((0, 0), (1, 1), (2, 2))) * 2)
 
@@ -155,3 +159,28 @@ def test_depthwise_convolution_shares_its_loads(hw: int, stride: int):
     np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gx.numpy(), tgx.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(gw.numpy(), tgw.numpy(), rtol=1e-4, atol=1e-4)
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.float64, np.int8, np.int32, np.uint8, np.bool_])
+@pytest.mark.parametrize("width", [7, 12, 66, 200])
+@pytest.mark.parametrize("device", ["CPU", "LLVM"])
+def test_padded_copies_take_vectors(dt, width: int, device: str):
+    # pads and concatenations gate their loads, which keeps gcc's loop vectorizer away: their rows get our vectors
+    # (masked loads at the edges, rows padded to whole vectors where no vector divides them), in every dtype
+    if device == "LLVM": pytest.importorskip("llvmlite")
+    X = (RS.randn(3, 5, width) * 20).astype(dt) if dt is not np.bool_ else RS.rand(3, 5, width) > 0.5
+    x = Tensor(X, device=device)
+    np.testing.assert_array_equal(x.pad(((0, 0), (1, 2), (1, 1))).numpy(), np.pad(X, ((0, 0), (1, 2), (1, 1))))
+    for mode in ("reflect", "replicate", "circular"):
+        np_mode = {"replicate": "edge", "circular": "wrap"}.get(mode, mode)
+        np.testing.assert_array_equal(x.pad((2, 3, 1, 1), mode=mode).numpy(),
+                                      np.pad(X, ((0, 0), (1, 1), (2, 3)), mode=np_mode))
+    np.testing.assert_array_equal(x.cat(x[:, :, :3], dim=2).numpy(), np.concatenate([X, X[:, :, :3]], 2))
+
+def test_padded_copy_is_vectorized_along_its_rows():
+    # a 1-pixel zero pad of 64-pixel rows: 66 columns, padded to whole vectors (no gcc vectors for gated loads)
+    lanes = Device["CPU"].renderer.simd_bytes // 4
+    X = RS.randn(2, 3, 64, 64).astype(np.float32)
+    opts = opts_of(Tensor(X).pad((1, 1, 1, 1)).contiguous())
+    if lanes >= 8: assert list(opts) == [Opt(OptOps.PADTO, 3, lanes), Opt(OptOps.UPCAST, 3, lanes)], opts
+    np.testing.assert_array_equal(Tensor(X).pad((1, 1, 1, 1)).contiguous().numpy(),
+                                  np.pad(X, ((0, 0), (0, 0), (1, 1), (1, 1))))
