@@ -223,6 +223,18 @@ def test_interpolate_2d(mode, align, size):
           lambda x: F.interpolate(x, size, mode=tm, align_corners=align if mode == "linear" else None),
           _rand(2, 3, 6, 5))
 
+@pytest.mark.parametrize("shape,size", [((2, 3, 6, 5), (12, 10)), ((1, 2, 4, 4), (16, 32)), ((1, 1, 1, 3), (2, 24)),
+                                        ((2, 2, 7, 3), (14, 7)), ((1, 2, 5), (40,)), ((1, 1, 2, 3, 4), (4, 6, 8))],
+                         ids=str)
+def test_interpolate_linear_by_powers_of_two(shape, size):
+    # upsampling by 2, 4, 8 along a dim takes views and multiply-adds (no weight matrix): values and gradients
+    # against torch, including single elements (both neighbours are the element itself) and mixed factors
+    tm = {3: "linear", 4: "bilinear", 5: "trilinear"}[len(shape)]
+    check(lambda x: x.interpolate(size, mode="linear"), lambda x: F.interpolate(x, size, mode=tm), _rand(*shape))
+    if all(o % i == 0 and (o // i) & (o // i - 1) == 0 for i, o in zip(shape[2:], size)):
+        kernels = [si.ast for si in Tensor(_rand(*shape)).interpolate(size).schedule() if si.ast.op.name == "SINK"]
+        assert not any(u.op.name == "REDUCE" for k in kernels for u in k.toposort()), "a matmul with a weight matrix"
+
 def test_interpolate_1d_3d_half():
     check(lambda x: x.interpolate((7,), align_corners=True), lambda x: F.interpolate(x, 7, mode="linear",
           align_corners=True), _rand(1, 2, 4))

@@ -226,6 +226,32 @@ def _subpixel_transpose(x: Tensor, w: Tensor, groups: int, s_: tuple[int, ...], 
     full = st.permute(order).reshape(st.shape[:2] + tuple(q * s for q, s in zip(qs, s_)))
     return full.shrink(((0, full.shape[0]), (0, full.shape[1])) + tuple((0, o) for o in outs))
 
+def _upsample_linear(x: Tensor, d: int, f: int) -> Tensor:
+    """Linear upsampling of dim d by a power of two f (align_corners False), as views and multiply-adds: output f*q + r
+    reads source q + c_r with c_r = (r + 0.5)/f - 0.5, so it mixes element q with its neighbour before (c_r < 0) or
+    after, with the weights torch computes (exact in binary for these f). At the ends torch's clamped index reads
+    the end element alone: there the neighbour's weight is 0 (the shifted views are zero-padded) and the element's 1.
+    The f outputs of each q are interleaved by zero-padding each along a new axis and adding them. The dense (in,
+    out) weight matrix this replaces did i multiplies per output for 2 (16x64x64x64 to 128x128: 70 -> 13 ms)."""
+    T = _tensor_cls()
+    i, nd = x.shape[d], x.ndim
+    def along(pairs: tuple[int, int], t: Tensor, n: int, at: int = d) -> Tensor:
+        return t.pad(tuple(pairs if a == at else (0, 0) for a in range(n)))
+    def shrunk(t: Tensor, lo: int, hi: int) -> Tensor:
+        return t.shrink(tuple((lo, hi) if a == d else None for a in range(nd)))
+    before, after = shrunk(along((1, 0), x, nd), 0, i), shrunk(along((0, 1), x, nd), 1, i + 1)
+    q = T.arange(i, device=x.device).reshape(tuple(i if a == d else 1 for a in range(nd)))
+    first, last = q == 0, q == i - 1
+    lanes = []
+    for r in range(f):
+        c = (r + 0.5) / f - 0.5
+        if c < 0: lane = before * first.where(0.0, -c) + x * first.where(1.0, 1 + c)
+        else: lane = x * last.where(1.0, 1 - c) + after * last.where(0.0, c)
+        lanes.append(along((r, f - 1 - r), lane.unsqueeze(d + 1), nd + 1, d + 1))
+    out = lanes[0]
+    for lane in lanes[1:]: out = out + lane
+    return out.reshape(x.shape[:d] + (i * f,) + x.shape[d + 1:])
+
 def _need_tensors(name: str, **args: object) -> None:
     """A clear TypeError when an argument that must be a Tensor (or None, for optional ones) isn't."""
     Tensor = _tensor_cls()
@@ -624,6 +650,9 @@ class NNMixin:
                     x = x.reshape(sh[:d] + (o, down) + sh[d + 1:])
                     x = x.shrink(tuple((pick, pick + 1) if a == d + 1 else None for a in range(x.ndim)))
                     x = x.reshape(sh[:d] + (o,) + sh[d + 1:])
+                continue
+            if mode == "linear" and not align_corners and up > 1 and up & (up - 1) == 0 and isinstance(i, int):
+                x = _upsample_linear(x, d, up)
                 continue
             dst = Tensor.arange(o, dtype=dtypes.float32, device=self.device)
             src_i = Tensor.arange(i, dtype=dtypes.int32, device=self.device).reshape(i, 1)
