@@ -184,3 +184,13 @@ def test_padded_copy_is_vectorized_along_its_rows():
     if lanes >= 8: assert list(opts) == [Opt(OptOps.PADTO, 3, lanes), Opt(OptOps.UPCAST, 3, lanes)], opts
     np.testing.assert_array_equal(Tensor(X).pad((1, 1, 1, 1)).contiguous().numpy(),
                                   np.pad(X, ((0, 0), (0, 0), (1, 1), (1, 1))))
+
+def test_linear_upsampling_vectorizes_past_its_remainder():
+    # 2x linear upsampling: each output column reads its source column q = col//2 and a zero-padded neighbour
+    # (gated loads: no gcc vectors). The column loop is upcast by its remainder 2, then the loop left by a vector
+    lanes = Device["CPU"].renderer.simd_bytes // 4
+    X = RS.randn(2, 3, 16, 64).astype(np.float32)
+    opts = opts_of(Tensor(X).interpolate((32, 128)))
+    if lanes >= 8: assert list(opts) == [Opt(OptOps.UPCAST, 3, 2), Opt(OptOps.UPCAST, 3, lanes)], opts
+    ref = torch.nn.functional.interpolate(torch.tensor(X), (32, 128), mode="bilinear", align_corners=False)
+    np.testing.assert_allclose(Tensor(X).interpolate((32, 128)).numpy(), ref.numpy(), rtol=1e-6, atol=1e-6)
