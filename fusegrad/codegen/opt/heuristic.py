@@ -320,7 +320,6 @@ def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     channels = math.prod(sz if isinstance(sz := range_size(r), int) else 1 << 30 for r in reds if r not in windows)
     if channels > 1: windows = rows if channels >= WINDOW_UNROLL_MIN_CHANNELS else []
     if not windows: return
-    loads = [idx for idx, is_store in k.accesses() if not is_store]
     slides = [o for o in k.loops[:k.first_reduce] if isinstance(range_size(o), int) and range_size(o) % 2 == 0 and
               any((c := coeff(idx.src[1], o)) not in (0, None) and any(coeff(idx.src[1], w) == c for w in windows)
                   for idx in loads)]
