@@ -150,6 +150,8 @@ def test_depthwise_convolution_shares_its_loads(hw: int, stride: int):
     if stride == 1:
         opts = opts_of(run()[0])
         assert sum(1 for o in opts if o.op is OptOps.UPCAST) >= 2, opts   # the vector, and the rows sharing weights
+    else:   # (no copy of the weights to vectorize the output channels: a group has one)
+        assert len([si for si in run()[0].schedule() if si.ast.op is Ops.SINK]) == 1
     wopts = opts_of(run()[2])
     assert sum(1 for o in wopts if o.op is OptOps.UPCAST and o.arg in (0, 3)) == 2, wopts
     out, gx, gw = run()
