@@ -465,7 +465,7 @@ class NNMixin:
         x = _views_of(x)
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
-        if any(s > 1 for s in _int_tuple(stride, n, "stride")) and rcout >= 8:
+        if any(s > 1 for s in s_) and rcout >= 8:
             # a strided convolution is vectorized along its output channels (along its output rows each vector would
             # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
             # contiguous (3x3 stride 2, 128 -> 256 channels on 28x28: 38 -> 7 ms). Not with fewer output channels

@@ -93,11 +93,13 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
     returned unchanged when an address wouldn't stay affine in the merged loop."""
     from fusegrad.uop.symbolic import simplify_indexing
     outs = sorted(set(_store_ranges(ast)), key=lambda r: r.arg[0])
-    if len(outs) < 2: return ast
+    def whole_vectors(sa: int | UOp, sb: int | UOp) -> bool:
+        return isinstance(sa, int) and isinstance(sb, int) and sb % lanes != 0 and (sa * sb) % lanes == 0
+    # (most kernels have no such pair: they skip the walks below, which run for every kernel compiled)
+    if lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:])): return ast
     original, topo = ast, ast.toposort()
     idxs = [u for u in topo if u.op is Ops.INDEX]
-    addresses: set[UOp] = set()
-    for idx in idxs: addresses.update(idx.src[1].toposort())
+    addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
     # a loop that a gate or a value uses (a padding check, an iota) keeps its own range
     blocked: set[UOp] = set()
     for u in topo:
@@ -110,8 +112,7 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
     while i >= 1:
         a, b = outs[i - 1], outs[i]
         sa, sb = range_size(a), range_size(b)
-        ok = a not in blocked and b not in blocked and isinstance(sa, int) and isinstance(sb, int) and \
-            lanes > 1 and sb % lanes != 0 and (sa * sb) % lanes == 0
+        ok = a not in blocked and b not in blocked and whole_vectors(sa, sb)
         for idx in idxs if ok else ():
             ca, cb = coeff(idx.src[1], a), coeff(idx.src[1], b)
             if ca is None or cb is None or ca != sb * cb:

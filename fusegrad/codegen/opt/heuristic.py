@@ -307,15 +307,8 @@ def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     window made code that compiled slowly and ran slower.)"""
     loads = [idx for idx, is_store in k.accesses() if not is_store]
     reds = [k.loops[i] for i in k.reduce_axes()]
-    outs = k.loops[:k.first_reduce]
-    def slides(r: UOp, sz: int) -> bool:
-        # (oh*s + kh for a stride s up to 4; an output loop stepping over all of r is an outer dim, not a slide: the
-        # batch over 3 input channels)
-        return any((c := coeff(idx.src[1], r)) not in (0, None) and
-                   any((co := coeff(idx.src[1], o)) in (c, 2 * c, 3 * c, 4 * c) and co != sz * c for o in outs)
-                   for idx in loads)
     small = [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 3]
-    rows = [r for r in small if slides(r, range_size(r))]
+    rows = [r for r in _sliding_windows(k) if r in small]
     windows = [r for r in small if r in rows or any(coeff(idx.src[1], r) == 1 for idx in loads)]
     channels = math.prod(sz if isinstance(sz := range_size(r), int) else 1 << 30 for r in reds if r not in windows)
     if channels > 1: windows = rows if channels >= WINDOW_UNROLL_MIN_CHANNELS else []
@@ -339,10 +332,13 @@ def _sliding_windows(k: Kernel, along: UOp | None = None) -> list[UOp]:
     outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
     loads = [idx for idx, is_store in k.accesses() if not is_store and
              (along is None or coeff(idx.src[1], along) not in (0, None))]
-    def slides(idx: UOp, r: UOp) -> bool:
+    def slides(idx: UOp, r: UOp, sz: int) -> bool:
+        # (an output loop that steps over all of r is an outer dim, not a slide: the batch over 3 input channels)
         c = coeff(idx.src[1], r)
-        return c not in (0, None) and any(coeff(idx.src[1], o) in (c, 2 * c, 3 * c, 4 * c) for o in outs)
-    return [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 11 and any(slides(i, r) for i in loads)]
+        return c not in (0, None) and any((co := coeff(idx.src[1], o)) in (c, 2 * c, 3 * c, 4 * c) and co != sz * c
+                                          for o in outs)
+    return [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 11 and
+            any(slides(i, r, sz) for i in loads)]
 
 def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: int, conv: bool = False) -> None:
     """Cache blocking of a register-tiled matmul-like kernel. The columns (the vectorized axis) go outermost, in one
@@ -483,10 +479,11 @@ def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
     return {u.src[1].arg for idx, is_store in k.accesses() if not is_store for u in idx.src[1].toposort()
             if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and coeff(u.src[0], r) == 1}
 
-def _store_loop(k: Kernel) -> UOp | None:
-    """The innermost output loop that every store is contiguous along."""
+def _store_loop(k: Kernel, strided: bool = False) -> UOp | None:
+    """The innermost output loop that every store is contiguous along (with `strided`: moves along, by any step)."""
     stores = [idx for idx, is_store in k.accesses() if is_store]
-    return next((r for r in reversed(k.loops[:k.first_reduce]) if all(coeff(idx.src[1], r) == 1 for idx in stores)),
+    def fits(c: int | None) -> bool: return c not in (0, None) if strided else c == 1
+    return next((r for r in reversed(k.loops[:k.first_reduce]) if all(fits(coeff(idx.src[1], r)) for idx in stores)),
                 None)
 
 def _vectorize_gated(k: Kernel, width: int, strided: bool = False) -> bool:
@@ -498,19 +495,12 @@ def _vectorize_gated(k: Kernel, width: int, strided: bool = False) -> bool:
     lanes were upcast, which the store moves along by their count (linear upsampling by 2: 11.5 -> 4.1 ms), as far
     as a vector divides it. Returns whether it applied."""
     if width < 2 or not any(len(idx.src) > 2 for idx, is_store in k.accesses() if not is_store): return False
-    stores = [idx for idx, is_store in k.accesses() if is_store]
-    r = next((r for r in reversed(k.loops[:k.first_reduce]) if all(coeff(idx.src[1], r) not in (0, None)
-                                                                   for idx in stores)), None) if strided else \
-        _store_loop(k)
-    if r is None or not isinstance(sz := range_size(r), int) or sz < 4: return False
-    if strided:
-        amt = _largest_divisor(sz, tuple(w for w in (width, width // 2, width // 4) if w >= 4))
-        if amt > 1: k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), amt))
-        return amt > 1
+    if (r := _store_loop(k, strided)) is None or not isinstance(sz := range_size(r), int) or sz < 4: return False
+    divisor = _largest_divisor(sz, tuple(w for w in (width, width // 2, width // 4) if w >= 4))
     # (full vectors over the padded loop rather than quarter ones that divide it, unless the padding wastes more
     # than a quarter: a reflecting pad's 68 columns as 5 vectors of 16, 0.79 ms, against 17 of 4, 1.41 ms)
-    pad = sz % width != 0 and sz % (width // 2) != 0 and 4 * (-sz % width) <= sz + (-sz % width)
-    amt = width if pad else _largest_divisor(sz, tuple(w for w in (width, width // 2, width // 4) if w >= 4))
+    pad = not strided and sz % width != 0 and sz % (width // 2) != 0 and 4 * (-sz % width) <= sz + (-sz % width)
+    amt = width if pad else divisor
     if amt == 1: return False
     axis = k.loops.index(r)
     try:
