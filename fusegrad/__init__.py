@@ -1,6 +1,6 @@
 """fusegrad: a deep-learning framework that is a small compiler."""
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import Context, getenv, DEBUG, tune_gc
+from fusegrad.helpers import Context, getenv, DEBUG, fetch, tune_gc
 from fusegrad.uop.ops import UOp, Ops, Variable
 from fusegrad.tensor import Tensor
 from fusegrad.device import Device
@@ -11,4 +11,4 @@ from fusegrad import nn
 tune_gc()
 
 __all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "TinyJit", "nn",
-           "UOp", "Ops", "DEBUG"]
+           "UOp", "Ops", "DEBUG", "fetch"]

@@ -5,6 +5,8 @@ import functools
 import gc
 import operator
 import os
+import pathlib
+import threading
 from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -133,6 +135,32 @@ def cache_dir() -> str:
     """Where the on-disk caches live ($XDG_CACHE_HOME/fusegrad or ~/.cache/fusegrad)."""
     base = os.getenv("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     return os.path.join(base, "fusegrad")
+
+def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = None, gunzip: bool = False,
+          allow_caching: bool = not getenv("DISABLE_HTTP_CACHE")) -> pathlib.Path:
+    """The local path of the file at `url`, downloaded once into the cache directory's downloads/ (under `subdir`,
+    named `name` or by a hash of the URL) and found there afterwards; gunzip=True stores it decompressed. A `name`
+    that is an absolute path is used as it is. allow_caching=False downloads it again (DISABLE_HTTP_CACHE=1 is the
+    default for that). A failed download raises and leaves no file behind."""
+    import gzip
+    import hashlib
+    import urllib.request
+    if name is not None and os.path.isabs(name): path = pathlib.Path(name)
+    else:
+        folder = pathlib.Path(cache_dir()) / "downloads" / (subdir or "")
+        path = folder / (name if name is not None else hashlib.sha256(url.encode()).hexdigest() + (".gunzip" if gunzip
+                                                                                                   else ""))
+    if allow_caching and path.is_file(): return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            src = gzip.GzipFile(fileobj=r) if gunzip else r
+            while chunk := src.read(1 << 20): f.write(chunk)
+        os.replace(tmp, path)  # (atomic: another process never sees half a file)
+    finally:
+        if tmp.exists(): tmp.unlink()
+    return path
 
 def host_cpu_count() -> int:
     """The cores this process may run on (a container or taskset may allow fewer than the machine has)."""

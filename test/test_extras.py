@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import threading
+import urllib.error
 import numpy as np
 import pytest
 import torch
@@ -95,15 +96,48 @@ def test_custom_kernel_with_its_own_gradient():
         (bad,) = a.custom_kernel(b, fxn=lambda x, y: x + y, grad_fxn=lambda g, x, y: g)
         bad.sum().gradient(a)
 
-def test_from_url_downloads_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "data.bin").write_bytes(b"\x01\x02\x03")
-    hits = []
+def _serve(folder, hits):
+    """A local HTTP server of `folder` on a free port (its requests logged in `hits`)."""
     class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **k): super().__init__(*a, directory=str(tmp_path), **k)
+        def __init__(self, *a, **k): super().__init__(*a, directory=str(folder), **k)
         def log_message(self, *a): hits.append(a)
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+def test_fetch_caches_names_and_gunzips(tmp_path, monkeypatch):
+    import gzip
+    from fusegrad import fetch
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    payload = bytes(range(256)) * 50
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "blob.bin").write_bytes(payload)
+    (tmp_path / "www" / "blob.gz").write_bytes(gzip.compress(payload))
+    hits: list = []
+    server = _serve(tmp_path / "www", hits)
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        p = fetch(f"{base}/blob.bin")
+        assert p.read_bytes() == payload and str(p).startswith(str(tmp_path / "cache"))
+        assert fetch(f"{base}/blob.bin") == p and len(hits) == 1, "the second call finds the cached file"
+        assert fetch(f"{base}/blob.bin", allow_caching=False).read_bytes() == payload and len(hits) == 2
+        named = fetch(f"{base}/blob.bin", name="x.bin", subdir="sub")
+        assert named.name == "x.bin" and named.parent.name == "sub" and named.read_bytes() == payload
+        assert fetch(f"{base}/blob.gz", gunzip=True).read_bytes() == payload
+        absolute = tmp_path / "elsewhere" / "y.bin"
+        assert fetch(f"{base}/blob.bin", name=absolute) == absolute and absolute.read_bytes() == payload
+        # a missing file raises the HTTP error and leaves nothing behind that a later call would take as the file
+        with pytest.raises(urllib.error.HTTPError):
+            fetch(f"{base}/missing.bin", name="missing.bin")
+        leftovers = [q.name for q in (tmp_path / "cache").rglob("*") if "missing" in q.name]
+        assert leftovers == []
+    finally: server.shutdown()
+
+def test_from_url_downloads_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "data.bin").write_bytes(b"\x01\x02\x03")
+    hits: list = []
+    server = _serve(tmp_path, hits)
     try:
         url = f"http://127.0.0.1:{server.server_port}/data.bin"
         from fusegrad.helpers import cache_dir

@@ -629,6 +629,28 @@ def test_matmul_method_and_dot():
     v = _rand((4,), seed=30)
     assert_close(Tensor(v).dot(Tensor(v)), torch.from_numpy(v).dot(torch.from_numpy(v)), atol=1e-5)
 
+def test_matmul_dtype_reverse_and_keywords():
+    # tinygrad's signature: matmul(x, reverse=False, dtype=None), dot(w, dtype=None)
+    a, b = _rand((3, 4), seed=31), _rand((4, 5), seed=32)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    assert_close(Tensor(b).matmul(x=Tensor(a), reverse=True), ta @ tb, atol=1e-5)
+    half = Tensor(a).dot(w=Tensor(b), dtype="float16")
+    assert half.dtype == dtypes.float16
+    assert_close(half, (ta @ tb).half(), atol=1e-3, rtol=1e-3)
+    # half operands with a float32 result: exact float32 products, as a float32 product of the half values
+    ha, hb = ta.half(), tb.half()
+    wide = Tensor(ha.numpy()).matmul(Tensor(hb.numpy()), dtype=dtypes.float32)
+    assert wide.dtype == dtypes.float32
+    assert_close(wide, ha.float() @ hb.float(), atol=1e-5)
+    ints = Tensor(np.arange(6, dtype=np.int32).reshape(2, 3)).dot(Tensor(np.ones((3, 2), np.int32)), dtype="float32")
+    assert ints.dtype == dtypes.float32 and ints.tolist() == [[3.0, 3.0], [12.0, 12.0]]
+
+def test_clone_to_device():
+    x = Tensor(_rand((2, 3), seed=33))
+    c = x.clone(device="CPU")
+    assert c.device == "CPU" and c.uop is not x.uop
+    assert_close(c, torch.from_numpy(x.numpy()))
+
 def test_matmul_int():
     a = np.arange(12, dtype=np.int32).reshape(3, 4) - 5
     b = np.arange(8, dtype=np.int32).reshape(4, 2) * 3 - 7

@@ -4,11 +4,10 @@ import gzip
 import os
 import pathlib
 import struct
-import urllib.request
 from typing import Iterable, Iterator, TypeVar
 from fusegrad.device import Device
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import prod
+from fusegrad.helpers import fetch, prod
 from fusegrad.tensor import Tensor
 
 __all__ = ["mnist", "digits", "parse_idx", "progress"]
@@ -59,9 +58,7 @@ def mnist(path: str | os.PathLike | None = None, download: bool = False) -> tupl
     for name in _MNIST_FILES:
         found = next((root / f for f in (name, name + ".gz") if (root / f).is_file()), None)
         if found is None and download:
-            root.mkdir(parents=True, exist_ok=True)
-            found = root / (name + ".gz")
-            urllib.request.urlretrieve(_MNIST_URL + name + ".gz", found)
+            found = fetch(_MNIST_URL + name + ".gz", name=(root / (name + ".gz")).resolve())
         if found is None:
             raise FileNotFoundError(f"MNIST file {name}[.gz] not found in {root}: put the four IDX files there, set "
                                     "MNIST_DIR, or call mnist(download=True)")

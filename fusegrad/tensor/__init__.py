@@ -406,7 +406,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has {self.numel()}")
         return self.reshape(()).tolist()
 
-    def clone(self) -> Tensor: return self.contiguous()
+    def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
+        """A copy in new memory (on `device` if given)."""
+        return (self if device is None else self.to(device)).contiguous()
     def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
     def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
     def to(self, device: str | tuple[str, ...] | None) -> Tensor:
@@ -966,8 +968,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     # *** linear algebra ***
 
-    def dot(self, w: Tensor) -> Tensor:
-        """Matrix product with numpy/torch broadcasting rules, as a broadcast multiply and a sum (one kernel)."""
+    def dot(self, w: Tensor, dtype: DType | str | None = None) -> Tensor:
+        """Matrix product with numpy/torch broadcasting rules, as a broadcast multiply and a sum (one kernel).
+        `dtype`: the result's dtype (by default the operands' common one); the products and their sum are formed in
+        its accumulation dtype (float32 for half types)."""
         if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors with at least 1 dim, got a 0-d one")
         x, y = self, w
@@ -978,7 +982,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if squeeze_x: x = x.reshape(1, -1)
         if squeeze_y: y = y.reshape(-1, 1)
         n, k, m = x.shape[-2], x.shape[-1], y.shape[-1]
-        out_dt = least_upper_dtype(x.dtype, y.dtype)
+        out_dt = least_upper_dtype(x.dtype, y.dtype) if dtype is None else to_dtype(dtype)
         # products are formed in the accumulation dtype (half inputs: exact float32 products, as BLAS does)
         acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
         # a long half-precision product runs as a float32 one: x (read once per output column tile, as broadcast
@@ -988,8 +992,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if long_half: x = x.cast(acc_dt).contiguous()
         xs, ys = x.shape, y.shape
         if not (squeeze_x or squeeze_y) and all(type(v) is int for v in xs + ys) and xs[:-2] == ys[:-2] and \
-                n * m > 1 and x.dtype == y.dtype == acc_dt == sum_acc_dtype(out_dt) and type(x.device) is str and \
-                x.device == y.device:
+                n * m > 1 and x.dtype == y.dtype == acc_dt == sum_acc_dtype(out_dt) == out_dt and \
+                type(x.device) is str and x.device == y.device:
             # the common case (equal batch dims, one dtype that is its own accumulator) as nodes directly: the same
             # graph as the tensor ops below make, without their checks and shape queries (78 -> 23 us per product)
             return Tensor(matmul_nodes(x.uop, y.uop))
@@ -1001,7 +1005,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if squeeze_x: ret = ret.reshape(ret.shape[:-2] + ret.shape[-1:])
         if squeeze_y: ret = ret.reshape(ret.shape[:-1])
         return ret
-    matmul = dot
+
+    def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
+        """`self @ x` (with `reverse`, `x @ self`); see dot."""
+        return x.dot(self, dtype) if reverse else self.dot(x, dtype)
 
 # *** helpers ***
 

@@ -2,16 +2,11 @@
 (Keccak / SHA-3 computed in kernels), linear algebra (QR, SVD), downloads, and custom kernels."""
 from __future__ import annotations
 import functools
-import gzip
-import hashlib
 import math
-import os
-import pathlib
-import urllib.request
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 from fusegrad.dtype import DType, dtypes
-from fusegrad.helpers import cache_dir, prod
+from fusegrad.helpers import fetch, prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
@@ -213,20 +208,13 @@ class ExtrasMixin:
 
     @staticmethod
     def from_url(url: str, gunzip: bool = False, **kwargs: Any) -> Tensor:
-        """The bytes at `url` as a uint8 tensor, downloaded once into the cache directory (keyed by the URL) and read
-        from there afterwards; gunzip=True decompresses them. Keywords go to the Tensor (e.g. device)."""
+        """The bytes at `url` as a uint8 tensor, downloaded once into the cache directory (keyed by the URL, see
+        helpers.fetch) and read from there afterwards; gunzip=True decompresses them. Keywords go to the Tensor (e.g.
+        device)."""
         T = _T()
-        path = pathlib.Path(cache_dir()) / "downloads" / hashlib.sha256(url.encode()).hexdigest()
-        if not path.is_file():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-                while chunk := r.read(1 << 20): f.write(chunk)
-            os.replace(tmp, path)
-        raw = path.read_bytes()
-        if gunzip: raw = gzip.decompress(raw)
         device = kwargs.pop("device", None)
         if kwargs: raise TypeError(f"from_url got unexpected keyword arguments {sorted(kwargs)}")
+        raw = fetch(url, gunzip=gunzip).read_bytes()
         from fusegrad.tensor import _canonical_device
         return T(T._from_bytes(memoryview(raw), (len(raw),), dtypes.uint8, _canonical_device(device)))
 

@@ -45,6 +45,29 @@ def test_mnist_from_directory(tmp_path):
     with pytest.raises(ValueError, match="don't match"): mnist(tmp_path)
     with pytest.raises(FileNotFoundError, match="download=True"): mnist(tmp_path / "nowhere")
 
+def test_mnist_download(tmp_path, monkeypatch):
+    import http.server
+    import threading
+    import fusegrad.nn.datasets as datasets
+    rng = np.random.default_rng(2)
+    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, (3, 28, 28), dtype=np.uint8),
+              "train-labels-idx1-ubyte": rng.integers(0, 10, 3, dtype=np.uint8),
+              "t10k-images-idx3-ubyte": rng.integers(0, 256, (2, 28, 28), dtype=np.uint8),
+              "t10k-labels-idx1-ubyte": rng.integers(0, 10, 2, dtype=np.uint8)}
+    (tmp_path / "www").mkdir()
+    for name, arr in arrays.items(): (tmp_path / "www" / (name + ".gz")).write_bytes(gzip.compress(_idx(arr, 0x08)))
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k): super().__init__(*a, directory=str(tmp_path / "www"), **k)
+        def log_message(self, *a): pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(datasets, "_MNIST_URL", f"http://127.0.0.1:{server.server_port}/")
+        out = mnist(tmp_path / "data", download=True)
+        for t, arr in zip(out, arrays.values()): np.testing.assert_array_equal(t.numpy().reshape(arr.shape), arr)
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == sorted(n + ".gz" for n in arrays)
+    finally: server.shutdown()
+
 def test_digits_match_sklearn():
     from sklearn.datasets import load_digits
     ref = load_digits()
