@@ -140,3 +140,23 @@ def test_always_valid_access_is_not_gated():
     src = _source_of(sliced())
     assert "?data1[" not in src and "no-tree-loop-vectorize" not in src, src
     np.testing.assert_array_equal(sliced().numpy(), X[:, ::2, 1::2])
+
+def test_shared_operands_of_vector_reductions_pinned():
+    # a weight gradient is a reduction vectorized along image rows whose register tile shares each loaded vector
+    # between several accumulators: those loads are pinned to registers (FG_KEEP; GCC otherwise re-reads them as
+    # memory operands of each FMA). A 1x1 convolution vectorized along its output channels has nothing pinned.
+    import torch
+    from fusegrad import Tensor
+    rs = np.random.default_rng(4)
+    x, w = rs.standard_normal((8, 16, 8, 8)).astype(np.float32), rs.standard_normal((16, 16, 3, 3)).astype(np.float32)
+    g = rs.standard_normal((8, 16, 8, 8)).astype(np.float32)
+    def weight_grad() -> Tensor:
+        W = Tensor(w, requires_grad=True)
+        (Tensor(x).conv2d(W, padding=1) * Tensor(g)).sum().backward()
+        return W.grad
+    srcs = [get_program(si.ast, RENDERER).src for si in weight_grad().schedule() if si.ast.op is Ops.SINK]
+    assert any("FG_KEEP(val" in s for s in srcs), srcs
+    assert "FG_KEEP(val" not in _source_of(Tensor(x).conv2d(Tensor(w[:, :, :1, :1])))
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw, padding=1) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(weight_grad().numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
