@@ -458,9 +458,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             if u.op is Ops.RANGE: depth += 1
             for s in u.src: users.setdefault(s, []).append(u)
         stored = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
-        # vector accumulators whose lanes are added up after their loop (a reduction vectorized along its own axis)
+        # vector accumulators whose lanes are combined after their loop (a reduction vectorized along its own axis)
+        def lanes_combined(acc: UOp) -> bool:
+            lanes = {x for x in users.get(acc, []) if x.op is Ops.GEP}
+            return any(y.op in GroupOp.ALU and sum(s in lanes for s in y.src) >= 2 for g in lanes for y in users[g])
         lane_summed = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG and
-                       u.dtype.count > 1 and any(x.op is Ops.GEP for x in users.get(u, []))}
+                       u.dtype.count > 1 and lanes_combined(u)}
         r: dict[UOp, str] = {}
         bufs: list[tuple[int, str]] = []
         var_params: list[tuple[str, str]] = []
