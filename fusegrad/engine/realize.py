@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from fusegrad.device import Buffer, Device, GlobalCounters
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, host_cpu_count
@@ -95,6 +95,18 @@ class CompiledRunner(Runner):
         threads = self.threads(var_vals, work) if gs > 1 else 1
         return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
                          join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
+
+    def prepare(self, rawbufs: list[Buffer], var_vals: dict[str, int]) -> Callable[[], None] | None:
+        """This call as a function that repeats it on the same memory with its arguments converted once (see the
+        device program's `prepare`), or None where the device has no such thing."""
+        if (prepare := getattr(self._prg, "prepare", None)) is None: return None
+        bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
+        vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
+        gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
+        work = self._work(var_vals)
+        threads = self.threads(var_vals, work) if gs > 1 else 1
+        return prepare(*bufs, vals=vals, global_size=gs, threads=threads,
+                       join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of

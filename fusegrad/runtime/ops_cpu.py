@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG, host_cpu_count
 
@@ -520,6 +520,28 @@ class CPUProgram:
         # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
         weakref.finalize(self, _unload_library, self._dll._handle).atexit = False
         return fxn
+
+    def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
+                join: bool = False) -> Callable[[], None] | None:
+        """The queued call `self(*bufs, vals=..., ...)` as a function that repeats it (a TinyJit replay: the same
+        kernel on the same memory every step), with the arguments converted once. None where calls aren't queued."""
+        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
+        threads = max(1, min(threads, global_size))
+        if self._entry is None or not CPU_ASYNC.value or _cores() < 2 or (pool := _c_pool()) is None: return None
+        boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
+        args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
+            *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
+        roots = [_root(b) for b in bufs if b is not None]
+        held, entry, workers, join = (self, args, boxed, bufs), self._entry, max(1, threads - 1), join and threads > 1
+        submit = pool.submit
+        def launch() -> None:
+            count = submit(entry, args, global_size, threads, workers, held, join)
+            exported = False
+            for root in roots:
+                root._fg_job = count
+                if _exported(root): exported = True
+            if exported: pool.wait(count)
+        return launch
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False, join: bool = False) -> float | None:

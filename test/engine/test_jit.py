@@ -142,3 +142,39 @@ def test_reset_recaptures():
     for _ in range(3): f(Tensor.zeros(2).contiguous())
     f.reset()
     for _ in range(3): assert f(Tensor.ones(5).contiguous()).tolist() == [0.0] * 5
+
+def test_replay_of_prepared_launches_counts_work_and_follows_memory():
+    # kernels that read and write the same memory on every replay (here: the state update and the reduction of a
+    # state tensor that isn't an input) are launched with arguments converted once; they still count in
+    # GlobalCounters as the capture did, and follow a buffer whose memory was swapped (the launch is made again)
+    from fusegrad import Device, GlobalCounters
+    from fusegrad.device import Buffer
+    w0 = _r(64, 64)
+    w = Tensor(w0).realize()
+    @TinyJit
+    def f(x):
+        w.assign(w * 0.5 + 1.0)
+        return (x @ w).sum(1), w.sum()
+    xs = [_r(8, 64) for _ in range(6)]
+    ref_w = w0.astype(np.float64)
+    for i, x in enumerate(xs):
+        before = (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem)
+        s, t = f(Tensor(x))
+        work = (GlobalCounters.kernel_count - before[0], GlobalCounters.global_ops - before[1],
+                GlobalCounters.global_mem - before[2])
+        if i == 1: captured_work = work
+        if i >= 2: assert work == captured_work, (work, captured_work)
+        ref_w = ref_w * 0.5 + 1.0
+        np.testing.assert_allclose(s.numpy(), (x @ ref_w).sum(1), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(t.item(), ref_w.sum(), rtol=1e-5)
+        if i == 3:
+            # w's memory moves to a fresh allocation holding other values (the old one is freed)
+            Device["CPU"].synchronize()
+            b = next(b for ei in f.captured for b in ei.bufs if b is not None and b.nbytes == w0.nbytes and
+                     np.allclose(np.frombuffer(b.as_buffer(), np.float32).reshape(64, 64), ref_w))
+            ref_w = ref_w + 3.0
+            fresh = Buffer(b.device, b.size, b.dtype).ensure_allocated()
+            fresh.copyin(memoryview(ref_w.astype(np.float32).tobytes()))
+            b.deallocate()
+            b.allocate(fresh._buf)
+            keep = fresh  # noqa: F841  (owns the memory b now uses)
