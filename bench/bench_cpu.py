@@ -5,11 +5,12 @@ Run: .venv/bin/python bench/bench_cpu.py  [--quick] [--only NAME]
   --quick      fewer and shorter timing blocks, and no ResNet-18
   --only NAME  run only the cases whose name contains NAME (case-insensitive; repeatable)
 
-Cases: float32 matmuls (square, odd sizes and the MLP's first layer), a float16 matmul (against torch float16 and
-float32), the fused elementwise max(a*b+c, 0) on 2^24 floats, a transposing copy of a 1024x4096 matrix, row sums,
-the full sum, softmax and layernorm of a 4096x4096 float32 matrix, a 3x3 conv2d (forward, and forward plus input
-and weight gradients), ResNet-18 forward (batch 8, 224px, TinyJit against torch eval mode under no_grad), the
-784-512-10 MLP Adam step at batch 128 (eager and TinyJit; the step code is bench_train.py's) and the 200-op mixed
+Cases: float32 matmuls (square, odd sizes, the MLP's first layer and a 50257-word vocabulary projection), float16 and
+bfloat16 matmuls (against torch in that dtype and in float32), the fused elementwise max(a*b+c, 0) on 2^24 floats,
+a transposing copy of a 1024x4096 matrix, row sums, the full sum, softmax and layernorm of a 4096x4096 float32
+matrix, a 3x3 conv2d (forward, and forward plus input and weight gradients), ResNet-18 forward (batch 8, 224px,
+TinyJit against torch eval mode under no_grad), the 784-512-10 MLP Adam step at batch 128 (eager and TinyJit; the
+step code is bench_train.py's) and the 200-op mixed
 graph of bench_core.py (its first run in a fresh process with an empty compile cache, then warm in this process).
 
 The "C" rows are plain C loops (bench/bench_cpu_ref.c) compiled at start with gcc -O3 -march=native
@@ -186,6 +187,20 @@ def case_matmul_half(n: int = 1024) -> Case:
     case = Case(f"matmul {n}^3 f16", impls, against(a.astype(np.float64) @ b, 1e-2, 1e-2), "GFLOPS", 2.0 * n ** 3)
     case.notes.append("same float16 inputs for all; torch f32 multiplies them converted to float32 beforehand; "
                       "numpy is left out (its float16 matmul has no BLAS: ~5 s here)")
+    return case
+
+def case_matmul_bf16(n: int = 1024) -> Case:
+    from fusegrad import dtypes
+    tgen = torch.Generator().manual_seed(0)
+    ta, tb = (torch.randn(n, n, generator=tgen).bfloat16() for _ in range(2))
+    fa, fb = (Tensor(t.float().numpy()).cast(dtypes.bfloat16).realize() for t in (ta, tb))
+    ta32, tb32 = ta.float(), tb.float()
+    impls = [Impl("fusegrad bf16", lambda: done(fa @ fb)), Impl("torch bf16", lambda: ta @ tb),
+             Impl("torch f32", lambda: ta32 @ tb32)]
+    # (the products are exact in float32 and summed there; the result is rounded to bfloat16 once: 2^-8 relative)
+    case = Case(f"matmul {n}^3 bf16", impls, against(ta32.double().numpy() @ tb32.double().numpy(), 1e-2, 1e-2),
+                "GFLOPS", 2.0 * n ** 3)
+    case.notes.append("same bfloat16 inputs for all; torch f32 multiplies them converted to float32 beforehand")
     return case
 
 def case_elementwise(n: int = 1 << 24) -> Case:
@@ -410,6 +425,8 @@ CASES: list[tuple[str, Callable[[], Case]]] = [
     ("matmul 1023x1023 @ 1023x1023 f32", lambda: case_matmul(1023, 1023, 1023)),
     ("matmul 128x784 @ 784x512 f32", lambda: case_matmul(128, 784, 512)),
     ("matmul 1024^3 f16", case_matmul_half),
+    ("matmul 1024^3 bf16", case_matmul_bf16),
+    ("matmul 128x768 @ 768x50257 f32", lambda: case_matmul(128, 768, 50257)),
     ("(a*b+c).relu() 2^24 f32", case_elementwise),
     ("x.T.contiguous() 1024x4096 f32", case_transpose),
     ("x.sum(1) 4096x4096 f32", case_rowsum),
