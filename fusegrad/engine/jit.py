@@ -186,9 +186,10 @@ class TinyJit(Generic[R]):
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2
         launches = self._prepared_launches() if prepared else [None] * len(self.jit_cache)
-        for ei, launch in zip(self.jit_cache, launches):
-            if launch is not None:
-                launch()
+        for ei, prepared_launch in zip(self.jit_cache, launches):
+            if prepared_launch is not None:
+                launch, order = prepared_launch
+                launch(*[subst[id(ei.bufs[i])].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
                 continue
             bufs = [subst.get(id(b), b) if b is not None else None for b in ei.bufs]
             fixed = ei.fixedvars
@@ -202,25 +203,25 @@ class TinyJit(Generic[R]):
         Tensor._rng_counter += self._rng_calls
         return _unflatten([self._output(x, new_nodes, Tensor) for x in self._out_leaves], self._out_structure)
 
-    def _prepared_launches(self) -> list[Callable[[], None] | None]:
-        """Per captured item, the kernel launch prepared once (its arguments converted: see CompiledRunner.prepare)
-        where every replay runs it on the same memory with the same values: no input or fresh output buffer, no
-        Variable, no random counter. (Made on the first replay; made again if a buffer's memory changed.)"""
+    def _prepared_launches(self) -> list[tuple[Callable[..., None], tuple[int, ...]] | None]:
+        """Per captured kernel that every replay runs with the same values (no Variable, no random counter), its launch
+        prepared once with its arguments converted (see CompiledRunner.prepare); the input and fresh output buffers
+        are passed to it per replay. (Made on the first replay; made again if another buffer's memory changed.)"""
         cached, knobs = self._launches, (CPU_THREADS.value, CPU_ASYNC.value)
         if cached is not None and cached[2] == knobs and \
                 all(b.__dict__.get("_buf") is opaque for b, opaque in cached[1]): return cached[0]
-        varying = {id(b) for b in self._inputs_at_capture} | set(self._fresh)
-        launches: list[Callable[[], None] | None] = []
+        varying_ids = {id(b) for b in self._inputs_at_capture} | set(self._fresh)
+        launches: list[tuple[Callable[..., None], tuple[int, ...]] | None] = []
         memory: list[tuple[Buffer, Any]] = []
         ops = mem = count = 0
         for ei in self.jit_cache:
             prg, launch = ei.prg, None
-            if isinstance(prg, _realize.CompiledRunner) and all(b is not None and id(b) not in varying and
-                                                                b.is_allocated() for b in ei.bufs) and \
-                    not (self._rng_calls and ei.fixedvars) and all(n in ei.fixedvars for n in prg._vnames):
-                launch = prg.prepare(ei.bufs, ei.fixedvars)  # type: ignore[arg-type]
+            if isinstance(prg, _realize.CompiledRunner) and all(b is not None and b.is_allocated() for b in ei.bufs) \
+                    and not (self._rng_calls and ei.fixedvars) and all(n in ei.fixedvars for n in prg._vnames):
+                varying = tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids)
+                launch = prg.prepare(ei.bufs, ei.fixedvars, varying)  # type: ignore[arg-type]
             if launch is not None:
-                memory += [(b, b._buf) for b in ei.bufs]  # type: ignore[union-attr]
+                memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids]  # type: ignore[union-attr]
                 work = prg._work(ei.fixedvars)  # type: ignore[union-attr]
                 ops, mem, count = ops + work[0], mem + work[1], count + 1
             launches.append(launch)

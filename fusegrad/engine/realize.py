@@ -96,17 +96,22 @@ class CompiledRunner(Runner):
         return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
                          join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
 
-    def prepare(self, rawbufs: list[Buffer], var_vals: dict[str, int]) -> Callable[[], None] | None:
-        """This call as a function that repeats it on the same memory with its arguments converted once (see the
-        device program's `prepare`), or None where the device has no such thing."""
+    def prepare(self, rawbufs: list[Buffer], var_vals: dict[str, int], varying: tuple[int, ...] = ()) \
+            -> tuple[Callable[..., None], tuple[int, ...]] | None:
+        """This call as a function that repeats it with its arguments converted once (see the device program's
+        `prepare`), and the order in which it takes the allocations of the buffers `varying` (indices into `rawbufs`)
+        that change per call; None where the device has no such thing."""
         if (prepare := getattr(self._prg, "prepare", None)) is None: return None
-        bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
+        order = self._gidx if self._gidx else tuple(range(len(rawbufs)))
+        bufs = [rawbufs[i]._buf for i in order]
         vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         work = self._work(var_vals)
         threads = self.threads(var_vals, work) if gs > 1 else 1
-        return prepare(*bufs, vals=vals, global_size=gs, threads=threads,
-                       join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
+        positions = tuple(j for j, i in enumerate(order) if i in varying)
+        launch = prepare(*bufs, vals=vals, global_size=gs, threads=threads, varying=positions,
+                         join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
+        return None if launch is None else (launch, tuple(order[j] for j in positions))
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of

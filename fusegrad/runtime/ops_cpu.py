@@ -521,23 +521,32 @@ class CPUProgram:
         weakref.finalize(self, _unload_library, self._dll._handle).atexit = False
         return fxn
 
-    def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
-                join: bool = False) -> Callable[[], None] | None:
+    def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1, join: bool = False,
+                varying: tuple[int, ...] = ()) -> Callable[..., None] | None:
         """The queued call `self(*bufs, vals=..., ...)` as a function that repeats it (a TinyJit replay: the same
-        kernel on the same memory every step), with the arguments converted once. None where calls aren't queued."""
+        kernel every step), with the arguments converted once. The buffers at positions `varying` change per call:
+        the function takes their allocations, in that order. None where calls aren't queued."""
         if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
         threads = max(1, min(threads, global_size))
         if self._entry is None or not CPU_ASYNC.value or _cores() < 2 or (pool := _c_pool()) is None: return None
         boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
-        args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
-            *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
-        roots = [_root(b) for b in bufs if b is not None]
-        held, entry, workers, join = (self, args, boxed, bufs), self._entry, max(1, threads - 1), join and threads > 1
-        submit = pool.submit
-        def launch() -> None:
-            count = submit(entry, args, global_size, threads, workers, held, join)
+        addresses = [ctypes.addressof(b) if b is not None else None for b in bufs] + \
+            [ctypes.addressof(v) for v in boxed]
+        array_type = ctypes.c_void_p * len(addresses)
+        fixed = array_type(*addresses)
+        roots = [_root(b) for i, b in enumerate(bufs) if b is not None and i not in varying]
+        entry, workers, join, submit = self._entry, max(1, threads - 1), join and threads > 1, pool.submit
+        def launch(*allocations: Any) -> None:
+            if allocations:
+                # (an array of its own per call: a queued job reads its arguments only when it runs)
+                now = addresses.copy()
+                for i, a in zip(varying, allocations): now[i] = ctypes.addressof(a)
+                args: Any = array_type(*now)
+                stamped = roots + [_root(a) for a in allocations]
+            else: args, stamped = fixed, roots
+            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, bufs, allocations), join)
             exported = False
-            for root in roots:
+            for root in stamped:
                 root._fg_job = count
                 if _exported(root): exported = True
             if exported: pool.wait(count)

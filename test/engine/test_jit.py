@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fusegrad import Tensor, TinyJit, nn
+from fusegrad import Context, Tensor, TinyJit, nn
 from fusegrad.engine.jit import JitError
 from fusegrad.nn import optim
 
@@ -144,9 +144,9 @@ def test_reset_recaptures():
     for _ in range(3): assert f(Tensor.ones(5).contiguous()).tolist() == [0.0] * 5
 
 def test_replay_of_prepared_launches_counts_work_and_follows_memory():
-    # kernels that read and write the same memory on every replay (here: the state update and the reduction of a
-    # state tensor that isn't an input) are launched with arguments converted once; they still count in
-    # GlobalCounters as the capture did, and follow a buffer whose memory was swapped (the launch is made again)
+    # replays launch kernels with their arguments converted once (the input and the fresh outputs passed per
+    # replay); they still count in GlobalCounters as the capture did, and follow a buffer whose memory was swapped
+    # (here the state tensor's: the launches are made again)
     from fusegrad import Device, GlobalCounters
     from fusegrad.device import Buffer
     w0 = _r(64, 64)
@@ -178,3 +178,19 @@ def test_replay_of_prepared_launches_counts_work_and_follows_memory():
             b.deallocate()
             b.allocate(fresh._buf)
             keep = fresh  # noqa: F841  (owns the memory b now uses)
+
+def test_replays_queued_behind_a_long_kernel_keep_their_own_inputs():
+    # replays submitted while a long kernel still runs all wait in the queue: each must read the input it was called
+    # with (its launch's arguments are its own, not a shared array rewritten by the next replay)
+    @TinyJit
+    def f(x): return (x * 2 + 1).sum(1)
+    xs = [_r(16, 32) for _ in range(6)]
+    for x in xs[:2]: f(Tensor(x)).numpy()   # warm-up and capture
+    a, b = Tensor(_r(1024, 1024)).realize(), Tensor(_r(1024, 1024)).realize()
+    for _ in range(3):
+        # (one thread: the kernel is queued on the pool's worker and this thread goes on at once, so the replays
+        # below line up behind it)
+        with Context(CPU_THREADS=1): slow = (a @ b).realize()
+        outs = [f(Tensor(x)) for x in xs]
+        for x, out in zip(xs, outs): np.testing.assert_allclose(out.numpy(), (x * 2 + 1).sum(1), rtol=1e-5, atol=1e-4)
+    assert slow.shape == (1024, 1024)
