@@ -84,8 +84,8 @@ class CompiledRunner(Runner):
         ops, mem = work if work is not None else self._work(var_vals)
         return self.dev.max_threads if ops >= THREAD_MIN_OPS or mem >= THREAD_MIN_MEM else 1
 
-    def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
-        bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
+    def _launch(self, var_vals: dict[str, int]) -> dict[str, Any]:
+        """The keyword arguments of the device program's call (and of its `prepare`) other than the buffers."""
         try: vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
         except KeyError as e: raise ValueError(f"kernel {self.p.name} needs a value for Variable {e.args[0]}: bind it "
                                          "(Variable.bind(value)) where the shape is built, or pass the bound Variable "
@@ -93,8 +93,12 @@ class CompiledRunner(Runner):
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         work = self._work(var_vals)
         threads = self.threads(var_vals, work) if gs > 1 else 1
-        return self._prg(*bufs, vals=vals, global_size=gs, threads=threads, wait=wait,
-                         join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
+        return {"vals": vals, "global_size": gs, "threads": threads,
+                "join": threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM)}
+
+    def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
+        bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
+        return self._prg(*bufs, wait=wait, **self._launch(var_vals))
 
     def prepare(self, rawbufs: list[Buffer], var_vals: dict[str, int], varying: tuple[int, ...] = ()) \
             -> tuple[Callable[..., None], tuple[int, ...]] | None:
@@ -103,14 +107,8 @@ class CompiledRunner(Runner):
         that change per call; None where the device has no such thing."""
         if (prepare := getattr(self._prg, "prepare", None)) is None: return None
         order = self._gidx if self._gidx else tuple(range(len(rawbufs)))
-        bufs = [rawbufs[i]._buf for i in order]
-        vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
-        gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
-        work = self._work(var_vals)
-        threads = self.threads(var_vals, work) if gs > 1 else 1
         positions = tuple(j for j, i in enumerate(order) if i in varying)
-        launch = prepare(*bufs, vals=vals, global_size=gs, threads=threads, varying=positions,
-                         join=threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM))
+        launch = prepare(*[rawbufs[i]._buf for i in order], varying=positions, **self._launch(var_vals))
         return None if launch is None else (launch, tuple(order[j] for j in positions))
 
 class BufferCopy(Runner):

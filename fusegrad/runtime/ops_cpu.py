@@ -496,6 +496,17 @@ def _unload_library(handle: int, dlclose: Any = _ctypes.dlclose, error: type = O
     try: dlclose(handle)
     except error: pass
 
+def _clamped_threads(threads: int, global_size: int) -> int:
+    """The threads a kernel call is split across: at most CPU_THREADS (when set) and global_size, at least 1."""
+    if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
+    return max(1, min(threads, global_size))
+
+def _arguments(bufs: tuple, vals: tuple) -> tuple[list, list]:
+    """A queued kernel's arguments, everything by pointer: the buffers' memory, and each Variable's value in a C
+    variable (returned too: it is held with the job)."""
+    boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
+    return boxed, [ctypes.addressof(b) if b is not None else None for b in bufs] + [ctypes.addressof(v) for v in boxed]
+
 class CPUProgram:
     """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
     `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
@@ -526,12 +537,9 @@ class CPUProgram:
         """The queued call `self(*bufs, vals=..., ...)` as a function that repeats it (a TinyJit replay: the same
         kernel every step), with the arguments converted once. The buffers at positions `varying` change per call:
         the function takes their allocations, in that order. None where calls aren't queued."""
-        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
-        threads = max(1, min(threads, global_size))
+        threads = _clamped_threads(threads, global_size)
         if self._entry is None or not CPU_ASYNC.value or _cores() < 2 or (pool := _c_pool()) is None: return None
-        boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
-        addresses = [ctypes.addressof(b) if b is not None else None for b in bufs] + \
-            [ctypes.addressof(v) for v in boxed]
+        boxed, addresses = _arguments(bufs, vals)
         array_type = ctypes.c_void_p * len(addresses)
         fixed = array_type(*addresses)
         roots = [_root(b) for i, b in enumerate(bufs) if b is not None and i not in varying]
@@ -559,18 +567,15 @@ class CPUProgram:
         (then it returns the elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
         memory, whose reader expects the new values once the kernel is called). With `join`, a kernel that nothing
         is queued ahead of has chunks run by this thread before the call returns."""
-        if CPU_THREADS.value > 0: threads = min(threads, CPU_THREADS.value)
-        threads = max(1, min(threads, global_size))
+        threads = _clamped_threads(threads, global_size)
         pool = _c_pool() if self._entry is not None else None
         # (a timed one-thread kernel runs here, as it would without a queue: the handover to a worker isn't its time)
         queued = bool(CPU_ASYNC.value) and _cores() > 1
         if pool is not None and (threads > 1 or (queued and not wait)):
             if wait: pool.wait()  # (timed alone: nothing queued before it)
             st = time.perf_counter() if wait else 0.0
-            # everything by pointer: the buffers' memory, and each Variable's value in a C variable held with the job
-            boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
-            args = (ctypes.c_void_p * (len(bufs) + len(vals)))(
-                *[ctypes.addressof(b) if b is not None else None for b in bufs], *[ctypes.addressof(v) for v in boxed])
+            boxed, addresses = _arguments(bufs, vals)
+            args = (ctypes.c_void_p * len(addresses))(*addresses)
             # (the program too: its code must stay loaded until the job has run)
             count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
                                 join and threads > 1)
