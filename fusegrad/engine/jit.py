@@ -15,7 +15,7 @@ from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.multi import shards_of
 from fusegrad.engine.realize import ExecItem
-from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, getenv, rng_counter_const, rng_counter_of
+from fusegrad.helpers import getenv, rng_counter_const, rng_counter_of
 from fusegrad.uop.ops import Ops, UOp
 
 __all__ = ["TinyJit", "JitError"]
@@ -207,7 +207,7 @@ class TinyJit(Generic[R]):
         """Per captured kernel that every replay runs with the same values (no Variable, no random counter), its launch
         prepared once with its arguments converted (see CompiledRunner.prepare); the input and fresh output buffers
         are passed to it per replay. (Made on the first replay; made again if another buffer's memory changed.)"""
-        cached, knobs = self._launches, (CPU_THREADS.value, CPU_ASYNC.value)
+        cached, knobs = self._launches, _realize.launch_knob_values()
         if cached is not None and cached[2] == knobs and \
                 all(b.__dict__.get("_buf") is opaque for b, opaque in cached[1]): return cached[0]
         varying_ids = {id(b) for b in self._inputs_at_capture} | set(self._fresh)

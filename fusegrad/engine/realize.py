@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from fusegrad.device import Buffer, Device, GlobalCounters
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import BEAM, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, host_cpu_count
+from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, \
+    host_cpu_count
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
@@ -108,7 +109,8 @@ class CompiledRunner(Runner):
         if (prepare := getattr(self._prg, "prepare", None)) is None: return None
         order = self._gidx if self._gidx else tuple(range(len(rawbufs)))
         positions = tuple(j for j, i in enumerate(order) if i in varying)
-        launch = prepare(*[rawbufs[i]._buf for i in order], varying=positions, **self._launch(var_vals))
+        bufs = [None if j in positions else rawbufs[i]._buf for j, i in enumerate(order)]
+        launch = prepare(*bufs, varying=positions, **self._launch(var_vals))
         return None if launch is None else (launch, tuple(order[j] for j in positions))
 
 class BufferCopy(Runner):
@@ -159,6 +161,10 @@ method_cache: dict[tuple[str, UOp, tuple[int, ...]], CompiledRunner] = {}
 METHOD_CACHE_SIZE = 4096
 
 def codegen_knob_values() -> tuple[int, ...]: return tuple([int(k.value) for k in CODEGEN_KNOBS])
+
+# the knobs that change how a kernel call is split and queued: a prepared launch is made again when they change
+LAUNCH_KNOBS: tuple[ContextVar, ...] = (CPU_THREADS, CPU_ASYNC)
+def launch_knob_values() -> tuple[int, ...]: return tuple([int(k.value) for k in LAUNCH_KNOBS])
 
 def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
     # the devices of one kind in this process (CPU, CPU:1, ...) run the same programs: their memory is all host memory
@@ -220,6 +226,9 @@ class ExecItem:
     metadata: tuple = ()
     fixedvars: dict[str, int] = field(default_factory=dict)
     prg: Runner | None = None
+    # a launch prepared for this kernel (CompiledRunner.prepare over every buffer: the function and the order of the
+    # buffers it takes), set by a replayed schedule plan
+    launch: tuple[Callable[..., None], tuple[int, ...]] | None = None
 
     def lower(self) -> ExecItem: return lower_schedule_item(self)
 
@@ -228,6 +237,11 @@ class ExecItem:
         """Run (lowering first if needed) and, if `do_update_stats`, count the work in GlobalCounters."""
         prg = self.prg if self.prg is not None else lower_schedule_item(self).prg
         assert prg is not None
+        if self.launch is not None and not wait and DEBUG < 2:
+            fn, order = self.launch
+            fn(*[self.bufs[i].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
+            if do_update_stats: _update_stats(prg, self.fixedvars, None, prg.device)
+            return None
         vv = {**var_vals, **self.fixedvars} if var_vals else self.fixedvars
         # positions matter (kernels index bufs by DEFINE_GLOBAL number), so a missing buffer stays a None
         bufs = [b.ensure_allocated() if b is not None else None for b in self.bufs]
@@ -271,7 +285,7 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
         prg = ViewOp(si.bufs[0])
     else: raise ValueError(f"don't know how to run an ExecItem with a {si.ast.op} ast")
     # (the constructor, not dataclasses.replace: this runs for every kernel of every eager step)
-    return ExecItem(si.ast, si.bufs, si.metadata, si.fixedvars, prg)
+    return ExecItem(si.ast, si.bufs, si.metadata, si.fixedvars, prg, si.launch)
 
 def compile_new_kernels(schedule: list[ExecItem]) -> None:
     """Compile the kernels of a schedule that aren't in the method cache yet, all at once (one batch per device)."""

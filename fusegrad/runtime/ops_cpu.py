@@ -539,10 +539,12 @@ class CPUProgram:
         the function takes their allocations, in that order. None where calls aren't queued."""
         threads = _clamped_threads(threads, global_size)
         if self._entry is None or not CPU_ASYNC.value or _cores() < 2 or (pool := _c_pool()) is None: return None
+        # (the buffers at `varying` may be given as None: their addresses are filled in per call)
         boxed, addresses = _arguments(bufs, vals)
         array_type = ctypes.c_void_p * len(addresses)
         fixed = array_type(*addresses)
-        roots = [_root(b) for i, b in enumerate(bufs) if b is not None and i not in varying]
+        kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held by the closure)
+        roots = [_root(b) for b in kept]
         entry, workers, join, submit = self._entry, max(1, threads - 1), join and threads > 1, pool.submit
         def launch(*allocations: Any) -> None:
             if allocations:
@@ -552,7 +554,7 @@ class CPUProgram:
                 args: Any = array_type(*now)
                 stamped = roots + [_root(a) for a in allocations]
             else: args, stamped = fixed, roots
-            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, bufs, allocations), join)
+            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join)
             exported = False
             for root in stamped:
                 root._fg_job = count

@@ -10,7 +10,7 @@ from fusegrad.dtype import DType
 from fusegrad.schedule.kernelize import buffer_of, new_buffer, substitute_map
 from fusegrad.schedule.linear import get_buffer
 from fusegrad.schedule.memory import share_storage
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
 
 # A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
 BufferRef = int
@@ -26,6 +26,10 @@ class ReplayPlan:
     # each kernel's runner, per values of the knobs that change generated code (engine/realize.py CODEGEN_KNOBS): a
     # replayed step skips the method cache lookup of each kernel
     runners: dict[tuple[int, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False)
+    # each kernel's launch prepared over all its buffers (CompiledRunner.prepare: arguments converted once; the
+    # buffers are passed per step, so no memory is held here), with the parameter values it was made for; False for
+    # a kernel that has none. Per values of the code and thread knobs.
+    launches: dict[tuple, list[Any]] = field(default_factory=dict, compare=False)
 
     def instantiate(self, topo: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
@@ -40,7 +44,8 @@ class ReplayPlan:
         """The ExecItems of the kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a
         tensor holds from now on) get their own Buffers; the others share storage where their lifetimes allow."""
         from fusegrad.device import Buffer
-        from fusegrad.engine.realize import ExecItem, codegen_knob_values, compile_new_kernels, lower_schedule_item
+        from fusegrad.engine.realize import CompiledRunner, ExecItem, codegen_knob_values, compile_new_kernels, \
+            launch_knob_values, lower_schedule_item
         if (shares := self.shares.get(kept)) is None:
             uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
             temps = {i for step in uses for i in step}
@@ -60,6 +65,20 @@ class ReplayPlan:
             compile_new_kernels(items)
             items = [lower_schedule_item(ei) for ei in items]
             self.runners[knobs] = tuple(ei.prg for ei in items)
+        prepared = self.launches.setdefault(knobs + launch_knob_values(), [None] * len(items))
+        for i, ei in enumerate(items):
+            if (state := prepared[i]) is False: continue
+            # (by value and type: 0.0 and -0.0 are different parameters, and a nan is the same one again)
+            vals = tuple([_arg_key(v) for v in ei.fixedvars.values()])
+            if state is None or state[2] != vals:
+                prg = ei.prg
+                made = prg.prepare(ei.bufs, ei.fixedvars, tuple(range(len(ei.bufs)))) \
+                    if isinstance(prg, CompiledRunner) and all(n in ei.fixedvars for n in prg._vnames) else None
+                if made is None:
+                    prepared[i] = False
+                    continue
+                state = prepared[i] = (made[0], made[1], vals)
+            ei.launch = (state[0], state[1])
         return items
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],

@@ -246,3 +246,24 @@ def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
     kernel_runs = [n for n in runs if n]   # (the C pool's own source has no kernel)
     assert sum(kernel_runs) == 6 and kernel_runs[:5] == [1] * 5
+
+def test_replayed_schedules_use_prepared_launches():
+    # a schedule replayed from its plan gets each kernel's launch prepared once (its buffers passed per step): the
+    # results of every step are right, with new inputs, new lifted constants and fresh outputs, and GlobalCounters
+    # count the same kernels and work as a plain run
+    from fusegrad import Device, Tensor
+    from fusegrad.engine.realize import run_schedule
+    rs = np.random.default_rng(5)
+    w = Tensor(rs.standard_normal((16, 8)).astype(np.float32)).realize()
+    counts = []
+    for step, c in enumerate((1.5, -2.0, 0.25, 3.0)):
+        x = rs.standard_normal((4, 16)).astype(np.float32)
+        out = ((Tensor(x) * c) @ w).relu().sum(0)
+        sched = out.schedule()
+        if step >= 2: assert any(ei.launch is not None for ei in sched), "the replayed kernels have prepared launches"
+        before = (GlobalCounters.kernel_count, GlobalCounters.global_ops)
+        run_schedule(sched)
+        counts.append((GlobalCounters.kernel_count - before[0], GlobalCounters.global_ops - before[1]))
+        Device["CPU"].synchronize()
+        np.testing.assert_allclose(out.numpy(), np.maximum((x * c) @ w.numpy(), 0).sum(0), rtol=1e-5, atol=1e-5)
+    assert len(set(counts)) == 1, counts
