@@ -158,8 +158,11 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # (a load strided along the vector axis needs a loop of columns left to be packed in)
         strided = any(coeff(idx.src[1], inner) not in (0, 1) for idx in loads())
         n_vec = 1
+        # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
+        # softmax's 16 vectors of exp per row step compiled 182 ms against 76 ms for two, and ran no faster)
+        costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
         if rest is not None and isinstance(sz := range_size(rest), int) and not (strided and sz < 4):
-            n_vec = _largest_divisor(sz, (2,) if reuse else tuple(c for c in (8, 4, 2) if c <= budget))
+            n_vec = _largest_divisor(sz, (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= budget))
             if n_vec > 1:
                 rest, inner2 = split(OptOps.UPCAST, rest, n_vec)
                 if inner2 is None: n_vec = 1
@@ -195,7 +198,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # every pixel): another output loop that it doesn't move with is upcast, so its lanes share that load and
         # each keeps an accumulator of its own, where one accumulator waited on every multiply-add of a short window
         # (8x512x14x14, 3x3: the input gradient 0.47 -> 0.14 ms)
-        if (shared := _broadcast_sharing(k, inner)) is not None:
+        if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
             split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(budget // n_vec, 1, -1))))
         if len(k.reduceops) == 1: _block_strided_reduce(k, strides, cores)
         else:
