@@ -16,6 +16,9 @@ RSS_BOUND_MB = 10
 SHAPES = [(n, 3 + n % 5) for n in range(1, 201)]   # 200 distinct shapes
 
 def rss_mb() -> float:
+    # (after the queued kernels have run: each holds its buffers until then, and a loop that submits faster than the
+    # kernels run, with another process on the other core, has up to a queue's worth of steps' inputs in flight)
+    Device["CPU"].synchronize()
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"): return int(line.split()[1]) / 1024
