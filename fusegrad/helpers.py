@@ -145,11 +145,9 @@ def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = 
     import gzip
     import hashlib
     import urllib.request
-    if name is not None and os.path.isabs(name): path = pathlib.Path(name)
-    else:
-        folder = pathlib.Path(cache_dir()) / "downloads" / (subdir or "")
-        path = folder / (name if name is not None else hashlib.sha256(url.encode()).hexdigest() + (".gunzip" if gunzip
-                                                                                                   else ""))
+    if name is None: name = hashlib.sha256(url.encode()).hexdigest() + (".gunzip" if gunzip else "")
+    path = pathlib.Path(name)
+    if not path.is_absolute(): path = pathlib.Path(cache_dir()) / "downloads" / (subdir or "") / path
     if allow_caching and path.is_file(): return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

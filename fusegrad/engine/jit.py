@@ -215,14 +215,12 @@ class TinyJit(Generic[R]):
         memory: list[tuple[Buffer, Any]] = []
         ops = mem = count = 0
         for ei in self.jit_cache:
-            prg, launch = ei.prg, None
-            if isinstance(prg, _realize.CompiledRunner) and all(b is not None and b.is_allocated() for b in ei.bufs) \
-                    and not (self._rng_calls and ei.fixedvars) and all(n in ei.fixedvars for n in prg._vnames):
-                varying = tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids)
-                launch = prg.prepare(ei.bufs, ei.fixedvars, varying)  # type: ignore[arg-type]
+            launch = None
+            if all(b is not None and b.is_allocated() for b in ei.bufs) and not (self._rng_calls and ei.fixedvars):
+                launch = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids))
             if launch is not None:
                 memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids]  # type: ignore[union-attr]
-                work = prg._work(ei.fixedvars)  # type: ignore[union-attr]
+                work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
                 ops, mem, count = ops + work[0], mem + work[1], count + 1
             launches.append(launch)
         self._launches = (launches, memory, knobs)

@@ -232,6 +232,13 @@ class ExecItem:
 
     def lower(self) -> ExecItem: return lower_schedule_item(self)
 
+    def prepared(self, varying: tuple[int, ...]) -> tuple[Callable[..., None], tuple[int, ...]] | None:
+        """This kernel's launch prepared over its buffers, those at `varying` passed per call (see
+        CompiledRunner.prepare), where its runner has one and its values are all fixed parameters (no Variable)."""
+        prg = self.prg
+        if not isinstance(prg, CompiledRunner) or any(n not in self.fixedvars for n in prg._vnames): return None
+        return prg.prepare(self.bufs, self.fixedvars, varying)  # type: ignore[arg-type]
+
     def run(self, var_vals: dict[str, int] | None = None, wait: bool = False, do_update_stats: bool = True) \
             -> float | None:
         """Run (lowering first if needed) and, if `do_update_stats`, count the work in GlobalCounters."""

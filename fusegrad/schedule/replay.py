@@ -44,8 +44,8 @@ class ReplayPlan:
         """The ExecItems of the kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a
         tensor holds from now on) get their own Buffers; the others share storage where their lifetimes allow."""
         from fusegrad.device import Buffer
-        from fusegrad.engine.realize import CompiledRunner, ExecItem, codegen_knob_values, compile_new_kernels, \
-            launch_knob_values, lower_schedule_item
+        from fusegrad.engine.realize import ExecItem, codegen_knob_values, compile_new_kernels, launch_knob_values, \
+            lower_schedule_item
         if (shares := self.shares.get(kept)) is None:
             uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
             temps = {i for step in uses for i in step}
@@ -71,10 +71,7 @@ class ReplayPlan:
             # (by value and type: 0.0 and -0.0 are different parameters, and a nan is the same one again)
             vals = tuple([_arg_key(v) for v in ei.fixedvars.values()])
             if state is None or state[2] != vals:
-                prg = ei.prg
-                made = prg.prepare(ei.bufs, ei.fixedvars, tuple(range(len(ei.bufs)))) \
-                    if isinstance(prg, CompiledRunner) and all(n in ei.fixedvars for n in prg._vnames) else None
-                if made is None:
+                if (made := ei.prepared(tuple(range(len(ei.bufs))))) is None:
                     prepared[i] = False
                     continue
                 state = prepared[i] = (made[0], made[1], vals)
