@@ -3,8 +3,13 @@
 Files are mapped (mmap), never read whole into Python objects: each tensor's byte range is checked against the file
 and copied once from the mapping into device memory. Every length, offset and count a file declares is checked
 before it is used, so a truncated or hostile file raises a ValueError naming what is wrong instead of reading out of
-bounds or allocating what it asks for."""
+bounds or allocating what it asks for.
+
+What a file may expand to beyond its own bytes (deflated archive members, compressed tar streams, tensor views
+larger than their storage through strides of 0) is bounded by the sizes the file declares and by MAX_INFLATED_BYTES,
+which a caller may raise (or pass `max_inflated=` to the loaders that take it)."""
 from __future__ import annotations
+import contextlib
 import io
 import json
 import mmap
@@ -13,8 +18,9 @@ import pickle
 import struct
 import tarfile
 import zipfile
+import zlib
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 from fusegrad.device import Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
@@ -24,6 +30,12 @@ __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "
            "torch_load", "zip_extract", "tar_extract", "gguf_load", "accept_filename"]
 
 T = TypeVar("T")
+
+MAX_INFLATED_BYTES = 1 << 30
+"""The most bytes one load may create beyond the bytes its file holds: deflated zip members, the decompressed stream
+of a compressed tar, and tensor views that read more elements than their storage holds (strides of 0). Raise it to
+load larger ones; `torch_load`, `zip_extract` and `tar_extract` also take `max_inflated=` for one call."""
+MAX_DIMS = 64  # the most dimensions a loaded tensor may have (as torch's own tensors)
 
 # *** walking models ***
 
@@ -121,6 +133,74 @@ def _tensor(raw: memoryview, shape: tuple[int, ...], dtype: DType, device: str |
         raise ValueError(f"{len(raw)} bytes can't hold a {dtype} tensor of shape {shape}")
     return Tensor(Tensor._from_bytes(raw, shape, dtype, Device.DEFAULT if device is None else device))
 
+def _is_int(x: Any) -> bool: return type(x) is int  # bool is an int subclass but never a valid size or offset
+
+class _Budget:
+    """The bytes a load may still create beyond what its file holds (see MAX_INFLATED_BYTES)."""
+    def __init__(self, limit: int | None):
+        self.limit = MAX_INFLATED_BYTES if limit is None else limit
+        if not _is_int(self.limit) or self.limit < 0:
+            raise TypeError(f"max_inflated must be an int >= 0, not {limit!r}")
+        self.left = self.limit
+
+    def spend(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise ValueError(f"{what} expands to {n} bytes, past the limit of {self.limit} bytes expanded per load "
+                             "(raise fusegrad.nn.state.MAX_INFLATED_BYTES or pass max_inflated= to load it)")
+        self.left -= n
+
+# what the parsing libraries raise on malformed input; translated to ValueError at each loader's boundary
+_PARSE_ERRORS = (pickle.UnpicklingError, EOFError, UnicodeDecodeError, TypeError, AttributeError, IndexError,
+                 KeyError, RecursionError, struct.error, OverflowError, zipfile.BadZipFile, zlib.error,
+                 tarfile.TarError, NotImplementedError, EOFError, OSError)
+
+@contextlib.contextmanager
+def _malformed(what: str) -> Iterator[None]:
+    try: yield
+    except UnicodeDecodeError as e: raise ValueError(f"{what}: malformed file: undecodable text ({e})") from e
+    except ValueError: raise
+    except _PARSE_ERRORS as e: raise ValueError(f"{what}: malformed file ({type(e).__name__}: {e!s:.200})") from e
+
+_CHUNK = 1 << 20
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int, budget: _Budget, what: str,
+                 expect: int | None = None) -> memoryview:
+    """The bytes of a zip member, its sizes checked before anything is decompressed: `expect` (the size the content
+    declares) if given, the archive's size for stored bytes, the budget for deflated ones. Decompressed in bounded
+    chunks, so a central directory that understates the size can't make it inflate further."""
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(f"{what}: {info.filename!r} uses compression method {info.compress_type} (only stored and "
+                         "deflated members are read)")
+    if info.flag_bits & 0x1: raise ValueError(f"{what}: {info.filename!r} is encrypted")
+    if expect is not None and info.file_size != expect:
+        raise ValueError(f"{what}: {info.filename!r} holds {info.file_size} bytes, expected {expect}")
+    if info.compress_size > archive_size:
+        raise ValueError(f"{what}: {info.filename!r} claims {info.compress_size} compressed bytes, more than the "
+                         f"archive's {archive_size}")
+    if info.compress_type == zipfile.ZIP_STORED:
+        if info.file_size != info.compress_size:
+            raise ValueError(f"{what}: stored member {info.filename!r} claims {info.file_size} bytes but spans "
+                             f"{info.compress_size}")
+    else: budget.spend(info.file_size, f"{what}: deflated member {info.filename!r}")
+    out = bytearray(info.file_size)
+    pos = 0
+    with zf.open(info) as f:
+        while pos < len(out):
+            chunk = f.read(min(_CHUNK, len(out) - pos))
+            if not chunk: raise ValueError(f"{what}: {info.filename!r} ends after {pos} of its {len(out)} bytes")
+            out[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+    return memoryview(out)
+
+def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
+    with _malformed(what):
+        zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(src))
+    names = zf.namelist()
+    if len(set(names)) != len(names):
+        zf.close()
+        raise ValueError(f"{what}: the archive names a member twice")
+    return zf
+
 def accept_filename(func: Callable[[Any], T]) -> Callable[[Any], T]:
     """Let a loader taking a tensor of file bytes take a file name too (the file is mapped, not read)."""
     return func
@@ -144,33 +224,43 @@ def safe_load_metadata(t: Any) -> tuple[Any, int, dict[str, Any]]:
     try: header = json.loads(bytes(_bytes(src, 8, 8 + n, "header")))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"safetensors: malformed header: {e}") from e
+    except RecursionError as e: raise ValueError("safetensors: the header nests too deeply") from e
     if not isinstance(header, dict): raise ValueError("safetensors: the header is not a JSON object")
+    meta = header.get("__metadata__", {})
+    if not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise ValueError("safetensors: __metadata__ is not a map of strings to strings")
     return src, n, header
 
+def _safe_entry(name: str, info: Any, data_len: int) -> tuple[int, int, str, DType, tuple[int, ...]]:
+    """(start, end, name, dtype, shape) of a header entry, each field checked."""
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
+        raise ValueError(f"safetensors: entry {name!r} lacks dtype, shape or data_offsets")
+    dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _SAFE_DTYPES:
+        raise ValueError(f"safetensors: {name!r} has unknown dtype {dtype!r:.80}")
+    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(s) and s >= 0 for s in shape)):
+        raise ValueError(f"safetensors: {name!r} has a bad shape {shape!r:.80} (at most {MAX_DIMS} ints >= 0)")
+    if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)
+            and 0 <= offs[0] <= offs[1] <= data_len):
+        raise ValueError(f"safetensors: {name!r} has data offsets {offs!r:.80} outside the data ({data_len} bytes)")
+    dt = _SAFE_DTYPES[dtype]
+    if offs[1] - offs[0] != prod(shape) * dt.itemsize:
+        raise ValueError(f"safetensors: {name!r} spans {offs[1] - offs[0]} bytes but {dtype} {shape} "
+                         f"needs {prod(shape) * dt.itemsize}")
+    return offs[0], offs[1], name, dt, tuple(shape)
+
 def safe_load(fn: Any) -> dict[str, Tensor]:
-    """The tensors of a safetensors file (name -> tensor on the default device); every entry is validated first."""
+    """The tensors of a safetensors file (name -> tensor on the default device); every entry is validated first, and
+    the entries must cover the data exactly (no overlaps, gaps or trailing bytes), as the format requires."""
     src, n, header = safe_load_metadata(fn)
     data_start, data_len = 8 + n, _size(src) - 8 - n
-    entries = []
-    for name, info in header.items():
-        if name == "__metadata__": continue
-        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
-            raise ValueError(f"safetensors: entry {name!r} lacks dtype, shape or data_offsets")
-        if info["dtype"] not in _SAFE_DTYPES:
-            raise ValueError(f"safetensors: {name!r} has unknown dtype {info['dtype']!r}")
-        dt, shape, offs = _SAFE_DTYPES[info["dtype"]], info["shape"], info["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise ValueError(f"safetensors: {name!r} has a bad shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)
-                and 0 <= offs[0] <= offs[1] <= data_len):
-            raise ValueError(f"safetensors: {name!r} has data offsets {offs!r} outside the data ({data_len} bytes)")
-        if offs[1] - offs[0] != prod(shape) * dt.itemsize:
-            raise ValueError(f"safetensors: {name!r} spans {offs[1] - offs[0]} bytes but {info['dtype']} {shape} "
-                             f"needs {prod(shape) * dt.itemsize}")
-        entries.append((offs[0], offs[1], name, dt, tuple(shape)))
-    entries.sort()
-    for (_, e0, n0, *_), (b1, _, n1, *_) in zip(entries, entries[1:]):
-        if b1 < e0: raise ValueError(f"safetensors: the data of {n0!r} and {n1!r} overlap")
+    entries = sorted(_safe_entry(name, info, data_len) for name, info in header.items() if name != "__metadata__")
+    end, last = 0, None
+    for b, e, name, *_ in entries:
+        if b < end: raise ValueError(f"safetensors: the data of {last!r} and {name!r} overlap")
+        if b > end: raise ValueError(f"safetensors: bytes [{end}, {b}) of the data belong to no tensor")
+        end, last = e, name
+    if end != data_len: raise ValueError(f"safetensors: bytes [{end}, {data_len}) of the data belong to no tensor")
     return {name: _tensor(_bytes(src, data_start + b, data_start + e, name), shape, dt)
             for b, e, name, dt, shape in entries}
 
@@ -199,31 +289,52 @@ def safe_save(tensors: dict[str, Tensor], fn: str, metadata: dict[str, Any] | No
 
 # *** archives ***
 
-def zip_extract(t: Any) -> dict[str, Tensor]:
-    """name -> uint8 tensor of each member of a zip archive (stored or deflated members)."""
-    src = _source(t)
-    try: zf = zipfile.ZipFile(io.BytesIO(_bytes(src, 0, _size(src), "archive")) if not isinstance(src, _Mapped)
-                              else src.name)
-    except zipfile.BadZipFile as e: raise ValueError(f"not a zip archive: {e}") from e
-    with zf:
-        return {info.filename: _tensor(memoryview(zf.read(info)), (info.file_size,), dtypes.uint8)
+def zip_extract(t: Any, max_inflated: int | None = None) -> dict[str, Tensor]:
+    """name -> uint8 tensor of each member of a zip archive (stored or deflated members). The deflated members may
+    inflate to max_inflated bytes in all (MAX_INFLATED_BYTES by default)."""
+    src, budget = _source(t), _Budget(max_inflated)
+    with _malformed("zip_extract"), _open_zip(src, "zip_extract") as zf:
+        return {info.filename: _tensor(_read_member(zf, info, _size(src), budget, "zip_extract"), (info.file_size,),
+                                       dtypes.uint8)
                 for info in zf.infolist() if not info.is_dir()}
 
-def tar_extract(t: Any) -> dict[str, Tensor]:
-    """name -> uint8 tensor of each regular file of a tar archive."""
-    src = _source(t)
-    try:
-        tf = tarfile.open(src.name if isinstance(src, _Mapped) else None,
-                          fileobj=None if isinstance(src, _Mapped) else io.BytesIO(bytes(src)))
-    except tarfile.TarError as e: raise ValueError(f"not a tar archive: {e}") from e
-    with tf:
-        out = {}
-        for m in tf.getmembers():
-            if not m.isfile(): continue
-            f = tf.extractfile(m)
-            assert f is not None
-            out[m.name] = _tensor(memoryview(f.read()), (m.size,), dtypes.uint8)
-        return out
+def tar_extract(t: Any, max_inflated: int | None = None) -> dict[str, Tensor]:
+    """name -> uint8 tensor of each regular file of a tar archive (a later member of the same name replaces an earlier
+    one, as when extracting). A compressed archive may decompress to max_inflated bytes (MAX_INFLATED_BYTES by
+    default)."""
+    src, budget = _source(t), _Budget(max_inflated)
+    fobj = open(src.name, "rb") if isinstance(src, _Mapped) else io.BytesIO(src)
+    with fobj, _malformed("tar_extract"):
+        try: tf = tarfile.open(fileobj=fobj)
+        except tarfile.TarError as e: raise ValueError(f"tar_extract: not a tar archive: {e}") from e
+        with tf:
+            # an uncompressed archive can't hold more than the file; a compressed one is bounded as it is read
+            compressed, out = tf.fileobj is not fobj, {}
+            bound, what = (budget.limit, "the decompressed archive") if compressed else (_size(src), "the archive")
+            members = []
+            while (m := tf.next()) is not None:
+                if m.issparse(): raise ValueError(f"tar_extract: {m.name!r} is a sparse file (not supported)")
+                if max(tf.offset, m.offset_data + m.size) > bound:
+                    raise ValueError(f"tar_extract: {m.name!r} ends at byte {m.offset_data + m.size}, past {what} "
+                                     f"({bound} bytes" + (", raise MAX_INFLATED_BYTES or pass max_inflated= to read it)"
+                                                          if compressed else ")"))
+                members.append(m)
+            # python's tarfile stops at the first header it can't parse: only zeros may follow the last member
+            pos = tf.offset
+            tf.fileobj.seek(pos)
+            while tail := tf.fileobj.read(min(_CHUNK, max(bound - pos, 1))):
+                if tail.count(0) != len(tail): raise ValueError(f"tar_extract: a damaged header after byte {pos}")
+                pos += len(tail)
+                if pos > bound: raise ValueError(f"tar_extract: the archive runs past {what} ({bound} bytes)")
+            for m in members:
+                if not m.isfile(): continue
+                f = tf.extractfile(m)
+                if f is None: raise ValueError(f"tar_extract: {m.name!r} has no data")
+                data = f.read(m.size)
+                if len(data) != m.size:
+                    raise ValueError(f"tar_extract: {m.name!r} ends after {len(data)} of its {m.size} bytes")
+                out[m.name] = _tensor(memoryview(data), (m.size,), dtypes.uint8)
+            return out
 
 # *** PyTorch checkpoints ***
 
@@ -237,17 +348,25 @@ class _StorageType:
 
 class _Storage:
     """A storage's bytes, read on demand by the loader that owns it."""
-    def __init__(self, dtype: DType, numel: int, read: Callable[[], memoryview] | None):
+    def __init__(self, dtype: DType, numel: int, read: Callable[[], memoryview] | None, budget: _Budget):
         # read is None while the bytes are still ahead in the file (the legacy format stores them after the pickle)
-        self.dtype, self.numel, self._read, self._tensor = dtype, numel, read, None
+        self.dtype, self.numel, self._read, self.budget, self._tensor = dtype, numel, read, budget, None
     def tensor(self) -> Tensor:
         if self._tensor is None:
-            assert self._read is not None
+            if self._read is None: raise ValueError("torch_load: a tensor's storage is missing from the checkpoint")
             raw = self._read()
-            if len(raw) < self.numel * self.dtype.itemsize:
-                raise ValueError(f"torch_load: a storage of {self.numel} {self.dtype} holds only {len(raw)} bytes")
-            self._tensor = _tensor(raw[:self.numel * self.dtype.itemsize], (self.numel,), self.dtype)
+            if len(raw) != self.numel * self.dtype.itemsize:
+                raise ValueError(f"torch_load: a storage of {self.numel} {self.dtype} holds {len(raw)} bytes")
+            self._tensor = _tensor(raw, (self.numel,), self.dtype)
         return self._tensor
+
+def _storage_id(pid: tuple) -> tuple[str, DType, int]:
+    """(key, dtype, element count) of a persistent storage id ('storage', type, key, location, numel, ...)."""
+    if len(pid) < 5: raise ValueError(f"torch_load: short storage id {pid!r:.80}")
+    key, numel = pid[2], pid[4]
+    if not isinstance(key, str) or not _is_int(numel) or numel < 0:
+        raise ValueError(f"torch_load: bad storage id {pid!r:.80} (needs a string key and an element count >= 0)")
+    return key, pid[1].dtype, numel
 
 class _Pending:
     """A tensor whose storage bytes come later in the file."""
@@ -256,37 +375,63 @@ class _Pending:
 def _rebuild_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple, *args: Any) -> Tensor | _Pending:
     if not isinstance(storage, _Storage):
         raise ValueError("torch_load: a tensor is rebuilt from something not a storage")
+    size, stride = _check_view(storage, offset, size, stride)
     if storage._read is None: return _Pending(storage, offset, size, stride)
     return _build_tensor(storage, offset, size, stride)
 
-def _build_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple) -> Tensor:
+def _check_view(storage: _Storage, offset: Any, size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(size, stride) of a tensor view, checked against its storage before any view is built: ints >= 0, at most
+    MAX_DIMS of them, every element inside the storage, and what it reads beyond the storage within the budget."""
+    if not (isinstance(size, tuple | list) and isinstance(stride, tuple | list) and len(size) == len(stride)
+            and len(size) <= MAX_DIMS and all(_is_int(x) and x >= 0 for x in (*size, *stride))
+            and _is_int(offset) and offset >= 0):
+        raise ValueError(f"torch_load: bad tensor geometry size={size!r:.200} stride={stride!r:.200} "
+                         f"offset={offset!r:.40} (at most {MAX_DIMS} dims, ints >= 0)")
     size, stride = tuple(size), tuple(stride)
-    if len(size) != len(stride) or any(s < 0 for s in size) or any(s < 0 for s in stride) or offset < 0:
-        raise ValueError(f"torch_load: bad tensor geometry size={size} stride={stride} offset={offset}")
     n = prod(size)
-    if n == 0: return Tensor.zeros(*size, dtype=storage.dtype)
+    if n == 0: return size, stride
     last = offset + sum((s - 1) * st for s, st in zip(size, stride))
     if last >= storage.numel:
         raise ValueError(f"torch_load: a tensor of size {size} and stride {stride} at offset {offset} reads past its "
                          f"storage of {storage.numel} elements")
-    flat = storage.tensor()
+    if n > storage.numel:  # strides of 0 (an expanded tensor) or overlapping rows: the view is larger than the storage
+        storage.budget.spend((n - storage.numel) * storage.dtype.itemsize,
+                             f"torch_load: a tensor of size {size} and stride {stride} over {storage.numel} elements")
+    return size, stride
+
+def _build_tensor(storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
+    if prod(size) == 0: return Tensor.zeros(*size, dtype=storage.dtype)
+    # dims of size 1 read nothing and dims of stride 0 repeat: only the others index the storage
+    keep = [i for i, (s, st) in enumerate(zip(size, stride)) if s > 1 and st > 0]
+    t = _strided(storage.tensor(), offset, [size[i] for i in keep], [stride[i] for i in keep])
+    return t.reshape(tuple(size[i] if i in keep else 1 for i in range(len(size)))).expand(size)
+
+def _strided(flat: Tensor, offset: int, size: list[int], stride: list[int]) -> Tensor:
+    """The elements a view of sizes > 1 and strides > 0 reads from `flat`, as a tensor of shape `size`."""
+    n = prod(size)
     # strides that are a permutation of a contiguous layout: shrink, reshape and permute (no gather)
     order = sorted(range(len(size)), key=lambda i: (stride[i], size[i]), reverse=True)
     contiguous, expect = True, 1
     for i in reversed(order):
-        if size[i] != 1 and stride[i] != expect: contiguous = False
+        if stride[i] != expect: contiguous = False
         expect *= size[i]
     if contiguous:
-        perm_shape = tuple(size[i] for i in order)
-        t = flat[offset:offset + n].reshape(perm_shape)
+        t = flat[offset:offset + n].reshape(tuple(size[i] for i in order))
         return t.permute(tuple(order.index(i) for i in range(len(size))))
-    idx = Tensor.full(size, offset, dtype=dtypes.int64)
-    for d, (s, st) in enumerate(zip(size, stride)):
-        along = tuple(s if i == d else 1 for i in range(len(size)))
+    # a gather: neighbouring dims that step through memory as one are merged first, so the index has few dims
+    msize, mstride = [], []
+    for s, st in zip(size, stride):
+        if mstride and mstride[-1] == st * s: msize[-1], mstride[-1] = msize[-1] * s, st
+        else: msize, mstride = msize + [s], mstride + [st]
+    idx = Tensor.full(tuple(msize), offset, dtype=dtypes.int64)
+    for d, (s, st) in enumerate(zip(msize, mstride)):
+        along = tuple(s if i == d else 1 for i in range(len(msize)))
         idx = idx + Tensor.arange(s, dtype=dtypes.int64).reshape(along) * st
-    return flat.contiguous()[idx.flatten()].reshape(size)
+    return flat.contiguous()[idx.flatten()].reshape(tuple(size))
 
-def _rebuild_parameter(data: Tensor, *args: Any) -> Tensor: return data
+def _rebuild_parameter(data: Any, *args: Any) -> Tensor | _Pending:
+    if not isinstance(data, Tensor | _Pending): raise ValueError("torch_load: a parameter holds something not a tensor")
+    return data
 
 class _TorchUnpickler(pickle.Unpickler):
     """Unpickles tensor storage and containers only: any other global is refused (a checkpoint can't run code)."""
@@ -302,40 +447,50 @@ class _TorchUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED: return self.ALLOWED[(module, name)]
         if module == "torch" and name in _TORCH_STORAGES: return _StorageType(_TORCH_STORAGES[name])
-        raise pickle.UnpicklingError(f"torch_load: refusing to load global {module}.{name} (only tensor storage and "
-                                     "containers are allowed)")
+        raise ValueError(f"torch_load: refusing to load global {module}.{name} (only tensor storage and containers "
+                         "are allowed)")
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and pid and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
-            raise pickle.UnpicklingError(f"torch_load: unknown persistent id {pid!r:.80}")
+        if not (isinstance(pid, tuple) and len(pid) > 1 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+            raise ValueError(f"torch_load: unknown persistent id {pid!r:.80}")
         return self.storages(pid)
 
-def torch_load(t: Any) -> dict[str, Tensor]:
+def torch_load(t: Any, max_inflated: int | None = None) -> Any:
     """The object saved by torch.save (a state dict, possibly nested) with tensors as fusegrad tensors; both the zip
-    format and the legacy format, parsed without importing torch."""
-    src = _source(t)
+    format and the legacy format, parsed without importing torch. Deflated members and views larger than their
+    storage may expand to max_inflated bytes in all (MAX_INFLATED_BYTES by default)."""
+    src, budget = _source(t), _Budget(max_inflated)
     head = bytes(_bytes(src, 0, min(4, _size(src)), "magic"))
-    if head == b"PK\x03\x04": return _torch_load_zip(src)
-    return _torch_load_legacy(src)
+    with _malformed("torch_load"):
+        if head == b"PK\x03\x04": return _torch_load_zip(src, budget)
+        return _torch_load_legacy(src, budget)
 
-def _torch_load_zip(src: _Mapped | memoryview) -> Any:
-    try: zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(bytes(src)))
-    except zipfile.BadZipFile as e: raise ValueError(f"torch_load: not a valid zip checkpoint: {e}") from e
-    with zf:
-        names = zf.namelist()
-        pkl = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
+def _torch_load_zip(src: _Mapped | memoryview, budget: _Budget) -> Any:
+    with _open_zip(src, "torch_load") as zf:
+        infos = {info.filename: info for info in zf.infolist()}
+        pkl = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
         if len(pkl) != 1: raise ValueError("torch_load: the archive has no (or several) data.pkl")
         prefix = pkl[0][:-len("data.pkl")]
-        cache: dict[str, _Storage] = {}
+        def member(name: str, expect: int | None = None) -> memoryview:
+            return _read_member(zf, infos[name], _size(src), budget, "torch_load", expect)
+        if f"{prefix}byteorder" in infos and bytes(member(f"{prefix}byteorder")) != b"little":
+            raise ValueError("torch_load: the checkpoint is not little-endian")
+        raw: dict[str, memoryview] = {}
+        cache: dict[tuple[str, DType], _Storage] = {}
         def storage(pid: tuple) -> _Storage:
-            if len(pid) < 5: raise pickle.UnpicklingError(f"torch_load: short storage id {pid!r}")
-            key, numel = str(pid[2]), pid[4]
-            if key not in cache:
-                member = f"{prefix}data/{key}"
-                if member not in names: raise ValueError(f"torch_load: storage {key} is missing from the archive")
-                cache[key] = _Storage(pid[1].dtype, numel, lambda m=member: memoryview(zf.read(m)))
-            return cache[key]
-        obj = _TorchUnpickler(io.BytesIO(zf.read(pkl[0])), storage).load()
+            key, dtype, numel = _storage_id(pid)
+            name = f"{prefix}data/{key}"
+            if name not in infos: raise ValueError(f"torch_load: storage {key} is missing from the archive")
+            if numel * dtype.itemsize != infos[name].file_size:  # the same bytes may be viewed as several dtypes
+                raise ValueError(f"torch_load: storage {key} holds {infos[name].file_size} bytes, not the "
+                                 f"{numel} {dtype} its tensor declares")
+            if (key, dtype) not in cache:
+                def read(k: str = key, m: str = name, nbytes: int = numel * dtype.itemsize) -> memoryview:
+                    if k not in raw: raw[k] = member(m, nbytes)
+                    return raw[k]
+                cache[(key, dtype)] = _Storage(dtype, numel, read, budget)
+            return cache[(key, dtype)]
+        obj = _TorchUnpickler(io.BytesIO(member(pkl[0])), storage).load()
         return _materialize(obj)
 
 def _resolve(obj: Any) -> Any:
@@ -362,33 +517,40 @@ def _walk(obj: Any) -> Iterable[Any]:
         for v in obj: yield from _walk(v)
     else: yield obj
 
-def _no_storage(pid: tuple) -> _Storage: raise pickle.UnpicklingError("torch_load: a storage where none belongs")
+def _no_storage(pid: tuple) -> _Storage: raise ValueError("torch_load: a storage where none belongs")
 
-def _torch_load_legacy(src: _Mapped | memoryview) -> Any:
+_LEGACY_MAGIC, _LEGACY_PROTOCOL = 0x1950a86a20f9469cfc6c, 1001
+
+def _torch_load_legacy(src: _Mapped | memoryview, budget: _Budget) -> Any:
     data = _bytes(src, 0, _size(src), "checkpoint")
     f = io.BytesIO(data)
     def plain_load() -> Any:
         try: return _TorchUnpickler(f, _no_storage).load()
         except (EOFError, pickle.UnpicklingError, ValueError, IndexError) as e:
             raise ValueError(f"torch_load: not a PyTorch checkpoint ({e})") from e
-    magic = plain_load()
-    if magic != 0x1950a86a20f9469cfc6c: raise ValueError("torch_load: bad magic number: not a PyTorch checkpoint")
-    plain_load()  # protocol version
-    plain_load()  # system info
+    if plain_load() != _LEGACY_MAGIC: raise ValueError("torch_load: bad magic number: not a PyTorch checkpoint")
+    if (version := plain_load()) != _LEGACY_PROTOCOL:
+        raise ValueError(f"torch_load: unsupported legacy protocol version {version!r:.40}")
+    info = plain_load()
+    if not (isinstance(info, dict) and info.get("little_endian") is True):
+        raise ValueError("torch_load: the checkpoint is not little-endian")
     storages: dict[str, _Storage] = {}
     def storage(pid: tuple) -> _Storage:
-        if len(pid) < 5: raise pickle.UnpicklingError(f"torch_load: short storage id {pid!r}")
-        key = str(pid[2])
-        if key not in storages: storages[key] = _Storage(pid[1].dtype, pid[4], None)
+        key, dtype, numel = _storage_id(pid)
+        if len(pid) > 5 and pid[5] is not None: raise ValueError(f"torch_load: storage {key} is a view (unsupported)")
+        if key not in storages: storages[key] = _Storage(dtype, numel, None, budget)
+        if (storages[key].dtype, storages[key].numel) != (dtype, numel):
+            raise ValueError(f"torch_load: storage {key} is declared with two types or sizes")
         return storages[key]
     try: obj = _TorchUnpickler(f, storage).load()
     except EOFError as e: raise ValueError("torch_load: the checkpoint is truncated") from e
     keys = plain_load()
-    if not isinstance(keys, list): raise ValueError("torch_load: bad storage key list")
+    if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys) and len(set(keys)) == len(keys)):
+        raise ValueError("torch_load: bad storage key list")
+    if set(keys) != set(storages): raise ValueError("torch_load: the storage key list doesn't match the tensors")
     pos = f.tell()
     for key in keys:
-        if str(key) not in storages: raise ValueError(f"torch_load: storage {key} has no tensor")
-        st = storages[str(key)]
+        st = storages[key]
         (numel,) = struct.unpack("<q", _bytes(data, pos, pos + 8, f"storage {key} size"))
         if numel != st.numel: raise ValueError(f"torch_load: storage {key} holds {numel} elements, expected {st.numel}")
         nbytes = numel * st.dtype.itemsize
