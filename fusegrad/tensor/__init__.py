@@ -10,7 +10,7 @@ import itertools, math, operator, struct, time, weakref
 from typing import Any, Callable, Container, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
-from fusegrad.helpers import DEBUG, argfix, prod
+from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.engine.multi import shards_of
 from fusegrad.schedule.indexing import is_realized, storage_of
 from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, schedule_cache, \
@@ -1075,5 +1075,9 @@ def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint
     if not sym_eq(prod(shape), numel):
         raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
     return tuple(shape)
+
+# Context(TRAINING=1) (tinygrad's way) switches the same training mode that Tensor.train() does
+Tensor.training = bool(TRAINING.value)
+TRAINING.on_set = lambda value: setattr(Tensor, "training", bool(value))
 
 __all__ = ["Tensor"]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, Iterator
 from fusegrad.dtype import dtypes
 from fusegrad.engine.multi import shards_of
 from fusegrad.gradient import compute_gradient, compute_gradients
+from fusegrad.helpers import TRAINING
 from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import Ops, UOp
 
@@ -45,10 +46,10 @@ class AutogradMixin:
         def __init__(self, mode: bool = True): self.mode = mode
         def __enter__(self) -> None:
             from fusegrad.tensor import Tensor
-            self.prev, Tensor.training = Tensor.training, self.mode
+            self.prev = Tensor.training
+            TRAINING.set(int(self.mode))
         def __exit__(self, *exc: object) -> None:
-            from fusegrad.tensor import Tensor
-            Tensor.training = self.prev
+            TRAINING.set(int(self.prev))
 
     class test(train):
         """`with Tensor.test():` evaluation mode inside (Tensor.training False)."""

@@ -37,13 +37,13 @@ def test_mnist_from_directory(tmp_path):
     (tmp_path / "train-labels-idx1-ubyte").write_bytes(_idx(ytr, 0x08))
     (tmp_path / "t10k-images-idx3-ubyte").write_bytes(_idx(xte, 0x08))
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(yte, 0x08))
-    a, b, c, d = mnist(tmp_path)
+    a, b, c, d = mnist(path=tmp_path)
     assert a.shape == (6, 1, 28, 28) and c.shape == (2, 1, 28, 28) and a.dtype == dtypes.uint8
     np.testing.assert_array_equal(a.numpy()[:, 0], xtr)
     np.testing.assert_array_equal(d.numpy(), yte)
     (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(yte[:1], 0x08))
-    with pytest.raises(ValueError, match="don't match"): mnist(tmp_path)
-    with pytest.raises(FileNotFoundError, match="download=True"): mnist(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="don't match"): mnist(path=tmp_path)
+    with pytest.raises(FileNotFoundError, match="download=True"): mnist(path=tmp_path / "nowhere", download=False)
 
 def test_mnist_download(tmp_path, monkeypatch):
     import http.server
@@ -63,7 +63,7 @@ def test_mnist_download(tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setattr(datasets, "_MNIST_URL", f"http://127.0.0.1:{server.server_port}/")
-        out = mnist(tmp_path / "data", download=True)
+        out = mnist(path=tmp_path / "data")
         for t, arr in zip(out, arrays.values()): np.testing.assert_array_equal(t.numpy().reshape(arr.shape), arr)
         assert sorted(p.name for p in (tmp_path / "data").iterdir()) == sorted(n + ".gz" for n in arrays)
     finally: server.shutdown()
