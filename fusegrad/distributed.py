@@ -15,13 +15,19 @@ with a runner of their own), so a TinyJit function that calls them replays them 
 `sync_gradients()` may sit inside a jitted training step.
 
 Every rank must make the same calls in the same order with tensors of the same shape and dtype, as with any MPI
-collective. Each call checks that first (a two-number all-reduce of a hash of its arguments), so a mismatch raises
-ValueError on every rank instead of hanging or mixing up bytes. That costs one more round trip, which is most of the
-time of a small collective: `check=False` skips it where the shapes are known to agree (a loop of fixed shapes).
-A rank that dies of an uncaught exception aborts all of them (`init()` chains a `sys.excepthook` that calls
-MPI_Abort), so no rank is left waiting forever."""
+collective. Before any data moves, each call (replays under TinyJit too) compares with the other ranks what it is
+about to do, in one all-reduce of four numbers: the collective's kind and what bounds its transfer (dtype, element
+count, op, root), and with `check=True` (the default) a hash of all its arguments, shapes included. A mismatch raises
+ValueError on every rank, naming what each rank called, instead of hanging, reading or writing past a buffer's end, or
+mixing up bytes. `check=False` only skips hashing the shapes, so ranks may pass the same elements in different shapes.
+
+No rank is left waiting forever for one that is gone: a rank that dies of an uncaught exception aborts all of them
+(`init()` chains a `sys.excepthook` that calls MPI_Abort); one that leaves normally (the end of its script, or
+`sys.exit` with any code) first meets the others at exit, and aborts the job if any of them is in a collective
+instead; one killed by a signal or `os._exit` is noticed by mpirun, which ends the job."""
 from __future__ import annotations
 import array
+import atexit
 import hashlib
 import sys
 import time
@@ -70,6 +76,7 @@ def init() -> None:
     _state["MPI"], _state["comm"], _state["types"] = MPI, comm, _type_table(MPI)
     if comm.Get_size() > 1:
         _install_excepthook(comm)
+        atexit.register(_leave)  # runs before mpi4py finalizes MPI (that is a C-level exit hook)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         if CPU_THREADS.value <= 0 and local.Get_size() > 1:
             CPU_THREADS.value = max(1, host_cpu_count() // local.Get_size())
@@ -172,26 +179,73 @@ class _Collective(Runner):
         if rawbufs and not hasattr(rawbufs[0].allocator, "_as_buffer"): rawbufs[0].copyin(views[0])
         return time.perf_counter() - st if wait else None
 
-def _run(name: str, bufs: list[Buffer], fn: Callable[..., None]) -> None:
-    """Run `fn` on the buffers' memory as a schedule step, so TinyJit captures it and replays it with the kernels."""
-    device = bufs[0].device if bufs else "CPU"
-    nbytes = bufs[0].nbytes if bufs else 0
-    run_schedule([ExecItem(_MPI_AST, list(bufs), prg=_Collective(name, device, nbytes, fn))])
+def _digest(obj: Any) -> int:
+    """A 56-bit hash of `obj`'s repr, the same in every process (Python's own hash of a str is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=7).digest(), "little")
 
-def _check_same(what: str, *args: Any) -> None:
-    """Raise ValueError on every rank unless every rank called `what` with equal `args` (reprs of shapes, dtypes,
-    ops and roots). One all-reduce of two numbers: the max of a hash and the max of minus it agree only if all do."""
+_NONE = -(1 << 63)  # a rank that doesn't check the full arguments sends this (the least int64) in their place
+
+class _Call:
+    """One collective as this rank calls it: its kind and arguments. `key` hashes what the ranks must agree on for
+    the transfer to stay inside every buffer (the kind, the element count, every argument but shapes); `full` hashes
+    all arguments when checked."""
+    def __init__(self, kind: str, count: int, check: bool, **args: Any):
+        self.kind, self.args = kind, args
+        self.key = _digest((kind, count, [(k, v) for k, v in args.items() if k not in ("shape", "shapes")]))
+        self.full = _digest((kind, args)) if check else None
+
+    def __repr__(self) -> str:
+        if self.kind == "exit": return "no collective: it is leaving the program (the end of its script or sys.exit)"
+        return f"{self.kind}({', '.join(f'{k}={v}' for k, v in self.args.items())})"
+
+_EXIT = _Call("exit", 0, False)
+
+def _agree(call: _Call) -> None:
+    """Compare `call` with what every other rank is calling now, before any data moves; on a mismatch every rank
+    learns what each called, and raises ValueError (or, where a rank is leaving the program, aborts the job)."""
     comm, MPI = _state["comm"], _state["MPI"]
     if comm.Get_size() == 1: return
-    sig = repr(args)
-    h = int.from_bytes(hashlib.blake2b(sig.encode(), digest_size=7).digest(), "little")
-    both = array.array("q", [h, -h])
+    checked = call.full is not None
+    mine = array.array("q", [call.key, -call.key, call.full if checked else _NONE, -call.full if checked else _NONE])
+    both = array.array("q", mine)
     comm.Allreduce(MPI.IN_PLACE, [both, MPI.INT64_T], op=MPI.MAX)
-    if both[0] == -both[1] == h: return
-    sigs = comm.allgather(sig)  # only on a mismatch: the readable reason, for every rank's message
-    detail = "; ".join(f"rank {r}: {s}" for r, s in enumerate(sigs))
-    raise ValueError(f"{what}: the ranks' arguments differ ({detail}); every rank must pass tensors of the same shape "
-                     "and dtype (and the same op and root)")
+    # each pair is (the max of x, the max of -x): they agree only if x is the same on every rank sending one
+    if both[0] == -both[1] and (both[3] == _NONE or both[2] == -both[3]): return
+    calls = comm.allgather((call.kind, repr(call)))  # only on a mismatch: the readable reason, for every rank
+    detail = "; ".join(f"rank {r}: {desc}" for r, (_, desc) in enumerate(calls))
+    if any(kind == "exit" for kind, _ in calls):
+        me = comm.Get_rank()
+        gone = ", ".join(str(r) for r, (kind, _) in enumerate(calls) if kind == "exit")
+        print(f"fusegrad.distributed: rank {me}: rank {gone} left the program while others were in a collective "
+              f"({detail}); aborting all ranks", file=sys.stderr)
+        sys.stdout.flush(); sys.stderr.flush()
+        comm.Abort(1)
+    if len({kind for kind, _ in calls}) > 1:
+        raise ValueError(f"{call.kind}: the ranks called different collectives ({detail}); every rank must make the "
+                         "same collective calls in the same order")
+    raise ValueError(f"{call.kind}: the ranks' arguments differ ({detail}); every rank must pass tensors of the same "
+                     "shape and dtype (and the same op and root)")
+
+def _leave() -> None:
+    """At exit: meet the other ranks, which are leaving too unless one is still in a collective (then `_agree` aborts
+    the job: otherwise that rank would wait forever for this one)."""
+    if not _state["MPI"].Is_finalized(): _agree(_EXIT)
+
+def _check_same(what: str, **args: Any) -> None:
+    """Raise ValueError on every rank unless every rank calls `what` now with equal `args` (one all-reduce)."""
+    _agree(_Call(what, 0, True, **args))
+
+def _run(call: _Call, bufs: list[Buffer], fn: Callable[..., None]) -> None:
+    """Run `fn` on the buffers' memory as a schedule step, so TinyJit captures it and replays it with the kernels.
+    The step first agrees on `call` with the other ranks (each replay too); `fn` runs only if the buffers hold
+    anything."""
+    if not all(b.size for b in bufs): bufs, fn = [], lambda *_: None
+    def step(*views: memoryview) -> None:
+        _agree(call)
+        fn(*views)
+    device = bufs[0].device if bufs else "CPU"
+    nbytes = bufs[0].nbytes if bufs else 0
+    run_schedule([ExecItem(_MPI_AST, list(bufs), prg=_Collective(call.kind, device, nbytes, step))])
 
 def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
     """A new tensor of the element-wise `op` ("sum", "mean" or "max") over every rank's `t`, the same on all ranks.
@@ -203,12 +257,11 @@ def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
     wide = t.dtype in _WIDENED
     src = t.float() if wide else t
     mpi_op, mpi_type = _mpi_op(op, src.dtype), _mpi_type(src.dtype)
-    if check: _check_same("all_reduce", op, t.shape, t.dtype.name)
+    call = _Call("all_reduce", prod(t.shape), check, op=op, shape=t.shape, dtype=t.dtype.name)
     src, sbuf = _realized(src)
     out, obuf = _fresh(t.shape, src.dtype, src.device)
-    if sbuf.size:
-        comm = _state["comm"]
-        _run("all_reduce", [obuf, sbuf], lambda o, s: comm.Allreduce([s, mpi_type], [o, mpi_type], op=mpi_op))
+    comm = _state["comm"]
+    _run(call, [obuf, sbuf], lambda o, s: comm.Allreduce([s, mpi_type], [o, mpi_type], op=mpi_op))
     if op == "mean": out = out / world_size()
     if wide: out = out.cast(t.dtype)
     return out.realize() if op == "mean" or wide else out
@@ -225,16 +278,15 @@ def all_reduce_(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
         if prod(t.shape): t.assign(out).realize()  # (there is nothing to write into an empty tensor)
         return t
     _mpi_op(op, t.dtype)
-    if check: _check_same("all_reduce", op, t.shape, t.dtype.name)
-    return _all_reduce_inplace(t, op)
+    return _all_reduce_inplace(t, op, _Call("all_reduce", prod(t.shape), check, op=op, shape=t.shape,
+                                            dtype=t.dtype.name))
 
-def _all_reduce_inplace(t: Tensor, op: str) -> Tensor:
+def _all_reduce_inplace(t: Tensor, op: str, call: _Call) -> Tensor:
     mpi_op, mpi_type = _mpi_op(op, t.dtype), _mpi_type(t.dtype)
     if not _is_plain(t): t.replace(t.contiguous())
     t, buf = _realized(t)
-    if buf.size:
-        comm, MPI = _state["comm"], _state["MPI"]
-        _run("all_reduce_", [buf], lambda b: comm.Allreduce(MPI.IN_PLACE, [b, mpi_type], op=mpi_op))
+    comm, MPI = _state["comm"], _state["MPI"]
+    _run(call, [buf], lambda b: comm.Allreduce(MPI.IN_PLACE, [b, mpi_type], op=mpi_op))
     if op == "mean" and buf.size: t.assign(t / world_size()).realize()
     return t
 
@@ -250,15 +302,14 @@ def broadcast(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
     _check_tensor(t, "broadcast")
     _check_root(root)
     mpi_type = _mpi_type(t.dtype)
-    if check: _check_same("broadcast", root, t.shape, t.dtype.name)
+    call = _Call("broadcast", prod(t.shape), check, root=root, shape=t.shape, dtype=t.dtype.name)
     src, sbuf = _realized(t)
     out, obuf = _fresh(t.shape, t.dtype, t.device)
-    if sbuf.size:
-        comm = _state["comm"]
-        def bcast(o: memoryview, s: memoryview) -> None:
-            if comm.Get_rank() == root: o[:] = s  # one memcpy into the result, which is what gets sent
-            comm.Bcast([o, mpi_type], root=root)
-        _run("broadcast", [obuf, sbuf], bcast)
+    comm = _state["comm"]
+    def bcast(o: memoryview, s: memoryview) -> None:
+        if comm.Get_rank() == root: o[:] = s  # one memcpy into the result, which is what gets sent
+        comm.Bcast([o, mpi_type], root=root)
+    _run(call, [obuf, sbuf], bcast)
     return out
 
 def broadcast_(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
@@ -267,16 +318,15 @@ def broadcast_(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
     _check_tensor(t, "broadcast_")
     _check_root(root)
     _mpi_type(t.dtype)
-    if check: _check_same("broadcast", root, t.shape, t.dtype.name)
-    return _broadcast_inplace(t, root)
+    return _broadcast_inplace(t, root, _Call("broadcast", prod(t.shape), check, root=root, shape=t.shape,
+                                             dtype=t.dtype.name))
 
-def _broadcast_inplace(t: Tensor, root: int) -> Tensor:
+def _broadcast_inplace(t: Tensor, root: int, call: _Call) -> Tensor:
     mpi_type = _mpi_type(t.dtype)
     if not _is_plain(t): t.replace(t.contiguous())
     t, buf = _realized(t)
-    if buf.size:
-        comm = _state["comm"]
-        _run("broadcast_", [buf], lambda b: comm.Bcast([b, mpi_type], root=root))
+    comm = _state["comm"]
+    _run(call, [buf], lambda b: comm.Bcast([b, mpi_type], root=root))
     return t
 
 def all_gather(t: Tensor, check: bool = True) -> Tensor:
@@ -285,21 +335,20 @@ def all_gather(t: Tensor, check: bool = True) -> Tensor:
     init()
     _check_tensor(t, "all_gather")
     mpi_type = _mpi_type(t.dtype)
-    if check: _check_same("all_gather", t.shape, t.dtype.name)
+    call = _Call("all_gather", prod(t.shape), check, shape=t.shape, dtype=t.dtype.name)
     n = world_size()
     shape = (n,) if t.ndim == 0 else (n * t.shape[0],) + t.shape[1:]
     src, sbuf = _realized(t)
     out, obuf = _fresh(shape, t.dtype, t.device)
-    if sbuf.size:
-        comm = _state["comm"]
-        _run("all_gather", [obuf, sbuf], lambda o, s: comm.Allgather([s, mpi_type], [o, mpi_type]))
+    comm = _state["comm"]
+    _run(call, [obuf, sbuf], lambda o, s: comm.Allgather([s, mpi_type], [o, mpi_type]))
     return out
 
 def barrier() -> None:
-    """Wait until every rank has called barrier() (a schedule step too, so a jitted function keeps it)."""
+    """Wait until every rank has called barrier() (a schedule step too, so a jitted function keeps it). The
+    all-reduce that compares the ranks' calls is the barrier: no rank leaves it before every rank has entered it."""
     init()
-    comm = _state["comm"]
-    _run("barrier", [], lambda: comm.Barrier())
+    _run(_Call("barrier", 0, True), [], lambda: None)
 
 # *** data-parallel training ***
 
@@ -333,9 +382,11 @@ class DataParallel:
         """Overwrite every rank's parameters (all tensors of the model) with rank `root`'s: one broadcast per dtype."""
         root = self.root if root is None else root
         _check_root(root)
-        _check_same("broadcast_parameters", root, [(p.shape, p.dtype.name) for p in self.params])
-        for group in _by_dtype(self.params, lambda p: p.dtype).values():
-            flat = _broadcast_inplace(_pack(group, group[0].dtype), root)
+        _check_same("broadcast_parameters", root=root, shapes=[(p.shape, p.dtype.name) for p in self.params])
+        for dt, group in _by_dtype(self.params, lambda p: p.dtype).items():
+            count = sum(prod(p.shape) for p in group)
+            flat = _broadcast_inplace(_pack(group, dt), root, _Call("broadcast_parameters", count, False, root=root,
+                                                                   dtype=dt.name))
             Tensor.realize(*[p.assign(v) for p, v in zip(group, _unpack(flat, group))])
 
     def sync_gradients(self) -> None:
@@ -345,14 +396,16 @@ class DataParallel:
         n = world_size()
         if n == 1: return
         with_grad = [p for p in self.params if p.grad is not None]
-        _check_same("sync_gradients", [(p.grad.shape, p.grad.dtype.name) for p in with_grad])
         groups = _by_dtype(with_grad, lambda p: dtypes.float32 if p.grad.dtype in _WIDENED else p.grad.dtype)
         packed = {dt: _pack([p.grad for p in group], dt) for dt, group in groups.items()}
         # the gradients and their packed copies in one schedule; the gradients are realized on their own, as packing
         # lazy ones fused every gradient's reduction into the concatenation's kernel (20 ms instead of 1 for an MLP)
         Tensor.realize(*[p.grad for p in with_grad], *packed.values())
         for dt, group in groups.items():
-            total = _all_reduce_inplace(packed[dt], "sum")
+            # every group's all-reduce checks its gradients' shapes before it moves them
+            call = _Call("sync_gradients", prod(packed[dt].shape), True, dtype=dt.name,
+                         shapes=[(p.grad.shape, p.grad.dtype.name) for p in group])
+            total = _all_reduce_inplace(packed[dt], "sum", call)
             for p, g in zip(group, _unpack(total, [p.grad for p in group])):
                 # the division fuses into the optimizer's kernels
                 p.grad = (g / n).cast(p.grad.dtype)
