@@ -119,8 +119,8 @@ def _digits_as_mnist(root: pathlib.Path) -> None:
         (root / (name + ".gz")).write_bytes(gzip.compress(_idx(arr)))
 
 def test_tinygrad_style_mnist_script_trains(tmp_path):
-    _digits_as_mnist(tmp_path / "fusegrad" / "mnist")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "STEPS": "60", "BS": "64", "PYTHONPATH": str(ROOT)}
+    _digits_as_mnist(tmp_path / "mnist")
+    env = {**os.environ, "MNIST_DIR": str(tmp_path / "mnist"), "STEPS": "60", "BS": "64", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_tinygrad_style.py")], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
