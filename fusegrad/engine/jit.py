@@ -70,6 +70,7 @@ class TinyJit(Generic[R]):
         """Forget the capture: the next two calls warm up and capture again."""
         self.cnt = 0
         self.jit_cache: list[ExecItem] = []
+        self._bounded: list[ExecItem] = []  # the captured kernels whose memory depends on Variables
         self._launches: tuple[list, list, tuple] | None = None
         self._prepared_work = (0, 0, 0)
         self._in_sig: list[tuple] = []
@@ -156,6 +157,7 @@ class TinyJit(Generic[R]):
             raise JitError(f"TinyJit function returned {structure} on its first call but {self._out_structure} on its "
                            "second: it must return the same structure (of tensors and constants) on every call")
         self.jit_cache = rec.items
+        self._bounded = [ei for ei in rec.items if ei.prg is not None and ei.prg.bounds is not None]
         self._inputs_at_capture = [b for t in tensors for b in _base_buffers(t)]
         # outputs computed during the capture get fresh buffers on each replay; outputs that existed before (state
         # the function updates in place, or an input handed back) are returned as they are
@@ -182,6 +184,10 @@ class TinyJit(Generic[R]):
             node = new_buffer(UOp(Ops.DEVICE, arg=b.device), b.size, b.dtype)
             nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype)
             subst[bid], new_nodes[bid] = nb, node
+        # the Variables' values are checked against every kernel's buffers before any kernel runs
+        for ei in self._bounded:
+            ei.prg.bounds.check([subst.get(id(b), b) for b in ei.bufs],  # type: ignore[union-attr]
+                                {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2

@@ -10,7 +10,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, \
     host_cpu_count
 from fusegrad.renderer import Estimates, ProgramSpec
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_min_max, _minmax_of_products
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
            "lower_schedule_item", "run_schedule", "compile_kernels", "method_cache", "capturing"]
@@ -31,8 +31,174 @@ def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     subs = {u: u.const_like(var_vals[u.arg[0]]) for u in x.toposort() if u.op is Ops.DEFINE_VAR}
     return int(x.substitute(subs))
 
+# *** the memory a kernel touches, as a function of its Variables ***
+
+class _Bounded:
+    """Stands for a node in the range analysis (uop/ops.py `_compute_min_max`) with its bounds given, so the same rules
+    give a node's bounds from its sources' bounds for one set of Variable values."""
+    __slots__ = ("op", "dtype", "arg", "src", "_min_max")
+    def __init__(self, op: Ops, dtype: Any, arg: Any, src: tuple, mm: tuple | None = None):
+        self.op, self.dtype, self.arg, self.src, self._min_max = op, dtype, arg, src, mm
+    @property
+    def vmin(self) -> Any: return self._min_max[0]
+    @property
+    def vmax(self) -> Any: return self._min_max[1]
+
+def _bounds_of(u: UOp, *srcs: tuple) -> tuple:
+    """The bounds of `u` when its sources lie within `srcs` (a (min, max) each)."""
+    return _compute_min_max(_Bounded(u.op, u.dtype, u.arg, tuple(_Bounded(s.op, s.dtype, s.arg, (), mm)  # type: ignore
+                                                                    for s, mm in zip(u.src, srcs))))
+
+def _mul_bounds(a0: int, a1: int, b0: int, b1: int) -> tuple[int, int]: return _minmax_of_products((a0, a1), (b0, b1))
+
+# what an index expression may be made of for its bounds to be worked out (a loaded value, say, is not)
+_INDEX_OPS = GroupOp.ALU | {Ops.CONST, Ops.DEFINE_VAR, Ops.RANGE, Ops.CAST}
+
+def _negated_lt(c: UOp) -> UOp | None:
+    """The comparison x < y when `c` says not (x < y)."""
+    if c.op is Ops.NOT and c.src[0].op is Ops.CMPLT: return c.src[0]
+    if c.op in (Ops.CMPNE, Ops.XOR, Ops.CMPEQ) and c.src[0].op is Ops.CMPLT and c.src[1].op is Ops.CONST and \
+            c.src[1].arg is (c.op is not Ops.CMPEQ):
+        return c.src[0]
+    return None
+
+def _facts(gate: UOp) -> list[tuple[UOp, str, UOp, int]]:
+    """What a load or store's gate says about integer nodes: (x, "hi", y, k) for x <= max(y) + k and (x, "lo", y, k)
+    for x >= min(y) + k. Conjuncts of other forms say nothing here (the bounds are only wider for it)."""
+    out: list[tuple[UOp, str, UOp, int]] = []
+    stack = [gate]
+    while stack:
+        c = stack.pop()
+        if c.op is Ops.AND and c.dtype.scalar() == dtypes.bool:
+            stack += c.src
+            continue
+        if c.op is Ops.CMPLT: (x, y), ge = c.src, False
+        elif (lt := _negated_lt(c)) is not None: (x, y), ge = lt.src, True
+        elif c.op is Ops.CMPEQ and c.src[0].dtype.scalar() != dtypes.bool:
+            (x, y), ge = c.src, None
+        else: continue
+        if not all(dtypes.is_int(s.dtype) or s.dtype.scalar() == dtypes.index for s in (x, y)): continue
+        if ge is None: out += [(x, "lo", y, 0), (x, "hi", y, 0), (y, "lo", x, 0), (y, "hi", x, 0)]
+        elif ge: out += [(x, "lo", y, 0), (y, "hi", x, 0)]  # x >= y
+        else: out += [(x, "hi", y, -1), (y, "lo", x, 1)]  # x < y
+    return [f for f in out if f[0].op is not Ops.CONST]
+
+class VarBounds:
+    """The loads and stores of a kernel whose memory depends on Variables (a slice, shrink or pad bounded by one, a
+    loop over a symbolic size): the lowest and highest element each touches, under the values of one call, checked
+    against the buffers before the kernel runs, so a value that puts a view out of range is an error and never a
+    read or write outside a buffer.
+
+    The bounds are the range analysis of uop/ops.py (vmin/vmax) with the Variables fixed to their values and each
+    loop running over its extent, narrowed by what the access's gate says (a padding's loads are gated). That walk
+    is written once per kernel as straight-line Python over the values, so a call costs a few microseconds."""
+
+    def __init__(self, name: str, ast: UOp):
+        self.name = name
+        topo = ast.toposort()
+        stores = {u.src[0] for u in topo if u.op is Ops.STORE}
+        # (buffer position, written, index, gate, names of the Variables it depends on)
+        self.accesses: list[tuple[int, bool, UOp, UOp | None, tuple[str, ...]]] = []
+        for u in topo:
+            if u.op is not Ops.INDEX or u.src[0].op is not Ops.DEFINE_GLOBAL or len(u.src) < 2: continue
+            idx, gate = u.src[1], (u.src[2] if len(u.src) > 2 else None)
+            if idx.dtype.count != 1 or not (dtypes.is_int(idx.dtype) or idx.dtype.scalar() == dtypes.index): continue
+            deps = idx.toposort() if gate is None else UOp.sink(idx, gate).toposort()
+            if not any(d.op is Ops.DEFINE_VAR for d in deps): continue
+            if any(d.op not in _INDEX_OPS and d.op is not Ops.SINK for d in idx.toposort()): continue
+            names = tuple(sorted({d.arg[0] for d in deps if d.op is Ops.DEFINE_VAR}))
+            self.accesses.append((u.src[0].arg, u in stores, idx, gate, names))
+        self.positions = tuple(a[0] for a in self.accesses)
+        self._fn = self._compile() if self.accesses else None
+
+    def _compile(self) -> Callable[[dict[str, Any], tuple[int, ...]], tuple[int, int, int] | None]:
+        facts: dict[UOp, list[tuple[str, UOp, int]]] = {}
+        def needs(a: UOp, b: UOp) -> bool:  # whether a's bounds are computed from b's (through sources or facts)
+            stack, seen = [a], set()
+            while stack:
+                if (u := stack.pop()) is b: return True
+                if u in seen: continue
+                seen.add(u)
+                stack += list(u.src) + [y for _, y, _ in facts.get(u, [])]
+            return False
+        for _, _, _, gate, _ in self.accesses:
+            for x, side, y, k in (_facts(gate) if gate is not None else []):
+                if not needs(y, x): facts.setdefault(x, []).append((side, y, k))
+        # the order nodes are computed in: sources first, and the nodes a fact bounds a node by before that node
+        order: list[UOp] = []
+        seen: set[UOp] = set()
+        def visit(root: UOp) -> None:
+            stack: list[tuple[UOp, bool]] = [(root, False)]
+            while stack:
+                u, done = stack.pop()
+                if done:
+                    if u not in seen:
+                        seen.add(u)
+                        order.append(u)
+                    continue
+                if u in seen: continue
+                stack.append((u, True))
+                stack += [(s, False) for s in u.src] + [(y, False) for _, y, _ in facts.get(u, [])]
+        for _, _, idx, _, _ in self.accesses: visit(idx)
+        num = {u: i for i, u in enumerate(order)}
+        # a node is computed per call where it depends on a Variable or a fact; the others are constants
+        dynamic: set[UOp] = set()
+        for u in order:
+            if u.op is Ops.DEFINE_VAR or u in facts or any(s in dynamic for s in u.src): dynamic.add(u)
+        # the conditions under which an access never happens: an empty loop, a gate that is never true
+        empty: dict[UOp, set[int]] = {}
+        lines, consts = ["def check(vv, sizes):"], {}
+        for u in order:
+            i = num[u]
+            empty[u] = set().union(*(empty[s] for s in u.src), *(empty[y] for _, y, _ in facts.get(u, [])))
+            if u not in dynamic:
+                consts[f"S{i}"] = u._min_max
+                lines.append(f"  l{i}, h{i} = S{i}")
+                continue
+            a = [num[s] for s in u.src]
+            if u.op is Ops.DEFINE_VAR: lines.append(f"  l{i} = h{i} = vv[{u.arg[0]!r}]")
+            elif u.op is Ops.RANGE:
+                lines.append(f"  l{i}, h{i} = 0, h{a[0]} - 1")
+                empty[u].add(i)
+            elif u.op is Ops.ADD and u.dtype == dtypes.index:
+                lines.append(f"  l{i}, h{i} = l{a[0]} + l{a[1]}, h{a[0]} + h{a[1]}")
+            elif u.op is Ops.MUL and u.dtype == dtypes.index:
+                lines.append(f"  l{i}, h{i} = _mul(l{a[0]}, h{a[0]}, l{a[1]}, h{a[1]})")
+            else:
+                consts[f"U{i}"] = u
+                lines.append(f"  l{i}, h{i} = _bounds_of(U{i}, {', '.join(f'(l{j}, h{j})' for j in a)})")
+            for side, y, k in facts.get(u, []):
+                if side == "hi": lines.append(f"  h{i} = min(h{i}, h{num[y]} + {k})")
+                else: lines.append(f"  l{i} = max(l{i}, l{num[y]} + {k})")
+            if u in facts: empty[u].add(i)
+        for n, (_, _, idx, _, _) in enumerate(self.accesses):
+            j, never = num[idx], " or ".join(f"l{e} > h{e}" for e in sorted(empty[idx]))
+            test = f"(l{j} < 0 or h{j} >= sizes[{n}])"
+            lines.append(f"  if {'not (' + never + ') and ' if never else ''}{test}: return {n}, l{j}, h{j}")
+        lines.append("  return None")
+        env: dict[str, Any] = {"_mul": _mul_bounds, "_bounds_of": _bounds_of, **consts}
+        exec(compile("\n".join(lines), f"<bounds of {self.name}>", "exec"), env)  # noqa: S102
+        return env["check"]
+
+    def check(self, bufs: list[Buffer | None], var_vals: dict[str, Any]) -> None:
+        """Raise IndexError, naming the Variables and their values, when under `var_vals` an access would touch an
+        element outside its buffer in `bufs`."""
+        if self._fn is None: return
+        sizes = tuple([b.size if (b := bufs[i]) is not None else 1 << 62 for i in self.positions])
+        try: bad = self._fn(var_vals, sizes)
+        except KeyError: return  # a Variable without a value: the launch says which
+        if bad is None: return
+        n, lo, hi = bad
+        pos, written, _, _, names = self.accesses[n]
+        vals = ", ".join(f"{k}={var_vals[k]}" for k in names)
+        raise IndexError(f"Variable{'s' if len(names) > 1 else ''} {vals} put{'' if len(names) > 1 else 's'} a view "
+                         f"out of range: kernel {self.name} would {'write' if written else 'read'} elements "
+                         f"{lo}..{hi} of buffer {pos}, which holds {sizes[n]} elements")
+
 class Runner:
     """Something an ExecItem runs: `runner(bufs, var_vals, wait)` returns the elapsed seconds when `wait`."""
+    # the check of the memory its call touches under the Variables' values, for a kernel where that depends on them
+    bounds: VarBounds | None = None
     def __init__(self, display_name: str, device: str, estimates: Estimates = Estimates()):
         self.display_name, self.device, self.estimates = display_name, device, estimates
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
@@ -67,6 +233,7 @@ class CompiledRunner(Runner):
         # (ops, bytes moved) when they don't depend on Variables: the thread count and the caller's join need them
         self._static_work = (p.estimates.ops, p.estimates.mem) \
             if isinstance(p.estimates.ops, int) and isinstance(p.estimates.mem, int) else None
+        if p.vars and p.ast is not None and (bounds := VarBounds(p.name, p.ast)).accesses: self.bounds = bounds
         super().__init__(colored(p.name, "cyan"), p.device, p.estimates)
 
     @property
@@ -304,6 +471,13 @@ def compile_new_kernels(schedule: list[ExecItem]) -> None:
     for dev, asts in new.items():
         if len(asts) > 1: compile_kernels(dev, list(asts))
 
+def check_bounds(items: list[ExecItem], var_vals: dict[str, Any]) -> None:
+    """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values
+    (see VarBounds); all are checked before any runs, so an error leaves every buffer as it was."""
+    for ei in items:
+        if ei.prg is not None and (bounds := ei.prg.bounds) is not None:
+            bounds.check(ei.bufs, {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
+
 # the JIT puts a recorder here while it captures; each item run by run_schedule is handed to capturing[0].add
 capturing: list[Any] = []
 
@@ -313,8 +487,9 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
     compile_new_kernels(schedule)
-    for si in schedule:
-        ei = lower_schedule_item(si)
+    items = [lower_schedule_item(si) for si in schedule]
+    check_bounds(items, var_vals)
+    for ei in items:
         ei.run(var_vals, do_update_stats=do_update_stats)
         if capturing: capturing[0].add(ei, var_vals)
     if DEBUG >= 1 and schedule:

@@ -1,0 +1,128 @@
+"""Bound Variables that would put a view out of range: every kernel whose memory depends on Variables checks the
+values of each call against its buffers before any kernel runs (realize, TinyJit replay), and raises IndexError
+naming the Variable, its value and the buffer's size; values in range give NumPy's results."""
+from __future__ import annotations
+import subprocess
+import sys
+import numpy as np
+import pytest
+from fusegrad import Tensor, TinyJit, Variable
+
+N = 10
+REF = np.arange(N, dtype=np.float32)
+A = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+def _ten() -> Tensor: return Tensor.arange(N).float().contiguous().realize()
+
+def test_slice_past_the_end_raises():
+    c, v = _ten(), Variable("p", 0, 100)
+    with pytest.raises(IndexError, match=r"Variable p=20 .*out of range.*read elements 20\.\.20 .*holds 10 elements"):
+        c[v.bind(20):v.bind(20) + 1].tolist()
+
+def test_far_out_of_range_raises_instead_of_crashing():
+    # a read 10**8 elements past a 10-element buffer used to crash the process: run it in its own
+    code = ("from fusegrad import Tensor, Variable\n"
+            "c = Tensor.arange(10).float().contiguous().realize()\n"
+            "v = Variable('p', 0, 10**9)\n"
+            "try: c[v.bind(10**8):v.bind(10**8) + 1].tolist()\n"
+            "except IndexError as e: print('raised:', e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "raised: Variable p=100000000" in res.stdout and "holds 10 elements" in res.stdout
+
+def test_assign_past_the_end_raises_and_writes_nothing():
+    c, v = _ten(), Variable("p", 0, 100000)
+    with pytest.raises(IndexError, match=r"p=60000 .*write elements 0\.\.59999 .*holds 10 elements"):
+        c[0:v.bind(60000)].assign(Tensor.ones(v.bind(60000))).realize()
+    np.testing.assert_array_equal(c.numpy(), REF)
+
+def test_assign_through_variable_slice_in_range():
+    c, v = _ten(), Variable("p", 0, 100000)
+    want = REF.copy()
+    for n in (3, 10, 0):
+        c[0:v.bind(n)].assign(Tensor.full((v.bind(n),), -float(n))).realize()
+        want[:n] = -n
+        np.testing.assert_array_equal(c.numpy(), want)
+
+@pytest.mark.parametrize("name,fxn,ref", [
+    ("window", lambda c, p: c[p:p + 1], lambda n: REF[n:n + 1]),
+    ("window3", lambda c, p: c[p:p + 3] * 2, lambda n: REF[n:n + 3] * 2),
+    ("prefix", lambda c, p: c[:p] + 1, lambda n: REF[:n] + 1),
+    ("suffix_sum", lambda c, p: c[p:].sum(), lambda n: REF[n:].sum()),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_in_range_binds_match_numpy(name, fxn, ref):
+    c, v = _ten(), Variable("p", 0, 100)  # the declared maximum is past the dimension; the values are not
+    for n in (0, 5, 7):
+        np.testing.assert_allclose(fxn(c, v.bind(n)).numpy(), ref(n), err_msg=f"p={n}")
+
+def test_declared_max_beyond_dimension_works_at_the_edges():
+    c, v = _ten(), Variable("p", 0, 100)
+    assert c[v.bind(5):v.bind(5) + 1].tolist() == [5.0]
+    assert c[v.bind(9):v.bind(9) + 1].tolist() == [9.0]
+    assert c[:v.bind(10)].tolist() == REF.tolist()
+    with pytest.raises(IndexError, match="p=10 .*holds 10 elements"): c[v.bind(10):v.bind(10) + 1].tolist()
+    with pytest.raises(IndexError, match="p=11 "): c[:v.bind(11)].tolist()
+
+def test_pad_with_variable():
+    c, v = _ten(), Variable("p", 0, 100)
+    for n in (0, 4, 10):
+        np.testing.assert_array_equal(c[:v.bind(n)].pad(((1, 2),)).numpy(), np.pad(REF[:n], (1, 2)))
+        np.testing.assert_array_equal((c.pad(((v.bind(n), 0),)) + 1).numpy(), np.pad(REF, (n, 0)) + 1)
+    # the padding's loads are gated: the analysis must not count them, but the rows it reads still must fit
+    with pytest.raises(IndexError, match="p=12 "): c[:v.bind(12)].pad(((1, 2),)).numpy()
+
+def test_reshape_of_variable_view():
+    c, v = _ten(), Variable("p", 0, 100)
+    for n in (1, 3, 5):
+        got = c.reshape(2, 5)[:, :v.bind(n)].reshape(2 * v.bind(n)).numpy()
+        np.testing.assert_array_equal(got, REF.reshape(2, 5)[:, :n].reshape(-1))
+    with pytest.raises(IndexError, match=r"p=6 .*elements 0\.\.10 .*holds 10 elements"):
+        c.reshape(2, 5)[:, :v.bind(6)].reshape(2 * v.bind(6)).numpy()
+
+def test_rows_of_a_matrix_and_reductions():
+    a, v = Tensor(A).realize(), Variable("r", 0, 50)
+    np.testing.assert_array_equal(a[v.bind(8):v.bind(8) + 2].numpy(), A[8:10])
+    np.testing.assert_array_equal(a[:v.bind(10)].sum(0).numpy(), A.sum(0))
+    with pytest.raises(IndexError, match=r"r=9 .*elements 36\.\.43 .*holds 40 elements"):
+        a[v.bind(9):v.bind(9) + 2].numpy()
+    with pytest.raises(IndexError, match="r=11 "): a[:v.bind(11)].sum(0).numpy()
+
+def test_two_variables_named():
+    c, p, q = _ten(), Variable("p", 0, 100), Variable("q", 0, 100)
+    np.testing.assert_array_equal(c[p.bind(2):q.bind(6)].numpy(), REF[2:6])
+    with pytest.raises(IndexError, match="Variables p=4, q=12 put a view out of range"):
+        c[p.bind(4):q.bind(12)].numpy()
+
+def test_nothing_runs_when_one_kernel_is_out_of_range():
+    c, d, v = _ten(), _ten(), Variable("p", 0, 100)
+    good = d[0:v.bind(3)].assign(Tensor.zeros(v.bind(3)))
+    bad = c[v.bind(3):v.bind(3) + 8] * 2
+    with pytest.raises(IndexError, match="p=3 "): Tensor.realize(good, bad)
+    np.testing.assert_array_equal(d.numpy(), REF)
+
+def test_tinyjit_replay_in_range_then_out_of_range():
+    c, v = _ten(), Variable("p", 0, 100)
+    cache = Tensor.zeros(N).contiguous().realize()
+    @TinyJit
+    def step(x: Tensor, p) -> Tensor:
+        cache[p:p + 1].assign(x[p:p + 1] * 2).realize()
+        return (cache[0:p + 1].sum() + x[p:p + 1]).realize()
+    want = np.zeros(N, np.float32)
+    for n in range(6):  # captured on the second call, replayed from the third
+        out = step(c, v.bind(n))
+        want[n] = 2 * n
+        np.testing.assert_allclose(out.numpy(), want[:n + 1].sum() + n)
+    assert step.cnt >= 2 and step.captured
+    with pytest.raises(IndexError, match=r"Variable p=10 .*holds 10 elements"): step(c, v.bind(10))
+    with pytest.raises(IndexError, match=r"Variable p=60 "): step(c, v.bind(60))
+    np.testing.assert_array_equal(cache.numpy(), want)  # the failed replays wrote nothing
+    out = step(c, v.bind(9))
+    want[9] = 18
+    np.testing.assert_allclose(out.numpy(), want.sum() + 9)
+    np.testing.assert_array_equal(cache.numpy(), want)
+
+def test_negative_values():
+    c, q = _ten(), Variable("q", -5, 5)
+    np.testing.assert_array_equal(c.shrink(((q.bind(0) + 5, q.bind(0) + 6),)).numpy(), REF[5:6])
+    with pytest.raises(IndexError, match=r"q=-3 .*elements -3\.\.-3"):
+        c.shrink(((q.bind(-3), q.bind(-3) + 1),)).numpy()
