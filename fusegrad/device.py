@@ -7,7 +7,11 @@ import importlib
 import importlib.util
 import os
 import pathlib
+import re
+import shutil
+import stat
 import tempfile
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -273,13 +277,53 @@ class CompileError(Exception):
 def numbered(src: str) -> str:
     return "\n".join(f"{i+1:4d} {line}" for i, line in enumerate(src.splitlines()))
 
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: pass   # (another user's process: alive)
+    return True
+
+STALE_DEAD_S = 600.0      # a temporary file of a process that is gone, left this long, is removed
+STALE_ANY_S = 86400.0     # and any of them after this long (its pid may have been reused)
+
+def remove_stale(directory: str, pattern: re.Pattern) -> None:
+    """Remove the temporary files and folders in `directory` whose names match `pattern` (its group that matched:
+    the pid of the process that made them, when the name has one) and that a killed process left: made by a process
+    that no longer exists at least STALE_DEAD_S seconds ago, or made by anyone at least STALE_ANY_S seconds ago. A
+    process still working in one (its pid alive) keeps it, whatever the others sharing the directory do."""
+    try: entries = list(os.scandir(directory))
+    except OSError: return
+    now, me = time.time(), os.getpid()
+    for entry in entries:
+        if not (m := pattern.match(entry.name)): continue
+        pid = next((int(g) for g in m.groups() if g), None)
+        if pid == me: continue
+        try: st = entry.stat(follow_symlinks=False)
+        except OSError: continue
+        if hasattr(os, "getuid") and st.st_uid != os.getuid(): continue   # (not ours to remove)
+        age = now - st.st_mtime
+        if age < STALE_ANY_S and (pid is None or age < STALE_DEAD_S or _pid_alive(pid)): continue
+        _remove(entry.path, st)
+
+def _remove(path: str, st: os.stat_result | None = None) -> None:
+    """Remove a file, link, FIFO or (a real one, not a link to one) folder; quietly, as another process may have."""
+    try:
+        if st is None: st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode): shutil.rmtree(path, ignore_errors=True)
+        else: os.unlink(path)
+    except OSError: pass
+
 class Compiler:
     """Turns source into a loadable binary, with a memory cache and a disk cache (CACHELEVEL=0 disables the disk).
 
     Cache entries on disk are `MAGIC + sha256(payload) + payload`, written atomically, so a truncated or garbage file
-    is detected and recompiled instead of crashing the program that loads it."""
+    is detected and recompiled instead of crashing the program that loads it. What is read is checked before it is
+    trusted: only a regular file (not a link, FIFO, device or folder) of at most MAX_ENTRY_BYTES is read, without
+    blocking, and its payload must pass `validate` (the device's check that the binary is whole); anything else is
+    removed and recompiled."""
     MAGIC = b"FGC1"
     MEM_CACHE_SIZE = 256        # binaries kept in memory (least recently used dropped; the disk keeps them all)
+    MAX_ENTRY_BYTES = 1 << 28   # no compiled program is near this: a bigger entry is not one of ours
     parallel: bool = False      # compile() may run in several threads at once (a compiler process per call)
     def __init__(self, cachekey: str | None = None):
         # cachekey names this compiler's configuration (compiler path, version, flags); None means no caching
@@ -314,6 +358,8 @@ class Compiler:
             out[src] = lib
         todo = [src for src in dict.fromkeys(srcs) if src not in out]
         for src, lib in zip(todo, self._compile_all(todo, units)):
+            # (a compiler that wrote a broken binary, e.g. on a full disk, must not have it loaded or cached)
+            if not self.validate(lib): raise CompileError(f"the compiler wrote an invalid binary for:\n{numbered(src)}")
             if CACHELEVEL >= 1: self._write(self.cache_path(src), lib)
             out[src] = lib
         for src, lib in out.items():
@@ -330,33 +376,48 @@ class Compiler:
         """Forget a cached binary (memory and disk), e.g. when it failed to load."""
         if self.cachekey is None: return
         self.mem_cache.pop(self._key(src), None)
-        try: os.unlink(self.cache_path(src))
-        except OSError: pass
+        _remove(self.cache_path(src))
 
     def _compile(self, src: str) -> bytes:
         self.compiles += 1
         return self.compile(src)
 
     def _read(self, path: str) -> bytes | None:
+        # O_NONBLOCK: opening a FIFO doesn't wait for a writer; O_NOFOLLOW: a link (to /dev/zero, say) isn't followed
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try: fd = os.open(path, flags)
+        except FileNotFoundError: return None
+        except OSError as e: return self._corrupt(path, f"can't open it ({e.strerror})")
         try:
-            with open(path, "rb") as f: data = f.read()
-        except OSError: return None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode): return self._corrupt(path, "not a regular file")
+            if st.st_size > self.MAX_ENTRY_BYTES: return self._corrupt(path, f"{st.st_size} bytes")
+            data = b""
+            # (to one byte past the size: a file that grew meanwhile isn't the one that was checked)
+            while len(data) <= st.st_size and (more := os.read(fd, st.st_size + 1 - len(data))): data += more
+        except OSError as e: return self._corrupt(path, f"can't read it ({e.strerror})")
+        finally: os.close(fd)
         head = len(self.MAGIC) + 32
-        if len(data) < head or not data.startswith(self.MAGIC): return self._corrupt(path)
+        if len(data) != st.st_size or len(data) < head or not data.startswith(self.MAGIC):
+            return self._corrupt(path, "not a cache entry")
         lib = data[head:]
-        if hashlib.sha256(lib).digest() != data[len(self.MAGIC):head] or not self.validate(lib):
-            return self._corrupt(path)
+        if hashlib.sha256(lib).digest() != data[len(self.MAGIC):head]: return self._corrupt(path, "checksum mismatch")
+        if not self.validate(lib): return self._corrupt(path, "not a whole binary")
         return lib
 
-    def _corrupt(self, path: str) -> None:
-        if DEBUG >= 1: print(f"compile cache: ignoring corrupt entry {path}")
+    def _corrupt(self, path: str, why: str) -> None:
+        # removed, so the recompiled binary takes its place (a folder there would stop the write)
+        if DEBUG >= 1: print(f"compile cache: removing bad entry {path}: {why}")
+        _remove(path)
         return None
 
     def _write(self, path: str, lib: bytes) -> None:
         # tmp file + rename: readers see the old entry or the whole new one, never a half-written file
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            # (named with the pid, so the leftovers of a killed writer are told from a live writer's and removed)
+            remove_stale(os.path.dirname(path), _STALE_WRITE)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".tmp-{os.getpid()}-")
             try:
                 with os.fdopen(fd, "wb") as f: f.write(self.MAGIC + hashlib.sha256(lib).digest() + lib)
                 os.replace(tmp, path)
@@ -366,7 +427,15 @@ class Compiler:
         except OSError as e:  # a read-only or full cache dir only costs speed
             if DEBUG >= 1: print(f"compile cache: can't write {path}: {e}")
 
+_STALE_WRITE = re.compile(r"\.tmp-(?:(\d+)-)?")
+
 # *** a device ***
+
+@functools.cache
+def host_memory_size() -> int:
+    """Bytes of physical memory of this machine."""
+    try: return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError): return 1 << 62  # (no sysconf: no bound short of the address space)
 
 class Compiled:
     """A device: its memory (`allocator`), code generator (`renderer`), `compiler` and program class (`runtime`)."""
@@ -380,6 +449,11 @@ class Compiled:
     def max_threads(self) -> int:
         """How many host threads one kernel may be split across (1: the runtime doesn't split)."""
         return 1
+    @property
+    def memory_size(self) -> int:
+        """Bytes of memory the device has (the machine's RAM here, for devices in host memory): no tensor larger than
+        this can be held."""
+        return host_memory_size()
     def synchronize(self) -> None:
         """Wait until all work submitted to the device is done (host devices run synchronously)."""
     def __repr__(self) -> str: return f"<{type(self).__name__} {self.device}>"

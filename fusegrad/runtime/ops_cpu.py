@@ -16,6 +16,7 @@ import queue
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import threading
 import time
 import weakref
 from typing import Any, Callable
-from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
+from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered, remove_stale
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG, host_cpu_count
 
 # *** memory ***
@@ -133,6 +134,14 @@ def _host_cpu() -> str:
         return hashlib.sha256("\n".join(dict.fromkeys(lines)).encode()).hexdigest()[:16]
     except OSError: return platform.processor() or platform.machine()
 
+# what a compile (a folder) and a program load (a shared object, deleted once loaded) put in the temp folder
+_STALE_TEMPS = re.compile(r"fusegrad-cc-(?:(\d+)-)?|fusegrad-(\d+)-\d+-.*\.so$")
+
+@functools.cache
+def _remove_stale_temps() -> None:
+    """Once per process: remove what killed processes left in the temp folder (see remove_stale)."""
+    remove_stale(tempfile.gettempdir(), _STALE_TEMPS)
+
 BATCH_KERNELS = 24  # kernels per compiler process when a schedule has many new ones
 
 def _kernel_name(src: str) -> str | None:
@@ -151,7 +160,9 @@ class CPUCompiler(Compiler):
         super().__init__(f"{self.cc}|{_cc_version(tuple(self.cc))}|{self.flags}|{host}")
 
     def compile(self, src: str) -> bytes:
-        with tempfile.TemporaryDirectory(prefix="fusegrad-cc-") as d:
+        _remove_stale_temps()
+        # (named with the pid: a folder a killed process left behind is told from a live one's, see remove_stale)
+        with tempfile.TemporaryDirectory(prefix=f"fusegrad-cc-{os.getpid()}-") as d:
             out = os.path.join(d, "k.so")
             cmd = [*self.cc, *self.flags, "-shared", "-fPIC", "-x", "c", "-", "-o", out, "-lm"]
             try: res = subprocess.run(cmd, input=src.encode(), capture_output=True)
@@ -189,7 +200,42 @@ class CPUCompiler(Compiler):
         return out
 
     def validate(self, lib: bytes) -> bool:
-        return lib.startswith(b"\x7fELF") if sys.platform.startswith("linux") else len(lib) > 0
+        return elf_is_whole(lib, ET_DYN) if sys.platform.startswith("linux") else len(lib) > 0
+
+def _table(lib: bytes, fmt: str, offset: int, entsize: int, n: int) -> Any:
+    """The n entries of a header table (entries may be longer than the layout this reads)."""
+    if entsize == struct.calcsize(fmt): return struct.iter_unpack(fmt, memoryview(lib)[offset:offset + n * entsize])
+    return (struct.unpack_from(fmt, lib, offset + i * entsize) for i in range(n))
+
+ET_REL, ET_DYN = 1, 3   # ELF file types: an object file (LLVM's output), a shared object (the C compiler's)
+
+def elf_is_whole(lib: bytes, elf_type: int) -> bool:
+    """Whether `lib` is an ELF file of type `elf_type` whose program and section header tables, and the contents its
+    loader reads (a shared object's segments, an object file's sections), lie within it. The dynamic loader maps
+    segments without looking at the file's size, so a truncated shared object passes dlopen and then crashes the
+    process (SIGBUS) when the missing pages are touched."""
+    if len(lib) < 52 or lib[:4] != b"\x7fELF" or lib[4] not in (1, 2) or lib[5] not in (1, 2) or lib[6] != 1:
+        return False
+    wide, end = lib[4] == 2, "<" if lib[5] == 1 else ">"
+    if wide and len(lib) < 64: return False
+    if struct.unpack_from(end + "H", lib, 16)[0] != elf_type: return False
+    phoff, shoff = struct.unpack_from(end + ("QQ" if wide else "II"), lib, 32 if wide else 28)
+    phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from(end + "HHHHH", lib, 54 if wide else 42)
+    # (header sizes and layouts: Elf64_Phdr, Elf64_Shdr / Elf32_Phdr, Elf32_Shdr)
+    ph_size, sh_size, ph_fmt, sh_fmt = (56, 64, "IIQQQQQQ", "IIQQQQIIQQ") if wide else (32, 40, "8I", "10I")
+    if phnum and (phentsize < ph_size or phoff + phnum * phentsize > len(lib)): return False
+    if shnum and (shentsize < sh_size or shoff + shnum * shentsize > len(lib) or shstrndx >= shnum): return False
+    loads = 0
+    for ph in _table(lib, end + ph_fmt, phoff, phentsize, phnum):
+        p_type, offset, filesz, memsz = (ph[0], ph[2], ph[5], ph[6]) if wide else (ph[0], ph[1], ph[4], ph[5])
+        if offset + filesz > len(lib): return False
+        if p_type == 1:   # PT_LOAD
+            if filesz > memsz: return False
+            loads += 1
+    # (the dynamic loader reads segments only; an object file is loaded by its sections)
+    for sh in _table(lib, end + sh_fmt, shoff, shentsize, shnum if elf_type == ET_REL else 0):
+        if sh[1] not in (0, 8) and sh[4] + sh[5] > len(lib): return False   # (SHT_NULL, SHT_NOBITS: no contents)
+    return loads > 0 if elf_type == ET_DYN else shnum > 0
 
 # *** programs ***
 
@@ -298,11 +344,13 @@ static inline int fg_claimable(void) {
   return (long)(t & 0xffffffffUL) < fg_q[(t >> 32) % FG_QUEUE].n;
 }
 /* claim and run chunks of the running job, and of the ones after it, until none is left to claim (with `only` >= 0:
-   only chunks of job number `only`); returns how many this thread ran. A claim succeeds only while the ticket still
-   names the job, and the job can't finish while a claimed chunk runs, so its function and arguments stay valid */
-static int fg_claim_of(long only) {
+   only chunks of job number `only`; with `until` > 0: no new claim once fg_now_ns() has passed it); returns how many
+   this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed
+   chunk runs, so its function and arguments stay valid */
+static int fg_claim_of(long only, long until) {
   int ran = 0;
   for (;;) {
+    if (until > 0 && fg_now_ns() >= until) return ran;
     unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
     unsigned long i = t & 0xffffffffUL;
     if (only >= 0 && (t >> 32) != ((unsigned long)only & 0xffffffffUL)) return ran;
@@ -316,7 +364,7 @@ static int fg_claim_of(long only) {
     if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }
 }
-static int fg_claim(void) { return fg_claim_of(-1); }
+static int fg_claim(void) { return fg_claim_of(-1, 0); }
 static void *fg_worker(void *arg) {
   (void)arg;
   for (;;) {
@@ -335,18 +383,33 @@ static void *fg_worker(void *arg) {
   }
   return 0;
 }
-/* until `count` jobs have finished, claiming their chunks too */
-void fg_pool_wait(unsigned long count) {
+/* until `count` jobs have finished, claiming their chunks too; returns 1. With `ns` >= 0, returns 0 once about `ns`
+   nanoseconds have passed (after the chunk this thread runs, if any), so the caller can look at signals and wait on */
+int fg_pool_wait(unsigned long count, long ns) {
+  struct timespec until = {0, 0};
+  long deadline = 0;
+  if (ns >= 0) {
+    deadline = fg_now_ns() + ns;
+    clock_gettime(CLOCK_REALTIME, &until);   /* (pthread_cond_timedwait's clock) */
+    until.tv_sec += ns / 1000000000L;
+    until.tv_nsec += ns % 1000000000L;
+    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+  }
   for (int spin = 0; atomic_load_explicit(&fg_finished, memory_order_acquire) < count; spin++) {
-    if (fg_claim()) { spin = 0; continue; }
+    if (ns >= 0 && fg_now_ns() >= deadline) return 0;
+    if (fg_claim_of(-1, deadline)) { spin = 0; continue; }
     if (spin < FG_SPIN) { fg_relax(); continue; }
     /* every chunk is claimed and the one running is long: sleep until a job ends (no core spent on waiting) */
     pthread_mutex_lock(&fg_mu);
     fg_waiters++;
-    if (atomic_load(&fg_finished) < count && !fg_claimable()) pthread_cond_wait(&fg_done_cv, &fg_mu);
+    if (atomic_load(&fg_finished) < count && !fg_claimable()) {
+      if (ns < 0) pthread_cond_wait(&fg_done_cv, &fg_mu);
+      else pthread_cond_timedwait(&fg_done_cv, &fg_mu, &until);
+    }
     fg_waiters--;
     pthread_mutex_unlock(&fg_mu);
   }
+  return 1;
 }
 /* a forked child has none of the parent's threads: no workers, and locks and condition variables that no thread
    holds or waits on (the parent waits for its queue to drain before forking, so no job is left half done) */
@@ -367,7 +430,7 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   unsigned long j;
   while ((j = atomic_load(&fg_submitted)) - atomic_load(&fg_finished) >= FG_QUEUE) {
     pthread_mutex_unlock(&fg_mu);
-    fg_pool_wait(j - FG_QUEUE + 1);  /* the queue is full: help with its oldest job */
+    fg_pool_wait(j - FG_QUEUE + 1, -1);  /* the queue is full: help with its oldest job */
     pthread_mutex_lock(&fg_mu);
   }
   if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
@@ -382,37 +445,56 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   int now = atomic_load(&fg_finished) == j;
   if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
   pthread_mutex_unlock(&fg_mu);
-  if (now && join) fg_claim_of((long)j);
+  if (now && join) fg_claim_of((long)j, 0);
   return j + 1;
 }
 """
+
+WAIT_SLICE_NS = 50_000_000  # a wait returns to Python this often, so Ctrl-C (a Python signal handler) is seen
 
 class CPool:
     """The C pool's job queue as seen from Python. Whatever a queued job uses (its argument array, the Variables'
     values, the buffers' memory) is held here until the job has finished; each allocation a job uses is stamped
     with the job count at which that job is done, so host access to it (Buffer copies, .numpy()) waits for exactly
-    the jobs that use it."""
+    the jobs that use it.
+
+    Waiting is interruptible: Ctrl-C raises KeyboardInterrupt in the waiting thread within a slice (or, when that
+    thread is running a chunk of a kernel, once the chunk ends), and the queued kernels run on to their end."""
+    QUEUE = 64   # FG_QUEUE
     def __init__(self, lib: ctypes.CDLL):
         self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
         self._submit.restype = ctypes.c_ulong
         self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int,
                                  ctypes.c_int]
-        self._wait.restype, self._wait.argtypes = None, [ctypes.c_ulong]
+        self._wait.restype, self._wait.argtypes = ctypes.c_int, [ctypes.c_ulong, ctypes.c_long]
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
+        self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
         self.submitted = 0
 
-    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False) -> int:
+    def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False,
+               stamp: Any = ()) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
-        `held` is kept alive until then. With `join`, if nothing is queued ahead of the job, this thread runs chunks
-        of it before returning."""
-        count = self._submit(entry, args, size, chunks, workers, join)
+        `held` is kept alive until then, and each allocation in `stamp` is stamped with that count. With `join`, if
+        nothing is queued ahead of the job, this thread runs chunks of it before returning."""
+        # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break)
+        if self.submitted - self._finished.value >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)
+        try: count = self._submit(entry, args, size, chunks, workers, join)
+        except BaseException:
+            # a Ctrl-C that arrived while this thread ran chunks is raised as the call returns, before its result is
+            # kept: the job is queued all the same, so what it uses is held and stamped up to every job submitted yet
+            self._queued(self._submitted.value, held, stamp)
+            raise
+        self._queued(count, held, stamp)
+        return count
+
+    def _queued(self, count: int, held: Any, stamp: Any) -> None:
         with self._lock:
             self.submitted = max(self.submitted, count)
             self._held.append((count, held))
+        for root in stamp: root._fg_job = count
         self._release()
-        return count
 
     def run(self, entry: int, args: Any, size: int, chunks: int) -> None:
         """entry(args, lo, hi) over [0, size) in `chunks` chunks, returning once it has run (the caller helps)."""
@@ -423,7 +505,15 @@ class CPool:
     def wait(self, count: int | None = None) -> None:
         """Until the jobs up to `count` (all jobs submitted so far: None) have finished; this thread runs chunks."""
         count = self.submitted if count is None else count
-        if self._finished.value < count: self._wait(count)
+        if self._finished.value < count:
+            # in slices: between them Python runs its signal handlers, so Ctrl-C raises KeyboardInterrupt here
+            while not self._wait(count, WAIT_SLICE_NS): pass
+        self._release()
+
+    def drain(self) -> None:
+        """Until every job submitted so far has finished, without a break for signals: before a fork and at exit,
+        where no job may be left running."""
+        if self._finished.value < (count := self._submitted.value): self._wait(count, -1)
         self._release()
 
     def _release(self) -> None:
@@ -435,14 +525,19 @@ class CPool:
 def _make_c_pool(device: Any) -> CPool | None:
     """The C pool compiled with `device`'s compiler (None where that fails: kernels then run synchronously, split
     across threads from Python)."""
-    try: pool = CPool(_load_library(device.compiler.compile_cached(_C_POOL_SRC)))
+    try:
+        try: lib = _load_library(device.compiler.compile_cached(_C_POOL_SRC))
+        except OSError:   # (a cached binary that doesn't load is compiled again)
+            device.compiler.evict(_C_POOL_SRC)
+            lib = _load_library(device.compiler.compile_cached(_C_POOL_SRC))
+        pool = CPool(lib)
     except Exception as e:
         if DEBUG >= 1: print(f"CPU: no C thread pool ({e}); kernels run synchronously, split by the Python pool")
         return None
     # a forked child must not inherit half-run jobs: the queue drains before every fork. (At exit the same, so no job
     # runs while the interpreter frees what it uses.)
-    if hasattr(os, "register_at_fork"): os.register_at_fork(before=pool.wait)
-    atexit.register(pool.wait)
+    if hasattr(os, "register_at_fork"): os.register_at_fork(before=pool.drain)
+    atexit.register(pool.drain)
     return pool
 
 _pool_made: list[CPool | None] = []   # the pool, once made (one for the process: every CPU device queues on it)
@@ -554,12 +649,12 @@ class CPUProgram:
                 args: Any = array_type(*now)
                 stamped = roots + [_root(a) for a in allocations]
             else: args, stamped = fixed, roots
-            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join)
-            exported = False
+            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join,
+                           stamped)
             for root in stamped:
-                root._fg_job = count
-                if _exported(root): exported = True
-            if exported: pool.wait(count)
+                if _exported(root):
+                    pool.wait(count)
+                    break
         return launch
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
@@ -578,15 +673,13 @@ class CPUProgram:
             st = time.perf_counter() if wait else 0.0
             boxed, addresses = _arguments(bufs, vals)
             args = (ctypes.c_void_p * len(addresses))(*addresses)
-            # (the program too: its code must stay loaded until the job has run)
+            # (the program too: its code must stay loaded until the job has run. The buffers are stamped once queued:
+            # another thread touching them meanwhile races with the kernel anyway)
+            roots = [_root(b) for b in bufs if b is not None]
             count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
-                                join and threads > 1)
-            # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
+                                join and threads > 1, roots)
             exported = False
-            for b in bufs:
-                if b is None: continue
-                root = _root(b)
-                root._fg_job = count
+            for root in roots:
                 if _exported(root): exported = True
             if wait or exported or not queued: pool.wait(count)
             return time.perf_counter() - st if wait else None

@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 from fusegrad.device import CompileError, Compiler, numbered
 from fusegrad.helpers import getenv
-from fusegrad.runtime.ops_cpu import CPUAllocator, CPUDevice, CPUProgram
+from fusegrad.runtime.ops_cpu import ET_REL, CPUAllocator, CPUDevice, CPUProgram, elf_is_whole
 
 MISSING = "the LLVM device needs llvmlite: pip install 'fusegrad[llvm]'"
 
@@ -91,7 +91,7 @@ class LLVMCompiler(Compiler):
             self._optimize(llvm, mod)
             return bytes(self.tm.emit_object(mod))
 
-    def validate(self, lib: bytes) -> bool: return lib.startswith(b"\x7fELF")
+    def validate(self, lib: bytes) -> bool: return elf_is_whole(lib, ET_REL)
 
 def undefined_symbols(obj: bytes) -> list[str]:
     """The names an ELF64 little-endian relocatable object needs from outside (its undefined symbols)."""
