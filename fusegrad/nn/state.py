@@ -15,6 +15,7 @@ import json
 import mmap
 import os
 import pickle
+import re
 import struct
 import tarfile
 import zipfile
@@ -31,7 +32,7 @@ __all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_save", "
 
 T = TypeVar("T")
 
-MAX_INFLATED_BYTES = 1 << 30
+MAX_INFLATED_BYTES = 256 << 20
 """The most bytes one load may create beyond the bytes its file holds: deflated zip members, the decompressed stream
 of a compressed tar, and tensor views that read more elements than their storage holds (strides of 0). Raise it to
 load larger ones; `torch_load`, `zip_extract` and `tar_extract` also take `max_inflated=` for one call."""
@@ -161,35 +162,50 @@ def _malformed(what: str) -> Iterator[None]:
     except ValueError: raise
     except _PARSE_ERRORS as e: raise ValueError(f"{what}: malformed file ({type(e).__name__}: {e!s:.200})") from e
 
-_CHUNK = 1 << 20
+_CHUNK = 1 << 20  # bytes of compressed input inflated at a time
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int, budget: _Budget, what: str,
+def _read_member(src: _Mapped | memoryview, info: zipfile.ZipInfo, budget: _Budget, what: str,
                  expect: int | None = None) -> memoryview:
     """The bytes of a zip member, its sizes checked before anything is decompressed: `expect` (the size the content
-    declares) if given, the archive's size for stored bytes, the budget for deflated ones. Decompressed in bounded
-    chunks, so a central directory that understates the size can't make it inflate further."""
+    declares) if given, the archive for stored bytes (a view of them, not a copy), the budget for deflated ones.
+    Inflated in bounded chunks and stopped one byte past the declared size, so a directory that understates the
+    size can't make it inflate further."""
+    name = info.filename
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise ValueError(f"{what}: {info.filename!r} uses compression method {info.compress_type} (only stored and "
-                         "deflated members are read)")
-    if info.flag_bits & 0x1: raise ValueError(f"{what}: {info.filename!r} is encrypted")
+        raise ValueError(f"{what}: {name!r} uses compression method {info.compress_type} (only stored and deflated "
+                         "members are read)")
+    if info.flag_bits & 0x1: raise ValueError(f"{what}: {name!r} is encrypted")
     if expect is not None and info.file_size != expect:
-        raise ValueError(f"{what}: {info.filename!r} holds {info.file_size} bytes, expected {expect}")
-    if info.compress_size > archive_size:
-        raise ValueError(f"{what}: {info.filename!r} claims {info.compress_size} compressed bytes, more than the "
-                         f"archive's {archive_size}")
-    if info.compress_type == zipfile.ZIP_STORED:
-        if info.file_size != info.compress_size:
-            raise ValueError(f"{what}: stored member {info.filename!r} claims {info.file_size} bytes but spans "
-                             f"{info.compress_size}")
-    else: budget.spend(info.file_size, f"{what}: deflated member {info.filename!r}")
-    out = bytearray(info.file_size)
-    pos = 0
-    with zf.open(info) as f:
-        while pos < len(out):
-            chunk = f.read(min(_CHUNK, len(out) - pos))
-            if not chunk: raise ValueError(f"{what}: {info.filename!r} ends after {pos} of its {len(out)} bytes")
-            out[pos:pos + len(chunk)] = chunk
-            pos += len(chunk)
+        raise ValueError(f"{what}: {name!r} holds {info.file_size} bytes, expected {expect}")
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise ValueError(f"{what}: stored member {name!r} claims {info.file_size} bytes but spans {info.compress_size}")
+    head = _bytes(src, info.header_offset, info.header_offset + 30, f"{what}: the local header of {name!r}")
+    n_name, n_extra = struct.unpack("<HH", head[26:30])
+    start = info.header_offset + 30 + n_name + n_extra
+    raw_name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+    if head[:4] != b"PK\x03\x04" or _bytes(src, start - n_extra - n_name, start - n_extra, what) != raw_name:
+        raise ValueError(f"{what}: the central directory's entry for {name!r} points at no local header of it")
+    data = _bytes(src, start, start + info.compress_size, f"{what}: the data of {name!r}")
+    if info.compress_type == zipfile.ZIP_DEFLATED:
+        budget.spend(info.file_size, f"{what}: deflated member {name!r}")
+        data = _inflate(data, info.file_size, f"{what}: deflated member {name!r}")
+    if zlib.crc32(data) != info.CRC: raise ValueError(f"{what}: {name!r} fails its CRC check")
+    return data
+
+def _inflate(comp: memoryview, size: int, what: str) -> memoryview:
+    """The `size` bytes a raw deflate stream holds; an error if it holds more, fewer or is cut short."""
+    d, out = zlib.decompressobj(-zlib.MAX_WBITS), bytearray()
+    try:
+        for i in range(0, len(comp), _CHUNK):
+            buf = comp[i:i + _CHUNK]
+            while buf and not d.eof:
+                out += d.decompress(buf, size + 1 - len(out))  # at most one byte past the declared size
+                if len(out) > size: raise ValueError(f"{what} inflates past its declared {size} bytes")
+                buf = d.unconsumed_tail
+            if d.eof: break
+    except zlib.error as e: raise ValueError(f"{what} is not a valid deflate stream ({e})") from e
+    if not d.eof or len(out) != size:
+        raise ValueError(f"{what} inflates to {len(out)} bytes{'' if d.eof else ' and is cut short'}, not {size}")
     return memoryview(out)
 
 def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
@@ -294,7 +310,7 @@ def zip_extract(t: Any, max_inflated: int | None = None) -> dict[str, Tensor]:
     inflate to max_inflated bytes in all (MAX_INFLATED_BYTES by default)."""
     src, budget = _source(t), _Budget(max_inflated)
     with _malformed("zip_extract"), _open_zip(src, "zip_extract") as zf:
-        return {info.filename: _tensor(_read_member(zf, info, _size(src), budget, "zip_extract"), (info.file_size,),
+        return {info.filename: _tensor(_read_member(src, info, budget, "zip_extract"), (info.file_size,),
                                        dtypes.uint8)
                 for info in zf.infolist() if not info.is_dir()}
 
@@ -468,13 +484,25 @@ def torch_load(t: Any, max_inflated: int | None = None) -> Any:
 def _torch_load_zip(src: _Mapped | memoryview, budget: _Budget) -> Any:
     with _open_zip(src, "torch_load") as zf:
         infos = {info.filename: info for info in zf.infolist()}
-        pkl = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
-        if len(pkl) != 1: raise ValueError("torch_load: the archive has no (or several) data.pkl")
-        prefix = pkl[0][:-len("data.pkl")]
+        # every record lives in the directory the first one names, as torch's reader expects
+        first = zf.infolist()[0].filename if infos else ""
+        prefix = first[:first.find("/") + 1]
+        if not prefix or f"{prefix}data.pkl" not in infos: raise ValueError("torch_load: the archive has no data.pkl")
         def member(name: str, expect: int | None = None) -> memoryview:
-            return _read_member(zf, infos[name], _size(src), budget, "torch_load", expect)
-        if f"{prefix}byteorder" in infos and bytes(member(f"{prefix}byteorder")) != b"little":
-            raise ValueError("torch_load: the checkpoint is not little-endian")
+            return _read_member(src, infos[name], budget, "torch_load", expect)
+        # the records besides the storages are read and checked as torch reads them (each read checks its CRC)
+        records = {n[len(prefix):]: bytes(member(n)) for n in infos
+                   if n.startswith(prefix) and not n.startswith(f"{prefix}data/")}
+        for name, body in records.items():
+            if name != "data.pkl" and not body.isascii():
+                raise ValueError(f"torch_load: record {name!r} is not text")
+        version = records.get(".data/version", records.get("version", b""))
+        if not (re.fullmatch(rb"\d{1,4}\n?", version) and 1 <= int(version) <= 10):
+            raise ValueError(f"torch_load: unsupported archive version {version!r:.40}")
+        if records.get("byteorder", b"little") != b"little":
+            raise ValueError(f"torch_load: the checkpoint's byte order is {records['byteorder']!r:.40}, not little")
+        if not re.fullmatch(rb"\d{1,8}", records.get(".storage_alignment", b"64")):
+            raise ValueError(f"torch_load: bad storage alignment {records['.storage_alignment']!r:.40}")
         raw: dict[str, memoryview] = {}
         cache: dict[tuple[str, DType], _Storage] = {}
         def storage(pid: tuple) -> _Storage:
@@ -490,7 +518,7 @@ def _torch_load_zip(src: _Mapped | memoryview, budget: _Budget) -> Any:
                     return raw[k]
                 cache[(key, dtype)] = _Storage(dtype, numel, read, budget)
             return cache[(key, dtype)]
-        obj = _TorchUnpickler(io.BytesIO(member(pkl[0])), storage).load()
+        obj = _TorchUnpickler(io.BytesIO(records["data.pkl"]), storage).load()
         return _materialize(obj)
 
 def _resolve(obj: Any) -> Any:
@@ -574,7 +602,8 @@ class _Reader:
     def scalar(self, fmt: str, what: str) -> Any: return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
     def string(self) -> str:
         n = self.scalar("<Q", "string length")
-        return bytes(self.take(n, "string")).decode("utf-8", errors="replace")
+        try: return bytes(self.take(n, "string")).decode("utf-8")
+        except UnicodeDecodeError as e: raise ValueError(f"gguf: a string at byte {self.pos - n} is not UTF-8") from e
     def value(self, vtype: int, depth: int = 0) -> Any:
         if vtype in _GGUF_SCALARS: return self.scalar(_GGUF_SCALARS[vtype], "value")
         if vtype == 8: return self.string()
@@ -614,6 +643,9 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     """(metadata, tensors) of a GGUF v2/v3 file; F32, F16, BF16, Q8_0, Q4_0, Q4_1 and Q6_K tensors come back
     dequantized to float32 (except F16 and BF16, kept as they are), in PyTorch's dim order."""
     src = _source(fn)
+    with _malformed("gguf"): return _gguf_load(src)
+
+def _gguf_load(src: _Mapped | memoryview) -> tuple[dict[str, Any], dict[str, Tensor]]:
     r = _Reader(src)
     if bytes(r.take(4, "magic")) != b"GGUF": raise ValueError("gguf: bad magic: not a GGUF file")
     version = r.scalar("<I", "version")
@@ -622,25 +654,31 @@ def gguf_load(fn: Any) -> tuple[dict[str, Any], dict[str, Tensor]]:
     # each entry takes at least 8 bytes, so larger counts can't be honest
     if n_tensors > _size(src) // 8 or n_kv > _size(src) // 8:
         raise ValueError(f"gguf: {n_tensors} tensors / {n_kv} metadata entries can't fit in {_size(src)} bytes")
-    kv = {}
+    kv, types = {}, {}
     for _ in range(n_kv):
         key = r.string()
-        kv[key] = r.value(r.scalar("<I", "value type"))
-    infos = []
+        if key in kv: raise ValueError(f"gguf: metadata key {key!r} appears twice")
+        types[key] = r.scalar("<I", "value type")
+        kv[key] = r.value(types[key])
+    infos, names = [], set()
     for _ in range(n_tensors):
         name, ndim = r.string(), r.scalar("<I", "dims")
+        if name in names: raise ValueError(f"gguf: tensor {name!r} appears twice")
+        names.add(name)
         if ndim > 8: raise ValueError(f"gguf: tensor {name!r} has {ndim} dims")
         dims = [r.scalar("<Q", "dim") for _ in range(ndim)]
         infos.append((name, tuple(reversed(dims)), r.scalar("<I", "type"), r.scalar("<Q", "offset")))
     align = kv.get("general.alignment", 32)
-    if not isinstance(align, int) or align <= 0 or align & (align - 1): raise ValueError(f"gguf: bad alignment {align}")
+    if types.get("general.alignment", 4) != 4 or align <= 0 or align & (align - 1):  # a uint32 power of two
+        raise ValueError(f"gguf: bad alignment {align!r:.40}")
     data_start = -(-r.pos // align) * align
     tensors, spans = {}, []
     for name, shape, ggml_type, offset in infos:
         if ggml_type not in _GGML_BLOCKS: raise ValueError(f"gguf: tensor {name!r} has unsupported type {ggml_type}")
         per, nbytes_block = _GGML_BLOCKS[ggml_type]
         n = prod(shape)
-        if n % per: raise ValueError(f"gguf: tensor {name!r} of {n} elements is not whole blocks of {per}")
+        if (shape[-1] if shape else 1) % per:
+            raise ValueError(f"gguf: tensor {name!r} of shape {shape} has rows that are not whole blocks of {per}")
         start = data_start + offset
         raw = _bytes(src, start, start + n // per * nbytes_block, f"data of tensor {name!r}")
         spans.append((start, start + len(raw), name))
