@@ -195,7 +195,7 @@ class _Call:
         self.full = _digest((kind, args)) if check else None
 
     def __repr__(self) -> str:
-        if self.kind == "exit": return "no collective: it is leaving the program (the end of its script or sys.exit)"
+        if self.kind == "exit": return "no collective, leaving the program (the end of its script or sys.exit)"
         return f"{self.kind}({', '.join(f'{k}={v}' for k, v in self.args.items())})"
 
 _EXIT = _Call("exit", 0, False)
@@ -214,9 +214,9 @@ def _agree(call: _Call) -> None:
     calls = comm.allgather((call.kind, repr(call)))  # only on a mismatch: the readable reason, for every rank
     detail = "; ".join(f"rank {r}: {desc}" for r, (_, desc) in enumerate(calls))
     if any(kind == "exit" for kind, _ in calls):
-        me = comm.Get_rank()
+        # the job can't go on without the ranks that leave: every rank says why and aborts (whichever is first)
         gone = ", ".join(str(r) for r, (kind, _) in enumerate(calls) if kind == "exit")
-        print(f"fusegrad.distributed: rank {me}: rank {gone} left the program while others were in a collective "
+        print(f"fusegrad.distributed: rank {gone} is leaving the program while other ranks are in a collective "
               f"({detail}); aborting all ranks", file=sys.stderr)
         sys.stdout.flush(); sys.stderr.flush()
         comm.Abort(1)
@@ -257,7 +257,7 @@ def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
     wide = t.dtype in _WIDENED
     src = t.float() if wide else t
     mpi_op, mpi_type = _mpi_op(op, src.dtype), _mpi_type(src.dtype)
-    call = _Call("all_reduce", prod(t.shape), check, op=op, shape=t.shape, dtype=t.dtype.name)
+    call = _Call("all_reduce", prod(t.shape), check, op=op, shape=t.shape, dtype=t.dtype)
     src, sbuf = _realized(src)
     out, obuf = _fresh(t.shape, src.dtype, src.device)
     comm = _state["comm"]
@@ -279,7 +279,7 @@ def all_reduce_(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
         return t
     _mpi_op(op, t.dtype)
     return _all_reduce_inplace(t, op, _Call("all_reduce", prod(t.shape), check, op=op, shape=t.shape,
-                                            dtype=t.dtype.name))
+                                            dtype=t.dtype))
 
 def _all_reduce_inplace(t: Tensor, op: str, call: _Call) -> Tensor:
     mpi_op, mpi_type = _mpi_op(op, t.dtype), _mpi_type(t.dtype)
@@ -302,7 +302,7 @@ def broadcast(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
     _check_tensor(t, "broadcast")
     _check_root(root)
     mpi_type = _mpi_type(t.dtype)
-    call = _Call("broadcast", prod(t.shape), check, root=root, shape=t.shape, dtype=t.dtype.name)
+    call = _Call("broadcast", prod(t.shape), check, root=root, shape=t.shape, dtype=t.dtype)
     src, sbuf = _realized(t)
     out, obuf = _fresh(t.shape, t.dtype, t.device)
     comm = _state["comm"]
@@ -319,7 +319,7 @@ def broadcast_(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
     _check_root(root)
     _mpi_type(t.dtype)
     return _broadcast_inplace(t, root, _Call("broadcast", prod(t.shape), check, root=root, shape=t.shape,
-                                             dtype=t.dtype.name))
+                                             dtype=t.dtype))
 
 def _broadcast_inplace(t: Tensor, root: int, call: _Call) -> Tensor:
     mpi_type = _mpi_type(t.dtype)
@@ -335,7 +335,7 @@ def all_gather(t: Tensor, check: bool = True) -> Tensor:
     init()
     _check_tensor(t, "all_gather")
     mpi_type = _mpi_type(t.dtype)
-    call = _Call("all_gather", prod(t.shape), check, shape=t.shape, dtype=t.dtype.name)
+    call = _Call("all_gather", prod(t.shape), check, shape=t.shape, dtype=t.dtype)
     n = world_size()
     shape = (n,) if t.ndim == 0 else (n * t.shape[0],) + t.shape[1:]
     src, sbuf = _realized(t)
@@ -382,11 +382,11 @@ class DataParallel:
         """Overwrite every rank's parameters (all tensors of the model) with rank `root`'s: one broadcast per dtype."""
         root = self.root if root is None else root
         _check_root(root)
-        _check_same("broadcast_parameters", root=root, shapes=[(p.shape, p.dtype.name) for p in self.params])
+        _check_same("broadcast_parameters", root=root, shapes=[(p.shape, p.dtype) for p in self.params])
         for dt, group in _by_dtype(self.params, lambda p: p.dtype).items():
             count = sum(prod(p.shape) for p in group)
             flat = _broadcast_inplace(_pack(group, dt), root, _Call("broadcast_parameters", count, False, root=root,
-                                                                   dtype=dt.name))
+                                                                   dtype=dt))
             Tensor.realize(*[p.assign(v) for p, v in zip(group, _unpack(flat, group))])
 
     def sync_gradients(self) -> None:
@@ -403,8 +403,8 @@ class DataParallel:
         Tensor.realize(*[p.grad for p in with_grad], *packed.values())
         for dt, group in groups.items():
             # every group's all-reduce checks its gradients' shapes before it moves them
-            call = _Call("sync_gradients", prod(packed[dt].shape), True, dtype=dt.name,
-                         shapes=[(p.grad.shape, p.grad.dtype.name) for p in group])
+            call = _Call("sync_gradients", prod(packed[dt].shape), True, dtype=dt,
+                         shapes=[(p.grad.shape, p.grad.dtype) for p in group])
             total = _all_reduce_inplace(packed[dt], "sum", call)
             for p, g in zip(group, _unpack(total, [p.grad for p in group])):
                 # the division fuses into the optimizer's kernels

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -45,19 +46,19 @@ def child_env(btl: str = "self,sm") -> dict[str, str]:
     })
     return env
 
-def mpirun(script: str, n: int = 2) -> tuple[int, str, float]:
-    """Run test/dist/<script> on n ranks; (exit code, stdout + stderr, seconds)."""
+def mpirun(script: str, *args: str, n: int = 2, timeout: float = TIMEOUT) -> tuple[int, str, float]:
+    """Run test/dist/<script> with `args` on n ranks; (exit code, stdout + stderr, seconds)."""
     assert MPIRUN is not None
-    cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPTS / script)]
+    cmd = [MPIRUN, "-n", str(n), "--oversubscribe", "--bind-to", "none", sys.executable, str(SCRIPTS / script), *args]
     st = time.perf_counter()
     # a session of its own, so a run that times out is killed with every rank it started
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                             cwd=ROOT, start_new_session=True)
-    try: out, _ = proc.communicate(timeout=TIMEOUT)
+    try: out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"mpirun {script} did not finish in {TIMEOUT} s:\n{out}")
+        pytest.fail(f"mpirun {script} {' '.join(args)} did not finish in {timeout} s:\n{out}")
     return proc.returncode, out, time.perf_counter() - st
 
 def python(code: str) -> subprocess.CompletedProcess:
@@ -90,6 +91,44 @@ def test_a_failing_rank_stops_the_others():
     assert "rank 1 raised RuntimeError; aborting all ranks" in out, out
     assert "rank 0 was not stopped" not in out, out
     assert seconds < TIMEOUT
+
+@needs_mpi
+def test_mismatched_collectives_raise_on_every_rank():
+    # with check=False too: sizes (4 vs 5 elements, 1000 vs 100000, 0 vs 3), dtypes, ops, roots; kinds (barrier or
+    # broadcast against all_reduce...); a TinyJit replay against an eager call. Each raises on both ranks before any
+    # data moves (an in-place tensor keeps its values), and the ranks stay in step
+    rc, out, _ = mpirun("mismatch.py")
+    assert rc == 0, out
+    for r in range(2): assert f"rank {r}/2: 31 mismatch checks passed" in out, out
+
+# how a rank leaves while the other waits in a collective ("late": before the other's next collective)
+LEAVE_MODES = ["exit0", "exit3", "late", "sigkill",
+               pytest.param("os_exit", marks=pytest.mark.slow), pytest.param("sigterm", marks=pytest.mark.slow)]
+
+@needs_mpi
+@pytest.mark.parametrize("mode", LEAVE_MODES)
+def test_a_rank_leaving_early_stops_the_others(mode: str):
+    # these used to hang for sys.exit (any code) and "late"; the other ranks must be stopped within seconds
+    rc, out, _ = mpirun("leave.py", mode, timeout=60)
+    ended = time.time()
+    assert rc != 0, out
+    assert "rank 0 was not stopped" not in out, out
+    left = re.search(rf"rank 1 leaves \({mode}\) at ([0-9.]+)", out)
+    assert left is not None, out
+    assert ended - float(left.group(1)) < 10, f"the job took {ended - float(left.group(1)):.1f} s to end:\n{out}"
+    if mode in ("exit0", "exit3", "late"):
+        waiting = "barrier()" if mode == "late" else "all_reduce(op=sum, shape=(1,)"
+        assert "rank 1 is leaving the program while other ranks are in a collective" in out, out
+        assert f"rank 0: {waiting}" in out, out
+
+@needs_mpi
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_job_that_ends_normally_keeps_its_exit_status(code: int):
+    # every rank meets the others at exit; rank 1 then leaves with sys.exit(code)
+    rc, out, _ = mpirun("leave.py", f"end{code}", timeout=60)
+    assert rc == code, out
+    for r in range(2): assert f"rank {r} finished" in out, out
+    assert "aborting" not in out, out
 
 def test_import_does_not_load_mpi4py():
     p = python("import sys, fusegrad, fusegrad.distributed as d\n"
