@@ -34,6 +34,8 @@ class LowerCtx:
     next_reg: int = 0
     live: dict = field(default_factory=dict)     # memo for live_ranges
     reduce_vecs: tuple[UOp, ...] = ()  # further vector axes, each the lanes of one reduction's partial accumulators
+    next_range: int = 0              # the id of the next RANGE made while lowering
+    splits: dict = field(default_factory=dict)   # (reduce loop, block) -> its block loops, shared by sibling sums
 
     @property
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
@@ -42,6 +44,76 @@ def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
     if op is Ops.ADD and ctx.use_fma and val.op is Ops.MUL and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
         return UOp(Ops.MULACC, acc.dtype, (val.src[0], val.src[1], acc))
     return acc.alu(op, val)
+
+# *** blocked float sums ***
+
+# A float sum that adds more than SUM_BLOCKED_OVER terms into one accumulator (vector lanes and upcast accumulators
+# count their own terms) is computed as a cascade instead: partial sums of blocks of at most SUM_BLOCK terms, added
+# in blocks of at most SUM_BLOCK, and so on. Its rounding error then grows like SUM_BLOCK * log(n) instead of n (a
+# float32 sum of 2^25 ones stopped at 2^24, where adding 1 rounds back to 2^24). Shorter sums (a matmul's K, a
+# softmax row) keep their single loop.
+SUM_BLOCKED_OVER = 4096
+SUM_BLOCK = 64
+
+def _trips(r: UOp) -> int:
+    n = range_size(r)
+    return n if isinstance(n, int) else int(n.vmax)
+
+def _new_range(ctx: LowerCtx, size: int) -> UOp:
+    ctx.next_range += 1
+    return UOp.range(size, ctx.next_range - 1, "reduce")
+
+def _split_loop(ctx: LowerCtx, r: UOp, cap: int) -> tuple[UOp, UOp, UOp | None]:
+    """Reduce loop r as blocks: (loop over the blocks, loop in a block, loop over the remainder or None). A block is
+    the largest divisor of the loop in (cap/2, cap], so that most loops need no remainder loop, else cap. Sums over
+    the same loop share its blocks, so they still run in one loop."""
+    n = range_size(r)
+    assert isinstance(n, int)
+    b = next((d for d in range(cap, cap // 2, -1) if n % d == 0), cap)
+    if (r, b) not in ctx.splits:
+        ctx.splits[(r, b)] = (_new_range(ctx, n // b), _new_range(ctx, b), _new_range(ctx, n % b) if n % b else None)
+    return ctx.splits[(r, b)]
+
+def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[UOp], vecs: list[UOp]) -> UOp:
+    """The sum of x over `loops` (outer to inner), the unrolled and upcast axes `expanded` and the vector axes `vecs`,
+    adding at most SUM_BLOCK terms into each accumulator: the block is a suffix of the loops (when it holds at least
+    an eighth of SUM_BLOCK terms) or blocks of the loop that overflows one, then a sum over its remainder. Upcast
+    accumulators are combined per block, vector lanes after the whole sum."""
+    per_block = math.prod(_trips(r) for r in expanded if range_kind(r) == "unroll")
+    if per_block * math.prod(_trips(r) for r in loops) <= SUM_BLOCK or not loops:
+        return UOp(Ops.REDUCE, dt, (x, *loops, *expanded, *vecs), Ops.ADD)
+    j = len(loops)   # loops[j:] fit a block, loops[j - 1] doesn't
+    while per_block * _trips(loops[j - 1]) <= SUM_BLOCK:
+        j -= 1
+        per_block *= _trips(loops[j])
+    r, n = loops[j - 1], range_size(loops[j - 1])
+    if j < len(loops) and (per_block > SUM_BLOCK // 8 or not isinstance(n, int)):
+        return _cascade(ctx, dt, UOp(Ops.REDUCE, dt, (x, *loops[j:], *expanded), Ops.ADD), loops[:j], [], vecs)
+    if not isinstance(n, int): return UOp(Ops.REDUCE, dt, (x, *loops, *expanded, *vecs), Ops.ADD)  # (left whole)
+    outer, block, rest = _split_loop(ctx, r, SUM_BLOCK // per_block)
+    b = range_size(block)
+    inner = UOp(Ops.REDUCE, dt, (x.substitute({r: outer * b + block}), block, *loops[j:], *expanded), Ops.ADD)
+    ret = _cascade(ctx, dt, inner, loops[:j - 1] + [outer], [], vecs)
+    if rest is None: return ret
+    # the remainder's loops, and those of the sums inside x (blocks of a cascade), are loops of their own: a RANGE is
+    # one loop of the kernel
+    inside = [o for u in x.toposort() if u.op is Ops.REDUCE for o in u.src[1:] if range_kind(o) == "reduce"]
+    fresh = {o: ctx.splits.setdefault((r, b, o), _new_range(ctx, range_size(o))) for o in loops + inside if o is not r}
+    fresh[r] = rest + (n // b) * b
+    return ret + _cascade(ctx, dt, x.substitute(fresh), [fresh[o] if o is not r else rest for o in loops], expanded,
+                          vecs)
+
+def _block_sum(ctx: LowerCtx, red: UOp) -> UOp | None:
+    if red.arg is not Ops.ADD or not dtypes.is_float(red.dtype): return None
+    loops = [r for r in red.src[1:] if range_kind(r) == "reduce"]
+    # (unrolled terms go into the same accumulator, upcast ones into accumulators of their own)
+    chain = [r for r in red.src[1:] if range_kind(r) == "unroll"]
+    if math.prod(_trips(r) for r in loops + chain) <= SUM_BLOCKED_OVER: return None
+    expanded = [r for r in red.src[1:] if r not in loops and r not in ctx.vecs]
+    return _cascade(ctx, red.dtype, red.src[0], loops, expanded, [r for r in red.src[1:] if r in ctx.vecs])
+
+pm_block_sums = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _block_sum)], name="block_sums")
+pm_block_sums.__doc__ = "no float sum adds more than SUM_BLOCKED_OVER terms into one accumulator"
 
 # *** expansion of upcast/unroll axes by substitution ***
 
@@ -165,11 +237,13 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, L
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
                    reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec))
     reduce_rngs = {r for u in ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
+    ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1) + 1
     stores = []
     for st in ast.src:
         axes = [r for r in st.toposort() if r.op is Ops.RANGE and range_kind(r) == "upcast" and r is not ctx.vec
                 and r not in reduce_rngs]
         stores += _each_lane(st, axes)
-    sink = graph_rewrite(UOp.sink_of(*stores), pm_expand_reduce, ctx=ctx, name="expand_reduce")
+    sink = graph_rewrite(UOp.sink_of(*stores), pm_block_sums, ctx=ctx, name="block_sums")
+    sink = graph_rewrite(sink, pm_expand_reduce, ctx=ctx, name="expand_reduce")
     sink = graph_rewrite(sink, pm_lower_reduce, ctx=ctx, bottom_up=True, name="lower_reduce")
     return sink, ctx
