@@ -152,21 +152,40 @@ class VarBounds:
             i = num[u]
             empty[u] = set().union(*(empty[s] for s in u.src), *(empty[y] for _, y, _ in facts.get(u, [])))
             if u not in dynamic:
-                consts[f"S{i}"] = u._min_max
-                lines.append(f"  l{i}, h{i} = S{i}")
+                if all(type(x) in (int, bool) for x in u._min_max): lines.append(f"  l{i}, h{i} = {u.vmin}, {u.vmax}")
+                else:
+                    consts[f"S{i}"] = u._min_max
+                    lines.append(f"  l{i}, h{i} = S{i}")
                 continue
             a = [num[s] for s in u.src]
+            # the rules of the range analysis for the ops index expressions are made of, written out for the common
+            # cases (a constant factor, a positive divisor, a dividend >= 0), the others through _bounds_of
+            consts[f"U{i}"] = u
+            general = f"_bounds_of(U{i}, {', '.join(f'(l{j}, h{j})' for j in a)})"
+            factor = [s for s in u.src if s not in dynamic and s.vmin == s.vmax and type(s.vmin) is int]
             if u.op is Ops.DEFINE_VAR: lines.append(f"  l{i} = h{i} = vv[{u.arg[0]!r}]")
             elif u.op is Ops.RANGE:
                 lines.append(f"  l{i}, h{i} = 0, h{a[0]} - 1")
                 empty[u].add(i)
-            elif u.op is Ops.ADD and u.dtype == dtypes.index:
-                lines.append(f"  l{i}, h{i} = l{a[0]} + l{a[1]}, h{a[0]} + h{a[1]}")
-            elif u.op is Ops.MUL and u.dtype == dtypes.index:
-                lines.append(f"  l{i}, h{i} = _mul(l{a[0]}, h{a[0]}, l{a[1]}, h{a[1]})")
-            else:
-                consts[f"U{i}"] = u
-                lines.append(f"  l{i}, h{i} = _bounds_of(U{i}, {', '.join(f'(l{j}, h{j})' for j in a)})")
+            elif u.dtype != dtypes.index: lines.append(f"  l{i}, h{i} = {general}")
+            elif u.op is Ops.ADD: lines.append(f"  l{i}, h{i} = l{a[0]} + l{a[1]}, h{a[0]} + h{a[1]}")
+            elif u.op is Ops.MUL and factor:
+                c, x = factor[0].vmin, num[u.src[1] if u.src[0] is factor[0] else u.src[0]]
+                lo, hi = (f"l{x}", f"h{x}") if c >= 0 else (f"h{x}", f"l{x}")
+                lines.append(f"  l{i}, h{i} = {lo} * {c}, {hi} * {c}")
+            elif u.op is Ops.MUL:
+                x, y = a
+                lines.append(f"  l{i}, h{i} = (l{x} * l{y}, h{x} * h{y}) if l{x} >= 0 and l{y} >= 0 else "
+                             f"_mul(l{x}, h{x}, l{y}, h{y})")
+            elif u.op is Ops.MAX: lines.append(f"  l{i}, h{i} = max(l{a[0]}, l{a[1]}), max(h{a[0]}, h{a[1]})")
+            elif u.op is Ops.IDIV:
+                x, d = a
+                lines.append(f"  l{i}, h{i} = (l{x} // h{d}, h{x} // l{d}) if l{x} >= 0 and l{d} >= 1 else {general}")
+            elif u.op is Ops.MOD:
+                x, d = a
+                lines.append(f"  l{i}, h{i} = ((l{x}, h{x}) if h{x} < l{d} else (0, min(h{x}, h{d} - 1))) "
+                             f"if l{x} >= 0 and l{d} >= 1 else {general}")
+            else: lines.append(f"  l{i}, h{i} = {general}")
             for side, y, k in facts.get(u, []):
                 if side == "hi": lines.append(f"  h{i} = min(h{i}, h{num[y]} + {k})")
                 else: lines.append(f"  l{i} = max(l{i}, l{num[y]} + {k})")
