@@ -29,6 +29,7 @@ from __future__ import annotations
 import array
 import atexit
 import hashlib
+import os
 import sys
 import time
 from typing import Any, Callable
@@ -50,7 +51,8 @@ REDUCE_OPS = ("sum", "mean", "max")
 # MPI has no standard half-precision type to reduce on: these are reduced in float32 and rounded back once
 _WIDENED = (dtypes.float16, dtypes.bfloat16)
 
-_state: dict[str, Any] = {}   # once initialized: "MPI" (the mpi4py module), "comm", "types" (dtype -> MPI datatype)
+_state: dict[str, Any] = {}   # once initialized: "MPI" (the mpi4py module), "comm", "types" (dtype -> MPI datatype),
+#                               and with several ranks "pid" (the rank's process)
 
 # *** setup ***
 
@@ -76,6 +78,7 @@ def init() -> None:
     _state["MPI"], _state["comm"], _state["types"] = MPI, comm, _type_table(MPI)
     if comm.Get_size() > 1:
         _install_excepthook(comm)
+        _state["pid"] = os.getpid()
         atexit.register(_leave)  # runs before mpi4py finalizes MPI (that is a C-level exit hook)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         if CPU_THREADS.value <= 0 and local.Get_size() > 1:
@@ -206,8 +209,7 @@ def _agree(call: _Call) -> None:
     comm, MPI = _state["comm"], _state["MPI"]
     if comm.Get_size() == 1: return
     checked = call.full is not None
-    mine = array.array("q", [call.key, -call.key, call.full if checked else _NONE, -call.full if checked else _NONE])
-    both = array.array("q", mine)
+    both = array.array("q", [call.key, -call.key, call.full if checked else _NONE, -call.full if checked else _NONE])
     comm.Allreduce(MPI.IN_PLACE, [both, MPI.INT64_T], op=MPI.MAX)
     # each pair is (the max of x, the max of -x): they agree only if x is the same on every rank sending one
     if both[0] == -both[1] and (both[3] == _NONE or both[2] == -both[3]): return
@@ -229,7 +231,8 @@ def _agree(call: _Call) -> None:
 def _leave() -> None:
     """At exit: meet the other ranks, which are leaving too unless one is still in a collective (then `_agree` aborts
     the job: otherwise that rank would wait forever for this one)."""
-    if not _state["MPI"].Is_finalized(): _agree(_EXIT)
+    # (a process forked from a rank inherits this hook, but it is no rank)
+    if os.getpid() == _state["pid"] and not _state["MPI"].Is_finalized(): _agree(_EXIT)
 
 def _check_same(what: str, **args: Any) -> None:
     """Raise ValueError on every rank unless every rank calls `what` now with equal `args` (one all-reduce)."""
