@@ -259,18 +259,40 @@ def test_backward_returns_self_and_nonscalar_with_gradient() -> None:
     _close(x.grad.numpy(), np.cos(x_np) * seed)
 
 def test_requires_grad_tristate() -> None:
+    """As tinygrad: backward() fills the grad of every float tensor the loss depends on unless requires_grad=False."""
     arrays = [_rand(3, seed=s) for s in (10, 11, 12)]
     t_true, t_none, t_false = Tensor(arrays[0], requires_grad=True), Tensor(arrays[1]), \
         Tensor(arrays[2], requires_grad=False)
     assert t_none.requires_grad is None
     (t_true * t_none * t_false).sum().backward()
-    assert t_true.grad is not None and t_none.grad is None and t_false.grad is None
+    _close(t_true.grad.numpy(), arrays[1] * arrays[2]); _close(t_none.grad.numpy(), arrays[0] * arrays[2])
+    assert t_false.grad is None
     t_none.requires_grad_()
     assert t_none.requires_grad is True
     (t_true * t_none).sum().backward()
-    _close(t_none.grad.numpy(), arrays[0])
+    _close(t_none.grad.numpy(), arrays[0] * arrays[2] + arrays[0])
     assert t_false.requires_grad_(False) is t_false and t_false.requires_grad is False
     with pytest.raises(TypeError, match="requires_grad"): t_false.requires_grad_("yes")
+
+def test_backward_fills_grads_without_requires_grad_like_tinygrad() -> None:
+    """Weights set from arrays and inputs from randn get their gradients (and held intermediates too), against torch;
+    integer tensors are skipped."""
+    x_np, w_np = _rand(4, 3, seed=30), _rand(3, 2, seed=31)
+    x, w, idx = Tensor(x_np), Tensor(w_np), Tensor([1, 0, 1, 1])
+    h = x @ w
+    (h.relu().sum() + idx.float().sum()).backward()
+    tx, tw = torch.tensor(x_np, requires_grad=True), torch.tensor(w_np, requires_grad=True)
+    th = tx @ tw
+    th.retain_grad()
+    th.relu().sum().backward()
+    _close(x.grad.numpy(), tx.grad.numpy()); _close(w.grad.numpy(), tw.grad.numpy())
+    _close(h.grad.numpy(), th.grad.numpy())
+    assert idx.grad is None
+    r = Tensor.randn(5)
+    (r * r).sum().backward()
+    _close(r.grad.numpy(), 2 * r.numpy())
+    with pytest.raises(RuntimeError, match="no tensor this one was computed from"):
+        Tensor([1.0, 2.0]).sum().realize().backward()
 
 def test_backward_unreached_param_gets_zeros() -> None:
     x, y = Tensor(_rand(3, seed=13), requires_grad=True), Tensor(_rand(3, seed=14), requires_grad=True)
@@ -565,3 +587,21 @@ def test_gradient_cache_serves_dropout_steps():
             masks.append(kept)
     assert gradient_cache_stats["hits"] - hits == 3
     assert any((m != masks[0]).any() for m in masks[1:])   # (the steps' masks differ)
+
+@pytest.mark.parametrize("layer", ["LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm"])
+def test_norm_layers_with_weights_from_arrays_get_grads(layer: str) -> None:
+    """A layer whose weight was replaced by Tensor(array) (requires_grad undecided) gets its gradient in backward()."""
+    from fusegrad import nn
+    x_np, w_np = _rand(2, 4, 3, seed=40), _rand(4, seed=41) + 1.5
+    ours = {"LayerNorm": lambda: nn.LayerNorm(3), "GroupNorm": lambda: nn.GroupNorm(2, 4),
+            "InstanceNorm": lambda: nn.InstanceNorm(4), "RMSNorm": lambda: nn.RMSNorm(3)}[layer]()
+    ref = {"LayerNorm": lambda: torch.nn.LayerNorm(3), "GroupNorm": lambda: torch.nn.GroupNorm(2, 4),
+           "InstanceNorm": lambda: torch.nn.InstanceNorm1d(4, affine=True),
+           "RMSNorm": lambda: torch.nn.RMSNorm(3)}[layer]()
+    w = w_np if layer in ("GroupNorm", "InstanceNorm") else w_np[:3]
+    ours.weight = Tensor(w)
+    with torch.no_grad(): ref.weight.copy_(torch.tensor(w))
+    x, tx = Tensor(x_np), torch.tensor(x_np, requires_grad=True)
+    (ours(x) * x).sum().backward()
+    (ref(tx) * tx).sum().backward()
+    _close(ours.weight.grad.numpy(), ref.weight.grad.numpy()); _close(x.grad.numpy(), tx.grad.numpy())

@@ -1,8 +1,8 @@
 """The autodiff part of the Tensor API: gradient(), backward(), requires_grad_() and the no-grad switch.
 
-`requires_grad` is tri-state, as in tinygrad: True means backward() fills `.grad`; None means "not decided" (backward()
-leaves it alone; an optimizer given the tensor turns it to True); False means never. `gradient()` differentiates
-with respect to whatever targets it is given, whatever their flag."""
+`requires_grad` is tri-state, as in tinygrad: True and None (not decided; an optimizer given the tensor turns it to
+True) let backward() fill `.grad` of a floating-point tensor; False (PyTorch's habit) excludes a tensor. `gradient()`
+differentiates with respect to whatever targets it is given, whatever their flag."""
 from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar, Iterator
@@ -97,21 +97,24 @@ class AutogradMixin:
         return ret
 
     def backward(self: Tensor, gradient: Tensor | None = None) -> Tensor:
-        """Add the gradient of this tensor to `.grad` of every tensor with requires_grad=True it was computed from
-        (zeros where it depends on it only through non-differentiable ops). Returns this tensor."""
+        """Add the gradient of this tensor to `.grad` of every live floating-point tensor it was computed from, as
+        tinygrad does (leaves and the intermediate tensors a program still holds), except those with
+        requires_grad=False; zeros where it depends on one only through non-differentiable ops. Returns this tensor."""
         from fusegrad.tensor import Tensor, _is_realized_view, live_tensors
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
         topo = UOp.sink_of(*shards_of(self.uop)).toposort()
-        need = [t for t in live_tensors() if t.requires_grad is True and any(u in topo for u in shards_of(t.uop))]
+        need = [t for t in live_tensors() if t is not self and t.requires_grad is not False and
+                (t.requires_grad is True or dtypes.is_float(t.dtype)) and any(u in topo for u in shards_of(t.uop))]
         if not need:
-            # as torch does: silently filling nothing hides a graph cut by realize() (which replaces a tensor's graph
-            # by its buffer) or parameters left without requires_grad
-            raise RuntimeError("backward(): no tensor with requires_grad=True is part of this tensor's graph (was it "
+            # silently filling nothing would hide a graph cut by realize() (which replaces a tensor's graph by its
+            # buffer)
+            raise RuntimeError("backward(): no tensor this one was computed from is alive to take a gradient (was it "
                                "realized before backward()? realize() replaces the graph by its buffer)")
-        grads = _gradients(self.uop, seed, [t.uop for t in need if dtypes.is_float(t.dtype)], topo)
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
+        grads = _gradients(self.uop, seed, [t.uop for t in need], topo)
+        for t in need:
             g = Tensor(grads[t.uop] if grads.get(t.uop) is not None else
                        const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device), t.shape))
             if t.grad is None: t.grad = g
