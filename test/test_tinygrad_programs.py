@@ -190,3 +190,19 @@ def test_cifar_from_its_binary_archive(tmp_path, monkeypatch):
     (tmp_path / "bad" / "cifar-10-binary.tar").write_bytes(buf.getvalue()[:2000])
     with pytest.raises(ValueError): datasets.cifar(path=tmp_path / "bad")
     with pytest.raises(FileNotFoundError, match="download=True"): datasets.cifar(path=tmp_path / "none", download=False)
+
+# *** Tensor.uop as tinygrad programs inspect it ***
+
+def test_uop_realized_state_and_buffer():
+    a = Tensor([1.0, 2.0, 3.0]).realize()
+    lazy, view = a + 1, a.reshape(3, 1)
+    assert a.uop.is_realized and a.uop.base is a.uop and a.uop.shape == (3,)
+    np.testing.assert_array_equal(a.uop.realized.numpy(), [1.0, 2.0, 3.0])
+    assert not lazy.uop.is_realized and lazy.uop.realized is None and lazy.uop.shape == (3,)
+    with pytest.raises(ValueError, match="realize it first"): lazy.uop.buffer
+    # a view: realized through its base, but not itself a buffer
+    assert view.uop.is_realized and view.uop.realized is None and view.uop.base is a.uop and view.uop.shape == (3, 1)
+    assert view.uop.buffer is a.uop.buffer
+    lazy.realize()
+    assert lazy.uop.is_realized
+    np.testing.assert_array_equal(lazy.uop.buffer.numpy(), [2.0, 3.0, 4.0])

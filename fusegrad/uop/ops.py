@@ -499,6 +499,32 @@ class UOp(metaclass=UOpMetaClass):
         while u.op in GroupOp.Movement: u = u.src[0]
         return u
 
+    # *** what tinygrad programs inspect: whether a tensor's value is in memory, and where ***
+
+    @property
+    def is_realized(self) -> bool:
+        """Whether this node's value (under its movement ops) lives in device memory already: a buffer, or a kernel's
+        output that has run (of every shard, for a sharded node)."""
+        b = self.base
+        if b.op is Ops.MULTI: return all(s.is_realized for s in b.src)
+        return b.op is Ops.BUFFER or (b.op is Ops.ASSIGN and len(b.src) == 2 and b.src[1].op is Ops.KERNEL)
+
+    @property
+    def buffer(self) -> Any:
+        """The device Buffer that holds this node's base (ValueError if it isn't realized or is sharded)."""
+        # (the buffer registry lives with the scheduler, which creates the buffers)
+        from fusegrad.schedule.linear import get_buffer
+        b = self.base
+        if not self.is_realized or b.op is Ops.MULTI:
+            raise ValueError(f"{b.op} node has no single buffer: realize it first" if b.op is not Ops.MULTI else
+                             "a sharded node has a buffer per shard: use .src[i].buffer")
+        return get_buffer(b if b.op is Ops.BUFFER else b.src[0].base)
+
+    @property
+    def realized(self) -> Any:
+        """The device Buffer when this node itself (not a view of it) is realized, else None."""
+        return self.buffer if self.is_realized and self.op is not Ops.MULTI and self.base is self else None
+
     def reshape(self, shape: tuple[sint, ...]) -> UOp: return UOp(Ops.RESHAPE, self.dtype, (self,), tuple(shape))
     def permute(self, order: tuple[int, ...]) -> UOp: return UOp(Ops.PERMUTE, self.dtype, (self,), tuple(order))
     def expand(self, shape: tuple[sint, ...]) -> UOp: return UOp(Ops.EXPAND, self.dtype, (self,), tuple(shape))
