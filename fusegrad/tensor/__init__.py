@@ -511,8 +511,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return (idx.cast(dt) * step + start).cast(dt)
     @staticmethod
     def _iota(n: int, device: str | None) -> Tensor:
-        """0, 1, ..., n-1 (int32): the loop index itself, so it costs no memory traffic."""
-        return Tensor(UOp(Ops.RANGE, dtypes.int32, (_device_uop(_canonical_device(device)),), n))
+        """0, 1, ..., n-1 (int32, int64 past 2^31 elements): the loop index itself, so it costs no memory traffic."""
+        # (int64 where the last index doesn't fit an int32: arange(2**31 + 10, dtype=int64)[-1] wrapped)
+        dt = dtypes.int64 if (n.vmax if isinstance(n, UOp) else n) > 2**31 else dtypes.int32
+        return Tensor(UOp(Ops.RANGE, dt, (_device_uop(_canonical_device(device)),), n))
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         m = n if m is None else m
@@ -929,8 +931,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         axes = self._reduce_axes(axis)
         n = ssimplify(prod(self.shape[a] for a in axes))
         out_dt = least_upper_float(self.dtype)
-        s = self.cast(out_dt).sum(axis, keepdim)
-        if is_symbolic(n): return (s / Tensor(n, self.device, out_dt)).cast(out_dt)
+        # (half precision divides its float32 sum: the sum of 2^20 halves overflowed to inf before the division)
+        s = self.cast(out_dt).sum(axis, keepdim, dtype=sum_acc_dtype(out_dt))
+        if is_symbolic(n): return (s / Tensor(n, self.device, s.dtype)).cast(out_dt)
         return (s / n if n else s * float("nan")).cast(out_dt)
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
