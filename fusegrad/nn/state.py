@@ -209,6 +209,12 @@ def _inflate(comp: memoryview, size: int, what: str) -> memoryview:
     return memoryview(out)
 
 def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
+    # python's zipfile ignores the disk numbers of the end record (it checks zip64's, where these read 0xFFFF)
+    tail = bytes(_bytes(src, max(0, _size(src) - 22 - 0xFFFF), _size(src), f"{what}: the end of the archive"))
+    if (at := tail.rfind(b"PK\x05\x06")) >= 0 and len(tail) - at >= 22:
+        disk, cd_disk, here, total = struct.unpack("<HHHH", tail[at + 4:at + 12])
+        if 0xFFFF not in (disk, cd_disk, here, total) and (disk or cd_disk or here != total):
+            raise ValueError(f"{what}: the archive spans several disks (not supported)")
     with _malformed(what):
         zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(src))
     names = zf.namelist()
@@ -449,16 +455,27 @@ def _rebuild_parameter(data: Any, *args: Any) -> Tensor | _Pending:
     if not isinstance(data, Tensor | _Pending): raise ValueError("torch_load: a parameter holds something not a tensor")
     return data
 
-class _TorchUnpickler(pickle.Unpickler):
-    """Unpickles tensor storage and containers only: any other global is refused (a checkpoint can't run code)."""
+class _TorchUnpickler(pickle._Unpickler):
+    """Unpickles tensor storage and containers only: any other global is refused (a checkpoint can't run code).
+    Python's own unpickler rather than the C one: its memo is a dict, where the C one allocates an array up to the
+    largest memo index a pickle names (gigabytes for one hostile opcode)."""
     ALLOWED: dict[tuple[str, str], Any] = {
         ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor, ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
         ("torch._utils", "_rebuild_parameter"): _rebuild_parameter, ("collections", "OrderedDict"): OrderedDict,
         ("torch", "Size"): tuple}
 
+    # protocol 5's out-of-band buffers are refused (a checkpoint has none): BYTEARRAY8 allocates what it declares
+    dispatch = {op: fn for op, fn in pickle._Unpickler.dispatch.items()  # type: ignore[attr-defined]
+                if op not in (pickle.BYTEARRAY8[0], pickle.NEXT_BUFFER[0], pickle.READONLY_BUFFER[0])}
+
     def __init__(self, f: Any, storages: Callable[[tuple], _Storage]):
         super().__init__(f)
         self.storages = storages
+
+    def load(self) -> Any:
+        try: return super().load()
+        except KeyError as e:  # python's unpickler looks opcodes and memo entries up in dicts
+            raise ValueError(f"torch_load: the pickle names an unknown opcode or memo entry ({e})") from e
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED: return self.ALLOWED[(module, name)]
@@ -521,29 +538,30 @@ def _torch_load_zip(src: _Mapped | memoryview, budget: _Budget) -> Any:
         obj = _TorchUnpickler(io.BytesIO(records["data.pkl"]), storage).load()
         return _materialize(obj)
 
-def _resolve(obj: Any) -> Any:
-    """`obj` with each _Pending tensor built."""
-    if isinstance(obj, _Pending): return _build_tensor(*obj.args)
-    if isinstance(obj, dict):
-        for k, v in obj.items(): obj[k] = _resolve(v)
-        return obj
-    if isinstance(obj, list): return [_resolve(v) for v in obj]
-    if isinstance(obj, tuple): return tuple(_resolve(v) for v in obj)
-    return obj
+_MAX_NESTING = 100  # containers within containers in a checkpoint's object (a state dict nests a few)
 
 def _materialize(obj: Any) -> Any:
-    """Realize every tensor (the storages are read while the archive is open)."""
-    obj = _resolve(obj)
-    ts = [v for v in _walk(obj) if isinstance(v, Tensor)]
-    if ts: Tensor.realize(*[t.contiguous() for t in ts])
+    """`obj` with each pending tensor built and every tensor realized (while the archive is open to read storages).
+    Shared containers are walked once; nesting deeper than _MAX_NESTING (a container holding itself included) is
+    refused."""
+    done: dict[int, Any] = {}
+    tensors: list[Tensor] = []
+    def build(x: Any, depth: int) -> Any:
+        if id(x) in done: return done[id(x)]
+        if depth > _MAX_NESTING:
+            raise ValueError(f"torch_load: the object nests containers more than {_MAX_NESTING} deep (or holds itself)")
+        out = x
+        if isinstance(x, _Pending): out = _build_tensor(*x.args)
+        if isinstance(out, Tensor): tensors.append(out)
+        elif isinstance(x, dict):
+            for k, v in x.items(): x[k] = build(v, depth + 1)
+        elif isinstance(x, list): x[:] = [build(v, depth + 1) for v in x]
+        elif isinstance(x, tuple | set | frozenset): out = type(x)(build(v, depth + 1) for v in x)
+        done[id(x)] = out
+        return out
+    obj = build(obj, 0)
+    if tensors: Tensor.realize(*[t.contiguous() for t in tensors])
     return obj
-
-def _walk(obj: Any) -> Iterable[Any]:
-    if isinstance(obj, dict):
-        for v in obj.values(): yield from _walk(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj: yield from _walk(v)
-    else: yield obj
 
 def _no_storage(pid: tuple) -> _Storage: raise ValueError("torch_load: a storage where none belongs")
 

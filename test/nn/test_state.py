@@ -6,13 +6,17 @@ import json
 import pickle
 import struct
 import tarfile
+import time
+import tracemalloc
 import zipfile
+import zlib
 import numpy as np
 import pytest
 import torch
 import safetensors.numpy
 import safetensors.torch
 from fusegrad import Tensor, dtypes, nn
+from fusegrad.nn import state
 from fusegrad.nn.state import (get_parameters, get_state_dict, gguf_load, load_state_dict, safe_load,
                                safe_load_metadata, safe_save, tar_extract, torch_load, zip_extract)
 
@@ -234,3 +238,262 @@ def test_gguf_malformed(tmp_path, case):
     elif case == "offset_past_end": body = head + s("w") + struct.pack("<IQ", 1, 4) + struct.pack("<IQ", 0, 4096)
     (tmp_path / "bad.gguf").write_bytes(body)
     with pytest.raises(ValueError, match="gguf"): gguf_load(str(tmp_path / "bad.gguf"))
+
+# *** hostile files: bounded expansion ***
+
+GiB = 1 << 30
+
+class _FakeStorage:
+    def __init__(self, key: str, numel: int, kind=torch.FloatStorage):
+        self.key, self.numel, self.kind = key, numel, kind
+
+class _View:
+    """Pickles as torch's record of a tensor: a storage and a geometry (any geometry, also ones torch never writes)."""
+    def __init__(self, storage, offset, size, stride): self.args = (storage, offset, size, stride)
+    def __reduce__(self):
+        import collections
+        return torch._utils._rebuild_tensor_v2, (*self.args, False, collections.OrderedDict())
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        if isinstance(obj, _FakeStorage): return ("storage", obj.kind, obj.key, "cpu", obj.numel)
+        return None
+
+def _zeros_deflated(n_mib: int) -> bytes:
+    """A raw deflate stream of n_mib MiB of zeros, made from one compressed MiB repeated (each ends in a full flush,
+    which resets the compressor, so every repeat compresses the same)."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    one = c.compress(b"\0" * (1 << 20)) + c.flush(zlib.Z_FULL_FLUSH)
+    assert c.compress(b"\0" * (1 << 20)) + c.flush(zlib.Z_FULL_FLUSH) == one
+    return one * n_mib + zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS).flush()
+
+def _zip(members: dict[str, bytes | tuple[bytes, int, int]]) -> bytes:
+    """A zip archive written by hand: a member is its stored bytes, or (a raw deflate stream, the size and CRC the
+    directory declares for it), which may be lies."""
+    out, central = io.BytesIO(), b""
+    for name, m in members.items():
+        data, size, crc, method = (m, len(m), zlib.crc32(m), 0) if isinstance(m, bytes) else (*m, 8)
+        offset = out.tell()
+        out.write(struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, method, 0, 0, crc, len(data), size, len(name), 0))
+        out.write(name.encode() + data)
+        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, method, 0, 0, crc, len(data), size,
+                               len(name), 0, 0, 0, 0, 0, offset) + name.encode()
+    start = out.tell()
+    out.write(central + struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, len(members), len(members), len(central), start, 0))
+    return out.getvalue()
+
+def _checkpoint(obj, storages: dict[str, bytes | tuple[bytes, int, int]]) -> bytes:
+    """A zip-format PyTorch checkpoint of `obj` (with _View and _FakeStorage in it) and the given storage members."""
+    f = io.BytesIO()
+    _Pickler(f, protocol=2).dump(obj)
+    return _zip({"archive/data.pkl": f.getvalue(), "archive/byteorder": b"little", "archive/version": b"3\n",
+                 **{f"archive/data/{k}": v for k, v in storages.items()}})
+
+def test_hand_made_checkpoint_loads_as_torch_does():
+    data = np.arange(6, dtype=np.float32).tobytes()
+    st = _FakeStorage("0", 6)
+    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    deflated = c.compress(data) + c.flush()
+    for member in (data, (deflated, len(data), zlib.crc32(data))):
+        raw = _checkpoint({"a": _View(st, 1, (2, 2), (2, 1)), "b": _View(st, 0, (3, 2), (1, 1))}, {"0": member})
+        ref, got = torch.load(io.BytesIO(raw), weights_only=True), torch_load(raw)
+        for k in "ab": np.testing.assert_array_equal(got[k].numpy(), ref[k].numpy())
+
+def _bounded(fn, max_seconds: float = 5.0, max_mib: int = 48):
+    """fn() run under tracemalloc: its exception, after checking it ran fast and allocated little on the way."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        fn()
+        err = None
+    except Exception as e:  # noqa: BLE001 (returned to the caller, which checks its type)
+        err = e
+    seconds, peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert seconds < max_seconds and peak < max_mib << 20, (seconds, peak)
+    return err
+
+def test_torch_zip_bomb_refused_before_inflating():
+    # a 1 MB checkpoint whose 16-byte storage is a deflated member of 1 GiB: its size disagrees with the tensor's
+    bomb = _zeros_deflated(1024)
+    assert len(bomb) < 2 << 20
+    raw = _checkpoint({"w": _View(_FakeStorage("0", 4), 0, (4,), (1,))}, {"0": (bomb, GiB, 0)})
+    err = _bounded(lambda: torch_load(raw))
+    assert isinstance(err, ValueError) and "holds 1073741824 bytes, not the 4" in str(err)
+
+def test_torch_zip_bomb_lying_directory():
+    # the directory says 16 bytes (with their CRC) but the stream goes on to 1 GiB: inflation stops at byte 17
+    raw = _checkpoint({"w": _View(_FakeStorage("0", 4), 0, (4,), (1,))},
+                      {"0": (_zeros_deflated(1024), 16, zlib.crc32(b"\0" * 16))})
+    err = _bounded(lambda: torch_load(raw))
+    assert isinstance(err, ValueError) and "inflates past its declared 16 bytes" in str(err)
+
+def test_torch_zip_bomb_honest_sizes_needs_a_raised_limit(monkeypatch):
+    # sizes that agree (a 1 GiB storage, deflated) still may not inflate past the limit unless the caller raises it
+    raw = _checkpoint({"w": _View(_FakeStorage("0", GiB // 4), 0, (GiB // 4,), (1,))},
+                      {"0": (_zeros_deflated(1024), GiB, 0)})
+    err = _bounded(lambda: torch_load(raw))
+    assert isinstance(err, ValueError) and "MAX_INFLATED_BYTES" in str(err)
+    small = _checkpoint({"w": _View(_FakeStorage("0", 1 << 18), 0, (1 << 18,), (1,))},
+                        {"0": (_zeros_deflated(1), 1 << 20, zlib.crc32(b"\0" * (1 << 20)))})
+    assert torch_load(small)["w"].shape == (1 << 18,)
+    with pytest.raises(ValueError, match="1048576 bytes, past the limit of 1000"): torch_load(small, max_inflated=1000)
+    monkeypatch.setattr(state, "MAX_INFLATED_BYTES", 1000)
+    with pytest.raises(ValueError, match="past the limit of 1000"): torch_load(small)
+    np.testing.assert_array_equal(torch_load(small, max_inflated=1 << 20)["w"].numpy(), np.zeros(1 << 18, np.float32))
+
+def test_zip_extract_bombs():
+    bomb = _zeros_deflated(1024)
+    for member, match in [((bomb, GiB, 0), "past the limit"), ((bomb, 16, zlib.crc32(b"\0" * 16)), "inflates past")]:
+        raw = _zip({"a.bin": member})
+        err = _bounded(lambda: zip_extract(raw))
+        assert isinstance(err, ValueError) and match in str(err)
+    ok = _zip({"a.bin": (_zeros_deflated(1), 1 << 20, zlib.crc32(b"\0" * (1 << 20))), "b.bin": b"xyz"})
+    got = zip_extract(ok)
+    assert got["a.bin"].shape == (1 << 20,) and bytes(got["b.bin"].numpy()) == b"xyz"
+    with pytest.raises(ValueError, match="past the limit"): zip_extract(ok, max_inflated=1 << 19)
+
+def test_tar_gz_bomb(tmp_path):
+    with tarfile.open(tmp_path / "a.tar.gz", "w:gz") as t:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = 8 << 20
+        t.addfile(info, io.BytesIO(b"\0" * info.size))
+    assert (tmp_path / "a.tar.gz").stat().st_size < 100_000
+    assert tar_extract(str(tmp_path / "a.tar.gz"))["zeros.bin"].shape == (8 << 20,)
+    err = _bounded(lambda: tar_extract(str(tmp_path / "a.tar.gz"), max_inflated=1 << 20))
+    assert isinstance(err, ValueError) and "past the decompressed archive" in str(err)
+
+# *** hostile files: every malformed input is a ValueError naming what is wrong ***
+
+def _legacy(obj_pickle: bytes) -> bytes:
+    """A legacy-format checkpoint around a hand-written pickle of the object (no storages)."""
+    head = b"".join(pickle.dumps(x, protocol=2) for x in (0x1950a86a20f9469cfc6c, 1001, {"little_endian": True}))
+    return head + obj_pickle + pickle.dumps([], protocol=2)
+
+def _nested_lists(depth: int) -> bytes:
+    return b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+
+@pytest.mark.parametrize("case", ["eof", "unicode", "type", "recursion", "cycle", "bad_zip", "bytearray8",
+                                  "unknown_opcode", "missing_storage_key", "truncated_zip"])
+def test_torch_load_malformed_pickles_are_value_errors(case):
+    ok = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, ok)
+    raw = {"eof": lambda: _legacy(b"\x80\x02]q\x00"),
+           "unicode": lambda: _legacy(b"\x80\x02X\x02\x00\x00\x00\xff\xfe."),
+           "type": lambda: _legacy(b"\x80\x02ccollections\nOrderedDict\nK\x01K\x02K\x03\x87R."),
+           "recursion": lambda: _legacy(_nested_lists(20_000)),
+           "cycle": lambda: _legacy(b"\x80\x02]q\x00h\x00a."),  # a list holding itself
+           "bad_zip": lambda: b"PK\x03\x04" + b"\0" * 200,
+           "bytearray8": lambda: _legacy(b"\x80\x05\x96" + struct.pack("<Q", 1 << 40) + b"."),
+           "unknown_opcode": lambda: _legacy(b"\x80\x02\xff."),
+           "missing_storage_key": lambda: _checkpoint({"w": _View(_FakeStorage("7", 4), 0, (4,), (1,))}, {}),
+           "truncated_zip": lambda: ok.getvalue()[:len(ok.getvalue()) // 2]}[case]()
+    err = _bounded(lambda: torch_load(raw))
+    assert type(err) is ValueError and str(err).startswith("torch_load"), repr(err)
+
+def test_torch_load_huge_memo_index_is_cheap():
+    # LONG_BINPUT 2**31-1 is a valid pickle: the memo stays a dict of one entry instead of an array of 2**31
+    raw = _legacy(b"\x80\x02K\x01r\xff\xff\xff\x7f.")
+    out = []
+    assert _bounded(lambda: out.append(torch_load(raw))) is None and out == [1]
+
+@pytest.mark.parametrize("geometry,match", [
+    (((2,) * 64, (0,) * 64, 0), "expands to"),  # 2**64 elements from one: past the expansion limit, refused at once
+    (((1,) * 65, (1,) * 65, 0), "at most 64 dims"),
+    (((True, 2), (2, 1), 0), "bad tensor geometry"),
+    (((2, 2), (1, 1), -1), "bad tensor geometry"),
+    (((2, 2), (1, 1), 1.5), "bad tensor geometry"),
+    (((4,), (1,), 1), "reads past its storage"),
+    (((2, 3), (1,), 0), "bad tensor geometry")])
+def test_torch_load_bad_geometry_refused_upfront(geometry, match):
+    raw = _checkpoint({"w": _View(_FakeStorage("0", 4), geometry[2], *geometry[:2])}, {"0": b"\0" * 16})
+    err = _bounded(lambda: torch_load(raw))
+    assert isinstance(err, ValueError) and match in str(err), repr(err)
+
+@pytest.mark.parametrize("size,stride,offset", [((1,) * 64, (0,) * 64, 2), ((2,) * 16, (0,) * 16, 3),
+                                                 ((3, 1, 2), (0, 5, 1), 1), ((2, 2, 2), (1, 1, 1), 0),
+                                                 ((2, 3, 2), (1, 0, 2), 1), ((3, 2), (2, 0), 0)])
+def test_torch_load_odd_views_as_torch(size, stride, offset):
+    data = np.arange(6, dtype=np.float32)
+    raw = _checkpoint({"w": _View(_FakeStorage("0", 6), offset, size, stride)}, {"0": data.tobytes()})
+    ref = torch.load(io.BytesIO(raw), weights_only=True)["w"]
+    start = time.perf_counter()
+    got = torch_load(raw)["w"]
+    assert time.perf_counter() - start < 10
+    assert got.shape == tuple(ref.shape)
+    np.testing.assert_array_equal(got.numpy(), ref.numpy())
+
+@pytest.mark.parametrize("case", ["deep_json", "bool_shape", "bool_offset", "list_dtype", "gap", "trailing",
+                                  "metadata_not_strings", "too_many_dims"])
+def test_malformed_safetensors_fields(tmp_path, case):
+    p = tmp_path / "bad.safetensors"
+    ok = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    if case == "deep_json": _write_raw(p, b"[" * 100_000 + b"]" * 100_000)
+    elif case == "bool_shape": _write_raw(p, {"a": {**ok, "shape": [True, 2]}}, b"\0" * 8)
+    elif case == "bool_offset": _write_raw(p, {"a": {**ok, "shape": [1], "data_offsets": [False, True]}}, b"\0")
+    elif case == "list_dtype": _write_raw(p, {"a": {**ok, "dtype": ["F32"]}}, b"\0" * 8)
+    elif case == "gap": _write_raw(p, {"a": {**ok, "data_offsets": [4, 12]}}, b"\0" * 12)
+    elif case == "trailing": _write_raw(p, {"a": ok}, b"\0" * 12)
+    elif case == "metadata_not_strings": _write_raw(p, {"__metadata__": {"n": 1}, "a": ok}, b"\0" * 8)
+    elif case == "too_many_dims": _write_raw(p, {"a": {**ok, "shape": [1] * 65 + [2]}}, b"\0" * 8)
+    with pytest.raises(ValueError, match="safetensors") as e: safe_load(p)
+    assert type(e.value) is ValueError  # not a JSON or Unicode error passed through
+    with pytest.raises(Exception): safetensors.numpy.load_file(str(p))  # the reference refuses each too
+
+def _gguf_bytes(kv: bytes = b"", n_kv: int = 0, tensors=(), data: bytes = b"") -> bytes:
+    """A GGUF file of the given metadata bytes and (name, dims, type) tensors at offset 0, then `data`."""
+    body = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), n_kv) + kv
+    for name, dims, typ in tensors:
+        body += struct.pack("<Q", len(name)) + name + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, typ, 0)
+    return body + b"\0" * (-len(body) % 32) + data
+
+@pytest.mark.parametrize("case", ["duplicate_tensor", "duplicate_key", "bad_utf8_name", "alignment_bool",
+                                  "alignment_int32", "rows_not_blocks", "scalar_quantized"])
+def test_gguf_malformed_fields(tmp_path, case):
+    def kv(key: bytes, typ: int, val: bytes) -> bytes:
+        return struct.pack("<Q", len(key)) + key + struct.pack("<I", typ) + val
+    f32 = (b"w", (4,), 0)
+    raw = {"duplicate_tensor": lambda: _gguf_bytes(tensors=[f32, f32], data=b"\0" * 16),
+           "duplicate_key": lambda: _gguf_bytes(kv(b"k", 4, b"\1\0\0\0") * 2, 2),
+           "bad_utf8_name": lambda: _gguf_bytes(tensors=[(b"w\xff", (4,), 0)], data=b"\0" * 16),
+           "alignment_bool": lambda: _gguf_bytes(kv(b"general.alignment", 7, b"\1"), 1, [f32], b"\0" * 16),
+           "alignment_int32": lambda: _gguf_bytes(kv(b"general.alignment", 5, b"\x20\0\0\0"), 1, [f32], b"\0" * 16),
+           "rows_not_blocks": lambda: _gguf_bytes(tensors=[(b"q", (16, 2), 8)], data=b"\0" * 34),  # Q8_0 rows of 16
+           "scalar_quantized": lambda: _gguf_bytes(tensors=[(b"q", (), 8)], data=b"\0" * 34)}[case]()
+    (tmp_path / "bad.gguf").write_bytes(raw)
+    with pytest.raises(ValueError, match="gguf"): gguf_load(str(tmp_path / "bad.gguf"))
+    if case != "duplicate_key":  # the reference reader refuses the rest too (it skips the key check when parsing)
+        import gguf
+        with pytest.raises(Exception):
+            r = gguf.GGUFReader(str(tmp_path / "bad.gguf"))
+            from gguf.quants import dequantize
+            for t in r.tensors: dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+
+def test_archives_malformed(tmp_path):
+    # zip: a member named twice, a bzip2 member, a multi-disk end record
+    with zipfile.ZipFile(tmp_path / "dup.zip", "w") as z:
+        z.writestr("a", b"1")
+        with pytest.warns(UserWarning): z.writestr("a", b"2")
+    with pytest.raises(ValueError, match="twice"): zip_extract(str(tmp_path / "dup.zip"))
+    with zipfile.ZipFile(tmp_path / "bz.zip", "w", zipfile.ZIP_BZIP2) as z: z.writestr("a", b"1" * 100)
+    with pytest.raises(ValueError, match="compression method 12"): zip_extract(str(tmp_path / "bz.zip"))
+    multi = bytearray(_zip({"a": b"1"}))
+    multi[-18:-16] = b"\1\0"  # this disk's number
+    with pytest.raises(ValueError, match="several disks"): zip_extract(bytes(multi))
+    # tar: a damaged second header (python's tarfile would stop there), a sparse member, a truncated member
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name in ("a", "b"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            t.addfile(info, io.BytesIO(b"xyz"))
+    raw = bytearray(buf.getvalue())
+    assert set(tar_extract(bytes(raw))) == {"a", "b"}
+    damaged = raw.copy()
+    damaged[1024 + 148] ^= 1  # the second header's checksum
+    with pytest.raises(ValueError, match="damaged header"): tar_extract(bytes(damaged))
+    with pytest.raises(ValueError, match="tar"): tar_extract(bytes(raw[:1024 + 512 + 1]))
+    sparse = raw.copy()
+    sparse[156:157] = b"S"
+    sparse[148:156] = b"%06o\0 " % (sum(sparse[:148]) + 8 * 32 + sum(sparse[156:512]))
+    with pytest.raises(ValueError, match="sparse|tar"): tar_extract(bytes(sparse))
