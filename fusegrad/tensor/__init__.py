@@ -457,9 +457,20 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if any(type(s) is int and s == 0 for s in self.shape): return self  # no element to write
         if not _is_realized_view(self.uop):
             if self.uop.op in GroupOp.Movement:
-                raise RuntimeError("assign target is a view of an unrealized tensor: realize the tensor it views first")
+                # a view of a lazy tensor: the tensor it views is computed now (every live tensor holding that graph
+                # then holds its buffer), and the view is taken of that memory
+                base = self.uop.base
+                self.uop = self.uop.substitute({base: Tensor(base).realize().uop})
             # a lazy target (e.g. a parameter or state buffer not computed yet) gets its memory now
-            self.realize()
+            else: self.realize()
+        if self.uop.op is not Ops.MULTI and self.uop.op in GroupOp.Movement and storage_of(self.uop) is None:
+            # a write into part of a buffer is done now, so that every later read of the buffer and of its other
+            # views sees it in program order (lazy readers of the old values are computed first, in the same
+            # schedule); a value that reads the buffer is computed before the write, so overlapping views read
+            # the old values
+            reads_target = self.uop.base in x.uop.toposort()
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, (x.contiguous() if reads_target else x).uop))
+            return self.realize()
         self.uop = _multi(UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop)))
         return self
 
