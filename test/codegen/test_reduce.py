@@ -1,5 +1,6 @@
 """Kernels with reductions (sums, max, products, matmul, nested and multiple reduces), optimized and not, checked
 against numpy."""
+import sys
 import numpy as np
 import pytest
 from fusegrad.codegen import get_program
@@ -390,3 +391,57 @@ def test_half_matmul_accumulates_exact_products(n):
     want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     # within one half ulp: the float32 sums may be ordered differently and land on the other side of a rounding tie
     np.testing.assert_allclose(out.numpy().astype(np.float32), want.astype(np.float32), rtol=2 ** -10, atol=0)
+
+# *** long float sums: blocks of partial sums ***
+
+def _sum_error(out: np.ndarray, a: np.ndarray, axis) -> float:
+    """The error of a float32 sum relative to the sum of |a| (the scale of its rounding errors), against float64."""
+    a64 = a.astype(np.float64)
+    return float(np.max(np.abs(out.astype(np.float64).reshape(-1) - np.reshape(a64.sum(axis), -1)) /
+                        np.reshape(np.abs(a64).sum(axis), -1)))
+
+U, UR = (lambda axis, amt: Opt(OptOps.UPCAST, axis, amt)), (lambda axis, amt: Opt(OptOps.UNROLL, axis, amt))
+
+# (a sum of 0.1s in one float32 accumulator is off by about 1% after 10^6 terms, and by 3e-5 after 4096)
+@pytest.mark.parametrize("shape,axis,opts", [
+    ((3, 320032), 1, None), ((3, 320032), 1, []), ((3, 320032), 1, [UR(1, 4)]), ((3, 320032), 1, [U(1, 8)]),
+    ((3, 320032), 1, [U(1, 8), UR(1, 4)]), ((320032, 3), 0, None), ((320032, 3), 0, [UR(1, 2)]),
+    ((1000, 1001), None, None), ((1000, 1001), None, []), ((7, 100003), None, [])])
+def test_long_sum_is_blocked(shape, axis, opts):
+    a = np.full(shape, 0.1, np.float32)
+    a[:, ::7] = 0.3
+    out = np.zeros(1 if axis is None else shape[1 - axis], np.float32)
+    p = run(reduce_2d_ast(*shape, axis, Ops.ADD, dtypes.float32), [out, a], opts=opts or None, noopt=opts == [])
+    if opts: assert list(p.applied_opts) == opts
+    assert _sum_error(out, a, axis) < 1e-5
+
+def test_long_sums_of_one_loop_share_its_blocks():
+    # out0[i] = sum_k a[i, k] * b[k] and out1[i] = sum_k a[i, k] over the same loop
+    M, K = 2, 250007
+    a, b = RS.uniform(0, 1, (M, K)).astype(np.float32), RS.uniform(0, 1, K).astype(np.float32)
+    r0, rk = rng(M, 0), rng(K, 1, "reduce")
+    ld = glob(2, dtypes.float32, M * K).index(r0 * K + rk).load()
+    dot = reduce(ld * glob(3, dtypes.float32, K).index(rk).load(), rk)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(dot),
+                      glob(1, dtypes.float32, M).index(r0).store(reduce(ld, rk)))
+    outs = [np.zeros(M, np.float32) for _ in range(2)]
+    p = run(ast, [*outs, a, b])
+    assert _sum_error(outs[0], a * b, 1) < 1e-5 and _sum_error(outs[1], a, 1) < 1e-5
+    # one loop nest reads the data for both (blocks, blocks of blocks, the remainder): not one nest per sum
+    assert p.src.count("for (long ridx") <= 4
+
+def test_short_sums_are_not_blocked(monkeypatch):
+    # sums of at most 4096 terms per accumulator (a matmul's K, a softmax row), max and integer sums compile as
+    # before: the C source is the same with the blocking turned off
+    lower_mod = sys.modules["fusegrad.codegen.lower"]   # (fusegrad.codegen.lower is also a function's name)
+    f32 = dtypes.float32
+    asts = [matmul_ast(64, 64, 4096), reduce_2d_ast(64, 4096, 1, Ops.ADD, f32),
+            reduce_2d_ast(8, 4096 * 16, 1, Ops.ADD, f32), reduce_2d_ast(4096, 64, 0, Ops.ADD, f32),
+            reduce_2d_ast(3, 100003, 1, Ops.MAX, f32), reduce_2d_ast(3, 100003, 1, Ops.ADD, dtypes.int32)]
+    long_sum = reduce_2d_ast(3, 100003, 1, Ops.ADD, f32)
+    srcs = [get_program(ast, RENDERER).src for ast in asts + [long_sum]]
+    monkeypatch.setattr(lower_mod, "SUM_BLOCKED_OVER", 1 << 62)
+    unblocked = [get_program(ast, RENDERER).src for ast in asts + [long_sum]]
+    assert srcs[:-1] == unblocked[:-1]
+    # (a long float sum does change: its blocks are loops)
+    assert srcs[-1].count("for (long ridx") > unblocked[-1].count("for (long ridx")
