@@ -83,6 +83,39 @@ def _facts(gate: UOp) -> list[tuple[UOp, str, UOp, int]]:
         else: out += [(x, "hi", y, -1), (y, "lo", x, 1)]  # x < y
     return [f for f in out if f[0].op is not Ops.CONST]
 
+def _acyclic_facts(gate: UOp | None) -> dict[UOp, list[tuple[str, UOp, int]]]:
+    """The facts of `gate` (see _facts) by the node they bound, leaving out any that would make a node's bounds
+    depend on themselves."""
+    facts: dict[UOp, list[tuple[str, UOp, int]]] = {}
+    def needs(a: UOp, b: UOp) -> bool:  # whether a's bounds are computed from b's (through sources or facts)
+        stack, seen = [a], set()
+        while stack:
+            if (u := stack.pop()) is b: return True
+            if u in seen: continue
+            seen.add(u)
+            stack += list(u.src) + [y for _, y, _ in facts.get(u, [])]
+        return False
+    for x, side, y, k in (_facts(gate) if gate is not None else []):
+        if not needs(y, x): facts.setdefault(x, []).append((side, y, k))
+    return facts
+
+def _order(root: UOp, facts: dict[UOp, list[tuple[str, UOp, int]]]) -> list[UOp]:
+    """The nodes `root`'s bounds are computed from, each after its sources and after the nodes its facts name."""
+    order: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        u, done = stack.pop()
+        if done:
+            if u not in seen:
+                seen.add(u)
+                order.append(u)
+            continue
+        if u in seen: continue
+        stack.append((u, True))
+        stack += [(s, False) for s in u.src] + [(y, False) for _, y, _ in facts.get(u, [])]
+    return order
+
 class VarBounds:
     """The loads and stores of a kernel whose memory depends on Variables (a slice, shrink or pad bounded by one, a
     loop over a symbolic size): the lowest and highest element each touches, under the values of one call, checked
@@ -112,92 +145,75 @@ class VarBounds:
         self._fn = self._compile() if self.accesses else None
 
     def _compile(self) -> Callable[[dict[str, Any], tuple[int, ...]], tuple[int, int, int] | None]:
-        facts: dict[UOp, list[tuple[str, UOp, int]]] = {}
-        def needs(a: UOp, b: UOp) -> bool:  # whether a's bounds are computed from b's (through sources or facts)
-            stack, seen = [a], set()
-            while stack:
-                if (u := stack.pop()) is b: return True
-                if u in seen: continue
-                seen.add(u)
-                stack += list(u.src) + [y for _, y, _ in facts.get(u, [])]
-            return False
-        for _, _, _, gate, _ in self.accesses:
-            for x, side, y, k in (_facts(gate) if gate is not None else []):
-                if not needs(y, x): facts.setdefault(x, []).append((side, y, k))
-        # the order nodes are computed in: sources first, and the nodes a fact bounds a node by before that node
-        order: list[UOp] = []
-        seen: set[UOp] = set()
-        def visit(root: UOp) -> None:
-            stack: list[tuple[UOp, bool]] = [(root, False)]
-            while stack:
-                u, done = stack.pop()
-                if done:
-                    if u not in seen:
-                        seen.add(u)
-                        order.append(u)
-                    continue
-                if u in seen: continue
-                stack.append((u, True))
-                stack += [(s, False) for s in u.src] + [(y, False) for _, y, _ in facts.get(u, [])]
-        for _, _, idx, _, _ in self.accesses: visit(idx)
-        num = {u: i for i, u in enumerate(order)}
-        # a node is computed per call where it depends on a Variable or a fact; the others are constants
-        dynamic: set[UOp] = set()
-        for u in order:
-            if u.op is Ops.DEFINE_VAR or u in facts or any(s in dynamic for s in u.src): dynamic.add(u)
-        # the conditions under which an access never happens: an empty loop, a gate that is never true
-        empty: dict[UOp, set[int]] = {}
-        lines, consts = ["def check(vv, sizes):"], {}
-        for u in order:
-            i = num[u]
-            empty[u] = set().union(*(empty[s] for s in u.src), *(empty[y] for _, y, _ in facts.get(u, [])))
-            if u not in dynamic:
-                if all(type(x) in (int, bool) for x in u._min_max): lines.append(f"  l{i}, h{i} = {u.vmin}, {u.vmax}")
-                else:
-                    consts[f"S{i}"] = u._min_max
-                    lines.append(f"  l{i}, h{i} = S{i}")
-                continue
-            a = [num[s] for s in u.src]
-            # the rules of the range analysis for the ops index expressions are made of, written out for the common
-            # cases (a constant factor, a positive divisor, a dividend >= 0), the others through _bounds_of
-            consts[f"U{i}"] = u
-            general = f"_bounds_of(U{i}, {', '.join(f'(l{j}, h{j})' for j in a)})"
-            factor = [s for s in u.src if s not in dynamic and s.vmin == s.vmax and type(s.vmin) is int]
-            if u.op is Ops.DEFINE_VAR: lines.append(f"  l{i} = h{i} = vv[{u.arg[0]!r}]")
-            elif u.op is Ops.RANGE:
-                lines.append(f"  l{i}, h{i} = 0, h{a[0]} - 1")
-                empty[u].add(i)
-            elif u.dtype != dtypes.index: lines.append(f"  l{i}, h{i} = {general}")
-            elif u.op is Ops.ADD: lines.append(f"  l{i}, h{i} = l{a[0]} + l{a[1]}, h{a[0]} + h{a[1]}")
-            elif u.op is Ops.MUL and factor:
-                c, x = factor[0].vmin, num[u.src[1] if u.src[0] is factor[0] else u.src[0]]
-                lo, hi = (f"l{x}", f"h{x}") if c >= 0 else (f"h{x}", f"l{x}")
-                lines.append(f"  l{i}, h{i} = {lo} * {c}, {hi} * {c}")
-            elif u.op is Ops.MUL:
-                x, y = a
-                lines.append(f"  l{i}, h{i} = (l{x} * l{y}, h{x} * h{y}) if l{x} >= 0 and l{y} >= 0 else "
-                             f"_mul(l{x}, h{x}, l{y}, h{y})")
-            elif u.op is Ops.MAX: lines.append(f"  l{i}, h{i} = max(l{a[0]}, l{a[1]}), max(h{a[0]}, h{a[1]})")
-            elif u.op is Ops.IDIV:
-                x, d = a
-                lines.append(f"  l{i}, h{i} = (l{x} // h{d}, h{x} // l{d}) if l{x} >= 0 and l{d} >= 1 else {general}")
-            elif u.op is Ops.MOD:
-                x, d = a
-                lines.append(f"  l{i}, h{i} = ((l{x}, h{x}) if h{x} < l{d} else (0, min(h{x}, h{d} - 1))) "
-                             f"if l{x} >= 0 and l{d} >= 1 else {general}")
-            else: lines.append(f"  l{i}, h{i} = {general}")
-            for side, y, k in facts.get(u, []):
-                if side == "hi": lines.append(f"  h{i} = min(h{i}, h{num[y]} + {k})")
-                else: lines.append(f"  l{i} = max(l{i}, l{num[y]} + {k})")
-            if u in facts: empty[u].add(i)
-        for n, (_, _, idx, _, _) in enumerate(self.accesses):
-            j, never = num[idx], " or ".join(f"l{e} > h{e}" for e in sorted(empty[idx]))
+        lines, env = ["def check(vv, sizes):"], {"_mul": _mul_bounds, "_bounds_of": _bounds_of}
+        num: dict[UOp, int] = {}
+        shared: set[UOp] = set()  # nodes whose bounds, not narrowed by any gate, are computed already
+        for n, (_, _, idx, gate, _) in enumerate(self.accesses):
+            facts = _acyclic_facts(gate)
+            # what this access's gate narrows, and what is computed from that: bounds of this access's own
+            narrowed: set[UOp] = set()
+            dynamic: set[UOp] = set()  # computed per call: depends on a Variable, or narrowed
+            order = _order(idx, facts)
+            for u in order:
+                if u in facts or any(s in narrowed for s in u.src): narrowed.add(u)
+                if u.op is Ops.DEFINE_VAR or u in narrowed or any(s in dynamic for s in u.src): dynamic.add(u)
+            def name(u: UOp, narrowed: set[UOp] = narrowed, n: int = n) -> str:
+                return f"{num[u]}_{n}" if u in narrowed else f"{num[u]}"
+            # the names of the bounds that are empty when the access never happens (an empty loop, a false gate)
+            empty: dict[UOp, set[str]] = {}
+            for u in order:
+                num.setdefault(u, len(num))
+                empty[u] = set().union(*(empty[s] for s in u.src), *(empty[y] for _, y, _ in facts.get(u, [])))
+                if u.op is Ops.RANGE or u in facts: empty[u].add(name(u))
+                if u in narrowed or u not in shared:
+                    lines += self._bounds_line(u, name, u not in dynamic, facts, env)
+                    if u not in narrowed: shared.add(u)
+            j, never = name(idx), " or ".join(f"l{e} > h{e}" for e in sorted(empty[idx]))
             test = f"(l{j} < 0 or h{j} >= sizes[{n}])"
             lines.append(f"  if {'not (' + never + ') and ' if never else ''}{test}: return {n}, l{j}, h{j}")
         lines.append("  return None")
-        env: dict[str, Any] = {"_mul": _mul_bounds, "_bounds_of": _bounds_of, **consts}
         exec(compile("\n".join(lines), f"<bounds of {self.name}>", "exec"), env)  # noqa: S102
         return env["check"]
+
+    @staticmethod
+    def _bounds_line(u: UOp, name: Callable[[UOp], str], static: bool, facts: dict[UOp, list[tuple[str, UOp, int]]],
+                     env: dict[str, Any]) -> list[str]:
+        """The lines computing l<name>, h<name>: the bounds of `u` from its sources' (and its facts')."""
+        i, a = name(u), [name(s) for s in u.src]
+        if static:
+            if all(type(x) in (int, bool) for x in u._min_max): return [f"  l{i}, h{i} = {u.vmin}, {u.vmax}"]
+            env[f"S{i}"] = u._min_max
+            return [f"  l{i}, h{i} = S{i}"]
+        # the rules of the range analysis for the ops index expressions are made of, written out for the common
+        # cases (a constant factor, a positive divisor, a dividend >= 0), the others through _bounds_of
+        env[f"U{i}"] = u
+        general = f"_bounds_of(U{i}, {', '.join(f'(l{j}, h{j})' for j in a)})"
+        factor = [s for s in u.src if s.op is Ops.CONST and type(s.arg) is int]
+        if u.op is Ops.DEFINE_VAR: out = [f"  l{i} = h{i} = vv[{u.arg[0]!r}]"]
+        elif u.op is Ops.RANGE: out = [f"  l{i}, h{i} = 0, h{a[0]} - 1"]
+        elif u.dtype != dtypes.index: out = [f"  l{i}, h{i} = {general}"]
+        elif u.op is Ops.ADD: out = [f"  l{i}, h{i} = l{a[0]} + l{a[1]}, h{a[0]} + h{a[1]}"]
+        elif u.op is Ops.MUL and factor:
+            c, x = factor[0].arg, name(u.src[1] if u.src[0] is factor[0] else u.src[0])
+            lo, hi = (f"l{x}", f"h{x}") if c >= 0 else (f"h{x}", f"l{x}")
+            out = [f"  l{i}, h{i} = {lo} * {c}, {hi} * {c}"]
+        elif u.op is Ops.MUL:
+            x, y = a
+            out = [f"  l{i}, h{i} = (l{x} * l{y}, h{x} * h{y}) if l{x} >= 0 and l{y} >= 0 else "
+                   f"_mul(l{x}, h{x}, l{y}, h{y})"]
+        elif u.op is Ops.MAX: out = [f"  l{i}, h{i} = max(l{a[0]}, l{a[1]}), max(h{a[0]}, h{a[1]})"]
+        elif u.op is Ops.IDIV:
+            x, d = a
+            out = [f"  l{i}, h{i} = (l{x} // h{d}, h{x} // l{d}) if l{x} >= 0 and l{d} >= 1 else {general}"]
+        elif u.op is Ops.MOD:
+            x, d = a
+            out = [f"  l{i}, h{i} = ((l{x}, h{x}) if h{x} < l{d} else (0, min(h{x}, h{d} - 1))) "
+                   f"if l{x} >= 0 and l{d} >= 1 else {general}"]
+        else: out = [f"  l{i}, h{i} = {general}"]
+        for side, y, k in facts.get(u, []):
+            out.append(f"  h{i} = min(h{i}, h{name(y)} + {k})" if side == "hi" else
+                       f"  l{i} = max(l{i}, l{name(y)} + {k})")
+        return out
 
     def check(self, bufs: list[Buffer | None], var_vals: dict[str, Any]) -> None:
         """Raise IndexError, naming the Variables and their values, when under `var_vals` an access would touch an

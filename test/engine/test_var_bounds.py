@@ -2,11 +2,16 @@
 values of each call against its buffers before any kernel runs (realize, TinyJit replay), and raises IndexError
 naming the Variable, its value and the buffer's size; values in range give NumPy's results."""
 from __future__ import annotations
+import itertools
 import subprocess
 import sys
+from types import SimpleNamespace
 import numpy as np
 import pytest
 from fusegrad import Tensor, TinyJit, Variable
+from fusegrad.engine.realize import lower_schedule_item
+from fusegrad.schedule.linear import get_buffer
+from fusegrad.uop.ops import Ops, exec_alu
 
 N = 10
 REF = np.arange(N, dtype=np.float32)
@@ -95,10 +100,11 @@ def test_two_variables_named():
 
 def test_nothing_runs_when_one_kernel_is_out_of_range():
     c, d, v = _ten(), _ten(), Variable("p", 0, 100)
-    good = d[0:v.bind(3)].assign(Tensor.zeros(v.bind(3)))
+    d_memory = get_buffer(d.uop.base)
+    good = d.assign(d * 0 - 1)  # an in-place write scheduled with the kernel that is out of range
     bad = c[v.bind(3):v.bind(3) + 8] * 2
     with pytest.raises(IndexError, match="p=3 "): Tensor.realize(good, bad)
-    np.testing.assert_array_equal(d.numpy(), REF)
+    np.testing.assert_array_equal(np.frombuffer(d_memory.as_buffer(), np.float32), REF)
 
 def test_tinyjit_replay_in_range_then_out_of_range():
     c, v = _ten(), Variable("p", 0, 100)
@@ -126,3 +132,61 @@ def test_negative_values():
     np.testing.assert_array_equal(c.shrink(((q.bind(0) + 5, q.bind(0) + 6),)).numpy(), REF[5:6])
     with pytest.raises(IndexError, match=r"q=-3 .*elements -3\.\.-3"):
         c.shrink(((q.bind(-3), q.bind(-3) + 1),)).numpy()
+
+# *** the bounds against every index the kernel computes, enumerated with Python's arithmetic ***
+
+def _evaluate(u, env: dict) -> int:
+    vals: dict = {}
+    for x in u.toposort():
+        if x in env: vals[x] = env[x]
+        elif x.op is Ops.CONST: vals[x] = x.arg
+        elif x.op is Ops.CAST: vals[x] = int(vals[x.src[0]])
+        elif x.op is not Ops.RANGE: vals[x] = exec_alu(x.op, x.dtype, tuple(vals[s] for s in x.src))
+    return vals[u]
+
+def _touched(idx, gate, var_vals: dict) -> tuple[int, int] | None:
+    """The lowest and highest index an access computes over its loops where its gate holds (None: never)."""
+    deps = idx.toposort() | (gate.toposort() if gate is not None else {})
+    env = {d: var_vals[d.arg[0]] for d in deps if d.op is Ops.DEFINE_VAR}
+    ranges = [d for d in deps if d.op is Ops.RANGE]
+    seen = []
+    for combo in itertools.product(*[range(_evaluate(r.src[0], env)) for r in ranges]):
+        at = {**env, **dict(zip(ranges, combo))}
+        if gate is None or _evaluate(gate, at): seen.append(_evaluate(idx, at))
+    return (min(seen), max(seen)) if seen else None
+
+M = Tensor.arange(24).float().reshape(4, 6).contiguous().realize()
+PROGRAMS = [
+    ("window", lambda p: M[p:p + 1] * 2, (0, 3)),
+    ("columns", lambda p: M[:, p:p + 2] + 1, (0, 4)),
+    ("prefix_sum", lambda p: M[:p].sum(0), (1, 4)),
+    ("pad", lambda p: M[:p].pad(((1, 2), (2, 0))), (0, 4)),
+    ("pad_left", lambda p: M.pad(((p, 0), None)) * 3, (0, 5)),
+    ("cat", lambda p: M[:p].cat(M[:2], dim=0).sum(0), (1, 4)),
+    ("reshape", lambda p: M.reshape(2, 12)[:, :p].reshape(2 * p) + 0, (1, 12)),
+    ("attention", lambda p: (M[:1] @ M[:p].T).softmax(-1) @ M[:p], (1, 4)),
+]
+
+@pytest.mark.parametrize("name,fxn,values", PROGRAMS, ids=[p[0] for p in PROGRAMS])
+def test_bounds_are_the_enumerated_ones(name, fxn, values):
+    v = Variable("p", 0, 50)
+    for n in values:
+        schedule, var_vals = fxn(v.bind(n)).schedule_with_vars()
+        checked = 0
+        for ei in (lower_schedule_item(si) for si in schedule):
+            if (bounds := ei.prg.bounds) is None: continue
+            # per buffer, the highest element its accesses touch (two views of one buffer: one size for both)
+            top: dict[int, int] = {}
+            for pos, _, idx, gate, _ in bounds.accesses:
+                if (touched := _touched(idx, gate, var_vals)) is None: continue
+                assert touched[0] >= 0
+                top[pos] = max(top.get(pos, 0), touched[1])
+            for pos, hi in top.items():
+                sizes = [SimpleNamespace(size=1 << 40)] * (max(bounds.positions) + 1)
+                sizes[pos] = SimpleNamespace(size=hi + 1)
+                bounds.check(sizes, var_vals)  # exactly large enough: no error
+                sizes[pos] = SimpleNamespace(size=hi)
+                with pytest.raises(IndexError, match=f"elements -?[0-9]+\\.\\.{hi} "):
+                    bounds.check(sizes, var_vals)
+                checked += 1
+        assert checked, f"{name} p={n}: no access depends on p"
