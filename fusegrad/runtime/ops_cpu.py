@@ -471,29 +471,32 @@ class CPool:
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
-        self.submitted = 0
+        self.submitted = self._seen = 0
 
     def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False,
                stamp: Any = ()) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
-        `held` is kept alive until then, and each allocation in `stamp` is stamped with that count. With `join`, if
-        nothing is queued ahead of the job, this thread runs chunks of it before returning."""
-        # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break)
-        if self.submitted - self._finished.value >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)
+        `held` is kept alive until then. The caller stamps the allocations the job uses with that count; `stamp` lists
+        them for when the call is interrupted before it returns the count (then they are stamped here). With `join`,
+        if nothing is queued ahead of the job, this thread runs chunks of it before returning."""
+        # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break).
+        # (_seen, the finished count the last release saw, is a lower bound: at worst a wait that returns at once)
+        if self.submitted - self._seen >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)
         try: count = self._submit(entry, args, size, chunks, workers, join)
         except BaseException:
             # a Ctrl-C that arrived while this thread ran chunks is raised as the call returns, before its result is
             # kept: the job is queued all the same, so what it uses is held and stamped up to every job submitted yet
-            self._queued(self._submitted.value, held, stamp)
+            self._queued(count := self._submitted.value, held)
+            for b in stamp:
+                if b is not None: _root(b)._fg_job = count
             raise
-        self._queued(count, held, stamp)
+        self._queued(count, held)
         return count
 
-    def _queued(self, count: int, held: Any, stamp: Any) -> None:
+    def _queued(self, count: int, held: Any) -> None:
         with self._lock:
-            self.submitted = max(self.submitted, count)
+            if count > self.submitted: self.submitted = count
             self._held.append((count, held))
-        for root in stamp: root._fg_job = count
         self._release()
 
     def run(self, entry: int, args: Any, size: int, chunks: int) -> None:
@@ -517,7 +520,7 @@ class CPool:
         self._release()
 
     def _release(self) -> None:
-        finished = self._finished.value
+        self._seen = finished = self._finished.value
         with self._lock:
             held = self._held
             while held and held[0][0] <= finished: held.popleft()
@@ -651,10 +654,11 @@ class CPUProgram:
             else: args, stamped = fixed, roots
             count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join,
                            stamped)
+            exported = False
             for root in stamped:
-                if _exported(root):
-                    pool.wait(count)
-                    break
+                root._fg_job = count
+                if _exported(root): exported = True
+            if exported: pool.wait(count)
         return launch
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
@@ -673,13 +677,15 @@ class CPUProgram:
             st = time.perf_counter() if wait else 0.0
             boxed, addresses = _arguments(bufs, vals)
             args = (ctypes.c_void_p * len(addresses))(*addresses)
-            # (the program too: its code must stay loaded until the job has run. The buffers are stamped once queued:
-            # another thread touching them meanwhile races with the kernel anyway)
-            roots = [_root(b) for b in bufs if b is not None]
+            # (the program too: its code must stay loaded until the job has run)
             count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
-                                join and threads > 1, roots)
+                                join and threads > 1, bufs)
+            # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
-            for root in roots:
+            for b in bufs:
+                if b is None: continue
+                root = _root(b)
+                root._fg_job = count
                 if _exported(root): exported = True
             if wait or exported or not queued: pool.wait(count)
             return time.perf_counter() - st if wait else None
