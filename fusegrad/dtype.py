@@ -131,12 +131,20 @@ class dtypes:
 
     @staticmethod
     def from_py(x: Any) -> DType:
-        """The dtype a Python value (or nested list of them) becomes: float > int > bool, as torch infers it."""
+        """The dtype a Python value (or flat list of them) becomes: float > int > bool, as torch infers it. Ints are
+        the default int, or int64 where a value doesn't fit it; one that int64 can't hold is an OverflowError (torch
+        refuses it too) rather than a wrapped value."""
         if isinstance(x, float): return dtypes.default_float
         if isinstance(x, bool): return dtypes.bool
-        if isinstance(x, int): return dtypes.default_int
+        if isinstance(x, int): return _int_dtype_of(x, x)
         if isinstance(x, (list, tuple)):
-            return max((dtypes.from_py(v) for v in x), key=lambda d: d.priority, default=dtypes.default_float)
+            if not x: return dtypes.default_float
+            kinds = {type(v) for v in x}
+            if float in kinds: return dtypes.default_float  # (before any int is checked: [0.5, 2**70] is fine)
+            if kinds <= {int, bool}:
+                ints = [v for v in x if type(v) is int]
+                return _int_dtype_of(min(ints), max(ints)) if ints else dtypes.bool
+            return max((dtypes.from_py(v) for v in x), key=lambda d: d.priority)
         raise TypeError(f"can't infer a dtype from {type(x).__name__} {x!r}")
 
     @staticmethod
@@ -152,6 +160,32 @@ class dtypes:
             return truncate_int(int(val), sc)
         if dtypes.is_float(sc): return truncate_float(float(val), sc)
         return val
+
+    @staticmethod
+    def fits(val: ConstType, dtype: DType) -> bool:
+        """Whether the Python number `val` becomes a constant of `dtype` without wrapping: an int or a finite float in
+        the integer dtype's range; anything in a float or bool dtype (floats too large for the dtype round to inf, as
+        in IEEE). `dtype` is a scalar dtype (a tensor's)."""
+        # (every Python scalar operand of a tensor operation asks: the common answers come first)
+        if (r := _INT_RANGE.get(dtype)) is None or val.__class__ is bool: return True
+        if val.__class__ is int: return r[0] <= val <= r[1]
+        # (a float is compared before its truncation, as torch does: 127.5 doesn't fit int8)
+        if isinstance(val, float) and not math.isfinite(val): return False
+        return r[0] <= val <= r[1]
+
+    @staticmethod
+    def checked_const(val: Any, dtype: DType) -> ConstType:
+        """as_const for values that come from the user (tensor data, fill values, scalar operands): a number that
+        would wrap in `dtype` (2**40 in int32, -1 in uint8, nan in an integer dtype) is an OverflowError naming the
+        value and the dtype instead, as torch and NumPy 2 refuse it."""
+        if type(val) not in (int, float, bool) and hasattr(val, "item"): val = val.item()  # (numpy scalars)
+        if isinstance(dtype, DType): dtype = dtype.scalar()
+        if not dtypes.fits(val, dtype):
+            raise OverflowError(f"{val!r} doesn't fit {dtype!r} (range [{dtypes.min(dtype)}, {dtypes.max(dtype)}]); "
+                                "give a wider dtype, or cast a tensor explicitly to wrap")
+        try: return dtypes.as_const(val, dtype)
+        except OverflowError:  # an int too large for a float64 conversion
+            raise OverflowError(f"{val!r} is too large to convert to {dtype!r}") from None
 
     @staticmethod
     def min(dtype: DType) -> ConstType:
@@ -184,6 +218,17 @@ class dtypes:
 # sets for the is_* tests, which run on every constant and range computation (a tuple scan compares one by one)
 _FLOATS, _UINTS = frozenset(dtypes.floats), frozenset(dtypes.uints)
 _INTS_AND_INDEX = frozenset(dtypes.ints + (dtypes.index,))
+
+# the inclusive range of each integer dtype (index excepted: it is never user data)
+_INT_RANGE: dict[DType, tuple[int, int]] = {dt: (int(dtypes.min(dt)), int(dtypes.max(dt))) for dt in dtypes.ints}
+
+def _int_dtype_of(lo: int, hi: int) -> DType:
+    """The dtype of Python ints from `lo` to `hi` given without a dtype: the default int, else int64."""
+    for dt in (dtypes.default_int, dtypes.int64):
+        if _INT_RANGE[dt][0] <= lo and hi <= _INT_RANGE[dt][1]: return dt
+    bad = hi if hi > _INT_RANGE[dtypes.int64][1] else lo
+    raise OverflowError(f"{bad} doesn't fit int64, the widest integer dtype inferred from Python ints; give "
+                        "dtype=dtypes.uint64 or a float dtype")
 
 DTYPES_DICT: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("_")
                                  and k not in ("default_float", "default_int")}

@@ -222,3 +222,42 @@ def test_to_dtype():
     for name in ALL_DTYPES: assert to_dtype(str(TORCH[name]).removeprefix("torch.")) == name
     with pytest.raises(TypeError, match="unknown dtype 'float33'"): to_dtype("float33")
     with pytest.raises(TypeError, match="unknown dtype"): to_dtype("default_float")
+
+@pytest.mark.parametrize("dt", INTS)
+def test_fits_and_checked_const_match_numpy_for_python_ints(dt):
+    info = np.iinfo(NUMPY[dt])
+    for v in (0, 1, -1, int(info.max), int(info.max) + 1, int(info.min), int(info.min) - 1, 2**64, -2**63, 2**70):
+        try: want = int(np.array(v, dtype=NUMPY[dt]))  # NumPy 2 refuses a Python int out of the dtype's range
+        except OverflowError: want = None
+        assert dtypes.fits(v, dt) == (want is not None), v
+        if want is None:
+            with pytest.raises(OverflowError, match=repr(dt)): dtypes.checked_const(v, dt)
+        else: assert dtypes.checked_const(v, dt) == want
+        # as_const still wraps (constant folding of kernels relies on it)
+        assert dtypes.as_const(v, dt) == int(np.array(v).astype(object).item()) % 2**(8 * dt.itemsize) - \
+            (2**(8 * dt.itemsize) if not dtypes.is_unsigned(dt) and
+             v % 2**(8 * dt.itemsize) >= 2**(8 * dt.itemsize - 1) else 0)
+
+def test_checked_const_floats_into_ints_as_torch():
+    for v, dt in ((3.9, dtypes.int32), (-3.9, dtypes.int8), (127.0, dtypes.int8), (2.0**31 - 1, dtypes.int32)):
+        assert dtypes.checked_const(v, dt) == torch.tensor(v, dtype=TORCH[dt]).item()
+    for v, dt in ((float("nan"), dtypes.int32), (float("inf"), dtypes.uint8), (128.0, dtypes.int8),
+                  (127.5, dtypes.int8),
+                  (-128.5, dtypes.int8), (-1.0, dtypes.uint16), (1e20, dtypes.int64)):
+        with pytest.raises(RuntimeError): torch.tensor([v], dtype=TORCH[dt])
+        with pytest.raises(OverflowError): dtypes.checked_const(v, dt)
+    # 2.0**63 is one past int64's maximum (torch lets it wrap to the minimum)
+    assert not dtypes.fits(2.0**63, dtypes.int64) and dtypes.fits(-2.0**63, dtypes.int64)
+    # float and bool dtypes take any number (too large a float is inf, as torch makes it)
+    assert dtypes.checked_const(1e6, dtypes.float16) == torch.tensor(1e6, dtype=torch.float16).item() == math.inf
+    assert dtypes.checked_const(2**70, dtypes.bool) is True and dtypes.fits(2**70, dtypes.float32)
+    assert dtypes.checked_const(np.int64(7), dtypes.uint8) == 7
+
+def test_from_py_widens_ints_as_torch_holds_them():
+    assert dtypes.from_py(2**31 - 1) == dtypes.int32 and dtypes.from_py(-2**31) == dtypes.int32
+    for v in (2**31, -2**31 - 1, [1, 2**40], [True, 2**62], 2**63 - 1):
+        assert dtypes.from_py(v) == dtypes.int64 and torch.tensor(v).dtype == torch.int64, v
+    for v in (2**63, [1, -2**63 - 1], [True, 2**64]):
+        with pytest.raises((ValueError, RuntimeError, OverflowError)): torch.tensor(v)
+        with pytest.raises(OverflowError, match="int64"): dtypes.from_py(v)
+    assert dtypes.from_py([1, 2**70, 0.5]) == dtypes.default_float

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor, dtypes
+from fusegrad.helpers import Context
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
@@ -197,11 +198,15 @@ def test_special_values_dont_leak():
     Tensor.realize(*outs)
     for o, e in zip(outs, exp): np.testing.assert_array_equal(o.numpy(), e)
 
-def test_out_of_range_tensor_indices_read_zero_and_write_nowhere():
-    # tensor indices can't be checked without reading them: out of range reads 0 and writes nothing (documented)
+@pytest.mark.parametrize("lazy", [False, True])
+def test_out_of_range_tensor_indices_read_zero_and_write_nowhere(lazy):
+    # index tensors that aren't read (CHECK_OOB=0, or a lazy index under the default): out of range reads 0 and
+    # writes nothing (documented); test_value_safety.py has the IndexErrors of the indices that are read
     t = Tensor(np.arange(1, 7, dtype=np.float32).reshape(2, 3))
-    outs = [t[Tensor([0, 2, -3])], t[:, Tensor([3, -1, -4])], t.gather(1, Tensor([[5], [-1]])),
-            t.scatter(1, Tensor([[7], [1]]), Tensor([[9.0], [8.0]])), Tensor([0, 7]).one_hot(3)]
+    def ix(data): return Tensor(data) + 0 if lazy else Tensor(data)
+    with Context(CHECK_OOB=1 if lazy else 0):
+        outs = [t[ix([0, 2, -3])], t[:, ix([3, -1, -4])], t.gather(1, ix([[5], [-1]])),
+                t.scatter(1, ix([[7], [1]]), Tensor([[9.0], [8.0]])), ix([0, 7]).one_hot(3)]
     exp = [[[1, 2, 3], [0, 0, 0], [0, 0, 0]], [[0, 3, 0], [0, 6, 0]], [[0], [0]], [[1, 2, 3], [4, 8, 6]],
            [[1, 0, 0], [0, 0, 0]]]
     Tensor.realize(*outs)

@@ -10,6 +10,7 @@ from typing import Sequence
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.tensor import Tensor
+from fusegrad.tensor.indexing import _check_index_values
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm2d",
            "BatchNorm3d", "LayerNorm", "LayerNorm2d", "RMSNorm", "GroupNorm", "InstanceNorm", "Embedding", "LSTMCell"]
@@ -215,7 +216,10 @@ class InstanceNorm(GroupNorm):
         return super().__call__(x)
 
 class Embedding:
-    """A lookup table: idx (any int dtype and shape) -> rows of weight (vocab_size, embed_size)."""
+    """A lookup table: idx (any int dtype and shape) -> rows of weight (vocab_size, embed_size). An index outside
+    [0, vocab_size) is an IndexError, as in PyTorch, where CHECK_OOB reads it (an index tensor in memory, by default;
+    see fusegrad/tensor/indexing.py); a lazy one that isn't read counts negatives from the end and reads zeros past
+    it."""
     def __init__(self, vocab_size: int, embed_size: int):
         _positive("Embedding", vocab_size=vocab_size, embed_size=embed_size)
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
@@ -225,7 +229,8 @@ class Embedding:
         if not isinstance(idx, Tensor): idx = Tensor(idx)
         if not dtypes.is_int(idx.dtype): raise TypeError(f"Embedding indices must be integers, got {idx.dtype}")
         if idx.numel() == 0: return Tensor.zeros(*idx.shape, self.embed_sz, dtype=self.weight.dtype)
-        return self.weight[idx]
+        _check_index_values(idx, self.vocab_sz, 0, False, "Embedding: index")
+        return self.weight._getitem([("adv", idx), slice(None)])  # (self.weight[idx] without a second check)
 
 class LSTMCell:
     """One LSTM step: (x, (h, c)) -> (h', c'), gates ordered input, forget, cell, output as in PyTorch."""

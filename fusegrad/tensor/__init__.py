@@ -21,7 +21,7 @@ from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import record_replay
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
-from fusegrad.tensor.creation import CreationMixin
+from fusegrad.tensor.creation import CreationMixin, check_size
 from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
@@ -103,7 +103,7 @@ def _pack(values: list, dtype: DType) -> bytes:
     if dtype == dtypes.bfloat16:
         # bfloat16 is the top half of a float32 (little endian: bytes 2 and 3), rounded to nearest even first
         return b"".join(struct.pack("<f", truncate_float(float(v), dtype))[2:] for v in values)
-    return struct.pack(f"<{len(values)}{dtype.fmt}", *[dtypes.as_const(v, dtype) for v in values])
+    return struct.pack(f"<{len(values)}{dtype.fmt}", *[dtypes.checked_const(v, dtype) for v in values])
 
 def _resolve_axis(axis: int, ndim: int) -> int:
     if not isinstance(axis, int): raise TypeError(f"axis must be an int, got {type(axis).__name__}")
@@ -160,7 +160,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         elif isinstance(data, Tensor):
             self.uop = data.uop if dt is None else data.uop.cast(dt)
         elif isinstance(data, (bool, int, float)):
-            self.uop = const_view(data, dt or dtypes.from_py(data), _device_uop(dev), ())
+            dt = dt or dtypes.from_py(data)
+            self.uop = const_view(dtypes.checked_const(data, dt), dt, _device_uop(dev), ())
         elif isinstance(data, (list, tuple)):
             flat, shape = _flatten_nested(data)
             for v in flat:
@@ -179,9 +180,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             src_dt = from_np_dtype(data.dtype)
             # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
             arr = data if data.flags.c_contiguous else data.copy(order="C")
+            if not arr.dtype.isnative: arr = arr.astype(arr.dtype.newbyteorder("="))  # (bytes are copied as they lie)
             self.uop = Tensor._from_bytes(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"",
                                           tuple(data.shape), src_dt, dev)
-            if dt is not None and dt != src_dt: self.uop = self.uop.cast(dt)
+            if dt is not None and dt != src_dt: self.uop = _checked_cast(self.uop, arr, dt)
         elif _is_numpy_scalar(data):
             from fusegrad.dtype import from_np_dtype
             self.__init__(data.item(), device, dt or from_np_dtype(data.dtype))
@@ -486,7 +488,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
              device: str | None = None) -> Tensor:
         shp = _shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        return Tensor(const_view(fill_value, dt, _device_uop(_canonical_device(device)), shp))
+        fill, dev = dtypes.checked_const(fill_value, dt), _canonical_device(device)
+        check_size(shp, dt, dev)
+        return Tensor(const_view(fill, dt, _device_uop(dev), shp))
     @staticmethod
     def zeros(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         return Tensor.full(argfix(*shape), 0.0, dtype=dtype or dtypes.default_float, device=device)
@@ -497,7 +501,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         shp = _shape_arg(argfix(*shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        if isinstance(dev := _canonical_device(device), tuple):  # memory on each device, one replica each
+        check_size(shp, dt, dev := _canonical_device(device))
+        if isinstance(dev, tuple):  # memory on each device, one replica each
             return Tensor(UOp(Ops.MULTI, dt, tuple(Tensor.empty(shp, dtype=dt, device=d).uop for d in dev)))
         buf = new_buffer(_device_uop(dev), prod(shp), dt)
         return Tensor(buf.reshape(shp) if shp != (prod(shp),) else buf)
@@ -553,6 +558,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         for o, n in zip(old, out):
             if o != n and o != 1: raise ValueError(f"can't expand shape {self.shape} to {new}: dim of size {o} isn't 1")
             if isinstance(n, int) and n < 0: raise ValueError(f"bad size {n} in expand to {new}")
+        check_size(out, self.dtype, self.device)
         x = self.reshape(old) if old != self.shape else self
         return x if out == x.shape else Tensor(x.uop.expand(out))
     def shrink(self, arg: Sequence) -> Tensor:
@@ -640,13 +646,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self.dtype
 
     def _const_like_operand(self, y: ConstType) -> Tensor:
-        """A Python scalar as a tensor operand: it adopts this tensor's dtype when that dtype can hold its kind."""
-        return Tensor(const_view(y, self._const_operand_dtype(y), _device_uop(self.device), ()))
+        """A Python scalar as a tensor operand: it adopts this tensor's dtype when that dtype can hold its kind (an
+        int it can't hold is an OverflowError, as in NumPy 2, not a wrapped value)."""
+        dt = self._const_operand_dtype(y)
+        return Tensor(const_view(dtypes.checked_const(y, dt), dt, _device_uop(self.device), ()))
 
     def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
         x = self
         if type(y) in (int, float, bool) and x._const_operand_dtype(y) == x.dtype and \
-                all(type(s) is int for s in x.shape):
+                all(type(s) is int for s in x.shape) and dtypes.fits(y, x.dtype):
             # a Python number of this tensor's dtype (most `2 * x`, `x - 1.0`): the constant at this tensor's shape at
             # once, the same nodes the general path below makes through reshape and expand, with less Python
             c = Tensor(const_view(y, x.dtype, _device_uop(x.device), x.shape))
@@ -666,6 +674,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             out = least_upper_dtype(x.dtype, y.dtype)
             x, y = x.cast(out), y.cast(out)
         shape = _broadcast_shape(x.shape, y.shape)
+        if shape != x.shape and shape != y.shape: check_size(shape, x.dtype, x.device)  # (both grow)
         return x._broadcast_unchecked(shape), y._broadcast_unchecked(shape)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
@@ -815,6 +824,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     # comparisons: nan compares unequal and unordered, as in IEEE
     def _cmp(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+        if type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)): return self._cmp_beyond(op, x, reverse)
         a, b = self._broadcasted(x, reverse)
         return a._alu(op, b, dtype=dtypes.bool)
     def __lt__(self, x: Any) -> Tensor: return self._cmp(Ops.CMPLT, x)
@@ -1028,6 +1038,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
 def _is_numpy_scalar(x: Any) -> bool:
     return type(x).__module__ == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ()
+
+def _checked_cast(u: UOp, arr: Any, dt: DType) -> UOp:
+    """The array `arr` (already in `u`) cast to `dt`, refusing values that would wrap there, as tensor data given
+    with that dtype is refused."""
+    if dtypes.is_int(dt) and arr.size and arr.dtype.kind in "iuf":
+        lo, hi = arr.min().item(), arr.max().item()
+        for v in (lo, hi): dtypes.checked_const(v, dt)
+    return u.cast(dt)
 
 def _nest(flat: list, shape: tuple[int, ...]) -> Any:
     if len(shape) <= 1: return list(flat) if shape else flat[0]

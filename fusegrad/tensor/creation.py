@@ -387,6 +387,24 @@ class CreationMixin:
         raw = ctypes.string_at(ptr, nbytes) if nbytes else b""
         return T(T._from_bytes(raw, shp, dt, _canonical(device)))
 
+# tensors up to this many bytes are never compared with a device's memory (no device has less): the check below costs
+# a multiplication for them
+_ALWAYS_FITS = 1 << 30
+
+def check_size(shape: tuple, dtype: DType, device: Any) -> None:
+    """MemoryError if a tensor of `shape` and `dtype` has more bytes than `device` has memory (a kernel computing it
+    would run for as many steps as it has elements, so it is refused when made, not when run). Symbolic shapes pass."""
+    n = dtype.itemsize
+    for s in shape: n *= s  # (a loop, not prod(): cheaper for the few dims of a shape)
+    if type(n) is not int or n <= _ALWAYS_FITS: return
+    from fusegrad.device import Device
+    devs = device if isinstance(device, tuple) else (device,)
+    limit = sum(Device[d].memory_size for d in devs)
+    if n > limit:
+        raise MemoryError(f"a tensor of shape {tuple(shape)} and dtype {dtype!r} needs {n} bytes ({n / 2**30:.4g} "
+                          f"GiB), more than the {limit} bytes ({limit / 2**30:.4g} GiB) of memory of device "
+                          f"{device if len(devs) > 1 else devs[0]}")
+
 def _canonical(device: str | None) -> str:
     from fusegrad.tensor import _canonical_device
     return _canonical_device(device)

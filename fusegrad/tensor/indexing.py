@@ -3,16 +3,21 @@ repeats, splits and einops-style rearrange.
 
 Index tensors become one-hot compare-and-sum reductions: out[b] = sum_n where(index[b] == n, x[n], 0), which the
 scheduler fuses into one kernel (no kernel per element) and which autodiff differentiates like any other graph. An
-index tensor's values can't be checked without reading them, so an out-of-range tensor index (after wrapping
-negatives, where allowed) matches no position: it reads 0 (False for bool tensors) and writes nowhere. Python int and
-slice indices are checked and raise IndexError, as in PyTorch. Boolean masks have a data-dependent result size, so
-they are realized and read once (nonzero) before indexing."""
+index tensor's values can't be checked without reading them. The knob CHECK_OOB (environment or Context) says which
+are read: 0 none; 1 (the default) those already in memory (realized, as a tensor made from a list or an array is),
+which costs a copy of their values to the host but no computation; 2 every one, a lazy one computed first (a sync in
+the middle of building the graph). An index that fails the check is an IndexError naming it and the size, as in
+PyTorch. An index that isn't checked (a lazy index tensor under CHECK_OOB=1, or inside a TinyJit capture) and is out
+of range (after wrapping negatives, where allowed) matches no position: it reads 0 (False for bool tensors) and
+writes nowhere, never another element. Python int and slice indices and indices given as lists or arrays are always
+checked. Boolean masks have a data-dependent result size, so they are realized and read once (nonzero) before
+indexing."""
 from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 from fusegrad.dtype import ConstType, dtypes
-from fusegrad.helpers import argfix, prod
-from fusegrad.uop.ops import is_symbolic, sym_le
+from fusegrad.helpers import Context, ContextVar, argfix, prod
+from fusegrad.uop.ops import Ops, is_symbolic, sym_le
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -20,6 +25,22 @@ if TYPE_CHECKING:
 def _T():
     from fusegrad.tensor import Tensor
     return Tensor
+
+# which index tensors are read to check their values (see the module's docstring)
+CHECK_OOB = ContextVar("CHECK_OOB", 1)
+
+def _check_index_values(index: Tensor, size: Any, dim: int, negatives: bool, name: str = "index") -> None:
+    """IndexError if an entry of the index tensor is outside [0, size) (or [-size, size) with `negatives`), where
+    CHECK_OOB says its values are to be read."""
+    from fusegrad.engine.realize import capturing
+    from fusegrad.schedule.indexing import storage_of
+    if not CHECK_OOB or capturing or not isinstance(size, int) or index.uop.op is Ops.MULTI: return
+    if any(not isinstance(s, int) for s in index.shape) or index.numel() == 0: return
+    if CHECK_OOB < 2 and storage_of(index.uop) is None: return
+    vals = index.numpy()
+    lo, hi = int(vals.min()), int(vals.max())
+    if hi >= size or lo < (-size if negatives else 0):
+        raise IndexError(f"{name} {hi if hi >= size else lo} is out of bounds for dimension {dim} with size {size}")
 
 def _axis(axis: int, ndim: int, name: str = "dim") -> int:
     if not isinstance(axis, int) or isinstance(axis, bool): raise TypeError(f"{name} must be an int, got {axis!r}")
@@ -131,6 +152,8 @@ class IndexingMixin:
                         bad = hi if hi >= size else lo
                         raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
                     e = e[:2]
+                elif isinstance(e, tuple) and e[0] == "adv":
+                    e = ("adv", e[1], dim)  # (an index tensor of the caller's, checked in _getitem: its dim kept)
                 out.append(e)
                 if not (e is None or isinstance(e, tuple) and e[0] == "bool"): dim += 1
         return out
@@ -200,6 +223,10 @@ class IndexingMixin:
             adv.append((out_pos, t)); last_adv = k
             out_pos += 1
         x = self._basic_index(basic)
+        if not (type(n := prod(x.shape)) is int and n == 0):  # (as in torch, no index is read for an empty result)
+            for e in entries:
+                if isinstance(e, tuple) and e[0] == "adv" and len(e) == 3:
+                    _check_index_values(e[1], self.shape[e[2]], e[2], True)
         if empty_dims: x = x.shrink(tuple((0, 0) if d in empty_dims else (0, s) for d, s in enumerate(x.shape)))
         if not adv: return x
         return x._gather_adv(adv, adjacent)
@@ -272,9 +299,11 @@ class IndexingMixin:
             return
         if has_adv:
             # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
-            flat_pos = Tensor.arange(self.numel(), dtype=dtypes.int32, device=self.device).reshape(self.shape)
-            pos = flat_pos._getitem(entries).flatten()
-            new = self.flatten().scatter(0, pos, v.flatten()).reshape(self.shape) if pos.numel() else self
+            # (positions are counted from 1: an unchecked out-of-range index gathers 0, position -1, written nowhere)
+            flat_pos = Tensor.arange(1, self.numel() + 1, dtype=dtypes.int32, device=self.device).reshape(self.shape)
+            with Context(CHECK_OOB=0):  # (the indices were checked by the _getitem above)
+                pos = flat_pos._getitem(entries).flatten() - 1
+                new = self.flatten().scatter(0, pos, v.flatten()).reshape(self.shape) if pos.numel() else self
         else:
             # the indexing's adjoint places a tensor of the view's shape into a tensor of self's shape: apply it to
             # the value and to ones (the written positions), using a fresh placeholder so self's graph isn't touched
@@ -300,10 +329,12 @@ class IndexingMixin:
         for k, (a, b) in enumerate(zip(index.shape, self.shape)):
             if k != d and a > b: raise ValueError(f"{name}: index shape {index.shape} is larger than self "
                                                   f"{self.shape} at dimension {k}")
+        _check_index_values(index, self.shape[d] if self.ndim else 1, d, False, f"{name}: index")
         return d
 
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
-        """out[..i..] = self[..index[..i..]..] along `dim` (PyTorch's gather); out-of-range indices read 0."""
+        """out[..i..] = self[..index[..i..]..] along `dim` (PyTorch's gather). Indices outside [0, size) are an
+        IndexError where CHECK_OOB reads them (see the module's docstring), else they read 0."""
         d = self._check_index_like("gather", dim, index)
         x, idx = (self.reshape(1), index.reshape(1)) if self.ndim == 0 else (self, index.reshape(index.shape or (1,)))
         if idx.numel() == 0 or x.shape[d] == 0:
@@ -334,7 +365,8 @@ class IndexingMixin:
 
     def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | ConstType,
                 reduce: Literal["multiply", "add"] | None = None) -> Tensor:
-        """A copy of self with src written at `index` along `dim` (PyTorch's scatter; reduce 'add' or 'multiply')."""
+        """A copy of self with src written at `index` along `dim` (PyTorch's scatter; reduce 'add' or 'multiply').
+        Indices outside [0, size) are an IndexError where CHECK_OOB reads them, else they write nowhere."""
         if reduce not in (None, "add", "multiply"):
             raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
         if self.ndim == 0:
@@ -361,7 +393,8 @@ class IndexingMixin:
 
     def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor,
                        reduce: Literal["sum", "prod", "mean", "amax", "amin"], include_self: bool = True) -> Tensor:
-        """Reduce src's values into self at `index` along `dim` (PyTorch's scatter_reduce)."""
+        """Reduce src's values into self at `index` along `dim` (PyTorch's scatter_reduce). Indices outside
+        [0, size) are an IndexError where CHECK_OOB reads them, else they write nowhere."""
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise ValueError(f"scatter_reduce reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
         if not isinstance(src, _T()): raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
@@ -435,13 +468,17 @@ class IndexingMixin:
         return (idx >= 0).where(x._gather_adv([(0, idx)], True), fill_value)
 
     def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
-        """int64 one-hot vectors along a new last dim; num_classes=-1 means max()+1 (reads the data)."""
+        """int64 one-hot vectors along a new last dim; num_classes=-1 means max()+1 (reads the data). A class outside
+        [0, num_classes) is an IndexError where CHECK_OOB reads the values (see the module's docstring), else its row
+        is all zeros."""
         if not dtypes.is_int(self.dtype): raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if not isinstance(num_classes, int) or num_classes < -1:
             raise ValueError(f"num_classes must be a nonnegative int or -1, got {num_classes!r}")
         if num_classes == -1:
             if self.numel() == 0: raise ValueError("one_hot can't infer num_classes from an empty tensor")
             num_classes = int(self.max().item()) + 1
+            if self.min().item() < 0: raise IndexError(f"one_hot: class {self.min().item()} is negative")
+        else: _check_index_values(self, num_classes, self.ndim, False, "one_hot: class")
         return _onehot(self, num_classes).cast(dtypes.int64)
 
     # *** triangles and diagonals ***

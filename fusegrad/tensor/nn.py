@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import pads_cheaply, prod
 from fusegrad.uop.ops import Ops, UOp, is_symbolic, ssimplify
+from fusegrad.tensor.creation import check_size
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -336,6 +337,7 @@ class NNMixin:
             x = x.shrink(tuple((-min(b, 0), s + min(e, 0)) for (b, e), s in zip(arg, x.shape)))
             arg = [(max(b, 0), max(e, 0)) for b, e in arg]
         if all(isinstance(b, int) and b == 0 and isinstance(e, int) and e == 0 for b, e in arg): return x
+        check_size(tuple(s + b + e for s, (b, e) in zip(x.shape, arg)), x.dtype, x.device)
         if mode == "constant":
             Tensor = _tensor_cls()
             padded = Tensor(x.uop.pad(tuple(arg)))
