@@ -133,6 +133,16 @@ class ElementwiseMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
 
+    def _cmp_beyond(self: Tensor, op: Ops, x: int, reverse: bool) -> Tensor:
+        """A comparison with a Python int that this tensor's dtype can't hold, decided by its value as NumPy 2 does
+        (the int is above every element, or below every one) rather than with the int wrapped."""
+        from fusegrad.tensor import Tensor
+        above = x > 0
+        if op is Ops.CMPLT: value = above != reverse  # self < x, or x < self when reversed
+        elif op in (Ops.CMPEQ, Ops.CMPNE): value = op is Ops.CMPNE
+        else: raise ValueError(f"no comparison {op}")
+        return Tensor.full(self.shape, value, dtype=dtypes.bool, device=self.device)
+
     def _math(self: Any, value: Callable[[Tensor], Tensor], deriv: Callable[[Tensor], Tensor] | None = None,
               wide: bool = False) -> Tensor:
         """A float function computed in float32 (float64 if `wide` or the input is double) and returned in the input's
