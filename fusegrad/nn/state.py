@@ -136,6 +136,11 @@ def _tensor(raw: memoryview, shape: tuple[int, ...], dtype: DType, device: str |
 
 def _is_int(x: Any) -> bool: return type(x) is int  # bool is an int subclass but never a valid size or offset
 
+def _countable(shape: Iterable[int]) -> bool:
+    """Whether the sizes (ints >= 0) make a shape torch and numpy can hold: the product of the nonzero ones fits an
+    int64 (a size-0 dim leaves no elements, but the others still count)."""
+    return prod(max(s, 1) for s in shape) < 2**63
+
 class _Budget:
     """The bytes a load may still create beyond what its file holds (see MAX_INFLATED_BYTES)."""
     def __init__(self, limit: int | None):
@@ -215,6 +220,13 @@ def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
         disk, cd_disk, here, total = struct.unpack("<HHHH", tail[at + 4:at + 12])
         if 0xFFFF not in (disk, cd_disk, here, total) and (disk or cd_disk or here != total):
             raise ValueError(f"{what}: the archive spans several disks (not supported)")
+        # nor the zip64 end record's, which its locator (just before the end record) points to
+        if at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+            (rec,) = struct.unpack("<Q", tail[at - 12:at - 4])
+            head = bytes(_bytes(src, rec, rec + 56, f"{what}: the zip64 end record"))
+            disk, cd_disk, here, total = struct.unpack("<IIQQ", head[16:40])
+            if head[:4] != b"PK\x06\x06" or disk or cd_disk or here != total:
+                raise ValueError(f"{what}: a bad zip64 end record (or one of an archive spanning several disks)")
     with _malformed(what):
         zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(src))
     names = zf.namelist()
@@ -260,7 +272,8 @@ def _safe_entry(name: str, info: Any, data_len: int) -> tuple[int, int, str, DTy
     dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in _SAFE_DTYPES:
         raise ValueError(f"safetensors: {name!r} has unknown dtype {dtype!r:.80}")
-    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(s) and s >= 0 for s in shape)):
+    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(s) and s >= 0 for s in shape)
+            and _countable(shape)):
         raise ValueError(f"safetensors: {name!r} has a bad shape {shape!r:.80} (at most {MAX_DIMS} ints >= 0)")
     if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)
             and 0 <= offs[0] <= offs[1] <= data_len):
@@ -385,16 +398,22 @@ class _Storage:
 def _storage_id(pid: tuple) -> tuple[str, DType, int]:
     """(key, dtype, element count) of a persistent storage id ('storage', type, key, location, numel, ...)."""
     if len(pid) < 5: raise ValueError(f"torch_load: short storage id {pid!r:.80}")
-    key, numel = pid[2], pid[4]
-    if not isinstance(key, str) or not _is_int(numel) or numel < 0:
+    key, location, numel = pid[2], pid[3], pid[4]
+    if not isinstance(key, str) or not _is_int(numel) or not 0 <= numel < 2**63:
         raise ValueError(f"torch_load: bad storage id {pid!r:.80} (needs a string key and an element count >= 0)")
+    if not (isinstance(location, str) and re.fullmatch(r"(cpu|cuda|mps|xpu)(:\d+)?", location)):
+        raise ValueError(f"torch_load: storage {key} has an unknown location {location!r:.40}")
     return key, pid[1].dtype, numel
 
 class _Pending:
     """A tensor whose storage bytes come later in the file."""
     def __init__(self, *args: Any): self.args = args
 
-def _rebuild_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple, *args: Any) -> Tensor | _Pending:
+def _rebuild_tensor_v2(storage: _Storage, offset: int, size: tuple, stride: tuple, requires_grad: Any,
+                       backward_hooks: Any, metadata: Any = None) -> Tensor | _Pending:
+    return _rebuild_tensor(storage, offset, size, stride)
+
+def _rebuild_tensor(storage: _Storage, offset: int, size: tuple, stride: tuple) -> Tensor | _Pending:
     if not isinstance(storage, _Storage):
         raise ValueError("torch_load: a tensor is rebuilt from something not a storage")
     size, stride = _check_view(storage, offset, size, stride)
@@ -406,9 +425,9 @@ def _check_view(storage: _Storage, offset: Any, size: Any, stride: Any) -> tuple
     MAX_DIMS of them, every element inside the storage, and what it reads beyond the storage within the budget."""
     if not (isinstance(size, tuple | list) and isinstance(stride, tuple | list) and len(size) == len(stride)
             and len(size) <= MAX_DIMS and all(_is_int(x) and x >= 0 for x in (*size, *stride))
-            and _is_int(offset) and offset >= 0):
+            and _is_int(offset) and offset >= 0 and _countable(size)):
         raise ValueError(f"torch_load: bad tensor geometry size={size!r:.200} stride={stride!r:.200} "
-                         f"offset={offset!r:.40} (at most {MAX_DIMS} dims, ints >= 0)")
+                         f"offset={offset!r:.40} (at most {MAX_DIMS} dims, ints >= 0, under 2**63 elements)")
     size, stride = tuple(size), tuple(stride)
     n = prod(size)
     if n == 0: return size, stride
@@ -460,7 +479,8 @@ class _TorchUnpickler(pickle._Unpickler):
     Python's own unpickler rather than the C one: its memo is a dict, where the C one allocates an array up to the
     largest memo index a pickle names (gigabytes for one hostile opcode)."""
     ALLOWED: dict[tuple[str, str], Any] = {
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor, ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
         ("torch._utils", "_rebuild_parameter"): _rebuild_parameter, ("collections", "OrderedDict"): OrderedDict,
         ("torch", "Size"): tuple}
 
@@ -685,6 +705,7 @@ def _gguf_load(src: _Mapped | memoryview) -> tuple[dict[str, Any], dict[str, Ten
         names.add(name)
         if ndim > 8: raise ValueError(f"gguf: tensor {name!r} has {ndim} dims")
         dims = [r.scalar("<Q", "dim") for _ in range(ndim)]
+        if not _countable(dims): raise ValueError(f"gguf: tensor {name!r} has dims {dims} past 2**63 elements")
         infos.append((name, tuple(reversed(dims)), r.scalar("<I", "type"), r.scalar("<Q", "offset")))
     align = kv.get("general.alignment", 32)
     if types.get("general.alignment", 4) != 4 or align <= 0 or align & (align - 1):  # a uint32 power of two
