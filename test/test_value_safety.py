@@ -113,6 +113,17 @@ def test_comparison_with_an_int_beyond_the_dtype_is_by_value(dt, value):
     Tensor.realize(*out)
     for o, w in zip(out, want): assert o.tolist() == w.tolist()
 
+@pytest.mark.parametrize("dt", [dtypes.int32, dtypes.uint8, dtypes.int64, dtypes.bool])
+@pytest.mark.parametrize("value", [2**40, -1, 2**63, -2**70])
+def test_true_division_by_an_int_beyond_the_dtype_as_torch(dt, value):
+    # true division is a float operation: the int is divided as a float, as in torch (not refused, not wrapped)
+    x = Tensor([1, 0, 1], dtype=dt)
+    np.testing.assert_allclose((x / value).numpy(), [v / value for v in (1, 0, 1)], rtol=1e-6)
+    if abs(value) < 2**63:
+        tx = torch.tensor([1, 0, 1], dtype=to_torch_dtype(dt))
+        np.testing.assert_allclose((x / value).numpy(), (tx / value).numpy(), rtol=1e-6)
+        np.testing.assert_allclose((value / x).numpy(), (value / tx).numpy(), rtol=1e-6)
+
 def test_where_and_clamp_refuse_as_torch():
     x = torch.tensor([1], dtype=torch.int32)
     assert torch_raises(lambda: torch.where(torch.tensor([True]), x, 2**40))

@@ -530,7 +530,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """0, 1, ..., n-1 (int32, int64 past 2^31 elements): the loop index itself, so it costs no memory traffic."""
         # (int64 where the last index doesn't fit an int32: arange(2**31 + 10, dtype=int64)[-1] wrapped)
         dt = dtypes.int64 if (n.vmax if isinstance(n, UOp) else n) > 2**31 else dtypes.int32
-        return Tensor(UOp(Ops.RANGE, dt, (_device_uop(_canonical_device(device)),), n))
+        check_size((n,), dt, dev := _canonical_device(device))
+        return Tensor(UOp(Ops.RANGE, dt, (_device_uop(dev),), n))
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         m = n if m is None else m
@@ -722,6 +723,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return a._alu(Ops.MUL, b)
     def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """True division (ints give floats); rounding_mode 'trunc' or 'floor' as torch.div."""
+        if rounding_mode is None and type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)):
+            return self.cast(least_upper_float(self.dtype)).div(x, reverse)  # (the int is divided as a float)
         a, b = self._broadcasted(x, reverse)
         if rounding_mode == "trunc":
             if dtypes.is_int(a.dtype): return a._alu(Ops.IDIV, b)
