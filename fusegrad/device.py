@@ -205,6 +205,9 @@ class Buffer:
         elif opaque is not None:
             self._buf, self._owned = opaque, False  # memory we didn't allocate isn't ours to free or count
         else:
+            if self.nbytes > 1 << 30 and self.nbytes > (mem := Device[self.device].memory_size):
+                raise MemoryError(f"{self!r} needs {self.nbytes} bytes, more than the {mem} bytes of memory of device "
+                                  f"{self.device}")
             self._buf, self._owned = self.allocator.alloc(self.nbytes), True
             GlobalCounters.mem_used += self.nbytes
         return self

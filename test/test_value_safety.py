@@ -266,24 +266,35 @@ def test_one_hot_out_of_range_as_torch():
 # *** sizes no device can hold ***
 
 def _too_many(itemsize: int) -> int:
+    """More elements of `itemsize` bytes than the default device's memory holds."""
     return Device[Device.DEFAULT].memory_size // itemsize + 1
 
 def test_memory_size_is_the_machines():
     import os
     assert Device[Device.DEFAULT].memory_size == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-@pytest.mark.parametrize("make", [lambda n: Tensor.ones(n), lambda n: Tensor.zeros(n), lambda n: Tensor.empty(n),
-                                  lambda n: Tensor.full((n,), 2.0), lambda n: Tensor.arange(n * 2),
-                                  lambda n: Tensor.ones(2**63), lambda n: Tensor.zeros(2**40, 2**40),
-                                  lambda n: Tensor.ones(1).expand(n), lambda n: Tensor.ones(1, 1).expand(n, 2),
-                                  lambda n: Tensor.ones(1).pad(((0, n),)),
-                                  lambda n: Tensor.ones(1, 2**20) + Tensor.ones(n // 2**20 + 1, 1),
-                                  lambda n: Tensor.ones(4).repeat(n // 4 + 1)])
-def test_sizes_beyond_device_memory_are_refused(make):
-    n = _too_many(4)
-    with pytest.raises(MemoryError, match=f"bytes .* of memory of device {Device.DEFAULT}"): make(n)
+@pytest.mark.parametrize("make", [lambda: Tensor.ones(2**63), lambda: Tensor.zeros(2**40, 2**30),
+                                  lambda: Tensor.full((2**47,), 2.0), lambda: Tensor.arange(2**62),
+                                  lambda: Tensor.arange(0, 1e30, 1e-30), lambda: Tensor.ones(1).expand(2**50),
+                                  lambda: Tensor.ones(1, 1).expand(2**30, 2**30).reshape(2**60),
+                                  lambda: Tensor.ones(1).pad(((0, 2**50),)), lambda: Tensor.ones(4).repeat(2**50),
+                                  lambda: Tensor.ones(1, 2**25) + Tensor.ones(2**25, 1),
+                                  lambda: Tensor.ones(2**30).sum() + Tensor.ones(2**30, 2**30).sum()])
+def test_sizes_no_device_holds_are_refused_when_made(make):
+    with pytest.raises(MemoryError, match=f"more than any device holds .* of memory of device {Device.DEFAULT}"):
+        make()
 
-def test_sizes_within_memory_still_make_lazy_views():
-    # a view of a constant takes no memory: a billion elements are fine to describe
+def test_tensors_with_memory_must_fit_the_device():
+    n = _too_many(4)
+    with pytest.raises(MemoryError, match=f"{4 * n} bytes .* more than the .* of memory of device {Device.DEFAULT}"):
+        Tensor.empty(n)
+    # a view of a constant takes no memory, but computing all of it would need its buffer
+    for t in (Tensor.ones(n).contiguous(), Tensor.ones(n) + Tensor.ones(n), Tensor.ones(1).expand(n) * 2):
+        with pytest.raises(MemoryError, match=f"needs {4 * n} bytes, more than"): t.realize()
+
+def test_views_larger_than_memory_can_be_computed_in_part():
+    # only part of a view may ever be computed (its slices, its elements): that takes no more memory than the part
+    n = _too_many(4)
+    assert Tensor.ones(n)[n - 3:].tolist() == [1.0, 1.0, 1.0]
+    assert Tensor.arange(n)[n - 1].item() == n - 1
     assert Tensor.ones(2**28).expand(2, 2**28).shape == (2, 2**28)
-    assert Tensor.ones(2**10).reshape(2**5, 2**5).sum().item() == 1024.0

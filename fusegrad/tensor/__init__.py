@@ -501,7 +501,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def empty(*shape: Any, dtype: DType | str | None = None, device: str | None = None) -> Tensor:
         shp = _shape_arg(argfix(*shape))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        check_size(shp, dt, dev := _canonical_device(device))
+        check_size(shp, dt, dev := _canonical_device(device), memory=True)
         if isinstance(dev, tuple):  # memory on each device, one replica each
             return Tensor(UOp(Ops.MULTI, dt, tuple(Tensor.empty(shp, dtype=dt, device=d).uop for d in dev)))
         buf = new_buffer(_device_uop(dev), prod(shp), dt)

@@ -390,20 +390,27 @@ class CreationMixin:
 # tensors up to this many bytes are never compared with a device's memory (no device has less): the check below costs
 # a multiplication for them
 _ALWAYS_FITS = 1 << 30
+# the most bytes a 64-bit address space maps (48-bit virtual addresses): no device holds a tensor larger than this
+_ADDRESSABLE = 1 << 48
 
-def check_size(shape: tuple, dtype: DType, device: Any) -> None:
-    """MemoryError if a tensor of `shape` and `dtype` has more bytes than `device` has memory (a kernel computing it
-    would run for as many steps as it has elements, so it is refused when made, not when run). Symbolic shapes pass."""
+def check_size(shape: tuple, dtype: DType, device: Any, memory: bool = False) -> None:
+    """MemoryError if no device could hold a tensor of `shape` and `dtype`: a kernel computing it would run for as many
+    steps as it has elements (Tensor.ones(2**63).sum()), so it is refused when made, not when run. A view of a
+    constant or of the index (full, arange, expand, pad) takes no memory, and only a part of it may ever be computed
+    (Tensor.arange(2**32 + 5)[i]): it may describe more than `device` has, up to what an address space maps. A tensor
+    with `memory` of its own (empty) must fit the device's memory, as every buffer allocated does (Buffer.allocate).
+    Symbolic shapes pass."""
     n = dtype.itemsize
     for s in shape: n *= s  # (a loop, not prod(): cheaper for the few dims of a shape)
     if type(n) is not int or n <= _ALWAYS_FITS: return
     from fusegrad.device import Device
     devs = device if isinstance(device, tuple) else (device,)
     limit = sum(Device[d].memory_size for d in devs)
-    if n > limit:
-        raise MemoryError(f"a tensor of shape {tuple(shape)} and dtype {dtype!r} needs {n} bytes ({n / 2**30:.4g} "
-                          f"GiB), more than the {limit} bytes ({limit / 2**30:.4g} GiB) of memory of device "
-                          f"{device if len(devs) > 1 else devs[0]}")
+    if n <= (limit if memory else max(limit, _ADDRESSABLE)): return
+    what = f"a tensor of shape {tuple(shape)} and dtype {dtype!r} needs {n} bytes ({n / 2**30:.4g} GiB)"
+    mem = f"{limit} bytes ({limit / 2**30:.4g} GiB) of memory of device {device if len(devs) > 1 else devs[0]}"
+    if memory: raise MemoryError(f"{what}, more than the {mem}")
+    raise MemoryError(f"{what}, more than any device holds (2**48 bytes of addresses; the {mem})")
 
 def _canonical(device: str | None) -> str:
     from fusegrad.tensor import _canonical_device
