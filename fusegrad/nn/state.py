@@ -179,7 +179,10 @@ def _read_member(src: _Mapped | memoryview, info: zipfile.ZipInfo, budget: _Budg
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise ValueError(f"{what}: {name!r} uses compression method {info.compress_type} (only stored and deflated "
                          "members are read)")
-    if info.flag_bits & 0x1: raise ValueError(f"{what}: {name!r} is encrypted")
+    if info.flag_bits & 0x2061:  # encrypted, strongly encrypted, a patch, a masked local header
+        raise ValueError(f"{what}: {name!r} is encrypted or a patch (flags {info.flag_bits:#x})")
+    if info.external_attr & 0x10:  # the MS-DOS directory attribute: other readers (torch's) read no bytes then
+        raise ValueError(f"{what}: {name!r} is marked as a directory but holds data")
     if expect is not None and info.file_size != expect:
         raise ValueError(f"{what}: {name!r} holds {info.file_size} bytes, expected {expect}")
     if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
@@ -233,6 +236,12 @@ def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
     if len(set(names)) != len(names):
         zf.close()
         raise ValueError(f"{what}: the archive names a member twice")
+    if any(info.volume for info in zf.infolist()):
+        zf.close()
+        raise ValueError(f"{what}: the archive spans several disks (not supported)")
+    if any("\0" in info.orig_filename for info in zf.infolist()):  # python's zipfile cuts the name there
+        zf.close()
+        raise ValueError(f"{what}: a member's name holds a NUL byte")
     return zf
 
 def accept_filename(func: Callable[[Any], T]) -> Callable[[Any], T]:
@@ -525,6 +534,8 @@ def _torch_load_zip(src: _Mapped | memoryview, budget: _Budget) -> Any:
         first = zf.infolist()[0].filename if infos else ""
         prefix = first[:first.find("/") + 1]
         if not prefix or f"{prefix}data.pkl" not in infos: raise ValueError("torch_load: the archive has no data.pkl")
+        if (stray := next((n for n in infos if not n.startswith(prefix)), None)) is not None:
+            raise ValueError(f"torch_load: {stray!r} is outside the archive's directory {prefix!r}")
         def member(name: str, expect: int | None = None) -> memoryview:
             return _read_member(src, infos[name], budget, "torch_load", expect)
         # the records besides the storages are read and checked as torch reads them (each read checks its CRC)
