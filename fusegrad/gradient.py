@@ -1,16 +1,19 @@
 """Reverse-mode autodiff as a rewrite of the tensor graph: one derivative rule per op, applied from the root in reverse
 topological order. The result is an ordinary lazy graph, so it schedules and fuses like any other.
 
-Where the derivative is not unique the rules follow tinygrad:
-- elementwise MAX of two equal inputs gives each half of the gradient (torch.maximum does the same; torch's relu
-  gives 0 at 0 where `x.maximum(0)` here gives 0.5);
-- a MAX reduction splits the gradient evenly among the elements equal to the maximum. torch does the same for
-  `x.max()` and `x.amax(dim)`, but `x.max(dim)` (which returns indices) gives it all to the one element at the
-  returned index.
+Where the derivative is not unique the rules follow torch:
+- elementwise MAX of two equal inputs gives each half of the gradient (torch.maximum); where one is nan, both get all
+  of it;
+- a MAX reduction splits the gradient evenly among the elements equal to the maximum (the nans, if it is nan). torch
+  does the same for `x.max()` and `x.amax(dim)`, but `x.max(dim)` (which returns indices) gives it all to the one
+  element at the returned index;
+- functions with a kink whose convention differs from these (relu, clamp, hardtanh, pow at 0, ...) carry their own
+  rule (with_gradient below).
 """
 from __future__ import annotations
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 from fusegrad.dtype import dtypes, sum_acc_dtype
 from fusegrad.helpers import rng_counter_of
 from fusegrad.schedule.kernelize import bound_variables, new_buffer, structure_key, substitute_map
@@ -50,8 +53,9 @@ def _max_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
     x, y = ret.src
     half = _scale(ctx, 0.5)
     eq = _alu(Ops.CMPEQ, x, y)
-    return (_where(eq, half, _where(_alu(Ops.CMPLT, y, x), ctx, _zero(ctx))),
-            _where(eq, half, _where(_alu(Ops.CMPLT, x, y), ctx, _zero(ctx))))
+    # the smaller input gets nothing; unordered (nan) inputs both get the gradient, as torch.maximum
+    return (_where(eq, half, _where(_alu(Ops.CMPLT, x, y), _zero(ctx), ctx)),
+            _where(eq, half, _where(_alu(Ops.CMPLT, y, x), _zero(ctx), ctx)))
 
 def _pow_grad(ctx: UOp, ret: UOp) -> tuple[UOp, UOp]:
     x, y = ret.src
@@ -66,8 +70,11 @@ def _reduce_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
     if op is Ops.ADD: return (g,)
     r = _expand_to(ret, x.shape)
     if op is Ops.MAX:
-        # every element equal to the maximum gets an equal share
-        is_max = _alu(Ops.CMPEQ, x, r).cast(ctx.dtype)
+        # every element equal to the maximum gets an equal share (every nan, where the maximum is nan)
+        is_max = _alu(Ops.CMPEQ, x, r)
+        if dtypes.is_float(x.dtype):
+            is_max = _alu(Ops.OR, is_max, _alu(Ops.AND, _alu(Ops.CMPNE, x, x), _alu(Ops.CMPNE, r, r)))
+        is_max = is_max.cast(ctx.dtype)
         count = _expand_to(_sum_to(is_max, axes), x.shape)
         return (_mul(g, _alu(Ops.FDIV, is_max, count)),)
     if op is Ops.MUL:
@@ -150,6 +157,106 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),
 ], name="gradient")
 pm_gradient.__doc__ = "Each rule maps a node's gradient to one gradient per source, of that source's shape and dtype."
+
+# *** derivatives by convention: a value computed as usual whose gradient is a rule's (torch's choice at a kink) ***
+
+def with_gradient(value: Any, ins: tuple[Any, ...], rule: Callable) -> Any:
+    """The tensor `value` whose gradient with respect to the tensors `ins` is rule(grad, ins) (UOps in, one UOp or None
+    per input out) instead of the derivative of value's own graph. The forward graph, and so its kernels, stays
+    value's own: the node vanishes before scheduling. Rules are frozen dataclasses with `pure` set, so a graph made
+    again compares equal (the schedule and gradient caches key on it)."""
+    from fusegrad.tensor import Tensor
+    if not dtypes.is_float(value.dtype): return value
+    return Tensor(UOp(Ops.CUSTOM_GRAD, value.dtype, (UOp(Ops.DETACH, value.dtype, (value.uop,)),
+                                                     *(t.uop for t in ins)), rule))
+
+def clamped(x: Any, lo: Any, hi: Any, closed: bool) -> Any:
+    """The tensor x clamped to [lo, hi] (tensors or numbers; None: no bound) with ClampGradient's rule."""
+    if lo is None and hi is None: raise ValueError("clip needs at least one of min_ or max_")
+    xs, bounds = x, []
+    for b in (lo, hi):
+        if b is not None:
+            xs, bt = xs._broadcasted(b)
+            bounds.append(bt)
+    bounds = [b._broadcast_to(xs.shape).cast(xs.dtype) for b in bounds]
+    value = xs if lo is None else xs.maximum(bounds[0])
+    if hi is not None: value = value.minimum(bounds[-1])
+    return with_gradient(value, (xs, *bounds), ClampGradient(lo is not None, hi is not None, closed))
+
+@dataclass(frozen=True)
+class ClampGradient:
+    """The gradient of x clamped to [lo, hi] (ins: x, then the bounds present, all of one shape). closed=True is
+    torch.clamp's: x gets the gradient where lo <= x <= hi (not where x is nan), a bound where it was chosen (hi too
+    where lo > hi). closed=False is relu's and hardtanh's: x gets it where lo < x < hi. (torch passes it where x is nan
+    for relu and hardtanh; here, as in tinygrad, nan gets none.)"""
+    pure: ClassVar[bool] = True
+    has_lo: bool
+    has_hi: bool
+    closed: bool
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
+        from fusegrad.tensor import Tensor
+        g, x = Tensor(grad), Tensor(ins[0])
+        lo = Tensor(ins[1]) if self.has_lo else None
+        hi = Tensor(ins[1 + self.has_lo]) if self.has_hi else None
+        if self.closed:
+            inside = (x >= lo if lo is not None else None, x <= hi if hi is not None else None)
+        else:
+            inside = (x > lo if lo is not None else None, x < hi if hi is not None else None)
+        keep = inside[0] & inside[1] if lo is not None and hi is not None else inside[0] if lo is not None \
+            else inside[1]
+        ret: list[UOp | None] = [keep.where(g, 0.0).uop]
+        if lo is not None:
+            chosen = x < lo if hi is None else (x < lo) & (lo < hi)
+            ret.append(chosen.where(g, 0.0).uop)
+        if hi is not None:
+            chosen = x > hi if lo is None else (x > hi) | (hi < lo)
+            ret.append(chosen.where(g, 0.0).uop)
+        return tuple(ret)
+
+@dataclass(frozen=True)
+class PowGradient:
+    """The gradient of a ** b (ins: a, b, float, of one shape) as torch's: a gets b * a^(b-1), 0 where b is 0; b gets
+    a^b * log(a), 0 where a is 0 and b >= 0. (The derivative of the formula the value is computed with would be nan
+    at a = 0 and 0 where its special cases pick a constant.)"""
+    pure: ClassVar[bool] = True
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+        from fusegrad.tensor import Tensor
+        g, a, b = Tensor(grad), Tensor(ins[0]), Tensor(ins[1])
+        da = (b == 0).where(0.0, b * a.pow(b - 1))
+        db = ((a == 0) & (b >= 0)).where(0.0, a.pow(b) * a.log())
+        return (g * da).uop, (g * db).uop
+
+# derivatives in terms of the function's own value: finite for every x, where the derivative of the formula the value is
+# computed with meets 0 * inf once exp overflows (1 / (1 + exp(-x)) at x = -1000)
+_VALUE_DERIVATIVES: dict[str, Callable[[Any], Any]] = {
+    "sigmoid": lambda x: (s := x.sigmoid()) * (1 - s),
+    "tanh": lambda x: 1 - x.tanh().square(),
+}
+
+@dataclass(frozen=True)
+class UnaryGradient:
+    """The gradient of a unary function named in _VALUE_DERIVATIVES (ins: its float input)."""
+    pure: ClassVar[bool] = True
+    name: str
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp]:
+        from fusegrad.tensor import Tensor
+        return (Tensor(grad) * _VALUE_DERIVATIVES[self.name](Tensor(ins[0]))).uop,
+
+@dataclass(frozen=True)
+class IndexGradient:
+    """The gradient of values picked along the last axis at int indices (ins: x (..., n), the indices (..., m)): each
+    value's gradient goes to the one element it was picked from (cummax/cummin, as torch)."""
+    pure: ClassVar[bool] = True
+
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, None]:
+        from fusegrad.tensor import Tensor
+        g, x, idx = Tensor(grad), Tensor(ins[0]), Tensor(ins[1])
+        n = x.shape[-1]
+        hit = idx.unsqueeze(-1) == Tensor.arange(n, device=x.device)   # (..., m, n)
+        return hit.where(g.unsqueeze(-1), 0.0).sum(-2).cast(x.dtype).uop, None
 
 # nodes whose sources are not values (leaves of the tensor graph), and DETACH, which stops the walk
 _LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIND, Ops.KERNEL, Ops.UNIQUE}

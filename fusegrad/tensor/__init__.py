@@ -12,6 +12,7 @@ from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_up
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.engine.multi import shards_of
+from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.indexing import is_realized, storage_of
 from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, schedule_cache, \
     schedule_cache_lookup, schedule_cache_stats, substitute_map
@@ -757,12 +758,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return fix.where(r + b, r)
     def pow(self, x: Any, reverse: bool = False) -> Tensor:
         if not reverse and isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 8:
-            if x == 0: return self.ones_like()
+            if x == 0: return with_gradient(self.ones_like(), (self, self.zeros_like()), PowGradient())
             ret = self
             for _ in range(x - 1): ret = ret * self
             return ret
         a, b = self._broadcasted(x, reverse)
         if not dtypes.is_float(a.dtype):
+            if not reverse and isinstance(x, int) and x < 0:
+                raise RuntimeError(f"integers to negative integer powers are not allowed ({a.dtype} ** {x})")
             ft = dtypes.default_float
             return a.cast(ft).pow(b.cast(ft)).round_half().cast(a.dtype)
         # |a|^b, with the sign of a for odd integer b, nan for negative a and non-integer b
@@ -771,10 +774,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         b_odd = (b.abs() - (b.abs() / 2).floor() * 2)._alu(Ops.CMPEQ, b.ones_like(), dtype=dtypes.bool)
         neg = a < 0
         signed = (neg & b_odd).where(-mag, mag)
-        ret = (neg & b_int.logical_not()).where(float("nan"), signed)
+        ret = (neg & b_int.logical_not() & (a != float("-inf"))).where(float("nan"), signed)
         # x**0 and 1**y are 1 even where the formula meets 0*inf or nan (IEEE pow, as torch)
-        return (b._alu(Ops.CMPEQ, b.zeros_like(), dtype=dtypes.bool) | a._alu(Ops.CMPEQ, a.ones_like(),
-                dtype=dtypes.bool)).where(1.0, ret)
+        return with_gradient((b._alu(Ops.CMPEQ, b.zeros_like(), dtype=dtypes.bool) | a._alu(Ops.CMPEQ, a.ones_like(),
+                             dtype=dtypes.bool)).where(1.0, ret), (a, b), PowGradient())
     def round_half(self) -> Tensor: return (self + 0.5).floor() * (self >= 0).cast(self.dtype) + \
         (self - 0.5).ceil() * (self < 0).cast(self.dtype)
 
@@ -867,8 +870,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return (a < b).where(a, b)
     def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
         if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ or max_")
-        x = self if min_ is None else self.maximum(min_)
-        return x if max_ is None else x.minimum(max_)
+        return clamped(self, min_, max_, closed=True)
     clamp = clip
 
     # *** unary math ***
@@ -884,7 +886,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def neg(self) -> Tensor:
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
-    def relu(self) -> Tensor: return self.maximum(0) if self.dtype != dtypes.bool else self
+    def relu(self) -> Tensor: return clamped(self, 0, None, closed=False) if self.dtype != dtypes.bool else self
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
@@ -906,9 +908,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if not dtypes.is_float(self.dtype): return self
         t = self.trunc()
         return (t < self).where(t + 1, t)
-    def sigmoid(self) -> Tensor: return (1 + (-self).exp()).reciprocal()
+    def sigmoid(self) -> Tensor:
+        return with_gradient((1 + (-self).exp()).reciprocal(), (self,), UnaryGradient("sigmoid"))
     def isnan(self) -> Tensor: return self != self
-    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self < 0).where(self * neg_slope, self)
+    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)
     def silu(self) -> Tensor: return self * self.sigmoid()
     swish = silu
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable
 from fusegrad.dtype import dtypes, least_upper_float
+from fusegrad.gradient import UnaryGradient, clamped, with_gradient
 from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING: from fusegrad.tensor import Tensor
@@ -185,7 +186,7 @@ class ElementwiseMixin:
         x = self.cast(least_upper_float(self.dtype))
         bx = x * beta
         # log1p(exp(-|bx|)) + max(bx, 0) can't overflow
-        soft = ((-bx.abs()).exp()._log1p() + bx.relu()) * (1 / beta)
+        soft = ((-bx.abs()).exp()._log1p() + bx.maximum(0)) * (1 / beta)
         return (bx > 20).where(x, soft)
     def softsign(self: Any) -> Tensor:
         """x / (1 + |x|)."""
@@ -198,14 +199,14 @@ class ElementwiseMixin:
         return self * (self + 3).relu6() * (1 / 6)
     def hardsigmoid(self: Any, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
         """clip(alpha * x + beta, 0, 1)."""
-        return (alpha * self + beta).relu().minimum(1)
+        return clamped(alpha * self + beta, 0, 1, closed=False)
     def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Tensor:
         """clip(x, min_val, max_val)."""
         if min_val > max_val: raise ValueError(f"hardtanh needs min_val <= max_val, got {min_val} > {max_val}")
-        return self.clip(min_val, max_val)
+        return clamped(self, min_val, max_val, closed=False)
     def relu6(self: Any) -> Tensor:
         """min(max(x, 0), 6)."""
-        return self.relu().minimum(6)
+        return clamped(self, 0, 6, closed=False)
     def logsigmoid(self: Any) -> Tensor:
         """log(sigmoid(x)) = -softplus(-x)."""
         return -(-self).softplus()
@@ -262,7 +263,8 @@ class ElementwiseMixin:
         return self._math(_cosh_v, wide=True)
     def tanh(self: Any) -> Tensor:
         """Hyperbolic tangent."""
-        return self._math(_tanh_v)
+        x = self.cast(least_upper_float(self.dtype))
+        return with_gradient(x._math(_tanh_v), (x,), UnaryGradient("tanh"))
     def asinh(self: Any) -> Tensor:
         """Inverse hyperbolic sine."""
         def value(x: Tensor) -> Tensor:
@@ -326,7 +328,7 @@ class ElementwiseMixin:
         # the sign bit of b over the other bits of a, as bits: exact for zeros, infinities and nan
         bits = (a.detach().bitcast(it) & ~(-sign)) | (b.detach().bitcast(it) & -sign)
         flips = _signbit(a.detach()) != _signbit(b.detach())
-        sign = flips.where(-1.0, 1.0).cast(ft)
+        sign = (a.detach() == 0).where(0.0, flips.where(-1.0, 1.0)).cast(ft)
         return _with_grad(bits.bitcast(ft), (a, lambda _: sign))
     def lerp(self: Any, end: Any, weight: Any) -> Tensor:
         """self + weight * (end - self), computed from the nearer end for accuracy (as torch)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 from fusegrad.dtype import DType, dtypes, least_upper_float, sum_acc_dtype, to_dtype
+from fusegrad.gradient import IndexGradient, with_gradient
 from fusegrad.helpers import prod
 
 if TYPE_CHECKING: from fusegrad.tensor import Tensor
@@ -296,7 +297,9 @@ def _cum_extreme(x: Tensor, is_max: bool) -> tuple[Tensor, Tensor]:
     if x.dtype == dtypes.bool: out = vals.cast(dtypes.bool) if is_max else vals.cast(dtypes.bool).logical_not()
     elif dtypes.is_float(x.dtype): out = vals if is_max else -vals
     else: out = vals if is_max else ~vals
-    return _paired(out, idx)
+    out, idx = _paired(out, idx)
+    # each running value's gradient goes to the element at its index (a tie's to the last one), as torch
+    return with_gradient(out, (x, idx), IndexGradient()), idx
 
 def _ops():
     from fusegrad.uop.ops import Ops
