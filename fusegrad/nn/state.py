@@ -69,12 +69,15 @@ def _progress(items: Iterable[T], total: int, desc: str, enabled: bool) -> Itera
 
 def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = True,
                     consume: bool = False, realize: bool = True) -> list[Tensor]:
-    """Copy `state_dict` into the model's tensors (values of another float dtype are cast). strict: missing and
-    unexpected keys are errors (else missing keys are kept and reported with verbose). A shape mismatch is always an
-    error naming the key. consume: delete each entry from state_dict once loaded. Returns the loaded tensors."""
+    """Copy `state_dict` into the model's tensors (values of another float dtype are cast; a value of shape () and a
+    target of shape (1,), or the reverse, are reshaped; a sharded target gets the value sharded as it is). strict:
+    missing and unexpected keys are errors (else missing keys are kept and reported with verbose); a BatchNorm's
+    `num_batches_tracked` that the model doesn't keep is never an error (PyTorch writes it, tinygrad's and others'
+    models may not have it). A shape mismatch is always an error naming the key. consume: delete each entry from
+    state_dict once loaded. Returns the loaded tensors."""
     model_state = get_state_dict(model)
     missing = [k for k in model_state if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in model_state]
+    unexpected = [k for k in state_dict if k not in model_state and k.rsplit(".", 1)[-1] != "num_batches_tracked"]
     if strict and (missing or unexpected):
         raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
     if verbose and missing: print(f"load_state_dict: {len(missing)} keys not in the state dict, kept: {missing[:8]}")
@@ -84,6 +87,7 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
         target, value = model_state[k], state_dict[k]
         if not isinstance(value, Tensor):
             raise TypeError(f"load_state_dict: {k} is a {type(value).__name__}, not a Tensor")
+        if {value.shape, target.shape} == {(), (1,)}: value = value.reshape(target.shape)
         if value.shape != target.shape:
             raise ValueError(f"load_state_dict: shape mismatch for {k}: the model has {target.shape}, the state dict "
                              f"{value.shape}")
@@ -92,7 +96,9 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
                 raise TypeError(f"load_state_dict: dtype mismatch for {k}: the model has {target.dtype}, the state "
                                 f"dict {value.dtype}")
             value = value.cast(target.dtype)
-        target.replace(value.to(target.device).contiguous())
+        if isinstance(target.device, tuple) and value.device != target.device: value = value.shard_like(target)
+        else: value = value.to(target.device)
+        target.replace(value.contiguous())
         loaded.append(target)
         if consume: del state_dict[k]
     if realize and loaded: Tensor.realize(*loaded)

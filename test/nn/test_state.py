@@ -498,3 +498,46 @@ def test_archives_malformed(tmp_path):
     sparse[156:157] = b"S"
     sparse[148:156] = b"%06o\0 " % (sum(sparse[:148]) + 8 * 32 + sum(sparse[156:512]))
     with pytest.raises(ValueError, match="sparse|tar"): tar_extract(bytes(sparse))
+
+# *** load_state_dict as tinygrad programs use it ***
+
+def test_load_state_dict_of_torch_batchnorm_with_and_without_num_batches_tracked():
+    import torch
+    from fusegrad import nn
+    tb = torch.nn.BatchNorm2d(4)
+    tb.train()
+    for _ in range(3): tb(torch.randn(2, 4, 3, 3))
+    sd = {k: Tensor(v.numpy()) for k, v in tb.state_dict().items()}
+    ours = nn.BatchNorm(4)
+    load_state_dict(ours, sd)
+    assert ours.num_batches_tracked.item() == tb.num_batches_tracked.item() == 3
+    np.testing.assert_array_equal(ours.running_var.numpy(), tb.running_var.numpy())
+    # tinygrad keeps the counter with shape (1,): () and (1,) load into each other
+    sd["num_batches_tracked"] = Tensor([7], dtype=dtypes.int64)
+    load_state_dict(ours, sd)
+    assert ours.num_batches_tracked.shape == () and ours.num_batches_tracked.item() == 7
+    # a model that doesn't keep the counter ignores it, even when strict; other unexpected keys still raise
+    class NoCounter:
+        def __init__(self):
+            self.weight, self.bias = Tensor.zeros(4).contiguous(), Tensor.zeros(4).contiguous()
+            self.running_mean, self.running_var = Tensor.zeros(4).contiguous(), Tensor.ones(4).contiguous()
+    plain = NoCounter()
+    load_state_dict(plain, {k: Tensor(v.numpy()) for k, v in tb.state_dict().items()})
+    np.testing.assert_array_equal(plain.running_mean.numpy(), tb.running_mean.numpy())
+    with pytest.raises(KeyError, match="unexpected keys.*'extra'"):
+        load_state_dict(plain, {**{k: Tensor(v.numpy()) for k, v in tb.state_dict().items()}, "extra": Tensor([1.0])})
+
+def test_load_state_dict_into_a_sharded_model():
+    from fusegrad import nn
+    devices = ("CPU", "CPU:1")
+    model = nn.Linear(6, 4)
+    model.weight.shard_(devices, axis=0).realize()
+    model.bias.shard_(devices, axis=None).realize()
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    load_state_dict(model, {"weight": Tensor(w), "bias": Tensor(b)})
+    assert model.weight.device == devices and model.weight.uop.arg == 0 and model.bias.device == devices
+    np.testing.assert_array_equal(model.weight.numpy(), w)
+    np.testing.assert_array_equal(model.bias.numpy(), b)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    np.testing.assert_allclose(model(Tensor(x).shard(devices)).numpy(), x @ w.T + b, rtol=1e-5, atol=1e-5)
