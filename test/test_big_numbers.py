@@ -132,3 +132,14 @@ def test_uint8_buffer_of_3_gb():
     assert t[-4:].tolist() == [7, 1, 2, 3]
     assert t.flip(0)[:3].tolist() == [3, 2, 1]
     assert t.max().item() == 7 and t.min().item() == 1
+
+def test_sums_of_symbolic_length():
+    # one kernel for every length up to 10^6: its blocks are loops of symbolic counts, some of them empty
+    from fusegrad import Variable
+    n = Variable("n", 1, 10**6)
+    x = _values("tenths", (10**6, 3))
+    xt = np.ascontiguousarray(x.T)
+    for v in (10**6 - 7, 4097, 64, 3):
+        assert _rel_err(Tensor(x)[:n.bind(v)].sum(0).numpy(), x[:v], 0) < 1e-5
+        assert _rel_err(Tensor(xt)[:, :n.bind(v)].sum(1).numpy(), xt[:, :v], 1) < 1e-5
+        assert _rel_err(Tensor(x[:, 0].copy())[:n.bind(v)].sum().item(), x[:v, 0]) < 1e-5

@@ -59,19 +59,20 @@ def _trips(r: UOp) -> int:
     n = range_size(r)
     return n if isinstance(n, int) else int(n.vmax)
 
-def _new_range(ctx: LowerCtx, size: int) -> UOp:
+def _new_range(ctx: LowerCtx, size: int | UOp) -> UOp:
     ctx.next_range += 1
-    return UOp.range(size, ctx.next_range - 1, "reduce")
+    # (a symbolic size in simplest form: simplify_indexing would otherwise make a second RANGE of it in the indices)
+    return UOp.range(size.simplify() if isinstance(size, UOp) else size, ctx.next_range - 1, "reduce")
 
 def _split_loop(ctx: LowerCtx, r: UOp, cap: int) -> tuple[UOp, UOp, UOp | None]:
     """Reduce loop r as blocks: (loop over the blocks, loop in a block, loop over the remainder or None). A block is
-    the largest divisor of the loop in (cap/2, cap], so that most loops need no remainder loop, else cap. Sums over
-    the same loop share its blocks, so they still run in one loop."""
+    the largest divisor of the loop in (cap/2, cap], so that most loops need no remainder loop, else cap (always for
+    a symbolic loop). Sums over the same loop share its blocks, so they still run in one loop."""
     n = range_size(r)
-    assert isinstance(n, int)
-    b = next((d for d in range(cap, cap // 2, -1) if n % d == 0), cap)
+    b = next((d for d in range(cap, cap // 2, -1) if n % d == 0), cap) if isinstance(n, int) else cap
     if (r, b) not in ctx.splits:
-        ctx.splits[(r, b)] = (_new_range(ctx, n // b), _new_range(ctx, b), _new_range(ctx, n % b) if n % b else None)
+        rest = _new_range(ctx, n % b) if not isinstance(n, int) or n % b else None
+        ctx.splits[(r, b)] = (_new_range(ctx, n // b), _new_range(ctx, b), rest)
     return ctx.splits[(r, b)]
 
 def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[UOp], vecs: list[UOp]) -> UOp:
@@ -89,7 +90,6 @@ def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[
     r, n = loops[j - 1], range_size(loops[j - 1])
     if j < len(loops) and (per_block > SUM_BLOCK // 8 or not isinstance(n, int)):
         return _cascade(ctx, dt, UOp(Ops.REDUCE, dt, (x, *loops[j:], *expanded), Ops.ADD), loops[:j], [], vecs)
-    if not isinstance(n, int): return UOp(Ops.REDUCE, dt, (x, *loops, *expanded, *vecs), Ops.ADD)  # (left whole)
     outer, block, rest = _split_loop(ctx, r, SUM_BLOCK // per_block)
     b = range_size(block)
     inner = UOp(Ops.REDUCE, dt, (x.substitute({r: outer * b + block}), block, *loops[j:], *expanded), Ops.ADD)
