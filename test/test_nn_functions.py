@@ -140,7 +140,7 @@ def test_max_pool2d(kw):
     out, ind = Tensor(x).max_pool2d(**kw, return_indices=True)
     rout, rind = F.max_pool2d(torch.tensor(x), **kw, return_indices=True)
     Tensor.realize(out, ind)
-    assert ind.dtype == dtypes.int64
+    assert ind.dtype == dtypes.int32
     np.testing.assert_array_equal(ind.numpy(), rind.numpy())
     np.testing.assert_array_equal(out.numpy(), rout.numpy())
 

@@ -27,7 +27,7 @@ from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
-from fusegrad.tensor.extras import ExtrasMixin
+from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
 from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sym_eq, sym_le, sym_value
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
@@ -550,7 +550,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def permute(self, order: Any, *args: int) -> Tensor:
         order_t = tuple(_resolve_axis(a, self.ndim) for a in argfix(order, *args))
         if sorted(order_t) != list(range(self.ndim)):
-            raise ValueError(f"permute order {argfix(order, *args)} is not a permutation of {self.ndim} dims")
+            raise ShapeError(f"permute order {argfix(order, *args)} is not a permutation of {self.ndim} dims")
         return Tensor(self.uop.permute(order_t))
     def expand(self, shape: Any, *args: int) -> Tensor:
         new = argfix(shape, *args)
@@ -813,7 +813,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def _int_op(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
         a, b = self._broadcasted(x, reverse)
         if not (dtypes.is_int(a.dtype) or a.dtype == dtypes.bool):
-            raise TypeError(f"{op.name.lower()} needs integer or bool tensors, got {a.dtype}")
+            raise OperandTypeError(f"{op.name.lower()} needs integer or bool tensors, got {a.dtype}")
         return a._alu(op, b)
     def bitwise_and(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.AND, x, reverse)
     def bitwise_or(self, x: Any, reverse: bool = False) -> Tensor: return self._int_op(Ops.OR, x, reverse)
@@ -947,7 +947,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
         if any(self.shape[a] == 0 for a in axes):
-            raise ValueError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no identity")
+            raise EmptyReductionError(f"max/min over an empty dimension (shape {self.shape}, axis {axis}) has no "
+                                      "identity")
         return self._reduce(Ops.MAX, axis, keepdim)
     def min(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         if dtypes.is_unsigned(self.dtype): return ~((~self).max(axis, keepdim))
@@ -967,7 +968,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if axis is None: return self.flatten().argmax(0)
         ax = _resolve_axis(axis, self.ndim)
         n = self.shape[ax] if self.ndim else 1
-        if n == 0: raise ValueError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
+        if n == 0: raise EmptyReductionError(f"argmax over an empty dimension (shape {self.shape}, axis {axis})")
         x = self if self.ndim else self.reshape(1)
         # mark each maximum with n - index, so the largest mark is the first maximum; nan counts as the maximum
         is_max = x == x.max(ax, keepdim=True)
@@ -1003,10 +1004,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         `dtype`: the result's dtype (by default the operands' common one); the products and their sum are formed in
         its accumulation dtype (float32 for half types)."""
         if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
-        if self.ndim == 0 or w.ndim == 0: raise ValueError("matmul needs tensors with at least 1 dim, got a 0-d one")
+        if self.ndim == 0 or w.ndim == 0: raise ShapeError("matmul needs tensors with at least 1 dim, got a 0-d one")
         x, y = self, w
         if x.shape[-1] != y.shape[-2 if y.ndim >= 2 else -1]:
-            raise ValueError(f"matmul shape mismatch: {x.shape} @ {y.shape} (inner dims "
+            raise ShapeError(f"matmul shape mismatch: {x.shape} @ {y.shape} (inner dims "
                              f"{x.shape[-1]} and {y.shape[-2 if y.ndim >= 2 else -1]} differ)")
         squeeze_x, squeeze_y = x.ndim == 1, y.ndim == 1
         if squeeze_x: x = x.reshape(1, -1)
@@ -1098,6 +1099,10 @@ def _shape_arg(shape: Any) -> tuple[sint, ...]:
 def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint, ...]:
     # the common case first: plain non-negative ints of the right product (every reshape inside matmul, conv, ...)
     if all(type(s) is int and s >= 0 for s in shape) and type(numel) is int and prod(shape) == numel: return shape
+    if any(s is None for s in shape):
+        # None keeps the size of that dim, as tinygrad
+        if any(s is None for s in shape[len(old):]): raise IndexError(f"reshape {shape}: None past the {len(old)} dims")
+        shape = tuple(old[i] if s is None else s for i, s in enumerate(shape))
     if any(not is_symbolic(s) and (not isinstance(s, int) or isinstance(s, bool)) for s in shape):
         raise TypeError(f"reshape sizes must be ints, got {shape}")
     shape = tuple(ssimplify(s) for s in shape)
@@ -1108,10 +1113,10 @@ def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint
         known = prod(s for s in shape if not isinstance(s, int) or s != -1)
         rest = ssimplify(numel // known) if not sym_eq(known, 0) else None
         if rest is None or not sym_eq(rest * known, numel):
-            raise ValueError(f"can't reshape {old} ({numel} elements) to {shape}")
+            raise ShapeError(f"can't reshape {old} ({numel} elements) to {shape}")
         shape = tuple(rest if isinstance(s, int) and s == -1 else s for s in shape)
     if not sym_eq(prod(shape), numel):
-        raise ValueError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
+        raise ShapeError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
     return tuple(shape)
 
 # Context(TRAINING=1) (tinygrad's way) switches the same training mode that Tensor.train() does

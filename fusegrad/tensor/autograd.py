@@ -80,7 +80,8 @@ class AutogradMixin:
 
     def gradient(self: Tensor, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
         """The gradients of this tensor with respect to `targets` (lazy tensors; nothing is stored in `.grad`).
-        Without `gradient` this tensor must be a scalar (the seed is 1); a target it doesn't depend on is an error."""
+        Without `gradient` this tensor must be a scalar (the seed is 1); a target it doesn't depend on (or only through
+        detach and non-differentiable ops) gets zeros, as in tinygrad."""
         from fusegrad.tensor import Tensor
         for t in targets:
             if not isinstance(t, Tensor): raise TypeError(f"gradient targets must be Tensors, got {type(t).__name__}")
@@ -89,11 +90,9 @@ class AutogradMixin:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
         grads = _gradients(self.uop, seed, [t.uop for t in targets])
         ret = []
-        for i, t in enumerate(targets):
-            if (g := grads.get(t.uop)) is None:
-                raise RuntimeError(f"target {i} ({t!r}) is not part of the graph this tensor was computed from "
-                                   "(or only reaches it through detach/non-differentiable ops)")
-            ret.append(Tensor(g))
+        for t in targets:
+            g = grads.get(t.uop)
+            ret.append(Tensor(g if g is not None else const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device), t.shape)))
         return ret
 
     def backward(self: Tensor, gradient: Tensor | None = None) -> Tensor:

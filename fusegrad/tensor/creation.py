@@ -256,7 +256,8 @@ class CreationMixin:
         return _finish(_ranks(keys.contiguous(), False).cast(dt), contiguous, requires_grad)
 
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
-        """Indices (int64) drawn from the categories weighted by the last axis of this 1-D or 2-D tensor."""
+        """Indices (dtypes.default_int, as tinygrad) drawn from the categories weighted by the last axis of this 1-D or
+        2-D tensor."""
         if not 1 <= self.ndim <= 2:
             raise ValueError(f"multinomial needs a 1-D or 2-D tensor of weights, got shape {self.shape}")
         if not dtypes.is_float(self.dtype):
@@ -281,7 +282,7 @@ class CreationMixin:
         else:
             # the order of a race without replacement is the order of the keys, largest first
             out = _gather_by_rank(_ranks((w / exp1((rows, n))).contiguous(), True).contiguous(), num_samples)
-        out = out.cast(dtypes.int64)
+        out = out.cast(dtypes.default_int)
         return out if self.ndim == 2 else out.reshape(num_samples)
 
     def dropout(self: Tensor, p: float = 0.5) -> Tensor:

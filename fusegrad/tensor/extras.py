@@ -31,6 +31,17 @@ for _x in range(5):
     for _y in range(5): _PI_SRC[_y + 5 * ((2 * _x + 3 * _y) % 5)] = _x + 5 * _y
 _SHA3 = {"sha3_224": (144, 28), "sha3_256": (136, 32), "sha3_384": (104, 48), "sha3_512": (72, 64)}
 
+# Errors of the types torch and tinygrad raise, which programs catch, that are also the types raised here before (so
+# `except ValueError` and `except TypeError` keep working)
+class ShapeError(RuntimeError, ValueError):
+    """Shapes an op can't take: matmul's inner dims or 0-d operands, a reshape to another size, a bad permutation."""
+
+class OperandTypeError(RuntimeError, TypeError):
+    """An operand dtype an op doesn't take: shifts and bitwise ops of floats."""
+
+class EmptyReductionError(IndexError, ValueError):
+    """A reduction without an identity (max, min, argmax) over an empty dimension."""
+
 class ExtrasMixin:
     """tinygrad-compatible odds and ends that don't belong to one op family."""
     __slots__ = ()

@@ -441,9 +441,9 @@ class IndexingMixin:
         return ret
 
     def nonzero(self: Tensor, size: int | None = None, fill_value: ConstType = 0) -> Tensor:
-        """(count, ndim) int64 positions of the nonzero elements, in row-major order. The count depends on the data,
-        so the tensor is realized and read once; with `size`, the result has `size` rows (cut, or padded with
-        fill_value)."""
+        """(count, ndim) positions (dtypes.default_int, as tinygrad) of the nonzero elements, in row-major order. The
+        count depends on the data, so the tensor is realized and read once; with `size`, the result has `size` rows
+        (cut, or padded with fill_value)."""
         Tensor = _T()
         flat = self.flatten().cast(dtypes.bool).tolist() if self.numel() else []
         pos = [i for i, b in enumerate(flat) if b]
@@ -452,8 +452,9 @@ class IndexingMixin:
             rows = [list(_unravel(p, self.shape)) for p in pos[:size]] + \
                 [[fill_value] * self.ndim] * max(0, size - len(pos))
         else: rows = [list(_unravel(p, self.shape)) for p in pos]
-        if not rows or self.ndim == 0: return Tensor.zeros(len(rows), self.ndim, dtype=dtypes.int64, device=self.device)
-        return Tensor(rows, dtype=dtypes.int64, device=self.device)
+        if not rows or self.ndim == 0:
+            return Tensor.zeros(len(rows), self.ndim, dtype=dtypes.default_int, device=self.device)
+        return Tensor(rows, dtype=dtypes.default_int, device=self.device)
 
     def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value: ConstType = 0) -> Tensor:
         """The elements of self where mask (broadcast) is True, as a 1-D tensor."""

@@ -575,8 +575,8 @@ class NNMixin:
     def max_pool2d(self: Tensor, kernel_size: tuple[int, ...] = (2, 2), stride: int | Sequence[int] | None = None,
                    dilation: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, ceil_mode: bool = False,
                    return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Maximum over windows of the last len(kernel_size) dims; with return_indices also the (int64) index of each
-        maximum in its flattened spatial plane, as torch."""
+        """Maximum over windows of the last len(kernel_size) dims; with return_indices also the index of each maximum in
+        its flattened spatial plane (as torch's, in tinygrad's dtype: dtypes.default_int)."""
         geo = self._pool_setup(kernel_size, stride, dilation, padding, ceil_mode, "max_pool2d")
         n = len(geo[0])
         if self.dtype == dtypes.bool: raise TypeError("max_pool2d of a bool tensor is not supported")
@@ -594,7 +594,7 @@ class NNMixin:
         hit = win == out.reshape(out.shape + (1,) * n)
         if dtypes.is_float(self.dtype): hit = hit | win.isnan()
         ind = hit.where(iwin, big).min(axes)
-        return out, ind.cast(dtypes.int64)
+        return out, ind.cast(dtypes.default_int)
 
     def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: tuple[int, ...] = (2, 2),
                      stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,
@@ -626,7 +626,8 @@ class NNMixin:
 
     def interpolate(self: Tensor, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
         """Resize the last len(size) dims with mode nearest, nearest-exact or linear (bilinear, trilinear: the same,
-        one dim at a time), as torch.nn.functional.interpolate with `size`."""
+        one dim at a time), as torch.nn.functional.interpolate with `size`. Integer images (uint8) come out in their
+        dtype: as torch's, linear modes round to nearest after each dim's pass, the last dim first."""
         Tensor = _tensor_cls()
         size = tuple(size)
         if mode in ("bilinear", "trilinear"): mode = "linear"
@@ -636,10 +637,11 @@ class NNMixin:
         if mode != "linear" and align_corners: raise ValueError("align_corners only applies to linear modes")
         if len(size) > self.ndim or any(not isinstance(s, int) or s <= 0 for s in size):
             raise ValueError(f"interpolate size {size} must be positive ints for at most {self.ndim} dims")
-        if not dtypes.is_float(self.dtype): raise TypeError(f"interpolate needs a float tensor, got {self.dtype}")
+        if self.dtype == dtypes.bool: raise TypeError("interpolate of a bool tensor is not supported")
+        is_int = not dtypes.is_float(self.dtype)
         # each dim is a matrix product with an (in, out) weight matrix built from index arithmetic in float32
         x = self.float()
-        for j, o in enumerate(size):
+        for j, o in reversed(list(enumerate(size))) if is_int else enumerate(size):
             d = self.ndim - len(size) + j
             i = x.shape[d]
             if i == o: continue  # every mode maps each index to itself
@@ -671,6 +673,8 @@ class NNMixin:
                 src = (dst + 0.5) * (i / o) if mode == "nearest-exact" else dst * (i / o)
                 m = (src_i == src.floor().cast(dtypes.int32).minimum(i - 1)).float()
             x = x.transpose(d, -1).matmul(m).transpose(d, -1)
+            # (an int pass's weighted sum of values >= 0 rounds half up; a sum of nearest picks is already whole)
+            if is_int and mode == "linear": x = (x + 0.5).floor()
         return x.cast(self.dtype)
 
     # *** losses ***
