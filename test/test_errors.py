@@ -131,11 +131,6 @@ def test_assign_shape_mismatch():
         a.assign(Tensor([1.0, 2.0]))
     assert a.tolist() == [1.0, 2.0, 3.0], "a failed assign leaves the tensor unchanged"
 
-def test_assign_to_view_of_unrealized_graph():
-    v = (Tensor([1.0, 2.0, 3.0, 4.0]) + 1).reshape(2, 2)
-    with raises((ValueError, RuntimeError), "assign", "realize", "view", "buffer"):
-        v.assign(Tensor.zeros(2, 2)).realize()
-
 @pytest.mark.parametrize("data", [[[1, 2], [3]], [[1.0], 2.0], [[[1, 2]], [[3, 4], [5, 6]]], [1, [2, 3]]], ids=str)
 def test_ragged_nested_list(data):
     with raises((ValueError, TypeError), "ragged", "inhomogeneous", "shape", "length", "sequence", "nested"):

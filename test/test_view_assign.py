@@ -96,6 +96,13 @@ def test_assign_to_a_view_of_an_unrealized_tensor():
     c[:, 1].assign(Tensor([0, 0]))
     np.testing.assert_array_equal(c.numpy(), [[1, 0, 3], [4, 0, 6]])
 
+def test_assign_to_a_reshape_of_an_unrealized_graph():
+    base = Tensor([1.0, 2.0, 3.0, 4.0]) + 1
+    v = base.reshape(2, 2)
+    v.assign(Tensor([[0.0, 1.0], [2.0, 3.0]])).realize()
+    np.testing.assert_array_equal(v.numpy(), [[0.0, 1.0], [2.0, 3.0]])
+    np.testing.assert_array_equal(base.numpy(), [0.0, 1.0, 2.0, 3.0])
+
 def test_assign_through_a_variable_shrink():
     cache, ref = Tensor.zeros(8, 2).contiguous().realize(), np.zeros((8, 2), np.float32)
     v = Variable("pos", 0, 7)
