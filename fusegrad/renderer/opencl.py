@@ -1,0 +1,132 @@
+"""OpenCL C for the CL device: the C renderer's kernels (same expressions, same semantics: see cstyle.py) with an
+OpenCL signature. The kernel's parallel outermost loop becomes the global work-item index: work-item i runs the body
+of iteration i, so the runtime launches `global_size` work-items.
+
+This first version declares no SIMD vectors to the optimizer (scalar code: an OpenCL implementation vectorizes across
+work-items itself), computes half and bfloat16 in float and stores them as 16-bit integers (`vload_half`/`vstore_half`
+convert half, so no cl_khr_fp16 is needed), and passes a Variable as a kernel argument (`long` for integers, `double`
+for floats where the device has doubles, else `float`)."""
+from __future__ import annotations
+import re
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.renderer.cstyle import CStyleLanguage
+from fusegrad.uop.ops import UOp
+
+# the C renderer's GCC builtins that have an OpenCL builtin of the same meaning (overloaded on the argument type)
+_BUILTINS = re.compile(r"__builtin_(sqrt|exp2|log2|sin|trunc|pow|fmod|fma)f?\(")
+# the parallel loop as the C renderer writes it (over the [core_lo, core_hi) a CPU thread is given)
+_GLOBAL_LOOP = re.compile(r"^(\s*)for \(long (ridx\d+) = core_lo; \2 < core_hi; \2\+\+\) \{$")
+_AS_TYPE = {dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort",
+            dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long", dtypes.uint64: "ulong",
+            dtypes.float32: "float", dtypes.float64: "double", dtypes.float16: "ushort", dtypes.bfloat16: "ushort",
+            dtypes.index: "long"}
+
+class UnsupportedDType(TypeError):
+    """A kernel uses a dtype the OpenCL device can't compute in (float64 without cl_khr_fp64)."""
+
+class OpenCLRenderer(CStyleLanguage):
+    """OpenCL C, one `__kernel` per program; `has_fp64`: whether the device has doubles (cl_khr_fp64)."""
+    device = "CL"
+    kernel_prefix = "__kernel void"
+    buffer_suffix = " restrict"
+    supports_float4 = False
+    simd_bytes = 0
+    vector_dtypes = ()
+    has_fma = True
+    unique_symbols = True   # (kernels are built many to a program)
+
+    def __init__(self, has_fp64: bool = True, device_name: str = "the OpenCL device") -> None:
+        self.has_fp64, self.device_name = has_fp64, device_name
+
+    # *** 16-bit floats: float in registers, 16-bit integers in memory ***
+
+    def dtype_name(self, dt: DType) -> str:
+        if dt == dtypes.float16 and not isinstance(dt, PtrDType):
+            self._half()
+            return "fg_half"
+        return super().dtype_name(dt)
+
+    def _half(self) -> None:
+        self._need("fg_half", "typedef ushort fg_half;  /* half bits */")
+        self._need("fg_f16_to_f32", "static inline float fg_f16_to_f32(fg_half x) { return vload_half(0, (half*)&x); }")
+        # (round to nearest even, as the C renderer's conversions)
+        self._need("fg_f32_to_f16", "static inline fg_half fg_f32_to_f16(float f) {\n"
+                   "  fg_half r; vstore_half_rte(f, 0, (half*)&r); return r;\n}")
+
+    def _bf16(self) -> None:
+        self._need("bf16", "typedef ushort bf16;  /* bfloat16 bits */")
+        self._need("fg_bf16_to_f32", "static inline float fg_bf16_to_f32(bf16 x) { return as_float((uint)x << 16); }")
+        self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
+                   "  uint u = as_uint(f);\n"
+                   "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
+                   "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
+
+    def to_float(self, x: str, dt: DType) -> str:
+        if dt == dtypes.float16:
+            self._half()
+            return f"fg_f16_to_f32({x})"
+        return super().to_float(x, dt)
+
+    def from_float(self, x: str, dt: DType) -> str:
+        if dt == dtypes.float16:
+            self._half()
+            return f"fg_f32_to_f16({x})"
+        return super().from_float(x, dt)
+
+    def render_const(self, v, dt: DType) -> str:
+        if dt == dtypes.float16 and dt.count == 1: return self.from_float(super().render_const(v, dtypes.float32), dt)
+        return super().render_const(v, dt)
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if src == dst or src.count > 1 or dst.count > 1: return super().render_cast(x, src, dst)
+        if src == dtypes.float16: x, src = self.to_float(x, src), dtypes.float32
+        if dst == dtypes.float16:
+            if src == dtypes.float64:   # rounded once, as the C renderer's (half)x does
+                self._half()
+                name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
+                                  "  fg_half r; vstore_half_rte(d, 0, (half*)&r); return r;\n}")
+                return f"{name}({x})"
+            return self.from_float(f"(float)({x})", dst)
+        return super().render_cast(x, src, dst)
+
+    def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+        if dst.count > 1 or src.count > 1: return super().render_bitcast(x, src, dst)
+        if src.itemsize != dst.itemsize: raise ValueError(f"bitcast of {src} to {dst}: not the same size")
+        return f"as_{_AS_TYPE[dst]}({x})"
+
+    def _threefry(self) -> str:
+        name = super()._threefry()
+        # (OpenCL C has no static variables in functions)
+        self._helpers[name] = self._helpers[name].replace("static const int rot", "const int rot")
+        return name
+
+    # *** the kernel ***
+
+    def render(self, uops: list[UOp], name: str) -> str:
+        if not self.has_fp64:
+            for u in uops:
+                dt = u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype
+                if dt.scalar() == dtypes.float64:
+                    raise UnsupportedDType(f"kernel {name} computes in float64, which {self.device_name} doesn't have "
+                                           "(no cl_khr_fp64)")
+        return super().render(uops, name)
+
+    def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
+        out_params = []
+        for p in params:
+            if p in ("long core_lo", "long core_hi"): continue
+            if "*" in p:
+                # (a kernel may not take a pointer to bool: bools are bytes of 0 or 1)
+                out_params.append("__global " + re.sub(r"\b_Bool\*", "uchar*", p))
+            elif p.startswith("double ") and not self.has_fp64: out_params.append("float " + p[len("double "):])
+            else: out_params.append(p)
+        lines = []
+        for line in body:
+            if (m := _GLOBAL_LOOP.match(line)): line = f"{m.group(1)}{{ long {m.group(2)} = (long)get_global_id(0);"
+            lines.append(line)
+        # OpenCL C lets the compiler contract a*b+c into a fused multiply-add by default; our fused multiply-adds
+        # are explicit (MULACC), as in the C renderer
+        pre = ["#pragma OPENCL FP_CONTRACT OFF"] + list(prelude or [])
+        src = super().render_kernel(name, out_params, lines, None)
+        if "double" in src: pre.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+        return "\n".join(pre + [_BUILTINS.sub(lambda m: f"{m.group(1)}(", src)])

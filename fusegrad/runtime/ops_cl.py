@@ -1,0 +1,209 @@
+"""The CL device: OpenCL, through pyopencl. Kernels are OpenCL C (renderer/opencl.py), built by the device's OpenCL
+compiler into a program binary (cached on disk like the CPU's shared objects, keyed by the device and its driver's
+version) and launched on one in-order command queue per device, one work-item per iteration of the kernel's parallel
+outermost loop. `CL` is the first OpenCL device found (GPUs first), `CL:1` the second, and so on; PoCL
+(`pip install 'fusegrad[opencl]'`) makes the CPU one (`POCL_DEVICES='cpu cpu'` lists it twice, as CL and CL:1).
+
+pyopencl rather than ctypes on the OpenCL C API: its wheel brings an ICD loader that finds PoCL's and the system's
+OpenCL implementations, every call's error code is checked and raised by name, and the OpenCL objects (buffers,
+programs, kernels, events) are released when Python drops them, also while queued commands still use them (OpenCL
+frees them after those commands). With ctypes all of that would be ours to write, for no gain per launch: setting the
+arguments and enqueueing a kernel are a few C calls either way."""
+from __future__ import annotations
+import functools
+import hashlib
+import re
+from typing import Any
+from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
+
+MISSING = "pip install 'fusegrad[opencl]' (pyopencl, and PoCL: an OpenCL implementation for the CPU)"
+
+def _cl() -> Any:
+    try: import pyopencl as cl
+    except ImportError as e: raise ImportError(f"the CL device needs pyopencl: {MISSING}") from e
+    return cl
+
+@functools.cache
+def cl_devices() -> tuple[Any, ...]:
+    """The OpenCL devices of every platform, GPUs first (the order CL, CL:1, ... name them)."""
+    cl = _cl()
+    try: platforms = cl.get_platforms()
+    except cl.Error as e: raise RuntimeError(f"the CL device found no OpenCL platform ({e}): {MISSING}") from e
+    devices = []
+    for p in platforms:
+        try: devices += p.get_devices()
+        except cl.Error: pass   # (a platform without devices)
+    if not devices: raise RuntimeError(f"the CL device found OpenCL platforms but no devices: {MISSING}")
+    return tuple(sorted(devices, key=lambda d: not d.type & cl.device_type.GPU))
+
+# *** memory ***
+
+class CLMemory:
+    """An allocation: the OpenCL buffer and the device whose context holds it (its queue runs what uses it)."""
+    __slots__ = ("buf", "device")
+    def __init__(self, buf: Any, device: CLDevice): self.buf, self.device = buf, device
+
+class CLAllocator(LRUAllocator):
+    """Buffers of the device's context. Copies to and from the host wait for the queue: the host memory they read or
+    write may be gone or read right after they return."""
+    def __init__(self, device: CLDevice):
+        super().__init__()
+        self.device = device
+
+    def _alloc(self, size: int, options: Any) -> CLMemory:
+        cl, dev = _cl(), self.device
+        if size > dev.cl_device.max_mem_alloc_size:
+            raise MemoryError(f"can't allocate {size} bytes on {dev.device}: its largest buffer is "
+                              f"{dev.cl_device.max_mem_alloc_size} bytes")
+        # (OpenCL has no empty buffers)
+        try: return CLMemory(cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, max(size, 1)), dev)
+        except cl.Error as e: raise MemoryError(f"can't allocate {size} bytes on {dev.device}: {e}") from e
+
+    def _offset(self, opaque: CLMemory, size: int, offset: int) -> CLMemory:
+        # the memory planner's views start at 0: the buffer itself (kernels and copies touch only the view's bytes)
+        if offset == 0 or size == 0: return CLMemory(opaque.buf, opaque.device)
+        align = self.device.cl_device.mem_base_addr_align // 8
+        if offset % align:
+            raise NotImplementedError(f"a view at byte {offset} of a buffer on {self.device.device}: OpenCL "
+                                      f"sub-buffers start at multiples of {align} bytes there")
+        return CLMemory(opaque.buf.get_sub_region(offset, size), opaque.device)
+
+    def _copyin(self, dest: CLMemory, src: memoryview) -> None:
+        _cl().enqueue_copy(dest.device.queue, dest.buf, src, is_blocking=True)
+
+    def _copyout(self, dest: memoryview, src: CLMemory) -> None:
+        _cl().enqueue_copy(src.device.queue, dest, src.buf, is_blocking=True)
+
+# *** compiler ***
+
+# a compiler message in the build log: clang's "<file>:<line>:<col>: error: <msg>", or PoCL's "error: <file>:<line>:
+# <col>: <msg>"
+_LOG_LINE = re.compile(r"^(?:error: )?\S*?:(\d+):\d+: (?:error: )?(.*)$", re.MULTILINE)
+
+def build_error(device: str, log: str, src: str) -> str:
+    """The message of a failed build: each error with the source line it points at, the log, the numbered source."""
+    lines = src.splitlines()
+    errors = [f"line {m.group(1)}: {m.group(2)}\n    {lines[int(m.group(1)) - 1].strip()}"
+              for m in _LOG_LINE.finditer(log) if "warning:" not in m.group(0) and 0 < int(m.group(1)) <= len(lines)]
+    head = "\n".join(errors) if errors else "(no error line in the log)"
+    return f"OpenCL build failed on {device}:\n{head}\n--- build log ---\n{log.strip()}\n" \
+        f"--- source ---\n{numbered(src)}"
+
+class CLCompiler(Compiler):
+    """OpenCL C -> the device's program binary (what clGetProgramInfo(CL_PROGRAM_BINARIES) gives: for PoCL LLVM
+    bitcode, which the driver turns into machine code when the program is loaded)."""
+    def __init__(self, device: CLDevice):
+        cl, d = _cl(), device.cl_device
+        self.device = device
+        # IEEE division and square roots (OpenCL allows a few ulps unless asked)
+        exact = d.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
+        self.options = "-cl-fp32-correctly-rounded-divide-sqrt" if exact else ""
+        super().__init__(f"CL|{d.platform.name}|{d.platform.version}|{d.name}|{d.version}|{d.driver_version}|"
+                         f"{self.options}")
+
+    def compile(self, src: str) -> bytes:
+        cl, dev = _cl(), self.device
+        prg = cl._cl._Program(dev.context, src)   # (pyopencl's Program would keep a disk cache of its own)
+        try: prg.build(self.options.encode(), [dev.cl_device])
+        except cl.Error as e:
+            try: log = prg.get_build_info(dev.cl_device, cl.program_build_info.LOG)
+            except cl.Error: log = str(e)
+            raise CompileError(build_error(dev.device, log, src)) from None
+        return bytes(prg.get_info(cl.program_info.BINARIES)[0])
+
+    def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
+        # a build costs about the same for one kernel as for ten (the driver's compiler starts up, its builtins are
+        # linked in), so new kernels are built together: one program of up to BATCH_KERNELS kernels (the renderer
+        # names each after its source and guards its helpers, so any set of them is one valid source)
+        if len(srcs) < 2: return super()._compile_all(srcs)
+        out: list[bytes] = []
+        for i in range(0, len(srcs), BATCH_KERNELS):
+            batch = srcs[i:i + BATCH_KERNELS]
+            try: lib = self._compile("\n".join(batch))
+            except CompileError: return super()._compile_all(srcs)  # one by one, so the error names the kernel
+            out += [lib] * len(batch)
+        return out
+
+    def validate(self, lib: bytes) -> bool: return len(lib) > 0
+
+BATCH_KERNELS = 32
+
+# *** programs ***
+
+class CLProgram:
+    """A kernel loaded from its program binary. It runs on the queue of the device its first buffer is on (another CL
+    device of the same kind loads the binary into its own context on first use)."""
+    def __init__(self, device: CLDevice, name: str, lib: bytes):
+        self.device, self.name, self.lib = device, name, lib
+        self._kernels: dict[CLDevice, Any] = {}
+        self._kernel(device)   # (a binary that doesn't load fails here, where the caller recompiles it)
+
+    def _kernel(self, dev: CLDevice) -> Any:
+        if (k := self._kernels.get(dev)) is None:
+            cl = _cl()
+            try: k = self._kernels[dev] = cl.Kernel(dev.load(self.lib), self.name)
+            except cl.Error as e:
+                raise RuntimeError(f"can't load the OpenCL binary of kernel {self.name} on {dev.device}: {e}") from e
+        return k
+
+    def __call__(self, *bufs: CLMemory, vals: tuple = (), global_size: int = 1, threads: int = 1, wait: bool = False,
+                 join: bool = False) -> float | None:
+        """Run `global_size` work-items (one per iteration of the parallel loop); with `wait`, wait for them and
+        return the seconds the device says they took. `threads` and `join` are the CPU's and mean nothing here."""
+        import numpy as np
+        dev = bufs[0].device if bufs else self.device
+        k = self._kernel(dev)
+        fdt = np.float64 if dev.renderer.has_fp64 else np.float32
+        k.set_args(*[b.buf for b in bufs], *[fdt(v) if type(v) is float else np.int64(v) for v in vals])
+        if global_size <= 0: return 0.0 if wait else None   # (OpenCL launches no empty grid)
+        ev = _cl().enqueue_nd_range_kernel(dev.queue, k, (global_size,), None)
+        if not wait: return None
+        ev.wait()
+        return (ev.profile.end - ev.profile.start) * 1e-9
+
+# *** the device ***
+
+class CLDevice(Compiled):
+    """An OpenCL device with a context and an in-order, profiling queue of its own."""
+    PROGRAMS_KEPT = 16   # loaded programs kept for the next kernels of their batch (a kernel holds its own)
+    def __init__(self, device: str = "CL"):
+        cl = _cl()
+        devices = cl_devices()
+        _, _, n = device.partition(":")
+        idx = int(n) if n.isdigit() else 0
+        if idx >= len(devices):
+            found = ", ".join(f"{i}: {d.name}" for i, d in enumerate(devices))
+            raise RuntimeError(f"{device} is OpenCL device {idx}, but there are {len(devices)} ({found}); PoCL lists "
+                               "its CPU device twice with POCL_DEVICES='cpu cpu'")
+        self.cl_device = devices[idx]
+        self.context = cl.Context([self.cl_device])
+        self.queue = cl.CommandQueue(self.context, self.cl_device,
+                                     properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self._programs: dict[bytes, Any] = {}
+        super().__init__(device, CLAllocator(self), None, None, functools.partial(CLProgram, self))
+
+    def load(self, lib: bytes) -> Any:
+        """The program of a binary, built for this device (the kernels of one batch share it: loaded once)."""
+        key = hashlib.sha256(lib).digest()
+        if (prg := self._programs.pop(key, None)) is None:
+            cl = _cl()
+            prg = cl._cl._Program(self.context, [self.cl_device], [lib])
+            prg.build(b"", [self.cl_device])
+        self._programs[key] = prg   # (most recently used last)
+        while len(self._programs) > self.PROGRAMS_KEPT: self._programs.pop(next(iter(self._programs)))
+        return prg
+
+    @functools.cached_property
+    def renderer(self) -> Any:
+        from fusegrad.renderer.opencl import OpenCLRenderer
+        d = self.cl_device
+        return OpenCLRenderer(has_fp64="cl_khr_fp64" in d.extensions.split() or bool(d.double_fp_config),
+                              device_name=f"{self.device} ({d.name})")
+
+    @functools.cached_property
+    def compiler(self) -> CLCompiler: return CLCompiler(self)
+
+    @property
+    def memory_size(self) -> int: return int(self.cl_device.global_mem_size)
+
+    def synchronize(self) -> None: self.queue.finish()

@@ -1,0 +1,230 @@
+"""The CL device (OpenCL, here through PoCL on the CPU): programs against NumPy and PyTorch (elementwise ops with
+broadcasting, reductions, matmuls, conv2d, softmax, every dtype, an MLP's forward and backward pass, TinyJit, a
+symbolic shape), copies between CL and CPU and between two OpenCL devices, the disk cache, DEBUG=2 timings and the
+errors: no OpenCL platform, no pyopencl, a source the OpenCL compiler rejects.
+
+PoCL builds a program in about half a second whatever its number of kernels, and turns each kernel into machine code
+at its first launch, so the tests realize many results at once (one schedule: one build)."""
+from __future__ import annotations
+import os
+import subprocess
+import sys
+import numpy as np
+import pytest
+import torch
+
+cl = pytest.importorskip("pyopencl")
+
+from fusegrad import Tensor, TinyJit, Variable, dtypes  # noqa: E402
+from fusegrad.device import Buffer, CompileError, Device, GlobalCounters  # noqa: E402
+from fusegrad.dtype import to_np_dtype  # noqa: E402
+from fusegrad.helpers import Context  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+rng = np.random.default_rng(0)
+
+def f32(*shape: int) -> np.ndarray: return rng.standard_normal(shape).astype(np.float32)
+
+def realized(*ts: Tensor) -> list[np.ndarray]:
+    """The values of `ts`, computed in one schedule (new kernels are built as one program)."""
+    ts[0].realize(*ts[1:])
+    for t in ts: assert t.device == "CL", t.device
+    return [t.numpy() for t in ts]
+
+def run(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+def test_elementwise_and_broadcasting():
+    a, b, c = f32(3, 4), f32(1, 4), f32(3, 1)
+    ta, tb, tc = (Tensor(x, device="CL") for x in (a, b, c))
+    outs = realized(ta + tb * tc, (ta - tb).relu(), ta.exp(), ta.abs().log(), ta.abs().sqrt(), ta.sin(),
+                    (ta < tb).where(ta, tc), ta.maximum(tb), ta / tc)
+    want = [a + b * c, np.maximum(a - b, 0), np.exp(a), np.log(np.abs(a)), np.sqrt(np.abs(a)), np.sin(a),
+            np.where(a < b, a, c), np.maximum(a, b), a / c]
+    for got, w in zip(outs, want):
+        assert got.shape == w.shape
+        np.testing.assert_allclose(got, w, rtol=2e-6, atol=1e-6)
+    # (bit for bit where IEEE fixes the result)
+    np.testing.assert_array_equal(outs[0], a + b * c)
+    np.testing.assert_array_equal(outs[8], a / c)
+
+def test_reductions():
+    x = f32(37, 53)
+    t = Tensor(x, device="CL")
+    rows, cols, full, mx, mean = realized(t.sum(1), t.sum(0), t.sum(), t.max(0), t.mean(1))
+    np.testing.assert_allclose(rows, x.sum(1, dtype=np.float64), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cols, x.sum(0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(full, x.sum(dtype=np.float64), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(mx, x.max(0))
+    np.testing.assert_allclose(mean, x.mean(1, dtype=np.float64), rtol=1e-5, atol=1e-6)
+
+def test_matmul():
+    a, b = f32(17, 33), f32(33, 65)
+    one, big = realized(Tensor([[3.0]], device="CL") @ Tensor([[-2.5]], device="CL"),
+                        Tensor(a, device="CL") @ Tensor(b, device="CL"))
+    np.testing.assert_array_equal(one, [[-7.5]])
+    np.testing.assert_allclose(big, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+def test_conv2d_and_softmax():
+    x, w, bias, s = f32(2, 3, 9, 9), f32(4, 3, 3, 3), f32(4), f32(5, 37)
+    tx, tw, tb, ts = (Tensor(a, device="CL") for a in (x, w, bias, s))
+    conv, sm, lsm = realized(tx.conv2d(tw, tb, padding=1), ts.softmax(-1), ts.log_softmax(-1))
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(bias), padding=1).numpy()
+    np.testing.assert_allclose(conv, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sm, torch.tensor(s).softmax(-1).numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(lsm, torch.tensor(s).log_softmax(-1).numpy(), rtol=1e-6, atol=1e-6)
+
+INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
+        dtypes.uint64]
+
+def test_every_dtype():
+    """Integer arithmetic (wrapping, truncating division, shifts), float16/32/64 arithmetic rounded per op, bool
+    logic, and bfloat16 (computed in float) against torch: one kernel per dtype (the results stacked), one schedule."""
+    xi, yi = rng.integers(0, 100, 24), rng.integers(1, 20, 24)
+    xf, yf = rng.standard_normal(24) * 10, rng.standard_normal(24)
+    outs, wants = [], []
+    for dt in INTS:
+        npdt = to_np_dtype(dt)
+        a, b = xi.astype(npdt), yi.astype(npdt)
+        ta, tb = Tensor(a, device="CL"), Tensor(b, device="CL")
+        outs.append(Tensor.stack(ta * tb + ta, ta // tb, ta % tb, (ta < tb).cast(dt), ta.maximum(tb), ta << 2,
+                                 ta - tb * 9))
+        with np.errstate(over="ignore"):
+            wants.append(np.stack([a * b + a, a // b, a % b, (a < b).astype(npdt), np.maximum(a, b),
+                                   a << npdt.type(2), a - b * npdt.type(9)]))
+    for dt in (dtypes.float16, dtypes.float32, dtypes.float64):
+        npdt = to_np_dtype(dt)
+        a, b = xf.astype(npdt), yf.astype(npdt)
+        ta, tb = Tensor(a, device="CL"), Tensor(b, device="CL")
+        outs.append(Tensor.stack(ta * tb + ta, ta / tb, (ta < tb).cast(dt), ta.maximum(tb),
+                                 ta.cast(dtypes.int32).cast(dt), tb.abs().sqrt()))
+        wants.append(np.stack([a * b + a, a / b, (a < b).astype(npdt), np.maximum(a, b),
+                               a.astype(np.int32).astype(npdt), np.sqrt(np.abs(b))]))
+    ba, bb = xi % 3 == 0, yi % 2 == 0
+    tba, tbb = Tensor(ba, device="CL"), Tensor(bb, device="CL")
+    outs.append(Tensor.stack(tba & tbb, tba | tbb, tba ^ tbb, tba.logical_not()))
+    wants.append(np.stack([ba & bb, ba | bb, ba ^ bb, ~ba]))
+    # bfloat16: computed in float32 and rounded after each op, as torch does on the CPU
+    ta, tb = (Tensor(v.astype(np.float32), device="CL").cast(dtypes.bfloat16) for v in (xf, yf))
+    outs.append(Tensor.stack(ta * tb + ta, ta.exp()).cast(dtypes.float32))
+    tta, ttb = (torch.tensor(v, dtype=torch.float32).bfloat16() for v in (xf, yf))
+    got = realized(*outs)
+    for g, w, t in zip(got, wants, outs):
+        assert g.dtype == w.dtype, t.dtype
+        np.testing.assert_array_equal(g, w, err_msg=str(t.dtype))
+    np.testing.assert_array_equal(got[-1][0], (tta * ttb + tta).float().numpy())
+    # exp in bfloat16: within the rounding of a bfloat16 result
+    np.testing.assert_allclose(got[-1][1], np.exp(tta.float().numpy()), rtol=2 ** -8)
+
+def test_mlp_forward_and_backward():
+    x, w1, b1, w2 = f32(8, 12), f32(12, 16) * 0.3, f32(16), f32(16, 5) * 0.3
+    tx = Tensor(x, device="CL")
+    tw1, tb1, tw2 = (Tensor(a, device="CL", requires_grad=True) for a in (w1, b1, w2))
+    loss = (tx @ tw1 + tb1).relu().matmul(tw2).log_softmax(-1).mean()
+    loss.backward()
+    got = realized(loss, tw1.grad, tb1.grad, tw2.grad)
+    rx = torch.tensor(x)
+    rw1, rb1, rw2 = (torch.tensor(a, requires_grad=True) for a in (w1, b1, w2))
+    ref = (rx @ rw1 + rb1).relu().matmul(rw2).log_softmax(-1).mean()
+    ref.backward()
+    for g, r in zip(got, [ref, rw1.grad, rb1.grad, rw2.grad]):
+        np.testing.assert_allclose(g, r.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+def test_tinyjit_replays_on_cl():
+    w = Tensor(f32(6, 3), device="CL").realize()
+    @TinyJit
+    def step(x: Tensor) -> Tensor: return (x @ w).relu().realize()
+    for i in range(4):
+        x = f32(4, 6)
+        got = step(Tensor(x, device="CL")).numpy()
+        np.testing.assert_allclose(got, np.maximum(x @ w.numpy(), 0), rtol=1e-5, atol=1e-6, err_msg=f"call {i}")
+
+def test_symbolic_shape():
+    a = f32(10, 4)
+    ta = Tensor(a, device="CL").realize()
+    n = Variable("n", 1, 10)
+    for v in (3, 10, 1):
+        got = (ta[:n.bind(v)] * 2).sum(0).numpy()
+        np.testing.assert_allclose(got, (a[:v] * 2).sum(0), rtol=1e-6, atol=1e-6, err_msg=f"n={v}")
+
+def test_copies_between_cl_and_cpu():
+    x = f32(5, 7)
+    t = Tensor(x, device="CL")
+    back = (t.to("CPU") + 1).numpy()
+    np.testing.assert_array_equal(back, x + 1)
+    there = (Tensor(x).to("CL") * 2)
+    assert there.device == "CL"
+    np.testing.assert_array_equal(there.numpy(), x * 2)
+    # an empty tensor and a buffer's raw bytes
+    assert Tensor.empty(0, device="CL").numpy().shape == (0,)
+    buf = Buffer("CL", 6, dtypes.int16).copyin(memoryview(np.arange(6, dtype=np.int16)))
+    np.testing.assert_array_equal(buf.numpy(), np.arange(6, dtype=np.int16))
+
+def test_two_cl_devices():
+    """CL:0 <-> CL:1 (PoCL's CPU device listed twice), a kernel on each."""
+    code = """
+import numpy as np
+from fusegrad import Tensor
+x = np.arange(12, dtype=np.float32).reshape(3, 4)
+a = Tensor(x, device="CL") * 2
+b = a.to("CL:1") + 1
+c = b.to("CL") - 3
+assert b.device == "CL:1" and c.device == "CL", (b.device, c.device)
+np.testing.assert_array_equal(b.numpy(), x * 2 + 1)
+np.testing.assert_array_equal(c.numpy(), x * 2 - 2)
+np.testing.assert_array_equal((b.to("CPU") * 0.5).numpy(), (x * 2 + 1) * 0.5)
+try: Tensor([1.0], device="CL:2").numpy()
+except RuntimeError as e: print("ERR", e)
+print("OK")
+"""
+    res = run(code, {"POCL_DEVICES": "pthread pthread"})
+    assert res.returncode == 0, res.stderr
+    assert "OK" in res.stdout
+    assert "CL:2 is OpenCL device 2, but there are 2" in res.stdout
+
+def test_default_device_is_cpu_and_dev_cl_selects_cl():
+    res = run("from fusegrad import Tensor; from fusegrad.device import Device; t = Tensor([1.5]) * 2; "
+              "print(Device.DEFAULT, t.device, t.numpy()[0])", {"DEV": "CL"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["CL", "CL", "3.0"]
+    assert Device.DEFAULT == "CPU" or os.getenv("DEV")
+
+def test_no_platform_error():
+    """Where the ICD loader finds no OpenCL implementation: an error naming what to install, not a crash."""
+    code = "from fusegrad import Tensor\ntry: Tensor([1.0], device='CL').numpy()\nexcept RuntimeError as e: print(e)"
+    res = run(code, {"OCL_ICD_VENDORS": "/nonexistent-opencl-vendors"})
+    assert res.returncode == 0, res.stderr
+    assert "no OpenCL platform" in res.stdout and "pip install 'fusegrad[opencl]'" in res.stdout
+
+def test_no_pyopencl_error():
+    code = "import sys; sys.modules['pyopencl'] = None\nfrom fusegrad import Tensor\n" \
+           "try: Tensor([1.0], device='CL').numpy()\nexcept ImportError as e: print(e)"
+    res = run(code)
+    assert res.returncode == 0, res.stderr
+    assert "needs pyopencl" in res.stdout and "pip install 'fusegrad[opencl]'" in res.stdout
+
+def test_build_error_names_line_and_message():
+    src = "__kernel void broken(__global float* a) {\n  long i = get_global_id(0);\n  a[i] = undeclared_x * 2;\n}\n"
+    with pytest.raises(CompileError) as e: Device["CL"].compiler.compile(src)
+    msg = str(e.value)
+    assert "OpenCL build failed on CL" in msg
+    assert "line 3:" in msg and "undeclared_x" in msg and "a[i] = undeclared_x * 2;" in msg
+
+def test_disk_cache_and_timings(tmp_path, monkeypatch):
+    """A binary compiled once is read back from the disk cache (keyed by the device and driver); DEBUG=2 times
+    kernels with the queue's events."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    comp = Device["CL"].compiler
+    src = "__kernel void cached_k(__global float* a) { a[get_global_id(0)] += 1.0f; }\n"
+    lib = comp.compile_cached(src)
+    assert os.path.exists(comp.cache_path(src)) and str(tmp_path) in comp.cache_path(src)
+    comp.mem_cache.clear()
+    hits, compiles = comp.disk_hits, comp.compiles
+    assert comp.compile_cached(src) == lib and (comp.disk_hits, comp.compiles) == (hits + 1, compiles)
+    assert Device["CL"].cl_device.driver_version in comp.cachekey
+    x = f32(64)
+    GlobalCounters.reset()
+    with Context(DEBUG=2): got = (Tensor(x, device="CL") * 3).numpy()
+    np.testing.assert_array_equal(got, x * 3)
+    assert GlobalCounters.time_sum_s > 0
