@@ -298,3 +298,28 @@ def test_views_larger_than_memory_can_be_computed_in_part():
     assert Tensor.ones(n)[n - 3:].tolist() == [1.0, 1.0, 1.0]
     assert Tensor.arange(n)[n - 1].item() == n - 1
     assert Tensor.ones(2**28).expand(2, 2**28).shape == (2, 2**28)
+
+# *** loss targets out of range ***
+
+@pytest.mark.parametrize("loss", ["sparse_categorical_crossentropy", "cross_entropy", "nll_loss"])
+def test_loss_targets_out_of_range_raise_as_torch(loss):
+    import torch
+    x_np = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    x = Tensor(x_np)
+    call = {"sparse_categorical_crossentropy": lambda y: x.sparse_categorical_crossentropy(y),
+            "cross_entropy": lambda y: x.cross_entropy(y), "nll_loss": lambda y: x.log_softmax(-1).nll_loss(y)}[loss]
+    ref = {"sparse_categorical_crossentropy": lambda y: torch.nn.functional.cross_entropy(torch.tensor(x_np), y),
+           "cross_entropy": lambda y: torch.nn.functional.cross_entropy(torch.tensor(x_np), y),
+           "nll_loss": lambda y: torch.nn.functional.nll_loss(torch.log_softmax(torch.tensor(x_np), -1), y)}[loss]
+    for bad in ([0, 1, 3, 2], [0, -2, 1, 1]):
+        with pytest.raises(IndexError): ref(torch.tensor(bad))
+        with pytest.raises(IndexError, match="target .* out of bounds"): call(Tensor(bad).realize())
+    good = [0, 2, 1, 1]
+    np.testing.assert_allclose(call(Tensor(good)).item(), ref(torch.tensor(good)).item(), rtol=1e-5)
+    # the ignored label is no error (torch ignores -100 by default, ours -1 for the sparse form)
+    ignored = -1 if loss == "sparse_categorical_crossentropy" else -100
+    if loss == "nll_loss":
+        got = x.log_softmax(-1).nll_loss(Tensor([0, ignored, 1, 1]), ignore_index=-100).item()
+    else: got = call(Tensor([0, ignored, 1, 1])).item()
+    want = ref(torch.tensor([0, -100, 1, 1])).item()
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -29,15 +29,17 @@ def _T():
 # which index tensors are read to check their values (see the module's docstring)
 CHECK_OOB = ContextVar("CHECK_OOB", 1)
 
-def _check_index_values(index: Tensor, size: Any, dim: int, negatives: bool, name: str = "index") -> None:
+def _check_index_values(index: Tensor, size: Any, dim: int, negatives: bool, name: str = "index",
+                        ignore: int | None = None) -> None:
     """IndexError if an entry of the index tensor is outside [0, size) (or [-size, size) with `negatives`), where
-    CHECK_OOB says its values are to be read."""
+    CHECK_OOB says its values are to be read. Entries equal to `ignore` (a loss's ignore_index) are allowed."""
     from fusegrad.engine.realize import capturing
     from fusegrad.schedule.indexing import storage_of
     if not CHECK_OOB or capturing or not isinstance(size, int) or index.uop.op is Ops.MULTI: return
     if any(not isinstance(s, int) for s in index.shape) or index.numel() == 0: return
     if CHECK_OOB < 2 and storage_of(index.uop) is None: return
     vals = index.numpy()
+    if ignore is not None and (vals := vals[vals != ignore]).size == 0: return
     lo, hi = int(vals.min()), int(vals.max())
     if hi >= size or lo < (-size if negatives else 0):
         raise IndexError(f"{name} {hi if hi >= size else lo} is out of bounds for dimension {dim} with size {size}")

@@ -715,6 +715,8 @@ class NNMixin:
         if dtypes.is_float(Y.dtype) or Y.dtype == dtypes.bool:
             raise TypeError(f"sparse_categorical_crossentropy labels must be integers, got {Y.dtype}")
         if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
+        from fusegrad.tensor.indexing import _check_index_values
+        _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
         logp = self.log_softmax(-1)
         mask = Y != ignore_index
         picked = Y._one_hot_of(self.shape[-1]).where(logp, 0.0)
@@ -763,6 +765,8 @@ class NNMixin:
             raise TypeError(f"nll_loss target must be integers, got {Y.dtype}")
         if weight is not None and weight.shape != (nc,):
             raise ValueError(f"nll_loss weight must have shape ({nc},), got {weight.shape}")
+        from fusegrad.tensor.indexing import _check_index_values
+        _check_index_values(Y, nc, cdim, negatives=False, name="target", ignore=ignore_index)
         x = self.transpose(cdim, -1) if self.ndim > 2 else self
         oh = Y._one_hot_of(nc)
         w = oh.where(weight if weight is not None else 1.0, 0.0)
