@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import warnings
 from typing import Any
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
 
@@ -104,12 +105,15 @@ class CLCompiler(Compiler):
     def compile(self, src: str) -> bytes:
         cl, dev = _cl(), self.device
         prg = cl._cl._Program(dev.context, src)   # (pyopencl's Program would keep a disk cache of its own)
-        try: prg.build(self.options.encode(), [dev.cl_device])
+        try:
+            with warnings.catch_warnings():   # (a driver's remarks on a program that built are no concern of a user's)
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prg.build(self.options.encode(), [dev.cl_device])
         except cl.Error as e:
             try: log = prg.get_build_info(dev.cl_device, cl.program_build_info.LOG)
             except cl.Error: log = str(e)
             raise CompileError(build_error(dev.device, log, src)) from None
-        return bytes(prg.get_info(cl.program_info.BINARIES)[0])
+        return pack(src, bytes(prg.get_info(cl.program_info.BINARIES)[0]))
 
     def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         # a build costs about the same for one kernel as for ten (the driver's compiler starts up, its builtins are
@@ -124,7 +128,23 @@ class CLCompiler(Compiler):
             out += [lib] * len(batch)
         return out
 
-    def validate(self, lib: bytes) -> bool: return len(lib) > 0
+    def validate(self, lib: bytes) -> bool: return unpack(lib) is not None
+
+# What the compiler gives is the program's source and its binary, so a CL device of another kind (a GPU beside PoCL)
+# that runs the kernel builds it from the source for itself
+_MAGIC = b"FGCL"
+
+def pack(src: str, binary: bytes) -> bytes:
+    text = src.encode()
+    return _MAGIC + len(text).to_bytes(8, "little") + text + binary
+
+def unpack(lib: bytes) -> tuple[str, bytes] | None:
+    """(source, binary) of what `pack` made; None if `lib` isn't that."""
+    if len(lib) < 12 or not lib.startswith(_MAGIC): return None
+    n = int.from_bytes(lib[4:12], "little")
+    if len(lib) <= 12 + n: return None
+    try: return lib[12:12 + n].decode(), lib[12 + n:]
+    except UnicodeDecodeError: return None
 
 BATCH_KERNELS = 32
 
@@ -134,14 +154,17 @@ class CLProgram:
     """A kernel loaded from its program binary. It runs on the queue of the device its first buffer is on (another CL
     device of the same kind loads the binary into its own context on first use)."""
     def __init__(self, device: CLDevice, name: str, lib: bytes):
-        self.device, self.name, self.lib = device, name, lib
+        if (unpacked := unpack(lib)) is None: raise ValueError(f"not a CL program binary for kernel {name}")
+        self.device, self.name, self.lib, self.source = device, name, lib, unpacked[0]
         self._kernels: dict[CLDevice, Any] = {}
         self._kernel(device)   # (a binary that doesn't load fails here, where the caller recompiles it)
 
     def _kernel(self, dev: CLDevice) -> Any:
         if (k := self._kernels.get(dev)) is None:
             cl = _cl()
-            try: k = self._kernels[dev] = cl.Kernel(dev.load(self.lib), self.name)
+            lib = self.lib if dev.compiler.cachekey == self.device.compiler.cachekey else \
+                dev.compiler.compile_cached(self.source)
+            try: k = self._kernels[dev] = cl.Kernel(dev.load(lib), self.name)
             except cl.Error as e:
                 raise RuntimeError(f"can't load the OpenCL binary of kernel {self.name} on {dev.device}: {e}") from e
         return k
@@ -183,12 +206,16 @@ class CLDevice(Compiled):
         super().__init__(device, CLAllocator(self), None, None, functools.partial(CLProgram, self))
 
     def load(self, lib: bytes) -> Any:
-        """The program of a binary, built for this device (the kernels of one batch share it: loaded once)."""
+        """The program of what this device's compiler made, built for this device (the kernels of one batch share
+        it: loaded once)."""
         key = hashlib.sha256(lib).digest()
         if (prg := self._programs.pop(key, None)) is None:
             cl = _cl()
-            prg = cl._cl._Program(self.context, [self.cl_device], [lib])
-            prg.build(b"", [self.cl_device])
+            if (unpacked := unpack(lib)) is None: raise ValueError("not a CL program binary")
+            prg = cl._cl._Program(self.context, [self.cl_device], [unpacked[1]])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                prg.build(b"", [self.cl_device])
         self._programs[key] = prg   # (most recently used last)
         while len(self._programs) > self.PROGRAMS_KEPT: self._programs.pop(next(iter(self._programs)))
         return prg
