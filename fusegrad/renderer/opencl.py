@@ -9,8 +9,8 @@ for floats where the device has doubles, else `float`)."""
 from __future__ import annotations
 import re
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.renderer.cstyle import CStyleLanguage
-from fusegrad.uop.ops import UOp
+from fusegrad.renderer.cstyle import _LOWP, CStyleLanguage
+from fusegrad.uop.ops import Ops, UOp
 
 # the C renderer's GCC builtins that have an OpenCL builtin of the same meaning (overloaded on the argument type)
 _BUILTINS = re.compile(r"__builtin_(sqrt|exp2|log2|sin|trunc|pow|fmod|fma)f?\(")
@@ -111,6 +111,11 @@ class OpenCLRenderer(CStyleLanguage):
                                            "(no cl_khr_fp64)")
         return super().render(uops, name)
 
+    def _render(self, uops: list[UOp], name: str) -> str:
+        # (on the copy `render` makes) half and bfloat16 Variables: their values arrive as float or double
+        self._lowp_vars = {u.arg[0]: u.dtype for u in uops if u.op is Ops.DEFINE_VAR and u.dtype in _LOWP}
+        return super()._render(uops, name)
+
     def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
         out_params = []
         for p in params:
@@ -120,10 +125,16 @@ class OpenCLRenderer(CStyleLanguage):
                 out_params.append("__global " + re.sub(r"\b_Bool\*", "uchar*", p))
             elif p.startswith("double ") and not self.has_fp64: out_params.append("float " + p[len("double "):])
             else: out_params.append(p)
+        # a narrowing C cast of a 16-bit float Variable would convert the value to the integer that holds its bits
+        narrowed = {f"(({self.dtype_name(dt)}){v})": self.from_float(f"(float){v}", dt)
+                    for v, dt in getattr(self, "_lowp_vars", {}).items()}
         lines = []
         for line in body:
             if (m := _GLOBAL_LOOP.match(line)): line = f"{m.group(1)}{{ long {m.group(2)} = (long)get_global_id(0);"
+            for cast, value in narrowed.items(): line = line.replace(cast, value)
             lines.append(line)
+        if any("core_lo" in line or "core_hi" in line for line in lines):
+            raise RuntimeError(f"kernel {name}: the parallel loop isn't in the form this renderer rewrites")
         # OpenCL C lets the compiler contract a*b+c into a fused multiply-add by default; our fused multiply-adds
         # are explicit (MULACC), as in the C renderer
         pre = ["#pragma OPENCL FP_CONTRACT OFF"] + list(prelude or [])

@@ -18,7 +18,10 @@ cl = pytest.importorskip("pyopencl")
 from fusegrad import Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from fusegrad.device import Buffer, CompileError, Device, GlobalCounters  # noqa: E402
 from fusegrad.dtype import to_np_dtype  # noqa: E402
+from fusegrad.codegen import get_program  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
+from fusegrad.renderer.opencl import OpenCLRenderer, UnsupportedDType  # noqa: E402
+from fusegrad.uop.ops import Ops, UOp  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 rng = np.random.default_rng(0)
@@ -48,32 +51,49 @@ def test_elementwise_and_broadcasting():
     # (bit for bit where IEEE fixes the result)
     np.testing.assert_array_equal(outs[0], a + b * c)
     np.testing.assert_array_equal(outs[8], a / c)
+    np.testing.assert_array_equal(ta.bitcast(dtypes.int32).numpy(), a.view(np.int32))
 
-def test_reductions():
-    x = f32(37, 53)
-    t = Tensor(x, device="CL")
-    rows, cols, full, mx, mean = realized(t.sum(1), t.sum(0), t.sum(), t.max(0), t.mean(1))
-    np.testing.assert_allclose(rows, x.sum(1, dtype=np.float64), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(cols, x.sum(0, dtype=np.float64), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(full, x.sum(dtype=np.float64), rtol=1e-5, atol=1e-4)
-    np.testing.assert_array_equal(mx, x.max(0))
-    np.testing.assert_allclose(mean, x.mean(1, dtype=np.float64), rtol=1e-5, atol=1e-6)
+def glob(i: int, dt, size: int) -> UOp: return UOp(Ops.DEFINE_GLOBAL, dt.ptr(size), arg=i)
 
-def test_matmul():
-    a, b = f32(17, 33), f32(33, 65)
-    one, big = realized(Tensor([[3.0]], device="CL") @ Tensor([[-2.5]], device="CL"),
-                        Tensor(a, device="CL") @ Tensor(b, device="CL"))
-    np.testing.assert_array_equal(one, [[-7.5]])
-    np.testing.assert_allclose(big, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+def test_variables_of_every_kind():
+    """Kernel arguments: an int8 Variable that wraps, float32/half/bfloat16/float64 ones narrowed inside the kernel,
+    a symbolic loop bound."""
+    # out[i] = in[i + off] * scale + (h + b) + d
+    n, off = UOp.variable("n", 1, 64), UOp.variable("off", 0, 100, dtypes.int8)
+    scale = UOp.variable("scale", -100, 100, dtypes.float32)
+    h, b = UOp.variable("h", -100, 100, dtypes.float16), UOp.variable("b", -100, 100, dtypes.bfloat16)
+    d = UOp.variable("d", -100, 100, dtypes.float64)
+    r = UOp.range(n, 0)
+    x = glob(1, dtypes.float32, 200).index(r + off.cast(dtypes.index)).load()
+    val = x * scale + (h.cast(dtypes.float32) + b.cast(dtypes.float32)) + d.cast(dtypes.float32)
+    ast = UOp.sink_of(glob(0, dtypes.float32, 64).index(r).store(val))
+    dev = Device["CL"]
+    p = get_program(ast, dev.renderer)
+    assert [v.arg[0] for v in p.vars] == ["b", "d", "h", "n", "off", "scale"]
+    prg = dev.runtime(p.function_name, dev.compiler.compile_cached(p.src))
+    inp = np.arange(200, dtype=np.float32) / 7
+    src = Buffer("CL", 200, dtypes.float32).copyin(memoryview(inp))
+    for nv, ov, sv, hv, bv, dv in [(10, 3, 2.5, 1.0009765625, 1.00390625, 0.25), (64, 300, -1.1, 0.1, 3.3, 1e300)]:
+        out = Buffer("CL", 64, dtypes.float32).copyin(memoryview(np.zeros(64, np.float32)))
+        prg(out._buf, src._buf, vals=(bv, dv, hv, nv, ov, sv), global_size=nv if p.global_size != 1 else 1)
+        o = np.int8(np.int64(ov).astype(np.int8))
+        with np.errstate(over="ignore"):
+            add = np.float32(np.float16(hv)) + np.float32(torch.tensor(np.float32(bv)).bfloat16().float().item())
+            want = inp[o:o + nv] * np.float32(sv) + add + np.float32(dv)
+        got = out.numpy()
+        np.testing.assert_array_equal(got[:nv], want)
+        assert not got[nv:].any()
 
-def test_conv2d_and_softmax():
-    x, w, bias, s = f32(2, 3, 9, 9), f32(4, 3, 3, 3), f32(4), f32(5, 37)
-    tx, tw, tb, ts = (Tensor(a, device="CL") for a in (x, w, bias, s))
-    conv, sm, lsm = realized(tx.conv2d(tw, tb, padding=1), ts.softmax(-1), ts.log_softmax(-1))
-    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(bias), padding=1).numpy()
-    np.testing.assert_allclose(conv, ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(sm, torch.tensor(s).softmax(-1).numpy(), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(lsm, torch.tensor(s).log_softmax(-1).numpy(), rtol=1e-6, atol=1e-6)
+def test_renderer_without_doubles():
+    """For a device without cl_khr_fp64 a float Variable is passed as float, and a float64 kernel is refused by
+    name (rendered only: PoCL has doubles)."""
+    ren = OpenCLRenderer(has_fp64=False, device_name="CL (no doubles)")
+    scale, r = UOp.variable("scale", -100, 100, dtypes.float32), UOp.range(16, 0)
+    ast = UOp.sink_of(glob(0, dtypes.float32, 16).index(r).store(glob(1, dtypes.float32, 16).index(r).load() * scale))
+    src = get_program(ast, ren).src
+    assert "float scale" in src and "double" not in src
+    ast = UOp.sink_of(glob(0, dtypes.float64, 16).index(r).store(glob(1, dtypes.float64, 16).index(r).load() * 2.0))
+    with pytest.raises(UnsupportedDType, match=r"float64.*CL \(no doubles\)"): get_program(ast, ren)
 
 INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32, dtypes.int64,
         dtypes.uint64]
