@@ -101,16 +101,18 @@ INTS = [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dt
 def test_every_dtype():
     """Integer arithmetic (wrapping, truncating division, shifts), float16/32/64 arithmetic rounded per op, bool
     logic, and bfloat16 (computed in float) against torch: one kernel per dtype (the results stacked), one schedule."""
-    xi, yi = rng.integers(0, 100, 24), rng.integers(1, 20, 24)
+    # (signed: negative operands, floor division and modulo as NumPy's; every type: x // 0 and x % 0 give 0)
+    xi, yi = rng.integers(0, 100, 24), np.append(rng.integers(1, 20, 23), 0)
+    xs, ys = rng.integers(-50, 50, 24), np.append(rng.integers(-9, 10, 23), 0)
     xf, yf = rng.standard_normal(24) * 10, rng.standard_normal(24)
     outs, wants = [], []
     for dt in INTS:
         npdt = to_np_dtype(dt)
-        a, b = xi.astype(npdt), yi.astype(npdt)
+        a, b = (xi.astype(npdt), yi.astype(npdt)) if dtypes.is_unsigned(dt) else (xs.astype(npdt), ys.astype(npdt))
         ta, tb = Tensor(a, device="CL"), Tensor(b, device="CL")
         outs.append(Tensor.stack(ta * tb + ta, ta // tb, ta % tb, (ta < tb).cast(dt), ta.maximum(tb), ta << 2,
                                  ta - tb * 9))
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", divide="ignore"):
             wants.append(np.stack([a * b + a, a // b, a % b, (a < b).astype(npdt), np.maximum(a, b),
                                    a << npdt.type(2), a - b * npdt.type(9)]))
     for dt in (dtypes.float16, dtypes.float32, dtypes.float64):
