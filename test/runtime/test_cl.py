@@ -21,6 +21,7 @@ from fusegrad.dtype import to_np_dtype  # noqa: E402
 from fusegrad.codegen import get_program  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.renderer.opencl import OpenCLRenderer, UnsupportedDType  # noqa: E402
+from fusegrad.runtime.ops_cl import unpack  # noqa: E402
 from fusegrad.uop.ops import Ops, UOp  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -248,6 +249,12 @@ def test_disk_cache_and_timings(tmp_path, monkeypatch):
     hits, compiles = comp.disk_hits, comp.compiles
     assert comp.compile_cached(src) == lib and (comp.disk_hits, comp.compiles) == (hits + 1, compiles)
     assert Device["CL"].cl_device.driver_version in comp.cachekey
+    # an entry that isn't a program (a truncated file here) is compiled again, not loaded
+    path = comp.cache_path(src)
+    with open(path, "r+b") as f: f.truncate(os.path.getsize(path) - 8)
+    comp.mem_cache.clear()
+    assert comp.compile_cached(src) == lib and comp.compiles == compiles + 1
+    assert unpack(lib[:12]) is None and unpack(b"ELF" + lib[3:]) is None and unpack(lib)[0] == src
     x = f32(64)
     GlobalCounters.reset()
     with Context(DEBUG=2): got = (Tensor(x, device="CL") * 3).numpy()
