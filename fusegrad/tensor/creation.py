@@ -8,7 +8,7 @@ elements. The call counter reaches the kernel as a parameter from the first call
 later calls reuse the compiled kernels and a TinyJit replay can move it on.
 """
 from __future__ import annotations
-import ctypes, math, time
+import ctypes, hashlib, math, time
 from typing import TYPE_CHECKING, Any, ClassVar
 from fusegrad.dtype import DType, dtypes, to_dtype
 from fusegrad.helpers import argfix, prod, rng_counter_const
@@ -36,49 +36,39 @@ def _float_dtype(dtype: DType | str | None, name: str) -> DType:
     if not dtypes.is_float(dt): raise TypeError(f"{name} needs a floating point dtype, got {dt}")
     return dt
 
-def _compute_dtype(dt: DType) -> DType:
-    """Random floats are made in float32 (float64 for float64) and rounded to the requested dtype at the end."""
-    return dtypes.float64 if dt == dtypes.float64 else dtypes.float32
-
 def _finish(t: Tensor, contiguous: bool, requires_grad: bool | None) -> Tensor:
     if contiguous: t = t.contiguous()
     if requires_grad is not None: t.requires_grad_(requires_grad)
     return t
 
-def _fan_in_out(shape: tuple[int, ...], name: str) -> tuple[int, int]:
-    """torch.nn.init's fans: fan_in = shape[1] * receptive field, fan_out = shape[0] * receptive field."""
-    if len(shape) < 2: raise ValueError(f"{name} needs a shape of at least 2 dimensions to define fans, got {shape}")
-    rf = prod(shape[2:])
-    return shape[1] * rf, shape[0] * rf
+def _fan_in(shape: tuple[int, ...], name: str) -> int:
+    """tinygrad's fan_in: the product of all dimensions but the first (1 for shapes of fewer than 2 dimensions)."""
+    if prod(shape[1:]) == 0: raise ValueError(f"{name} needs a shape with a nonzero fan_in, got {shape}")
+    return prod(shape[1:])
 
-def _ranks(keys: Tensor, descending: bool) -> Tensor:
-    """The position of each element of the last axis in a stable sort of `keys` (int32).
+def _mul_add(x: Tensor, a: float, b: float) -> Tensor:
+    """x * a + b rounded once (as tinygrad's fused multiply-add gives it) where x is float32: in float64, where the
+    product of two float32 values is exact."""
+    if x.dtype != dtypes.float32: return x * a + b
+    return (x.cast(dtypes.float64) * ctypes.c_float(a).value + ctypes.c_float(b).value).cast(dtypes.float32)
 
-    Every pair is compared, in one reduction kernel: O(n^2) work but no Python loop and no data-dependent control."""
-    n = keys.shape[-1]
-    ki, kj = keys.unsqueeze(-1), keys.unsqueeze(-2)  # [..., i, j]
-    T = _T()
-    i, j = T._iota(n, keys.device).reshape(n, 1), T._iota(n, keys.device).reshape(1, n)
-    before = (kj > ki) if descending else (kj < ki)
-    before = before | ((kj == ki) & (j < i))
-    return before.cast(dtypes.int32).sum(-1)
-
-def _gather_by_rank(ranks: Tensor, count: int) -> Tensor:
-    """For each position p < count, the index whose rank is p (ranks of each row are a permutation; int32)."""
-    n = ranks.shape[-1]
-    T = _T()
-    p = T._iota(count, ranks.device).reshape(count, 1)
-    i = T._iota(n, ranks.device).reshape(1, n)
-    hit = ranks.unsqueeze(-2) == p  # [..., p, i]
-    return hit.where(i, 0).sum(-1, dtype=dtypes.int32)
-
+def _words(j: Tensor, num: int, key: Tensor) -> Tensor:
+    """Word j (a uint64 tensor of indices) of the `num` random 32-bit words of a call with stream key `key`: with
+    h = ceil(num / 2), the low words of threefry(i | (i + h) << 32, key) for i < h, then their high words."""
+    h = -(-num // 2)
+    low = j < h
+    i = low.where(j, j - h)
+    r = (i | (i + h) << 32).threefry(key)
+    return low.where(r & _M32, r >> 32).cast(dtypes.uint32)
 
 class CreationMixin:
     """Tensor methods of this family (mixed into Tensor; `self` is a Tensor)."""
     __slots__ = ()
-    # the seed of the generator (tinygrad's name) and the number of random calls made since it was set
+    # the seed of the generator (tinygrad's name), the number of 32-bit random words drawn since it was set, and the
+    # devices drawn on since then (each device's number is part of its generator key)
     _seed: ClassVar[int] = int(time.time())
     _rng_counter: ClassVar[int] = 0
+    _rng_devices: ClassVar[dict[Any, int]] = {}
 
     # *** the generator ***
 
@@ -88,7 +78,7 @@ class CreationMixin:
         if not isinstance(seed, int) or isinstance(seed, bool): raise TypeError(f"seed must be an int, got {seed!r}")
         if not -2**63 <= seed < 2**64: raise ValueError(f"seed must be in [-2**63, 2**64), got {seed}")
         T = _T()
-        T._seed, T._rng_counter = seed, 0
+        T._seed, T._rng_counter, T._rng_devices = seed, 0, {}
 
     def threefry(self: Tensor, seed: Any) -> Tensor:
         """Threefry-2x32 (20 rounds) of each uint64 element (two 32-bit words, low first) keyed by uint64 `seed`."""
@@ -104,54 +94,74 @@ class CreationMixin:
 
     @staticmethod
     def random_bits(key: Tensor, counter: Tensor, num: int) -> Tensor:
-        """`num` random uint32 words: the words (low first) of threefry((counter << 32) | i, key) for i = 0, 1, ..."""
+        """`num` random uint32 words: the words of a random call whose generator key is `key` and whose counter (the
+        words drawn before it) is `counter`, each given as two 32-bit words (low first)."""
         T = _T()
         if not isinstance(num, int) or isinstance(num, bool) or num < 0:
             raise ValueError(f"random_bits needs a nonnegative int num, got {num!r}")
         for name, t in (("key", key), ("counter", counter)):
-            if not isinstance(t, T) or t.numel() != 1 or not dtypes.is_int(t.dtype):
-                raise TypeError(f"random_bits {name} must be an integer tensor of one element")
+            if not isinstance(t, T) or t.shape != (2,) or not dtypes.is_int(t.dtype):
+                raise TypeError(f"random_bits {name} must be an integer tensor of two 32-bit words (low first), got "
+                                f"{t.shape if isinstance(t, T) else type(t).__name__}")
+        if num > _M32: raise ValueError(f"random_bits draws at most 2**32 - 1 words, got {num}")
         if num == 0: return T.zeros(0, dtype=dtypes.uint32, device=key.device)
-        blocks = (num + 1) // 2
-        k = key.reshape(()).cast(dtypes.uint64)
-        c = (counter.reshape(()).cast(dtypes.uint64) & _M32) << 32
-        words = (T._iota(blocks, key.device).cast(dtypes.uint64) + c).threefry(k)
-        lo, hi = (words & _M32).cast(dtypes.uint32), (words >> 32).cast(dtypes.uint32)
-        return T.stack(lo, hi, dim=1).reshape(2 * blocks)[:num]
+        def u64(t: Tensor) -> Tensor:
+            w = t.cast(dtypes.uint64) & _M32
+            return w[0] | (w[1] << 32)
+        return _words(T._iota(num, key.device).cast(dtypes.uint64), num, u64(counter).threefry(u64(key)))
 
     @staticmethod
-    def _random_u64(shape: tuple[int, ...], device: str | None) -> Tensor:
-        """64 random bits per element (uint64), from the next counter of the global generator."""
+    def _draw(num: int, device: Any) -> Tensor:
+        """The stream key of a random call taking the next `num` 32-bit words on `device` (see _words): a uint64 scalar
+        computed in the kernel from the call's counter, which reaches it as a parameter (helpers.rng_counter_const)."""
+        T = _T()
+        if num > _M32: raise ValueError(f"a random call draws at most 2**32 - 1 words of 32 bits, got {num}")
+        # a device's generator key: the seed's low word above the low word of the sha256 of the device's number (in
+        # the order of first use since the seed; 4 bytes, big-endian)
+        index = T._rng_devices.setdefault(device if isinstance(device, tuple) else _canonical(device),
+                                          len(T._rng_devices))
+        key = (T._seed & _M32) << 32 | int.from_bytes(hashlib.sha256(index.to_bytes(4, "big")).digest(), "big") & _M32
+        counter = T.full((), rng_counter_const(T._rng_counter), dtype=dtypes.uint64, device=device)
+        T._rng_counter += num
+        # the call's stream key is the generator key's threefry of the words drawn before the call
+        return ((counter >> 32) - 1).threefry(key)
+
+    @staticmethod
+    def _unit_uniform(shape: tuple[int, ...], dt: DType, device: Any) -> Tensor:
+        """rand's values in [0, 1) of float dtype `dt`: element e takes the e-th `dt`-sized piece of the call's words
+        (little-endian) and keeps its top (significand bits) bits b: b * 2**-(significand bits), which is exact."""
+        T = _T()
+        n, size = prod(shape), dt.itemsize
+        if n >= 2**31: raise ValueError(f"random tensors are limited to 2**31 - 1 elements, got shape {shape}")
+        num = -(-n * size // 4)
+        k = CreationMixin._draw(num, device)
+        if n == 0: return T.zeros(shape, dtype=dt, device=device)
+        e = T._iota(n, device).cast(dtypes.uint64)
+        if size == 8:
+            bits = _words(2 * e, num, k).cast(dtypes.uint64) | _words(2 * e + 1, num, k).cast(dtypes.uint64) << 32
+        elif size == 4: bits = _words(e, num, k)
+        else:
+            per = 4 // size
+            bits = (_words(e // per, num, k) >> ((e % per) * (8 * size)).cast(dtypes.uint32)) & ((1 << 8 * size) - 1)
+        nmant = dtypes.finfo(dt)[1]
+        return ((bits >> (8 * size - nmant)).cast(dt) * 2.0 ** -nmant).reshape(shape)
+
+    @staticmethod
+    def _std_normal(shape: tuple[int, ...], device: Any) -> Tensor:
+        """Standard normal float32 values by Box-Muller over rand((2, *shape)): u of the first half, v of the second,
+        cos(2 pi u) * sqrt(-2 log(1 - v))."""
         T = _T()
         n = prod(shape)
         if n >= 2**31: raise ValueError(f"random tensors are limited to 2**31 - 1 elements, got shape {shape}")
-        counter = T._rng_counter & _M32
-        T._rng_counter += 1
-        if n == 0: return T.zeros(shape, dtype=dtypes.uint64, device=device)
-        idx = T._iota(n, device).cast(dtypes.uint64) + rng_counter_const(counter)
-        return idx.threefry(T._seed & _M64).reshape(shape)
-
-    @staticmethod
-    def _unit_uniform(shape: tuple[int, ...], dt: DType, device: str | None) -> Tensor:
-        """Uniform floats in [0, 1) with as many random bits as `dt` has significand bits (so rounding to `dt` can't
-        reach 1), in the compute dtype of `dt`."""
-        nbits = dtypes.finfo(dt)[1] + 1
-        bits = CreationMixin._random_u64(shape, device) >> (64 - nbits)
-        return bits.cast(_compute_dtype(dt)) * (2.0 ** -nbits)
-
-    @staticmethod
-    def _std_normal(shape: tuple[int, ...], dt: DType, device: str | None) -> Tensor:
-        """Standard normal values by Box-Muller, in the compute dtype of `dt`."""
-        cdt = _compute_dtype(dt)
-        if cdt == dtypes.float64:
-            u1, u2 = CreationMixin._unit_uniform(shape, dt, device), CreationMixin._unit_uniform(shape, dt, device)
-        else:
-            # the two halves of one 64-bit draw give the two uniforms: 24 bits each, exact in float32
-            bits = CreationMixin._random_u64(shape, device)
-            u1 = (bits >> 40).cast(cdt) * 2.0 ** -24
-            u2 = (bits & 0xFFFFFF).cast(cdt) * 2.0 ** -24
-        # 1 - u1 is in (0, 1], so the log is finite
-        return (-2.0 * (1.0 - u1).log()).sqrt() * (u2 * (2 * math.pi)).cos()
+        k = CreationMixin._draw(2 * n, device)
+        if n == 0: return T.zeros(shape, dtype=dtypes.float32, device=device)
+        # words e and n + e of the 2n words are the two halves of one threefry output
+        e = T._iota(n, device).cast(dtypes.uint64)
+        r = (e | (e + n) << 32).threefry(k).reshape(shape)
+        u = ((r & _M32) >> 9).cast(dtypes.float32) * 2.0 ** -23
+        v = (r >> 41).cast(dtypes.float32) * 2.0 ** -23
+        # (the product in this order: the other order's graph is split into two kernels by the scheduler)
+        return (-2.0 * (1.0 - v).log()).sqrt() * (u * (2 * math.pi)).cos()
 
     # *** random tensors ***
 
@@ -160,68 +170,70 @@ class CreationMixin:
              requires_grad: bool | None = None) -> Tensor:
         """Uniform random values in [0, 1)."""
         shp, dt = _shape_of(shape), _float_dtype(dtype, "rand")
-        return _finish(CreationMixin._unit_uniform(shp, dt, device).cast(dt), contiguous, requires_grad)
+        return _finish(CreationMixin._unit_uniform(shp, dt, device), contiguous, requires_grad)
 
     @staticmethod
     def randn(*shape: Any, dtype: DType | str | None = None, **kwargs: Any) -> Tensor:
-        """Standard normal random values (mean 0, std 1)."""
+        """Standard normal random values (mean 0, std 1), made in float32 and cast to `dtype`."""
         shp, dt = _shape_of(shape), _float_dtype(dtype, "randn")
         device, contiguous, requires_grad = _kwargs(kwargs, "randn")
-        return _finish(CreationMixin._std_normal(shp, dt, device).cast(dt), contiguous, requires_grad)
+        return _finish(CreationMixin._std_normal(shp, device).cast(dt), contiguous, requires_grad)
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kwargs: Any) -> Tensor:
-        """Normal random values with the given mean and standard deviation."""
+        """Normal random values with the given mean and standard deviation: std * randn + mean."""
         if not std >= 0: raise ValueError(f"normal needs std >= 0, got {std}")
         shp, dt = _shape_of(shape), _float_dtype(kwargs.pop("dtype", None), "normal")
         device, contiguous, requires_grad = _kwargs(kwargs, "normal")
-        x = CreationMixin._std_normal(shp, dt, device) * std + mean
-        return _finish(x.cast(dt), contiguous, requires_grad)
+        return _finish(_mul_add(CreationMixin._std_normal(shp, device).cast(dt), std, mean), contiguous, requires_grad)
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | str | None = None,
                 **kwargs: Any) -> Tensor:
-        """Uniform random values in [low, high)."""
+        """Uniform random values in [low, high): (high - low) * rand (of the default float) in `dtype`, plus low."""
         if not low <= high: raise ValueError(f"uniform needs low <= high, got low={low}, high={high}")
         shp, dt = _shape_of(shape), _float_dtype(dtype, "uniform")
         device, contiguous, requires_grad = _kwargs(kwargs, "uniform")
-        x = CreationMixin._unit_uniform(shp, dt, device) * (high - low) + low
-        return _finish(x.cast(dt), contiguous, requires_grad)
+        u = CreationMixin._unit_uniform(shp, dtypes.default_float, device)
+        x = _mul_add(u, high - low, low) if dt == u.dtype else (u * (high - low)).cast(dt) + low
+        return _finish(x, contiguous, requires_grad)
 
     @staticmethod
     def scaled_uniform(*shape: Any, **kwargs: Any) -> Tensor:
         """Uniform in [-1, 1) scaled by 1/sqrt(number of elements)."""
         shp = _shape_of(shape)
-        bound = max(prod(shp), 1) ** -0.5
-        return CreationMixin.uniform(*shp, low=-bound, high=bound, **kwargs)
+        if prod(shp) == 0: raise ValueError(f"scaled_uniform needs a nonempty shape, got {shp}")
+        return CreationMixin.uniform(*shp, low=-1.0, high=1.0, **kwargs) * prod(shp) ** -0.5
 
     @staticmethod
     def glorot_uniform(*shape: Any, **kwargs: Any) -> Tensor:
-        """Glorot/Xavier uniform init: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)) (torch.nn.init's fans)."""
+        """Glorot/Xavier uniform init: U(-b, b) with b = sqrt(6 / (shape[0] + prod(shape[1:]))) (tinygrad's fans:
+        torch's for 2-D shapes)."""
         shp = _shape_of(shape)
-        fan_in, fan_out = _fan_in_out(shp, "glorot_uniform")
-        bound = math.sqrt(6.0 / max(fan_in + fan_out, 1))
+        if not shp or shp[0] + prod(shp[1:]) == 0:
+            raise ValueError(f"glorot_uniform needs a shape with fans, got {shp}")
+        bound = (6 / (shp[0] + prod(shp[1:]))) ** 0.5
         return CreationMixin.uniform(*shp, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def kaiming_uniform(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        """Kaiming/He uniform init for leaky_relu(a): U(-b, b) with b = sqrt(6 / ((1 + a^2) fan_in))."""
+        """Kaiming/He uniform init for leaky_relu(a): U(-b, b) with b = sqrt(6 / (1 + a^2) / fan_in), fan_in =
+        prod(shape[1:])."""
         shp = _shape_of(shape)
-        fan_in, _ = _fan_in_out(shp, "kaiming_uniform")
-        bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a * a)) / math.sqrt(max(fan_in, 1))
+        bound = (6 / (1 + a ** 2) / _fan_in(shp, "kaiming_uniform")) ** 0.5
         return CreationMixin.uniform(*shp, low=-bound, high=bound, **kwargs)
 
     @staticmethod
     def kaiming_normal(*shape: Any, a: float = 0.01, **kwargs: Any) -> Tensor:
-        """Kaiming/He normal init for leaky_relu(a): N(0, std^2) with std = sqrt(2 / ((1 + a^2) fan_in))."""
+        """Kaiming/He normal init for leaky_relu(a): N(0, std^2) with std = sqrt(2 / (1 + a^2) / fan_in), fan_in =
+        prod(shape[1:])."""
         shp = _shape_of(shape)
-        fan_in, _ = _fan_in_out(shp, "kaiming_normal")
-        std = math.sqrt(2.0 / (1 + a * a)) / math.sqrt(max(fan_in, 1))
+        std = (2 / (1 + a ** 2) / _fan_in(shp, "kaiming_normal")) ** 0.5
         return CreationMixin.normal(*shp, mean=0.0, std=std, **kwargs)
 
     @staticmethod
     def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType | str = dtypes.int, **kwargs: Any) -> Tensor:
-        """Uniform random integers in [low, high)."""
+        """Uniform random integers in [low, high): (high - low) * rand, truncated, plus low."""
         for name, v in (("low", low), ("high", high)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"randint {name} must be an int, got {v!r}")
@@ -233,15 +245,16 @@ class CreationMixin:
             raise ValueError(f"randint range [{low}, {high}) doesn't fit in {dt}")
         if high - low > 2**64: raise ValueError(f"randint range [{low}, {high}) is wider than 2**64")
         device, contiguous, requires_grad = _kwargs(kwargs, "randint")
-        # bits mod range, shifted by low with wrap-around in 64 bits: the bias is at most range / 2**64
-        x = CreationMixin._random_u64(shp, device)
-        if high - low < 2**64: x = x % (high - low)
-        x = (x + (low & _M64)).cast(dtypes.int64) if dtypes.is_float(dt) else x + (low & _M64)
+        u = CreationMixin._unit_uniform(shp, dtypes.default_float, device)
+        # in 64 bits with wrap-around, so ranges beyond int64 work; the float product rounds up to high - low itself
+        # for ranges beyond the float's significand: kept below it
+        x = (u * (high - low)).cast(dtypes.uint64).minimum(high - low - 1) + (low & _M64)
+        if dtypes.is_float(dt): x = x.cast(dtypes.int64)
         return _finish(x.cast(dt), contiguous, requires_grad)
 
     @staticmethod
     def randperm(n: int, device: str | None = None, dtype: DType | str = dtypes.int, **kwargs: Any) -> Tensor:
-        """A random permutation of 0, ..., n-1: the ranks of n random 64-bit keys (one kernel of O(n^2) work)."""
+        """A random permutation of 0, ..., n-1: the stable argsort of rand(n)."""
         if not isinstance(n, int) or isinstance(n, bool): raise TypeError(f"randperm n must be an int, got {n!r}")
         if n < 0: raise ValueError(f"randperm needs n >= 0, got {n}")
         dt = to_dtype(dtype)
@@ -249,15 +262,15 @@ class CreationMixin:
             raise TypeError(f"randperm needs an integer or float dtype, got {dt}")
         if dtypes.is_int(dt) and n - 1 > dtypes.max(dt): raise ValueError(f"randperm({n}) doesn't fit in {dt}")
         _, contiguous, requires_grad = _kwargs({**kwargs, "device": device}, "randperm")
-        keys = CreationMixin._random_u64((n,), device)
+        keys = CreationMixin._unit_uniform((n,), dtypes.default_float, device)
         if n == 0: return _finish(keys.cast(dt), contiguous, requires_grad)
-        # the ranks of i.i.d. keys are a uniformly random permutation; the keys are realized once since the ranking
-        # reads each of them n times
-        return _finish(_ranks(keys.contiguous(), False).cast(dt), contiguous, requires_grad)
+        # the keys are realized once since sorting reads each of them many times
+        return _finish(keys.contiguous().argsort().cast(dt), contiguous, requires_grad)
 
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Indices (dtypes.default_int, as tinygrad) drawn from the categories weighted by the last axis of this 1-D or
         2-D tensor."""
+        T = _T()
         if not 1 <= self.ndim <= 2:
             raise ValueError(f"multinomial needs a 1-D or 2-D tensor of weights, got shape {self.shape}")
         if not dtypes.is_float(self.dtype):
@@ -268,31 +281,35 @@ class CreationMixin:
         if n == 0: raise ValueError("multinomial needs at least one category")
         if not replacement and num_samples > n:
             raise ValueError(f"multinomial can't draw {num_samples} samples without replacement from {n} categories")
-        w = (self if self.ndim == 2 else self.reshape(1, n)).cast(_compute_dtype(self.dtype))
-        # scaled to a maximum of 1 so that w / E below can't overflow (E is at least about 3e-8)
-        w = w / w.max(-1, keepdim=True)
+        w = self if self.ndim == 2 else self.reshape(1, n)
         rows = w.shape[0]
-        # exponential races: category i wins with probability w_i / sum(w) when it has the largest w_i / E_i,
-        # E_i ~ Exp(1) independent; u is in (0, 1) so E_i > 0
-        def exp1(shape: tuple[int, ...]) -> Tensor:
-            u = (CreationMixin._random_u64(shape, self.device) >> 40).cast(w.dtype) * 2.0 ** -24 + 2.0 ** -25
-            return -u.log()
-        if replacement:
-            out = (w.unsqueeze(1) / exp1((rows, num_samples, n))).argmax(-1)
+        if replacement or num_samples == 1:
+            # inverse transform: a sample is the number of entries of the normalized cumulative weights at or below
+            # a uniform value (drawn on the default device, as tinygrad). The weights are first divided by the power
+            # of two at or below their maximum: exact, so the cdf is unchanged, but sums of huge weights can't overflow
+            ebits, mbits = dtypes.finfo(w.dtype)
+            it = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[w.dtype.itemsize]
+            top = (w.max(-1, keepdim=True).bitcast(it) & (((1 << ebits) - 1) << mbits)).bitcast(w.dtype)
+            cw = (w / (top == 0).where(1.0, top)).cumsum(1).cast(dtypes.float32)
+            cdf = cw / cw[:, -1:]
+            u = T.rand(num_samples, rows, 1).to(self.device)
+            out = (u >= cdf).sum(2, dtype=dtypes.int32).permute(1, 0)
         else:
-            # the order of a race without replacement is the order of the keys, largest first
-            out = _gather_by_rank(_ranks((w / exp1((rows, n))).contiguous(), True).contiguous(), num_samples)
+            # Efraimidis-Spirakis: the samples are the num_samples largest log2(u) / w
+            u = T.rand(rows, n, device=self.device)
+            out = (u.log2() / w).topk(num_samples, dim=1)[1]
         out = out.cast(dtypes.default_int)
         return out if self.ndim == 2 else out.reshape(num_samples)
 
     def dropout(self: Tensor, p: float = 0.5) -> Tensor:
-        """In training, zero each element with probability p and scale the rest by 1/(1-p); otherwise the identity."""
+        """In training, zero each element where rand (of the default float) < p and scale the rest by 1/(1-p);
+        otherwise the identity."""
         if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 <= p <= 1:
             raise ValueError(f"dropout probability must be in [0, 1], got {p!r}")
         if not _T().training or p == 0: return self
         if not dtypes.is_float(self.dtype): raise TypeError(f"dropout needs a floating point tensor, got {self.dtype}")
         if p == 1: return self * 0
-        keep = CreationMixin._unit_uniform(self.shape, dtypes.float32, self.device) >= p
+        keep = CreationMixin._unit_uniform(self.shape, dtypes.default_float, self.device) >= p
         # a multiplication (not a select) so that nan and inf propagate as in torch
         return self * (keep.cast(self.dtype) * (1.0 / (1.0 - p)))
 
