@@ -11,7 +11,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
-from fusegrad.schedule.merge import merge_kernels
+from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, merge_kernels, op_weight
 from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, _arg_key, arg_uops, map_arg_uops
 from fusegrad.uop.pattern import graph_rewrite_map
@@ -110,7 +110,38 @@ def find_realized(sink: UOp) -> set[UOp]:
         if u in realize or is_realized(u) or u.op not in GroupOp.Elementwise: ops[u] = 0; continue
         ops[u] = min(RECOMPUTE_LIMIT + 1, 1 + sum(ops.get(s, 0) for s in u.src))
         if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1: realize.add(u); ops[u] = 0
+    _bound_kernel_size(topo, realize)
     return {u for u in realize if not is_realized(u)}
+
+def _bound_kernel_size(topo: list[UOp], realize: set[UOp]) -> None:
+    """Add to `realize` what keeps every kernel within KERNEL_OPS_LIMIT weighted ops (merge.op_weight): where a node
+    would make its kernel bigger, its heaviest sources are computed into buffers first. A deep chain (200 sines)
+    becomes a chain of kernels that are each the same few links, so one of them is compiled for all."""
+    def inside(s: UOp) -> bool: return s not in realize and not is_realized(s)
+    def region(u: UOp) -> int:
+        # the exact weight of the kernel part computing u: each node once, however many paths lead to it
+        seen, stack, total = set(), [u], 0
+        while stack:
+            x = stack.pop()
+            if x in seen: continue
+            seen.add(x)
+            total += op_weight(x)
+            stack.extend(s for s in x.src if inside(s))
+        return total
+    weight: dict[UOp, int] = {}  # an upper bound of region(u): shared nodes are counted once per path
+    for u in topo:
+        if is_realized(u): weight[u] = 0; continue
+        w = op_weight(u) + sum(weight[s] for s in u.src if inside(s))
+        if w > KERNEL_OPS_LIMIT: w = region(u)
+        while w > KERNEL_OPS_LIMIT:
+            bases = [b for s in u.src if inside(b := s.base) and weight[b] > 0 and
+                     (b.op in GroupOp.Elementwise or b.op is Ops.REDUCE_AXIS)]
+            if not bases: break
+            heaviest = max(bases, key=lambda b: weight[b])
+            realize.add(heaviest)
+            weight[heaviest] = 0
+            w = region(u)
+        weight[u] = 0 if u in realize else w
 
 # see find_realized: a contraction longer than this (products per output) gets a kernel to itself
 LONG_CONTRACTION = 384

@@ -3,11 +3,33 @@ reads element for element (an optimizer's new moment, read by the parameter upda
 kernel computes the value once, stores it, and uses it, instead of a second pass that stores it and a third that
 loads it back (Adam: three kernels per parameter become one)."""
 from __future__ import annotations
+from fusegrad.dtype import dtypes
 from fusegrad.schedule.indexing import storage_of
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
+
+# the most weighted ops (see op_weight) one kernel computes. The C compiler's time grows with a kernel's source (about
+# 0.3 ms per plain op on the 2-core machine, over 0.1 s per float32 sine): a fused chain of 200 sines took gcc over
+# 30 s, while bounded pieces of one chain are all the same kernel, compiled once. A chain of 1500 plain ops fits
+KERNEL_OPS_LIMIT = 2048
+
+# (float32, float64) cost of a transcendental in plain ops of compile time, measured with gcc 12 on kernels of chains
+# of each: codegen/transcendental.py expands them into arithmetic, branches of integer selects for the sine's
+# reduction. (POW is a call of the C library: one op)
+_EXPANDED = {Ops.SIN: (400, 2000), Ops.EXP2: (40, 40), Ops.LOG2: (60, 100)}
+
+def op_weight(u: UOp) -> int:
+    """What a node costs in its kernel's compile time, in plain ALU ops: 1 for an ALU op, a conversion or a reduction,
+    dozens to thousands for a transcendental (expanded to arithmetic), 0 for index arithmetic, memory and movement."""
+    if u.op in _EXPANDED: return _EXPANDED[u.op][u.dtype.itemsize >= 8]
+    if u.op in GroupOp.Elementwise: return 0 if u.dtype == dtypes.index else 1
+    return 1 if u.op in (Ops.REDUCE_AXIS, Ops.REDUCE) else 0
+
+def kernel_weight(ast: UOp) -> int:
+    """The weighted ops of a kernel AST (see op_weight)."""
+    return sum(op_weight(u) for u in ast.toposort())
 
 def kernel_outputs(k: UOp) -> tuple[UOp, ...]:
     """The sources of a KERNEL it writes: one per STORE of its AST (a COPY or a view writes its first source)."""
@@ -117,6 +139,10 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             stack.extend(group_deps(g))
         return False
     elementwise = {k: _is_elementwise(k) for k in kernels}
+    weights: dict[UOp, int] = {}
+    def weight(g: UOp) -> int:
+        if g not in weights: weights[g] = sum(kernel_weight(m.arg) for m in members[g])
+        return weights[g]
     # readers from the last kernel back: an optimizer's update takes its moments, a chain folds from its end
     for reader in reversed(kernels):
         if not elementwise[reader]: continue
@@ -131,12 +157,16 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             # for the producer's group
             if reaches(group_deps(gr) - {gp}, gp): continue
             if len(members[gp]) + len(members[gr]) > MAX_OUTPUTS: continue
+            # (a chain that fusion cut for its size stays cut; shared ops would count once, so this may refuse a
+            # merge that just fits)
+            if weight(gp) + weight(gr) > KERNEL_OPS_LIMIT: continue
             if (both := _merge(merged.get(gp, gp), merged.get(gr, gr))) is None: continue
             # (its sources must not name a kernel of its own group: that kernel is this one now)
             own = set(members[gp]) | set(members[gr])
             if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
                 continue
             group[gp] = gr
+            weights[gr] = weight(gr) + weight(gp)
             members[gr] += members.pop(gp)
             merged[gr] = both
             merged.pop(gp, None)

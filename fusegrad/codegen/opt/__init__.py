@@ -83,21 +83,30 @@ def uniquify_reduce_ranges(ast: UOp) -> UOp:
         if change is None: return ast
         ast = ast.substitute({change[0]: change[1]})
 
+# a kernel nesting more output loops than this is flattened: C compilers peel and unroll deep nests of short loops
+# until they run out of memory (`Tensor.ones(*[2]*24) + 1`: 24 loops of 2, over a minute of gcc)
+MAX_OUTPUT_LOOPS = 8
+
 def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
     """Adjacent output loops that every memory access addresses as one (the outer loop's coefficient is the inner
-    loop's size times the inner's, and neither appears outside the addresses) become one loop of their product when
-    that makes whole vectors of `lanes` where the inner loop alone doesn't: a 1x1 convolution's 28x28 pixels are one
-    loop of 784, 49 vectors of 16, where a vector along the rows of 28 was padded to 32 (8x128x28x28: 1.40 -> 1.20
-    ms; 8x64x56x56 to 256 channels 7.1 -> 5.5 ms). 7x7 images (49 pixels) keep their rows: the heuristic takes the
-    channels as the vector there (8x512x7x7 to 2048 channels: 5.3 ms, where merged pixels took 8.0). The AST is
-    returned unchanged when an address wouldn't stay affine in the merged loop."""
+    loop's size times the inner's, and neither appears outside the addresses) become one loop of their product
+    - when that makes whole vectors of `lanes` where the inner loop alone doesn't: a 1x1 convolution's 28x28 pixels
+      are one loop of 784, 49 vectors of 16, where a vector along the rows of 28 was padded to 32 (8x128x28x28: 1.40
+      -> 1.20 ms; 8x64x56x56 to 256 channels 7.1 -> 5.5 ms). 7x7 images (49 pixels) keep their rows: the heuristic
+      takes the channels as the vector there (8x512x7x7 to 2048 channels: 5.3 ms, where merged pixels took 8.0).
+      The AST is returned unchanged when an address wouldn't stay affine in the merged loop.
+    - always, in a kernel of more than MAX_OUTPUT_LOOPS output loops (a rank-24 elementwise op is one loop); if it
+      still has too many, the adjacent loops of the smallest product are merged whatever their addresses (an index
+      then divides the merged loop back into its parts)."""
     from fusegrad.uop.symbolic import simplify_indexing
     outs = sorted(set(_store_ranges(ast)), key=lambda r: r.arg[0])
     def whole_vectors(sa: int | UOp, sb: int | UOp) -> bool:
         return isinstance(sa, int) and isinstance(sb, int) and sb % lanes != 0 and (sa * sb) % lanes == 0
+    deep = len(outs) > MAX_OUTPUT_LOOPS
     # (most kernels have no such pair: they skip the walks below, which run for every kernel compiled)
-    if lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:])): return ast
-    original, topo = ast, ast.toposort()
+    if not deep and (lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:]))):
+        return ast
+    topo = ast.toposort()
     idxs = [u for u in topo if u.op is Ops.INDEX]
     addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
     # a loop that a gate or a value uses (a padding check, an iota) keeps its own range
@@ -107,28 +116,41 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
         elif u in addresses or u.op is Ops.REDUCE: continue
         else: uses = [x for s in u.src if s.op is Ops.RANGE or s in addresses for x in s.toposort()]
         blocked.update(x for x in uses if x.op is Ops.RANGE)
-    merged: list[UOp] = []
-    i = len(outs) - 1
-    while i >= 1:
-        a, b = outs[i - 1], outs[i]
-        sa, sb = range_size(a), range_size(b)
-        ok = a not in blocked and b not in blocked and whole_vectors(sa, sb)
-        for idx in idxs if ok else ():
-            ca, cb = coeff(idx.src[1], a), coeff(idx.src[1], b)
-            if ca is None or cb is None or ca != sb * cb:
-                ok = False
-                break
-        if ok:
-            r = UOp(Ops.RANGE, a.dtype, (UOp.const(dtypes.index, sa * sb),), a.arg)
-            step = {a: r // sb, b: r % sb}
-            ast, idxs = ast.substitute(step), [idx.substitute(step) for idx in idxs]
-            merged = [m for m in merged if m is not a and m is not b] + [r]
-            outs[i - 1:i + 1] = [r]
-        i -= 1
-    if not merged: return ast
-    ast = simplify_indexing(ast)
-    idxs = [u for u in ast.toposort() if u.op is Ops.INDEX]
-    return original if any(coeff(idx.src[1], r) is None for idx in idxs for r in merged) else ast
+    coeffs = {r: [coeff(idx.src[1], r) for idx in idxs] for r in outs}
+    def size(run: list[UOp]) -> int | UOp:
+        sizes = [range_size(r) for r in run]
+        return math.prod(sizes) if all(isinstance(x, int) for x in sizes) else sizes[0]
+    # runs of loops that become one, outer to inner; built from the innermost loop out
+    runs: list[list[UOp]] = [[outs[-1]]] if outs else []
+    for a in reversed(outs[:-1]):
+        inner = runs[0]
+        sa, sb = range_size(a), size(inner)
+        ok = isinstance(sa, int) and isinstance(sb, int) and a not in blocked and inner[0] not in blocked and \
+            (deep or whole_vectors(sa, sb)) and \
+            all(ca is not None and cb is not None and ca == sb * cb for ca, cb in zip(coeffs[a], coeffs[inner[-1]]))
+        if ok: inner.insert(0, a)
+        else: runs.insert(0, [a])
+    affine = [run[0] for run in runs if len(run) > 1]
+    while deep and len(runs) > MAX_OUTPUT_LOOPS:
+        pairs = [i for i in range(len(runs) - 1) if all(isinstance(size(x), int) for x in runs[i:i + 2])]
+        if not pairs: break
+        i = min(pairs, key=lambda i: (size(runs[i]) * size(runs[i + 1]), -i))
+        runs[i:i + 2] = [runs[i] + runs[i + 1]]
+    if all(len(run) == 1 for run in runs): return ast
+    step: dict[UOp, UOp] = {}
+    new_range: dict[UOp, UOp] = {}
+    for run in runs:
+        if len(run) == 1: continue
+        r = new_range[run[0]] = UOp(Ops.RANGE, run[0].dtype, (UOp.const(dtypes.index, size(run)),), run[0].arg)
+        stride = size(run)
+        for i, x in enumerate(run):
+            stride //= range_size(x)
+            part = r // stride if stride != 1 else r
+            step[x] = part % range_size(x) if i else part
+    merged = simplify_indexing(ast.substitute(step))
+    if deep: return merged
+    idxs = [u for u in merged.toposort() if u.op is Ops.INDEX]
+    return ast if any(coeff(idx.src[1], new_range[a]) is None for idx in idxs for a in affine) else merged
 
 class Kernel:
     """A kernel AST with its loops, transformed by `apply_opt` and finalized by `get_optimized_ast`."""
