@@ -1,5 +1,6 @@
 """Test helpers: build kernel ASTs by hand and run their C with ctypes on numpy arrays."""
 from __future__ import annotations
+import copy
 import ctypes
 import hashlib
 import os
@@ -17,6 +18,16 @@ from fusegrad.uop.ops import Ops, UOp
 RENDERER = ClangRenderer()
 _CACHE_DIR = tempfile.mkdtemp(prefix="fusegrad_codegen_test_")
 _libs: dict[str, ctypes.CDLL] = {}
+
+# the vector facts of the two x86 machines the heuristics are tuned for: (SIMD register bytes, vector registers)
+AVX512, AVX2 = (64, 32), (32, 16)
+
+def renderer_like(facts: tuple[int, int]) -> ClangRenderer:
+    """The CPU renderer as it is on a machine with these vector facts (`AVX512`, `AVX2`), for the opts the heuristics
+    choose there: its kernels are rendered, never compiled here."""
+    ren = copy.copy(RENDERER)
+    ren.simd_bytes, ren.vector_registers = facts
+    return ren
 
 def glob(i: int, dt: DType, size: int) -> UOp: return UOp(Ops.DEFINE_GLOBAL, dt.ptr(size), arg=i)
 def rng(end: int | UOp, axis: int, kind: str = "loop") -> UOp: return UOp.range(end, axis, kind)

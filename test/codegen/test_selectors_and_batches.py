@@ -8,17 +8,24 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor
-from fusegrad.codegen import get_program
+from fusegrad.codegen import get_program, optimize
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.device import Device
 from fusegrad.uop.ops import Ops
+from test.codegen.helpers import AVX2, AVX512, renderer_like
 
 RS = np.random.RandomState(11)
 
-def opts_of(t: Tensor) -> list[Opt]:
-    """The opts of the last kernel that computes `t` (which then points at buffers nothing has filled)."""
+def opts_of(t: Tensor, facts: tuple[int, int] | None = None) -> list[Opt]:
+    """The opts of the last kernel that computes `t` (which then points at buffers nothing has filled), on this
+    machine or on one with the vector `facts` (helpers.AVX512, AVX2)."""
     si = [si for si in t.schedule() if si.ast.op is Ops.SINK][-1]
+    if facts is not None: return list(optimize(si.ast, renderer_like(facts))[1])
     return get_program(si.ast, Device["CPU"].renderer).applied_opts
+
+def this_machine() -> tuple[int, int]:
+    ren = Device["CPU"].renderer
+    return (ren.simd_bytes, ren.vector_registers)
 
 def stacked(x: Tensor) -> Tensor:
     return Tensor.stack(x[:, 0::4] * 2 + x[:, 1::4], x[:, 1::4] - x[:, 2::4], x[:, 2::4] + x[:, 3::4],
@@ -90,17 +97,21 @@ def test_cat_along_a_small_axis(n: int, dim: int, size: tuple):
     np.testing.assert_array_equal(got, np.concatenate([p * np.float32(i + 1) - np.float32(i)
                                                        for i, p in enumerate(parts)], axis=dim))
 
-def test_padding_alone_is_not_a_selector():
+@pytest.mark.parametrize("facts,expected", [
+    # no vector of 16 lanes or its half divides the 12 columns: padded to one vector
+    (AVX512, [Opt(OptOps.PADTO, 2, 16), Opt(OptOps.UPCAST, 2, 16)]),
+    # a half vector (4 lanes) divides them: three of those, nothing padded
+    (AVX2, [Opt(OptOps.UPCAST, 2, 4)])])
+def test_padding_alone_is_not_a_selector(facts: tuple[int, int], expected: list[Opt]):
     # a padded copy gates its load on sums of loops (the pixel's position), not on a loop by itself: no loop is
-    # unrolled whole; its rows (12 columns) are vectorized instead, padded to a vector (gated loads: no gcc vectors)
+    # unrolled whole; its rows (12 columns) are vectorized instead (gated loads: no gcc vectors)
     X = RS.randn(4, 8, 8).astype(np.float32)
-    t = Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2
-    lanes = Device["CPU"].renderer.simd_bytes // 4
-    opts = opts_of(t)
+    def padded() -> Tensor: return Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2
+    assert opts_of(padded(), facts) == expected
+    opts = opts_of(padded())
     assert all(o.arg != 0 for o in opts if o.op is OptOps.UPCAST), opts
-    if lanes >= 8: assert list(opts) == [Opt(OptOps.PADTO, 2, lanes), Opt(OptOps.UPCAST, 2, lanes)], opts
-    np.testing.assert_array_equal((Tensor(X).pad(((0, 0), (1, 1), (2, 2))) * 2).numpy(),
-                                  np.pad(X, ((0, 0), (1, 1), (2, 2))) * 2)
+    if this_machine() == facts: assert list(opts) == expected, opts
+    np.testing.assert_array_equal(padded().numpy(), np.pad(X, ((0, 0), (1, 1), (2, 2))) * 2)
 
 @pytest.mark.parametrize("b,m,k,n", [(36, 64, 64, 1024), (4, 128, 96, 256), (3, 64, 32, 512)])
 def test_batched_matmul_keeps_the_batch_outermost(b: int, m: int, k: int, n: int):
@@ -125,15 +136,24 @@ def test_stack_in_every_dtype(dt, device: str):
     got = Tensor.cat(x[:, :, :8], x[:, :, 16:], x[:, :, 8:16], dim=1).numpy()
     np.testing.assert_array_equal(got, np.concatenate([X[:, :, :8], X[:, :, 16:], X[:, :, 8:16]], 1))
 
-@pytest.mark.parametrize("m,tile,padded", [(36, 6, False), (30, 6, False), (1023, 8, True), (54, 8, True),
-                                           (100, 8, True), (1000, 8, False)])
-def test_matmul_row_tile(m: int, tile: int, padded: bool):
-    # rows that 8 doesn't divide: a 6-row tile where padding to 8 would waste a sixteenth or more (36 rows, Winograd's
-    # transforms), else padded to 8 when that wastes at most an eighth (1023, 54, 100)
+# rows, then (tile, padded) with AVX-512's 32 registers and with AVX2's 16
+ROW_TILES = [(36, (6, False), (4, False)), (30, (6, False), (4, True)), (1023, (8, True), (4, True)),
+             (54, (8, True), (4, True)), (100, (8, True), (4, False)), (1000, (8, False), (4, False))]
+
+@pytest.mark.parametrize("m,avx512,avx2", ROW_TILES)
+def test_matmul_row_tile(m: int, avx512: tuple[int, bool], avx2: tuple[int, bool]):
+    # the register tile is rows x 2 vectors of accumulators in half the vector registers: 8 rows with 32 registers,
+    # 4 with 16 (the other registers hold the column vectors and the broadcast row value; 6 rows there spill). Rows
+    # that the full tile doesn't divide take a 6-row tile where padding to 8 would waste a sixteenth or more (36 rows,
+    # Winograd's transforms), else are padded to the full tile when that wastes at most an eighth (1023, 54, 100; and
+    # with 4-row tiles 30 and 54, which a 3-row tile would divide)
     A, B = RS.randn(m, 64).astype(np.float32), RS.randn(64, 256).astype(np.float32)
-    opts = opts_of(Tensor(A) @ Tensor(B))
-    rows = [o for o in opts if o.axis == 0 and o.op in (OptOps.UPCAST, OptOps.PADTO)]
-    assert (Opt(OptOps.PADTO, 0, 8) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, opts
+    for facts, (tile, padded) in ((AVX512, avx512), (AVX2, avx2)):
+        for opts in [opts_of(Tensor(A) @ Tensor(B), facts)] + \
+                ([opts_of(Tensor(A) @ Tensor(B))] if this_machine() == facts else []):
+            rows = [o for o in opts if o.axis == 0 and o.op in (OptOps.UPCAST, OptOps.PADTO)]
+            full = facts[1] // 2 // 2   # rows of two vectors in half the registers
+            assert (Opt(OptOps.PADTO, 0, full) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, (facts, opts)
     np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize("hw,stride", [(14, 1), (28, 1), (28, 2)])
