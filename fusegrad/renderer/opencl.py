@@ -25,7 +25,8 @@ class UnsupportedDType(TypeError):
     """A kernel uses a dtype the OpenCL device can't compute in (float64 without cl_khr_fp64)."""
 
 class OpenCLRenderer(CStyleLanguage):
-    """OpenCL C, one `__kernel` per program; `has_fp64`: whether the device has doubles (cl_khr_fp64)."""
+    """OpenCL C: a `__kernel` named after its source (so any set of kernels is one program); `has_fp64`: whether the
+    device has doubles (cl_khr_fp64)."""
     device = "CL"
     kernel_prefix = "__kernel void"
     buffer_suffix = " restrict"

@@ -2,7 +2,7 @@
 compiler into a program binary (cached on disk like the CPU's shared objects, keyed by the device and its driver's
 version) and launched on one in-order command queue per device, one work-item per iteration of the kernel's parallel
 outermost loop. `CL` is the first OpenCL device found (GPUs first), `CL:1` the second, and so on; PoCL
-(`pip install 'fusegrad[opencl]'`) makes the CPU one (`POCL_DEVICES='cpu cpu'` lists it twice, as CL and CL:1).
+(`pip install 'fusegrad[opencl]'`) makes the CPU one (`POCL_DEVICES='pthread pthread'` lists it twice, as CL and CL:1).
 
 pyopencl rather than ctypes on the OpenCL C API: its wheel brings an ICD loader that finds PoCL's and the system's
 OpenCL implementations, every call's error code is checked and raised by name, and the OpenCL objects (buffers,
@@ -151,8 +151,9 @@ BATCH_KERNELS = 32
 # *** programs ***
 
 class CLProgram:
-    """A kernel loaded from its program binary. It runs on the queue of the device its first buffer is on (another CL
-    device of the same kind loads the binary into its own context on first use)."""
+    """A kernel loaded from its program binary. It runs on the queue of the device its first buffer is on: another CL
+    device loads it into its own context on first use (the binary where the device is of the same kind, else the
+    program built from its source for that device)."""
     def __init__(self, device: CLDevice, name: str, lib: bytes):
         if (unpacked := unpack(lib)) is None: raise ValueError(f"not a CL program binary for kernel {name}")
         self.device, self.name, self.lib, self.source = device, name, lib, unpacked[0]
@@ -193,11 +194,12 @@ class CLDevice(Compiled):
         cl = _cl()
         devices = cl_devices()
         _, _, n = device.partition(":")
-        idx = int(n) if n.isdigit() else 0
+        if n and not n.isdigit(): raise ValueError(f"{device}: a CL device is numbered CL:0, CL:1, ...")
+        idx = int(n or 0)
         if idx >= len(devices):
             found = ", ".join(f"{i}: {d.name}" for i, d in enumerate(devices))
             raise RuntimeError(f"{device} is OpenCL device {idx}, but there are {len(devices)} ({found}); PoCL lists "
-                               "its CPU device twice with POCL_DEVICES='cpu cpu'")
+                               "its CPU device twice with POCL_DEVICES='pthread pthread'")
         self.cl_device = devices[idx]
         self.context = cl.Context([self.cl_device])
         self.queue = cl.CommandQueue(self.context, self.cl_device,
