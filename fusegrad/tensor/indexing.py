@@ -299,7 +299,8 @@ class IndexingMixin:
             reads_self = self.uop.base in v.uop.toposort()
             view.assign(v.contiguous() if reads_self else v).realize()
             return
-        if has_adv:
+        if has_adv and (fast := self._setitem_adv_dims(entries, v)) is not None: new = fast
+        elif has_adv:
             # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
             # (positions are counted from 1: an unchecked out-of-range index gathers 0, position -1, written nowhere)
             flat_pos = Tensor.arange(1, self.numel() + 1, dtype=dtypes.int32, device=self.device).reshape(self.shape)
@@ -318,6 +319,44 @@ class IndexingMixin:
             new = hit.where(placed.cast(self.dtype), self)
         if _is_realized_view(self.uop): self.assign(new.contiguous()).realize()
         else: self.uop = new.uop
+
+    def _setitem_adv_dims(self: Tensor, entries: list, v: Tensor) -> Tensor | None:
+        """self with `v` (of the indexing result's shape) written where `entries` point, when they are tensor indices
+        and whole dims (`:`) only; else None. The tensor indices are combined into one linear index over the dims they
+        index, and the scatter runs over those dims alone: its work is (the other dims' elements) x (the index's
+        elements) x (the indexed dims' elements), not the whole tensor's elements times the result's."""
+        from fusegrad.tensor import _broadcast_shape
+        if not all(e == slice(None) or isinstance(e, tuple) and e[0] == "adv" for e in entries): return None
+        if len(entries) != self.ndim: return None
+        dims = [k for k, e in enumerate(entries) if isinstance(e, tuple)]
+        rest = [k for k in range(self.ndim) if k not in dims]
+        sizes, rshape = [self.shape[k] for k in dims], tuple(self.shape[k] for k in rest)
+        bshape = _broadcast_shape(*[entries[k][1].shape for k in dims])
+        if not all(type(s) is int for s in self.shape) or prod(sizes) == 0: return None
+        # the indexing result has the index's dims in place of the indexed ones when those are adjacent, in front
+        # otherwise: v's dims as (other dims..., index dims...)
+        nb, at = len(bshape), dims[0]
+        adjacent = dims == list(range(at, at + len(dims)))
+        order = list(range(at)) + list(range(at + nb, nb + len(rest))) + list(range(at, at + nb)) if adjacent else \
+            list(range(nb, nb + len(rest))) + list(range(nb))
+        vv = v.permute(order).reshape(rshape + (prod(bshape),))
+        lin, valid, stride = None, None, 1
+        for k, s in list(zip(dims, sizes))[::-1]:
+            t = entries[k][1]
+            t = t.cast(dtypes.int64 if t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
+            t = (t < 0).where(t + s, t)._broadcast_to(bshape)
+            ok = (t >= 0) & (t < s)
+            lin = t * stride if lin is None else lin + t * stride
+            valid = ok if valid is None else valid & ok
+            stride *= s
+        # an unchecked out-of-range index is -1: written nowhere
+        idx = valid.where(lin, -1).reshape((1,) * len(rshape) + (prod(bshape),)).expand(vv.shape)
+        x = self.permute(rest + dims).reshape(rshape + (prod(sizes),))
+        with Context(CHECK_OOB=0):  # (the indices were checked when the indexing result was made)
+            new = x.scatter(-1, idx, vv)
+        inverse = [0] * self.ndim
+        for pos, k in enumerate(rest + dims): inverse[k] = pos
+        return new.reshape(rshape + tuple(sizes)).permute(inverse)
 
     # *** gather / scatter ***
 
