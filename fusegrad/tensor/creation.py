@@ -1,11 +1,15 @@
 """More constructors: random numbers (a counter-based generator computed in kernels), initializers, ranges.
 
-Random numbers come from Threefry-2x32 (20 rounds), a counter-based generator: the value at element `i` of the `c`-th
-random call since `manual_seed(s)` (c = 0, 1, ...) is `threefry(((c + 1) << 32) | i, key=s)`, a pure function computed
-inside the kernel that uses it. So results are reproducible under `Tensor.manual_seed`, calls are independent (each
-takes the next counter), recomputing a random tensor gives the same values, and no Python code ever loops over
-elements. The call counter reaches the kernel as a parameter from the first call (`helpers.rng_counter_const`), so
-later calls reuse the compiled kernels and a TinyJit replay can move it on.
+Random numbers are tinygrad 0.14's, from Threefry-2x32 (20 rounds): a device's generator key is the seed's low 32 bits
+above the low 32 bits of sha256 of the device's number (in the order of first use since manual_seed); a call that
+takes `num` 32-bit words gets the stream key threefry(c, key), c the words drawn before it, and its words are the low
+halves of threefry(i | (i + h) << 32) for i < h = ceil(num / 2), then their high halves. Pure functions computed
+inside the kernel that uses them: reproducible under `Tensor.manual_seed`, recomputing a random tensor gives the same
+values, and no Python code loops over elements. The count c reaches the kernel as a parameter from the first call
+(`helpers.rng_counter_const`), so later calls reuse the compiled kernels and a TinyJit replay moves it on by the words
+drawn since the capture (`Tensor._rng_counter` counts words). Differences from tinygrad: one count for all devices
+(tinygrad keeps one per device), 32 bits of it (past 2**32 words the streams differ), and a call's numbers are fixed
+when it is made (tinygrad's lazy random tensor reads its device's counter when it is realized).
 """
 from __future__ import annotations
 import ctypes, hashlib, math, time
