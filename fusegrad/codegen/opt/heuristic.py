@@ -35,6 +35,10 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
             return []
     acc_dt = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
     width = width_of(acc_dt)
+    # a reduction's vector is narrower than 16 bytes (an SSE or NEON register; AVX2's quarter vector) only along a
+    # longer loop: a pooling's 2-wide window taken whole as one such vector ran slower than the window unrolled by
+    # step 4, while two lanes along a long row still pay
+    min_lanes = max(16 // acc_dt.itemsize, 2)
     budget = max(getattr(ren, "vector_registers", 16) // 2, 4)   # accumulators kept in registers
     cores = os.cpu_count() or 2
 
@@ -101,8 +105,9 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         # one gathering only a small one (the weights, along the output channels): 7x7 stride-2 stem 35 -> 14 ms
         def gathered(r: UOp) -> int:
             return max((idx.src[0].dtype.size for idx in loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
-        if (best[1] <= width // 4 or gathered(best[0]) > 0 if best is not None
-                else not any(_reduce_vector_width(r, strides, width) for r in reds)) and reds and red_len >= 64:
+        no_reduce_vector = not any(_reduce_vector_width(r, strides, width, min_lanes) for r in reds)
+        if (best[1] <= width // 4 or gathered(best[0]) > 0 if best is not None else no_reduce_vector) and reds and \
+                red_len >= 64:
             # of several, the one whose strided load (packed per tile) varies with the fewest output loops: the
             # others then reuse its copy (a weight gradient on 7x7 images: along the output channels the gradient
             # is packed once per channel tile; along the input channels the image would be gathered: 86 -> 8.5 ms)
@@ -204,7 +209,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         else:
             # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
             for r in [k.loops[i] for i in k.reduce_axes()]:
-                if (w := _reduce_vector_width(r, strides, width)): split(OptOps.UPCAST, r, w)
+                if (w := _reduce_vector_width(r, strides, width, min_lanes)): split(OptOps.UPCAST, r, w)
             return k.applied_opts
         _unroll_reduce(k, split)  # fewer loop iterations for the short bodies
         return k.applied_opts
@@ -214,7 +219,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     #    (narrower vectors when the length isn't a multiple of the full width)
     if width >= 2 and len(k.reduceops) == 1:
         for r in reversed(reds):
-            if (w := _reduce_vector_width(r, strides, width)) is None: continue
+            if (w := _reduce_vector_width(r, strides, width, min_lanes)) is None: continue
             rem, inner = split(OptOps.UPCAST, r, w)
             if inner is None: continue
             # output axes that some vector load doesn't depend on share that load across their lanes (matrix-vector,
@@ -290,12 +295,15 @@ def _unroll_reduce(k: Kernel, split: Callable) -> None:
             split(OptOps.UNROLL, r, 4)
             return
 
-def _reduce_vector_width(r: UOp, strides: Callable[[UOp], list[tuple[int | None, bool]]], width: int) -> int | None:
+def _reduce_vector_width(r: UOp, strides: Callable[[UOp], list[tuple[int | None, bool]]], width: int,
+                         min_lanes: int = 2) -> int | None:
     """The vector width reduce loop `r` can be vectorized with (partial accumulators as lanes): the widest of a full,
-    half or quarter vector that divides it, if it is contiguous or broadcast in every access; else None."""
+    half or quarter vector that divides it (one under `min_lanes` only if the loop is longer), if it is contiguous or
+    broadcast in every access; else None."""
     sz = range_size(r)
     if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): return None
-    return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0), None)
+    return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0 and (w >= min_lanes or sz > w)),
+                None)
 
 WINDOW_UNROLL_MIN_CHANNELS = 16
 
