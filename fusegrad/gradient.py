@@ -190,6 +190,7 @@ class ClampGradient:
     where lo > hi). closed=False is relu's and hardtanh's: x gets it where lo < x < hi. (torch passes it where x is nan
     for relu and hardtanh; here, as in tinygrad, nan gets none.)"""
     pure: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True   # (inputs of the value's shape: sharded alike)
     has_lo: bool
     has_hi: bool
     closed: bool
@@ -220,6 +221,7 @@ class PowGradient:
     a^b * log(a), 0 where a is 0 and b >= 0. (The derivative of the formula the value is computed with would be nan
     at a = 0 and 0 where its special cases pick a constant.)"""
     pure: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True   # (inputs of the value's shape: sharded alike)
 
     def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, UOp]:
         from fusegrad.tensor import Tensor
@@ -239,6 +241,7 @@ _VALUE_DERIVATIVES: dict[str, Callable[[Any], Any]] = {
 class UnaryGradient:
     """The gradient of a unary function named in _VALUE_DERIVATIVES (ins: its float input)."""
     pure: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True   # (inputs of the value's shape: sharded alike)
     name: str
 
     def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp]:
@@ -250,6 +253,7 @@ class IndexGradient:
     """The gradient of values picked along the last axis at int indices (ins: x (..., n), the indices (..., m)): each
     value's gradient goes to the one element it was picked from (cummax/cummin, as torch)."""
     pure: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = True   # (inputs of the value's shape: sharded alike)
 
     def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, None]:
         from fusegrad.tensor import Tensor

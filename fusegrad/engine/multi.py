@@ -310,6 +310,10 @@ def _multi_rule(u: UOp, srcs: list[UOp]) -> UOp:
         # the value and the inputs shard alike (e.g. a convolution with the batch split and the weight replicated)
         ms = [s for s in srcs if s.op is Ops.MULTI]
         if len(ms) != len(srcs): raise NotImplementedError("a custom gradient over sharded and unsharded tensors")
+        if getattr(u.arg, "elementwise", False):
+            # a rule over inputs of the value's own shape (clamp, pow) reads them element by element: laid out as the
+            # value is, each shard's rule sees matching shards
+            srcs = [s if s.arg == srcs[0].arg else relayout(s, devs, srcs[0].arg, multi_bounds(srcs[0])) for s in srcs]
         return UOp(Ops.MULTI, u.dtype, tuple(u.replace(src=tuple(s.src[i] for s in srcs)) for i in range(len(devs))),
                    srcs[0].arg)
     raise NotImplementedError(f"{op} is not supported on sharded tensors")

@@ -103,8 +103,11 @@ class AutogradMixin:
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
         topo = UOp.sink_of(*shards_of(self.uop)).toposort()
+        # (a sharded tensor is a target only when asked for: the shards of a sharded target are each a variable of
+        # their own, so a gradient would stop at an intermediate one instead of reaching the tensors it came from)
         need = [t for t in live_tensors() if t is not self and t.requires_grad is not False and
-                (t.requires_grad is True or dtypes.is_float(t.dtype)) and any(u in topo for u in shards_of(t.uop))]
+                (t.requires_grad is True or dtypes.is_float(t.dtype) and t.uop.op is not Ops.MULTI) and
+                any(u in topo for u in shards_of(t.uop))]
         if not need:
             # silently filling nothing would hide a graph cut by realize() (which replaces a tensor's graph by its
             # buffer)
