@@ -29,11 +29,21 @@ def rand(*shape, seed=0) -> np.ndarray: return np.random.default_rng(seed).stand
 def kernel_asts(t: Tensor) -> list:
     return [si.ast for si in t.schedule() if si.ast.op.name == "SINK"]
 
-def run_beam(fn, *arrays, amt=2, **knobs):
+def compile_seconds(ast) -> float:
+    """How long the compiler takes now for the heuristic's kernel of `ast` (not through the caches)."""
+    src = get_program(ast, Device["CPU"].renderer).src
+    st = time.perf_counter()
+    Device["CPU"].compiler.compile(src)
+    return time.perf_counter() - st
+
+def run_beam(fn, *arrays, amt=2):
     """fn on Tensors of `arrays` realized under BEAM=amt; returns (numpy result, stats delta, the kernel ASTs)."""
     before = dict(search.beam_stats)
     ts = [Tensor(a).realize() for a in arrays]
-    with Context(BEAM=amt, **{**KNOBS, **knobs}):
+    # the search's time budget holds a dozen compiles at the speed the compiler has now: on a loaded machine a
+    # fixed 2 s held the unoptimized and the heuristic's kernels and at most a variant or two
+    budget = max(KNOBS["BEAM_TIMEOUT_S"], 12 * max(compile_seconds(ast) for ast in kernel_asts(fn(*ts))))
+    with Context(BEAM=amt, **{**KNOBS, "BEAM_TIMEOUT_S": budget}):
         out = fn(*ts)
         sched = out.schedule()
         run_schedule(sched)
@@ -51,19 +61,9 @@ def check_choice(ast, amt=2):
     with Context(BEAM=amt): assert list(get_runner("CPU", ast).p.applied_opts) == opts
     return opts
 
-def compile_seconds(ast) -> float:
-    """How long the compiler takes now for the heuristic's kernel of `ast` (not through the caches)."""
-    src = get_program(ast, Device["CPU"].renderer).src
-    st = time.perf_counter()
-    Device["CPU"].compiler.compile(src)
-    return time.perf_counter() - st
-
 def test_matmul():
     a, b = rand(64, 96), rand(96, 80, seed=1)
-    # the search's time budget holds a dozen compiles at the speed the compiler has now: on a loaded machine a
-    # fixed 2 s held the unoptimized and the heuristic's kernels and one variant
-    budget = max(KNOBS["BEAM_TIMEOUT_S"], 12 * compile_seconds(kernel_asts(Tensor(a) @ Tensor(b))[0]))
-    res, stats, asts = run_beam(lambda x, y: x @ y, a, b, BEAM_TIMEOUT_S=budget)
+    res, stats, asts = run_beam(lambda x, y: x @ y, a, b)
     np.testing.assert_allclose(res, a @ b, rtol=1e-4, atol=1e-4)
     assert stats["searches"] == 1 and stats["compiled"] > 5 and stats["timed"] > 5 and stats["rejected"] == 0
     check_choice(asts[0])
