@@ -114,34 +114,39 @@ def find_realized(sink: UOp) -> set[UOp]:
     return {u for u in realize if not is_realized(u)}
 
 def _bound_kernel_size(topo: list[UOp], realize: set[UOp]) -> None:
-    """Add to `realize` what keeps every kernel within KERNEL_OPS_LIMIT weighted ops (merge.op_weight): where a node
-    would make its kernel bigger, its heaviest sources are computed into buffers first. A deep chain (200 sines)
-    becomes a chain of kernels that are each the same few links, so one of them is compiled for all."""
+    """Add to `realize` what keeps every kernel within KERNEL_OPS_LIMIT weighted ops (merge.op_weight) beyond its
+    single heaviest op: where a node would make its kernel bigger, its heaviest sources are computed into buffers
+    first. A deep chain (200 sines) becomes a chain of kernels that are each the same few links, so one of them is
+    compiled for all. (The heaviest op doesn't count: an op can't be split, and one float64 sine with a little
+    arithmetic around it, randn's, cut into two kernels would compile no faster and cost a buffer and a launch.)"""
     def inside(s: UOp) -> bool: return s not in realize and not is_realized(s)
-    def region(u: UOp) -> int:
-        # the exact weight of the kernel part computing u: each node once, however many paths lead to it
-        seen, stack, total = set(), [u], 0
+    def region(u: UOp) -> tuple[int, int]:
+        # the exact weight of the kernel part computing u (each node once, however many paths lead to it), and the
+        # weight of its heaviest op
+        seen, stack, total, top = set(), [u], 0, 0
         while stack:
             x = stack.pop()
             if x in seen: continue
             seen.add(x)
-            total += op_weight(x)
+            total, top = total + op_weight(x), max(top, op_weight(x))
             stack.extend(s for s in x.src if inside(s))
-        return total
-    weight: dict[UOp, int] = {}  # an upper bound of region(u): shared nodes are counted once per path
+        return total, top
+    weight: dict[UOp, int] = {}  # an upper bound of region(u)'s total: shared nodes are counted once per path
+    heaviest_op: dict[UOp, int] = {}
     for u in topo:
-        if is_realized(u): weight[u] = 0; continue
+        if is_realized(u): weight[u] = heaviest_op[u] = 0; continue
         w = op_weight(u) + sum(weight[s] for s in u.src if inside(s))
-        if w > KERNEL_OPS_LIMIT: w = region(u)
-        while w > KERNEL_OPS_LIMIT:
+        top = max([op_weight(u)] + [heaviest_op[s] for s in u.src if inside(s)])
+        if w - top > KERNEL_OPS_LIMIT: w, top = region(u)
+        while w - top > KERNEL_OPS_LIMIT:
             bases = [b for s in u.src if inside(b := s.base) and weight[b] > 0 and
                      (b.op in GroupOp.Elementwise or b.op is Ops.REDUCE_AXIS)]
             if not bases: break
             heaviest = max(bases, key=lambda b: weight[b])
             realize.add(heaviest)
-            weight[heaviest] = 0
-            w = region(u)
-        weight[u] = 0 if u in realize else w
+            weight[heaviest] = heaviest_op[heaviest] = 0
+            w, top = region(u)
+        weight[u], heaviest_op[u] = (0, 0) if u in realize else (w, top)
 
 # see find_realized: a contraction longer than this (products per output) gets a kernel to itself
 LONG_CONTRACTION = 384

@@ -6,7 +6,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.codegen.opt import MAX_OUTPUT_LOOPS, Kernel
 from fusegrad.device import Device
 from fusegrad.engine.realize import run_schedule
-from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, kernel_weight
+from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, kernel_weight, op_weight
 
 def _kernels(t: Tensor) -> list:
     sched = t.schedule()
@@ -80,7 +80,9 @@ def test_shallow_kernels_keep_their_loops():
 # *** deep chains of ops ***
 
 def _bounded(asts: list) -> None:
-    assert all(kernel_weight(a) <= KERNEL_OPS_LIMIT for a in asts), [kernel_weight(a) for a in asts]
+    # a kernel's weight beyond its single heaviest op is within the limit (an op can't be split)
+    over = [kernel_weight(a) - max(op_weight(u) for u in a.toposort()) for a in asts]
+    assert all(w <= KERNEL_OPS_LIMIT for w in over), over
 
 def test_sin_chain_is_split_into_bounded_kernels():
     xn = np.linspace(-3, 3, 999).astype(np.float32)
@@ -126,13 +128,14 @@ def test_exp_log_chain_short_values():
     assert len(asts) > 1
     np.testing.assert_allclose(t.numpy(), ref, rtol=1e-5)
 
-def test_float64_sines_one_per_kernel():
+def test_float64_sines_two_per_kernel():
+    # a float64 sine weighs nearly the whole limit: a kernel holds it and one more
     xn = np.linspace(-2, 2, 100)
     t = Tensor(xn, dtype=dtypes.float64)
     for _ in range(4): t = t.sin()
     asts = _kernels(t)
     _bounded(asts)
-    assert len(asts) == 4
+    assert len(asts) == 2
     np.testing.assert_allclose(t.numpy(), np.sin(np.sin(np.sin(np.sin(xn)))), rtol=1e-14)
 
 def test_shared_subexpressions_are_counted_once():
@@ -173,3 +176,11 @@ def test_long_cheap_chain_stays_one_kernel():
     for i in range(1000): t = t * 1.0001 + 0.001 if i % 2 == 0 else t - 0.0005
     asts = [si.ast for si in t.schedule()]
     assert len(asts) == 1
+
+def test_one_heavy_op_with_a_little_around_it_stays_one_kernel():
+    # randn: a float64-wide cosine, a log, the generator's arithmetic: one kernel, as before the bound
+    assert len([si for si in Tensor.randn(1000).schedule() if si.ast.op.name == "SINK"]) == 1
+    def make() -> Tensor: return (Tensor(np.linspace(-3, 3, 64).astype(np.float32)).cos() * 2 + 1).log()
+    assert len(make().schedule()) == 1   # (a scheduled tensor is left over buffers nothing filled: made again below)
+    np.testing.assert_allclose(make().numpy(), np.log(np.cos(np.linspace(-3, 3, 64)) * 2 + 1).astype(np.float32),
+                               rtol=1e-5, atol=1e-6)
