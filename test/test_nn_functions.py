@@ -253,7 +253,11 @@ def test_interpolate_1d_3d_half():
     with pytest.raises(ValueError, match="mode"): Tensor.ones(1, 1, 2, 2).interpolate((3, 3), mode="cubic")
     with pytest.raises(ValueError, match="align_corners"):
         Tensor.ones(1, 1, 2, 2).interpolate((3, 3), mode="nearest", align_corners=True)
-    with pytest.raises(TypeError, match="float"): Tensor([[1, 2]]).interpolate((3,))
+    # integer images interpolate in their own dtype (tinygrad's and torch's uint8 images)
+    img = np.array([[[3, 200, 17]]], dtype=np.uint8)
+    got = Tensor(img).interpolate((7,), mode="nearest")
+    assert got.dtype == dtypes.uint8
+    np.testing.assert_array_equal(got.numpy(), F.interpolate(torch.tensor(img), 7, mode="nearest").numpy())
 
 # *** losses ***
 
