@@ -6,19 +6,20 @@ tensors take the place of the captured inputs' buffers, outputs get fresh buffer
 earlier call is never overwritten), and nothing is traced, scheduled or compiled.
 
 What is baked at capture: Python values the function computes with (as in any trace), the graph's structure and
-shapes. What changes per replay: the input tensors' data, bound `Variable` arguments (their values reach the kernels
-as var_vals), and the random-number counter (each replay draws new numbers, exactly as eager calls would)."""
+shapes. What changes per replay: the input tensors' data, the values of bound `Variable`s (arguments, or in the shapes
+of input views), and the random-number counter (each replay draws new numbers, exactly as eager calls would)."""
 from __future__ import annotations
 import functools
+import numbers
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.multi import shards_of
-from fusegrad.engine.realize import ExecItem
-from fusegrad.helpers import getenv, rng_counter_const, rng_counter_of
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.engine.realize import ExecItem, sym_infer
+from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
+from fusegrad.uop.ops import GroupOp, Ops, UOp, arg_uops, is_symbolic
 
-__all__ = ["TinyJit", "JitError"]
+__all__ = ["TinyJit", "JitError", "check_shrink"]
 
 R = TypeVar("R")
 
@@ -46,8 +47,11 @@ def _unflatten(leaves: list[Any], structure: Any) -> Any:
     return build(structure)
 
 class _Recorder:
-    """Collects the ExecItems run while a function is captured."""
-    def __init__(self) -> None: self.items: list[ExecItem] = []
+    """Collects the ExecItems run while a function is captured, and the shrinks by bound Variables made meanwhile
+    (each replay checks them with its own values: see check_shrink)."""
+    def __init__(self) -> None:
+        self.items: list[ExecItem] = []
+        self.constraints: list[tuple[tuple, dict[str, int]]] = []
     def add(self, ei: ExecItem, var_vals: dict[str, int]) -> None: self.items.append(ei)
 
 def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in shards_of(t.uop))
@@ -56,8 +60,135 @@ def _base_buffers(t: Any) -> list[Buffer]:
     from fusegrad.schedule.linear import get_buffer
     return [get_buffer(u.base) for u in shards_of(t.uop)]
 
+# *** bound Variables in views: each value is checked against the dimension it shrinks ***
+
+def _check_dims(dims: list[tuple], var_vals: dict[str, int]) -> None:
+    for d, b, e, s in dims:
+        names = sorted({u.arg[0] for x in (b, e, s) if isinstance(x, UOp) for u in x.toposort()
+                        if u.op is Ops.DEFINE_VAR})
+        if not names or any(n not in var_vals for n in names): continue  # (an unbound Variable: no value to check)
+        lo, hi, size = (sym_infer(x, var_vals) for x in (b, e, s))
+        if not 0 <= lo <= hi <= size:
+            many = len(names) > 1
+            raise IndexError(f"Variable{'s' if many else ''} {', '.join(f'{n}={var_vals[n]}' for n in names)} "
+                             f"put{'' if many else 's'} a view out of range: shrink of dimension {d} to {lo}..{hi}, "
+                             f"which holds {size} elements")
+
+def check_shrink(arg: tuple, shape: tuple) -> None:
+    """Raise IndexError when the values of the bound Variables in a shrink's bounds (or in the shape it shrinks) put
+    it outside a dimension: the view would read other rows' elements while staying inside the buffer. While a TinyJit
+    captures, the condition is kept, and each replay checks it with that replay's values before any kernel runs."""
+    dims = [(d, b, e, s) for d, ((b, e), s) in enumerate(zip(arg, shape)) if any(is_symbolic(x) for x in (b, e, s))]
+    if not dims: return
+    from fusegrad.schedule.kernelize import var_values
+    binds = {u: u.src[0] for x in arg_uops(tuple(x for dim in dims for x in dim[1:])) for u in x.toposort()
+             if u.op is Ops.BIND}
+    free = [(d, *(x.substitute(binds) if isinstance(x, UOp) else x for x in (b, e, s))) for d, b, e, s in dims]
+    values = var_values(binds)
+    _check_dims(free, values)
+    if _realize.capturing and isinstance(rec := _realize.capturing[0], _Recorder):
+        rec.constraints.append((free, values))
+
+# *** arguments ***
+
+def _leaves(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """(name, value) of every argument, those inside tuples, lists and dicts included (positional, then keywords by
+    name)."""
+    out: list[tuple[str, Any]] = []
+    def walk(name: str, x: Any) -> None:
+        if isinstance(x, (tuple, list)):
+            for i, y in enumerate(x): walk(f"{name}[{i}]", y)
+        elif isinstance(x, dict):
+            for k in sorted(x, key=repr): walk(f"{name}[{k!r}]", x[k])
+        else: out.append((name, x))
+    for i, a in enumerate(args): walk(f"argument {i}", a)
+    for k in sorted(kwargs): walk(f"argument {k!r}", kwargs[k])
+    return out
+
+def _value_key(x: Any) -> tuple[Any, str]:
+    """What must stay the same in a non-Tensor argument for the captured kernels to fit, and how to name it: numbers
+    and strings by value, a bound Variable by its Variable (its value is passed), any other object by identity."""
+    if isinstance(x, UOp): return (("variable", x.src[0]) if x.op is Ops.BIND else ("uop", x)), repr(x)[:80]
+    if x is None or isinstance(x, (numbers.Number, str, bytes)): return (type(x).__name__, repr(x)), repr(x)[:80]
+    return ("object", type(x).__qualname__, id(x)), f"a {type(x).__qualname__} object at {id(x):#x}"
+
+class _Inputs:
+    """One call's arguments as the JIT sees them: the input tensors (realized), their signatures, the values of the
+    bound Variables in their views and in the arguments, and the keys of the other arguments."""
+    def __init__(self, args: tuple, kwargs: dict):
+        from fusegrad.tensor import Tensor
+        leaves = _leaves(args, kwargs)
+        self.structure = _flatten((args, kwargs))[1]
+        self.tensors = [(n, x) for n, x in leaves if isinstance(x, Tensor)]
+        self.values = [(n, *_value_key(x)) for n, x in leaves if not isinstance(x, Tensor)]
+        self._realize_lazy(Tensor)
+        self.buffers: list[Buffer] = []
+        owner: dict[int, str] = {}
+        for n, t in self.tensors:
+            for b in _base_buffers(t):
+                if id(b) in owner:
+                    raise JitError(f"TinyJit {owner[id(b)]} and {n} are the same tensor (or views of one buffer): the "
+                                   "captured kernels would take one buffer for both; pass a copy (clone()) as one of "
+                                   "them")
+                owner[id(b)] = n
+                self.buffers.append(b)
+        from fusegrad.schedule.kernelize import _param, bound_variables, substitute_map, var_values
+        binds: dict[UOp, UOp] = {}
+        self.sig: list[tuple] = []
+        for n, t in self.tensors:
+            views = []
+            for u in shards_of(t.uop):
+                if u.op is Ops.BUFFER: views.append(_param(0, u))
+                else:
+                    found = bound_variables(u.toposort())
+                    binds.update(found)
+                    views.append(substitute_map(u, {u.base: _param(0, u.base), **found}, in_args=True)[u])
+            shape = views[0].shape if len(views) == 1 else t.shape
+            self.sig.append((n, shape, t.dtype, t.device, tuple(views)))
+        binds.update({x: x.src[0] for _, x in leaves if isinstance(x, UOp) and x.op is Ops.BIND})
+        self.var_vals = var_values(binds)
+
+    def _realize_lazy(self, Tensor: Any) -> None:
+        """Inputs that are computations are computed now, as a call without the JIT would; views keep viewing their
+        buffer (a view of a computation has that computation realized). A constant has no buffer to pass."""
+        whole, bases = [], {}
+        for n, t in self.tensors:
+            shards = shards_of(t.uop)
+            if any(u.base.op is Ops.CONST for u in shards):
+                raise JitError(f"TinyJit {n} is a constant (no buffer holds it); inputs must be real buffers: pass "
+                               "a realized copy (x.contiguous().realize()) or make it a constant inside the function")
+            if all(u.base.op is Ops.BUFFER for u in shards): continue
+            if t.uop.op is Ops.MULTI or t.uop.op not in GroupOp.Movement:
+                if t.uop.op is Ops.MULTI: t.replace(t.contiguous())
+                whole.append(t)
+            else: bases[t.uop.base] = None
+        if whole or bases:
+            computed = [Tensor(b) for b in bases]
+            Tensor.realize(*whole, *computed)
+            done = {b: c.uop for b, c in zip(bases, computed)}
+            for _, t in self.tensors:
+                if t.uop.op in GroupOp.Movement and (base := t.uop.base) in done: t.uop = t.uop.substitute(
+                    {base: done[base]})
+
+# the TinyJits whose function is running (a TinyJit called inside one is an error)
+_running: list[Any] = []
+
 class TinyJit(Generic[R]):
-    """Decorator: `@TinyJit def step(x, y): ...` captures the kernels of `step` and replays them on later calls."""
+    """Decorator: `@TinyJit def step(x, y): ...` captures the kernels of `step` and replays them on later calls.
+
+    Inputs are the Tensor arguments, also inside tuples, lists and dicts; a computed (lazy) input is realized before
+    the call, a view of a buffer stays a view (a slice bounded by a bound Variable replays with each call's value).
+    `Context(JIT=0)` (or the environment's JIT=0) runs the function itself on every call.
+
+    Errors (JitError) for what a replay could not honour: a shape, dtype, device or view of an input that differs from
+    the capture's, one tensor passed as two arguments, a constant input, a non-Tensor argument (a number, a string,
+    any other object) that differs from the first call's, a function that runs no kernels, returns one of its inputs,
+    reads tensor data while captured, or calls another TinyJit.
+
+    What no check can see: Python the function runs is frozen at the capture. A global, an attribute or a closure
+    variable read inside (a learning rate in a Python float, `if step > 100:`) keeps its value of the capture call;
+    so do tensors the function creates from Python data (`Tensor(np_array)` inside). Pass such values as Tensors (or
+    bound Variables), or call reset() to capture again."""
 
     def __init__(self, fxn: Callable[..., R] | None = None, captured: Any = None, prune: bool = False,
                  optimize: bool = False):
@@ -71,9 +202,10 @@ class TinyJit(Generic[R]):
         self.cnt = 0
         self.jit_cache: list[ExecItem] = []
         self._bounded: list[ExecItem] = []  # the captured kernels whose memory depends on Variables
+        self._constraints: list[tuple[tuple, dict[str, int]]] = []  # shrinks by Variables made inside the function
         self._launches: tuple[list, list, tuple] | None = None
         self._prepared_work = (0, 0, 0)
-        self._in_sig: list[tuple] = []
+        self._first: _Inputs | None = None
         self._out_structure: Any = None
         self._out_leaves: list[Any] = []
 
@@ -85,65 +217,58 @@ class TinyJit(Generic[R]):
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self.__call__, obj)  # methods keep their self
 
-    # *** inputs ***
-
-    @staticmethod
-    def _inputs(args: tuple, kwargs: dict) -> tuple[list[Any], dict[str, int]]:
-        """The input tensors (positional, then keywords by name), realized as buffers, and the bound Variables."""
-        from fusegrad.tensor import Tensor
-        flat = list(args) + [kwargs[k] for k in sorted(kwargs)]
-        tensors, var_vals = [], {}
-        for x in flat:
-            if isinstance(x, Tensor): tensors.append(x)
-            elif isinstance(x, UOp) and x.op is Ops.BIND:
-                var, val = x.unbind()
-                var_vals[var.arg[0]] = val
-        # every input must be a plain buffer: its memory is what the captured kernels read
-        pending = [t for t in tensors if any(u.op is not Ops.BUFFER and (u.base.op is not Ops.BUFFER or
-                                                                         u.op is not Ops.RESHAPE)
-                                             for u in shards_of(t.uop))]
-        for t in pending: t.replace(t.contiguous())
-        if pending: Tensor.realize(*pending)
-        return tensors, var_vals
-
-    @staticmethod
-    def _signature(tensors: list[Any]) -> list[tuple]: return [(t.shape, t.dtype, t.device) for t in tensors]
-
     # *** calls ***
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
-        if getenv("JIT", 1) == 0 or self.fxn is None: return self.fxn(*args, **kwargs)  # type: ignore[misc]
-        if _realize.capturing: raise JitError("a TinyJit function was called while another one is being captured")
+        if not JIT.value or self.fxn is None: return self.fxn(*args, **kwargs)  # type: ignore[misc]
+        if _realize.capturing or _running:
+            raise JitError("having TinyJit inside another TinyJit is not supported: the outer one captures the inner "
+                           "one's kernels itself; call the inner function undecorated")
         from fusegrad.tensor import Tensor
-        tensors, var_vals = self._inputs(args, kwargs)
+        inputs = _Inputs(args, kwargs)
         if self.cnt == 0:
             ret = self._run_plain(args, kwargs)
-            self._in_sig, self._out_structure = self._signature(tensors), _flatten(ret)[1]
+            self._first, self._out_structure = inputs, _flatten(ret)[1]
             self.cnt = 1
             return ret
-        self._check_inputs(tensors)
-        if self.cnt == 1: return self._capture(args, kwargs, tensors)
-        return self._replay(tensors, var_vals, Tensor)
+        self._check_inputs(inputs)
+        if self.cnt == 1: return self._capture(args, kwargs, inputs)
+        return self._replay(inputs, Tensor)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         from fusegrad.tensor import Tensor
-        ret = self.fxn(*args, **kwargs)  # type: ignore[misc]
-        outs = [x for x in _flatten(ret)[0] if isinstance(x, Tensor)]
-        if outs: Tensor.realize(*outs)
+        _running.append(self)
+        try:
+            ret = self.fxn(*args, **kwargs)  # type: ignore[misc]
+            outs = [x for x in _flatten(ret)[0] if isinstance(x, Tensor)]
+            if outs: Tensor.realize(*outs)
+        finally: _running.remove(self)
         return ret
 
-    def _check_inputs(self, tensors: list[Any]) -> None:
-        sig = self._signature(tensors)
-        if len(sig) != len(self._in_sig):
-            raise JitError(f"TinyJit function was captured with {len(self._in_sig)} tensor arguments, called with "
-                           f"{len(sig)}")
-        for i, (now, then) in enumerate(zip(sig, self._in_sig)):
-            if now != then:
-                raise JitError(f"TinyJit input {i} changed from shape {then[0]} {then[1]} on {then[2]} to shape "
-                               f"{now[0]} {now[1]} on {now[2]}; the captured kernels only fit the first (reset() or "
+    def _check_inputs(self, now: _Inputs) -> None:
+        then = self._first
+        assert then is not None
+        if len(now.sig) != len(then.sig):
+            raise JitError(f"TinyJit function was captured with {len(then.sig)} tensor arguments, called with "
+                           f"{len(now.sig)}")
+        for a, b in zip(now.sig, then.sig):
+            if a[:4] != b[:4]:
+                raise JitError(f"TinyJit input {a[0]} changed from shape {b[1]} {b[2]} on {b[3]} to shape "
+                               f"{a[1]} {a[2]} on {a[3]}; the captured kernels only fit the first (reset() or "
                                "a new TinyJit for other shapes)")
+            if a[4] != b[4]:
+                raise JitError(f"TinyJit input {a[0]} is another view of its buffer than at the capture (a slice, "
+                               "permute or reshape that differs): the captured kernels read it through the first one")
+        if now.structure != then.structure:
+            raise JitError("TinyJit arguments are nested differently than on the first call (another length of a "
+                           "list or tuple, other dict keys)")
+        for (name, key, text), (_, key0, text0) in zip(now.values, then.values):
+            if key != key0:
+                raise JitError(f"TinyJit {name} changed from {text0} to {text} since the first call: a non-Tensor "
+                               "argument is frozen into the captured kernels; pass a Tensor (or a bound Variable for "
+                               "an integer), or reset() to capture again")
 
-    def _capture(self, args: tuple, kwargs: dict, tensors: list[Any]) -> Any:
+    def _capture(self, args: tuple, kwargs: dict, inputs: _Inputs) -> Any:
         from fusegrad.schedule.linear import buffer_map
         from fusegrad.tensor import Tensor
         before = {id(b) for b in buffer_map.values()}
@@ -156,28 +281,42 @@ class TinyJit(Generic[R]):
         if structure != self._out_structure:
             raise JitError(f"TinyJit function returned {structure} on its first call but {self._out_structure} on its "
                            "second: it must return the same structure (of tensors and constants) on every call")
+        if not rec.items:
+            raise JitError("TinyJit function ran no kernels while it was captured, so there is nothing to replay "
+                           "(its results were all computed before the call, or are its inputs): call it undecorated")
+        owner = {id(b): n for n, t in inputs.tensors for b in _base_buffers(t)}
+        for x in leaves:
+            if isinstance(x, Tensor) and _in_buffers(x) and (hit := [owner[id(b)] for b in _base_buffers(x)
+                                                                     if id(b) in owner]):
+                raise JitError(f"TinyJit function returns its input {hit[0]} (or a view of it): a replay would hand "
+                               "back the capture call's tensor, not this call's; return a copy (x.contiguous()) or "
+                               "use the argument itself")
         self.jit_cache = rec.items
         self._bounded = [ei for ei in rec.items if ei.prg is not None and ei.prg.bounds is not None]
-        self._inputs_at_capture = [b for t in tensors for b in _base_buffers(t)]
+        self._constraints = rec.constraints
+        self._inputs_at_capture = inputs.buffers
         # outputs computed during the capture get fresh buffers on each replay; outputs that existed before (state
-        # the function updates in place, or an input handed back) are returned as they are
+        # the function updates in place) are returned as they are
         self._out_leaves = leaves
         self._fresh = {}
         for x in leaves:
             if isinstance(x, Tensor) and _in_buffers(x):
                 for b in _base_buffers(x):
-                    if id(b) not in before and all(b is not i for i in self._inputs_at_capture): self._fresh[id(b)] = b
+                    if id(b) not in before: self._fresh[id(b)] = b
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
         self.cnt = 2
         return ret
 
-    def _replay(self, tensors: list[Any], var_vals: dict[str, int], Tensor: Any) -> Any:
+    def _replay(self, inputs: _Inputs, Tensor: Any) -> Any:
         from fusegrad.schedule.kernelize import new_buffer
         from fusegrad.schedule.linear import buffer_map
-        now = [b for t in tensors for b in _base_buffers(t)]
-        subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, now)}
+        var_vals = inputs.var_vals
+        # the views the function made with bound Variables hold with this call's values (Variables the function
+        # bound itself keep their capture values)
+        for dims, values in self._constraints: _check_dims(dims, {**values, **var_vals})
+        subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, inputs.buffers)}
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}
         for bid, b in self._fresh.items():

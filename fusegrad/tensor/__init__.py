@@ -40,6 +40,8 @@ _all_refs: dict[int, weakref.ref] = {}
 # is not a plain buffer is added (Tensor.uop's setter); realized ones are dropped after each schedule.
 _lazy_refs: dict[int, weakref.ref] = {}
 _prune_above = 1 << 14
+# while a realize schedules: (tensor, its node before) for each tensor _apply_map re-points, to undo on an error
+_undo: list | None = None
 
 def _listed(refs: dict[int, weakref.ref]) -> list[Tensor]:
     out, dead = [], []
@@ -247,11 +249,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         else: tensors = lazy if lazy is not None else lazy_tensors()
         for t in tensors:
             u = t.uop
-            if u in changed: t.uop = changed[u]; continue
+            if u in changed:
+                if _undo is not None: _undo.append((t, u))
+                t.uop = changed[u]
+                continue
             if buffers_stay and (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)): continue
             # the walk stops at replaced nodes: what lies under them (a whole kernelized graph) is not rebuilt
             topo = u.toposort(gate=lambda x: x not in changed)
-            if any(x in changed for x in topo): t.uop = substitute_map(u, changed, topo=topo)[u]
+            if any(x in changed for x in topo):
+                if _undo is not None: _undo.append((t, u))
+                t.uop = substitute_map(u, changed, topo=topo)[u]
 
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
@@ -343,12 +350,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """Compute these tensors now; afterwards each one's graph is just its buffer."""
         from fusegrad.engine.realize import run_schedule
         if DEBUG < 2:
-            run_schedule(*self.schedule_with_vars(*lst), do_update_stats=do_update_stats)
+            run_schedule(*self._schedule_checked(*lst), do_update_stats=do_update_stats)
             return self
         # DEBUG=2: where the time of a realize goes, Python's share per item included (scheduling, launching)
         from fusegrad.device import GlobalCounters
         t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
-        items, var_vals = self.schedule_with_vars(*lst)
+        items, var_vals = self._schedule_checked(*lst)
         t1 = time.perf_counter()
         run_schedule(items, var_vals, do_update_stats=do_update_stats)
         t2, kernel_s = time.perf_counter(), GlobalCounters.time_sum_s - k0
@@ -358,6 +365,26 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                   f"({kernel_s * 1e3:.2f} ms in kernels and copies), the rest (Python, compiling) "
                   f"{python_s / len(items) * 1e6:.0f} us per item")
         return self
+
+    def _schedule_checked(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
+        """schedule_with_vars, and where Variables are bound, the kernels' memory checked against their values (see
+        engine/realize.py VarBounds): on an IndexError every tensor scheduling re-pointed is given its graph back, so
+        none is left holding a buffer no kernel wrote."""
+        global _undo
+        undo: list = []
+        _undo = undo
+        try: items, var_vals = self.schedule_with_vars(*lst)
+        finally: _undo = None
+        if var_vals:
+            from fusegrad.engine.realize import check_bounds, compile_new_kernels, lower_schedule_item
+            try:
+                compile_new_kernels(items)
+                items = [lower_schedule_item(si) for si in items]
+                check_bounds(items, var_vals)
+            except IndexError:
+                for t, u in reversed(undo): t.uop = u
+                raise
+        return items, var_vals
 
     def _buffer(self):
         """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
@@ -570,6 +597,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         for (b, e), s in zip(full, self.shape):
             if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
                 raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
+        if any(type(x) is not int for (b, e), s in zip(full, self.shape) for x in (b, e, s)):
+            from fusegrad.engine.jit import check_shrink  # (bound values against each dimension)
+            check_shrink(full, self.shape)
         if all(sym_eq(b, 0) and sym_eq(e, s) for (b, e), s in zip(full, self.shape)): return self
         return Tensor(self.uop.shrink(full))
     def flip(self, axis: Any, *args: int) -> Tensor:
