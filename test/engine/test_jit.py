@@ -197,3 +197,93 @@ def test_replays_queued_behind_a_long_kernel_keep_their_own_inputs():
         outs = [f(Tensor(x)) for x in xs]
         for x, out in zip(xs, outs): np.testing.assert_allclose(out.numpy(), (x * 2 + 1).sum(1), rtol=1e-5, atol=1e-4)
     assert slow.shape == (1024, 1024)
+
+def test_variable_shaped_input_replays_with_each_value(monkeypatch):
+    from fusegrad import GlobalCounters, Variable
+    v = Variable("n", 1, 8)
+    data = _r(8, 3)
+    b = Tensor(data).realize()
+    @TinyJit
+    def f(x):
+        return (x * 2).sum(0), (x + 1).max(0)
+    count = _Count(monkeypatch)
+    kernels = []
+    for i, n in enumerate((3, 5, 2, 8, 4, 1, 7)):
+        before, k0 = count.n, GlobalCounters.kernel_count
+        s, m = f(b.shrink(((0, v.bind(n)), None)))
+        if i >= 2:
+            assert count.n == before, "a replay scheduled a graph"
+            kernels.append(GlobalCounters.kernel_count - k0)
+        np.testing.assert_allclose(s.numpy(), (data[:n] * 2).sum(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(m.numpy(), (data[:n] + 1).max(0), rtol=1e-6)
+    assert len(set(kernels)) == 1 and kernels[0] == len(f.captured)
+
+def test_variable_window_of_an_input_view():
+    from fusegrad import Variable
+    p = Variable("p", 0, 5)
+    data = _r(4, 6)
+    M = Tensor(data).realize()
+    f = TinyJit(lambda w: w * 10)
+    for k in (1, 3, 0, 5, 2):
+        np.testing.assert_allclose(f(M[0:2, p.bind(k):p.bind(k) + 1]).numpy(), data[0:2, k:k + 1] * 10, rtol=1e-6)
+
+def test_variable_bounds_hold_at_replay():
+    # a window the function takes with a Variable argument: each replay's value is checked against the dimension
+    # (p=7 on 6 columns would read elements of the next row while staying inside the buffer)
+    from fusegrad import Variable
+    p = Variable("p", 0, 10)
+    data = _r(4, 6)
+    M = Tensor(data).realize()
+    f = TinyJit(lambda m, q: (m[0:2, q:q + 1] * 1).contiguous())
+    for k in (1, 2, 5, 3):
+        np.testing.assert_array_equal(f(M, p.bind(k)).numpy(), data[0:2, k:k + 1])
+    assert f.cnt == 2
+    for bad in (6, 7, 10):
+        with pytest.raises(IndexError, match=f"Variable p={bad} puts a view out of range: shrink of dimension 1 to "
+                                             f"{bad}\\.\\.{bad + 1}, which holds 6 elements"):
+            f(M, p.bind(bad))
+    np.testing.assert_array_equal(f(M, p.bind(4)).numpy(), data[0:2, 4:5])
+    # the same check when the view is made outside a TinyJit
+    with pytest.raises(IndexError, match=r"p=7 .*dimension 1 to 7\.\.8, which holds 6 elements"):
+        M[0:2, p.bind(7):p.bind(7) + 1]
+
+def test_view_input_is_written_through():
+    # a view of a buffer stays a view: an assign into it reaches the viewed tensor, as without the JIT
+    base = Tensor(np.arange(6, dtype=np.float32)).realize()
+    want = np.arange(6, dtype=np.float32)
+    @TinyJit
+    def bump(x):
+        x.assign(x * 2 + 1)
+        return (x + 0).contiguous()
+    for _ in range(4):
+        out = bump(base[1:4])
+        want[1:4] = want[1:4] * 2 + 1
+        np.testing.assert_array_equal(out.numpy(), want[1:4])
+        np.testing.assert_array_equal(base.numpy(), want)
+
+def test_view_of_a_lazy_input_computes_its_base():
+    a = _r(5)
+    f = TinyJit(lambda x: x * 3)
+    for i in range(4):
+        t = Tensor(a) + i
+        np.testing.assert_allclose(f(t[1:4]).numpy(), (a + i)[1:4] * 3, rtol=1e-6)
+
+def test_mlp_step_replays_with_the_captured_kernel_count():
+    from fusegrad import GlobalCounters
+    l1, l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+    opt = optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.01)
+    @TinyJit
+    def step(xb, yb):
+        opt.zero_grad()
+        loss = (l2(l1(xb).relu()) - yb).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+    counts, losses = [], []
+    x, y = _r(16, 8), _r(16, 4)
+    for i in range(6):
+        k0 = GlobalCounters.kernel_count
+        losses.append(step(Tensor(x), Tensor(y)).item())
+        counts.append(GlobalCounters.kernel_count - k0)
+    assert counts[2:] == [counts[1]] * 4 and counts[1] == sum(1 for ei in step.captured if ei.ast.op.name == "SINK")
+    assert losses[-1] < losses[0]  # the same batch: Adam brings the loss down
