@@ -116,37 +116,53 @@ class _Inputs:
     """One call's arguments as the JIT sees them: the input tensors (realized), their signatures, the values of the
     bound Variables in their views and in the arguments, and the keys of the other arguments."""
     def __init__(self, args: tuple, kwargs: dict):
+        from fusegrad.schedule.linear import get_buffer
         from fusegrad.tensor import Tensor
         leaves = _leaves(args, kwargs)
-        self.structure = _flatten((args, kwargs))[1]
-        self.tensors = [(n, x) for n, x in leaves if isinstance(x, Tensor)]
-        self.values = [(n, *_value_key(x)) for n, x in leaves if not isinstance(x, Tensor)]
-        self._realize_lazy(Tensor)
+        self.structure = tuple([n for n, _ in leaves])  # (the names are the paths into the nesting)
+        self.tensors: list[tuple[str, Any]] = []
+        self.values: list[tuple[str, Any, str]] = []
+        binds: dict[UOp, UOp] = {}
+        for n, x in leaves:
+            if isinstance(x, Tensor): self.tensors.append((n, x))
+            else:
+                self.values.append((n, *_value_key(x)))
+                if isinstance(x, UOp) and x.op is Ops.BIND: binds[x] = x.src[0]
+        if any(u.base.op is not Ops.BUFFER for _, t in self.tensors for u in shards_of(t.uop)):
+            self._realize_lazy(Tensor)
         self.buffers: list[Buffer] = []
+        self.sig: list[tuple] = []
         owner: dict[int, str] = {}
         for n, t in self.tensors:
-            for b in _base_buffers(t):
+            views: list[Any] = []
+            for u in shards_of(t.uop):
+                b = get_buffer(u.base)
                 if id(b) in owner:
                     raise JitError(f"TinyJit {owner[id(b)]} and {n} are the same tensor (or views of one buffer): the "
                                    "captured kernels would take one buffer for both; pass a copy (clone()) as one of "
                                    "them")
                 owner[id(b)] = n
                 self.buffers.append(b)
-        from fusegrad.schedule.kernelize import _param, bound_variables, substitute_map, var_values
-        binds: dict[UOp, UOp] = {}
-        self.sig: list[tuple] = []
-        for n, t in self.tensors:
-            views = []
-            for u in shards_of(t.uop):
-                if u.op is Ops.BUFFER: views.append(_param(0, u))
-                else:
-                    found = bound_variables(u.toposort())
-                    binds.update(found)
-                    views.append(substitute_map(u, {u.base: _param(0, u.base), **found}, in_args=True)[u])
-            shape = views[0].shape if len(views) == 1 else t.shape
+                # (a buffer or a reshape of one, the common input, is told by its sizes alone)
+                if u.op is Ops.BUFFER: views.append(u.arg[1])
+                elif u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER and all(type(x) is int for x in u.arg):
+                    views.append((u.src[0].arg[1], u.arg))
+                else: views.append(self._view(u, binds))
+            shape = views[0].shape if len(views) == 1 and isinstance(views[0], UOp) else t.shape
             self.sig.append((n, shape, t.dtype, t.device, tuple(views)))
-        binds.update({x: x.src[0] for _, x in leaves if isinstance(x, UOp) and x.op is Ops.BIND})
-        self.var_vals = var_values(binds)
+        if binds:
+            from fusegrad.schedule.kernelize import var_values
+            self.var_vals = var_values(binds)
+        else: self.var_vals = {}
+
+    @staticmethod
+    def _view(u: UOp, binds: dict[UOp, UOp]) -> UOp:
+        """The view `u` makes of its buffer, over a stand-in for the buffer and with its bound Variables unbound (the
+        BINDs go to `binds`)."""
+        from fusegrad.schedule.kernelize import _param, bound_variables, substitute_map
+        found = bound_variables(u.toposort())
+        binds.update(found)
+        return substitute_map(u, {u.base: _param(0, u.base), **found}, in_args=True)[u]
 
     def _realize_lazy(self, Tensor: Any) -> None:
         """Inputs that are computations are computed now, as a call without the JIT would; views keep viewing their
