@@ -125,3 +125,19 @@ def test_slice_assign_inside_tinyjit_replays():
         ref[1:3] = x
         np.testing.assert_array_equal(out.numpy(), ref)
         np.testing.assert_array_equal(buf.numpy(), ref)
+
+def test_write_through_a_view_then_realize_runs_one_kernel():
+    # the KV-cache pattern `cache[:, a:b].assign(x).realize()`: the write, and nothing more (realizing a view of
+    # memory runs nothing, as in tinygrad)
+    from fusegrad import GlobalCounters
+    cache, ref = Tensor.zeros(3, 8).contiguous().realize(), np.zeros((3, 8), np.float32)
+    x = Tensor(np.ones((3, 2), np.float32)).realize()
+    k0 = GlobalCounters.kernel_count
+    view = cache[:, 2:4].assign(x).realize()
+    assert GlobalCounters.kernel_count - k0 == 1
+    ref[:, 2:4] = 1
+    k1 = GlobalCounters.kernel_count
+    assert view.realize() is view and cache[::2, 1:].realize().uop.base is cache.uop.base
+    assert GlobalCounters.kernel_count == k1
+    np.testing.assert_array_equal(view.numpy(), ref[:, 2:4])
+    np.testing.assert_array_equal(cache.numpy(), ref)

@@ -347,8 +347,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return items, var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
-        """Compute these tensors now; afterwards each one's graph is just its buffer."""
+        """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
+        realized tensor) is computed already: it stays a view, and nothing runs for it (as in tinygrad)."""
         from fusegrad.engine.realize import run_schedule
+        if not all(_is_plain_buffer(u) for u in _shards((self,) + lst)):
+            todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in _shards((t,)))]
+            if not todo: return self
+            if todo[0] is not self:
+                todo[0].realize(*todo[1:], do_update_stats=do_update_stats)
+                return self
+            lst = tuple(todo[1:])
         if DEBUG < 2:
             run_schedule(*self._schedule_checked(*lst), do_update_stats=do_update_stats)
             return self
@@ -499,8 +507,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # schedule); a value that reads the buffer is computed before the write, so overlapping views read
             # the old values
             reads_target = self.uop.base in x.uop.toposort()
-            self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, (x.contiguous() if reads_target else x).uop))
-            return self.realize()
+            Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, (x.contiguous() if reads_target else x).uop))).realize()
+            return self  # (still the view of the buffer, now holding x: reading it or realizing it runs nothing)
         self.uop = _multi(UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop)))
         return self
 
