@@ -346,8 +346,3 @@ def from_torch_dtype(tdt: Any) -> DType:
     for dt, n in _TORCH_NAMES.items():
         if n == name: return dt
     raise TypeError(f"torch dtype {tdt} is not supported")
-
-
-def py_type(dt: DType) -> type:
-    """The Python scalar type of a dtype's elements."""
-    return float if dtypes.is_float(dt) else bool if dt.scalar() == dtypes.bool else int

@@ -38,7 +38,6 @@ def rng_counter_of(value: Any) -> int | None:
     return (value >> 32) - 1
 
 def all_int(t: Iterable[Any]) -> bool: return all(isinstance(s, int) for s in t)
-def ceildiv(num: int, amt: int) -> int: return -(num // -amt)
 
 # *** environment knobs ***
 
@@ -91,7 +90,7 @@ class Context(contextlib.ContextDecorator):
 
 DEBUG, SPEC, NOOPT, BEAM, JIT = ContextVar("DEBUG", 0), ContextVar("SPEC", 0), ContextVar("NOOPT", 0), \
     ContextVar("BEAM", 0), ContextVar("JIT", 1)
-CACHELEVEL, CPU_THREADS, VIZ = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS", 0), ContextVar("VIZ", 0)
+CACHELEVEL, CPU_THREADS = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS", 0)
 # 0: EXP2/LOG2/SIN are left to the device's math library instead of codegen/transcendental.py's polynomials
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 # 0: float32 3x3 stride-1 convolutions are computed directly instead of by Winograd's F(4x4, 3x3) (tensor/nn.py)

@@ -9,12 +9,6 @@ def range_size(r: UOp) -> int | UOp:
     """The trip count of a RANGE: an int when constant, else the (symbolic) end expression."""
     return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
 
-def ranges_in(u: UOp) -> list[UOp]:
-    """Every RANGE reachable from `u`, in toposort order."""
-    return [x for x in u.toposort() if x.op is Ops.RANGE]
-
-def depends_on(u: UOp, r: UOp) -> bool: return r in u.toposort()
-
 def coeff(x: UOp, r: UOp) -> int | None:
     """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor)."""
     c: dict[UOp, int | None] = {}
