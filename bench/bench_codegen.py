@@ -1,4 +1,5 @@
-"""Benchmark of generated kernels against numpy (not a test): `PYTHONPATH=. python test/codegen/bench_codegen.py`.
+"""Benchmark of generated kernels against numpy (not a test): `PYTHONPATH=. python bench/bench_codegen.py` (it builds
+its kernels with test/codegen/helpers.py).
 
 Runs each kernel split across THREADS=2 threads (as the CPU runtime does), best of many runs. Each side is timed in
 its own stretch: OpenBLAS threads spin for a while after a call and would steal the cores from a kernel run right
