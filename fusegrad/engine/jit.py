@@ -63,9 +63,8 @@ def _base_buffers(t: Any) -> list[Buffer]:
 # *** bound Variables in views: each value is checked against the dimension it shrinks ***
 
 def _check_dims(dims: list[tuple], var_vals: dict[str, int]) -> None:
-    for d, b, e, s in dims:
-        names = sorted({u.arg[0] for x in (b, e, s) if isinstance(x, UOp) for u in x.toposort()
-                        if u.op is Ops.DEFINE_VAR})
+    """`dims`: (dimension, begin, end, size, names of the Variables in them), as check_shrink makes them."""
+    for d, b, e, s, names in dims:
         if not names or any(n not in var_vals for n in names): continue  # (an unbound Variable: no value to check)
         lo, hi, size = (sym_infer(x, var_vals) for x in (b, e, s))
         if not 0 <= lo <= hi <= size:
@@ -83,7 +82,13 @@ def check_shrink(arg: tuple, shape: tuple) -> None:
     from fusegrad.schedule.kernelize import var_values
     binds = {u: u.src[0] for x in arg_uops(tuple(x for dim in dims for x in dim[1:])) for u in x.toposort()
              if u.op is Ops.BIND}
-    free = [(d, *(x.substitute(binds) if isinstance(x, UOp) else x for x in (b, e, s))) for d, b, e, s in dims]
+    free = []
+    for d, *bes in dims:
+        b, e, s = (x.substitute(binds) if isinstance(x, UOp) else x for x in bes)
+        # (the names are found once here: a replay checks the same dimensions with each call's values)
+        names = sorted({u.arg[0] for x in (b, e, s) if isinstance(x, UOp) for u in x.toposort()
+                        if u.op is Ops.DEFINE_VAR})
+        free.append((d, b, e, s, names))
     values = var_values(binds)
     _check_dims(free, values)
     if _realize.capturing and isinstance(rec := _realize.capturing[0], _Recorder):
@@ -340,9 +345,7 @@ class TinyJit(Generic[R]):
             nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype)
             subst[bid], new_nodes[bid] = nb, node
         # the Variables' values are checked against every kernel's buffers before any kernel runs
-        for ei in self._bounded:
-            ei.prg.bounds.check([subst.get(id(b), b) for b in ei.bufs],  # type: ignore[union-attr]
-                                {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
+        _realize.check_bounds(self._bounded, var_vals, subst)
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2

@@ -506,12 +506,14 @@ def compile_new_kernels(schedule: list[ExecItem]) -> None:
     for dev, asts in new.items():
         if len(asts) > 1: compile_kernels(dev, list(asts))
 
-def check_bounds(items: list[ExecItem], var_vals: dict[str, Any]) -> None:
+def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
     """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values
-    (see VarBounds); all are checked before any runs, so an error leaves every buffer as it was."""
+    (see VarBounds); all are checked before any runs, so an error leaves every buffer as it was. `subst` (by id) are
+    the buffers a replay runs the items on in place of their own."""
     for ei in items:
         if ei.prg is not None and (bounds := ei.prg.bounds) is not None:
-            bounds.check(ei.bufs, {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
+            bufs = ei.bufs if subst is None else [subst.get(id(b), b) for b in ei.bufs]
+            bounds.check(bufs, {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
 
 # the JIT puts a recorder here while it captures; each item run by run_schedule is handed to capturing[0].add
 capturing: list[Any] = []
