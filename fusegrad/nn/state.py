@@ -238,16 +238,14 @@ def _open_zip(src: _Mapped | memoryview, what: str) -> zipfile.ZipFile:
                 raise ValueError(f"{what}: a bad zip64 end record (or one of an archive spanning several disks)")
     with _malformed(what):
         zf = zipfile.ZipFile(src.name if isinstance(src, _Mapped) else io.BytesIO(src))
-    names = zf.namelist()
-    if len(set(names)) != len(names):
+    infos, problem = zf.infolist(), None
+    if len({info.filename for info in infos}) != len(infos): problem = "the archive names a member twice"
+    elif any(info.volume for info in infos): problem = "the archive spans several disks (not supported)"
+    # (python's zipfile cuts a name at a NUL byte)
+    elif any("\0" in info.orig_filename for info in infos): problem = "a member's name holds a NUL byte"
+    if problem is not None:
         zf.close()
-        raise ValueError(f"{what}: the archive names a member twice")
-    if any(info.volume for info in zf.infolist()):
-        zf.close()
-        raise ValueError(f"{what}: the archive spans several disks (not supported)")
-    if any("\0" in info.orig_filename for info in zf.infolist()):  # python's zipfile cuts the name there
-        zf.close()
-        raise ValueError(f"{what}: a member's name holds a NUL byte")
+        raise ValueError(f"{what}: {problem}")
     return zf
 
 def accept_filename(func: Callable[[Any], T]) -> Callable[[Any], T]:
