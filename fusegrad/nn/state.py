@@ -164,7 +164,7 @@ class _Budget:
 # what the parsing libraries raise on malformed input; translated to ValueError at each loader's boundary
 _PARSE_ERRORS = (pickle.UnpicklingError, EOFError, UnicodeDecodeError, TypeError, AttributeError, IndexError,
                  KeyError, RecursionError, struct.error, OverflowError, zipfile.BadZipFile, zlib.error,
-                 tarfile.TarError, NotImplementedError, EOFError, OSError)
+                 tarfile.TarError, NotImplementedError, OSError)
 
 @contextlib.contextmanager
 def _malformed(what: str) -> Iterator[None]:
