@@ -11,6 +11,7 @@ from typing import Any, Callable, Container, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
+from fusegrad.device import GlobalCounters
 from fusegrad.engine.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.indexing import is_realized, storage_of
@@ -349,50 +350,29 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
         realized tensor) is computed already: it stays a view, and nothing runs for it (as in tinygrad)."""
+        global _undo
         from fusegrad.engine.realize import run_schedule
-        if not all(_is_plain_buffer(u) for u in _shards((self,) + lst)):
-            todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in _shards((t,)))]
-            if not todo: return self
-            if todo[0] is not self:
-                todo[0].realize(*todo[1:], do_update_stats=do_update_stats)
-                return self
-            lst = tuple(todo[1:])
-        if DEBUG < 2:
-            run_schedule(*self._schedule_checked(*lst), do_update_stats=do_update_stats)
-            return self
-        # DEBUG=2: where the time of a realize goes, Python's share per item included (scheduling, launching)
-        from fusegrad.device import GlobalCounters
+        todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
+        if not todo: return self
         t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
-        items, var_vals = self._schedule_checked(*lst)
+        _undo = undo = []
+        try: items, var_vals = todo[0].schedule_with_vars(*todo[1:])
+        finally: _undo = None
         t1 = time.perf_counter()
-        run_schedule(items, var_vals, do_update_stats=do_update_stats)
-        t2, kernel_s = time.perf_counter(), GlobalCounters.time_sum_s - k0
-        if items:
+        try: run_schedule(items, var_vals, do_update_stats=do_update_stats)
+        except IndexError:
+            # a bound Variable out of range (engine/realize.py check_bounds, before any kernel runs): every tensor
+            # scheduling re-pointed gets its graph back, so none is left holding a buffer no kernel wrote
+            for t, u in reversed(undo): t.uop = u
+            raise
+        if DEBUG >= 2 and items:
+            # where the time of a realize goes, Python's share per item included (scheduling, launching)
+            t2, kernel_s = time.perf_counter(), GlobalCounters.time_sum_s - k0
             python_s = (t1 - t0) + max(0.0, (t2 - t1) - kernel_s)
             print(f"realize: {len(items)} items, schedule {(t1 - t0) * 1e3:.2f} ms, run {(t2 - t1) * 1e3:.2f} ms "
                   f"({kernel_s * 1e3:.2f} ms in kernels and copies), the rest (Python, compiling) "
                   f"{python_s / len(items) * 1e6:.0f} us per item")
         return self
-
-    def _schedule_checked(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
-        """schedule_with_vars, and where Variables are bound, the kernels' memory checked against their values (see
-        engine/realize.py VarBounds): on an IndexError every tensor scheduling re-pointed is given its graph back, so
-        none is left holding a buffer no kernel wrote."""
-        global _undo
-        undo: list = []
-        _undo = undo
-        try: items, var_vals = self.schedule_with_vars(*lst)
-        finally: _undo = None
-        if var_vals:
-            from fusegrad.engine.realize import check_bounds, compile_new_kernels, lower_schedule_item
-            try:
-                compile_new_kernels(items)
-                items = [lower_schedule_item(si) for si in items]
-                check_bounds(items, var_vals)
-            except IndexError:
-                for t, u in reversed(undo): t.uop = u
-                raise
-        return items, var_vals
 
     def _buffer(self):
         """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
