@@ -124,7 +124,10 @@ class CLCompiler(Compiler):
         for i in range(0, len(srcs), BATCH_KERNELS):
             batch = srcs[i:i + BATCH_KERNELS]
             try: lib = self._compile("\n".join(batch))
-            except CompileError: return super()._compile_all(srcs)  # one by one, so the error names the kernel
+            except CompileError:
+                # this batch one by one, so the error names the kernel (the batches built already stay built)
+                out += super()._compile_all(batch)
+                continue
             out += [lib] * len(batch)
         return out
 
