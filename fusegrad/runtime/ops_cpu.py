@@ -460,7 +460,7 @@ class CPool:
 
     Waiting is interruptible: Ctrl-C raises KeyboardInterrupt in the waiting thread within a slice (or, when that
     thread is running a chunk of a kernel, once the chunk ends), and the queued kernels run on to their end."""
-    QUEUE = 64   # FG_QUEUE
+    QUEUE = int(re.search(r"#define FG_QUEUE (\d+)", _C_POOL_SRC).group(1))   # (the C queue's length)
     def __init__(self, lib: ctypes.CDLL):
         self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
         self._submit.restype = ctypes.c_ulong
