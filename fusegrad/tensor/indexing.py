@@ -79,6 +79,20 @@ def _onehot(index: Tensor, n: int) -> Tensor:
     ar = Tensor.arange(n, dtype=dtypes.int32, device=index.device)
     return index.cast(dtypes.int32 if index.dtype.itemsize <= 4 else index.dtype).unsqueeze(-1) == ar
 
+def _linear_index(idxs: list[Tensor], sizes: list[int], bshape: tuple[int, ...]) -> Tensor:
+    """One linear index over dims of `sizes` from their index tensors `idxs` (negatives wrapped), broadcast to
+    `bshape`; -1 where a component is out of range, which matches (and writes) nothing. int64 where an index tensor
+    is."""
+    lin, valid, stride = None, None, 1
+    for t, s in list(zip(idxs, sizes))[::-1]:
+        t = t.cast(dtypes.int64 if t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
+        t = (t < 0).where(t + s, t)._broadcast_to(bshape)
+        ok = (t >= 0) & (t < s)
+        lin = t * stride if lin is None else lin + t * stride
+        valid = ok if valid is None else valid & ok
+        stride *= s
+    return valid.where(lin, -1)
+
 def _select_sum(onehot: Tensor, x: Tensor, axis: int) -> Tensor:
     """Sum over `axis` of x where onehot (where, not multiply, so nan/inf elsewhere don't leak in), in x's dtype."""
     if x.dtype == dtypes.bool: return onehot.where(x, False).any(axis)
@@ -249,17 +263,7 @@ class IndexingMixin:
             if prod(bshape) and n == 0: raise IndexError("index is out of bounds for a dimension with size 0")
             out = _T().zeros(*(rshape + bshape), dtype=self.dtype, device=self.device)
         else:
-            # one linear index over the indexed dims; a component out of range makes it -1, which matches nothing
-            lin, valid, stride = None, None, 1
-            for (d, t), s in list(zip(adv, sizes))[::-1]:
-                wide = t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype)
-                t = t.cast(dtypes.int64 if wide else dtypes.int32)
-                t = (t < 0).where(t + s, t)._broadcast_to(bshape)
-                ok = (t >= 0) & (t < s)
-                lin = t * stride if lin is None else lin + t * stride
-                valid = ok if valid is None else valid & ok
-                stride *= s
-            lin = valid.where(lin, -1)
+            lin = _linear_index([t for _, t in adv], sizes, bshape)
             xp = self.permute(rest + dims).reshape(rshape + (1,) * len(bshape) + (n,))
             oh = _onehot(lin, n).reshape((1,) * len(rshape) + bshape + (n,))
             out = _select_sum(oh, xp, -1)
@@ -340,17 +344,9 @@ class IndexingMixin:
         order = list(range(at)) + list(range(at + nb, nb + len(rest))) + list(range(at, at + nb)) if adjacent else \
             list(range(nb, nb + len(rest))) + list(range(nb))
         vv = v.permute(order).reshape(rshape + (prod(bshape),))
-        lin, valid, stride = None, None, 1
-        for k, s in list(zip(dims, sizes))[::-1]:
-            t = entries[k][1]
-            t = t.cast(dtypes.int64 if t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
-            t = (t < 0).where(t + s, t)._broadcast_to(bshape)
-            ok = (t >= 0) & (t < s)
-            lin = t * stride if lin is None else lin + t * stride
-            valid = ok if valid is None else valid & ok
-            stride *= s
-        # an unchecked out-of-range index is -1: written nowhere
-        idx = valid.where(lin, -1).reshape((1,) * len(rshape) + (prod(bshape),)).expand(vv.shape)
+        # (an unchecked out-of-range index is -1: written nowhere)
+        idx = _linear_index([entries[k][1] for k in dims], sizes, bshape)
+        idx = idx.reshape((1,) * len(rshape) + (prod(bshape),)).expand(vv.shape)
         x = self.permute(rest + dims).reshape(rshape + (prod(sizes),))
         with Context(CHECK_OOB=0):  # (the indices were checked when the indexing result was made)
             new = x.scatter(-1, idx, vv)
