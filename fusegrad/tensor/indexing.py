@@ -82,10 +82,11 @@ def _onehot(index: Tensor, n: int) -> Tensor:
 def _linear_index(idxs: list[Tensor], sizes: list[int], bshape: tuple[int, ...]) -> Tensor:
     """One linear index over dims of `sizes` from their index tensors `idxs` (negatives wrapped), broadcast to
     `bshape`; -1 where a component is out of range, which matches (and writes) nothing. int64 where an index tensor
-    is."""
+    is, or where the dims hold more positions than int32 counts (the linear index would wrap to another position)."""
+    wide = isinstance(n := prod(sizes), int) and n > dtypes.max(dtypes.int32)
     lin, valid, stride = None, None, 1
     for t, s in list(zip(idxs, sizes))[::-1]:
-        t = t.cast(dtypes.int64 if t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
+        t = t.cast(dtypes.int64 if wide or t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
         t = (t < 0).where(t + s, t)._broadcast_to(bshape)
         ok = (t >= 0) & (t < s)
         lin = t * stride if lin is None else lin + t * stride
@@ -307,7 +308,10 @@ class IndexingMixin:
         elif has_adv:
             # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
             # (positions are counted from 1: an unchecked out-of-range index gathers 0, position -1, written nowhere)
-            flat_pos = Tensor.arange(1, self.numel() + 1, dtype=dtypes.int32, device=self.device).reshape(self.shape)
+            # (int64 past int32's range: a wrapped position would be written)
+            n = self.numel()
+            pdt = dtypes.int64 if isinstance(n, int) and n > dtypes.max(dtypes.int32) else dtypes.int32
+            flat_pos = Tensor.arange(1, n + 1, dtype=pdt, device=self.device).reshape(self.shape)
             with Context(CHECK_OOB=0):  # (the indices were checked by the _getitem above)
                 pos = flat_pos._getitem(entries).flatten() - 1
                 new = self.flatten().scatter(0, pos, v.flatten()).reshape(self.shape) if pos.numel() else self
