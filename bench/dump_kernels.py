@@ -1,0 +1,113 @@
+"""Write the rendered source of every kernel of a fixed set of workloads to a folder, one file per workload.
+
+Used to check that a change meant to move code around leaves the generated code byte-identical:
+
+    python bench/dump_kernels.py /tmp/before      # on the old commit
+    python bench/dump_kernels.py /tmp/after       # on the new one
+    diff -r /tmp/before /tmp/after
+
+Workloads: the MLP training step (eager and under TinyJit), ResNet-18 forward at 64x64, the digits CNN training step,
+a convolution forward and backward, softmax / layernorm / gelu, and a data-parallel step sharded over two CPU devices.
+"""
+from __future__ import annotations
+import os
+import pathlib
+import sys
+from typing import Callable
+
+os.environ.setdefault("CACHELEVEL", "0")  # every kernel is compiled here, none comes from the disk cache
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+
+import numpy as np  # noqa: E402
+
+from fusegrad import Tensor, TinyJit, nn  # noqa: E402
+from fusegrad.engine import realize  # noqa: E402
+from fusegrad.nn.state import get_parameters  # noqa: E402
+
+SEEN: list[str] = []
+_original_init = realize.CompiledRunner.__init__
+
+def _recording_init(self, p, *args, **kwargs) -> None:
+    SEEN.append(f"// {p.name}\n{p.src}")
+    _original_init(self, p, *args, **kwargs)
+
+def adam_step(params: list[Tensor], forward: Callable[[Tensor], Tensor], jit: bool) -> Callable:
+    opt = nn.optim.Adam(params, lr=1e-3)
+    @Tensor.train()
+    def step(xb: Tensor, yb: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = forward(xb).sparse_categorical_crossentropy(yb)
+        loss.backward()
+        opt.step()
+        return loss
+    return TinyJit(step) if jit else step
+
+def mlp(jit: bool) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
+    Tensor.manual_seed(0)
+    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
+    step = adam_step([l1.weight, l1.bias, l2.weight, l2.bias], lambda xb: l2(l1(xb).relu()), jit)
+    for _ in range(3): step(Tensor(x), Tensor(y)).realize()
+
+def resnet18() -> None:
+    import resnet
+    Tensor.manual_seed(0)
+    model = resnet.ResNet(18)
+    img = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    with Tensor.test(): model(Tensor(img)).realize()
+
+def digits() -> None:
+    from train_digits import DigitsNet
+    rng = np.random.default_rng(0)
+    x, y = rng.random((64, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32)
+    Tensor.manual_seed(0)
+    model = DigitsNet()
+    step = adam_step(get_parameters(model), model, True)
+    for _ in range(3): step(Tensor(x), Tensor(y)).realize()
+
+def conv() -> None:
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((4, 8, 16, 16)).astype(np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), requires_grad=True)
+    x.conv2d(w, padding=1).relu().sum().backward()
+    Tensor.realize(x.grad, w.grad)
+
+def norms() -> None:
+    x = Tensor(np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)).realize()
+    Tensor.realize(x.softmax(), x.layernorm(), x.gelu(), x.log_softmax())
+
+def sharded() -> None:
+    devices = ("CPU:0", "CPU:1")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((32, 64)).astype(np.float32), rng.integers(0, 10, 32).astype(np.int32)
+    Tensor.manual_seed(0)
+    l1 = nn.Linear(64, 10)
+    for p in (l1.weight, l1.bias): p.to_(devices)
+    opt = nn.optim.SGD([l1.weight, l1.bias], lr=0.1)
+    with Tensor.train():
+        for _ in range(2):
+            opt.zero_grad()
+            xb, yb = Tensor(x).shard(devices, axis=0), Tensor(y).shard(devices, axis=0)
+            loss = l1(xb).sparse_categorical_crossentropy(yb)
+            loss.backward()
+            opt.step()
+            loss.realize()
+
+WORKLOADS: dict[str, Callable[[], None]] = {
+    "mlp_eager": lambda: mlp(False), "mlp_jit": lambda: mlp(True), "resnet18": resnet18, "digits": digits,
+    "conv": conv, "norms": norms, "sharded": sharded}
+
+def main() -> None:
+    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "kernels")
+    out.mkdir(parents=True, exist_ok=True)
+    realize.CompiledRunner.__init__ = _recording_init
+    for name, run in WORKLOADS.items():
+        SEEN.clear()
+        realize.method_cache.clear()  # each workload compiles all of its kernels
+        run()
+        (out / f"{name}.c").write_text("\n".join(SEEN))
+        print(f"{name}: {len(SEEN)} kernels")
+
+if __name__ == "__main__":
+    main()
