@@ -158,7 +158,15 @@ def test_empty_and_0d():
 
 def test_dtypes():
     i8, b, h = Tensor([1, 2, 3], dtype=dtypes.int8), Tensor([True, False, True]), Tensor([0.5, 1.5], dtype=dtypes.half)
-    assert i8.prod().dtype == dtypes.int32 and b.prod().dtype == dtypes.int32 and b.cumsum().dtype == dtypes.int32
+    assert i8.prod().dtype == dtypes.int8 and b.prod().dtype == dtypes.bool and b.cumsum().dtype == dtypes.int32
+    # the product stays in the tensor's dtype, wrapping as numpy's product in that dtype does
+    big = np.array([[100, 100, 3], [-7, 5, 0], [127, 127, 127]], dtype=np.int8)
+    for dt in (np.int8, np.uint8, np.int16):
+        assert Tensor(big.astype(dt)).prod(1).tolist() == np.prod(big.astype(dt), axis=1, dtype=dt).tolist()
+    bools = np.array([[True, True], [True, False], [False, False]])
+    assert Tensor(bools).prod(1).tolist() == np.prod(bools, axis=1).astype(bool).tolist()
+    assert Tensor(bools[:0]).prod(0).tolist() == [True, True]
+    assert i8.prod(dtype=dtypes.int64).item() == 6 and i8.prod(dtype=dtypes.int64).dtype == dtypes.int64
     assert i8.prod(dtype=dtypes.float32).dtype == dtypes.float32
     assert h.prod().dtype == h.cumsum().dtype == h.var().dtype == h.std_mean()[1].dtype == dtypes.half
     assert h.logsumexp().dtype == h.logcumsumexp().dtype == h.sort()[0].dtype == dtypes.half

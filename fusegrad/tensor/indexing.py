@@ -510,9 +510,9 @@ class IndexingMixin:
         return (idx >= 0).where(x._gather_adv([(0, idx)], True), fill_value)
 
     def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
-        """int64 one-hot vectors along a new last dim; num_classes=-1 means max()+1 (reads the data). A class outside
-        [0, num_classes) is an IndexError where CHECK_OOB reads the values (see the module's docstring), else its row
-        is all zeros."""
+        """One-hot vectors along a new last dim, in dtypes.default_int (int32) as tinygrad's; num_classes=-1 means
+        max()+1 (reads the data). A class outside [0, num_classes) is an IndexError where CHECK_OOB reads the values
+        (see the module's docstring), else its row is all zeros."""
         if not dtypes.is_int(self.dtype): raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if not isinstance(num_classes, int) or num_classes < -1:
             raise ValueError(f"num_classes must be a nonnegative int or -1, got {num_classes!r}")
@@ -521,7 +521,7 @@ class IndexingMixin:
             num_classes = int(self.max().item()) + 1
             if self.min().item() < 0: raise IndexError(f"one_hot: class {self.min().item()} is negative")
         else: _check_index_values(self, num_classes, self.ndim, False, "one_hot: class")
-        return _onehot(self, num_classes).cast(dtypes.int64)
+        return _onehot(self, num_classes).cast(dtypes.default_int)
 
     # *** triangles and diagonals ***
 

@@ -156,9 +156,10 @@ class ReduceMixin:
 
     def prod(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False,
              dtype: DType | str | None = None) -> Tensor:
-        """Product of the elements over `axis` (ints and bools multiply in the sum's integer dtype)."""
-        acc = to_dtype(dtype) if dtype is not None else \
-            (self.dtype if dtypes.is_float(self.dtype) else sum_acc_dtype(self.dtype))
+        """Product of the elements over `axis`, in `dtype` if given, else in the tensor's own dtype as tinygrad does
+        (an int8 product wraps in int8; a bool product is `all`). torch's upcast to int64 is `dtype=dtypes.int64`."""
+        acc = to_dtype(dtype) if dtype is not None else self.dtype
+        if acc == dtypes.bool: return self.all(axis, keepdim)
         return self.cast(acc)._reduce(_ops().MUL, axis, keepdim)
 
     def any(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
