@@ -3,258 +3,355 @@ block them for the caches, split long reductions into partial accumulators."""
 from __future__ import annotations
 import math
 import os
-from typing import Callable
+from dataclasses import dataclass
 from fusegrad.codegen.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
     return next((c for c in choices if n % c == 0), 1)
 
+def _vector_lanes(renderer, dt: DType) -> int:
+    """Lanes of one SIMD register of `dt` on the renderer's target; 0 where it has no vectors of `dt`."""
+    return getattr(renderer, "simd_bytes", 0) // dt.itemsize if dt in getattr(renderer, "vector_dtypes", ()) else 0
+
+@dataclass
+class OptContext:
+    """What the steps of `hand_coded_optimizations` for a reduction (or a half elementwise kernel) share: the kernel,
+    the target's vector facts, the loops as the steps found them, and the output vector once step 1 chose one."""
+    k: Kernel
+    outs: list[UOp]             # the output loops (a padded vector loop replaced by its padded range)
+    reds: list[UOp]             # the reduce loops
+    acc_dt: DType               # the dtype of the accumulators (float32 without a reduction)
+    width: int                  # lanes of a full vector of acc_dt; the output vector's lanes once chosen
+    min_lanes: int              # a reduction's vector narrower than this only along a longer loop
+    registers: int              # vector registers of the target
+    budget: int                 # accumulators kept in registers
+    cores: int
+    vec_out: UOp | None = None  # the output loop vectorized (step 1)
+    pad: bool = False           # vec_out is padded to whole vectors
+    switched: bool = False      # vec_out is a convolution's output channels, taken over its image rows
+
+    @staticmethod
+    def of(k: Kernel) -> OptContext:
+        acc_dt = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
+        registers = getattr(k.renderer, "vector_registers", 16)
+        # a reduction's vector is narrower than 16 bytes (an SSE or NEON register; AVX2's quarter vector) only along a
+        # longer loop: a pooling's 2-wide window taken whole as one such vector ran slower than the window unrolled by
+        # step 4, while two lanes along a long row still pay
+        return OptContext(k, [k.loops[i] for i in k.output_axes()], [k.loops[i] for i in k.reduce_axes()], acc_dt,
+                          _vector_lanes(k.renderer, acc_dt), max(16 // acc_dt.itemsize, 2), registers,
+                          max(registers // 2, 4), os.cpu_count() or 2)
+
+    def split(self, op: OptOps, r: UOp, amt: int) -> tuple[UOp | None, UOp | None]:
+        """Apply op to loop r: (the remaining outer loop or None, the new inner range or None if it didn't apply)."""
+        idx, n = self.k.loops.index(r), len(self.k.loops)
+        try: inner = self.k.apply_opt(Opt(op, idx, amt))
+        except KernelOptError: return r, None
+        return (self.k.loops[idx] if len(self.k.loops) == n else None), inner
+
+    def strides(self, r: UOp) -> list[tuple[int | None, bool]]:
+        """The coefficient of loop r in every access, with whether the access is a store."""
+        return [(coeff(idx.src[1], r), is_store) for idx, is_store in self.k.accesses()]
+
+    def loads(self) -> list[UOp]: return [idx for idx, is_store in self.k.accesses() if not is_store]
+
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to `k`; returns them (also in k.applied_opts)."""
-    ren = k.renderer
-    vec_dts = getattr(ren, "vector_dtypes", ())
-    def width_of(dt) -> int: return getattr(ren, "simd_bytes", 0) // dt.itemsize if dt in vec_dts else 0
-    if not k.reduceops:
-        # elementwise: a plain contiguous inner loop is what gcc vectorizes best, except with half buffers (computed
-        # in float): the C renderer has gcc vectorize no half conversions (it miscompiles them), so those get our
-        # vector code, with explicit conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer
-        # conversions well by itself.)
-        # (a concatenation's vector is as many lanes as a float32 one, whatever the dtype: as for half above)
-        lanes = width_of(dtypes.float32)
-        if _tile_transpose(k) or _unroll_selectors(k, lanes): return k.applied_opts
-        if (remainders := _upcast_remainders(k)) or _split_at_remainders(k):
-            # (the loop left after the remainder's lanes, vectorized when gcc's vectorizer isn't given the kernel)
-            _vectorize_gated(k, lanes, strided=remainders)
-            return k.applied_opts
-        if _vectorize_gated(k, lanes): return k.applied_opts
-        if not any(idx.src[0].dtype.base == dtypes.float16 and dtypes.float16 in vec_dts for idx, _ in k.accesses()):
-            return []
-    acc_dt = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
-    width = width_of(acc_dt)
-    # a reduction's vector is narrower than 16 bytes (an SSE or NEON register; AVX2's quarter vector) only along a
-    # longer loop: a pooling's 2-wide window taken whole as one such vector ran slower than the window unrolled by
-    # step 4, while two lanes along a long row still pay
-    min_lanes = max(16 // acc_dt.itemsize, 2)
-    budget = max(getattr(ren, "vector_registers", 16) // 2, 4)   # accumulators kept in registers
-    cores = os.cpu_count() or 2
-
-    def split(op: OptOps, r: UOp, amt: int) -> tuple[UOp | None, UOp | None]:
-        """Apply op to loop r: (the remaining outer loop or None, the new inner range or None if it didn't apply)."""
-        idx, n = k.loops.index(r), len(k.loops)
-        try: inner = k.apply_opt(Opt(op, idx, amt))
-        except KernelOptError: return r, None
-        return (k.loops[idx] if len(k.loops) == n else None), inner
-
-    def strides(r: UOp) -> list[tuple[int | None, bool]]:
-        return [(coeff(idx.src[1], r), is_store) for idx, is_store in k.accesses()]
-
-    def loads() -> list[UOp]: return [idx for idx, is_store in k.accesses() if not is_store]
-
-    outs = [k.loops[i] for i in k.output_axes()]
-    reds = [k.loops[i] for i in k.reduce_axes()]
-
-    # 1. vectorize along an output axis that is contiguous in the output and contiguous or broadcast in every load,
-    #    or (a @ b.T) strided in a load that doesn't vary with another output axis: that load gets copied to a
-    #    contiguous local block (PACK) reused across that axis
-    # (the copy pays when the output loops that don't move the load give it more rows than one register tile to
-    # reuse it: a classifier at batch 8 would copy its weights to read them once, and without the copy its vector
-    # loads would be per lane. A dot product along the reduction, step 3, is better then: 8x512 @ 512x1000
-    # 147 -> 69 us, and 1.9 -> 0.1 s to compile)
-    def packable(idx: UOp, r: UOp) -> bool:
-        # (no such loop: a product of 1)
-        rows = math.prod(sz if isinstance(sz := range_size(o), int) else 16 for o in outs
-                         if o is not r and coeff(idx.src[1], o) == 0)
-        return bool(reds) and rows >= 16
-    def vector_width(sz: int | UOp) -> tuple[int | None, bool]:
-        """The widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to its
-        loads), that its padding to whole vectors wastes at most an eighth of: 56 columns take 16 lanes (padded to
-        64) rather than 8, 1023 or 50257 columns get vectors at all, a 7x7 image takes 8. (width, padded)"""
-        if not isinstance(sz, int): return None, False
-        for cand in (c for c in (width, width // 2, width // 4) if c >= 2):
-            if sz % cand == 0: return cand, False
-            if k.reduceops and pads_cheaply(sz, cand): return cand, True
-        return None, False
-    def fits(r: UOp, per_lane: bool) -> bool:
-        """Whether r can be the vector axis: contiguous, broadcast or packable in the loads and contiguous in the
-        store, or, with `per_lane`, also strided where an access runs once per output (the store, and loads outside
-        the reduction such as a residual): gathered lane by lane, few next to the reduction's loads. And r varies
-        in some load."""
-        st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in k.accesses()]
-        def load_fits(c: int | None, idx: UOp) -> bool:
-            return c in (0, 1) or packable(idx, r) or \
-                (per_lane and c is not None and all(coeff(idx.src[1], q) == 0 for q in reds))
-        return all(c == 1 or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
-            all(load_fits(c, idx) for c, is_store, idx in st if not is_store) and \
-            any(c != 0 for c, is_store, _ in st if not is_store)
-    vec_out, switched = None, False
-    if width >= 2:
-        # innermost first, among the axes the output is contiguous along
-        cands = [(r, *vector_width(range_size(r))) for r in reversed(outs)]
-        best = next(((r, w, p) for r, w, p in cands if w is not None and fits(r, False)), None)
-        # a tiny image (4x4) gives a quarter-width vector, a 2x2 or 1x1 one none: a long reduction's output (a
-        # convolution's channels) may take the full width instead, with a store per lane (few next to the
-        # reduction's loads)
-        red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
-        # (with no output vector at all, a reduction contiguous in its loads (a weight gradient's image rows) is
-        # vectorized itself by step 3 instead: far fewer stores and no strided loads)
-        # and a vector whose lanes gather a big buffer (a stride-2 convolution's image along its row) gives way to
-        # one gathering only a small one (the weights, along the output channels): 7x7 stride-2 stem 35 -> 14 ms
-        def gathered(r: UOp) -> int:
-            return max((idx.src[0].dtype.size for idx in loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
-        no_reduce_vector = not any(_reduce_vector_width(r, strides, width, min_lanes) for r in reds)
-        if (best[1] <= width // 4 or gathered(best[0]) > 0 if best is not None else no_reduce_vector) and reds and \
-                red_len >= 64:
-            # of several, the one whose strided load (packed per tile) varies with the fewest output loops: the
-            # others then reuse its copy (a weight gradient on 7x7 images: along the output channels the gradient
-            # is packed once per channel tile; along the input channels the image would be gathered: 86 -> 8.5 ms)
-            def copy_loops(r: UOp) -> int:
-                return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in loads()
-                            if coeff(idx.src[1], r) not in (0, 1)), default=0)
-            ok = [c for c in cands if c[1] == width and not c[2] and fits(c[0], True) and
-                  (best is None or best[1] <= width // 4 or 16 * gathered(c[0]) < gathered(best[0]))]
-            if ok: best = min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c)))
-        # a convolution over image rows shorter than two vectors (7, 14 or 28 pixels: padded or narrow vectors) is
-        # vectorized along its output channels instead, as an implicit matmul: full vectors of weights (packed per
-        # block of input channels, the blocks added up through the output) times broadcast pixels, 7 pixels of a
-        # row at a time (512 channels on 7x7: 11.7 -> 6.5 ms; 256 on 14x14 and 128 on 28x28: 7.5 -> 7.1 ms)
-        # A 1x1 convolution on rows narrower than a vector (7x7, 14x14) is the same implicit matmul when the weight
-        # block it packs is reused by enough row tiles (batch x image rows: 8x512x7x7 -> 2048 channels 7.0 -> 4.7
-        # ms); a plain matmul with 7 columns would pack its whole left operand for one tile (0.44 -> 0.89 ms).
-        if best is not None and isinstance(rsz := range_size(best[0]), int) and rsz < 2 * width and _blockable(k):
-            windows = bool(_sliding_windows(k, best[0]))
-            # (at least two vectors of channels: the register tile's two columns; 16 channels stay on the rows)
-            wide = next(((r, w, p) for r, w, p in cands if w == width and not p and fits(r, True) and
-                         range_size(r) >= 2 * width and not _sliding_windows(k, r)), None)
-            if wide is not None and not windows:
-                others = math.prod(s if isinstance(s := range_size(o), int) else 1 for o in outs
-                                   if o is not best[0] and o is not wide[0])
-                if rsz >= width or others < 16: wide = None
-            if wide is not None: best, switched = wide, True
-        if best is not None:
-            vec_out, width, pad = best
-            # an odd number of vectors in a plain matmul's row (784 = 49 x 16) can't pair them for the register tile:
-            # padded to an even number when that wastes at most an eighth (512x128 @ 128x784: 474 -> 390 us)
-            if not pad and len(reds) == 1 and isinstance(sz := range_size(vec_out), int) and (sz // width) % 2 and \
-                    sz // width >= 3 and pads_cheaply(sz, 2 * width) and \
-                    any(coeff(idx.src[1], vec_out) == 0 and coeff(idx.src[1], reds[0]) != 0 for idx in loads()):
-                pad = True
-            if pad:
-                # to two vectors' multiple when that also wastes at most an eighth (1000 -> 1024, not 1008): the
-                # register tile then holds two vectors per row
-                to = 2 * width if pads_cheaply(range_size(vec_out), 2 * width) else width
-                axis, at = k.loops.index(vec_out), outs.index(vec_out)
-                k.apply_opt(Opt(OptOps.PADTO, axis, to))
-                vec_out = outs[at] = k.loops[axis]
-    if vec_out is not None:
-        # a convolution, and one vectorized along its output channels (the vector loads don't slide with the window)
-        conv = bool(_sliding_windows(k))
-        channels = (conv and not _sliding_windows(k, vec_out)) or switched
-        rest, inner = split(OptOps.UPCAST, vec_out, width)
-        if inner is None or not k.reduceops: return k.applied_opts
-        # 2. register tiling: upcast another output axis whose lanes share a vector load (a load that doesn't
-        #    depend on it): 8 rows x 2 vectors of accumulators
-        reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
-                 any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) != 0 for idx in loads())]
-        # without reuse several vectors, so each row of the reduction is read in longer contiguous runs
-        # (a load strided along the vector axis needs a loop of columns left to be packed in)
-        strided = any(coeff(idx.src[1], inner) not in (0, 1) for idx in loads())
-        n_vec = 1
-        # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
-        # softmax's 16 vectors of exp per row step compiled 182 ms against 76 ms for two, and ran no faster)
-        costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
-        if rest is not None and isinstance(sz := range_size(rest), int) and not (strided and sz < 4):
-            n_vec = _largest_divisor(sz, (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= budget))
-            if n_vec > 1:
-                rest, inner2 = split(OptOps.UPCAST, rest, n_vec)
-                if inner2 is None: n_vec = 1
-        if reuse:
-            # (a convolution along its channels takes image rows of 7 whole: padding them to 8 would compute an
-            # eighth more)
-            choices = tuple(c for c in ((8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= budget)
-            # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and
-            # another takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
-            r = reuse[-1]
-            if _largest_divisor(range_size(r), choices) < 3:
-                r = max(reversed(reuse), key=lambda x: _largest_divisor(range_size(x), choices))
-            amt = _largest_divisor(rsz := range_size(r), choices)
-            # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most
-            # an eighth: the padded rows are never stored, and the tile is what reuses each vector load. A tile of 6
-            # reuses the loads almost as well, so it only gives way to padding that wastes under a sixteenth (the 36
-            # rows of Winograd's input transform: 6-row tiles 0.99 ms, padded to 40 for 8-row tiles 1.07 ms)
-            if choices and amt < choices[0] and not (channels and amt == 7) and isinstance(rsz, int) and \
-                    pads_cheaply(rsz, choices[0]) and (amt < 6 or 16 * (-rsz % choices[0]) < rsz):
-                axis = k.loops.index(r)
-                k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
-                r, amt = k.loops[axis], choices[0]
-            if amt > 1: split(OptOps.UPCAST, r, amt)
-            # (a window along the channel vector's loads isn't unrolled: each tap would hold its own weight vectors)
-            if not channels: _unroll_windows(k, n_vec * max(amt, 1), getattr(ren, "vector_registers", 16))
-            _block_matmul(k, rest, inner, width * n_vec * acc_dt.itemsize, cores, conv)
-            # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row
-            # loads are shared by four steps (1024^3: 8.0 -> 7.2 ms; 784x128 @ 128x512: 369 -> 345 us). (12-row
-            # tiles measured no better once unrolled, and worse where rows must be padded to 12.)
-            if len(reds) == 1 and n_vec > 1: _unroll_reduce(k, split)
-            return k.applied_opts
-        # no vector load to share across rows, but a broadcast one (a depthwise convolution's weight, the same for
-        # every pixel): another output loop that it doesn't move with is upcast, so its lanes share that load and
-        # each keeps an accumulator of its own, where one accumulator waited on every multiply-add of a short window
-        # (8x512x14x14, 3x3: the input gradient 0.47 -> 0.14 ms)
-        if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
-            split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(budget // n_vec, 1, -1))))
-        if len(k.reduceops) == 1: _block_strided_reduce(k, strides, cores)
-        else:
-            # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
-            for r in [k.loops[i] for i in k.reduce_axes()]:
-                if (w := _reduce_vector_width(r, strides, width, min_lanes)): split(OptOps.UPCAST, r, w)
-            return k.applied_opts
-        _unroll_reduce(k, split)  # fewer loop iterations for the short bodies
+    if not k.reduceops and (opts := _shape_elementwise(k)) is not None: return opts
+    ctx = OptContext.of(k)
+    _choose_output_vector(ctx)
+    if ctx.vec_out is not None:
+        _tile_output_vector(ctx)
         return k.applied_opts
-
-    # 3. no vectorizable output axis: vectorize the reduction itself with partial accumulators along an axis that
-    #    is contiguous in every load that depends on it
-    #    (narrower vectors when the length isn't a multiple of the full width)
-    if width >= 2 and len(k.reduceops) == 1:
-        for r in reversed(reds):
-            if (w := _reduce_vector_width(r, strides, width, min_lanes)) is None: continue
-            rem, inner = split(OptOps.UPCAST, r, w)
-            if inner is None: continue
-            # output axes that some vector load doesn't depend on share that load across their lanes (matrix-vector,
-            # a @ b.T): up to two of them, 4x4 dot products at a time
-            # (then loops of 3 while the tile stays within 16: a depthwise weight gradient's 3x3 taps, 1.1 -> 0.24 ms
-            # on 8x128x28x28; before the others, they took 36 accumulators where 16 ran faster)
-            tiled = 1
-            for choices in ((4, 2), (3,)):
-                for o in reversed([o for o in outs if o in k.loops]):
-                    if isinstance(osz := range_size(o), int) and \
-                            any(coeff(idx.src[1], o) == 0 and coeff(idx.src[1], inner) == 1 for idx in loads()):
-                        amt = _largest_divisor(osz, tuple(c for c in choices if tiled * c <= 16))
-                        if amt > 1 and split(OptOps.UPCAST, o, amt)[1] is not None: tiled *= amt
-            # else a few vector accumulators hide the latency of the adds
-            if tiled < 4 and rem is not None and isinstance(rs := range_size(rem), int):
-                if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: split(OptOps.UPCAST, rem, extra)
-            return k.applied_opts
-    # 4. nothing vectorized and a small window (a pooling's 2x2 or 3x3): its loops unrolled, so the compiler schedules
-    #    the taps' loads and arithmetic together (max pool's backward, counting the taps equal to the max: 171 -> 76 us
-    #    on 64x32x8x8)
-    taps = [range_size(r) for r in reds]
-    if not k.applied_opts and taps and all(isinstance(n, int) for n in taps) and 0 < math.prod(taps) <= 16:
-        for r, n in zip(reds, taps):
-            if n > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
-    # 5. still nothing: output loops that the loads divide by small constants, upcast so that each lane's loads are
-    #    affine (scalar register tiles)
-    if not k.applied_opts and _upcast_remainders(k, budget * 2, innermost_only=False): _walk_in_memory_order(k)
-    # 6. still nothing: small output loops that a load doesn't move with (a depthwise weight gradient's kh, kw: each
-    #    output is one tap) are upcast whole, so their accumulators share that load (the output gradient's) and add
-    #    up independently (8x512x14x14, 3x3: 3.1 -> 0.6 ms; 8x256x28x28 at stride 2: 1.5 -> 0.48 ms)
-    if not k.applied_opts:
-        for r in _output_windows(k):
-            if math.prod(range_size(o) for o in k.expanded) * range_size(r) <= budget:
-                k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), 0))
+    if _vectorize_reduction(ctx): return k.applied_opts
+    _unroll_small_window(ctx)
+    _upcast_remainder_lanes(ctx)
+    _upcast_output_windows(ctx)
     return k.applied_opts
+
+def _shape_elementwise(k: Kernel) -> list[Opt] | None:
+    """The opts of an elementwise kernel, or None where it is left to the steps for reductions (half buffers).
+
+    A plain contiguous inner loop is what gcc vectorizes best, except with half buffers (computed in float): the C
+    renderer has gcc vectorize no half conversions (it miscompiles them), so those get our vector code, with explicit
+    conversions, float32 vectors wide. (gcc vectorizes bfloat16's integer conversions well by itself.)"""
+    # (a concatenation's vector is as many lanes as a float32 one, whatever the dtype: as for half above)
+    lanes = _vector_lanes(k.renderer, dtypes.float32)
+    if _tile_transpose(k) or _unroll_selectors(k, lanes): return k.applied_opts
+    if (remainders := _upcast_remainders(k)) or _split_at_remainders(k):
+        # (the loop left after the remainder's lanes, vectorized when gcc's vectorizer isn't given the kernel)
+        _vectorize_gated(k, lanes, strided=remainders)
+        return k.applied_opts
+    if _vectorize_gated(k, lanes): return k.applied_opts
+    halves = dtypes.float16 in getattr(k.renderer, "vector_dtypes", ())
+    if not any(idx.src[0].dtype.base == dtypes.float16 and halves for idx, _ in k.accesses()): return []
+    return None
+
+def _choose_output_vector(ctx: OptContext) -> None:
+    """Step 1: the output loop to vectorize and its lanes (ctx.vec_out, ctx.width), padded to whole vectors where
+    that pays (ctx.pad). The innermost loop that is contiguous in the output and contiguous or broadcast in every
+    load, or (a @ b.T) strided in a load that doesn't vary with another output axis: that load gets copied to a
+    contiguous local block (PACK) reused across that axis. Unless a long reduction's output is better served by a
+    vector with a store per lane, or a convolution on small images by its output channels."""
+    if ctx.width < 2: return
+    # innermost first, among the axes the output is contiguous along
+    cands = [(r, *_output_vector_width(ctx, range_size(r))) for r in reversed(ctx.outs)]
+    best = next(((r, w, p) for r, w, p in cands if w is not None and _fits_vector(ctx, r, False)), None)
+    best = _prefer_per_lane_vector(ctx, cands, best)
+    best = _prefer_channel_vector(ctx, cands, best)
+    if best is None: return
+    ctx.vec_out, ctx.width, ctx.pad = best
+    _pad_output_vector(ctx)
+
+def _packable(ctx: OptContext, idx: UOp, r: UOp) -> bool:
+    """Whether load `idx`, strided along r, is worth copying (PACK) to a contiguous block: the output loops that don't
+    move it give it more rows than one register tile to reuse it.
+
+    (A classifier at batch 8 would copy its weights to read them once, and without the copy its vector loads would
+    be per lane. A dot product along the reduction, step 3, is better then: 8x512 @ 512x1000 147 -> 69 us, and
+    1.9 -> 0.1 s to compile.)"""
+    # (no such loop: a product of 1)
+    rows = math.prod(sz if isinstance(sz := range_size(o), int) else 16 for o in ctx.outs
+                     if o is not r and coeff(idx.src[1], o) == 0)
+    return bool(ctx.reds) and rows >= 16
+
+def _output_vector_width(ctx: OptContext, sz: int | UOp) -> tuple[int | None, bool]:
+    """The widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to its
+    loads), that its padding to whole vectors wastes at most an eighth of: 56 columns take 16 lanes (padded to
+    64) rather than 8, 1023 or 50257 columns get vectors at all, a 7x7 image takes 8. (width, padded)"""
+    if not isinstance(sz, int): return None, False
+    for cand in (c for c in (ctx.width, ctx.width // 2, ctx.width // 4) if c >= 2):
+        if sz % cand == 0: return cand, False
+        if ctx.k.reduceops and pads_cheaply(sz, cand): return cand, True
+    return None, False
+
+def _fits_vector(ctx: OptContext, r: UOp, per_lane: bool) -> bool:
+    """Whether r can be the vector axis: contiguous, broadcast or packable in the loads and contiguous in the
+    store, or, with `per_lane`, also strided where an access runs once per output (the store, and loads outside
+    the reduction such as a residual): gathered lane by lane, few next to the reduction's loads. And r varies
+    in some load."""
+    st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in ctx.k.accesses()]
+    def load_fits(c: int | None, idx: UOp) -> bool:
+        return c in (0, 1) or _packable(ctx, idx, r) or \
+            (per_lane and c is not None and all(coeff(idx.src[1], q) == 0 for q in ctx.reds))
+    return all(c == 1 or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
+        all(load_fits(c, idx) for c, is_store, idx in st if not is_store) and \
+        any(c != 0 for c, is_store, _ in st if not is_store)
+
+VectorChoice = tuple[UOp, int, bool]  # (output loop, lanes, padded)
+
+def _gathered(ctx: OptContext, r: UOp) -> int:
+    """The size of the biggest buffer that a vector along r would gather lane by lane."""
+    return max((idx.src[0].dtype.size for idx in ctx.loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
+
+def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, bool]],
+                            best: VectorChoice | None) -> VectorChoice | None:
+    """A long reduction's output (a convolution's channels) takes a full vector with a store per lane (few next to the
+    reduction's loads) where the contiguous choice is a quarter vector or none (a 4x4 image gives a quarter-width
+    vector, a 2x2 or 1x1 one none), or gathers a big buffer.
+
+    With no output vector at all, a reduction contiguous in its loads (a weight gradient's image rows) is vectorized
+    itself by step 3 instead: far fewer stores and no strided loads. A vector whose lanes gather a big buffer (a
+    stride-2 convolution's image along its row) gives way to one gathering only a small one (the weights, along the
+    output channels): 7x7 stride-2 stem 35 -> 14 ms."""
+    width, outs, reds = ctx.width, ctx.outs, ctx.reds
+    red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
+    no_reduce_vector = not any(_reduce_vector_width(ctx, r) for r in reds)
+    if not ((best[1] <= width // 4 or _gathered(ctx, best[0]) > 0 if best is not None else no_reduce_vector) and
+            reds and red_len >= 64):
+        return best
+    # of several, the one whose strided load (packed per tile) varies with the fewest output loops: the others then
+    # reuse its copy (a weight gradient on 7x7 images: along the output channels the gradient is packed once per
+    # channel tile; along the input channels the image would be gathered: 86 -> 8.5 ms)
+    def copy_loops(r: UOp) -> int:
+        return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in ctx.loads()
+                    if coeff(idx.src[1], r) not in (0, 1)), default=0)
+    ok = [c for c in cands if c[1] == width and not c[2] and _fits_vector(ctx, c[0], True) and
+          (best is None or best[1] <= width // 4 or 16 * _gathered(ctx, c[0]) < _gathered(ctx, best[0]))]
+    return min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c))) if ok else best
+
+def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, bool]],
+                           best: VectorChoice | None) -> VectorChoice | None:
+    """A convolution over image rows shorter than two vectors (7, 14 or 28 pixels: padded or narrow vectors) is
+    vectorized along its output channels instead (ctx.switched), as an implicit matmul: full vectors of weights
+    (packed per block of input channels, the blocks added up through the output) times broadcast pixels, 7 pixels of
+    a row at a time (512 channels on 7x7: 11.7 -> 6.5 ms; 256 on 14x14 and 128 on 28x28: 7.5 -> 7.1 ms).
+
+    A 1x1 convolution on rows narrower than a vector (7x7, 14x14) is the same implicit matmul when the weight block it
+    packs is reused by enough row tiles (batch x image rows: 8x512x7x7 -> 2048 channels 7.0 -> 4.7 ms); a plain
+    matmul with 7 columns would pack its whole left operand for one tile (0.44 -> 0.89 ms)."""
+    k, width = ctx.k, ctx.width
+    if best is None or not isinstance(rsz := range_size(best[0]), int) or rsz >= 2 * width or not _blockable(k):
+        return best
+    windows = bool(_sliding_windows(k, best[0]))
+    # (at least two vectors of channels: the register tile's two columns; 16 channels stay on the rows)
+    wide = next(((r, w, p) for r, w, p in cands if w == width and not p and _fits_vector(ctx, r, True) and
+                 range_size(r) >= 2 * width and not _sliding_windows(k, r)), None)
+    if wide is not None and not windows:
+        others = math.prod(s if isinstance(s := range_size(o), int) else 1 for o in ctx.outs
+                           if o is not best[0] and o is not wide[0])
+        if rsz >= width or others < 16: wide = None
+    if wide is None: return best
+    ctx.switched = True
+    return wide
+
+def _pad_output_vector(ctx: OptContext) -> None:
+    """The output vector's loop padded to whole vectors (PADTO) where step 1 chose padding, or where a plain matmul's
+    row holds an odd number of vectors (784 = 49 x 16) that the register tile can't pair: padded to an even number
+    when that wastes at most an eighth (512x128 @ 128x784: 474 -> 390 us)."""
+    k, vec_out, width = ctx.k, ctx.vec_out, ctx.width
+    assert vec_out is not None
+    if not ctx.pad and len(ctx.reds) == 1 and isinstance(sz := range_size(vec_out), int) and (sz // width) % 2 and \
+            sz // width >= 3 and pads_cheaply(sz, 2 * width) and \
+            any(coeff(idx.src[1], vec_out) == 0 and coeff(idx.src[1], ctx.reds[0]) != 0 for idx in ctx.loads()):
+        ctx.pad = True
+    if not ctx.pad: return
+    # to two vectors' multiple when that also wastes at most an eighth (1000 -> 1024, not 1008): the register tile
+    # then holds two vectors per row
+    to = 2 * width if pads_cheaply(range_size(vec_out), 2 * width) else width
+    axis, at = k.loops.index(vec_out), ctx.outs.index(vec_out)
+    k.apply_opt(Opt(OptOps.PADTO, axis, to))
+    ctx.vec_out = ctx.outs[at] = k.loops[axis]
+
+def _tile_output_vector(ctx: OptContext) -> None:
+    """Step 2: the output vector upcast, then (in a reduction) register tiling: another output axis whose lanes share
+    a vector load (a load that doesn't depend on it) upcast, 8 rows x 2 vectors of accumulators, blocked for the
+    caches; without such rows, lanes that share a broadcast load, and the reductions' own vectors."""
+    k = ctx.k
+    assert ctx.vec_out is not None
+    # a convolution, and one vectorized along its output channels (the vector loads don't slide with the window)
+    conv = bool(_sliding_windows(k))
+    channels = (conv and not _sliding_windows(k, ctx.vec_out)) or ctx.switched
+    rest, inner = ctx.split(OptOps.UPCAST, ctx.vec_out, ctx.width)
+    if inner is None or not k.reduceops: return
+    reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
+             any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) != 0 for idx in ctx.loads())]
+    # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
+    # softmax's 16 vectors of exp per row step compiled 182 ms against 76 ms for two, and ran no faster)
+    costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
+    rest, n_vec = _upcast_vectors(ctx, rest, inner,
+                                  (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= ctx.budget))
+    if reuse:
+        _tile_rows(ctx, reuse, rest, inner, n_vec, conv, channels)
+        return
+    # no vector load to share across rows, but a broadcast one (a depthwise convolution's weight, the same for every
+    # pixel): another output loop that it doesn't move with is upcast, so its lanes share that load and each keeps
+    # an accumulator of its own, where one accumulator waited on every multiply-add of a short window (8x512x14x14,
+    # 3x3: the input gradient 0.47 -> 0.14 ms)
+    if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
+        ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
+    if len(k.reduceops) == 1:
+        _block_strided_reduce(ctx)
+        _unroll_reduce(ctx)  # fewer loop iterations for the short bodies
+        return
+    # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
+    for r in [k.loops[i] for i in k.reduce_axes()]:
+        if (w := _reduce_vector_width(ctx, r)): ctx.split(OptOps.UPCAST, r, w)
+
+def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tuple[int, ...]) -> tuple[UOp | None, int]:
+    """Several vectors (the largest of `choices` that divides it) along the output vector's loop, so each row of the
+    reduction is read in longer contiguous runs: (the loop left, how many vectors)."""
+    # (a load strided along the vector axis needs a loop of columns left to be packed in)
+    strided = any(coeff(idx.src[1], inner) not in (0, 1) for idx in ctx.loads())
+    if rest is None or not isinstance(sz := range_size(rest), int) or (strided and sz < 4): return rest, 1
+    n_vec = _largest_divisor(sz, choices)
+    if n_vec > 1:
+        rest, inner2 = ctx.split(OptOps.UPCAST, rest, n_vec)
+        if inner2 is None: n_vec = 1
+    return rest, n_vec
+
+def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, n_vec: int, conv: bool,
+               channels: bool) -> None:
+    """The register tile's rows: an output loop of `reuse` (those whose lanes share the vector loads) upcast by up to
+    8 rows within the accumulator budget, padded to a whole tile where that is cheap; then the window unrolled, the
+    tile blocked for the caches, and a plain matmul's reduce loop unrolled."""
+    k = ctx.k
+    # (a convolution along its channels takes image rows of 7 whole: padding them to 8 would compute an eighth more)
+    choices = tuple(c for c in ((8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= ctx.budget)
+    # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and another
+    # takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
+    r = reuse[-1]
+    if _largest_divisor(range_size(r), choices) < 3:
+        r = max(reversed(reuse), key=lambda x: _largest_divisor(range_size(x), choices))
+    amt = _largest_divisor(rsz := range_size(r), choices)
+    # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most an
+    # eighth: the padded rows are never stored, and the tile is what reuses each vector load. A tile of 6 reuses the
+    # loads almost as well, so it only gives way to padding that wastes under a sixteenth (the 36 rows of Winograd's
+    # input transform: 6-row tiles 0.99 ms, padded to 40 for 8-row tiles 1.07 ms)
+    if choices and amt < choices[0] and not (channels and amt == 7) and isinstance(rsz, int) and \
+            pads_cheaply(rsz, choices[0]) and (amt < 6 or 16 * (-rsz % choices[0]) < rsz):
+        axis = k.loops.index(r)
+        k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
+        r, amt = k.loops[axis], choices[0]
+    if amt > 1: ctx.split(OptOps.UPCAST, r, amt)
+    # (a window along the channel vector's loads isn't unrolled: each tap would hold its own weight vectors)
+    if not channels: _unroll_windows(k, n_vec * max(amt, 1), ctx.registers)
+    _block_matmul(k, rest, inner, ctx.width * n_vec * ctx.acc_dt.itemsize, ctx.cores, conv)
+    # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
+    # shared by four steps (1024^3: 8.0 -> 7.2 ms; 784x128 @ 128x512: 369 -> 345 us). (12-row tiles measured no
+    # better once unrolled, and worse where rows must be padded to 12.)
+    if len(ctx.reds) == 1 and n_vec > 1: _unroll_reduce(ctx)
+
+def _vectorize_reduction(ctx: OptContext) -> bool:
+    """Step 3: no vectorizable output axis: the reduction itself vectorized with partial accumulators, along the
+    innermost reduce loop contiguous in every load that depends on it (narrower vectors when its length isn't a
+    multiple of the full width); dot products tiled over output loops that share its vector loads, or else a few
+    vectors to hide the adds' latency. Returns whether it applied."""
+    k = ctx.k
+    if ctx.width < 2 or len(k.reduceops) != 1: return False
+    for r in reversed(ctx.reds):
+        if (w := _reduce_vector_width(ctx, r)) is None: continue
+        rem, inner = ctx.split(OptOps.UPCAST, r, w)
+        if inner is None: continue
+        tiled = _tile_dot_products(ctx, inner)
+        # else a few vector accumulators hide the latency of the adds
+        if tiled < 4 and rem is not None and isinstance(rs := range_size(rem), int):
+            if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: ctx.split(OptOps.UPCAST, rem, extra)
+        return True
+    return False
+
+def _tile_dot_products(ctx: OptContext, inner: UOp) -> int:
+    """Output loops that some vector load of the reduction doesn't depend on share that load across their lanes
+    (matrix-vector, a @ b.T): up to two of them upcast, 4x4 dot products at a time; then loops of 3 while the tile
+    stays within 16 (a depthwise weight gradient's 3x3 taps, 1.1 -> 0.24 ms on 8x128x28x28; before the others, they
+    took 36 accumulators where 16 ran faster). Returns the tile's size."""
+    k, tiled = ctx.k, 1
+    for choices in ((4, 2), (3,)):
+        for o in reversed([o for o in ctx.outs if o in k.loops]):
+            if isinstance(osz := range_size(o), int) and \
+                    any(coeff(idx.src[1], o) == 0 and coeff(idx.src[1], inner) == 1 for idx in ctx.loads()):
+                amt = _largest_divisor(osz, tuple(c for c in choices if tiled * c <= 16))
+                if amt > 1 and ctx.split(OptOps.UPCAST, o, amt)[1] is not None: tiled *= amt
+    return tiled
+
+def _unroll_small_window(ctx: OptContext) -> None:
+    """Step 4: with nothing vectorized, a small window (a pooling's 2x2 or 3x3) has its loops unrolled, so the compiler
+    schedules the taps' loads and arithmetic together (max pool's backward, counting the taps equal to the max: 171 ->
+    76 us on 64x32x8x8)."""
+    k = ctx.k
+    taps = [range_size(r) for r in ctx.reds]
+    if not k.applied_opts and taps and all(isinstance(n, int) for n in taps) and 0 < math.prod(taps) <= 16:
+        for r, n in zip(ctx.reds, taps):
+            if n > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
+
+def _upcast_remainder_lanes(ctx: OptContext) -> None:
+    """Step 5: still nothing applied: output loops that the loads divide by small constants, upcast so that each lane's
+    loads are affine (scalar register tiles), then walked in memory order."""
+    if not ctx.k.applied_opts and _upcast_remainders(ctx.k, ctx.budget * 2, innermost_only=False):
+        _walk_in_memory_order(ctx.k)
+
+def _upcast_output_windows(ctx: OptContext) -> None:
+    """Step 6: still nothing applied: small output loops that a load doesn't move with (a depthwise weight gradient's
+    kh, kw: each output is one tap) are upcast whole, so their accumulators share that load (the output gradient's)
+    and add up independently (8x512x14x14, 3x3: 3.1 -> 0.6 ms; 8x256x28x28 at stride 2: 1.5 -> 0.48 ms)."""
+    k = ctx.k
+    if k.applied_opts: return
+    for r in _output_windows(k):
+        if math.prod(range_size(o) for o in k.expanded) * range_size(r) <= ctx.budget:
+            k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), 0))
 
 def _broadcast_sharing(k: Kernel, vec: UOp) -> UOp | None:
     """The innermost output loop (other than the vector's) of at least 2 iterations that some load moves with neither
@@ -288,22 +385,21 @@ def _walk_in_memory_order(k: Kernel) -> None:
         j = max(range(i, k.first_reduce), key=lambda j: (stride(j), -j))
         if stride(j) > stride(i): k.apply_opt(Opt(OptOps.SWAP, i, j))
 
-def _unroll_reduce(k: Kernel, split: Callable) -> None:
+def _unroll_reduce(ctx: OptContext) -> None:
     """Unroll the first reduce loop that 4 divides (of at least 8 iterations) by 4."""
-    for r in [k.loops[i] for i in k.reduce_axes()]:
+    for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
         if isinstance(sz := range_size(r), int) and sz % 4 == 0 and sz >= 8:
-            split(OptOps.UNROLL, r, 4)
+            ctx.split(OptOps.UNROLL, r, 4)
             return
 
-def _reduce_vector_width(r: UOp, strides: Callable[[UOp], list[tuple[int | None, bool]]], width: int,
-                         min_lanes: int = 2) -> int | None:
+def _reduce_vector_width(ctx: OptContext, r: UOp) -> int | None:
     """The vector width reduce loop `r` can be vectorized with (partial accumulators as lanes): the widest of a full,
-    half or quarter vector that divides it (one under `min_lanes` only if the loop is longer), if it is contiguous or
-    broadcast in every access; else None."""
-    sz = range_size(r)
-    if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in strides(r)): return None
-    return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0 and (w >= min_lanes or sz > w)),
-                None)
+    half or quarter vector (of ctx.width) that divides it (one under ctx.min_lanes only if the loop is longer), if it
+    is contiguous or broadcast in every access; else None."""
+    sz, width = range_size(r), ctx.width
+    if not isinstance(sz, int) or not all(c in (0, 1) for c, _ in ctx.strides(r)): return None
+    return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0 and
+                 (w >= ctx.min_lanes or sz > w)), None)
 
 WINDOW_UNROLL_MIN_CHANNELS = 16
 
@@ -410,12 +506,13 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         except KernelOptError: pass
         break
 
-def _block_strided_reduce(k: Kernel, strides, cores: int) -> None:
+def _block_strided_reduce(ctx: OptContext) -> None:
     """A reduction over a strided axis with no reuse (a column sum): rows are read in blocks, each block added to the
     output, so every row is read once, contiguously, by the core that owns its columns."""
+    k, cores = ctx.k, ctx.cores
     red = [k.loops[i] for i in k.reduce_axes()]
     if len(red) != 1 or not isinstance(rsz := range_size(red[0]), int) or rsz < 64 or rsz % 8: return
-    if any(c in (0, 1) for c, st in strides(red[0]) if not st): return
+    if any(c in (0, 1) for c, st in ctx.strides(red[0]) if not st): return
     if k.first_reduce == 1 and isinstance(osz := range_size(k.loops[0]), int):
         chunks = next((t for t in (cores, 2 * cores, 4 * cores) if osz % t == 0 and osz > t), None)
         if chunks is not None: k.apply_opt(Opt(OptOps.SPLIT, 0, chunks))
