@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 from fusegrad import Context, Tensor, TinyJit, nn
-from fusegrad.helpers import host_cpu_count
+from fusegrad.hostcpu import host_cpu_count
 from fusegrad.nn.state import get_parameters
 import fusegrad.distributed as dist
 

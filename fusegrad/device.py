@@ -16,7 +16,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
-from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv, host_cpu_count
+from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
+from fusegrad.hostcpu import host_cpu_count
 
 class GlobalCounters:
     """Process-wide work counters, updated as schedules run (and by allocations, for mem_used)."""

@@ -36,7 +36,8 @@ from typing import Any, Callable
 from fusegrad.device import Buffer
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import ExecItem, Runner, run_schedule
-from fusegrad.helpers import CPU_THREADS, host_cpu_count, prod
+from fusegrad.helpers import CPU_THREADS, prod
+from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import Estimates
 from fusegrad.schedule.indexing import storage_of
 from fusegrad.schedule.kernelize import new_buffer

@@ -231,7 +231,3 @@ def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = 
     finally:
         if tmp.exists(): tmp.unlink()
     return path
-
-def host_cpu_count() -> int:
-    """The cores this process may run on (a container or taskset may allow fewer than the machine has)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from fusegrad.device import Buffer, Device, GlobalCounters
 from fusegrad.dtype import dtypes
-from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored, \
-    host_cpu_count
+from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
+from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_min_max, _minmax_of_products
 

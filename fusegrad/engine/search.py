@@ -40,7 +40,8 @@ from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
-    cache_dir, host_cpu_count, pads_cheaply
+    cache_dir, pads_cheaply
+from fusegrad.hostcpu import fingerprint, host_cpu_count
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
@@ -477,17 +478,6 @@ def _codegen_digest() -> str:
                     with open(os.path.join(d, f), "rb") as fh: h.update(f.encode() + b"\0" + fh.read())
     return h.hexdigest()[:16]
 
-@functools.cache
-def _machine() -> str:
-    """The CPU (model and flags) and architecture: timings and -march=native code depend on them."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            keep = ("model name", "flags", "Features", "CPU part")
-            lines = [ln for ln in f.read().splitlines() if ln.startswith(keep)]
-    except OSError: lines = []
-    info = "\n".join(dict.fromkeys(lines)) or platform.processor()
-    return f"{platform.machine()}-{hashlib.sha256(info.encode()).hexdigest()[:16]}"
-
 def ast_key(ast: UOp) -> str:
     """A digest of a kernel AST that is the same in every process."""
     nodes = list(ast.toposort())
@@ -499,7 +489,8 @@ def _cache_key(ast: UOp, device: str, amt: int) -> str:
     dev = Device[device]
     knobs = ",".join(f"{k.key}={k.value}" for k in CODEGEN_KNOBS if k.key != "BEAM")
     return "|".join(["beam-v1", _codegen_digest(), Device.canonicalize(device), type(dev.renderer).__name__,
-                     str(getattr(dev.compiler, "cachekey", None)), _machine(), f"threads={dev.max_threads}",
+                     str(getattr(dev.compiler, "cachekey", None)),
+                     f"{platform.machine()}-{fingerprint()}", f"threads={dev.max_threads}",
                      knobs, f"amt={amt}", ast_key(ast)])
 
 def beam_cache_path(ast: UOp, device: str, amt: int) -> str:

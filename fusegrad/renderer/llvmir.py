@@ -12,6 +12,7 @@ import copy
 import math
 import re
 import struct
+from fusegrad import hostcpu
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -51,12 +52,10 @@ class LLVMRenderer(Renderer):
     has_threads = True
 
     def __init__(self) -> None:
-        # the same SIMD facts as the C renderer (CPU flags), so the optimizer shapes the same kernels for both
-        from fusegrad.renderer.cstyle import ClangRenderer
-        like = ClangRenderer()
-        self.simd_bytes, self.vector_registers, self.has_fma = like.simd_bytes, like.vector_registers, like.has_fma
-        self.vector_dtypes = tuple(like.vector_dtypes)
-        self.max_upcast, self.supports_float4 = like.max_upcast, like.supports_float4
+        # the host CPU's SIMD facts, as the C renderer has them, so the optimizer shapes the same kernels for both
+        host = hostcpu.cpu()
+        self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
+        self.vector_dtypes = host.vector_dtypes
 
     # *** types and constants ***
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from fusegrad import hostcpu
 from fusegrad.dtype import DTYPES_DICT, DType
 from fusegrad.helpers import getenv
 from fusegrad.renderer import Renderer
@@ -22,17 +23,18 @@ _OPT_ATTRS = ("has_threads", "supports_float4", "max_upcast", "simd_bytes", "vec
               "has_fma")
 
 class PythonRenderer(Renderer):
-    """Serializes linearized UOps; declares the optimizer attributes of `like` (default: the CPU's ClangRenderer)."""
+    """Serializes linearized UOps; declares the optimizer attributes of `like` (default: the host CPU's, as the CPU's
+    ClangRenderer declares them)."""
     device = "PYTHON"
 
     def __init__(self, like: Renderer | None = None, simd: bool | None = None) -> None:
-        if simd is None: simd = bool(getenv("PYTHON_SIMD", 1))
-        if like is None:
-            if simd:
-                from fusegrad.renderer.cstyle import ClangRenderer
-                like = ClangRenderer()
-            else: like = Renderer()   # the base class declares no SIMD and no FMA
-        for attr in _OPT_ATTRS: setattr(self, attr, getattr(like, attr))
+        if like is not None:
+            for attr in _OPT_ATTRS: setattr(self, attr, getattr(like, attr))
+        elif simd if simd is not None else getenv("PYTHON_SIMD", 1):
+            # the host CPU's SIMD facts, as the C renderer has them (without: the base class's, no SIMD and no FMA)
+            host = hostcpu.cpu()
+            self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
+            self.vector_dtypes = host.vector_dtypes
 
     def render(self, uops: list[UOp], name: str) -> str:
         pos = {u: i for i, u in enumerate(uops)}

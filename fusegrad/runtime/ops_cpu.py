@@ -8,10 +8,8 @@ import ctypes
 import atexit
 import collections
 import functools
-import hashlib
 import itertools
 import os
-import platform
 import queue
 import re
 import shlex
@@ -25,7 +23,8 @@ import time
 import weakref
 from typing import Any, Callable
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered, remove_stale
-from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG, host_cpu_count
+from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG
+from fusegrad.hostcpu import fingerprint, host_cpu_count
 
 # *** memory ***
 
@@ -125,15 +124,6 @@ def _cc_version(cc: tuple[str, ...]) -> str:
     except (OSError, subprocess.TimeoutExpired): return "unknown"
     return out.splitlines()[0] if out else "unknown"
 
-@functools.cache
-def _host_cpu() -> str:
-    # -march=native binaries only run on this kind of CPU, so a cache shared between machines must tell them apart
-    try:
-        with open("/proc/cpuinfo") as f: info = f.read()
-        lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
-        return hashlib.sha256("\n".join(dict.fromkeys(lines)).encode()).hexdigest()[:16]
-    except OSError: return platform.processor() or platform.machine()
-
 # what a compile (a folder) and a program load (a shared object, deleted once loaded) put in the temp folder
 _STALE_TEMPS = re.compile(r"fusegrad-cc-(?:(\d+)-)?|fusegrad-(\d+)-\d+-.*\.so$")
 
@@ -156,7 +146,7 @@ class CPUCompiler(Compiler):
     def __init__(self, flags: list[str] | None = None):
         self.flags = list(DEFAULT_FLAGS if flags is None else flags)
         self.cc = find_cc()
-        host = _host_cpu() if any("native" in f for f in self.flags) else ""
+        host = fingerprint() if any("native" in f for f in self.flags) else ""
         super().__init__(f"{self.cc}|{_cc_version(tuple(self.cc))}|{self.flags}|{host}")
 
     def compile(self, src: str) -> bytes:

@@ -12,7 +12,7 @@ import time
 import uuid
 import pytest
 from fusegrad.device import CompileError, Compiler
-from fusegrad.helpers import host_cpu_count
+from fusegrad.hostcpu import host_cpu_count
 from fusegrad.runtime.ops_cpu import ET_DYN, ET_REL, CPUCompiler, elf_is_whole
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,68 @@
+"""What the host CPU offers, read once from /proc/cpuinfo and the platform: its instruction set extensions, the SIMD
+width and registers the C compiler targets with -march=native, the cores this process may run on, and a fingerprint
+for caches whose contents only hold on this kind of CPU (-march=native binaries, kernel timings).
+
+The code generators (renderer/cstyle.py, renderer/llvmir.py, renderer/python.py) read their vector facts here, so the
+optimizer shapes the same kernels for every host device."""
+from __future__ import annotations
+import functools
+import hashlib
+import os
+import platform
+from dataclasses import dataclass, field
+from fusegrad.dtype import DType, dtypes
+
+X86_MACHINES = ("x86_64", "AMD64", "i386", "i686")
+
+@functools.cache
+def _cpuinfo() -> list[str] | None:
+    """The lines of /proc/cpuinfo (None where there is none: not Linux, or not readable)."""
+    try:
+        with open("/proc/cpuinfo") as f: return f.read().splitlines()
+    except OSError: return None
+
+@dataclass(frozen=True)
+class CPUFacts:
+    """The host CPU as the code generators see it."""
+    machine: str                     # platform.machine(): x86_64, aarch64, ...
+    features: frozenset[str] = field(repr=False)  # instruction set extensions of the first core (cpuinfo "flags")
+    simd_bytes: int                  # width of a SIMD register: 64 with AVX-512, 32 with AVX, else 16 (SSE, NEON)
+    vector_registers: int            # SIMD registers: 32 with AVX-512 and on other architectures, 16 on x86 without
+    has_fma: bool                    # fused multiply-add instructions (every non-x86 CPU we target has them)
+    f16_lanes: int                   # lanes of the widest float->half vector conversion (F16C: 8, AVX-512: 16; 0: none)
+    vector_dtypes: tuple[DType, ...]  # dtypes compiled code holds in SIMD vectors
+
+    @property
+    def x86(self) -> bool: return self.machine in X86_MACHINES
+
+# the dtypes every host CPU's vectors hold (half is added where the CPU converts it, bfloat16 goes through integers)
+_VECTOR_DTYPES = (dtypes.float32, dtypes.float64, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16,
+                  dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
+
+@functools.cache
+def cpu() -> CPUFacts:
+    """The host CPU's facts (read once per process)."""
+    flags = next((frozenset(ln.split(":", 1)[1].split()) for ln in _cpuinfo() or () if ln.startswith("flags")),
+                 frozenset())
+    machine = platform.machine()
+    x86 = machine in X86_MACHINES
+    avx512 = x86 and "avx512f" in flags
+    f16_lanes = (16 if avx512 else 8) if x86 and "f16c" in flags else 0
+    return CPUFacts(machine=machine, features=flags,
+                    simd_bytes=(64 if avx512 else 32 if "avx2" in flags or "avx" in flags else 16) if x86 else 16,
+                    vector_registers=32 if avx512 or not x86 else 16, has_fma="fma" in flags if x86 else True,
+                    f16_lanes=f16_lanes,
+                    vector_dtypes=_VECTOR_DTYPES + ((dtypes.float16,) if f16_lanes else ()) + (dtypes.bfloat16,))
+
+@functools.cache
+def fingerprint() -> str:
+    """A digest of the CPU's model and features: code compiled with -march=native runs only on this kind of CPU, and
+    timings only hold on it, so caches shared between machines tell them apart by it."""
+    keep = ("model name", "flags", "Features", "CPU part")
+    lines = [ln for ln in _cpuinfo() or () if ln.startswith(keep)]
+    info = "\n".join(dict.fromkeys(lines)) or platform.processor()
+    return hashlib.sha256(info.encode()).hexdigest()[:16]
+
+def host_cpu_count() -> int:
+    """The cores this process may run on (a container or taskset may allow fewer than the machine has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
