@@ -39,11 +39,9 @@ from fusegrad.engine.realize import ExecItem, Runner, run_schedule
 from fusegrad.helpers import CPU_THREADS, prod
 from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import Estimates
-from fusegrad.schedule.indexing import storage_of
-from fusegrad.schedule.kernelize import new_buffer
-from fusegrad.schedule.linear import get_buffer
 from fusegrad.tensor import Tensor
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.graph import new_buffer
+from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer
 
 __all__ = ["init", "is_initialized", "rank", "world_size", "communicator", "all_reduce", "all_reduce_", "broadcast",
            "broadcast_", "all_gather", "barrier", "DataParallel"]
@@ -147,9 +145,9 @@ def _realized(t: Tensor) -> tuple[Tensor, Buffer]:
     """`t` as a realized tensor with its elements in one buffer in row-major order (a kernel copies views), and
     that buffer. (Not Tensor._buffer: this also works while TinyJit captures, the buffer read happens at run time.)"""
     if not _is_plain(t):
-        if storage_of(t.uop) is None: t = t.contiguous()
+        if buffer_node(t.uop) is None: t = t.contiguous()
         t.realize()
-    buf = get_buffer(t.uop)
+    buf = device_buffer(t.uop)
     assert buf.size == prod(t.shape), f"{buf} holds {buf.size} elements for a tensor of shape {t.shape}"
     return t, buf
 
@@ -162,7 +160,7 @@ def _is_plain(t: Tensor) -> bool:
 def _fresh(shape: tuple[int, ...], dtype: DType, device: str) -> tuple[Tensor, Buffer]:
     """A new allocated tensor of `shape` (its contents are whatever the collective writes)."""
     node = new_buffer(UOp(Ops.DEVICE, arg=device), prod(shape), dtype)
-    buf = get_buffer(node).ensure_allocated()
+    buf = device_buffer(node).ensure_allocated()
     return Tensor(node.reshape(shape) if shape != (prod(shape),) else node), buf
 
 # *** collectives as schedule steps ***

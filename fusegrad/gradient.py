@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 from fusegrad.dtype import dtypes, sum_acc_dtype
 from fusegrad.helpers import rng_counter_of
-from fusegrad.schedule.kernelize import bound_variables, new_buffer, structure_key, substitute_map
 from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.graph import bound_variables, new_buffer, structure_key, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
 from fusegrad.uop.pattern import PatternMatcher, UPat
 

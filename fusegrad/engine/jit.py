@@ -17,7 +17,8 @@ from fusegrad.engine import realize as _realize
 from fusegrad.engine.multi import shards_of
 from fusegrad.engine.realize import ExecItem, sym_infer
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
-from fusegrad.uop.ops import GroupOp, Ops, UOp, arg_uops, is_symbolic
+from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values
+from fusegrad.uop.ops import GroupOp, Ops, UOp, arg_uops, buffer_map, device_buffer, is_symbolic
 
 __all__ = ["TinyJit", "JitError", "check_shrink"]
 
@@ -57,8 +58,7 @@ class _Recorder:
 def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in shards_of(t.uop))
 
 def _base_buffers(t: Any) -> list[Buffer]:
-    from fusegrad.schedule.linear import get_buffer
-    return [get_buffer(u.base) for u in shards_of(t.uop)]
+    return [device_buffer(u.base) for u in shards_of(t.uop)]
 
 # *** bound Variables in views: each value is checked against the dimension it shrinks ***
 
@@ -79,7 +79,6 @@ def check_shrink(arg: tuple, shape: tuple) -> None:
     captures, the condition is kept, and each replay checks it with that replay's values before any kernel runs."""
     dims = [(d, b, e, s) for d, ((b, e), s) in enumerate(zip(arg, shape)) if any(is_symbolic(x) for x in (b, e, s))]
     if not dims: return
-    from fusegrad.schedule.kernelize import var_values
     binds = {u: u.src[0] for x in arg_uops(tuple(x for dim in dims for x in dim[1:])) for u in x.toposort()
              if u.op is Ops.BIND}
     free = []
@@ -121,7 +120,6 @@ class _Inputs:
     """One call's arguments as the JIT sees them: the input tensors (realized), their signatures, the values of the
     bound Variables in their views and in the arguments, and the keys of the other arguments."""
     def __init__(self, args: tuple, kwargs: dict):
-        from fusegrad.schedule.linear import get_buffer
         from fusegrad.tensor import Tensor
         leaves = _leaves(args, kwargs)
         self.structure = tuple([n for n, _ in leaves])  # (the names are the paths into the nesting)
@@ -141,7 +139,7 @@ class _Inputs:
         for n, t in self.tensors:
             views: list[Any] = []
             for u in shards_of(t.uop):
-                b = get_buffer(u.base)
+                b = device_buffer(u.base)
                 if id(b) in owner:
                     raise JitError(f"TinyJit {owner[id(b)]} and {n} are the same tensor (or views of one buffer): the "
                                    "captured kernels would take one buffer for both; pass a copy (clone()) as one of "
@@ -156,7 +154,6 @@ class _Inputs:
             shape = views[0].shape if len(views) == 1 and isinstance(views[0], UOp) else t.shape
             self.sig.append((n, shape, t.dtype, t.device, tuple(views)))
         if binds:
-            from fusegrad.schedule.kernelize import var_values
             self.var_vals = var_values(binds)
         else: self.var_vals = {}
 
@@ -164,10 +161,9 @@ class _Inputs:
     def _view(u: UOp, binds: dict[UOp, UOp]) -> UOp:
         """The view `u` makes of its buffer, over a stand-in for the buffer and with its bound Variables unbound (the
         BINDs go to `binds`)."""
-        from fusegrad.schedule.kernelize import _param, bound_variables, substitute_map
         found = bound_variables(u.toposort())
         binds.update(found)
-        return substitute_map(u, {u.base: _param(0, u.base), **found}, in_args=True)[u]
+        return substitute_map(u, {u.base: buffer_stand_in(0, u.base), **found}, in_args=True)[u]
 
     def _realize_lazy(self, Tensor: Any) -> None:
         """Inputs that are computations are computed now, as a call without the JIT would; views keep viewing their
@@ -290,7 +286,6 @@ class TinyJit(Generic[R]):
                                "an integer), or reset() to capture again")
 
     def _capture(self, args: tuple, kwargs: dict, inputs: _Inputs) -> Any:
-        from fusegrad.schedule.linear import buffer_map
         from fusegrad.tensor import Tensor
         before = {id(b) for b in buffer_map.values()}
         rng_before = Tensor._rng_counter
@@ -331,8 +326,6 @@ class TinyJit(Generic[R]):
         return ret
 
     def _replay(self, inputs: _Inputs, Tensor: Any) -> Any:
-        from fusegrad.schedule.kernelize import new_buffer
-        from fusegrad.schedule.linear import buffer_map
         var_vals = inputs.var_vals
         # the views the function made with bound Variables hold with this call's values (Variables the function
         # bound itself keep their capture values)

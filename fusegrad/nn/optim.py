@@ -10,7 +10,8 @@ import struct
 from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.tensor import Tensor
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.graph import new_buffer
+from fusegrad.uop.ops import Ops, UOp, device_buffer
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
 
@@ -62,8 +63,7 @@ class Optimizer:
         # a number is written straight into the buffer: no kernel, so no compile even for the first new value
         raw = memoryview(struct.pack("f", float(value)))
         from fusegrad.engine.multi import shards_of
-        from fusegrad.schedule.linear import get_buffer
-        for shard in shards_of(self._lr.realize().uop): get_buffer(shard.base).copyin(raw)
+        for shard in shards_of(self._lr.realize().uop): device_buffer(shard.base).copyin(raw)
 
     def zero_grad(self) -> None:
         """Forget the gradients of every parameter."""
@@ -96,7 +96,6 @@ class Optimizer:
         if cached is None or cached[0] != key:
             if not all(isinstance(g.device, str) and all(type(s) is int for s in g.shape) for g in grads):
                 return self._step(self.params, grads)   # (sharded or symbolic: built every step)
-            from fusegrad.schedule.kernelize import new_buffer
             holders = [new_buffer(UOp(Ops.DEVICE, arg=g.device), math.prod(g.shape), g.dtype).reshape(g.shape)
                        for g in grads]
             # (no tensor may keep a graph over the placeholders: where _step fails, or returns tensors that aren't

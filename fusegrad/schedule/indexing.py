@@ -4,17 +4,7 @@ REDUCE_AXIS becomes a REDUCE over new reduce ranges."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from fusegrad.dtype import dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp
-
-def is_realized(u: UOp) -> bool:
-    """A node whose value lives in a buffer: a BUFFER or a kernel's output ASSIGN(BUFFER, KERNEL)."""
-    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
-
-def storage_of(u: UOp) -> UOp | None:
-    """The BUFFER holding a realized node or a reshape view of one (None for anything else)."""
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is Ops.ASSIGN and is_realized(u): u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 
 def _idx(v: int) -> UOp: return UOp.const(dtypes.index, v)
 
@@ -125,7 +115,7 @@ class KernelBuilder:
     def define_global(self, buf: UOp) -> UOp:
         """The kernel argument for realized node `buf`: one per memory, so a buffer and a pending kernel's output in
         it are the same argument. The first one defined is argument 0, the output."""
-        mem = storage_of(buf)
+        mem = buffer_node(buf)
         if mem is None: raise RuntimeError(f"{buf.op} is not held in a buffer")
         if mem not in self.slots:
             self.slots[mem] = len(self.globals)

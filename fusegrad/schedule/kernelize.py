@@ -2,7 +2,6 @@
 decision), and group everything else into KERNEL UOps, each with its AST. After this, a realized node `r` is
 `ASSIGN(BUFFER, KERNEL(ast, buffers...), arg=r.shape)` and its users load from that buffer."""
 from __future__ import annotations
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,28 +9,19 @@ from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
-from fusegrad.schedule.indexing import KernelBuilder, flat_index, is_realized, storage_of
+from fusegrad.schedule.indexing import KernelBuilder, flat_index
 from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, merge_kernels, op_weight
 from fusegrad.schedule.simplify import sym_tensor
-from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, _arg_key, arg_uops, map_arg_uops
+from fusegrad.uop.graph import bound_variables, buffer_stand_in, is_liftable, new_buffer, structure_key, \
+    substitute_map, var_values
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, buffer_node, is_realized
 from fusegrad.uop.pattern import graph_rewrite_map
 from fusegrad.uop.symbolic import simplify_indexing
-
-_buffer_ids = itertools.count()
-
-def new_buffer(device: UOp, size: int, dtype) -> UOp:
-    """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
-    return UOp(Ops.BUFFER, dtype, (device,), (next(_buffer_ids), size))
 
 def max_size(shape: tuple) -> int:
     """The number of elements a buffer for `shape` needs: for a symbolic shape, at the Variables' largest values."""
     n = prod(shape)
     return n if isinstance(n, int) else int(n.vmax)
-
-def buffer_of(u: UOp) -> UOp:
-    """The BUFFER node behind a realized node or a reshape view of one."""
-    if (b := storage_of(u)) is None: raise RuntimeError(f"{u.op} is not a buffer")
-    return b
 
 def find_realized(sink: UOp) -> set[UOp]:
     """The fusion decision: which nodes get their own buffer (and kernel)."""
@@ -50,7 +40,7 @@ def find_realized(sink: UOp) -> set[UOp]:
         # one anyway, needs no kernel of its own
         base = out
         while base.op is Ops.RESHAPE: base = base.src[0]
-        if storage_of(out) is None and base not in realize: realize.add(out)
+        if buffer_node(out) is None and base not in realize: realize.add(out)
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
@@ -239,7 +229,7 @@ def build_kernel(r: UOp) -> UOp:
     if r.op is Ops.ASSIGN:
         target_view, value_node = _assign_target(r), r.src[1]
         target_base = target_view.base
-        out_buf = buffer_of(target_base)
+        out_buf = buffer_node(target_base)
         # address the target through its view: an assign may write a slice of a buffer
         _, idx, valid = KernelBuilder(is_realized).address(target_view, ranges)
     else:
@@ -287,9 +277,9 @@ def contiguous_range(u: UOp) -> tuple[UOp, int] | None:
     """(the realized node, first element) when `u` is a run of consecutive elements of a buffer in row-major order
     (the buffer itself, reshapes of it, or a shrink that keeps whole rows: what a COPY can read in place)."""
     while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is not Ops.SHRINK: return (u, 0) if storage_of(u) is not None else None
+    if u.op is not Ops.SHRINK: return (u, 0) if buffer_node(u) is not None else None
     src = u.src[0]
-    if storage_of(src) is None or _range_base(u) is None: return None
+    if buffer_node(src) is None or _range_base(u) is None: return None
     offset, stride = 0, 1
     for (b, _), n in reversed(list(zip(u.arg, src.shape))):
         offset += b * stride
@@ -323,50 +313,7 @@ def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
     merged = merge_kernels(UOp.sink_of(*final.values()))
     return {k: merged[final[v]] if v in final else v for k, v in simplified.items()}
 
-def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
-                   topo: Iterable[UOp] | None = None) -> dict[UOp, UOp]:
-    """old -> new for every node under `root` after replacing the keys of `dvars` by their values. With `in_args`,
-    the symbolic expressions inside shape args (movement ops, ASSIGN) are substituted too. `topo` is root's toposort
-    if the caller has it (one that stops at the keys of `dvars` is enough: only root's own entry is then complete)."""
-    out: dict[UOp, UOp] = {}
-    for u in (root.toposort() if topo is None else topo):
-        if u in dvars: out[u] = dvars[u]; continue
-        new_src = tuple([out[s] for s in u.src])  # (a list comprehension is faster than a generator here)
-        if not (in_args and _symbolic_arg(u)):
-            # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
-            out[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
-            continue
-        arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars))
-        same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
-        out[u] = u if same and all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src, arg=arg)
-    return out
-
-def _symbolic_arg(u: UOp) -> bool:
-    """Whether u's arg may hold symbolic sizes: a shape, shrink or pad tuple, or a tensor-level iota's length."""
-    return type(u.arg) is tuple or (u.op is Ops.RANGE and isinstance(u.arg, UOp))
-
-def bound_variables(topo: Iterable[UOp]) -> dict[UOp, UOp]:
-    """BIND -> its Variable, for every bound Variable used by these nodes (as a value or in a symbolic shape)."""
-    binds: dict[UOp, UOp] = {}
-    if not UOpMetaClass.binds_made: return binds
-    for u in topo:
-        if u.op is Ops.BIND: binds[u] = u.src[0]
-        elif _symbolic_arg(u):
-            for x in arg_uops(u.arg):
-                for b in x.toposort():
-                    if b.op is Ops.BIND: binds[b] = b.src[0]
-    return binds
-
-def var_values(binds: Iterable[UOp]) -> dict[str, int]:
-    """Variable name -> bound value; one Variable bound to two values in one schedule is an error."""
-    out: dict[str, int] = {}
-    for b in binds:
-        (var, val) = b.unbind()
-        if out.setdefault(var.arg[0], val) != val:
-            raise ValueError(f"Variable {var.arg[0]} is bound to both {out[var.arg[0]]} and {val} in one computation")
-    return out
-
-__all__ = ["kernelize_map", "kernelize_map_cached", "is_realized", "buffer_of", "new_buffer"]
+__all__ = ["kernelize_map", "kernelize_map_cached"]
 
 # *** the schedule cache: an identical graph over different buffers (the next training step) is kernelized once ***
 #
@@ -398,35 +345,10 @@ schedule_cache: dict[UOp, _CacheEntry] = {}
 SCHEDULE_CACHE_SIZE = 512
 schedule_cache_stats = {"hits": 0, "misses": 0}
 
-def _param(i: int, buf: UOp) -> UOp: return UOp(Ops.BUFFER, buf.dtype, buf.src, (("param", i), buf.arg[1]))
-
-def _is_liftable(u: UOp) -> bool:
-    """A tensor-level constant that may become a kernel parameter (not bool: masks fold into control flow)."""
-    return u.op is Ops.CONST and bool(u.src) and u.dtype != dtypes.bool and u.dtype != dtypes.index
-
 def _placeholder(i: int, c: UOp) -> UOp:
     dt = c.dtype
     lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
     return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
-
-def structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
-    """The schedule cache key of a graph without bound Variables, and its liftable constants. It describes the same
-    graph as the normalized one (buffers as parameters, liftable constants as placeholders) as a tuple with a node
-    per toposort position, each naming its sources by position: building it costs a tuple per node where the
-    normalized graph costs a hash-consed UOp per node, and it is built on every call, hit or miss."""
-    # (written for speed: it runs on every realize; a 69-node convolution 32 -> 20 us)
-    position = {u: i for i, u in enumerate(topo)}.__getitem__
-    parts: list[tuple] = []
-    consts: list[UOp] = []
-    BUFFER, CONST = Ops.BUFFER, Ops.CONST
-    for u in topo:
-        if (op := u.op) is BUFFER: arg: object = ("param", u.arg[1])  # which buffer is told by its position alone
-        elif op is CONST and _is_liftable(u):
-            arg = "_c"  # the value is checked against the entry's baseline instead
-            consts.append(u)
-        else: arg = u._ukey[3]  # the arg's _arg_key, computed when the node was made
-        parts.append((op, u.dtype, tuple(map(position, u.src)), arg))
-    return tuple(parts), consts
 
 @dataclass
 class CacheLookup:
@@ -469,8 +391,8 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None,
     to_param: dict[UOp, UOp] = dict(binds)
     consts: list[UOp] = []
     for u in topo:
-        if u.op is Ops.BUFFER: to_param[u] = _param(len(to_param), u)
-        elif _is_liftable(u):
+        if u.op is Ops.BUFFER: to_param[u] = buffer_stand_in(len(to_param), u)
+        elif is_liftable(u):
             to_param[u] = _placeholder(len(consts), u)
             consts.append(u)
     normalized = substitute_map(sink, to_param, in_args=bool(binds))

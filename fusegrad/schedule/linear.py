@@ -1,22 +1,9 @@
-"""Step 5 of scheduling: order the kernels of a kernelized graph into ExecItems and attach real Buffers."""
+"""Step 5 of scheduling: the kernels of a kernelized graph in the order they run."""
 from __future__ import annotations
-import weakref
 from collections import deque
 from collections.abc import Iterable
-from fusegrad.schedule.kernelize import buffer_of
 from fusegrad.schedule.merge import kernel_outputs
-from fusegrad.uop.ops import Ops, UOp
-
-# the storage behind every BUFFER node; entries vanish with their node
-buffer_map: weakref.WeakKeyDictionary[UOp, object] = weakref.WeakKeyDictionary()
-
-def get_buffer(buf: UOp):
-    """The device Buffer of a BUFFER node, created (unallocated) on first use."""
-    from fusegrad.device import Buffer
-    if buf.op is not Ops.BUFFER: buf = buffer_of(buf)
-    if (b := buffer_map.get(buf)) is None:
-        b = buffer_map[buf] = Buffer(buf.device, buf.arg[1], buf.dtype)
-    return b
+from fusegrad.uop.ops import Ops, UOp, buffer_node
 
 def kernels_in_order(sink: UOp, topo: Iterable[UOp] | None = None) -> list[UOp]:
     """Every KERNEL under `sink` (`topo`: its toposort, if the caller has it), dependencies first. Besides data
@@ -29,7 +16,7 @@ def kernels_in_order(sink: UOp, topo: Iterable[UOp] | None = None) -> list[UOp]:
     for k in kernels:
         for s in k.src:
             if s.op is Ops.ASSIGN and s.src[1] in deps: deps[k].add(s.src[1])
-        for o in kernel_outputs(k): writers.setdefault(buffer_of(o), k)
+        for o in kernel_outputs(k): writers.setdefault(buffer_node(o), k)
     for k in kernels:
         for s in k.src[len(kernel_outputs(k)):]:
             w = writers.get(s) if s.op is Ops.BUFFER else None

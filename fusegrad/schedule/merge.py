@@ -4,8 +4,7 @@ kernel computes the value once, stores it, and uses it, instead of a second pass
 loads it back (Adam: three kernels per parameter become one)."""
 from __future__ import annotations
 from fusegrad.dtype import dtypes
-from fusegrad.schedule.indexing import storage_of
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
@@ -66,16 +65,16 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     n_r_out, n_r_glob, n_p_out, n_p_glob = len(r_ast.src), _n_globals(r_ast), len(p_ast.src), _n_globals(p_ast)
     p_outs = list(producer.src[:n_p_out])
     # a reader of an output's old value (its BUFFER, not the producer's ASSIGN) must stay before the producer
-    written = {storage_of(o) for o in p_outs}
-    if any(s.op is Ops.BUFFER and storage_of(s) in written for s in reader.src[n_r_out:n_r_glob]): return None
+    written = {buffer_node(o) for o in p_outs}
+    if any(s.op is Ops.BUFFER and buffer_node(s) in written for s in reader.src[n_r_out:n_r_glob]): return None
     # the merged kernel's buffers: the reader's outputs, the producer's, then everything read (one argument per
     # memory); then the parameters
     r_glob, r_params = list(reader.src[:n_r_glob]), list(reader.src[n_r_glob:])
     p_glob, p_params = list(producer.src[:n_p_glob]), list(producer.src[n_p_glob:])
     globals_ = r_glob[:n_r_out] + p_outs
-    memory = {storage_of(g): i for i, g in enumerate(globals_)}
+    memory = {buffer_node(g): i for i, g in enumerate(globals_)}
     def place(g: UOp) -> int:
-        mem = storage_of(g)
+        mem = buffer_node(g)
         if mem not in memory:
             memory[mem] = len(globals_)
             globals_.append(g)
@@ -181,7 +180,7 @@ def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
     writers: dict[UOp, set[UOp]] = {}
     for k in kernels:
         for o in kernel_outputs(k):
-            if (mem := storage_of(o)) is not None: writers.setdefault(mem, set()).add(k)
+            if (mem := buffer_node(o)) is not None: writers.setdefault(mem, set()).add(k)
     for k in kernels:
         found: set[UOp] = set()
         for s in k.src:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 from fusegrad.dtype import DType
-from fusegrad.schedule.kernelize import buffer_of, new_buffer, substitute_map
-from fusegrad.schedule.linear import get_buffer
 from fusegrad.schedule.memory import share_storage
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
+from fusegrad.uop.graph import new_buffer, substitute_map
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, device_buffer
 
 # A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
 BufferRef = int
@@ -54,11 +53,11 @@ class ReplayPlan:
         storage: list[Any] = [None] * len(outs)
         for i, (device, size, dtype) in enumerate(self.outs):
             # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
-            if i not in shares: storage[i] = get_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
+            if i not in shares: storage[i] = device_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
         for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
         knobs = codegen_knob_values()
         runners = self.runners.get(knobs, (None,) * len(self.kernels))
-        items = [ExecItem(ast, [get_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
+        items = [ExecItem(ast, [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
                           fixedvars={f"_p{i}": topo[p].arg for i, p in enumerate(params)}, prg=prg)
                  for (ast, refs, params), prg in zip(self.kernels, runners)]
         if knobs not in self.runners:
@@ -86,7 +85,7 @@ def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
     position = {u: i for i, u in enumerate(topo)}
     outs: dict[UOp, int] = {}
     def ref(b: UOp) -> BufferRef:
-        b = buffer_of(b)
+        b = buffer_node(b)
         if b in position: return position[b]
         if b not in outs: outs[b] = len(outs)
         return ~outs[b]

@@ -3,8 +3,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
-from fusegrad.schedule.indexing import storage_of
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, exec_alu
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
 # the constant views made last, kept alive: a training step makes the same ones every step (its 0.9s and 1e-8s at
@@ -80,7 +79,7 @@ sym_tensor = PatternMatcher([
      lambda m, inner: inner.src[0].reshape(m.arg)),
     (UPat(GroupOp.Movement, name="m"), _movement_of_const),
     # a contiguous copy of something already contiguous in memory is that thing
-    (UPat(Ops.CONTIGUOUS, name="c"), lambda c: c.src[0] if storage_of(c.src[0]) is not None else None),
+    (UPat(Ops.CONTIGUOUS, name="c"), lambda c: c.src[0] if buffer_node(c.src[0]) is not None else None),
     # size-0 tensors hold nothing: replace them by a constant so no kernel reads or writes them
     (UPat(name="x"), _size_zero),
 ], name="sym_tensor")

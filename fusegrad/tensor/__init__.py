@@ -14,10 +14,9 @@ from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
 from fusegrad.engine.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
-from fusegrad.schedule.indexing import is_realized, storage_of
-from fusegrad.schedule.kernelize import buffer_of, kernelize_map_cached, new_buffer, schedule_cache, \
-    schedule_cache_lookup, schedule_cache_stats, substitute_map
-from fusegrad.schedule.linear import get_buffer, kernels_in_order
+from fusegrad.schedule.kernelize import kernelize_map_cached, schedule_cache, schedule_cache_lookup, \
+    schedule_cache_stats
+from fusegrad.schedule.linear import kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import record_replay
@@ -29,7 +28,9 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
-from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, sint, ssimplify, sym_eq, sym_le, sym_value
+from fusegrad.uop.graph import new_buffer, substitute_map
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, is_realized, is_symbolic, sint, ssimplify, \
+    sym_eq, sym_le, sym_value
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
 # references to one tensor with Tensor.__eq__; an entry whose tensor died dereferences to None even if its id is
@@ -201,7 +202,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     @staticmethod
     def _from_bytes(raw: bytes | memoryview, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
         buf = new_buffer(_device_uop(device), prod(shape), dtype)
-        b = get_buffer(buf)
+        b = device_buffer(buf)
         b.allocate()
         if len(raw): b.copyin(memoryview(raw))
         return buf.reshape(shape) if shape != (prod(shape),) else buf
@@ -324,14 +325,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         sink = UOp.sink_of(*_shards(tensors))
         topo = sink.toposort()
         # (kernels with an empty output have nothing to run)
-        kernels = [k for k in kernels_in_order(sink, topo) if buffer_of(k.src[0]).arg[1] > 0]
+        kernels = [k for k in kernels_in_order(sink, topo) if buffer_node(k.src[0]).arg[1] > 0]
         # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
         items = []
         for k in kernels:
             bufs, fixedvars = [], {}
             for b in k.src:
                 if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
-                else: bufs.append(get_buffer(b))
+                else: bufs.append(device_buffer(b))
             items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
         # every kernel output is a buffer from now on (those of a kernel with several outputs that only the
         # replaced nodes reach too: the kernel's sources name its outputs' buffers, not their ASSIGNs)
@@ -339,12 +340,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                    for u in UOp.sink_of(sink, *replaced.values()).toposort()
                    if u.op is Ops.ASSIGN and is_realized(u)}
         Tensor._apply_map(becomes, lazy)
-        written = {buffer_of(o) for k in kernels for o in kernel_outputs(k)}
+        written = {buffer_node(o) for k in kernels for o in kernel_outputs(k)}
         if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
                 entry.replay is None:
             entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
         # (only this schedule's buffers are planned)
-        plan_memory(items, {id(get_buffer(b)) for b in _held_buffers(lazy, written)})
+        plan_memory(items, {id(device_buffer(b)) for b in _held_buffers(lazy, written)})
         return items, var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
@@ -384,8 +385,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.uop.op is Ops.MULTI:  # a sharded tensor: its shards gathered on the first device
             from fusegrad.engine.multi import gather
             return Tensor(gather(self.uop, self.device[0]))._buffer()
-        t = (self if storage_of(self.uop) is not None else self.contiguous()).realize()
-        return get_buffer(t.uop)
+        t = (self if buffer_node(self.uop) is not None else self.contiguous()).realize()
+        return device_buffer(t.uop)
 
     def data(self) -> memoryview:
         """A memoryview (a copy) of the values, shaped like the tensor."""
@@ -481,7 +482,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                 self.uop = self.uop.substitute({base: Tensor(base).realize().uop})
             # a lazy target (e.g. a parameter or state buffer not computed yet) gets its memory now
             else: self.realize()
-        if self.uop.op is not Ops.MULTI and self.uop.op in GroupOp.Movement and storage_of(self.uop) is None:
+        if self.uop.op is not Ops.MULTI and self.uop.op in GroupOp.Movement and buffer_node(self.uop) is None:
             # a write into part of a buffer is done now, so that every later read of the buffer and of its other
             # views sees it in program order (lazy readers of the old values are computed first, in the same
             # schedule); a value that reads the buffer is computed before the write, so overlapping views read

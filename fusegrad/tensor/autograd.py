@@ -11,6 +11,7 @@ from fusegrad.engine.multi import shards_of
 from fusegrad.gradient import compute_gradient, compute_gradients
 from fusegrad.helpers import TRAINING
 from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.graph import new_buffer
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
@@ -66,7 +67,6 @@ class AutogradMixin:
     def _own_storage(self: Tensor) -> None:
         """Give a tensor that is only a constant (zeros, ones, full) a buffer of its own, lazily: constants are
         hash-consed, so two such parameters would otherwise be one node of the graph and share their gradients."""
-        from fusegrad.schedule.kernelize import new_buffer
         if self.uop.op is Ops.MULTI:  # each shard its own buffer
             from fusegrad.tensor import Tensor
             shards = [Tensor(s) for s in self.uop.src]

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 from fusegrad.dtype import ConstType, dtypes
 from fusegrad.helpers import Context, ContextVar, argfix, prod
-from fusegrad.uop.ops import Ops, is_symbolic, sym_le
+from fusegrad.uop.ops import Ops, buffer_node, is_symbolic, sym_le
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -34,10 +34,9 @@ def _check_index_values(index: Tensor, size: Any, dim: int, negatives: bool, nam
     """IndexError if an entry of the index tensor is outside [0, size) (or [-size, size) with `negatives`), where
     CHECK_OOB says its values are to be read. Entries equal to `ignore` (a loss's ignore_index) are allowed."""
     from fusegrad.engine.realize import capturing
-    from fusegrad.schedule.indexing import storage_of
     if not CHECK_OOB or capturing or not isinstance(size, int) or index.uop.op is Ops.MULTI: return
     if any(not isinstance(s, int) for s in index.shape) or index.numel() == 0: return
-    if CHECK_OOB < 2 and storage_of(index.uop) is None: return
+    if CHECK_OOB < 2 and buffer_node(index.uop) is None: return
     vals = index.numpy()
     if ignore is not None and (vals := vals[vals != ignore]).size == 0: return
     lo, hi = int(vals.min()), int(vals.max())

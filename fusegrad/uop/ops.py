@@ -5,6 +5,7 @@ import struct
 import weakref
 from enum import Enum, auto
 from typing import Any, Callable
+from fusegrad.device import Buffer
 from fusegrad.dtype import ConstType, DType, PtrDType, dtypes, truncate_float
 from fusegrad.helpers import prod
 
@@ -507,18 +508,16 @@ class UOp(metaclass=UOpMetaClass):
         output that has run (of every shard, for a sharded node)."""
         b = self.base
         if b.op is Ops.MULTI: return all(s.is_realized for s in b.src)
-        return b.op is Ops.BUFFER or (b.op is Ops.ASSIGN and len(b.src) == 2 and b.src[1].op is Ops.KERNEL)
+        return is_realized(b)
 
     @property
-    def buffer(self) -> Any:
+    def buffer(self) -> Buffer:
         """The device Buffer that holds this node's base (ValueError if it isn't realized or is sharded)."""
-        # (the buffer registry lives with the scheduler, which creates the buffers)
-        from fusegrad.schedule.linear import get_buffer
         b = self.base
         if not self.is_realized or b.op is Ops.MULTI:
             raise ValueError(f"{b.op} node has no single buffer: realize it first" if b.op is not Ops.MULTI else
                              "a sharded node has a buffer per shard: use .src[i].buffer")
-        return get_buffer(b if b.op is Ops.BUFFER else b.src[0].base)
+        return device_buffer(b if b.op is Ops.BUFFER else b.src[0].base)
 
     @property
     def realized(self) -> Any:
@@ -540,6 +539,30 @@ class UOp(metaclass=UOpMetaClass):
     def __repr__(self) -> str:
         if is_symbolic(self) and (r := _symbolic_repr(self)) is not None: return r
         return pretty_print(self)
+
+# *** buffer identity: which BUFFER node holds a value, and the device memory behind a BUFFER node ***
+
+def is_realized(u: UOp) -> bool:
+    """A node whose value lives in a buffer: a BUFFER or a kernel's output ASSIGN(BUFFER, KERNEL)."""
+    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
+
+def buffer_node(u: UOp) -> UOp | None:
+    """The BUFFER node holding a realized node or a reshape view of one (None for anything else)."""
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.ASSIGN and is_realized(u): u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
+# the device Buffer behind every BUFFER node; entries vanish with their node
+buffer_map: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+
+def device_buffer(u: UOp) -> Buffer:
+    """The device Buffer of a BUFFER node (or of the one holding a realized node or a reshape view of one), created
+    unallocated on first use."""
+    buf = u if u.op is Ops.BUFFER else buffer_node(u)
+    if buf is None: raise RuntimeError(f"{u.op} is not a buffer")
+    if (b := buffer_map.get(buf)) is None:
+        b = buffer_map[buf] = Buffer(buf.device, buf.arg[1], buf.dtype)
+    return b
 
 # nodes whose device isn't their sources' (a copy's is its target, a sharded tensor's the tuple of its shards')
 _DEVICE_CHANGERS = frozenset({Ops.COPY, Ops.MULTI, Ops.DEVICE})

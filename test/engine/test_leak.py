@@ -9,7 +9,7 @@ from fusegrad import Tensor, gradient
 from fusegrad.device import Device
 from fusegrad.engine.realize import method_cache
 from fusegrad.schedule.kernelize import schedule_cache, schedule_cache_stats
-from fusegrad.schedule.linear import get_buffer
+from fusegrad.uop.ops import device_buffer
 from fusegrad.uop.ops import UOpMetaClass
 
 RSS_BOUND_MB = 10
@@ -99,7 +99,7 @@ def test_gradient_cache_is_bounded_and_holds_no_memory():
     gone = []
     for _ in range(3):
         x = Tensor(rng.standard_normal((2048, 48), dtype=np.float32)).realize()
-        gone.append(weakref.ref(get_buffer(x.uop)))
+        gone.append(weakref.ref(device_buffer(x.uop)))
         v.grad = None
         (x @ v).tanh().sum().backward()
         v.grad.realize()

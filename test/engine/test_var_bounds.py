@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fusegrad import Tensor, TinyJit, Variable
 from fusegrad.engine.realize import lower_schedule_item
-from fusegrad.schedule.linear import get_buffer
+from fusegrad.uop.ops import device_buffer
 from fusegrad.uop.ops import Ops, exec_alu
 
 N = 10
@@ -101,7 +101,7 @@ def test_two_variables_named():
 
 def test_nothing_runs_when_one_kernel_is_out_of_range():
     c, d, v = _ten(), _ten(), Variable("p", 0, 100)
-    d_memory = get_buffer(d.uop.base)
+    d_memory = device_buffer(d.uop.base)
     good = d.assign(d * 0 - 1)  # an in-place write scheduled with the kernel that is out of range
     # (a view made below Tensor.shrink, which would refuse it: the kernels' own check is what stops it here)
     bad = Tensor(c.uop.shrink(((v.bind(3), v.bind(3) + 8),))) * 2
