@@ -1,0 +1,935 @@
+"""The ONNX operators, each a function of Tensors written with fusegrad's Tensor API.
+
+An op is a function whose positional parameters are the node's inputs (None where an optional input is left out)
+and whose keyword-only parameters are the attributes it supports, with ONNX's defaults. The runner rejects any
+attribute an op's function doesn't name, so an unsupported attribute is an error instead of being ignored. An op that
+needs the node's opset version, its output count or the runner takes a keyword `ctx`."""
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from fusegrad import Tensor, dtypes
+from fusegrad.dtype import DType
+
+
+class Unsupported(Exception):
+    """An attribute value, input or dtype this runner doesn't implement (the runner adds the node's name)."""
+
+
+@dataclass
+class OpDef:
+    fn: Callable[..., Any]
+    attrs: frozenset[str] = field(default_factory=frozenset)
+    wants_ctx: bool = False
+
+
+@dataclass
+class Context:
+    """What an op may need besides its inputs and attributes."""
+    node_name: str
+    op_type: str
+    opset: int
+    n_outputs: int
+    env: Mapping[str, Tensor]
+    runner: Any
+
+
+OPS: dict[tuple[str, str], OpDef] = {}
+
+
+def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        params = inspect.signature(fn).parameters
+        attrs = frozenset(n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and n != "ctx")
+        for name in names: OPS[(domain, name)] = OpDef(fn, attrs, "ctx" in params)
+        return fn
+    return register
+
+
+# *** helpers ***
+
+def ints(t: Tensor | Sequence[int] | None) -> list[int]:
+    """The values of a small int tensor (a shape, axes, pads...) as Python ints: reads it back from the device."""
+    if t is None: return []
+    if not isinstance(t, Tensor): return [int(v) for v in t]
+    return [int(v) for v in np.asarray(t.numpy()).reshape(-1)]
+
+
+def scalar(t: Tensor) -> Any:
+    v = np.asarray(t.numpy()).reshape(-1)
+    if v.size != 1: raise ValueError(f"expected a single value, got shape {tuple(t.shape)}")
+    return v[0].item()
+
+
+def axis_of(a: int, ndim: int) -> int:
+    if not -max(ndim, 1) <= a < max(ndim, 1): raise ValueError(f"axis {a} is out of range for rank {ndim}")
+    return a % max(ndim, 1)
+
+
+def is_float(t: Tensor) -> bool: return dtypes.is_float(t.dtype)
+
+
+def in_float(t: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """Apply a float-only function to a tensor of any dtype, returning its dtype."""
+    return fn(t) if is_float(t) else fn(t.cast(dtypes.float32)).cast(t.dtype)
+
+
+def const_tensor(v: Any, dtype: DType) -> Tensor: return Tensor(np.asarray(v)).cast(dtype)
+
+
+# *** elementwise: unary ***
+
+def _unary(name: str, fn: Callable[[Tensor], Tensor]) -> None:
+    OPS[("", name)] = OpDef(fn)
+
+for _name, _fn in {
+    "Abs": Tensor.abs, "Acos": Tensor.acos, "Acosh": Tensor.acosh, "Asin": Tensor.asin, "Asinh": Tensor.asinh,
+    "Atan": Tensor.atan, "Atanh": Tensor.atanh, "Ceil": Tensor.ceil, "Cos": Tensor.cos, "Cosh": Tensor.cosh,
+    "Erf": Tensor.erf, "Exp": Tensor.exp, "Floor": Tensor.floor, "Log": Tensor.log, "Reciprocal": Tensor.reciprocal,
+    "Relu": Tensor.relu, "Round": Tensor.round, "Sigmoid": Tensor.sigmoid, "Sign": Tensor.sign, "Sin": Tensor.sin,
+    "Sinh": Tensor.sinh, "Sqrt": Tensor.sqrt, "Tan": Tensor.tan, "Tanh": Tensor.tanh, "Softplus": Tensor.softplus,
+    "Softsign": Tensor.softsign, "HardSwish": Tensor.hardswish, "Mish": Tensor.mish, "IsNaN": Tensor.isnan,
+    "Not": Tensor.logical_not, "BitwiseNot": Tensor.bitwise_not, "Neg": lambda x: -x, "Identity": lambda x: x,
+}.items(): _unary(_name, _fn)
+
+
+@op("IsInf")
+def isinf(x: Tensor, *, detect_negative: int = 1, detect_positive: int = 1) -> Tensor:
+    return x.isinf(bool(detect_positive), bool(detect_negative))
+
+
+@op("Elu")
+def elu(x: Tensor, *, alpha: float = 1.0) -> Tensor: return (x > 0).where(x, alpha * (x.exp() - 1))
+
+
+@op("Celu")
+def celu(x: Tensor, *, alpha: float = 1.0) -> Tensor:
+    return x.maximum(0) + (alpha * ((x / alpha).exp() - 1)).minimum(0)
+
+
+@op("Selu")
+def selu(x: Tensor, *, alpha: float = 1.67326319217681884765625, gamma: float = 1.05070102214813232421875) -> Tensor:
+    return gamma * (x > 0).where(x, alpha * (x.exp() - 1))
+
+
+@op("LeakyRelu")
+def leaky_relu(x: Tensor, *, alpha: float = 0.01) -> Tensor: return (x < 0).where(x * alpha, x)
+
+
+@op("PRelu")
+def prelu(x: Tensor, slope: Tensor) -> Tensor: return (x < 0).where(x * slope, x)
+
+
+@op("ThresholdedRelu")
+def thresholded_relu(x: Tensor, *, alpha: float = 1.0) -> Tensor: return (x > alpha).where(x, 0)
+
+
+@op("HardSigmoid")
+def hard_sigmoid(x: Tensor, *, alpha: float = 0.2, beta: float = 0.5) -> Tensor:
+    return (x * alpha + beta).maximum(0).minimum(1)
+
+
+@op("Shrink")
+def shrink(x: Tensor, *, bias: float = 0.0, lambd: float = 0.5) -> Tensor:
+    return in_float(x, lambda v: (v < -lambd).where(v + bias, (v > lambd).where(v - bias, 0)))
+
+
+@op("Gelu")
+def gelu(x: Tensor, *, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"): raise Unsupported(f"Gelu approximate={approximate!r}")
+    return x.gelu(approximate).cast(x.dtype)
+
+
+@op("Swish")
+def swish(x: Tensor, *, alpha: float = 1.0) -> Tensor: return x * (x * alpha).sigmoid()
+
+
+@op("Clip")
+def clip(x: Tensor, lo: Tensor | None = None, hi: Tensor | None = None, *, min: float | None = None,  # noqa: A002
+         max: float | None = None) -> Tensor:  # noqa: A002
+    # before opset 11 the bounds were attributes
+    lo_v: Any = lo if lo is not None else min
+    hi_v: Any = hi if hi is not None else max
+    if lo_v is not None: x = x.maximum(lo_v.cast(x.dtype) if isinstance(lo_v, Tensor) else lo_v)
+    if hi_v is not None: x = x.minimum(hi_v.cast(x.dtype) if isinstance(hi_v, Tensor) else hi_v)
+    return x
+
+
+@op("Cast")
+def cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Tensor:
+    from fusegrad.onnx.runner import onnx_dtype
+    dt = onnx_dtype(to)
+    if dtypes.is_float(x.dtype) and dt == dtypes.bool: return x != 0
+    return x.cast(dt)
+
+
+@op("CastLike")
+def cast_like(x: Tensor, like: Tensor, *, saturate: int = 1, round_mode: str = "up") -> Tensor:
+    if dtypes.is_float(x.dtype) and like.dtype == dtypes.bool: return x != 0
+    return x.cast(like.dtype)
+
+
+# *** elementwise: binary and variadic ***
+
+@op("Add")
+def add(a: Tensor, b: Tensor) -> Tensor: return a + b
+
+
+@op("Sub")
+def sub(a: Tensor, b: Tensor) -> Tensor: return a - b
+
+
+@op("Mul")
+def mul(a: Tensor, b: Tensor) -> Tensor: return a * b
+
+
+@op("Div")
+def div(a: Tensor, b: Tensor) -> Tensor:
+    # integer division truncates toward zero in ONNX (as C)
+    return a.div(b, rounding_mode="trunc") if dtypes.is_int(a.dtype) else a / b
+
+
+@op("Pow")
+def pow_(a: Tensor, b: Tensor) -> Tensor:
+    # the result has the base's dtype
+    if is_float(a): return a.pow(b.cast(a.dtype))
+    if is_float(b): return a.cast(b.dtype).pow(b).cast(a.dtype)
+    return a.cast(dtypes.float64).pow(b.cast(dtypes.float64)).round().cast(a.dtype)
+
+
+@op("Mod")
+def mod(a: Tensor, b: Tensor, *, fmod: int = 0) -> Tensor:
+    if fmod: return a.fmod(b)
+    if is_float(a): raise ValueError("Mod of floats needs fmod=1")
+    return a.mod(b)
+
+
+for _name, _fn2 in {
+    "Equal": Tensor.eq, "Greater": Tensor.gt, "Less": Tensor.lt, "GreaterOrEqual": Tensor.ge, "LessOrEqual": Tensor.le,
+    "And": Tensor.logical_and, "Or": Tensor.logical_or, "Xor": lambda a, b: a != b,
+    "BitwiseAnd": Tensor.bitwise_and, "BitwiseOr": Tensor.bitwise_or, "BitwiseXor": Tensor.bitwise_xor,
+}.items(): OPS[("", _name)] = OpDef(_fn2)
+
+
+@op("BitShift")
+def bitshift(a: Tensor, b: Tensor, *, direction: str) -> Tensor:
+    if direction == "LEFT": return a.lshift(b)
+    if direction == "RIGHT": return a.rshift(b)
+    raise ValueError(f"direction must be LEFT or RIGHT, got {direction!r}")
+
+
+def _variadic(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Tensor]:
+    def run(*xs: Tensor) -> Tensor:
+        if not xs: raise ValueError("needs at least one input")
+        out = xs[0]
+        for x in xs[1:]: out = fn(out, x)
+        return out
+    return run
+
+
+OPS[("", "Sum")] = OpDef(_variadic(Tensor.add))
+OPS[("", "Max")] = OpDef(_variadic(Tensor.maximum))
+OPS[("", "Min")] = OpDef(_variadic(Tensor.minimum))
+OPS[("", "Mean")] = OpDef(lambda *xs: _variadic(Tensor.add)(*xs) / len(xs))
+
+
+@op("Where")
+def where(c: Tensor, a: Tensor, b: Tensor) -> Tensor: return c.where(a, b)
+
+
+# *** reductions ***
+
+def _reduce_axes(x: Tensor, axes_in: Tensor | None, axes: Sequence[int] | None, noop: int) -> tuple[int, ...] | None:
+    """The axes to reduce (None: no reduction at all), from the input (opset 18 on; ReduceSum 13) or the attribute."""
+    ax = ints(axes_in) if axes_in is not None else list(axes or [])
+    if not ax: return None if noop else tuple(range(x.ndim))
+    return tuple(sorted({axis_of(a, x.ndim) for a in ax}))
+
+
+def _reduce(fn: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> Callable[..., Tensor]:
+    def run(x: Tensor, axes_in: Tensor | None = None, *, axes: Sequence[int] | None = None, keepdims: int = 1,
+            noop_with_empty_axes: int = 0) -> Tensor:
+        ax = _reduce_axes(x, axes_in, axes, noop_with_empty_axes)
+        if ax is None: return x
+        if x.ndim == 0: return fn(x.reshape(1), (0,), False)
+        return fn(x, ax, bool(keepdims))
+    return run
+
+
+def _sum(x: Tensor, ax: tuple[int, ...], k: bool) -> Tensor: return x.sum(ax, keepdim=k, dtype=x.dtype)
+
+
+def _empty_ok(init: float, fn: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> Callable[..., Tensor]:
+    """A reduction whose value over no elements is `init` (ONNX defines max of nothing as -inf, etc.)."""
+    def run(x: Tensor, ax: tuple[int, ...], k: bool) -> Tensor:
+        if any(x.shape[a] == 0 for a in ax):
+            shape = tuple(1 if i in ax else s for i, s in enumerate(x.shape)) if k else \
+                tuple(s for i, s in enumerate(x.shape) if i not in ax)
+            v = init if is_float(x) or math.isfinite(init) else \
+                (dtypes.max(x.dtype) if init > 0 else dtypes.min(x.dtype))
+            return Tensor.full(shape, v, dtype=x.dtype)
+        return fn(x, ax, k)
+    return run
+
+
+for _name, _red in {
+    "ReduceSum": _empty_ok(0, _sum),
+    "ReduceMean": lambda x, ax, k: x.mean(ax, keepdim=k),
+    "ReduceMax": _empty_ok(-math.inf, lambda x, ax, k: x.max(ax, keepdim=k)),
+    "ReduceMin": _empty_ok(math.inf, lambda x, ax, k: x.min(ax, keepdim=k)),
+    "ReduceProd": _empty_ok(1, lambda x, ax, k: x.prod(ax, keepdim=k, dtype=x.dtype)),
+    "ReduceL1": _empty_ok(0, lambda x, ax, k: _sum(x.abs(), ax, k)),
+    "ReduceL2": _empty_ok(0, lambda x, ax, k: in_float(_sum(x * x, ax, k), Tensor.sqrt)),
+    "ReduceSumSquare": _empty_ok(0, lambda x, ax, k: _sum(x * x, ax, k)),
+    "ReduceLogSum": _empty_ok(-math.inf, lambda x, ax, k: in_float(_sum(x, ax, k), Tensor.log)),
+    "ReduceLogSumExp": _empty_ok(-math.inf, lambda x, ax, k: in_float(x, lambda v: v.logsumexp(ax, keepdim=k))),
+}.items(): OPS[("", _name)] = OpDef(_reduce(_red), frozenset({"axes", "keepdims", "noop_with_empty_axes"}))
+
+
+def _arg(largest: bool) -> Callable[..., Tensor]:
+    def run(x: Tensor, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Tensor:
+        a = axis_of(axis, x.ndim)
+        v = x.flip(a) if select_last_index else x
+        i = v.argmax(a, keepdim=bool(keepdims)) if largest else v.argmin(a, keepdim=bool(keepdims))
+        if select_last_index: i = (x.shape[a] - 1) - i
+        return i.cast(dtypes.int64)
+    return run
+
+
+OPS[("", "ArgMax")] = OpDef(_arg(True), frozenset({"axis", "keepdims", "select_last_index"}))
+OPS[("", "ArgMin")] = OpDef(_arg(False), frozenset({"axis", "keepdims", "select_last_index"}))
+
+
+def _softmax_like(fn: Callable[[Tensor, int], Tensor]) -> Callable[..., Tensor]:
+    def run(x: Tensor, *, axis: int | None = None, ctx: Context) -> Tensor:
+        if ctx.opset >= 13: return fn(x, axis_of(-1 if axis is None else axis, x.ndim))
+        # before opset 13 the input was flattened to 2D at `axis` (default 1) and normalized over the second part
+        a = axis_of(1 if axis is None else axis, x.ndim)
+        return fn(x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:])), 1).reshape(x.shape)
+    return run
+
+
+def _hardmax(x: Tensor, a: int) -> Tensor:
+    return (x.argmax(a, keepdim=True) == Tensor.arange(x.shape[a]).reshape(
+        tuple(-1 if i == a else 1 for i in range(x.ndim)))).cast(x.dtype)
+
+
+for _name, _sm in {"Softmax": lambda x, a: x.softmax(a), "LogSoftmax": lambda x, a: x.log_softmax(a),
+                   "Hardmax": _hardmax}.items():
+    OPS[("", _name)] = OpDef(_softmax_like(_sm), frozenset({"axis"}), True)
+
+
+@op("CumSum")
+def cumsum(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) -> Tensor:
+    a = axis_of(int(scalar(axis)), x.ndim)
+    v = x.flip(a) if reverse else x
+    out = v.cumsum(a)
+    if exclusive: out = out - v
+    return (out.flip(a) if reverse else out).cast(x.dtype)
+
+
+@op("CumProd")
+def cumprod(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) -> Tensor:
+    a = axis_of(int(scalar(axis)), x.ndim)
+    v = x.flip(a) if reverse else x
+    if exclusive:
+        # shift right by one along the axis, with a leading one
+        v = v.pad(tuple((1, -1) if i == a else (0, 0) for i in range(x.ndim)), value=1)
+    out = v.cumprod(a)
+    return (out.flip(a) if reverse else out).cast(x.dtype)
+
+
+# *** linear algebra ***
+
+@op("MatMul")
+def matmul(a: Tensor, b: Tensor) -> Tensor: return a.matmul(b)
+
+
+@op("Gemm")
+def gemm(a: Tensor, b: Tensor, c: Tensor | None = None, *, alpha: float = 1.0, beta: float = 1.0, transA: int = 0,
+         transB: int = 0) -> Tensor:
+    if transA: a = a.T
+    if transB: b = b.T
+    out = a @ b
+    if alpha != 1.0: out = out * alpha
+    if c is not None: out = out + (c * beta if beta != 1.0 else c)
+    return out.cast(a.dtype)
+
+
+@op("Einsum")
+def einsum(*xs: Tensor, equation: str) -> Tensor: return Tensor.einsum(equation.replace(" ", ""), *xs)
+
+
+# *** convolution and pooling ***
+
+def _pads_to_pairs(pads: Sequence[int] | None, n: int) -> list[tuple[int, int]]:
+    """ONNX pads (all begins, then all ends) as (begin, end) per spatial dim."""
+    if not pads: return [(0, 0)] * n
+    if len(pads) != 2 * n: raise ValueError(f"pads {list(pads)} must have 2 values per spatial dim ({2 * n})")
+    return [(pads[i], pads[i + n]) for i in range(n)]
+
+
+def _auto_pads(auto_pad: str, in_sizes: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int],
+               pads: Sequence[int] | None) -> list[tuple[int, int]]:
+    n = len(k)
+    if auto_pad in ("NOTSET", ""): return _pads_to_pairs(pads, n)
+    if auto_pad == "VALID": return [(0, 0)] * n
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"): raise ValueError(f"unknown auto_pad {auto_pad!r}")
+    out = []
+    for i, kk, ss, dd in zip(in_sizes, k, s, d):
+        total = max(0, (-(-i // ss) - 1) * ss + (kk - 1) * dd + 1 - i)
+        small, big = total // 2, total - total // 2
+        out.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+    return out
+
+
+def _flat(pairs: Sequence[tuple[int, int]]) -> list[int]:
+    """(begin, end) per dim -> torch's flat padding (last dim first)."""
+    return [v for b, e in reversed(pairs) for v in (b, e)]
+
+
+@op("Conv")
+def conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET",
+         dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
+         pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    k = tuple(w.shape[2:])
+    n = len(k)
+    if kernel_shape and tuple(kernel_shape) != k:
+        raise ValueError(f"kernel_shape {list(kernel_shape)} doesn't match the weight's {k}")
+    s, d = list(strides or [1] * n), list(dilations or [1] * n)
+    pairs = _auto_pads(auto_pad, x.shape[2:], k, s, d, pads)
+    return x.conv2d(w, b, groups=group, stride=s, dilation=d, padding=_flat(pairs)).cast(x.dtype)
+
+
+@op("ConvTranspose")
+def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET",
+                   dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
+                   output_padding: Sequence[int] | None = None, output_shape: Sequence[int] | None = None,
+                   pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    k = tuple(kernel_shape or w.shape[2:])
+    n = len(k)
+    s, d = list(strides or [1] * n), list(dilations or [1] * n)
+    op_ = list(output_padding or [0] * n)
+    i_ = x.shape[2:]
+    full = [ss * (i - 1) + o + (kk - 1) * dd + 1 for i, ss, o, kk, dd in zip(i_, s, op_, k, d)]
+    if output_shape:
+        want = list(output_shape)[-n:]
+        total = [f - w_ for f, w_ in zip(full, want)]
+        if any(t < 0 for t in total):
+            # a larger output than the full transpose: the extra is zero-padding at the end
+            pairs = [(0, 0)] * n
+            out = x.conv_transpose2d(w, b, group, s, d, _flat(pairs), op_)
+            return out.pad(tuple((0, 0) for _ in range(2)) + tuple((0, -t) for t in total))
+        if auto_pad == "SAME_LOWER": pairs = [(t - t // 2, t // 2) for t in total]
+        else: pairs = [(t // 2, t - t // 2) for t in total]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = [f - i * ss for f, i, ss in zip(full, i_, s)]
+        pairs = [(t // 2, t - t // 2) if auto_pad == "SAME_UPPER" else (t - t // 2, t // 2) for t in total]
+    elif auto_pad == "VALID": pairs = [(0, 0)] * n
+    else: pairs = _pads_to_pairs(pads, n)
+    # conv_transpose2d takes symmetric pads per dim plus output_padding at the end: the end pads are the begin pads
+    # less the output padding; a larger end pad crops further
+    sym = [bgn for bgn, _ in pairs]
+    extra = [bgn - end for bgn, end in pairs]
+    opad = [max(0, e) for e in extra]
+    if all(o < max(ss, dd) for o, ss, dd in zip(opad, s, d)):
+        out = x.conv_transpose2d(w, b, group, s, d, _flat([(p, p) for p in sym]), opad)
+    else:
+        out = x.conv_transpose2d(w, b, group, s, d, _flat([(p, p) for p in sym]), 0)
+        out = out.pad(((0, 0), (0, 0)) + tuple((0, o) for o in opad))
+    crop = [min(0, e) for e in extra]
+    if any(crop): out = out.pad(((0, 0), (0, 0)) + tuple((0, c) for c in crop))
+    return out
+
+
+def _pool_geometry(x: Tensor, auto_pad: str, kernel_shape: Sequence[int], strides: Sequence[int] | None,
+                   dilations: Sequence[int] | None, pads: Sequence[int] | None, ceil_mode: int):
+    k = list(kernel_shape)
+    n = len(k)
+    s, d = list(strides or [1] * n), list(dilations or [1] * n)
+    in_sizes = x.shape[2:]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # the output size is ceil(in / stride); padding makes it so
+        pairs = []
+        for i, kk, ss, dd in zip(in_sizes, k, s, d):
+            total = max(0, (-(-i // ss) - 1) * ss + (kk - 1) * dd + 1 - i)
+            small, big = total // 2, total - total // 2
+            pairs.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
+    else: pairs = _auto_pads(auto_pad, in_sizes, k, s, d, pads)
+    return k, s, d, pairs
+
+
+@op("MaxPool")
+def max_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: Sequence[int] | None = None,
+             kernel_shape: Sequence[int], pads: Sequence[int] | None = None, storage_order: int = 0,
+             strides: Sequence[int] | None = None, ctx: Context) -> Tensor | tuple[Tensor, Tensor]:
+    k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
+    n = len(k)
+    want_idx = ctx.n_outputs > 1
+    if all(max(p) <= (dd * (kk - 1) + 1) // 2 for p, kk, dd in zip(pairs, k, d)):
+        res = x.max_pool2d(tuple(k), s, d, _flat(pairs), bool(ceil_mode), return_indices=want_idx)
+    else:
+        # ONNX allows pads beyond half the kernel: pad by hand with the lowest value
+        if want_idx: raise Unsupported("MaxPool indices with pads larger than half the kernel")
+        low = -math.inf if is_float(x) else dtypes.min(x.dtype)
+        xp = x.pad(((0, 0), (0, 0)) + tuple(pairs), value=low)
+        res = xp.max_pool2d(tuple(k), s, d, 0, bool(ceil_mode))
+    if not want_idx: return res
+    out, idx = res
+    spatial = x.shape[2:]
+    plane = math.prod(spatial)
+    idx = idx.cast(dtypes.int64)
+    if storage_order:
+        if n != 2: raise Unsupported("MaxPool storage_order=1 for other than 2 spatial dims")
+        h, w_ = spatial
+        idx = (idx % w_) * h + idx // w_
+    # ONNX's indices count over the whole tensor, not one plane
+    base = Tensor.arange(x.shape[0] * x.shape[1], dtype=dtypes.int64).reshape((x.shape[0], x.shape[1]) + (1,) * n)
+    return out, idx + base * plane
+
+
+@op("AveragePool")
+def avg_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_include_pad: int = 0,
+             dilations: Sequence[int] | None = None, kernel_shape: Sequence[int], pads: Sequence[int] | None = None,
+             strides: Sequence[int] | None = None) -> Tensor:
+    k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
+    if all(max(p) <= (dd * (kk - 1) + 1) // 2 for p, kk, dd in zip(pairs, k, d)):
+        return x.avg_pool2d(tuple(k), s, d, _flat(pairs), bool(ceil_mode), bool(count_include_pad))
+    # pads beyond half the kernel: sum and count by hand
+    ones = Tensor.ones(*x.shape[2:], dtype=x.dtype)
+    xp = x.pad(((0, 0), (0, 0)) + tuple(pairs))
+    total = xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)
+    cnt = (ones.pad(tuple(pairs), value=1 if count_include_pad else 0)).avg_pool2d(tuple(k), s, d, 0,
+                                                                                    bool(ceil_mode)) * math.prod(k)
+    return total / cnt
+
+
+@op("GlobalAveragePool")
+def global_avg_pool(x: Tensor) -> Tensor: return x.mean(tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("GlobalMaxPool")
+def global_max_pool(x: Tensor) -> Tensor: return x.max(tuple(range(2, x.ndim)), keepdim=True)
+
+
+@op("LpPool")
+def lp_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: Sequence[int] | None = None,
+            kernel_shape: Sequence[int], p: int = 2, pads: Sequence[int] | None = None,
+            strides: Sequence[int] | None = None) -> Tensor:
+    k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
+    xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple(pairs))
+    return (xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)).pow(1 / p)
+
+
+@op("GlobalLpPool")
+def global_lp_pool(x: Tensor, *, p: int = 2) -> Tensor:
+    return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1 / p)
+
+
+# *** normalization ***
+
+def _channel(t: Tensor, ndim: int) -> Tensor: return t.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+@op("BatchNormalization")
+def batch_norm(x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor, *, epsilon: float = 1e-5,
+               momentum: float = 0.9, training_mode: int = 0, spatial: int = 1,
+               ctx: Context) -> Tensor | tuple[Tensor, ...]:
+    if not spatial: raise Unsupported("BatchNormalization spatial=0")
+    if training_mode:
+        axes = tuple(i for i in range(x.ndim) if i != 1)
+        bmean, bvar = x.mean(axes), x.var(axes, correction=0)
+        y = (x - _channel(bmean, x.ndim)) * (_channel(bvar, x.ndim) + epsilon).rsqrt() * _channel(scale, x.ndim) + \
+            _channel(bias, x.ndim)
+        return y, mean * momentum + bmean * (1 - momentum), var * momentum + bvar * (1 - momentum)
+    inv = (var + epsilon).rsqrt() * scale
+    return x * _channel(inv, x.ndim) + _channel(bias - mean * inv, x.ndim)
+
+
+@op("InstanceNormalization")
+def instance_norm(x: Tensor, scale: Tensor, bias: Tensor, *, epsilon: float = 1e-5) -> Tensor:
+    axes = tuple(range(2, x.ndim))
+    m = x.mean(axes, keepdim=True)
+    v = ((x - m) ** 2).mean(axes, keepdim=True)
+    return (x - m) * (v + epsilon).rsqrt() * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
+@op("LayerNormalization")
+def layer_norm(x: Tensor, scale: Tensor, bias: Tensor | None = None, *, axis: int = -1, epsilon: float = 1e-5,
+               stash_type: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+    a = axis_of(axis, x.ndim)
+    axes = tuple(range(a, x.ndim))
+    xf = x.cast(dtypes.float32) if stash_type == 1 and x.dtype != dtypes.float64 else x
+    m = xf.mean(axes, keepdim=True)
+    inv = ((xf - m) ** 2).mean(axes, keepdim=True).add(epsilon).rsqrt()
+    y = ((xf - m) * inv).cast(x.dtype) * scale
+    if bias is not None: y = y + bias
+    return y, m, inv
+
+
+@op("RMSNormalization")
+def rms_norm(x: Tensor, scale: Tensor, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1) -> Tensor:
+    axes = tuple(range(axis_of(axis, x.ndim), x.ndim))
+    xf = x.cast(dtypes.float32) if stash_type == 1 and x.dtype != dtypes.float64 else x
+    return (xf * (xf * xf).mean(axes, keepdim=True).add(epsilon).rsqrt()).cast(x.dtype) * scale
+
+
+@op("GroupNormalization")
+def group_norm(x: Tensor, scale: Tensor, bias: Tensor, *, epsilon: float = 1e-5, num_groups: int,
+               stash_type: int = 1, ctx: Context) -> Tensor:
+    n, c = x.shape[:2]
+    g = x.reshape(n, num_groups, -1)
+    gf = g.cast(dtypes.float32) if stash_type == 1 and x.dtype != dtypes.float64 else g
+    m = gf.mean(-1, keepdim=True)
+    y = ((gf - m) * ((gf - m) ** 2).mean(-1, keepdim=True).add(epsilon).rsqrt()).cast(x.dtype).reshape(x.shape)
+    if ctx.opset < 21:
+        # opset 18's scale and bias hold one value per group
+        scale, bias = scale.repeat_interleave(c // num_groups), bias.repeat_interleave(c // num_groups)
+    return y * _channel(scale, x.ndim) + _channel(bias, x.ndim)
+
+
+@op("LpNormalization")
+def lp_norm(x: Tensor, *, axis: int = -1, p: int = 2) -> Tensor:
+    a = axis_of(axis, x.ndim)
+    norm = x.abs().sum(a, keepdim=True) if p == 1 else (x * x).sum(a, keepdim=True).sqrt()
+    if p not in (1, 2): raise Unsupported(f"LpNormalization p={p}")
+    return (norm == 0).where(0, x / norm)
+
+
+@op("MeanVarianceNormalization")
+def mvn(x: Tensor, *, axes: Sequence[int] = (0, 2, 3)) -> Tensor:
+    ax = tuple(axis_of(a, x.ndim) for a in axes)
+    m = x.mean(ax, keepdim=True)
+    return (x - m) / ((x - m) ** 2).mean(ax, keepdim=True).sqrt().add(1e-9)
+
+
+@op("LRN")
+def lrn(x: Tensor, *, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0, size: int) -> Tensor:
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = (x * x).pad(((0, 0), (before, after)) + ((0, 0),) * (x.ndim - 2))
+    window = sq.unfold(1, size, 1).sum(-1)
+    return x / (bias + alpha / size * window) ** beta
+
+
+# *** shapes and movement ***
+
+@op("Shape")
+def shape(x: Tensor, *, start: int = 0, end: int | None = None) -> Tensor:
+    dims = list(x.shape)[start:end]
+    if not all(isinstance(d, int) for d in dims): raise Unsupported("Shape of a tensor with symbolic dims")
+    return Tensor(np.array(dims, dtype=np.int64))
+
+
+@op("Size")
+def size(x: Tensor) -> Tensor: return Tensor(np.array(math.prod(x.shape), dtype=np.int64))
+
+
+@op("Reshape")
+def reshape(x: Tensor, shape_t: Tensor | None = None, *, allowzero: int = 0,
+            shape: Sequence[int] | None = None) -> Tensor:
+    want = ints(shape_t) if shape_t is not None else list(shape or [])
+    if not allowzero: want = [x.shape[i] if v == 0 else v for i, v in enumerate(want)]
+    if want.count(-1) > 1: raise ValueError(f"shape {want} has more than one -1")
+    if -1 in want:
+        known = math.prod(v for v in want if v != -1)
+        if known == 0 or math.prod(x.shape) % known:
+            raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
+        want[want.index(-1)] = math.prod(x.shape) // known
+    if math.prod(want) != math.prod(x.shape): raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
+    return x.reshape(tuple(want))
+
+
+@op("Flatten")
+def flatten(x: Tensor, *, axis: int = 1) -> Tensor:
+    a = axis if axis >= 0 else axis + x.ndim
+    if not 0 <= a <= x.ndim: raise ValueError(f"axis {axis} is out of range for rank {x.ndim}")
+    return x.reshape(math.prod(x.shape[:a]), math.prod(x.shape[a:]))
+
+
+@op("Squeeze")
+def squeeze(x: Tensor, axes_in: Tensor | None = None, *, axes: Sequence[int] | None = None) -> Tensor:
+    ax = ints(axes_in) if axes_in is not None else list(axes or [])
+    if not ax: return x.reshape(tuple(s for s in x.shape if s != 1))
+    ax = [axis_of(a, x.ndim) for a in ax]
+    if any(x.shape[a] != 1 for a in ax): raise ValueError(f"can't squeeze axes {ax} of shape {tuple(x.shape)}")
+    return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in ax))
+
+
+@op("Unsqueeze")
+def unsqueeze(x: Tensor, axes_in: Tensor | None = None, *, axes: Sequence[int] | None = None) -> Tensor:
+    ax = ints(axes_in) if axes_in is not None else list(axes or [])
+    rank = x.ndim + len(ax)
+    ax = sorted(axis_of(a, rank) for a in ax)
+    if len(set(ax)) != len(ax): raise ValueError(f"repeated axes {ax}")
+    shape_ = list(x.shape)
+    for a in ax: shape_.insert(a, 1)
+    return x.reshape(tuple(shape_))
+
+
+@op("Transpose")
+def transpose(x: Tensor, *, perm: Sequence[int] | None = None) -> Tensor:
+    return x.permute(tuple(perm) if perm is not None else tuple(range(x.ndim))[::-1])
+
+
+@op("Concat")
+def concat(*xs: Tensor, axis: int) -> Tensor:
+    a = axis_of(axis, xs[0].ndim)
+    return xs[0].cat(*xs[1:], dim=a)
+
+
+@op("Split")
+def split(x: Tensor, split_in: Tensor | None = None, *, axis: int = 0, split: Sequence[int] | None = None,
+          num_outputs: int | None = None, ctx: Context) -> list[Tensor]:
+    a = axis_of(axis, x.ndim)
+    sizes = ints(split_in) if split_in is not None else list(split or [])
+    if not sizes:
+        n = num_outputs or ctx.n_outputs
+        chunk = -(-x.shape[a] // n)
+        sizes = [min(chunk, x.shape[a] - i * chunk) for i in range(n)]
+    if sum(sizes) != x.shape[a]: raise ValueError(f"split sizes {sizes} don't add up to dim {a} of {tuple(x.shape)}")
+    return list(x.split(sizes, a))
+
+
+@op("Slice")
+def slice_(x: Tensor, starts_in: Tensor | None = None, ends_in: Tensor | None = None, axes_in: Tensor | None = None,
+           steps_in: Tensor | None = None, *, starts: Sequence[int] | None = None, ends: Sequence[int] | None = None,
+           axes: Sequence[int] | None = None) -> Tensor:
+    # before opset 10 starts, ends and axes were attributes
+    st = ints(starts_in) if starts_in is not None else list(starts or [])
+    en = ints(ends_in) if ends_in is not None else list(ends or [])
+    ax = ints(axes_in) if axes_in is not None else list(axes or range(len(st)))
+    sp = ints(steps_in) if steps_in is not None else [1] * len(st)
+    if not len(st) == len(en) == len(ax) == len(sp): raise ValueError("starts, ends, axes and steps differ in length")
+    idx: list[Any] = [slice(None)] * x.ndim
+    for s, e, a, p in zip(st, en, ax, sp):
+        if p == 0: raise ValueError("a slice step can't be 0")
+        # Python's slice clamps exactly as ONNX does (including the sentinels INT64_MAX and INT64_MIN)
+        idx[axis_of(a, x.ndim)] = slice(s, e, p)
+    dims = [len(range(*sl.indices(d))) for sl, d in zip(idx, x.shape)]
+    if any(n == 0 for n in dims): return Tensor.empty(*dims, dtype=x.dtype)
+    return x[tuple(idx)]
+
+
+def _norm_index(idx: Tensor, n: int) -> Tensor:
+    idx = idx.cast(dtypes.int64) if idx.dtype != dtypes.int64 else idx
+    return (idx < 0).where(idx + n, idx)
+
+
+@op("Gather")
+def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
+    a = axis_of(axis, x.ndim)
+    i = _norm_index(idx, x.shape[a]).cast(dtypes.int32)
+    if i.ndim == 0:
+        v = int(scalar(i))
+        return x.shrink(tuple((v, v + 1) if d == a else None for d in range(x.ndim))).reshape(
+            x.shape[:a] + x.shape[a + 1:])
+    flat = i.reshape(-1)
+    # one-hot selection along the axis: indices (m,) against positions (n,) -> (m, n) mask, summed over n
+    xm = x.permute(tuple(d for d in range(x.ndim) if d != a) + (a,))  # (..., n)
+    mask = flat.reshape(-1, 1) == Tensor.arange(x.shape[a], dtype=dtypes.int32).reshape(1, -1)  # (m, n)
+    pre = xm.shape[:-1]
+    sel = mask.reshape((1,) * len(pre) + mask.shape).where(xm.reshape(pre + (1, x.shape[a])), 0).sum(-1,
+                                                                                                      dtype=x.dtype)
+    # sel: (*x.shape without a, m) -> x.shape[:a] + idx.shape + x.shape[a+1:]
+    sel = sel.reshape(pre + tuple(i.shape))
+    k = len(i.shape)
+    order = tuple(range(a)) + tuple(range(len(pre), len(pre) + k)) + tuple(range(a, len(pre)))
+    return sel.permute(order)
+
+
+@op("GatherElements")
+def gather_elements(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
+    a = axis_of(axis, x.ndim)
+    return x.gather(a, _norm_index(idx, x.shape[a]))
+
+
+@op("GatherND")
+def gather_nd(x: Tensor, idx: Tensor, *, batch_dims: int = 0) -> Tensor:
+    b, k = batch_dims, idx.shape[-1]
+    bshape, dshape, rshape = x.shape[:b], x.shape[b:b + k], x.shape[b + k:]
+    mshape = idx.shape[b:-1]
+    bp, dp, rp, mp = math.prod(bshape), math.prod(dshape), math.prod(rshape), math.prod(mshape)
+    strides = [math.prod(dshape[j + 1:]) for j in range(k)]
+    ii = idx.cast(dtypes.int64)
+    lin = sum((_norm_index(ii[..., j], dshape[j]) * strides[j] for j in range(k)), Tensor.zeros(*ii.shape[:-1],
+                                                                                               dtype=dtypes.int64))
+    lin = lin.reshape(bp, mp, 1).expand(bp, mp, rp).cast(dtypes.int32)
+    out = x.reshape(bp, dp, rp).gather(1, lin)
+    return out.reshape(tuple(bshape) + tuple(mshape) + tuple(rshape))
+
+
+_SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+@op("ScatterElements", "Scatter")
+def scatter_elements(x: Tensor, idx: Tensor, upd: Tensor, *, axis: int = 0, reduction: str = "none") -> Tensor:
+    a = axis_of(axis, x.ndim)
+    i = _norm_index(idx, x.shape[a])
+    if reduction == "none": return x.scatter(a, i, upd)
+    if reduction not in _SCATTER_REDUCE: raise Unsupported(f"reduction {reduction!r}")
+    return x.scatter_reduce(a, i, upd, _SCATTER_REDUCE[reduction])  # type: ignore[arg-type]
+
+
+@op("ScatterND")
+def scatter_nd(x: Tensor, idx: Tensor, upd: Tensor, *, reduction: str = "none") -> Tensor:
+    k = idx.shape[-1]
+    dshape, rshape = x.shape[:k], x.shape[k:]
+    mp, rp, dp = math.prod(idx.shape[:-1]), math.prod(rshape), math.prod(dshape)
+    strides = [math.prod(dshape[j + 1:]) for j in range(k)]
+    ii = idx.cast(dtypes.int64)
+    lin = sum((_norm_index(ii[..., j], dshape[j]) * strides[j] for j in range(k)), Tensor.zeros(*ii.shape[:-1],
+                                                                                               dtype=dtypes.int64))
+    lin = lin.reshape(mp, 1).expand(mp, rp)
+    flat, u = x.reshape(dp, rp), upd.reshape(mp, rp)
+    if reduction == "none": out = flat.scatter(0, lin, u)
+    elif reduction in _SCATTER_REDUCE: out = flat.scatter_reduce(0, lin, u, _SCATTER_REDUCE[reduction])  # type: ignore
+    else: raise Unsupported(f"reduction {reduction!r}")
+    return out.reshape(x.shape)
+
+
+@op("Expand")
+def expand(x: Tensor, shape_t: Tensor) -> Tensor:
+    want = ints(shape_t)
+    rank = max(len(want), x.ndim)
+    xs = (1,) * (rank - x.ndim) + tuple(x.shape)
+    ws = (1,) * (rank - len(want)) + tuple(want)
+    out = []
+    for a, b in zip(xs, ws):
+        if a != b and a != 1 and b != 1: raise ValueError(f"can't broadcast {tuple(x.shape)} to {want}")
+        out.append(a if b == 1 else b)
+    return x.reshape(xs).expand(tuple(out))
+
+
+@op("Tile")
+def tile(x: Tensor, repeats: Tensor) -> Tensor:
+    r = ints(repeats)
+    if len(r) != x.ndim: raise ValueError(f"repeats {r} needs one entry per dim of {tuple(x.shape)}")
+    if any(v == 0 for v in r): return Tensor.empty(*(s * v for s, v in zip(x.shape, r)), dtype=x.dtype)
+    return x.repeat(r)
+
+
+@op("ConstantOfShape")
+def constant_of_shape(shape_t: Tensor, *, value: Tensor | None = None) -> Tensor:
+    dims = ints(shape_t)
+    if value is None: return Tensor.zeros(*dims, dtype=dtypes.float32) if dims else Tensor(np.float32(0))
+    return Tensor.full(tuple(dims), scalar(value), dtype=value.dtype)
+
+
+@op("Constant")
+def constant(*, value: Tensor | None = None, value_float: float | None = None,
+             value_floats: Sequence[float] | None = None, value_int: int | None = None,
+             value_ints: Sequence[int] | None = None, value_string: str | None = None,
+             value_strings: Sequence[str] | None = None, sparse_value: Any = None) -> Tensor:
+    if value is not None: return value
+    if value_float is not None: return Tensor(np.array(value_float, dtype=np.float32))
+    if value_floats is not None: return Tensor(np.array(value_floats, dtype=np.float32))
+    if value_int is not None: return Tensor(np.array(value_int, dtype=np.int64))
+    if value_ints is not None: return Tensor(np.array(value_ints, dtype=np.int64))
+    raise Unsupported("string and sparse constants")
+
+
+@op("Range")
+def range_(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
+    s, lim, d = scalar(start), scalar(limit), scalar(delta)
+    n = max(math.ceil((lim - s) / d), 0)
+    if n == 0: return Tensor.empty(0, dtype=start.dtype)
+    # start + i * delta, in the inputs' dtype (as ONNX's loop that adds delta would only differ by rounding)
+    return (Tensor.arange(n, dtype=dtypes.int64 if not is_float(start) else start.dtype) * d + s).cast(start.dtype)
+
+
+@op("Pad")
+def pad(x: Tensor, pads_in: Tensor | None = None, value_in: Tensor | None = None, axes_in: Tensor | None = None, *,
+        mode: str = "constant", pads: Sequence[int] | None = None, value: float = 0.0) -> Tensor:
+    p = ints(pads_in) if pads_in is not None else list(pads or [])
+    ax = [axis_of(a, x.ndim) for a in ints(axes_in)] if axes_in is not None else list(range(x.ndim))
+    if len(p) != 2 * len(ax): raise ValueError(f"pads {p} must have 2 values for each of the axes {ax}")
+    pairs: list[tuple[int, int]] = [(0, 0)] * x.ndim
+    for j, a in enumerate(ax): pairs[a] = (p[j], p[j + len(ax)])
+    v = scalar(value_in) if value_in is not None else value
+    modes = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+    if mode not in modes: raise Unsupported(f"Pad mode {mode!r}")
+    if mode != "constant": return x.pad(tuple(pairs), mode=modes[mode])
+    return x.pad(tuple(pairs), value=v)
+
+
+@op("Dropout")
+def dropout(x: Tensor, ratio_in: Tensor | None = None, training_in: Tensor | None = None, *, seed: int | None = None,
+            ratio: float = 0.5, is_test: int = 0, ctx: Context) -> tuple[Tensor, Tensor]:
+    training = bool(scalar(training_in)) if training_in is not None else False
+    r = float(scalar(ratio_in)) if ratio_in is not None else ratio
+    if not training or r == 0:
+        return x, Tensor.ones(*x.shape, dtype=dtypes.bool)
+    if seed is not None: Tensor.manual_seed(seed)
+    keep = Tensor.rand(*x.shape) >= r
+    return keep.where(x / (1 - r), 0).cast(x.dtype), keep
+
+
+@op("Trilu")
+def trilu(x: Tensor, k: Tensor | None = None, *, upper: int = 1) -> Tensor:
+    kk = int(scalar(k)) if k is not None else 0
+    return x.triu(kk) if upper else x.tril(kk)
+
+
+@op("TopK")
+def topk(x: Tensor, k: Tensor, *, axis: int = -1, largest: int = 1, sorted: int = 1) -> tuple[Tensor, Tensor]:  # noqa: A002
+    v, i = x.topk(int(scalar(k)), axis_of(axis, x.ndim), bool(largest), True)
+    return v, i.cast(dtypes.int64)
+
+
+@op("OneHot")
+def one_hot(idx: Tensor, depth: Tensor, values: Tensor, *, axis: int = -1) -> Tensor:
+    d = int(scalar(depth))
+    a = axis_of(axis, idx.ndim + 1)
+    i = idx.cast(dtypes.int64)
+    i = (i < 0).where(i + d, i)
+    pos = Tensor.arange(d, dtype=dtypes.int64).reshape(tuple(-1 if j == a else 1 for j in range(idx.ndim + 1)))
+    hit = i.unsqueeze(a) == pos
+    return hit.where(values[1], values[0])
+
+
+@op("NonZero")
+def nonzero(x: Tensor) -> Tensor:
+    if x.ndim == 0: x = x.reshape(1)
+    return x.nonzero().T.cast(dtypes.int64)
+
+
+@op("Compress")
+def compress(x: Tensor, cond: Tensor, *, axis: int | None = None) -> Tensor:
+    keep = [i for i, c in enumerate(np.asarray(cond.numpy()).reshape(-1)) if c]
+    src, a = (x.reshape(-1), 0) if axis is None else (x, axis_of(axis, x.ndim))
+    keep = [i for i in keep if i < src.shape[a]]
+    if not keep: return Tensor.empty(*(0 if d == a else s for d, s in enumerate(src.shape)), dtype=x.dtype)
+    return gather(src, Tensor(np.array(keep, dtype=np.int64)), axis=a)
+
+
+@op("EyeLike")
+def eye_like(x: Tensor, *, dtype: int | None = None, k: int = 0) -> Tensor:
+    from fusegrad.onnx.runner import onnx_dtype
+    dt = onnx_dtype(dtype) if dtype is not None else x.dtype
+    r, c = x.shape
+    rows = Tensor.arange(r, dtype=dtypes.int32).reshape(-1, 1)
+    cols = Tensor.arange(c, dtype=dtypes.int32).reshape(1, -1)
+    return (cols - rows == k).cast(dt)
+
+
+@op("DepthToSpace")
+def depth_to_space(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
+    n, c, h, w = x.shape
+    b = blocksize
+    if mode == "DCR": y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD": y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+    else: raise ValueError(f"mode must be DCR or CRD, got {mode!r}")
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth")
+def space_to_depth(x: Tensor, *, blocksize: int) -> Tensor:
+    n, c, h, w = x.shape
+    b = blocksize
+    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    return y.reshape(n, c * b * b, h // b, w // b)

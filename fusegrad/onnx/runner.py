@@ -1,0 +1,257 @@
+"""OnnxRunner: parse a model with the `onnx` package and evaluate its graph node by node with Tensor ops.
+
+The graph is not compiled ahead: each call builds the lazy Tensor graph of the whole model, and fusegrad's scheduler
+fuses it into kernels when the outputs are realized. Everything that does not change between calls (parsed
+attributes, the op of each node, the initializers as realized Tensors) is prepared once in the constructor."""
+from __future__ import annotations
+
+import os
+from collections import ChainMap
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fusegrad import Tensor, dtypes
+from fusegrad.dtype import DType
+from fusegrad.onnx.errors import OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError
+from fusegrad.onnx.ops import OPS, Context, OpDef, Unsupported
+
+try:
+    import onnx
+    from onnx import numpy_helper
+except ImportError as e:  # pragma: no cover - the extra is missing
+    raise ImportError("fusegrad.onnx needs the onnx package: pip install 'fusegrad[onnx]'") from e
+
+# ONNX's TensorProto element types that have a fusegrad dtype
+ONNX_DTYPES: dict[int, DType] = {
+    onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.UINT8: dtypes.uint8, onnx.TensorProto.INT8: dtypes.int8,
+    onnx.TensorProto.UINT16: dtypes.uint16, onnx.TensorProto.INT16: dtypes.int16, onnx.TensorProto.INT32: dtypes.int32,
+    onnx.TensorProto.INT64: dtypes.int64, onnx.TensorProto.BOOL: dtypes.bool, onnx.TensorProto.FLOAT16: dtypes.float16,
+    onnx.TensorProto.DOUBLE: dtypes.float64, onnx.TensorProto.UINT32: dtypes.uint32,
+    onnx.TensorProto.UINT64: dtypes.uint64, onnx.TensorProto.BFLOAT16: dtypes.bfloat16,
+}
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def onnx_dtype(elem_type: int) -> DType:
+    """The fusegrad dtype of an ONNX element type; an error naming the type where there is none."""
+    if elem_type not in ONNX_DTYPES:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
+            else str(elem_type)
+        raise Unsupported(f"element type {name} has no fusegrad dtype")
+    return ONNX_DTYPES[elem_type]
+
+
+def array_to_tensor(arr: np.ndarray, dtype: DType | None = None) -> Tensor:
+    """A realized Tensor holding a NumPy array (dtypes NumPy lacks, bfloat16, come as float32 and are cast)."""
+    arr = np.asarray(arr)
+    if not arr.flags.c_contiguous: arr = arr.copy(order="C")
+    if arr.dtype == object or arr.dtype.kind in "USO": raise Unsupported(f"arrays of {arr.dtype} are not supported")
+    if arr.dtype.name == "bfloat16": arr, dtype = arr.astype(np.float32), dtypes.bfloat16
+    t = Tensor(arr)
+    if dtype is not None and t.dtype != dtype: t = t.cast(dtype)
+    return t.realize()
+
+
+def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Tensor:
+    dtype = onnx_dtype(tp.data_type)
+    if onnx.external_data_helper.uses_external_data(tp):
+        if base_dir is None: raise Unsupported(f"tensor {tp.name!r} has external data but the model has no folder")
+        onnx.external_data_helper.load_external_data_for_tensor(tp, base_dir)
+    return array_to_tensor(numpy_helper.to_array(tp), dtype)
+
+
+def supported_ops() -> list[str]:
+    """The op types this runner implements, as `domain::OpType` for domains other than the default one."""
+    return sorted(op if dom == "" else f"{dom}::{op}" for dom, op in OPS)
+
+
+def _attr_value(attr: onnx.AttributeProto, base_dir: str | None) -> Any:
+    v = onnx.helper.get_attribute_value(attr)
+    if attr.type == onnx.AttributeProto.TENSOR: return tensor_proto_to_tensor(v, base_dir)
+    if attr.type == onnx.AttributeProto.STRING: return v.decode()
+    if attr.type == onnx.AttributeProto.STRINGS: return tuple(s.decode() for s in v)
+    if attr.type == onnx.AttributeProto.GRAPH: return Graph(v, None, base_dir)
+    if attr.type in (onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS): return tuple(v)
+    if attr.type == onnx.AttributeProto.TENSORS: return tuple(tensor_proto_to_tensor(t, base_dir) for t in v)
+    if attr.type == onnx.AttributeProto.SPARSE_TENSOR: raise Unsupported(f"sparse tensor attribute {attr.name!r}")
+    return v
+
+
+class Node:
+    """One node with its op and parsed attributes, ready to run."""
+
+    def __init__(self, proto: onnx.NodeProto, index: int, opsets: Mapping[str, int], base_dir: str | None):
+        self.proto, self.op_type = proto, proto.op_type
+        self.domain = "" if proto.domain in DEFAULT_DOMAINS else proto.domain
+        self.name = proto.name or f"#{index} {proto.op_type} -> {', '.join(proto.output)}"
+        self.inputs, self.outputs = list(proto.input), list(proto.output)
+        self.opset = opsets.get(self.domain, 0)
+        op: OpDef | None = OPS.get((self.domain, self.op_type))
+        if op is None:
+            where = f" of domain {self.domain!r}" if self.domain else ""
+            raise OnnxUnsupportedError(self.name, self.op_type, f"op {self.op_type}{where} is not supported")
+        self.op = op
+        self.attrs: dict[str, Any] = {}
+        for a in proto.attribute:
+            if a.ref_attr_name: raise OnnxUnsupportedError(self.name, self.op_type, "attribute references (functions)")
+            if a.name not in op.attrs:
+                raise OnnxUnsupportedError(self.name, self.op_type, f"attribute {a.name!r} is not supported "
+                                           f"(supported: {', '.join(sorted(op.attrs)) or 'none'})")
+            try: self.attrs[a.name] = _attr_value(a, base_dir)
+            except Unsupported as e: raise OnnxUnsupportedError(self.name, self.op_type, str(e)) from None
+            if isinstance(self.attrs[a.name], Graph): self.attrs[a.name].opsets = opsets
+
+    def error(self, e: Exception) -> OnnxNodeError:
+        cls = OnnxUnsupportedError if isinstance(e, (Unsupported, NotImplementedError)) else OnnxNodeError
+        return cls(self.name, self.op_type, f"{type(e).__name__}: {e}" if not isinstance(e, Unsupported) else str(e))
+
+
+class Graph:
+    """A graph (the model's, or the body of an If/Loop/Scan) with its nodes prepared."""
+
+    def __init__(self, proto: onnx.GraphProto, opsets: Mapping[str, int] | None, base_dir: str | None):
+        self.proto, self.base_dir = proto, base_dir
+        self._opsets = opsets
+        self._nodes: list[Node] | None = None
+        self.initializers: dict[str, Tensor] = {}
+        for init in proto.initializer:
+            try: self.initializers[init.name] = tensor_proto_to_tensor(init, base_dir)
+            except Unsupported as e: raise OnnxLoadError(f"initializer {init.name!r}: {e}") from None
+        self.input_names = [i.name for i in proto.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in proto.output]
+        if opsets is not None: self.nodes  # noqa: B018 - the model graph's nodes are checked when it is loaded
+
+    @property
+    def opsets(self) -> Mapping[str, int] | None: return self._opsets
+
+    @opsets.setter
+    def opsets(self, v: Mapping[str, int]) -> None:
+        self._opsets = v
+        self.nodes  # noqa: B018 - subgraphs are checked with the model
+
+    @property
+    def nodes(self) -> list[Node]:
+        if self._nodes is None:
+            assert self._opsets is not None
+            self._nodes = [Node(n, i, self._opsets, self.base_dir) for i, n in enumerate(self.proto.node)]
+        return self._nodes
+
+    def run(self, values: Mapping[str, Tensor], ctx_runner: OnnxRunner) -> dict[str, Tensor]:
+        """Evaluate the nodes in order; `values` holds the inputs and every name visible from an outer graph."""
+        env: ChainMap[str, Tensor] = ChainMap({}, dict(self.initializers), values)  # type: ignore[arg-type]
+        for node in self.nodes:
+            args: list[Any] = []
+            for name in node.inputs:
+                if name == "": args.append(None)
+                elif name in env: args.append(env[name])
+                else: raise OnnxNodeError(node.name, node.op_type, f"input {name!r} is produced by no earlier node")
+            ctx = Context(node.name, node.op_type, node.opset, len(node.outputs), env, ctx_runner)
+            try:
+                out = node.op.fn(*args, **node.attrs, ctx=ctx) if node.op.wants_ctx else node.op.fn(*args, **node.attrs)
+            except OnnxError: raise
+            except Exception as e: raise node.error(e) from e
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            wanted = [i for i, name in enumerate(node.outputs) if name != ""]
+            if wanted and max(wanted) >= len(outs):
+                raise OnnxUnsupportedError(node.name, node.op_type, f"output {max(wanted)} is not computed")
+            for i in wanted: env[node.outputs[i]] = outs[i]
+        missing = [o for o in self.output_names if o not in env]
+        if missing: raise OnnxLoadError(f"graph {self.proto.name!r}: outputs {missing} are produced by no node")
+        return {o: env[o] for o in self.output_names}
+
+
+def _load(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(model, onnx.ModelProto): return model, None
+    if isinstance(model, (bytes, bytearray)):
+        try: return onnx.load_from_string(bytes(model)), None
+        except Exception as e: raise OnnxLoadError(f"the bytes given are not an ONNX model: {e}") from None
+    path = os.fspath(model)
+    if not os.path.isfile(path): raise OnnxLoadError(f"no such model file: {path!r}")
+    try: proto = onnx.load(path, load_external_data=False)
+    except Exception as e:
+        raise OnnxLoadError(f"{path!r} is not a readable ONNX model (truncated or corrupt?): {type(e).__name__}: {e}") \
+            from None
+    return proto, os.path.dirname(os.path.abspath(path))
+
+
+class OnnxRunner:
+    """Runs an ONNX model: `OnnxRunner(path_or_model)(inputs)` maps input names to Tensors or NumPy arrays and returns
+    a dict of output names to (lazy) Tensors."""
+
+    def __init__(self, model: str | os.PathLike | bytes | onnx.ModelProto):
+        proto, base_dir = _load(model)
+        if not proto.HasField("graph") or len(proto.graph.output) == 0:
+            raise OnnxLoadError("the model has no graph, or a graph without outputs (truncated or corrupt file?)")
+        self.model = proto
+        self.opsets: dict[str, int] = {}
+        for imp in proto.opset_import:
+            self.opsets["" if imp.domain in DEFAULT_DOMAINS else imp.domain] = imp.version
+        if "" not in self.opsets: self.opsets[""] = 1
+        self.graph = Graph(proto.graph, self.opsets, base_dir)
+        # the declared inputs: dtype and dims (ints, or names of symbolic dims) of each
+        self.input_specs: dict[str, tuple[DType | None, tuple[int | str | None, ...] | None]] = {}
+        for vi in proto.graph.input:
+            if vi.name in self.graph.initializers: continue
+            tt = vi.type.tensor_type
+            if not vi.type.HasField("tensor_type"):
+                raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor: only tensor inputs are supported")
+            try: dt = onnx_dtype(tt.elem_type) if tt.elem_type else None
+            except Unsupported as e: raise OnnxLoadError(f"graph input {vi.name!r}: {e}") from None
+            dims = None if not tt.HasField("shape") else tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+            self.input_specs[vi.name] = (dt, dims)
+
+    @property
+    def input_names(self) -> list[str]: return list(self.input_specs)
+
+    @property
+    def output_names(self) -> list[str]: return list(self.graph.output_names)
+
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Tensor]:
+        unknown = [k for k in inputs if k not in self.input_specs]
+        if unknown: raise OnnxInputError(f"unknown input names {unknown}: the model's inputs are {self.input_names}")
+        missing = [k for k in self.input_specs if k not in inputs]
+        if missing: raise OnnxInputError(f"missing inputs {missing}: the model's inputs are {self.input_names}")
+        out: dict[str, Tensor] = {}
+        sizes: dict[str, int] = {}
+        for name, (dt, dims) in self.input_specs.items():
+            v = inputs[name]
+            if isinstance(v, Tensor): t = v
+            else:
+                arr = np.asarray(v)
+                if dt is not None and dt != dtypes.bfloat16 and arr.dtype != np.dtype(_np_name(dt)):
+                    raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got a NumPy array of {arr.dtype}")
+                try: t = array_to_tensor(arr, dt)
+                except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
+            if dt is not None and t.dtype != dt:
+                raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got {t.dtype.name}")
+            if dims is not None:
+                if len(dims) != len(t.shape):
+                    raise OnnxInputError(f"input {name!r} must have {len(dims)} dims {_fmt_dims(dims)}, got shape "
+                                         f"{tuple(t.shape)}")
+                for i, (d, s) in enumerate(zip(dims, t.shape)):
+                    if isinstance(d, int) and d > 0 and d != s:
+                        raise OnnxInputError(f"input {name!r} must have shape {_fmt_dims(dims)}, got {tuple(t.shape)} "
+                                             f"(dim {i} is {s}, not {d})")
+                    if isinstance(d, str) and isinstance(s, int):
+                        if sizes.setdefault(d, s) != s:
+                            raise OnnxInputError(f"input {name!r}: dim {i} ({d!r}) is {s}, but another input gave "
+                                                 f"{d!r} = {sizes[d]}")
+            out[name] = t
+        return out
+
+    def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
+        given = dict(inputs or {}, **kwargs)
+        return self.graph.run(self._check_inputs(given), self)
+
+
+def _np_name(dt: DType) -> str:
+    return {"char": "int8", "unsigned char": "uint8", "short": "int16", "unsigned short": "uint16", "int": "int32",
+            "unsigned int": "uint32", "long": "int64", "unsigned long": "uint64", "half": "float16",
+            "float": "float32", "double": "float64", "bool": "bool"}[dt.name]
+
+
+def _fmt_dims(dims: Sequence[int | str | None]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + ("," if len(dims) == 1 else "") + ")"
