@@ -3,7 +3,7 @@ the same program gives on one device."""
 import numpy as np
 import pytest
 from fusegrad import GlobalCounters, Tensor, dtypes, nn
-from fusegrad.engine.multi import shard_bounds
+from fusegrad.schedule.multi import shard_bounds
 from fusegrad.nn.state import get_parameters, get_state_dict
 
 D2 = ("CPU", "CPU:1")

@@ -14,7 +14,7 @@ import numbers
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
-from fusegrad.engine.multi import shards_of
+from fusegrad.schedule.multi import shards_of
 from fusegrad.engine.realize import ExecItem, sym_infer
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
 from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values

@@ -62,7 +62,7 @@ class Optimizer:
             return
         # a number is written straight into the buffer: no kernel, so no compile even for the first new value
         raw = memoryview(struct.pack("f", float(value)))
-        from fusegrad.engine.multi import shards_of
+        from fusegrad.schedule.multi import shards_of
         for shard in shards_of(self._lr.realize().uop): device_buffer(shard.base).copyin(raw)
 
     def zero_grad(self) -> None:

@@ -12,7 +12,7 @@ from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_up
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
-from fusegrad.engine.multi import shards_of
+from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.kernelize import kernelize_map_cached, schedule_cache, schedule_cache_lookup, \
     schedule_cache_stats
@@ -89,9 +89,9 @@ def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
     return Device.canonicalize(device) if device is not None else Device.DEFAULT
 
 def _multi(u: UOp) -> UOp:
-    """`u` with its operations over sharded tensors rewritten into per-shard ones (see engine/multi.py)."""
+    """`u` with its operations over sharded tensors rewritten into per-shard ones (see schedule/multi.py)."""
     if not _sharding_used: return u
-    from fusegrad.engine.multi import needs_multi, to_multi
+    from fusegrad.schedule.multi import needs_multi, to_multi
     return to_multi(u) if needs_multi(u) else u
 
 def _flatten_nested(data: Any) -> tuple[list, tuple[int, ...]]:
@@ -383,7 +383,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             raise JitError("reading tensor data (numpy, item, tolist, data) inside a TinyJit function while it is "
                            "captured: replays would not run that Python code; return the tensor instead")
         if self.uop.op is Ops.MULTI:  # a sharded tensor: its shards gathered on the first device
-            from fusegrad.engine.multi import gather
+            from fusegrad.schedule.multi import gather
             return Tensor(gather(self.uop, self.device[0]))._buffer()
         t = (self if buffer_node(self.uop) is not None else self.contiguous()).realize()
         return device_buffer(t.uop)
@@ -442,7 +442,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """This tensor split over `devices` along `axis` (in shards of ceil(size/n), so the last ones may be smaller
         or empty), or whole on each of them when `axis` is None. Operations on the result run shard by shard, with
         copies and all-reduces where they cross shards."""
-        from fusegrad.engine.multi import shard_uop
+        from fusegrad.schedule.multi import shard_uop
         if not isinstance(devices, (tuple, list)) or not devices or not all(isinstance(d, str) for d in devices):
             raise TypeError(f"shard needs a non-empty tuple of device names, got {devices!r}")
         devs = _canonical_device(tuple(devices))
@@ -458,7 +458,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def shard_like(self, y: Tensor) -> Tensor:
         """This tensor laid out as `y` is: on y's devices, split along y's axis (as is, if y is on one device)."""
         if y.uop.op is not Ops.MULTI: return self.to(y.device)
-        from fusegrad.engine.multi import multi_bounds, shard_uop
+        from fusegrad.schedule.multi import multi_bounds, shard_uop
         if self.shape != y.shape: raise ValueError(f"shard_like: shapes {self.shape} and {y.shape} differ")
         return Tensor(shard_uop(self.uop, y.device, y.uop.arg, multi_bounds(y.uop)))
     def to_(self, device: str | None) -> Tensor:

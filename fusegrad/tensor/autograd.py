@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, ClassVar, Iterator
 from fusegrad.dtype import dtypes
-from fusegrad.engine.multi import shards_of
+from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import compute_gradient, compute_gradients
 from fusegrad.helpers import TRAINING
 from fusegrad.schedule.simplify import const_view
@@ -22,7 +22,7 @@ def _gradients(root: UOp, seed: UOp, targets: list[UOp], known: dict[UOp, None] 
     """compute_gradient, with sharded roots and targets taken shard by shard. (`known`: a toposort of root.)"""
     if root.op is not Ops.MULTI and not any(t.op is Ops.MULTI for t in targets):
         return compute_gradient(root, seed, set(targets), known)  # type: ignore[return-value]
-    from fusegrad.engine.multi import gradient_of, gradient_seeds, gradient_targets
+    from fusegrad.schedule.multi import gradient_of, gradient_seeds, gradient_targets
     shards = frozenset(s for t in targets if t.op is Ops.MULTI for s in t.src)
     grads = compute_gradients(gradient_seeds(root, seed), gradient_targets(targets), shards)
     return {t: gradient_of(t, grads) for t in targets}

@@ -15,7 +15,9 @@ A graph whose DEVICE has a tuple of devices and no MULTI (constants, `arange`, r
 tensor) is a replica made lazily: each device gets the same graph on its own DEVICE."""
 from __future__ import annotations
 from typing import Callable
+from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
+from fusegrad.schedule.simplify import const_view
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 Bounds = tuple[tuple[int, int], ...]
@@ -99,8 +101,6 @@ def _pad_axis(u: UOp, axis: int, before: int, after: int) -> UOp:
 def _cat(parts: list[UOp], axis: int, like: UOp, device: str, shape: tuple[int, ...]) -> UOp:
     """The parts (on one device) joined along `axis`: each padded to the whole extent and selected by position (a
     select rather than a sum, so -0.0 stays -0.0)."""
-    from fusegrad.dtype import dtypes
-    from fusegrad.schedule.simplify import const_view
     parts = [p for p in parts if p.shape[axis] != 0]
     if not parts: return const_view(0, like.dtype, _device(device), shape)  # an empty shard
     if len(parts) == 1: return parts[0]
@@ -353,7 +353,6 @@ def gradient_of(target: UOp, grads: dict[UOp, UOp]) -> UOp | None:
     if target.op is not Ops.MULTI: return grads.get(target)
     gs = [grads.get(s) for s in target.src]
     if all(g is None for g in gs): return None
-    from fusegrad.schedule.simplify import const_view
     gs = [g if g is not None else const_view(0, s.dtype, _device(s.device), s.shape) for g, s in zip(gs, target.src)]
     if target.arg is not None: return UOp(Ops.MULTI, target.dtype, tuple(gs), target.arg)
     return UOp(Ops.MULTI, target.dtype, tuple(all_reduce(gs, Ops.ADD)), None)
