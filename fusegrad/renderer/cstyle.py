@@ -10,6 +10,7 @@ import hashlib
 import math
 import platform
 import struct
+from typing import Callable
 from fusegrad import hostcpu
 from fusegrad.codegen.affine import coeff
 from fusegrad.dtype import DType, PtrDType, dtypes
@@ -449,144 +450,201 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
-        users: dict[UOp, list[UOp]] = {}
-        depth_of: dict[UOp, int] = {}
-        depth = 0
+        k = KernelText(self, uops)
         for u in uops:
-            if u.op is Ops.END: depth -= 1
-            depth_of[u] = depth
-            if u.op is Ops.RANGE: depth += 1
-            for s in u.src: users.setdefault(s, []).append(u)
-        stored = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
-        # vector accumulators whose lanes are combined after their loop (a reduction vectorized along its own axis)
-        def lanes_combined(acc: UOp) -> bool:
-            lanes = {x for x in users.get(acc, []) if x.op is Ops.GEP}
-            return any(y.op in GroupOp.ALU and sum(s in lanes for s in y.src) >= 2 for g in lanes for y in users[g])
-        lane_summed = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG and
-                       u.dtype.count > 1 and lanes_combined(u)}
-        r: dict[UOp, str] = {}
-        bufs: list[tuple[int, str]] = []
-        var_params: list[tuple[str, str]] = []
-        body: list[str] = []
-        counter: dict[str, int] = {}
-        depth = 1
-        def line(s: str) -> None: body.append("  " * depth + s)
-        def new_var(prefix: str) -> str:
-            counter[prefix] = counter.get(prefix, -1) + 1
-            return f"{prefix}{counter[prefix]}"
-        def assign(u: UOp, expr: str, prefix: str, ctype: str | None = None) -> None:
-            us = users.get(u, [])
-            if prefix != "val" and len(us) == 1 and depth_of[us[0]] == depth_of[u] and us[0].op is not Ops.RANGE:
-                r[u] = expr
-            else:
-                r[u] = new_var(prefix)
-                line(f"{ctype or self.dtype_name(u.dtype)} {r[u]} = {expr};")
-        mask_width: dict[UOp, int] = {}
-        loops: list[UOp] = []   # the loops open at this point, innermost last
-        def is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
+            if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
+            elif (render_op := self.op_renderers.get(u.op)) is not None: render_op(self, k, u)
+            else: raise NotImplementedError(f"can't render {u.op}")
+        return self._render_function(k, name, uops)
 
-        for u in uops:
-            op, src = u.op, u.src
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"data{u.arg}"
-                const = "" if u in stored else "const "
-                bufs.append((u.arg, f"{const}{self.dtype_name(u.dtype.base)}*{self.buffer_suffix} {r[u]}"))
-            elif op is Ops.DEFINE_VAR:
-                # parameters arrive as double (floats) or long (integers), narrowed here to the var's dtype
-                wide = "double" if dtypes.is_float(u.dtype) else "long"
-                var_params.append((u.arg[0], f"{wide} {u.arg[0]}"))
-                narrow = u.dtype.scalar() not in (dtypes.float64, dtypes.int64, dtypes.index)
-                r[u] = f"(({self.dtype_name(u.dtype)}){u.arg[0]})" if narrow else u.arg[0]
-            elif op is Ops.NOOP: continue     # groups stores
-            elif op is Ops.BIND: r[u] = r[src[0]]
-            elif op is Ops.DEFINE_LOCAL:
-                r[u] = f"local{u.arg}"
-                line(f"{self.dtype_name(u.dtype.base)} {r[u]}[{u.dtype.size}] __attribute__((aligned(64)));")
-            elif op is Ops.BARRIER: r[u] = r[src[0]]   # the local buffer once its copy loop is done
-            elif op is Ops.DEFINE_REG:
-                r[u] = f"acc{u.arg}"
-                line(f"{self.dtype_name(u.dtype)} {r[u]};")
-            elif op is Ops.CONST: r[u] = self.render_const(u.arg, u.dtype)
-            elif op is Ops.RANGE:
-                v = f"ridx{u.arg[0]}"
-                r[u] = v
-                loops.append(u)
-                lo, hi = ("core_lo", "core_hi") if u.arg[1] == "global" else ("0", r[src[0]])
-                line(f"for (long {v} = {lo}; {v} < {hi}; {v}++) {{")
-                depth += 1
-            elif op is Ops.END:
-                depth -= 1
-                line("}")
-                loops.pop()
-            elif op is Ops.INDEX:
-                # the lvalue of the element (or of the vector starting there)
-                if u.dtype.vcount == 1: r[u] = f"{r[src[0]]}[{r[src[1]]}]"
-                else: r[u] = f"(*(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*)({r[src[0]]}+{r[src[1]]})))"
-            elif op is Ops.LOAD:
-                if src[0].op is Ops.DEFINE_REG: r[u] = r[src[0]]; continue
-                idx = src[0]
-                val = r[idx]
-                if len(src) > 1:   # vector load on a padded edge: all lanes valid, or each lane gated
-                    buf, base = r[idx.src[0]], r[idx.src[1]]
-                    if (masked := self._masked_load(u.dtype)) is not None:
-                        # one masked load (masked-off lanes read nothing, so no fault past the edge)
-                        bits = "|".join(f"((unsigned)({r[m]})<<{k})" for k, m in enumerate(src[2:]))
-                        edge = f"{masked}({buf}+{base}, ({bits}))"
-                    else:
-                        edge = "((" + self.dtype_name(u.dtype) + "){" + ", ".join(
-                            f"({r[m]}?{buf}[{base}+{k}]:{self.render_const(0, u.dtype.scalar())})"
-                            for k, m in enumerate(src[2:])) + "})"
-                    val = f"({r[src[1]]}?{val}:{edge})"
-                if len(idx.src) > 2:
-                    zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else \
-                        f"(({self.dtype_name(u.dtype)}){{0}})"
-                    val = f"({r[idx.src[2]]}?{val}:{zero})"
-                    # a gated load used once is written where it is used: inside a select (a branch of a
-                    # concatenation or of a reflecting pad), C evaluates it only when the select takes it. Not one
-                    # contiguous along the innermost loop whose gate varies along it (a concatenation along the
-                    # columns): there loading every branch without branching measured faster (7.0 against 8.3 ms)
-                    if len(us := users.get(u, [])) == 1 and us[0].op is not Ops.RANGE and \
-                            depth_of[us[0]] == depth_of[u] and u.dtype.count == 1 and idx.src[0] not in stored and \
-                            not (loops and coeff(idx.src[1], loops[-1]) == 1 and loops[-1] in idx.src[2].toposort()):
-                        r[u] = val   # (nothing writes the buffer in between: the kernel never writes it)
-                        continue
-                assign(u, val, "val")
-                # a vector that several accumulators of a vector reduction share (a register tile's operand) is kept
-                # in a register
-                if u.dtype.count > 1 and sum(1 for x in users.get(u, []) if x.op is Ops.MULACC and
-                                             any(st.op is Ops.STORE and st.src[0] in lane_summed
-                                                 for st in users.get(x, []))) >= 2 and \
-                        (keep := self.keep_in_register(r[u])) is not None:
-                    line(keep)
-            elif op is Ops.STORE:
-                if src[0].op is Ops.DEFINE_REG: line(f"{r[src[0]]} = {r[src[1]]};"); continue
-                st = f"{r[src[0]]} = {r[src[1]]};"
-                line(f"if ({r[src[0].src[2]]}) {st}" if len(src[0].src) > 2 else st)
-            elif op in _MASK_USERS and (is_mask(u) or any(is_mask(s) for s in src)):
-                expr, width = self.render_mask_op(u, r, mask_width)
-                if width is None: assign(u, expr, "alu")
-                else:
-                    mask_width[u] = width
-                    assign(u, expr, "mask", self._mask_type(u.dtype.count, width))
-            elif op is Ops.VECTORIZE:
-                if all(s is src[0] for s in src): assign(u, f"{self._broadcast(u.dtype)}({r[src[0]]})", "vec")
-                else: assign(u, f"(({self.dtype_name(u.dtype)}){{{', '.join(r[s] for s in src)}}})", "vec")
-            elif op is Ops.GEP: assign(u, f"{r[src[0]]}[{u.arg}]", "gep")
-            elif op is Ops.CAST: assign(u, self.render_cast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op is Ops.BITCAST: assign(u, self.render_bitcast(r[src[0]], src[0].dtype, u.dtype), "cast")
-            elif op in GroupOp.ALU:
-                assign(u, self.render_alu(op, u.dtype, [r[s] for s in src], [s.dtype for s in src]), "alu")
-            else: raise NotImplementedError(f"can't render {op}")
-        params = [p for _, p in sorted(bufs)] + [p for _, p in sorted(var_params)] + ["long core_lo", "long core_hi"]
-        src = self.render_kernel(name, params, body, self.prelude(uops))
+    # *** one UOp: each names its value in k.r, or writes the lines it needs ***
+
+    def _define_global(self, k: KernelText, u: UOp) -> None:
+        k.r[u] = f"data{u.arg}"
+        const = "" if u in k.stored else "const "
+        k.bufs.append((u.arg, f"{const}{self.dtype_name(u.dtype.base)}*{self.buffer_suffix} {k.r[u]}"))
+
+    def _define_var(self, k: KernelText, u: UOp) -> None:
+        # parameters arrive as double (floats) or long (integers), narrowed here to the var's dtype
+        wide = "double" if dtypes.is_float(u.dtype) else "long"
+        k.var_params.append((u.arg[0], f"{wide} {u.arg[0]}"))
+        narrow = u.dtype.scalar() not in (dtypes.float64, dtypes.int64, dtypes.index)
+        k.r[u] = f"(({self.dtype_name(u.dtype)}){u.arg[0]})" if narrow else u.arg[0]
+
+    def _same_as_source(self, k: KernelText, u: UOp) -> None:
+        # (BIND is its var; BARRIER is the local buffer once its copy loop is done)
+        k.r[u] = k.r[u.src[0]]
+
+    def _define_local(self, k: KernelText, u: UOp) -> None:
+        k.r[u] = f"local{u.arg}"
+        k.line(f"{self.dtype_name(u.dtype.base)} {k.r[u]}[{u.dtype.size}] __attribute__((aligned(64)));")
+
+    def _define_reg(self, k: KernelText, u: UOp) -> None:
+        k.r[u] = f"acc{u.arg}"
+        k.line(f"{self.dtype_name(u.dtype)} {k.r[u]};")
+
+    def _const(self, k: KernelText, u: UOp) -> None: k.r[u] = self.render_const(u.arg, u.dtype)
+
+    def _range(self, k: KernelText, u: UOp) -> None:
+        v = k.r[u] = f"ridx{u.arg[0]}"
+        k.loops.append(u)
+        lo, hi = ("core_lo", "core_hi") if u.arg[1] == "global" else ("0", k.r[u.src[0]])
+        k.line(f"for (long {v} = {lo}; {v} < {hi}; {v}++) {{")
+        k.depth += 1
+
+    def _end(self, k: KernelText, u: UOp) -> None:
+        k.depth -= 1
+        k.line("}")
+        k.loops.pop()
+
+    def _index(self, k: KernelText, u: UOp) -> None:
+        # the lvalue of the element (or of the vector starting there)
+        buf, off = k.r[u.src[0]], k.r[u.src[1]]
+        if u.dtype.vcount == 1: k.r[u] = f"{buf}[{off}]"
+        else: k.r[u] = f"(*(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*)({buf}+{off})))"
+
+    def _load(self, k: KernelText, u: UOp) -> None:
+        idx = u.src[0]
+        if idx.op is Ops.DEFINE_REG:
+            k.r[u] = k.r[idx]
+            return
+        val = k.r[idx] if len(u.src) == 1 else f"({k.r[u.src[1]]}?{k.r[idx]}:{self._edge_load(k, u)})"
+        if len(idx.src) > 2:
+            zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else f"(({self.dtype_name(u.dtype)}){{0}})"
+            val = f"({k.r[idx.src[2]]}?{val}:{zero})"
+            if self._load_where_used(k, u):
+                k.r[u] = val   # (nothing writes the buffer in between: the kernel never writes it)
+                return
+        k.assign(u, val, "val")
+        # a vector that several accumulators of a vector reduction share (a register tile's operand) is kept in a
+        # register
+        if u.dtype.count > 1 and sum(1 for x in k.users.get(u, []) if x.op is Ops.MULACC and
+                                     any(st.op is Ops.STORE and st.src[0] in k.lane_summed
+                                         for st in k.users.get(x, []))) >= 2 and \
+                (keep := self.keep_in_register(k.r[u])) is not None:
+            k.line(keep)
+
+    def _edge_load(self, k: KernelText, u: UOp) -> str:
+        """A vector load on a padded edge, each lane gated by its own condition (u.src[2:])."""
+        buf, base = k.r[u.src[0].src[0]], k.r[u.src[0].src[1]]
+        if (masked := self._masked_load(u.dtype)) is not None:
+            # one masked load (masked-off lanes read nothing, so no fault past the edge)
+            bits = "|".join(f"((unsigned)({k.r[m]})<<{i})" for i, m in enumerate(u.src[2:]))
+            return f"{masked}({buf}+{base}, ({bits}))"
+        return "((" + self.dtype_name(u.dtype) + "){" + ", ".join(
+            f"({k.r[m]}?{buf}[{base}+{i}]:{self.render_const(0, u.dtype.scalar())})" for i, m in enumerate(u.src[2:])) \
+            + "})"
+
+    @staticmethod
+    def _load_where_used(k: KernelText, u: UOp) -> bool:
+        """Whether gated load `u` is written where it is used: used once, inside a select (a branch of a concatenation
+        or of a reflecting pad), C evaluates it only when the select takes it. Not one contiguous along the innermost
+        loop whose gate varies along it (a concatenation along the columns): there loading every branch without
+        branching measured faster (7.0 against 8.3 ms)."""
+        idx, loops = u.src[0], k.loops
+        return len(us := k.users.get(u, [])) == 1 and us[0].op is not Ops.RANGE and \
+            k.depth_of[us[0]] == k.depth_of[u] and u.dtype.count == 1 and idx.src[0] not in k.stored and \
+            not (loops and coeff(idx.src[1], loops[-1]) == 1 and loops[-1] in idx.src[2].toposort())
+
+    def _store(self, k: KernelText, u: UOp) -> None:
+        dest = u.src[0]
+        st = f"{k.r[dest]} = {k.r[u.src[1]]};"
+        k.line(f"if ({k.r[dest.src[2]]}) {st}" if dest.op is not Ops.DEFINE_REG and len(dest.src) > 2 else st)
+
+    def _render_mask_op(self, k: KernelText, u: UOp) -> None:
+        expr, width = self.render_mask_op(u, k.r, k.mask_width)
+        if width is None: k.assign(u, expr, "alu")
+        else:
+            k.mask_width[u] = width
+            k.assign(u, expr, "mask", self._mask_type(u.dtype.count, width))
+
+    def _vectorize(self, k: KernelText, u: UOp) -> None:
+        if all(s is u.src[0] for s in u.src): k.assign(u, f"{self._broadcast(u.dtype)}({k.r[u.src[0]]})", "vec")
+        else: k.assign(u, f"(({self.dtype_name(u.dtype)}){{{', '.join(k.r[s] for s in u.src)}}})", "vec")
+
+    def _gep(self, k: KernelText, u: UOp) -> None: k.assign(u, f"{k.r[u.src[0]]}[{u.arg}]", "gep")
+
+    def _cast(self, k: KernelText, u: UOp) -> None:
+        k.assign(u, self.render_cast(k.r[u.src[0]], u.src[0].dtype, u.dtype), "cast")
+
+    def _bitcast(self, k: KernelText, u: UOp) -> None:
+        k.assign(u, self.render_bitcast(k.r[u.src[0]], u.src[0].dtype, u.dtype), "cast")
+
+    def _alu(self, k: KernelText, u: UOp) -> None:
+        k.assign(u, self.render_alu(u.op, u.dtype, [k.r[s] for s in u.src], [s.dtype for s in u.src]), "alu")
+
+    def _nothing(self, k: KernelText, u: UOp) -> None: pass   # (NOOP groups stores)
+
+    # how each op is rendered; a dialect overrides entries with its own. (ops that make or read a bool vector are
+    # rendered by render_mask_op first)
+    op_renderers: dict[Ops, Callable[[CStyleLanguage, KernelText, UOp], None]] = {
+        Ops.DEFINE_GLOBAL: _define_global, Ops.DEFINE_VAR: _define_var, Ops.NOOP: _nothing, Ops.BIND: _same_as_source,
+        Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _same_as_source, Ops.DEFINE_REG: _define_reg, Ops.CONST: _const,
+        Ops.RANGE: _range, Ops.END: _end, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
+        Ops.VECTORIZE: _vectorize, Ops.GEP: _gep, Ops.CAST: _cast, Ops.BITCAST: _bitcast,
+        **dict.fromkeys(GroupOp.ALU, _alu)}
+
+    def _render_function(self, k: KernelText, name: str, uops: list[UOp]) -> str:
+        """The kernel function around the rendered body, and with `entry_point` its entry taking pointers."""
+        params = [p for _, p in sorted(k.bufs)] + [p for _, p in sorted(k.var_params)]
+        params += ["long core_lo", "long core_hi"]
+        src = self.render_kernel(name, params, k.body, self.prelude(uops))
         if not self.entry_point: return src
         # one signature for every kernel, so a thread pool written in C can call any of them: the buffers and the
         # Variables' values by pointer in `a`, in the order of the parameters
         casts = [f"({p.rsplit(' ', 1)[0].replace(self.buffer_suffix, '')})a[{i}]"
-                 for i, (_, p) in enumerate(sorted(bufs))]
-        casts += [f"*({p.split(' ', 1)[0]}*)a[{len(bufs) + i}]" for i, (_, p) in enumerate(sorted(var_params))]
+                 for i, (_, p) in enumerate(sorted(k.bufs))]
+        casts += [f"*({p.split(' ', 1)[0]}*)a[{len(k.bufs) + i}]" for i, (_, p) in enumerate(sorted(k.var_params))]
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
+
+def _is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
+
+class KernelText:
+    """What rendering one kernel tracks: the C expression or variable of each value, the lines of the body, the
+    parameters, the loops open at this point, and facts about the uops read before rendering them."""
+    def __init__(self, renderer: CStyleLanguage, uops: list[UOp]):
+        self.renderer = renderer
+        self.users: dict[UOp, list[UOp]] = {}
+        self.depth_of: dict[UOp, int] = {}
+        depth = 0
+        for u in uops:
+            if u.op is Ops.END: depth -= 1
+            self.depth_of[u] = depth
+            if u.op is Ops.RANGE: depth += 1
+            for s in u.src: self.users.setdefault(s, []).append(u)
+        self.stored = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
+        # vector accumulators whose lanes are combined after their loop (a reduction vectorized along its own axis)
+        self.lane_summed = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG and
+                            u.dtype.count > 1 and self._lanes_combined(u)}
+        self.r: dict[UOp, str] = {}
+        self.bufs: list[tuple[int, str]] = []
+        self.var_params: list[tuple[str, str]] = []
+        self.body: list[str] = []
+        self.counter: dict[str, int] = {}
+        self.depth = 1
+        self.mask_width: dict[UOp, int] = {}
+        self.loops: list[UOp] = []   # the loops open at this point, innermost last
+
+    def _lanes_combined(self, acc: UOp) -> bool:
+        lanes = {x for x in self.users.get(acc, []) if x.op is Ops.GEP}
+        return any(y.op in GroupOp.ALU and sum(s in lanes for s in y.src) >= 2 for g in lanes for y in self.users[g])
+
+    def line(self, s: str) -> None: self.body.append("  " * self.depth + s)
+
+    def new_var(self, prefix: str) -> str:
+        self.counter[prefix] = self.counter.get(prefix, -1) + 1
+        return f"{prefix}{self.counter[prefix]}"
+
+    def assign(self, u: UOp, expr: str, prefix: str, ctype: str | None = None) -> None:
+        """Name u's value `expr`: written inline where its only user is at the same depth, else in a new variable."""
+        us = self.users.get(u, [])
+        if prefix != "val" and len(us) == 1 and self.depth_of[us[0]] == self.depth_of[u] and us[0].op is not Ops.RANGE:
+            self.r[u] = expr
+        else:
+            self.r[u] = self.new_var(prefix)
+            self.line(f"{ctype or self.renderer.dtype_name(u.dtype)} {self.r[u]} = {expr};")
+
 
 def _chained_float_reduction(st: UOp) -> bool:
     """Whether `st` updates a scalar float accumulator with more than one operation per iteration, or inside more
