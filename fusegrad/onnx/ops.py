@@ -933,3 +933,123 @@ def space_to_depth(x: Tensor, *, blocksize: int) -> Tensor:
     b = blocksize
     y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
+
+
+# *** recurrent layers ***
+
+def _activation(name: str, alpha: float | None, beta: float | None) -> Callable[[Tensor], Tensor]:
+    acts: dict[str, Callable[[Tensor], Tensor]] = {
+        "Sigmoid": Tensor.sigmoid, "Tanh": Tensor.tanh, "Relu": Tensor.relu, "Softsign": Tensor.softsign,
+        "Softplus": Tensor.softplus,
+        "Affine": lambda x: x * (1.0 if alpha is None else alpha) + (0.0 if beta is None else beta),
+        "LeakyRelu": lambda x: leaky_relu(x, alpha=0.01 if alpha is None else alpha),
+        "ThresholdedRelu": lambda x: thresholded_relu(x, alpha=1.0 if alpha is None else alpha),
+        "ScaledTanh": lambda x: (1.0 if alpha is None else alpha) * (x * (1.0 if beta is None else beta)).tanh(),
+        "HardSigmoid": lambda x: hard_sigmoid(x, alpha=0.2 if alpha is None else alpha,
+                                              beta=0.5 if beta is None else beta),
+        "Elu": lambda x: elu(x, alpha=1.0 if alpha is None else alpha),
+    }
+    if name not in acts: raise Unsupported(f"activation {name!r}")
+    return acts[name]
+
+
+def _recurrent(kind: str, x: Tensor, w: Tensor, r: Tensor, b: Tensor | None, seq_lens: Tensor | None,
+               h0: Tensor | None, c0: Tensor | None, p: Tensor | None, activations: Sequence[str] | None,
+               alpha: Sequence[float] | None, beta: Sequence[float] | None, clip: float | None, direction: str,
+               hidden: int, layout: int, linear_before_reset: int = 0) -> tuple[Tensor, ...]:
+    """LSTM, GRU and RNN: the input projection of every step in one matmul, then the steps one by one."""
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    defaults = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}[kind]
+    if direction not in ("forward", "reverse", "bidirectional"): raise ValueError(f"direction {direction!r}")
+    ndir = 2 if direction == "bidirectional" else 1
+    if layout: x = x.permute(1, 0, 2)
+    seq, batch = x.shape[:2]
+    n_act = len(defaults)
+    acts_n = list(activations) if activations else defaults * ndir
+    if len(acts_n) == n_act and ndir == 2: acts_n = acts_n * 2
+    al, be = list(alpha or []), list(beta or [])
+    fns = [_activation(a, al[i] if i < len(al) else None, be[i] if i < len(be) else None) for i, a in enumerate(acts_n)]
+    lens = ints(seq_lens) if seq_lens is not None else [seq] * batch
+    masked = any(v != seq for v in lens)
+    if masked and direction != "forward": raise Unsupported("sequence_lens shorter than the sequence unless forward")
+    steps_mask = Tensor(np.array([[t < v for v in lens] for t in range(seq)], dtype=np.bool_)).reshape(seq, batch, 1) \
+        if masked else None
+    ys, hs, cs = [], [], []
+    for d in range(ndir):
+        reverse = direction == "reverse" or d == 1
+        f, g, h_act = (fns[d * n_act:(d + 1) * n_act] + [None, None])[:3]
+        wd, rd = w[d], r[d]  # (gates*hidden, input), (gates*hidden, hidden)
+        bw = b[d, :gates * hidden] if b is not None else None
+        br = b[d, gates * hidden:] if b is not None else None
+        xw = x @ wd.T  # (seq, batch, gates*hidden)
+        if bw is not None: xw = xw + bw
+        h = h0[d] if h0 is not None else Tensor.zeros(batch, hidden, dtype=x.dtype)
+        c = c0[d] if c0 is not None else Tensor.zeros(batch, hidden, dtype=x.dtype)
+        out: list[Tensor] = [None] * seq  # type: ignore[list-item]
+        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+            xt = xw[t]
+            if kind == "GRU":
+                rec = h @ rd[:2 * hidden].T
+                if br is not None: rec = rec + br[:2 * hidden]
+                pre = xt[:, :2 * hidden] + rec
+                if clip is not None: pre = pre.clip(-clip, clip)
+                z, rr = f(pre[:, :hidden]), f(pre[:, hidden:])
+                rh, rbh = rd[2 * hidden:], (br[2 * hidden:] if br is not None else 0)
+                if linear_before_reset: hh = xt[:, 2 * hidden:] + rr * (h @ rh.T + rbh)
+                else: hh = xt[:, 2 * hidden:] + (rr * h) @ rh.T + rbh
+                if clip is not None: hh = hh.clip(-clip, clip)
+                new_h, new_c = (1 - z) * g(hh) + z * h, c
+            else:
+                pre = xt + h @ rd.T
+                if br is not None: pre = pre + br
+                if clip is not None: pre = pre.clip(-clip, clip)
+                if kind == "RNN": new_h, new_c = f(pre), c
+                else:
+                    i_, o_, f_, c_ = (pre[:, k * hidden:(k + 1) * hidden] for k in range(4))
+                    if p is not None: i_, f_ = i_ + p[d, :hidden] * c, f_ + p[d, 2 * hidden:] * c
+                    new_c = f(f_) * c + f(i_) * g(c_)
+                    if p is not None: o_ = o_ + p[d, hidden:2 * hidden] * new_c
+                    new_h = f(o_) * h_act(new_c)
+            if steps_mask is not None:
+                new_h, new_c = steps_mask[t].where(new_h, h), steps_mask[t].where(new_c, c)
+                out[t] = steps_mask[t].where(new_h, 0)
+            else: out[t] = new_h
+            h, c = new_h, new_c
+        ys.append(Tensor.stack(*out, dim=0) if seq else Tensor.zeros(0, batch, hidden, dtype=x.dtype))
+        hs.append(h)
+        cs.append(c)
+    y = Tensor.stack(*ys, dim=1)  # (seq, ndir, batch, hidden)
+    yh, yc = Tensor.stack(*hs, dim=0), Tensor.stack(*cs, dim=0)
+    if layout: y, yh, yc = y.permute(2, 0, 1, 3), yh.permute(1, 0, 2), yc.permute(1, 0, 2)
+    return y, yh, yc
+
+
+@op("LSTM")
+def lstm(x: Tensor, w: Tensor, r: Tensor, b: Tensor | None = None, seq_lens: Tensor | None = None,
+         h0: Tensor | None = None, c0: Tensor | None = None, p: Tensor | None = None, *,
+         activation_alpha: Sequence[float] | None = None, activation_beta: Sequence[float] | None = None,
+         activations: Sequence[str] | None = None, clip: float | None = None, direction: str = "forward",
+         hidden_size: int, input_forget: int = 0, layout: int = 0) -> tuple[Tensor, ...]:
+    if input_forget: raise Unsupported("LSTM input_forget=1")
+    return _recurrent("LSTM", x, w, r, b, seq_lens, h0, c0, p, activations, activation_alpha, activation_beta, clip,
+                      direction, hidden_size, layout)
+
+
+@op("GRU")
+def gru(x: Tensor, w: Tensor, r: Tensor, b: Tensor | None = None, seq_lens: Tensor | None = None,
+        h0: Tensor | None = None, *, activation_alpha: Sequence[float] | None = None,
+        activation_beta: Sequence[float] | None = None, activations: Sequence[str] | None = None,
+        clip: float | None = None, direction: str = "forward", hidden_size: int, layout: int = 0,
+        linear_before_reset: int = 0) -> tuple[Tensor, ...]:
+    return _recurrent("GRU", x, w, r, b, seq_lens, h0, None, None, activations, activation_alpha, activation_beta,
+                      clip, direction, hidden_size, layout, linear_before_reset)[:2]
+
+
+@op("RNN")
+def rnn(x: Tensor, w: Tensor, r: Tensor, b: Tensor | None = None, seq_lens: Tensor | None = None,
+        h0: Tensor | None = None, *, activation_alpha: Sequence[float] | None = None,
+        activation_beta: Sequence[float] | None = None, activations: Sequence[str] | None = None,
+        clip: float | None = None, direction: str = "forward", hidden_size: int,
+        layout: int = 0) -> tuple[Tensor, ...]:
+    return _recurrent("RNN", x, w, r, b, seq_lens, h0, None, None, activations, activation_alpha, activation_beta,
+                      clip, direction, hidden_size, layout)[:2]
