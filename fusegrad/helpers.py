@@ -109,7 +109,7 @@ TRAINING = ContextVar("TRAINING", 0)
 # default of 700. A training step keeps thousands of graph nodes, tensors and tuples alive until it ends, so at 700
 # every step ran a collection that found nothing to free and moved the step's live objects into the older generations;
 # those then set off a full collection of the process every few hundred steps (150 ms with torch loaded). At 5000 a
-# step's objects are freed by their reference counts before any collection: the eager MLP Adam step 3.3 -> 3.0 ms.
+# step's objects are freed by their reference counts before any collection (DESIGN.md, "The garbage collector").
 # 0 leaves the collector as it is; a threshold the program set itself is never changed.
 GC_THRESHOLD = ContextVar("GC_THRESHOLD", 5000)
 

@@ -15,14 +15,13 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_min_max, _minmax_of_pro
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
            "lower_schedule_item", "run_schedule", "compile_kernels", "method_cache", "capturing"]
 
-# a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us (an
-# elementwise a*b+1 on 2 cores: 0.8 MB moved 9.1 -> 7.4 us, 3 MB 103 -> 25 us, 12.6 MB 461 -> 258 us; the digits CNN
-# step 4.9 -> 4.65 ms with these bounds rather than 4x higher ones, which the Python pool's ~35 us dispatch needed)
+# a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us, so
+# below these bounds one thread finishes first (DESIGN.md, "Measurements")
 THREAD_MIN_OPS, THREAD_MIN_MEM = 1 << 17, 1 << 20
 # a device that queues kernels (CPU) has the calling thread run part of a split kernel itself, when nothing is queued
 # ahead of it, only for kernels of about a millisecond and more: there a second core halves the time to the result,
-# where for shorter ones the caller's next Python is worth more (the eager MLP Adam step: 4.5 ms with the caller
-# helping every split kernel, 3.4 ms with none; 4096x4096 sums 1.40 -> 1.34 ms with the help)
+# where for shorter ones the caller's next Python is worth more (measured in DESIGN.md, "CPU kernels run
+# asynchronously")
 JOIN_MIN_OPS, JOIN_MIN_MEM = 1 << 28, 1 << 25
 
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
@@ -383,7 +382,6 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 # Code generation is Python (one core) and a C compiler is a process of its own: while the kernels of a big schedule
 # are generated, the ones generated so far are compiled on the other cores, a group each time code generation has run
 # this long since the last group was sent (each group one compiler run; the last group split across the cores).
-# ResNet-18's first forward (63 new kernels, ~3.5 s of code generation): 6.8-7.4 -> 5.4-6.0 s.
 PIPELINE_GROUP_S = 0.15
 
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:

@@ -103,11 +103,8 @@ _WINO_G = ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 
 _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))
 # Winograd pays where the 36 matmuls dominate: enough channels for the transforms (linear in them) to be small next
 # to the products (quadratic), enough tiles for the weights' transform (36 x cin x cout, made every call) to be
-# reused, and enough work for its four kernels' fixed cost. Measured on 3x3 convolutions with padding 1, direct ->
-# Winograd (AMD EPYC, 2 cores, the weights' transform writing each output channel's 36 rows in turn): 8x512x7x7
-# 10.5 -> 7.2 ms (32 tiles; ResNet-18's forward 143-146 -> 132-140 ms with its three), 8x256x14x14 9.3 -> 6.1 ms,
-# 16x64x16x16 1.75 -> 1.34 ms, 1x64x56x56 1.54 -> 1.16 ms; even: 4x512x7x7 (16 tiles) 5.8 -> 5.7, 8x256x7x7 2.7 ->
-# 2.6; direct stays: 2x512x7x7 (8 tiles) 3.3 -> 4.8 ms.
+# reused, and enough work for its four kernels' fixed cost. The bounds come from timing 3x3 convolutions both ways
+# (DESIGN.md, "Winograd convolutions").
 WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
 
 def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, flat: list[int], out_dt: DType) -> bool:
@@ -139,8 +136,8 @@ def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) ->
     ho, wo = h + top + bottom - 2, w + left + right - 2
     th, tw = -(-ho // 4), -(-wo // 4)
     # a row of tiles padded to a multiple of 8 when that adds at most an eighth: the tile index then splits into
-    # its row and column with shifts where the input transform gathers its tiles (56x56 images, 14 tiles a row ->
-    # 16: that kernel 3.2 -> 2.1 ms, all four 6.2 -> 5.3 ms)
+    # its row and column with shifts where the input transform gathers its tiles (56x56 images: 14 tiles a row
+    # become 16)
     if tw % 8 and pads_cheaply(tw, 8): tw += -tw % 8
     # the input padded to whole tiles: (4 th + 2) x (4 tw + 2), the tiles overlapping by 2
     xp = _views_of(x).pad(((0, 0), (0, 0), (top, 4 * th + 2 - h - top), (left, 4 * tw + 2 - w - left)))
@@ -233,7 +230,7 @@ def _upsample_linear(x: Tensor, d: int, f: int) -> Tensor:
     after, with the weights torch computes (exact in binary for these f). At the ends torch's clamped index reads
     the end element alone: there the neighbour's weight is 0 (the shifted views are zero-padded) and the element's 1.
     The f outputs of each q are interleaved by zero-padding each along a new axis and adding them. The dense (in,
-    out) weight matrix this replaces did i multiplies per output for 2 (16x64x64x64 to 128x128: 70 -> 13 ms)."""
+    out) weight matrix this replaces did i multiplies per output for 2."""
     T = _tensor_cls()
     i, nd = x.shape[d], x.ndim
     def along(pairs: tuple[int, int], t: Tensor, n: int, at: int = d) -> Tensor:
@@ -454,8 +451,7 @@ class NNMixin:
         if all(k == 1 for k in hw) and any(s > 1 for s in s_) and all(type(v) is int for v in self.shape):
             # a strided 1x1 convolution reads every s-th pixel: the same 1x1 convolution of those pixels (a view)
             # at stride 1, which is vectorized along the pixels as a matmul would be, where a strided one gets its
-            # weights copied to vectorize along the output channels (ResNet's downsampling, 8x256x14x14 -> 512
-            # channels at stride 2: 1.05 -> 0.8 ms)
+            # weights copied to vectorize along the output channels (ResNet's downsampling)
             picked = self.pad(flat)._pool((1,) * n, s_)
             picked = picked.reshape(picked.shape[:2 + n])
             return picked.conv2d(weight, bias, groups, 1, 1, 0, out_dt)
@@ -470,9 +466,8 @@ class NNMixin:
         if any(s > 1 for s in s_) and rcout >= 8:
             # a strided convolution is vectorized along its output channels (along its output rows each vector would
             # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
-            # contiguous (3x3 stride 2, 128 -> 256 channels on 28x28: 38 -> 7 ms). Not with fewer output channels
-            # per group than a vector (a depthwise convolution's one): nothing is vectorized along them, and the copy
-            # is a kernel launch of its own (8x256x14x14 at stride 2: 0.32 -> 0.27 ms)
+            # contiguous. Not with fewer output channels per group than a vector (a depthwise convolution's one):
+            # nothing is vectorized along them, and the copy is a kernel launch of its own
             order = tuple(range(1, n + 2)) + (0,)
             laid_out = weight.permute(order).contiguous().permute(tuple(order.index(i) for i in range(n + 2)))
         else: laid_out = weight

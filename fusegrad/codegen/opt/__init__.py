@@ -91,9 +91,9 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
     """Adjacent output loops that every memory access addresses as one (the outer loop's coefficient is the inner
     loop's size times the inner's, and neither appears outside the addresses) become one loop of their product
     - when that makes whole vectors of `lanes` where the inner loop alone doesn't: a 1x1 convolution's 28x28 pixels
-      are one loop of 784, 49 vectors of 16, where a vector along the rows of 28 was padded to 32 (8x128x28x28: 1.40
-      -> 1.20 ms; 8x64x56x56 to 256 channels 7.1 -> 5.5 ms). 7x7 images (49 pixels) keep their rows: the heuristic
-      takes the channels as the vector there (8x512x7x7 to 2048 channels: 5.3 ms, where merged pixels took 8.0).
+      are one loop of 784, 49 vectors of 16, where a vector along the rows of 28 was padded to 32. 7x7 images (49
+      pixels) keep their rows: the heuristic takes the channels as the vector there, which times faster than merged
+      pixels (DESIGN.md, "Loop shapes for CPUs").
       The AST is returned unchanged when an address wouldn't stay affine in the merged loop.
     - always, in a kernel of more than MAX_OUTPUT_LOOPS output loops (a rank-24 elementwise op is one loop); if it
       still has too many, the adjacent loops of the smallest product are merged whatever their addresses (an index
