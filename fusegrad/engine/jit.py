@@ -14,18 +14,17 @@ import numbers
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
-from fusegrad.schedule.multi import shards_of
-from fusegrad.engine.realize import ExecItem, sym_infer
+from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds
+from fusegrad.engine.realize import ExecItem
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
+from fusegrad.schedule.multi import shards_of
+from fusegrad.tensor import Tensor
 from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values
-from fusegrad.uop.ops import GroupOp, Ops, UOp, arg_uops, buffer_map, device_buffer, is_symbolic
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, device_buffer
 
-__all__ = ["TinyJit", "JitError", "check_shrink"]
+__all__ = ["TinyJit", "JitError"]
 
 R = TypeVar("R")
-
-class JitError(RuntimeError):
-    """A jitted function was called or written in a way its captured kernels can't replay."""
 
 def _flatten(obj: Any) -> tuple[list[Any], Any]:
     """(leaves, structure) of nested tuples/lists/dicts; the structure compares equal for equal nestings."""
@@ -47,51 +46,12 @@ def _unflatten(leaves: list[Any], structure: Any) -> Any:
         return tuple(vals) if s[0] == "tuple" else vals
     return build(structure)
 
-class _Recorder:
-    """Collects the ExecItems run while a function is captured, and the shrinks by bound Variables made meanwhile
-    (each replay checks them with its own values: see check_shrink)."""
-    def __init__(self) -> None:
-        self.items: list[ExecItem] = []
-        self.constraints: list[tuple[tuple, dict[str, int]]] = []
-    def add(self, ei: ExecItem, var_vals: dict[str, int]) -> None: self.items.append(ei)
-
 def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in shards_of(t.uop))
 
 def _base_buffers(t: Any) -> list[Buffer]:
     return [device_buffer(u.base) for u in shards_of(t.uop)]
 
 # *** bound Variables in views: each value is checked against the dimension it shrinks ***
-
-def _check_dims(dims: list[tuple], var_vals: dict[str, int]) -> None:
-    """`dims`: (dimension, begin, end, size, names of the Variables in them), as check_shrink makes them."""
-    for d, b, e, s, names in dims:
-        if not names or any(n not in var_vals for n in names): continue  # (an unbound Variable: no value to check)
-        lo, hi, size = (sym_infer(x, var_vals) for x in (b, e, s))
-        if not 0 <= lo <= hi <= size:
-            many = len(names) > 1
-            raise IndexError(f"Variable{'s' if many else ''} {', '.join(f'{n}={var_vals[n]}' for n in names)} "
-                             f"put{'' if many else 's'} a view out of range: shrink of dimension {d} to {lo}..{hi}, "
-                             f"which holds {size} elements")
-
-def check_shrink(arg: tuple, shape: tuple) -> None:
-    """Raise IndexError when the values of the bound Variables in a shrink's bounds (or in the shape it shrinks) put
-    it outside a dimension: the view would read other rows' elements while staying inside the buffer. While a TinyJit
-    captures, the condition is kept, and each replay checks it with that replay's values before any kernel runs."""
-    dims = [(d, b, e, s) for d, ((b, e), s) in enumerate(zip(arg, shape)) if any(is_symbolic(x) for x in (b, e, s))]
-    if not dims: return
-    binds = {u: u.src[0] for x in arg_uops(tuple(x for dim in dims for x in dim[1:])) for u in x.toposort()
-             if u.op is Ops.BIND}
-    free = []
-    for d, *bes in dims:
-        b, e, s = (x.substitute(binds) if isinstance(x, UOp) else x for x in bes)
-        # (the names are found once here: a replay checks the same dimensions with each call's values)
-        names = sorted({u.arg[0] for x in (b, e, s) if isinstance(x, UOp) for u in x.toposort()
-                        if u.op is Ops.DEFINE_VAR})
-        free.append((d, b, e, s, names))
-    values = var_values(binds)
-    _check_dims(free, values)
-    if _realize.capturing and isinstance(rec := _realize.capturing[0], _Recorder):
-        rec.constraints.append((free, values))
 
 # *** arguments ***
 
@@ -120,7 +80,6 @@ class _Inputs:
     """One call's arguments as the JIT sees them: the input tensors (realized), their signatures, the values of the
     bound Variables in their views and in the arguments, and the keys of the other arguments."""
     def __init__(self, args: tuple, kwargs: dict):
-        from fusegrad.tensor import Tensor
         leaves = _leaves(args, kwargs)
         self.structure = tuple([n for n, _ in leaves])  # (the names are the paths into the nesting)
         self.tensors: list[tuple[str, Any]] = []
@@ -241,7 +200,6 @@ class TinyJit(Generic[R]):
         if _realize.capturing or _running:
             raise JitError("having TinyJit inside another TinyJit is not supported: the outer one captures the inner "
                            "one's kernels itself; call the inner function undecorated")
-        from fusegrad.tensor import Tensor
         inputs = _Inputs(args, kwargs)
         if self.cnt == 0:
             ret = self._run_plain(args, kwargs)
@@ -253,7 +211,6 @@ class TinyJit(Generic[R]):
         return self._replay(inputs, Tensor)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
-        from fusegrad.tensor import Tensor
         _running.append(self)
         try:
             ret = self.fxn(*args, **kwargs)  # type: ignore[misc]
@@ -286,10 +243,9 @@ class TinyJit(Generic[R]):
                                "an integer), or reset() to capture again")
 
     def _capture(self, args: tuple, kwargs: dict, inputs: _Inputs) -> Any:
-        from fusegrad.tensor import Tensor
         before = {id(b) for b in buffer_map.values()}
         rng_before = Tensor._rng_counter
-        rec = _Recorder()
+        rec = CaptureRecorder()
         _realize.capturing.append(rec)
         try: ret = self._run_plain(args, kwargs)
         finally: _realize.capturing.remove(rec)
@@ -329,7 +285,7 @@ class TinyJit(Generic[R]):
         var_vals = inputs.var_vals
         # the views the function made with bound Variables hold with this call's values (Variables the function
         # bound itself keep their capture values)
-        for dims, values in self._constraints: _check_dims(dims, {**values, **var_vals})
+        for dims, values in self._constraints: check_view_bounds(dims, {**values, **var_vals})
         subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, inputs.buffers)}
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}

@@ -379,7 +379,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """The device Buffer holding this tensor's elements in row-major order (computing it if needed)."""
         from fusegrad.engine.realize import capturing
         if capturing:
-            from fusegrad.engine.jit import JitError
+            from fusegrad.engine.capture import JitError
             raise JitError("reading tensor data (numpy, item, tolist, data) inside a TinyJit function while it is "
                            "captured: replays would not run that Python code; return the tensor instead")
         if self.uop.op is Ops.MULTI:  # a sharded tensor: its shards gathered on the first device
@@ -587,7 +587,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if not (sym_le(0, b) and sym_le(b, e) and sym_le(e, s)):
                 raise ValueError(f"shrink {arg} is out of bounds for shape {self.shape}")
         if any(type(x) is not int for (b, e), s in zip(full, self.shape) for x in (b, e, s)):
-            from fusegrad.engine.jit import check_shrink  # (bound values against each dimension)
+            from fusegrad.engine.capture import check_shrink  # (bound values against each dimension)
             check_shrink(full, self.shape)
         if all(sym_eq(b, 0) and sym_eq(e, s) for (b, e), s in zip(full, self.shape)): return self
         return Tensor(self.uop.shrink(full))

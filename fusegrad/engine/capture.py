@@ -1,0 +1,53 @@
+"""What a TinyJit capture records besides the kernels it runs, kept below the Tensor so both the Tensor and the JIT
+import it: the recorder `run_schedule` hands every item to (engine/realize.py `capturing`), the shrinks by bound
+Variables each replay checks again, and the error for what a replay can't honour."""
+from __future__ import annotations
+from typing import Any
+from fusegrad.engine import realize as _realize
+from fusegrad.engine.realize import sym_infer
+from fusegrad.uop.graph import var_values
+from fusegrad.uop.ops import Ops, UOp, arg_uops, is_symbolic
+
+__all__ = ["JitError", "CaptureRecorder", "check_shrink", "check_view_bounds"]
+
+class JitError(RuntimeError):
+    """A jitted function was called or written in a way its captured kernels can't replay."""
+
+class CaptureRecorder:
+    """Collects the ExecItems run while a function is captured, and the shrinks by bound Variables made meanwhile
+    (each replay checks them with its own values: see check_shrink)."""
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.constraints: list[tuple[tuple, dict[str, int]]] = []
+    def add(self, ei: Any, var_vals: dict[str, int]) -> None: self.items.append(ei)
+
+def check_view_bounds(dims: list[tuple], var_vals: dict[str, int]) -> None:
+    """`dims`: (dimension, begin, end, size, names of the Variables in them), as check_shrink makes them."""
+    for d, b, e, s, names in dims:
+        if not names or any(n not in var_vals for n in names): continue  # (an unbound Variable: no value to check)
+        lo, hi, size = (sym_infer(x, var_vals) for x in (b, e, s))
+        if not 0 <= lo <= hi <= size:
+            many = len(names) > 1
+            raise IndexError(f"Variable{'s' if many else ''} {', '.join(f'{n}={var_vals[n]}' for n in names)} "
+                             f"put{'' if many else 's'} a view out of range: shrink of dimension {d} to {lo}..{hi}, "
+                             f"which holds {size} elements")
+
+def check_shrink(arg: tuple, shape: tuple) -> None:
+    """Raise IndexError when the values of the bound Variables in a shrink's bounds (or in the shape it shrinks) put
+    it outside a dimension: the view would read other rows' elements while staying inside the buffer. While a TinyJit
+    captures, the condition is kept, and each replay checks it with that replay's values before any kernel runs."""
+    dims = [(d, b, e, s) for d, ((b, e), s) in enumerate(zip(arg, shape)) if any(is_symbolic(x) for x in (b, e, s))]
+    if not dims: return
+    binds = {u: u.src[0] for x in arg_uops(tuple(x for dim in dims for x in dim[1:])) for u in x.toposort()
+             if u.op is Ops.BIND}
+    free = []
+    for d, *bes in dims:
+        b, e, s = (x.substitute(binds) if isinstance(x, UOp) else x for x in bes)
+        # (the names are found once here: a replay checks the same dimensions with each call's values)
+        names = sorted({u.arg[0] for x in (b, e, s) if isinstance(x, UOp) for u in x.toposort()
+                        if u.op is Ops.DEFINE_VAR})
+        free.append((d, b, e, s, names))
+    values = var_values(binds)
+    check_view_bounds(free, values)
+    if _realize.capturing and isinstance(rec := _realize.capturing[0], CaptureRecorder):
+        rec.constraints.append((free, values))
