@@ -58,7 +58,7 @@ def bench(fn: Callable[[], object], budget_s: float = BUDGET_S, max_reps: int = 
 def load_c_reference() -> tuple[ctypes.CDLL | None, str]:
     """The hand-written C kernels (bench/ref_kernels.c) compiled and loaded, or None and the reason they aren't."""
     try:
-        from fusegrad.runtime.ops_cpu import find_cc   # the same compiler discovery as fusegrad: $CC, cc, gcc, clang
+        from fusegrad.device import find_cc   # the same compiler discovery as fusegrad: $CC, cc, gcc, clang
         cc = find_cc()
     except Exception as e:
         return None, f"no C compiler ({type(e).__name__}: {e})"

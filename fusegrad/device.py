@@ -7,16 +7,14 @@ import importlib
 import importlib.util
 import os
 import pathlib
-import re
+import shlex
 import shutil
 import stat
-import tempfile
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
-from fusegrad.helpers import CACHELEVEL, DEBUG, cache_dir, getenv
+from fusegrad.helpers import CACHELEVEL, DEBUG, atomic_write, cache_dir, getenv, remove_path
 from fusegrad.hostcpu import host_cpu_count
 
 class GlobalCounters:
@@ -93,7 +91,6 @@ class _Device:
 def _host_device() -> str:
     """CPU (C through the system compiler: batched, the fastest first runs); LLVM when there is no C compiler but
     llvmlite is installed."""
-    from fusegrad.runtime.ops_cpu import find_cc
     try: find_cc()
     except Exception:
         if importlib.util.find_spec("llvmlite") is not None: return "LLVM"
@@ -281,41 +278,13 @@ class CompileError(Exception):
 def numbered(src: str) -> str:
     return "\n".join(f"{i+1:4d} {line}" for i, line in enumerate(src.splitlines()))
 
-def _pid_alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except OSError: pass   # (another user's process: alive)
-    return True
-
-STALE_DEAD_S = 600.0      # a temporary file of a process that is gone, left this long, is removed
-STALE_ANY_S = 86400.0     # and any of them after this long (its pid may have been reused)
-
-def remove_stale(directory: str, pattern: re.Pattern) -> None:
-    """Remove the temporary files and folders in `directory` whose names match `pattern` (its group that matched:
-    the pid of the process that made them, when the name has one) and that a killed process left: made by a process
-    that no longer exists at least STALE_DEAD_S seconds ago, or made by anyone at least STALE_ANY_S seconds ago. A
-    process still working in one (its pid alive) keeps it, whatever the others sharing the directory do."""
-    try: entries = list(os.scandir(directory))
-    except OSError: return
-    now, me = time.time(), os.getpid()
-    for entry in entries:
-        if not (m := pattern.match(entry.name)): continue
-        pid = next((int(g) for g in m.groups() if g), None)
-        if pid == me: continue
-        try: st = entry.stat(follow_symlinks=False)
-        except OSError: continue
-        if hasattr(os, "getuid") and st.st_uid != os.getuid(): continue   # (not ours to remove)
-        age = now - st.st_mtime
-        if age < STALE_ANY_S and (pid is None or age < STALE_DEAD_S or _pid_alive(pid)): continue
-        _remove(entry.path, st)
-
-def _remove(path: str, st: os.stat_result | None = None) -> None:
-    """Remove a file, link, FIFO or (a real one, not a link to one) folder; quietly, as another process may have."""
-    try:
-        if st is None: st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode): shutil.rmtree(path, ignore_errors=True)
-        else: os.unlink(path)
-    except OSError: pass
+@functools.cache
+def find_cc() -> list[str]:
+    """The C compiler command: $CC (may include arguments), else the first of cc, gcc, clang on PATH."""
+    if cc := os.getenv("CC"): return shlex.split(cc)
+    for name in ("cc", "gcc", "clang"):
+        if path := shutil.which(name): return [path]
+    raise CompileError("no C compiler found: set CC or install cc, gcc or clang")
 
 class Compiler:
     """Turns source into a loadable binary, with a memory cache and a disk cache (CACHELEVEL=0 disables the disk).
@@ -380,7 +349,7 @@ class Compiler:
         """Forget a cached binary (memory and disk), e.g. when it failed to load."""
         if self.cachekey is None: return
         self.mem_cache.pop(self._key(src), None)
-        _remove(self.cache_path(src))
+        remove_path(self.cache_path(src))
 
     def _compile(self, src: str) -> bytes:
         self.compiles += 1
@@ -412,26 +381,14 @@ class Compiler:
     def _corrupt(self, path: str, why: str) -> None:
         # removed, so the recompiled binary takes its place (a folder there would stop the write)
         if DEBUG >= 1: print(f"compile cache: removing bad entry {path}: {why}")
-        _remove(path)
+        remove_path(path)
         return None
 
     def _write(self, path: str, lib: bytes) -> None:
-        # tmp file + rename: readers see the old entry or the whole new one, never a half-written file
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            # (named with the pid, so the leftovers of a killed writer are told from a live writer's and removed)
-            remove_stale(os.path.dirname(path), _STALE_WRITE)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".tmp-{os.getpid()}-")
-            try:
-                with os.fdopen(fd, "wb") as f: f.write(self.MAGIC + hashlib.sha256(lib).digest() + lib)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            with atomic_write(path) as f: f.write(self.MAGIC + hashlib.sha256(lib).digest() + lib)
         except OSError as e:  # a read-only or full cache dir only costs speed
             if DEBUG >= 1: print(f"compile cache: can't write {path}: {e}")
-
-_STALE_WRITE = re.compile(r"\.tmp-(?:(\d+)-)?")
 
 # *** a device ***
 

@@ -6,10 +6,13 @@ import gc
 import operator
 import os
 import pathlib
-import threading
+import re
+import shutil
+import stat
 import sys
+import tempfile
 import time
-from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
+from typing import IO, Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -196,7 +199,6 @@ def profile_marker(name: str, color: str = "gray") -> None:
     profile_markers.append((time.perf_counter(), name, color))
 
 def ansistrip(s: str) -> str:
-    import re
     return re.sub(r"\x1b\[[0-9;]*m", "", s)
 
 def ansilen(s: str) -> int: return len(ansistrip(s))
@@ -221,13 +223,66 @@ def fetch(url: str, name: str | os.PathLike | None = None, subdir: str | None = 
     path = pathlib.Path(name)
     if not path.is_absolute(): path = pathlib.Path(cache_dir()) / "downloads" / (subdir or "") / path
     if allow_caching and path.is_file(): return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-            src = gzip.GzipFile(fileobj=r) if gunzip else r
-            while chunk := src.read(1 << 20): f.write(chunk)
-        os.replace(tmp, path)  # (atomic: another process never sees half a file)
-    finally:
-        if tmp.exists(): tmp.unlink()
+    with urllib.request.urlopen(url, timeout=60) as r, atomic_write(path) as f:
+        src = gzip.GzipFile(fileobj=r) if gunzip else r
+        while chunk := src.read(1 << 20): f.write(chunk)
     return path
+
+# *** files several processes write ***
+
+STALE_DEAD_S = 600.0      # a temporary file of a process that is gone, left this long, is removed
+STALE_ANY_S = 86400.0     # and any of them after this long (its pid may have been reused)
+# the temporary files of atomic_write: ".tmp-<pid>-<random>" (without a pid: older versions' BEAM cache writes)
+STALE_WRITES = re.compile(r"\.tmp-(?:(\d+)-)?")
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """`with atomic_write(path) as f:` writes `path` through a temporary file in its folder (made if missing) that
+    replaces it when the block ends: readers see the old file or the whole new one, never a part, and a block that
+    raises leaves no file behind. The temporary file is private to its owner (mkstemp's mode) and named with the pid,
+    so in the cache directory the ones killed writers left are told from a live writer's and removed (remove_stale)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    # (a folder the user chose isn't swept: names like ours there may be theirs)
+    if os.path.commonpath([folder, os.path.abspath(cache_dir())]) == os.path.abspath(cache_dir()):
+        remove_stale(folder, STALE_WRITES)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".tmp-{os.getpid()}-")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f: yield f
+        os.replace(tmp, path)
+    except BaseException:
+        remove_path(tmp)
+        raise
+
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: pass   # (another user's process: alive)
+    return True
+
+def remove_stale(directory: str, pattern: re.Pattern) -> None:
+    """Remove the temporary files and folders in `directory` whose names match `pattern` (its group that matched:
+    the pid of the process that made them, when the name has one) and that a killed process left: made by a process
+    that no longer exists at least STALE_DEAD_S seconds ago, or made by anyone at least STALE_ANY_S seconds ago. A
+    process still working in one (its pid alive) keeps it, whatever the others sharing the directory do."""
+    try: entries = list(os.scandir(directory))
+    except OSError: return
+    now, me = time.time(), os.getpid()
+    for entry in entries:
+        if not (m := pattern.match(entry.name)): continue
+        pid = next((int(g) for g in m.groups() if g), None)
+        if pid == me: continue
+        try: st = entry.stat(follow_symlinks=False)
+        except OSError: continue
+        if hasattr(os, "getuid") and st.st_uid != os.getuid(): continue   # (not ours to remove)
+        age = now - st.st_mtime
+        if age < STALE_ANY_S and (pid is None or age < STALE_DEAD_S or _pid_alive(pid)): continue
+        remove_path(entry.path, st)
+
+def remove_path(path: str, st: os.stat_result | None = None) -> None:
+    """Remove a file, link, FIFO or (a real one, not a link to one) folder; quietly, as another process may have."""
+    try:
+        if st is None: st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode): shutil.rmtree(path, ignore_errors=True)
+        else: os.unlink(path)
+    except OSError: pass

@@ -29,7 +29,6 @@ import platform
 import random
 import struct
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
-    cache_dir, pads_cheaply
+    atomic_write, cache_dir, pads_cheaply
 from fusegrad.hostcpu import fingerprint, host_cpu_count
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
@@ -523,14 +522,7 @@ def _read_cache(path: str, key: str) -> list[Opt] | None:
 
 def _write_cache(path: str, key: str, opts: list[Opt]) -> None:
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f: json.dump({"key": key, "opts": opts_to_json(opts)}, f)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        with atomic_write(path, "w") as f: json.dump({"key": key, "opts": opts_to_json(opts)}, f)
     except OSError as e:
         if DEBUG >= 1: print(f"BEAM cache: can't write {path}: {e}")
 

@@ -13,7 +13,6 @@ import os
 import queue
 import re
 import shlex
-import shutil
 import struct
 import subprocess
 import sys
@@ -22,8 +21,8 @@ import threading
 import time
 import weakref
 from typing import Any, Callable
-from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered, remove_stale
-from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG
+from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, find_cc, numbered
+from fusegrad.helpers import CPU_ASYNC, CPU_THREADS, DEBUG, remove_stale
 from fusegrad.hostcpu import fingerprint, host_cpu_count
 
 # *** memory ***
@@ -109,14 +108,6 @@ def address(opaque: ctypes.Array) -> int:
 # *** compiler ***
 
 DEFAULT_FLAGS = ["-O2", "-march=native", "-fno-math-errno"]
-
-@functools.cache
-def find_cc() -> list[str]:
-    """The C compiler command: $CC (may include arguments), else the first of cc, gcc, clang on PATH."""
-    if cc := os.getenv("CC"): return shlex.split(cc)
-    for name in ("cc", "gcc", "clang"):
-        if path := shutil.which(name): return [path]
-    raise CompileError("no C compiler found: set CC or install cc, gcc or clang")
 
 @functools.cache
 def _cc_version(cc: tuple[str, ...]) -> str:
