@@ -368,15 +368,8 @@ class LLVMRenderer(Renderer):
                 v[u] = f"%data{u.arg}"
                 params.append((u.arg, f"ptr noalias {v[u]}"))
             elif op is Ops.DEFINE_VAR:
-                if u.dtype.count != 1: raise NotImplementedError(f"vector variable {u}")
-                wide = dtypes.float64 if dtypes.is_float(u.dtype) else dtypes.int64
-                raw = f'%"var.{u.arg[0]}"'
-                var_params.append((u.arg[0], f"{self.ty(wide)} {raw}"))
-                saved, self._lines = self._lines, entry
-                if u.dtype == dtypes.bool: v[u] = self._val(f"icmp ne i64 {raw}, 0")
-                elif u.dtype == dtypes.bfloat16: v[u] = self.from_f32(self.cast(raw, wide, dtypes.float32), u.dtype)
-                else: v[u] = self.cast(raw, wide, u.dtype) if self.ty(u.dtype) != self.ty(wide) else raw
-                self._lines = saved
+                param, v[u] = self._define_var(u, entry)
+                var_params.append((u.arg[0], param))
             elif op in (Ops.NOOP, Ops.SINK): continue
             elif op in (Ops.BIND, Ops.BARRIER): v[u] = v[src[0]]
             elif op is Ops.DEFINE_REG:
@@ -386,30 +379,8 @@ class LLVMRenderer(Renderer):
                 v[u] = f"%local{u.arg}"
                 entry.append(f"  {v[u]} = alloca [{u.dtype.size} x {self.mty(u.dtype.base)}], align 64")
             elif op is Ops.CONST: v[u] = self.const(u.arg, u.dtype)
-            elif op is Ops.RANGE:
-                head, body, latch, exit_ = (self._label(s) for s in ("loop", "body", "latch", "exit"))
-                if u.arg[1] == "global": lo, hi = "%core_lo", "%core_hi"
-                else: lo, hi = "0", self.cast(v[src[0]], src[0].dtype, dtypes.int64)
-                before = self._block
-                self._lines.append(f"  br label %{head}")
-                self._start_block(head)
-                self._n += 1
-                ctr = f"%i{self._n}"
-                self._lines.append(f"  {ctr} = phi i64 [ {lo}, %{before} ], [ {ctr}.next, %{latch} ]")
-                cond = self._val(f"icmp slt i64 {ctr}, {hi}")
-                self._lines.append(f"  br i1 {cond}, label %{body}, label %{exit_}")
-                self._start_block(body)
-                v[u] = self.cast(ctr, dtypes.int64, u.dtype)
-                loops.append((u, ctr, head, latch, exit_))
-            elif op is Ops.END:
-                if not loops: raise RuntimeError("END without an open loop")
-                r, ctr, head, latch, exit_ = loops.pop()
-                if src and src[0].op is Ops.RANGE and src[0] is not r:
-                    raise RuntimeError(f"END of range {src[0].arg} closes range {r.arg}")
-                self._lines.append(f"  br label %{latch}")
-                self._start_block(latch)
-                self._lines += [f"  {ctr}.next = add i64 {ctr}, 1", f"  br label %{head}"]
-                self._start_block(exit_)
+            elif op is Ops.RANGE: v[u] = self._open_loop(u, v, loops)
+            elif op is Ops.END: self._close_loop(u, loops)
             elif op is Ops.INDEX:
                 elem = src[0].dtype.base if isinstance(src[0].dtype, PtrDType) else src[0].dtype
                 v[u] = self._addr(v[src[0]], elem.scalar(), v[src[1]], src[1].dtype)
@@ -426,16 +397,7 @@ class LLVMRenderer(Renderer):
                     self._guarded(v[src[0].src[2]], lambda p=v[src[0]], x=v[src[1]], d=src[1].dtype:
                                   self._store(p, x, d), None)
                 else: self._store(v[src[0]], v[src[1]], src[1].dtype)
-            elif op is Ops.VECTORIZE:
-                t, st = self.ty(u.dtype), self.ty(u.dtype.scalar())
-                if all(s is src[0] for s in src):
-                    one = self._val(f"insertelement <1 x {st}> poison, {st} {v[src[0]]}, i64 0")
-                    v[u] = self._val(f"shufflevector <1 x {st}> {one}, <1 x {st}> poison, <{len(src)} x i32> "
-                                     "zeroinitializer")
-                else:
-                    acc = "poison"
-                    for k, s in enumerate(src): acc = self._val(f"insertelement {t} {acc}, {st} {v[s]}, i64 {k}")
-                    v[u] = acc
+            elif op is Ops.VECTORIZE: v[u] = self._vectorize(u, v)
             elif op is Ops.GEP:
                 g = u.arg[0] if isinstance(u.arg, tuple) else u.arg
                 v[u] = self._val(f"extractelement {self.ty(src[0].dtype)} {v[src[0]]}, i64 {g}")
@@ -444,11 +406,67 @@ class LLVMRenderer(Renderer):
             elif op in GroupOp.ALU: v[u] = self.alu(op, u.dtype, [v[s] for s in src], [s.dtype for s in src])
             else: raise NotImplementedError(f"can't render {op} to LLVM IR")
         if loops: raise RuntimeError(f"range {loops[-1][0].arg} is never closed")
+        return self._module(name, [p for _, p in sorted(params)] + [p for _, p in sorted(var_params)], entry)
+
+    def _module(self, name: str, params: list[str], entry: list[str]) -> str:
+        """The module: declarations, helpers, and the kernel function with `entry` (its allocas) before the body."""
         fname = name if _IDENT.fullmatch(name) else '"' + name.replace('"', "").replace("\\", "") + '"'
-        args = [p for _, p in sorted(params)] + [p for _, p in sorted(var_params)] + ["i64 %core_lo", "i64 %core_hi"]
+        args = params + ["i64 %core_lo", "i64 %core_hi"]
         head = [f"define void @{fname}({', '.join(args)}) nounwind {{", "entry:"] + entry
         return "\n".join(list(self._decls.values()) + list(self._helpers.values()) + head + self._lines +
                          ["  ret void", "}"]) + "\n"
+
+    def _define_var(self, u: UOp, entry: list[str]) -> tuple[str, str]:
+        """A Variable's parameter (double for floats, i64 for integers) and its value narrowed to its dtype, computed
+        in the entry block."""
+        if u.dtype.count != 1: raise NotImplementedError(f"vector variable {u}")
+        wide = dtypes.float64 if dtypes.is_float(u.dtype) else dtypes.int64
+        raw = f'%"var.{u.arg[0]}"'
+        saved, self._lines = self._lines, entry
+        if u.dtype == dtypes.bool: val = self._val(f"icmp ne i64 {raw}, 0")
+        elif u.dtype == dtypes.bfloat16: val = self.from_f32(self.cast(raw, wide, dtypes.float32), u.dtype)
+        else: val = self.cast(raw, wide, u.dtype) if self.ty(u.dtype) != self.ty(wide) else raw
+        self._lines = saved
+        return f"{self.ty(wide)} {raw}", val
+
+    def _open_loop(self, u: UOp, v: dict[UOp, str], loops: list[tuple[UOp, str, str, str, str]]) -> str:
+        """Start loop `u` (header, body; the latch and exit come with its END); its counter in u's dtype."""
+        head, body, latch, exit_ = (self._label(s) for s in ("loop", "body", "latch", "exit"))
+        if u.arg[1] == "global": lo, hi = "%core_lo", "%core_hi"
+        else: lo, hi = "0", self.cast(v[u.src[0]], u.src[0].dtype, dtypes.int64)
+        before = self._block
+        self._lines.append(f"  br label %{head}")
+        self._start_block(head)
+        self._n += 1
+        ctr = f"%i{self._n}"
+        self._lines.append(f"  {ctr} = phi i64 [ {lo}, %{before} ], [ {ctr}.next, %{latch} ]")
+        cond = self._val(f"icmp slt i64 {ctr}, {hi}")
+        self._lines.append(f"  br i1 {cond}, label %{body}, label %{exit_}")
+        self._start_block(body)
+        loops.append((u, ctr, head, latch, exit_))
+        return self.cast(ctr, dtypes.int64, u.dtype)
+
+    def _close_loop(self, u: UOp, loops: list[tuple[UOp, str, str, str, str]]) -> None:
+        """End the innermost open loop: its latch increments the counter and branches back to the header."""
+        if not loops: raise RuntimeError("END without an open loop")
+        r, ctr, head, latch, exit_ = loops.pop()
+        if u.src and u.src[0].op is Ops.RANGE and u.src[0] is not r:
+            raise RuntimeError(f"END of range {u.src[0].arg} closes range {r.arg}")
+        self._lines.append(f"  br label %{latch}")
+        self._start_block(latch)
+        self._lines += [f"  {ctr}.next = add i64 {ctr}, 1", f"  br label %{head}"]
+        self._start_block(exit_)
+
+    def _vectorize(self, u: UOp, v: dict[UOp, str]) -> str:
+        """A vector of u's sources: a broadcast as a shuffle of one lane, else lane by lane insertions."""
+        t, st = self.ty(u.dtype), self.ty(u.dtype.scalar())
+        if all(s is u.src[0] for s in u.src):
+            one = self._val(f"insertelement <1 x {st}> poison, {st} {v[u.src[0]]}, i64 0")
+            return self._val(f"shufflevector <1 x {st}> {one}, <1 x {st}> poison, <{len(u.src)} x i32> "
+                             "zeroinitializer")
+        acc = "poison"
+        for k, s in enumerate(u.src): acc = self._val(f"insertelement {t} {acc}, {st} {v[s]}, i64 {k}")
+        return acc
 
     def _lane_gated_load(self, u: UOp, v: dict[UOp, str]) -> str:
         """LOAD(INDEX(vector pointer), all_valid, *lane_valid): one vector load when every lane is valid, else one
