@@ -204,9 +204,7 @@ def pow_(a: Tensor, b: Tensor) -> Tensor:
 
 @op("Mod")
 def mod(a: Tensor, b: Tensor, *, fmod: int = 0) -> Tensor:
-    if fmod: return a.fmod(b)
-    if is_float(a): raise ValueError("Mod of floats needs fmod=1")
-    return a.mod(b)
+    return a.fmod(b) if fmod else a.mod(b)
 
 
 for _name, _fn2 in {
@@ -411,40 +409,27 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: s
                    dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
                    output_padding: Sequence[int] | None = None, output_shape: Sequence[int] | None = None,
                    pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
-    k = tuple(kernel_shape or w.shape[2:])
+    k = tuple(w.shape[2:])
     n = len(k)
+    if kernel_shape and tuple(kernel_shape) != k:
+        raise ValueError(f"kernel_shape {list(kernel_shape)} doesn't match the weight's {k}")
     s, d = list(strides or [1] * n), list(dilations or [1] * n)
     op_ = list(output_padding or [0] * n)
     i_ = x.shape[2:]
-    full = [ss * (i - 1) + o + (kk - 1) * dd + 1 for i, ss, o, kk, dd in zip(i_, s, op_, k, d)]
-    if output_shape:
-        want = list(output_shape)[-n:]
-        total = [f - w_ for f, w_ in zip(full, want)]
-        if any(t < 0 for t in total):
-            # a larger output than the full transpose: the extra is zero-padding at the end
-            pairs = [(0, 0)] * n
-            out = x.conv_transpose2d(w, b, group, s, d, _flat(pairs), op_)
-            return out.pad(tuple((0, 0) for _ in range(2)) + tuple((0, -t) for t in total))
-        if auto_pad == "SAME_LOWER": pairs = [(t - t // 2, t // 2) for t in total]
-        else: pairs = [(t // 2, t - t // 2) for t in total]
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        total = [f - i * ss for f, i, ss in zip(full, i_, s)]
-        pairs = [(t // 2, t - t // 2) if auto_pad == "SAME_UPPER" else (t - t // 2, t // 2) for t in total]
+    # the full transpose (no pads) covers every contribution; output_padding adds positions at the end that get none;
+    # the pads then cut from either side (a negative cut pads)
+    full = [ss * (i - 1) + (kk - 1) * dd + 1 for i, ss, kk, dd in zip(i_, s, k, d)]
+    if output_shape or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        want = list(output_shape)[-n:] if output_shape else [i * ss for i, ss in zip(i_, s)]
+        total = [f + o - w_ for f, o, w_ in zip(full, op_, want)]
+        # (as ONNX's reference: only SAME_UPPER puts the larger half at the end)
+        if auto_pad == "SAME_UPPER": pairs = [(t // 2, t - t // 2) for t in total]
+        else: pairs = [(t - t // 2, t // 2) for t in total]
     elif auto_pad == "VALID": pairs = [(0, 0)] * n
     else: pairs = _pads_to_pairs(pads, n)
-    # conv_transpose2d takes symmetric pads per dim plus output_padding at the end: the end pads are the begin pads
-    # less the output padding; a larger end pad crops further
-    sym = [bgn for bgn, _ in pairs]
-    extra = [bgn - end for bgn, end in pairs]
-    opad = [max(0, e) for e in extra]
-    if all(o < max(ss, dd) for o, ss, dd in zip(opad, s, d)):
-        out = x.conv_transpose2d(w, b, group, s, d, _flat([(p, p) for p in sym]), opad)
-    else:
-        out = x.conv_transpose2d(w, b, group, s, d, _flat([(p, p) for p in sym]), 0)
-        out = out.pad(((0, 0), (0, 0)) + tuple((0, o) for o in opad))
-    crop = [min(0, e) for e in extra]
-    if any(crop): out = out.pad(((0, 0), (0, 0)) + tuple((0, c) for c in crop))
-    return out
+    out = x.conv_transpose2d(w, None, group, s, d, 0, 0)
+    out = out.pad(((0, 0), (0, 0)) + tuple((-bg, o - e) for (bg, e), o in zip(pairs, op_)))
+    return out if b is None else out + _channel(b, out.ndim)
 
 
 def _pool_geometry(x: Tensor, auto_pad: str, kernel_shape: Sequence[int], strides: Sequence[int] | None,
@@ -928,10 +913,13 @@ def depth_to_space(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
 
 
 @op("SpaceToDepth")
-def space_to_depth(x: Tensor, *, blocksize: int) -> Tensor:
+def space_to_depth(x: Tensor, *, blocksize: int, mode: str = "DCR") -> Tensor:
     n, c, h, w = x.shape
     b = blocksize
-    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    if mode == "DCR": y = y.permute(0, 3, 5, 1, 2, 4)
+    elif mode == "CRD": y = y.permute(0, 1, 3, 5, 2, 4)
+    else: raise ValueError(f"mode must be DCR or CRD, got {mode!r}")
     return y.reshape(n, c * b * b, h // b, w // b)
 
 

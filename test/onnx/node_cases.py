@@ -6,7 +6,9 @@ import importlib
 import pkgutil
 
 import numpy as np
+import onnx
 import onnx.backend.test.case.node as node_pkg
+from onnx import numpy_helper
 
 from fusegrad import Tensor
 from fusegrad.onnx import OnnxRunner
@@ -29,6 +31,8 @@ def all_modules() -> list[str]:
 def run_case(case) -> None:
     """Run one case and compare every output with ONNX's reference (the tolerance of ONNX's backend tests)."""
     inputs, expected = case.data_sets[0]
+    inputs = [numpy_helper.to_array(i) if isinstance(i, onnx.TensorProto) else i for i in inputs]
+    expected = [numpy_helper.to_array(e) if isinstance(e, onnx.TensorProto) else e for e in expected]
     graph = case.model.graph
     names = [i.name for i in graph.input]
     runner = OnnxRunner(case.model)
@@ -38,6 +42,12 @@ def run_case(case) -> None:
         assert isinstance(got, Tensor)
         got_np = got.numpy()
         want = np.asarray(want)
+        if want.dtype.name == "bfloat16":
+            assert got.dtype.name == "__bf16", f"{o.name}: dtype {got.dtype} is not bfloat16"
+            got_np, want = got.cast("float32").numpy(), want.astype(np.float32)
+            # bfloat16 keeps 8 bits of mantissa
+            np.testing.assert_allclose(got_np, want, rtol=1e-2, atol=1e-2, equal_nan=True, err_msg=o.name)
+            continue
         assert got_np.shape == want.shape, f"{o.name}: shape {got_np.shape} != {want.shape}"
         if want.dtype.kind in "fc":
             np.testing.assert_allclose(got_np.astype(np.float64), want.astype(np.float64), rtol=case.rtol,
