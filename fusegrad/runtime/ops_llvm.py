@@ -13,7 +13,10 @@ import weakref
 from typing import Any
 from fusegrad.device import CompileError, Compiler, numbered
 from fusegrad.helpers import getenv
-from fusegrad.runtime.ops_cpu import ET_REL, CPUAllocator, CPUDevice, CPUProgram, elf_is_whole
+from fusegrad.runtime.cpu_memory import CPUAllocator
+from fusegrad.runtime.cpu_program import CPUProgram
+from fusegrad.runtime.elf import ET_REL, elf_is_whole
+from fusegrad.runtime.ops_cpu import CPUDevice
 
 MISSING = "the LLVM device needs llvmlite: pip install 'fusegrad[llvm]'"
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from fusegrad.runtime import ops_cpu
+from fusegrad.runtime import cpu_compiler, cpu_program
 
 ALIAS_PROGRAM = textwrap.dedent("""
     import importlib, importlib.abc, importlib.machinery, importlib.util, sys
@@ -46,11 +46,13 @@ def test_exit_is_silent_with_an_import_alias(tmp_path):
 
 def test_program_finalizer_needs_no_module_globals(monkeypatch):
     # what teardown does to a module: its globals become None. Dropping a program afterwards must not raise.
-    lib = ops_cpu.CPUCompiler().compile_cached("void k(float* restrict d, long lo, long hi) { d[0] = 1.0f; }")
-    prg = ops_cpu.CPUProgram("k", lib)
+    lib = cpu_compiler.CPUCompiler().compile_cached("void k(float* restrict d, long lo, long hi) { d[0] = 1.0f; }")
+    prg = cpu_program.CPUProgram("k", lib)
     raised: list = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: raised.append(u))
-    for name in ("_ctypes", "ctypes", "weakref", "os"): monkeypatch.setattr(ops_cpu, name, None)
+    for module in (cpu_compiler, cpu_program):
+        for name in ("_ctypes", "ctypes", "weakref", "os"):
+            if hasattr(module, name): monkeypatch.setattr(module, name, None)
     del prg
     gc.collect()
     assert raised == []

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from fusegrad import Context, Device, Tensor, Variable, dtypes
 from fusegrad.device import Buffer
-from fusegrad.runtime import ops_cpu
+from fusegrad.runtime import cpu_compiler, cpu_pool
 
-pool = ops_cpu._c_pool()
+pool = cpu_pool.c_pool()
 pytestmark = [pytest.mark.skipif(pool is None, reason="the C thread pool could not be compiled here"),
-              pytest.mark.skipif(ops_cpu._cores() < 2, reason="kernels only run asynchronously with 2+ cores")]
+              pytest.mark.skipif(cpu_pool.cores() < 2, reason="kernels only run asynchronously with 2+ cores")]
 
 def _slow_matmul(n: int = 1024) -> tuple[Tensor, np.ndarray]:
     """A lazy product that takes a few milliseconds or more, and its inputs as numpy arrays."""
@@ -132,7 +132,7 @@ void fg_test_count(void **args, long lo, long hi) {
   int *hits = (int *)args[0];
   for (long i = lo; i < hi; i++) __atomic_fetch_add(&hits[i], 1, __ATOMIC_RELAXED);
 }"""
-    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(src))
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(src))
     entry = ctypes.cast(lib.fg_test_count, ctypes.c_void_p).value
     rng = np.random.default_rng(3)
     jobs = []
@@ -162,7 +162,7 @@ def test_caller_joins_only_when_asked():
     # a long split kernel (join=True) with nothing queued ahead: the calling thread runs chunks before returning
     # (of 6 chunks of 10 ms, the worker could only take all if this thread stalled for 50 ms); without join the call
     # returns at once and a worker runs every chunk
-    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(_WHO_SRC))
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_WHO_SRC))
     entry = ctypes.cast(lib.fg_test_who, ctypes.c_void_p).value
     lib.fg_test_me.restype = ctypes.c_ulong
     me = lib.fg_test_me()
@@ -187,15 +187,15 @@ def test_one_pool_when_threads_race_to_make_it(tmp_path):
     code = """
 import threading, numpy as np
 from fusegrad import Device, Tensor
-from fusegrad.runtime import ops_cpu
+from fusegrad.runtime import cpu_compiler, cpu_pool
 dev = Device["CPU"]
 got = []
-threads = [threading.Thread(target=lambda: got.append(ops_cpu._c_pool())) for _ in range(4)]
+threads = [threading.Thread(target=lambda: got.append(cpu_pool.c_pool())) for _ in range(4)]
 for t in threads: t.start()
 a = np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64) / 1000
 out = (Tensor(a) * 2 + 1).sum(1).numpy()
 for t in threads: t.join()
-assert len(got) == 4 and len({id(p) for p in got + [ops_cpu._c_pool()]}) == 1 and got[0] is not None
+assert len(got) == 4 and len({id(p) for p in got + [cpu_pool.c_pool()]}) == 1 and got[0] is not None
 np.testing.assert_allclose(out, (a.astype(np.float64) * 2 + 1).sum(1), rtol=1e-5)
 print("ok", got[0].submitted)
 """

@@ -7,7 +7,8 @@ import pytest
 from fusegrad.device import Buffer, CompileError
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import Context
-from fusegrad.runtime.ops_cpu import CPUCompiler, CPUProgram
+from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.cpu_program import CPUProgram
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
@@ -159,15 +160,15 @@ def test_threads_run_concurrently():
     assert saw.numpy().tolist() == [2, 2] and et < 4.0
 
 def test_pool_reports_errors():
-    from fusegrad.runtime.ops_cpu import _pool
+    from fusegrad.runtime.cpu_pool import python_pool
     def boom(x):
         if x == 1: raise ZeroDivisionError("in a worker")
-    with pytest.raises(ZeroDivisionError): _pool.run(boom, [(0,), (1,)])
+    with pytest.raises(ZeroDivisionError): python_pool.run(boom, [(0,), (1,)])
     ran = []
-    _pool.run(lambda x: ran.append(x), [(0,), (1,), (2,)])  # the pool still works afterwards
+    python_pool.run(lambda x: ran.append(x), [(0,), (1,), (2,)])  # the pool still works afterwards
     assert sorted(ran) == [0, 1, 2]
 
 def test_address_helper():
-    from fusegrad.runtime.ops_cpu import address
+    from fusegrad.runtime.cpu_memory import address
     b = Buffer("CPU", 4, dtypes.float32).ensure_allocated()
     assert address(b._buf) == ctypes.addressof(b._buf)

@@ -5,9 +5,9 @@ import time
 import numpy as np
 import pytest
 from fusegrad import Context, Tensor, Variable
-from fusegrad.runtime import ops_cpu
+from fusegrad.runtime import cpu_compiler, cpu_pool
 
-pytestmark = pytest.mark.skipif(ops_cpu._c_pool() is None, reason="the C thread pool could not be compiled here")
+pytestmark = pytest.mark.skipif(cpu_pool.c_pool() is None, reason="the C thread pool could not be compiled here")
 
 def _programs(t: Tensor) -> list:
     from fusegrad.engine.realize import lower_schedule_item
@@ -79,9 +79,9 @@ def test_every_chunk_runs_once_whoever_claims_it():
     # with the workers spinning, asleep, or held up by another pool's spinning threads (numpy's BLAS)
     import ctypes
     from fusegrad.device import Device
-    lib = ops_cpu._load_library(Device["CPU"].compiler.compile_cached(_MARK_SRC))
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_MARK_SRC))
     entry = ctypes.cast(lib.fg_test_mark, ctypes.c_void_p).value
-    pool = ops_cpu._c_pool()
+    pool = cpu_pool.c_pool()
     rng = np.random.default_rng(0)
     m = rng.standard_normal((256, 256)).astype(np.float32)
     for job in range(300):

@@ -13,7 +13,8 @@ import uuid
 import pytest
 from fusegrad.device import CompileError, Compiler
 from fusegrad.hostcpu import host_cpu_count
-from fusegrad.runtime.ops_cpu import ET_DYN, ET_REL, CPUCompiler, elf_is_whole
+from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.elf import ET_DYN, ET_REL, elf_is_whole
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,7 +68,8 @@ import json, sys
 import numpy as np
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
-from fusegrad.runtime.ops_cpu import CPUCompiler, CPUProgram
+from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.cpu_program import CPUProgram
 out = {}
 for case, (n, src) in json.loads(sys.argv[1]).items():
     comp = CPUCompiler()
@@ -202,7 +204,7 @@ def test_stale_temp_files_are_removed(tmp_path):
     os.makedirs(os.path.dirname(path))
     mk(f".tmp-{dead}-qq", old, folder=False, where=pathlib.Path(path).parent)   # a killed cache write
     mk(f".tmp-{alive}-rr", old, folder=False, where=pathlib.Path(path).parent)  # a live one's
-    code = f"from fusegrad.runtime.ops_cpu import CPUCompiler\nCPUCompiler().compile_cached({src!r})\nprint('ok')"
+    code = f"from fusegrad.runtime.cpu_compiler import CPUCompiler\nCPUCompiler().compile_cached({src!r})\nprint('ok')"
     r = run_child(code, TMPDIR=str(tmp), XDG_CACHE_HOME=str(cache))
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     gone = {n for n, p in made.items() if not os.path.lexists(p)}
@@ -219,7 +221,7 @@ def test_compile_folder_of_a_killed_process_is_removed_by_the_next(tmp_path):
     slow_cc.write_text('#!/bin/sh\ncase "$1" in --version) ;; *) sleep 60 ;; esac\nexec cc "$@"\n')
     slow_cc.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(tmp), "CC": str(slow_cc)}
-    code = f"from fusegrad.runtime.ops_cpu import CPUCompiler\nCPUCompiler().compile_cached({fill(7)!r})"
+    code = f"from fusegrad.runtime.cpu_compiler import CPUCompiler\nCPUCompiler().compile_cached({fill(7)!r})"
     child = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, start_new_session=True)
     try:
         deadline = time.time() + 60
@@ -232,7 +234,7 @@ def test_compile_folder_of_a_killed_process_is_removed_by_the_next(tmp_path):
     assert os.path.isdir(tmp / left[0])
     old = time.time() - 3600
     os.utime(tmp / left[0], (old, old))
-    r = run_child(f"from fusegrad.runtime.ops_cpu import CPUCompiler\nCPUCompiler().compile_cached({fill(8)!r})",
+    r = run_child(f"from fusegrad.runtime.cpu_compiler import CPUCompiler\nCPUCompiler().compile_cached({fill(8)!r})",
                   TMPDIR=str(tmp))
     assert r.returncode == 0, r.stderr
     assert not os.path.lexists(tmp / left[0])
@@ -262,9 +264,9 @@ import os, signal, threading, time
 import numpy as np
 from fusegrad.device import Buffer, Device
 from fusegrad.dtype import dtypes
-from fusegrad.runtime import ops_cpu
-prg = ops_cpu.CPUProgram("spin", Device["CPU"].compiler.compile_cached({_SPIN!r}))
-pool = ops_cpu._c_pool()
+from fusegrad.runtime import cpu_pool, cpu_program
+prg = cpu_program.CPUProgram("spin", Device["CPU"].compiler.compile_cached({_SPIN!r}))
+pool = cpu_pool.c_pool()
 assert pool is not None
 def interrupt_after(s):
     sent = []

@@ -1,0 +1,89 @@
+"""Host memory for the CPU devices: 64-byte aligned allocations (2 MiB aligned and advised for huge pages when big),
+held as ctypes arrays that kernels take directly and that host access reaches once the queued kernels using them
+have run."""
+from __future__ import annotations
+import ctypes
+import sys
+import weakref
+from typing import Any
+from fusegrad.device import LRUAllocator
+from fusegrad.runtime.cpu_pool import allocation_root, c_pool, has_host_view, wait_for
+
+ALIGN = 64  # bytes: a cache line, and enough for any SIMD load the renderer emits
+
+def _libc_allocator() -> tuple[Any, Any, Any] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        alloc, free = libc.aligned_alloc, libc.free
+    except (OSError, AttributeError): return None
+    alloc.restype, alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    madvise = getattr(libc, "madvise", None)
+    if madvise is not None:
+        madvise.restype, madvise.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return alloc, free, madvise
+
+# big allocations are aligned to and advised for 2 MiB pages (MADV_HUGEPAGE, Linux; where transparent huge pages are
+# off it changes nothing): 512 times fewer TLB entries and first-touch page faults for a kernel streaming through tens
+# of megabytes (a fused elementwise kernel over 2^24 floats: about 8% faster)
+HUGE_PAGE, HUGE_MIN, MADV_HUGEPAGE = 1 << 21, 1 << 22, 14
+
+_LIBC = _libc_allocator()
+
+class CPUAllocator(LRUAllocator):
+    """64-byte aligned host memory. An allocation is a ctypes byte array (so it can be passed straight to a kernel);
+    it is freed when it and every view of it are garbage collected."""
+    def _alloc(self, size: int, options: Any) -> ctypes.Array:
+        if _LIBC is None:
+            # no libc: over-allocate a ctypes array (zero-filled, so slower) and take the aligned part
+            raw = (ctypes.c_uint8 * (size + ALIGN - 1))()
+            return (ctypes.c_uint8 * size).from_buffer(raw, -ctypes.addressof(raw) % ALIGN)
+        # malloc'd memory isn't zero-filled and reuses freed heap pages, which is much cheaper than fresh zero pages
+        huge = size >= HUGE_MIN and _LIBC[2] is not None and sys.platform.startswith("linux")
+        align = HUGE_PAGE if huge else ALIGN
+        ptr = _LIBC[0](align, max(align, -(-size // align) * align))
+        if not ptr: raise MemoryError(f"can't allocate {size} bytes of host memory")
+        if huge: _LIBC[2](ptr, -(-size // align) * align, MADV_HUGEPAGE)  # a hint: failure changes nothing
+        ret = (ctypes.c_uint8 * size).from_address(ptr)
+        # the memory is freed when the array object is collected. When it dies in a reference cycle, the garbage
+        # collector runs this finalizer before the owning Buffer's __del__ hands the array back to the LRU cache,
+        # so _reusable checks that the finalizer hasn't run (reusing the array then would be a use after free)
+        ret._finalizer = weakref.finalize(ret, _LIBC[1], ptr)
+        ret._finalizer.atexit = False  # at exit the OS takes the memory back anyway
+        return ret
+
+    def _offset(self, opaque: ctypes.Array, size: int, offset: int) -> ctypes.Array:
+        view = (ctypes.c_uint8 * size).from_buffer(opaque, offset)
+        view._root = getattr(opaque, "_root", opaque)  # exports are tracked on the allocation itself
+        return view
+
+    def _as_buffer(self, opaque: ctypes.Array) -> memoryview:
+        wait_for(opaque)
+        # a separate ctypes object per export, so free() can see (via weakrefs) whether a memoryview still uses it
+        exp = (ctypes.c_uint8 * len(opaque)).from_buffer(opaque)
+        root = getattr(opaque, "_root", opaque)
+        exports = root.__dict__.setdefault("_exports", [])
+        exports[:] = [r for r in exports if r() is not None] + [weakref.ref(exp)]
+        return memoryview(exp).cast("B")
+
+    def _reusable(self, opaque: ctypes.Array) -> bool:
+        # memory a live memoryview (e.g. a numpy array) still reads must not be handed to another Buffer
+        if has_host_view(opaque): return False
+        fin = opaque.__dict__.get("_finalizer")
+        return fin is None or fin.alive
+
+    def _idle(self, opaque: ctypes.Array) -> bool:
+        count = getattr(allocation_root(opaque), "_fg_job", 0)
+        return not count or (pool := c_pool()) is None or pool.done(count)
+
+    # (host access waits for the queued kernels that use the memory: see CPool)
+    def _copyin(self, dest: ctypes.Array, src: memoryview) -> None:
+        wait_for(dest)
+        memoryview(dest).cast("B")[:] = src
+    def _copyout(self, dest: memoryview, src: ctypes.Array) -> None:
+        wait_for(src)
+        dest[:] = memoryview(src).cast("B")
+
+def address(opaque: ctypes.Array) -> int:
+    """The address of a CPU allocation, for passing to C code."""
+    return ctypes.addressof(opaque)

@@ -1,0 +1,175 @@
+/* A pool of worker threads for CPU kernels, as a queue of jobs: kernels rendered with an `<name>_entry(void **args, long lo, long hi)` wrapper
+   are submitted without waiting for them (see CPUProgram: the Python that builds and schedules the next kernels runs
+   while these do) and split into chunks that worker threads and any thread waiting on the queue claim from a shared
+   ticket (the current job's number and its next chunk). Jobs run one after another in submission order, each only
+   once the one before has finished, so a kernel sees everything the kernels before it wrote. Workers spin for about
+   10 us when there is nothing to claim (kernels of a step follow each other within microseconds), then yield the
+   core a while and sleep: spinning longer would take the core from other processes (two test workers on two cores
+   ran 2.5x slower with ~150 us of spinning). While jobs come in a burst (a realize loop: ~100-300 us of Python
+   between kernels) they keep yielding for 500 us instead of 30: a sleeping worker takes ~50 us to wake, a yielding
+   one gives its core to any other runnable thread at once. A thread waiting for a job claims its chunks too: a worker
+   the OS doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
+   scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+typedef void (*fg_entry)(void **, long, long);
+#define FG_MAX_WORKERS 255
+#define FG_QUEUE 64            /* jobs queued or running at once: a submit beyond waits for the oldest */
+#define FG_SPIN 300            /* pauses (about 10 us), then yields to other runnable threads for */
+#define FG_YIELD_NS 30000L     /* 30 us, or when jobs come in a burst (this one began within FG_HOT_GAP_NS of */
+#define FG_HOT_YIELD_NS 500000L /* the end of the one before) 500 us, then sleep */
+#define FG_HOT_GAP_NS 1000000L
+typedef struct { fg_entry fn; void **args; long size; long n; } fg_job;
+static fg_job fg_q[FG_QUEUE];
+static pthread_mutex_t fg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;       /* sleeping workers wait here for a job to begin */
+static pthread_cond_t fg_done_cv = PTHREAD_COND_INITIALIZER;  /* sleeping waiters wait here for a job to end */
+/* jobs ever submitted and ever finished: jobs fg_finished .. fg_submitted - 1 are queued, the first one running */
+atomic_ulong fg_submitted, fg_finished;
+static atomic_ulong fg_ticket;   /* (running job's number << 32) | its next unclaimed chunk */
+static atomic_long fg_left;      /* chunks of the running job not finished yet */
+static atomic_int fg_hot;        /* the running job began within FG_HOT_GAP_NS of the end of the one before */
+static long fg_last_ns;          /* when the last job ended */
+static int fg_workers, fg_sleepers, fg_waiters, fg_atfork;
+static inline void fg_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+static inline long fg_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+/* job j becomes the running one (fg_mu held) */
+static void fg_begin(unsigned long j) {
+  atomic_store_explicit(&fg_left, fg_q[j % FG_QUEUE].n, memory_order_relaxed);
+  atomic_store_explicit(&fg_hot, fg_now_ns() - fg_last_ns < FG_HOT_GAP_NS, memory_order_relaxed);
+  atomic_store_explicit(&fg_ticket, (j & 0xffffffffUL) << 32, memory_order_release);
+  if (fg_sleepers) pthread_cond_broadcast(&fg_cv);
+}
+/* the running job's last chunk is done: the next queued one begins */
+static void fg_finish(void) {
+  pthread_mutex_lock(&fg_mu);
+  unsigned long next = atomic_load(&fg_finished) + 1;
+  atomic_store_explicit(&fg_finished, next, memory_order_release);
+  fg_last_ns = fg_now_ns();
+  if (atomic_load(&fg_submitted) > next) fg_begin(next);
+  if (fg_waiters) pthread_cond_broadcast(&fg_done_cv);
+  pthread_mutex_unlock(&fg_mu);
+}
+/* whether the running job has a chunk left to claim. (The slot may be refilled for a later job only after the ticket
+   moved past it; a stale answer costs one more look) */
+static inline int fg_claimable(void) {
+  unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
+  return (long)(t & 0xffffffffUL) < fg_q[(t >> 32) % FG_QUEUE].n;
+}
+/* claim and run chunks of the running job, and of the ones after it, until none is left to claim (with `only` >= 0:
+   only chunks of job number `only`; with `until` > 0: no new claim once fg_now_ns() has passed it); returns how many
+   this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed
+   chunk runs, so its function and arguments stay valid */
+static int fg_claim_of(long only, long until) {
+  int ran = 0;
+  for (;;) {
+    if (until > 0 && fg_now_ns() >= until) return ran;
+    unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
+    unsigned long i = t & 0xffffffffUL;
+    if (only >= 0 && (t >> 32) != ((unsigned long)only & 0xffffffffUL)) return ran;
+    fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
+    long n = job->n;
+    if ((long)i >= n) return ran;
+    if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
+      continue;
+    job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
+    ran++;
+    if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
+  }
+}
+static int fg_claim(void) { return fg_claim_of(-1, 0); }
+static void *fg_worker(void *arg) {
+  (void)arg;
+  for (;;) {
+    long yield_until = 0;
+    for (int spin = 0; !fg_claimable(); spin++) {
+      if (spin < FG_SPIN) { fg_relax(); continue; }
+      if (spin == FG_SPIN) yield_until = fg_now_ns() + (atomic_load(&fg_hot) ? FG_HOT_YIELD_NS : FG_YIELD_NS);
+      if ((spin & 15) || fg_now_ns() < yield_until) { sched_yield(); continue; }
+      pthread_mutex_lock(&fg_mu);
+      fg_sleepers++;
+      while (!fg_claimable()) pthread_cond_wait(&fg_cv, &fg_mu);
+      fg_sleepers--;
+      pthread_mutex_unlock(&fg_mu);
+    }
+    fg_claim();
+  }
+  return 0;
+}
+/* until `count` jobs have finished, claiming their chunks too; returns 1. With `ns` >= 0, returns 0 once about `ns`
+   nanoseconds have passed (after the chunk this thread runs, if any), so the caller can look at signals and wait on */
+int fg_pool_wait(unsigned long count, long ns) {
+  struct timespec until = {0, 0};
+  long deadline = 0;
+  if (ns >= 0) {
+    deadline = fg_now_ns() + ns;
+    clock_gettime(CLOCK_REALTIME, &until);   /* (pthread_cond_timedwait's clock) */
+    until.tv_sec += ns / 1000000000L;
+    until.tv_nsec += ns % 1000000000L;
+    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+  }
+  for (int spin = 0; atomic_load_explicit(&fg_finished, memory_order_acquire) < count; spin++) {
+    if (ns >= 0 && fg_now_ns() >= deadline) return 0;
+    if (fg_claim_of(-1, deadline)) { spin = 0; continue; }
+    if (spin < FG_SPIN) { fg_relax(); continue; }
+    /* every chunk is claimed and the one running is long: sleep until a job ends (no core spent on waiting) */
+    pthread_mutex_lock(&fg_mu);
+    fg_waiters++;
+    if (atomic_load(&fg_finished) < count && !fg_claimable()) {
+      if (ns < 0) pthread_cond_wait(&fg_done_cv, &fg_mu);
+      else pthread_cond_timedwait(&fg_done_cv, &fg_mu, &until);
+    }
+    fg_waiters--;
+    pthread_mutex_unlock(&fg_mu);
+  }
+  return 1;
+}
+/* a forked child has none of the parent's threads: no workers, and locks and condition variables that no thread
+   holds or waits on (the parent waits for its queue to drain before forking, so no job is left half done) */
+static void fg_forget_workers(void) {
+  fg_workers = fg_sleepers = fg_waiters = 0;
+  pthread_mutex_init(&fg_mu, 0);
+  pthread_cond_init(&fg_cv, 0);
+  pthread_cond_init(&fg_done_cv, 0);
+}
+/* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
+   at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
+   chunks run by the caller too, until none is left to claim */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join) {
+  if (n < 1) n = 1;
+  if (n > size) n = size > 0 ? size : 1;
+  if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
+  pthread_mutex_lock(&fg_mu);
+  unsigned long j;
+  while ((j = atomic_load(&fg_submitted)) - atomic_load(&fg_finished) >= FG_QUEUE) {
+    pthread_mutex_unlock(&fg_mu);
+    fg_pool_wait(j - FG_QUEUE + 1, -1);  /* the queue is full: help with its oldest job */
+    pthread_mutex_lock(&fg_mu);
+  }
+  if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
+  while (fg_workers < workers) {
+    pthread_t t;
+    if (pthread_create(&t, 0, fg_worker, 0)) break;  /* fewer workers: waiting threads run the chunks */
+    pthread_detach(t);
+    fg_workers++;
+  }
+  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n};
+  atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
+  int now = atomic_load(&fg_finished) == j;
+  if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
+  pthread_mutex_unlock(&fg_mu);
+  if (now && join) fg_claim_of((long)j, 0);
+  return j + 1;
+}
