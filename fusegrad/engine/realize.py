@@ -10,10 +10,12 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import Estimates, ProgramSpec
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_min_max, _minmax_of_products
+from fusegrad.schedule.linear import ScheduleItem
+from fusegrad.schedule.replay import ReplayPlan
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
-           "lower_schedule_item", "run_schedule", "compile_kernels", "method_cache", "capturing"]
+           "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing"]
 
 # a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us, so
 # below these bounds one thread finishes first (DESIGN.md, "Measurements")
@@ -503,6 +505,31 @@ def compile_new_kernels(schedule: list[ExecItem]) -> None:
             new.setdefault(key[0], {})[si.ast] = None
     for dev, asts in new.items():
         if len(asts) > 1: compile_kernels(dev, list(asts))
+
+def exec_items(schedule: list[ScheduleItem], plan: ReplayPlan | None = None) -> list[ExecItem]:
+    """The ExecItems of a schedule. For one instantiated from a replay plan (`plan`), the plan keeps each kernel's
+    runner and its prepared launch per values of the knobs, so a replayed step neither looks its kernels up in the
+    method cache nor converts their arguments again."""
+    if plan is None: return [ExecItem(si.ast, si.bufs, fixedvars=si.fixedvars) for si in schedule]
+    knobs = codegen_knob_values()
+    runners = plan.runners.get(knobs, (None,) * len(schedule))
+    items = [ExecItem(si.ast, si.bufs, fixedvars=si.fixedvars, prg=prg) for si, prg in zip(schedule, runners)]
+    if knobs not in plan.runners:
+        compile_new_kernels(items)
+        items = [lower_schedule_item(ei) for ei in items]
+        plan.runners[knobs] = tuple(ei.prg for ei in items)
+    prepared = plan.launches.setdefault(knobs + launch_knob_values(), [None] * len(items))
+    for i, ei in enumerate(items):
+        if (state := prepared[i]) is False: continue
+        # (by value and type: 0.0 and -0.0 are different parameters, and a nan is the same one again)
+        vals = tuple([_arg_key(v) for v in ei.fixedvars.values()])
+        if state is None or state[2] != vals:
+            if (made := ei.prepared(tuple(range(len(ei.bufs))))) is None:
+                prepared[i] = False
+                continue
+            state = prepared[i] = (made[0], made[1], vals)
+        ei.launch = (state[0], state[1])
+    return items
 
 def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
     """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values

@@ -1,9 +1,20 @@
-"""Step 5 of scheduling: the kernels of a kernelized graph in the order they run."""
+"""Step 5 of scheduling: the kernels of a kernelized graph in the order they run, and the item a schedule is made of."""
 from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from fusegrad.device import Buffer
 from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.uop.ops import Ops, UOp, buffer_node
+
+@dataclass
+class ScheduleItem:
+    """One step of a schedule: a kernel AST (or COPY) with the buffers it uses and the values of its parameters
+    (`_p0`, `_p1`, ...: the constants lifted out of the cached kernel)."""
+    ast: UOp
+    bufs: list[Buffer | None]
+    fixedvars: dict[str, Any] = field(default_factory=dict)
 
 def kernels_in_order(sink: UOp, topo: Iterable[UOp] | None = None) -> list[UOp]:
     """Every KERNEL under `sink` (`topo`: its toposort, if the caller has it), dependencies first. Besides data

@@ -6,10 +6,12 @@ its kernels or rewriting tensors twice."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
+from fusegrad.device import Buffer
 from fusegrad.dtype import DType
+from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.memory import share_storage
 from fusegrad.uop.graph import new_buffer, substitute_map
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, device_buffer
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer
 
 # A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
 BufferRef = int
@@ -22,8 +24,9 @@ class ReplayPlan:
     # fresh buffers that no tensor keeps -> which other one's storage each takes, per set of kept ones (see
     # memory.share_storage: the same structure plans the same way every step)
     shares: dict[frozenset[int], dict[int, int]] = field(default_factory=dict, compare=False)
-    # each kernel's runner, per values of the knobs that change generated code (engine/realize.py CODEGEN_KNOBS): a
-    # replayed step skips the method cache lookup of each kernel
+    # kept for the engine, which lowers the items (engine/realize.py lower_replayed): each kernel's runner, per values
+    # of the knobs that change generated code (CODEGEN_KNOBS), so a replayed step skips the method cache lookup of
+    # each kernel
     runners: dict[tuple[int, ...], tuple[Any, ...]] = field(default_factory=dict, compare=False)
     # each kernel's launch prepared over all its buffers (CompiledRunner.prepare: arguments converted once; the
     # buffers are passed per step, so no memory is held here), with the parameter values it was made for; False for
@@ -39,12 +42,9 @@ class ReplayPlan:
                    for pos, ref, shape in self.results}
         return outs, results
 
-    def exec_items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[Any]:
-        """The ExecItems of the kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a
-        tensor holds from now on) get their own Buffers; the others share storage where their lifetimes allow."""
-        from fusegrad.device import Buffer
-        from fusegrad.engine.realize import ExecItem, codegen_knob_values, compile_new_kernels, launch_knob_values, \
-            lower_schedule_item
+    def items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[ScheduleItem]:
+        """The kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a tensor holds from now
+        on) get their own Buffers; the others share storage where their lifetimes allow."""
         if (shares := self.shares.get(kept)) is None:
             uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
             temps = {i for step in uses for i in step}
@@ -55,27 +55,9 @@ class ReplayPlan:
             # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
             if i not in shares: storage[i] = device_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
         for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
-        knobs = codegen_knob_values()
-        runners = self.runners.get(knobs, (None,) * len(self.kernels))
-        items = [ExecItem(ast, [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
-                          fixedvars={f"_p{i}": topo[p].arg for i, p in enumerate(params)}, prg=prg)
-                 for (ast, refs, params), prg in zip(self.kernels, runners)]
-        if knobs not in self.runners:
-            compile_new_kernels(items)
-            items = [lower_schedule_item(ei) for ei in items]
-            self.runners[knobs] = tuple(ei.prg for ei in items)
-        prepared = self.launches.setdefault(knobs + launch_knob_values(), [None] * len(items))
-        for i, ei in enumerate(items):
-            if (state := prepared[i]) is False: continue
-            # (by value and type: 0.0 and -0.0 are different parameters, and a nan is the same one again)
-            vals = tuple([_arg_key(v) for v in ei.fixedvars.values()])
-            if state is None or state[2] != vals:
-                if (made := ei.prepared(tuple(range(len(ei.bufs))))) is None:
-                    prepared[i] = False
-                    continue
-                state = prepared[i] = (made[0], made[1], vals)
-            ei.launch = (state[0], state[1])
-        return items
+        return [ScheduleItem(ast, [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
+                             {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
+                for ast, refs, params in self.kernels]
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
                   replaced: dict[UOp, UOp]) -> ReplayPlan | None:

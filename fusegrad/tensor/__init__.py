@@ -14,12 +14,8 @@ from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
 from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
-from fusegrad.schedule.kernelize import kernelize_map_cached, schedule_cache, schedule_cache_lookup, \
-    schedule_cache_stats
-from fusegrad.schedule.linear import kernels_in_order
-from fusegrad.schedule.memory import plan_memory
-from fusegrad.schedule.merge import kernel_outputs
-from fusegrad.schedule.replay import record_replay
+from fusegrad.schedule.create import create_schedule_with_vars
+from fusegrad.schedule.kernelize import kernelize_map_cached
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin, check_size
@@ -297,56 +293,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
-        from fusegrad.engine.realize import ExecItem
+        from fusegrad.engine.realize import exec_items
         if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
-        lazy = lazy_tensors()  # (no tensor is made below: one snapshot serves every pass)
-        graph = UOp.sink_of(*_shards((self,) + lst))
+        live = _LiveTensors((self,) + lst)  # (no tensor is made below: one snapshot of the lazy ones serves)
+        graph = UOp.sink_of(*_shards(live.tensors))
         topo = graph.toposort()
-        if readers := Tensor._readers_of_overwritten(self, *lst, lazy=lazy, topo=topo):
+        if readers := Tensor._readers_of_overwritten(self, *lst, lazy=live.lazy, topo=topo):
             # (the new graph's toposort starts as the old one's, without its sink: the walk continues from there)
-            graph = UOp.sink_of(*_shards((self,) + lst + readers))
+            live.tensors += readers
+            graph = UOp.sink_of(*_shards(live.tensors))
             topo.popitem()
             topo = graph.toposort(known=topo)
-        tensors = (self,) + lst + readers
-        var_vals: dict[str, int] = {}
-        lookup = schedule_cache_lookup(graph, topo)
-        if lookup.entry is not None and (plan := lookup.entry.replay) is not None:
-            # this structure was scheduled before: its kernels, the realized nodes' buffers and the memory plan come
-            # from the plan
-            schedule_cache_stats["hits"] += 1
-            outs, results = plan.instantiate(lookup.topo)
-            Tensor._apply_map(results, lazy)
-            index = {o: i for i, o in enumerate(outs)}
-            kept = frozenset(index[b] for b in _held_buffers(lazy, index))
-            return plan.exec_items(lookup.topo, outs, kept), var_vals
-        replaced = kernelize_map_cached(graph, var_vals, lookup)
-        Tensor._apply_map(replaced, lazy)
-        lazy = lazy_tensors()  # (a replaced buffer re-points realized tensors too: they are lazy now)
-        sink = UOp.sink_of(*_shards(tensors))
-        topo = sink.toposort()
-        # (kernels with an empty output have nothing to run)
-        kernels = [k for k in kernels_in_order(sink, topo) if buffer_node(k.src[0]).arg[1] > 0]
-        # a kernel's sources are its buffers, then the constants its parameters _p0, _p1... take in this call
-        items = []
-        for k in kernels:
-            bufs, fixedvars = [], {}
-            for b in k.src:
-                if b.op is Ops.CONST: fixedvars[f"_p{len(fixedvars)}"] = b.arg
-                else: bufs.append(device_buffer(b))
-            items.append(ExecItem(k.arg, bufs, fixedvars=fixedvars))
-        # every kernel output is a buffer from now on (those of a kernel with several outputs that only the
-        # replaced nodes reach too: the kernel's sources name its outputs' buffers, not their ASSIGNs)
-        becomes = {u: (u.src[0].reshape(u.arg) if u.arg != u.src[0].shape else u.src[0])
-                   for u in UOp.sink_of(sink, *replaced.values()).toposort()
-                   if u.op is Ops.ASSIGN and is_realized(u)}
-        Tensor._apply_map(becomes, lazy)
-        written = {buffer_node(o) for k in kernels for o in kernel_outputs(k)}
-        if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
-                entry.replay is None:
-            entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
-        # (only this schedule's buffers are planned)
-        plan_memory(items, {id(device_buffer(b)) for b in _held_buffers(lazy, written)})
-        return items, var_vals
+        items, var_vals, plan = create_schedule_with_vars(graph, topo, live)
+        return exec_items(items, plan), var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
@@ -1099,6 +1058,18 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
         else: held.update(x for x in u.toposort() if x in among)
         if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
     return held
+
+class _LiveTensors:
+    """The live tensors as scheduling sees them (schedule/create.py LiveGraphs): `tensors` those being scheduled,
+    `lazy` a snapshot of the lazy ones."""
+    def __init__(self, tensors: tuple[Tensor, ...]):
+        self.tensors, self.lazy = tensors, lazy_tensors()
+    def apply(self, replacements: dict[UOp, UOp]) -> None:
+        Tensor._apply_map(replacements, self.lazy)
+        # a replaced buffer re-points realized tensors too: they are lazy now
+        if any(k.op is Ops.BUFFER and k is not v for k, v in replacements.items()): self.lazy = lazy_tensors()
+    def roots(self) -> list[UOp]: return _shards(self.tensors)
+    def held_buffers(self, among: Container[UOp]) -> set[UOp]: return _held_buffers(self.lazy, among)
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
