@@ -1,7 +1,7 @@
 """Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
 from __future__ import annotations
 import hashlib
-from fusegrad.codegen.affine import range_size
+from fusegrad.uop.affine import range_size
 from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.lower import lower_kernel

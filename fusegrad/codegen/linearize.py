@@ -6,7 +6,7 @@ invariant code is hoisted), except that a memory load is never hoisted out of a 
 `_sink_loads`), and within one loop the nodes and child loops are ordered topologically."""
 from __future__ import annotations
 import heapq
-from fusegrad.codegen.affine import live_ranges, range_kind
+from fusegrad.uop.affine import live_ranges, range_kind
 from fusegrad.uop.ops import Ops, UOp
 
 _LOOP_KINDS = ("global", "loop", "reduce", "copy")

@@ -12,7 +12,7 @@ import platform
 import struct
 from typing import Callable
 from fusegrad import hostcpu
-from fusegrad.codegen.affine import coeff
+from fusegrad.uop.affine import coeff
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
 from fusegrad.uop.ops import GroupOp, Ops, UOp

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from fusegrad.codegen.affine import coeff, range_size
+from fusegrad.uop.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply

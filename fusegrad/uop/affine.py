@@ -1,5 +1,5 @@
-"""Small analyses of index expressions shared by the optimizer and the lowerer: which RANGEs a node depends on and
-the (constant) coefficient of a RANGE in an affine index."""
+"""Small analyses of index expressions shared by the optimizer, the lowerer and the renderers: which RANGEs a node
+depends on and the (constant) coefficient of a RANGE in an affine index."""
 from __future__ import annotations
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
