@@ -1,0 +1,65 @@
+"""ONNX's operator test cases (the node cases of onnx.backend.test, with ONNX's reference outputs) for every op the
+runner implements. A representative set of op families runs by default; all of them with -m slow."""
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+
+pytest.importorskip("onnx")
+
+from fusegrad.onnx.ops import OPS  # noqa: E402
+from test.onnx.node_cases import all_modules, cases_of, run_case  # noqa: E402
+
+# cases of implemented ops that are left out, each with the reason
+EXCLUDED: dict[str, str] = {
+    r"FLOAT8|FLOAT4E2M1|INT4|UINT4|INT2|UINT2|e8m0": "8-, 4- and 2-bit element types have no fusegrad dtype",
+    r"string": "string tensors have no fusegrad dtype",
+    r"^test_training_dropout": "a random mask can't equal the one of the reference's generator",
+    r"^test_identity_(sequence|opt)$": "sequence and optional values are not supported",
+    r"^test_mod_float_edge_cases_fmod_0": "float Mod by zero or infinity: fusegrad's remainder is a - floor(a/b)*b",
+    r"^test_bitshift_right_.*(ge_width|negative_shift)": "shifts by the bit width or more, or by negative amounts, "
+                                                         "are undefined in C and not handled specially",
+}
+
+# op families whose cases run by default (fast, and covering the runner's paths: attributes vs inputs across opsets,
+# optional inputs, several outputs, broadcasting, every integer dtype of the comparisons)
+DEFAULT_MODULES = ["add", "relu", "conv", "convtranspose", "gemm", "matmul", "reshape", "slice", "gather",
+                   "gatherelements", "softmax", "layernormalization", "batch_normalization", "gelu", "concat",
+                   "transpose", "split", "squeeze", "unsqueeze", "expand", "where", "reducesum", "pad", "cast",
+                   "cumsum", "topk", "clip", "shape", "constantofshape", "rangeop", "flatten", "argmax", "einsum",
+                   "scatternd", "onehot", "trilu", "depthtospace", "div", "pow"]
+
+
+def _excluded(name: str) -> str | None:
+    return next((why for pat, why in EXCLUDED.items() if re.search(pat, name)), None)
+
+
+def _implemented(case) -> bool:
+    return all(n.domain in ("", "ai.onnx") and ("", n.op_type) in OPS for n in case.model.graph.node)
+
+
+def _params(modules: list[str]) -> list:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = cases_of(modules)
+    return [pytest.param(c, id=c.name) for c in cases if _implemented(c) and not _excluded(c.name)]
+
+
+@pytest.mark.parametrize("case", _params(DEFAULT_MODULES))
+def test_node_case(case):
+    run_case(case)
+
+
+def pytest_generate_tests(metafunc):
+    # collecting every module computes all of ONNX's reference outputs (~20 s): only when slow tests are selected
+    if metafunc.function.__name__ == "test_node_case_all":
+        wanted = "slow" in metafunc.config.getoption("markexpr", "") and "not slow" not in \
+            metafunc.config.getoption("markexpr", "")
+        metafunc.parametrize("case", _params([m for m in all_modules() if m not in DEFAULT_MODULES]) if wanted else [])
+
+
+@pytest.mark.slow
+def test_node_case_all(case):
+    run_case(case)
