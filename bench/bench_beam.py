@@ -30,7 +30,7 @@ os.environ["XDG_CACHE_HOME"] = CACHE
 import numpy as np  # noqa: E402
 from fusegrad import Tensor  # noqa: E402
 from fusegrad.engine.realize import lower_schedule_item  # noqa: E402
-from fusegrad.engine import search  # noqa: E402
+from fusegrad.codegen.opt import search  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 
 def _rand(*shape: int) -> np.ndarray: return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)

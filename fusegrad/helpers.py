@@ -100,7 +100,7 @@ TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 WINO = ContextVar("WINO", 1)
 # CPU kernels are queued and run while Python goes on (0: each kernel has run when its call returns)
 CPU_ASYNC = ContextVar("CPU_ASYNC", 1)
-# BEAM search (engine/search.py): seconds a search may take, timed runs per candidate, rounds, the bound on the
+# BEAM search (codegen/opt/search.py): seconds a search may take, timed runs per candidate, rounds, the bound on the
 # product of upcast and unroll amounts, and how much faster than the heuristic a choice must time
 BEAM_TIMEOUT_S, BEAM_RUNS, BEAM_ROUNDS = ContextVar("BEAM_TIMEOUT_S", 10.0), ContextVar("BEAM_RUNS", 3), \
     ContextVar("BEAM_ROUNDS", 5)

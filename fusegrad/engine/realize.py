@@ -400,8 +400,10 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
         first, since = 0, time.perf_counter()
         for ast in asts:
             if BEAM >= 1 and not NOOPT:
-                from fusegrad.engine.search import beam_opts  # searched opts, or the ones a search chose before (disk)
-                p = get_program(ast, dev.renderer, opts=beam_opts(ast, device, int(BEAM.value)))
+                # searched opts, or the ones a search chose before (disk); candidates are timed as this engine runs them
+                from fusegrad.codegen.opt.search import beam_opts
+                opts = beam_opts(ast, device, int(BEAM.value), runner=CompiledRunner, knobs=CODEGEN_KNOBS)
+                p = get_program(ast, dev.renderer, opts=opts)
             else: p = get_program(ast, dev.renderer)
             programs.append(p)
             if DEBUG >= 3:

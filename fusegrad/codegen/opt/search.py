@@ -1,22 +1,26 @@
 """BEAM search: a kernel's Opts chosen by timing candidates on the device (`BEAM=n`), remembered on disk.
 
-`beam_search(ast, device, amt)` starts from the unoptimized kernel (the reference), the heuristic's choice and variants
-of it (one of its opts left out, or given another amount that fits its loop). Each round, every kernel of the beam (the
-`amt` fastest so far) is extended by every action `candidate_actions` lists for it. The new candidates of a round are
-rendered, deduplicated (by optimized AST and by source), compiled in one batched compiler call and timed on scratch
-buffers: the least of `BEAM_RUNS` runs, more (up to 10x, about 20 ms) for short kernels; a candidate over 3x slower
-than the best stops being timed. A candidate's first run is on fresh contents and its outputs must match the
+`beam_search(ast, device, amt, runner)` starts from the unoptimized kernel (the reference), the heuristic's choice and
+variants of it (one of its opts left out, or given another amount that fits its loop). Each round, every kernel of the
+beam (the `amt` fastest so far) is extended by every action `candidate_actions` lists for it. The new candidates of a
+round are rendered, deduplicated (by optimized AST and by source), compiled in one batched compiler call and timed on
+scratch buffers: the least of `BEAM_RUNS` runs, more (up to 10x, about 20 ms) for short kernels; a candidate over 3x
+slower than the best stops being timed. A candidate's first run is on fresh contents and its outputs must match the
 reference's within float tolerance, or it is rejected. The search stops when a round improves the best time by less
 than 1%, after `BEAM_ROUNDS` rounds, or at `BEAM_TIMEOUT_S` (as many candidates are rendered as the compile time
 measured so far lets finish in time). The best kernel replaces the heuristic's only if it is `BEAM_MIN_GAIN` faster in
 both the least and the median time of a final interleaved timing of the two (about 0.3 s), so BEAM is not worse than
 the default beyond timing noise.
 
-`beam_opts(ast, device, amt)` is what code generation calls: the opts from the disk cache (`cache_dir()/beam/..`,
-keyed by the kernel AST, the code generator's sources, device, machine, compiler, threads, codegen knobs and `amt`;
-`CACHELEVEL=0` turns it off), else from a search, whose result it stores. An entry that doesn't parse, belongs to
-another key or whose opts don't apply is ignored (and replaced). `beam_stats` counts searches, cache hits and
-candidates, for tests and benchmarks."""
+`beam_opts(ast, device, amt, runner, knobs)` is what the engine calls before generating a kernel's code: the opts from
+the disk cache (`cache_dir()/beam/..`, keyed by the kernel AST, the code generator's sources, device, machine,
+compiler, threads, the codegen `knobs` and `amt`; `CACHELEVEL=0` turns it off), else from a search, whose result it
+stores. An entry that doesn't parse, belongs to another key or whose opts don't apply is ignored (and replaced).
+`beam_stats` counts searches, cache hits and candidates, for tests and benchmarks.
+
+Candidates are compiled with the device's compiler and run the way the engine runs kernels: `runner(program,
+precompiled=binary)` (the engine's CompiledRunner) makes a callable `run(buffers, var_vals, wait=True)` that returns
+the seconds a call took, split across as many threads as a real call."""
 from __future__ import annotations
 import contextlib
 import copy
@@ -31,15 +35,14 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 from fusegrad.codegen import get_program, optimize
 from fusegrad.uop.affine import range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
-from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
-    atomic_write, cache_dir, pads_cheaply
+    ContextVar, atomic_write, cache_dir, pads_cheaply
 from fusegrad.hostcpu import fingerprint, host_cpu_count
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
@@ -119,7 +122,7 @@ class _Cand:
     opts: tuple[Opt, ...]
     k: Kernel
     p: ProgramSpec | None = None
-    runner: CompiledRunner | None = None
+    runner: Any = None   # the compiled kernel, ready to time (see the module docstring)
     times: list[float] = field(default_factory=list)
     bad: bool = False   # failed to compile or run, or its outputs differ
     @property
@@ -271,9 +274,9 @@ def _close_slow(out: bytes, ref: bytes, dt: DType) -> bool:
 
 # *** compiling and timing ***
 
-def _compile(cands: list[_Cand], dev: Any) -> float:
-    """Compile the candidates' sources in one batched compiler call (one by one if the batch fails) and load them.
-    Returns the wall time this took per byte of source, as an estimate for the next batch."""
+def _compile(cands: list[_Cand], dev: Any, runner: Callable[..., Any]) -> float:
+    """Compile the candidates' sources in one batched compiler call (one by one if the batch fails) and load them with
+    `runner`. Returns the wall time this took per byte of source, as an estimate for the next batch."""
     srcs = [c.p.src for c in cands if c.p is not None]
     if not srcs: return 0.0
     st = time.perf_counter()
@@ -285,7 +288,7 @@ def _compile(cands: list[_Cand], dev: Any) -> float:
             except CompileError: libs.append(None)
     beam_stats["compiled"] += len(srcs)
     for c, lib in zip([c for c in cands if c.p is not None], libs):
-        try: c.runner = CompiledRunner(c.p, precompiled=lib) if lib is not None else None  # type: ignore[arg-type]
+        try: c.runner = runner(c.p, precompiled=lib) if lib is not None else None
         except Exception: c.runner = None
         if c.runner is None: c.bad = True
     # compile time grows with the source (a variant with twice the lanes has twice the code); sources compile
@@ -377,9 +380,27 @@ class _Spent(dict):
 
 def _fmt(s: float) -> str: return "inf" if s == math.inf else f"{s * 1e6:.1f}us" if s < 1e-3 else f"{s * 1e3:.3f}ms"
 
-def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None) -> list[Opt]:
-    """The fastest opts for kernel `ast` on `device` found by a beam search of width `amt` (see the module
-    docstring); the heuristic's opts if nothing times clearly faster or the kernel can't be timed."""
+def _final_choice(heur: _Cand, beam: list[_Cand], timer: _Timer) -> tuple[_Cand, float, float]:
+    """The best candidates timed again, interleaved with the heuristic's kernel, so that a lucky timing of one
+    candidate doesn't decide: the heuristic's is kept unless the best is clearly faster in its least and median time.
+    Returns the choice, and the least times of the best and of the heuristic's."""
+    finalists = list(dict.fromkeys([heur] + beam))
+    fin: dict[int, list[float]] = {id(c): [] for c in finalists}
+    rounds = max(3, min(30, math.ceil(FINAL_S / max(sum(c.time for c in finalists), 1e-7))))
+    for _ in range(rounds):
+        for c in finalists:
+            try: fin[id(c)].append(timer.run(c))
+            except Exception: fin[id(c)].append(math.inf)
+    best = min(finalists, key=lambda c: min(fin[id(c)]))
+    med = lambda c: sorted(fin[id(c)])[len(fin[id(c)]) // 2]
+    heur_t, best_t, gain = min(fin[id(heur)]), min(fin[id(best)]), 1 - float(BEAM_MIN_GAIN.value)
+    return (best if best_t < heur_t * gain and med(best) < med(heur) * gain else heur), best_t, heur_t
+
+def beam_search(ast: UOp, device: str, amt: int, runner: Callable[..., Any], timeout_s: float | None = None) \
+        -> list[Opt]:
+    """The fastest opts for kernel `ast` on `device` found by a beam search of width `amt`, timing candidates loaded
+    with `runner` (see the module docstring); the heuristic's opts if nothing times clearly faster or the kernel can't
+    be timed."""
     st = time.perf_counter()
     # (the final comparison with the heuristic comes after the deadline)
     deadline = st + (float(BEAM_TIMEOUT_S.value) if timeout_s is None else timeout_s) - FINAL_S
@@ -400,7 +421,7 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     plain, heur = _kernel(ast, ren, ()), _kernel(ast, ren, heur_opts)
     assert plain is not None and heur is not None, "the heuristic's opts must apply"
     with spent("render"): first = _render(ast, ren, [plain, heur], seen, math.inf)
-    with spent("compile"): est = _compile(first, dev)
+    with spent("compile"): est = _compile(first, dev, runner)
     with spent("run"): ok = plain in first and plain.runner is not None and timer.reference(plain)
     if not ok: return list(heur_opts)
     name = plain.p.name if plain.p is not None else "kernel"
@@ -415,7 +436,7 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
     run = (timer.runs + 1) * heur.time  # timing a candidate about as fast as the heuristic's
     with spent("render"): cands = _render(ast, ren, variants, seen, deadline, est, run)
     with spent("compile"):
-        if cands: est = _compile(cands, dev)
+        if cands: est = _compile(cands, dev, runner)
     with spent("run"):
         for c in cands: timer.time(c)
     everything = [c for c in [plain, heur] + cands if c.time < math.inf]
@@ -430,7 +451,7 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
         new = [c for b in beam for a in candidate_actions(b.k) if (c := _extend(b, a)) is not None]
         with spent("render"): cands = _render(ast, ren, new, seen, deadline, est, run)
         if not cands: break
-        with spent("compile"): est = _compile(cands, dev)
+        with spent("compile"): est = _compile(cands, dev, runner)
         with spent("run"):
             for c in cands: timer.time(c)
         tried += len(cands)
@@ -440,20 +461,7 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
         beam = sorted(everything, key=lambda c: c.time)[:amt]
         if DEBUG >= 2: print(f"BEAM {name}: round {rnd}, {len(cands)} candidates, best {_fmt(beam[0].time)}")
         if beam[0].time >= best_before * 0.99: break
-    # the final choice: the best candidates timed again, interleaved with the heuristic, so a lucky timing of one
-    # candidate doesn't decide; the heuristic is kept unless the best is clearly faster in its least and median time
-    finalists = list(dict.fromkeys([heur] + beam))
-    fin: dict[int, list[float]] = {id(c): [] for c in finalists}
-    with spent("run"):
-        rounds = max(3, min(30, math.ceil(FINAL_S / max(sum(c.time for c in finalists), 1e-7))))
-        for _ in range(rounds):
-            for c in finalists:
-                try: fin[id(c)].append(timer.run(c))
-                except Exception: fin[id(c)].append(math.inf)
-    best = min(finalists, key=lambda c: min(fin[id(c)]))
-    med = lambda c: sorted(fin[id(c)])[len(fin[id(c)]) // 2]
-    heur_t, best_t, gain = min(fin[id(heur)]), min(fin[id(best)]), 1 - float(BEAM_MIN_GAIN.value)
-    chosen = best if best_t < heur_t * gain and med(best) < med(heur) * gain else heur
+    with spent("run"): chosen, best_t, heur_t = _final_choice(heur, beam, timer)
     if DEBUG >= 2:
         print(f"BEAM {name}: {tried} candidates in {time.perf_counter() - st:.2f} s, best {_fmt(best_t)} vs heuristic "
               f"{_fmt(heur_t)} ({heur_t / best_t if best_t else 1:.2f}x): "
@@ -466,15 +474,15 @@ def beam_search(ast: UOp, device: str, amt: int, timeout_s: float | None = None)
 @functools.cache
 def _codegen_digest() -> str:
     """A digest of the code generator's sources: when it changes, the kernels it makes do, and earlier choices are
-    stale (their opts may not even apply)."""
-    import fusegrad.codegen, fusegrad.renderer
+    stale (their opts may not even apply). The codegen and renderer packages, the index algebra they build loops with
+    and the host CPU's vector facts the renderers declare."""
+    import fusegrad.codegen, fusegrad.hostcpu, fusegrad.renderer, fusegrad.uop.affine
+    paths = [os.path.join(d, f) for pkg in (fusegrad.codegen, fusegrad.renderer)
+             for d, _, files in sorted(os.walk(os.path.dirname(pkg.__file__ or ""))) for f in sorted(files)
+             if f.endswith(".py")]
     h = hashlib.sha256()
-    for pkg in (fusegrad.codegen, fusegrad.renderer):
-        root = os.path.dirname(pkg.__file__ or "")
-        for d, _, files in sorted(os.walk(root)):
-            for f in sorted(files):
-                if f.endswith(".py"):
-                    with open(os.path.join(d, f), "rb") as fh: h.update(f.encode() + b"\0" + fh.read())
+    for path in paths + [fusegrad.uop.affine.__file__ or "", fusegrad.hostcpu.__file__ or ""]:
+        with open(path, "rb") as fh: h.update(os.path.basename(path).encode() + b"\0" + fh.read())
     return h.hexdigest()[:16]
 
 def ast_key(ast: UOp) -> str:
@@ -484,17 +492,18 @@ def ast_key(ast: UOp) -> str:
     text = "\n".join(f"{u.op.name} {u.dtype!r} {[pos[s] for s in u.src]} {u.arg!r}" for u in nodes)
     return hashlib.sha256(text.encode()).hexdigest()
 
-def _cache_key(ast: UOp, device: str, amt: int) -> str:
+def _cache_key(ast: UOp, device: str, amt: int, knobs: Sequence[ContextVar]) -> str:
     dev = Device[device]
-    knobs = ",".join(f"{k.key}={k.value}" for k in CODEGEN_KNOBS if k.key != "BEAM")
+    knob_values = ",".join(f"{k.key}={k.value}" for k in knobs if k.key != "BEAM")
     return "|".join(["beam-v1", _codegen_digest(), Device.canonicalize(device), type(dev.renderer).__name__,
                      str(getattr(dev.compiler, "cachekey", None)),
                      f"{platform.machine()}-{fingerprint()}", f"threads={dev.max_threads}",
-                     knobs, f"amt={amt}", ast_key(ast)])
+                     knob_values, f"amt={amt}", ast_key(ast)])
 
-def beam_cache_path(ast: UOp, device: str, amt: int) -> str:
-    """Where the chosen opts for `ast` on `device` with beam width `amt` are stored."""
-    h = hashlib.sha256(_cache_key(ast, device, amt).encode()).hexdigest()
+def beam_cache_path(ast: UOp, device: str, amt: int, knobs: Sequence[ContextVar]) -> str:
+    """Where the chosen opts for `ast` on `device` with beam width `amt` (and the codegen `knobs`' values) are
+    stored."""
+    h = hashlib.sha256(_cache_key(ast, device, amt, knobs).encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", h[:2], h)
 
 def opts_to_json(opts: list[Opt]) -> list[list]: return [[o.op.name, o.axis, o.arg] for o in opts]
@@ -533,18 +542,20 @@ def _applies(ast: UOp, ren: Any, opts: list[Opt]) -> bool:
     except KernelOptError: return False
     return True
 
-def beam_opts(ast: UOp, device: str, amt: int) -> list[Opt]:
-    """The opts BEAM=amt chooses for `ast` on `device`: from the disk cache, else searched (and stored)."""
+def beam_opts(ast: UOp, device: str, amt: int, runner: Callable[..., Any], knobs: Sequence[ContextVar]) -> list[Opt]:
+    """The opts BEAM=amt chooses for `ast` on `device`: from the disk cache, else searched (and stored). `runner` loads
+    a candidate to time (see the module docstring); `knobs` are the knobs that change generated code, whose values
+    are part of the cache key."""
     device = Device.canonicalize(device)
-    key = _cache_key(ast, device, amt)
-    path = beam_cache_path(ast, device, amt)
+    key = _cache_key(ast, device, amt, knobs)
+    path = beam_cache_path(ast, device, amt, knobs)
     if CACHELEVEL >= 1 and (opts := _read_cache(path, key)) is not None:
         if _applies(ast, Device[device].renderer, opts):
             beam_stats["cache_hits"] += 1
             if DEBUG >= 2: print(f"BEAM cache hit: {opts}")
             return opts
         if DEBUG >= 1: print(f"BEAM cache: ignoring stale entry {path}")
-    try: opts = beam_search(ast, device, amt)
+    try: opts = beam_search(ast, device, amt, runner)
     except Exception as e:  # a search that fails costs the kernel its search, not the program
         if DEBUG >= 1: print(f"BEAM: search failed ({type(e).__name__}: {e}); using the heuristic")
         return list(optimize(ast, Device[device].renderer)[1])

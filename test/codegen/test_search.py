@@ -12,8 +12,8 @@ from fusegrad import Tensor
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.device import Device
-from fusegrad.engine import search  # imported before any Context names its knobs
-from fusegrad.engine.realize import get_runner, run_schedule
+from fusegrad.codegen.opt import search  # imported before any Context names its knobs
+from fusegrad.engine.realize import CODEGEN_KNOBS, CompiledRunner, get_runner, run_schedule
 from fusegrad.helpers import Context
 
 # small and quick searches: one timed run per candidate, one round after the heuristic's variants
@@ -53,7 +53,7 @@ def run_beam(fn, *arrays, amt=2):
 
 def check_choice(ast, amt=2):
     """The cached choice for `ast` applies, and the runner BEAM made uses it."""
-    path = search.beam_cache_path(ast, "CPU", amt)
+    path = search.beam_cache_path(ast, "CPU", amt, CODEGEN_KNOBS)
     assert os.path.exists(path)
     with open(path) as f: opts = search.opts_from_json(json.load(f)["opts"])
     p = get_program(ast, Device["CPU"].renderer, opts=opts)
@@ -112,7 +112,7 @@ def test_differing_outputs_are_rejected():
     ref, good = search._kernel(ref_ast, ren, ()), search._kernel(ref_ast, ren, (Opt(OptOps.UPCAST, 0, 4),))
     bad = search._kernel(other_ast, ren, ())
     for c, ast in ((ref, ref_ast), (good, ref_ast), (bad, other_ast)): c.p = get_program(ast, ren, opts=list(c.opts))
-    search._compile([ref, good, bad], dev)
+    search._compile([ref, good, bad], dev, CompiledRunner)
     before = search.beam_stats["rejected"]
     assert timer.reference(ref)
     timer.time(good)
@@ -164,7 +164,7 @@ def test_opts_json_roundtrip_and_validation():
 
 def test_bad_cache_entries_are_ignored():
     ast = kernel_asts(Tensor.empty(48, 64) + 1)[0]
-    path = search.beam_cache_path(ast, "CPU", 2)
+    path = search.beam_cache_path(ast, "CPU", 2, CODEGEN_KNOBS)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     good_key = None
     entries = [b"\x00garbage{", b'{"key": "another kernel", "opts": []}', None, b"[1, 2]"]
@@ -173,20 +173,21 @@ def test_bad_cache_entries_are_ignored():
             entry = json.dumps({"key": good_key, "opts": [["UPCAST", 7, 4]]}).encode()
         with open(path, "wb") as f: f.write(entry)
         before = dict(search.beam_stats)
-        with Context(**KNOBS): opts = search.beam_opts(ast, "CPU", 2)
+        with Context(**KNOBS): opts = search.beam_opts(ast, "CPU", 2, CompiledRunner, CODEGEN_KNOBS)
         assert search.beam_stats["searches"] == before["searches"] + 1
         assert search.beam_stats["cache_hits"] == before["cache_hits"]
         with open(path) as f: data = json.load(f)
         good_key = data["key"]
         assert search.opts_from_json(data["opts"]) == opts
     before = dict(search.beam_stats)
-    assert search.beam_opts(ast, "CPU", 2) == opts  # now the entry is good: a hit, no search
+    # now the entry is good: a hit, no search
+    assert search.beam_opts(ast, "CPU", 2, CompiledRunner, CODEGEN_KNOBS) == opts
     assert search.beam_stats["searches"] == before["searches"]
     assert search.beam_stats["cache_hits"] == before["cache_hits"] + 1
 
 def test_cachelevel_0_doesnt_touch_the_disk(tmp_path):
     ast = kernel_asts(Tensor.empty(32, 16) * 3)[0]
-    with Context(CACHELEVEL=0, **KNOBS): search.beam_opts(ast, "CPU", 1)
+    with Context(CACHELEVEL=0, **KNOBS): search.beam_opts(ast, "CPU", 1, CompiledRunner, CODEGEN_KNOBS)
     assert not os.path.exists(os.path.join(str(tmp_path), "fusegrad", "beam"))
 
 def test_heuristic_is_default_and_second_process_uses_the_cache(tmp_path):
@@ -209,11 +210,11 @@ def test_heuristic_is_default_and_second_process_uses_the_cache(tmp_path):
         ast = [si.ast for si in (a @ b).schedule() if si.ast.op.name == "SINK"][0]
         runner = get_runner("CPU", ast)
         heur = list(runner.p.applied_opts) == list(optimize(ast, runner.dev.renderer)[1])
-        imported = "fusegrad.engine.search" in sys.modules
+        imported = "fusegrad.codegen.opt.search" in sys.modules
         with Context(BEAM=2, DEBUG=2):
             res = (a @ b).numpy()
             opts = [[o.op.name, o.axis, o.arg] for o in get_runner("CPU", ast).p.applied_opts]
-        from fusegrad.engine.search import beam_stats
+        from fusegrad.codegen.opt.search import beam_stats
         print("RESULT", json.dumps(dict(heur=heur, imported=imported, stats=beam_stats, opts=opts,
                                         ok=bool(np.allclose(res, plain, rtol=1e-4, atol=1e-4)))))
     """)
