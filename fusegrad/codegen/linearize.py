@@ -17,6 +17,12 @@ def _may_be_empty(r: UOp) -> bool:
     end = r.src[0]
     return (end.arg if end.op is Ops.CONST else end.vmin) <= 0
 
+def _enclosing_loops(parent: dict[UOp, UOp | None], s: UOp | None) -> list[UOp]:
+    """Loop `s` and the loops around it, innermost first."""
+    ret = []
+    while s is not None: ret.append(s); s = parent[s]
+    return ret
+
 def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp, UOp | None]) -> None:
     """Move memory loads into loops that may be empty. A load hoisted out of a loop runs even when the loop runs zero
     times, and then it may read out of bounds (an empty buffer, an index made of a size variable that is 0): a load
@@ -24,18 +30,14 @@ def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp,
     users: dict[UOp, list[UOp]] = {}
     for u in topo:
         for s in u.src: users.setdefault(s, []).append(u)
-    def chain(s: UOp | None) -> list[UOp]:   # s and the loops around it, innermost first
-        ret = []
-        while s is not None: ret.append(s); s = parent[s]
-        return ret
     for u in reversed(topo):   # users first: a load used by a load that moves in can follow it
         if u.op is not Ops.LOAD or u.src[0].op is not Ops.INDEX: continue
         # where each use needs the value: a loop bound before its loop, anything else in its own loop
         uses = [parent[x] if x in parent else scope[x] for x in users.get(u, []) if x.op not in (Ops.SINK, Ops.END)]
         if not uses: continue
-        common = chain(uses[0])
+        common = _enclosing_loops(parent, uses[0])
         for s in uses[1:]:
-            around = set(chain(s))
+            around = set(_enclosing_loops(parent, s))
             common = [r for r in common if r in around]
         for r in common:   # innermost first, up to the loop the load already is in
             if r is scope[u]: break
@@ -46,7 +48,15 @@ def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp,
 def linearize(sink: UOp) -> list[UOp]:
     """The nodes of `sink` in execution order; a loop over RANGE r is `r, body..., UOp(Ops.END, src=(r,))`."""
     topo = list(sink.toposort())
-    order = {u: i for i, u in enumerate(topo)}
+    loops_of = _loops_of(topo)
+    parent, depth, loops = _loop_tree(topo, loops_of)
+    scope = _scopes(topo, loops_of, parent, depth)
+    _sink_loads(topo, scope, parent)
+    return _BlockOrder(topo, parent, scope, loops).emit(None)
+
+def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
+    """The loops each node has to be inside: those its value or a source's varies with (an END no longer varies
+    with the loops it closes)."""
     memo: dict[UOp, frozenset[UOp]] = {}
     live = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
     # a load from a buffer the kernel also stores to can't be hoisted out of the loops around that store: it has to
@@ -62,8 +72,13 @@ def linearize(sink: UOp) -> list[UOp]:
         if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0] in store_loops:
             ls = ls | store_loops[u.src[0].src[0]]
         loops_of[u] = ls
+    return loops_of
 
-    # *** the loop tree ***
+def _loop_tree(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]]) \
+        -> tuple[dict[UOp, UOp | None], dict[UOp, int], list[UOp]]:
+    """The loop tree: each loop's parent and depth, and the loops in graph order. Output loops nest in axis order;
+    another loop (a reduction's) sits in the deepest of the loops its END has to be inside, and of those the END
+    closes before it."""
     parent: dict[UOp, UOp | None] = {}
     outs = sorted({r for r in topo if r.op is Ops.RANGE and range_kind(r) in ("global", "loop")},
                   key=lambda r: r.arg[0])
@@ -84,65 +99,74 @@ def linearize(sink: UOp) -> list[UOp]:
         return depth[r]
     loops = [r for r in topo if r.op is Ops.RANGE and range_kind(r) in _LOOP_KINDS]
     for r in loops: get_depth(r)
+    return parent, depth, loops
 
-    def ancestors(r: UOp | None) -> list[UOp]:
-        ret = []
-        while r is not None: ret.append(r); r = parent[r]
-        return ret
-
+def _scopes(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]], parent: dict[UOp, UOp | None],
+            depth: dict[UOp, int]) -> dict[UOp, UOp | None]:
+    """The loop each node goes in: the deepest of those it has to be inside (None: outside every loop), which must
+    hold all the others."""
     scope: dict[UOp, UOp | None] = {}
     for u in topo:
         if u.op is Ops.RANGE and u in parent: scope[u] = u; continue
         ls = loops_of[u]
         s = max(ls, key=lambda r: depth[r]) if ls else None
-        if not ls.issubset(anc := set(ancestors(s))):
+        if not ls.issubset(anc := set(_enclosing_loops(parent, s))):
             raise RuntimeError(f"{u.op} depends on loops {sorted(r.arg for r in ls - anc)} outside its loop {s.arg}")
         scope[u] = s
-    _sink_loads(topo, scope, parent)
-    children: dict[UOp | None, list[UOp]] = {}
-    for r in loops: children.setdefault(parent[r], []).append(r)
-    members: dict[UOp | None, list[UOp]] = {}
-    for u in topo:
-        if u.op in (Ops.SINK, Ops.END) or (u.op is Ops.RANGE and u in parent): continue
-        members.setdefault(scope[u], []).append(u)
+    return scope
 
-    def item_in(u: UOp, block: UOp | None) -> UOp | None:
+class _BlockOrder:
+    """Writes each loop's body out in order: its nodes and child loops ordered by their dependencies, a child loop
+    as RANGE, its body, END."""
+    def __init__(self, topo: list[UOp], parent: dict[UOp, UOp | None], scope: dict[UOp, UOp | None],
+                 loops: list[UOp]):
+        self.order = {u: i for i, u in enumerate(topo)}
+        self.parent, self.scope = parent, scope
+        self.children: dict[UOp | None, list[UOp]] = {}
+        for r in loops: self.children.setdefault(parent[r], []).append(r)
+        self.members: dict[UOp | None, list[UOp]] = {}
+        for u in topo:
+            if u.op in (Ops.SINK, Ops.END) or (u.op is Ops.RANGE and u in parent): continue
+            self.members.setdefault(scope[u], []).append(u)
+
+    def item_in(self, u: UOp, block: UOp | None) -> UOp | None:
         """What `u` is inside `block`: itself, the child loop of `block` containing it, or None (outside)."""
-        s = scope[u]
-        if s is block and u not in parent: return u
-        while s is not None and parent.get(s) is not block: s = parent.get(s)
+        s = self.scope[u]
+        if s is block and u not in self.parent: return u
+        while s is not None and self.parent.get(s) is not block: s = self.parent.get(s)
         return s
 
-    def subtree(r: UOp) -> list[UOp]:
-        ret = [r] + members.get(r, [])
-        for c in children.get(r, []): ret += subtree(c)
+    def subtree(self, r: UOp) -> list[UOp]:
+        ret = [r] + self.members.get(r, [])
+        for c in self.children.get(r, []): ret += self.subtree(c)
         return ret
 
-    def emit(block: UOp | None) -> list[UOp]:
-        items: list[UOp] = members.get(block, []) + children.get(block, [])
+    def dependencies(self, block: UOp | None, items: list[UOp]) -> dict[UOp, set[UOp]]:
+        """For each item of `block` (a node, or a child loop with all it holds), the items it needs placed before."""
         deps: dict[UOp, set[UOp]] = {it: set() for it in items}
+        def needs(it: UOp, x: UOp) -> None:
+            d = self.item_in(x, block)
+            if d is not None and d is not it and d in deps: deps[it].add(d)
         for it in items:
-            nodes = subtree(it) if it in parent else [it]
+            nodes = self.subtree(it) if it in self.parent else [it]
             inside = set(nodes)
             for n in nodes:
                 for s in n.src:
                     if s in inside or s.op is Ops.SINK: continue
                     # ENDs are ordering-only: depending on one means depending on the loop it closes
-                    srcs = [s] if s.op is not Ops.END else [s.src[0]]
-                    for x in srcs:
-                        d = item_in(x, block)
-                        if d is not None and d is not it and d in deps: deps[it].add(d)
+                    needs(it, s if s.op is not Ops.END else s.src[0])
                     if s.op is Ops.END:
-                        for x in s.src[1:]:
-                            d = item_in(x, block)
-                            if d is not None and d is not it and d in deps: deps[it].add(d)
-        # list scheduling from the end: each step places, last among what's left, the ready item (all its users
-        # placed) that comes latest in the graph's order. Values land just before their first use (short live
-        # ranges: loads of the output aren't held in registers across a reduce loop) and loops come early.
+                        for x in s.src[1:]: needs(it, x)
+        return deps
+
+    def schedule(self, items: list[UOp], deps: dict[UOp, set[UOp]]) -> list[UOp]:
+        """List scheduling from the end: each step places, last among what's left, the ready item (all its users
+        placed) that comes latest in the graph's order. Values land just before their first use (short live ranges:
+        loads of the output aren't held in registers across a reduce loop) and loops come early."""
         n_users = {it: 0 for it in items}
         for ds in deps.values():
             for d in ds: n_users[d] += 1
-        key = lambda it: (_FIRST.get(it.op, 3) if it not in parent else 3, order[it])
+        key = lambda it: (_FIRST.get(it.op, 3) if it not in self.parent else 3, self.order[it])
         heap = [(tuple(-k for k in key(it)), id(it), it) for it in items if n_users[it] == 0]
         heapq.heapify(heap)
         rev: list[UOp] = []
@@ -153,10 +177,12 @@ def linearize(sink: UOp) -> list[UOp]:
                 n_users[d] -= 1
                 if n_users[d] == 0: heapq.heappush(heap, (tuple(-k for k in key(d)), id(d), d))
         if len(rev) < len(items): raise RuntimeError("cycle while linearizing")
+        return rev[::-1]
+
+    def emit(self, block: UOp | None) -> list[UOp]:
+        items: list[UOp] = self.members.get(block, []) + self.children.get(block, [])
         out: list[UOp] = []
-        for it in reversed(rev):
-            if it in parent: out += [it] + emit(it) + [UOp(Ops.END, src=(it,))]
+        for it in self.schedule(items, self.dependencies(block, items)):
+            if it in self.parent: out += [it] + self.emit(it) + [UOp(Ops.END, src=(it,))]
             else: out.append(it)
         return out
-
-    return emit(None)
