@@ -1,5 +1,5 @@
-"""C source -> shared object bytes with the system C compiler (many kernels a process, in parallel), and shared
-object bytes -> a loaded library."""
+"""C source -> shared object bytes with the system C compiler (a batch of kernels per compiler process, the batches
+in parallel), and shared object bytes -> a library loaded into the process."""
 from __future__ import annotations
 import _ctypes
 import ctypes
@@ -105,5 +105,7 @@ def load_library(lib: bytes) -> ctypes.CDLL:
     finally: os.unlink(path)
 
 def unload_library(handle: int, dlclose: Any = _ctypes.dlclose, error: type = OSError) -> None:
+    """dlclose a library `load_library` loaded. What it calls is bound as defaults, so it works as a finalizer at
+    interpreter shutdown, after this module's globals are gone."""
     try: dlclose(handle)
     except error: pass

@@ -56,7 +56,7 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: p
 # pool is compiled again. (Found by path, as the device plugins are: a package imported under a second name, the
 # tinygrad alias, has a module spec without a location for importlib.resources.)
 POOL_SOURCE_PATH = pathlib.Path(__file__).with_name("cpu_pool.c")
-POOL_SOURCE = POOL_SOURCE_PATH.read_text()
+POOL_SOURCE = POOL_SOURCE_PATH.read_text(encoding="utf-8")
 
 WAIT_SLICE_NS = 50_000_000  # a wait returns to Python this often, so Ctrl-C (a Python signal handler) is seen
 
