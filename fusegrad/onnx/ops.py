@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -53,15 +54,37 @@ def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable
 
 # *** helpers ***
 
+# Host copies of small tensors whose values are known without running anything: initializers, constants and shapes.
+# Ops that need values as Python ints (axes, shapes, pads) read these instead of the device, so a model whose such
+# values all come from there runs without a read-back, and so inside TinyJit.
+_HOST: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+HOST_MAX = 4096
+
+
+def with_host(t: Tensor, arr: np.ndarray) -> Tensor:
+    """Remember the host value of a small tensor (returns the tensor)."""
+    if arr.size <= HOST_MAX:
+        key = id(t)
+        _HOST[key] = (weakref.ref(t, lambda _, k=key: _HOST.pop(k, None)), arr)
+    return t
+
+
+def host_value(t: Tensor) -> np.ndarray:
+    """The tensor's values on the host: its remembered copy, else read back from the device."""
+    entry = _HOST.get(id(t))
+    if entry is not None and entry[0]() is t: return entry[1]
+    return np.asarray(t.numpy())
+
+
 def ints(t: Tensor | Sequence[int] | None) -> list[int]:
-    """The values of a small int tensor (a shape, axes, pads...) as Python ints: reads it back from the device."""
+    """The values of a small int tensor (a shape, axes, pads...) as Python ints."""
     if t is None: return []
     if not isinstance(t, Tensor): return [int(v) for v in t]
-    return [int(v) for v in np.asarray(t.numpy()).reshape(-1)]
+    return [int(v) for v in host_value(t).reshape(-1)]
 
 
 def scalar(t: Tensor) -> Any:
-    v = np.asarray(t.numpy()).reshape(-1)
+    v = host_value(t).reshape(-1)
     if v.size != 1: raise ValueError(f"expected a single value, got shape {tuple(t.shape)}")
     return v[0].item()
 
@@ -607,11 +630,14 @@ def lrn(x: Tensor, *, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0
 def shape(x: Tensor, *, start: int = 0, end: int | None = None) -> Tensor:
     dims = list(x.shape)[start:end]
     if not all(isinstance(d, int) for d in dims): raise Unsupported("Shape of a tensor with symbolic dims")
-    return Tensor(np.array(dims, dtype=np.int64))
+    arr = np.array(dims, dtype=np.int64)
+    return with_host(Tensor(arr), arr)
 
 
 @op("Size")
-def size(x: Tensor) -> Tensor: return Tensor(np.array(math.prod(x.shape), dtype=np.int64))
+def size(x: Tensor) -> Tensor:
+    arr = np.array(math.prod(x.shape), dtype=np.int64)
+    return with_host(Tensor(arr), arr)
 
 
 @op("Reshape")
@@ -811,10 +837,12 @@ def constant(*, value: Tensor | None = None, value_float: float | None = None,
              value_ints: Sequence[int] | None = None, value_string: str | None = None,
              value_strings: Sequence[str] | None = None, sparse_value: Any = None) -> Tensor:
     if value is not None: return value
-    if value_float is not None: return Tensor(np.array(value_float, dtype=np.float32))
-    if value_floats is not None: return Tensor(np.array(value_floats, dtype=np.float32))
-    if value_int is not None: return Tensor(np.array(value_int, dtype=np.int64))
-    if value_ints is not None: return Tensor(np.array(value_ints, dtype=np.int64))
+    arr = None
+    if value_float is not None: arr = np.array(value_float, dtype=np.float32)
+    if value_floats is not None: arr = np.array(value_floats, dtype=np.float32)
+    if value_int is not None: arr = np.array(value_int, dtype=np.int64)
+    if value_ints is not None: arr = np.array(value_ints, dtype=np.int64)
+    if arr is not None: return with_host(Tensor(arr), arr)
     raise Unsupported("string and sparse constants")
 
 

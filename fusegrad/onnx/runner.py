@@ -14,7 +14,7 @@ import numpy as np
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError
-from fusegrad.onnx.ops import OPS, Context, OpDef, Unsupported
+from fusegrad.onnx.ops import OPS, Context, OpDef, Unsupported, with_host
 
 try:
     import onnx
@@ -51,7 +51,7 @@ def array_to_tensor(arr: np.ndarray, dtype: DType | None = None) -> Tensor:
     if arr.dtype.name == "bfloat16": arr, dtype = arr.astype(np.float32), dtypes.bfloat16
     t = Tensor(arr)
     if dtype is not None and t.dtype != dtype: t = t.cast(dtype)
-    return t.realize()
+    return with_host(t.realize(), arr)
 
 
 def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Tensor:
