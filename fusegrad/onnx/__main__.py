@@ -12,7 +12,8 @@ import numpy as np
 
 from fusegrad import GlobalCounters, Tensor, dtypes
 from fusegrad.onnx.errors import OnnxError
-from fusegrad.onnx.runner import OnnxRunner, _np_name
+from fusegrad.onnx.onnx_dtypes import np_name
+from fusegrad.onnx.runner import OnnxRunner
 
 
 def random_inputs(runner: OnnxRunner, dims: dict[str, int], seed: int, int_high: int) -> dict[str, np.ndarray]:
@@ -26,8 +27,8 @@ def random_inputs(runner: OnnxRunner, dims: dict[str, int], seed: int, int_high:
         dt = dt or dtypes.float32
         if dt == dtypes.bool: out[name] = rng.random(size) < 0.5
         elif dtypes.is_float(dt):
-            out[name] = rng.standard_normal(size).astype(np.float32 if dt == dtypes.bfloat16 else _np_name(dt))
-        else: out[name] = rng.integers(0, int_high, size).astype(_np_name(dt))
+            out[name] = rng.standard_normal(size).astype(np.float32 if dt == dtypes.bfloat16 else np_name(dt))
+        else: out[name] = rng.integers(0, int_high, size).astype(np_name(dt))
     return out
 
 

@@ -23,3 +23,8 @@ class OnnxNodeError(OnnxError):
 
 class OnnxUnsupportedError(OnnxNodeError, NotImplementedError):
     """The node uses an op, an attribute or an attribute value that this runner doesn't implement."""
+
+
+class Unsupported(Exception):
+    """An attribute value, input or dtype this runner doesn't implement, raised inside an op (the runner turns it into
+    an OnnxUnsupportedError naming the node)."""

@@ -16,10 +16,8 @@ import numpy as np
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
-
-
-class Unsupported(Exception):
-    """An attribute value, input or dtype this runner doesn't implement (the runner adds the node's name)."""
+from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.onnx_dtypes import onnx_dtype
 
 
 @dataclass
@@ -185,7 +183,6 @@ def clip(x: Tensor, lo: Tensor | None = None, hi: Tensor | None = None, *, min: 
 
 @op("Cast")
 def cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Tensor:
-    from fusegrad.onnx.runner import onnx_dtype
     dt = onnx_dtype(to)
     if dtypes.is_float(x.dtype) and dt == dtypes.bool: return x != 0
     return x.cast(dt)
@@ -922,7 +919,6 @@ def compress(x: Tensor, cond: Tensor, *, axis: int | None = None) -> Tensor:
 
 @op("EyeLike")
 def eye_like(x: Tensor, *, dtype: int | None = None, k: int = 0) -> Tensor:
-    from fusegrad.onnx.runner import onnx_dtype
     dt = onnx_dtype(dtype) if dtype is not None else x.dtype
     r, c = x.shape
     rows = Tensor.arange(r, dtype=dtypes.int32).reshape(-1, 1)

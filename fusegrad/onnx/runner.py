@@ -13,8 +13,10 @@ import numpy as np
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
-from fusegrad.onnx.errors import OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError
-from fusegrad.onnx.ops import OPS, Context, OpDef, Unsupported, with_host
+from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
+                                  Unsupported)
+from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
+from fusegrad.onnx.ops import OPS, Context, OpDef, with_host
 
 try:
     import onnx
@@ -22,25 +24,7 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("fusegrad.onnx needs the onnx package: pip install 'fusegrad[onnx]'") from e
 
-# ONNX's TensorProto element types that have a fusegrad dtype
-ONNX_DTYPES: dict[int, DType] = {
-    onnx.TensorProto.FLOAT: dtypes.float32, onnx.TensorProto.UINT8: dtypes.uint8, onnx.TensorProto.INT8: dtypes.int8,
-    onnx.TensorProto.UINT16: dtypes.uint16, onnx.TensorProto.INT16: dtypes.int16, onnx.TensorProto.INT32: dtypes.int32,
-    onnx.TensorProto.INT64: dtypes.int64, onnx.TensorProto.BOOL: dtypes.bool, onnx.TensorProto.FLOAT16: dtypes.float16,
-    onnx.TensorProto.DOUBLE: dtypes.float64, onnx.TensorProto.UINT32: dtypes.uint32,
-    onnx.TensorProto.UINT64: dtypes.uint64, onnx.TensorProto.BFLOAT16: dtypes.bfloat16,
-}
-
 DEFAULT_DOMAINS = ("", "ai.onnx")
-
-
-def onnx_dtype(elem_type: int) -> DType:
-    """The fusegrad dtype of an ONNX element type; an error naming the type where there is none."""
-    if elem_type not in ONNX_DTYPES:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() \
-            else str(elem_type)
-        raise Unsupported(f"element type {name} has no fusegrad dtype")
-    return ONNX_DTYPES[elem_type]
 
 
 def array_to_tensor(arr: np.ndarray, dtype: DType | None = None) -> Tensor:
@@ -221,7 +205,7 @@ class OnnxRunner:
             if isinstance(v, Tensor): t = v
             else:
                 arr = np.asarray(v)
-                if dt is not None and dt != dtypes.bfloat16 and arr.dtype != np.dtype(_np_name(dt)):
+                if dt is not None and dt != dtypes.bfloat16 and arr.dtype != np.dtype(np_name(dt)):
                     raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got a NumPy array of {arr.dtype}")
                 try: t = array_to_tensor(arr, dt)
                 except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
@@ -245,12 +229,6 @@ class OnnxRunner:
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
         given = dict(inputs or {}, **kwargs)
         return self.graph.run(self._check_inputs(given), self)
-
-
-def _np_name(dt: DType) -> str:
-    return {"char": "int8", "unsigned char": "uint8", "short": "int16", "unsigned short": "uint16", "int": "int32",
-            "unsigned int": "uint32", "long": "int64", "unsigned long": "uint64", "half": "float16",
-            "float": "float32", "double": "float64", "bool": "bool"}[dt.name]
 
 
 def _fmt_dims(dims: Sequence[int | str | None]) -> str:
