@@ -48,18 +48,12 @@ def test_exported_model(name, batch, tmp_path):
     _check(name, batch, tmp_path)
 
 
-def test_tinyjit_and_cli(tmp_path, capsys):
+def test_tinyjit_and_cli(resnet_path, capsys):
     """TinyJit captures a runner's call (the exported CNN reads its axes from initializers, not the device) and replays
     it with new inputs; the command line validates the same file against onnxruntime."""
     from fusegrad import Tensor, TinyJit
     from fusegrad.onnx.__main__ import main
-    path = str(tmp_path / "resnet.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            export("resnet", path, 2)
-    finally: logging.disable(logging.NOTSET)
+    path = resnet_path
     runner = OnnxRunner(path)
     name = runner.input_names[0]
     out_name = runner.output_names[0]
