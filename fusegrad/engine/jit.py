@@ -21,6 +21,7 @@ from fusegrad.schedule.multi import shards_of
 from fusegrad.tensor import Tensor
 from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, device_buffer
+from fusegrad.viz import record as _viz
 
 __all__ = ["TinyJit", "JitError"]
 
@@ -207,8 +208,10 @@ class TinyJit(Generic[R]):
             self.cnt = 1
             return ret
         self._check_inputs(inputs)
-        if self.cnt == 1: return self._capture(args, kwargs, inputs)
-        return self._replay(inputs, Tensor)
+        if self.cnt == 1: return self._capture(args, kwargs, inputs) if not _viz.PROFILE else \
+            _viz.profiled("TinyJit capture", self._capture, args, kwargs, inputs)
+        return self._replay(inputs, Tensor) if not _viz.PROFILE else \
+            _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         _running.append(self)
@@ -297,7 +300,7 @@ class TinyJit(Generic[R]):
         _realize.check_bounds(self._bounded, var_vals, subst)
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
-        prepared = _realize.DEBUG < 2
+        prepared = _realize.DEBUG < 2 and not _viz.TIMED
         launches = self._prepared_launches() if prepared else [None] * len(self.jit_cache)
         for ei, prepared_launch in zip(self.jit_cache, launches):
             if prepared_launch is not None:

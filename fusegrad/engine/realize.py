@@ -13,6 +13,7 @@ from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products
+from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
            "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing"]
@@ -399,6 +400,7 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     try:
         first, since = 0, time.perf_counter()
         for ast in asts:
+            gen_st = time.perf_counter()
             if BEAM >= 1 and not NOOPT:
                 # searched opts, or the ones a search chose before (disk); candidates are timed as this engine runs them
                 from fusegrad.codegen.opt.search import beam_opts
@@ -406,6 +408,7 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
                 p = get_program(ast, dev.renderer, opts=opts)
             else: p = get_program(ast, dev.renderer)
             programs.append(p)
+            if _viz.VIZ: _viz.record_kernel(ast, p, time.perf_counter() - gen_st)
             if DEBUG >= 3:
                 print(ast)
                 print(f"{p.name}: applied opts {p.applied_opts}")
@@ -413,8 +416,10 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
                 if compiling is None: compiling = ThreadPoolExecutor(max_workers=host_cpu_count())
                 groups.append(compiling.submit(dev.compiler.compile_cached_many, [q.src for q in programs[first:]], 1))
                 first, since = len(programs), time.perf_counter()
+        compile_st = time.perf_counter()
         last = dev.compiler.compile_cached_many([p.src for p in programs[first:]])
         libs = [lib for group in groups for lib in group.result()] + last
+        if _viz.TIMED: _viz.record_compile(asts, compile_st, device)
     finally:
         if compiling is not None: compiling.shutdown(wait=True)
     runners = [CompiledRunner(p, cached=lib) for p, lib in zip(programs, libs)]
@@ -448,7 +453,7 @@ class ExecItem:
         """Run (lowering first if needed) and, if `do_update_stats`, count the work in GlobalCounters."""
         prg = self.prg if self.prg is not None else lower_schedule_item(self).prg
         assert prg is not None
-        if self.launch is not None and not wait and DEBUG < 2:
+        if self.launch is not None and not wait and DEBUG < 2 and not _viz.TIMED:
             fn, order = self.launch
             fn(*[self.bufs[i].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
             if do_update_stats: _update_stats(prg, self.fixedvars, None, prg.device)
@@ -456,8 +461,10 @@ class ExecItem:
         vv = {**var_vals, **self.fixedvars} if var_vals else self.fixedvars
         # positions matter (kernels index bufs by DEFINE_GLOBAL number), so a missing buffer stays a None
         bufs = [b.ensure_allocated() if b is not None else None for b in self.bufs]
-        et = prg(bufs, vv, wait=wait or DEBUG >= 2)  # type: ignore[arg-type]
-        if do_update_stats: _update_stats(prg, vv, et, bufs[0].device if bufs and bufs[0] is not None else prg.device)
+        et = prg(bufs, vv, wait=wait or DEBUG >= 2 or _viz.TIMED)  # type: ignore[arg-type]
+        device = bufs[0].device if bufs and bufs[0] is not None else prg.device
+        if _viz.TIMED: _viz.record_run(prg, self.ast, vv, et, device)
+        if do_update_stats: _update_stats(prg, vv, et, device)
         return et
 
 def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None, device: str) -> None:

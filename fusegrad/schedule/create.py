@@ -11,6 +11,7 @@ from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import ReplayPlan, record_replay
 from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer, is_realized
+from fusegrad.viz import record as _viz
 
 class LiveGraphs(Protocol):
     """What scheduling needs from the live tensors, passed down by the Tensor front end."""
@@ -36,7 +37,9 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
         live.apply(results)
         index = {o: i for i, o in enumerate(outs)}
         kept = frozenset(index[b] for b in live.held_buffers(index))
-        return plan.items(lookup.topo, outs, kept), var_vals, plan
+        items = plan.items(lookup.topo, outs, kept)
+        if _viz.VIZ: _viz.record_schedule(graph, {}, items)
+        return items, var_vals, plan
     replaced = kernelize_map_cached(graph, var_vals, lookup)
     live.apply(replaced)
     sink = UOp.sink_of(*live.roots())
@@ -63,4 +66,5 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
         entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
     # (only this schedule's buffers are planned)
     plan_memory(items, {id(device_buffer(b)) for b in live.held_buffers(written)})
+    if _viz.VIZ: _viz.record_schedule(graph, replaced, items)
     return items, var_vals, None

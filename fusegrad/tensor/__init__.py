@@ -27,6 +27,7 @@ from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandType
 from fusegrad.uop.graph import new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, is_realized, is_symbolic, sint, ssimplify, \
     sym_eq, sym_le, sym_value
+from fusegrad.viz import record as _viz
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
 # references to one tensor with Tensor.__eq__; an entry whose tensor died dereferences to None even if its id is
@@ -325,6 +326,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # scheduling re-pointed gets its graph back, so none is left holding a buffer no kernel wrote
             for t, u in reversed(undo): t.uop = u
             raise
+        if _viz.PROFILE: _viz.record_realize(t0, t1, time.perf_counter(), len(items))
         if DEBUG >= 2 and items:
             # where the time of a realize goes, Python's share per item included (scheduling, launching)
             t2, kernel_s = time.perf_counter(), GlobalCounters.time_sum_s - k0

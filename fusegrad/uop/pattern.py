@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable
 from fusegrad.dtype import DType
 from fusegrad.helpers import DEBUG
 from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.viz import record as _viz
 
 class UPat:
     """A pattern over UOps. `op`/`dtype` may be one value or a set; `src` is a tuple (in order), a list (any
@@ -141,7 +142,9 @@ class PatternMatcher:
         for pat, fxn, wants_ctx in self.pdict.get(uop.op, self.wildcard):
             for store in pat.match(uop, {}):
                 ret = fxn(ctx=ctx, **store) if wants_ctx else fxn(**store)
-                if ret is not None and ret is not uop: return ret
+                if ret is not None and ret is not uop:
+                    if _viz.VIZ: _viz.record_step(uop, ret, fxn)
+                    return ret
         return None
 
 def _rewrite_to_fixed_point(pm: PatternMatcher, uop: UOp, ctx: Any, limit: int = 10000) -> UOp:
@@ -211,6 +214,7 @@ class RewriteContext:
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = False,
                   name: str | None = None) -> UOp:
     """`sink` with the rules of `pm` applied everywhere until none applies."""
+    if _viz.VIZ: return _viz.record_rewrite(lambda: RewriteContext(pm, ctx, bottom_up).rewrite(sink), sink, pm, name)
     st = time.perf_counter()
     ret = RewriteContext(pm, ctx, bottom_up).rewrite(sink)
     if DEBUG >= 6 and name: print(f"graph_rewrite {name}: {(time.perf_counter()-st)*1e3:.2f} ms")
@@ -221,7 +225,8 @@ def graph_rewrite_map(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up:
     """Like graph_rewrite, but returns old -> new for every node of the original graph (so holders of old nodes,
     such as Tensors, can be re-pointed). `input_map` chains an earlier map: its keys are mapped through this rewrite."""
     rc = RewriteContext(pm, ctx, bottom_up)
-    rc.rewrite(sink)
+    if _viz.VIZ: _viz.record_rewrite(lambda: rc.rewrite(sink), sink, pm, name)
+    else: rc.rewrite(sink)
     ret = {}
     for u in sink.toposort(): ret[u] = rc.rewrite(u)
     if input_map is not None: return {k: ret.get(v, v) for k, v in input_map.items()}
