@@ -31,7 +31,7 @@ DEFAULT_MODULES = ["add", "relu", "conv", "convtranspose", "gemm", "matmul", "re
                    "transpose", "split", "squeeze", "unsqueeze", "expand", "where", "reducesum", "pad", "cast",
                    "cumsum", "topk", "clip", "shape", "constantofshape", "rangeop", "flatten", "argmax", "einsum",
                    "scatternd", "onehot", "trilu", "depthtospace", "div", "pow", "quantizelinear",
-                   "dequantizelinear", "qlinearconv", "qlinearmatmul"]
+                   "dequantizelinear", "qlinearconv", "qlinearmatmul", "resize", "upsample"]
 
 
 def _excluded(name: str) -> str | None:

@@ -1,0 +1,179 @@
+"""Resize and Upsample.
+
+Resizing is separable: each resized axis is one product with an (input size, output size) weight matrix whose
+columns hold the interpolation weights of one output position. The matrices are computed on the host in float64
+from the static sizes, so every mode (nearest with its four rounding rules, linear, cubic, with or without
+antialiasing) and every coordinate transformation is the same device work: a matmul per axis."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from fusegrad import Tensor, dtypes
+from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.ops import Context, axis_of, host_value, ints, op
+
+COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+               "tf_crop_and_resize")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def source_coords(mode: str, n_in: int, n_out: int, scale: float, roi: tuple[float, float]) -> np.ndarray:
+    """The input coordinate that each output index samples, as ONNX's coordinate_transformation_mode defines it."""
+    y = np.arange(n_out, dtype=np.float64)
+    out_f = scale * n_in  # the output length before it was made an integer
+    if mode == "half_pixel": return (y + 0.5) / scale - 0.5
+    if mode == "half_pixel_symmetric":
+        # half_pixel, with the grid centred where rounding the output size down moved it
+        return n_in / 2 * (1 - n_out / out_f) + (y + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel": return (y + 0.5) / scale - 0.5 if out_f != 1 else np.full(n_out, -0.5)
+    if mode == "align_corners": return y * (n_in - 1) / (out_f - 1) if out_f != 1 else np.zeros(n_out)
+    if mode == "asymmetric": return y / scale
+    if mode == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_f == 1: return np.full(n_out, (hi - lo) * (n_in - 1) / 2 + lo * (n_in - 1))
+        return y * (hi - lo) * (n_in - 1) / (out_f - 1) + lo * (n_in - 1)
+    raise Unsupported(f"coordinate_transformation_mode {mode!r} (supported: {', '.join(COORD_MODES)})")
+
+
+def _cubic(d: np.ndarray, a: float) -> np.ndarray:
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def weight_matrix(x: np.ndarray, n_in: int, mode: str, nearest_mode: str, cubic_a: float, antialias: bool,
+                  exclude_outside: bool, scale: float) -> np.ndarray:
+    """(n_in, n_out) weights: column j interpolates at input coordinate x[j]; neighbours beyond the edges take the edge
+    value (or, with exclude_outside, no weight, the others renormalized)."""
+    n_out = len(x)
+    m = np.zeros((n_in, n_out), dtype=np.float64)
+    cols = np.arange(n_out)
+    if mode == "nearest":
+        if nearest_mode == "round_prefer_floor": idx = np.ceil(x - 0.5)
+        elif nearest_mode == "round_prefer_ceil": idx = np.floor(x + 0.5)
+        elif nearest_mode == "floor": idx = np.floor(x)
+        elif nearest_mode == "ceil": idx = np.ceil(x)
+        else: raise Unsupported(f"nearest_mode {nearest_mode!r} (supported: {', '.join(NEAREST_MODES)})")
+        m[np.clip(idx, 0, n_in - 1).astype(np.int64), cols] = 1.0
+        return m
+    if mode not in ("linear", "cubic"): raise Unsupported(f"Resize mode {mode!r} (supported: nearest, linear, cubic)")
+    # antialiasing widens the filter by 1/scale when shrinking, and then the weights are normalized to sum to one
+    s = min(scale, 1.0) if antialias else 1.0
+    support = (1.0 if mode == "linear" else 2.0) / s
+    base = np.floor(x).astype(np.int64)
+    reach = int(math.ceil(support)) + 1
+    offs = np.arange(-reach, reach + 1)
+    idx = base[:, None] + offs[None, :]  # (n_out, taps)
+    d = (idx - x[:, None]) * s
+    w = np.clip(1 - np.abs(d), 0, None) if mode == "linear" else _cubic(d, cubic_a)
+    if exclude_outside: w = np.where((idx < 0) | (idx >= n_in), 0.0, w)
+    if antialias or exclude_outside:
+        total = w.sum(axis=1, keepdims=True)
+        w = w / np.where(total == 0, 1.0, total)
+    np.add.at(m, (np.clip(idx, 0, n_in - 1), np.broadcast_to(cols[:, None], idx.shape)), w)
+    return m
+
+
+def _resize_axis(x: Tensor, axis: int, m: np.ndarray, outside: np.ndarray | None, fill: float) -> Tensor:
+    n_in, n_out = m.shape
+    picks = m.argmax(0)
+    if np.array_equal(m, np.eye(n_in)): out = x
+    elif np.all(m.max(0) == 1.0) and n_out % n_in == 0 and np.array_equal(picks, np.repeat(np.arange(n_in),
+                                                                                            n_out // n_in)):
+        # nearest by a whole factor: each input repeated, a view
+        k = n_out // n_in
+        sh = x.shape
+        out = x.unsqueeze(axis + 1).expand(sh[:axis + 1] + (k,) + sh[axis + 1:]).flatten(axis, axis + 1)
+    else:
+        w = Tensor(m.astype(np.float32))
+        out = (x.transpose(axis, -1) @ w).transpose(axis, -1)
+    if outside is not None and outside.any():
+        mask = Tensor(outside.reshape((-1,) + (1,) * (x.ndim - axis - 1)))
+        out = mask.where(fill, out)
+    return out
+
+
+def resize_nd(x: Tensor, sizes: Sequence[int], scales: Sequence[float], roi: Sequence[float] | None, mode: str,
+              coord_mode: str, nearest_mode: str, cubic_a: float, antialias: bool, exclude_outside: bool,
+              extrapolation: float) -> Tensor:
+    """Resize every axis of x to sizes[axis], sampling with scales[axis] (the full rank of x for both)."""
+    if coord_mode not in COORD_MODES:
+        raise Unsupported(f"coordinate_transformation_mode {coord_mode!r} (supported: {', '.join(COORD_MODES)})")
+    r = x.ndim
+    is_int = not dtypes.is_float(x.dtype)
+    out = x.cast(dtypes.float32) if is_int or x.dtype != dtypes.float64 else x
+    for a in range(r):
+        n_in, n_out, sc = x.shape[a], int(sizes[a]), float(scales[a])
+        lohi = (float(roi[a]), float(roi[a + r])) if roi is not None else (0.0, 1.0)
+        if n_out == n_in and math.isclose(sc, 1.0) and (coord_mode != "tf_crop_and_resize" or lohi == (0.0, 1.0)):
+            continue
+        if n_out == 0: raise ValueError(f"the output size of axis {a} is 0")
+        xs = source_coords(coord_mode, n_in, n_out, sc, lohi)
+        m = weight_matrix(xs, n_in, mode, nearest_mode, cubic_a, antialias, exclude_outside, sc)
+        outside = (xs < 0) | (xs > n_in - 1) if coord_mode == "tf_crop_and_resize" else None
+        out = _resize_axis(out, a, m, outside, extrapolation)
+    if is_int:
+        lo, hi = dtypes.min(x.dtype), dtypes.max(x.dtype)
+        return out.round().maximum(lo).minimum(hi).cast(x.dtype)
+    return out.cast(x.dtype)
+
+
+def _floats(t: Tensor | None) -> list[float]:
+    return [] if t is None else [float(v) for v in host_value(t).reshape(-1)]
+
+
+@op("Resize")
+def resize(x: Tensor, roi_in: Tensor | None = None, scales_in: Tensor | None = None, sizes_in: Tensor | None = None, *,
+           antialias: int = 0, axes: Sequence[int] | None = None, coordinate_transformation_mode: str = "half_pixel",
+           cubic_coeff_a: float = -0.75, exclude_outside: int = 0, extrapolation_value: float = 0.0,
+           keep_aspect_ratio_policy: str = "stretch", mode: str = "nearest", nearest_mode: str = "round_prefer_floor",
+           ctx: Context) -> Tensor:
+    r = x.ndim
+    if ctx.opset < 11:
+        # Resize-10 took (X, scales) and sampled as Upsample does
+        return upsample(x, roi_in, mode=mode)
+    ax = [axis_of(a, r) for a in axes] if axes is not None else list(range(r))
+    roi_v, scales_v, sizes_v = _floats(roi_in), _floats(scales_in), [int(v) for v in ints(sizes_in)]
+    if scales_v and sizes_v: raise ValueError("only one of scales and sizes may be given")
+    if not scales_v and not sizes_v: raise ValueError("one of scales and sizes must be given")
+    full_roi: list[float] | None = None
+    if roi_v:
+        if len(roi_v) != 2 * len(ax): raise ValueError(f"roi {roi_v} must have 2 values for each of the axes {ax}")
+        full_roi = [0.0] * r + [1.0] * r
+        for i, a in enumerate(ax): full_roi[a], full_roi[a + r] = roi_v[i], roi_v[i + len(ax)]
+    shape = list(x.shape)
+    scales_full, sizes_full = [1.0] * r, list(shape)
+    if scales_v:
+        if len(scales_v) != len(ax):
+            raise ValueError(f"scales {scales_v} must have one value for each of the axes {ax}")
+        for a, s in zip(ax, scales_v):
+            if s <= 0: raise ValueError(f"scales must be positive, got {scales_v}")
+            scales_full[a], sizes_full[a] = s, int(s * shape[a])
+    else:
+        if len(sizes_v) != len(ax): raise ValueError(f"sizes {sizes_v} must have one value for each of the axes {ax}")
+        ratios = [sz / shape[a] for a, sz in zip(ax, sizes_v)]
+        if keep_aspect_ratio_policy == "stretch":
+            for a, sz, q in zip(ax, sizes_v, ratios): scales_full[a], sizes_full[a] = q, sz
+        elif keep_aspect_ratio_policy in ("not_larger", "not_smaller"):
+            q = min(ratios) if keep_aspect_ratio_policy == "not_larger" else max(ratios)
+            for a in ax: scales_full[a], sizes_full[a] = q, int(q * shape[a] + 0.5)
+        else: raise Unsupported(f"keep_aspect_ratio_policy {keep_aspect_ratio_policy!r}")
+    if antialias and mode == "nearest": raise Unsupported("antialias with mode nearest")
+    return resize_nd(x, sizes_full, scales_full, full_roi, mode, coordinate_transformation_mode, nearest_mode,
+                     cubic_coeff_a, bool(antialias), bool(exclude_outside), extrapolation_value)
+
+
+@op("Upsample")
+def upsample(x: Tensor, scales_in: Tensor | None = None, *, mode: str = "nearest",
+             scales: Sequence[float] | None = None) -> Tensor:
+    # nearest picks floor(i / scale) and linear is asymmetric, with edges repeated
+    sc = _floats(scales_in) if scales_in is not None else list(scales or [])
+    if len(sc) != x.ndim: raise ValueError(f"scales {sc} must have one value per dim of {tuple(x.shape)}")
+    if mode not in ("nearest", "linear", "bilinear"): raise Unsupported(f"Upsample mode {mode!r}")
+    sizes = [int(s * n) for s, n in zip(sc, x.shape)]
+    return resize_nd(x, sizes, sc, None, "linear" if mode == "bilinear" else mode, "asymmetric", "floor", -0.75, False,
+                     False, 0.0)
