@@ -1,0 +1,114 @@
+"""The VIZ page in headless Chromium (Debian's chromium and chromium-driver, driven through selenium): it loads without
+console errors and shows the known program's kernels, a rewrite step's graphs, a kernel's source and the timeline.
+A screenshot of each view is saved under the test's temporary folder and checked not to be blank."""
+import shutil
+import struct
+import threading
+import time
+import zlib
+import pytest
+from fusegrad.viz import record
+from fusegrad.viz.server import Viewer, load_trace, make_server
+from test.viz.programs import symbolic_rewrite, tensor_program
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
+                                reason="no chromium and chromedriver (apt-get install chromium chromium-driver)")
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    from selenium.webdriver.chrome.service import Service
+    record.recorder.reset()
+    record.enable(viz=True, profile=True)
+    try:
+        expr, result = symbolic_rewrite()
+        ran = tensor_program(n=5)
+        path = record.save(str(tmp_path_factory.mktemp("viz") / "trace.json"))
+    finally:
+        record.enable(viz=False, profile=False)
+    trace = record.trace()
+    record.recorder.reset()
+    server = make_server(Viewer(load_trace(path)), 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
+    try: yield driver, f"http://127.0.0.1:{server.server_address[1]}/", trace, (expr, result, ran)
+    finally:
+        driver.quit()
+        server.shutdown()
+        server.server_close()
+
+def _wait_view(driver, view):
+    for _ in range(100):
+        if driver.execute_script("return document.body.dataset.ready") == view: return
+        time.sleep(0.05)
+    raise AssertionError(f"the page never showed {view}")
+
+def _screenshot(driver, tmp_path, name):
+    path = tmp_path / f"{name}.png"
+    driver.save_screenshot(str(path))
+    # a blank page is one row of pixels repeated: count the distinct rows of the decoded image
+    data, pos, idat, width = path.read_bytes(), 8, b"", 0
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IHDR": width, _, depth, color = struct.unpack(">IIBB", data[pos + 8:pos + 18])
+        if kind == b"IDAT": idat += data[pos + 8:pos + 8 + n]
+        pos += n + 12
+    raw = zlib.decompress(idat)
+    stride = 1 + width * {2: 3, 6: 4}[color] * depth // 8
+    rows = {raw[i + 1:i + stride] for i in range(0, len(raw), stride)}
+    assert len(rows) > 20, f"{name}: the screenshot is blank"
+
+def _no_errors(driver):
+    from selenium.webdriver.common.by import By
+    assert driver.find_element(By.ID, "errors").text == ""
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+
+def test_views(page, tmp_path):
+    from selenium.webdriver.common.by import By
+    driver, url, trace, (expr, result, ran) = page
+    driver.get(url + "#kernels")
+    _wait_view(driver, "#kernels")
+    assert int(driver.find_element(By.ID, "kernel-list").get_attribute("data-count")) == len(trace["kernels"])
+    assert sum(len(k["runs"]) for k in trace["kernels"]) == ran
+    _screenshot(driver, tmp_path, "kernels")
+    # a kernel's source
+    driver.find_elements(By.CSS_SELECTOR, "tr.kernel-row")[0].click()
+    _wait_view(driver, "#kernel/0")
+    assert driver.find_element(By.ID, "kernel-src").text.strip() == trace["kernels"][0]["src"].strip()
+    assert driver.find_elements(By.CSS_SELECTOR, "#kernel-src .tok-kw")
+    _screenshot(driver, tmp_path, "kernel")
+    # a rewrite step: the graph before and after, with as many nodes as the rewriter's input and result had
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=rewrites]").click()
+    _wait_view(driver, "#rewrites")
+    i = next(i for i, r in enumerate(trace["rewrites"]) if r["name"] == "known")
+    driver.find_element(By.CSS_SELECTOR, f"tr.rewrite-row[data-index='{i}']").click()
+    _wait_view(driver, f"#rewrite/{i}/0")
+    count = lambda side: int(driver.find_element(By.CSS_SELECTOR, f"#graph-{side} .node-count").text)  # noqa: E731
+    assert count("before") == len(expr.toposort())
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#graph-before rect.node")) == len(expr.toposort())
+    assert driver.find_elements(By.CSS_SELECTOR, "#graph-before rect.node.changed")
+    last = len(trace["rewrites"][i]["steps"]) - 1
+    driver.find_element(By.CSS_SELECTOR, f"li.step[data-step='{last}']").click()
+    _wait_view(driver, f"#rewrite/{i}/{last}")
+    assert count("after") == len(result.toposort())
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#graph-after rect.node")) == len(result.toposort())
+    assert "fusegrad/uop/symbolic.py:" in driver.find_element(By.ID, "rule").text
+    _screenshot(driver, tmp_path, "rewrite")
+    # the timeline: one bar per kernel run
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=timeline]").click()
+    _wait_view(driver, "#timeline")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.bar[data-cat=kernel]")) == ran
+    _screenshot(driver, tmp_path, "timeline")
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=schedules]").click()
+    _wait_view(driver, "#schedules")
+    driver.find_elements(By.CSS_SELECTOR, "tr.schedule-row")[0].click()
+    _wait_view(driver, "#schedule/0")
+    assert driver.find_elements(By.CSS_SELECTOR, "tr.item-row")
+    _screenshot(driver, tmp_path, "schedule")
+    _no_errors(driver)
