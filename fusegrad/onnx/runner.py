@@ -16,7 +16,8 @@ from fusegrad.dtype import DType
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
-from fusegrad.onnx import ops_control, ops_quant, ops_random, ops_resize  # noqa: F401 - they register their ops
+from fusegrad.onnx import (ops_contrib, ops_control, ops_quant, ops_random,  # noqa: F401 - they register ops
+                           ops_resize)
 from fusegrad.onnx.ops import OPS, Context, OpDef, with_host
 
 try:
