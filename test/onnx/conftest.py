@@ -1,8 +1,10 @@
-"""The ResNet-style CNN exported once per test session (an export takes seconds), for the tests that need a real
-exported model but not a fresh one."""
+"""The ResNet-style CNN exported once per test run (an export takes seconds), for the tests that need a real exported
+model but not a fresh one. Parallel workers share the file: the first one to take the lock exports it."""
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import warnings
 
 import pytest
@@ -12,11 +14,21 @@ import pytest
 def resnet_path(tmp_path_factory) -> str:
     pytest.importorskip("torch")
     from test.onnx.models import export
-    path = str(tmp_path_factory.mktemp("onnx") / "resnet.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            export("resnet", path, 2)
-    finally: logging.disable(logging.NOTSET)
-    return path
+    # with xdist every worker has its own base folder below a shared one
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / "onnx_models"
+    folder.mkdir(exist_ok=True)
+    path = folder / "resnet.onnx"
+    with open(folder / "resnet.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            tmp = str(folder / f"resnet.{os.getpid()}.onnx")
+            logging.disable(logging.WARNING)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    export("resnet", tmp, 2)
+            finally: logging.disable(logging.NOTSET)
+            os.replace(tmp, path)
+    return str(path)
