@@ -1,7 +1,6 @@
 """Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
 from __future__ import annotations
 import hashlib
-from fusegrad.uop.affine import range_size
 from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.lower import lower_kernel
@@ -11,6 +10,7 @@ from fusegrad.codegen.transcendental import rewrite_transcendental
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
 from fusegrad.renderer import Estimates, ProgramSpec, Renderer
+from fusegrad.uop.affine import range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 from fusegrad.uop.symbolic import simplify_indexing

@@ -7,8 +7,8 @@ rebuilt (VECTORIZE), and every such VECTORIZE of a non-vector dtype is folded aw
 from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
-from fusegrad.uop.affine import coeff, live_ranges
 from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.uop.affine import coeff, live_ranges
 from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.symbolic import symbolic

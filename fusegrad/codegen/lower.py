@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.dtype import DType, dtypes
+from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 

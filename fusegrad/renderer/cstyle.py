@@ -12,9 +12,9 @@ import platform
 import struct
 from typing import Callable
 from fusegrad import hostcpu
-from fusegrad.uop.affine import coeff
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
+from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 _SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16",

@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum, auto
-from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.dtype import dtypes
+from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from fusegrad.uop.affine import coeff, range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
+from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
