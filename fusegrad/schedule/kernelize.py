@@ -23,8 +23,9 @@ def max_size(shape: tuple) -> int:
     n = prod(shape)
     return n if isinstance(n, int) else int(n.vmax)
 
-def find_realized(sink: UOp) -> set[UOp]:
-    """The fusion decision: which nodes get their own buffer (and kernel)."""
+def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
+    """The fusion decision: which nodes get their own buffer (and kernel). With `why` (only when explaining a
+    schedule), each rule that realizes a node records there the first reason: (rule, details...)."""
     realize: set[UOp] = set()
     topo = list(sink.toposort())
     users: dict[UOp, list[UOp]] = {}
@@ -32,15 +33,19 @@ def find_realized(sink: UOp) -> set[UOp]:
         for s in u.src: users.setdefault(s, []).append(u)
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
+        if why is not None and u in realize: why.setdefault(u, ("always", u.op.name))
         if u.op is Ops.COPY and contiguous_range(u.src[0]) is None:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
             realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])
+            if why is not None: why.setdefault(base if base is not None else u.src[0], ("copy_source",))
     for out in sink.src:
         # an output already in a buffer in row-major order (only reshapes on top), or a reshape of a node that gets
         # one anyway, needs no kernel of its own
         base = out
         while base.op is Ops.RESHAPE: base = base.src[0]
-        if buffer_node(out) is None and base not in realize: realize.add(out)
+        if buffer_node(out) is None and base not in realize:
+            realize.add(out)
+            if why is not None: why.setdefault(out, ("output",))
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
@@ -55,18 +60,21 @@ def find_realized(sink: UOp) -> set[UOp]:
             if not is_realized(base) and not _is_cheap(base) and \
                     (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
                 realize.add(base)
+                if why is not None:
+                    why.setdefault(base, ("expand", prod(u.shape) // max(prod(base.shape), 1) if all(
+                        type(d) is int for d in u.shape + base.shape) else None, cost[base] > RECOMPUTE_LIMIT))
                 cost[base] = cost[u] = 0
     # a reduction inside another one's loop (a convolution then a mean over the image) is computed into a buffer
     # first: nested, it would run once per iteration of the outer loop, where nothing vectorizes or tiles it. (A
     # broadcast reduction inside one, as softmax's max in its sum, was decided above: hoisted or realized.)
     seen: set[UOp] = set()
     for u in topo:
-        if u.op is Ops.REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, through_expand=False)
+        if u.op is Ops.REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, False, why, ("nested_reduce",))
     # a reduction under a padding is computed into a buffer first: padding gates only the reduction's result, so its
     # loop would run for every element, the padded ones too (a cat of n reductions would compute each of them n times)
     under_pad: set[UOp] = set()
     for u in topo:
-        if u.op is Ops.PAD: _realize_reductions_below(u.src[0], realize, under_pad, through_expand=True)
+        if u.op is Ops.PAD: _realize_reductions_below(u.src[0], realize, under_pad, True, why, ("padded_reduce",))
     # a reduce feeding more than one kernel is computed once (walk users before sources)
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
@@ -75,6 +83,7 @@ def find_realized(sink: UOp) -> set[UOp]:
         r = frozenset().union(*(roots.get(x, frozenset()) for x in users.get(u, []) if x.op is not Ops.SINK))
         if u.op is Ops.REDUCE_AXIS and len(r) > 1:
             realize.add(u); roots[u] = frozenset([u])
+            if why is not None: why.setdefault(u, ("shared_reduce", len(r)))
         else: roots[u] = r
     # a kernel holds one long contraction (a sum of products of two broadcast operands, over more than
     # LONG_CONTRACTION products per output: a big matmul or convolution): a contraction beside it (a residual block's
@@ -91,7 +100,9 @@ def find_realized(sink: UOp) -> set[UOp]:
         _, length, longest = max(group, key=lambda g: g[:2])
         if length <= LONG_CONTRACTION: continue
         for _, _, r in group:
-            if r is not longest and r not in longest.toposort() and longest not in r.toposort(): realize.add(r)
+            if r is not longest and r not in longest.toposort() and longest not in r.toposort():
+                realize.add(r)
+                if why is not None: why.setdefault(r, ("beside_contraction", length))
     # an expensive value feeding more than one kernel is computed once: recomputing it in each would make a chain of
     # such values (x = f(x, sum(x)) in a loop) cost quadratic work and code size
     ops: dict[UOp, int] = {}
@@ -99,11 +110,13 @@ def find_realized(sink: UOp) -> set[UOp]:
         if u.op in GroupOp.Movement and u not in realize: ops[u] = ops.get(u.src[0], 0); continue
         if u in realize or is_realized(u) or u.op not in GroupOp.Elementwise: ops[u] = 0; continue
         ops[u] = min(RECOMPUTE_LIMIT + 1, 1 + sum(ops.get(s, 0) for s in u.src))
-        if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1: realize.add(u); ops[u] = 0
-    _bound_kernel_size(topo, realize)
+        if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1:
+            realize.add(u); ops[u] = 0
+            if why is not None: why.setdefault(u, ("expensive_shared", len(roots[u])))
+    _bound_kernel_size(topo, realize, why)
     return {u for u in realize if not is_realized(u)}
 
-def _bound_kernel_size(topo: list[UOp], realize: set[UOp]) -> None:
+def _bound_kernel_size(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None = None) -> None:
     """Add to `realize` what keeps every kernel within KERNEL_OPS_LIMIT weighted ops (merge.op_weight) beyond its
     single heaviest op: where a node would make its kernel bigger, its heaviest sources are computed into buffers
     first. A deep chain (200 sines) becomes a chain of kernels that are each the same few links, so one of them is
@@ -134,6 +147,7 @@ def _bound_kernel_size(topo: list[UOp], realize: set[UOp]) -> None:
             if not bases: break
             heaviest = max(bases, key=lambda b: weight[b])
             realize.add(heaviest)
+            if why is not None: why.setdefault(heaviest, ("kernel_size", KERNEL_OPS_LIMIT))
             weight[heaviest] = heaviest_op[heaviest] = 0
             w, top = region(u)
         weight[u], heaviest_op[u] = (0, 0) if u in realize else (w, top)
@@ -159,15 +173,18 @@ def _is_broadcast(u: UOp) -> bool:
         u = u.src[0]
     return False
 
-def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], through_expand: bool) -> None:
+def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], through_expand: bool,
+                              why: dict[UOp, tuple] | None = None, reason: tuple = ()) -> None:
     """Add to `realize` the first unrealized REDUCE_AXIS on every path down from `start` (not past a broadcast
-    unless `through_expand`); `seen` holds the nodes already walked."""
+    unless `through_expand`); `seen` holds the nodes already walked. (`why`, `reason`: see find_realized.)"""
     stack = [start]
     while stack:
         x = stack.pop()
         if x in seen or x in realize or is_realized(x): continue
         seen.add(x)
-        if x.op is Ops.REDUCE_AXIS: realize.add(x)
+        if x.op is Ops.REDUCE_AXIS:
+            realize.add(x)
+            if why is not None: why.setdefault(x, reason)
         elif through_expand or x.op is not Ops.EXPAND: stack.extend(x.src)
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
@@ -297,12 +314,13 @@ def _copy_kernel(r: UOp) -> UOp:
     ast = UOp(Ops.COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize))
     return UOp(Ops.ASSIGN, r.dtype, (out_buf, UOp(Ops.KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
-def kernelize_map(sink: UOp) -> dict[UOp, UOp]:
-    """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow."""
+def kernelize_map(sink: UOp, why: dict[UOp, tuple] | None = None) -> dict[UOp, UOp]:
+    """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow. (`why`:
+    see find_realized; its keys are nodes of the simplified graph.)"""
     simplified = graph_rewrite_map(sink, sym_tensor, name="sym_tensor")
     ssink = simplified[sink]
     if SPEC: verify(ssink, tensor_spec, "tensor graph after sym_tensor")
-    realized = find_realized(ssink)
+    realized = find_realized(ssink, why)
     # one pass in dependency order: rebuild each node over its sources' replacements; realized nodes become kernels
     final: dict[UOp, UOp] = {}
     for u in ssink.toposort():
