@@ -8,8 +8,9 @@ from fusegrad.engine.realize import GlobalCounters
 from fusegrad.engine.jit import TinyJit
 from fusegrad import nn
 from fusegrad.function import function
+from fusegrad.tensor.explain import track_sources
 
 tune_gc()
 
 __all__ = ["Tensor", "dtypes", "Device", "Variable", "Context", "getenv", "GlobalCounters", "TinyJit", "nn",
-           "UOp", "Ops", "DEBUG", "fetch", "function"]
+           "UOp", "Ops", "DEBUG", "fetch", "function", "track_sources"]

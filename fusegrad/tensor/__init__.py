@@ -24,6 +24,7 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
+from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
 from fusegrad.uop.graph import new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, is_realized, is_symbolic, sint, ssimplify, \
     sym_eq, sym_le, sym_value
@@ -124,7 +125,8 @@ def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 
-class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin, ExtrasMixin):
+class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, ReduceMixin, NNMixin, ExtrasMixin,
+             ExplainMixin):
     """A lazy n-dimensional array on a device, with tinygrad's API (and PyTorch's names where they agree)."""
     __slots__ = ("_uop", "requires_grad", "grad", "_serial", "__weakref__")
     training: bool = False
@@ -1114,5 +1116,6 @@ def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint
 # Context(TRAINING=1) (tinygrad's way) switches the same training mode that Tensor.train() does
 Tensor.training = bool(TRAINING.value)
 TRAINING.on_set = lambda value: setattr(Tensor, "training", bool(value))
+_install_source_tracking()
 
 __all__ = ["Tensor"]

@@ -14,6 +14,8 @@ from fusegrad.uop.ops import UOp
 __all__ = ["ExplainMixin", "TRACK_SOURCES", "track_sources", "roofline"]
 
 class ExplainMixin:
+    __slots__ = ()
+
     def explain(self: Any, *others: Any) -> str:
         """For the schedule that realizing these tensors would run (nothing runs): every kernel, each output with the
         reason the scheduler cut the graph there, what would fuse it, and the line that made it (with source
