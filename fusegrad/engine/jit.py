@@ -16,6 +16,8 @@ from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds
 from fusegrad.engine.realize import ExecItem
+from fusegrad.engine import jit_verify as _verify
+from fusegrad.engine.jit_verify import JIT_VERIFY
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
 from fusegrad.schedule.multi import shards_of
 from fusegrad.tensor import Tensor
@@ -168,9 +170,13 @@ class TinyJit(Generic[R]):
     bound Variables), or call reset() to capture again."""
 
     def __init__(self, fxn: Callable[..., R] | None = None, captured: Any = None, prune: bool = False,
-                 optimize: bool = False):
+                 optimize: bool = False, verify: int | None = None):
         if fxn is None and captured is None: raise ValueError("TinyJit needs a function")
+        if verify is not None and (not isinstance(verify, int) or verify < 0):
+            raise ValueError(f"TinyJit verify must be a number of calls >= 0, got {verify!r}")
         self.fxn, self.prune, self.optimize = fxn, prune, optimize
+        # every verify-th replay (and the first) also runs the function eagerly and compares (see _verified_replay)
+        self.verify = verify
         self.reset()
         if fxn is not None: functools.update_wrapper(self, fxn)  # type: ignore[arg-type]
 
@@ -185,6 +191,9 @@ class TinyJit(Generic[R]):
         self._first: _Inputs | None = None
         self._out_structure: Any = None
         self._out_leaves: list[Any] = []
+        self._replays = 0
+        self._state_ids: set[int] = set()
+        self._external: list[tuple[Buffer, Any]] = []
 
     @property
     def captured(self) -> list[ExecItem]:
@@ -210,6 +219,10 @@ class TinyJit(Generic[R]):
         self._check_inputs(inputs)
         if self.cnt == 1: return self._capture(args, kwargs, inputs) if not _viz.PROFILE else \
             _viz.profiled("TinyJit capture", self._capture, args, kwargs, inputs)
+        self._replays += 1
+        every = self.verify if self.verify is not None else int(JIT_VERIFY.value)
+        if every and (self._replays == 1 or self._replays % every == 0):
+            return _verify.verified_replay(self, inputs, args, kwargs)
         return self._replay(inputs, Tensor) if not _viz.PROFILE else \
             _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
 
@@ -281,6 +294,8 @@ class TinyJit(Generic[R]):
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
+        self._state_ids = before
+        if self.verify or (self.verify is None and JIT_VERIFY): _verify.note_external(self, inputs)
         self.cnt = 2
         return ret
 

@@ -6,6 +6,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from fusegrad.device import Buffer, Device, GlobalCounters
+from fusegrad.engine.explain import DEBUG_NANS, check_nans
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.hostcpu import host_cpu_count
@@ -560,9 +561,11 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     compile_new_kernels(schedule)
     items = [lower_schedule_item(si) for si in schedule]
     check_bounds(items, var_vals)
+    nans = bool(DEBUG_NANS)
     for ei in items:
         ei.run(var_vals, do_update_stats=do_update_stats)
         if capturing: capturing[0].add(ei, var_vals)
+        if nans: check_nans(ei.bufs, ei.ast, ei.prg.display_name if ei.prg is not None else "?")
     if DEBUG >= 1 and schedule:
         timed = f", {(GlobalCounters.time_sum_s - t0) * 1e3:.2f} ms in kernels" if DEBUG >= 2 else ""
         print(f"run_schedule: {len(schedule)} items, {GlobalCounters.kernel_count - k0} kernels, "

@@ -24,6 +24,7 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
+from fusegrad.engine.explain import DEBUG_NANS, NanWatch
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
 from fusegrad.uop.graph import new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, is_realized, is_symbolic, sint, ssimplify, \
@@ -318,6 +319,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
         if not todo: return self
         t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
+        if DEBUG_NANS: NanWatch.current = NanWatch(_shards(todo))  # (the graph and its inputs, before anything runs)
         _undo = undo = []
         try: items, var_vals = todo[0].schedule_with_vars(*todo[1:])
         finally: _undo = None
@@ -328,6 +330,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # scheduling re-pointed gets its graph back, so none is left holding a buffer no kernel wrote
             for t, u in reversed(undo): t.uop = u
             raise
+        NanWatch.current = None
         if _viz.PROFILE: _viz.record_realize(t0, t1, time.perf_counter(), len(items))
         if DEBUG >= 2 and items:
             # where the time of a realize goes, Python's share per item included (scheduling, launching)
