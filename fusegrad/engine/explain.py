@@ -167,6 +167,7 @@ class _Scheduled:
     kmap: dict[UOp, UOp]
     kernels: list[UOp]
     results: list[UOp]
+    ssink: UOp
 
 def _schedule(roots: list[UOp]) -> _Scheduled:
     """Kernelize the graph of `roots` with reasons recorded, without touching the schedule cache or any tensor."""
@@ -184,7 +185,7 @@ def _schedule(roots: list[UOp]) -> _Scheduled:
     results = [kmap.get(r, r) for r in ssink.src]
     kernels = [k for k in kernels_in_order(UOp.sink_of(*results))
                if (b := buffer_node(k.src[0])) is not None and b.arg[1] > 0]
-    return _Scheduled(sink, topo, simplified, why, kmap, kernels, results)
+    return _Scheduled(sink, topo, simplified, why, kmap, kernels, results, ssink)
 
 def explain(roots: list[UOp]) -> Explanation:
     """Every kernel that realizing `roots` would run, each output with the reason it got a buffer and its source."""
@@ -337,25 +338,33 @@ class NanWatch:
         import numpy as np
         users = _users(self.topo)
         vals: dict[UOp, Any] = {}
+        def has(x: Any, test: Any) -> bool: return x is not None and np.asarray(x).dtype.kind == "f" and \
+            bool(test(x).any())
+        inf_leaf = None
         with np.errstate(all="ignore"):
             for u in self.topo:
                 try: v = _eval(u, vals, self.leaves)
                 except Exception: v = None
                 vals[u] = v
-                if v is None or not _is_float(u) or np.isfinite(v).all(): continue
+                if v is None or not _is_float(u): continue
                 srcs = [vals.get(s) for s in u.src if s.op is not Ops.DEVICE]
-                if any(x is None or (np.asarray(x).dtype.kind == "f" and not np.isfinite(x).all()) for x in srcs) \
-                        and u.op is not Ops.BUFFER:
-                    continue
-                return _nan_message(u, v, srcs, source_of(u, users))
-        return None
+                if any(x is None for x in srcs): continue
+                # a NaN where no input has one, or an Inf where no input has one (an input holding an Inf, as a
+                # masked softmax's -inf, is only the answer when nothing after it made the NaN)
+                if has(v, np.isnan) and not any(has(x, np.isnan) for x in srcs) or \
+                        has(v, np.isinf) and not any(has(x, np.isinf) for x in srcs) and u.op is not Ops.BUFFER:
+                    return _nan_message(u, v, srcs, source_of(u, users))
+                if u.op is Ops.BUFFER and inf_leaf is None and has(v, np.isinf): inf_leaf = (u, v)
+        return _nan_message(inf_leaf[0], inf_leaf[1], [], source_of(inf_leaf[0], users)) if inf_leaf else None
 
 def _is_float(u: UOp) -> bool: return dtypes.is_float(u.dtype) and u.op is not Ops.SINK
 
 def _nan_message(u: UOp, v: Any, srcs: list[Any], src: Source | None) -> str:
     import numpy as np
     flat = np.asarray(v).reshape(-1)
-    i = int(np.flatnonzero(~np.isfinite(flat))[0])
+    nan = np.isnan(flat)
+    new_nan = nan.any() and not any(np.asarray(x).dtype.kind == "f" and np.isnan(x).any() for x in srcs)
+    i = int(np.flatnonzero(nan if new_nan else ~np.isfinite(flat))[0])
     idx = np.unravel_index(i, np.shape(v)) if np.ndim(v) else ()
     what = "NaN" if np.isnan(flat[i]) else "Inf"
     where = f" ({src})" if src is not None else " (set TRACK_SOURCES=1 for the source line)"

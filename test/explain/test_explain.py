@@ -1,0 +1,110 @@
+"""Tensor.explain: every kernel boundary comes with the scheduler's reason, over a set of programs; source lines
+are recorded only while asked for."""
+from __future__ import annotations
+import pytest
+from fusegrad import Context, Tensor, track_sources
+from fusegrad.engine import explain as ex
+from fusegrad.nn import Conv2d, Linear
+from fusegrad.nn.optim import Adam
+from fusegrad.schedule.kernelize import find_realized
+from fusegrad.uop.ops import Ops, UOp
+
+def _mlp_step() -> list[Tensor]:
+    l1, l2 = Linear(16, 32), Linear(32, 4)
+    opt = Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
+    x, y = Tensor.randn(8, 16), Tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    with Tensor.train():
+        opt.zero_grad()
+        loss = l2(l1(x).relu()).sparse_categorical_crossentropy(y)
+        loss.backward()
+        return [loss, *opt.schedule_step()]
+
+def _conv_net() -> list[Tensor]:
+    c1, c2 = Conv2d(3, 8, 3), Conv2d(8, 8, 3)
+    x = Tensor.randn(2, 3, 12, 12)
+    return [c2(c1(x).relu()).relu().max_pool2d().mean((2, 3))]
+
+def _softmax() -> list[Tensor]: return [Tensor.randn(6, 10).softmax(-1)]
+
+def _attention() -> list[Tensor]:
+    q, k, v = Tensor.randn(2, 4, 8, 16), Tensor.randn(2, 4, 8, 16), Tensor.randn(2, 4, 8, 16)
+    return [q.scaled_dot_product_attention(k, v, is_causal=True)]
+
+def _sharded() -> list[Tensor]:
+    a = Tensor.randn(4, 8).realize().shard(("CPU", "CPU:1"), axis=0)
+    return [(a * 2).sum(0)]
+
+def _assign() -> list[Tensor]:
+    w = Tensor.ones(4, 4).contiguous().realize()
+    return [w.assign(w * 2 + w.sum(0))]
+
+def _padded_and_long() -> list[Tensor]:
+    a, b = Tensor.randn(64, 512), Tensor.randn(512, 64)
+    return [(a @ b).sum(1).pad((1, 1)) + 1, Tensor.randn(4, 4).sin().contiguous() * 2]
+
+PROGRAMS = [_mlp_step, _conv_net, _softmax, _attention, _sharded, _assign, _padded_and_long]
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_every_boundary_has_a_reason(program):
+    with track_sources():
+        outs = program()
+    text = outs[0].explain(*outs[1:])
+    roots = [u for t in outs for u in _shards(t)]
+    explained = ex.explain(roots)
+    assert explained.kernels, "the program has kernels to explain"
+    for k in explained.kernels:
+        assert k.outputs, f"kernel {k.index} ({k.kind}) has no reason:\n{text}"
+        for desc, reason, fix, _ in k.outputs: assert reason and fix, desc
+    assert text.count("cut: ") >= len(explained.kernels)
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.__name__.strip("_"))
+def test_the_decision_records_a_reason_for_each_node(program):
+    parts = ex._schedule([u for t in program() for u in _shards(t)])
+    why: dict = {}
+    realized = find_realized(parts.ssink, why)
+    assert realized, "something is realized"
+    assert realized <= set(why), [u.op for u in realized - set(why)]
+    for w in why.values(): ex.reason_text(w)  # each rule's reason has its text
+
+def _shards(t: Tensor) -> list[UOp]:
+    from fusegrad.tensor import _shards as shards
+    return shards([t])
+
+def test_reasons_name_the_rule_and_the_line():
+    with track_sources():
+        x = Tensor.randn(4, 8)
+        y = (x @ Tensor.randn(8, 8)).sum()  # the matmul's reduction inside the sum's loop
+        z = x.contiguous() + 1
+    text = y.explain(z)
+    assert "reduce of a reduce" in text and "__matmul__ at test_explain.py" in text
+    assert "realized by you" in text
+    assert "you asked for it with .contiguous()" in text and "contiguous at test_explain.py" in text
+
+def test_broadcast_reason():
+    with track_sources():
+        a = Tensor.randn(16, 1).exp()
+        out = a.expand(16, 64).T + Tensor.randn(64, 16)  # read by 64 elements each, not along a trailing axis
+    assert "recompute would cost 64x" in out.explain()
+
+def test_no_sources_recorded_unless_asked():
+    ex.sources.clear()
+    x = Tensor.randn(4, 4)
+    y = (x + 1).sum()
+    assert len(ex.sources) == 0
+    text = y.explain()
+    assert "TRACK_SOURCES=1" in text
+    with Context(TRACK_SOURCES=1): z = x * 3
+    assert z.uop in ex.sources and ex.sources[z.uop].filename.endswith("test_explain.py")
+    n = len(ex.sources)
+    x * 5
+    assert len(ex.sources) == n
+
+def test_explain_runs_nothing():
+    from fusegrad import GlobalCounters
+    x = Tensor.randn(32, 32)
+    y = (x @ x).relu().sum()
+    k0 = GlobalCounters.kernel_count
+    y.explain()
+    y.estimate(predict=False)
+    assert GlobalCounters.kernel_count == k0
+    assert y.uop.base.op is not Ops.BUFFER  # still lazy: explaining re-points no tensor
