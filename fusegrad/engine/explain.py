@@ -254,6 +254,10 @@ def _range_size(r: UOp) -> int:
     n = r.src[0]
     return n.arg if n.op is Ops.CONST and isinstance(n.arg, int) else int(n.vmax) + 1
 
+# exp2, log2 and sin are computed as polynomials with range reduction (codegen/transcendental.py): about this many
+# arithmetic ops each
+_TRANSCENDENTAL_FLOPS = {Ops.EXP2: 20, Ops.LOG2: 20, Ops.SIN: 20}
+
 def kernel_work(k: UOp) -> tuple[int, int]:
     """(FLOPs, bytes) of a kernel from its AST alone: each ALU op counted once per iteration of the loops it depends
     on, each buffer it uses read or written once in full."""
@@ -268,7 +272,7 @@ def kernel_work(k: UOp) -> tuple[int, int]:
         loops[u] = own.union(*(loops[s] for s in u.src))
         if u.op is Ops.REDUCE: loops[u] = loops[u] - frozenset(u.src[1:])
         if u.op in GroupOp.ALU and u.dtype.scalar() != dtypes.index and u.dtype.scalar() != dtypes.bool:
-            flops += prod([_range_size(r) for r in loops[u]])
+            flops += prod([_range_size(r) for r in loops[u]]) * _TRANSCENDENTAL_FLOPS.get(u.op, 1)
         if u.op is Ops.REDUCE: flops += prod([_range_size(r) for r in loops[u] | frozenset(u.src[1:])])
     return flops, nbytes
 
