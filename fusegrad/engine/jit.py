@@ -222,7 +222,7 @@ class TinyJit(Generic[R]):
         self._replays += 1
         every = self.verify if self.verify is not None else int(JIT_VERIFY.value)
         if every and (self._replays == 1 or self._replays % every == 0):
-            return _verify.verified_replay(self, inputs, args, kwargs)
+            return _verify.verified_replay(self, inputs, args, kwargs, Tensor)
         return self._replay(inputs, Tensor) if not _viz.PROFILE else \
             _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
 

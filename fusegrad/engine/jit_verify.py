@@ -13,7 +13,6 @@ from fusegrad.dtype import dtypes
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError
 from fusegrad.helpers import ContextVar, rng_counter_of
-from fusegrad.tensor import Tensor
 from fusegrad.uop.ops import Ops
 
 __all__ = ["JIT_VERIFY", "JitVerifyError", "verified_replay", "note_external"]
@@ -28,9 +27,9 @@ def _outputs(k: Any) -> list[Buffer]:
     n = sum(1 for x in k.ast.src if x.op is Ops.STORE) if k.ast.op is Ops.SINK else 1
     return [b for b in k.bufs[:n] if b is not None]
 
-def _tensors(ret: Any) -> list[Any]:
-    if isinstance(ret, (tuple, list)): return [t for x in ret for t in _tensors(x)]
-    if isinstance(ret, dict): return [t for k in sorted(ret, key=repr) for t in _tensors(ret[k])]
+def _tensors(ret: Any, Tensor: Any) -> list[Any]:
+    if isinstance(ret, (tuple, list)): return [t for x in ret for t in _tensors(x, Tensor)]
+    if isinstance(ret, dict): return [t for k in sorted(ret, key=repr) for t in _tensors(ret[k], Tensor)]
     return [ret] if isinstance(ret, Tensor) else []
 
 def _host(b: Buffer) -> Any: return b.numpy().copy()
@@ -48,15 +47,16 @@ def note_external(jit: Any, inputs: Any) -> None:
             seen.add(id(b))
             jit._external.append((b, _host(b)))
 
-def verified_replay(jit: Any, inputs: Any, args: tuple, kwargs: dict) -> Any:
-    """A replay checked against an eager call of the function (see the module's docstring)."""
+def verified_replay(jit: Any, inputs: Any, args: tuple, kwargs: dict, Tensor: Any) -> Any:
+    """A replay checked against an eager call of the function (see the module's docstring). (`Tensor`: the class,
+    passed by TinyJit, which sits above it.)"""
     import numpy as np
     state = {id(b): b for ei in jit.jit_cache for b in _outputs(ei) if id(b) in jit._state_ids and b.is_allocated()}
     state.update({id(b): b for b in inputs.buffers if b.is_allocated()})
     saved = [(b, _host(b)) for b in state.values()]
     rng = Tensor._rng_counter
     replayed = jit._replay(inputs, Tensor)
-    got = [t.numpy().copy() for t in _tensors(replayed)]
+    got = [t.numpy().copy() for t in _tensors(replayed, Tensor)]
     got_state = [_host(b) for b, _ in saved]
     for b, data in saved: b.copyin(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
     Tensor._rng_counter = rng
@@ -64,7 +64,7 @@ def verified_replay(jit: Any, inputs: Any, args: tuple, kwargs: dict) -> Any:
     _realize.capturing.append(rec)
     try: eager = jit._run_plain(args, kwargs)
     finally: _realize.capturing.remove(rec)
-    want = [t.numpy() for t in _tensors(eager)]
+    want = [t.numpy() for t in _tensors(eager, Tensor)]
     diff = None
     if len(got) != len(want): diff = f"the replay returned {len(got)} tensors, the eager call {len(want)}"
     for i, (a, b) in enumerate(zip(got, want)):
