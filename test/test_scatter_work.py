@@ -58,9 +58,9 @@ def test_work_is_bounded_by_the_indexed_dims():
 
 def test_linear_index_past_int32_is_int64():
     # dims of 70000 x 70000 positions: an int32 linear index would wrap (to another position, or -1: nowhere)
-    from fusegrad.tensor.indexing import _linear_index
+    from fusegrad.tensor.indexing import _flat_position
     i, j = Tensor([69999, 1], dtype=dtypes.int32), Tensor([69999, 2], dtype=dtypes.int32)
-    lin = _linear_index([i, j], [70000, 70000], (2,))
+    lin = _flat_position((70000, 70000), [i, j], (2,), wrap=True)
     assert lin.dtype == dtypes.int64
     assert lin.tolist() == [69999 * 70000 + 69999, 70000 + 2]
-    assert _linear_index([i, j], [70000, 3], (2,)).tolist() == [-1, 1 * 3 + 2]
+    assert _flat_position((70000, 3), [i, j], (2,), wrap=True).tolist() == [-1, 1 * 3 + 2]

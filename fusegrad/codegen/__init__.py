@@ -2,6 +2,7 @@
 from __future__ import annotations
 import hashlib
 from fusegrad.codegen.expand import vectorize
+from fusegrad.codegen.gather import collapse_gathers
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.lower import lower_kernel
 from fusegrad.codegen.opt import Kernel, Opt, kernel_name
@@ -18,10 +19,10 @@ from fusegrad.uop.symbolic import simplify_indexing
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, tuple[Opt, ...], float]:
     """The AST with loops shaped by `opts` (default: the heuristics, none with NOOPT=1), the opts applied, and the
     fraction of its loop iterations that do useful work (less than 1 where loops were padded)."""
-    k = Kernel(ast, renderer)
+    k = Kernel(collapse_gathers(ast), renderer)
     if opts is not None:
         for o in opts: k.apply_opt(o)
-    elif not NOOPT: hand_coded_optimizations(k)
+    elif not NOOPT and not k.in_order: hand_coded_optimizations(k)
     return k.get_optimized_ast(), tuple(k.applied_opts), k.useful
 
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:

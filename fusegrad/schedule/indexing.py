@@ -174,7 +174,7 @@ class KernelBuilder:
         if u.op is Ops.REDUCE_AXIS:
             rix = self._reduce_ranges(u, ix)
             return [(u.src[0], rix, valid)]
-        # (CONTIGUOUS, ASSIGN and COPY are always realized, so they are never fused into a consumer)
+        # (CONTIGUOUS, ASSIGN, COPY and SCATTER are always realized, so they are never fused into a consumer)
         if u.op in GroupOp.Elementwise: return [(s, ix, valid) for s in u.src]
         raise RuntimeError(f"can't fuse {u.op} into a kernel")
 

@@ -32,7 +32,7 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
     for u in topo:
         for s in u.src: users.setdefault(s, []).append(u)
     for u in topo:
-        if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY) and not is_realized(u): realize.add(u)
+        if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY, Ops.SCATTER) and not is_realized(u): realize.add(u)
         if why is not None and u in realize: why.setdefault(u, ("always", u.op.name))
         if u.op is Ops.COPY and contiguous_range(u.src[0]) is None:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
@@ -240,6 +240,7 @@ def build_kernel(r: UOp) -> UOp:
     """The kernel computing realized node `r`, whose sources already refer to earlier kernels' outputs. Returns
     ASSIGN(BUFFER, KERNEL) (for an assign: the target view over it, so users keep reading through the view)."""
     if r.op is Ops.COPY: return _copy_kernel(r)
+    if r.op is Ops.SCATTER: return _scatter_kernel(r)
     kb = KernelBuilder(lambda u: u is not r and is_realized(u))
     shape = r.shape
     ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
@@ -272,6 +273,35 @@ def build_kernel(r: UOp) -> UOp:
     # users of an assign read the target view, now over the buffer as this kernel leaves it
     done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
     return target_view.substitute({target_base: done})
+
+def _combine(how: str | None, old: UOp, v: UOp) -> UOp:
+    """The value a scatter leaves at a position holding `old` when `v` comes in."""
+    if how is None: return v
+    if how == "add": return old + v
+    if how == "mul": return old * v
+    if how == "max": return old.maximum(v)
+    # (float min through max keeps max's nan propagation)
+    return -((-old).maximum(-v)) if dtypes.is_float(v.dtype) else (v < old).where(v, old)
+
+def _scatter_kernel(r: UOp) -> UOp:
+    """SCATTER(target, positions, values) as two kernels: the target copied into a new buffer, then one loop over the
+    values in their row-major order that combines each into its position (a later duplicate sees an earlier one's
+    write: the code generator runs a kernel storing to loaded addresses in order, on one core)."""
+    target, positions, values = r.src
+    copied = build_kernel(UOp(Ops.CONTIGUOUS, r.dtype, (target,)))
+    out_buf, n = copied.src[0], copied.src[0].arg[1]
+    kb = KernelBuilder(is_realized)
+    ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in positions.shape)
+    g = kb.define_global(out_buf)
+    p, v = kb.value(positions, ranges), kb.value(values, ranges)
+    valid = p.const_like(-1) < p
+    if n <= dtypes.max(p.dtype): valid = valid & (p < p.const_like(n))
+    at = valid.where(p.cast(dtypes.index), UOp.const(dtypes.index, 0))  # (a position that exists when invalid)
+    if r.arg is not None: v = _combine(r.arg, UOp(Ops.LOAD, r.dtype, (g.index(at),)), v)
+    ast = simplify_indexing(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (g.index(at, valid=valid), v)),)))
+    if SPEC: verify(ast, kernel_spec, "kernel AST")
+    kernel = UOp(Ops.KERNEL, dtypes.void, (copied,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
+    return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), r.shape)
 
 def _reads_output_elsewhere(ast: UOp) -> bool:
     """Whether a kernel loads from its output buffer at an index other than the one it stores to."""

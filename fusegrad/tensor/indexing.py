@@ -1,8 +1,10 @@
 """Indexing: basic and advanced __getitem__/__setitem__, gather and scatter, masks, triangles and diagonals, rolls,
 repeats, splits and einops-style rearrange.
 
-Index tensors become one-hot compare-and-sum reductions: out[b] = sum_n where(index[b] == n, x[n], 0), which the
-scheduler fuses into one kernel (no kernel per element) and which autodiff differentiates like any other graph. An
+A gather by index tensors is a one-hot compare-and-sum reduction, out[b] = sum_n where(pos[b] == n, x[n], 0), which
+the scheduler fuses into one kernel and the code generator turns into one indexed load per element (codegen/gather.py);
+its gradient is a scatter-add. Writes by index tensors (setitem, scatter, scatter_reduce) are SCATTER nodes: a copy of
+the target, then one loop over the values in order (see DESIGN.md, "Gathers and scatters"). An
 index tensor's values can't be checked without reading them. The knob CHECK_OOB (environment or Context) says which
 are read: 0 none; 1 (the default) those already in memory (realized, as a tensor made from a list or an array is),
 which costs a copy of their values to the host but no computation; 2 every one, a lazy one computed first (a sync in
@@ -14,10 +16,11 @@ checked. Boolean masks have a data-dependent result size, so they are realized a
 indexing."""
 from __future__ import annotations
 import math
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Sequence
 from fusegrad.dtype import ConstType, dtypes
 from fusegrad.helpers import Context, ContextVar, argfix, prod
-from fusegrad.uop.ops import Ops, buffer_node, is_symbolic, sym_le
+from fusegrad.uop.ops import Ops, UOp, buffer_node, is_symbolic, sym_le
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
@@ -78,20 +81,114 @@ def _onehot(index: Tensor, n: int) -> Tensor:
     ar = Tensor.arange(n, dtype=dtypes.int32, device=index.device)
     return index.cast(dtypes.int32 if index.dtype.itemsize <= 4 else index.dtype).unsqueeze(-1) == ar
 
-def _linear_index(idxs: list[Tensor], sizes: list[int], bshape: tuple[int, ...]) -> Tensor:
-    """One linear index over dims of `sizes` from their index tensors `idxs` (negatives wrapped), broadcast to
-    `bshape`; -1 where a component is out of range, which matches (and writes) nothing. int64 where an index tensor
-    is, or where the dims hold more positions than int32 counts (the linear index would wrap to another position)."""
-    wide = isinstance(n := prod(sizes), int) and n > dtypes.max(dtypes.int32)
-    lin, valid, stride = None, None, 1
-    for t, s in list(zip(idxs, sizes))[::-1]:
-        t = t.cast(dtypes.int64 if wide or t.dtype.itemsize > 4 or dtypes.is_unsigned(t.dtype) else dtypes.int32)
-        t = (t < 0).where(t + s, t)._broadcast_to(bshape)
-        ok = (t >= 0) & (t < s)
-        lin = t * stride if lin is None else lin + t * stride
-        valid = ok if valid is None else valid & ok
-        stride *= s
-    return valid.where(lin, -1)
+def _flat_position(shape: tuple[int, ...], comps: list[Tensor | int], out_shape: tuple[int, ...],
+                   wrap: bool) -> Tensor:
+    """The row-major position in a tensor of `shape` of each element of a result of `out_shape`, from one component
+    per dim: an index tensor (broadcast to out_shape; negatives wrapped where `wrap`), or an int: the result's own
+    position along that axis. -1 where an index tensor is out of range, which reads 0 and writes nothing. int64 where
+    an index tensor is, or where the tensor holds more positions than int32 counts (a wrapped position would be
+    another element)."""
+    Tensor = _T()
+    wide = isinstance(n := prod(shape), int) and n > dtypes.max(dtypes.int32) or \
+        any(isinstance(c, Tensor) and (c.dtype.itemsize > 4 or dtypes.is_unsigned(c.dtype)) for c in comps)
+    dt = dtypes.int64 if wide else dtypes.int32
+    pos, valid, stride = None, None, 1
+    for c, size in list(zip(comps, shape))[::-1]:
+        if isinstance(c, int):
+            t = Tensor.arange(out_shape[c], dtype=dt, device=_device_of(comps)).reshape(
+                tuple(out_shape[c] if a == c else 1 for a in range(len(out_shape))))
+        else:
+            t = c.cast(dt)
+            if wrap: t = (t < 0).where(t + size, t)
+            t = t._broadcast_to(out_shape)
+            ok = (t >= 0) & (t < size)
+            valid = ok if valid is None else valid & ok
+        pos = t * stride if pos is None else pos + t * stride
+        stride *= size
+    pos = pos._broadcast_to(out_shape)
+    return pos if valid is None else valid.where(pos, -1)
+
+def _device_of(comps: list) -> Any: return next(c.device for c in comps if not isinstance(c, int))
+
+def _positions(shape: tuple[int, ...], index: Tensor, dim: int) -> Tensor:
+    """The flat position in a tensor of `shape` of each element of `index` read along `dim` (gather's and scatter's
+    addressing: index's own position in the other dims); -1 where the index is outside [0, shape[dim])."""
+    return _flat_position(shape, [index if k == dim else k for k in range(index.ndim)], index.shape, wrap=False)
+
+def _take(x: Tensor, pos: Tensor) -> Tensor:
+    """x's elements (in row-major order) at the flat positions `pos` (any shape; -1: 0, or False). Written as a
+    one-hot selection, which the code generator turns into an indexed load; its gradient adds each output's gradient
+    into the position it was read from (a scatter: work the size of `pos`, not of x times it)."""
+    from fusegrad.gradient import with_gradient
+    out = _select_sum(_onehot(pos, x.numel()), x.flatten(), -1)
+    # (a rule's gradient is taken shard by shard, but positions count over the whole tensor: over shards, the
+    # selection's own derivative)
+    if isinstance(x.device, tuple) or isinstance(pos.device, tuple): return out
+    return with_gradient(out, (x, pos), TakeGradient())
+
+def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
+    """target with values[j] combined (how: None writes over it, "add", "mul", "max", "min") into the flat position
+    pos[j] (-1: nowhere), in the values' row-major order, so the last of duplicate positions wins. Its work is the
+    size of `values` (one SCATTER node: a copy, then a loop over the values)."""
+    from fusegrad.gradient import with_gradient
+    Tensor = _T()
+    pos, values = pos.flatten(), values.flatten().cast(target.dtype)
+    if any(isinstance(t.device, tuple) for t in (target, pos, values)) or \
+            not all(isinstance(s, int) for s in target.shape + pos.shape):
+        # (shards and symbolic shapes: the one-hot formula, whose work is the target's size times the values')
+        return _scatter_by_onehot(target.flatten(), pos, values, how).reshape(target.shape)
+    out = Tensor(UOp(Ops.SCATTER, target.dtype, (target.uop, pos.uop, values.uop), how))
+    return with_gradient(out, (target, values, pos), ScatterGradient(how))
+
+def _scatter_by_onehot(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
+    """_scatter_flat of a flat target as a one-hot reduction over the values for each of target's elements: the
+    definition its gradients follow, and the way for tensors split over devices."""
+    Tensor = _T()
+    oh = _onehot(pos, target.numel())                                     # (values, target)
+    v = values.unsqueeze(-1)
+    hit = oh.any(0)
+    if how is None:
+        order = Tensor.arange(1, pos.numel() + 1, dtype=dtypes.int32, device=pos.device).unsqueeze(-1)
+        last = oh.where(order, 0).max(0)
+        return hit.where(_select_sum(oh & (order == last), v, 0), target)
+    if how == "add": return target + _select_sum(oh, v, 0)
+    if how == "mul": return target * oh.where(v, 1).prod(0)
+    big = math.inf if dtypes.is_float(target.dtype) else dtypes.max(target.dtype)
+    if how == "max": return hit.where(oh.where(v, -big if dtypes.is_float(target.dtype) else
+                                               dtypes.min(target.dtype)).max(0).maximum(target), target)
+    return hit.where(oh.where(v, big).min(0).minimum(target), target)
+
+@dataclass(frozen=True)
+class TakeGradient:
+    """The gradient of _take (ins: x, the positions): each output's gradient is added into the element it was read
+    from."""
+    pure: ClassVar[bool] = True
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp, None]:
+        Tensor = _T()
+        x, pos = Tensor(ins[0]), Tensor(ins[1])
+        zeros = Tensor.zeros(*x.shape, dtype=x.dtype, device=x.device)
+        return _scatter_flat(zeros, pos, Tensor(grad), "add").uop, None
+
+@dataclass(frozen=True)
+class ScatterGradient:
+    """The gradient of _scatter_flat (ins: target, values, positions). A value gets the gradient of the position it
+    went to (as torch's scatter, duplicates included); the target gets it where no value replaced it. For "mul",
+    "max" and "min" the gradient is the one-hot formula's (torch's conventions for zeros and ties)."""
+    pure: ClassVar[bool] = True
+    how: str | None
+    def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
+        from fusegrad.gradient import compute_gradient
+        Tensor = _T()
+        g, target, values, pos = Tensor(grad), Tensor(ins[0]), Tensor(ins[1]), Tensor(ins[2])
+        if self.how in (None, "add"):
+            g_values = _take(g, pos).reshape(values.shape)
+            if self.how == "add": return grad, g_values.uop, None
+            hit = _scatter_flat(Tensor.zeros(*target.shape, dtype=dtypes.bool, device=target.device), pos,
+                                Tensor.ones(*pos.shape, dtype=dtypes.bool, device=pos.device), None)
+            return hit.where(0, g).uop, g_values.uop, None
+        formula = _scatter_by_onehot(target.flatten(), pos.flatten(), values.flatten(), self.how).reshape(target.shape)
+        grads = compute_gradient(formula.uop, grad, {ins[0], ins[1]})
+        return grads.get(ins[0]), grads.get(ins[1]), None
 
 def _select_sum(onehot: Tensor, x: Tensor, axis: int) -> Tensor:
     """Sum over `axis` of x where onehot (where, not multiply, so nan/inf elsewhere don't leak in), in x's dtype."""
@@ -263,10 +360,12 @@ class IndexingMixin:
             if prod(bshape) and n == 0: raise IndexError("index is out of bounds for a dimension with size 0")
             out = _T().zeros(*(rshape + bshape), dtype=self.dtype, device=self.device)
         else:
-            lin = _linear_index([t for _, t in adv], sizes, bshape)
-            xp = self.permute(rest + dims).reshape(rshape + (1,) * len(bshape) + (n,))
-            oh = _onehot(lin, n).reshape((1,) * len(rshape) + bshape + (n,))
-            out = _select_sum(oh, xp, -1)
+            # every output element's flat position in self: the index tensors in the indexed dims, the output's own
+            # position in the others
+            out_shape, comps = rshape + bshape, [0] * self.ndim
+            for k, d in enumerate(rest): comps[d] = k
+            for d, t in adv: comps[d] = t.reshape((1,) * len(rshape) + t.shape)
+            out = _take(self, _flat_position(self.shape, comps, out_shape, wrap=True))
         if adjacent:
             at, nb, nr = dims[0], len(bshape), len(rshape)
             order = list(range(at)) + list(range(nr, nr + nb)) + list(range(at, nr))
@@ -303,8 +402,7 @@ class IndexingMixin:
             reads_self = self.uop.base in v.uop.toposort()
             view.assign(v.contiguous() if reads_self else v).realize()
             return
-        if has_adv and (fast := self._setitem_adv_dims(entries, v)) is not None: new = fast
-        elif has_adv:
+        if has_adv:
             # tensor indices may repeat: scatter into the flattened tensor, where the last write wins
             # (positions are counted from 1: an unchecked out-of-range index gathers 0, position -1, written nowhere)
             # (int64 past int32's range: a wrapped position would be written)
@@ -326,36 +424,6 @@ class IndexingMixin:
             new = hit.where(placed.cast(self.dtype), self)
         if _is_realized_view(self.uop): self.assign(new.contiguous()).realize()
         else: self.uop = new.uop
-
-    def _setitem_adv_dims(self: Tensor, entries: list, v: Tensor) -> Tensor | None:
-        """self with `v` (of the indexing result's shape) written where `entries` point, when they are tensor indices
-        and whole dims (`:`) only; else None. The tensor indices are combined into one linear index over the dims they
-        index, and the scatter runs over those dims alone: its work is (the other dims' elements) x (the index's
-        elements) x (the indexed dims' elements), not the whole tensor's elements times the result's."""
-        from fusegrad.tensor import _broadcast_shape
-        if not all(e == slice(None) or isinstance(e, tuple) and e[0] == "adv" for e in entries): return None
-        if len(entries) != self.ndim: return None
-        dims = [k for k, e in enumerate(entries) if isinstance(e, tuple)]
-        rest = [k for k in range(self.ndim) if k not in dims]
-        sizes, rshape = [self.shape[k] for k in dims], tuple(self.shape[k] for k in rest)
-        bshape = _broadcast_shape(*[entries[k][1].shape for k in dims])
-        if not all(type(s) is int for s in self.shape) or prod(sizes) == 0: return None
-        # the indexing result has the index's dims in place of the indexed ones when those are adjacent, in front
-        # otherwise: v's dims as (other dims..., index dims...)
-        nb, at = len(bshape), dims[0]
-        adjacent = dims == list(range(at, at + len(dims)))
-        order = list(range(at)) + list(range(at + nb, nb + len(rest))) + list(range(at, at + nb)) if adjacent else \
-            list(range(nb, nb + len(rest))) + list(range(nb))
-        vv = v.permute(order).reshape(rshape + (prod(bshape),))
-        # (an unchecked out-of-range index is -1: written nowhere)
-        idx = _linear_index([entries[k][1] for k in dims], sizes, bshape)
-        idx = idx.reshape((1,) * len(rshape) + (prod(bshape),)).expand(vv.shape)
-        x = self.permute(rest + dims).reshape(rshape + (prod(sizes),))
-        with Context(CHECK_OOB=0):  # (the indices were checked when the indexing result was made)
-            new = x.scatter(-1, idx, vv)
-        inverse = [0] * self.ndim
-        for pos, k in enumerate(rest + dims): inverse[k] = pos
-        return new.reshape(rshape + tuple(sizes)).permute(inverse)
 
     # *** gather / scatter ***
 
@@ -379,13 +447,10 @@ class IndexingMixin:
         x, idx = (self.reshape(1), index.reshape(1)) if self.ndim == 0 else (self, index.reshape(index.shape or (1,)))
         if idx.numel() == 0 or x.shape[d] == 0:
             return _T().zeros(*index.shape, dtype=self.dtype, device=self.device)
-        x = x.shrink(tuple((0, s) if k == d else (0, i) for k, (s, i) in enumerate(zip(x.shape, idx.shape))))
-        # x with `dim` moved to a new last axis, against the one-hot of the index along that axis
-        xs = x.unsqueeze(-1).transpose(d, -1)
-        return _select_sum(_onehot(idx, x.shape[d]), xs, -1).reshape(index.shape)
+        return _take(x, _positions(x.shape, idx, d)).reshape(index.shape)
 
-    def _scatter_parts(self: Tensor, name: str, dim: int, index: Tensor, src: Any) -> tuple:
-        """(dim, one-hot of index (index.shape + (n,)), src cut to index's shape with a last axis of 1)."""
+    def _scatter_parts(self: Tensor, name: str, dim: int, index: Tensor, src: Any) -> tuple[Tensor, Tensor]:
+        """(flat positions in self of index's elements, src cut to index's shape in self's dtype)."""
         Tensor = _T()
         d = self._check_index_like(name, dim, index)
         if isinstance(src, Tensor):
@@ -394,19 +459,14 @@ class IndexingMixin:
                 raise ValueError(f"{name}: index shape {index.shape} is larger than src {src.shape}")
             src = src.cast(self.dtype).shrink(tuple((0, i) for i in index.shape))
         else: src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
-        return d, _onehot(index, self.shape[d] if self.ndim else 1), src.unsqueeze(-1)
-
-    def _place(self: Tensor, d: int, t: Tensor, fill: Any) -> Tensor:
-        """A reduction over index's `dim` (shape index.shape with `dim` -> 1, plus the last axis n) moved back into
-        self's layout and padded with `fill` where index was smaller than self."""
-        t = t.transpose(d, -1).squeeze(-1) if self.ndim else t.reshape(())
-        pad = tuple((0, s - ts) for s, ts in zip(self.shape, t.shape))
-        return t if all(p == (0, 0) for p in pad) else t.pad(pad, value=fill)
+        return _positions(self.shape, index, d), src
 
     def scatter(self: Tensor, dim: int, index: Tensor, src: Tensor | ConstType,
                 reduce: Literal["multiply", "add"] | None = None) -> Tensor:
         """A copy of self with src written at `index` along `dim` (PyTorch's scatter; reduce 'add' or 'multiply').
-        Indices outside [0, size) are an IndexError where CHECK_OOB reads them, else they write nowhere."""
+        Duplicate indices: the last one in index's row-major order wins (what PyTorch does on the CPU, though it
+        documents it as undefined). Indices outside [0, size) are an IndexError where CHECK_OOB reads them, else they
+        write nowhere. The work is index's size, not self's size times it."""
         if reduce not in (None, "add", "multiply"):
             raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
         if self.ndim == 0:
@@ -417,52 +477,41 @@ class IndexingMixin:
                                                           _T().full(index.shape, src, dtype=self.dtype,
                                                                     device=self.device),
                                                           "sum" if reduce == "add" else "prod")
-        d, oh, src = self._scatter_parts("scatter", dim, index, src)
+        pos, src = self._scatter_parts("scatter", dim, index, src)
         if index.numel() == 0: return self
-        # duplicate indices: the last one wins (what PyTorch does on the CPU, though it documents it as undefined)
-        m = index.shape[d] if index.ndim else 1
-        pos = _T().arange(1, m + 1, dtype=dtypes.int32, device=self.device).reshape(
-            tuple(m if k == d else 1 for k in range(max(index.ndim, 1))) + (1,))
-        last = oh.where(pos, 0).max(d, keepdim=True)
-        oh = oh & (pos == last)
-        hit = self._place(d, last > 0, False)
-        val = oh.where(src, False).any(d, keepdim=True) if self.dtype == dtypes.bool else \
-            oh.where(src, 0).sum(d, keepdim=True).cast(self.dtype)
-        val = self._place(d, val, False if self.dtype == dtypes.bool else 0)
-        return hit.where(val, self)
+        return _scatter_flat(self, pos, src, None)
 
     def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor,
                        reduce: Literal["sum", "prod", "mean", "amax", "amin"], include_self: bool = True) -> Tensor:
         """Reduce src's values into self at `index` along `dim` (PyTorch's scatter_reduce). Indices outside
-        [0, size) are an IndexError where CHECK_OOB reads them, else they write nowhere."""
+        [0, size) are an IndexError where CHECK_OOB reads them, else they write nowhere. The work is index's size,
+        not self's size times it."""
+        Tensor = _T()
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise ValueError(f"scatter_reduce reduce must be one of sum, prod, mean, amax, amin, got {reduce!r}")
-        if not isinstance(src, _T()): raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
+        if not isinstance(src, Tensor):
+            raise TypeError(f"scatter_reduce: src must be a Tensor, got {type(src).__name__}")
         if self.ndim == 0:
-            if not isinstance(index, _T()) or index.ndim or src.ndim:
+            if not isinstance(index, Tensor) or index.ndim or src.ndim:
                 raise ValueError("scatter_reduce on a 0-d tensor needs a 0-d index and src")
             return self.reshape(1).scatter_reduce(0, index.reshape(1), src.reshape(1), reduce, include_self).reshape(())
-        d, oh, s = self._scatter_parts("scatter_reduce", dim, index, src)
+        pos, s = self._scatter_parts("scatter_reduce", dim, index, src)
         if index.numel() == 0: return self
-        count = self._place(d, oh.cast(dtypes.int32).sum(d, keepdim=True), 0)
-        hit = count > 0
-        base = self if include_self else hit.where(0, self)
-        if reduce in ("sum", "mean"):
-            total = base + self._place(d, oh.where(s, 0).sum(d, keepdim=True).cast(self.dtype), 0)
-            if reduce == "sum": return total
-            n = count + 1 if include_self else count.maximum(1)
-            if dtypes.is_float(self.dtype): return total / n.cast(self.dtype)
-            return total.div(n.cast(self.dtype), rounding_mode="floor")
-        if reduce == "prod":
-            base = self if include_self else hit.where(1, self)
-            return base * self._place(d, oh.where(s, 1).prod(d, keepdim=True), 1)
-        lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-        sign = 1 if reduce == "amax" else -1
-        if reduce == "amin": lowest = math.inf if dtypes.is_float(self.dtype) else dtypes.max(self.dtype)
-        red = oh.where(s, lowest)
-        m = self._place(d, red.max(d, keepdim=True) if sign == 1 else red.min(d, keepdim=True), lowest)
-        if include_self: m = m.maximum(self) if sign == 1 else m.minimum(self)
-        return hit.where(m, self)
+        how = {"sum": "add", "mean": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
+        base = self
+        if not include_self:
+            # the positions written start from the reduction's identity instead of self's value
+            fl = dtypes.is_float(self.dtype)
+            start = {"add": 0, "mul": 1, "max": -math.inf if fl else dtypes.min(self.dtype),
+                     "min": math.inf if fl else dtypes.max(self.dtype)}[how]
+            base = _scatter_flat(self, pos, Tensor.full(pos.shape, start, dtype=self.dtype, device=self.device), None)
+        total = _scatter_flat(base, pos, s, how)
+        if reduce != "mean": return total
+        ones = Tensor.ones(*pos.shape, dtype=dtypes.int32, device=self.device)
+        count = _scatter_flat(Tensor.zeros(*self.shape, dtype=dtypes.int32, device=self.device), pos, ones, "add")
+        n = count + 1 if include_self else count.maximum(1)
+        if dtypes.is_float(self.dtype): return total / n.cast(self.dtype)
+        return total.div(n.cast(self.dtype), rounding_mode="floor")
 
     # *** masks ***
 

@@ -37,6 +37,9 @@ class Ops(Enum):
     THREEFRY = auto()
     # ternary ALU
     WHERE = auto(); MULACC = auto()
+    # tensor level: SCATTER(target, positions, values, arg=combine) is the target with each value combined into (arg
+    # None: written over) the flat position beside it, in the values' row-major order; positions outside: nowhere
+    SCATTER = auto()
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
     # members are singletons compared by identity; Enum's default hashes the name in Python, which is slow on the

@@ -36,6 +36,10 @@ tensor_spec: list[Rule] = [
     (UPat(Ops.ASSIGN, name="x"), lambda x: len(x.src) == 2 and (x.src[1].op is Ops.KERNEL or
                                                                x.src[0].shape == x.src[1].shape)),
     (UPat(Ops.KERNEL, name="x"), lambda x: x.arg.op in (Ops.SINK, Ops.COPY)),
+    # SCATTER(target, positions, values): the target with values[j] combined into flat position positions[j]
+    (UPat(Ops.SCATTER, name="x"), lambda x: len(x.src) == 3 and x.src[1].shape == x.src[2].shape and
+     dtypes.is_int(x.src[1].dtype) and x.src[0].dtype == x.src[2].dtype == x.dtype and
+     x.arg in (None, "add", "mul", "max", "min")),
 ]
 
 kernel_spec: list[Rule] = [

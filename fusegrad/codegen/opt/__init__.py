@@ -172,6 +172,9 @@ class Kernel:
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
         self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
+        # a kernel storing to addresses it loads (a scatter) runs its loop in order on one core, as written: two
+        # iterations may hit one address, and the later one must see the earlier one's write
+        self.in_order = any(u.op is Ops.LOAD for st in self.ast.src for u in st.src[0].toposort())
 
     # *** queries ***
 
@@ -226,6 +229,7 @@ class Kernel:
 
     def apply_opt(self, opt: Opt) -> UOp | None:
         """Apply one Opt (raises KernelOptError if it doesn't fit); returns the new expanded range, if any."""
+        if self.in_order: raise KernelOptError("a kernel storing to loaded addresses runs its loop as written")
         if not 0 <= opt.axis < len(self.loops): raise KernelOptError(f"no axis {opt.axis} in {len(self.loops)} loops")
         ret = None
         if opt.op is OptOps.UPCAST: ret = self._split(opt.axis, opt.arg, "upcast")
@@ -361,7 +365,7 @@ class Kernel:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
         "global" (split across cores) when every STORE depends on it."""
         outs = self.loops[:self.first_reduce]
-        parallel = bool(outs) and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
+        parallel = bool(outs) and not self.in_order and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
         mapping: dict[UOp, UOp] = {}
         for i, r in enumerate(self.loops + self.expanded + self.copies):
             kind = "global" if i == 0 and parallel else range_kind(r)
