@@ -170,7 +170,7 @@ def with_gradient(value: Any, ins: tuple[Any, ...], rule: Callable) -> Any:
     return Tensor(UOp(Ops.CUSTOM_GRAD, value.dtype, (UOp(Ops.DETACH, value.dtype, (value.uop,)),
                                                      *(t.uop for t in ins)), rule))
 
-def clamped(x: Any, lo: Any, hi: Any, closed: bool) -> Any:
+def clamped(x: Any, lo: Any, hi: Any, closed: bool, nan_passes: bool = False) -> Any:
     """The tensor x clamped to [lo, hi] (tensors or numbers; None: no bound) with ClampGradient's rule."""
     if lo is None and hi is None: raise ValueError("clip needs at least one of min_ or max_")
     xs, bounds = x, []
@@ -181,19 +181,20 @@ def clamped(x: Any, lo: Any, hi: Any, closed: bool) -> Any:
     bounds = [b._broadcast_to(xs.shape).cast(xs.dtype) for b in bounds]
     value = xs if lo is None else xs.maximum(bounds[0])
     if hi is not None: value = value.minimum(bounds[-1])
-    return with_gradient(value, (xs, *bounds), ClampGradient(lo is not None, hi is not None, closed))
+    return with_gradient(value, (xs, *bounds), ClampGradient(lo is not None, hi is not None, closed, nan_passes))
 
 @dataclass(frozen=True)
 class ClampGradient:
     """The gradient of x clamped to [lo, hi] (ins: x, then the bounds present, all of one shape). closed=True is
     torch.clamp's: x gets the gradient where lo <= x <= hi (not where x is nan), a bound where it was chosen (hi too
-    where lo > hi). closed=False is relu's and hardtanh's: x gets it where lo < x < hi. (torch passes it where x is nan
-    for relu and hardtanh; here, as in tinygrad, nan gets none.)"""
+    where lo > hi). closed=False is relu's, hardtanh's and hardsigmoid's: x gets it where lo < x < hi; with nan_passes
+    also where x is nan (torch's relu and hardtanh pass it there, its hardsigmoid doesn't)."""
     pure: ClassVar[bool] = True
     elementwise: ClassVar[bool] = True   # (inputs of the value's shape: sharded alike)
     has_lo: bool
     has_hi: bool
     closed: bool
+    nan_passes: bool = False
 
     def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
         from fusegrad.tensor import Tensor
@@ -206,6 +207,7 @@ class ClampGradient:
             inside = (x > lo if lo is not None else None, x < hi if hi is not None else None)
         keep = inside[0] & inside[1] if lo is not None and hi is not None else inside[0] if lo is not None \
             else inside[1]
+        if self.nan_passes and dtypes.is_float(x.dtype): keep = keep | x.isnan()
         ret: list[UOp | None] = [keep.where(g, 0.0).uop]
         if lo is not None:
             chosen = x < lo if hi is None else (x < lo) & (lo < hi)

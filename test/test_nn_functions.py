@@ -144,6 +144,21 @@ def test_max_pool2d(kw):
     np.testing.assert_array_equal(ind.numpy(), rind.numpy())
     np.testing.assert_array_equal(out.numpy(), rout.numpy())
 
+@pytest.mark.parametrize("kw", POOL_CASES + [dict(kernel_size=(3, 3), stride=1, dilation=2, padding=1)], ids=str)
+def test_max_pool2d_ties_go_to_the_first_maximum(kw):
+    # values from {0, 1, 2}: most windows hold tied maxima, whose gradient torch gives to the first in window order
+    x = np.random.default_rng(4).integers(0, 3, (2, 3, 7, 6)).astype(np.float32)
+    x[0, 0, 0, 0] = np.nan
+    check(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), x)
+
+def test_clamps_pass_the_gradient_of_nan_as_torch():
+    x = np.array([np.nan, -2.0, -0.5, 0.0, 0.5, 2.0, 7.0], np.float32)
+    check(lambda x: x.relu(), lambda x: F.relu(x), x)
+    check(lambda x: x.hardtanh(), lambda x: F.hardtanh(x), x)
+    check(lambda x: x.relu6(), lambda x: F.relu6(x), x)
+    check(lambda x: x.hardsigmoid(), lambda x: F.hardsigmoid(x), x)
+    check(lambda x: x.clip(-1, 1), lambda x: x.clamp(-1, 1), x)
+
 def test_max_pool_window_unrolled():
     # a max pool of relu(batch norm) and its backward (which counts the taps equal to the max) vectorize nothing: the
     # 2x2 window is unrolled instead, on this machine and on AVX-512 and AVX2 ones (whose quarter vector, two lanes,

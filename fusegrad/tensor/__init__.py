@@ -871,7 +871,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def neg(self) -> Tensor:
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
-    def relu(self) -> Tensor: return clamped(self, 0, None, closed=False) if self.dtype != dtypes.bool else self
+    def relu(self) -> Tensor:
+        return clamped(self, 0, None, closed=False, nan_passes=True) if self.dtype != dtypes.bool else self
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)

@@ -203,10 +203,10 @@ class ElementwiseMixin:
     def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Tensor:
         """clip(x, min_val, max_val)."""
         if min_val > max_val: raise ValueError(f"hardtanh needs min_val <= max_val, got {min_val} > {max_val}")
-        return clamped(self, min_val, max_val, closed=False)
+        return clamped(self, min_val, max_val, closed=False, nan_passes=True)
     def relu6(self: Any) -> Tensor:
         """min(max(x, 0), 6)."""
-        return clamped(self, 0, 6, closed=False)
+        return clamped(self, 0, 6, closed=False, nan_passes=True)
     def logsigmoid(self: Any) -> Tensor:
         """log(sigmoid(x)) = -softplus(-x)."""
         return -(-self).softplus()
