@@ -607,7 +607,10 @@ class NNMixin:
         # one max reduction (it fuses), whose gradient goes to each window's first maximum, as torch's
         from fusegrad.gradient import with_gradient
         plain = win.max(axes)
-        out = with_gradient(plain, (self,), _MaxPoolGradient(tuple(tuple(g) for g in geo)))
+        # (a rule runs shard by shard, on windows cut at the shards' edges: over shards, the max's own derivative,
+        # which shares the gradient among tied maxima)
+        out = plain if isinstance(self.device, tuple) else \
+            with_gradient(plain, (self,), _MaxPoolGradient(tuple(tuple(g) for g in geo)))
         if not return_indices: return out
         Tensor = _tensor_cls()
         spatial = self.shape[-n:]
