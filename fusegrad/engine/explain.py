@@ -88,6 +88,8 @@ def reason_text(why: tuple) -> tuple[str, str]:
         if op == "ASSIGN": return "assign target: the value is written into an existing buffer", "a hard boundary"
         if op == "COPY": return "different devices: a copy to another device", \
             "a hard boundary (keep both operands on one device to avoid it)"
+        if op == "SCATTER": return "a write by tensor indices (setitem, scatter): the target is copied into a " \
+            "buffer of its own, then the values are written into it in order", "a hard boundary"
         return f"{op} always gets a kernel of its own", "a hard boundary"
     if rule == "copy_source":
         return "read by a copy to another device, which needs it in memory", "a hard boundary"
