@@ -10,9 +10,10 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 MAX_OUTPUTS = 4
 
 # the most weighted ops (see op_weight) one kernel computes. The C compiler's time grows with a kernel's source (about
-# 0.3 ms per plain op on the 2-core machine, over 0.1 s per float32 sine): a fused chain of 200 sines took gcc over
-# 30 s, while bounded pieces of one chain are all the same kernel, compiled once. A chain of 1500 plain ops fits
-KERNEL_OPS_LIMIT = 2048
+# 0.2 ms per plain op on the 2-core machine, over 0.1 s per float32 sine): a fused chain of 200 sines took gcc over
+# 30 s, while bounded pieces of one chain are all the same kernel, compiled once, and different pieces compile in
+# parallel. At the limit a kernel takes gcc about 0.2 s; a chain of 1000 plain ops is one kernel.
+KERNEL_OPS_LIMIT = 1024
 
 # (float32, float64) cost of a transcendental in plain ops of compile time, measured with gcc 12 on kernels of chains
 # of each: codegen/transcendental.py expands them into arithmetic, branches of integer selects for the sine's
