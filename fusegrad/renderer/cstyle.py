@@ -230,8 +230,9 @@ class CStyleLanguage(Renderer):
             name = f"fg_max_{_SHORT[dt]}"
             # for floats a nan on either side wins, as in torch.maximum. Written so that gcc 12 at -O3 compiles a > b
             # to a max instruction and branches only on a nan (rare, so predicted): `(a > b || a != a) ? a : b`
-            # became branches on a > b, which relu's input mispredicts half the time (a 2x2 max pool of relu 690 ->
-            # 220 us), and the loop vectorizer still vectorizes this form (one computed in SIMD registers it didn't)
+            # became branches on a > b, which relu's input mispredicts half the time (a max pool of relu ran three
+            # times slower), and the loop vectorizer still vectorizes this form (one computed in SIMD registers it
+            # didn't)
             body = f"{t} m = a > b ? a : b; return a != a ? a : m;" if isf else "return a > b ? a : b;"
             return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ {body} }}')}({s[0]}, {s[1]})"
         if op in (Ops.SHL, Ops.SHR): return self._shift(op, dt, s)
@@ -540,7 +541,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         """Whether gated load `u` is written where it is used: used once, inside a select (a branch of a concatenation
         or of a reflecting pad), C evaluates it only when the select takes it. Not one contiguous along the innermost
         loop whose gate varies along it (a concatenation along the columns): there loading every branch without
-        branching measured faster (7.0 against 8.3 ms)."""
+        branching measured faster."""
         idx, loops = u.src[0], k.loops
         return len(us := k.users.get(u, [])) == 1 and us[0].op is not Ops.RANGE and \
             k.depth_of[us[0]] == k.depth_of[u] and u.dtype.count == 1 and idx.src[0] not in k.stored and \
@@ -673,7 +674,7 @@ class ClangRenderer(CStyleLanguage):
     # vectorizer if-convert a?b:c on floats, which it otherwise keeps as a branch since a comparison may trap.
     # -O2 with -O3's vectorizer cost model (gcc 12's -O2 vectorizes only loops that need no epilogue, and a kernel's
     # loops run over [core_lo, core_hi)): the same kernel speed as -O3 (elementwise, sums, softmax, matmul, conv), a
-    # third less compile time (a first run is mostly compiling: the 200-op graph's 39 kernels 0.71 -> 0.48 s a batch)
+    # third less compile time (a first run is mostly compiling)
     compile_flags: list[str] = ["-O2", "-fvect-cost-model=dynamic", "-march=native", "-ffp-contract=off", "-fwrapv",
                                 "-fno-math-errno", "-fno-trapping-math", "-fno-strict-aliasing"]
 
@@ -702,10 +703,10 @@ class ClangRenderer(CStyleLanguage):
     def keep_in_register(self, var: str) -> str | None:
         # GCC 12 reloads a vector that several multiply-adds share as each one's memory operand (an x86 FMA takes
         # one) instead of keeping it in a register: the 4x4 tile of a weight gradient then loads about once per FMA
-        # where it should load once per two. An empty asm that "changes" the value pins it to a register: weight
-        # gradients 64x128x8x8 8.7 -> 7.7 ms, 16x64x32x32 7.8 -> 6.1 ms, the MLP's 128x10 products 16 -> 13 us. Only
-        # for reductions vectorized along their own axis: where the vectors are outputs (a convolution along its
-        # output channels, a 1x1 one) GCC keeps them in registers anyway and the pinned order measured 8-12% slower.
+        # where it should load once per two. An empty asm that "changes" the value pins it to a register, which makes
+        # weight gradients and the MLP's small products faster. Only for reductions vectorized along their own axis:
+        # where the vectors are outputs (a convolution along its output channels, a 1x1 one) GCC keeps them in
+        # registers anyway and the pinned order measured slower.
         # Other compilers and architectures get nothing.
         self._helpers["FG_KEEP"] = "\n".join([
             "#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))",

@@ -1012,7 +1012,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                 n * m > 1 and x.dtype == y.dtype == acc_dt == sum_acc_dtype(out_dt) == out_dt and \
                 type(x.device) is str and x.device == y.device:
             # the common case (equal batch dims, one dtype that is its own accumulator) as nodes directly: the same
-            # graph as the tensor ops below make, without their checks and shape queries (78 -> 23 us per product)
+            # graph as the tensor ops below make, without their checks and shape queries (a third of the Python time)
             return Tensor(matmul_nodes(x.uop, y.uop))
         batch = _broadcast_shape(x.shape[:-2], y.shape[:-2])
         xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))

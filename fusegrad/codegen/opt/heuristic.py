@@ -111,8 +111,8 @@ def _packable(ctx: OptContext, idx: UOp, r: UOp) -> bool:
     move it give it more rows than one register tile to reuse it.
 
     (A classifier at batch 8 would copy its weights to read them once, and without the copy its vector loads would
-    be per lane. A dot product along the reduction, step 3, is better then: 8x512 @ 512x1000 147 -> 69 us, and
-    1.9 -> 0.1 s to compile.)"""
+    be per lane. A dot product along the reduction, step 3, is better then: it runs about twice as fast and compiles
+    many times faster.)"""
     # (no such loop: a product of 1)
     rows = math.prod(sz if isinstance(sz := range_size(o), int) else 16 for o in ctx.outs
                      if o is not r and coeff(idx.src[1], o) == 0)
@@ -156,7 +156,7 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     With no output vector at all, a reduction contiguous in its loads (a weight gradient's image rows) is vectorized
     itself by step 3 instead: far fewer stores and no strided loads. A vector whose lanes gather a big buffer (a
     stride-2 convolution's image along its row) gives way to one gathering only a small one (the weights, along the
-    output channels): 7x7 stride-2 stem 35 -> 14 ms."""
+    output channels), which stays in cache (a 7x7 stride-2 stem runs more than twice as fast)."""
     width, outs, reds = ctx.width, ctx.outs, ctx.reds
     red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
     no_reduce_vector = not any(_reduce_vector_width(ctx, r) for r in reds)
@@ -165,7 +165,7 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
         return best
     # of several, the one whose strided load (packed per tile) varies with the fewest output loops: the others then
     # reuse its copy (a weight gradient on 7x7 images: along the output channels the gradient is packed once per
-    # channel tile; along the input channels the image would be gathered: 86 -> 8.5 ms)
+    # channel tile; along the input channels the image would be gathered, an order of magnitude slower)
     def copy_loops(r: UOp) -> int:
         return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in ctx.loads()
                     if coeff(idx.src[1], r) not in (0, 1)), default=0)
@@ -178,11 +178,11 @@ def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, b
     """A convolution over image rows shorter than two vectors (7, 14 or 28 pixels: padded or narrow vectors) is
     vectorized along its output channels instead (ctx.switched), as an implicit matmul: full vectors of weights
     (packed per block of input channels, the blocks added up through the output) times broadcast pixels, 7 pixels of
-    a row at a time (512 channels on 7x7: 11.7 -> 6.5 ms; 256 on 14x14 and 128 on 28x28: 7.5 -> 7.1 ms).
+    a row at a time: no padded lanes, and each weight vector loaded once serves 7 pixels.
 
     A 1x1 convolution on rows narrower than a vector (7x7, 14x14) is the same implicit matmul when the weight block it
-    packs is reused by enough row tiles (batch x image rows: 8x512x7x7 -> 2048 channels 7.0 -> 4.7 ms); a plain
-    matmul with 7 columns would pack its whole left operand for one tile (0.44 -> 0.89 ms)."""
+    packs is reused by enough row tiles (batch x image rows); a plain matmul with 7 columns would pack its whole left
+    operand for one tile, which costs more than the vectors win."""
     k, width = ctx.k, ctx.width
     if best is None or not isinstance(rsz := range_size(best[0]), int) or rsz >= 2 * width or not _blockable(k):
         return best
@@ -201,7 +201,7 @@ def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, b
 def _pad_output_vector(ctx: OptContext) -> None:
     """The output vector's loop padded to whole vectors (PADTO) where step 1 chose padding, or where a plain matmul's
     row holds an odd number of vectors (784 = 49 x 16) that the register tile can't pair: padded to an even number
-    when that wastes at most an eighth (512x128 @ 128x784: 474 -> 390 us)."""
+    when that wastes at most an eighth: the tile then holds two vectors per row, and few padded lanes compute."""
     k, vec_out, width = ctx.k, ctx.vec_out, ctx.width
     assert vec_out is not None
     if not ctx.pad and len(ctx.reds) == 1 and isinstance(sz := range_size(vec_out), int) and (sz // width) % 2 and \
@@ -230,7 +230,7 @@ def _tile_output_vector(ctx: OptContext) -> None:
     reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
              any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) != 0 for idx in ctx.loads())]
     # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
-    # softmax's 16 vectors of exp per row step compiled 182 ms against 76 ms for two, and ran no faster)
+    # softmax's 16 vectors of exp per row step compiled more than twice as long as two, and ran no faster)
     costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
     rest, n_vec = _upcast_vectors(ctx, rest, inner,
                                   (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= ctx.budget))
@@ -239,8 +239,8 @@ def _tile_output_vector(ctx: OptContext) -> None:
         return
     # no vector load to share across rows, but a broadcast one (a depthwise convolution's weight, the same for every
     # pixel): another output loop that it doesn't move with is upcast, so its lanes share that load and each keeps
-    # an accumulator of its own, where one accumulator waited on every multiply-add of a short window (8x512x14x14,
-    # 3x3: the input gradient 0.47 -> 0.14 ms)
+    # an accumulator of its own, where one accumulator waited on every multiply-add of a short window (a depthwise
+    # 3x3 input gradient runs about three times as fast)
     if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
         ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
     if len(k.reduceops) == 1:
@@ -280,7 +280,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most an
     # eighth: the padded rows are never stored, and the tile is what reuses each vector load. A tile of 6 reuses the
     # loads almost as well, so it only gives way to padding that wastes under a sixteenth (the 36 rows of Winograd's
-    # input transform: 6-row tiles 0.99 ms, padded to 40 for 8-row tiles 1.07 ms)
+    # input transform ran faster in 6-row tiles than padded to 40 for 8-row tiles)
     if choices and amt < choices[0] and not (channels and amt == 7) and isinstance(rsz, int) and \
             pads_cheaply(rsz, choices[0]) and (amt < 6 or 16 * (-rsz % choices[0]) < rsz):
         axis = k.loops.index(r)
@@ -291,8 +291,8 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     if not channels: _unroll_windows(k, n_vec * max(amt, 1), ctx.registers)
     _block_matmul(k, rest, inner, ctx.width * n_vec * ctx.acc_dt.itemsize, ctx.cores, conv)
     # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
-    # shared by four steps (1024^3: 8.0 -> 7.2 ms; 784x128 @ 128x512: 369 -> 345 us). (12-row tiles measured no
-    # better once unrolled, and worse where rows must be padded to 12.)
+    # shared by four steps, faster on big and small matmuls alike. (12-row tiles measured no better once unrolled,
+    # and worse where rows must be padded to 12.)
     if len(ctx.reds) == 1 and n_vec > 1: _unroll_reduce(ctx)
 
 def _vectorize_reduction(ctx: OptContext) -> bool:
@@ -316,8 +316,8 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
 def _tile_dot_products(ctx: OptContext, inner: UOp) -> int:
     """Output loops that some vector load of the reduction doesn't depend on share that load across their lanes
     (matrix-vector, a @ b.T): up to two of them upcast, 4x4 dot products at a time; then loops of 3 while the tile
-    stays within 16 (a depthwise weight gradient's 3x3 taps, 1.1 -> 0.24 ms on 8x128x28x28; before the others, they
-    took 36 accumulators where 16 ran faster). Returns the tile's size."""
+    stays within 16 (a depthwise weight gradient's 3x3 taps, several times faster; before the others, they took 36
+    accumulators where 16 ran faster). Returns the tile's size."""
     k, tiled = ctx.k, 1
     for choices in ((4, 2), (3,)):
         for o in reversed([o for o in ctx.outs if o in k.loops]):
@@ -329,8 +329,8 @@ def _tile_dot_products(ctx: OptContext, inner: UOp) -> int:
 
 def _unroll_small_window(ctx: OptContext) -> None:
     """Step 4: with nothing vectorized, a small window (a pooling's 2x2 or 3x3) has its loops unrolled, so the compiler
-    schedules the taps' loads and arithmetic together (max pool's backward, counting the taps equal to the max: 171 ->
-    76 us on 64x32x8x8)."""
+    schedules the taps' loads and arithmetic together (max pool's backward, counting the taps equal to the max, runs
+    twice as fast)."""
     k = ctx.k
     taps = [range_size(r) for r in ctx.reds]
     if not k.applied_opts and taps and all(isinstance(n, int) for n in taps) and 0 < math.prod(taps) <= 16:
@@ -346,7 +346,7 @@ def _upcast_remainder_lanes(ctx: OptContext) -> None:
 def _upcast_output_windows(ctx: OptContext) -> None:
     """Step 6: still nothing applied: small output loops that a load doesn't move with (a depthwise weight gradient's
     kh, kw: each output is one tap) are upcast whole, so their accumulators share that load (the output gradient's)
-    and add up independently (8x512x14x14, 3x3: 3.1 -> 0.6 ms; 8x256x28x28 at stride 2: 1.5 -> 0.48 ms)."""
+    and add up independently, where one accumulator waited on every addition (several times faster)."""
     k = ctx.k
     if k.applied_opts: return
     for r in _output_windows(k):
@@ -373,7 +373,7 @@ def _output_windows(k: Kernel) -> list[UOp]:
 def _walk_in_memory_order(k: Kernel) -> None:
     """The output loops reordered (outermost first) by their stride in the biggest buffer read, largest first, so
     that buffer is read in runs as long as its layout allows (_upcast_remainders' tiles stored as rows, from
-    (36, channels, batch, tiles) values: channels outside the batch 0.66 -> 0.45 ms)."""
+    (36, channels, batch, tiles) values: channels outside the batch, as that buffer is laid out)."""
     loads = [idx for idx, is_store in k.accesses() if not is_store and isinstance(idx.src[0].dtype.size, int)]
     if not loads: return
     big = max(loads, key=lambda idx: idx.src[0].dtype.size)
@@ -407,11 +407,11 @@ def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     """A convolution's small window (kh, kw of at most 3: reduce loops whose index in a load moves as an output
     loop's does, as in oh + kh, or along the row, as kw) is unrolled, and the output loop its rows slide with upcast
     by 2 when the accumulators fit the registers: the two output rows then share most of their input rows, loaded
-    once. With input channels around the window, only its rows are unrolled (kw stays a loop: 64 channels of 56x56
-    10.7 -> 9.6 ms, 32 of 32x32 1.48 -> 1.32 ms), and nothing under WINDOW_UNROLL_MIN_CHANNELS channels (an RGB
-    image's 3: the loops are cheaper than the registers the unrolled taps take, 64x64 images 0.23 -> 0.15 ms); a
-    single channel's window is unrolled whole (the digits CNN's first layer: 19 us, 34 with the rows alone). (A 7x7
-    window made code that compiled slowly and ran slower.)"""
+    once. With input channels around the window, only its rows are unrolled (kw stays a loop: the whole window's
+    accumulators and taps don't fit the registers), and nothing under WINDOW_UNROLL_MIN_CHANNELS channels (an RGB
+    image's 3: the loops are cheaper than the registers the unrolled taps take); a single channel's window is
+    unrolled whole (few accumulators: the digits CNN's first layer runs almost twice as fast as with the rows
+    alone). (A 7x7 window made code that compiled slowly and ran slower.)"""
     loads = [idx for idx, is_store in k.accesses() if not is_store]
     reds = [k.loops[i] for i in k.reduce_axes()]
     small = [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 3]
@@ -454,15 +454,15 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     (`conv`: the kernel is a convolution.)"""
     if rest is None or rest not in k.loops or not isinstance(osz := range_size(rest), int) or osz < 2: return
     # (not for a convolution whose core's share of a contiguous output row would be under 4 cache lines: both cores
-    # then write the lines at the chunks' edges, and an image row of 56 floats isn't even line-aligned (64 channels
-    # on 56x56, 3x3, batch 8: 12.6 -> 10.1 ms). Its outer loop, the batch, goes to the cores instead.)
+    # then write the lines at the chunks' edges, and an image row of 56 floats isn't even line-aligned. Its outer
+    # loop, the batch, goes to the cores instead.)
     narrow = osz // cores * row_bytes < 256 and conv and \
         all(coeff(idx.src[1], vec) == 1 for idx, st in k.accesses() if st)
     if not narrow:
         # a batched matmul's batch loops (leading output loops that every load moves with) stay outermost: each
         # batch is a matmul of its own whose column panels are reused by its row tiles. (With the columns outside
-        # the batch, a panel is left for 35 other batches' before the next row tile reads it: Winograd's 36 matmuls
-        # of 64x64 @ 64x1024 2.5 -> 1.1 ms.)
+        # the batch, a panel is left for 35 other batches' before the next row tile reads it, and Winograd's 36
+        # matmuls ran at less than half the speed.)
         # (only when the outermost batch loop splits evenly across the cores: it is the loop they share)
         loads = [idx for idx, st in k.accesses() if not st]
         at = 0
@@ -471,8 +471,8 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
             at += 1
         if at and not (isinstance(bsz := range_size(k.loops[0]), int) and bsz % cores == 0): at = 0
         # (a contraction of a few rows has no panel worth keeping: its biggest input is read once instead, in
-        # memory order, each block of it used by all the output loops it doesn't move with. Winograd's weight
-        # transform, 9 taps to 36 positions of 512x512 channel pairs: 2.6 -> 2.1 ms)
+        # memory order, each block of it used by all the output loops it doesn't move with, as in Winograd's weight
+        # transform, 9 taps to 36 positions of each channel pair)
         red_rows = math.prod(s if isinstance(s := range_size(k.loops[i]), int) else 1 << 30 for i in k.reduce_axes())
         if red_rows < 16: _walk_in_memory_order(k)
         elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
@@ -526,9 +526,8 @@ def _unroll_selectors(k: Kernel, width: int) -> bool:
     """An elementwise kernel whose small output loops choose between gated loads (a concatenation or stack along
     them) has those loops unrolled: in each lane the gates are constants, so only its own branch is loaded and
     computed, where every element evaluated the gated loads of all branches (a 6x6 tile built as rows of sums of
-    slices: 440 -> 4.5 ms). The compiler doesn't vectorize the unrolled body, so the innermost loop left that the
-    store moves along is vectorized here (4.5 -> 0.7 ms; a stack of four sums of 8x256x64 slices 165 -> 63 us).
-    Returns whether it applied."""
+    slices: about a hundred times faster). The compiler doesn't vectorize the unrolled body, so the innermost loop
+    left that the store moves along is vectorized here. Returns whether it applied."""
     def compared(gate: UOp) -> set[UOp]:
         """The loops that a clause of the gate compares by themselves with a constant (as in `i < 2`; a padding's
         clauses compare sums of loops)."""
@@ -555,7 +554,7 @@ def _tile_transpose(k: Kernel) -> bool:
     """An elementwise kernel that reads a buffer transposed (contiguous along output loop i, strided along the loop j
     the output is contiguous along) runs in 32x32 tiles, each copied to L1 (PACK) with contiguous reads and written
     out from there: both sides of the copy then touch whole cache lines, and power-of-two strides stop evicting
-    each other (1024x4096 float32 transposed: 19 -> 1.2 ms). Returns whether it applied."""
+    each other (a large transpose runs an order of magnitude faster). Returns whether it applied."""
     t = TRANSPOSE_TILE
     accesses = k.accesses()
     stores = [idx for idx, is_store in accesses if is_store]
@@ -598,15 +597,14 @@ def _vectorize_gated(k: Kernel, width: int, strided: bool = False) -> bool:
     """An elementwise kernel with gated loads (a padded copy, a reflecting pad, a concatenation along the rows),
     which gcc's loop vectorizer isn't given (see the C renderer: it miscompiles their masks), has the innermost loop
     the store is contiguous along upcast to our own vectors, whose gated loads are masked vector loads: padded to
-    whole vectors when no vector width divides it, the padding never stored (a 1-pixel zero pad of 16x64x64x64
-    1.33 -> 0.42 ms, a 2-pixel reflecting pad 3.5 -> 0.8 ms). With `strided`, the loop left once a remainder's
-    lanes were upcast, which the store moves along by their count (linear upsampling by 2: 11.5 -> 4.1 ms), as far
-    as a vector divides it. Returns whether it applied."""
+    whole vectors when no vector width divides it, the padding never stored (zero and reflecting pads run several
+    times faster). With `strided`, the loop left once a remainder's lanes were upcast, which the store moves along by
+    their count (linear upsampling by 2), as far as a vector divides it. Returns whether it applied."""
     if width < 2 or not any(len(idx.src) > 2 for idx, is_store in k.accesses() if not is_store): return False
     if (r := _store_loop(k, strided)) is None or not isinstance(sz := range_size(r), int) or sz < 4: return False
     divisor = _largest_divisor(sz, tuple(w for w in (width, width // 2, width // 4) if w >= 4))
     # (full vectors over the padded loop rather than quarter ones that divide it, unless the padding wastes more
-    # than a quarter: a reflecting pad's 68 columns as 5 vectors of 16, 0.79 ms, against 17 of 4, 1.41 ms)
+    # than a quarter: a reflecting pad's 68 columns ran faster as 5 vectors of 16 than as 17 of 4)
     pad = not strided and sz % width != 0 and sz % (width // 2) != 0 and 4 * (-sz % width) <= sz + (-sz % width)
     amt = width if pad else divisor
     if amt == 1: return False
@@ -621,7 +619,7 @@ def _split_at_remainders(k: Kernel) -> bool:
     """An elementwise kernel whose loads take the innermost loop the store moves along modulo (or divided by) a
     constant c too big to upcast, that c divides (a tensor repeated along its rows: x.repeat(2, 2)), has that loop
     split into blocks of c: within a block the loads are contiguous again, and the compiler vectorizes the block's
-    loop (1024x4096 repeated 2x2: 6.1 -> 2.1 ms). Returns whether it applied."""
+    loop. Returns whether it applied."""
     if (r := _store_loop(k)) is None or not isinstance(sz := range_size(r), int): return False
     c = max((c for c in _remainder_divisors(k, r) if c > REMAINDER_LANES and sz % c == 0 and sz > c), default=None)
     if c is None: return False
@@ -633,12 +631,10 @@ def _upcast_remainders(k: Kernel, lanes: int = REMAINDER_LANES, innermost_only: 
     """An output loop whose loads take it divided and modulo a small constant c (tiles laid out as image rows: the
     pixel 4*tx + j read from tile tx, position j) is upcast by c: in each lane the remainder is a constant, so the
     loads are affine again in the loop left. In an elementwise kernel, the innermost loop the store moves along,
-    which the compiler then vectorizes (Winograd's output tiles to NCHW 0.34 -> 0.13 ms, nearest 2x upsampling of
-    16x64x64x64 4.5 -> 1.6-2.4 ms, a pixel shuffle 1.3-2.4 -> 0.4-0.6 ms); in a reduction with nothing vectorized (a
-    small matmul whose 4x4 tiles are stored as image rows, as Winograd's output transform would be if it wrote NCHW
-    itself), every such loop from the innermost while the lanes (accumulators) fit `lanes`: a tile's 4x4 outputs
-    share each load of its transformed values (16x64x32x32: no opts 44 ms, these 0.66 ms). Returns whether it
-    applied."""
+    which the compiler then vectorizes (Winograd's output tiles to NCHW, nearest upsampling, a pixel shuffle); in a
+    reduction with nothing vectorized (a small matmul whose 4x4 tiles are stored as image rows, as Winograd's output
+    transform would be if it wrote NCHW itself), every such loop from the innermost while the lanes (accumulators)
+    fit `lanes`: a tile's 4x4 outputs share each load of its transformed values. Returns whether it applied."""
     if innermost_only: cands = [r] if (r := _store_loop(k)) is not None else []
     else: cands = list(reversed(k.loops[:k.first_reduce]))
     applied = 1
