@@ -27,6 +27,9 @@ THREAD_MIN_OPS, THREAD_MIN_MEM = 1 << 17, 1 << 20
 # where for shorter ones the caller's next Python is worth more (measured in DESIGN.md, "CPU kernels run
 # asynchronously")
 JOIN_MIN_OPS, JOIN_MIN_MEM = 1 << 28, 1 << 25
+# a chunk of about a quarter of a second and more is run by the device's workers alone, never by the calling thread,
+# which stays free to take a Ctrl-C while it waits (the kernel runs on to its end in the background)
+LONG_CHUNK_OPS, LONG_CHUNK_MEM = 1 << 29, 1 << 31
 
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     """The value of an int or of a symbolic expression of Variables given by name in var_vals."""
@@ -300,7 +303,8 @@ class CompiledRunner(Runner):
         work = self._work(var_vals)
         threads = self.threads(var_vals, work) if gs > 1 else 1
         return {"vals": vals, "global_size": gs, "threads": threads,
-                "join": threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM)}
+                "join": threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM),
+                "helpable": work[0] < LONG_CHUNK_OPS * threads and work[1] < LONG_CHUNK_MEM * threads}
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]

@@ -21,7 +21,9 @@ typedef void (*fg_entry)(void **, long, long);
 #define FG_YIELD_NS 30000L     /* 30 us, or when jobs come in a burst (this one began within FG_HOT_GAP_NS of */
 #define FG_HOT_YIELD_NS 500000L /* the end of the one before) 500 us, then sleep */
 #define FG_HOT_GAP_NS 1000000L
-typedef struct { fg_entry fn; void **args; long size; long n; } fg_job;
+/* help: whether threads waiting on the queue may run its chunks (not for chunks so long that the waiting thread, the
+   caller's, should stay free to take a Ctrl-C: those are the workers' alone) */
+typedef struct { fg_entry fn; void **args; long size; long n; int help; } fg_job;
 static fg_job fg_q[FG_QUEUE];
 static pthread_mutex_t fg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;       /* sleeping workers wait here for a job to begin */
@@ -68,11 +70,17 @@ static inline int fg_claimable(void) {
   unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
   return (long)(t & 0xffffffffUL) < fg_q[(t >> 32) % FG_QUEUE].n;
 }
+/* the same for a waiting thread: a chunk of a job that takes help (or no worker exists to run it) */
+static inline int fg_claimable_by_waiter(void) {
+  unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
+  fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
+  return (long)(t & 0xffffffffUL) < job->n && (job->help || fg_workers == 0);
+}
 /* claim and run chunks of the running job, and of the ones after it, until none is left to claim (with `only` >= 0:
-   only chunks of job number `only`; with `until` > 0: no new claim once fg_now_ns() has passed it); returns how many
-   this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed
+   only chunks of job number `only`; with `until` > 0: no new claim once fg_now_ns() has passed it; a waiting thread,
+   `waiter`, claims no chunk of a job that doesn't take help while a worker exists); returns how many this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed
    chunk runs, so its function and arguments stay valid */
-static int fg_claim_of(long only, long until) {
+static int fg_claim_of(long only, long until, int waiter) {
   int ran = 0;
   for (;;) {
     if (until > 0 && fg_now_ns() >= until) return ran;
@@ -82,6 +90,7 @@ static int fg_claim_of(long only, long until) {
     fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
     long n = job->n;
     if ((long)i >= n) return ran;
+    if (waiter && !job->help && fg_workers > 0) return ran;
     if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
       continue;
     job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
@@ -89,7 +98,7 @@ static int fg_claim_of(long only, long until) {
     if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }
 }
-static int fg_claim(void) { return fg_claim_of(-1, 0); }
+static int fg_claim(void) { return fg_claim_of(-1, 0, 0); }
 static void *fg_worker(void *arg) {
   (void)arg;
   for (;;) {
@@ -122,12 +131,12 @@ int fg_pool_wait(unsigned long count, long ns) {
   }
   for (int spin = 0; atomic_load_explicit(&fg_finished, memory_order_acquire) < count; spin++) {
     if (ns >= 0 && fg_now_ns() >= deadline) return 0;
-    if (fg_claim_of(-1, deadline)) { spin = 0; continue; }
+    if (fg_claim_of(-1, deadline, 1)) { spin = 0; continue; }
     if (spin < FG_SPIN) { fg_relax(); continue; }
     /* every chunk is claimed and the one running is long: sleep until a job ends (no core spent on waiting) */
     pthread_mutex_lock(&fg_mu);
     fg_waiters++;
-    if (atomic_load(&fg_finished) < count && !fg_claimable()) {
+    if (atomic_load(&fg_finished) < count && !fg_claimable_by_waiter()) {
       if (ns < 0) pthread_cond_wait(&fg_done_cv, &fg_mu);
       else pthread_cond_timedwait(&fg_done_cv, &fg_mu, &until);
     }
@@ -146,8 +155,8 @@ static void fg_forget_workers(void) {
 }
 /* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
    at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
-   chunks run by the caller too, until none is left to claim */
-unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join) {
+   chunks run by the caller too, until none is left to claim. `help`: whether waiting threads may run its chunks */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join, int help) {
   if (n < 1) n = 1;
   if (n > size) n = size > 0 ? size : 1;
   if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
@@ -165,11 +174,11 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
     pthread_detach(t);
     fg_workers++;
   }
-  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n};
+  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n, help};
   atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
   int now = atomic_load(&fg_finished) == j;
   if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
   pthread_mutex_unlock(&fg_mu);
-  if (now && join) fg_claim_of((long)j, 0);
+  if (now && join && help) fg_claim_of((long)j, 0, 1);
   return j + 1;
 }

@@ -73,7 +73,7 @@ class CPool:
         self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
         self._submit.restype = ctypes.c_ulong
         self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int,
-                                 ctypes.c_int]
+                                 ctypes.c_int, ctypes.c_int]
         self._wait.restype, self._wait.argtypes = ctypes.c_int, [ctypes.c_ulong, ctypes.c_long]
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
@@ -82,15 +82,17 @@ class CPool:
         self.submitted = self._seen = 0
 
     def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False,
-               stamp: Any = ()) -> int:
+               stamp: Any = (), help: bool = True) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
         `held` is kept alive until then. The caller stamps the allocations the job uses with that count; `stamp` lists
         them for when the call is interrupted before it returns the count (then they are stamped here). With `join`,
-        if nothing is queued ahead of the job, this thread runs chunks of it before returning."""
+        if nothing is queued ahead of the job, this thread runs chunks of it before returning. Without `help`, no
+        waiting thread runs its chunks, only the workers (`workers` of them): for chunks so long that the caller must
+        stay free to take a Ctrl-C."""
         # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break).
         # (_seen, the finished count the last release saw, is a lower bound: at worst a wait that returns at once)
         if self.submitted - self._seen >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)
-        try: count = self._submit(entry, args, size, chunks, workers, join)
+        try: count = self._submit(entry, args, size, chunks, workers, join, help)
         except BaseException:
             # a Ctrl-C that arrived while this thread ran chunks is raised as the call returns, before its result is
             # kept: the job is queued all the same, so what it uses is held and stamped up to every job submitted yet

@@ -20,6 +20,10 @@ def _arguments(bufs: tuple, vals: tuple) -> tuple[list, list]:
     boxed = [ctypes.c_double(v) if type(v) is float else ctypes.c_long(v) for v in vals]
     return boxed, [ctypes.addressof(b) if b is not None else None for b in bufs] + [ctypes.addressof(v) for v in boxed]
 
+def _workers(threads: int, helpable: bool) -> int:
+    """Worker threads a call split in `threads` chunks needs: one fewer where the waiting thread runs a chunk too."""
+    return max(1, threads - 1) if helpable else threads
+
 class CPUProgram:
     """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
     `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
@@ -46,7 +50,7 @@ class CPUProgram:
         return fxn
 
     def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1, join: bool = False,
-                varying: tuple[int, ...] = ()) -> Callable[..., None] | None:
+                varying: tuple[int, ...] = (), helpable: bool = True) -> Callable[..., None] | None:
         """The queued call `self(*bufs, vals=..., ...)` as a function that repeats it (a TinyJit replay: the same
         kernel every step), with the arguments converted once. The buffers at positions `varying` change per call:
         the function takes their allocations, in that order. None where calls aren't queued."""
@@ -58,7 +62,8 @@ class CPUProgram:
         fixed = array_type(*addresses)
         kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held by the closure)
         roots = [allocation_root(b) for b in kept]
-        entry, workers, join, submit = self._entry, max(1, threads - 1), join and threads > 1, pool.submit
+        entry, submit = self._entry, pool.submit
+        workers, join = _workers(threads, helpable), join and threads > 1 and helpable
         def launch(*allocations: Any) -> None:
             if allocations:
                 # (an array of its own per call: a queued job reads its arguments only when it runs)
@@ -68,7 +73,7 @@ class CPUProgram:
                 stamped = roots + [allocation_root(a) for a in allocations]
             else: args, stamped = fixed, roots
             count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join,
-                           stamped)
+                           stamped, helpable)
             exported = False
             for root in stamped:
                 root._fg_job = count
@@ -77,24 +82,26 @@ class CPUProgram:
         return launch
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False, join: bool = False) -> float | None:
+                 wait: bool = False, join: bool = False, helpable: bool = True) -> float | None:
         """Run over [0, global_size), split into `threads` contiguous chunks run in parallel (capped by CPU_THREADS
         when set). The kernel is queued on the C pool (see CPool) and this returns before it has run, unless `wait`
         (then it returns the elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
         memory, whose reader expects the new values once the kernel is called). With `join`, a kernel that nothing
-        is queued ahead of has chunks run by this thread before the call returns."""
+        is queued ahead of has chunks run by this thread before the call returns. Not `helpable`: chunks too long
+        for the calling thread to run (it must stay free to take a Ctrl-C), queued for the workers even when they
+        would run here."""
         threads = _clamped_threads(threads, global_size)
         pool = c_pool() if self._entry is not None else None
         # (a timed one-thread kernel runs here, as it would without a queue: the handover to a worker isn't its time)
         queued = bool(CPU_ASYNC.value) and cores() > 1
-        if pool is not None and (threads > 1 or (queued and not wait)):
+        if pool is not None and (threads > 1 or (queued and not wait) or not helpable):
             if wait: pool.wait()  # (timed alone: nothing queued before it)
             st = time.perf_counter() if wait else 0.0
             boxed, addresses = _arguments(bufs, vals)
             args = (ctypes.c_void_p * len(addresses))(*addresses)
             # (the program too: its code must stay loaded until the job has run)
-            count = pool.submit(self._entry, args, global_size, threads, max(1, threads - 1), (self, args, boxed, bufs),
-                                join and threads > 1, bufs)
+            count = pool.submit(self._entry, args, global_size, threads, _workers(threads, helpable),
+                                (self, args, boxed, bufs), join and threads > 1 and helpable, bufs, helpable)
             # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
             for b in bufs:

@@ -174,9 +174,10 @@ class CLProgram:
         return k
 
     def __call__(self, *bufs: CLMemory, vals: tuple = (), global_size: int = 1, threads: int = 1, wait: bool = False,
-                 join: bool = False) -> float | None:
+                 join: bool = False, helpable: bool = True) -> float | None:
         """Run `global_size` work-items (one per iteration of the parallel loop); with `wait`, wait for them and
-        return the seconds the device says they took. `threads` and `join` are the CPU's and mean nothing here."""
+        return the seconds the device says they took. `threads`, `join` and `helpable` are the CPU's and mean nothing
+        here."""
         import numpy as np
         dev = bufs[0].device if bufs else self.device
         k = self._kernel(dev)

@@ -538,7 +538,7 @@ class PythonProgram:
         return store
 
     def __call__(self, *bufs: memoryview, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False, join: bool = False) -> float | None:
+                 wait: bool = False, join: bool = False, helpable: bool = True) -> float | None:
         if len(bufs) != len(self.globals) or len(vals) != len(self.vars):
             raise TypeError(f"PYTHON kernel {self.name} takes {len(self.globals)} buffers and {len(self.vars)} vars, "
                             f"got {len(bufs)} and {len(vals)}")

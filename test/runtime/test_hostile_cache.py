@@ -322,6 +322,39 @@ print("ok")
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
 
 @needs_queue
+def test_ctrl_c_during_a_long_chunk_comes_back_at_once():
+    # a 3 s chunk the calling thread must not run (helpable=False: the workers' alone), queued behind a short job that
+    # the calling thread helps with: Ctrl-C while it waits comes back within a wait slice, and the kernel runs on
+    code = _SIGINT_PRELUDE + """
+short, long_ = (Buffer("CPU", 64, dtypes.float32).ensure_allocated() for _ in range(2))
+prg(short._buf, vals=(100,), global_size=64, threads=2)
+prg(long_._buf, vals=(3000,), global_size=64, threads=1, helpable=False)
+sent = interrupt_after(0.4)
+try:
+    long_.numpy()
+    raise SystemExit("not interrupted")
+except KeyboardInterrupt:
+    late = time.perf_counter() - sent[0]
+print(f"late {late:.3f}")
+assert (long_.numpy() == np.arange(1, 65, dtype=np.float32)).all()
+print("ok")
+"""
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout, r.stderr)
+    assert float(r.stdout.split()[1]) < 0.5, r.stdout   # (a slice: 50 ms; the chunk would hold it 2.6 s more)
+
+def test_kernels_with_long_chunks_are_left_to_the_workers():
+    from fusegrad import Tensor
+    from fusegrad.engine.realize import LONG_CHUNK_OPS, get_runner
+    a, b = Tensor.empty(2048, 2048), Tensor.empty(2048, 2048)
+    big = get_runner("CPU", (a @ b).schedule()[-1].ast)
+    small = get_runner("CPU", (Tensor.empty(64) + 1).schedule()[-1].ast)
+    launch = big._launch({})
+    assert big.estimates.ops >= LONG_CHUNK_OPS * launch["threads"] and launch["helpable"] is False
+    assert launch["join"] is False or launch["helpable"] is False
+    assert small._launch({})["helpable"] is True
+
+@needs_queue
 @pytest.mark.slow
 def test_ctrl_c_stops_waiting_for_matmuls():
     # the user's view: a loop of big matmuls, Ctrl-C while .numpy() waits; control comes back, the process exits 0
