@@ -31,6 +31,19 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
     users: dict[UOp, list[UOp]] = {}
     for u in topo:
         for s in u.src: users.setdefault(s, []).append(u)
+    _realize_always(topo, realize, why)
+    _realize_outputs(sink, realize, why)
+    _realize_broadcast_values(topo, users, realize, why)
+    _realize_nested_reductions(topo, realize, why)
+    _realize_padded_reductions(topo, realize, why)
+    roots = _kernel_roots(topo, users, realize, why)
+    _realize_beside_contractions(topo, roots, realize, why)
+    _realize_expensive_shared(topo, roots, realize, why)
+    _bound_kernel_size(topo, realize, why)
+    return {u for u in realize if not is_realized(u)}
+
+def _realize_always(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
+    """Contiguous, assign, copy and scatter nodes get a buffer, and so does what a copy reads."""
     for u in topo:
         if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY, Ops.SCATTER) and not is_realized(u): realize.add(u)
         if why is not None and u in realize: why.setdefault(u, ("always", u.op.name))
@@ -38,6 +51,9 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
             realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])
             if why is not None: why.setdefault(base if base is not None else u.src[0], ("copy_source",))
+
+def _realize_outputs(sink: UOp, realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
+    """Each output of the sink gets a buffer unless it already is one, or a reshape of a node that gets one."""
     for out in sink.src:
         # an output already in a buffer in row-major order (only reshapes on top), or a reshape of a node that gets
         # one anyway, needs no kernel of its own
@@ -46,6 +62,10 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
         if buffer_node(out) is None and base not in realize:
             realize.add(out)
             if why is not None: why.setdefault(out, ("output",))
+
+def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], realize: set[UOp],
+                              why: dict[UOp, tuple] | None) -> None:
+    """A broadcast computed value gets a buffer, unless cheap, or used row by row and within RECOMPUTE_LIMIT ops."""
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
@@ -64,18 +84,28 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
                     why.setdefault(base, ("expand", prod(u.shape) // max(prod(base.shape), 1) if all(
                         type(d) is int for d in u.shape + base.shape) else None, cost[base] > RECOMPUTE_LIMIT))
                 cost[base] = cost[u] = 0
-    # a reduction inside another one's loop (a convolution then a mean over the image) is computed into a buffer
-    # first: nested, it would run once per iteration of the outer loop, where nothing vectorizes or tiles it. (A
-    # broadcast reduction inside one, as softmax's max in its sum, was decided above: hoisted or realized.)
+
+def _realize_nested_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
+    """A reduction inside another reduction's loop gets a buffer."""
+    # nested, it would run once per iteration of the outer loop (a convolution then a mean over the image), where
+    # nothing vectorizes or tiles it. (A broadcast reduction inside one, as softmax's max in its sum, was decided by
+    # _realize_broadcast_values: hoisted or realized.)
     seen: set[UOp] = set()
     for u in topo:
         if u.op is Ops.REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, False, why, ("nested_reduce",))
-    # a reduction under a padding is computed into a buffer first: padding gates only the reduction's result, so its
-    # loop would run for every element, the padded ones too (a cat of n reductions would compute each of them n times)
+
+def _realize_padded_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
+    """A reduction under a padding gets a buffer."""
+    # padding gates only the reduction's result, so its loop would run for every element, the padded ones too (a cat
+    # of n reductions would compute each of them n times)
     under_pad: set[UOp] = set()
     for u in topo:
         if u.op is Ops.PAD: _realize_reductions_below(u.src[0], realize, under_pad, True, why, ("padded_reduce",))
-    # a reduce feeding more than one kernel is computed once (walk users before sources)
+
+def _kernel_roots(topo: list[UOp], users: dict[UOp, list[UOp]], realize: set[UOp],
+                  why: dict[UOp, tuple] | None) -> dict[UOp, frozenset[UOp]]:
+    """A reduction feeding more than one kernel gets a buffer (computed once); returns each node's kernel roots."""
+    # walk users before sources: a node's roots are the realized nodes its users end in
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
         if u.op is Ops.SINK: continue
@@ -85,11 +115,15 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
             realize.add(u); roots[u] = frozenset([u])
             if why is not None: why.setdefault(u, ("shared_reduce", len(r)))
         else: roots[u] = r
-    # a kernel holds one long contraction (a sum of products of two broadcast operands, over more than
-    # LONG_CONTRACTION products per output: a big matmul or convolution): a contraction beside it (a residual block's
-    # 1x1 downsample next to its 3x3 convolution) is computed into a buffer first, so the optimizer tiles and blocks
-    # the long one by itself (two reductions in one kernel can't be blocked through the output). Short ones (an
-    # LSTM cell's two products) stay together in one kernel.
+    return roots
+
+def _realize_beside_contractions(topo: list[UOp], roots: dict[UOp, frozenset[UOp]], realize: set[UOp],
+                                 why: dict[UOp, tuple] | None) -> None:
+    """A contraction in the kernel of a longer one, of over LONG_CONTRACTION products per output, gets a buffer."""
+    # a kernel holds one long contraction (a sum of products of two broadcast operands: a big matmul or convolution):
+    # a contraction beside it (a residual block's 1x1 downsample next to its 3x3 convolution) is computed into a
+    # buffer first, so the optimizer tiles and blocks the long one by itself (two reductions in one kernel can't be
+    # blocked through the output). Short ones (an LSTM cell's two products) stay together in one kernel.
     by_root: dict[UOp, list[UOp]] = {}
     for u in topo:
         if u.op is Ops.REDUCE_AXIS and u not in realize and len(roots.get(u, ())) == 1 and \
@@ -103,8 +137,12 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
             if r is not longest and r not in longest.toposort() and longest not in r.toposort():
                 realize.add(r)
                 if why is not None: why.setdefault(r, ("beside_contraction", length))
-    # an expensive value feeding more than one kernel is computed once: recomputing it in each would make a chain of
-    # such values (x = f(x, sum(x)) in a loop) cost quadratic work and code size
+
+def _realize_expensive_shared(topo: list[UOp], roots: dict[UOp, frozenset[UOp]], realize: set[UOp],
+                              why: dict[UOp, tuple] | None) -> None:
+    """A value of over RECOMPUTE_LIMIT elementwise ops feeding more than one kernel gets a buffer."""
+    # recomputing it in each kernel would make a chain of such values (x = f(x, sum(x)) in a loop) cost quadratic
+    # work and code size
     ops: dict[UOp, int] = {}
     for u in topo:
         if u.op in GroupOp.Movement and u not in realize: ops[u] = ops.get(u.src[0], 0); continue
@@ -113,8 +151,6 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
         if ops[u] > RECOMPUTE_LIMIT and len(roots.get(u, ())) > 1:
             realize.add(u); ops[u] = 0
             if why is not None: why.setdefault(u, ("expensive_shared", len(roots[u])))
-    _bound_kernel_size(topo, realize, why)
-    return {u for u in realize if not is_realized(u)}
 
 def _bound_kernel_size(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None = None) -> None:
     """Add to `realize` what keeps every kernel within KERNEL_OPS_LIMIT weighted ops (merge.op_weight) beyond its
