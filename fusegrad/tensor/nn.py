@@ -49,6 +49,28 @@ def _first_max(win: Tensor, out: Tensor, n: int, position: Tensor) -> Tensor:
     return hit.where(position, dtypes.max(dtypes.int32)).min(tuple(range(-n, 0)))
 
 @dataclass(frozen=True)
+class _MaxPoolGradient:
+    """max_pool2d's gradient rule (ins: the input): each window's gradient goes to its first maximum in row-major
+    window order, as torch's (a max reduction's own rule would share it among tied maxima)."""
+    pure: ClassVar[bool] = True
+    geo: tuple   # _pool_setup's geometry
+
+    def __call__(self, grad: UOp, ins: tuple[UOp]) -> tuple[UOp | None]:
+        from fusegrad.gradient import compute_gradient
+        T = _tensor_cls()
+        x, n = T(ins[0]), len(self.geo[0])
+        low = float("-inf") if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+        win = x._windows(*self.geo, value=low)
+        kernel = self.geo[0]
+        local = T.arange(prod(kernel), dtype=dtypes.int32, device=x.device).reshape(kernel)
+        first = _first_max(win, win.max(tuple(range(-n, 0))), n, local)
+        picked = (local == first.reshape(first.shape + (1,) * n)).where(T(grad).reshape(grad.shape + (1,) * n), 0.0)
+        # (computed into a buffer: a batch norm's gradient reads it in several reductions, each of which would
+        # recompute the windows and their first maxima)
+        g = compute_gradient(win.uop, picked.cast(x.dtype).uop, {ins[0]}).get(ins[0])
+        return (None if g is None else T(g).contiguous().uop,)
+
+@dataclass(frozen=True)
 class _ConvGradient:
     """conv2d's gradient rule. The input's gradient is a transposed convolution, i.e. a convolution of the same fast
     kind as the forward (differentiating the overlapping-window view instead gives index math that doesn't vectorize:
@@ -585,15 +607,18 @@ class NNMixin:
         low = float("-inf") if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
         win = self._windows(*geo, value=low)
         axes = tuple(range(-n, 0))
-        # one max reduction (it fuses). Tied maxima share the gradient evenly, where torch gives it to the first: a
-        # rule giving it to the first split a CNN's backward into more, slower kernels (its batch norm's gradient
-        # reductions no longer fused)
-        out = win.max(axes)
+        # one max reduction (it fuses), whose gradient goes to each window's first maximum, as torch's
+        from fusegrad.gradient import with_gradient
+        plain = win.max(axes)
+        # (a rule runs shard by shard, on windows cut at the shards' edges: over shards, the max's own derivative,
+        # which shares the gradient among tied maxima)
+        out = plain if isinstance(self.device, tuple) else \
+            with_gradient(plain, (self,), _MaxPoolGradient(tuple(tuple(g) for g in geo)))
         if not return_indices: return out
         Tensor = _tensor_cls()
         spatial = self.shape[-n:]
         idx = Tensor.arange(prod(spatial), dtype=dtypes.int32, device=self.device).reshape(spatial)
-        return out, _first_max(win, out, n, idx._windows(*geo, value=prod(spatial))).cast(dtypes.default_int)
+        return out, _first_max(win, plain, n, idx._windows(*geo, value=prod(spatial))).cast(dtypes.default_int)
 
     def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: tuple[int, ...] = (2, 2),
                      stride: int | Sequence[int] | None = None, dilation: int | Sequence[int] = 1,

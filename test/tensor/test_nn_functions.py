@@ -145,17 +145,11 @@ def test_max_pool2d(kw):
     np.testing.assert_array_equal(out.numpy(), rout.numpy())
 
 @pytest.mark.parametrize("kw", POOL_CASES + [dict(kernel_size=(3, 3), stride=1, dilation=2, padding=1)], ids=str)
-def test_max_pool2d_ties(kw):
-    # values from {0, 1, 2}: most windows hold tied maxima. Values and indices as torch's; the gradient of tied maxima
-    # is shared evenly (torch gives it to the first), so each window's gradient adds up to torch's
+def test_max_pool2d_ties_go_to_the_first_maximum(kw):
+    # values from {0, 1, 2}: most windows hold tied maxima, whose gradient torch gives to the first in window order
     x = np.random.default_rng(4).integers(0, 3, (2, 3, 7, 6)).astype(np.float32)
-    check(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), x, grad=False)
-    out, ind = Tensor(x).max_pool2d(**kw, return_indices=True)
-    np.testing.assert_array_equal(ind.numpy(), F.max_pool2d(torch.tensor(x), **kw, return_indices=True)[1].numpy())
-    t, f = torch.tensor(x, requires_grad=True), Tensor(x, requires_grad=True)
-    F.max_pool2d(t, **kw).sum().backward()
-    f.max_pool2d(**kw).sum().backward()
-    np.testing.assert_allclose(f.grad.numpy().sum(), t.grad.numpy().sum(), rtol=1e-6)
+    x[0, 0, 0, 0] = np.nan
+    check(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), x)
 
 def test_clamps_pass_the_gradient_of_nan_as_torch():
     x = np.array([np.nan, -2.0, -0.5, 0.0, 0.5, 2.0, 7.0], np.float32)
