@@ -64,9 +64,8 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], nblocks: in
     out["ours"], out["torch"] = best["ours"], best["torch"]
     return out
 
-def adam_steps(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: float, jit: bool,
-               torch_model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[Callable, Callable]:
-    """One Adam step on cross-entropy for each side: fusegrad (in training mode, TinyJit-ed if `jit`) and torch."""
+def adam_step(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: float, jit: bool) -> Callable:
+    """fusegrad's Adam step on cross-entropy, in training mode, TinyJit-ed if `jit`: step(x, y) -> loss."""
     opt = nn.optim.Adam(params, lr=lr)
     @Tensor.train()
     def step(xb: Tensor, yb: Tensor) -> Tensor:
@@ -75,7 +74,12 @@ def adam_steps(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: fl
         loss.backward()
         opt.step()
         return loss
-    fstep = TinyJit(step) if jit else step
+    return TinyJit(step) if jit else step
+
+def adam_steps(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: float, jit: bool,
+               torch_model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[Callable, Callable]:
+    """One Adam step on cross-entropy for each side: fusegrad (adam_step) and torch."""
+    fstep = adam_step(params, forward, lr, jit)
     topt = torch.optim.Adam(torch_model.parameters(), lr=lr)
     tx, ty = torch.tensor(x), torch.tensor(y).long()
     def tstep():

@@ -20,9 +20,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
 
 import numpy as np  # noqa: E402
 
-from fusegrad import Tensor, TinyJit, nn  # noqa: E402
+from fusegrad import Tensor, nn  # noqa: E402
 from fusegrad.engine import realize  # noqa: E402
 from fusegrad.nn.state import get_parameters  # noqa: E402
+from bench_train import adam_step  # noqa: E402  (bench/ is the script's folder)
 
 SEEN: list[str] = []
 _original_init = realize.CompiledRunner.__init__
@@ -31,23 +32,12 @@ def _recording_init(self, p, *args, **kwargs) -> None:
     SEEN.append(f"// {p.name}\n{p.src}")
     _original_init(self, p, *args, **kwargs)
 
-def adam_step(params: list[Tensor], forward: Callable[[Tensor], Tensor], jit: bool) -> Callable:
-    opt = nn.optim.Adam(params, lr=1e-3)
-    @Tensor.train()
-    def step(xb: Tensor, yb: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = forward(xb).sparse_categorical_crossentropy(yb)
-        loss.backward()
-        opt.step()
-        return loss
-    return TinyJit(step) if jit else step
-
 def mlp(jit: bool) -> None:
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
     Tensor.manual_seed(0)
     l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
-    step = adam_step([l1.weight, l1.bias, l2.weight, l2.bias], lambda xb: l2(l1(xb).relu()), jit)
+    step = adam_step([l1.weight, l1.bias, l2.weight, l2.bias], lambda xb: l2(l1(xb).relu()), 1e-3, jit)
     for _ in range(3): step(Tensor(x), Tensor(y)).realize()
 
 def resnet18() -> None:
@@ -63,7 +53,7 @@ def digits() -> None:
     x, y = rng.random((64, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 64).astype(np.int32)
     Tensor.manual_seed(0)
     model = DigitsNet()
-    step = adam_step(get_parameters(model), model, True)
+    step = adam_step(get_parameters(model), model, 1e-3, True)
     for _ in range(3): step(Tensor(x), Tensor(y)).realize()
 
 def conv() -> None:

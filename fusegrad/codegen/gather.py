@@ -18,7 +18,7 @@ def _depends_on(u: UOp, r: UOp) -> bool: return r in u.toposort()
 
 def _is_range_value(side: UOp, r: UOp) -> bool:
     """Whether `side` is the range `r`, or `r` through integer casts that each hold all of its values."""
-    while side.op is Ops.CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= r.src[0].arg - 1:
+    while side.op is Ops.CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= r.src[0].vmax - 1:
         side = side.src[0]
     return side is r
 
@@ -36,6 +36,15 @@ def _identity(op: Ops, v: UOp) -> bool:
     if op is Ops.MAX: return v.arg is False or v.arg == dtypes.min(v.dtype)
     return False
 
+def _in_range(e: UOp, size: UOp) -> UOp | None:
+    """The condition 0 <= e < size in e's integer dtype (None where it can't be written in it)."""
+    conds = [] if dtypes.is_unsigned(e.dtype) else [e.const_like(-1) < e]
+    if size.vmax <= dtypes.max(e.dtype):
+        conds.append(e < (e.const_like(size.arg) if size.op is Ops.CONST else size.cast(e.dtype)))
+    elif size.vmin <= dtypes.max(e.dtype): return None   # (a size past e's range only sometimes: no simple bound)
+    if not conds: return UOp.const(dtypes.bool, True)
+    return conds[0] & conds[1] if len(conds) == 2 else conds[0]
+
 def _collapse(red: UOp) -> UOp | None:
     body, ranges = red.src[0], red.src[1:]
     # (a selection summed in a wider dtype: the cast moves inside, to the selected value and the zero)
@@ -45,11 +54,10 @@ def _collapse(red: UOp) -> UOp | None:
     if body.op is not Ops.WHERE or not _identity(red.arg, body.src[2]): return None
     conds = _conjuncts(body.src[0])
     for r in ranges:
-        if r.op is not Ops.RANGE or r.src[0].op is not Ops.CONST: continue
+        # (an empty range has no position to load at)
+        if r.op is not Ops.RANGE or r.src[0].vmin < 1: continue
         for k, c in enumerate(conds):
-            if (e := _equal_to_range(c, r)) is None: continue
-            size = r.src[0].arg
-            valid = (e.const_like(-1) < e) & (e < e.const_like(size))
+            if (e := _equal_to_range(c, r)) is None or (valid := _in_range(e, r.src[0])) is None: continue
             # (out of range, r becomes 0: a position that exists, its value discarded by the WHERE)
             at = valid.where(e.cast(dtypes.index), UOp.const(dtypes.index, 0))
             rest = [x.substitute({r: at}) for j, x in enumerate(conds) if j != k]

@@ -302,9 +302,9 @@ class CompiledRunner(Runner):
         gs = self._static_gs if self._static_gs is not None else sym_infer(self.p.global_size, var_vals)
         work = self._work(var_vals)
         threads = self.threads(var_vals, work) if gs > 1 else 1
-        return {"vals": vals, "global_size": gs, "threads": threads,
-                "join": threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM),
-                "helpable": work[0] < LONG_CHUNK_OPS * threads and work[1] < LONG_CHUNK_MEM * threads}
+        helpable = work[0] < LONG_CHUNK_OPS * threads and work[1] < LONG_CHUNK_MEM * threads
+        return {"vals": vals, "global_size": gs, "threads": threads, "helpable": helpable,
+                "join": helpable and threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM)}
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]

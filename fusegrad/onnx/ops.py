@@ -411,15 +411,20 @@ def _flat(pairs: Sequence[tuple[int, int]]) -> list[int]:
     return [v for b, e in reversed(pairs) for v in (b, e)]
 
 
-@op("Conv")
-def conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET",
-         dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
-         pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+def _kernel_geometry(w: Tensor, kernel_shape: Sequence[int] | None, strides: Sequence[int] | None,
+                     dilations: Sequence[int] | None) -> tuple[tuple[int, ...], int, list[int], list[int]]:
+    """A convolution's kernel size (checked against kernel_shape), its rank, strides and dilations."""
     k = tuple(w.shape[2:])
     n = len(k)
     if kernel_shape and tuple(kernel_shape) != k:
         raise ValueError(f"kernel_shape {list(kernel_shape)} doesn't match the weight's {k}")
-    s, d = list(strides or [1] * n), list(dilations or [1] * n)
+    return k, n, list(strides or [1] * n), list(dilations or [1] * n)
+
+@op("Conv")
+def conv(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: str = "NOTSET",
+         dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
+         pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    k, n, s, d = _kernel_geometry(w, kernel_shape, strides, dilations)
     pairs = _auto_pads(auto_pad, x.shape[2:], k, s, d, pads)
     return x.conv2d(w, b, groups=group, stride=s, dilation=d, padding=_flat(pairs)).cast(x.dtype)
 
@@ -429,11 +434,7 @@ def conv_transpose(x: Tensor, w: Tensor, b: Tensor | None = None, *, auto_pad: s
                    dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
                    output_padding: Sequence[int] | None = None, output_shape: Sequence[int] | None = None,
                    pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
-    k = tuple(w.shape[2:])
-    n = len(k)
-    if kernel_shape and tuple(kernel_shape) != k:
-        raise ValueError(f"kernel_shape {list(kernel_shape)} doesn't match the weight's {k}")
-    s, d = list(strides or [1] * n), list(dilations or [1] * n)
+    k, n, s, d = _kernel_geometry(w, kernel_shape, strides, dilations)
     op_ = list(output_padding or [0] * n)
     i_ = x.shape[2:]
     # the full transpose (no pads) covers every contribution; output_padding adds positions at the end that get none;

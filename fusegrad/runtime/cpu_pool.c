@@ -74,12 +74,13 @@ static inline int fg_claimable(void) {
 static inline int fg_claimable_by_waiter(void) {
   unsigned long t = atomic_load_explicit(&fg_ticket, memory_order_acquire);
   fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
-  return (long)(t & 0xffffffffUL) < job->n && (job->help || fg_workers == 0);
+  return (long)(t & 0xffffffffUL) < job->n && (job->help || __atomic_load_n(&fg_workers, __ATOMIC_RELAXED) == 0);
 }
 /* claim and run chunks of the running job, and of the ones after it, until none is left to claim (with `only` >= 0:
    only chunks of job number `only`; with `until` > 0: no new claim once fg_now_ns() has passed it; a waiting thread,
-   `waiter`, claims no chunk of a job that doesn't take help while a worker exists); returns how many this thread ran. A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed
-   chunk runs, so its function and arguments stay valid */
+   `waiter`, claims no chunk of a job that doesn't take help while a worker exists); returns how many this thread ran.
+   A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed chunk runs,
+   so its function and arguments stay valid */
 static int fg_claim_of(long only, long until, int waiter) {
   int ran = 0;
   for (;;) {
@@ -90,7 +91,7 @@ static int fg_claim_of(long only, long until, int waiter) {
     fg_job *job = &fg_q[(t >> 32) % FG_QUEUE];
     long n = job->n;
     if ((long)i >= n) return ran;
-    if (waiter && !job->help && fg_workers > 0) return ran;
+    if (waiter && !job->help && __atomic_load_n(&fg_workers, __ATOMIC_RELAXED) > 0) return ran;
     if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
       continue;
     job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
@@ -172,7 +173,7 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
     pthread_t t;
     if (pthread_create(&t, 0, fg_worker, 0)) break;  /* fewer workers: waiting threads run the chunks */
     pthread_detach(t);
-    fg_workers++;
+    __atomic_store_n(&fg_workers, fg_workers + 1, __ATOMIC_RELAXED);  /* (read by waiters without the lock) */
   }
   fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n, help};
   atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);

@@ -326,12 +326,14 @@ def _scatter_kernel(r: UOp) -> UOp:
     target, positions, values = r.src
     copied = build_kernel(UOp(Ops.CONTIGUOUS, r.dtype, (target,)))
     out_buf, n = copied.src[0], copied.src[0].arg[1]
+    if n == 0: return copied   # (no position to write)
     kb = KernelBuilder(is_realized)
     ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in positions.shape)
     g = kb.define_global(out_buf)
     p, v = kb.value(positions, ranges), kb.value(values, ranges)
-    valid = p.const_like(-1) < p
-    if n <= dtypes.max(p.dtype): valid = valid & (p < p.const_like(n))
+    bounds = [] if dtypes.is_unsigned(p.dtype) else [p.const_like(-1) < p]
+    if n <= dtypes.max(p.dtype): bounds.append(p < p.const_like(n))
+    valid = bounds[0] & bounds[1] if len(bounds) == 2 else bounds[0] if bounds else UOp.const(dtypes.bool, True)
     at = valid.where(p.cast(dtypes.index), UOp.const(dtypes.index, 0))  # (a position that exists when invalid)
     if r.arg is not None: v = _combine(r.arg, UOp(Ops.LOAD, r.dtype, (g.index(at),)), v)
     ast = simplify_indexing(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (g.index(at, valid=valid), v)),)))

@@ -104,25 +104,24 @@ def test_exp_log_chain_schedule_is_bounded():
     _bounded(asts)
     assert len(set(asts)) <= 4
 
-@pytest.mark.slow
-def test_exp_log_chain_values():
+def _exp_log_chain(steps: int) -> tuple[Tensor, np.ndarray]:
+    """exp and log alternating `steps` times, and the same in float64 numpy."""
     xn = np.linspace(0.5, 2, 1000).astype(np.float32)
-    t = Tensor(xn)
-    ref = xn.astype(np.float64)
-    for i in range(1000):
+    t, ref = Tensor(xn), xn.astype(np.float64)
+    for i in range(steps):
         t = t.exp() if i % 2 == 0 else t.log()
         ref = np.exp(ref) if i % 2 == 0 else np.log(ref)
+    return t, ref
+
+@pytest.mark.slow
+def test_exp_log_chain_values():
+    t, ref = _exp_log_chain(1000)
     asts = _kernels(t)
     _bounded(asts)
     np.testing.assert_allclose(t.numpy(), ref, rtol=1e-5)
 
 def test_exp_log_chain_short_values():
-    xn = np.linspace(0.5, 2, 1000).astype(np.float32)
-    t = Tensor(xn)
-    ref = xn.astype(np.float64)
-    for i in range(60):
-        t = t.exp() if i % 2 == 0 else t.log()
-        ref = np.exp(ref) if i % 2 == 0 else np.log(ref)
+    t, ref = _exp_log_chain(60)
     asts = _kernels(t)
     _bounded(asts)
     assert len(asts) > 1

@@ -65,6 +65,18 @@ def test_unchecked_out_of_range_indices_touch_nothing():
         added = base.scatter_reduce(0, Tensor([9, 1]), Tensor([5.0, 5.0]), "sum")
         assert added.tolist() == [0.0, 6.0, 2.0, 3.0, 4.0, 5.0]
 
+@pytest.mark.parametrize("pdt", [dtypes.uint8, dtypes.int8, dtypes.int64])
+def test_scatter_node_positions_of_any_integer_dtype(pdt):
+    # the SCATTER node itself: positions past the target (or negative) write nothing, whatever their dtype
+    from fusegrad.uop.ops import Ops, UOp
+    raw = [1, 3, 3, 9, 100] + ([-1, -100] if dtypes.is_int(pdt) and dtypes.min(pdt) < 0 else [255])
+    vals = np.arange(1, len(raw) + 1, dtype=np.float32)
+    want = np.zeros(10, np.float32)
+    for p, v in zip(raw, vals):
+        if 0 <= p < 10: want[p] += v
+    node = UOp(Ops.SCATTER, dtypes.float32, (Tensor.zeros(10).uop, Tensor(raw, dtype=pdt).uop, Tensor(vals).uop), "add")
+    np.testing.assert_array_equal(Tensor(node).numpy(), want)
+
 @pytest.mark.parametrize("device", ["LLVM", "PYTHON"])
 def test_other_devices(device):
     base = np.arange(10, dtype=np.float32)
