@@ -18,7 +18,10 @@ class ProgramSpec:
     `vars`: `double` for a float var, `long` for an integer one>, long core_lo, long core_hi)`. When `global_size` > 1
     the kernel's outermost loop runs over [core_lo, core_hi) instead of [0, global_size), so a runtime may split
     [0, global_size) across threads; with global_size == 1 the runtime passes (0, 1). `name` is the kernel's display
-    name (E_4_8: elementwise over 4x8), `function_name` its symbol (the same unless the renderer makes it unique)."""
+    name (E_4_8: elementwise over 4x8), `function_name` its symbol (the same unless the renderer makes it unique).
+
+    A GPU-style kernel (non-empty `global_dims`) has no parallel loop and no core_lo/core_hi: it is launched as
+    prod(global_dims) work-groups of prod(local_dims) work-items, which find their place through SPECIAL ids."""
     name: str
     src: str
     device: str
@@ -32,6 +35,8 @@ class ProgramSpec:
     applied_opts: tuple = ()                           # optimizations applied, for DEBUG=3 and BEAM
     ast: UOp | None = None
     function_name: str = ""                            # the symbol in the binary, when it isn't `name`
+    global_dims: tuple = ()                            # GPU-style: work-groups per launch dimension (dim 0 first)
+    local_dims: tuple = ()                             # GPU-style: work-items per group along each dimension
 
     def __post_init__(self) -> None:
         if not self.function_name: self.function_name = self.name
@@ -48,4 +53,11 @@ class Renderer:
     has_fma: bool = False           # reductions of products may use fused multiply-add
     compile_flags: list[str] = []   # flags for the device's compiler (read by the runtime)
     unique_symbols: bool = False    # name each function after its source, so many kernels can share one binary
+    # GPU-style kernels (docs/architecture.md, "GPU-style kernels"): a launch grid of work-groups whose work-items
+    # share local memory and synchronise with barriers
+    has_local: bool = False         # kernels are GPU-style: SPECIAL ids, local memory, barriers
+    global_max: tuple[int, ...] = ()  # the most work-groups per launch dimension (dim 0 first)
+    local_max: tuple[int, ...] = ()   # the most work-items per group along each dimension
+    max_workgroup: int = 1          # the most work-items in one group
+    local_bytes: int = 0            # local memory one group may use, in bytes
     def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError
