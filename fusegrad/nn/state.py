@@ -70,11 +70,12 @@ def _progress(items: Iterable[T], total: int, desc: str, enabled: bool) -> Itera
 def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = True, verbose: bool = True,
                     consume: bool = False, realize: bool = True) -> list[Tensor]:
     """Copy `state_dict` into the model's tensors (values of another float dtype are cast; a value of shape () and a
-    target of shape (1,), or the reverse, are reshaped; a sharded target gets the value sharded as it is). strict:
-    missing and unexpected keys are errors (else missing keys are kept and reported with verbose); a BatchNorm's
-    `num_batches_tracked` that the model doesn't keep is never an error (PyTorch writes it, tinygrad's and others'
-    models may not have it). A shape mismatch is always an error naming the key. consume: delete each entry from
-    state_dict once loaded. Returns the loaded tensors."""
+    target of shape (1,), or the reverse, are reshaped; a sharded target gets the value laid out as the target is,
+    split along its axis or replicated, whatever the value's own layout). strict: missing and unexpected keys are
+    errors (else missing keys are kept and reported with verbose); a BatchNorm's `num_batches_tracked` that the model
+    doesn't keep is never an error (PyTorch writes it, tinygrad's and others' models may not have it). A shape
+    mismatch is always an error naming the key. consume: delete each entry from state_dict once loaded. Returns the
+    loaded tensors."""
     model_state = get_state_dict(model)
     missing = [k for k in model_state if k not in state_dict]
     unexpected = [k for k in state_dict if k not in model_state and k.rsplit(".", 1)[-1] != "num_batches_tracked"]
@@ -96,7 +97,9 @@ def load_state_dict(model: Any, state_dict: dict[str, Tensor], strict: bool = Tr
                 raise TypeError(f"load_state_dict: dtype mismatch for {k}: the model has {target.dtype}, the state "
                                 f"dict {value.dtype}")
             value = value.cast(target.dtype)
-        if isinstance(target.device, tuple) and value.device != target.device: value = value.shard_like(target)
+        # a sharded target keeps its layout (axis and shard bounds), whatever the value's: on the same devices a value
+        # split along another axis, or replicated, is laid out again
+        if isinstance(target.device, tuple): value = value.shard_like(target)
         else: value = value.to(target.device)
         target.replace(value.contiguous())
         loaded.append(target)

@@ -541,3 +541,40 @@ def test_load_state_dict_into_a_sharded_model():
     np.testing.assert_array_equal(model.bias.numpy(), b)
     x = rng.standard_normal((3, 6)).astype(np.float32)
     np.testing.assert_allclose(model(Tensor(x).shard(devices)).numpy(), x @ w.T + b, rtol=1e-5, atol=1e-5)
+
+@pytest.mark.parametrize("model_axis,value_axis", [(0, 1), (1, 0), (None, 0), (0, None), (None, 1), (1, None),
+                                                   ("one", 0), (1, "one")])
+def test_load_state_dict_lays_out_the_value_as_the_model(model_axis, value_axis):
+    # ("one": on a single device) the value is split or replicated as the model's tensor is, keeping its shard bounds
+    from fusegrad.schedule.multi import multi_bounds
+    devices = ("CPU", "CPU:1", "CPU:2")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((5, 7)).astype(np.float32)   # (uneven shards of 5 and of 7 over three devices)
+    model = nn.Linear(7, 5, bias=False)
+    if model_axis != "one": model.weight.shard_(devices, axis=model_axis).realize()
+    before = (model.weight.device, model.weight.uop.arg, multi_bounds(model.weight.uop)) if model_axis != "one" \
+        else (model.weight.device,)
+    value = Tensor(w) if value_axis == "one" else Tensor(w).shard(devices, axis=value_axis)
+    load_state_dict(model, {"weight": value})
+    after = (model.weight.device, model.weight.uop.arg, multi_bounds(model.weight.uop)) if model_axis != "one" \
+        else (model.weight.device,)
+    assert after == before
+    np.testing.assert_array_equal(model.weight.numpy(), w)
+    if model_axis != "one":   # each shard holds its own part of the value
+        shards = [Tensor(s).numpy() for s in model.weight.uop.src]
+        bounds = multi_bounds(model.weight.uop)
+        for s, (lo, hi) in zip(shards, bounds if bounds is not None else [(0, 5)] * 3):
+            want = w if bounds is None else (w[lo:hi] if model_axis == 0 else w[:, lo:hi])
+            np.testing.assert_array_equal(s, want)
+
+def test_load_state_dict_num_batches_tracked_into_a_sharded_batchnorm():
+    devices = ("CPU", "CPU:1")
+    tb = torch.nn.BatchNorm2d(4)
+    tb.running_mean.uniform_(); tb.num_batches_tracked.fill_(11)
+    ours = nn.BatchNorm2d(4)
+    for t in get_state_dict(ours).values(): t.shard_(devices).realize()
+    load_state_dict(ours, {k: Tensor(v.numpy()).shard(devices, 0 if v.ndim else None)
+                           for k, v in tb.state_dict().items()})
+    assert ours.num_batches_tracked.device == devices and ours.num_batches_tracked.item() == 11
+    assert ours.running_mean.device == devices and ours.running_mean.uop.arg is None
+    np.testing.assert_array_equal(ours.running_mean.numpy(), tb.running_mean.numpy())
