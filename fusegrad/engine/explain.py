@@ -21,9 +21,10 @@ from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, buffer_node
 from fusegrad.uop.graph import is_liftable, substitute_map
 from fusegrad.uop.pattern import graph_rewrite_map
+from fusegrad.viz import record as _viz
 
 __all__ = ["Source", "sources", "record_source", "source_of", "Explanation", "explain", "Estimate", "estimate",
-           "Roofline", "DEBUG_NANS", "NanWatch"]
+           "explain_and_estimate", "Roofline", "DEBUG_NANS", "NanWatch"]
 
 DEBUG_NANS = ContextVar("DEBUG_NANS", 0)
 
@@ -191,7 +192,9 @@ def _schedule(roots: list[UOp]) -> _Scheduled:
 
 def explain(roots: list[UOp]) -> Explanation:
     """Every kernel that realizing `roots` would run, each output with the reason it got a buffer and its source."""
-    s = _schedule(roots)
+    return _explain(_schedule(roots))
+
+def _explain(s: _Scheduled) -> Explanation:
     users = _users(s.topo)
     original: dict[UOp, UOp] = {}  # simplified node -> the user's node it came from
     for o, n in s.simplified.items(): original.setdefault(n, o)
@@ -281,7 +284,15 @@ def kernel_work(k: UOp) -> tuple[int, int]:
 def estimate(roots: list[UOp], held: list[UOp], mem_used: int, roofline: Roofline | None) -> Estimate:
     """The kernels, FLOPs, bytes and peak memory of realizing `roots` (`held`: other nodes live tensors hold, whose
     buffers keep their own memory; `mem_used`: the bytes allocated now), and the time the roofline predicts."""
+    return _estimate(_schedule(roots), held, mem_used, roofline)
+
+def explain_and_estimate(roots: list[UOp], held: list[UOp], mem_used: int, roofline: Roofline | None) \
+        -> tuple[Explanation, Estimate]:
+    """explain(roots) and estimate(...) of one kernelization (what VIZ records with each schedule)."""
     s = _schedule(roots)
+    return _explain(s), _estimate(s, held, mem_used, roofline)
+
+def _estimate(s: _Scheduled, held: list[UOp], mem_used: int, roofline: Roofline | None) -> Estimate:
     users = _users(s.topo)
     original: dict[UOp, UOp] = {}
     for o, n in s.simplified.items(): original.setdefault(n, o)
@@ -433,6 +444,7 @@ def check_nans(bufs: list[Any], ast: UOp, name: str) -> None:
         if b is None or not dtypes.is_float(b.dtype) or not b.is_allocated(): continue
         if np.isfinite(b.numpy()).all(): continue
         found = NanWatch.current.locate() if NanWatch.current is not None else None
-        raise FloatingPointError(found if found is not None else
-                                 f"DEBUG_NANS: kernel {name} wrote a NaN or Inf into a {b.dtype} buffer of {b.size} "
-                                 "elements (the operation could not be traced on the host)")
+        message = found if found is not None else f"DEBUG_NANS: kernel {name} wrote a NaN or Inf into a {b.dtype} " \
+            f"buffer of {b.size} elements (the operation could not be traced on the host)"
+        if _viz.TIMED: _viz.record_finding("DEBUG_NANS", message)
+        raise FloatingPointError(message)

@@ -14,6 +14,7 @@ from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError
 from fusegrad.helpers import ContextVar, rng_counter_of
 from fusegrad.uop.ops import Ops
+from fusegrad.viz import record as _viz
 
 __all__ = ["JIT_VERIFY", "JitVerifyError", "verified_replay", "note_external"]
 
@@ -73,8 +74,10 @@ def verified_replay(jit: Any, inputs: Any, args: tuple, kwargs: dict, Tensor: An
         if diff is None and not _close(a, b := _host(buf)):
             diff = f"a buffer the function updates in place ({buf.size} x {buf.dtype}) differs: replay {_show(a, b)}"
     if diff is not None:
-        raise JitVerifyError(f"TinyJit replay {jit._replays} does not match the function run eagerly: {diff}. "
-                             f"Likely cause: {_cause(jit, rec.items, inputs)}")
+        message = f"TinyJit replay {jit._replays} does not match the function run eagerly: {diff}. " \
+                  f"Likely cause: {_cause(jit, rec.items, inputs)}"
+        if _viz.TIMED: _viz.record_finding("JIT_VERIFY", message)
+        raise JitVerifyError(message)
     return eager
 
 def _close(a: Any, b: Any) -> bool:

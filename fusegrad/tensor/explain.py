@@ -10,6 +10,7 @@ from fusegrad.device import Device, GlobalCounters
 from fusegrad.engine import explain as _explain
 from fusegrad.helpers import Context, ContextVar, atomic_write, cache_dir, getenv
 from fusegrad.uop.ops import UOp
+from fusegrad.viz import record as _viz
 
 __all__ = ["ExplainMixin", "TRACK_SOURCES", "track_sources", "roofline"]
 
@@ -100,19 +101,65 @@ def measure_roofline(device: str) -> _explain.Roofline:
     launch = _best(tiny) / len(small)
     return _explain.Roofline(flops, bw, launch)
 
+def _saved_rooflines() -> dict[str, Any]:
+    try:
+        with open(os.path.join(cache_dir(), "roofline.json")) as f: saved = json.load(f)
+    except (OSError, ValueError): saved = {}
+    return saved if isinstance(saved, dict) else {}
+
+def _from_cache(kind: str, saved: dict[str, Any]) -> _explain.Roofline | None:
+    if not isinstance(saved.get(kind), dict): return None
+    try: return _explain.Roofline(**saved[kind])
+    except TypeError: return None
+
+def cached_roofline(device: str) -> _explain.Roofline | None:
+    """The device's roofline if this process or the cache folder has one; measures nothing."""
+    kind = Device.canonicalize(device).partition(":")[0]
+    return _rooflines.get(kind) or _from_cache(kind, _saved_rooflines())
+
 def roofline(device: str) -> _explain.Roofline:
     """The device's roofline: measured once per machine and device kind, then read from the cache folder."""
     kind = Device.canonicalize(device).partition(":")[0]
     if (r := _rooflines.get(kind)) is not None: return r
-    path = os.path.join(cache_dir(), "roofline.json")
-    try:
-        with open(path) as f: saved = json.load(f)
-    except (OSError, ValueError): saved = {}
-    if isinstance(saved.get(kind), dict):
-        try: r = _rooflines[kind] = _explain.Roofline(**saved[kind])
-        except TypeError: r = None
-        if r is not None: return r
+    saved = _saved_rooflines()
+    if (r := _from_cache(kind, saved)) is not None:
+        _rooflines[kind] = r
+        return r
     r = _rooflines[kind] = measure_roofline(device)
     saved[kind] = {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s}
-    with contextlib.suppress(OSError), atomic_write(path, "w") as f: json.dump(saved, f)
+    with contextlib.suppress(OSError), atomic_write(os.path.join(cache_dir(), "roofline.json"), "w") as f:
+        json.dump(saved, f)
     return r
+
+# *** what VIZ shows with each schedule ***
+
+# kernels of a schedule (their ASTs, in order) -> its notes: a training loop's every step schedules the same kernels,
+# and explaining them again would kernelize the graph once more per step
+_notes_cache: dict[tuple, dict[str, Any]] = {}
+
+def schedule_notes(graph: UOp, items: list[Any]) -> dict[str, Any]:
+    """Why each kernel of a schedule is cut where it is, and its estimate, as plain data for the VIZ trace. The
+    predicted time uses a roofline measured before (none is measured in the middle of a schedule)."""
+    key = tuple(si.ast for si in items)
+    if (notes := _notes_cache.get(key)) is None:
+        roots = list(graph.src)
+        device = next((r.device for r in roots if isinstance(r.device, str)), Device.DEFAULT)
+        roof = cached_roofline(device)
+        ex, est = _explain.explain_and_estimate(roots, [], 0, roof)
+        notes = {
+            "explain": {"tracked": ex.tracked, "kernels": [
+                {"kind": k.kind, "merged": k.merged,
+                 "outputs": [[desc, reason, fix, None if src is None else str(src)] for desc, reason, fix, src in
+                             k.outputs]} for k in ex.kernels]},
+            "estimate": {"kernels": est.kernels, "flops": est.flops, "bytes": est.bytes,
+                         "new_memory": est.peak_memory, "predicted_s": est.predicted_s,
+                         "live_at_peak": [list(x) for x in est.live_at_peak[:10]],
+                         "per_kernel": [[kind, f, b, None if roof is None else roof.time(f, b)]
+                                        for kind, f, b in est.per_kernel]}}
+        while len(_notes_cache) >= 256: _notes_cache.pop(next(iter(_notes_cache)))
+        _notes_cache[key] = notes
+    # (the peak is what the schedule adds to the memory in use now)
+    return notes | {"estimate": notes["estimate"] | {"peak_memory": GlobalCounters.mem_used +
+                                                      notes["estimate"]["new_memory"]}}
+
+_viz.schedule_notes = schedule_notes

@@ -98,6 +98,7 @@ class Recorder:
         self.rules: list[list[str]] = []
         self.rule_index: dict[Any, int] = {}
         self.events: list[dict[str, Any]] = []
+        self.findings: list[dict[str, Any]] = []
         self.t0 = time.perf_counter()
         self.active: list[_Rewrite] = []
         self.buffer_ids: dict[int, int] = {}
@@ -148,7 +149,7 @@ class Recorder:
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "schedules": self.schedules, "rewrites": self.rewrites,
-                "kernels": self.kernels, "rules": self.rules,
+                "kernels": self.kernels, "rules": self.rules, "findings": self.findings,
                 "profile": {"traceEvents": _metadata(self.events) + self.events, "displayTimeUnit": "ms"}}
 
 def _count(root: Any) -> int:
@@ -161,6 +162,10 @@ def _count(root: Any) -> int:
     return len(seen)
 
 recorder = Recorder()
+
+# set by the Tensor front end (tensor/explain.py), which can explain and estimate a graph: `schedule_notes(graph,
+# items)` gives what a recorded schedule shows besides its kernels (why each kernel is cut, the estimate)
+schedule_notes: Callable[[Any, list[Any]], dict[str, Any]] | None = None
 
 # *** the hooks ***
 
@@ -195,13 +200,32 @@ def record_schedule(graph: Any, replaced: dict[Any, Any], items: list[Any]) -> N
             if s in realized or not _fused(table.rows[s]): continue
             for kid in owner.get(row, []):
                 if kid not in owner.setdefault(s, []): owner[s].append(kid)
-    entry = {"sink": sink, "nodes": table.rows, "replayed": not replaced,
+    entry = {"sink": sink, "nodes": table.rows, "replayed": not replaced, **_notes(graph, items),
              "owner": {str(r): ks for r, ks in owner.items() if ks},
              "items": [{"kernel": recorder.kernel(si.ast),
                         "bufs": [None if b is None else [recorder.buffer(b), str(b.dtype), b.size, b.device]
                                  for b in si.bufs],
                         "fixedvars": {k: repr(v) for k, v in si.fixedvars.items()}} for si in items]}
     with recorder.lock: recorder.schedules.append(entry)
+
+def _notes(graph: Any, items: list[Any]) -> dict[str, Any]:
+    """The schedule's explanation and estimate (see schedule_notes), worked out with recording off: explaining
+    kernelizes the graph again, and those rewrites are not the program's."""
+    global VIZ
+    if schedule_notes is None: return {}
+    VIZ = False
+    try: return schedule_notes(graph, items)
+    except Exception as e:  # (the page shows it: a program recorded by VIZ must not stop for its explanation)
+        return {"notes_error": f"{type(e).__name__}: {e}"}
+    finally: VIZ = True
+
+def record_finding(kind: str, message: str) -> None:
+    """A check found a problem (kind: "JIT_VERIFY" a replay that differs from the eager call, "DEBUG_NANS" the first
+    operation making a NaN or Inf): kept with the trace and marked on the timeline, before the error is raised."""
+    ts = _us(time.perf_counter())
+    with recorder.lock: recorder.findings.append({"kind": kind, "message": message, "ts": ts})
+    if PROFILE: _event({"name": kind, "cat": "finding", "ph": "i", "s": "g", "ts": ts, "pid": "python",
+                        "tid": threading.current_thread().name, "args": {"message": message}})
 
 def _kernel_of(u: Any) -> Any:
     """The KERNEL node that computes `u` (an ASSIGN of a kernel, or a view of one), if it is one."""

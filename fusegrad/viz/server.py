@@ -64,6 +64,9 @@ def check_trace(data: Any, where: str = "trace") -> dict[str, Any]:
             if not (isinstance(st, list) and len(st) == 3 and all(isinstance(x, int) for x in st) and
                     0 <= st[0] < n and 0 <= st[1] < n and 0 <= st[2] < len(data["rules"])):
                 raise TraceError(f"{where}: rewrite {i} has a malformed step {str(st)[:100]}")
+    if not isinstance(data.get("findings", []), list) or \
+            not all(isinstance(f, dict) and isinstance(f.get("message"), str) for f in data.get("findings", [])):
+        raise TraceError(f"{where}: the trace's 'findings' is not a list of objects with a message")
     for i, k in enumerate(data["kernels"]):
         if not isinstance(k, dict) or not isinstance(k.get("name"), str) or not isinstance(k.get("runs"), list):
             raise TraceError(f"{where}: kernel {i} has no name or runs")
@@ -168,13 +171,19 @@ def summary(trace: dict[str, Any]) -> dict[str, Any]:
         "kernels": [{k: v for k, v in kern.items() if k not in ("src", "uops", "ast")} |
                     {"n_uops": len(kern.get("uops") or [])} for kern in trace["kernels"]],
         "schedules": [{"items": s.get("items", []), "replayed": s.get("replayed", False),
-                       "size": len(s.get("nodes", []))} for s in trace["schedules"]],
+                       "size": len(s.get("nodes", [])), "estimate": _brief(s.get("estimate"))}
+                      for s in trace["schedules"]],
         "rewrites": [{"matcher": r.get("matcher", ""), "name": r.get("name", ""), "caller": r.get("caller", ""),
                       "ms": r.get("ms", 0.0), "steps": len(r["steps"]), "size": r.get("size", len(r["nodes"]))}
                      for r in trace["rewrites"]],
         "rules": trace["rules"],
+        "findings": trace.get("findings", []),
         "profile": trace["profile"]["traceEvents"],
     }
+
+def _brief(est: Any) -> Any:
+    # the schedule list shows the totals; what is live at the peak and each kernel's share come with the schedule
+    return {k: v for k, v in est.items() if k not in ("live_at_peak", "per_kernel")} if isinstance(est, dict) else None
 
 class Viewer:
     """A loaded trace and the answers to the page's requests: (status, content type, body) per path."""

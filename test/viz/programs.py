@@ -21,3 +21,24 @@ def tensor_program(n: int = 4) -> int:
     for _ in range(2):
         assert (Tensor(an) @ Tensor(bn)).relu().sum().item() == np.maximum(an @ bn, 0).sum()
     return GlobalCounters.kernel_count - k0
+
+def jit_mismatch() -> str:
+    """A TinyJit with verify=1 whose function reads a Python value changed after the capture; returns the message of
+    the JitVerifyError it raises."""
+    from fusegrad import TinyJit
+    from fusegrad.engine.jit_verify import JitVerifyError
+    scale = {"v": 0.5}
+    jit = TinyJit(lambda x: (x * scale["v"]).contiguous(), verify=1)
+    for i in range(4):
+        if i == 2: scale["v"] = 2.0
+        try: jit(Tensor([1.0, 2.0, 3.0]).contiguous().realize())
+        except JitVerifyError as e: return str(e)
+    raise AssertionError("the frozen value was not caught")
+
+def nan_program() -> str:
+    """log of a negative number under DEBUG_NANS=1; returns the message of the FloatingPointError it raises."""
+    from fusegrad import Context
+    try:
+        with Context(DEBUG_NANS=1): (Tensor([1.0, -2.0, 3.0]).log() * 2).realize()
+    except FloatingPointError as e: return str(e)
+    raise AssertionError("the NaN was not caught")

@@ -9,7 +9,8 @@ import zlib
 import pytest
 from fusegrad.viz import record
 from fusegrad.viz.server import Viewer, load_trace, make_server
-from test.viz.programs import symbolic_rewrite, tensor_program
+from fusegrad.device import GlobalCounters
+from test.viz.programs import jit_mismatch, nan_program, symbolic_rewrite, tensor_program
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -23,7 +24,10 @@ def page(tmp_path_factory):
     record.enable(viz=True, profile=True)
     try:
         expr, result = symbolic_rewrite()
-        ran = tensor_program(n=5)
+        k0 = GlobalCounters.kernel_count
+        tensor_program(n=5)
+        findings = [jit_mismatch(), nan_program()]
+        ran = GlobalCounters.kernel_count - k0
         path = record.save(str(tmp_path_factory.mktemp("viz") / "trace.json"))
     finally:
         record.enable(viz=False, profile=False)
@@ -37,7 +41,7 @@ def page(tmp_path_factory):
     opts.binary_location = CHROMIUM
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
-    try: yield driver, f"http://127.0.0.1:{server.server_address[1]}/", trace, (expr, result, ran)
+    try: yield driver, f"http://127.0.0.1:{server.server_address[1]}/", trace, (expr, result, ran, findings)
     finally:
         driver.quit()
         server.shutdown()
@@ -71,7 +75,7 @@ def _no_errors(driver):
 
 def test_views(page, tmp_path):
     from selenium.webdriver.common.by import By
-    driver, url, trace, (expr, result, ran) = page
+    driver, url, trace, (expr, result, ran, _) = page
     driver.get(url + "#kernels")
     _wait_view(driver, "#kernels")
     assert int(driver.find_element(By.ID, "kernel-list").get_attribute("data-count")) == len(trace["kernels"])
@@ -111,4 +115,44 @@ def test_views(page, tmp_path):
     _wait_view(driver, "#schedule/0")
     assert driver.find_elements(By.CSS_SELECTOR, "tr.item-row")
     _screenshot(driver, tmp_path, "schedule")
+    _no_errors(driver)
+
+def test_explanations_findings_and_zoom(page, tmp_path):
+    from selenium.webdriver.common.by import By
+    driver, url, trace, (_, _, ran, findings) = page
+    # the schedule view: the estimate and, per kernel, why the graph was cut there
+    sched = trace["schedules"][0]
+    driver.get(url + "#schedule/0")
+    _wait_view(driver, "#schedule/0")
+    cell = lambda key: driver.find_element(By.CSS_SELECTOR, f"#schedule-estimate td[data-key='{key}']").text  # noqa: E731
+    assert int(cell("kernels")) == sched["estimate"]["kernels"] == len(sched["items"])
+    assert int(cell("FLOPs")) == sched["estimate"]["flops"] and int(cell("bytes moved")) == sched["estimate"]["bytes"]
+    assert cell("peak memory").startswith(f"{sched['estimate']['peak_memory']} bytes")
+    whys = driver.find_elements(By.CSS_SELECTOR, "#item-list td.item-why")
+    assert len(whys) == len(sched["items"])
+    for td, k in zip(whys, sched["explain"]["kernels"]):
+        assert [r.text for r in td.find_elements(By.CSS_SELECTOR, ".reason")] == [o[1] for o in k["outputs"]]
+    assert any(td.text for td in whys)
+    _screenshot(driver, tmp_path, "schedule-explained")
+    # the findings: the JIT_VERIFY mismatch and the DEBUG_NANS error, with their messages
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=findings]").click()
+    _wait_view(driver, "#findings")
+    rows = driver.find_elements(By.CSS_SELECTOR, "#findings-list tr.finding-row")
+    assert [(r.get_attribute("data-kind"), r.find_element(By.CSS_SELECTOR, "pre").text) for r in rows] == \
+        [("JIT_VERIFY", findings[0]), ("DEBUG_NANS", findings[1])]
+    _screenshot(driver, tmp_path, "findings")
+    # the timeline: both findings marked; zooming in halves the window and draws no more bars
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=timeline]").click()
+    _wait_view(driver, "#timeline")
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline-svg path.marker")) == 2
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.bar[data-cat=kernel]")) == ran
+    span = lambda: float(driver.find_element(By.ID, "timeline-svg").get_attribute("data-t1")) - \
+        float(driver.find_element(By.ID, "timeline-svg").get_attribute("data-t0"))  # noqa: E731
+    full, bars = span(), len(driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.bar"))
+    for _ in range(3): driver.find_element(By.ID, "zoom-in").click()
+    assert span() == pytest.approx(full / 8)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline-svg rect.bar")) <= bars
+    _screenshot(driver, tmp_path, "timeline-zoomed")
+    driver.find_element(By.ID, "zoom-fit").click()
+    assert span() == pytest.approx(full)
     _no_errors(driver)

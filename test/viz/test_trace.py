@@ -162,3 +162,42 @@ def test_malformed_and_truncated_traces(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert viz_main([str(tmp_path / "missing.json")]) == 2 and "cannot read it" in capsys.readouterr().err
     assert check_trace(good)["kernels"] == []
+
+def test_schedules_hold_their_explanation_and_estimate(recording):
+    from fusegrad.tensor.explain import cached_roofline
+    a = Tensor([[float(i + 2 * j) for j in range(9)] for i in range(3)])
+    b = (a.exp() * 2).sum(0)
+    out = (a / b).contiguous()
+    want_explain, want_est = out.explain(), out.estimate(predict=False)
+    record.recorder.reset()  # (explain's own rewrites were recorded)
+    out.realize()
+    s = record.trace()["schedules"][-1]
+    # the reasons Tensor.explain gives, one explained kernel per item in run order
+    kernels = s["explain"]["kernels"]
+    assert len(kernels) == len(s["items"]) == want_est.kernels == 2
+    for k in kernels:
+        for desc, reason, fix, _ in k["outputs"]:
+            assert f"  {desc} (made by " in want_explain and f"cut: {reason}" in want_explain and f"to fuse: {fix}" in \
+                want_explain
+    assert {o[1] for k in kernels for o in k["outputs"]} == \
+        set(re.findall(r"cut: (.*)", want_explain))
+    est = s["estimate"]
+    assert (est["kernels"], est["flops"], est["bytes"]) == (want_est.kernels, want_est.flops, want_est.bytes)
+    assert est["peak_memory"] == want_est.peak_memory
+    roof = cached_roofline("CPU")
+    if roof is None: assert est["predicted_s"] is None
+    else: assert est["predicted_s"] == pytest.approx(sum(roof.time(f, b) for _, f, b in want_est.per_kernel))
+    # explaining ran with recording off: the trace holds the program's rewrites only, one sym_tensor per schedule
+    assert sum(r["name"] == "sym_tensor" for r in record.trace()["rewrites"]) == 1
+
+def test_findings_of_jit_verify_and_debug_nans(recording):
+    from test.viz.programs import jit_mismatch, nan_program
+    jit_msg, nan_msg = jit_mismatch(), nan_program()
+    t = record.trace()
+    assert [(f["kind"], f["message"]) for f in t["findings"]] == [("JIT_VERIFY", jit_msg), ("DEBUG_NANS", nan_msg)]
+    assert "a Python value frozen at capture" in jit_msg and "LOG2 produced NaN" in nan_msg
+    marks = [e for e in t["profile"]["traceEvents"] if e["ph"] == "i"]
+    assert [(m["name"], m["args"]["message"]) for m in marks] == [("JIT_VERIFY", jit_msg), ("DEBUG_NANS", nan_msg)]
+    _check_events(t["profile"]["traceEvents"])
+    summary = Viewer(t).get("/api/summary")
+    assert json.loads(summary[2])["findings"] == t["findings"]

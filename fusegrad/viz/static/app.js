@@ -190,27 +190,90 @@ function highlight(src) {
 
 function kernelName(i) { return state.summary.kernels[i] ? state.summary.kernels[i].name : `kernel ${i}`; }
 
+function fmtBytes(n) {
+  if (n === null || n === undefined) return "";
+  return n < 1024 ? n + " B" : n < 1048576 ? (n / 1024).toFixed(1) + " KiB" : (n / 1048576).toFixed(1) + " MiB";
+}
+function fmtCount(n) {
+  if (n === null || n === undefined) return "";
+  return n < 1e4 ? String(n) : n < 1e7 ? (n / 1e3).toFixed(1) + "k" : n < 1e10 ? (n / 1e6).toFixed(1) + "M" : (n / 1e9).toFixed(1) + "G";
+}
+function fmtSeconds(s) { return s === null || s === undefined ? "(no roofline measured yet)" : fmtUs(s * 1e6); }
+
 function viewSchedules() {
   const rows = state.summary.schedules.map((s, i) => el("tr", { class: "clickable schedule-row",
     onclick: () => { location.hash = `#schedule/${i}`; } },
     el("td", {}, i), el("td", { class: "num" }, s.items.length), el("td", { class: "num" }, s.size),
+    el("td", { class: "num" }, s.estimate ? fmtCount(s.estimate.flops) : ""),
+    el("td", { class: "num" }, s.estimate ? fmtBytes(s.estimate.peak_memory) : ""),
+    el("td", { class: "num" }, s.estimate && s.estimate.predicted_s !== null ? fmtSeconds(s.estimate.predicted_s) : ""),
     el("td", {}, s.replayed ? "replayed from its plan" : "scheduled"),
     el("td", {}, s.items.slice(0, 6).map((it) => kernelName(it.kernel)).join(", ") + (s.items.length > 6 ? ", ..." : ""))));
   main.append(el("h2", {}, `${rows.length} schedules`),
               el("table", { id: "schedule-list", "data-count": rows.length },
-                 el("tr", {}, ...["#", "items", "tensor nodes", "", "kernels"].map((h) => el("th", {}, h))), ...rows));
+                 el("tr", {}, ...["#", "items", "tensor nodes", "FLOPs", "peak memory", "predicted", "", "kernels"]
+                   .map((h) => el("th", {}, h))), ...rows));
+}
+
+// the estimate recorded with a schedule: totals, then what is new in memory at the peak
+function estimateTable(est) {
+  const rows = [["kernels", est.kernels], ["FLOPs", est.flops], ["bytes moved", est.bytes],
+                ["peak memory", `${est.peak_memory} bytes (${fmtBytes(est.peak_memory)})`],
+                ["predicted time", fmtSeconds(est.predicted_s)]];
+  const box = el("div", { id: "schedule-estimate" },
+    el("table", {}, ...rows.map(([a, b]) => el("tr", {}, el("th", {}, a), el("td", { "data-key": a }, b)))));
+  if (est.live_at_peak && est.live_at_peak.length) {
+    box.append(el("p", { class: "note" }, "new in memory at the peak:"),
+               el("table", { class: "live-at-peak" }, ...est.live_at_peak.map(([n, what]) =>
+                 el("tr", {}, el("td", { class: "num" }, fmtBytes(n)), el("td", {}, what)))));
+  }
+  return box;
+}
+
+// why a kernel of the explanation exists: each output with the reason the graph was cut there
+function whyCell(k) {
+  if (!k) return el("td", { class: "item-why" }, "");
+  const td = el("td", { class: "item-why" });
+  if (k.merged) td.append(el("div", { class: "note" }, `${k.outputs.length} outputs merged into one kernel`));
+  for (const [desc, reason, fix, src] of k.outputs) {
+    td.append(el("div", { class: "why" }, el("b", {}, desc), src ? ` (made by ${src})` : "", ": ",
+                 el("span", { class: "reason" }, reason), el("span", { class: "fix" }, ` - to fuse: ${fix}`)));
+  }
+  return td;
 }
 
 async function viewSchedule(i) {
   const s = await api(`schedule/${i}`);
+  main.append(el("h2", {}, `Schedule ${i}: ${s.items.length} items` + (s.replayed ? " (replayed from its plan)" : "")));
+  if (s.notes_error) main.append(el("p", { id: "notes-error" }, "no explanation: " + s.notes_error));
+  if (s.estimate) main.append(el("h3", {}, "Estimate (before running)"), estimateTable(s.estimate));
+  // the explanation's kernels are this schedule's when the counts agree (the same kernelization, in the same order)
+  const ex = s.explain ? s.explain.kernels : [];
+  const paired = ex.length === s.items.length;
+  const per = s.estimate && s.estimate.per_kernel && s.estimate.per_kernel.length === s.items.length ? s.estimate.per_kernel : null;
+  const meanUs = (k) => {
+    const runs = (state.summary.kernels[k] || {}).runs || [];
+    return runs.length ? runs.reduce((a, b) => a + b, 0) / runs.length : null;
+  };
   const items = s.items.map((it, j) => el("tr", { class: "clickable item-row",
     onclick: () => { location.hash = `#kernel/${it.kernel}`; } },
     el("td", {}, j), el("td", {}, kernelName(it.kernel)),
     el("td", {}, it.bufs.map((b) => b === null ? "-" : `buf${b[0]} ${b[1].replace("dtypes.", "")}[${b[2]}] ${b[3]}`).join(", ")),
-    el("td", {}, Object.entries(it.fixedvars).map(([k, v]) => `${k}=${v}`).join(" "))));
-  main.append(el("h2", {}, `Schedule ${i}: ${s.items.length} items` + (s.replayed ? " (replayed from its plan)" : "")),
+    el("td", {}, Object.entries(it.fixedvars).map(([k, v]) => `${k}=${v}`).join(" ")),
+    el("td", { class: "num" }, per && per[j][3] !== null ? fmtUs(per[j][3] * 1e6) : ""),
+    el("td", { class: "num" }, fmtUs(meanUs(it.kernel))),
+    whyCell(paired ? ex[j] : null)));
+  main.append(el("h3", {}, "Kernels in run order"),
               el("table", { id: "item-list", "data-count": s.items.length },
-                 el("tr", {}, ...["#", "kernel", "buffers", "parameters"].map((h) => el("th", {}, h))), ...items));
+                 el("tr", {}, ...["#", "kernel", "buffers", "parameters", "predicted", "measured (mean)",
+                                  "why a kernel of its own"].map((h) => el("th", {}, h))), ...items));
+  if (s.explain && !paired) {
+    main.append(el("h3", {}, `Kernel boundaries (${ex.length} kernels explained)`),
+                el("table", { id: "explain-list" }, ...ex.map((k, j) => el("tr", {}, el("td", {}, j), el("td", {}, k.kind), whyCell(k)))));
+  }
+  if (s.explain && !s.explain.tracked) {
+    main.append(el("p", { class: "note" }, "(source lines: set TRACK_SOURCES=1 or use fusegrad.track_sources() while building)"));
+  }
   // the tensor graph, each node coloured by the (first) kernel it is computed in
   const palette = ["#ffab91", "#80cbc4", "#9fa8da", "#e6ee9c", "#f48fb1", "#b39ddb", "#81d4fa", "#ffe082"];
   const colorOf = (id) => (s.owner[id] ? palette[s.owner[id][0] % palette.length] : null);
@@ -297,55 +360,131 @@ async function viewRewrite(i, k) {
   if (sel) sel.scrollIntoView({ block: "nearest" });
 }
 
+function viewFindings() {
+  const fs = state.summary.findings;
+  main.append(el("h2", {}, `${fs.length} findings`));
+  if (!fs.length) { main.append(el("p", {}, "No check found a problem (JIT_VERIFY and DEBUG_NANS record theirs here).")); return; }
+  main.append(el("table", { id: "findings-list", "data-count": fs.length },
+    el("tr", {}, ...["#", "check", "at", "what it found"].map((h) => el("th", {}, h))),
+    ...fs.map((f, i) => el("tr", { class: "finding-row", "data-kind": f.kind },
+      el("td", {}, i), el("td", {}, f.kind), el("td", { class: "num" }, fmtUs(f.ts)),
+      el("td", {}, el("pre", { class: "finding" }, f.message))))));
+}
+
 // *** the timeline ***
 
-function viewTimeline() {
-  const events = state.summary.profile.filter((e) => e.ph === "X");
-  main.append(el("h2", {}, `Timeline: ${events.length} events`));
-  if (!events.length) { main.append(el("p", {}, "No profile in this trace (run with PROFILE=1).")); return; }
-  const tracks = [];
-  const trackOf = {};
+// tracks (one per process and thread) with nested spans stacked downwards, laid out once per trace
+function timelineLayout(events) {
+  const tracks = [], trackOf = {};
   for (const e of events) {
     const key = `${e.pid} / ${e.tid}`;
-    if (!(key in trackOf)) { trackOf[key] = tracks.length; tracks.push({ key, depthEnds: [] }); }
+    if (!(key in trackOf)) { trackOf[key] = tracks.length; tracks.push({ key, depthEnds: [], rows: 1 }); }
   }
-  const t0 = Math.min(...events.map((e) => e.ts)), t1 = Math.max(...events.map((e) => e.ts + (e.dur || 0)));
-  const width = Math.max(900, main.clientWidth - 40), LABEL = 160, ROW = 16;
-  const scale = (width - LABEL - 10) / Math.max(1e-9, t1 - t0);
-  // nested spans stack downwards within their track
-  const sorted = events.slice().sort((a, b) => a.ts - b.ts || (b.dur || 0) - (a.dur || 0));
+  const sorted = events.filter((e) => e.ph === "X").sort((a, b) => a.ts - b.ts || (b.dur || 0) - (a.dur || 0));
   const placed = sorted.map((e) => {
-    const t = tracks[trackOf[`${e.pid} / ${e.tid}`]];
+    const ti = trackOf[`${e.pid} / ${e.tid}`], t = tracks[ti];
     let d = 0;
     while (d < t.depthEnds.length && t.depthEnds[d] > e.ts + 1e-6) d++;
     t.depthEnds[d] = e.ts + (e.dur || 0);
     t.depthEnds.length = d + 1;
-    t.rows = Math.max(t.rows || 1, d + 1);
-    return [e, trackOf[`${e.pid} / ${e.tid}`], d];
+    t.rows = Math.max(t.rows, d + 1);
+    return [e, ti, d];
   });
+  const marks = events.filter((e) => e.ph === "i" || e.ph === "I").map((e) => [e, trackOf[`${e.pid} / ${e.tid}`]]);
+  let t0 = Infinity, t1 = -Infinity;
+  for (const e of events) { t0 = Math.min(t0, e.ts); t1 = Math.max(t1, e.ts + (e.dur || 0)); }
+  return { tracks, placed, marks, t0, t1 };
+}
+
+const TIMELINE_COLORS = { kernel: "#42a5f5", copy: "#ffa726", compile: "#ab47bc", realize: "#78909c",
+                          schedule: "#26a69a", run: "#8d6e63", jit: "#ef5350", collective: "#d4e157", view: "#bdbdbd" };
+
+function viewTimeline() {
+  const events = state.summary.profile.filter((e) => e.ph === "X" || e.ph === "i" || e.ph === "I");
+  main.append(el("h2", {}, `Timeline: ${events.length} events`));
+  if (!events.length) { main.append(el("p", {}, "No profile in this trace (run with PROFILE=1)."));  return; }
+  const lay = state.timeline || (state.timeline = timelineLayout(events));
+  const win = state.window || (state.window = [lay.t0, Math.max(lay.t1, lay.t0 + 1e-3)]);
+  const width = Math.max(900, main.clientWidth - 40), LABEL = 160, ROW = 16;
   let y = 20;
-  for (const t of tracks) { t.y = y; y += (t.rows || 1) * ROW + 10; }
-  const svg = svgEl("svg", { width, height: y + 10, id: "timeline-svg" });
-  const axis = svgEl("text", { x: LABEL, y: 12 });
-  axis.textContent = `0 .. ${fmtUs(t1 - t0)}`;
-  svg.append(axis);
-  const colors = { kernel: "#42a5f5", copy: "#ffa726", compile: "#ab47bc", realize: "#78909c", schedule: "#26a69a",
-                   run: "#8d6e63", jit: "#ef5350", collective: "#d4e157", view: "#bdbdbd" };
-  for (const t of tracks) {
-    const lab = svgEl("text", { x: 4, y: t.y + 11 });
-    lab.textContent = t.key;
-    svg.append(lab);
-  }
-  for (const [e, ti, d] of placed) {
-    const x = LABEL + (e.ts - t0) * scale;
-    const rect = svgEl("rect", { x, y: tracks[ti].y + d * ROW, width: Math.max(1, (e.dur || 0) * scale), height: ROW - 2,
-                                 class: "bar", "data-cat": e.cat || "", fill: colors[e.cat] || "#9e9e9e" });
-    const title = svgEl("title", {});
-    title.textContent = `${e.name} (${e.cat}) ${fmtUs(e.dur)}` + (e.args ? " " + JSON.stringify(e.args) : "");
-    rect.append(title);
-    svg.append(rect);
-  }
-  main.append(el("div", { class: "timeline" }, svg));
+  for (const t of lay.tracks) { t.y = y; y += t.rows * ROW + 10; }
+  const box = el("div", { class: "timeline" });
+  const zoom = (f, at) => {
+    // zoom by f around time `at` (the window's middle by default), within the trace's span
+    const [a, b] = state.window, mid = at === undefined ? (a + b) / 2 : at;
+    const span = Math.min(lay.t1 - lay.t0 || 1e-3, Math.max(0.01, (b - a) * f));
+    let na = mid - (mid - a) * span / (b - a);
+    na = Math.max(lay.t0, Math.min(na, lay.t1 - span));
+    state.window = [na, na + span];
+    draw();
+  };
+  const pan = (f) => {
+    const [a, b] = state.window, w = b - a;
+    const na = Math.max(lay.t0, Math.min(a + f * w, lay.t1 - w));
+    state.window = [na, na + w];
+    draw();
+  };
+  const tools = el("div", { class: "timeline-tools" },
+    el("button", { id: "zoom-in", onclick: () => zoom(0.5) }, "zoom in"),
+    el("button", { id: "zoom-out", onclick: () => zoom(2) }, "zoom out"),
+    el("button", { id: "zoom-fit", onclick: () => { state.window = [lay.t0, Math.max(lay.t1, lay.t0 + 1e-3)]; draw(); } }, "fit"),
+    el("button", { id: "pan-left", onclick: () => pan(-0.5) }, "<"),
+    el("button", { id: "pan-right", onclick: () => pan(0.5) }, ">"),
+    el("span", { class: "note" }, " (wheel: zoom at the pointer; drag: move)"));
+  const draw = () => {
+    const [v0, v1] = state.window;
+    const scale = (width - LABEL - 10) / Math.max(1e-9, v1 - v0);
+    const svg = svgEl("svg", { width, height: y + 10, id: "timeline-svg", "data-t0": v0, "data-t1": v1 });
+    const axis = svgEl("text", { x: LABEL, y: 12, id: "timeline-axis" });
+    axis.textContent = `${fmtUs(v0 - lay.t0)} .. ${fmtUs(v1 - lay.t0)} of ${fmtUs(lay.t1 - lay.t0)}`;
+    svg.append(axis);
+    for (const t of lay.tracks) {
+      const lab = svgEl("text", { x: 4, y: t.y + 11 });
+      lab.textContent = t.key;
+      svg.append(lab);
+    }
+    // only what is in the window is drawn: a big trace zoomed in stays light
+    for (const [e, ti, d] of lay.placed) {
+      const end = e.ts + (e.dur || 0);
+      if (end < v0 || e.ts > v1) continue;
+      const x0 = Math.max(e.ts, v0), x1 = Math.min(end, v1);
+      const rect = svgEl("rect", { x: LABEL + (x0 - v0) * scale, y: lay.tracks[ti].y + d * ROW,
+                                   width: Math.max(1, (x1 - x0) * scale), height: ROW - 2,
+                                   class: "bar", "data-cat": e.cat || "", fill: TIMELINE_COLORS[e.cat] || "#9e9e9e" });
+      const title = svgEl("title", {});
+      title.textContent = `${e.name} (${e.cat}) ${fmtUs(e.dur)}` + (e.args ? " " + JSON.stringify(e.args) : "");
+      rect.append(title);
+      svg.append(rect);
+    }
+    for (const [e, ti] of lay.marks) {
+      if (e.ts < v0 || e.ts > v1) continue;
+      const x = LABEL + (e.ts - v0) * scale, ty = lay.tracks[ti].y;
+      const m = svgEl("path", { d: `M${x},${ty} l5,${ROW - 2} l-10,0 z`, class: "marker", "data-cat": e.cat || "" });
+      const title = svgEl("title", {});
+      title.textContent = `${e.name}: ${(e.args && e.args.message) || ""}`;
+      m.append(title);
+      svg.append(m);
+    }
+    svg.addEventListener("wheel", (ev) => {
+      ev.preventDefault();
+      const at = v0 + (ev.offsetX - LABEL) / scale;
+      zoom(ev.deltaY < 0 ? 0.8 : 1.25, Math.max(v0, Math.min(v1, at)));
+    });
+    svg.addEventListener("mousedown", (ev) => {
+      const startX = ev.clientX, [a, b] = state.window;
+      const move = (mv) => {
+        const w = b - a, na = Math.max(lay.t0, Math.min(a - (mv.clientX - startX) / scale, lay.t1 - w));
+        state.window = [na, na + w];
+      };
+      const up = () => { window.removeEventListener("mousemove", move); window.removeEventListener("mouseup", up); draw(); };
+      window.addEventListener("mousemove", move);
+      window.addEventListener("mouseup", up);
+    });
+    box.textContent = "";
+    box.append(svg);
+  };
+  main.append(tools, box);
+  draw();
 }
 
 // *** routing ***
@@ -363,6 +502,7 @@ async function route() {
   else if (parts[0] === "rewrites") viewRewrites();
   else if (parts[0] === "rewrite") await viewRewrite(n[0], n[1] || 0);
   else if (parts[0] === "timeline") viewTimeline();
+  else if (parts[0] === "findings") viewFindings();
   else viewKernels();
   document.body.dataset.ready = location.hash;
 }
@@ -372,7 +512,8 @@ async function start() {
     state.summary = await api("summary");
     const s = state.summary;
     document.getElementById("status").textContent =
-      `${s.schedules.length} schedules, ${s.kernels.length} kernels, ${s.rewrites.length} rewrites, ${s.profile.length} profile events`;
+      `${s.schedules.length} schedules, ${s.kernels.length} kernels, ${s.rewrites.length} rewrites, ${s.profile.length} profile events` +
+      (s.findings.length ? `, ${s.findings.length} findings` : "");
     window.addEventListener("hashchange", () => route().catch((e) => reportError("error: " + e.message)));
     await route();
   } catch (e) {
