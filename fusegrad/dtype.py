@@ -131,20 +131,25 @@ class dtypes:
 
     @staticmethod
     def from_py(x: Any) -> DType:
-        """The dtype a Python value (or flat list of them) becomes: float > int > bool, as torch infers it. Ints are
-        the default int, or int64 where a value doesn't fit it; one that int64 can't hold is an OverflowError (torch
-        refuses it too) rather than a wrapped value."""
+        """The dtype a Python value, or a (nested) list or tuple of them, becomes, as tinygrad and torch infer it: a
+        float anywhere -> the default float; else an int anywhere (bools beside ints count as ints) -> the default int,
+        or int64 where a value doesn't fit it; else (all bools) bool. An empty list, at any depth, is the default float.
+        An int that int64 can't hold is an OverflowError (torch refuses it too) rather than a wrapped value, except
+        beside a float, which makes them all floats. A ragged nesting (sub-lists of different shapes, or scalars
+        beside lists) is a ValueError, as Tensor() gives for it."""
         if isinstance(x, float): return dtypes.default_float
         if isinstance(x, bool): return dtypes.bool
         if isinstance(x, int): return _int_dtype_of(x, x)
         if isinstance(x, (list, tuple)):
-            if not x: return dtypes.default_float
-            kinds = {type(v) for v in x}
+            flat = _nested_scalars(x)
+            if not flat: return dtypes.default_float
+            kinds = {type(v) for v in flat}
             if float in kinds: return dtypes.default_float  # (before any int is checked: [0.5, 2**70] is fine)
             if kinds <= {int, bool}:
-                ints = [v for v in x if type(v) is int]
+                ints = [v for v in flat if type(v) is int]
                 return _int_dtype_of(min(ints), max(ints)) if ints else dtypes.bool
-            return max((dtypes.from_py(v) for v in x), key=lambda d: d.priority)
+            # other scalar types (subclasses of float, int or bool): each by its own rule, the widest wins
+            return max((dtypes.from_py(v) for v in flat), key=lambda d: d.priority)
         raise TypeError(f"can't infer a dtype from {type(x).__name__} {x!r}")
 
     @staticmethod
@@ -221,6 +226,20 @@ _INTS_AND_INDEX = frozenset(dtypes.ints + (dtypes.index,))
 
 # the inclusive range of each integer dtype (index excepted: it is never user data)
 _INT_RANGE: dict[DType, tuple[int, int]] = {dt: (int(dtypes.min(dt)), int(dtypes.max(dt))) for dt in dtypes.ints}
+
+def _nested_scalars(x: list | tuple) -> list:
+    """The scalars of a nested list/tuple in row-major order. ValueError where the nesting is ragged: every element
+    of a list must have the same shape (a scalar's is ())."""
+    if not any(isinstance(v, (list, tuple)) for v in x): return list(x)  # (the common case: already flat)
+    def walk(v: Any) -> tuple[list, tuple[int, ...]]:
+        if not isinstance(v, (list, tuple)): return [v], ()
+        if not v: return [], (0,)
+        parts = [walk(e) for e in v]
+        shape = parts[0][1]
+        if any(p[1] != shape for p in parts):
+            raise ValueError(f"ragged nested sequence: sub-sequences have shapes {sorted({p[1] for p in parts})}")
+        return [s for p in parts for s in p[0]], (len(v),) + shape
+    return walk(x)[0]
 
 def _int_dtype_of(lo: int, hi: int) -> DType:
     """The dtype of Python ints from `lo` to `hi` given without a dtype: the default int, else int64."""
