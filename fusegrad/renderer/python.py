@@ -7,7 +7,13 @@ Sources outside the list are ordering-only dependencies (the END(store, *loops) 
 
 By default the renderer declares what the CPU's C renderer declares (vector dtypes, SIMD width, registers, FMA), so
 the optimizer shapes the very same kernels for both devices and PYTHON can cross-check CPU uop for uop. With
-PYTHON_SIMD=0 it declares no SIMD and no FMA: the optimizer then emits plain scalar code."""
+PYTHON_SIMD=0 it declares no SIMD and no FMA: the optimizer then emits plain scalar code.
+
+`PythonRenderer(like=r)` declares what renderer `r` declares, GPU attributes included: given a GPU renderer, the code
+generator makes GPU-style kernels (SPECIAL ids, local memory, barriers), and the PYTHON runtime emulates their
+work-groups, so they can be cross-checked on the CPU. With PYTHON_GPU=1 (or `gpu=True`) the PYTHON device itself acts
+as a GPU without another renderer: has_local, a CUDA-like launch grid (global_max (2**31-1, 65535, 65535),
+local_max (1024, 1024, 64), max_workgroup 1024, local_bytes 48 KiB), no SIMD, no FMA and no threads."""
 from __future__ import annotations
 import ast
 import math
@@ -20,16 +26,25 @@ from fusegrad.uop.ops import Ops, UOp
 
 # what the optimizer and lowerer read from a renderer; copied from the renderer being mimicked
 _OPT_ATTRS = ("has_threads", "supports_float4", "max_upcast", "simd_bytes", "vector_registers", "vector_dtypes",
-              "has_fma")
+              "has_fma", "has_local", "global_max", "local_max", "max_workgroup", "local_bytes")
+# the GPU attributes' values for a renderer that declares none (a CPU renderer)
+_GPU_DEFAULTS = {"has_local": False, "global_max": (), "local_max": (), "max_workgroup": 1, "local_bytes": 0}
+# what PYTHON_GPU=1 declares
+_AS_GPU = {"has_local": True, "global_max": (2**31 - 1, 65535, 65535), "local_max": (1024, 1024, 64),
+           "max_workgroup": 1024, "local_bytes": 48 * 1024, "vector_dtypes": (), "simd_bytes": 0, "has_fma": False,
+           "has_threads": False}
 
 class PythonRenderer(Renderer):
     """Serializes linearized UOps; declares the optimizer attributes of `like` (default: the host CPU's, as the CPU's
-    ClangRenderer declares them)."""
+    ClangRenderer declares them; `gpu`: a GPU's, see the module docstring)."""
     device = "PYTHON"
 
-    def __init__(self, like: Renderer | None = None, simd: bool | None = None) -> None:
+    def __init__(self, like: Renderer | None = None, simd: bool | None = None, gpu: bool | None = None) -> None:
+        for attr, v in _GPU_DEFAULTS.items(): setattr(self, attr, v)
         if like is not None:
-            for attr in _OPT_ATTRS: setattr(self, attr, getattr(like, attr))
+            for attr in _OPT_ATTRS: setattr(self, attr, getattr(like, attr, _GPU_DEFAULTS.get(attr)))
+        elif gpu if gpu is not None else getenv("PYTHON_GPU", 0):
+            for attr, v in _AS_GPU.items(): setattr(self, attr, v)
         elif simd if simd is not None else getenv("PYTHON_SIMD", 1):
             # the host CPU's SIMD facts, as the C renderer has them (without: the base class's, no SIMD and no FMA)
             host = hostcpu.cpu()

@@ -17,12 +17,30 @@ register file with one slot per UOp. Semantics follow cstyle.py:
   - registers are read when their LOAD executes (a snapshot), memory accesses are bounds-checked, a gated LOAD gives 0
     and a gated STORE is skipped, an accumulator read before it is written is an error
   - the outermost ("global") loop runs over [core_lo, core_hi); a call split into chunks (threads on the CPU) runs
-    them in reverse order, each with fresh registers, so chunks that aren't independent show up as wrong results."""
+    them in reverse order, each with fresh registers, so chunks that aren't independent show up as wrong results.
+
+GPU-style kernels (with SPECIAL ids: docs/architecture.md, "GPU-style kernels") are emulated work-group by
+work-group. A call passes `global_dims` and `local_dims`; the groups run one after another, the last first, and within
+a group every work-item has registers of its own while the group's DEFINE_LOCAL buffers are shared. When the kernel
+has a BARRIER, each work-item runs in a Python thread, but only one of them at a time, in a fixed order: work-item 0
+(lidx0 fastest) runs until its next barrier or its end, then work-item 1, ..., and when all wait at the barrier the
+next phase starts. Runs are deterministic, so whatever the checks below find, they find every time.
+  - checked: within a phase (between two barriers), a local element read by one work-item and written by another, or
+    written by two ("missing barrier"); local accesses out of bounds; divergent barriers (some work-items finish or
+    wait at another BARRIER uop while others wait at one); SPECIAL names other than gidx0-2/lidx0-2, repeated ones,
+    or inside a loop; launch dims that don't match the SPECIALs' sizes (a dim without its SPECIAL must be 1)
+  - local memory starts as 0xff bytes (nan for floats, -1 for signed integers), so reading an element before any
+    work-item wrote it gives visibly wrong values rather than an error
+  - not checked: races on global memory (between work-items of a group, or between groups: they show up only when
+    the result depends on the order groups run in), the renderer's limits (local_bytes, max_workgroup), and loops
+    around a barrier whose trip counts differ between work-items while every work-item still reaches the same
+    barriers in the same order (nested loops of 1x2 and 2x1 iterations)"""
 from __future__ import annotations
 import functools
 import math
 import operator
 import struct
+import threading
 import time
 from fractions import Fraction
 from itertools import repeat
@@ -337,21 +355,93 @@ class _Mem:
         if i < 0 or i + len(vs) > self.n: raise self._oob(i, len(vs))
         for k, v in enumerate(vs): self.mv[i + k] = v if self.enc is None else self.enc(v)
 
+class _LocalMem(_Mem):
+    """A work-group's local memory, shared by its work-items, with accesses checked for missing barriers: within a
+    phase (between two barriers) no element may be read by one work-item and written by another, or written by two.
+    `item` is the work-item running now (one runs at a time); `who(k, with_group)` names work-item k in messages."""
+    def __init__(self, raw: memoryview, dt: DType, what: str, who: Callable[[int, bool], str]):
+        super().__init__(raw, dt, what)
+        self.who, self.item = who, 0
+        self.writer: dict[int, int] = {}   # element -> the work-item that wrote it in this phase
+        self.reader: dict[int, tuple[int, ...]] = {}   # element -> the first two work-items that read it in this phase
+
+    def new_phase(self) -> None:
+        self.writer.clear()
+        self.reader.clear()
+
+    def _race(self, i: int, k: int, did: str, other: int, other_did: str) -> IndexError:
+        return IndexError(f"{self.what}: missing barrier: {self.who(k, True)} {did} element {i}, which "
+                          f"{self.who(other, False)} {other_did} since the last barrier")
+
+    def _check_load(self, i: int) -> None:
+        k = self.item
+        if (w := self.writer.get(i, k)) != k: raise self._race(i, k, "reads", w, "wrote")
+        rd = self.reader.get(i, ())
+        if len(rd) < 2 and k not in rd: self.reader[i] = rd + (k,)
+
+    def _check_store(self, i: int) -> None:
+        k = self.item
+        if (w := self.writer.get(i, k)) != k: raise self._race(i, k, "writes", w, "wrote")
+        for rd in self.reader.get(i, ()):
+            if rd != k: raise self._race(i, k, "writes", rd, "read")
+        self.writer[i] = k
+
+    def load(self, i: int) -> Any:
+        v = super().load(i)
+        self._check_load(i)
+        return v
+
+    def loadv(self, i: int, count: int) -> tuple:
+        v = super().loadv(i, count)
+        for x in range(i, i + count): self._check_load(x)
+        return v
+
+    def store(self, i: int, v: Any) -> None:
+        if 0 <= i < self.n: self._check_store(i)
+        super().store(i, v)
+
+    def storev(self, i: int, vs: tuple) -> None:
+        if 0 <= i and i + len(vs) <= self.n:
+            for x in range(i, i + len(vs)): self._check_store(x)
+        super().storev(i, vs)
+
 # *** programs ***
 
 Step = Callable[[list], None]
 
+_SPECIAL_NAMES = ("gidx0", "gidx1", "gidx2", "lidx0", "lidx1", "lidx2")
+
+class _Abort(BaseException):
+    """Unwinds a work-item's thread when its group's launch failed (BaseException: no step catches it)."""
+
 class PythonProgram:
     """A kernel listing turned into closures; called like CPUProgram: buffers in DEFINE_GLOBAL order, then `vals` in
-    DEFINE_VAR name order, the outermost loop over [0, global_size) split into `threads` chunks."""
+    DEFINE_VAR name order, the outermost loop over [0, global_size) split into `threads` chunks. A GPU-style kernel
+    (one with SPECIAL ids) is launched over `global_dims` work-groups of `local_dims` work-items instead."""
     def __init__(self, name: str, lib: bytes):
         self.name = name
         _, self.instrs = parse_listing(lib.decode())
         n = len(self.instrs)
+        # registers past the UOps' own: the CPU-style core range; a work-item's ids (gidx0-2, lidx0-2), the launch
+        # dims in the same order, its group (None when it runs alone) and its index in the group
         self.core_lo, self.core_hi = n, n + 1
-        self.template: list[Any] = [None] * (n + 2)
+        self.ids, self.dims, self.group, self.item = n + 2, n + 3, n + 4, n + 5
+        self.template: list[Any] = [None] * (n + 6)
         self.globals: list[tuple[int, int, DType]] = []   # (arg, slot, element dtype) in argument order
         self.vars: list[tuple[str, int]] = []          # (name, slot) in argument order
+        self.specials: dict[str, int] = {}             # SPECIAL name -> its uop
+        self.locals: list[tuple[int, int, DType, str]] = []   # GPU-style: (slot, bytes, element dtype, name)
+        self.global_loop: int | None = None            # the CPU-style "global" RANGE
+        self.has_barrier = False
+        for i, (op, dt, srcs, arg) in enumerate(self.instrs):
+            if op is not Ops.SPECIAL: continue
+            if arg not in _SPECIAL_NAMES: raise self._err(i, f"malformed SPECIAL name {arg!r}: not one of "
+                                                             f"{', '.join(_SPECIAL_NAMES)}")
+            if arg in self.specials: raise self._err(i, f"SPECIAL {arg} repeated (uop {self.specials[arg]} is one)")
+            if dt != dtypes.index or len(srcs) != 1:
+                raise self._err(i, "a SPECIAL is an index with one source, its size")
+            self.specials[arg] = i
+        self.gpu = bool(self.specials)
         self.body = self._build()
 
     def _err(self, i: int, msg: str) -> RuntimeError:
@@ -370,13 +460,17 @@ class PythonProgram:
             elif op is Ops.DEFINE_VAR: self.vars.append((arg[0], i))
             elif op is Ops.CONST: self.template[i] = const_value(arg, dt)
             elif op is Ops.RANGE:
+                if arg[1] == "global": self.global_loop = i
                 blocks.append([])
                 open_loops.append(i)
             elif op is Ops.END:
                 if not open_loops or srcs[0] != open_loops[-1]: raise self._err(i, "END doesn't close the open loop")
                 body = blocks.pop()
                 blocks[-1].append(self._loop(open_loops.pop(), body))
-            elif (step := self._step(i, op, dt, srcs, arg)) is not None: blocks[-1].append(step)
+            else:
+                if open_loops and (op is Ops.SPECIAL or (self.gpu and op is Ops.DEFINE_LOCAL)):
+                    raise self._err(i, f"a {op.name} inside a loop (uop {open_loops[-1]})")
+                if (step := self._step(i, op, dt, srcs, arg)) is not None: blocks[-1].append(step)
         if open_loops: raise self._err(open_loops[-1], "loop never closed")
         self.globals = sorted(gl)
         self.vars.sort()
@@ -411,12 +505,30 @@ class PythonProgram:
         if op is Ops.DEFINE_LOCAL:
             assert isinstance(dt, PtrDType)
             nbytes, base, what = dt.size * dt.base.itemsize, dt.base, f"{self.name} local{arg}"
+            if self.gpu:   # shared by a work-group: made when the group starts
+                self.locals.append((i, nbytes, base, what))
+                return None
             def define_local(r: list) -> None: r[i] = _Mem(memoryview(bytearray(nbytes)), base, what)
             return define_local
+        if op is Ops.BARRIER and self.gpu:
+            self.has_barrier = True
+            a, grp, item = s(0), self.group, self.item
+            def barrier(r: list) -> None:
+                if (g := r[grp]) is not None: g.wait(r[item], i)
+                r[i] = r[a]
+            return barrier
         if op in (Ops.BIND, Ops.BARRIER):
             a = s(0)
             def alias(r: list) -> None: r[i] = r[a]
             return alias
+        if op is Ops.SPECIAL:
+            size, ids, dims, j = s(0), self.ids, self.dims, _SPECIAL_NAMES.index(arg)
+            which = f"{'global' if j < 3 else 'local'}_dims[{j % 3}]"
+            def special(r: list) -> None:
+                if r[size] != r[dims][j]: raise self._err(i, f"its size {r[size]} doesn't match the launch's "
+                                                             f"{which} = {r[dims][j]}")
+                r[i] = r[ids][j]
+            return special
         if op is Ops.INDEX: return self._index(i, dt, srcs)
         if op is Ops.LOAD: return self._load(i, dt, srcs)
         if op is Ops.STORE: return self._store(i, srcs)
@@ -538,7 +650,8 @@ class PythonProgram:
         return store
 
     def __call__(self, *bufs: memoryview, vals: tuple[int, ...] = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False, join: bool = False, helpable: bool = True) -> float | None:
+                 wait: bool = False, join: bool = False, helpable: bool = True, global_dims: tuple[int, ...] = (),
+                 local_dims: tuple[int, ...] = ()) -> float | None:
         if len(bufs) != len(self.globals) or len(vals) != len(self.vars):
             raise TypeError(f"PYTHON kernel {self.name} takes {len(self.globals)} buffers and {len(self.vars)} vars, "
                             f"got {len(bufs)} and {len(vals)}")
@@ -546,6 +659,9 @@ class PythonProgram:
         init = list(self.template)
         for (arg, slot, dt), buf in zip(self.globals, bufs): init[slot] = _Mem(buf, dt, f"{self.name} data{arg}")
         for (_, slot), v in zip(self.vars, vals): init[slot] = v
+        if self.gpu or global_dims or local_dims:
+            self._launch(init, tuple(global_dims), tuple(local_dims))
+            return time.perf_counter() - st if wait else None
         gs = max(global_size, 1)
         threads = max(1, min(threads, gs))
         bounds = [gs * k // threads for k in range(threads + 1)]
@@ -554,6 +670,116 @@ class PythonProgram:
             regs[self.core_lo], regs[self.core_hi] = bounds[k], bounds[k + 1]
             for s in self.body: s(regs)
         return time.perf_counter() - st if wait else None
+
+    def _check_launch(self, global_dims: tuple[int, ...], local_dims: tuple[int, ...]) -> tuple[int, ...]:
+        """The six launch dims (global 0-2, local 0-2, missing ones 1) after checking them against the kernel."""
+        me = f"PYTHON kernel {self.name}"
+        if not global_dims: raise RuntimeError(f"{me} is GPU-style (it has SPECIAL ids): it needs global_dims and "
+                                               f"local_dims to launch")
+        if len(global_dims) != len(local_dims) or len(global_dims) > 3:
+            raise RuntimeError(f"{me}: global_dims {global_dims} and local_dims {local_dims} must have the same "
+                               f"length, at most 3")
+        if not all(isinstance(d, int) and d >= 1 for d in global_dims + local_dims):
+            raise RuntimeError(f"{me}: launch dims must be positive ints, got global_dims {global_dims} and "
+                               f"local_dims {local_dims}")
+        if self.global_loop is not None:
+            raise self._err(self.global_loop, "a CPU-style global loop in a kernel launched over work-groups")
+        pad = (1,) * (3 - len(global_dims))
+        dims = global_dims + pad + local_dims + pad
+        for j, name in enumerate(_SPECIAL_NAMES):
+            which = f"{'global' if j < 3 else 'local'}_dims[{j % 3}]"
+            if name in self.specials and j % 3 >= len(global_dims):
+                raise self._err(self.specials[name], f"the launch has no {which} (global_dims {global_dims}, "
+                                                     f"local_dims {local_dims})")
+            if name not in self.specials and dims[j] != 1:
+                raise RuntimeError(f"{me}: launched with {which} = {dims[j]}, but the kernel has no {name}")
+        return dims
+
+    def _launch(self, init: list, global_dims: tuple[int, ...], local_dims: tuple[int, ...]) -> None:
+        """Run every work-group, the last first (groups may run in any order, so results mustn't depend on it)."""
+        dims = self._check_launch(global_dims, local_dims)
+        nd = len(global_dims)
+        g0, g1, g2, l0, l1, l2 = dims
+        n_items = l0 * l1 * l2
+        init[self.dims] = dims
+        for g in reversed(range(g0 * g1 * g2)):
+            gid = (g % g0, g // g0 % g1, g // (g0 * g1))
+            lids = [(k % l0, k // l0 % l1, k // (l0 * l1)) for k in range(n_items)]
+            def who(k: int, with_group: bool = True, gid: tuple = gid, lids: list = lids) -> str:
+                return f"work-item lidx {lids[k][:nd]}" + (f" of group gidx {gid[:nd]}" if with_group else "")
+            # local memory starts as 0xff bytes (nan, -1): values read before they are written show up
+            mems = [(slot, _LocalMem(memoryview(bytearray(b"\xff" * nbytes)), dt, what, who))
+                    for slot, nbytes, dt, what in self.locals]
+            regs = []
+            for k in range(n_items):
+                r = list(init)
+                r[self.ids], r[self.item] = gid + lids[k], k
+                for slot, m in mems: r[slot] = m
+                regs.append(r)
+            if self.has_barrier and n_items > 1: _Group(self, regs, [m for _, m in mems], who).run()
+            else:   # no barrier to wait at: the work-items run one after the other
+                for k, r in enumerate(regs):
+                    for _, m in mems: m.item = k
+                    for s in self.body: s(r)
+
+class _Group:
+    """The work-items of one work-group, each in a thread of its own, of which exactly one runs at a time: it holds
+    the baton until it reaches a barrier or its end. Work-item 0 runs first, then 1, ...; when all of them wait at
+    the same barrier, the next phase starts the same way."""
+    def __init__(self, prog: PythonProgram, regs: list[list], mems: list[_LocalMem], who: Callable[..., str]):
+        self.prog, self.regs, self.mems, self.who = prog, regs, mems, who
+        self.go = [threading.Semaphore(0) for _ in regs]   # released to give work-item k the baton
+        self.back = threading.Semaphore(0)                   # released when the baton comes back
+        # what each work-item did with the baton: the BARRIER uop it waits at, None when it finished, or its error
+        self.where: list[int | BaseException | None] = [None] * len(regs)
+        self.abort = False
+        for r in regs: r[prog.group] = self
+
+    def wait(self, k: int, barrier: int) -> None:
+        """Called by work-item k at BARRIER uop `barrier`: give the baton back, wait for the next phase."""
+        self.where[k] = barrier
+        self.back.release()
+        self.go[k].acquire()
+        if self.abort: raise _Abort
+
+    def _work(self, k: int) -> None:
+        self.go[k].acquire()
+        if self.abort: return
+        try:
+            for s in self.prog.body: s(self.regs[k])
+            self.where[k] = None
+        except _Abort: return
+        except BaseException as e: self.where[k] = e   # raised again by the launching thread
+        self.back.release()
+
+    def run(self) -> None:
+        threads = [threading.Thread(target=self._work, args=(k,), daemon=True) for k in range(len(self.regs))]
+        for t in threads: t.start()
+        try:
+            while True:
+                for k in range(len(self.regs)):
+                    for m in self.mems: m.item = k
+                    self.go[k].release()
+                    self.back.acquire()
+                    if isinstance(e := self.where[k], BaseException): raise e
+                if all(w is None for w in self.where): return
+                self._check_converged()
+                for m in self.mems: m.new_phase()
+        finally:
+            # work-items still waiting (at a barrier, or to start) wake up and unwind
+            self.abort = True
+            for sem in self.go: sem.release()
+            for t in threads: t.join()
+
+    def _check_converged(self) -> None:
+        """Every work-item must wait at the same barrier: else some would wait forever on a GPU (or skip one)."""
+        at = min(w for w in self.where if isinstance(w, int))
+        waiting = [k for k, w in enumerate(self.where) if w == at]
+        if len(waiting) == len(self.where): return
+        other = next(k for k, w in enumerate(self.where) if w != at)
+        did = "finished" if self.where[other] is None else f"waits at the BARRIER uop {self.where[other]}"
+        raise self.prog._err(at, f"divergent barrier: {len(waiting)} of {len(self.where)} work-items wait here "
+                                 f"({self.who(waiting[0], False)} ...) while {self.who(other)} {did}")
 
 def _lanes(f: Callable[..., Any], is_vec: tuple[bool, ...], count: int) -> Callable[..., tuple]:
     """`f` applied lane by lane; scalar operands are broadcast."""
