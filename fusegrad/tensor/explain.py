@@ -75,31 +75,45 @@ def install_source_tracking() -> None:
 
 _rooflines: dict[str, _explain.Roofline] = {}
 
-def _best(fn: Any, runs: int = 5) -> float:
+def _best(fn: Any, device: str, runs: int) -> float:
+    # (a CPU realize returns once its kernels are queued: the time is until the device has finished them)
+    dev = Device[device]
     best = float("inf")
     for _ in range(runs):
+        dev.synchronize()
         st = time.perf_counter()
         fn()
+        dev.synchronize()
         best = min(best, time.perf_counter() - st)
     return best
 
-def measure_roofline(device: str) -> _explain.Roofline:
+def measure_roofline(device: str, runs: int = 5) -> _explain.Roofline:
     """Time a big matmul (FLOP/s), a big elementwise kernel (bytes/s) and a realize of many tiny kernels (per
-    kernel), each as a whole realize, as the workloads it predicts are timed."""
+    kernel), each as a whole realize until the device is done, as the workloads it predicts are timed; the best of
+    `runs` after one run that compiles."""
     from fusegrad.tensor import Tensor
     n = 512
     a, b = Tensor.rand(n, n, device=device).realize(), Tensor.rand(n, n, device=device).realize()
     (a @ b).realize()
-    flops = 2 * n ** 3 / _best(lambda: (a @ b).realize())
+    flops = 2 * n ** 3 / _best(lambda: (a @ b).realize(), device, runs)
     m = 1 << 22
     x = Tensor.rand(m, device=device).realize()
     (x * 2).realize()
-    bw = 2 * 4 * m / _best(lambda: (x * 2).realize())
+    bw = 2 * 4 * m / _best(lambda: (x * 2).realize(), device, runs)
     small = [Tensor.rand(16, device=device).realize() for _ in range(32)]
     def tiny() -> None: Tensor.realize(*[(s * 3 + i) for i, s in enumerate(small)])
     tiny()
-    launch = _best(tiny) / len(small)
+    launch = _best(tiny, device, runs) / len(small)
     return _explain.Roofline(flops, bw, launch)
+
+# a cached roofline is measured again when a quick probe of this process differs from it by more than this factor
+# (either way): one measured while the machine was busy, or on other hardware under the same cache folder
+ROOFLINE_TOLERANCE = 2.0
+
+def _disagrees(cached: _explain.Roofline, probe: _explain.Roofline) -> bool:
+    pairs = [(cached.flops_per_s, probe.flops_per_s), (cached.bytes_per_s, probe.bytes_per_s),
+             (cached.launch_s, probe.launch_s)]
+    return any(not (1 / ROOFLINE_TOLERANCE <= p / c <= ROOFLINE_TOLERANCE) for c, p in pairs if c > 0)
 
 def _saved_rooflines() -> dict[str, Any]:
     try:
@@ -118,13 +132,16 @@ def cached_roofline(device: str) -> _explain.Roofline | None:
     return _rooflines.get(kind) or _from_cache(kind, _saved_rooflines())
 
 def roofline(device: str) -> _explain.Roofline:
-    """The device's roofline: measured once per machine and device kind, then read from the cache folder."""
+    """The device's roofline: measured once per machine and device kind, then read from the cache folder; a cached
+    one that a quick probe disagrees with (by more than ROOFLINE_TOLERANCE) is measured again and saved."""
     kind = Device.canonicalize(device).partition(":")[0]
     if (r := _rooflines.get(kind)) is not None: return r
     saved = _saved_rooflines()
     if (r := _from_cache(kind, saved)) is not None:
-        _rooflines[kind] = r
-        return r
+        # checked once per process: a single timed run of each workload
+        if not _disagrees(r, measure_roofline(device, runs=1)):
+            _rooflines[kind] = r
+            return r
     r = _rooflines[kind] = measure_roofline(device)
     saved[kind] = {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s}
     with contextlib.suppress(OSError), atomic_write(os.path.join(cache_dir(), "roofline.json"), "w") as f:

@@ -55,3 +55,28 @@ def test_predicted_time_from_a_roofline():
     from fusegrad.tensor import _shards
     mine = estimate(_shards([a @ a]), [], 0, roof)
     assert mine.predicted_s == max(mine.flops / 1e9, mine.bytes / 1e9) + 1e-5
+
+def test_a_cached_roofline_far_from_a_probe_is_measured_again(tmp_path, monkeypatch):
+    import json
+    from fusegrad.tensor import explain as tex
+    monkeypatch.setattr(tex, "cache_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(tex, "_rooflines", {})
+    # as if measured on a machine a thousand times slower (or while busy): the probe disagrees, so it is measured again
+    slow = {"flops_per_s": 1e6, "bytes_per_s": 1e6, "launch_s": 1.0}
+    (tmp_path / "roofline.json").write_text(json.dumps({"CPU": slow, "OTHER": slow}))
+    r = tex.roofline("CPU")
+    assert r.flops_per_s > 1e8 and r.bytes_per_s > 1e8 and r.launch_s < 0.01
+    saved = json.loads((tmp_path / "roofline.json").read_text())
+    assert saved["CPU"] == {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s}
+    assert saved["OTHER"] == slow
+    # within the process the checked roofline is kept
+    assert tex.roofline("CPU") is r and tex.cached_roofline("CPU") is r
+
+def test_roofline_agreement_within_the_tolerance():
+    from fusegrad.tensor.explain import ROOFLINE_TOLERANCE, _disagrees
+    base = Roofline(1e10, 1e10, 1e-5)
+    assert ROOFLINE_TOLERANCE == 2.0
+    assert not _disagrees(base, Roofline(1.9e10, 0.6e10, 1.5e-5))
+    assert _disagrees(base, Roofline(2.1e10, 1e10, 1e-5))
+    assert _disagrees(base, Roofline(1e10, 0.45e10, 1e-5))
+    assert _disagrees(base, Roofline(1e10, 1e10, 2.5e-5))
