@@ -76,10 +76,13 @@ def _host_range(i: Any) -> tuple[int, int]:
     return min(flat), max(flat)
 
 def _onehot(index: Tensor, n: int) -> Tensor:
-    """index.shape + (n,) bools: True where the index equals the position (out-of-range indices match nothing)."""
+    """index.shape + (n,) bools: True where the index equals the position (out-of-range indices match nothing). The
+    positions count in int64 where n passes int32's range or the index is 64-bit (an int32 count would wrap, and a
+    64-bit index narrowed to int32 could wrap onto a position; a 32-bit one that wraps turns negative: no match)."""
     Tensor = _T()
-    ar = Tensor.arange(n, dtype=dtypes.int32, device=index.device)
-    return index.cast(dtypes.int32 if index.dtype.itemsize <= 4 else index.dtype).unsqueeze(-1) == ar
+    wide = isinstance(n, int) and n - 1 > dtypes.max(dtypes.int32) or index.dtype.itemsize > 4
+    dt = dtypes.int64 if wide else dtypes.int32
+    return index.cast(dt).unsqueeze(-1) == Tensor.arange(n, dtype=dt, device=index.device)
 
 def _flat_position(shape: tuple[int, ...], comps: list[Tensor | int], out_shape: tuple[int, ...],
                    wrap: bool) -> Tensor:

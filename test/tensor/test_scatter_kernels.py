@@ -168,3 +168,21 @@ def test_work_does_not_grow_with_the_indexed_dim(op):
     (small_ops, small_mem), (big_ops, big_mem) = run(100), run(100000)
     assert big_ops <= small_ops * 1.1 + 100
     assert big_mem <= small_mem + 3 * 100000 * 4 * 4
+
+# *** more than 2**31 positions ***
+
+@pytest.mark.parametrize("idt", [dtypes.int64, dtypes.uint64, dtypes.uint32, dtypes.int32])
+def test_one_hot_of_more_than_2_31_classes(idt):
+    # only a window of the one-hot past 2**31 is computed (a lazy shrink): no gigabytes, but the int64 comparison
+    n, lo = 2**31 + 10, 2**31 - 4
+    vals = [2**31 + 5, 3, 2**31 + 1, 2**31 - 1, 2**31 + 9, 2**31 + 10, 2**32 + 2**31 + 1]   # (the last two: past n)
+    vals = [v for v in vals if v <= dtypes.max(idt)] if idt != dtypes.int32 else [2**31 - 1, 3, -1, -2**31]
+    with Context(CHECK_OOB=0):
+        got = Tensor(vals, dtype=idt).one_hot(n)[:, lo:lo + 16].numpy()
+    want = np.array([[v == c for c in range(lo, n)] for v in vals], np.int32)   # (the window ends at n)
+    np.testing.assert_array_equal(got, want)
+
+def test_gather_past_2_31_positions():
+    x = Tensor.arange(2**31 + 10, dtype=dtypes.int64)   # (lazy: never in memory)
+    assert x[Tensor([2**31 + 5, 7, -2])].tolist() == [2**31 + 5, 7, 2**31 + 8]
+    assert x.gather(0, Tensor([2**31 + 9, 2**31 - 1])).tolist() == [2**31 + 9, 2**31 - 1]
