@@ -17,6 +17,7 @@ from fusegrad.uop.graph import bound_variables, buffer_stand_in, is_liftable, ne
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, buffer_node, is_realized
 from fusegrad.uop.pattern import graph_rewrite_map
 from fusegrad.uop.symbolic import simplify_indexing
+from fusegrad.viz import record as _viz
 
 def max_size(shape: tuple) -> int:
     """The number of elements a buffer for `shape` needs: for a symbolic shape, at the Variables' largest values."""
@@ -397,6 +398,7 @@ def kernelize_map(sink: UOp, why: dict[UOp, tuple] | None = None) -> dict[UOp, U
         final[u] = build_kernel(nu) if u in realized else nu
     # elementwise kernels that feed another element for element are folded into it (kernels with several outputs)
     merged = merge_kernels(UOp.sink_of(*final.values()))
+    if _viz.VIZ: _viz.record_kernelize(ssink, final, UOp.sink_of(*final.values()), merged, build_kernel, merge_kernels)
     return {k: merged[final[v]] if v in final else v for k, v in simplified.items()}
 
 __all__ = ["kernelize_map", "kernelize_map_cached"]

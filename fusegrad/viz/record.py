@@ -81,6 +81,7 @@ class _Rewrite:
     """One graph_rewrite call being recorded: its input graph and every step (node before, node after, rule)."""
     def __init__(self, sink: Any, pm: Any, name: str | None, caller: str):
         self.sink, self.pm, self.name, self.caller = sink, pm, name, caller
+        self.matcher = (pm.name or "PatternMatcher") if pm is not None else ""
         self.steps: list[tuple[Any, Any, Callable]] = []
         self.st = time.perf_counter()
 
@@ -117,7 +118,7 @@ class Recorder:
 
     def finish_rewrite(self, rw: _Rewrite, result: Any) -> None:
         table = NodeTable()
-        entry: dict[str, Any] = {"matcher": rw.pm.name or "PatternMatcher", "name": rw.name or "", "caller": rw.caller,
+        entry: dict[str, Any] = {"matcher": rw.matcher, "name": rw.name or "", "caller": rw.caller,
                                  "ms": (time.perf_counter() - rw.st) * 1e3, "steps": [], "nodes": [], "sink": 0,
                                  "result": 0}
         if rw.steps:
@@ -177,6 +178,42 @@ def record_rewrite(run: Callable[[], Any], sink: Any, pm: Any, name: str | None)
     finally: recorder.active.pop()
     recorder.finish_rewrite(rw, ret if hasattr(ret, "op") else sink)
     return ret
+
+def record_pass(name: str, root: Any, mapping: dict[Any, Any], rule: Callable, what: str = "", depth: int = 1) -> None:
+    """A pass that is not a graph_rewrite (kernelization, kernel merging) made `mapping` (old -> new for the nodes of
+    `root`), recorded as a rewrite: each node the pass itself changed is a step (the node rebuilt over its sources'
+    replacements -> what the pass made of it, by `rule`), so the page replays it as it replays the rewriter's.
+    (`depth`: the frame of the pass's function, above this one)"""
+    f = sys._getframe(depth)
+    rw = _Rewrite(root, None, what, f"{_short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})")
+    rw.matcher = name
+    done: dict[Any, Any] = {}
+    for u in _toposort(root):
+        src = tuple(done[s] for s in u.src)
+        rebuilt = u if all(a is b for a, b in zip(src, u.src)) else u.replace(src=src)
+        done[u] = new = mapping.get(u, rebuilt)
+        if new is not rebuilt: rw.steps.append((rebuilt, new, rule))
+    recorder.finish_rewrite(rw, done[root])
+
+def record_kernelize(sink: Any, kernels: dict[Any, Any], root: Any, merged: dict[Any, Any], build: Callable,
+                     merge: Callable) -> None:
+    """Kernelization's two passes (schedule/kernelize.py kernelize_map): the realized nodes of `sink` made kernels
+    (`kernels`: old -> new, by `build`), then the kernels under `root` merged (`merged`, by `merge`)."""
+    record_pass("kernelize", sink, kernels, build, "realized nodes -> kernels", depth=2)
+    record_pass("merge_kernels", root, merged, merge, "kernels with several outputs", depth=2)
+
+def _toposort(root: Any) -> list[Any]:
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        u, ready = stack.pop()
+        if ready:
+            order.append(u)
+            continue
+        if u in seen: continue
+        seen.add(u)
+        stack.append((u, True))
+        stack.extend((s, False) for s in reversed(u.src) if s not in seen)
+    return order
 
 def record_step(before: Any, after: Any, fxn: Callable) -> None:
     """A rule (`fxn`) replaced `before` by `after` inside the graph_rewrite being recorded."""

@@ -201,3 +201,28 @@ def test_findings_of_jit_verify_and_debug_nans(recording):
     _check_events(t["profile"]["traceEvents"])
     summary = Viewer(t).get("/api/summary")
     assert json.loads(summary[2])["findings"] == t["findings"]
+
+def test_kernelize_passes_are_rewrites(recording):
+    from fusegrad.schedule.kernelize import kernelize_map
+    from fusegrad.nn.optim import Adam
+    # an Adam update: kernels made from the realized nodes, then elementwise kernels merged into their readers
+    w = Tensor([[float(i - j) for j in range(11)] for i in range(3)], requires_grad=True)
+    opt = Adam([w], lr=0.25)
+    with Tensor.train():
+        (w * w).sum().backward()
+        opt.step()
+    t = record.trace()
+    passes = {r["matcher"]: r for r in t["rewrites"] if r["matcher"] in ("kernelize", "merge_kernels")}
+    assert set(passes) == {"kernelize", "merge_kernels"}
+    for r in passes.values():
+        assert r["steps"] and r["caller"].startswith("fusegrad/schedule/kernelize.py:")
+        assert RewriteStates(r).state(len(r["steps"]))[0] == r["result"]
+    kernelized = passes["kernelize"]
+    assert {t["rules"][st[2]][0] for st in kernelized["steps"]} == \
+        {f"fusegrad/schedule/kernelize.py:{kernelize_map.__globals__['build_kernel'].__code__.co_firstlineno}"}
+    # a step replaces a realized node by ASSIGN(BUFFER, KERNEL)
+    for before, after, _ in kernelized["steps"]:
+        assert kernelized["nodes"][after][0] == "ASSIGN" or kernelized["nodes"][after][0] in ("RESHAPE", "SHRINK",
+                                                                                               "PERMUTE", "EXPAND")
+    assert [st for st in passes["merge_kernels"]["steps"]
+            if passes["merge_kernels"]["nodes"][st[1]][0] == "KERNEL"], "no kernel was merged"
