@@ -724,44 +724,52 @@ class PythonProgram:
 
 class _Group:
     """The work-items of one work-group, each in a thread of its own, of which exactly one runs at a time: it holds
-    the baton until it reaches a barrier or its end. Work-item 0 runs first, then 1, ...; when all of them wait at
-    the same barrier, the next phase starts the same way."""
+    the baton until it reaches a barrier or its end, then hands it to the next work-item (the last one hands it back
+    to the launching thread). When all of them wait at the same barrier, the next phase starts the same way."""
     def __init__(self, prog: PythonProgram, regs: list[list], mems: list[_LocalMem], who: Callable[..., str]):
         self.prog, self.regs, self.mems, self.who = prog, regs, mems, who
         self.go = [threading.Semaphore(0) for _ in regs]   # released to give work-item k the baton
-        self.back = threading.Semaphore(0)                   # released when the baton comes back
+        self.back = threading.Semaphore(0)                   # released to give it back to the launching thread
         # what each work-item did with the baton: the BARRIER uop it waits at, None when it finished, or its error
         self.where: list[int | BaseException | None] = [None] * len(regs)
         self.abort = False
         for r in regs: r[prog.group] = self
 
-    def wait(self, k: int, barrier: int) -> None:
-        """Called by work-item k at BARRIER uop `barrier`: give the baton back, wait for the next phase."""
-        self.where[k] = barrier
-        self.back.release()
+    def _take(self, k: int) -> None:
         self.go[k].acquire()
         if self.abort: raise _Abort
+        for m in self.mems: m.item = k
+
+    def _pass(self, k: int) -> None:
+        (self.go[k + 1] if k + 1 < len(self.go) else self.back).release()
+
+    def wait(self, k: int, barrier: int) -> None:
+        """Called by work-item k at BARRIER uop `barrier`: pass the baton on, wait for the next phase."""
+        self.where[k] = barrier
+        self._pass(k)
+        self._take(k)
 
     def _work(self, k: int) -> None:
-        self.go[k].acquire()
-        if self.abort: return
         try:
+            self._take(k)
             for s in self.prog.body: s(self.regs[k])
             self.where[k] = None
         except _Abort: return
-        except BaseException as e: self.where[k] = e   # raised again by the launching thread
-        self.back.release()
+        except BaseException as e:   # the launch fails: straight back to the launching thread, which raises it
+            self.where[k] = e
+            self.back.release()
+            return
+        self._pass(k)
 
     def run(self) -> None:
         threads = [threading.Thread(target=self._work, args=(k,), daemon=True) for k in range(len(self.regs))]
         for t in threads: t.start()
         try:
             while True:
-                for k in range(len(self.regs)):
-                    for m in self.mems: m.item = k
-                    self.go[k].release()
-                    self.back.acquire()
-                    if isinstance(e := self.where[k], BaseException): raise e
+                self.go[0].release()
+                self.back.acquire()
+                for e in self.where:
+                    if isinstance(e, BaseException): raise e
                 if all(w is None for w in self.where): return
                 self._check_converged()
                 for m in self.mems: m.new_phase()
