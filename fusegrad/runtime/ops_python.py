@@ -19,12 +19,13 @@ register file with one slot per UOp. Semantics follow cstyle.py:
   - the outermost ("global") loop runs over [core_lo, core_hi); a call split into chunks (threads on the CPU) runs
     them in reverse order, each with fresh registers, so chunks that aren't independent show up as wrong results.
 
-GPU-style kernels (with SPECIAL ids: docs/architecture.md, "GPU-style kernels") are emulated work-group by
-work-group. A call passes `global_dims` and `local_dims`; the groups run one after another, the last first, and within
-a group every work-item has registers of its own while the group's DEFINE_LOCAL buffers are shared. When the kernel
-has a BARRIER, each work-item runs in a Python thread, but only one of them at a time, in a fixed order: work-item 0
-(lidx0 fastest) runs until its next barrier or its end, then work-item 1, ..., and when all wait at the barrier the
-next phase starts. Runs are deterministic, so whatever the checks below find, they find every time.
+GPU-style kernels (with SPECIAL ids; the contract is ProgramSpec's and Renderer's in fusegrad/renderer/__init__.py)
+are emulated work-group by work-group. A call passes `global_dims` and `local_dims`; the groups run one after
+another, the last first, and within a group every work-item has registers of its own while the group's DEFINE_LOCAL
+buffers are shared. When the kernel has a BARRIER, each work-item runs in a Python thread, but only one of them at a
+time, in a fixed order: work-item 0 (lidx0 fastest) runs until its next barrier or its end, then work-item 1, ...,
+and when all wait at the barrier the next phase starts. Runs are deterministic, so whatever the checks below find,
+they find every time.
   - checked: within a phase (between two barriers), a local element read by one work-item and written by another, or
     written by two ("missing barrier"); local accesses out of bounds; divergent barriers (some work-items finish or
     wait at another BARRIER uop while others wait at one); SPECIAL names other than gidx0-2/lidx0-2, repeated ones,
