@@ -322,3 +322,9 @@ def test_renderer_declares_gpu_attributes(monkeypatch):
     assert (like.has_local, like.global_max, like.local_max, like.max_workgroup, like.local_bytes, like.has_threads) \
         == (True, (100, 10), (64, 8), 256, 1024, False)
     assert not PythonRenderer(like=cpu).has_local
+
+def test_special_inside_a_loop():
+    out, r = glob(0, dtypes.int32, 8), UOp.range(2, 0)
+    k = Kernel()
+    k.loop(r, out.index(special("lidx0", 4) * 2 + r).store(r.cast(dtypes.int32)))
+    with pytest.raises(RuntimeError, match=r"uop \d+ \(SPECIAL.*a SPECIAL inside a loop"): k.program()
