@@ -3,10 +3,12 @@ from __future__ import annotations
 import hashlib
 from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.gather import collapse_gathers
+from fusegrad.codegen.gpu import launch_dims, launch_grid
 from fusegrad.codegen.linearize import linearize
 from fusegrad.codegen.lower import lower_kernel
 from fusegrad.codegen.opt import Kernel, Opt, kernel_name
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+from fusegrad.codegen.opt.heuristic_gpu import gpu_optimizations
 from fusegrad.codegen.transcendental import rewrite_transcendental
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
@@ -22,12 +24,13 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
     k = Kernel(collapse_gathers(ast), renderer)
     if opts is not None:
         for o in opts: k.apply_opt(o)
-    elif not NOOPT and not k.in_order: hand_coded_optimizations(k)
+    elif not NOOPT and not k.in_order: gpu_optimizations(k) if k.gpu else hand_coded_optimizations(k)
     return k.get_optimized_ast(), tuple(k.applied_opts), k.useful
 
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
     sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
+    if getattr(renderer, "has_local", False): sink = launch_grid(sink)
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
     return simplify_indexing(sink)
@@ -38,9 +41,12 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     return linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
 
 def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
-    """ALU ops (vector ops count every lane, index math not at all) times loop trip counts, scaled by the `useful`
-    fraction of the iterations (padded loops); bytes of every buffer."""
+    """ALU ops (vector ops count every lane, index math not at all) times loop trip counts and, in a GPU-style
+    kernel, the work-items launched, scaled by the `useful` fraction of the iterations (padded loops); bytes of every
+    buffer."""
     ops, mult, stack = 0, 1, []
+    for u in uops:
+        if u.op is Ops.SPECIAL: mult = mult * range_size(u)
     for u in uops:
         if u.op is Ops.RANGE:
             n = range_size(u)
@@ -66,6 +72,7 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
                        u.src[0].src[0].op is Ops.DEFINE_GLOBAL}
     stored, loaded = bufs(Ops.STORE), bufs(Ops.LOAD)
     glob = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
+    global_dims, local_dims = launch_dims(uops) if getattr(renderer, "has_local", False) else ((), ())
     src, function_name = renderer.render(uops, name), name
     if renderer.unique_symbols:
         # same-named kernels (E_77_77 with different bodies) get different symbols, so they can share a binary
@@ -78,4 +85,4 @@ def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: lis
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
-                       applied_opts=applied, ast=ast)
+                       applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims)

@@ -303,8 +303,12 @@ class CompiledRunner(Runner):
         work = self._work(var_vals)
         threads = self.threads(var_vals, work) if gs > 1 else 1
         helpable = work[0] < LONG_CHUNK_OPS * threads and work[1] < LONG_CHUNK_MEM * threads
-        return {"vals": vals, "global_size": gs, "threads": threads, "helpable": helpable,
-                "join": helpable and threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM)}
+        launch = {"vals": vals, "global_size": gs, "threads": threads, "helpable": helpable,
+                  "join": helpable and threads > 1 and (work[0] >= JOIN_MIN_OPS or work[1] >= JOIN_MIN_MEM)}
+        if self.p.global_dims:   # a GPU-style kernel: its grid of work-groups
+            launch["global_dims"] = tuple(sym_infer(d, var_vals) for d in self.p.global_dims)
+            launch["local_dims"] = self.p.local_dims
+        return launch
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]

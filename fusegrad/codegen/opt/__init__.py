@@ -22,20 +22,33 @@ An optimization never changes what a kernel computes, only how its loops are sha
                      Only for a single STORE of a value holding one REDUCE (whose dtype is the output's) and no other
                      reduction, to a buffer not read otherwise; what the value computes from the REDUCE (an
                      epilogue: bias, batch norm, relu) is applied by the last block.
+For a GPU-style renderer (`has_local`: kernels launched over a grid of work-groups, see docs/architecture.md):
+  LOCAL(axis, amt)   split `amt` off the inside of output loop `axis` as work-items of a group: `amt` neighbouring
+                     outputs are computed by neighbouring work-items (coalesced memory accesses).
+  GROUP(axis, amt)   split `amt` off the inside of reduce loop `axis` as work-items of a group: each work-item reduces
+                     every amt-th element (coalesced), writes its partial result to local memory, and after a barrier
+                     the partial results are reduced; one work-item stores the result.
+  GROUPTOP(axis, amt) the same with the work-items taking contiguous chunks of the loop (the split from the outside).
+  PADTO on a reduce loop rounds it up with iterations that read nothing and contribute the reduction's identity, so
+                     a GROUP of 256 fits a row of 257.
+  (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
 
-Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores), "loop", "reduce",
+Range kinds after `get_optimized_ast`: "global" (the outermost output loop, split across cores; in a GPU-style kernel
+every output loop, one launch dimension each), "local" (work-items of a group, GPU-style only), "loop", "reduce",
 "upcast", "unroll"."""
 from __future__ import annotations
+import functools
 import math
 from dataclasses import dataclass
 from enum import Enum, auto
 from fusegrad.dtype import dtypes
-from fusegrad.uop.affine import coeff, range_kind, range_size
+from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
     UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto(); PADTO = auto()
+    LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -87,7 +100,7 @@ def uniquify_reduce_ranges(ast: UOp) -> UOp:
 # until they run out of memory (`Tensor.ones(*[2]*24) + 1`: 24 loops of 2, over a minute of gcc)
 MAX_OUTPUT_LOOPS = 8
 
-def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
+def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
     """Adjacent output loops that every memory access addresses as one (the outer loop's coefficient is the inner
     loop's size times the inner's, and neither appears outside the addresses) become one loop of their product
     - when that makes whole vectors of `lanes` where the inner loop alone doesn't: a 1x1 convolution's 28x28 pixels
@@ -95,6 +108,8 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
       pixels) keep their rows: the heuristic takes the channels as the vector there, which times faster than merged
       pixels (DESIGN.md, "Loop shapes for CPUs").
       The AST is returned unchanged when an address wouldn't stay affine in the merged loop.
+    - with `always` (a GPU-style kernel: fewer, longer loops give work-groups more work-items), wherever the
+      addresses stay affine;
     - always, in a kernel of more than MAX_OUTPUT_LOOPS output loops (a rank-24 elementwise op is one loop); if it
       still has too many, the adjacent loops of the smallest product are merged whatever their addresses (an index
       then divides the merged loop back into its parts)."""
@@ -104,7 +119,8 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
         return isinstance(sa, int) and isinstance(sb, int) and sb % lanes != 0 and (sa * sb) % lanes == 0
     deep = len(outs) > MAX_OUTPUT_LOOPS
     # (most kernels have no such pair: they skip the walks below, which run for every kernel compiled)
-    if not deep and (lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:]))):
+    if not deep and not always and \
+            (lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:]))):
         return ast
     topo = ast.toposort()
     idxs = [u for u in topo if u.op is Ops.INDEX]
@@ -126,7 +142,7 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
         inner = runs[0]
         sa, sb = range_size(a), size(inner)
         ok = isinstance(sa, int) and isinstance(sb, int) and a not in blocked and inner[0] not in blocked and \
-            (deep or whole_vectors(sa, sb)) and \
+            (deep or always or whole_vectors(sa, sb)) and \
             all(ca is not None and cb is not None and ca == sb * cb for ca, cb in zip(coeffs[a], coeffs[inner[-1]]))
         if ok: inner.insert(0, a)
         else: runs.insert(0, [a])
@@ -152,13 +168,18 @@ def merge_contiguous_loops(ast: UOp, lanes: int) -> UOp:
     idxs = [u for u in merged.toposort() if u.op is Ops.INDEX]
     return ast if any(coeff(idx.src[1], new_range[a]) is None for idx in idxs for a in affine) else merged
 
+def _stores_loaded(ast: UOp) -> bool:
+    """Whether a kernel stores to addresses it loads (a scatter)."""
+    return any(u.op is Ops.LOAD for st in ast.src for u in st.src[0].toposort())
+
 class Kernel:
     """A kernel AST with its loops, transformed by `apply_opt` and finalized by `get_optimized_ast`."""
     def __init__(self, ast: UOp, renderer=None):
         if ast.op is not Ops.SINK or any(s.op is not Ops.STORE for s in ast.src):
             raise ValueError(f"a kernel AST is a SINK of STOREs, got {ast.op}")
         lanes = getattr(renderer, "simd_bytes", 0) // 4   # (float32 lanes)
-        self.ast, self.renderer = uniquify_reduce_ranges(merge_contiguous_loops(ast, lanes)), renderer
+        gpu = bool(getattr(renderer, "has_local", False)) and not _stores_loaded(ast)
+        self.ast, self.renderer = uniquify_reduce_ranges(merge_contiguous_loops(ast, lanes, always=gpu)), renderer
         topo = self.ast.toposort()
         out = sorted(set(_store_ranges(self.ast)), key=lambda r: r.arg[0])
         red: list[UOp] = []
@@ -168,13 +189,16 @@ class Kernel:
         self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
         self.copies: list[UOp] = []          # loops of PACK copies
         self.packed: set[int] = set()        # ids of the output loops a PACK copy's layout is fixed along
+        self.locals: list[UOp] = []          # work-item ranges of a GPU-style kernel (LOCAL, GROUP), in creation order
+        self.local_keys: dict[UOp, tuple] = {}   # their launch order: sorted by key, the last is launch dimension 0
+        self.groups: set[UOp] = set()        # the locals split off a reduce loop (GROUP, GROUPTOP)
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
         self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
         # a kernel storing to addresses it loads (a scatter) runs its loop in order on one core, as written: two
         # iterations may hit one address, and the later one must see the earlier one's write
-        self.in_order = any(u.op is Ops.LOAD for st in self.ast.src for u in st.src[0].toposort())
+        self.in_order = _stores_loaded(self.ast)
 
     # *** queries ***
 
@@ -188,10 +212,57 @@ class Kernel:
         stores = {st.src[0] for st in self.ast.src}
         return [(u, u in stores) for u in self.ast.toposort() if u.op is Ops.INDEX]
 
+    @property
+    def gpu(self) -> bool:
+        """Whether the kernel is GPU-style: launched over work-groups of work-items (see the module docstring)."""
+        return bool(getattr(self.renderer, "has_local", False)) and not self.in_order
+
+    def local_memory(self) -> int:
+        """Bytes of local memory the grouped reductions will use: a partial result per work-item and lane."""
+        total = 0
+        for red in (u for u in self.ast.toposort() if u.op is Ops.REDUCE):
+            if not (groups := [r for r in red.src[1:] if r in self.groups]): continue
+            lanes = {r for r in live_ranges(red.src[0], {}) if range_kind(r) in ("local", "upcast")}
+            total += red.dtype.itemsize * math.prod(range_size(r) for r in lanes - set(red.src[1:]) | set(groups))
+        return total
+
+    def sequential_outputs(self) -> set[UOp]:
+        """The output loops that a reduction's result is broadcast along (a softmax's columns, for the sums of its
+        rows): a GPU-style kernel keeps them loops of each work-item, so the reduction runs once for all of them."""
+        memo: dict[UOp, frozenset[UOp]] = {}
+        outs, ret = set(self.loops[:self.first_reduce]), set()
+        for st in self.ast.src:
+            stored_at = live_ranges(st.src[0], memo) & outs
+            for red in (u for u in st.src[1].toposort() if u.op is Ops.REDUCE):
+                ret |= stored_at - live_ranges(red, memo)
+        return ret
+
+    def _check_launch(self) -> None:
+        """KernelOptError if the work-items of a group or their local memory exceed the renderer's limits."""
+        if not self.locals: return
+        sizes = [range_size(r) for r in sorted(self.locals, key=lambda r: self.local_keys[r])][::-1]
+        limits = tuple(getattr(self.renderer, "local_max", ())) or (1 << 30,) * 3
+        if len(sizes) > len(limits) or any(n > lim for n, lim in zip(sizes, limits)):
+            raise KernelOptError(f"work-group {sizes} exceeds the launch dimensions {limits}")
+        if math.prod(sizes) > self.renderer.max_workgroup:
+            raise KernelOptError(f"work-group of {math.prod(sizes)} exceeds {self.renderer.max_workgroup} work-items")
+        if (used := self.local_memory()) > self.renderer.local_bytes:
+            raise KernelOptError(f"{used} bytes of local memory exceed {self.renderer.local_bytes}")
+
+    def _check_groupable(self, r: UOp) -> None:
+        """KernelOptError unless every reduction over reduce loop `r` runs once per work-item: a grouped reduction
+        inside another loop would reuse its local memory while other work-items still read it."""
+        for red in (u for u in self.ast.toposort() if u.op is Ops.REDUCE and r in u.src[1:]):
+            outer = live_ranges(red.src[0], {}) - set(red.src[1:])
+            if any(x not in self.loops[:self.first_reduce] and range_kind(x) not in ("local", "upcast") for x in outer):
+                raise KernelOptError("GROUP of a reduction nested in another loop")
+
     # *** transformations ***
 
-    def _split(self, axis: int, amt: int, kind: str) -> UOp:
-        """Split `amt` off the inside of loop `axis` as a new range of `kind` ("loop": `amt` is the outer part)."""
+    def _split(self, axis: int, amt: int, kind: str, top: bool = False, shared: tuple[UOp, ...] = ()) -> UOp:
+        """Split `amt` off the inside of loop `axis` as a new range of `kind` ("loop": `amt` is the outer part; `top`:
+        the new range is the outer part of the loop, of `amt` iterations). The loops `shared` (of the same size) are
+        split the same way, around the same new range."""
         r = self.loops[axis]
         size = range_size(r)
         if not isinstance(size, int): raise KernelOptError(f"can't split symbolic loop {r.arg}")
@@ -203,34 +274,61 @@ class Kernel:
         if kind != "loop" and r.arg[0] in self.packed: raise KernelOptError("can't expand a loop a PACK copies along")
         if kind == "loop": amt = size // amt
         inner = UOp.range(amt, self.next_id, kind); self.next_id += 1
-        if amt == size:
-            outer, expr = None, inner
-            self.loops.pop(axis)
-        else:
-            outer = UOp.range(size // amt, r.arg[0], r.arg[1])
-            expr = outer * amt + inner
-            self.loops[axis] = outer
+        # each split loop -> (its outer part or None, its index expression)
+        splits: dict[UOp, tuple[UOp | None, UOp]] = {}
+        for x in (r, *shared):
+            if amt == size:
+                splits[x] = (None, inner)
+                self.loops.remove(x)
+            else:
+                outer = UOp.range(size // amt, x.arg[0], x.arg[1])
+                splits[x] = (outer, inner * (size // amt) + outer if top else outer * amt + inner)
+                self.loops[self.loops.index(x)] = outer
         if kind == "loop":
             self.loops.insert(axis + 1, inner)
             if r.arg[0] in self.packed: self.packed.add(inner.arg[0])
+        elif kind == "local":
+            self.locals.append(inner)
+            self.local_keys[inner] = (range_kind(r) == "reduce", axis, -len(self.locals))
         else: self.expanded.append(inner)
-        # REDUCEs list their ranges as sources: there r becomes (outer, inner); in index math it becomes expr
+        # REDUCEs list their ranges as sources: there a split loop becomes (outer, inner); in index math its expression
         replaced: dict[UOp, UOp] = {}
         for u in self.ast.toposort():
-            if u is r: replaced[u] = expr; continue
-            if u.op is Ops.REDUCE and r in u.src[1:]:
-                split_r = ([outer] if outer is not None else []) + [inner]
-                rngs = [x for s in u.src[1:] for x in (split_r if s is r else [s])]
+            if u in splits: replaced[u] = splits[u][1]; continue
+            if u.op is Ops.REDUCE and any(x in splits for x in u.src[1:]):
+                rngs = [y for x in u.src[1:] for y in ((splits[x][0], inner) if x in splits else (x,)) if y is not None]
                 replaced[u] = u.replace(src=(replaced[u.src[0]], *rngs)); continue
             new_src = tuple(replaced[s] for s in u.src)
             replaced[u] = u if new_src == u.src else u.replace(src=new_src)
         self.ast = replaced[self.ast]
         return inner
 
+    def _state(self) -> tuple:
+        return (self.ast, list(self.loops), list(self.expanded), list(self.copies), set(self.packed), list(self.locals),
+                dict(self.local_keys), set(self.groups), self.next_id, self.useful)
+
+    def _restore(self, state: tuple) -> None:
+        (self.ast, self.loops, self.expanded, self.copies, self.packed, self.locals, self.local_keys, self.groups,
+         self.next_id, self.useful) = state
+
     def apply_opt(self, opt: Opt) -> UOp | None:
-        """Apply one Opt (raises KernelOptError if it doesn't fit); returns the new expanded range, if any."""
+        """Apply one Opt (raises KernelOptError if it doesn't fit, leaving the kernel as it was); returns the new
+        expanded (or work-item) range, if any."""
         if self.in_order: raise KernelOptError("a kernel storing to loaded addresses runs its loop as written")
         if not 0 <= opt.axis < len(self.loops): raise KernelOptError(f"no axis {opt.axis} in {len(self.loops)} loops")
+        if self.gpu and opt.op in (OptOps.PACK, OptOps.KBLOCK, OptOps.SPLIT):
+            raise KernelOptError(f"{opt.op.name} shapes loops for CPUs, not GPU-style kernels")
+        if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+            raise KernelOptError(f"{opt.op.name} needs a GPU-style renderer (has_local)")
+        state = self._state()
+        try: ret = self._apply(opt)
+        except KernelOptError:
+            self._restore(state)
+            raise
+        self.applied_opts.append(opt)
+        return ret
+
+    def _apply(self, opt: Opt) -> UOp | None:
         ret = None
         if opt.op is OptOps.UPCAST: ret = self._split(opt.axis, opt.arg, "upcast")
         elif opt.op is OptOps.UNROLL:
@@ -247,14 +345,33 @@ class Kernel:
         elif opt.op is OptOps.SPLIT:
             if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
             self._split(opt.axis, opt.arg, "loop")
+        elif opt.op is OptOps.LOCAL:
+            if opt.axis >= self.first_reduce: raise KernelOptError("LOCAL needs an output axis")
+            if self.loops[opt.axis] in self.sequential_outputs():
+                raise KernelOptError("LOCAL of a loop a reduction's result is broadcast along")
+            ret = self._split(opt.axis, opt.arg, "local")
+        elif opt.op in (OptOps.GROUP, OptOps.GROUPTOP):
+            r = self.loops[opt.axis]
+            if range_kind(r) != "reduce": raise KernelOptError(f"{opt.op.name} needs a reduce axis")
+            self._check_groupable(r)
+            # the other reduce loops of the same size (a softmax's sum after its max) share the work-items
+            shared = []
+            for x in self.loops[self.first_reduce:]:
+                if x is r or range_size(x) != range_size(r): continue
+                try: self._check_groupable(x)
+                except KernelOptError: continue
+                shared.append(x)
+            ret = self._split(opt.axis, opt.arg, "local", top=opt.op is OptOps.GROUPTOP, shared=tuple(shared))
+            self.groups.add(ret)
         else: raise KernelOptError(f"unknown opt {opt.op}")
-        self.applied_opts.append(opt)
+        if self.gpu: self._check_launch()
         return ret
 
     def _padto(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
         size = range_size(r)
-        if axis >= self.first_reduce: raise KernelOptError("PADTO needs an output axis")
+        # (a CPU kernel pads only output loops: a padded reduction is for GPU-style work-groups)
+        if axis >= self.first_reduce and not self.gpu: raise KernelOptError("PADTO needs an output axis")
         if not isinstance(size, int) or amt < 2 or size % amt == 0: raise KernelOptError(f"can't pad {size} to {amt}")
         padded = UOp.range(-(-size // amt) * amt, r.arg[0], r.arg[1])
         ast = self.ast.substitute({r: padded})
@@ -265,7 +382,14 @@ class Kernel:
             if u.op is Ops.INDEX and padded in u.toposort():
                 valid = inside if len(u.src) < 3 else u.src[2] & inside
                 gated[u] = u.replace(src=(u.src[0], u.src[1], valid))
-        self.ast = ast.substitute(gated)
+        ast = ast.substitute(gated)
+        if axis >= self.first_reduce:
+            # and a padded iteration of a reduction contributes its identity
+            from fusegrad.codegen.lower import identity_element
+            ast = ast.substitute({u: u.replace(src=(inside.where(u.src[0], identity_element(u.arg, u.dtype)),
+                                                    *u.src[1:]))
+                                  for u in ast.toposort() if u.op is Ops.REDUCE and padded in u.src[1:]})
+        self.ast = ast
         self.loops[axis] = padded
         self.useful *= size / range_size(padded)
 
@@ -363,14 +487,67 @@ class Kernel:
 
     def get_optimized_ast(self) -> UOp:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
-        "global" (split across cores) when every STORE depends on it."""
+        "global" (split across cores) when every STORE depends on it. In a GPU-style kernel every output loop is
+        "global" and the work-items "local" (in launch order: the last is dimension 0), grouped reductions go
+        through local memory, and a store that doesn't vary with some work-item or group is made by the first."""
         outs = self.loops[:self.first_reduce]
-        parallel = bool(outs) and not self.in_order and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
-        mapping: dict[UOp, UOp] = {}
-        for i, r in enumerate(self.loops + self.expanded + self.copies):
-            kind = "global" if i == 0 and parallel else range_kind(r)
-            mapping[r] = UOp(Ops.RANGE, r.dtype, r.src, (i, kind))
-        return self.ast.substitute(mapping)
+        if self.gpu:
+            ordered = self.loops + self.expanded + self.copies + sorted(self.locals, key=lambda r: self.local_keys[r])
+            seq = self.sequential_outputs()
+            kinds = ["global" if i < len(outs) and r not in seq else range_kind(r) for i, r in enumerate(ordered)]
+        else:
+            parallel = bool(outs) and not self.in_order and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
+            ordered = self.loops + self.expanded + self.copies
+            kinds = ["global" if i == 0 and parallel else range_kind(r) for i, r in enumerate(ordered)]
+        mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, kind)) for i, (r, kind) in enumerate(zip(ordered, kinds))}
+        ast = self.ast.substitute(mapping)
+        if not self.gpu: return ast
+        ast = _group_reductions(ast, {mapping[g] for g in self.groups}, len(mapping))
+        return _store_once(ast, [mapping[r] for r in ordered if range_kind(mapping[r]) in ("global", "local")])
+
+def _linear(rngs: list[UOp]) -> UOp:
+    """The row-major position of `rngs` (the last varies fastest)."""
+    lin = UOp.const(dtypes.index, 0)
+    for r in rngs: lin = lin * range_size(r) + r
+    return lin
+
+def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> UOp:
+    """Each REDUCE over work-item ranges `groups` split in two: every work-item reduces its part over the other ranges
+    and stores it to local memory (one slot per work-item and per output lane it varies with), and after a barrier
+    the slots of its group are reduced over a fresh loop (by every work-item: the result is theirs to store)."""
+    replaced: dict[UOp, UOp] = {}
+    for red in [u for u in ast.toposort() if u.op is Ops.REDUCE and groups.intersection(u.src[1:])]:
+        own = [r for r in red.src[1:] if r in groups]
+        rest = [r for r in red.src[1:] if r not in groups]
+        # (a grouped reduction inside this one's value, as a softmax's max in its sum, is already replaced)
+        src = red.src[0].substitute(replaced) if replaced else red.src[0]
+        partial = UOp(Ops.REDUCE, red.dtype, (src, *rest), red.arg) if rest else src
+        lanes = sorted((r for r in live_ranges(partial, {}) if range_kind(r) in ("local", "upcast") and r not in own),
+                       key=lambda r: r.arg[0])
+        slots = math.prod(range_size(r) for r in lanes + own)
+        local = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(slots, "local"), arg=len(replaced))
+        written = local.index(_linear(lanes + own)).store(partial)
+        ready = UOp(Ops.BARRIER, local.dtype, (local, written))
+        fresh = []
+        for r in own:
+            fresh.append(UOp.range(range_size(r), next_id, "reduce")); next_id += 1
+        value = UOp(Ops.LOAD, red.dtype, (ready.index(_linear(lanes + fresh)),))
+        replaced[red] = UOp(Ops.REDUCE, red.dtype, (value, *fresh), red.arg)
+    return ast.substitute(replaced) if replaced else ast
+
+def _store_once(ast: UOp, grid: list[UOp]) -> UOp:
+    """Every STORE whose address doesn't vary with a launch range (a reduction's result, which all the work-items of
+    its group hold) gated to that range's first iteration, so one work-item stores it."""
+    gated = {}
+    for st in ast.src:
+        idx = st.src[0]
+        deps = set(idx.toposort())
+        missing = [r for r in grid if r not in deps]
+        if not missing: continue
+        valid = functools.reduce(lambda a, b: a & b, [r < 1 for r in missing])
+        if len(idx.src) > 2: valid = idx.src[2] & valid
+        gated[st] = st.replace(src=(idx.replace(src=(idx.src[0], idx.src[1], valid)), *st.src[1:]))
+    return ast.substitute(gated) if gated else ast
 
 def kernel_name(ast: UOp) -> str:
     """E_<sizes> for elementwise kernels, r_<sizes> when there is a reduction (loop sizes in loop order)."""

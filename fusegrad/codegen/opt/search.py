@@ -83,6 +83,9 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
             if sz % (a or sz) or lanes * (a or sz) > max_lanes: continue
             acts.append(Opt(OptOps.UNROLL if red else OptOps.UPCAST, ax, a))
             if red: acts.append(Opt(OptOps.UPCAST, ax, a))
+        if k.gpu:
+            acts += _gpu_actions(k, ax, sz, red)
+            continue
         if red:
             blocks = {b for b in (16, 32, 64, 128, 256, 512) if sz % b == 0 and sz > b}
             blocks |= {b for b in [next((b for b in range(512, 127, -1) if sz % b == 0 and sz > b), None)] if b}
@@ -94,6 +97,15 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
         acts += [Opt(OptOps.SWAP, ax, o) for o in range(ax + 1, nout)]
         acts += [Opt(OptOps.PACK, ax, b) for b in loaded]
     return list(dict.fromkeys(acts))
+
+def _gpu_actions(k: Kernel, ax: int, sz: int, red: bool) -> list[Opt]:
+    """A GPU-style kernel's work-item actions on loop `ax` of `sz` iterations: GROUP and GROUPTOP of a reduce loop,
+    LOCAL of an output loop, by powers of two that fit the work-group; PADTO to those that waste at most an eighth."""
+    room = k.renderer.max_workgroup // math.prod(range_size(r) for r in k.locals)
+    amts = [a for a in (2, 4, 8, 16, 32, 64, 128, 256) if a <= room]
+    ops = (OptOps.GROUP, OptOps.GROUPTOP) if red else (OptOps.LOCAL,)
+    acts = [Opt(op, ax, a) for op in ops for a in amts if sz % a == 0]
+    return acts + [Opt(OptOps.PADTO, ax, a) for a in amts if a >= 8 and sz % a and pads_cheaply(sz, a)]
 
 def _variants(ast: UOp, ren: Any, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]]:
     """The heuristic's opts with one left out, or with another amount for one of them that fits its loop (the later
@@ -109,6 +121,8 @@ def _variants(ast: UOp, ren: Any, opts: tuple[Opt, ...]) -> list[tuple[Opt, ...]
                 blocks = [b for b in range(32, min(sz, 1025)) if sz % b == 0]
                 alts = blocks[::max(1, len(blocks) // 6)]
             elif o.op is OptOps.PADTO: alts = [a for a in (8, 16, 32, 64) if sz % a and pads_cheaply(sz, a)]
+            elif o.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+                alts = [a for a in (4, 8, 16, 32, 64, 128, 256) if sz % a == 0]
             elif o.op is OptOps.SPLIT: alts = [c for c in (cores, 2 * cores, 4 * cores, 8 * cores) if sz % c == 0]
         out += [opts[:i] + (Opt(o.op, o.axis, a),) + opts[i + 1:] for a in alts if a != o.arg]
         try: k.apply_opt(o)
@@ -145,8 +159,8 @@ def _kernel(ast: UOp, ren: Any, opts: tuple[Opt, ...], lenient: bool = False) ->
 def _extend(c: _Cand, opt: Opt) -> _Cand | None:
     """`c` with one more opt, or None if it doesn't apply."""
     k = copy.copy(c.k)
-    k.loops, k.expanded, k.copies = list(k.loops), list(k.expanded), list(k.copies)
-    k.applied_opts, k.packed = list(k.applied_opts), set(k.packed)
+    k._restore(k._state())   # (its own copies of the lists it changes)
+    k.applied_opts = list(k.applied_opts)
     try: k.apply_opt(opt)
     except Exception: return None
     return _Cand(c.opts + (opt,), k)

@@ -1,0 +1,82 @@
+"""Hand-coded optimizations for GPU-style kernels: a long reduction to few outputs split across the work-items of a
+group, register tiles where loads are reused along an output loop (a matmul's rows and columns), and work-items
+along the output loops, innermost first (neighbouring work-items then touch neighbouring memory)."""
+from __future__ import annotations
+import math
+from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.helpers import pads_cheaply
+from fusegrad.uop.affine import coeff, range_size
+from fusegrad.uop.ops import UOp
+
+WORKGROUP = 256     # work-items per group aimed at (within the renderer's limit)
+GROUP_MAX = 256     # the most work-items one reduction is split across
+FEW_OUTPUTS = 4096  # a reduction to fewer outputs than this leaves work-items idle unless it is split across a group
+TILE = 4            # register tile along each output loop that loads are reused along
+TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
+
+def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
+    try: k.apply_opt(Opt(op, k.loops.index(r), amt))
+    except KernelOptError: return False
+    return True
+
+def _padded(k: Kernel, r: UOp, amt: int) -> UOp | None:
+    """Loop r padded to a multiple of amt (its new range), or None where it can't be."""
+    i = k.loops.index(r)
+    return k.loops[i] if _try(k, OptOps.PADTO, r, amt) else None
+
+def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
+
+def gpu_optimizations(k: Kernel) -> list[Opt]:
+    """Choose and apply opts to the GPU-style kernel `k`; returns them (also in k.applied_opts)."""
+    _group_long_reduction(k)
+    _register_tiles(k)
+    _work_items_over_outputs(k)
+    return k.applied_opts
+
+def _outputs(k: Kernel) -> int:
+    """How many work-items the output loops can give (those a reduction is broadcast along stay loops)."""
+    seq = k.sequential_outputs()
+    sizes = [k.size(i) for i in k.output_axes() if k.loops[i] not in seq]
+    return math.prod(s if isinstance(s, int) else 1 << 20 for s in sizes)
+
+def _group_long_reduction(k: Kernel) -> None:
+    """A reduction of a loop of n to few outputs is split across G work-items, G the largest power of two with
+    G * G <= n (each work-item reduces about as many elements as the group then reduces from local memory)."""
+    if not k.reduceops or _outputs(k) >= FEW_OUTPUTS: return
+    r = next((k.loops[i] for i in reversed(k.reduce_axes()) if isinstance(k.size(i), int)), None)
+    if r is None or (n := range_size(r)) < 16: return
+    g = min(_pow2_at_most(math.isqrt(n)), GROUP_MAX, _pow2_at_most(k.renderer.max_workgroup))
+    if n % g:
+        # (reduce loops of the same size are grouped together, so they are padded together)
+        for x in [x for x in k.loops[k.first_reduce:] if x is not r and range_size(x) == n]: _padded(k, x, g)
+        if (r := _padded(k, r, g)) is None: return
+    _try(k, OptOps.GROUP, r, g)
+
+def _register_tiles(k: Kernel) -> None:
+    """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
+    are then reused from registers), for kernels with a reduction (a matmul, a convolution)."""
+    if not k.reduceops: return
+    loads = [idx.src[1] for idx, is_store in k.accesses() if not is_store]
+    tiled = 0
+    for i in reversed(k.output_axes()):
+        r = k.loops[i]
+        n = range_size(r)
+        if tiled == 2 or not isinstance(n, int) or n % TILE or n < 4 * TILE: continue
+        if any(coeff(x, r) == 0 for x in loads) and _try(k, OptOps.UPCAST, r, TILE): tiled += 1
+
+def _work_items_over_outputs(k: Kernel) -> None:
+    """Work-items along the output loops, innermost first, up to WORKGROUP per group; a loop that no power of two
+    divides well is padded to one (wasting at most an eighth)."""
+    budget = min(WORKGROUP, _pow2_at_most(k.renderer.max_workgroup)) // math.prod(range_size(r) for r in k.locals)
+    # (a register-tiled kernel gets a square of work-items: each reuses loads along both loops)
+    per_loop = TILE_LOCALS if k.expanded and k.reduceops else budget
+    seq = k.sequential_outputs()
+    for r in [k.loops[i] for i in reversed(k.output_axes()) if k.loops[i] not in seq]:
+        if budget < 2: break
+        n = range_size(r)
+        if not isinstance(n, int) or n < 2: continue
+        amt = math.gcd(n, min(budget, per_loop))
+        want = min(budget, per_loop, _pow2_at_most(n))
+        while want > max(amt, 8) and not pads_cheaply(n, want): want //= 2
+        if amt < want and (padded := _padded(k, r, want)) is not None: r, amt = padded, want
+        if amt >= 2 and _try(k, OptOps.LOCAL, r, amt): budget //= amt
