@@ -1,6 +1,7 @@
 """The VIZ page's server: reads a trace file (see record.py) and serves the page (static/) and the trace's parts as
 JSON, on localhost only. It reads no file but the trace it was given and the page's own files."""
 from __future__ import annotations
+import gc
 import json
 import os
 import sys
@@ -25,6 +26,10 @@ def load_trace(path: str) -> dict[str, Any]:
         with open(path, "rb") as f: raw = f.read()
     except OSError as e: raise TraceError(f"{path}: cannot read it: {e.strerror}") from None
     if not raw.strip(): raise TraceError(f"{path}: the file is empty (was the program stopped before it saved it?)")
+    # (a big trace is millions of small lists: the collector, run every few thousand of them, would take most of the
+    # parse's time, and the parsed data holds no cycles)
+    collecting = gc.isenabled()
+    gc.disable()
     try: data = json.loads(raw)
     except UnicodeDecodeError: raise TraceError(f"{path}: not a trace: the file is not UTF-8 text") from None
     except json.JSONDecodeError as e:
@@ -32,6 +37,8 @@ def load_trace(path: str) -> dict[str, Any]:
             raise TraceError(f"{path}: the trace is truncated: its JSON ends early (line {e.lineno}, column "
                              f"{e.colno}); was the program stopped while it was writing it?") from None
         raise TraceError(f"{path}: not a trace: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    finally:
+        if collecting: gc.enable()
     return check_trace(data, path)
 
 def check_trace(data: Any, where: str = "trace") -> dict[str, Any]:

@@ -19,7 +19,6 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
     record.recorder.reset()
     record.enable(viz=True, profile=True)
     try:
@@ -35,20 +34,24 @@ def page(tmp_path_factory):
     record.recorder.reset()
     server = make_server(Viewer(load_trace(path)), 0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    opts = webdriver.ChromeOptions()
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        opts.add_argument(a)
-    opts.binary_location = CHROMIUM
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=opts, service=Service(DRIVER))
+    driver = _chromium()
     try: yield driver, f"http://127.0.0.1:{server.server_address[1]}/", trace, (expr, result, ran, findings)
     finally:
         driver.quit()
         server.shutdown()
         server.server_close()
 
-def _wait_view(driver, view):
-    for _ in range(100):
+def _chromium():
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=opts, service=Service(DRIVER))
+
+def _wait_view(driver, view, tries=100):
+    for _ in range(tries):
         if driver.execute_script("return document.body.dataset.ready") == view: return
         time.sleep(0.05)
     raise AssertionError(f"the page never showed {view}")
@@ -90,6 +93,8 @@ def test_views(page, tmp_path):
     # a rewrite step: the graph before and after, with as many nodes as the rewriter's input and result had
     driver.find_element(By.CSS_SELECTOR, "nav a[data-tab=rewrites]").click()
     _wait_view(driver, "#rewrites")
+    # kernelization's passes are stages like the rewriter's
+    assert driver.find_elements(By.CSS_SELECTOR, "details[data-matcher=kernelize] tr.rewrite-row")
     i = next(i for i, r in enumerate(trace["rewrites"]) if r["name"] == "known")
     driver.find_element(By.CSS_SELECTOR, f"tr.rewrite-row[data-index='{i}']").click()
     _wait_view(driver, f"#rewrite/{i}/0")
@@ -156,3 +161,34 @@ def test_explanations_findings_and_zoom(page, tmp_path):
     driver.find_element(By.ID, "zoom-fit").click()
     assert span() == pytest.approx(full)
     _no_errors(driver)
+
+@pytest.mark.slow
+def test_a_resnet50_sized_trace_loads_within_3_seconds(tmp_path):
+    """A synthetic trace the size of a ResNet-50 training step's (programs.synthetic_trace): the page shows its
+    kernels within 3 s of being opened; the other views' times are printed (pytest -s)."""
+    import json
+    from test.viz.programs import synthetic_trace
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(synthetic_trace(), separators=(",", ":")))
+    st = time.perf_counter()
+    server = make_server(Viewer(load_trace(str(path))), 0)
+    print(f"\ntrace of {path.stat().st_size / 1e6:.1f} MB read by the server in {time.perf_counter() - st:.2f} s")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    driver = _chromium()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        driver.get(url + "#findings")  # (a light view first: Chromium itself has started)
+        _wait_view(driver, "#findings", 600)
+        times = {}
+        for view in ("#kernels", "#timeline", "#schedule/0", "#rewrites", "#rewrite/0/0"):
+            st = time.perf_counter()
+            driver.get(url + view) if view == "#kernels" else driver.execute_script(f"location.hash = '{view}'")
+            _wait_view(driver, view, 1200)
+            times[view] = time.perf_counter() - st
+        print("  ".join(f"{v}: {t:.2f} s" for v, t in times.items()))
+        assert times["#kernels"] < 3.0
+        _no_errors(driver)
+    finally:
+        driver.quit()
+        server.shutdown()
+        server.server_close()

@@ -322,16 +322,29 @@ function viewRewrites() {
   state.summary.rewrites.forEach((r, i) => { (groups[r.matcher] = groups[r.matcher] || []).push([r, i]); });
   main.append(el("h2", {}, `${state.summary.rewrites.length} graph rewrites`));
   const list = el("div", { id: "rewrite-list" });
+  // a big program has thousands of rewrites per stage: a stage's rows are made when it is opened, the first
+  // REWRITE_ROWS of them until asked for all
+  const REWRITE_ROWS = 300;
   for (const [matcher, rs] of Object.entries(groups)) {
     const changed = rs.filter(([r]) => r.steps > 0).length;
-    const det = el("details", { open: "" }, el("summary", {}, `${matcher}: ${rs.length} calls, ${changed} changed a graph`));
-    const rows = rs.map(([r, i]) => el("tr", { class: "clickable rewrite-row", "data-index": i,
-      onclick: () => { location.hash = `#rewrite/${i}/0`; } },
-      el("td", {}, i), el("td", {}, r.name), el("td", {}, el("code", { class: "loc" }, r.caller)),
-      el("td", { class: "num" }, r.steps), el("td", { class: "num" }, r.size), el("td", { class: "num" }, fmtMs(r.ms))));
-    det.append(el("table", {}, el("tr", {}, ...["#", "name", "called from", "steps", "nodes", "time"]
-      .map((h) => el("th", {}, h))), ...rows));
+    const det = el("details", { "data-matcher": matcher },
+                   el("summary", {}, `${matcher}: ${rs.length} calls, ${changed} changed a graph`));
+    const fill = (all) => {
+      const shown = all ? rs : rs.slice(0, REWRITE_ROWS);
+      const rows = shown.map(([r, i]) => el("tr", { class: "clickable rewrite-row", "data-index": i,
+        onclick: () => { location.hash = `#rewrite/${i}/0`; } },
+        el("td", {}, i), el("td", {}, r.name), el("td", {}, el("code", { class: "loc" }, r.caller)),
+        el("td", { class: "num" }, r.steps), el("td", { class: "num" }, r.size), el("td", { class: "num" }, fmtMs(r.ms))));
+      for (const old of det.querySelectorAll("table, button.more")) old.remove();
+      det.append(el("table", {}, el("tr", {}, ...["#", "name", "called from", "steps", "nodes", "time"]
+        .map((h) => el("th", {}, h))), ...rows));
+      if (shown.length < rs.length) {
+        det.append(el("button", { class: "more", onclick: () => fill(true) }, `show all ${rs.length}`));
+      }
+    };
+    det.addEventListener("toggle", () => { if (det.open && !det.querySelector("table")) fill(false); });
     list.append(det);
+    if (rs.length <= REWRITE_ROWS) { det.open = true; fill(false); }
   }
   main.append(list);
 }
