@@ -45,6 +45,17 @@ class CStyleLanguage(Renderer):
                                   dtypes.float64: "double", dtypes.index: "long"}
     vector_dtypes: tuple[DType, ...] = ()
 
+    # *** dialect points of GPU-style kernels (a kernel with SPECIAL ids: a grid of work-groups, see
+    # docs/architecture.md). A dialect sets these spellings; the C renderer never sees such a kernel ***
+    global_space: str = ""    # written before the type of a buffer parameter (OpenCL: "__global ")
+    local_space: str = ""     # written before a DEFINE_LOCAL array shared by a group (OpenCL: "__local ")
+    barrier: str = ""         # the statement of a BARRIER (OpenCL: "barrier(CLK_LOCAL_MEM_FENCE);")
+
+    def id_expr(self, kind: str, dim: int) -> str:
+        """The expression of a work-item's id along launch dimension `dim`: its group's (`kind` "group") or its own
+        within the group (`kind` "local")."""
+        raise NotImplementedError(f"{type(self).__name__} has no work-group ids ({kind} id {dim})")
+
     # *** per-render state: typedefs and helper functions, emitted only when used ***
 
     def _need(self, name: str, code: str) -> str:
@@ -463,7 +474,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _define_global(self, k: KernelText, u: UOp) -> None:
         k.r[u] = f"data{u.arg}"
         const = "" if u in k.stored else "const "
-        k.bufs.append((u.arg, f"{const}{self.dtype_name(u.dtype.base)}*{self.buffer_suffix} {k.r[u]}"))
+        ctype = f"{self.global_space}{const}{self.dtype_name(u.dtype.base)}*"
+        k.bufs.append((u.arg, f"{ctype}{self.buffer_suffix} {k.r[u]}"))
 
     def _define_var(self, k: KernelText, u: UOp) -> None:
         # parameters arrive as double (floats) or long (integers), narrowed here to the var's dtype
@@ -478,7 +490,27 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _define_local(self, k: KernelText, u: UOp) -> None:
         k.r[u] = f"local{u.arg}"
-        k.line(f"{self.dtype_name(u.dtype.base)} {k.r[u]}[{u.dtype.size}] __attribute__((aligned(64)));")
+        if not k.gpu:   # (a CPU kernel's copy of what it packs: an array of the one thread's)
+            k.line(f"{self.dtype_name(u.dtype.base)} {k.r[u]}[{u.dtype.size}] __attribute__((aligned(64)));")
+            return
+        # memory of the group: declared at the kernel's scope (OpenCL allows __local variables nowhere else)
+        k.body.insert(k.top, f"  {self.local_space}{self.dtype_name(u.dtype.base)} {k.r[u]}[{u.dtype.size}];")
+        k.top += 1
+
+    def _barrier(self, k: KernelText, u: UOp) -> None:
+        # in a CPU kernel the copy is done once its loop ends: nothing to wait for
+        if k.gpu: k.line(self.barrier)
+        k.r[u] = k.r[u.src[0]]
+
+    def _special(self, k: KernelText, u: UOp) -> None:
+        name = u.arg
+        if not (isinstance(name, str) and len(name) == 5 and name[:4] in ("gidx", "lidx") and name[4] in "012"):
+            raise ValueError(f"SPECIAL {name!r}: the ids are named gidx0-2 (work-group) and lidx0-2 (work-item)")
+        if name in k.specials: raise ValueError(f"SPECIAL {name} appears twice in the kernel")
+        k.specials.add(name)
+        k.r[u] = name
+        expr = self.id_expr("group" if name[0] == "g" else "local", int(name[4]))
+        k.line(f"{self.dtype_name(u.dtype)} {name} = {expr};")
 
     def _define_reg(self, k: KernelText, u: UOp) -> None:
         k.r[u] = f"acc{u.arg}"
@@ -488,6 +520,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _range(self, k: KernelText, u: UOp) -> None:
         v = k.r[u] = f"ridx{u.arg[0]}"
+        if k.gpu and u.arg[1] == "global":
+            raise ValueError(f"loop {v} is a parallel (global) loop in a kernel with work-group ids: its place in the "
+                             "grid is a SPECIAL id")
         k.loops.append(u)
         lo, hi = ("core_lo", "core_hi") if u.arg[1] == "global" else ("0", k.r[u.src[0]])
         k.line(f"for (long {v} = {lo}; {v} < {hi}; {v}++) {{")
@@ -543,6 +578,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         loop whose gate varies along it (a concatenation along the columns): there loading every branch without
         branching measured faster."""
         idx, loops = u.src[0], k.loops
+        # (a group's memory changes at barriers, which may come between a load and where it is used)
+        if k.gpu and idx.src[0].op in (Ops.DEFINE_LOCAL, Ops.BARRIER): return False
         return len(us := k.users.get(u, [])) == 1 and us[0].op is not Ops.RANGE and \
             k.depth_of[us[0]] == k.depth_of[u] and u.dtype.count == 1 and idx.src[0] not in k.stored and \
             not (loops and coeff(idx.src[1], loops[-1]) == 1 and loops[-1] in idx.src[2].toposort())
@@ -580,15 +617,16 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     # rendered by render_mask_op first)
     op_renderers: dict[Ops, Callable[[CStyleLanguage, KernelText, UOp], None]] = {
         Ops.DEFINE_GLOBAL: _define_global, Ops.DEFINE_VAR: _define_var, Ops.NOOP: _nothing, Ops.BIND: _same_as_source,
-        Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _same_as_source, Ops.DEFINE_REG: _define_reg, Ops.CONST: _const,
-        Ops.RANGE: _range, Ops.END: _end, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
+        Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _barrier, Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg,
+        Ops.CONST: _const, Ops.RANGE: _range, Ops.END: _end, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
         Ops.VECTORIZE: _vectorize, Ops.GEP: _gep, Ops.CAST: _cast, Ops.BITCAST: _bitcast,
         **dict.fromkeys(GroupOp.ALU, _alu)}
 
     def _render_function(self, k: KernelText, name: str, uops: list[UOp]) -> str:
         """The kernel function around the rendered body, and with `entry_point` its entry taking pointers."""
         params = [p for _, p in sorted(k.bufs)] + [p for _, p in sorted(k.var_params)]
-        params += ["long core_lo", "long core_hi"]
+        # (a GPU-style kernel finds its place from its ids, not from a range of the parallel loop)
+        if not k.gpu: params += ["long core_lo", "long core_hi"]
         src = self.render_kernel(name, params, k.body, self.prelude(uops))
         if not self.entry_point: return src
         # one signature for every kernel, so a thread pool written in C can call any of them: the buffers and the
@@ -626,6 +664,10 @@ class KernelText:
         self.depth = 1
         self.mask_width: dict[UOp, int] = {}
         self.loops: list[UOp] = []   # the loops open at this point, innermost last
+        # GPU-style: launched as a grid of work-groups (it has SPECIAL ids); its group's local arrays go at the top
+        self.gpu = any(u.op is Ops.SPECIAL for u in uops)
+        self.top = 0                  # where the next local array is declared
+        self.specials: set[str] = set()
 
     def _lanes_combined(self, acc: UOp) -> bool:
         lanes = {x for x in self.users.get(acc, []) if x.op is Ops.GEP}

@@ -1,11 +1,17 @@
 """OpenCL C for the CL device: the C renderer's kernels (same expressions, same semantics: see cstyle.py) with an
-OpenCL signature. The kernel's parallel outermost loop becomes the global work-item index: work-item i runs the body
-of iteration i, so the runtime launches `global_size` work-items.
+OpenCL signature. Two kinds of kernel:
+- GPU-style (it has SPECIAL ids, docs/architecture.md "GPU-style kernels"): launched as a grid of work-groups; the ids
+  are `get_group_id(d)` / `get_local_id(d)`, a DEFINE_LOCAL is a `__local` array of the group, a BARRIER is
+  `barrier(CLK_LOCAL_MEM_FENCE)`. The renderer declares the device's limits (`max_workgroup`, `local_max`,
+  `local_bytes`) for the code generator to fit them.
+- CPU-style (no SPECIAL): the kernel's parallel outermost loop becomes the global work-item index: work-item i runs
+  the body of iteration i, so the runtime launches `global_size` work-items. A DEFINE_LOCAL there is an array of the
+  work-item's own (the CPU's PACK copy), and a BARRIER is nothing.
 
 This first version declares no SIMD vectors to the optimizer (scalar code: an OpenCL implementation vectorizes across
-work-items itself), computes half and bfloat16 in float and stores them as 16-bit integers (`vload_half`/`vstore_half`
-convert half, so no cl_khr_fp16 is needed), and passes a Variable as a kernel argument (`long` for integers, `double`
-for floats where the device has doubles, else `float`)."""
+work-items itself), computes half and bfloat16 in float and stores them as 16-bit integers (converted with integer
+operations on their bits, so no cl_khr_fp16 is needed), and passes a Variable as a kernel argument (`long` for
+integers, `double` for floats where the device has doubles, else `float`)."""
 from __future__ import annotations
 import re
 from fusegrad.dtype import DType, PtrDType, dtypes
@@ -35,9 +41,22 @@ class OpenCLRenderer(CStyleLanguage):
     vector_dtypes = ()
     has_fma = True
     unique_symbols = True   # (kernels are built many to a program)
+    # GPU-style kernels
+    has_local = True
+    global_max = (2 ** 31 - 1,) * 3   # (OpenCL bounds only the global work size, by size_t)
+    global_space = "__global "
+    local_space = "__local "
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
 
-    def __init__(self, has_fp64: bool = True, device_name: str = "the OpenCL device") -> None:
+    def __init__(self, has_fp64: bool = True, device_name: str = "the OpenCL device", max_workgroup: int = 256,
+                 local_max: tuple[int, ...] = (256, 256, 256), local_bytes: int = 32 * 1024) -> None:
+        """`max_workgroup`, `local_max` and `local_bytes` are the device's CL_DEVICE_MAX_WORK_GROUP_SIZE,
+        CL_DEVICE_MAX_WORK_ITEM_SIZES and CL_DEVICE_LOCAL_MEM_SIZE (the defaults: what about every OpenCL GPU has)."""
         self.has_fp64, self.device_name = has_fp64, device_name
+        self.max_workgroup, self.local_max, self.local_bytes = max_workgroup, tuple(local_max), local_bytes
+
+    def id_expr(self, kind: str, dim: int) -> str:
+        return f"(long)get_{'group' if kind == 'group' else 'local'}_id({dim})"
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
 
@@ -47,12 +66,25 @@ class OpenCLRenderer(CStyleLanguage):
             return "fg_half"
         return super().dtype_name(dt)
 
+    # The conversions are integer operations on the bits rather than vload_half/vstore_half through the address of a
+    # private variable: in a kernel with barriers PoCL's code for a work-group mixed up its work-items' copies of such
+    # a variable (each got the last one's value).
+
     def _half(self) -> None:
         self._need("fg_half", "typedef ushort fg_half;  /* half bits */")
-        self._need("fg_f16_to_f32", "static inline float fg_f16_to_f32(fg_half x) { return vload_half(0, (half*)&x); }")
+        self._need("fg_f16_to_f32", "static inline float fg_f16_to_f32(fg_half h) {  /* exact */\n"
+                   "  uint s = (uint)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+                   "  if (e == 0x1fu) return as_float(s | 0x7f800000u | (m << 13));  /* inf, nan */\n"
+                   "  if (e == 0u) return as_float(s | as_uint((float)m * 0x1p-24f));  /* zero, subnormal */\n"
+                   "  return as_float(s | ((e + 112u) << 23) | (m << 13));\n}")
         # (round to nearest even, as the C renderer's conversions)
-        self._need("fg_f32_to_f16", "static inline fg_half fg_f32_to_f16(float f) {\n"
-                   "  fg_half r; vstore_half_rte(f, 0, (half*)&r); return r;\n}")
+        self._need("fg_f32_to_f16", "static inline fg_half fg_f32_to_f16(float f) {  /* round to nearest even */\n"
+                   "  uint u = as_uint(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;\n"
+                   "  if (a > 0x7f800000u) return (fg_half)(s | 0x7e00u | ((a >> 13) & 0x3ffu));  /* quiet nan */\n"
+                   "  if (a >= 0x477ff000u) return (fg_half)(s | 0x7c00u);  /* from 65520 on: inf */\n"
+                   "  if (a < 0x38800000u) return (fg_half)(s | (uint)rint(as_float(a) * 0x1p24f));  /* subnormal */\n"
+                   "  a -= 0x38000000u;\n"
+                   "  return (fg_half)(s | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));\n}")
 
     def _bf16(self) -> None:
         self._need("bf16", "typedef ushort bf16;  /* bfloat16 bits */")
@@ -85,7 +117,15 @@ class OpenCLRenderer(CStyleLanguage):
             if src == dtypes.float64:   # rounded once, as the C renderer's (half)x does
                 self._half()
                 name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
-                                  "  fg_half r; vstore_half_rte(d, 0, (half*)&r); return r;\n}")
+                                  "  ulong u = as_ulong(d), a = u & 0x7ffffffffffffffful;\n"
+                                  "  uint s = (uint)(u >> 48) & 0x8000u;\n"
+                                  "  if (a > 0x7ff0000000000000ul)\n"
+                                  "    return (fg_half)(s | 0x7e00u | ((uint)(a >> 42) & 0x3ffu));  /* quiet nan */\n"
+                                  "  if (a >= 0x40effe0000000000ul) return (fg_half)(s | 0x7c00u);\n"
+                                  "  if (a < 0x3f10000000000000ul) return (fg_half)(s | (uint)rint(as_double(a) * "
+                                  "0x1p24));\n"
+                                  "  a -= 0x3f00000000000000ul;\n"
+                                  "  return (fg_half)(s | (uint)((a + 0x1fffffffffful + ((a >> 42) & 1ul)) >> 42));\n}")
                 return f"{name}({x})"
             return self.from_float(f"(float)({x})", dst)
         return super().render_cast(x, src, dst)
@@ -115,15 +155,16 @@ class OpenCLRenderer(CStyleLanguage):
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) half and bfloat16 Variables: their values arrive as float or double
         self._lowp_vars = {u.arg[0]: u.dtype for u in uops if u.op is Ops.DEFINE_VAR and u.dtype in _LOWP}
+        self._cpu_style = not any(u.op is Ops.SPECIAL for u in uops)
         return super()._render(uops, name)
 
     def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
+        cpu_style = getattr(self, "_cpu_style", True)
         out_params = []
         for p in params:
             if p in ("long core_lo", "long core_hi"): continue
-            if "*" in p:
-                # (a kernel may not take a pointer to bool: bools are bytes of 0 or 1)
-                out_params.append("__global " + re.sub(r"\b_Bool\*", "uchar*", p))
+            # (a kernel may not take a pointer to bool: bools are bytes of 0 or 1)
+            if "*" in p: out_params.append(re.sub(r"\b_Bool\*", "uchar*", p))
             elif p.startswith("double ") and not self.has_fp64: out_params.append("float " + p[len("double "):])
             else: out_params.append(p)
         # a narrowing C cast of a 16-bit float Variable would convert the value to the integer that holds its bits
@@ -131,7 +172,10 @@ class OpenCLRenderer(CStyleLanguage):
                     for v, dt in getattr(self, "_lowp_vars", {}).items()}
         lines = []
         for line in body:
-            if (m := _GLOBAL_LOOP.match(line)): line = f"{m.group(1)}{{ long {m.group(2)} = (long)get_global_id(0);"
+            # a CPU-style kernel's parallel loop (over the [core_lo, core_hi) of a CPU thread) is the global work-item
+            # index. (Only while the code generator still gives the CL device such kernels)
+            if cpu_style and (m := _GLOBAL_LOOP.match(line)):
+                line = f"{m.group(1)}{{ long {m.group(2)} = (long)get_global_id(0);"
             for cast, value in narrowed.items(): line = line.replace(cast, value)
             lines.append(line)
         if any("core_lo" in line or "core_hi" in line for line in lines):

@@ -1,8 +1,10 @@
 """The CL device: OpenCL, through pyopencl. Kernels are OpenCL C (renderer/opencl.py), built by the device's OpenCL
 compiler into a program binary (cached on disk like the CPU's shared objects, keyed by the device and its driver's
-version) and launched on one in-order command queue per device, one work-item per iteration of the kernel's parallel
-outermost loop. `CL` is the first OpenCL device found (GPUs first), `CL:1` the second, and so on; PoCL
-(`pip install 'fusegrad[opencl]'`) makes the CPU one (`POCL_DEVICES='pthread pthread'` lists it twice, as CL and CL:1).
+version) and launched on one in-order command queue per device: a GPU-style kernel as its grid of work-groups
+(`global_dims` x `local_dims`, refused before launching where the group asks more than the device has), a CPU-style
+one as one work-item per iteration of its parallel outermost loop. `CL` is the first OpenCL device found (GPUs
+first), `CL:1` the second, and so on; PoCL (`pip install 'fusegrad[opencl]'`) makes the CPU one
+(`POCL_DEVICES='pthread pthread'` lists it twice, as CL and CL:1).
 
 pyopencl rather than ctypes on the OpenCL C API: its wheel brings an ICD loader that finds PoCL's and the system's
 OpenCL implementations, every call's error code is checked and raised by name, and the OpenCL objects (buffers,
@@ -12,6 +14,7 @@ arguments and enqueueing a kernel are a few C calls either way."""
 from __future__ import annotations
 import functools
 import hashlib
+import math
 import re
 import warnings
 from typing import Any
@@ -30,6 +33,7 @@ def cl_devices() -> tuple[Any, ...]:
     cl = _cl()
     try: platforms = cl.get_platforms()
     except cl.Error as e: raise RuntimeError(f"the CL device found no OpenCL platform ({e}): {MISSING}") from e
+    if not platforms: raise RuntimeError(f"the CL device found no OpenCL platform: {MISSING}")
     devices = []
     for p in platforms:
         try: devices += p.get_devices()
@@ -161,6 +165,7 @@ class CLProgram:
         if (unpacked := unpack(lib)) is None: raise ValueError(f"not a CL program binary for kernel {name}")
         self.device, self.name, self.lib, self.source = device, name, lib, unpacked[0]
         self._kernels: dict[CLDevice, Any] = {}
+        self._groups_ok: set[tuple[CLDevice, tuple[int, ...]]] = set()   # group shapes checked against a device
         self._kernel(device)   # (a binary that doesn't load fails here, where the caller recompiles it)
 
     def _kernel(self, dev: CLDevice) -> Any:
@@ -173,21 +178,69 @@ class CLProgram:
                 raise RuntimeError(f"can't load the OpenCL binary of kernel {self.name} on {dev.device}: {e}") from e
         return k
 
+    def _check_group(self, dev: CLDevice, k: Any, local_dims: tuple[int, ...]) -> None:
+        """Refuse a work-group `dev` can't run (checked once per device and group shape)."""
+        if (dev, local_dims) in self._groups_ok: return
+        cl, d = _cl(), dev.cl_device
+        info = cl.kernel_work_group_info
+        check_group(self.name, dev.device, local_dims, int(k.get_work_group_info(info.LOCAL_MEM_SIZE, d)),
+                    max_items=min(int(d.max_work_group_size), int(k.get_work_group_info(info.WORK_GROUP_SIZE, d))),
+                    max_sizes=tuple(d.max_work_item_sizes), local_mem=int(d.local_mem_size))
+        self._groups_ok.add((dev, local_dims))
+
     def __call__(self, *bufs: CLMemory, vals: tuple = (), global_size: int = 1, threads: int = 1, wait: bool = False,
-                 join: bool = False, helpable: bool = True) -> float | None:
-        """Run `global_size` work-items (one per iteration of the parallel loop); with `wait`, wait for them and
-        return the seconds the device says they took. `threads`, `join` and `helpable` are the CPU's and mean nothing
-        here."""
+                 join: bool = False, helpable: bool = True, global_dims: tuple[int, ...] | None = None,
+                 local_dims: tuple[int, ...] | None = None) -> float | None:
+        """Run the kernel: a GPU-style one (`global_dims` given) as global_dims[d] work-groups of local_dims[d]
+        work-items along each launch dimension d, a CPU-style one as `global_size` work-items (one per iteration of
+        its parallel loop). With `wait`, wait for it and return the seconds the device says it took. `threads`,
+        `join` and `helpable` are the CPU's and mean nothing here."""
         import numpy as np
         dev = bufs[0].device if bufs else self.device
         k = self._kernel(dev)
+        if global_dims is not None:
+            global_dims, local_dims = launch_dims(self.name, global_dims, local_dims)
+            self._check_group(dev, k, local_dims)
         fdt = np.float64 if dev.renderer.has_fp64 else np.float32
         k.set_args(*[b.buf for b in bufs], *[fdt(v) if type(v) is float else np.int64(v) for v in vals])
-        if global_size <= 0: return 0.0 if wait else None   # (OpenCL launches no empty grid)
-        ev = _cl().enqueue_nd_range_kernel(dev.queue, k, (global_size,), None)
+        if global_dims is None:
+            if global_size <= 0: return 0.0 if wait else None   # (OpenCL launches no empty grid)
+            ev = _cl().enqueue_nd_range_kernel(dev.queue, k, (global_size,), None)
+        else:
+            if 0 in global_dims: return 0.0 if wait else None
+            ev = _cl().enqueue_nd_range_kernel(dev.queue, k, tuple(g * n for g, n in zip(global_dims, local_dims)),
+                                               local_dims)
         if not wait: return None
         ev.wait()
         return (ev.profile.end - ev.profile.start) * 1e-9
+
+def launch_dims(name: str, global_dims: tuple, local_dims: tuple | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (global_dims, local_dims) of a GPU-style launch as ints, checked for shape."""
+    if local_dims is None: raise ValueError(f"kernel {name}: a launch with global_dims needs local_dims")
+    gd, ld = tuple(int(g) for g in global_dims), tuple(int(n) for n in local_dims)
+    if not 1 <= len(gd) <= 3 or len(gd) != len(ld):
+        raise ValueError(f"kernel {name}: global_dims {gd} and local_dims {ld} must have the same length, 1 to 3")
+    if any(g < 0 for g in gd) or any(n < 1 for n in ld):
+        raise ValueError(f"kernel {name}: global_dims {gd} must be >= 0 and local_dims {ld} >= 1")
+    return gd, ld
+
+def check_group(name: str, device: str, local_dims: tuple[int, ...], local_mem_used: int, max_items: int,
+                max_sizes: tuple[int, ...], local_mem: int) -> None:
+    """Refuse (RuntimeError) a work-group of `local_dims` work-items using `local_mem_used` bytes of local memory that
+    exceeds a limit of `device`: `max_items` work-items in all (the device's and this kernel's), `max_sizes` along
+    each dimension, `local_mem` bytes. OpenCL implementations don't all refuse such a launch themselves, and one that
+    runs part of a group would compute wrong results."""
+    where = f"kernel {name} on {device}"
+    if (n := math.prod(local_dims)) > max_items:
+        raise RuntimeError(f"{where}: a work-group of {n} work-items (local_dims {local_dims}); the most it takes is "
+                           f"{max_items}")
+    for d, (n, most) in enumerate(zip(local_dims, max_sizes)):
+        if n > most:
+            raise RuntimeError(f"{where}: {n} work-items along dimension {d} (local_dims {local_dims}); the most is "
+                               f"{most}")
+    if local_mem_used > local_mem:
+        raise RuntimeError(f"{where}: {local_mem_used} bytes of local memory per work-group; the device has "
+                           f"{local_mem}")
 
 # *** the device ***
 
@@ -231,7 +284,9 @@ class CLDevice(Compiled):
         from fusegrad.renderer.opencl import OpenCLRenderer
         d = self.cl_device
         return OpenCLRenderer(has_fp64="cl_khr_fp64" in d.extensions.split() or bool(d.double_fp_config),
-                              device_name=f"{self.device} ({d.name})")
+                              device_name=f"{self.device} ({d.name})", max_workgroup=int(d.max_work_group_size),
+                              local_max=tuple(int(n) for n in d.max_work_item_sizes),
+                              local_bytes=int(d.local_mem_size))
 
     @functools.cached_property
     def compiler(self) -> CLCompiler: return CLCompiler(self)

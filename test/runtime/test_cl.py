@@ -19,6 +19,7 @@ from fusegrad import Tensor, TinyJit, Variable, dtypes  # noqa: E402
 from fusegrad.device import Buffer, CompileError, Device, GlobalCounters  # noqa: E402
 from fusegrad.dtype import to_np_dtype  # noqa: E402
 from fusegrad.codegen import get_program  # noqa: E402
+from fusegrad.engine.realize import sym_infer  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.renderer.opencl import OpenCLRenderer, UnsupportedDType  # noqa: E402
 from fusegrad.runtime.ops_cl import unpack  # noqa: E402
@@ -76,7 +77,11 @@ def test_variables_of_every_kind():
     src = Buffer("CL", 200, dtypes.float32).copyin(memoryview(inp))
     for nv, ov, sv, hv, bv, dv in [(10, 3, 2.5, 1.0009765625, 1.00390625, 0.25), (64, 300, -1.1, 0.1, 3.3, 1e300)]:
         out = Buffer("CL", 64, dtypes.float32).copyin(memoryview(np.zeros(64, np.float32)))
-        prg(out._buf, src._buf, vals=(bv, dv, hv, nv, ov, sv), global_size=nv if p.global_size != 1 else 1)
+        vals = {"b": bv, "d": dv, "h": hv, "n": nv, "off": ov, "scale": sv}
+        # (launched as the engine launches it: a GPU-style kernel over its grid, with its symbolic dims evaluated)
+        grid = dict(global_dims=tuple(sym_infer(g, vals) for g in p.global_dims), local_dims=p.local_dims) \
+            if p.global_dims else dict(global_size=sym_infer(p.global_size, vals))
+        prg(out._buf, src._buf, vals=tuple(vals[v.arg[0]] for v in p.vars), **grid)
         o = np.int8(np.int64(ov).astype(np.int8))
         with np.errstate(over="ignore"):
             add = np.float32(np.float16(hv)) + np.float32(torch.tensor(np.float32(bv)).bfloat16().float().item())
