@@ -265,3 +265,29 @@ def test_disk_cache_and_timings(tmp_path, monkeypatch):
     with Context(DEBUG=2): got = (Tensor(x, device="CL") * 3).numpy()
     np.testing.assert_array_equal(got, x * 3)
     assert GlobalCounters.time_sum_s > 0
+
+def _half_edges() -> np.ndarray:
+    """float64 values around every float16: each one, the midpoints between neighbours (ties, rounded to even) and a
+    float32 step either side of them, overflow's edge (65504, 65520), zeros, infinities, nans of both signs."""
+    h = np.arange(0x7c00, dtype=np.uint16).view(np.float16).astype(np.float64)   # every finite positive half
+    mid = (h[:-1] + h[1:]) / 2
+    step = np.abs(mid) * 2.0 ** -23 + 2.0 ** -149
+    pos = np.concatenate([h, mid, mid + step, mid - step, [65504.0, 65519.0, 65520.0, 65536.0, 1e6, 2.0 ** -25,
+                                                          2.0 ** -26, 2.0 ** -140]])
+    return np.concatenate([pos, -pos, [np.inf, -np.inf, np.nan, -np.nan]])
+
+def test_half_conversions_round_to_nearest_even():
+    """float32 and float64 -> half rounded once to nearest even, half -> float32 exact, over every half, every tie
+    between two halves and the values beside the ties: bit for bit as NumPy, nans as nans of the same sign."""
+    x64 = _half_edges()
+    x32 = x64.astype(np.float32)
+    every_half = np.arange(0x10000, dtype=np.uint16).view(np.float16)
+    t32, t64, th = Tensor(x32, device="CL"), Tensor(x64, device="CL"), Tensor(every_half, device="CL")
+    got = realized(t32.cast(dtypes.float16), t64.cast(dtypes.float16), th.cast(dtypes.float32))
+    with np.errstate(over="ignore"): want = [x32.astype(np.float16), x64.astype(np.float16)]
+    for g, w in zip(got, want + [every_half.astype(np.float32)]):
+        nan = np.isnan(w)
+        np.testing.assert_array_equal(np.isnan(g), nan)
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+        ut = np.uint16 if g.dtype == np.float16 else np.uint32
+        np.testing.assert_array_equal(g[~nan].view(ut), w[~nan].view(ut))
