@@ -123,10 +123,8 @@ def _take(x: Tensor, pos: Tensor) -> Tensor:
     one-hot selection, which the code generator turns into an indexed load; its gradient adds each output's gradient
     into the position it was read from (a scatter: work the size of `pos`, not of x times it)."""
     from fusegrad.gradient import with_gradient
+    if isinstance(x.device, tuple) or isinstance(pos.device, tuple): return _take_sharded(x, pos)
     out = _select_sum(_onehot(pos, x.numel()), x.flatten(), -1)
-    # (a rule's gradient is taken shard by shard, but positions count over the whole tensor: over shards, the
-    # selection's own derivative)
-    if isinstance(x.device, tuple) or isinstance(pos.device, tuple): return out
     return with_gradient(out, (x, pos), TakeGradient())
 
 def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
@@ -136,16 +134,92 @@ def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None) 
     from fusegrad.gradient import with_gradient
     Tensor = _T()
     pos, values = pos.flatten(), values.flatten().cast(target.dtype)
-    if any(isinstance(t.device, tuple) for t in (target, pos, values)) or \
-            not all(isinstance(s, int) for s in target.shape + pos.shape):
-        # (shards and symbolic shapes: the one-hot formula, whose work is the target's size times the values')
+    if not all(isinstance(s, int) for s in target.shape + pos.shape):
+        # (symbolic shapes: the one-hot formula, whose work is the target's size times the values')
         return _scatter_by_onehot(target.flatten(), pos, values, how).reshape(target.shape)
+    if any(isinstance(t.device, tuple) for t in (target, pos, values)):
+        return _scatter_sharded(target, pos, values, how)
     out = Tensor(UOp(Ops.SCATTER, target.dtype, (target.uop, pos.uop, values.uop), how))
     return with_gradient(out, (target, values, pos), ScatterGradient(how))
 
+# *** over several devices ***
+# A gather or scatter of a sharded tensor is built here, shard by shard, over the shards' own nodes: each shard is an
+# ordinary single-device gather or scatter at positions in its own addressing, with its own gradient rule. (A rule in
+# schedule/multi.py could split the forward SCATTER as well, but gradient rules run shard by shard on single-device
+# graphs: a rule given a shard and positions that count over the whole tensor can't place them. Built here, each
+# shard's rule sees its local positions, so the gradients are scatters and gathers of the size of what they move too.)
+
+def _devices(*ts: Tensor) -> tuple[str, ...]:
+    """The devices of tensors of which one at least is on several: all must be on the same ones."""
+    devs = next(t.device for t in ts if isinstance(t.device, tuple))
+    for t in ts:
+        if t.device != devs: raise ValueError(f"tensors are on different devices: {t.device} and {devs}")
+    return devs
+
+def _as_multi(t: Tensor, devices: tuple[str, ...]) -> UOp:
+    """t's MULTI (a lazy graph on several devices: replicas)."""
+    from fusegrad.schedule.multi import replicate
+    return t.uop if t.uop.op is Ops.MULTI else replicate(t.uop, devices)
+
+def _whole_on_each(t: Tensor, devices: tuple[str, ...]) -> list[Tensor]:
+    """t whole on each device, one single-device tensor per device (a split tensor's shards gathered: copies of
+    its size)."""
+    from fusegrad.schedule.multi import replicate
+    return [_T()(s) for s in replicate(t.uop, devices).src]
+
+def _shard_positions(pos: Tensor, shape: tuple[int, ...], axis: int, lo: int, hi: int) -> Tensor:
+    """Flat positions in a tensor of `shape` as flat positions in its part lo..hi along `axis` (the addressing of the
+    shard that holds it); -1 where a position is outside that part."""
+    total, n, inner = prod(shape), shape[axis], prod(shape[axis + 1:])
+    p = pos.cast(dtypes.int64 if total > dtypes.max(dtypes.int32) or pos.dtype.itemsize > 4 else dtypes.int32)
+    if prod(shape[:axis]) == 1:   # the part is one run of the flat order: a shift
+        return ((p >= lo * inner) & (p < hi * inner)).where(p - lo * inner, -1)
+    # p = (outer, k, r) over (shape[:axis], n, inner): the part keeps hi - lo of the n rows of each outer block
+    k, outer = (p // inner) % n, p // (n * inner)
+    inside = (p >= 0) & (p < total) & (k >= lo) & (k < hi)
+    return inside.where(p - outer * ((n - (hi - lo)) * inner) - lo * inner, -1)
+
+def _scatter_sharded(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
+    """_scatter_flat over several devices: each shard of the target scatters all the values (copied whole to its
+    device) at the positions that fall in it, the others written nowhere; replicas each scatter all of them. The
+    result is laid out as the target; the work is the values' size per device."""
+    from fusegrad.schedule.multi import multi_bounds
+    Tensor = _T()
+    devs = _devices(target, pos, values)
+    t = _as_multi(target, devs)
+    bounds, ps, vs = multi_bounds(t), _whole_on_each(pos, devs), _whole_on_each(values, devs)
+    outs = []
+    for i, s in enumerate(t.src):
+        shard = Tensor(s)
+        if bounds is None: outs.append(_scatter_flat(shard, ps[i], vs[i], how))
+        elif shard.numel() == 0: outs.append(shard)
+        else: outs.append(_scatter_flat(shard, _shard_positions(ps[i], target.shape, t.arg, *bounds[i]), vs[i], how))
+    return Tensor(UOp(Ops.MULTI, target.dtype, tuple(o.uop for o in outs), t.arg))
+
+def _take_sharded(x: Tensor, pos: Tensor) -> Tensor:
+    """_take over several devices. Replicas of x: each device reads its own part of the positions from its replica
+    (the result is laid out as the positions). x split: each shard reads the positions that fall in it (0 elsewhere),
+    and the partial results are summed over the devices (replicas)."""
+    from fusegrad.schedule.multi import multi_bounds
+    Tensor = _T()
+    devs = _devices(x, pos)
+    xm = _as_multi(x, devs)
+    if xm.arg is None:
+        pm = _as_multi(pos, devs)
+        outs = [_take(Tensor(xs), Tensor(p)) for xs, p in zip(xm.src, pm.src)]
+        return Tensor(UOp(Ops.MULTI, x.dtype, tuple(o.uop for o in outs), pm.arg))
+    parts = []
+    for xs, p, (lo, hi) in zip(xm.src, _whole_on_each(pos, devs), multi_bounds(xm)):
+        shard = Tensor(xs)
+        part = Tensor.zeros(*pos.shape, dtype=x.dtype, device=p.device) if shard.numel() == 0 else \
+            _take(shard, _shard_positions(p, x.shape, xm.arg, lo, hi))
+        parts.append(part.unsqueeze(0).uop)
+    stacked = Tensor(UOp(Ops.MULTI, x.dtype, tuple(parts), 0))
+    return stacked.any(0) if x.dtype == dtypes.bool else stacked.sum(0, dtype=x.dtype)
+
 def _scatter_by_onehot(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
     """_scatter_flat of a flat target as a one-hot reduction over the values for each of target's elements: the
-    definition its gradients follow, and the way for tensors split over devices."""
+    definition its gradients follow, and the way for symbolic shapes."""
     Tensor = _T()
     oh = _onehot(pos, target.numel())                                     # (values, target)
     v = values.unsqueeze(-1)
@@ -414,7 +488,9 @@ class IndexingMixin:
             flat_pos = Tensor.arange(1, n + 1, dtype=pdt, device=self.device).reshape(self.shape)
             with Context(CHECK_OOB=0):  # (the indices were checked by the _getitem above)
                 pos = flat_pos._getitem(entries).flatten() - 1
-                new = self.flatten().scatter(0, pos, v.flatten()).reshape(self.shape) if pos.numel() else self
+                # (into self as it is, not its flattened view: a tensor split along an axis other than the first
+                # would be gathered whole to be flattened)
+                new = _scatter_flat(self, pos, v, None) if pos.numel() else self
         else:
             # the indexing's adjoint places a tensor of the view's shape into a tensor of self's shape: apply it to
             # the value and to ones (the written positions), using a fresh placeholder so self's graph isn't touched
