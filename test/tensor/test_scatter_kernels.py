@@ -186,3 +186,118 @@ def test_gather_past_2_31_positions():
     x = Tensor.arange(2**31 + 10, dtype=dtypes.int64)   # (lazy: never in memory)
     assert x[Tensor([2**31 + 5, 7, -2])].tolist() == [2**31 + 5, 7, 2**31 + 8]
     assert x.gather(0, Tensor([2**31 + 9, 2**31 - 1])).tolist() == [2**31 + 9, 2**31 - 1]
+
+# *** sharded tensors: each shard scatters what falls in it ***
+
+D2 = ("CPU", "CPU:1")
+
+def _sharded_case(op: str, x: Tensor, idx: Tensor, src: Tensor) -> Tensor:
+    """The gather or scatter `op` along dim 0 (scatters: of src at idx into x; gathers: of x at idx)."""
+    if op == "scatter": return x.scatter(0, idx, src)
+    if op == "scatter_reduce": return x.scatter_reduce(0, idx, src, "amax")
+    if op == "gather": return x.gather(0, idx)
+    if op == "setitem":
+        out = x.contiguous()   # (a lazy copy: a realized tensor that requires grad can't be written in place)
+        out[idx[:, 0]] = src
+        return out
+    raise ValueError(op)
+
+@pytest.mark.parametrize("op,axis", [("scatter", 0), ("scatter", 1), ("embedding_backward", 0),
+                                     ("embedding_backward", 1), ("setitem", 1), ("scatter_reduce", 0),
+                                     pytest.param("setitem", 0, marks=pytest.mark.slow),
+                                     pytest.param("scatter_reduce", 1, marks=pytest.mark.slow)])
+def test_sharded_work_does_not_grow_with_the_target(op, axis):
+    """A 2-shard target of 100 and of 100000 rows, the same 64 values written: the ops stay the same (the one-hot
+    formulation's grew with the target, 1000x), the bytes grow only by the copy of the target."""
+    def run(n: int) -> tuple[int, int]:
+        rng = np.random.default_rng(0)
+        idx = Tensor(rng.integers(0, 100, (16, 4))).shard(D2).realize()
+        x = Tensor(rng.standard_normal((n, 4)).astype(np.float32)).shard(D2, axis).realize()
+        src = Tensor(rng.standard_normal((16, 4)).astype(np.float32)).shard(D2).realize()
+        if op != "embedding_backward": return _work(lambda: _sharded_case(op, x, idx, src))
+        x.requires_grad_()
+        (x[idx[:, 0]] * src).sum().backward()
+        return _work(lambda: x.grad)
+    (small_ops, small_mem), (big_ops, big_mem) = run(100), run(100000)
+    assert big_ops <= small_ops * 1.1 + 100
+    assert big_mem <= small_mem + 3 * 100000 * 4 * 4
+
+_DEFAULT_SHARDED = {("scatter", 1, None), ("setitem", 0, 0), ("gather", 1, 1), ("scatter_reduce", None, 0),
+                    ("scatter", 0, 0)}
+
+@pytest.mark.parametrize("op,axis,index_axis", [
+    pytest.param(op, ax, iax, marks=() if (op, ax, iax) in _DEFAULT_SHARDED else pytest.mark.slow)
+    for op in ["scatter", "scatter_reduce", "setitem", "gather"]
+    for ax, iax in [(0, None), (1, None), (0, 0), (1, 1), (None, 0)]])
+def test_sharded_values_and_gradients_against_torch(op, axis, index_axis):
+    # (7 rows over 3 devices: shards of 3, 3 and 1; 5 columns: 2, 2, 1) duplicates in every column of the index
+    devices = ("CPU", "CPU:1", "CPU:2")
+    base = RNG.standard_normal((7, 5)).astype(np.float32)
+    src = RNG.standard_normal((6, 5)).astype(np.float32)
+    idx = RNG.integers(0, 7, (6, 5))
+    idx[1] = idx[4]
+    if op == "setitem": idx[:, 0] = [6, 2, 0, 2, 5, 6]
+    tb, ts = torch.tensor(base, requires_grad=True), torch.tensor(src, requires_grad=True)
+    ti = torch.tensor(idx)
+    if op == "scatter": want = tb.scatter(0, ti, ts)
+    elif op == "scatter_reduce": want = tb.scatter_reduce(0, ti, ts, "amax")
+    elif op == "gather": want = tb.gather(0, ti)
+    else: want = tb.clone().index_put((ti[:, 0],), ts)   # (the last of duplicate rows wins, as torch on the CPU)
+    w = RNG.standard_normal(tuple(want.shape)).astype(np.float32)
+    (want * torch.tensor(w)).sum().backward()
+    x = Tensor(base).shard(devices, axis).realize().requires_grad_()
+    s = Tensor(src).shard(devices, index_axis).realize().requires_grad_()
+    i = Tensor(idx).shard(devices, index_axis).realize()
+    got = _sharded_case(op, x, i, s)
+    assert got.device == devices and (op == "gather" or got.uop.arg == axis)   # (laid out as the target)
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-6)
+    (_sharded_case(op, x, i, s) * Tensor(w).shard(devices)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert x.grad.uop.arg == axis
+    if op != "gather": np.testing.assert_allclose(s.grad.numpy(), ts.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("reduce,include_self", [("sum", True), ("prod", False), ("mean", False), ("amin", True),
+                                                 *[pytest.param(r, i, marks=pytest.mark.slow) for r, i in
+                                                   [("sum", False), ("prod", True), ("mean", True), ("amin", False)]]])
+def test_sharded_integer_scatter_reduce_against_torch(reduce, include_self):
+    # integer values, split along the scattered axis: every duplicate counts once, whichever shard holds its position
+    base = RNG.integers(-5, 6, (3, 9)).astype(np.int32)
+    idx = RNG.integers(0, 9, (3, 12))
+    src = RNG.integers(-3, 4, (3, 12)).astype(np.int32)
+    got = Tensor(base).shard(D2, 1).scatter_reduce(1, Tensor(idx).shard(D2, 0), Tensor(src).shard(D2, 0), reduce,
+                                                   include_self=include_self)
+    want = torch.tensor(base).scatter_reduce(1, torch.tensor(idx), torch.tensor(src), reduce,
+                                             include_self=include_self).numpy()
+    assert got.uop.arg == 1
+    np.testing.assert_array_equal(got.numpy(), want)
+
+def test_sharded_embedding_against_torch():
+    # the weight split along the vocabulary, the tokens along the batch (tensor and data parallel at once)
+    w = RNG.standard_normal((13, 6)).astype(np.float32)
+    toks = RNG.integers(0, 13, (4, 5))
+    toks[0, :3] = 12
+    g = RNG.standard_normal((4, 5, 6)).astype(np.float32)
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.embedding(torch.tensor(toks), tw) * torch.tensor(g)).sum().backward()
+    emb = nn.Embedding(13, 6)
+    emb.weight = Tensor(w).shard(D2, 0).realize().requires_grad_()
+    out = emb(Tensor(toks).shard(D2, 0))
+    np.testing.assert_allclose(out.numpy(), w[toks], rtol=1e-6)
+    (emb(Tensor(toks).shard(D2, 0)) * Tensor(g).shard(D2, 0)).sum().backward()
+    assert emb.weight.grad.uop.arg == 0
+    np.testing.assert_allclose(emb.weight.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_sharded_setitem_in_place_keeps_the_layout():
+    base = np.arange(40, dtype=np.float32).reshape(5, 8)
+    t = Tensor(base).shard(D2, 1).realize()
+    rows, cols = np.array([4, 0, 4]), np.array([7, 1, 7])
+    t[Tensor(rows).shard(D2), Tensor(cols).shard(D2)] = Tensor([-1.0, -2.0, -3.0]).shard(D2)
+    want = base.copy()
+    want[rows, cols] = [-1.0, -2.0, -3.0]   # (numpy: the last of duplicates wins)
+    assert t.uop.arg == 1
+    np.testing.assert_array_equal(t.numpy(), want)
+
+def test_sharded_scatter_on_other_devices_is_an_error():
+    x = Tensor.zeros(4, 3).contiguous().shard(D2, 0)
+    with pytest.raises(ValueError, match="different devices"):
+        x.scatter(0, Tensor([[0, 1, 2]]).shard(("CPU", "CPU:2")), 1.0)
