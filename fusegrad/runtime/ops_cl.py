@@ -1,10 +1,10 @@
 """The CL device: OpenCL, through pyopencl. Kernels are OpenCL C (renderer/opencl.py), built by the device's OpenCL
 compiler into a program binary (cached on disk like the CPU's shared objects, keyed by the device and its driver's
-version) and launched on one in-order command queue per device: a GPU-style kernel as its grid of work-groups
-(`global_dims` x `local_dims`, refused before launching where the group asks more than the device has), a CPU-style
-one as one work-item per iteration of its parallel outermost loop. `CL` is the first OpenCL device found (GPUs
-first), `CL:1` the second, and so on; PoCL (`pip install 'fusegrad[opencl]'`) makes the CPU one
-(`POCL_DEVICES='pthread pthread'` lists it twice, as CL and CL:1).
+version; for PoCL the source alone, which PoCL's own cache keeps built) and launched on one in-order command queue per
+device: a GPU-style kernel as its grid of work-groups (`global_dims` x `local_dims`, refused before launching where the
+group asks more than the device has), a CPU-style one as one work-item per iteration of its parallel outermost loop.
+`CL` is the first OpenCL device found (GPUs first), `CL:1` the second, and so on; PoCL (`pip install
+'fusegrad[opencl]'`) makes the CPU one (`POCL_DEVICES='pthread pthread'` lists it twice, as CL and CL:1).
 
 pyopencl rather than ctypes on the OpenCL C API: its wheel brings an ICD loader that finds PoCL's and the system's
 OpenCL implementations, every call's error code is checked and raised by name, and the OpenCL objects (buffers,
@@ -103,6 +103,10 @@ class CLCompiler(Compiler):
         # IEEE division and square roots (OpenCL allows a few ulps unless asked)
         exact = d.single_fp_config & cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT
         self.options = "-cl-fp32-correctly-rounded-divide-sqrt" if exact else ""
+        # PoCL makes its program binary by compiling every kernel for any group size, seconds of work for a kernel with
+        # barriers, which it does again for the group size of the first launch; and it keeps the programs it built
+        # from a source in a cache of its own. So for PoCL the lib is the source alone, built again where it is loaded
+        self.keep_binary = "Portable Computing Language" not in d.platform.name
         super().__init__(f"CL|{d.platform.name}|{d.platform.version}|{d.name}|{d.version}|{d.driver_version}|"
                          f"{self.options}")
 
@@ -117,7 +121,7 @@ class CLCompiler(Compiler):
             try: log = prg.get_build_info(dev.cl_device, cl.program_build_info.LOG)
             except cl.Error: log = str(e)
             raise CompileError(build_error(dev.device, log, src)) from None
-        return pack(src, bytes(prg.get_info(cl.program_info.BINARIES)[0]))
+        return pack(src, bytes(prg.get_info(cl.program_info.BINARIES)[0]) if self.keep_binary else b"")
 
     def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         # a build costs about the same for one kernel as for ten (the driver's compiler starts up, its builtins are
@@ -149,7 +153,7 @@ def unpack(lib: bytes) -> tuple[str, bytes] | None:
     """(source, binary) of what `pack` made; None if `lib` isn't that."""
     if len(lib) < 12 or not lib.startswith(_MAGIC): return None
     n = int.from_bytes(lib[4:12], "little")
-    if len(lib) <= 12 + n: return None
+    if len(lib) < 12 + n: return None   # (the binary may be empty: see CLCompiler.keep_binary)
     try: return lib[12:12 + n].decode(), lib[12 + n:]
     except UnicodeDecodeError: return None
 
@@ -271,10 +275,12 @@ class CLDevice(Compiled):
         if (prg := self._programs.pop(key, None)) is None:
             cl = _cl()
             if (unpacked := unpack(lib)) is None: raise ValueError("not a CL program binary")
-            prg = cl._cl._Program(self.context, [self.cl_device], [unpacked[1]])
+            src, binary = unpacked
+            prg = cl._cl._Program(self.context, [self.cl_device], [binary]) if binary else \
+                cl._cl._Program(self.context, src)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", cl.CompilerWarning)
-                prg.build(b"", [self.cl_device])
+                prg.build(b"" if binary else self.compiler.options.encode(), [self.cl_device])
         self._programs[key] = prg   # (most recently used last)
         while len(self._programs) > self.PROGRAMS_KEPT: self._programs.pop(next(iter(self._programs)))
         return prg
