@@ -291,3 +291,17 @@ def test_half_conversions_round_to_nearest_even():
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
         ut = np.uint16 if g.dtype == np.float16 else np.uint32
         np.testing.assert_array_equal(g[~nan].view(ut), w[~nan].view(ut))
+
+def test_program_binary_path(monkeypatch):
+    """The lib of a device whose program binary is kept (every OpenCL device but PoCL, whose lib is the source alone):
+    the binary is loaded and runs."""
+    dev = Device["CL"]
+    src = "__kernel void binary_k(__global float* a) { a[get_global_id(0)] *= 3.0f; }\n"
+    pocl = "Portable Computing Language" in dev.cl_device.platform.name
+    assert (unpack(dev.compiler.compile(src))[1] == b"") == pocl
+    monkeypatch.setattr(dev.compiler, "keep_binary", True)
+    lib = dev.compiler.compile(src)
+    assert unpack(lib)[0] == src and len(unpack(lib)[1]) > 0
+    buf = Buffer("CL", 4, dtypes.float32).copyin(memoryview(np.arange(4, dtype=np.float32)))
+    dev.runtime("binary_k", lib)(buf._buf, global_size=4, wait=True)
+    np.testing.assert_array_equal(buf.numpy(), np.arange(4, dtype=np.float32) * 3)
