@@ -60,4 +60,5 @@ class Renderer:
     local_max: tuple[int, ...] = ()   # the most work-items per group along each dimension
     max_workgroup: int = 1          # the most work-items in one group
     local_bytes: int = 0            # local memory one group may use, in bytes
+    fast_local_memory: bool = False  # local memory is faster than global memory (a GPU's; not a CPU OpenCL's)
     def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError

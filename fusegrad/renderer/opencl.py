@@ -49,11 +49,14 @@ class OpenCLRenderer(CStyleLanguage):
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
 
     def __init__(self, has_fp64: bool = True, device_name: str = "the OpenCL device", max_workgroup: int = 256,
-                 local_max: tuple[int, ...] = (256, 256, 256), local_bytes: int = 32 * 1024) -> None:
+                 local_max: tuple[int, ...] = (256, 256, 256), local_bytes: int = 32 * 1024,
+                 fast_local_memory: bool = True) -> None:
         """`max_workgroup`, `local_max` and `local_bytes` are the device's CL_DEVICE_MAX_WORK_GROUP_SIZE,
-        CL_DEVICE_MAX_WORK_ITEM_SIZES and CL_DEVICE_LOCAL_MEM_SIZE (the defaults: what about every OpenCL GPU has)."""
+        CL_DEVICE_MAX_WORK_ITEM_SIZES and CL_DEVICE_LOCAL_MEM_SIZE (the defaults: what about every OpenCL GPU has);
+        `fast_local_memory`: whether its local memory is faster than global memory (a GPU's; a CPU's is not)."""
         self.has_fp64, self.device_name = has_fp64, device_name
         self.max_workgroup, self.local_max, self.local_bytes = max_workgroup, tuple(local_max), local_bytes
+        self.fast_local_memory = fast_local_memory
 
     def id_expr(self, kind: str, dim: int) -> str:
         return f"(long)get_{'group' if kind == 'group' else 'local'}_id({dim})"

@@ -292,7 +292,8 @@ class CLDevice(Compiled):
         return OpenCLRenderer(has_fp64="cl_khr_fp64" in d.extensions.split() or bool(d.double_fp_config),
                               device_name=f"{self.device} ({d.name})", max_workgroup=int(d.max_work_group_size),
                               local_max=tuple(int(n) for n in d.max_work_item_sizes),
-                              local_bytes=int(d.local_mem_size))
+                              local_bytes=int(d.local_mem_size),
+                              fast_local_memory=bool(d.type & _cl().device_type.GPU))
 
     @functools.cached_property
     def compiler(self) -> CLCompiler: return CLCompiler(self)

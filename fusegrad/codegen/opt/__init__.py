@@ -29,6 +29,10 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      every amt-th element (coalesced), writes its partial result to local memory, and after a barrier
                      the partial results are reduced; one work-item stores the result.
   GROUPTOP(axis, amt) the same with the work-items taking contiguous chunks of the loop (the split from the outside).
+  LTILE(axis, amt)   split `amt` off the inside of reduce loop `axis` (a reduction over that loop alone: a matmul's)
+                     and, for each block of `amt` iterations, stage what the group's work-items load along the block in
+                     local memory: the work-items copy the block of each load that some of them share (a matmul's
+                     rows of A for all its columns), each a part, between two barriers, and then read the copy.
   PADTO on a reduce loop rounds it up with iterations that read nothing and contribute the reduction's identity, so
                      a GROUP of 256 fits a row of 257.
   (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
@@ -48,7 +52,7 @@ from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
     UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto(); PADTO = auto()
-    LOCAL = auto(); GROUP = auto(); GROUPTOP = auto()
+    LOCAL = auto(); GROUP = auto(); GROUPTOP = auto(); LTILE = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -192,6 +196,7 @@ class Kernel:
         self.locals: list[UOp] = []          # work-item ranges of a GPU-style kernel (LOCAL, GROUP), in creation order
         self.local_keys: dict[UOp, tuple] = {}   # their launch order: sorted by key, the last is launch dimension 0
         self.groups: set[UOp] = set()        # the locals split off a reduce loop (GROUP, GROUPTOP)
+        self.tiles: list[UOp] = []           # the block loops of LTILE
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
@@ -224,7 +229,9 @@ class Kernel:
             if not (groups := [r for r in red.src[1:] if r in self.groups]): continue
             lanes = {r for r in live_ranges(red.src[0], {}) if range_kind(r) in ("local", "upcast")}
             total += red.dtype.itemsize * math.prod(range_size(r) for r in lanes - set(red.src[1:]) | set(groups))
-        return total
+        fixed = set(self.loops[:self.first_reduce]) | set(self.tiles)
+        return total + sum(idx.dtype.base.itemsize * math.prod(range_size(r) for r in block)
+                           for _, idx, block in _tiled_loads(self.ast, self.tiles, fixed, self.locals))
 
     def sequential_outputs(self) -> set[UOp]:
         """The output loops that a reduction's result is broadcast along (a softmax's columns, for the sums of its
@@ -291,7 +298,12 @@ class Kernel:
             self.locals.append(inner)
             self.local_keys[inner] = (range_kind(r) == "reduce", axis, -len(self.locals))
         else: self.expanded.append(inner)
-        # REDUCEs list their ranges as sources: there a split loop becomes (outer, inner); in index math its expression
+        self._replace_splits(splits, inner)
+        return inner
+
+    def _replace_splits(self, splits: dict[UOp, tuple[UOp | None, UOp]], inner: UOp) -> None:
+        """Each split loop of `splits` (-> its outer part or None, its index expression) replaced in the AST: REDUCEs
+        list their ranges as sources, there the loop becomes (outer, inner); in index math its expression."""
         replaced: dict[UOp, UOp] = {}
         for u in self.ast.toposort():
             if u in splits: replaced[u] = splits[u][1]; continue
@@ -301,15 +313,32 @@ class Kernel:
             new_src = tuple(replaced[s] for s in u.src)
             replaced[u] = u if new_src == u.src else u.replace(src=new_src)
         self.ast = replaced[self.ast]
-        return inner
+
+    def _ltile(self, axis: int, amt: int) -> None:
+        r = self.loops[axis]
+        size = range_size(r)
+        if range_kind(r) != "reduce" or not isinstance(size, int) or amt < 2 or amt >= size or size % amt:
+            raise KernelOptError(f"LTILE needs a reduce loop with a proper divisor, not {amt} of {size}")
+        reds = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and r in u.src[1:]]
+        if any(len(red.src) != 2 for red in reds): raise KernelOptError("LTILE needs a reduction over one loop")
+        from fusegrad.codegen.lower import SUM_BLOCKED_OVER
+        if any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) and size > SUM_BLOCKED_OVER for red in reds):
+            raise KernelOptError("LTILE of a float sum long enough to be summed in blocks")
+        self._check_groupable(r)
+        outer = UOp.range(size // amt, r.arg[0], "reduce")
+        inner = UOp.range(amt, self.next_id, "reduce"); self.next_id += 1
+        self.loops[axis] = outer
+        self.loops.insert(axis + 1, inner)
+        self._replace_splits({r: (outer, outer * amt + inner)}, inner)
+        self.tiles.append(outer)
 
     def _state(self) -> tuple:
         return (self.ast, list(self.loops), list(self.expanded), list(self.copies), set(self.packed), list(self.locals),
-                dict(self.local_keys), set(self.groups), self.next_id, self.useful)
+                dict(self.local_keys), set(self.groups), list(self.tiles), self.next_id, self.useful)
 
     def _restore(self, state: tuple) -> None:
         (self.ast, self.loops, self.expanded, self.copies, self.packed, self.locals, self.local_keys, self.groups,
-         self.next_id, self.useful) = state
+         self.tiles, self.next_id, self.useful) = state
 
     def apply_opt(self, opt: Opt) -> UOp | None:
         """Apply one Opt (raises KernelOptError if it doesn't fit, leaving the kernel as it was); returns the new
@@ -318,8 +347,10 @@ class Kernel:
         if not 0 <= opt.axis < len(self.loops): raise KernelOptError(f"no axis {opt.axis} in {len(self.loops)} loops")
         if self.gpu and opt.op in (OptOps.PACK, OptOps.KBLOCK, OptOps.SPLIT):
             raise KernelOptError(f"{opt.op.name} shapes loops for CPUs, not GPU-style kernels")
-        if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
+        if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE):
             raise KernelOptError(f"{opt.op.name} needs a GPU-style renderer (has_local)")
+        if self.loops[opt.axis] in self.tiles and opt.op is not OptOps.SWAP:
+            raise KernelOptError("the block loop of an LTILE stays as it is")
         state = self._state()
         try: ret = self._apply(opt)
         except KernelOptError:
@@ -345,6 +376,7 @@ class Kernel:
         elif opt.op is OptOps.SPLIT:
             if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
             self._split(opt.axis, opt.arg, "loop")
+        elif opt.op is OptOps.LTILE: self._ltile(opt.axis, opt.arg)
         elif opt.op is OptOps.LOCAL:
             if opt.axis >= self.first_reduce: raise KernelOptError("LOCAL needs an output axis")
             if self.loops[opt.axis] in self.sequential_outputs():
@@ -502,8 +534,14 @@ class Kernel:
         mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, kind)) for i, (r, kind) in enumerate(zip(ordered, kinds))}
         ast = self.ast.substitute(mapping)
         if not self.gpu: return ast
-        ast = _group_reductions(ast, {mapping[g] for g in self.groups}, len(mapping))
-        return _store_once(ast, [mapping[r] for r in ordered if range_kind(mapping[r]) in ("global", "local")])
+        ast, next_id = _group_reductions(ast, {mapping[g] for g in self.groups}, len(mapping))
+        grid = [mapping[r] for r in ordered if range_kind(mapping[r]) in ("global", "local")]
+        if self.tiles:
+            tiles = [mapping[t] for t in self.tiles]
+            fixed = {mapping[r] for r in outs} | set(tiles)
+            ast = _stage_tiles(ast, tiles, fixed, [mapping[r] for r in sorted(self.locals, key=self.local_keys.get)],
+                               next_id)
+        return _store_once(ast, grid)
 
 def _linear(rngs: list[UOp]) -> UOp:
     """The row-major position of `rngs` (the last varies fastest)."""
@@ -511,10 +549,11 @@ def _linear(rngs: list[UOp]) -> UOp:
     for r in rngs: lin = lin * range_size(r) + r
     return lin
 
-def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> UOp:
+def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> tuple[UOp, int]:
     """Each REDUCE over work-item ranges `groups` split in two: every work-item reduces its part over the other ranges
     and stores it to local memory (one slot per work-item and per output lane it varies with), and after a barrier
-    the slots of its group are reduced over a fresh loop (by every work-item: the result is theirs to store)."""
+    the slots of its group are reduced over a fresh loop (by every work-item: the result is theirs to store). Returns
+    the AST and the next free range id."""
     replaced: dict[UOp, UOp] = {}
     for red in [u for u in ast.toposort() if u.op is Ops.REDUCE and groups.intersection(u.src[1:])]:
         own = [r for r in red.src[1:] if r in groups]
@@ -533,6 +572,57 @@ def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> UOp:
             fresh.append(UOp.range(range_size(r), next_id, "reduce")); next_id += 1
         value = UOp(Ops.LOAD, red.dtype, (ready.index(_linear(lanes + fresh)),))
         replaced[red] = UOp(Ops.REDUCE, red.dtype, (value, *fresh), red.arg)
+    return (ast.substitute(replaced) if replaced else ast), next_id
+
+def _tiled_loads(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]) -> list[tuple[UOp, UOp, list[UOp]]]:
+    """(REDUCE, INDEX, block ranges) of each global load that LTILE stages: inside a reduction over a block loop of
+    `tiles`, varying with it, and not with every work-item range (so work-items share it). Its block is the ranges it
+    varies with inside one iteration of the block loop and one work-group (all but the `fixed` ones)."""
+    out = []
+    for tile in tiles:
+        for red in (u for u in ast.toposort() if u.op is Ops.REDUCE and tile in u.src[1:]):
+            loads = {u.src[0] for u in red.src[0].toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+            for idx in loads:
+                if idx.src[0].op is not Ops.DEFINE_GLOBAL: continue
+                deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
+                block = sorted(deps - fixed, key=lambda r: r.arg[0])
+                if tile not in deps or all(r in deps for r in locals_) or \
+                        any(range_kind(r) not in ("local", "upcast", "unroll", "reduce") for r in block):
+                    continue
+                out.append((red, idx, block))
+    return out
+
+def _stage_tiles(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp], next_id: int) -> UOp:
+    """The loads LTILE stages read from local memory: in each iteration of the block loop, after a barrier (the
+    previous block's reads are done), the work-items of the group copy the block, element c by work-item c % W of the
+    W of the group, and after a second barrier they read the copy (see the module docstring)."""
+    workers = math.prod(range_size(r) for r in locals_)
+    me = _linear(locals_)
+    replaced: dict[UOp, UOp] = {}
+    first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
+    for n_local, (_, idx, block) in enumerate(_tiled_loads(ast, tiles, fixed, locals_), start=first):
+        tile = next(t for t in tiles if t in idx.toposort())
+        size = math.prod(range_size(r) for r in block)
+        local = UOp(Ops.DEFINE_LOCAL, idx.dtype.base.ptr(size, "local"), arg=n_local)
+        rounds = -(-size // workers)
+        j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
+        next_id += 1
+        c = j * workers + me
+        coords, stride = {}, 1
+        for r in reversed(block):
+            coords[r] = (c // stride) % range_size(r) if stride > 1 else c % range_size(r)
+            stride *= range_size(r)
+        valid = c < size if size % workers else None
+        src = idx.substitute(coords)
+        if valid is not None: src = src.replace(src=(*src.src[:2], valid if len(src.src) < 3 else src.src[2] & valid))
+        value = UOp(Ops.LOAD, idx.dtype.base, (src,))
+        before = UOp(Ops.BARRIER, local.dtype, (local, tile))
+        dest = before.index(c) if valid is None else UOp(Ops.INDEX, before.index(c).dtype, (before, c, valid))
+        copied = dest.store(value)
+        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
+        staged = ready.index(_linear(block))
+        for u in ast.toposort():
+            if u.op is Ops.LOAD and u.src[0] is idx: replaced[u] = UOp(Ops.LOAD, u.dtype, (staged,))
     return ast.substitute(replaced) if replaced else ast
 
 def _store_once(ast: UOp, grid: list[UOp]) -> UOp:
