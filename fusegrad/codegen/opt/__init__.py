@@ -521,7 +521,8 @@ class Kernel:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
         "global" (split across cores) when every STORE depends on it. In a GPU-style kernel every output loop is
         "global" and the work-items "local" (in launch order: the last is dimension 0), grouped reductions go
-        through local memory, and a store that doesn't vary with some work-item or group is made by the first."""
+        through local memory, the output loops their results are broadcast along are shared by the work-items of
+        the group, and a store that doesn't vary with some work-item or group is made by the first."""
         outs = self.loops[:self.first_reduce]
         if self.gpu:
             ordered = self.loops + self.expanded + self.copies + sorted(self.locals, key=lambda r: self.local_keys[r])
@@ -535,6 +536,8 @@ class Kernel:
         ast = self.ast.substitute(mapping)
         if not self.gpu: return ast
         ast, next_id = _group_reductions(ast, {mapping[g] for g in self.groups}, len(mapping))
+        if len(self.groups) == 1 and seq:
+            ast = _spread_over_group(ast, [mapping[r] for r in outs if r in seq], mapping[next(iter(self.groups))])
         grid = [mapping[r] for r in ordered if range_kind(mapping[r]) in ("global", "local")]
         if self.tiles:
             tiles = [mapping[t] for t in self.tiles]
@@ -624,6 +627,23 @@ def _stage_tiles(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]
         for u in ast.toposort():
             if u.op is Ops.LOAD and u.src[0] is idx: replaced[u] = UOp(Ops.LOAD, u.dtype, (staged,))
     return ast.substitute(replaced) if replaced else ast
+
+def _spread_over_group(ast: UOp, loops: list[UOp], g: UOp) -> UOp:
+    """Output loops `loops` (that the grouped reductions' results are broadcast along: all the work-items of a group
+    hold those results) shared among the work-items of group range `g`: work-item g takes iterations g, g + G, ...
+    of each, the accesses of the last round gated where G doesn't divide the loop."""
+    size = range_size(g)
+    for r in loops:
+        n = range_size(r)
+        if not isinstance(n, int) or not isinstance(size, int): continue
+        rounds = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, -(-n // size)),), r.arg)
+        pos = rounds * size + g
+        ast = ast.substitute({r: pos})
+        if n % size == 0: continue
+        gated = {u: u.replace(src=(u.src[0], u.src[1], pos < n if len(u.src) < 3 else u.src[2] & (pos < n)))
+                 for u in ast.toposort() if u.op is Ops.INDEX and rounds in u.toposort()}
+        ast = ast.substitute(gated)
+    return ast
 
 def _store_once(ast: UOp, grid: list[UOp]) -> UOp:
     """Every STORE whose address doesn't vary with a launch range (a reduction's result, which all the work-items of
