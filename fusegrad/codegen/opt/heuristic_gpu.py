@@ -11,6 +11,7 @@ from fusegrad.uop.ops import UOp
 WORKGROUP = 256     # work-items per group aimed at (within the renderer's limit)
 GROUP_MAX = 256     # the most work-items one reduction is split across
 FEW_OUTPUTS = 4096  # a reduction to fewer outputs than this leaves work-items idle unless it is split across a group
+VECTOR = 4          # lanes of an elementwise kernel's vectors (float4)
 TILE = 4            # register tile along each output loop that loads are reused along
 TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
 LTILE_BLOCK = 16    # iterations of a register-tiled kernel's reduction staged in local memory at a time
@@ -30,6 +31,7 @@ def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
 def gpu_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to the GPU-style kernel `k`; returns them (also in k.applied_opts)."""
     _group_long_reduction(k)
+    _vector_lanes(k)
     _register_tiles(k)
     _work_items_over_outputs(k)
     _stage_through_local(k)
@@ -53,6 +55,18 @@ def _group_long_reduction(k: Kernel) -> None:
         for x in [x for x in k.loops[k.first_reduce:] if x is not r and range_size(x) == n]: _padded(k, x, g)
         if (r := _padded(k, r, g)) is None: return
     _try(k, OptOps.GROUP, r, g)
+
+def _vector_lanes(k: Kernel) -> None:
+    """An elementwise kernel whose innermost output loop every access reads contiguously (or not at all) computes
+    VECTOR lanes of it per work-item, where the renderer has vectors of its dtypes: one vector load per buffer."""
+    if k.reduceops or not (vec_dts := tuple(getattr(k.renderer, "vector_dtypes", ()))) or not k.output_axes(): return
+    r = k.loops[k.output_axes()[-1]]
+    n = range_size(r)
+    accesses = k.accesses()
+    if not isinstance(n, int) or n % VECTOR or n < 2 * VECTOR or \
+            any(idx.src[0].dtype.base not in vec_dts for idx, _ in accesses): return
+    strides = [coeff(idx.src[1], r) for idx, _ in accesses]
+    if all(c in (0, 1) for c in strides) and 1 in strides: _try(k, OptOps.UPCAST, r, VECTOR)
 
 def _register_tiles(k: Kernel) -> None:
     """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
