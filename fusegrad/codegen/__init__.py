@@ -30,7 +30,7 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
     sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
-    if getattr(renderer, "has_local", False): sink = launch_grid(sink)
+    if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
     return simplify_indexing(sink)

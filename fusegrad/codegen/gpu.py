@@ -6,6 +6,7 @@ A kernel with more than three output loops has its outer ones merged into one la
 the merged id by a division and a modulo."""
 from __future__ import annotations
 import functools
+import math
 import operator
 from fusegrad.dtype import dtypes
 from fusegrad.uop.affine import range_kind, range_size
@@ -23,13 +24,21 @@ def _ids(rngs: list[UOp], special: UOp) -> dict[UOp, UOp]:
         stride = stride * range_size(r)
     return out
 
-def launch_grid(sink: UOp) -> UOp:
-    """`sink` with its "global" and "local" ranges replaced by SPECIAL ids (see the module docstring)."""
+def _largest(size: int | UOp) -> int: return size if isinstance(size, int) else int(size.vmax)
+
+def launch_grid(sink: UOp, global_max: tuple[int, ...] = ()) -> UOp:
+    """`sink` with its "global" and "local" ranges replaced by SPECIAL ids (see the module docstring). Where a launch
+    dimension could exceed `global_max` (the most work-groups along each dimension: a CUDA grid's y and z have
+    65535), all the "global" ranges are merged into dimension 0."""
     topo = sink.toposort()
     subst: dict[UOp, UOp] = {}
     for kind, prefix in (("global", "gidx"), ("local", "lidx")):
         rngs = sorted((u for u in topo if u.op is Ops.RANGE and range_kind(u) == kind), key=lambda r: r.arg[0])
         cut = max(len(rngs) - MAX_DIMS + 1, 1)
+        if kind == "global" and global_max and rngs:
+            sizes = [math.prod(_largest(range_size(r)) for r in rngs[:cut])]
+            sizes += [_largest(range_size(r)) for r in rngs[cut:]]
+            if any(n > lim for n, lim in zip(reversed(sizes), global_max)): cut = len(rngs)
         dims = [rngs[:cut], *[[r] for r in rngs[cut:]]] if rngs else []
         for d, group in enumerate(reversed(dims)):
             size = functools.reduce(operator.mul, [range_size(r) for r in group])
