@@ -1,0 +1,185 @@
+"""CUDA C for the CUDA device: the C renderer's kernels (same expressions, same semantics: see cstyle.py) as
+`extern "C" __global__` functions, compiled by NVRTC (runtime/ops_cuda.py).
+
+- GPU-style kernels (SPECIAL ids, docs/architecture.md "GPU-style kernels") are launched as a grid of thread blocks:
+  the ids are `blockIdx.x/y/z` and `threadIdx.x/y/z`, a DEFINE_LOCAL is a `__shared__` array of the block, a BARRIER
+  is `__syncthreads();`. Each kernel declares `__launch_bounds__(threads per block)`, so the compiler may give each
+  thread the registers that block size allows.
+- CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
+  loop, so any grid runs them (the runtime launches one thread per iteration, up to a block's worth per block).
+
+half and bfloat16 are 16-bit integers in memory and in registers, computed in float and rounded after every op as the
+C renderer does (no `cuda_fp16.h`: the NVRTC wheel ships no CUDA headers, and `__half` arithmetic would round
+differently from the other devices where an expression has several ops). half <-> float conversions are the PTX `cvt`
+instructions (exact, round to nearest even, one instruction each, sm_53 and later); bfloat16 is converted with
+integer operations on its bits (its `cvt` needs sm_80 and the integer form is as short). No vectors are declared to
+the optimizer: a GPU vectorizes across the threads of a warp. Floats follow IEEE: NVRTC compiles with `--fmad=false`
+(fused multiply-adds are the explicit MULACCs), division and square root correctly rounded, denormals kept."""
+from __future__ import annotations
+import math
+import re
+import struct
+from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.renderer.cstyle import _LOWP, CStyleLanguage, KernelText
+from fusegrad.uop.ops import Ops, UOp
+
+# the C renderer's GCC builtins: CUDA's math library has functions of the same meaning and name
+_BUILTINS = re.compile(r"__builtin_(sqrt|exp2|log2|sin|trunc|pow|fmod|fma)(f?)\(")
+# the parallel loop as the C renderer writes it (over the [core_lo, core_hi) a CPU thread is given)
+_GLOBAL_LOOP = re.compile(r"^(\s*)for \(long (ridx\d+) = core_lo; \2 < core_hi; \2\+\+\) \{$")
+_UINT = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+# threads per block of a CPU-style kernel (one thread per iteration of its parallel loop)
+CPU_STYLE_BLOCK = 128
+
+def _half_bits(v: float) -> int:
+    """The bits of float `v` rounded to half (to nearest even; past the largest half, inf)."""
+    try: return struct.unpack("<H", struct.pack("<e", v))[0]
+    except OverflowError: return 0xfc00 if v < 0 else 0x7c00
+
+class CUDARenderer(CStyleLanguage):
+    """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
+    GPUs have: 1024 threads per block (1024, 1024 and 64 along x, y, z), 2**31-1 blocks along x and 65535 along y and z,
+    48 KiB of static shared memory per block."""
+    device = "CUDA"
+    kernel_prefix = 'extern "C" __global__ void'
+    buffer_suffix = " __restrict__"
+    supports_float4 = False
+    simd_bytes = 0
+    vector_dtypes = ()
+    has_fma = True
+    has_threads = False
+    unique_symbols = True
+    # GPU-style kernels
+    has_local = True
+    global_space = ""
+    local_space = "__shared__ "
+    barrier = "__syncthreads();"
+
+    def __init__(self, arch: str = "sm_80", max_workgroup: int = 1024, local_max: tuple[int, ...] = (1024, 1024, 64),
+                 global_max: tuple[int, ...] = (2 ** 31 - 1, 65535, 65535), local_bytes: int = 48 * 1024,
+                 fast_local_memory: bool = True) -> None:
+        if not re.fullmatch(r"sm_\d+[a-z]?", arch): raise ValueError(f"CUDA architecture {arch!r}: expected sm_XY")
+        self.arch = arch
+        self.max_workgroup, self.local_max, self.global_max = max_workgroup, tuple(local_max), tuple(global_max)
+        self.local_bytes, self.fast_local_memory = local_bytes, fast_local_memory
+
+    def id_expr(self, kind: str, dim: int) -> str:
+        return f"(long){'blockIdx' if kind == 'group' else 'threadIdx'}.{'xyz'[dim]}"
+
+    # *** 16-bit floats: float in registers, 16-bit integers in memory ***
+
+    def dtype_name(self, dt: DType) -> str:
+        if dt == dtypes.float16 and not isinstance(dt, PtrDType):
+            self._half()
+            return "fg_half"
+        return super().dtype_name(dt)
+
+    def _half(self) -> None:
+        self._need("fg_half", "typedef unsigned short fg_half;  /* half bits */")
+        self._need("fg_f16_to_f32", "static inline float fg_f16_to_f32(fg_half h) {\n"
+                   "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f;\n}")
+        self._need("fg_f32_to_f16", "static inline fg_half fg_f32_to_f16(float f) {  /* round to nearest even */\n"
+                   "  fg_half h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}")
+
+    def _bf16(self) -> None:
+        self._need("bf16", "typedef unsigned short bf16;  /* bfloat16 bits */")
+        self._need("fg_bf16_to_f32",
+                   "static inline float fg_bf16_to_f32(bf16 x) { return __uint_as_float((unsigned int)x << 16); }")
+        self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
+                   "  unsigned int u = __float_as_uint(f);\n"
+                   "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
+                   "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
+
+    def to_float(self, x: str, dt: DType) -> str:
+        if dt == dtypes.float16:
+            self._half()
+            return f"fg_f16_to_f32({x})"
+        return super().to_float(x, dt)
+
+    def from_float(self, x: str, dt: DType) -> str:
+        if dt == dtypes.float16:
+            self._half()
+            return f"fg_f32_to_f16({x})"
+        return super().from_float(x, dt)
+
+    # *** literals, conversions ***
+
+    def render_const(self, v, dt: DType) -> str:
+        if dt.count == 1 and dt == dtypes.float16:
+            self._half()
+            return f"((fg_half)0x{_half_bits(float(v)):04x})"
+        if dt.count == 1 and dt in (dtypes.float32, dtypes.float64) and not math.isfinite(v):
+            # (CUDA has no __builtin_nan/__builtin_inf in device code: the bits, as the C renderer's values)
+            if dt == dtypes.float32:
+                bits = 0x7fc00000 if math.isnan(v) else 0x7f800000 if v > 0 else 0xff800000
+                return f"__uint_as_float(0x{bits:08x}u)"
+            bits = 0x7ff8000000000000 if math.isnan(v) else 0x7ff0000000000000 if v > 0 else 0xfff0000000000000
+            return f"__longlong_as_double((long long)0x{bits:016x}ull)"
+        return super().render_const(v, dt)
+
+    def render_cast(self, x: str, src: DType, dst: DType) -> str:
+        if src == dst or src.count > 1 or dst.count > 1: return super().render_cast(x, src, dst)
+        if src == dtypes.float16: x, src = self.to_float(x, src), dtypes.float32
+        if dst == dtypes.float16:
+            if src == dtypes.float64:   # rounded once, as the C renderer's (half)x does
+                self._half()
+                name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
+                                  "  fg_half h; asm(\"cvt.rn.f16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h;\n}")
+                return f"{name}({x})"
+            return self.from_float(f"(float)({x})", dst)
+        return super().render_cast(x, src, dst)
+
+    def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+        if dst.count > 1 or src.count > 1: raise NotImplementedError(f"no vector bitcast on CUDA: {src} to {dst}")
+        if src.itemsize != dst.itemsize: raise ValueError(f"bitcast of {src} to {dst}: not the same size")
+        # through the unsigned integer of that size (half and bfloat16 are their bits already)
+        ut = _UINT[src.itemsize]
+        if src == dtypes.float32: bits = f"__float_as_uint({x})"
+        elif src == dtypes.float64: bits = f"(({ut})__double_as_longlong({x}))"
+        else: bits = f"(({ut})({x}))"
+        if dst == dtypes.float32: return f"__uint_as_float({bits})"
+        if dst == dtypes.float64: return f"__longlong_as_double((long long){bits})"
+        return f"(({self.dtype_name(dst)}){bits})"
+
+    def _threefry(self) -> str:
+        name = super()._threefry()
+        # (a rotation table in the function: a static one would be a global variable of the device)
+        self._helpers[name] = self._helpers[name].replace("static const int rot", "const int rot")
+        return name
+
+    # *** the kernel ***
+
+    def _define_var(self, k: KernelText, u: UOp) -> None:
+        CStyleLanguage._define_var(self, k, u)
+        # a narrowing C cast of a 16-bit float Variable would convert the value to the integer that holds its bits
+        if u.dtype in _LOWP: k.r[u] = self.from_float(f"(float){u.arg[0]}", u.dtype)
+
+    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var}
+
+    def _render(self, uops: list[UOp], name: str) -> str:
+        # (on the copy `render` makes) the block size, for __launch_bounds__
+        gpu_style = any(u.op is Ops.SPECIAL for u in uops)
+        threads = 1 if gpu_style else CPU_STYLE_BLOCK
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg.startswith("lidx"):
+                size = u.src[0]
+                threads *= size.arg if size.op is Ops.CONST else self.max_workgroup
+        self._threads = min(threads, self.max_workgroup)
+        return super()._render(uops, name)
+
+    def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
+        lines = []
+        for line in body:
+            # a CPU-style kernel's parallel loop: each thread of the grid takes every (grid size)-th iteration
+            if m := _GLOBAL_LOOP.match(line):
+                i = m.group(2)
+                line = f"{m.group(1)}for (long {i} = core_lo + (long)blockIdx.x * blockDim.x + threadIdx.x; " \
+                       f"{i} < core_hi; {i} += (long)gridDim.x * blockDim.x) {{"
+            lines.append(line)
+        self.kernel_prefix = f'extern "C" __global__ void __launch_bounds__({getattr(self, "_threads", 1)})'
+        # helpers are device functions; C++ has no _Bool (the C renderer's casts to bool name it)
+        self._helpers = {n: re.sub(r"^static inline\b", "static __device__ __forceinline__", code)
+                         for n, code in self._helpers.items()}
+        pre = ["#ifndef _Bool", "#define _Bool bool", "#endif"] + list(prelude or [])
+        src = super().render_kernel(name, params, lines, pre)
+        return _BUILTINS.sub(lambda m: f"{m.group(1)}{m.group(2)}(", src)
