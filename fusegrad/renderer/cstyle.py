@@ -56,6 +56,56 @@ class CStyleLanguage(Renderer):
         within the group (`kind` "local")."""
         raise NotImplementedError(f"{type(self).__name__} has no work-group ids ({kind} id {dim})")
 
+    # *** dialect points of vectors (the C renderer's: GCC vector extensions). Vector values are built, read lane by
+    # lane, loaded, stored, converted and reinterpreted only through these, so a dialect with its own vector types
+    # (OpenCL's float4, CUDA's float4 structs) overrides them ***
+
+    def vector_type(self, dt: DType) -> str:
+        """The name of the vector type `dt` (declaring it if it needs a typedef)."""
+        name = f"{_SHORT[dt.scalar()]}x{dt.count}"
+        sc = self.dtype_name(dt.scalar())
+        # aligned to the element so a vector can be loaded from any element address
+        return self._need(name, f"typedef {sc} {name} __attribute__((vector_size({dt.itemsize}), "
+                                f"aligned({dt.scalar().itemsize})));")
+
+    def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+        """A `dt` vector of the lanes' expressions."""
+        return f"(({self.dtype_name(dt)}){{{', '.join(lanes)}}})"
+
+    def vector_zero(self, dt: DType) -> str:
+        """A `dt` vector of zeros."""
+        return f"(({self.dtype_name(dt)}){{0}})"
+
+    def vector_splat(self, dt: DType, x: str) -> str:
+        """A `dt` vector whose lanes are all the scalar `x`."""
+        return f"{self._broadcast(dt)}({x})"
+
+    def lane(self, x: str, i: int | str) -> str:
+        """Lane `i` of vector `x` (`i` is a number, or in a lane loop the name of its counter)."""
+        return f"{x}[{i}]"
+
+    def vector_load(self, ptr: str, dt: DType) -> str:
+        """The `dt` vector of the elements from address `ptr` on (aligned to the element only)."""
+        return f"(*(({self.dtype_name(dt)}*)({ptr})))"
+
+    def vector_store(self, ptr: str, val: str, dt: DType) -> str:
+        """The statement storing the `dt` vector `val` at address `ptr` (aligned to the element only)."""
+        return f"{self.vector_load(ptr, dt)} = {val};"
+
+    def convert_vector(self, x: str, dst: DType) -> str:
+        """Vector `x` with each lane converted (as a C cast converts) to the lanes of `dst`."""
+        return f"__builtin_convertvector({x}, {self.dtype_name(dst)})"
+
+    def reinterpret_vector(self, x: str, dst: DType) -> str:
+        """The bits of vector `x` as a `dst` vector of the same size."""
+        return f"(({self.dtype_name(dst)}){x})"
+
+    def vector_select(self, m: str, a: str, b: str, dt: DType, width: int) -> str:
+        """Lanes of the `dt` vectors a where mask `m` (lanes `width` bytes wide) is set, else of b."""
+        it = _MASK_INT[width].vec(dt.count)
+        sel = self._select(m, self.reinterpret_vector(a, it), self.reinterpret_vector(b, it), dt.count, width)
+        return self.reinterpret_vector(sel, dt)
+
     # *** per-render state: typedefs and helper functions, emitted only when used ***
 
     def _need(self, name: str, code: str) -> str:
@@ -64,12 +114,7 @@ class CStyleLanguage(Renderer):
 
     def dtype_name(self, dt: DType) -> str:
         if isinstance(dt, PtrDType): return self.dtype_name(dt.base) + "*"
-        if dt.count > 1:
-            name = f"{_SHORT[dt.scalar()]}x{dt.count}"
-            sc = self.dtype_name(dt.scalar())
-            # aligned to the element so a vector can be loaded from any element address
-            return self._need(name, f"typedef {sc} {name} __attribute__((vector_size({dt.itemsize}), "
-                                    f"aligned({dt.scalar().itemsize})));")
+        if dt.count > 1: return self.vector_type(dt)
         if dt == dtypes.float16: self._need("half", "typedef _Float16 half;")
         if dt == dtypes.bfloat16: self._bf16()
         return self.type_map[dt]
@@ -123,8 +168,7 @@ class CStyleLanguage(Renderer):
         n, vt, ft = dt.count, self.dtype_name(dt), self.dtype_name(dtypes.float32.vec(dt.count))
         name = f"fg_{_SHORT[dt.scalar()]}x{n}_to_f32"
         if dt.scalar() == dtypes.bfloat16:
-            ut = self.dtype_name(dtypes.uint32.vec(n))
-            body = f"  return ({ft})(__builtin_convertvector(x, {ut}) << 16);"
+            body = f"  return ({ft})({self.convert_vector('x', dtypes.uint32.vec(n))} << 16);"
         else: body = self._f16_convert(n, to_float=True)
         return f"{self._inline_fn(name, ft, vt, body)}({x})"
 
@@ -137,7 +181,7 @@ class CStyleLanguage(Renderer):
             # as fg_f32_to_bf16 lane by lane, with a mask instead of a branch (nan: quiet it, keep the sign)
             body = (f"  {ut} u = ({ut})x, nan = ({ut})((u & 0x7fffffffu) > 0x7f800000u);\n"
                     f"  {ut} r = (((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) & ~nan) | (((u >> 16) | 0x40u) & nan);\n"
-                    f"  return __builtin_convertvector(r, {vt});")
+                    f"  return {self.convert_vector('r', dt)};")
         else: body = self._f16_convert(n, to_float=False)
         return f"{self._inline_fn(name, vt, ft, body)}({x})"
 
@@ -178,20 +222,22 @@ class CStyleLanguage(Renderer):
             if dst.scalar() in _LOWP:
                 if src.scalar() == dtypes.float64:   # lane by lane: half rounded once, directly; bfloat16 through
                     # float as the scalar cast does (bf16 is an integer type in C: a C cast would convert the value)
-                    lane = "fg_f32_to_bf16((float)a[i])" if dst.scalar() == dtypes.bfloat16 else \
-                        f"({self.dtype_name(dst.scalar())})a[i]"
+                    def lane(i: int | str) -> str:
+                        a = self.lane("a", i)
+                        return f"fg_f32_to_bf16((float){a})" if dst.scalar() == dtypes.bfloat16 else \
+                            f"({self.dtype_name(dst.scalar())}){a}"
                     return f"{self._lane_helper('cast_f64', dst, lane, [src])}({x})"
                 if src.scalar() != dtypes.float32:   # integers are exact in float wherever they fit in half
-                    x = f"__builtin_convertvector({x}, {self.dtype_name(dtypes.float32.vec(src.count))})"
+                    x = self.convert_vector(x, dtypes.float32.vec(src.count))
                 return self.vec_from_float(x, dst)
-            return x if src == dst else f"__builtin_convertvector({x}, {self.dtype_name(dst)})"
+            return x if src == dst else self.convert_vector(x, dst)
         if src == dtypes.bfloat16: x, src = self.to_float(x, src), dtypes.float32
         if dst == dtypes.bool: return f"((_Bool)({x}))"
         if dst == dtypes.bfloat16: return self.from_float(f"(float)({x})", dst)
         return f"(({self.dtype_name(dst)})({x}))"
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
-        if dst.count > 1: return f"(({self.dtype_name(dst)})({x}))"
+        if dst.count > 1: return self.reinterpret_vector(f"({x})", dst)
         t, s = self.dtype_name(dst), self.dtype_name(src)
         return f"({{ {t} fg_r; {s} fg_s = {x}; __builtin_memcpy(&fg_r, &fg_s, sizeof(fg_r)); fg_r; }})"
 
@@ -301,7 +347,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
         if op is Ops.MAX: return f"{self._vector_max(dt)}({srcs[0]}, {srcs[1]})"
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
-        lane = self.render_alu(op, sc, [f"{chr(97 + i)}[i]" for i in range(len(srcs))], [d.scalar() for d in src_dts])
+        def lane(i: int | str) -> str:
+            return self.render_alu(op, sc, [self.lane(chr(97 + j), i) for j in range(len(srcs))],
+                                   [d.scalar() for d in src_dts])
         return f"{self._lane_helper(op.name.lower(), dt, lane, src_dts)}({', '.join(srcs)})"
 
     def _vector_max(self, dt: DType) -> str:
@@ -346,13 +394,13 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if bits in (128, 256) and "fma" in flags: return f"__builtin_ia32_vfmadd{sfx}{'256' if bits == 256 else ''}"
         return None
 
-    def _lane_helper(self, what: str, dt: DType, lane: str, src_dts: list[DType]) -> str:
-        """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane`."""
+    def _lane_helper(self, what: str, dt: DType, lane: Callable[[int | str], str], src_dts: list[DType]) -> str:
+        """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane(i)`."""
         vt, n = self.dtype_name(dt), dt.count
         args = [f"{self.dtype_name(d)} {chr(97 + i)}" for i, d in enumerate(src_dts)]
         name = f"fg_v{what}_{_SHORT[dt.scalar()]}x{n}"
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({', '.join(args)}) {{\n"
-                                f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane}; return r;\n}}")
+                                f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane('i')}; return r;\n}}")
 
     def _broadcast(self, dt: DType) -> str:
         vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
@@ -368,7 +416,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _mask_type(self, n: int, width: int) -> str: return self.dtype_name(_MASK_INT[width].vec(n))
 
     def _mask_conv(self, m: str, n: int, frm: int, to: int) -> str:
-        return m if frm == to else f"__builtin_convertvector({m}, {self._mask_type(n, to)})"
+        return m if frm == to else self.convert_vector(m, _MASK_INT[to].vec(n))
 
     def _select(self, m: str, a: str, b: str, n: int, width: int) -> str:
         """Lanes of integer vectors a where mask m is set, else of b."""
@@ -403,27 +451,26 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         the result isn't a mask). `mw` holds the widths of the masks rendered so far."""
         op, src, n = u.op, u.src, u.dtype.count
         is_mask = lambda x: x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
-        if op is Ops.GEP: return f"((_Bool)({r[src[0]]}[{u.arg}]))", None
+        if op is Ops.GEP: return f"((_Bool)({self.lane(r[src[0]], u.arg)}))", None
         if op is Ops.VECTORIZE:
-            t = self._mask_type(n, 4)
-            if all(s is src[0] for s in src): return f"(({t}){{0}}-(int)({r[src[0]]}))", 4
-            return f"(({t}){{{', '.join(f'-(int)({r[s]})' for s in src)}}})", 4
+            t = dtypes.int32.vec(n)
+            if all(s is src[0] for s in src): return f"({self.vector_zero(t)}-(int)({r[src[0]]}))", 4
+            return self.vector_literal(t, [f"-(int)({r[s]})" for s in src]), 4
         if op is Ops.CAST:
             s = src[0]
             if is_mask(s) and is_mask(u): return r[s], mw[s]
             if is_mask(s): return self.render_cast(f"(-{r[s]})", _MASK_INT[mw[s]].vec(n), u.dtype), None  # true is 1
             x, dt = r[s], s.dtype
             if dt.scalar() in _LOWP: x, dt = self.vec_to_float(x, dt), dtypes.float32.vec(n)
-            return f"(({self._mask_type(n, dt.scalar().itemsize)})({x}!=0))", dt.scalar().itemsize
+            return self.reinterpret_vector(f"({x}!=0)", _MASK_INT[dt.scalar().itemsize].vec(n)), dt.scalar().itemsize
         if op is Ops.WHERE:
             c, a, b = src
             if is_mask(u):
                 w = mw[a]
                 return self._select(self._mask_conv(r[c], n, mw[c], w), r[a], self._mask_conv(r[b], n, mw[b], w), n,
                                     w), w
-            w, it = u.dtype.scalar().itemsize, self._mask_type(n, u.dtype.scalar().itemsize)
-            sel = self._select(self._mask_conv(r[c], n, mw[c], w), f"(({it}){r[a]})", f"(({it}){r[b]})", n, w)
-            return f"(({self.dtype_name(u.dtype)}){sel})", None
+            w = u.dtype.scalar().itemsize
+            return self.vector_select(self._mask_conv(r[c], n, mw[c], w), r[a], r[b], u.dtype, w), None
         if op in GroupOp.Comparison and not is_mask(src[0]):
             xs, dt = [r[s] for s in src], src[0].dtype
             if dt.scalar() in _LOWP: xs, dt = [self.vec_to_float(x, dt) for x in xs], dtypes.float32.vec(n)
@@ -537,7 +584,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         # the lvalue of the element (or of the vector starting there)
         buf, off = k.r[u.src[0]], k.r[u.src[1]]
         if u.dtype.vcount == 1: k.r[u] = f"{buf}[{off}]"
-        else: k.r[u] = f"(*(({self.dtype_name(u.dtype.base.vec(u.dtype.vcount))}*)({buf}+{off})))"
+        else: k.r[u] = self.vector_load(f"{buf}+{off}", u.dtype.base.vec(u.dtype.vcount))
 
     def _load(self, k: KernelText, u: UOp) -> None:
         idx = u.src[0]
@@ -546,7 +593,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             return
         val = k.r[idx] if len(u.src) == 1 else f"({k.r[u.src[1]]}?{k.r[idx]}:{self._edge_load(k, u)})"
         if len(idx.src) > 2:
-            zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else f"(({self.dtype_name(u.dtype)}){{0}})"
+            zero = self.render_const(0, u.dtype) if u.dtype.count == 1 else self.vector_zero(u.dtype)
             val = f"({k.r[idx.src[2]]}?{val}:{zero})"
             if self._load_where_used(k, u):
                 k.r[u] = val   # (nothing writes the buffer in between: the kernel never writes it)
@@ -567,9 +614,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             # one masked load (masked-off lanes read nothing, so no fault past the edge)
             bits = "|".join(f"((unsigned)({k.r[m]})<<{i})" for i, m in enumerate(u.src[2:]))
             return f"{masked}({buf}+{base}, ({bits}))"
-        return "((" + self.dtype_name(u.dtype) + "){" + ", ".join(
-            f"({k.r[m]}?{buf}[{base}+{i}]:{self.render_const(0, u.dtype.scalar())})" for i, m in enumerate(u.src[2:])) \
-            + "})"
+        return self.vector_literal(u.dtype, [f"({k.r[m]}?{buf}[{base}+{i}]:{self.render_const(0, u.dtype.scalar())})"
+                                             for i, m in enumerate(u.src[2:])])
 
     @staticmethod
     def _load_where_used(k: KernelText, u: UOp) -> bool:
@@ -586,7 +632,10 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _store(self, k: KernelText, u: UOp) -> None:
         dest = u.src[0]
-        st = f"{k.r[dest]} = {k.r[u.src[1]]};"
+        if dest.op is Ops.INDEX and dest.dtype.vcount > 1:
+            st = self.vector_store(f"{k.r[dest.src[0]]}+{k.r[dest.src[1]]}", k.r[u.src[1]],
+                                   dest.dtype.base.vec(dest.dtype.vcount))
+        else: st = f"{k.r[dest]} = {k.r[u.src[1]]};"
         k.line(f"if ({k.r[dest.src[2]]}) {st}" if dest.op is not Ops.DEFINE_REG and len(dest.src) > 2 else st)
 
     def _render_mask_op(self, k: KernelText, u: UOp) -> None:
@@ -597,10 +646,10 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             k.assign(u, expr, "mask", self._mask_type(u.dtype.count, width))
 
     def _vectorize(self, k: KernelText, u: UOp) -> None:
-        if all(s is u.src[0] for s in u.src): k.assign(u, f"{self._broadcast(u.dtype)}({k.r[u.src[0]]})", "vec")
-        else: k.assign(u, f"(({self.dtype_name(u.dtype)}){{{', '.join(k.r[s] for s in u.src)}}})", "vec")
+        if all(s is u.src[0] for s in u.src): k.assign(u, self.vector_splat(u.dtype, k.r[u.src[0]]), "vec")
+        else: k.assign(u, self.vector_literal(u.dtype, [k.r[s] for s in u.src]), "vec")
 
-    def _gep(self, k: KernelText, u: UOp) -> None: k.assign(u, f"{k.r[u.src[0]]}[{u.arg}]", "gep")
+    def _gep(self, k: KernelText, u: UOp) -> None: k.assign(u, self.lane(k.r[u.src[0]], u.arg), "gep")
 
     def _cast(self, k: KernelText, u: UOp) -> None:
         k.assign(u, self.render_cast(k.r[u.src[0]], u.src[0].dtype, u.dtype), "cast")
