@@ -316,10 +316,14 @@ class TinyJit(Generic[R]):
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2 and not _viz.TIMED
-        launches = self._prepared_launches() if prepared else [None] * len(self.jit_cache)
-        for ei, prepared_launch in zip(self.jit_cache, launches):
-            if prepared_launch is not None:
-                launch, order = prepared_launch
+        plan = self._prepared_plan() if prepared else [(ei, None) for ei in self.jit_cache]
+        for ei, step in plan:
+            if step is not None:
+                if ei is None:   # a graph of launches: the allocations of the buffers they take per replay
+                    graph, ids = step
+                    graph([subst[bid].ensure_allocated()._buf for bid in ids])  # type: ignore[union-attr]
+                    continue
+                launch, order = step
                 launch(*[subst[id(ei.bufs[i])].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
                 continue
             bufs = [subst.get(id(b), b) if b is not None else None for b in ei.bufs]
@@ -334,29 +338,47 @@ class TinyJit(Generic[R]):
         Tensor._rng_counter += self._rng_calls
         return _unflatten([self._output(x, new_nodes, Tensor) for x in self._out_leaves], self._out_structure)
 
-    def _prepared_launches(self) -> list[tuple[Callable[..., None], tuple[int, ...]] | None]:
-        """Per captured kernel that every replay runs with the same values (no Variable, no random counter), its launch
-        prepared once with its arguments converted (see CompiledRunner.prepare); the input and fresh output buffers
-        are passed to it per replay. (Made on the first replay; made again if another buffer's memory changed.)"""
+    def _prepared_plan(self) -> list[tuple[ExecItem | None, Any]]:
+        """How a replay runs the captured items: (item, None) the plain way; (item, (launch, order)) through a launch
+        prepared once with its arguments converted (see CompiledRunner.prepare), for a kernel that every replay runs
+        with the same values (no Variable, no random counter), taking the input and fresh output buffers at `order`
+        per replay; (None, (graph, ids)) for consecutive prepared launches that their device runs as one call (the
+        launch's `graph`, e.g. the CPU's LaunchGraph), taking the allocations of the buffers `ids` per replay. (Made
+        on the first replay; made again if another buffer's memory or a launch knob changed.)"""
         cached, knobs = self._launches, _realize.launch_knob_values()
         if cached is not None and cached[2] == knobs and \
                 all(b.__dict__.get("_buf") is opaque for b, opaque in cached[1]): return cached[0]
         varying_ids = {id(b) for b in self._inputs_at_capture} | set(self._fresh)
-        launches: list[tuple[Callable[..., None], tuple[int, ...]] | None] = []
+        steps: list[tuple[ExecItem, Any]] = []
         memory: list[tuple[Buffer, Any]] = []
         ops = mem = count = 0
         for ei in self.jit_cache:
-            launch = None
+            made = None
             if all(b is not None and b.is_allocated() for b in ei.bufs) and not (self._rng_calls and ei.fixedvars):
-                launch = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids))
-            if launch is not None:
+                made = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids))
+            if made is not None:
                 memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids]  # type: ignore[union-attr]
                 work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
                 ops, mem, count = ops + work[0], mem + work[1], count + 1
-            launches.append(launch)
-        self._launches = (launches, memory, knobs)
+            steps.append((ei, made))
+        plan: list[tuple[ExecItem | None, Any]] = []
+        i = 0
+        while i < len(steps):
+            graph = getattr(steps[i][1][0], "graph", None) if steps[i][1] is not None else None
+            j = i + 1
+            while graph is not None and j < len(steps) and steps[j][1] is not None and \
+                    getattr(steps[j][1][0], "graph", None) is graph: j += 1
+            if j - i == 1: plan.append(steps[i])
+            else:
+                group = steps[i:j]
+                ids = list(dict.fromkeys(id(ei.bufs[k]) for ei, (_, order) in group for k in order))
+                index = {bid: n for n, bid in enumerate(ids)}
+                calls = [(launch, tuple(index[id(ei.bufs[k])] for k in order)) for ei, (launch, order) in group]
+                plan.append((None, (graph(calls), ids)))
+            i = j
+        self._launches = (plan, memory, knobs)
         self._prepared_work = (ops, mem, count)
-        return launches
+        return plan
 
     def _shift_rng(self, fixed: dict[str, Any], shift: int) -> dict[str, Any]:
         """The kernel parameters with each random counter of the capture moved on by `shift` calls."""

@@ -183,3 +183,13 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   if (now && join && help) fg_claim_of((long)j, 0, 1);
   return j + 1;
 }
+/* queue `count` jobs in one call (a TinyJit replay's kernels): job k is fns[k](args + offsets[k], lo, hi) over
+   [0, sizes[k]) in chunks[k] chunks, help[k] as for fg_pool_submit, none joined; returns the job count at which the
+   last one has finished */
+unsigned long fg_pool_submit_many(long count, const fg_entry *fns, void **args, const long *offsets, const long *sizes,
+                                  const long *chunks, const int *help, int workers) {
+  unsigned long end = atomic_load(&fg_submitted);
+  for (long k = 0; k < count; k++)
+    end = fg_pool_submit(fns[k], args + offsets[k], sizes[k], chunks[k], workers, 0, help[k]);
+  return end;
+}

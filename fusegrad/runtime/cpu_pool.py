@@ -75,6 +75,9 @@ class CPool:
         self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int]
         self._wait.restype, self._wait.argtypes = ctypes.c_int, [ctypes.c_ulong, ctypes.c_long]
+        self._submit_many = lib.fg_pool_submit_many
+        self._submit_many.restype = ctypes.c_ulong
+        self._submit_many.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
@@ -102,6 +105,22 @@ class CPool:
             raise
         self._queued(count, held)
         return count
+
+    def submit_many(self, count: int, fns: Any, args: Any, offsets: Any, sizes: Any, chunks: Any, help: Any,
+                    workers: int, held: Any, stamp: Any = ()) -> int:
+        """Queue `count` jobs in one call, job k being fns[k](args + offsets[k], lo, hi) over [0, sizes[k]) in
+        chunks[k] chunks (the arrays are ctypes arrays), none joined; returns the job count at which the last one is
+        done. At most QUEUE jobs at once. `held` and `stamp` as for submit."""
+        if count > self.QUEUE: raise ValueError(f"submit_many takes at most {self.QUEUE} jobs, got {count}")
+        if self.submitted + count - self._seen > self.QUEUE: self.wait(self.submitted + count - self.QUEUE)
+        try: end = self._submit_many(count, fns, args, offsets, sizes, chunks, help, workers)
+        except BaseException:
+            self._queued(end := self._submitted.value, held)
+            for b in stamp:
+                if b is not None: allocation_root(b)._fg_job = end
+            raise
+        self._queued(end, held)
+        return end
 
     def _queued(self, count: int, held: Any) -> None:
         with self._lock:

@@ -2,6 +2,7 @@
 or run on the calling thread (split by the Python pool)."""
 from __future__ import annotations
 import ctypes
+import itertools
 import time
 import weakref
 from typing import Any, Callable
@@ -56,30 +57,7 @@ class CPUProgram:
         the function takes their allocations, in that order. None where calls aren't queued."""
         threads = _clamped_threads(threads, global_size)
         if self._entry is None or not CPU_ASYNC.value or cores() < 2 or (pool := c_pool()) is None: return None
-        # (the buffers at `varying` may be given as None: their addresses are filled in per call)
-        boxed, addresses = _arguments(bufs, vals)
-        array_type = ctypes.c_void_p * len(addresses)
-        fixed = array_type(*addresses)
-        kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held by the closure)
-        roots = [allocation_root(b) for b in kept]
-        entry, submit = self._entry, pool.submit
-        workers, join = _workers(threads, helpable), join and threads > 1 and helpable
-        def launch(*allocations: Any) -> None:
-            if allocations:
-                # (an array of its own per call: a queued job reads its arguments only when it runs)
-                now = addresses.copy()
-                for i, a in zip(varying, allocations): now[i] = ctypes.addressof(a)
-                args: Any = array_type(*now)
-                stamped = roots + [allocation_root(a) for a in allocations]
-            else: args, stamped = fixed, roots
-            count = submit(entry, args, global_size, threads, workers, (self, args, boxed, kept, allocations), join,
-                           stamped, helpable)
-            exported = False
-            for root in stamped:
-                root._fg_job = count
-                if has_host_view(root): exported = True
-            if exported: pool.wait(count)
-        return launch
+        return PreparedLaunch(self, pool, bufs, vals, global_size, threads, join, varying, helpable)
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
                  wait: bool = False, join: bool = False, helpable: bool = True) -> float | None:
@@ -125,3 +103,92 @@ class CPUProgram:
             bounds = [global_size * i // threads for i in range(threads + 1)]
             python_pool.run(self.fxn, [(*bufs, *vals, bounds[i], bounds[i + 1]) for i in range(threads)])
         return time.perf_counter() - st if wait else None
+
+class PreparedLaunch:
+    """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of
+    the buffers at `varying` queues the call. Consecutive ones run in one pool call through LaunchGraph."""
+    def __init__(self, program: CPUProgram, pool: Any, bufs: tuple, vals: tuple, global_size: int, threads: int,
+                 join: bool, varying: tuple[int, ...], helpable: bool):
+        # (the buffers at `varying` may be given as None: their addresses are filled in per call)
+        self.program, self.pool, self.varying = program, pool, varying
+        self.boxed, self.addresses = _arguments(bufs, vals)
+        self.array_type = ctypes.c_void_p * len(self.addresses)
+        self.fixed = self.array_type(*self.addresses)
+        self.kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held while queued)
+        self.roots = [allocation_root(b) for b in self.kept]
+        self.global_size, self.threads, self.helpable = global_size, threads, helpable
+        self.workers, self.join = _workers(threads, helpable), join and threads > 1 and helpable
+        # a joined call (a long kernel the caller helps with) is queued alone: a graph returns before its jobs run
+        self.graph = None if self.join else LaunchGraph
+
+    def __call__(self, *allocations: Any) -> None:
+        if allocations:
+            # (an array of its own per call: a queued job reads its arguments only when it runs)
+            now = self.addresses.copy()
+            for i, a in zip(self.varying, allocations): now[i] = ctypes.addressof(a)
+            args: Any = self.array_type(*now)
+            stamped = self.roots + [allocation_root(a) for a in allocations]
+        else: args, stamped = self.fixed, self.roots
+        pool = self.pool
+        count = pool.submit(self.program._entry, args, self.global_size, self.threads, self.workers,
+                            (self.program, args, self.boxed, self.kept, allocations), self.join, stamped, self.helpable)
+        exported = False
+        for root in stamped:
+            root._fg_job = count
+            if has_host_view(root): exported = True
+        if exported: pool.wait(count)
+
+class LaunchGraph:
+    """Prepared launches queued in one call to the C pool (fg_pool_submit_many): a TinyJit replay's kernels without
+    a return to Python between them. `calls` pairs each launch with, per buffer it takes per call, the index of that
+    buffer's allocation in the list a call of the graph gets."""
+    def __init__(self, calls: list[tuple[PreparedLaunch, tuple[int, ...]]]):
+        if not calls: raise ValueError("a LaunchGraph needs at least one launch")
+        self.pool = calls[0][0].pool
+        self.pieces = [self._piece(calls[i:i + self.pool.QUEUE]) for i in range(0, len(calls), self.pool.QUEUE)]
+
+    @staticmethod
+    def _piece(calls: list[tuple[PreparedLaunch, tuple[int, ...]]]) -> tuple:
+        n = len(calls)
+        addresses: list[Any] = []
+        offsets, patches = [], []
+        last_use: dict[int, tuple[Any, int]] = {}   # root id -> (root, index of the last job using it)
+        alloc_last: dict[int, int] = {}              # allocation index -> index of the last job using it
+        for k, (launch, indices) in enumerate(calls):
+            offsets.append(len(addresses))
+            patches += [(len(addresses) + pos, idx) for pos, idx in zip(launch.varying, indices)]
+            addresses += launch.addresses
+            for root in launch.roots: last_use[id(root)] = (root, k)
+            for idx in indices: alloc_last[idx] = k
+        block = ctypes.c_void_p * max(1, len(addresses))
+        arrays = ((ctypes.c_void_p * n)(*[launch.program._entry for launch, _ in calls]),
+                  (ctypes.c_long * n)(*offsets), (ctypes.c_long * n)(*[launch.global_size for launch, _ in calls]),
+                  (ctypes.c_long * n)(*[launch.threads for launch, _ in calls]),
+                  (ctypes.c_int * n)(*[int(launch.helpable) for launch, _ in calls]))
+        # each allocation is stamped with the count at which the last job using it is done (n - 1 - k before the end)
+        fixed = [(root, n - 1 - k) for root, k in last_use.values()]
+        varying = [(idx, n - 1 - k) for idx, k in alloc_last.items()]
+        held = ([launch.program for launch, _ in calls], [launch.boxed for launch, _ in calls],
+                [launch.kept for launch, _ in calls], arrays)
+        workers = max(launch.workers for launch, _ in calls)
+        return n, block, block(*addresses), arrays, patches, fixed, [r for r, _ in fixed], varying, held, workers
+
+    def __call__(self, allocations: list[Any]) -> None:
+        pool = self.pool
+        for n, block, template, (fns, offsets, sizes, chunks, helps), patches, fixed, fixed_roots, varying, held, \
+                workers in self.pieces:
+            # (a block of its own per call: the queued jobs read their arguments only when they run)
+            args = block.from_buffer_copy(template)
+            for slot, idx in patches: args[slot] = ctypes.addressof(allocations[idx])
+            end = pool.submit_many(n, fns, args, offsets, sizes, chunks, helps, workers, (held, args, allocations),
+                                   itertools.chain(fixed_roots, allocations))
+            exported = False
+            for root, back in fixed:
+                root._fg_job = end - back
+                if has_host_view(root): exported = True
+            for idx, back in varying:
+                root = allocation_root(allocations[idx])
+                # (max: an allocation that is also a fixed buffer's, or two views of one, keeps the later job)
+                root._fg_job = max(end - back, getattr(root, "_fg_job", 0))
+                if has_host_view(root): exported = True
+            if exported: pool.wait(end)
