@@ -22,6 +22,7 @@ from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numb
 from fusegrad.runtime.ops_cl import check_group, launch_dims
 
 MISSING_NVRTC = "pip install 'fusegrad[cuda]' (the nvidia-cuda-nvrtc-cu12 wheel)"
+LIBCUDA = "libcuda.so.1"   # the driver API's library (the tests point this at a stand-in)
 
 # *** NVRTC: CUDA C -> cubin ***
 
@@ -118,7 +119,7 @@ class CUDACompiler(Compiler):
 # CUdevice_attribute and CUfunction_attribute values (cuda.h)
 _ATTR = {"max_threads_per_block": 1, "max_block_dim_x": 2, "max_block_dim_y": 3, "max_block_dim_z": 4,
          "max_grid_dim_x": 5, "max_grid_dim_y": 6, "max_grid_dim_z": 7, "max_shared_memory_per_block": 8,
-         "compute_capability_major": 75, "compute_capability_minor": 76}
+         "compute_capability_major": 75, "compute_capability_minor": 76, "reserved_shared_memory_per_block": 111}
 _FUNC_MAX_THREADS_PER_BLOCK, _FUNC_SHARED_SIZE_BYTES = 0, 1
 CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE = 2, 100
 
@@ -131,7 +132,7 @@ class CUDAError(RuntimeError):
 @functools.cache
 def libcuda() -> ctypes.CDLL:
     """The driver API (libcuda.so.1, installed with NVIDIA's driver), initialized."""
-    try: lib = ctypes.CDLL("libcuda.so.1")
+    try: lib = ctypes.CDLL(LIBCUDA)
     except OSError as e:
         raise RuntimeError("the CUDA device needs NVIDIA's driver, whose libcuda.so.1 isn't on this machine (no GPU "
                            f"driver installed: {e})") from None
@@ -161,7 +162,7 @@ def check(status: int, what: str) -> None:
     """Raise CUDAError naming the call and the driver's error where `status` isn't CUDA_SUCCESS."""
     if status == 0: return
     name, desc = ctypes.c_char_p(), ctypes.c_char_p()
-    lib = ctypes.CDLL("libcuda.so.1")   # (loaded already: this is the same handle)
+    lib = ctypes.CDLL(LIBCUDA)   # (loaded already: this is the same handle)
     lib.cuGetErrorName(status, ctypes.byref(name))
     lib.cuGetErrorString(status, ctypes.byref(desc))
     raise CUDAError(f"CUDA: {what} failed: {(name.value or b'error %d' % status).decode()}: "
@@ -273,7 +274,8 @@ class CUDAProgram:
             if global_size <= 0: return 0.0 if wait else None
         else:
             gd, ld = launch_dims(self.name, global_dims, local_dims)
-            check_group(self.name, f"{dev.device} ({dev.name})", ld, shared, max_items=min(most, dev.limits[0]),
+            check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
+                        max_items=min(most, dev.limits[0]),
                         max_sizes=dev.limits[1], local_mem=dev.limits[3])
             for d, (n, top) in enumerate(zip(gd, dev.limits[2])):
                 if n > top:
@@ -324,7 +326,10 @@ class CUDADevice(Compiled):
         self.name = name.value.decode()
         check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), self.cu_device),
               f"creating a context on {device}")
-        a = {k: self.attribute(k) for k in _ATTR}
+        a = {k: self.attribute(k) for k in _ATTR if k != "reserved_shared_memory_per_block"}
+        # shared memory the driver keeps for itself in every block (sm_90 cubins count it in a kernel's static size)
+        try: self.reserved_shared = self.attribute("reserved_shared_memory_per_block")
+        except CUDAError: self.reserved_shared = 0   # (a driver older than CUDA 11 has no such attribute)
         self.arch = f"sm_{a['compute_capability_major']}{a['compute_capability_minor']}"
         # (threads per block, threads along x/y/z, blocks along x/y/z, static shared memory per block)
         self.limits = (a["max_threads_per_block"], (a["max_block_dim_x"], a["max_block_dim_y"], a["max_block_dim_z"]),

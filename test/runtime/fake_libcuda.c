@@ -40,6 +40,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     case 8: *v = 49152; return 0;         /* shared memory per block */
     case 75: *v = 9; return 0;            /* compute capability */
     case 76: *v = 0; return 0;
+    case 111: *v = 1024; return 0;        /* shared memory reserved by the driver in each block */
   }
   return 1;
 }

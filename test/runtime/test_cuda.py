@@ -192,7 +192,8 @@ def test_cpu_style_launch(fake):
     ((1,), (2048,), 0, "a work-group of 2048 work-items"),
     ((1, 1, 1), (1, 1, 128), 0, "128 work-items along dimension 2"),
     ((1, 70000), (32, 1), 0, "70000 blocks along dimension 1 .* the most is 65535"),
-    ((4,), (64,), 64 * 1024, "65536 bytes of local memory per work-group; the device has 49152"),
+    # (a kernel's static shared memory as an sm_90 cubin counts it: with the 1 KiB the driver reserves)
+    ((4,), (64,), 64 * 1024 + 1024, "65536 bytes of local memory per work-group; the device has 49152"),
     ((4, 4), (64,), 0, "same length"),
 ])
 def test_launch_over_the_limits_is_refused(fake, global_dims, local_dims, shared, match):
@@ -203,6 +204,13 @@ def test_launch_over_the_limits_is_refused(fake, global_dims, local_dims, shared
     with pytest.raises((RuntimeError, ValueError), match=match):
         prg(dev.allocator.alloc(4), global_dims=global_dims, local_dims=local_dims)
     assert _launches(fake) == before   # refused before the driver saw it
+
+def test_all_the_shared_memory_of_a_block(fake):
+    fake.fake_set(0, ctypes.c_size_t(1 << 20), 48 * 1024 + 1024)
+    dev = CUDADevice("CUDA")
+    fake.fake_record(1)
+    CUDAProgram(dev, "most", ELF)(dev.allocator.alloc(4), global_dims=(2,), local_dims=(1024,))
+    assert _last_launch(fake, 1)[:2] == ([2, 1, 1], [1024, 1, 1])
 
 def test_load_errors(fake):
     dev = CUDADevice("CUDA")
