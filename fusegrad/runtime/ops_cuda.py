@@ -267,8 +267,10 @@ class CUDAProgram:
         fn, most, shared = self._function(dev)
         args: list[Any] = [ctypes.c_uint64(b.ptr) for b in bufs]
         args += [ctypes.c_double(v) if type(v) is float else ctypes.c_int64(v) for v in vals]
-        if global_dims is None:   # (the kernel's core_lo, core_hi: the whole loop)
-            args += [ctypes.c_int64(0), ctypes.c_int64(global_size)]
+        # a kernel without work-item ids takes the range of its parallel loop, [core_lo, core_hi): the whole loop. (A
+        # GPU-style kernel has no such parameters: the driver reads as many as the kernel has and ignores these)
+        args += [ctypes.c_int64(0), ctypes.c_int64(global_size)]
+        if global_dims is None:
             block = min(global_size, most, 128)
             grid, block_dims = (math.ceil(global_size / max(block, 1)), 1, 1), (block, 1, 1)
             if global_size <= 0: return 0.0 if wait else None

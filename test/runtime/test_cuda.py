@@ -179,7 +179,7 @@ def test_gpu_style_launch(fake):
     assert _last_launch(fake, 4)[:2] == ([5, 1, 1], [64, 1, 1]) and _last_launch(fake, 4)[2][2] == 2 ** 64 - 1
 
 def test_cpu_style_launch(fake):
-    """A kernel without work-group ids: one thread per iteration of its loop, [core_lo, core_hi) = [0, global_size)."""
+    """A kernel without work-item ids: one thread per iteration of its loop, [core_lo, core_hi) = [0, global_size)."""
     dev = CUDADevice("CUDA")
     a = dev.allocator.alloc(4)
     fake.fake_record(3)
@@ -187,6 +187,9 @@ def test_cpu_style_launch(fake):
     assert _last_launch(fake, 3) == ([3, 1, 1], [128, 1, 1], [a.ptr, 0, 300])
     CUDAProgram(dev, "loop", ELF)(a, global_size=5)
     assert _last_launch(fake, 3) == ([1, 1, 1], [5, 1, 1], [a.ptr, 0, 5])
+    # one without ids or a parallel loop, which the engine launches as one group of one: it gets its [0, 1) too
+    CUDAProgram(dev, "once", ELF)(a, global_size=1, global_dims=(1,), local_dims=(1,))
+    assert _last_launch(fake, 3) == ([1, 1, 1], [1, 1, 1], [a.ptr, 0, 1])
 
 @pytest.mark.parametrize("global_dims,local_dims,shared,match", [
     ((1,), (2048,), 0, "a work-group of 2048 work-items"),

@@ -1,0 +1,193 @@
+"""The CUDA renderer's kernels compile with NVRTC to cubins for sm_80 and sm_90: a representative set of Tensor
+programs (elementwise ops and casts of every dtype, bitcasts, transcendentals, nan and inf constants, reductions
+grouped through shared memory, a matmul tiled through shared memory (LTILE), softmax, a convolution, half and bfloat16,
+Variables, threefry random numbers, gathers and scatters), scheduled and rendered with `CUDARenderer`. Each cubin is
+checked against what the code generator asked for: its architecture, a kernel of each name, the static shared memory
+of each kernel. The half constants the renderer writes are checked against NumPy's rounding.
+
+The full version (slow): every kernel the op tests (test/tensor/test_ops.py) make, compiled for both architectures."""
+from __future__ import annotations
+import math
+import os
+import struct
+import subprocess
+import sys
+import numpy as np
+import pytest
+from fusegrad import Tensor, Variable, dtypes
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import OptOps
+from fusegrad.dtype import DType
+from fusegrad.renderer import ProgramSpec
+from fusegrad.renderer.cuda import CUDARenderer, _half_bits
+from fusegrad.runtime.ops_cuda import CUDACompiler
+from fusegrad.uop.ops import Ops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARCHS = ("sm_80", "sm_90")
+EVERY_DTYPE = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+               dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+
+# *** the kernels ***
+
+def programs(*ts: Tensor, ren: CUDARenderer | None = None) -> list[ProgramSpec]:
+    """The CUDA programs of the kernels that realize `ts` (scheduled as on any device, rendered for CUDA)."""
+    ren = ren or CUDARenderer()
+    sched = ts[0].schedule(*ts[1:])
+    return [get_program(si.ast, ren) for si in sched if si.ast.op is Ops.SINK]
+
+def _source(dt: DType, shape: tuple[int, ...], seed: int) -> Tensor:
+    x = np.random.default_rng(seed).standard_normal(shape) * 5
+    if dt == dtypes.bool: return Tensor(x > 0)
+    return Tensor(x.astype(np.float32)).cast(dt).realize()
+
+def elementwise(dt: DType) -> list[Tensor]:
+    a, b = _source(dt, (33, 17), 0), _source(dt, (33, 17), 1)
+    outs = [a + b, a * b, a < b, a == b, (a < b).where(a, b), a.maximum(b), a.cast(dtypes.float32),
+            Tensor.rand(33, 17).cast(dt)]
+    if dt != dtypes.bool: outs += [a - b, -a]
+    if dtypes.is_int(dt): outs += [a // b, a % b, a << (b & 7), a >> (b & 7), a & b, a | b, a ^ b]
+    if dtypes.is_float(dt): outs += [a / b, a.exp(), a.log(), a.sin(), a.sqrt(), a.pow(b), a.trunc(), a.reciprocal()]
+    return outs
+
+def representative() -> list[ProgramSpec]:
+    progs: list[ProgramSpec] = []
+    for dt in EVERY_DTYPE: progs += programs(*elementwise(dt))
+    f32 = Tensor.rand(64, 300).realize()
+    # every cast between dtypes, bitcasts of the same size
+    progs += programs(*[_source(s, (9, 7), 2).cast(d) for s in EVERY_DTYPE for d in EVERY_DTYPE if s != d])
+    progs += programs(f32.bitcast(dtypes.int32), f32.cast(dtypes.float64).bitcast(dtypes.uint64),
+                      f32.cast(dtypes.float16).bitcast(dtypes.int16), f32.cast(dtypes.bfloat16).bitcast(dtypes.uint16),
+                      _source(dtypes.int32, (8,), 3).bitcast(dtypes.float32))
+    # transcendentals, nan and inf
+    progs += programs(f32.tanh(), f32.sigmoid(), f32.erf(), f32.cos(), f32.tan(), f32.log2(), f32.exp2(),
+                      f32.cast(dtypes.float64).exp(), f32.cast(dtypes.float16).sin(),
+                      (f32 > 0.5).where(f32, float("nan")), f32.maximum(float("-inf")) + float("inf"),
+                      (f32.cast(dtypes.float64) > 0.5).where(float("inf"), float("nan")))
+    # reductions (grouped through shared memory), softmax, a matmul, a convolution, half and bfloat16
+    x = Tensor.rand(2, 3, 16, 16).realize()
+    progs += programs(f32.sum(1), f32.max(1), f32.sum(), f32.softmax(-1), f32.log_softmax(0),
+                      Tensor.rand(128, 128).realize() @ Tensor.rand(128, 128).realize(),
+                      x.conv2d(Tensor.rand(8, 3, 3, 3).realize(), padding=1),
+                      f32.half().sum(1), f32.cast(dtypes.bfloat16).softmax(-1),
+                      f32.half()[:, :64].T @ f32.half()[:, :64])
+    # a Variable's shrink, random numbers (threefry), gathers and scatters
+    n = Variable("n", 1, 64)
+    idx = Tensor(np.random.default_rng(4).integers(0, 300, (64, 5)).astype(np.int32)).realize()
+    progs += programs((f32[:n.bind(13)] * 2 + 1).sum(1), Tensor.rand(1000), Tensor.randn(17, 3),
+                      f32.gather(1, idx), f32[idx[:, 0]], f32.scatter(1, idx, 1.0),
+                      f32.scatter_reduce(1, idx, Tensor.rand(64, 5), "sum"))
+    return progs
+
+@pytest.fixture(scope="module")
+def kernels() -> list[ProgramSpec]:
+    Tensor.manual_seed(0)
+    return representative()
+
+def test_the_set_has_what_it_claims(kernels):
+    """The set holds what it is meant to test: grouped reductions, an LTILE matmul, Variables, threefry, gathers and
+    every dtype."""
+    ops = [{u.op for u in p.uops} for p in kernels]
+    assert any(Ops.BARRIER in o and Ops.DEFINE_LOCAL in o and Ops.SPECIAL in o for o in ops)
+    assert any(any(o.op is OptOps.LTILE for o in p.applied_opts) for p in kernels)
+    assert any(any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in p.applied_opts) for p in kernels)
+    assert any(p.vars for p in kernels) and any(Ops.THREEFRY in o for o in ops)
+    dts = {(u.dtype.base if hasattr(u.dtype, "base") else u.dtype).scalar() for p in kernels for u in p.uops}
+    assert set(EVERY_DTYPE) <= dts
+    assert len(kernels) > 150
+
+def test_launch_bounds_and_barriers(kernels):
+    """Each kernel declares the block size it is launched with, and has one __syncthreads per BARRIER."""
+    for p in kernels:
+        if any(u.op is Ops.SPECIAL for u in p.uops): threads = math.prod(p.local_dims)
+        else:   # (no ids: a loop over [core_lo, core_hi) or none; launched on up to 128 threads)
+            threads = 128
+            assert math.prod(p.local_dims or (1,)) == 1 and "long core_lo, long core_hi)" in p.src, p.src
+        assert f"__launch_bounds__({threads}) {p.function_name}(" in p.src, p.src
+        assert p.src.count("__syncthreads();") == sum(u.op is Ops.BARRIER for u in p.uops), p.src
+
+# *** what NVRTC made ***
+
+def elf_sections(elf: bytes) -> dict[str, int]:
+    """Section name -> size, of a 64-bit little-endian ELF file."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3a)
+    header = lambda i: struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize)
+    names = header(shstrndx)[4]
+    out = {}
+    for i in range(shnum):
+        name, _, _, _, _, size = header(i)
+        out[elf[names + name:elf.index(b"\0", names + name)].decode()] = size
+    return out
+
+def shared_bytes_asked(p: ProgramSpec) -> tuple[int, int]:
+    """(bytes of shared memory the kernel's DEFINE_LOCALs declare, how many arrays)."""
+    locs = [u for u in p.uops if u.op is Ops.DEFINE_LOCAL]
+    return sum(u.dtype.size * u.dtype.base.itemsize for u in locs), len(locs)
+
+def compile_together(srcs: list[str], arch: str) -> bytes:
+    """One cubin of all the sources (the renderer's symbols are unique and its helpers guarded, so they are one valid
+    program): NVRTC starts once, not once per kernel."""
+    return CUDACompiler(arch).compile("\n".join(dict.fromkeys(srcs)))
+
+def check_cubin(cubin: bytes, arch: str, progs: list[ProgramSpec]) -> None:
+    assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<I", cubin, 48)[0] & 0xff == int(arch[3:])
+    sections = elf_sections(cubin)
+    # sm_90 cubins count the 1 KiB of shared memory the driver reserves in each block in a kernel's static size
+    reserved = 1024 if ".nv.shared.reserved.0" in sections else 0
+    for p in progs:
+        assert f".text.{p.function_name}" in sections, p.function_name
+        asked, arrays = shared_bytes_asked(p)
+        got = sections.get(f".nv.shared.{p.function_name}", reserved) - reserved
+        # (arrays are aligned: a few bytes of padding between them)
+        assert asked <= got <= asked + 16 * max(arrays - 1, 0), (p.function_name, asked, got)
+        assert got <= CUDARenderer().local_bytes
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_representative_kernels_compile(kernels, arch):
+    check_cubin(compile_together([p.src for p in kernels], arch), arch, kernels)
+
+def test_one_kernel_alone(kernels):
+    """A kernel is a whole program by itself too (what the device compiles): the grouped reduction."""
+    p = next(p for p in kernels if any(u.op is Ops.BARRIER for u in p.uops))
+    check_cubin(CUDACompiler("sm_90").compile(p.src), "sm_90", [p])
+
+# *** the renderer's own pieces ***
+
+def test_half_constants_round_as_numpy():
+    vals = [0.0, -0.0, 1.0, 0.1, -2.5, 65504.0, 65519.99, 65520.0, -1e9, 6e-8, 3e-8, 2.9e-8, 1e-8, 1 / 3, 2049.0,
+            2051.0, float("inf"), float("-inf")]
+    vals += list(np.random.default_rng(0).standard_normal(200) * 1000)
+    with np.errstate(over="ignore"): want = [int(np.float64(v).astype(np.float16).view(np.uint16)) for v in vals]
+    assert [_half_bits(v) for v in vals] == want
+    assert _half_bits(float("nan")) & 0x7c00 == 0x7c00 and _half_bits(float("nan")) & 0x3ff
+
+def test_renderer_limits_and_arch():
+    ren = CUDARenderer("sm_90")
+    assert (ren.max_workgroup, ren.local_max, ren.global_max, ren.local_bytes, ren.fast_local_memory) == \
+        (1024, (1024, 1024, 64), (2 ** 31 - 1, 65535, 65535), 48 * 1024, True)
+    assert ren.has_local and ren.arch == "sm_90"
+    with pytest.raises(ValueError, match="expected sm_XY"): CUDARenderer("90")
+
+def test_launch_grid_within_the_limits():
+    """A grid's y and z take 65535 blocks: a kernel with a big second output loop is launched within that."""
+    progs = programs(Tensor.rand(3, 70000).realize() * 2)
+    for p in progs:
+        assert all(int(g) <= m for g, m in zip(p.global_dims, CUDARenderer().global_max)), p.global_dims
+
+# *** the full version: every kernel of the op tests ***
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_op_test_kernel_compiles(tmp_path, arch):
+    out = tmp_path / "kernels.txt"
+    env = {**os.environ, "FG_CUDA_KERNELS_OUT": str(out)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "test.renderer.cuda_kernels_plugin",
+                        "-p", "no:randomly", "-p", "no:xdist", "test/tensor/test_ops.py"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    srcs = out.read_text().split("\n// ---- kernel ----\n")
+    assert len(srcs) > 300, len(srcs)
+    for i in range(0, len(srcs), 200):   # (in parts: a message names fewer kernels)
+        cubin = compile_together(srcs[i:i + 200], arch)
+        assert struct.unpack_from("<I", cubin, 48)[0] & 0xff == int(arch[3:])
