@@ -186,7 +186,9 @@ class TinyJit(Generic[R]):
         self.jit_cache: list[ExecItem] = []
         self._bounded: list[ExecItem] = []  # the captured kernels whose memory depends on Variables
         self._constraints: list[tuple[tuple, dict[str, int]]] = []  # shrinks by Variables made inside the function
-        self._launches: tuple[list, list, tuple] | None = None
+        self._launches: tuple[list, tuple[list, list], tuple] | None = None
+        self._fresh_devices: dict[int, UOp] = {}
+        self._out_chains: list[Any] = []
         self._prepared_work = (0, 0, 0)
         self._first: _Inputs | None = None
         self._out_structure: Any = None
@@ -291,6 +293,8 @@ class TinyJit(Generic[R]):
             if isinstance(x, Tensor) and _in_buffers(x):
                 for b in _base_buffers(x):
                     if id(b) not in before: self._fresh[id(b)] = b
+        self._fresh_devices = {bid: UOp(Ops.DEVICE, arg=b.device) for bid, b in self._fresh.items()}
+        self._out_chains = [self._chain(x) for x in leaves]
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
@@ -308,7 +312,7 @@ class TinyJit(Generic[R]):
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}
         for bid, b in self._fresh.items():
-            node = new_buffer(UOp(Ops.DEVICE, arg=b.device), b.size, b.dtype)
+            node = new_buffer(self._fresh_devices[bid], b.size, b.dtype)
             nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype)
             subst[bid], new_nodes[bid] = nb, node
         # the Variables' values are checked against every kernel's buffers before any kernel runs
@@ -336,7 +340,14 @@ class TinyJit(Generic[R]):
             _realize.GlobalCounters.global_mem += mem
             _realize.GlobalCounters.kernel_count += count
         Tensor._rng_counter += self._rng_calls
-        return _unflatten([self._output(x, new_nodes, Tensor) for x in self._out_leaves], self._out_structure)
+        outs = []
+        for x, chain in zip(self._out_leaves, self._out_chains):
+            if chain is None: outs.append(self._output(x, new_nodes, Tensor))
+            else:
+                u = new_nodes[chain[0]]
+                for op, dtype, arg in chain[1]: u = UOp(op, dtype, (u,), arg)
+                outs.append(Tensor(u))
+        return _unflatten(outs, self._out_structure)
 
     def _prepared_plan(self) -> list[tuple[ExecItem | None, Any]]:
         """How a replay runs the captured items: (item, None) the plain way; (item, (launch, order)) through a launch
@@ -346,8 +357,9 @@ class TinyJit(Generic[R]):
         launch's `graph`, e.g. the CPU's LaunchGraph), taking the allocations of the buffers `ids` per replay. (Made
         on the first replay; made again if another buffer's memory or a launch knob changed.)"""
         cached, knobs = self._launches, _realize.launch_knob_values()
+        # (== of the lists compares the allocations by identity, in C: they define no __eq__)
         if cached is not None and cached[2] == knobs and \
-                all(b.__dict__.get("_buf") is opaque for b, opaque in cached[1]): return cached[0]
+                [d.get("_buf") for d in cached[1][0]] == cached[1][1]: return cached[0]
         varying_ids = {id(b) for b in self._inputs_at_capture} | set(self._fresh)
         steps: list[tuple[ExecItem, Any]] = []
         memory: list[tuple[Buffer, Any]] = []
@@ -376,7 +388,7 @@ class TinyJit(Generic[R]):
                 calls = [(launch, tuple(index[id(ei.bufs[k])] for k in order)) for ei, (launch, order) in group]
                 plan.append((None, (graph(calls), ids)))
             i = j
-        self._launches = (plan, memory, knobs)
+        self._launches = (plan, ([b.__dict__ for b, _ in memory], [opaque for _, opaque in memory]), knobs)
         self._prepared_work = (ops, mem, count)
         return plan
 
@@ -388,6 +400,19 @@ class TinyJit(Generic[R]):
             c = rng_counter_of(v)
             out[k] = rng_counter_const(c + shift) if c is not None and lo <= c < hi else v
         return out
+
+    def _chain(self, x: Any) -> tuple[int, list[tuple[Ops, Any, Any]]] | None:
+        """For an output that is one fresh buffer, or a chain of views of one (the common output), that buffer's id and
+        the (op, dtype, arg) of the views from the buffer up: a replay rebuilds it on the new buffer without a graph
+        walk. None for any other leaf (see _output)."""
+        if not isinstance(x, Tensor) or not _in_buffers(x) or x.uop.op is Ops.MULTI: return None
+        chain, u = [], x.uop
+        while u.op is not Ops.BUFFER:
+            if len(u.src) != 1: return None
+            chain.append((u.op, u.dtype, u.arg))
+            u = u.src[0]
+        bid = id(device_buffer(u))
+        return (bid, chain[::-1]) if bid in self._fresh else None
 
     def _output(self, x: Any, new_nodes: dict[int, UOp], Tensor: Any) -> Any:
         if not isinstance(x, Tensor) or not _in_buffers(x): return x
