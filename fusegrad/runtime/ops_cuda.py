@@ -27,13 +27,16 @@ LIBCUDA = "libcuda.so.1"   # the driver API's library (the tests point this at a
 # *** NVRTC: CUDA C -> cubin ***
 
 def _nvrtc_paths() -> list[str]:
-    """Where libnvrtc may be: the wheel's copy first, then the system's."""
+    """Where libnvrtc may be: the `cuda` extra's wheel first (nvidia/cuda_nvrtc), then another NVIDIA wheel's (CUDA 13's
+    are nvidia/cu13), then the system's (the loader's path, a CUDA toolkit in /usr/local/cuda)."""
     paths = []
     if (spec := importlib.util.find_spec("nvidia")) is not None:
         for root in spec.submodule_search_locations or []:
             paths += sorted(glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*")))
+            paths += sorted(glob.glob(os.path.join(root, "*", "lib", "libnvrtc.so*")))
     if found := ctypes.util.find_library("nvrtc"): paths.append(found)
-    return [p for p in paths if "builtins" not in p and ".alt." not in p] + ["libnvrtc.so.12", "libnvrtc.so"]
+    paths += ["libnvrtc.so.12", "libnvrtc.so", *sorted(glob.glob("/usr/local/cuda/lib64/libnvrtc.so*"))]
+    return list(dict.fromkeys(p for p in paths if "builtins" not in p and ".alt." not in p))
 
 @functools.cache
 def nvrtc() -> ctypes.CDLL:
