@@ -154,20 +154,9 @@ static void fg_forget_workers(void) {
   pthread_cond_init(&fg_cv, 0);
   pthread_cond_init(&fg_done_cv, 0);
 }
-/* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
-   at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
-   chunks run by the caller too, until none is left to claim. `help`: whether waiting threads may run its chunks */
-unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join, int help) {
-  if (n < 1) n = 1;
-  if (n > size) n = size > 0 ? size : 1;
+/* at least `workers` worker threads (fg_mu held) */
+static void fg_spawn(int workers) {
   if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
-  pthread_mutex_lock(&fg_mu);
-  unsigned long j;
-  while ((j = atomic_load(&fg_submitted)) - atomic_load(&fg_finished) >= FG_QUEUE) {
-    pthread_mutex_unlock(&fg_mu);
-    fg_pool_wait(j - FG_QUEUE + 1, -1);  /* the queue is full: help with its oldest job */
-    pthread_mutex_lock(&fg_mu);
-  }
   if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
   while (fg_workers < workers) {
     pthread_t t;
@@ -175,6 +164,24 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
     pthread_detach(t);
     __atomic_store_n(&fg_workers, fg_workers + 1, __ATOMIC_RELAXED);  /* (read by waiters without the lock) */
   }
+}
+static long fg_chunks(long n, long size) {
+  if (n < 1) n = 1;
+  return n > size ? (size > 0 ? size : 1) : n;
+}
+/* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
+   at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
+   chunks run by the caller too, until none is left to claim. `help`: whether waiting threads may run its chunks */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join, int help) {
+  n = fg_chunks(n, size);
+  pthread_mutex_lock(&fg_mu);
+  unsigned long j;
+  while ((j = atomic_load(&fg_submitted)) - atomic_load(&fg_finished) >= FG_QUEUE) {
+    pthread_mutex_unlock(&fg_mu);
+    fg_pool_wait(j - FG_QUEUE + 1, -1);  /* the queue is full: help with its oldest job */
+    pthread_mutex_lock(&fg_mu);
+  }
+  fg_spawn(workers);
   fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n, help};
   atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
   int now = atomic_load(&fg_finished) == j;
@@ -183,13 +190,29 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
   if (now && join && help) fg_claim_of((long)j, 0, 1);
   return j + 1;
 }
-/* queue `count` jobs in one call (a TinyJit replay's kernels): job k is fns[k](args + offsets[k], lo, hi) over
-   [0, sizes[k]) in chunks[k] chunks, help[k] as for fg_pool_submit, none joined; returns the job count at which the
-   last one has finished */
+/* queue `count` jobs under one lock (a TinyJit replay's kernels, without a return to Python between them): job k is
+   fns[k](args + offsets[k], lo, hi) over [0, sizes[k]) in chunks[k] chunks, help[k] as for fg_pool_submit, none
+   joined; returns the job count at which the last one has finished */
 unsigned long fg_pool_submit_many(long count, const fg_entry *fns, void **args, const long *offsets, const long *sizes,
                                   const long *chunks, const int *help, int workers) {
   unsigned long end = atomic_load(&fg_submitted);
-  for (long k = 0; k < count; k++)
-    end = fg_pool_submit(fns[k], args + offsets[k], sizes[k], chunks[k], workers, 0, help[k]);
+  for (long first = 0; first < count; first += FG_QUEUE) {
+    long m = count - first < FG_QUEUE ? count - first : FG_QUEUE;
+    pthread_mutex_lock(&fg_mu);
+    unsigned long j;
+    while ((j = atomic_load(&fg_submitted)) + m - atomic_load(&fg_finished) > FG_QUEUE) {
+      pthread_mutex_unlock(&fg_mu);
+      fg_pool_wait(j + m - FG_QUEUE, -1);  /* room for all of them: help with the oldest jobs */
+      pthread_mutex_lock(&fg_mu);
+    }
+    fg_spawn(workers);
+    for (long k = first; k < first + m; k++)
+      fg_q[(j + k - first) % FG_QUEUE] = (fg_job){fns[k], args + offsets[k], sizes[k], fg_chunks(chunks[k], sizes[k]),
+                                                  help[k]};
+    end = j + m;
+    atomic_store_explicit(&fg_submitted, end, memory_order_release);
+    if (atomic_load(&fg_finished) == j) fg_begin(j);  /* nothing ahead of them: the first runs now */
+    pthread_mutex_unlock(&fg_mu);
+  }
   return end;
 }
