@@ -18,6 +18,7 @@ from fusegrad import Tensor, Variable, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import OptOps
 from fusegrad.dtype import DType
+from fusegrad.helpers import Context
 from fusegrad.renderer import ProgramSpec
 from fusegrad.renderer.cuda import CUDARenderer, _half_bits
 from fusegrad.runtime.ops_cuda import CUDACompiler
@@ -64,6 +65,9 @@ def representative() -> list[ProgramSpec]:
                       f32.cast(dtypes.float64).exp(), f32.cast(dtypes.float16).sin(),
                       (f32 > 0.5).where(f32, float("nan")), f32.maximum(float("-inf")) + float("inf"),
                       (f32.cast(dtypes.float64) > 0.5).where(float("inf"), float("nan")))
+    # the math library's exp2, log2 and sin (TRANSCENDENTAL=0) rather than polynomials
+    with Context(TRANSCENDENTAL=0):
+        progs += programs(f32.exp(), f32.log(), f32.sin(), f32.cast(dtypes.float64).exp2(), f32.half().log2())
     # reductions (grouped through shared memory), softmax, a matmul, a convolution, half and bfloat16
     x = Tensor.rand(2, 3, 16, 16).realize()
     progs += programs(f32.sum(1), f32.max(1), f32.sum(), f32.softmax(-1), f32.log_softmax(0),
