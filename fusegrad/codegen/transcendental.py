@@ -341,7 +341,12 @@ def _log2(x: UOp, fma: bool) -> UOp: return _log2_f64(x, fma) if x.dtype == dtyp
 
 _IMPL = {Ops.EXP2: _exp2, Ops.LOG2: _log2, Ops.SIN: _sin_any}
 
-def _expand(ctx: Any, x: UOp) -> UOp:
+def _native(ctx: Any, x: UOp) -> bool:
+    """Whether the renderer computes `x` itself: (op, dtype) is in its `native_math` (accurate builtins)."""
+    return (x.op, x.dtype.scalar()) in getattr(ctx, "native_math", ())
+
+def _expand(ctx: Any, x: UOp) -> UOp | None:
+    if _native(ctx, x): return None
     fma = bool(getattr(ctx, "has_fma", False))
     src = x.src[0]
     if x.dtype in (dtypes.float16, dtypes.bfloat16):   # computed in float32, rounded once
@@ -352,7 +357,7 @@ pm_transcendental = PatternMatcher([
     # exp of float32 and half is exp2 of a float64 argument rounded to float32 (or less): float32 math will do
     (UPat(Ops.CAST, dtype=(dtypes.float32, dtypes.float16, dtypes.bfloat16), src=(UPat(Ops.EXP2, dtypes.float64,
                                                                                       name="e"),), name="c"),
-     lambda ctx, c, e: _exp_of_float(c, e, bool(getattr(ctx, "has_fma", False)))),
+     lambda ctx, c, e: None if _native(ctx, e) else _exp_of_float(c, e, bool(getattr(ctx, "has_fma", False)))),
     (UPat((Ops.EXP2, Ops.LOG2, Ops.SIN), dtype=FLOATS, name="x"), _expand),
 ], name="transcendental")
 pm_transcendental.__doc__ = "no float EXP2, LOG2 or SIN remains: each became arithmetic within 2 ulp of the exact value"

@@ -8,14 +8,21 @@ OpenCL signature. Two kinds of kernel:
   the body of iteration i, so the runtime launches `global_size` work-items. A DEFINE_LOCAL there is an array of the
   work-item's own (the CPU's PACK copy), and a BARRIER is nothing.
 
-This first version declares no SIMD vectors to the optimizer (scalar code: an OpenCL implementation vectorizes across
-work-items itself), computes half and bfloat16 in float and stores them as 16-bit integers (converted with integer
-operations on their bits, so no cl_khr_fp16 is needed), and passes a Variable as a kernel argument (`long` for
-integers, `double` for floats where the device has doubles, else `float`)."""
+Vectors: float, double (with cl_khr_fp64) and integer vectors are OpenCL C's own types (`float4`), built with
+`(float4)(a, b, c, d)`, read with `.s0`-`.sf`, loaded and stored with `vload4`/`vstore4` (aligned to the element only),
+converted with `convert_float4`, reinterpreted with `as_int4`; a vector of bools is an integer vector of all-ones or
+zero lanes (what OpenCL's vector comparisons give and its `select` reads). The renderer declares 16-byte vectors, so
+the GPU heuristic gives an elementwise kernel 4 lanes per work-item. exp2, log2 and sin are OpenCL's builtins (within
+a few ulp) rather than the code generator's polynomials, and a float32 exp is OpenCL's float exp.
+
+Half and bfloat16 are computed in float and stored as 16-bit integers (converted with integer operations on their
+bits, so no cl_khr_fp16 is needed; not vectorized), and a Variable is a kernel argument (`long` for integers, `double`
+for floats where the device has doubles, else `float`)."""
 from __future__ import annotations
+import math
 import re
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.renderer.cstyle import _LOWP, CStyleLanguage
+from fusegrad.renderer.cstyle import _INFIX, _LOWP, _SHORT, CStyleLanguage
 from fusegrad.uop.ops import Ops, UOp
 
 # the C renderer's GCC builtins that have an OpenCL builtin of the same meaning (overloaded on the argument type)
@@ -27,6 +34,24 @@ _AS_TYPE = {dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", d
             dtypes.float32: "float", dtypes.float64: "double", dtypes.float16: "ushort", dtypes.bfloat16: "ushort",
             dtypes.index: "long"}
 
+# dtypes held in OpenCL vectors (half and bfloat16 are integers in memory here: not vectorized)
+_VECTOR_DTYPES = (dtypes.float32, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+                  dtypes.int64, dtypes.uint64)
+_LANES = (2, 3, 4, 8, 16)   # OpenCL C's vector sizes
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+_VECTOR_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.TRUNC: "trunc"}
+
+def _exp_argument(u: UOp) -> UOp | None:
+    """x when `u` is EXP2(CAST(x, float64) * (1/ln 2)) of a float32 x (scalar or vector), else None."""
+    if u.dtype.scalar() != dtypes.float64 or (m := u.src[0]).op is not Ops.MUL: return None
+    for a, c in (m.src, m.src[::-1]):
+        if c.op is Ops.VECTORIZE and all(s is c.src[0] for s in c.src): c = c.src[0]
+        if a.op is Ops.CAST and a.src[0].dtype.scalar() == dtypes.float32 and c.op is Ops.CONST and \
+                c.arg == 1 / math.log(2):
+            return a.src[0]
+    return None
+
 class UnsupportedDType(TypeError):
     """A kernel uses a dtype the OpenCL device can't compute in (float64 without cl_khr_fp64)."""
 
@@ -36,10 +61,12 @@ class OpenCLRenderer(CStyleLanguage):
     device = "CL"
     kernel_prefix = "__kernel void"
     buffer_suffix = " restrict"
-    supports_float4 = False
-    simd_bytes = 0
-    vector_dtypes = ()
+    supports_float4 = True
+    simd_bytes = 16   # (float4: what OpenCL implementations load and compute as one)
     has_fma = True
+    # OpenCL C's names (vload/vstore of `char` take `char*`, not `signed char*`)
+    type_map = {**CStyleLanguage.type_map, dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.uint16: "ushort",
+                dtypes.uint32: "uint", dtypes.uint64: "ulong"}
     unique_symbols = True   # (kernels are built many to a program)
     # GPU-style kernels
     has_local = True
@@ -57,9 +84,78 @@ class OpenCLRenderer(CStyleLanguage):
         self.has_fp64, self.device_name = has_fp64, device_name
         self.max_workgroup, self.local_max, self.local_bytes = max_workgroup, tuple(local_max), local_bytes
         self.fast_local_memory = fast_local_memory
+        self.vector_dtypes = _VECTOR_DTYPES + ((dtypes.float64,) if has_fp64 else ())
+        # OpenCL's exp2, log2 and sin (within 3, 3 and 4 ulp in the full profile) instead of the code generator's
+        # polynomials (codegen/transcendental.py), for the float dtypes the device computes in
+        self.native_math = frozenset((op, dt) for op in (Ops.EXP2, Ops.LOG2, Ops.SIN)
+                                     for dt in (dtypes.float32,) + ((dtypes.float64,) if has_fp64 else ()))
 
     def id_expr(self, kind: str, dim: int) -> str:
         return f"(long)get_{'group' if kind == 'group' else 'local'}_id({dim})"
+
+    # *** vectors: OpenCL C's types (float4), constructors, .s0-.sf lanes, vload/vstore, convert_ and as_ ***
+
+    def vector_type(self, dt: DType) -> str:
+        if dt.count not in _LANES or dt.scalar() not in _AS_TYPE or dt.scalar() in (dtypes.float16, dtypes.bfloat16):
+            raise ValueError(f"OpenCL C has no vector type for {dt} (vectors of 2, 3, 4, 8 or 16 lanes of integers, "
+                             "float or double)")
+        return f"{_AS_TYPE[dt.scalar()]}{dt.count}"
+
+    def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+        return f"(({self.dtype_name(dt)})({', '.join(lanes)}))"
+    def vector_zero(self, dt: DType) -> str: return f"(({self.dtype_name(dt)})(0))"
+    def vector_splat(self, dt: DType, x: str) -> str: return f"(({self.dtype_name(dt)})({x}))"
+
+    def lane(self, x: str, i: int | str) -> str:
+        if not isinstance(i, int): raise ValueError(f"OpenCL C reads vector lanes by number only, not {i!r}")
+        return f"{x if _IDENT.fullmatch(x) else f'({x})'}.s{i:x}"
+
+    def vector_load(self, ptr: str, dt: DType) -> str: return f"vload{dt.count}(0, {ptr})"
+    def vector_store(self, ptr: str, val: str, dt: DType) -> str: return f"vstore{dt.count}({val}, 0, {ptr});"
+    def convert_vector(self, x: str, dst: DType) -> str: return f"convert_{self.dtype_name(dst)}({x})"
+    def reinterpret_vector(self, x: str, dst: DType) -> str: return f"as_{self.dtype_name(dst)}({x})"
+
+    # masks (vectors of bools) are integer vectors of all-ones or zero lanes as wide as the values' lanes: what
+    # OpenCL's vector comparisons give and its select reads
+    def vector_select(self, m: str, a: str, b: str, dt: DType, width: int) -> str: return f"select({b}, {a}, {m})"
+    def _select(self, m: str, a: str, b: str, n: int, width: int) -> str: return f"select({b}, {a}, {m})"
+
+    def _vector_compare(self, op: Ops, dt: DType, a: str, b: str) -> str: return f"({a}{_INFIX[op]}{b})"
+
+    def _vector_max(self, dt: DType) -> str:
+        # as the C renderer's: a where a > b (or, for floats, a is nan), else b
+        vt, name = self.dtype_name(dt), f"fg_vmax_{_SHORT[dt.scalar()]}x{dt.count}"
+        m = "(b<a)|(a!=a)" if dtypes.is_float(dt.scalar()) else "(b<a)"
+        return self._need(name, f"static inline {vt} {name}({vt} a, {vt} b) {{ return select(b, a, {m}); }}")
+
+    def _lane_helper(self, what: str, dt: DType, lane, src_dts: list[DType]) -> str:
+        # (OpenCL C has no subscripts of vectors: the lanes are written out)
+        vt = self.dtype_name(dt)
+        args = [f"{self.dtype_name(d)} {chr(97 + i)}" for i, d in enumerate(src_dts)]
+        name = f"fg_v{what}_{_SHORT[dt.scalar()]}x{dt.count}"
+        return self._need(name, f"static inline {vt} {name}({', '.join(args)}) {{\n"
+                                f"  return {self.vector_literal(dt, [lane(i) for i in range(dt.count)])};\n}}")
+
+    def _vector_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+        # OpenCL's math builtins take float and double vectors
+        if op in _VECTOR_FN and dtypes.is_float(dt.scalar()) and dt.scalar() not in _LOWP:
+            return f"{_VECTOR_FN[op]}({srcs[0]})"
+        return super()._vector_alu(op, dt, srcs, src_dts)
+
+    def _exp2(self, k, u: UOp) -> None:
+        # e^x of a float32 x, which the tensor computes as the float64 exp2(x * (1/ln 2)) rounded to float32: OpenCL's
+        # float exp of x (within 3 ulp), without float64 work
+        x = _exp_argument(u)
+        if x is not None and all(v.op is Ops.CAST and v.dtype.scalar() == dtypes.float32 for v in k.users.get(u, [])):
+            k.assign(u, self.convert_vector(f"exp({k.r[x]})", u.dtype) if u.dtype.count > 1 else
+                     f"((double)exp({k.r[x]}))", "alu")
+        else: CStyleLanguage._alu(self, k, u)
+
+    op_renderers = {**CStyleLanguage.op_renderers, Ops.EXP2: _exp2}
+
+    def _native_fma(self, dt: DType) -> str | None: return "fma" if dt.scalar() in (dtypes.float32, dtypes.float64) \
+        else None
+    def _masked_load(self, dt: DType) -> str | None: return None
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
 
