@@ -41,6 +41,10 @@ def _flatten(obj: Any) -> tuple[list[Any], Any]:
     return [obj], "*"
 
 def _unflatten(leaves: list[Any], structure: Any) -> Any:
+    # (the common results without the recursion: one tensor, or a flat tuple or list of them)
+    if structure == "*": return leaves[0]
+    if structure[0] != "dict" and all(sub == "*" for sub in structure[1]):
+        return tuple(leaves) if structure[0] == "tuple" else leaves
     it = iter(leaves)
     def build(s: Any) -> Any:
         if s == "*": return next(it)
@@ -72,6 +76,11 @@ def _leaves(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     for k in sorted(kwargs): walk(f"argument {k!r}", kwargs[k])
     return out
 
+@functools.cache
+def _arg_names(n: int) -> tuple[str, ...]:
+    """The names _leaves gives n positional arguments that are not nested."""
+    return tuple(f"argument {i}" for i in range(n))
+
 def _value_key(x: Any) -> tuple[Any, str]:
     """What must stay the same in a non-Tensor argument for the captured kernels to fit, and how to name it: numbers
     and strings by value, a bound Variable by its Variable (its value is passed), any other object by identity."""
@@ -83,6 +92,7 @@ class _Inputs:
     """One call's arguments as the JIT sees them: the input tensors (realized), their signatures, the values of the
     bound Variables in their views and in the arguments, and the keys of the other arguments."""
     def __init__(self, args: tuple, kwargs: dict):
+        if not kwargs and self._plain(args): return
         leaves = _leaves(args, kwargs)
         self.structure = tuple([n for n, _ in leaves])  # (the names are the paths into the nesting)
         self.tensors: list[tuple[str, Any]] = []
@@ -118,6 +128,26 @@ class _Inputs:
         if binds:
             self.var_vals = var_values(binds)
         else: self.var_vals = {}
+
+    def _plain(self, args: tuple) -> bool:
+        """The common call, made without the general walk: positional arguments that are all tensors, each a buffer or
+        a reshape of one (with integer sizes) on one device. Sets what __init__ sets, the same values; False (nothing
+        set) for any other call."""
+        views, buffers = [], []
+        for t in args:
+            if not isinstance(t, Tensor): return False
+            u = t.uop
+            if u.op is Ops.BUFFER: views.append(u.arg[1])
+            elif u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER and all(type(x) is int for x in u.arg):
+                views.append((u.src[0].arg[1], u.arg))
+            else: return False
+            buffers.append(device_buffer(u))
+        if len({id(b) for b in buffers}) != len(buffers): return False   # (the general path names the two)
+        names = _arg_names(len(args))
+        self.structure, self.values, self.var_vals, self.buffers = names, [], {}, buffers
+        self.tensors = list(zip(names, args))
+        self.sig = [(n, t.shape, t.dtype, t.device, (v,)) for n, t, v in zip(names, args, views)]
+        return True
 
     @staticmethod
     def _view(u: UOp, binds: dict[UOp, UOp]) -> UOp:
