@@ -13,8 +13,9 @@ C renderer does (no `cuda_fp16.h`: the NVRTC wheel ships no CUDA headers, and `_
 differently from the other devices where an expression has several ops). half <-> float conversions are the PTX `cvt`
 instructions (exact, round to nearest even, one instruction each, sm_53 and later); bfloat16 is converted with
 integer operations on its bits (its `cvt` needs sm_80 and the integer form is as short). No vectors are declared to
-the optimizer: a GPU vectorizes across the threads of a warp. Floats follow IEEE: NVRTC compiles with `--fmad=false`
-(fused multiply-adds are the explicit MULACCs), division and square root correctly rounded, denormals kept."""
+the optimizer: a GPU vectorizes across the threads of a warp. exp2, log2 and sin are CUDA's math library's. Floats
+follow IEEE: NVRTC compiles with `--fmad=false` (fused multiply-adds are the explicit MULACCs), division and square
+root correctly rounded, denormals kept."""
 from __future__ import annotations
 import math
 import re
@@ -48,6 +49,9 @@ class CUDARenderer(CStyleLanguage):
     vector_dtypes = ()
     has_fma = True
     has_threads = False
+    # CUDA's exp2, log2 and sin (within 2, 1 and 2 ulp for float, 1, 1 and 2 for double, without fast math) instead of
+    # the code generator's polynomials (codegen/transcendental.py)
+    native_math = frozenset((op, dt) for op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for dt in (dtypes.float32, dtypes.float64))
     unique_symbols = True
     # GPU-style kernels
     has_local = True
