@@ -51,7 +51,8 @@ def test_ltile_is_refused_where_it_does_not_apply():
     from fusegrad.codegen.opt import Kernel, KernelOptError, Opt
     a, b = Tensor.rand(32, 64).realize(), Tensor.rand(64, 32).realize()
     ast = [si.ast for si in (a @ b).schedule() if si.ast.op is Ops.SINK][-1]
-    with pytest.raises(KernelOptError, match="GPU-style"): Kernel(ast, Device["CPU"].renderer).apply_opt(Opt(OptOps.LTILE, 2, 16))
+    cpu = Kernel(ast, Device["CPU"].renderer)
+    with pytest.raises(KernelOptError, match="GPU-style"): cpu.apply_opt(Opt(OptOps.LTILE, 2, 16))
     k = Kernel(ast, PythonRenderer(gpu=True))
     with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, 0, 16))
     with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, 2, 7))
