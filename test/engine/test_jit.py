@@ -287,3 +287,61 @@ def test_mlp_step_replays_with_the_captured_kernel_count():
         counts.append(GlobalCounters.kernel_count - k0)
     assert counts[2:] == [counts[1]] * 4 and counts[1] == sum(1 for ei in step.captured if ei.ast.op.name == "SINK")
     assert losses[-1] < losses[0]  # the same batch: Adam brings the loss down
+
+def _graphs(jit):
+    """The launch graphs of a replay's plan (consecutive CPU kernels queued in one call)."""
+    from fusegrad.runtime.cpu_program import LaunchGraph
+    return [step[0] for ei, step in (jit._launches[0] if jit._launches else []) if ei is None and
+            isinstance(step[0], LaunchGraph)]
+
+def test_replay_runs_its_kernels_as_one_graph_and_reads_each_calls_input():
+    # the kernels of a replay are queued in one call to the pool: results equal numpy's for every call, outputs kept
+    # from earlier calls keep their values, and an input overwritten by the host right after the call (while the
+    # replay's kernels are still queued behind a long kernel) is read as it was at the call
+    from fusegrad.runtime import cpu_pool
+    if cpu_pool.c_pool() is None or cpu_pool.cores() < 2: pytest.skip("no kernel queue without the C pool and 2 cores")
+    w = _r(32, 32)
+    wt = Tensor(w).realize()
+    @TinyJit
+    def f(x):
+        h = (x @ wt).relu()
+        return (h * 2).sum(1), (h - 1).max(), h.exp().sum()
+    a, b = Tensor(_r(1024, 1024)).realize(), Tensor(_r(1024, 1024)).realize()
+    kept = []
+    for i in range(8):
+        x = _r(16, 32)
+        xt = Tensor(x).realize()
+        if i >= 3:   # the replay's kernels queue behind a product of some milliseconds
+            with Context(CPU_THREADS=1): (a @ b).realize()
+        outs = f(xt)
+        xt._buffer().copyin(memoryview(np.full((16, 32), 7.0, np.float32)))   # waits for the kernels reading x
+        h = np.maximum(x.astype(np.float64) @ w, 0)
+        kept.append((outs, ((h * 2).sum(1), (h - 1).max(), np.exp(h).sum())))
+    for outs, want in kept:
+        for got, ref in zip(outs, want): np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-3)
+    graphs = _graphs(f)
+    assert len(graphs) == 1 and sum(g.pieces[0][0] for g in graphs) == len(f.captured) >= 3
+
+def test_replay_of_more_kernels_than_the_queue_holds():
+    # a chain of more kernels than the pool's queue holds is queued in several pieces, each kernel once and in order
+    from fusegrad.runtime import cpu_pool
+    if cpu_pool.c_pool() is None or cpu_pool.cores() < 2: pytest.skip("no kernel queue without the C pool and 2 cores")
+    n = cpu_pool.CPool.QUEUE + 10
+    @TinyJit
+    def f(x):
+        outs = []
+        for i in range(n):
+            x = (x * 1.01 + i).realize()   # (a kernel each)
+            outs.append(x)
+        return x.sum(), outs[n // 2]
+    for _ in range(4):
+        x = _r(64)
+        ref = x.astype(np.float64)
+        for i in range(n):
+            ref = ref * 1.01 + i
+            if i == n // 2: mid = ref
+        s, m = f(Tensor(x))
+        np.testing.assert_allclose(s.item(), ref.sum(), rtol=1e-4)
+        np.testing.assert_allclose(m.numpy(), mid, rtol=1e-4)
+    (graph,) = _graphs(f)
+    assert [p[0] for p in graph.pieces] == [cpu_pool.CPool.QUEUE, len(f.captured) - cpu_pool.CPool.QUEUE]

@@ -204,3 +204,41 @@ print("ok", got[0].submitted)
     assert res.returncode == 0, res.stderr
     ok, submitted = res.stdout.split()
     assert ok == "ok" and int(submitted) >= 1   # the kernels went through that pool's queue
+
+_ORDER_SRC = r"""
+void fg_test_order(void **args, long lo, long hi) {
+  long *counter = (long *)args[0], *seen = (long *)args[1], *hits = (long *)args[2];
+  if (lo == 0) *seen = __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);   /* when this job ran, among all */
+  for (long i = lo; i < hi; i++) __atomic_fetch_add(&hits[i], 1, __ATOMIC_RELAXED);
+}"""
+
+def test_jobs_queued_many_at_once_run_once_in_order():
+    # runs of jobs queued in one call (submit_many), some longer than the queue, between single submits: every chunk
+    # runs once, and the jobs run in submission order (each records its place in a shared counter)
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_ORDER_SRC))
+    entry = ctypes.cast(lib.fg_test_order, ctypes.c_void_p).value
+    rng = np.random.default_rng(5)
+    counter = ctypes.c_long(0)
+    jobs, keep = [], []
+    for run in range(12):
+        count = 1 if run % 3 == 2 else int(rng.integers(2, pool.QUEUE + 1))
+        sizes = [int(rng.integers(1, 300)) for _ in range(count)]
+        chunks = [int(rng.integers(1, 4)) for _ in range(count)]
+        hits = [(ctypes.c_long * s)() for s in sizes]
+        seen = [ctypes.c_long(-1) for _ in range(count)]
+        args = (ctypes.c_void_p * (3 * count))(*[a for k in range(count) for a in (
+            ctypes.addressof(counter), ctypes.addressof(seen[k]), ctypes.addressof(hits[k]))])
+        if count == 1: pool.submit(entry, args, sizes[0], chunks[0], 1, (args, hits, seen))
+        else:
+            arrays = ((ctypes.c_void_p * count)(*[entry] * count), (ctypes.c_long * count)(*range(0, 3 * count, 3)),
+                      (ctypes.c_long * count)(*sizes), (ctypes.c_long * count)(*chunks),
+                      (ctypes.c_int * count)(*[int(rng.integers(0, 2)) for _ in range(count)]))
+            fns, offsets, *rest = arrays
+            pool.submit_many(count, fns, args, offsets, *rest, 1, (args, hits, seen, arrays))
+        jobs += list(zip(seen, hits))
+        keep.append((args, hits, seen))
+    pool.wait()
+    assert [s.value for s, _ in jobs] == list(range(len(jobs)))
+    for _, hits in jobs: assert list(hits) == [1] * len(hits)
+    with pytest.raises(ValueError, match="at most"):
+        pool.submit_many(pool.QUEUE + 1, fns, args, offsets, *rest, 1, None)
