@@ -77,13 +77,17 @@ class OpenCLRenderer(CStyleLanguage):
 
     def __init__(self, has_fp64: bool = True, device_name: str = "the OpenCL device", max_workgroup: int = 256,
                  local_max: tuple[int, ...] = (256, 256, 256), local_bytes: int = 32 * 1024,
-                 fast_local_memory: bool = True) -> None:
+                 fast_local_memory: bool = True, vload: bool | None = None) -> None:
         """`max_workgroup`, `local_max` and `local_bytes` are the device's CL_DEVICE_MAX_WORK_GROUP_SIZE,
         CL_DEVICE_MAX_WORK_ITEM_SIZES and CL_DEVICE_LOCAL_MEM_SIZE (the defaults: what about every OpenCL GPU has);
-        `fast_local_memory`: whether its local memory is faster than global memory (a GPU's; a CPU's is not)."""
+        `fast_local_memory`: whether its local memory is faster than global memory (a GPU's; a CPU's is not);
+        `vload`: whether a vector is loaded and stored with vload/vstore (default: on a GPU, where local memory is
+        fast), else element by element: PoCL's compiler makes one vector access of a vector's element accesses, but
+        not of vload4's (a float4 elementwise kernel on it took three times as long as the scalar kernel)."""
         self.has_fp64, self.device_name = has_fp64, device_name
         self.max_workgroup, self.local_max, self.local_bytes = max_workgroup, tuple(local_max), local_bytes
         self.fast_local_memory = fast_local_memory
+        self.vload = fast_local_memory if vload is None else vload
         self.vector_dtypes = _VECTOR_DTYPES + ((dtypes.float64,) if has_fp64 else ())
         # OpenCL's exp2, log2 and sin (within 3, 3 and 4 ulp in the full profile) instead of the code generator's
         # polynomials (codegen/transcendental.py), for the float dtypes the device computes in
@@ -110,8 +114,14 @@ class OpenCLRenderer(CStyleLanguage):
         if not isinstance(i, int): raise ValueError(f"OpenCL C reads vector lanes by number only, not {i!r}")
         return f"{x if _IDENT.fullmatch(x) else f'({x})'}.s{i:x}"
 
-    def vector_load(self, ptr: str, dt: DType) -> str: return f"vload{dt.count}(0, {ptr})"
-    def vector_store(self, ptr: str, val: str, dt: DType) -> str: return f"vstore{dt.count}({val}, 0, {ptr});"
+    def vector_load(self, ptr: str, dt: DType) -> str:
+        if self.vload: return f"vload{dt.count}(0, {ptr})"
+        return self.vector_literal(dt, [f"({ptr})[{i}]" for i in range(dt.count)])
+
+    def vector_store(self, ptr: str, val: str, dt: DType) -> str:
+        if self.vload: return f"vstore{dt.count}({val}, 0, {ptr});"
+        return f"{{ {self.dtype_name(dt)} fg_v = {val}; " + \
+            " ".join(f"({ptr})[{i}] = {self.lane('fg_v', i)};" for i in range(dt.count)) + " }"
     def convert_vector(self, x: str, dst: DType) -> str: return f"convert_{self.dtype_name(dst)}({x})"
     def reinterpret_vector(self, x: str, dst: DType) -> str: return f"as_{self.dtype_name(dst)}({x})"
 
