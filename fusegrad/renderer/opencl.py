@@ -157,8 +157,8 @@ class OpenCLRenderer(CStyleLanguage):
         # float exp of x (within 3 ulp), without float64 work
         x = _exp_argument(u)
         if x is not None and all(v.op is Ops.CAST and v.dtype.scalar() == dtypes.float32 for v in k.users.get(u, [])):
-            k.assign(u, self.convert_vector(f"exp({k.r[x]})", u.dtype) if u.dtype.count > 1 else
-                     f"((double)exp({k.r[x]}))", "alu")
+            # (a float expression standing for the double: its users only round it to float)
+            k.r[u] = f"exp({k.r[x]})"
         else: CStyleLanguage._alu(self, k, u)
 
     op_renderers = {**CStyleLanguage.op_renderers, Ops.EXP2: _exp2}
