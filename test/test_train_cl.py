@@ -36,16 +36,9 @@ def check_same_accuracy(epochs: int, at_least: float) -> None:
     assert cpu >= at_least, cpu
     assert abs(gpu_style - cpu) <= 0.02, (cpu, gpu_style)
 
-# (the convolutions' weight gradients are grouped reductions with vector accumulators: see
-# test/codegen/test_gpu_kernels.py test_grouped_reduction_with_vector_lanes)
-NOT_YET = pytest.mark.xfail(strict=True, reason="the OpenCL build of a grouped reduction with float4 accumulators "
-                            "fails (a float4 stored into one float of local memory)")
-
-@NOT_YET
 def test_digits_cnn_trains_on_cl_as_on_cpu():
     check_same_accuracy(4, 0.9)
 
 @pytest.mark.slow
-@NOT_YET
 def test_digits_cnn_trains_on_cl_as_on_cpu_220_steps():
     check_same_accuracy(10, 0.95)

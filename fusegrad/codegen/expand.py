@@ -20,9 +20,16 @@ class VecCtx:
     vec_dtypes: tuple[DType, ...]
     live: dict = field(default_factory=dict)
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
+    def index_dep(self, idx: UOp) -> bool:
+        """Whether the INDEX `idx` addresses differently per lane (its buffer, a BARRIER's value, is one)."""
+        return any(self.dep(s) for s in idx.src[1:])
     def lanes(self, u: UOp) -> list[UOp]:
         """`u` with the vector axis replaced by each lane's constant."""
         return u.substitute_each([{self.vec: UOp.const(self.vec.dtype, k)} for k in range(self.width)])
+    def index_lanes(self, idx: UOp) -> list[UOp]:
+        """The INDEX `idx` of each lane: its position (and gate) per lane, its buffer the same for all (a BARRIER
+        before a local buffer is one barrier, whatever the lanes of what was stored before it)."""
+        return [idx.replace(src=(idx.src[0], *rest)) for rest in zip(*[self.lanes(s) for s in idx.src[1:]])]
 
 def simplify_index(x: UOp) -> UOp: return graph_rewrite(x, symbolic, name="simplify_index")
 
@@ -49,7 +56,7 @@ def _monotone(valid: UOp, r: UOp) -> bool:
     return valid.op is Ops.CMPLT and all(coeff(s, r) is not None for s in valid.src)
 
 def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
-    if ld.dtype.count > 1 or not ctx.dep(idx): return None
+    if ld.dtype.count > 1 or not ctx.index_dep(idx): return None
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
     if valid is not None and buf.dtype.base in ctx.vec_dtypes and coeff(i, ctx.vec) == 1:
@@ -58,17 +65,17 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
         lanes = [simplify_index(v) for v in ctx.lanes(valid)]
         every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
         return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, None), simplify_index(every), *lanes))
-    lanes = [UOp(Ops.LOAD, ld.dtype, (i,)) for i in ctx.lanes(idx)]
+    lanes = [UOp(Ops.LOAD, ld.dtype, (i,)) for i in ctx.index_lanes(idx)]
     return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 
 def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
-    if idx.dtype.vcount > 1 or not ctx.dep(idx): return None
+    if idx.dtype.vcount > 1 or not ctx.index_dep(idx): return None
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))
     # one store per lane, grouped under a NOOP
     value = st.src[1]
     return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (i, UOp(Ops.GEP, value.dtype, (value,), k)))
-                                            for k, i in enumerate(ctx.lanes(idx))))
+                                            for k, i in enumerate(ctx.index_lanes(idx))))
 
 pm_vector_memory = PatternMatcher([
     (UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"), _vec_load),

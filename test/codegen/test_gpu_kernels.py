@@ -369,9 +369,7 @@ def test_beam_on_cl(tmp_path, monkeypatch):
     assert search.beam_stats["searches"] + search.beam_stats["cache_hits"] > before
     np.testing.assert_allclose(got, (np.exp(x.astype(np.float64)) * 0.5).sum(1), rtol=1e-5)
 
-@pytest.mark.xfail(strict=True, reason="a grouped reduction with vector accumulators (GROUP, then UPCAST of an output "
-                   "loop: the heuristic's choice for a matmul with few outputs and a long reduction, as in a "
-                   "convolution's weight gradient) stores each float4 partial result whole into one float of local "
-                   "memory: the OpenCL build fails")
 def test_grouped_reduction_with_vector_lanes():
+    """GROUP, then UPCAST of an output loop (a matmul with few outputs and a long reduction, as a convolution's weight
+    gradient): the vector accumulators' lanes go to local memory each to its own slot, behind one barrier."""
     check_matmuls("CL", Device["CL"].renderer, [(4, 16, 1024)])

@@ -564,16 +564,20 @@ def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> tuple[UOp, in
         # (a grouped reduction inside this one's value, as a softmax's max in its sum, is already replaced)
         src = red.src[0].substitute(replaced) if replaced else red.src[0]
         partial = UOp(Ops.REDUCE, red.dtype, (src, *rest), red.arg) if rest else src
-        lanes = sorted((r for r in live_ranges(partial, {}) if range_kind(r) in ("local", "upcast") and r not in own),
-                       key=lambda r: r.arg[0])
-        slots = math.prod(range_size(r) for r in lanes + own)
+        # (upcast lanes innermost, the one stored contiguously last: it is the likely vector axis, whose lanes are then
+        # one vector store and load)
+        live = live_ranges(partial, {})
+        items = sorted((r for r in live if range_kind(r) == "local" and r not in own), key=lambda r: r.arg[0])
+        lanes = sorted((r for r in live if range_kind(r) == "upcast"),
+                       key=lambda r: (any(coeff(st.src[0].src[1], r) == 1 for st in ast.src), r.arg[0]))
+        slots = math.prod(range_size(r) for r in items + own + lanes)
         local = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(slots, "local"), arg=len(replaced))
-        written = local.index(_linear(lanes + own)).store(partial)
+        written = local.index(_linear(items + own + lanes)).store(partial)
         ready = UOp(Ops.BARRIER, local.dtype, (local, written))
         fresh = []
         for r in own:
             fresh.append(UOp.range(range_size(r), next_id, "reduce")); next_id += 1
-        value = UOp(Ops.LOAD, red.dtype, (ready.index(_linear(lanes + fresh)),))
+        value = UOp(Ops.LOAD, red.dtype, (ready.index(_linear(items + fresh + lanes)),))
         replaced[red] = UOp(Ops.REDUCE, red.dtype, (value, *fresh), red.arg)
     return (ast.substitute(replaced) if replaced else ast), next_id
 
