@@ -211,8 +211,12 @@ def _take_sharded(x: Tensor, pos: Tensor) -> Tensor:
     parts = []
     for xs, p, (lo, hi) in zip(xm.src, _whole_on_each(pos, devs), multi_bounds(xm)):
         shard = Tensor(xs)
-        part = Tensor.zeros(*pos.shape, dtype=x.dtype, device=p.device) if shard.numel() == 0 else \
-            _take(shard, _shard_positions(p, x.shape, xm.arg, lo, hi))
+        local = None if shard.numel() == 0 else _shard_positions(p, x.shape, xm.arg, lo, hi)
+        part = Tensor.zeros(*pos.shape, dtype=x.dtype, device=p.device) if local is None else _take(shard, local)
+        # a float read elsewhere is -0.0 here, the identity of the sum over the devices (+0.0 would turn a -0.0 read
+        # by its shard into +0.0)
+        if dtypes.is_float(x.dtype): part = part if local is None else (local >= 0).where(part, -0.0)
+        if dtypes.is_float(x.dtype) and local is None: part = part.full_like(-0.0)
         parts.append(part.unsqueeze(0).uop)
     stacked = Tensor(UOp(Ops.MULTI, x.dtype, tuple(parts), 0))
     return stacked.any(0) if x.dtype == dtypes.bool else stacked.sum(0, dtype=x.dtype)

@@ -271,6 +271,18 @@ def test_sharded_integer_scatter_reduce_against_torch(reduce, include_self):
     assert got.uop.arg == 1
     np.testing.assert_array_equal(got.numpy(), want)
 
+@pytest.mark.parametrize("axis", [0, 1])
+def test_sharded_gather_keeps_the_sign_of_zero(axis):
+    """A gather from a split tensor reads -0.0 as -0.0 (the partial results of the shards are summed over the
+    devices: where a shard doesn't hold a position its part is -0.0, the sum's identity), as numpy."""
+    x = np.array([[-0.0, 1.0], [2.0, -0.0], [0.0, -3.0], [-0.0, -0.0]], dtype=np.float32)
+    ii = np.array([[0, 1], [1, 0], [0, 0], [1, 1]])
+    t = Tensor(x).shard(D2, axis=axis)
+    for got, ref in [(t.gather(1, Tensor(ii).shard(D2)).numpy(), np.take_along_axis(x, ii, 1)),
+                     (t[Tensor([3, 0, 1]).shard(D2)].numpy(), x[[3, 0, 1]])]:
+        np.testing.assert_array_equal(got, ref)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(ref))
+
 def test_sharded_embedding_against_torch():
     # the weight split along the vocabulary, the tokens along the batch (tensor and data parallel at once)
     w = RNG.standard_normal((13, 6)).astype(np.float32)
