@@ -67,11 +67,16 @@ def with_host(t: Tensor, arr: np.ndarray) -> Tensor:
     return t
 
 
+def known_value(t: Tensor) -> np.ndarray | None:
+    """The tensor's remembered host copy (a constant, an initializer, a small shape computation), else None."""
+    entry = _HOST.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
 def host_value(t: Tensor) -> np.ndarray:
     """The tensor's values on the host: its remembered copy, else read back from the device."""
-    entry = _HOST.get(id(t))
-    if entry is not None and entry[0]() is t: return entry[1]
-    return np.asarray(t.numpy())
+    known = known_value(t)
+    return known if known is not None else np.asarray(t.numpy())
 
 
 def ints(t: Tensor | Sequence[int] | None) -> list[int]:
@@ -732,11 +737,16 @@ def _norm_index(idx: Tensor, n: int) -> Tensor:
 @op("Gather")
 def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
     a = axis_of(axis, x.ndim)
-    i = _norm_index(idx, x.shape[a]).cast(dtypes.int32)
-    if i.ndim == 0:
-        v = int(scalar(i))
+    # a single index known on the host (a constant, as in `h[:, 0]`) is a slice; one computed on the device is selected
+    # like the others (reading it here would be a wait, and under TinyJit a value frozen at the capture)
+    if idx.ndim == 0 and (known := known_value(idx)) is not None:
+        v = int(known.reshape(-1)[0])
+        if not -x.shape[a] <= v < x.shape[a]:
+            raise IndexError(f"Gather index {v} is out of range for axis {a} of size {x.shape[a]}")
+        v %= x.shape[a]
         return x.shrink(tuple((v, v + 1) if d == a else None for d in range(x.ndim))).reshape(
             x.shape[:a] + x.shape[a + 1:])
+    i = _norm_index(idx, x.shape[a]).cast(dtypes.int32)
     flat = i.reshape(-1)
     # one-hot selection along the axis: indices (m,) against positions (n,) -> (m, n) mask, summed over n
     xm = x.permute(tuple(d for d in range(x.ndim) if d != a) + (a,))  # (..., n)

@@ -1,0 +1,48 @@
+"""Gather with a single index under TinyJit: a constant index is a slice read without the device (the capture can't
+read tensor data), an index that arrives as an input selects on the device and follows each call's value."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from fusegrad import Tensor, TinyJit  # noqa: E402
+from fusegrad.onnx import OnnxNodeError, OnnxRunner  # noqa: E402
+
+
+def _model(index: int | None):
+    """y = x[:, index] (Gather on axis 1 with a scalar index): a constant index, or an input `i` when None."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3])]
+    inits = []
+    if index is None: inputs.append(helper.make_tensor_value_info("i", TensorProto.INT64, []))
+    else: inits.append(numpy_helper.from_array(np.array(index, np.int64), "i"))
+    graph = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], axis=1, name="pick")], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("index", [0, 3, -1])
+def test_constant_scalar_index_under_tinyjit(index):
+    runner = OnnxRunner(_model(index))
+    step = TinyJit(lambda x: (runner({"x": x})["y"] * 2).realize())   # (a kernel to capture: the slice is a view)
+    rng = np.random.default_rng(index + 7)
+    for _ in range(4):
+        x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+        np.testing.assert_array_equal(step(Tensor(x).realize()).numpy(), x[:, index] * 2)
+
+
+def test_scalar_index_as_an_input_follows_each_call():
+    runner = OnnxRunner(_model(None))
+    step = TinyJit(lambda x, i: (runner({"x": x, "i": i})["y"] * 2).realize())
+    rng = np.random.default_rng(3)
+    for index in [1, 4, -2, 0, 2]:
+        x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+        got = step(Tensor(x).realize(), Tensor(np.array(index, np.int64)).realize()).numpy()
+        np.testing.assert_array_equal(got, x[:, index] * 2)
+
+
+def test_constant_index_out_of_range_names_the_node():
+    with pytest.raises(OnnxNodeError, match="pick.*Gather index 5 is out of range for axis 1 of size 5"):
+        OnnxRunner(_model(5))({"x": np.zeros((2, 5, 3), np.float32)})
