@@ -416,7 +416,8 @@ class TinyJit(Generic[R]):
                 ids = list(dict.fromkeys(id(ei.bufs[k]) for ei, (_, order) in group for k in order))
                 index = {bid: n for n, bid in enumerate(ids)}
                 calls = [(launch, tuple(index[id(ei.bufs[k])] for k in order)) for ei, (launch, order) in group]
-                plan.append((None, (graph(calls), ids)))
+                works = [ei.prg._work(ei.fixedvars) for ei, _ in group]  # type: ignore[union-attr]
+                plan.append((None, (graph(calls, (sum(w[0] for w in works), sum(w[1] for w in works))), ids)))
             i = j
         self._launches = (plan, ([b.__dict__ for b, _ in memory], [opaque for _, opaque in memory]), knobs)
         self._prepared_work = (ops, mem, count)

@@ -216,3 +216,9 @@ unsigned long fg_pool_submit_many(long count, const fg_entry *fns, void **args, 
   }
   return end;
 }
+/* run `count` jobs (as for fg_pool_submit_many) on the calling thread, each whole, once the queue has drained */
+void fg_run_many(long count, const fg_entry *fns, void **args, const long *offsets, const long *sizes) {
+  unsigned long all = atomic_load(&fg_submitted);
+  if (atomic_load_explicit(&fg_finished, memory_order_acquire) < all) fg_pool_wait(all, -1);
+  for (long k = 0; k < count; k++) fns[k](args + offsets[k], 0, sizes[k]);
+}

@@ -78,6 +78,8 @@ class CPool:
         self._submit_many = lib.fg_pool_submit_many
         self._submit_many.restype = ctypes.c_ulong
         self._submit_many.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
+        self._run_many = lib.fg_run_many
+        self._run_many.restype, self._run_many.argtypes = None, [ctypes.c_long] + [ctypes.c_void_p] * 4
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
@@ -121,6 +123,11 @@ class CPool:
             raise
         self._queued(end, held)
         return end
+
+    def run_many(self, count: int, fns: Any, args: Any, offsets: Any, sizes: Any) -> None:
+        """Run `count` jobs (as for submit_many) on this thread, each whole, after everything queued before them."""
+        if self._finished.value < self.submitted: self.wait()   # (here, where Ctrl-C can stop the wait)
+        self._run_many(count, fns, args, offsets, sizes)
 
     def _queued(self, count: int, held: Any) -> None:
         with self._lock:

@@ -138,13 +138,21 @@ class PreparedLaunch:
             if has_host_view(root): exported = True
         if exported: pool.wait(count)
 
+# a graph of at most this much work in all (ops, bytes moved: about 0.1 ms on one core) runs on the calling thread,
+# each kernel whole, rather than queued: a small model's replay then waits for no worker (which another process may
+# hold the core from) and its kernels' data stays in one core's cache
+INLINE_MAX_OPS, INLINE_MAX_MEM = 1 << 22, 1 << 22
+
 class LaunchGraph:
     """Prepared launches queued in one call to the C pool (fg_pool_submit_many): a TinyJit replay's kernels without
-    a return to Python between them. `calls` pairs each launch with, per buffer it takes per call, the index of that
-    buffer's allocation in the list a call of the graph gets."""
-    def __init__(self, calls: list[tuple[PreparedLaunch, tuple[int, ...]]]):
+    a return to Python between them; with little `work` in all (ops, bytes moved), run on the calling thread instead
+    (fg_run_many). `calls` pairs each launch with, per buffer it takes per call, the index of that buffer's allocation
+    in the list a call of the graph gets."""
+    def __init__(self, calls: list[tuple[PreparedLaunch, tuple[int, ...]]], work: tuple[int, int] | None = None):
         if not calls: raise ValueError("a LaunchGraph needs at least one launch")
         self.pool = calls[0][0].pool
+        self.inline = work is not None and work[0] <= INLINE_MAX_OPS and work[1] <= INLINE_MAX_MEM and \
+            all(launch.helpable for launch, _ in calls)
         self.pieces = [self._piece(calls[i:i + self.pool.QUEUE]) for i in range(0, len(calls), self.pool.QUEUE)]
 
     @staticmethod
@@ -180,6 +188,9 @@ class LaunchGraph:
             # (a block of its own per call: the queued jobs read their arguments only when they run)
             args = block.from_buffer_copy(template)
             for slot, idx in patches: args[slot] = ctypes.addressof(allocations[idx])
+            if self.inline:
+                pool.run_many(n, fns, args, offsets, sizes)
+                continue
             end = pool.submit_many(n, fns, args, offsets, sizes, chunks, helps, workers, (held, args, allocations),
                                    itertools.chain(fixed_roots, allocations))
             exported = False

@@ -294,12 +294,15 @@ def _graphs(jit):
     return [step[0] for ei, step in (jit._launches[0] if jit._launches else []) if ei is None and
             isinstance(step[0], LaunchGraph)]
 
-def test_replay_runs_its_kernels_as_one_graph_and_reads_each_calls_input():
-    # the kernels of a replay are queued in one call to the pool: results equal numpy's for every call, outputs kept
-    # from earlier calls keep their values, and an input overwritten by the host right after the call (while the
-    # replay's kernels are still queued behind a long kernel) is read as it was at the call
-    from fusegrad.runtime import cpu_pool
+@pytest.mark.parametrize("inline", [False, True])
+def test_replay_runs_its_kernels_as_one_graph_and_reads_each_calls_input(inline, monkeypatch):
+    # the kernels of a replay are queued in one call to the pool (or, for little work, run on the calling thread):
+    # results equal numpy's for every call, outputs kept from earlier calls keep their values, and an input
+    # overwritten by the host right after the call (while the replay's kernels are still queued behind a long kernel)
+    # is read as it was at the call
+    from fusegrad.runtime import cpu_pool, cpu_program
     if cpu_pool.c_pool() is None or cpu_pool.cores() < 2: pytest.skip("no kernel queue without the C pool and 2 cores")
+    monkeypatch.setattr(cpu_program, "INLINE_MAX_OPS", 1 << 40 if inline else 0)
     w = _r(32, 32)
     wt = Tensor(w).realize()
     @TinyJit
@@ -319,13 +322,16 @@ def test_replay_runs_its_kernels_as_one_graph_and_reads_each_calls_input():
         kept.append((outs, ((h * 2).sum(1), (h - 1).max(), np.exp(h).sum())))
     for outs, want in kept:
         for got, ref in zip(outs, want): np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-3)
-    graphs = _graphs(f)
-    assert len(graphs) == 1 and sum(g.pieces[0][0] for g in graphs) == len(f.captured) >= 3
+    (graph,) = _graphs(f)
+    assert graph.pieces[0][0] == len(f.captured) >= 3 and graph.inline == inline
 
-def test_replay_of_more_kernels_than_the_queue_holds():
-    # a chain of more kernels than the pool's queue holds is queued in several pieces, each kernel once and in order
-    from fusegrad.runtime import cpu_pool
+@pytest.mark.parametrize("inline", [False, True])
+def test_replay_of_more_kernels_than_the_queue_holds(inline, monkeypatch):
+    # a chain of more kernels than the pool's queue holds is queued (or run here) in several pieces, each kernel once
+    # and in order
+    from fusegrad.runtime import cpu_pool, cpu_program
     if cpu_pool.c_pool() is None or cpu_pool.cores() < 2: pytest.skip("no kernel queue without the C pool and 2 cores")
+    monkeypatch.setattr(cpu_program, "INLINE_MAX_OPS", 1 << 40 if inline else 0)
     n = cpu_pool.CPool.QUEUE + 10
     @TinyJit
     def f(x):
@@ -345,3 +351,4 @@ def test_replay_of_more_kernels_than_the_queue_holds():
         np.testing.assert_allclose(m.numpy(), mid, rtol=1e-4)
     (graph,) = _graphs(f)
     assert [p[0] for p in graph.pieces] == [cpu_pool.CPool.QUEUE, len(f.captured) - cpu_pool.CPool.QUEUE]
+    assert graph.inline == inline

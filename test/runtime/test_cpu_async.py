@@ -213,8 +213,9 @@ void fg_test_order(void **args, long lo, long hi) {
 }"""
 
 def test_jobs_queued_many_at_once_run_once_in_order():
-    # runs of jobs queued in one call (submit_many), some longer than the queue, between single submits: every chunk
-    # runs once, and the jobs run in submission order (each records its place in a shared counter)
+    # runs of jobs queued in one call (submit_many), some longer than the queue, between single submits, and a run of
+    # jobs run on the calling thread (run_many): every chunk runs once, and the jobs run in submission order (each
+    # records its place in a shared counter)
     lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_ORDER_SRC))
     entry = ctypes.cast(lib.fg_test_order, ctypes.c_void_p).value
     rng = np.random.default_rng(5)
@@ -228,15 +229,17 @@ def test_jobs_queued_many_at_once_run_once_in_order():
         seen = [ctypes.c_long(-1) for _ in range(count)]
         args = (ctypes.c_void_p * (3 * count))(*[a for k in range(count) for a in (
             ctypes.addressof(counter), ctypes.addressof(seen[k]), ctypes.addressof(hits[k]))])
+        arrays = ((ctypes.c_void_p * count)(*[entry] * count), (ctypes.c_long * count)(*range(0, 3 * count, 3)),
+                  (ctypes.c_long * count)(*sizes), (ctypes.c_long * count)(*chunks),
+                  (ctypes.c_int * count)(*[int(rng.integers(0, 2)) for _ in range(count)]))
+        fns, offsets, *rest = arrays
+        keep.append((args, hits, seen, arrays))
         if count == 1: pool.submit(entry, args, sizes[0], chunks[0], 1, (args, hits, seen))
-        else:
-            arrays = ((ctypes.c_void_p * count)(*[entry] * count), (ctypes.c_long * count)(*range(0, 3 * count, 3)),
-                      (ctypes.c_long * count)(*sizes), (ctypes.c_long * count)(*chunks),
-                      (ctypes.c_int * count)(*[int(rng.integers(0, 2)) for _ in range(count)]))
-            fns, offsets, *rest = arrays
-            pool.submit_many(count, fns, args, offsets, *rest, 1, (args, hits, seen, arrays))
+        elif run == 10:   # jobs run on this thread, each whole: after all those queued before them
+            pool.run_many(count, fns, args, offsets, rest[0])
+            assert all(s.value >= 0 for s, _ in jobs + list(zip(seen, hits)))
+        else: pool.submit_many(count, fns, args, offsets, *rest, 1, (args, hits, seen, arrays))
         jobs += list(zip(seen, hits))
-        keep.append((args, hits, seen))
     pool.wait()
     assert [s.value for s, _ in jobs] == list(range(len(jobs)))
     for _, hits in jobs: assert list(hits) == [1] * len(hits)
