@@ -127,10 +127,13 @@ def _take(x: Tensor, pos: Tensor) -> Tensor:
     out = _select_sum(_onehot(pos, x.numel()), x.flatten(), -1)
     return with_gradient(out, (x, pos), TakeGradient())
 
-def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None) -> Tensor:
+def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None, ties_with: Tensor | None = None) \
+        -> Tensor:
     """target with values[j] combined (how: None writes over it, "add", "mul", "max", "min") into the flat position
     pos[j] (-1: nowhere), in the values' row-major order, so the last of duplicate positions wins. Its work is the
-    size of `values` (one SCATTER node: a copy, then a loop over the values)."""
+    size of `values` (one SCATTER node: a copy, then a loop over the values). `ties_with`: the tensor whose elements
+    count among the ties of a "max"/"min" gradient (default: target; torch counts self's even where include_self=False
+    replaced it)."""
     from fusegrad.gradient import with_gradient
     Tensor = _T()
     pos, values = pos.flatten(), values.flatten().cast(target.dtype)
@@ -140,7 +143,8 @@ def _scatter_flat(target: Tensor, pos: Tensor, values: Tensor, how: str | None) 
     if any(isinstance(t.device, tuple) for t in (target, pos, values)):
         return _scatter_sharded(target, pos, values, how)
     out = Tensor(UOp(Ops.SCATTER, target.dtype, (target.uop, pos.uop, values.uop), how))
-    return with_gradient(out, (target, values, pos), ScatterGradient(how))
+    return with_gradient(out, (target, values, pos) + ((ties_with,) if ties_with is not None else ()),
+                         ScatterGradient(how))
 
 # *** over several devices ***
 # A gather or scatter of a sharded tensor is built here, shard by shard, over the shards' own nodes: each shard is an
@@ -253,8 +257,9 @@ class TakeGradient:
 @dataclass(frozen=True)
 class ScatterGradient:
     """The gradient of _scatter_flat (ins: target, values, positions). A value gets the gradient of the position it
-    went to (as torch's scatter, duplicates included); the target gets it where no value replaced it. For "mul",
-    "max" and "min" the gradient is the one-hot formula's (torch's conventions for zeros and ties)."""
+    went to (as torch's scatter, duplicates included); the target gets it where no value replaced it. For "max" and
+    "min" the target element and the values equal to the result share it evenly (torch's convention for ties); for
+    "mul" the gradient is the one-hot formula's (torch's conventions for zeros)."""
     pure: ClassVar[bool] = True
     how: str | None
     def __call__(self, grad: UOp, ins: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
@@ -263,13 +268,31 @@ class ScatterGradient:
         g, target, values, pos = Tensor(grad), Tensor(ins[0]), Tensor(ins[1]), Tensor(ins[2])
         if self.how in (None, "add"):
             g_values = _take(g, pos).reshape(values.shape)
-            if self.how == "add": return grad, g_values.uop, None
+            if self.how == "add": return (grad, g_values.uop, None) + ((None,) * (len(ins) - 3))
             hit = _scatter_flat(Tensor.zeros(*target.shape, dtype=dtypes.bool, device=target.device), pos,
                                 Tensor.ones(*pos.shape, dtype=dtypes.bool, device=pos.device), None)
-            return hit.where(0, g).uop, g_values.uop, None
+            return (hit.where(0, g).uop, g_values.uop, None) + ((None,) * (len(ins) - 3))
+        if self.how in ("max", "min"):
+            # torch's convention: the gradient is shared evenly by the target element and the values equal to the
+            # result (ties), each found by a gather and counted by a scatter-add: work the size of the values
+            out = _scatter_flat(target, pos, values, self.how)
+            at = lambda t: _take(t, pos).reshape(values.shape)
+            out_at = at(out)
+            from_values = (values == out_at) & (pos >= 0).reshape(values.shape)
+            kept = target == out
+            ties_ref = target if len(ins) < 4 else Tensor(ins[3])
+            tied = ties_ref == out
+            from_values_n = _scatter_flat(Tensor.zeros(*target.shape, device=target.device), pos,
+                                          from_values.cast(dtypes.float32), "add")
+            share = g / (tied.cast(dtypes.float32) + from_values_n).maximum(1).cast(g.dtype)
+            # (the values' shares read at their positions, each buffer gathered by itself: work the size of the values,
+            # not of the target)
+            count_at = (at(ties_ref) == out_at).cast(dtypes.float32) + at(from_values_n)
+            g_values = from_values.where(at(g) / count_at.maximum(1).cast(g.dtype), 0)
+            return (kept.where(share, 0).uop, g_values.uop, None) + ((None,) if len(ins) > 3 else ())
         formula = _scatter_by_onehot(target.flatten(), pos.flatten(), values.flatten(), self.how).reshape(target.shape)
         grads = compute_gradient(formula.uop, grad, {ins[0], ins[1]})
-        return grads.get(ins[0]), grads.get(ins[1]), None
+        return (grads.get(ins[0]), grads.get(ins[1]), None) + ((None,) * (len(ins) - 3))
 
 def _select_sum(onehot: Tensor, x: Tensor, axis: int) -> Tensor:
     """Sum over `axis` of x where onehot (where, not multiply, so nan/inf elsewhere don't leak in), in x's dtype."""
@@ -588,7 +611,7 @@ class IndexingMixin:
             start = {"add": 0, "mul": 1, "max": -math.inf if fl else dtypes.min(self.dtype),
                      "min": math.inf if fl else dtypes.max(self.dtype)}[how]
             base = _scatter_flat(self, pos, Tensor.full(pos.shape, start, dtype=self.dtype, device=self.device), None)
-        total = _scatter_flat(base, pos, s, how)
+        total = _scatter_flat(base, pos, s, how, ties_with=None if include_self else self)
         if reduce != "mean": return total
         ones = Tensor.ones(*pos.shape, dtype=dtypes.int32, device=self.device)
         count = _scatter_flat(Tensor.zeros(*self.shape, dtype=dtypes.int32, device=self.device), pos, ones, "add")
