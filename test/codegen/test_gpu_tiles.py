@@ -56,3 +56,18 @@ def test_ltile_is_refused_where_it_does_not_apply():
     k = Kernel(ast, PythonRenderer(gpu=True))
     with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, 0, 16))
     with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, 2, 7))
+
+@pytest.mark.parametrize("device", ["CL", "PYTHON"])
+def test_convolution_tiled_through_local_memory(device, cl_fast_local, monkeypatch):
+    """A 3x3 convolution stages its input channels in blocks (the window's loops run inside each block); on PYTHON
+    with the race checks on."""
+    if device == "PYTHON": monkeypatch.setattr(Device["PYTHON"], "renderer", PythonRenderer(gpu=True))
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((1, 32, 4, 4)).astype(np.float32), rng.standard_normal((16, 32, 3, 3)).astype(np.float32)
+    tx, tw = Tensor(x, device=device).realize(), Tensor(w, device=device).realize()
+    got = tx.conv2d(tw, padding=1).numpy()
+    want = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    p = [get_program(si.ast, Device[device].renderer) for si in tx.conv2d(tw, padding=1).schedule()
+         if si.ast.op is Ops.SINK][-1]
+    assert any(o.op is OptOps.LTILE for o in p.applied_opts), p.applied_opts

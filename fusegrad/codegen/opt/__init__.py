@@ -29,10 +29,11 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      every amt-th element (coalesced), writes its partial result to local memory, and after a barrier
                      the partial results are reduced; one work-item stores the result.
   GROUPTOP(axis, amt) the same with the work-items taking contiguous chunks of the loop (the split from the outside).
-  LTILE(axis, amt)   split `amt` off the inside of reduce loop `axis` (a reduction over that loop alone: a matmul's)
-                     and, for each block of `amt` iterations, stage what the group's work-items load along the block in
-                     local memory: the work-items copy the block of each load that some of them share (a matmul's
-                     rows of A for all its columns), each a part, between two barriers, and then read the copy.
+  LTILE(axis, amt)   split `amt` off the inside of reduce loop `axis` (a reduction's outermost loop: a matmul's, a
+                     convolution's input channels) and, for each block of `amt` iterations, stage what the group's
+                     work-items load along the block in local memory: the work-items copy the block of each load
+                     that some of them share (a matmul's rows of A for all its columns), each a part, between two
+                     barriers, and then read the copy.
   PADTO on a reduce loop rounds it up with iterations that read nothing and contribute the reduction's identity, so
                      a GROUP of 256 fits a row of 257.
   (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
@@ -320,9 +321,13 @@ class Kernel:
         if range_kind(r) != "reduce" or not isinstance(size, int) or amt < 2 or amt >= size or size % amt:
             raise KernelOptError(f"LTILE needs a reduce loop with a proper divisor, not {amt} of {size}")
         reds = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and r in u.src[1:]]
-        if any(len(red.src) != 2 for red in reds): raise KernelOptError("LTILE needs a reduction over one loop")
+        # (the block loop is the reduction's outermost, so its other loops run inside each block: a convolution's
+        # window)
+        if any(red.src[1] is not r for red in reds): raise KernelOptError("LTILE needs the reduction's outermost loop")
         from fusegrad.codegen.lower import SUM_BLOCKED_OVER
-        if any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) and size > SUM_BLOCKED_OVER for red in reds):
+        trips = lambda red: math.prod(s if isinstance(s := range_size(x), int) else SUM_BLOCKED_OVER + 1
+                                      for x in red.src[1:])
+        if any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) and trips(red) > SUM_BLOCKED_OVER for red in reds):
             raise KernelOptError("LTILE of a float sum long enough to be summed in blocks")
         self._check_groupable(r)
         outer = UOp.range(size // amt, r.arg[0], "reduce")

@@ -70,15 +70,18 @@ def _vector_lanes(k: Kernel) -> None:
 
 def _register_tiles(k: Kernel) -> None:
     """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
-    are then reused from registers), for kernels with a reduction (a matmul, a convolution)."""
+    are then reused from registers), for kernels with a reduction (a matmul, a convolution); a loop TILE doesn't
+    divide is padded where that wastes at most an eighth."""
     if not k.reduceops: return
     loads = [idx.src[1] for idx, is_store in k.accesses() if not is_store]
     tiled = 0
     for i in reversed(k.output_axes()):
         r = k.loops[i]
         n = range_size(r)
-        if tiled == 2 or not isinstance(n, int) or n % TILE or n < 4 * TILE: continue
-        if any(coeff(x, r) == 0 for x in loads) and _try(k, OptOps.UPCAST, r, TILE): tiled += 1
+        if tiled == 2 or not isinstance(n, int) or n < 4 * TILE or not any(coeff(x, r) == 0 for x in loads): continue
+        # (a loop of 1023 is padded to 1024 for its tiles)
+        if n % TILE and (not pads_cheaply(n, TILE) or (r := _padded(k, r, TILE)) is None): continue
+        if _try(k, OptOps.UPCAST, r, TILE): tiled += 1
 
 def _work_items_over_outputs(k: Kernel) -> None:
     """Work-items along the output loops, innermost first, up to WORKGROUP per group; a loop that no power of two
@@ -98,11 +101,11 @@ def _work_items_over_outputs(k: Kernel) -> None:
         if amt >= 2 and _try(k, OptOps.LOCAL, r, amt): budget //= amt
 
 def _stage_through_local(k: Kernel) -> None:
-    """A register-tiled kernel with work-items reduces one loop in blocks of LTILE_BLOCK staged in local memory (a
-    loop that the block doesn't divide is padded when that wastes at most an eighth), where local memory is faster
-    than global memory: on a CPU's OpenCL the barriers cost more than the copies save (a 1024 matmul on PoCL took 2.5x
-    longer)."""
-    if not (k.expanded and k.locals and len(k.reduce_axes()) == 1 and k.renderer.fast_local_memory): return
+    """A register-tiled kernel with work-items reduces its outermost reduce loop in blocks of LTILE_BLOCK staged in
+    local memory (a loop that the block doesn't divide is padded when that wastes at most an eighth), where local
+    memory is faster than global memory: on a CPU's OpenCL the barriers cost more than the copies save (a 1024 matmul
+    on PoCL took 2.5x longer)."""
+    if not (k.expanded and k.locals and k.reduce_axes() and k.renderer.fast_local_memory): return
     r = k.loops[k.reduce_axes()[0]]
     n = range_size(r)
     if not isinstance(n, int) or n < 2 * LTILE_BLOCK: return
