@@ -115,16 +115,35 @@ class CStyleLanguage(Renderer):
     def dtype_name(self, dt: DType) -> str:
         if isinstance(dt, PtrDType): return self.dtype_name(dt.base) + "*"
         if dt.count > 1: return self.vector_type(dt)
+        if dt == dtypes.float16 and self.half_as_bits:
+            self._half()
+            return "fg_half"
         if dt == dtypes.float16: self._need("half", "typedef _Float16 half;")
         if dt == dtypes.bfloat16: self._bf16()
         return self.type_map[dt]
 
+    # a GPU dialect's bit casts between float and a 32-bit unsigned int, as format strings (None: C's memcpy)
+    float_of_bits: str | None = None   # OpenCL: "as_float({})"
+    bits_of_float: str | None = None   # OpenCL: "as_uint({})"
+    half_as_bits: bool = False   # half is 16-bit integers computed in float, converted by the dialect's `_half()`
+
+    def _half(self) -> None: raise NotImplementedError(f"{type(self).__name__} has no half conversions")
+    def f64_to_f16(self, x: str) -> str:
+        """A half (bits) expression of a double rounded once (for `half_as_bits` dialects)."""
+        raise NotImplementedError(f"{type(self).__name__} has no double to half conversion")
+
     def _bf16(self) -> None:
-        self._need("bf16", "typedef unsigned short bf16;  /* bfloat16 bits */")
-        self._need("fg_bf16_to_f32", "static inline float fg_bf16_to_f32(bf16 x) {\n"
-                   "  unsigned int u = (unsigned int)x << 16; float f; __builtin_memcpy(&f, &u, 4); return f;\n}")
+        ushort, uint = self.type_map[dtypes.uint16], self.type_map[dtypes.uint32]
+        self._need("bf16", f"typedef {ushort} bf16;  /* bfloat16 bits */")
+        if self.float_of_bits is None or self.bits_of_float is None:
+            to_f32 = "{\n  unsigned int u = (unsigned int)x << 16; float f; __builtin_memcpy(&f, &u, 4); return f;\n}"
+            get_bits = "unsigned int u; __builtin_memcpy(&u, &f, 4);"
+        else:
+            to_f32 = f"{{ return {self.float_of_bits.format(f'({uint})x << 16')}; }}"
+            get_bits = f"{uint} u = {self.bits_of_float.format('f')};"
+        self._need("fg_bf16_to_f32", f"static inline float fg_bf16_to_f32(bf16 x) {to_f32}")
         self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
-                   "  unsigned int u; __builtin_memcpy(&u, &f, 4);\n"
+                   f"  {get_bits}\n"
                    "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
                    "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
 
@@ -152,10 +171,16 @@ class CStyleLanguage(Renderer):
 
     def to_float(self, x: str, dt: DType) -> str:
         """A float32 C expression of a half/bfloat16 value."""
+        if dt == dtypes.float16 and self.half_as_bits:
+            self._half()
+            return f"fg_f16_to_f32({x})"
         return f"fg_bf16_to_f32({x})" if dt == dtypes.bfloat16 else f"((float){x})"
 
     def from_float(self, x: str, dt: DType) -> str:
         """A float32 C expression rounded to half/bfloat16."""
+        if dt == dtypes.float16 and self.half_as_bits:
+            self._half()
+            return f"fg_f32_to_f16({x})"
         self.dtype_name(dt)
         return f"fg_f32_to_bf16({x})" if dt == dtypes.bfloat16 else f"((half)({x}))"
 
@@ -217,6 +242,12 @@ class CStyleLanguage(Renderer):
 
     def render_cast(self, x: str, src: DType, dst: DType) -> str:
         if src == dst: return x
+        if self.half_as_bits and src.count == 1 and dst.count == 1 and dtypes.float16 in (src, dst):
+            # (16-bit integers: a C cast would convert the number that holds the bits)
+            if src == dtypes.float16: x, src = self.to_float(x, src), dtypes.float32
+            if dst == dtypes.float16:
+                # (a double is rounded to half once, as the C renderer's (half)x does)
+                return self.f64_to_f16(x) if src == dtypes.float64 else self.from_float(f"(float)({x})", dst)
         if dst.count > 1:
             if src.scalar() in _LOWP: x, src = self.vec_to_float(x, src), dtypes.float32.vec(src.count)
             if dst.scalar() in _LOWP:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer.cstyle import _LOWP, CStyleLanguage, KernelText
 from fusegrad.uop.ops import Ops, UOp
 
@@ -41,6 +41,8 @@ class CUDARenderer(CStyleLanguage):
     """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
     GPUs have: 1024 threads per block (1024, 1024 and 64 along x, y, z), 2**31-1 blocks along x and 65535 along y and z,
     48 KiB of static shared memory per block."""
+    half_as_bits = True   # (16-bit floats are integers in memory and registers, computed in float)
+    float_of_bits, bits_of_float = "__uint_as_float({})", "__float_as_uint({})"
     device = "CUDA"
     kernel_prefix = 'extern "C" __global__ void'
     buffer_suffix = " __restrict__"
@@ -72,12 +74,6 @@ class CUDARenderer(CStyleLanguage):
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
 
-    def dtype_name(self, dt: DType) -> str:
-        if dt == dtypes.float16 and not isinstance(dt, PtrDType):
-            self._half()
-            return "fg_half"
-        return super().dtype_name(dt)
-
     def _half(self) -> None:
         self._need("fg_half", "typedef unsigned short fg_half;  /* half bits */")
         self._need("fg_f16_to_f32", "static inline float fg_f16_to_f32(fg_half h) {\n"
@@ -85,26 +81,6 @@ class CUDARenderer(CStyleLanguage):
         self._need("fg_f32_to_f16", "static inline fg_half fg_f32_to_f16(float f) {  /* round to nearest even */\n"
                    "  fg_half h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n}")
 
-    def _bf16(self) -> None:
-        self._need("bf16", "typedef unsigned short bf16;  /* bfloat16 bits */")
-        self._need("fg_bf16_to_f32",
-                   "static inline float fg_bf16_to_f32(bf16 x) { return __uint_as_float((unsigned int)x << 16); }")
-        self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
-                   "  unsigned int u = __float_as_uint(f);\n"
-                   "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
-                   "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
-
-    def to_float(self, x: str, dt: DType) -> str:
-        if dt == dtypes.float16:
-            self._half()
-            return f"fg_f16_to_f32({x})"
-        return super().to_float(x, dt)
-
-    def from_float(self, x: str, dt: DType) -> str:
-        if dt == dtypes.float16:
-            self._half()
-            return f"fg_f32_to_f16({x})"
-        return super().from_float(x, dt)
 
     # *** literals, conversions ***
 
@@ -121,17 +97,11 @@ class CUDARenderer(CStyleLanguage):
             return f"__longlong_as_double((long long)0x{bits:016x}ull)"
         return super().render_const(v, dt)
 
-    def render_cast(self, x: str, src: DType, dst: DType) -> str:
-        if src == dst or src.count > 1 or dst.count > 1: return super().render_cast(x, src, dst)
-        if src == dtypes.float16: x, src = self.to_float(x, src), dtypes.float32
-        if dst == dtypes.float16:
-            if src == dtypes.float64:   # rounded once, as the C renderer's (half)x does
-                self._half()
-                name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
-                                  "  fg_half h; asm(\"cvt.rn.f16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h;\n}")
-                return f"{name}({x})"
-            return self.from_float(f"(float)({x})", dst)
-        return super().render_cast(x, src, dst)
+    def f64_to_f16(self, x: str) -> str:
+        self._half()
+        name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
+                          "  fg_half h; asm(\"cvt.rn.f16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h;\n}")
+        return f"{name}({x})"
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         if dst.count > 1 or src.count > 1: raise NotImplementedError(f"no vector bitcast on CUDA: {src} to {dst}")

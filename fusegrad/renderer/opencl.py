@@ -58,6 +58,8 @@ class UnsupportedDType(TypeError):
 class OpenCLRenderer(CStyleLanguage):
     """OpenCL C: a `__kernel` named after its source (so any set of kernels is one program); `has_fp64`: whether the
     device has doubles (cl_khr_fp64)."""
+    half_as_bits = True   # (16-bit floats are integers in memory and registers, computed in float)
+    float_of_bits, bits_of_float = "as_float({})", "as_uint({})"
     device = "CL"
     kernel_prefix = "__kernel void"
     buffer_suffix = " restrict"
@@ -169,12 +171,6 @@ class OpenCLRenderer(CStyleLanguage):
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
 
-    def dtype_name(self, dt: DType) -> str:
-        if dt == dtypes.float16 and not isinstance(dt, PtrDType):
-            self._half()
-            return "fg_half"
-        return super().dtype_name(dt)
-
     # The conversions are integer operations on the bits rather than vload_half/vstore_half through the address of a
     # private variable: in a kernel with barriers PoCL's code for a work-group mixed up its work-items' copies of such
     # a variable (each got the last one's value).
@@ -195,49 +191,24 @@ class OpenCLRenderer(CStyleLanguage):
                    "  a -= 0x38000000u;\n"
                    "  return (fg_half)(s | ((a + 0xfffu + ((a >> 13) & 1u)) >> 13));\n}")
 
-    def _bf16(self) -> None:
-        self._need("bf16", "typedef ushort bf16;  /* bfloat16 bits */")
-        self._need("fg_bf16_to_f32", "static inline float fg_bf16_to_f32(bf16 x) { return as_float((uint)x << 16); }")
-        self._need("fg_f32_to_bf16", "static inline bf16 fg_f32_to_bf16(float f) {  /* round to nearest even */\n"
-                   "  uint u = as_uint(f);\n"
-                   "  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40u);  /* quiet nan */\n"
-                   "  return (bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n}")
-
-    def to_float(self, x: str, dt: DType) -> str:
-        if dt == dtypes.float16:
-            self._half()
-            return f"fg_f16_to_f32({x})"
-        return super().to_float(x, dt)
-
-    def from_float(self, x: str, dt: DType) -> str:
-        if dt == dtypes.float16:
-            self._half()
-            return f"fg_f32_to_f16({x})"
-        return super().from_float(x, dt)
 
     def render_const(self, v, dt: DType) -> str:
         if dt == dtypes.float16 and dt.count == 1: return self.from_float(super().render_const(v, dtypes.float32), dt)
         return super().render_const(v, dt)
 
-    def render_cast(self, x: str, src: DType, dst: DType) -> str:
-        if src == dst or src.count > 1 or dst.count > 1: return super().render_cast(x, src, dst)
-        if src == dtypes.float16: x, src = self.to_float(x, src), dtypes.float32
-        if dst == dtypes.float16:
-            if src == dtypes.float64:   # rounded once, as the C renderer's (half)x does
-                self._half()
-                name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
-                                  "  ulong u = as_ulong(d), a = u & 0x7ffffffffffffffful;\n"
-                                  "  uint s = (uint)(u >> 48) & 0x8000u;\n"
-                                  "  if (a > 0x7ff0000000000000ul)\n"
-                                  "    return (fg_half)(s | 0x7e00u | ((uint)(a >> 42) & 0x3ffu));  /* quiet nan */\n"
-                                  "  if (a >= 0x40effe0000000000ul) return (fg_half)(s | 0x7c00u);\n"
-                                  "  if (a < 0x3f10000000000000ul) return (fg_half)(s | (uint)rint(as_double(a) * "
-                                  "0x1p24));\n"
-                                  "  a -= 0x3f00000000000000ul;\n"
-                                  "  return (fg_half)(s | (uint)((a + 0x1fffffffffful + ((a >> 42) & 1ul)) >> 42));\n}")
-                return f"{name}({x})"
-            return self.from_float(f"(float)({x})", dst)
-        return super().render_cast(x, src, dst)
+    def f64_to_f16(self, x: str) -> str:
+        self._half()
+        name = self._need("fg_f64_to_f16", "static inline fg_half fg_f64_to_f16(double d) {\n"
+                          "  ulong u = as_ulong(d), a = u & 0x7ffffffffffffffful;\n"
+                          "  uint s = (uint)(u >> 48) & 0x8000u;\n"
+                          "  if (a > 0x7ff0000000000000ul)\n"
+                          "    return (fg_half)(s | 0x7e00u | ((uint)(a >> 42) & 0x3ffu));  /* quiet nan */\n"
+                          "  if (a >= 0x40effe0000000000ul) return (fg_half)(s | 0x7c00u);\n"
+                          "  if (a < 0x3f10000000000000ul) return (fg_half)(s | (uint)rint(as_double(a) * "
+                          "0x1p24));\n"
+                          "  a -= 0x3f00000000000000ul;\n"
+                          "  return (fg_half)(s | (uint)((a + 0x1fffffffffful + ((a >> 42) & 1ul)) >> 42));\n}")
+        return f"{name}({x})"
 
     def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
         if dst.count > 1 or src.count > 1: return super().render_bitcast(x, src, dst)
