@@ -5,7 +5,7 @@ import ctypes
 import itertools
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS
 from fusegrad.runtime.cpu_compiler import load_library, unload_library
 from fusegrad.runtime.cpu_pool import allocation_root, c_pool, cores, has_host_view, python_pool
@@ -143,6 +143,19 @@ class PreparedLaunch:
 # hold the core from) and its kernels' data stays in one core's cache
 INLINE_MAX_OPS, INLINE_MAX_MEM = 1 << 22, 1 << 22
 
+class _Piece(NamedTuple):
+    """Up to a queue's length of a graph's launches, as the C pool takes them."""
+    n: int                    # jobs
+    block: Any                # the ctypes array type of all their arguments
+    template: Any             # the arguments, with the per-call allocations' slots empty
+    arrays: tuple             # per job: entry point, offset of its arguments in the block, size, chunks, help
+    patches: list             # (slot in the block, index of the allocation whose address goes there)
+    fixed: list               # (allocation root, jobs after the last one using it) of the buffers fixed in the launches
+    fixed_roots: list         # their roots alone
+    varying: list             # (index of a per-call allocation, jobs after the last one using it)
+    held: tuple               # what the jobs use besides the block and the allocations (programs, values, buffers)
+    workers: int
+
 class LaunchGraph:
     """Prepared launches queued in one call to the C pool (fg_pool_submit_many): a TinyJit replay's kernels without
     a return to Python between them; with little `work` in all (ops, bytes moved), run on the calling thread instead
@@ -156,7 +169,7 @@ class LaunchGraph:
         self.pieces = [self._piece(calls[i:i + self.pool.QUEUE]) for i in range(0, len(calls), self.pool.QUEUE)]
 
     @staticmethod
-    def _piece(calls: list[tuple[PreparedLaunch, tuple[int, ...]]]) -> tuple:
+    def _piece(calls: list[tuple[PreparedLaunch, tuple[int, ...]]]) -> _Piece:
         n = len(calls)
         addresses: list[Any] = []
         offsets, patches = [], []
@@ -178,26 +191,26 @@ class LaunchGraph:
         varying = [(idx, n - 1 - k) for idx, k in alloc_last.items()]
         held = ([launch.program for launch, _ in calls], [launch.boxed for launch, _ in calls],
                 [launch.kept for launch, _ in calls], arrays)
-        workers = max(launch.workers for launch, _ in calls)
-        return n, block, block(*addresses), arrays, patches, fixed, [r for r, _ in fixed], varying, held, workers
+        return _Piece(n, block, block(*addresses), arrays, patches, fixed, [r for r, _ in fixed], varying, held,
+                      max(launch.workers for launch, _ in calls))
 
     def __call__(self, allocations: list[Any]) -> None:
         pool = self.pool
-        for n, block, template, (fns, offsets, sizes, chunks, helps), patches, fixed, fixed_roots, varying, held, \
-                workers in self.pieces:
+        for piece in self.pieces:
+            fns, offsets, sizes, chunks, helps = piece.arrays
             # (a block of its own per call: the queued jobs read their arguments only when they run)
-            args = block.from_buffer_copy(template)
-            for slot, idx in patches: args[slot] = ctypes.addressof(allocations[idx])
+            args = piece.block.from_buffer_copy(piece.template)
+            for slot, idx in piece.patches: args[slot] = ctypes.addressof(allocations[idx])
             if self.inline:
-                pool.run_many(n, fns, args, offsets, sizes)
+                pool.run_many(piece.n, fns, args, offsets, sizes)
                 continue
-            end = pool.submit_many(n, fns, args, offsets, sizes, chunks, helps, workers, (held, args, allocations),
-                                   itertools.chain(fixed_roots, allocations))
+            end = pool.submit_many(piece.n, fns, args, offsets, sizes, chunks, helps, piece.workers,
+                                   (piece.held, args, allocations), itertools.chain(piece.fixed_roots, allocations))
             exported = False
-            for root, back in fixed:
+            for root, back in piece.fixed:
                 root._fg_job = end - back
                 if has_host_view(root): exported = True
-            for idx, back in varying:
+            for idx, back in piece.varying:
                 root = allocation_root(allocations[idx])
                 # (max: an allocation that is also a fixed buffer's, or two views of one, keeps the later job)
                 root._fg_job = max(end - back, getattr(root, "_fg_job", 0))

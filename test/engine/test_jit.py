@@ -323,7 +323,7 @@ def test_replay_runs_its_kernels_as_one_graph_and_reads_each_calls_input(inline,
     for outs, want in kept:
         for got, ref in zip(outs, want): np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=1e-3)
     (graph,) = _graphs(f)
-    assert graph.pieces[0][0] == len(f.captured) >= 3 and graph.inline == inline
+    assert graph.pieces[0].n == len(f.captured) >= 3 and graph.inline == inline
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_replay_of_more_kernels_than_the_queue_holds(inline, monkeypatch):
@@ -350,5 +350,5 @@ def test_replay_of_more_kernels_than_the_queue_holds(inline, monkeypatch):
         np.testing.assert_allclose(s.item(), ref.sum(), rtol=1e-4)
         np.testing.assert_allclose(m.numpy(), mid, rtol=1e-4)
     (graph,) = _graphs(f)
-    assert [p[0] for p in graph.pieces] == [cpu_pool.CPool.QUEUE, len(f.captured) - cpu_pool.CPool.QUEUE]
+    assert [p.n for p in graph.pieces] == [cpu_pool.CPool.QUEUE, len(f.captured) - cpu_pool.CPool.QUEUE]
     assert graph.inline == inline
