@@ -1,7 +1,8 @@
 """fusegrad.onnx against onnxruntime (CPU execution provider) on models exported with torch.onnx.export: the
 ResNet-style CNN at batch 1 and 16, the BERT-style encoder at sequence 128, the MobileNet-style model. Both run in
 this process on the same inputs, in alternating blocks (A B A B), onnxruntime with as many threads as there are cores;
-fusegrad's call runs under TinyJit. The first run of each (fusegrad's includes compiling) is reported apart.
+fusegrad's call runs under TinyJit. Each side's median and best run are reported; the first run of each (fusegrad's
+includes compiling) apart.
 
     .venv/bin/python bench/bench_onnx.py [--quick] [--only resnet1,resnet16,encoder,mobilenet]"""
 from __future__ import annotations
