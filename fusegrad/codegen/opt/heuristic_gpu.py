@@ -1,6 +1,7 @@
 """Hand-coded optimizations for GPU-style kernels: a long reduction to few outputs split across the work-items of a
-group, register tiles where loads are reused along an output loop (a matmul's rows and columns), and work-items
-along the output loops, innermost first (neighbouring work-items then touch neighbouring memory)."""
+group, register tiles where loads are reused along an output loop (a matmul's rows and columns), work-items along the
+output loops, innermost first (neighbouring work-items then touch neighbouring memory), the reduction staged through
+local memory where that is fast, and its inner loop unrolled."""
 from __future__ import annotations
 import math
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
@@ -14,6 +15,7 @@ FEW_OUTPUTS = 4096  # a reduction to fewer outputs than this leaves work-items i
 VECTOR = 4          # lanes of an elementwise kernel's vectors (float4)
 TILE = 4            # register tile along each output loop that loads are reused along
 TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
+UNROLL_BY = 4       # unroll of a register-tiled kernel's innermost reduce loop
 LTILE_BLOCK = 16    # iterations of a register-tiled kernel's reduction staged in local memory at a time
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
@@ -35,6 +37,7 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
     _register_tiles(k)
     _work_items_over_outputs(k)
     _stage_through_local(k)
+    _unroll_inner_reduction(k)
     return k.applied_opts
 
 def _outputs(k: Kernel) -> int:
@@ -113,3 +116,11 @@ def _stage_through_local(k: Kernel) -> None:
     if n % block:
         if not pads_cheaply(n, block) or (r := _padded(k, r, block)) is None: return
     _try(k, OptOps.LTILE, r, block)
+
+def _unroll_inner_reduction(k: Kernel) -> None:
+    """A register-tiled kernel's innermost reduce loop unrolled by UNROLL_BY (its loads and products then schedule
+    together; the sum's order is unchanged)."""
+    if not (k.expanded and k.reduce_axes()): return
+    r = k.loops[k.reduce_axes()[-1]]
+    n = range_size(r)
+    if isinstance(n, int) and n % UNROLL_BY == 0 and n >= 2 * UNROLL_BY: _try(k, OptOps.UNROLL, r, UNROLL_BY)
