@@ -9,7 +9,10 @@
    between kernels) they keep yielding for 500 us instead of 30: a sleeping worker takes ~50 us to wake, a yielding
    one gives its core to any other runnable thread at once. A thread waiting for a job claims its chunks too: a worker
    the OS doesn't run in time (another process's threads spinning on the other core) costs that chunk's time, not the
-   scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s). */
+   scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s).
+   A job submitted with a record array (PROFILE) gets, per chunk, the thread that ran it and when (fg_clock_ns): the
+   chunk writes its own three slots, and the submitter reads them once the job has finished (fg_finished's release
+   orders the writes before). Without one, a chunk costs one more test of a pointer. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -23,7 +26,8 @@ typedef void (*fg_entry)(void **, long, long);
 #define FG_HOT_GAP_NS 1000000L
 /* help: whether threads waiting on the queue may run its chunks (not for chunks so long that the waiting thread, the
    caller's, should stay free to take a Ctrl-C: those are the workers' alone) */
-typedef struct { fg_entry fn; void **args; long size; long n; int help; } fg_job;
+/* rec: NULL, or 3 * n longs: chunk i writes (its thread's lane, start ns, end ns) at rec + 3 * i */
+typedef struct { fg_entry fn; void **args; long size; long n; int help; long *rec; } fg_job;
 static fg_job fg_q[FG_QUEUE];
 static pthread_mutex_t fg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;       /* sleeping workers wait here for a job to begin */
@@ -35,6 +39,7 @@ static atomic_long fg_left;      /* chunks of the running job not finished yet *
 static atomic_int fg_hot;        /* the running job began within FG_HOT_GAP_NS of the end of the one before */
 static long fg_last_ns;          /* when the last job ended */
 static int fg_workers, fg_sleepers, fg_waiters, fg_atfork;
+static __thread long fg_lane;    /* a worker's number (1, 2, ...) in chunk records; 0 on any other thread */
 static inline void fg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -47,6 +52,8 @@ static inline long fg_now_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
+/* the clock of chunk records, for Python to compare with its own */
+long fg_clock_ns(void) { return fg_now_ns(); }
 /* job j becomes the running one (fg_mu held) */
 static void fg_begin(unsigned long j) {
   atomic_store_explicit(&fg_left, fg_q[j % FG_QUEUE].n, memory_order_relaxed);
@@ -94,14 +101,16 @@ static int fg_claim_of(long only, long until, int waiter) {
     if (waiter && !job->help && __atomic_load_n(&fg_workers, __ATOMIC_RELAXED) > 0) return ran;
     if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
       continue;
+    long *rec = job->rec, st = rec ? fg_now_ns() : 0;
     job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
+    if (rec) { rec[3 * i] = fg_lane; rec[3 * i + 1] = st; rec[3 * i + 2] = fg_now_ns(); }
     ran++;
     if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }
 }
 static int fg_claim(void) { return fg_claim_of(-1, 0, 0); }
 static void *fg_worker(void *arg) {
-  (void)arg;
+  fg_lane = (long)arg;
   for (;;) {
     long yield_until = 0;
     for (int spin = 0; !fg_claimable(); spin++) {
@@ -160,7 +169,7 @@ static void fg_spawn(int workers) {
   if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
   while (fg_workers < workers) {
     pthread_t t;
-    if (pthread_create(&t, 0, fg_worker, 0)) break;  /* fewer workers: waiting threads run the chunks */
+    if (pthread_create(&t, 0, fg_worker, (void *)(long)(fg_workers + 1))) break;  /* fewer workers: waiting threads run the chunks */
     pthread_detach(t);
     __atomic_store_n(&fg_workers, fg_workers + 1, __ATOMIC_RELAXED);  /* (read by waiters without the lock) */
   }
@@ -171,8 +180,10 @@ static long fg_chunks(long n, long size) {
 }
 /* queue fn(args, lo, hi) over [0, size) in n chunks, with at least `workers` worker threads; returns the job count
    at which it has finished (for fg_pool_wait). With `join`, a job that runs at once (nothing queued ahead of it) gets
-   chunks run by the caller too, until none is left to claim. `help`: whether waiting threads may run its chunks */
-unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join, int help) {
+   chunks run by the caller too, until none is left to claim. `help`: whether waiting threads may run its chunks.
+   `rec`: NULL, or room for each chunk's record (see fg_job) */
+unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int workers, int join, int help,
+                             long *rec) {
   n = fg_chunks(n, size);
   pthread_mutex_lock(&fg_mu);
   unsigned long j;
@@ -182,7 +193,7 @@ unsigned long fg_pool_submit(fg_entry fn, void **args, long size, long n, int wo
     pthread_mutex_lock(&fg_mu);
   }
   fg_spawn(workers);
-  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n, help};
+  fg_q[j % FG_QUEUE] = (fg_job){fn, args, size, n, help, rec};
   atomic_store_explicit(&fg_submitted, j + 1, memory_order_release);
   int now = atomic_load(&fg_finished) == j;
   if (now) fg_begin(j);  /* nothing ahead of it: it runs now */
@@ -208,7 +219,7 @@ unsigned long fg_pool_submit_many(long count, const fg_entry *fns, void **args, 
     fg_spawn(workers);
     for (long k = first; k < first + m; k++)
       fg_q[(j + k - first) % FG_QUEUE] = (fg_job){fns[k], args + offsets[k], sizes[k], fg_chunks(chunks[k], sizes[k]),
-                                                  help[k]};
+                                                  help[k], 0};
     end = j + m;
     atomic_store_explicit(&fg_submitted, end, memory_order_release);
     if (atomic_load(&fg_finished) == j) fg_begin(j);  /* nothing ahead of them: the first runs now */

@@ -14,6 +14,7 @@ import pathlib
 import queue
 import re
 import threading
+import time
 from typing import Any
 from fusegrad.helpers import CPU_ASYNC, DEBUG
 from fusegrad.hostcpu import host_cpu_count
@@ -73,13 +74,15 @@ class CPool:
         self._submit, self._wait = lib.fg_pool_submit, lib.fg_pool_wait
         self._submit.restype = ctypes.c_ulong
         self._submit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_int]
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         self._wait.restype, self._wait.argtypes = ctypes.c_int, [ctypes.c_ulong, ctypes.c_long]
         self._submit_many = lib.fg_pool_submit_many
         self._submit_many.restype = ctypes.c_ulong
         self._submit_many.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
         self._run_many = lib.fg_run_many
         self._run_many.restype, self._run_many.argtypes = None, [ctypes.c_long] + [ctypes.c_void_p] * 4
+        self.clock_ns = lib.fg_clock_ns
+        self.clock_ns.restype, self.clock_ns.argtypes = ctypes.c_long, []
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
@@ -87,17 +90,19 @@ class CPool:
         self.submitted = self._seen = 0
 
     def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False,
-               stamp: Any = (), help: bool = True) -> int:
+               stamp: Any = (), help: bool = True, record: Any = None) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
         `held` is kept alive until then. The caller stamps the allocations the job uses with that count; `stamp` lists
         them for when the call is interrupted before it returns the count (then they are stamped here). With `join`,
         if nothing is queued ahead of the job, this thread runs chunks of it before returning. Without `help`, no
         waiting thread runs its chunks, only the workers (`workers` of them): for chunks so long that the caller must
-        stay free to take a Ctrl-C."""
+        stay free to take a Ctrl-C. `record`: None, or a ctypes array of 3 * chunks longs that each chunk fills with
+        (the thread that ran it: worker k as k, any other thread as 0; start; end), in ns of `clock_ns`; it holds them
+        once the job is done (wait for it first)."""
         # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break).
         # (_seen, the finished count the last release saw, is a lower bound: at worst a wait that returns at once)
         if self.submitted - self._seen >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)
-        try: count = self._submit(entry, args, size, chunks, workers, join, help)
+        try: count = self._submit(entry, args, size, chunks, workers, join, help, record)
         except BaseException:
             # a Ctrl-C that arrived while this thread ran chunks is raised as the call returns, before its result is
             # kept: the job is queued all the same, so what it uses is held and stamped up to every job submitted yet
@@ -140,6 +145,14 @@ class CPool:
         self.wait(self.submit(entry, args, size, chunks, chunks - 1, None))
 
     def done(self, count: int) -> bool: return self._finished.value >= count
+
+    @functools.cached_property
+    def clock_offset_ns(self) -> int:
+        """time.perf_counter_ns() - clock_ns(), measured once: chunk records in perf_counter's time. (Both read
+        CLOCK_MONOTONIC on Linux, where this is ~0; measuring it keeps a platform where they differ right.)"""
+        before = time.perf_counter_ns()
+        c = self.clock_ns()
+        return (before + time.perf_counter_ns()) // 2 - c
 
     def wait(self, count: int | None = None) -> None:
         """Until the jobs up to `count` (all jobs submitted so far: None) have finished; this thread runs chunks."""

@@ -9,6 +9,7 @@ from typing import Any, Callable, NamedTuple
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS
 from fusegrad.runtime.cpu_compiler import load_library, unload_library
 from fusegrad.runtime.cpu_pool import allocation_root, c_pool, cores, has_host_view, python_pool
+from fusegrad.viz import record as _viz
 
 def _clamped_threads(threads: int, global_size: int) -> int:
     """The threads a kernel call is split across: at most CPU_THREADS (when set) and global_size, at least 1."""
@@ -77,9 +78,11 @@ class CPUProgram:
             st = time.perf_counter() if wait else 0.0
             boxed, addresses = _arguments(bufs, vals)
             args = (ctypes.c_void_p * len(addresses))(*addresses)
+            # a timed call under PROFILE: each chunk's thread and times, for the timeline's per-thread lanes
+            chunks = (ctypes.c_long * (3 * threads))() if wait and _viz.PROFILE else None
             # (the program too: its code must stay loaded until the job has run)
             count = pool.submit(self._entry, args, global_size, threads, _workers(threads, helpable),
-                                (self, args, boxed, bufs), join and threads > 1 and helpable, bufs, helpable)
+                                (self, args, boxed, bufs), join and threads > 1 and helpable, bufs, helpable, chunks)
             # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
             for b in bufs:
@@ -88,7 +91,10 @@ class CPUProgram:
                 root._fg_job = count
                 if has_host_view(root): exported = True
             if wait or exported or not queued: pool.wait(count)
-            return time.perf_counter() - st if wait else None
+            if not wait: return None
+            et = time.perf_counter()
+            if chunks is not None: _note_chunks(self, pool, chunks, global_size, st, et)
+            return et - st
         # run here and now: after whatever is queued, which may write these buffers
         if (cpool := c_pool()) is not None: cpool.wait()
         if (sig := (len(bufs), tuple(type(v) is float for v in vals) if vals else ())) != self._sig:
@@ -103,6 +109,13 @@ class CPUProgram:
             bounds = [global_size * i // threads for i in range(threads + 1)]
             python_pool.run(self.fxn, [(*bufs, *vals, bounds[i], bounds[i + 1]) for i in range(threads)])
         return time.perf_counter() - st if wait else None
+
+def _note_chunks(program: CPUProgram, pool: Any, chunks: Any, size: int, st: float, et: float) -> None:
+    """Hand the recorder a profiled call's chunks (read once the job is done) in perf_counter seconds."""
+    off, n = pool.clock_offset_ns, len(chunks) // 3
+    rows = [(chunks[3 * i], size * i // n, size * (i + 1) // n, (chunks[3 * i + 1] + off) * 1e-9,
+             (chunks[3 * i + 2] + off) * 1e-9) for i in range(n)]
+    _viz.note_chunks(program, st, et, rows)
 
 class PreparedLaunch:
     """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of

@@ -293,8 +293,28 @@ def record_compile(asts: list[Any], st: float, device: str) -> None:
     for ast in asts: recorder.kernels[recorder.kernel(ast)]["compile_ms"] = (et - st) * 1e3 / max(1, len(asts))
     if PROFILE: _span(f"compile {len(asts)} kernel{'s' if len(asts) != 1 else ''}", "compile", st, et, device)
 
+# a profiled kernel call's chunks, noted by the CPU program on the calling thread until its run is recorded
+_chunks = threading.local()
+
+def note_chunks(program: Any, st: float, et: float, chunks: list[tuple[int, int, int, float, float]]) -> None:
+    """The CPU program `program` ran from `st` to `et` (time.perf_counter()) in `chunks`: (thread, lo, hi, start,
+    end) each, the thread being the C pool's worker k as k and the calling thread as 0. The run's record_run (next, on
+    this thread) puts them on the timeline."""
+    _chunks.noted = (program, st, et, chunks)
+
+def _chunk_events(name: str, device: str, chunks: list[tuple[int, int, int, float, float]]) -> None:
+    """One event per chunk, on a lane per thread of the device's process."""
+    caller = f"{threading.current_thread().name} (caller)"
+    for i, (lane, lo, hi, cst, cet) in enumerate(chunks):
+        ts = _us(cst)
+        _event({"name": name, "cat": "chunk", "ph": "X", "ts": ts, "dur": max(0.0, _us(cet) - ts), "pid": device,
+                "tid": f"worker {lane}" if lane else caller,
+                "args": {"chunk": i, "of": len(chunks), "range": [lo, hi]}})
+
 def record_run(prg: Any, ast: Any, var_vals: dict[str, Any], et: float | None, device: str) -> None:
     """An ExecItem ran: its runner `prg` (a kernel, a copy, a view or a collective) took `et` seconds."""
+    noted = getattr(_chunks, "noted", None)
+    if noted is not None: _chunks.noted = None
     if et is None: return
     end = time.perf_counter()
     work = prg._work(var_vals) if hasattr(prg, "_work") else (0, 0)
@@ -310,8 +330,17 @@ def record_run(prg: Any, ast: Any, var_vals: dict[str, Any], et: float | None, d
         args = {"ops": work[0], "bytes": work[1]}
         if hasattr(prg, "threads"): args["threads"] = prg.threads(var_vals, work)
         cat = {"kernel": "kernel", "copy": "copy", "view": "view", "mpi": "collective"}.get(kind, kind)
-        _event({"name": name, "cat": cat, "ph": "X", "ts": max(0.0, _us(end) - et * 1e6), "dur": et * 1e6,
-                "pid": device, "tid": "kernels", "args": args})
+        ts, tid = max(0.0, _us(end) - et * 1e6), "kernels"
+        if noted is not None and noted[0] is getattr(prg, "_prg", None):
+            # the kernel's bar where its chunks say it ran (ending here would shift it by the time since it returned)
+            ts = _us(noted[1])
+            _chunk_events(name, device, noted[3])
+        if (collective := getattr(prg, "profile_args", None)) is not None:
+            # an MPI collective: its kind, size and rank on a lane of its own
+            name, tid = collective["kind"], "collectives"
+            args = collective
+        _event({"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": et * 1e6, "pid": device, "tid": tid,
+                "args": args})
 
 def record_realize(t0: float, t1: float, t2: float, items: int) -> None:
     """A realize: scheduling from `t0` to `t1`, running its `items` from `t1` to `t2`."""
