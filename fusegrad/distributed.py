@@ -169,10 +169,16 @@ _MPI_AST = UOp(Ops.NOOP, arg="mpi")
 
 class _Collective(Runner):
     """Runs an MPI call on host views of its buffers. bufs[0] is written: on a device without host memory its view
-    is a copy, written back afterwards."""
-    def __init__(self, name: str, device: str, nbytes: int, fn: Callable[..., None]):
-        super().__init__(f"mpi {name} {nbytes:8d}", device, Estimates(mem=nbytes))
+    is a copy, written back afterwards. `profile_args` is what PROFILE's timeline shows of it: its kind, the bytes
+    it moves, this rank, the world's size and the call's op, root and dtype where it has them."""
+    def __init__(self, call: _Call, device: str, nbytes: int, fn: Callable[..., None]):
+        super().__init__(f"mpi {call.kind} {nbytes:8d}", device, Estimates(mem=nbytes))
         self.fn = fn
+        comm = _state["comm"]
+        self.profile_args = {"kind": call.kind, "bytes": nbytes, "rank": comm.Get_rank(),
+                             "world_size": comm.Get_size(),
+                             **{k: v if isinstance(v, (int, str)) else str(v) for k, v in call.args.items()
+                                if k in ("op", "root", "dtype")}}
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         st = time.perf_counter()
@@ -247,7 +253,7 @@ def _run(call: _Call, bufs: list[Buffer], fn: Callable[..., None]) -> None:
         fn(*views)
     device = bufs[0].device if bufs else "CPU"
     nbytes = bufs[0].nbytes if bufs else 0
-    run_schedule([ExecItem(_MPI_AST, list(bufs), prg=_Collective(call.kind, device, nbytes, step))])
+    run_schedule([ExecItem(_MPI_AST, list(bufs), prg=_Collective(call, device, nbytes, step))])
 
 def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
     """A new tensor of the element-wise `op` ("sum", "mean" or "max") over every rank's `t`, the same on all ranks.

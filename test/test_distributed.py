@@ -6,6 +6,7 @@ MPI tests are skipped. Every launch is loopback only (shared memory between the 
 its whole process group, after TIMEOUT seconds."""
 from __future__ import annotations
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -160,3 +161,41 @@ def test_one_rank_without_mpirun():
                "layer(x).sum().backward()\ng = layer.weight.grad.numpy()\ndp.sync_gradients()\n"
                "np.testing.assert_array_equal(layer.weight.grad.numpy(), g)\nd.barrier()\nprint('one rank ok')")
     assert p.returncode == 0 and "one rank ok" in p.stdout, p.stdout + p.stderr
+
+# the collectives test/dist/profile.py makes, in order: (kind, bytes (all_gather: per rank), op, root)
+PROFILED = [("all_reduce", 4000, "sum", None), ("all_reduce", 4000, "max", None), ("broadcast", 40, None, 1),
+            ("all_gather", 12, None, None), ("barrier", 0, None, None), ("all_reduce", 512, "sum", None)] + \
+    [("all_reduce", 8, "sum", None)] * 3
+
+def check_profiled_collectives(path: pathlib.Path, rank: int, n: int) -> None:
+    """The rank's trace has each collective of profile.py once, in order, on the device's "collectives" lane, with
+    its kind, size and rank; the trace still validates."""
+    from test.viz.test_trace import _check_events
+    events = json.loads(path.read_text())["traceEvents"]
+    _check_events(events)
+    got = [e for e in events if e.get("cat") == "collective"]
+    want = [(k, b * n if k == "all_gather" else b, op, root if root is None else root * (n - 1))
+            for k, b, op, root in PROFILED]
+    assert [(e["name"], e["args"]["bytes"], e["args"].get("op"), e["args"].get("root")) for e in got] == want, got
+    for e in got:
+        assert e["ph"] == "X" and e["tid"] == "collectives" and e["pid"] == "CPU" and e["dur"] > 0
+        assert e["args"]["kind"] == e["name"] and e["args"]["rank"] == rank and e["args"]["world_size"] == n
+    # the TinyJit steps hold their collectives: capture and replays in the Python process's lanes, around them
+    jit = [e for e in events if e.get("cat") == "jit"]
+    assert [e["name"] for e in jit] == ["TinyJit capture", "TinyJit replay"]
+    for j, c in zip(jit, got[-2:]): assert j["ts"] <= c["ts"] and c["ts"] + c["dur"] <= j["ts"] + j["dur"] + 1e-3
+
+@needs_mpi
+def test_collectives_on_the_profile_timeline(tmp_path):
+    rc, out, _ = mpirun("profile.py", str(tmp_path))
+    assert rc == 0, out
+    for r in range(2):
+        assert f"rank {r}/2: profile saved" in out, out
+        check_profiled_collectives(tmp_path / f"rank{r}.json", r, 2)
+
+@needs_mpi
+def test_collectives_on_the_profile_timeline_with_one_rank(tmp_path):
+    p = subprocess.run([sys.executable, str(SCRIPTS / "profile.py"), str(tmp_path)], capture_output=True, text=True,
+                       env=child_env(btl="self"), cwd=ROOT, timeout=TIMEOUT)
+    assert p.returncode == 0 and "rank 0/1: profile saved" in p.stdout, p.stdout + p.stderr
+    check_profiled_collectives(tmp_path / "rank0.json", 0, 1)
