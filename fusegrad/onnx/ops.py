@@ -18,6 +18,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
+from fusegrad.uop.ops import is_symbolic, ssimplify, sym_eq
 
 
 @dataclass
@@ -79,17 +80,18 @@ def host_value(t: Tensor) -> np.ndarray:
     return known if known is not None else np.asarray(t.numpy())
 
 
-def ints(t: Tensor | Sequence[int] | None) -> list[int]:
-    """The values of a small int tensor (a shape, axes, pads...) as Python ints."""
+def ints(t: Tensor | Sequence[int] | None) -> list[Any]:
+    """The values of a small int tensor (a shape, axes, pads...) as Python ints, or symbolic ints where the host copy
+    holds one (a size computed from a symbolic input dim)."""
     if t is None: return []
     if not isinstance(t, Tensor): return [int(v) for v in t]
-    return [int(v) for v in host_value(t).reshape(-1)]
+    return [v if is_symbolic(v) else int(v) for v in host_value(t).reshape(-1)]
 
 
 def scalar(t: Tensor) -> Any:
     v = host_value(t).reshape(-1)
     if v.size != 1: raise ValueError(f"expected a single value, got shape {tuple(t.shape)}")
-    return v[0].item()
+    return v[0] if is_symbolic(v[0]) else v[0].item()
 
 
 def axis_of(a: int, ndim: int) -> int:
@@ -629,33 +631,25 @@ def lrn(x: Tensor, *, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0
 
 # *** shapes and movement ***
 
-@op("Shape")
-def shape(x: Tensor, *, start: int = 0, end: int | None = None) -> Tensor:
-    dims = list(x.shape)[start:end]
-    if not all(isinstance(d, int) for d in dims): raise Unsupported("Shape of a tensor with symbolic dims")
-    arr = np.array(dims, dtype=np.int64)
-    return with_host(Tensor(arr), arr)
-
-
-@op("Size")
-def size(x: Tensor) -> Tensor:
-    arr = np.array(math.prod(x.shape), dtype=np.int64)
-    return with_host(Tensor(arr), arr)
-
-
 @op("Reshape")
 def reshape(x: Tensor, shape_t: Tensor | None = None, *, allowzero: int = 0,
             shape: Sequence[int] | None = None) -> Tensor:
     want = ints(shape_t) if shape_t is not None else list(shape or [])
-    if not allowzero: want = [x.shape[i] if v == 0 else v for i, v in enumerate(want)]
-    if want.count(-1) > 1: raise ValueError(f"shape {want} has more than one -1")
-    if -1 in want:
-        known = math.prod(v for v in want if v != -1)
-        if known == 0 or math.prod(x.shape) % known:
+    if not allowzero: want = [x.shape[i] if _is_int(v, 0) else v for i, v in enumerate(want)]
+    minus = [i for i, v in enumerate(want) if _is_int(v, -1)]
+    if len(minus) > 1: raise ValueError(f"shape {want} has more than one -1")
+    total = ssimplify(math.prod(x.shape))
+    if minus:
+        known = ssimplify(math.prod(v for i, v in enumerate(want) if i != minus[0]))
+        rest = ssimplify(total // known) if not _is_int(known, 0) else None
+        if rest is None or not sym_eq(ssimplify(rest * known), total):
             raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
-        want[want.index(-1)] = math.prod(x.shape) // known
-    if math.prod(want) != math.prod(x.shape): raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
+        want[minus[0]] = rest
+    if not sym_eq(ssimplify(math.prod(want)), total): raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
     return x.reshape(tuple(want))
+
+
+def _is_int(v: Any, n: int) -> bool: return not is_symbolic(v) and v == n
 
 
 @op("Flatten")
@@ -722,11 +716,30 @@ def slice_(x: Tensor, starts_in: Tensor | None = None, ends_in: Tensor | None = 
     idx: list[Any] = [slice(None)] * x.ndim
     for s, e, a, p in zip(st, en, ax, sp):
         if p == 0: raise ValueError("a slice step can't be 0")
+        a = axis_of(a, x.ndim)
         # Python's slice clamps exactly as ONNX does (including the sentinels INT64_MAX and INT64_MIN)
-        idx[axis_of(a, x.ndim)] = slice(s, e, p)
+        idx[a] = _symbolic_slice(s, e, p, x.shape[a]) if is_symbolic(x.shape[a]) or is_symbolic(s) or \
+            is_symbolic(e) else slice(s, e, p)
+    if any(is_symbolic(d) for d in x.shape): return x[tuple(idx)]
     dims = [len(range(*sl.indices(d))) for sl, d in zip(idx, x.shape)]
     if any(n == 0 for n in dims): return Tensor.empty(*dims, dtype=x.dtype)
     return x[tuple(idx)]
+
+
+def _symbolic_slice(s: Any, e: Any, p: int, d: Any) -> slice:
+    """A step-1 slice of a dim with a symbolic size or symbolic bounds, where the bounds provably lie inside it for
+    every value of the Variables; anything else is Unsupported here (the runner then uses this call's values)."""
+    big = 1 << 62
+    if p != 1: raise Unsupported("a strided slice of a symbolic dim")
+    if not is_symbolic(e) and e >= big: e = d
+    elif not is_symbolic(e) and e < 0: e = ssimplify(d + e)
+    if not is_symbolic(s) and s < 0: s = ssimplify(d + s)
+    lo, span = ssimplify(s), ssimplify(e - s)
+    inside = ssimplify(d - e)
+    def vmin(v: Any) -> int: return v.vmin if is_symbolic(v) else v
+    if vmin(lo) < 0 or vmin(span) < 0 or vmin(inside) < 0:
+        raise Unsupported(f"slice {s}:{e} of a dim of size {d} is not inside it for every value")
+    return slice(lo, e)
 
 
 def _norm_index(idx: Tensor, n: int) -> Tensor:
@@ -857,6 +870,11 @@ def constant(*, value: Tensor | None = None, value_float: float | None = None,
 @op("Range")
 def range_(start: Tensor, limit: Tensor, delta: Tensor) -> Tensor:
     s, lim, d = scalar(start), scalar(limit), scalar(delta)
+    if is_symbolic(s) or is_symbolic(lim) or is_symbolic(d):
+        # arange(start, n) with a symbolic n (position ids of a sequence); other symbolic ranges use the call's values
+        n = ssimplify(lim - s)
+        if d != 1 or is_float(start) or not is_symbolic(n) or n.vmin < 1: raise Unsupported("a symbolic Range")
+        return (Tensor.arange(n, dtype=dtypes.int64) + s).cast(start.dtype)
     n = max(math.ceil((lim - s) / d), 0)
     if n == 0: return Tensor.empty(0, dtype=start.dtype)
     # start + i * delta, in the inputs' dtype (as ONNX's loop that adds delta would only differ by rounding)

@@ -6,19 +6,23 @@ attributes, the op of each node, the initializers as realized Tensors) is prepar
 from __future__ import annotations
 
 import os
+import re
 from collections import ChainMap
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fusegrad import Tensor, dtypes
+import fusegrad.engine.realize as _realize
+from fusegrad import Tensor, Variable, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_quant, ops_random,  # noqa: F401 - they register ops
                            ops_resize)
-from fusegrad.onnx.ops import OPS, Context, OpDef, with_host
+from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
+from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
+from fusegrad.uop.ops import device_buffer, is_symbolic, sym_eq
 
 try:
     import onnx
@@ -27,17 +31,27 @@ except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("fusegrad.onnx needs the onnx package: pip install 'fusegrad[onnx]'") from e
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# the largest value of a symbolic input dim that shares compiled kernels, where `max_dims` doesn't name the dim: an
+# input's memory is sized for its dims' maxima, so a large default would cost memory on every call
+DEFAULT_MAX_DIM = 64
 
 
-def array_to_tensor(arr: np.ndarray, dtype: DType | None = None) -> Tensor:
-    """A realized Tensor holding a NumPy array (dtypes NumPy lacks, bfloat16, come as float32 and are cast)."""
+def array_to_tensor(arr: np.ndarray, dtype: DType | None = None, realize: bool = True) -> Tensor:
+    """A realized Tensor holding a NumPy array (dtypes NumPy lacks, bfloat16, come as float32 and are cast).
+    `realize=False` leaves a cast lazy: the runner then copies the array itself."""
     arr = np.asarray(arr)
     if not arr.flags.c_contiguous: arr = arr.copy(order="C")
     if arr.dtype == object or arr.dtype.kind in "USO": raise Unsupported(f"arrays of {arr.dtype} are not supported")
     if arr.dtype.name == "bfloat16": arr, dtype = arr.astype(np.float32), dtypes.bfloat16
     t = Tensor(arr)
     if dtype is not None and t.dtype != dtype: t = t.cast(dtype)
-    return with_host(t.realize(), arr)
+    return with_host(t.realize() if realize else t, arr)
+
+
+def _prod(shape: Sequence[Any]) -> Any:
+    out: Any = 1
+    for s in shape: out = out * s
+    return out
 
 
 def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Tensor:
@@ -134,10 +148,8 @@ class Graph:
                 elif name in env: args.append(env[name])
                 else: raise OnnxNodeError(node.name, node.op_type, f"input {name!r} is produced by no earlier node")
             ctx = Context(node.name, node.op_type, node.opset, len(node.outputs), env, ctx_runner)
-            try:
-                out = node.op.fn(*args, **node.attrs, ctx=ctx) if node.op.wants_ctx else node.op.fn(*args, **node.attrs)
-            except OnnxError: raise
-            except Exception as e: raise node.error(e) from e
+            out = fold(node.op_type, args, node.attrs) if node.domain == "" else None
+            if out is None: out = _run_node(node, args, ctx)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             wanted = [i for i, name in enumerate(node.outputs) if name != ""]
             if wanted and max(wanted) >= len(outs):
@@ -146,6 +158,35 @@ class Graph:
         missing = [o for o in self.output_names if o not in env]
         if missing: raise OnnxLoadError(f"graph {self.proto.name!r}: outputs {missing} are produced by no node")
         return {o: env[o] for o in self.output_names}
+
+
+def _symbolic_in(t: Any) -> list[Any]:
+    """The symbolic entries of a node input's shape and host copy."""
+    if not isinstance(t, Tensor): return []
+    known = known_value(t)
+    out = [d for d in t.shape if is_symbolic(d)]
+    if known is not None and has_symbolic(known): out += [v for v in known.reshape(-1) if is_symbolic(v)]
+    return out
+
+
+def _run_node(node: Node, args: list[Any], ctx: Context) -> Any:
+    def call(xs: list[Any]) -> Any:
+        return node.op.fn(*xs, **node.attrs, ctx=ctx) if node.op.wants_ctx else node.op.fn(*xs, **node.attrs)
+    try: return call(args)
+    except OnnxError: raise
+    except Exception as e:
+        symbolic = [v for a in args for v in _symbolic_in(a)]
+        if not symbolic: raise node.error(e) from e
+        names = ", ".join(variables_of(symbolic))
+        if _realize.capturing:
+            # kernels for this call's values would be replayed for every other value
+            raise OnnxUnsupportedError(node.name, node.op_type, f"needs the values of the symbolic dims ({names}), "
+                                       f"which a TinyJit capture can't replay ({type(e).__name__}: {e}); run the "
+                                       f"model with concrete shapes (OnnxRunner(..., symbolic_dims=False))") from e
+        # this op can't work on symbolic sizes: it runs with this call's values (kernels compiled for them)
+        try: return call([concretize(a) if isinstance(a, Tensor) else a for a in args])
+        except OnnxError: raise
+        except Exception as e2: raise node.error(e2) from e2
 
 
 def _load(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
@@ -166,7 +207,11 @@ class OnnxRunner:
     """Runs an ONNX model: `OnnxRunner(path_or_model)(inputs)` maps input names to Tensors or NumPy arrays and returns
     a dict of output names to (lazy) Tensors."""
 
-    def __init__(self, model: str | os.PathLike | bytes | onnx.ModelProto):
+    def __init__(self, model: str | os.PathLike | bytes | onnx.ModelProto, *, max_dims: Mapping[str, int] | None = None,
+                 symbolic_dims: bool = True):
+        """`symbolic_dims`: each named input dim (`dim_param`) is a Variable bound to the call's value, from 1 to
+        `max_dims[name]` (default DEFAULT_MAX_DIM), so one set of compiled kernels serves every value; a value above
+        the maximum, or `symbolic_dims=False`, runs with concrete shapes (new values compile new kernels)."""
         proto, base_dir = _load(model)
         if not proto.HasField("graph") or len(proto.graph.output) == 0:
             raise OnnxLoadError("the model has no graph, or a graph without outputs (truncated or corrupt file?)")
@@ -188,6 +233,22 @@ class OnnxRunner:
             dims = None if not tt.HasField("shape") else tuple(
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
             self.input_specs[vi.name] = (dt, dims)
+        self.symbolic_dims = symbolic_dims
+        self.max_dims: dict[str, int] = {}
+        self.variables: dict[str, Variable] = {}
+        names = sorted({d for _, dims in self.input_specs.values() for d in dims or () if isinstance(d, str)})
+        for k, v in dict(max_dims or {}).items():
+            if k not in names:
+                raise ValueError(f"max_dims names {k!r}, which is no symbolic input dim (those are {names})")
+            if not isinstance(v, int) or v < 1: raise ValueError(f"max_dims[{k!r}] must be an int >= 1, got {v!r}")
+        used: set[str] = set()
+        for d in names:
+            # a Variable's name is a parameter of the generated kernels: an identifier
+            var = re.sub(r"\W", "_", d) if re.match(r"[A-Za-z_]", d) else "d_" + re.sub(r"\W", "_", d)
+            while var in used: var += "_"
+            used.add(var)
+            self.max_dims[d] = dict(max_dims or {}).get(d, DEFAULT_MAX_DIM)
+            self.variables[d] = Variable(var, 1, self.max_dims[d])
 
     @property
     def input_names(self) -> list[str]: return list(self.input_specs)
@@ -201,7 +262,8 @@ class OnnxRunner:
         missing = [k for k in self.input_specs if k not in inputs]
         if missing: raise OnnxInputError(f"missing inputs {missing}: the model's inputs are {self.input_names}")
         out: dict[str, Tensor] = {}
-        sizes: dict[str, int] = {}
+        sizes: dict[str, Any] = {}
+        arrays: dict[str, np.ndarray] = {}
         for name, (dt, dims) in self.input_specs.items():
             v = inputs[name]
             if isinstance(v, Tensor): t = v
@@ -209,8 +271,9 @@ class OnnxRunner:
                 arr = np.asarray(v)
                 if dt is not None and dt != dtypes.bfloat16 and arr.dtype != np.dtype(np_name(dt)):
                     raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got a NumPy array of {arr.dtype}")
-                try: t = array_to_tensor(arr, dt)
+                try: t = array_to_tensor(arr, dt, realize=not self._symbolic_spec(dims, arr.shape))
                 except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
+                arrays[name] = arr
             if dt is not None and t.dtype != dt:
                 raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got {t.dtype.name}")
             if dims is not None:
@@ -221,12 +284,48 @@ class OnnxRunner:
                     if isinstance(d, int) and d > 0 and d != s:
                         raise OnnxInputError(f"input {name!r} must have shape {_fmt_dims(dims)}, got {tuple(t.shape)} "
                                              f"(dim {i} is {s}, not {d})")
-                    if isinstance(d, str) and isinstance(s, int):
-                        if sizes.setdefault(d, s) != s:
-                            raise OnnxInputError(f"input {name!r}: dim {i} ({d!r}) is {s}, but another input gave "
-                                                 f"{d!r} = {sizes[d]}")
+                    if is_symbolic(s) and not isinstance(d, str):
+                        raise OnnxInputError(f"input {name!r}: dim {i} is symbolic ({s!r}), but the model declares "
+                                             f"it {'unnamed' if d is None else d}: only named dims may be symbolic")
+                    if isinstance(d, str):
+                        if not sym_eq(sizes.setdefault(d, s), s):
+                            raise OnnxInputError(f"input {name!r}: dim {i} ({d!r}) is {s!r}, but another input gave "
+                                                 f"{d!r} = {sizes[d]!r}")
             out[name] = t
+        for name, t in out.items():
+            dims = self.input_specs[name][1]
+            if self._symbolic_spec(dims, t.shape): out[name] = self._bind(name, t, arrays.get(name))
         return out
+
+    def _symbolic_spec(self, dims: Sequence[int | str | None] | None, shape: Sequence[Any]) -> bool:
+        """Whether an input of this concrete shape gets bound Variables for its named dims."""
+        if not self.symbolic_dims or dims is None or len(dims) != len(shape) or has_symbolic(shape): return False
+        named = [(d, s) for d, s in zip(dims, shape) if isinstance(d, str)]
+        return bool(named) and all(1 <= s <= self.max_dims[d] for d, s in named)
+
+    def _bind(self, name: str, t: Tensor, arr: np.ndarray | None) -> Tensor:
+        """The input in memory sized for its dims' maxima, as a view whose named dims are bound Variables: every
+        value then has the same kernels (a kernel's code depends on the sizes of the buffers it reads)."""
+        dims = self.input_specs[name][1]
+        assert dims is not None
+        shape = [self.variables[d].bind(s) if isinstance(d, str) else s for d, s in zip(dims, t.shape)]
+        full = int(np.prod([self.max_dims[d] if isinstance(d, str) else s for d, s in zip(dims, t.shape)]))
+        if t.dtype == dtypes.bfloat16: return t  # (NumPy has no bfloat16 to copy from)
+        if arr is None:
+            if _realize.capturing: return t  # (its data can't be read during a capture: concrete shapes)
+            arr = np.asarray(t.numpy())
+        big = Tensor.empty(full, dtype=t.dtype, device=t.device).realize()
+        buf = device_buffer(big.uop).ensure_allocated()
+        # the elements row-major at the start, which is the layout of a reshape of the prefix to the symbolic shape
+        host = np.ascontiguousarray(arr if arr.dtype == np.dtype(np_name(t.dtype)) else arr.astype(np_name(t.dtype)))
+        if host.size: buf.view(host.size, t.dtype, 0).copyin(memoryview(host.reshape(-1).view(np.uint8)))
+        out = big.shrink(((0, _prod(shape)),)).reshape(tuple(shape))
+        return with_host(out, arr) if known_value(t) is not None else out
+
+    def bind_inputs(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
+        """The inputs as the runner passes them to the graph: checked, with the named dims bound Variables. Pass these
+        to a TinyJit function that calls the runner, so its capture serves every batch size."""
+        return self._check_inputs(dict(inputs or {}, **kwargs))
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
         given = dict(inputs or {}, **kwargs)
