@@ -3,8 +3,15 @@ PROFILE on, in one process, in alternating blocks (off, VIZ, PROFILE, off, VIZ, 
 per call of each mode and its ratio to "off". The target for "off": within noise of a build without the hooks.
 
     .venv/bin/python bench/bench_viz.py            # --quick: fewer blocks
+    .venv/bin/python bench/bench_viz.py --pool REV  # also: the C pool of git revision REV against today's
+
+With --pool, the C pool's cost per job (submit and wait of a two-chunk job) is compared with REV's, both compiled in
+this process: today's without chunk records (PROFILE unset) and with them. Target: within noise of REV's.
 """
 from __future__ import annotations
+import ctypes
+import pathlib
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -48,6 +55,38 @@ def timed_blocks(fn: Callable[[], object], calls: int, blocks: int) -> dict[str,
     viz.enable(viz=False, profile=False)
     return best
 
+def pool_jobs(rev: str, jobs: int = 3000, blocks: int = 7) -> None:
+    """Per-job time of `rev`'s C pool and today's, in alternating blocks (the best block of each)."""
+    from fusegrad.device import Device
+    from fusegrad.runtime.cpu_compiler import load_library
+    from fusegrad.runtime.cpu_pool import POOL_SOURCE_PATH
+    root = pathlib.Path(__file__).resolve().parents[1]
+    old_src = subprocess.run(["git", "show", f"{rev}:{POOL_SOURCE_PATH.relative_to(root)}"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout
+    compiler = Device["CPU"].compiler
+    # (two pools in one process: the old one's symbols renamed)
+    old = load_library(compiler.compile(old_src.replace("fg_", "old_fg_")))
+    new = load_library(compiler.compile(POOL_SOURCE_PATH.read_text()))
+    kern = load_library(compiler.compile("void work(void **a, long lo, long hi) { volatile double s = 0; "
+                                         "for (long i = lo * 2000; i < hi * 2000; i++) s += i * 0.5; }"))
+    fn, args, rec = ctypes.cast(kern.work, ctypes.c_void_p).value, (ctypes.c_void_p * 1)(), (ctypes.c_long * 6)()
+    old_submit, new_submit = old.old_fg_pool_submit, new.fg_pool_submit
+    old_submit.restype = new_submit.restype = ctypes.c_ulong
+    old_submit.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_long] * 2 + [ctypes.c_int] * 3
+    new_submit.argtypes = old_submit.argtypes + [ctypes.c_void_p]
+    old_wait, new_wait = old.old_fg_pool_wait, new.fg_pool_wait
+    old_wait.argtypes = new_wait.argtypes = [ctypes.c_ulong, ctypes.c_long]
+    runs = {rev: lambda: old_wait(old_submit(fn, args, 2, 2, 1, 1, 1), -1),
+            "today": lambda: new_wait(new_submit(fn, args, 2, 2, 1, 1, 1, None), -1),
+            "today, records": lambda: new_wait(new_submit(fn, args, 2, 2, 1, 1, 1, rec), -1)}
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(blocks):
+        for name, run in runs.items():
+            st = time.perf_counter()
+            for _ in range(jobs): run()
+            best[name] = min(best[name], (time.perf_counter() - st) / jobs)
+    for name, t in best.items(): print(f"C pool job, {name:16s} {t * 1e6:7.2f} us   {t / best[rev]:5.3f}x {rev}'s")
+
 def main() -> None:
     quick = "--quick" in sys.argv
     blocks = 2 if quick else 5
@@ -63,6 +102,7 @@ def main() -> None:
     print(f"(recorded while on: {len(kept.get('rewrites', []))} rewrites, {len(kept.get('kernels', []))} kernels, "
           f"{len(kept.get('profile', {}).get('traceEvents', []) if isinstance(kept.get('profile'), dict) else [])} "
           "profile events)")
+    if "--pool" in sys.argv: pool_jobs(sys.argv[sys.argv.index("--pool") + 1])
 
 if __name__ == "__main__":
     main()
