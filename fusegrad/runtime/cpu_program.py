@@ -80,9 +80,11 @@ class CPUProgram:
             args = (ctypes.c_void_p * len(addresses))(*addresses)
             # a timed call under PROFILE: each chunk's thread and times, for the timeline's per-thread lanes
             chunks = (ctypes.c_long * (3 * threads))() if wait and _viz.PROFILE else None
-            # (the program too: its code must stay loaded until the job has run)
+            # (the program too: its code must stay loaded until the job has run; and the records, which its chunks
+            # write even when a Ctrl-C ends this call's wait)
             count = pool.submit(self._entry, args, global_size, threads, _workers(threads, helpable),
-                                (self, args, boxed, bufs), join and threads > 1 and helpable, bufs, helpable, chunks)
+                                (self, args, boxed, bufs, chunks), join and threads > 1 and helpable, bufs, helpable,
+                                chunks)
             # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
             for b in bufs:
