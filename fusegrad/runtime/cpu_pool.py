@@ -99,6 +99,8 @@ class CPool:
         stay free to take a Ctrl-C. `record`: None, or a ctypes array of 3 * chunks longs that each chunk fills with
         (the thread that ran it: worker k as k, any other thread as 0; start; end), in ns of `clock_ns`; it holds them
         once the job is done (wait for it first)."""
+        if record is not None and len(record) < 3 * max(1, chunks):
+            raise ValueError(f"a record array for {chunks} chunks needs {3 * max(1, chunks)} longs, got {len(record)}")
         # a full queue is waited on here, where Ctrl-C can stop the wait (the C submit would wait without a break).
         # (_seen, the finished count the last release saw, is a lower bound: at worst a wait that returns at once)
         if self.submitted - self._seen >= self.QUEUE: self.wait(self.submitted - self.QUEUE + 1)

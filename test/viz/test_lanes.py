@@ -87,3 +87,8 @@ def test_pool_fills_records_for_each_chunk():
     for i in range(7):
         lane, cst, cet = rec[3 * i], rec[3 * i + 1], rec[3 * i + 2]
         assert 0 <= lane <= 255 and st <= cst <= cet <= et, (i, lane, cst, cet)
+
+def test_a_record_array_too_small_is_refused():
+    pool = c_pool()
+    with pytest.raises(ValueError, match="a record array for 4 chunks needs 12 longs, got 6"):
+        pool.submit(0, None, 8, 4, 1, None, record=(ctypes.c_long * 6)())
