@@ -410,7 +410,8 @@ function timelineLayout(events) {
 }
 
 const TIMELINE_COLORS = { kernel: "#42a5f5", copy: "#ffa726", compile: "#ab47bc", realize: "#78909c",
-                          schedule: "#26a69a", run: "#8d6e63", jit: "#ef5350", collective: "#d4e157", view: "#bdbdbd" };
+                          schedule: "#26a69a", run: "#8d6e63", jit: "#ef5350", collective: "#d4e157", view: "#bdbdbd",
+                          chunk: "#90caf9" };
 
 function viewTimeline() {
   const events = state.summary.profile.filter((e) => e.ph === "X" || e.ph === "i" || e.ph === "I");
