@@ -18,7 +18,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
-from fusegrad.uop.ops import is_symbolic, ssimplify, sym_eq
+from fusegrad.uop.ops import is_symbolic, ssimplify, sym_eq, sym_value
 
 
 @dataclass
@@ -642,6 +642,9 @@ def reshape(x: Tensor, shape_t: Tensor | None = None, *, allowzero: int = 0,
     if minus:
         known = ssimplify(math.prod(v for i, v in enumerate(want) if i != minus[0]))
         rest = ssimplify(total // known) if not _is_int(known, 0) else None
+        if is_symbolic(rest) and is_symbolic(known) and sym_value(known):
+            # (batch * 6) / (batch * 2): a whole number the simplifier doesn't see; checked below for every value
+            rest = sym_value(total) // sym_value(known)
         if rest is None or not sym_eq(ssimplify(rest * known), total):
             raise ValueError(f"can't reshape {tuple(x.shape)} to {want}")
         want[minus[0]] = rest

@@ -169,24 +169,34 @@ def _symbolic_in(t: Any) -> list[Any]:
     return out
 
 
+# ops whose kernels fusegrad doesn't build for symbolic sizes (convolutions and pooling): their inputs get this
+# call's values
+CONCRETE_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+                          "MaxUnpool", "MaxRoiPool", "RoiAlign", "DeformConv", "Col2Im", "Resize", "Upsample"})
+
+
 def _run_node(node: Node, args: list[Any], ctx: Context) -> Any:
     def call(xs: list[Any]) -> Any:
         return node.op.fn(*xs, **node.attrs, ctx=ctx) if node.op.wants_ctx else node.op.fn(*xs, **node.attrs)
+
+    def concrete(why: str) -> Any:
+        symbolic = [v for a in args for v in _symbolic_in(a)]
+        if _realize.capturing:
+            # kernels for this call's values would be replayed for every other value
+            raise OnnxUnsupportedError(node.name, node.op_type, f"needs the values of the symbolic dims "
+                                       f"({', '.join(variables_of(symbolic))}), which a TinyJit capture can't replay "
+                                       f"({why}); run the model with OnnxRunner(..., symbolic_dims=False)")
+        try: return call([concretize(a) if isinstance(a, Tensor) else a for a in args])
+        except OnnxError: raise
+        except Exception as e: raise node.error(e) from e
+
+    if node.op_type in CONCRETE_OPS and any(_symbolic_in(a) for a in args): return concrete("no symbolic kernels")
     try: return call(args)
     except OnnxError: raise
     except Exception as e:
-        symbolic = [v for a in args for v in _symbolic_in(a)]
-        if not symbolic: raise node.error(e) from e
-        names = ", ".join(variables_of(symbolic))
-        if _realize.capturing:
-            # kernels for this call's values would be replayed for every other value
-            raise OnnxUnsupportedError(node.name, node.op_type, f"needs the values of the symbolic dims ({names}), "
-                                       f"which a TinyJit capture can't replay ({type(e).__name__}: {e}); run the "
-                                       f"model with concrete shapes (OnnxRunner(..., symbolic_dims=False))") from e
+        if not any(_symbolic_in(a) for a in args): raise node.error(e) from e
         # this op can't work on symbolic sizes: it runs with this call's values (kernels compiled for them)
-        try: return call([concretize(a) if isinstance(a, Tensor) else a for a in args])
-        except OnnxError: raise
-        except Exception as e2: raise node.error(e2) from e2
+        return concrete(f"{type(e).__name__}: {e}")
 
 
 def _load(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:

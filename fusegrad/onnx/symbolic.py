@@ -101,13 +101,27 @@ class _NoFold(Exception):
     """This op on these values isn't folded: it runs as usual."""
 
 
-def _elementwise(fn: Callable[[Any, Any], Any]) -> Callable[..., np.ndarray]:
-    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        if not has_symbolic(a) and not has_symbolic(b) and fn is not _trunc_div and fn is not _sym_equal:
-            raise _NoFold  # plain ints are left to the op (its dtype rules)
-        out = np.frompyfunc(fn, 2, 1)(a, b)
-        return np.asarray(out, dtype=object)
+def _no_fold(a: Any, b: Any) -> Any: raise _NoFold
+
+
+def _elementwise(fn: Callable[[Any, Any], Any], plain: Callable[[np.ndarray, np.ndarray], np.ndarray]
+                 ) -> Callable[..., np.ndarray]:
+    def run(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
+        if not has_symbolic(a) and not has_symbolic(b): return plain(a, b, **attrs)
+        if attrs: raise _NoFold
+        return np.asarray(np.frompyfunc(fn, 2, 1)(a, b), dtype=object)
     return run
+
+
+def _plain_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if np.any(b == 0): raise _NoFold  # the op says what is wrong
+    q = np.abs(a) // np.abs(b)
+    return np.where((a >= 0) == (b >= 0), q, -q).astype(a.dtype)
+
+
+def _plain_mod(a: np.ndarray, b: np.ndarray, *, fmod: int = 0) -> np.ndarray:
+    if np.any(b == 0): raise _NoFold
+    return (np.fmod(a, b) if fmod else np.mod(a, b)).astype(a.dtype)
 
 
 def _axes(args: list[Any], attrs: dict[str, Any], i: int) -> list[int] | None:
@@ -176,15 +190,18 @@ def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 FOLDS: dict[str, tuple[Callable[..., np.ndarray], int | None]] = {
     "Gather": (_gather, 0), "Concat": (_concat, 0), "Unsqueeze": (_unsqueeze, 0), "Squeeze": (_squeeze, 0),
     "Slice": (_slice, 0), "Identity": (lambda x: x, 0), "Reshape": (_reshape, 0), "Where": (_where, 1),
-    "Add": (_elementwise(lambda a, b: ssimplify(a + b)), 0), "Sub": (_elementwise(lambda a, b: ssimplify(a - b)), 0),
-    "Mul": (_elementwise(lambda a, b: ssimplify(a * b)), 0), "Div": (_elementwise(_trunc_div), 0),
-    "Equal": (_elementwise(_sym_equal), None), "Cast": (_cast, -1),
+    "Add": (_elementwise(lambda a, b: ssimplify(a + b), np.add), 0),
+    "Sub": (_elementwise(lambda a, b: ssimplify(a - b), np.subtract), 0),
+    "Mul": (_elementwise(lambda a, b: ssimplify(a * b), np.multiply), 0),
+    "Div": (_elementwise(_trunc_div, _plain_div), 0), "Mod": (_elementwise(_no_fold, _plain_mod), 0),
+    "Equal": (_elementwise(_sym_equal, np.equal), None), "Cast": (_cast, -1),
 }
 
 
 def fold(op_type: str, args: list[Tensor | None], attrs: dict[str, Any]) -> Tensor | None:
-    """The op's result computed on the host when all its inputs are small integer arrays known there and one of them
-    holds a symbolic entry (the shape arithmetic after Shape); None where the op should run as usual."""
+    """The op's result computed on the host when all its inputs are small integer arrays known there (the shape
+    arithmetic after Shape, symbolic or not), so the ops that need Python ints don't read the device; None where the
+    op should run as usual."""
     entry = FOLDS.get(op_type)
     if entry is None or not args or args[0] is None: return None
     hosts: list[np.ndarray | None] = []
@@ -194,7 +211,6 @@ def fold(op_type: str, args: list[Tensor | None], attrs: dict[str, Any]) -> Tens
         known = known_value(t)
         if known is None: return None
         hosts.append(known)
-    if not any(h is not None and has_symbolic(h) for h in hosts): return None
     fn, like = entry
     try: out = fn(*hosts, **attrs)
     except _NoFold: return None
