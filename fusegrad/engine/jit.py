@@ -53,6 +53,28 @@ def _unflatten(leaves: list[Any], structure: Any) -> Any:
         return tuple(vals) if s[0] == "tuple" else vals
     return build(structure)
 
+def _rebound(arg: Any, var_vals: dict[str, int]) -> Any:
+    """`arg` (a view's shape or bounds: UOps inside tuples) with every bound Variable of `var_vals` bound to its value
+    there; the same object where nothing changes."""
+    if isinstance(arg, tuple):
+        new = tuple(_rebound(a, var_vals) for a in arg)
+        return arg if all(a is b for a, b in zip(new, arg)) else new
+    if isinstance(arg, UOp):
+        binds = {u: u.src[0].bind(var_vals[u.src[0].arg[0]]) for u in arg.toposort()
+                 if u.op is Ops.BIND and u.src[0].arg[0] in var_vals and u.src[1].arg != var_vals[u.src[0].arg[0]]}
+        return arg.substitute(binds) if binds else arg
+    return arg
+
+def _rebound_graph(root: UOp, var_vals: dict[str, int]) -> UOp:
+    """`root` with _rebound applied to the args of its nodes (and to the BIND nodes themselves)."""
+    memo: dict[UOp, UOp] = {}
+    for u in root.toposort():
+        src = tuple(memo[x] for x in u.src)
+        arg = _rebound(u.arg, var_vals)
+        if u.op is Ops.BIND and u.src[0].arg[0] in var_vals: memo[u] = _rebound(u, var_vals); continue
+        memo[u] = u if arg is u.arg and all(a is b for a, b in zip(src, u.src)) else u.replace(src=src, arg=arg)
+    return memo[root]
+
 def _in_buffers(t: Any) -> bool: return all(u.base.op is Ops.BUFFER for u in shards_of(t.uop))
 
 def _base_buffers(t: Any) -> list[Buffer]:
@@ -372,11 +394,14 @@ class TinyJit(Generic[R]):
         Tensor._rng_counter += self._rng_calls
         outs = []
         for x, chain in zip(self._out_leaves, self._out_chains):
-            if chain is None: outs.append(self._output(x, new_nodes, Tensor))
+            if chain is None: out = self._output(x, new_nodes, Tensor)
             else:
                 u = new_nodes[chain[0]]
-                for op, dtype, arg in chain[1]: u = UOp(op, dtype, (u,), arg)
-                outs.append(Tensor(u))
+                for op, dtype, arg in chain[1]: u = UOp(op, dtype, (u,), _rebound(arg, var_vals) if var_vals else arg)
+                out = Tensor(u)
+            # (an output's shape that holds an input's bound Variable holds this call's value)
+            if var_vals and chain is None and isinstance(out, Tensor): out = Tensor(_rebound_graph(out.uop, var_vals))
+            outs.append(out)
         return _unflatten(outs, self._out_structure)
 
     def _prepared_plan(self) -> list[tuple[ExecItem | None, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fusegrad import Context, Tensor, TinyJit, nn
+from fusegrad import Context, Tensor, TinyJit, Variable, nn
 from fusegrad.engine.jit import JitError
 from fusegrad.nn import optim
 
@@ -352,3 +352,14 @@ def test_replay_of_more_kernels_than_the_queue_holds(inline, monkeypatch):
     (graph,) = _graphs(f)
     assert [p.n for p in graph.pieces] == [cpu_pool.CPool.QUEUE, len(f.captured) - cpu_pool.CPool.QUEUE]
     assert graph.inline == inline
+
+def test_output_shape_follows_the_bound_variable_of_each_call():
+    """A replay's outputs have the shape of this call's bound Variable, not the capture's (the values past the
+    capture's size are computed too), against numpy."""
+    v = Variable("jit_rows", 1, 8)
+    f = TinyJit(lambda x: (x * 2).realize())
+    for n in (2, 3, 2, 5, 8, 1):
+        data = np.arange(32, dtype=np.float32)
+        out = f(Tensor(data).realize().shrink(((0, v.bind(n) * 4),)).reshape(v.bind(n), 4))
+        assert out.shape[0].unbind()[1] == n
+        np.testing.assert_array_equal(out.numpy(), data[:n * 4].reshape(n, 4) * 2)

@@ -72,7 +72,6 @@ def test_exported_model_compiles_for_the_first_batch_only(mlp_path):
     assert n > 0
 
 
-@pytest.mark.xfail(strict=True, reason="TinyJit replays return outputs shaped with the captured Variable value")
 def test_tinyjit_captures_once_and_replays_for_every_batch(mlp_path, monkeypatch):
     sess, runner = ort.InferenceSession(mlp_path), OnnxRunner(mlp_path, max_dims={"batch": 8})
     step = TinyJit(lambda x: runner({"x": x})["y"].realize())
@@ -86,7 +85,8 @@ def test_tinyjit_captures_once_and_replays_for_every_batch(mlp_path, monkeypatch
         before = len(scheduled)
         y, n = _compiled(lambda: step(**inputs).numpy())
         np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6, err_msg=f"batch {b}")
-        if i >= 2: assert n == 0 and len(scheduled) == before + 1, f"batch {b}: {n} kernels compiled, re-traced"
+        # (a replay schedules nothing, or the one copy of an input: a trace would schedule the runner's graph again)
+        if i >= 2: assert n == 0 and len(scheduled) <= before + 1, f"batch {b}: {n} kernels compiled, re-traced"
 
 
 def test_batch_above_the_maximum_runs_with_concrete_shapes(mlp_path):
