@@ -13,6 +13,7 @@ from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import Estimates, ProgramSpec
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
+from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products
 from fusegrad.viz import record as _viz
 
@@ -105,6 +106,26 @@ def _acyclic_facts(gate: UOp | None) -> dict[UOp, list[tuple[str, UOp, int]]]:
         if not needs(y, x): facts.setdefault(x, []).append((side, y, k))
     return facts
 
+def _regrouped(idx: UOp, gate: UOp) -> UOp:
+    """`idx` written as k*e + rest for each sum e of ranges that the gate bounds and that idx holds in the same
+    proportions (a padding's window: idx spells 8*oy + 8*kh - 8 where the gate says 1 <= oy + kh), so the gate's
+    bounds on e narrow idx's bounds too. The value is the same; only the bounds analysis sees the grouping."""
+    rest, groups = idx, []
+    for e in _acyclic_facts(gate):
+        if e.op is not Ops.ADD or e.dtype != dtypes.index: continue
+        rngs = [u for u in e.toposort() if u.op is Ops.RANGE]
+        d, c = [coeff(e, r) for r in rngs], [coeff(rest, r) for r in rngs]
+        if not rngs or any(x is None or x == 0 for x in d + c) or c[0] % d[0]: continue
+        k = c[0] // d[0]
+        if any(ci != k * di for ci, di in zip(c, d)): continue
+        less = (rest - e * k).simplify()
+        if any(r in less.toposort() for r in rngs): continue
+        rest = less
+        groups.append(e * k)
+    # (the groups are added after the last simplification, which would distribute them again)
+    for g in groups: rest = rest + g
+    return rest
+
 def _order(root: UOp, facts: dict[UOp, list[tuple[str, UOp, int]]]) -> list[UOp]:
     """The nodes `root`'s bounds are computed from, each after its sources and after the nodes its facts name."""
     order: list[UOp] = []
@@ -142,6 +163,7 @@ class VarBounds:
             if u.op is not Ops.INDEX or u.src[0].op is not Ops.DEFINE_GLOBAL or len(u.src) < 2: continue
             idx, gate = u.src[1], (u.src[2] if len(u.src) > 2 else None)
             if idx.dtype.count != 1 or not (dtypes.is_int(idx.dtype) or idx.dtype.scalar() == dtypes.index): continue
+            if gate is not None: idx = _regrouped(idx, gate)
             deps = idx.toposort() if gate is None else UOp.sink(idx, gate).toposort()
             if not any(d.op is Ops.DEFINE_VAR for d in deps): continue
             if any(d.op not in _INDEX_OPS and d.op is not Ops.SINK for d in idx.toposort()): continue

@@ -131,3 +131,19 @@ def test_kv_cache_under_tinyjit_replays_with_new_positions(monkeypatch):
 ])
 def test_errors(bad, error, words):
     with pytest.raises(error, match=words): bad()
+
+@pytest.mark.parametrize("op", ["conv2d", "max_pool2d"])
+def test_padded_window_over_a_symbolic_batch(op):
+    """A padded convolution or pooling over a batch bound by a Variable runs (the bounds check reads the padding's
+    gate: the window's index is spelled 8*oy + 8*kh - 9 where the gate bounds oy + kh), equal to the same op on the
+    concrete batch."""
+    v = Variable("pad_batch", 1, 8)
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(8 * 3 * 8 * 8).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    f = (lambda t: t.conv2d(Tensor(w), padding=1)) if op == "conv2d" else \
+        (lambda t: t.max_pool2d(kernel_size=3, stride=1, padding=1))
+    for n in (2, 5):
+        x = Tensor(data).realize().shrink(((0, v.bind(n) * 192),)).reshape(v.bind(n), 3, 8, 8)
+        want = f(Tensor(data[:n * 192].reshape(n, 3, 8, 8))).numpy()
+        np.testing.assert_allclose(f(x).numpy(), want, rtol=1e-5, atol=1e-5)
