@@ -487,8 +487,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         check_size(shp, dt, dev := _canonical_device(device), memory=True)
         if isinstance(dev, tuple):  # memory on each device, one replica each
             return Tensor(UOp(Ops.MULTI, dt, tuple(Tensor.empty(shp, dtype=dt, device=d).uop for d in dev)))
-        buf = new_buffer(_device_uop(dev), prod(shp), dt)
-        return Tensor(buf.reshape(shp) if shp != (prod(shp),) else buf)
+        n = prod(shp)
+        if is_symbolic(n):
+            # memory for the Variables' largest values, viewed at their bound ones: one buffer (and the kernels that
+            # read it) serves every value
+            size = int(ssimplify(n).vmax)
+            return Tensor(new_buffer(_device_uop(dev), size, dt).shrink(((0, n),)).reshape(shp))
+        buf = new_buffer(_device_uop(dev), n, dt)
+        return Tensor(buf.reshape(shp) if shp != (n,) else buf)
     @staticmethod
     def arange(start: int | float, stop: int | float | None = None, step: int | float = 1,
                dtype: DType | str | None = None, device: str | None = None) -> Tensor:

@@ -147,3 +147,14 @@ def test_padded_window_over_a_symbolic_batch(op):
         x = Tensor(data).realize().shrink(((0, v.bind(n) * 192),)).reshape(v.bind(n), 3, 8, 8)
         want = f(Tensor(data[:n * 192].reshape(n, 3, 8, 8))).numpy()
         np.testing.assert_allclose(f(x).numpy(), want, rtol=1e-5, atol=1e-5)
+
+def test_empty_with_a_bound_variable_is_memory_for_its_largest_value():
+    """Tensor.empty of a bound Variable's size holds memory for the Variable's largest value, viewed at the bound one,
+    and kernels read it at every value (its contents are whatever was there: only shapes are checked, and a write
+    through assign reads back as written)."""
+    v = Variable("empty_rows", 1, 16)
+    for n in (2, 5):
+        t = Tensor.empty(v.bind(n), 4)
+        assert t.shape[0].unbind()[1] == n and (t @ Tensor.ones(4, 3)).numpy().shape == (n, 3)
+        t.assign(Tensor.arange(4 * n).reshape(n, 4).float().shrink(((0, v.bind(n)), None)).contiguous()).realize()
+        np.testing.assert_array_equal(t.numpy(), np.arange(4 * n, dtype=np.float32).reshape(n, 4))
