@@ -169,10 +169,10 @@ def _symbolic_in(t: Any) -> list[Any]:
     return out
 
 
-# ops whose kernels fusegrad doesn't build for symbolic sizes (convolutions and pooling): their inputs get this
-# call's values
-CONCRETE_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
-                          "MaxUnpool", "MaxRoiPool", "RoiAlign", "DeformConv", "Col2Im", "Resize", "Upsample"})
+# ops whose kernels fusegrad doesn't build for symbolic sizes: their inputs get this call's values (convolutions and
+# pooling take a symbolic batch; any other op that fails on a symbolic size falls back the same way)
+CONCRETE_OPS = frozenset({"ConvInteger", "QLinearConv", "LpPool", "MaxUnpool", "MaxRoiPool", "RoiAlign", "DeformConv",
+                          "Col2Im", "Resize", "Upsample"})
 
 
 def _run_node(node: Node, args: list[Any], ctx: Context) -> Any:

@@ -138,17 +138,41 @@ def test_shape_arithmetic_on_the_batch_dim_stays_symbolic():
     assert compiled[1:] == [0, 0, 0], compiled
 
 
-def test_a_conv_needs_the_call_values_and_says_so_under_tinyjit():
-    w = numpy_helper.from_array(np.random.default_rng(4).standard_normal((2, 1, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 5, 5])],
+def test_convolutions_and_pooling_keep_the_batch_symbolic():
+    """A padded Conv, MaxPool and AveragePool over a symbolic batch: kernels compiled for the first batch only, equal
+    to onnxruntime at every batch, and TinyJit replays them for other batches."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((2, 1, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="pool"),
+             helper.make_node("AveragePool", ["p"], ["y"], kernel_shape=[2, 2], strides=[2, 2], name="avg")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     sess, runner = ort.InferenceSession(model.SerializeToString()), OnnxRunner(model)
-    for b in (2, 3):   # convolutions take this call's batch size: right, compiled per size
-        x = np.random.default_rng(b).standard_normal((b, 1, 5, 5)).astype(np.float32)
+    for i, b in enumerate((2, 3, 5)):
+        x = rng.standard_normal((b, 1, 6, 6)).astype(np.float32)
+        y, n = _compiled(lambda: runner({"x": x})["y"].numpy())
+        np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+        if i: assert n == 0, f"batch {b}: {n} kernels compiled"
+    step = TinyJit(lambda x: (runner({"x": x})["y"] * 2).realize())
+    for b in (2, 3, 2, 4):
+        x = rng.standard_normal((b, 1, 6, 6)).astype(np.float32)
+        np.testing.assert_allclose(step(**runner.bind_inputs(x=x)).numpy(), 2 * sess.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+def test_an_op_without_symbolic_kernels_takes_the_call_values_and_says_so_under_tinyjit():
+    """LpPool has no kernels for a symbolic batch: it runs with the call's values (right at every batch), and inside a
+    TinyJit capture, where those values would be replayed for others, it raises naming the node and the dims."""
+    graph = helper.make_graph([helper.make_node("LpPool", ["x"], ["y"], kernel_shape=[2, 2], p=2, name="lp")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    sess, runner = ort.InferenceSession(model.SerializeToString()), OnnxRunner(model)
+    for b in (2, 3):
+        x = np.random.default_rng(b).standard_normal((b, 1, 4, 4)).astype(np.float32)
         np.testing.assert_allclose(runner({"x": x})["y"].numpy(), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
     step = TinyJit(lambda x: (runner({"x": x})["y"] * 2).realize())
-    x = Tensor.zeros(1, 1, 5, 5).numpy()
+    x = np.zeros((1, 1, 4, 4), np.float32)
     step(**runner.bind_inputs(x=x))
-    with pytest.raises(OnnxError, match="conv.*symbolic dims \\(batch\\).*TinyJit"): step(**runner.bind_inputs(x=x))
+    with pytest.raises(OnnxError, match="lp.*symbolic dims \\(batch\\).*TinyJit"): step(**runner.bind_inputs(x=x))
