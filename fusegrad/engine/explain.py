@@ -231,11 +231,12 @@ def _writes_in_place(k: UOp) -> bool:
 
 @dataclass(frozen=True)
 class Roofline:
-    """A device's measured peaks: FLOP/s of a big contraction, bytes/s of a big elementwise kernel, and the time a
-    kernel launch costs beyond its work."""
+    """A device's measured peaks: FLOP/s of a big contraction, bytes/s of a big elementwise kernel, the time a kernel
+    launch costs beyond its work, and the time a realize costs beyond its kernels' (scheduling, starting them)."""
     flops_per_s: float
     bytes_per_s: float
     launch_s: float
+    realize_s: float = 0.0
     def time(self, flops: int, nbytes: int) -> float:
         return max(flops / self.flops_per_s, nbytes / self.bytes_per_s) + self.launch_s
 
@@ -323,7 +324,8 @@ def _estimate(s: _Scheduled, held: list[UOp], mem_used: int, roofline: Roofline 
     shares = share_storage(uses, fresh, {b: b.device for b in fresh})
     storages = {b: n for b, n in fresh.items() if b not in shares}
     live = sorted(((n, _what(made_by.get(b), users)) for b, n in storages.items()), key=lambda x: -x[0])
-    predicted = sum(roofline.time(f, b) for _, f, b in per_kernel) if roofline is not None else None
+    predicted = roofline.realize_s + sum(roofline.time(f, b) for _, f, b in per_kernel) if roofline is not None \
+        else None
     return Estimate(len(s.kernels), flops, nbytes, mem_used + sum(storages.values()), predicted, live, per_kernel)
 
 def _allocated(buf: UOp) -> bool:

@@ -88,11 +88,11 @@ def _best(fn: Any, device: str, runs: int) -> float:
     return best
 
 def measure_roofline(device: str, runs: int = 5) -> _explain.Roofline:
-    """Time a big matmul (FLOP/s), a big elementwise kernel (bytes/s) and a realize of many tiny kernels (per
-    kernel), each as a whole realize until the device is done, as the workloads it predicts are timed; the best of
-    `runs` after one run that compiles."""
+    """Time a big matmul (FLOP/s), a big elementwise kernel (bytes/s) and realizes of one and of many tiny kernels
+    (the cost per kernel, and per realize beyond its kernels), each as a whole realize until the device is done, as
+    the workloads it predicts are timed; the best of `runs` after one run that compiles."""
     from fusegrad.tensor import Tensor
-    n = 512
+    n = 1024   # (a 512 matmul reached half the FLOP/s a 1024 one does: the estimate was 2.4x the 1024's time)
     a, b = Tensor.rand(n, n, device=device).realize(), Tensor.rand(n, n, device=device).realize()
     (a @ b).realize()
     flops = 2 * n ** 3 / _best(lambda: (a @ b).realize(), device, runs)
@@ -101,10 +101,11 @@ def measure_roofline(device: str, runs: int = 5) -> _explain.Roofline:
     (x * 2).realize()
     bw = 2 * 4 * m / _best(lambda: (x * 2).realize(), device, runs)
     small = [Tensor.rand(16, device=device).realize() for _ in range(32)]
-    def tiny() -> None: Tensor.realize(*[(s * 3 + i) for i, s in enumerate(small)])
-    tiny()
-    launch = _best(tiny, device, runs) / len(small)
-    return _explain.Roofline(flops, bw, launch)
+    def tiny(k: int) -> None: Tensor.realize(*[(s * 3 + i) for i, s in enumerate(small[:k])])
+    tiny(1), tiny(len(small))
+    one, many = _best(lambda: tiny(1), device, runs), _best(lambda: tiny(len(small)), device, runs)
+    launch = max(many - one, 0.0) / (len(small) - 1)
+    return _explain.Roofline(flops, bw, launch, max(one - launch, 0.0))
 
 # a cached roofline is measured again when a quick probe of this process differs from it by more than this factor
 # (either way): one measured while the machine was busy, or on other hardware under the same cache folder
@@ -143,7 +144,8 @@ def roofline(device: str) -> _explain.Roofline:
             _rooflines[kind] = r
             return r
     r = _rooflines[kind] = measure_roofline(device)
-    saved[kind] = {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s}
+    saved[kind] = {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s,
+                   "realize_s": r.realize_s}
     with contextlib.suppress(OSError), atomic_write(os.path.join(cache_dir(), "roofline.json"), "w") as f:
         json.dump(saved, f)
     return r

@@ -1,6 +1,7 @@
 """Tensor.estimate: kernels, FLOPs and bytes from the kernels' ASTs, and the planned peak memory equal to the peak the
 allocator reaches when the schedule runs."""
 from __future__ import annotations
+import pytest
 from fusegrad import GlobalCounters, Tensor
 from fusegrad.device import Buffer
 from fusegrad.engine.explain import Roofline
@@ -55,6 +56,9 @@ def test_predicted_time_from_a_roofline():
     from fusegrad.tensor import _shards
     mine = estimate(_shards([a @ a]), [], 0, roof)
     assert mine.predicted_s == max(mine.flops / 1e9, mine.bytes / 1e9) + 1e-5
+    # a realize's own cost is counted once, whatever the kernels
+    once = estimate(_shards([a @ a]), [], 0, Roofline(1e9, 1e9, 1e-5, realize_s=1e-3))
+    assert once.predicted_s == pytest.approx(mine.predicted_s + 1e-3)
 
 def test_a_cached_roofline_far_from_a_probe_is_measured_again(tmp_path, monkeypatch):
     import json
@@ -67,7 +71,8 @@ def test_a_cached_roofline_far_from_a_probe_is_measured_again(tmp_path, monkeypa
     r = tex.roofline("CPU")
     assert r.flops_per_s > 1e8 and r.bytes_per_s > 1e8 and r.launch_s < 0.01
     saved = json.loads((tmp_path / "roofline.json").read_text())
-    assert saved["CPU"] == {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s}
+    assert saved["CPU"] == {"flops_per_s": r.flops_per_s, "bytes_per_s": r.bytes_per_s, "launch_s": r.launch_s,
+                            "realize_s": r.realize_s}
     assert saved["OTHER"] == slow
     # within the process the checked roofline is kept
     assert tex.roofline("CPU") is r and tex.cached_roofline("CPU") is r
