@@ -232,11 +232,13 @@ def _writes_in_place(k: UOp) -> bool:
 @dataclass(frozen=True)
 class Roofline:
     """A device's measured peaks: FLOP/s of a big contraction, bytes/s of a big elementwise kernel, the time a kernel
-    launch costs beyond its work, and the time a realize costs beyond its kernels' (scheduling, starting them)."""
+    launch costs beyond its work, the time a realize costs beyond its kernels' (scheduling, starting them) and what
+    each node of the graph it realizes adds to that (a big graph's schedule, even a cached one, walks it)."""
     flops_per_s: float
     bytes_per_s: float
     launch_s: float
     realize_s: float = 0.0
+    node_s: float = 0.0
     def time(self, flops: int, nbytes: int) -> float:
         return max(flops / self.flops_per_s, nbytes / self.bytes_per_s) + self.launch_s
 
@@ -324,8 +326,8 @@ def _estimate(s: _Scheduled, held: list[UOp], mem_used: int, roofline: Roofline 
     shares = share_storage(uses, fresh, {b: b.device for b in fresh})
     storages = {b: n for b, n in fresh.items() if b not in shares}
     live = sorted(((n, _what(made_by.get(b), users)) for b, n in storages.items()), key=lambda x: -x[0])
-    predicted = roofline.realize_s + sum(roofline.time(f, b) for _, f, b in per_kernel) if roofline is not None \
-        else None
+    predicted = None if roofline is None else roofline.realize_s + roofline.node_s * len(s.topo) + \
+        sum(roofline.time(f, b) for _, f, b in per_kernel)
     return Estimate(len(s.kernels), flops, nbytes, mem_used + sum(storages.values()), predicted, live, per_kernel)
 
 def _allocated(buf: UOp) -> bool:
