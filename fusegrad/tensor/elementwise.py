@@ -88,6 +88,28 @@ def _erf_value(x: Tensor) -> Tensor:
     erfc = (-(big * big)).exp() / (math.sqrt(math.pi) * cf)
     return _odd(x, (a < 3).where(taylor, 1.0 - erfc))
 
+# fits (least squares on Chebyshev nodes, float64) accurate to 3.5e-13 relative: plenty for float32 results, at a
+# fraction of the series' work (the Taylor series and the continued fraction above take ~110 ops with 60 divisions)
+_ERF_SMALL = [1.1283791670954941, -0.37612638902814893, 0.11283791658715804, -0.026866169067607932,
+              0.00522396728047238, -0.0008547936235667149, 0.00012046303516247271, -1.4795447911006568e-05,
+              1.5308588747326618e-06, -1.0474023102366854e-07]   # erf(x) = x * P(x^2) for |x| <= 1
+_ERFCX_BIG = [0.3059529922707548, 0.14335640814127174, -0.02424301011917729, 0.002308148143231282,
+              0.0004613222755943769, -0.000348830648357386, 0.00012040770382718524, -2.642657117259531e-05,
+              1.3694813564527627e-06, 2.131525697554266e-06, -1.391356779387478e-06, 6.492824243459819e-07,
+              -2.0209177517040078e-07, -2.060673411547985e-08, 2.8726446509422282e-08]
+# (exp(x^2) erfc(x) = Q((1/x - 0.625) / 0.375) for 1 <= x <= 4; beyond 4 erf rounds to 1 in float32)
+
+def _erf_value_narrow(x: Tensor) -> Tensor:
+    """erf in float64 for a float32 (or narrower) result: a polynomial below 1, erfc by exp(-x^2) times a polynomial
+    in 1/x up to 4, 1 beyond."""
+    a = x.abs()
+    small = a.minimum(1.0)
+    below = small * _poly(small * small, _ERF_SMALL)
+    big = a.maximum(1.0).minimum(4.0)
+    above = 1.0 - (-(big * big)).exp() * _poly((1.0 / big - 0.625) * (1 / 0.375), _ERFCX_BIG)
+    # (a nan goes through `above`, which is nan)
+    return _odd(x, (a <= 1).where(below, (a >= 4).where(1.0, above)))
+
 def _sinh_small(x: Tensor) -> Tensor:
     """sinh by its series, for |x| <= 0.5."""
     return x * _poly(x * x, [1.0 / math.factorial(2 * k + 1) for k in range(8)])
@@ -171,7 +193,9 @@ class ElementwiseMixin:
         return self * (self * 1.702).sigmoid()
     def erf(self: Any) -> Tensor:
         """The error function."""
-        return self._math(_erf_value, lambda x: (2 / math.sqrt(math.pi)) * (-(x * x)).exp(), wide=True)
+        deriv = lambda x: (2 / math.sqrt(math.pi)) * (-(x * x)).exp()  # noqa: E731
+        if least_upper_float(self.dtype) == dtypes.float64: return self._math(_erf_value, deriv, wide=True)
+        return self._math(_erf_value_narrow, deriv)
     def elu(self: Any, alpha: float = 1.0) -> Tensor:
         """x for x > 0, alpha * (exp(x) - 1) otherwise."""
         return (self > 0).where(self, alpha * _expm1(self))
