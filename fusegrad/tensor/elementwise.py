@@ -100,11 +100,12 @@ _ERFCX_BIG = [0.3059529922707548, 0.14335640814127174, -0.02424301011917729, 0.0
 # (exp(x^2) erfc(x) = Q((1/x - 0.625) / 0.375) for 1 <= x <= 4; beyond 4 erf rounds to 1 in float32)
 
 def _erf_value_narrow(x: Tensor) -> Tensor:
-    """erf in float64 for a float32 (or narrower) result: a polynomial below 1, erfc by exp(-x^2) times a polynomial
-    in 1/x up to 4, 1 beyond."""
+    """erf for a float32 (or narrower) result: a polynomial below 1 (in float64), erfc by exp(-x^2) times a polynomial
+    in 1/x up to 4, 1 beyond; within 1 ulp."""
     a = x.abs()
-    small = a.minimum(1.0)
-    below = small * _poly(small * small, _ERF_SMALL)
+    # (below 1 in float64: in float32 the polynomial's roundings came to 2.4 ulp)
+    small = a.minimum(1.0).cast(dtypes.float64)
+    below = (small * _poly(small * small, _ERF_SMALL)).cast(x.dtype)
     big = a.maximum(1.0).minimum(4.0)
     above = 1.0 - (-(big * big)).exp() * _poly((1.0 / big - 0.625) * (1 / 0.375), _ERFCX_BIG)
     # (a nan goes through `above`, which is nan)
