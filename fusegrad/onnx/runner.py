@@ -19,7 +19,7 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_quant, ops_random,  # noqa: F401 - they register ops
-                           ops_resize)
+                           ops_resize, ops_sequence)
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
 from fusegrad.uop.ops import device_buffer, is_symbolic, sym_eq
@@ -148,7 +148,8 @@ class Graph:
                 elif name in env: args.append(env[name])
                 else: raise OnnxNodeError(node.name, node.op_type, f"input {name!r} is produced by no earlier node")
             ctx = Context(node.name, node.op_type, node.opset, len(node.outputs), env, ctx_runner)
-            out = fold(node.op_type, args, node.attrs) if node.domain == "" else None
+            tensors = all(a is None or isinstance(a, Tensor) for a in args)  # (not sequences)
+            out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
             if out is None: out = _run_node(node, args, ctx)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             wanted = [i for i, name in enumerate(node.outputs) if name != ""]
@@ -233,11 +234,17 @@ class OnnxRunner:
         self.graph = Graph(proto.graph, self.opsets, base_dir)
         # the declared inputs: dtype and dims (ints, or names of symbolic dims) of each
         self.input_specs: dict[str, tuple[DType | None, tuple[int | str | None, ...] | None]] = {}
+        # inputs of sequence or optional type: a list of arrays or Tensors, and None for an empty optional
+        self.sequence_inputs: dict[str, str] = {}
         for vi in proto.graph.input:
             if vi.name in self.graph.initializers: continue
             tt = vi.type.tensor_type
+            if vi.type.WhichOneof("value") in ("sequence_type", "optional_type"):
+                self.sequence_inputs[vi.name] = vi.type.WhichOneof("value")
+                self.input_specs[vi.name] = (None, None)
+                continue
             if not vi.type.HasField("tensor_type"):
-                raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor: only tensor inputs are supported")
+                raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor, a sequence or an optional")
             try: dt = onnx_dtype(tt.elem_type) if tt.elem_type else None
             except Unsupported as e: raise OnnxLoadError(f"graph input {vi.name!r}: {e}") from None
             dims = None if not tt.HasField("shape") else tuple(
@@ -276,6 +283,9 @@ class OnnxRunner:
         arrays: dict[str, np.ndarray] = {}
         for name, (dt, dims) in self.input_specs.items():
             v = inputs[name]
+            if name in self.sequence_inputs:
+                out[name] = _sequence_input(name, v, self.sequence_inputs[name])
+                continue
             if isinstance(v, Tensor): t = v
             else:
                 arr = np.asarray(v)
@@ -304,7 +314,8 @@ class OnnxRunner:
             out[name] = t
         for name, t in out.items():
             dims = self.input_specs[name][1]
-            if self._symbolic_spec(dims, t.shape): out[name] = self._bind(name, t, arrays.get(name))
+            if name not in self.sequence_inputs and self._symbolic_spec(dims, t.shape):
+                out[name] = self._bind(name, t, arrays.get(name))
         return out
 
     def _symbolic_spec(self, dims: Sequence[int | str | None] | None, shape: Sequence[Any]) -> bool:
@@ -340,6 +351,20 @@ class OnnxRunner:
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
         given = dict(inputs or {}, **kwargs)
         return self.graph.run(self._check_inputs(given), self)
+
+
+def _sequence_input(name: str, v: Any, kind: str) -> Any:
+    """A sequence input as a list of Tensors; an optional one as None (empty), a Tensor or such a list."""
+    def tensor(x: Any) -> Tensor:
+        if isinstance(x, Tensor): return x
+        try: return array_to_tensor(np.asarray(x))
+        except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
+    if v is None:
+        if kind == "optional_type": return None
+        raise OnnxInputError(f"input {name!r} is a sequence: give a list of arrays, not None")
+    if isinstance(v, (list, tuple)): return [tensor(x) for x in v]
+    if kind == "sequence_type": raise OnnxInputError(f"input {name!r} is a sequence: give a list of arrays")
+    return tensor(v)
 
 
 def _fmt_dims(dims: Sequence[int | str | None]) -> str:

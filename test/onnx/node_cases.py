@@ -38,21 +38,33 @@ def run_case(case) -> None:
     runner = OnnxRunner(case.model)
     out = runner(dict(zip(names, inputs)))
     for o, want in zip(graph.output, expected):
-        got = out[o.name]
-        assert isinstance(got, Tensor)
-        got_np = got.numpy()
-        want = np.asarray(want)
-        if want.dtype.name == "bfloat16":
-            assert got.dtype.name == "__bf16", f"{o.name}: dtype {got.dtype} is not bfloat16"
-            got_np, want = got.cast("float32").numpy(), want.astype(np.float32)
-            # bfloat16 keeps 8 bits of mantissa
-            np.testing.assert_allclose(got_np, want, rtol=1e-2, atol=1e-2, equal_nan=True, err_msg=o.name)
-            continue
-        assert got_np.shape == want.shape, f"{o.name}: shape {got_np.shape} != {want.shape}"
-        if want.dtype.kind in "fc":
-            np.testing.assert_allclose(got_np.astype(np.float64), want.astype(np.float64), rtol=case.rtol,
-                                       atol=max(case.atol, 1e-6 if want.dtype != np.float16 else 1e-3), equal_nan=True,
-                                       err_msg=o.name)
-        else:
-            assert got_np.dtype == want.dtype, f"{o.name}: dtype {got_np.dtype} != {want.dtype}"
-            np.testing.assert_array_equal(got_np, want, err_msg=o.name)
+        check_value(o.name, out[o.name], want, case)
+
+
+def check_value(name: str, got, want, case) -> None:
+    """One output against its reference: a tensor, a sequence (a list) or an empty optional (None)."""
+    if want is None or isinstance(want, list):
+        if want is None:
+            assert got is None, f"{name}: {type(got).__name__} where the reference is an empty optional"
+            return
+        assert isinstance(got, list), f"{name}: {type(got).__name__} where the reference is a sequence"
+        assert len(got) == len(want), f"{name}: a sequence of {len(got)} values, the reference has {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)): check_value(f"{name}[{i}]", g, w, case)
+        return
+    assert isinstance(got, Tensor), f"{name}: {type(got).__name__} where the reference is a tensor"
+    got_np = got.numpy()
+    want = np.asarray(want)
+    if want.dtype.name == "bfloat16":
+        assert got.dtype.name == "__bf16", f"{name}: dtype {got.dtype} is not bfloat16"
+        got_np, want = got.cast("float32").numpy(), want.astype(np.float32)
+        # bfloat16 keeps 8 bits of mantissa
+        np.testing.assert_allclose(got_np, want, rtol=1e-2, atol=1e-2, equal_nan=True, err_msg=name)
+        return
+    assert got_np.shape == want.shape, f"{name}: shape {got_np.shape} != {want.shape}"
+    if want.dtype.kind in "fc":
+        np.testing.assert_allclose(got_np.astype(np.float64), want.astype(np.float64), rtol=case.rtol,
+                                   atol=max(case.atol, 1e-6 if want.dtype != np.float16 else 1e-3), equal_nan=True,
+                                   err_msg=name)
+    else:
+        assert got_np.dtype == want.dtype, f"{name}: dtype {got_np.dtype} != {want.dtype}"
+        np.testing.assert_array_equal(got_np, want, err_msg=name)

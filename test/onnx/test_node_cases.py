@@ -18,8 +18,6 @@ EXCLUDED: dict[str, str] = {
                                                                 "dtype",
     r"string": "string tensors have no fusegrad dtype",
     r"^test_training_dropout": "a random mask can't equal the one of the reference's generator",
-    r"^test_identity_(sequence|opt)$|^test_(if_seq|if_opt|loop13_seq|loop16_seq_none)$":
-        "sequence and optional values are not supported",
     r"^test_bernoulli": "random values can't equal those of the reference's generator (test_random_and_control.py "
                         "checks their shape, dtype and statistics)",
     r"^test_mod_float_edge_cases_fmod_0": "float Mod by zero or infinity: fusegrad's remainder is a - floor(a/b)*b",
@@ -35,7 +33,8 @@ DEFAULT_MODULES = ["add", "relu", "conv", "convtranspose", "gemm", "matmul", "re
                    "cumsum", "topk", "clip", "shape", "constantofshape", "rangeop", "flatten", "argmax", "einsum",
                    "scatternd", "onehot", "trilu", "depthtospace", "div", "pow", "quantizelinear",
                    "dequantizelinear", "qlinearconv", "qlinearmatmul", "resize", "upsample", "if_",
-                   "loop"]
+                   "loop", "identity", "sequenceinsert", "sequence_map", "splittosequence", "optionalgetelement",
+                   "optionalhaselement"]
 
 
 def _excluded(name: str) -> str | None:
