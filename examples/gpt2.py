@@ -35,11 +35,15 @@ class Attention:
         self.cache_k = Tensor.zeros(*shape).contiguous().realize()
         self.cache_v = Tensor.zeros(*shape).contiguous().realize()
 
-    def __call__(self, x: Tensor, start: int | UOp) -> Tensor:
-        """x (B, T, dim) at positions start..start+T-1 (start: an int, or a bound Variable)."""
+    def __call__(self, x: Tensor, start: int | UOp | None) -> Tensor:
+        """x (B, T, dim) at positions start..start+T-1 (start: an int, or a bound Variable); start None: positions
+        0..T-1 without the cache (training: the cache's in-place writes would cut the gradient's path to k and v)."""
         B, T, dim = x.shape
         q, k, v = self.c_attn(x).reshape(B, T, 3, self.n_head, self.head_dim).chunk(3, dim=2)
         q, k, v = q.squeeze(2), k.squeeze(2), v.squeeze(2)
+        if start is None:
+            att = q.transpose(1, 2).scaled_dot_product_attention(k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            return self.c_proj(att.transpose(1, 2).reshape(B, T, dim))
         # the new rows go into the cache in place; attention reads rows 0..start+T-1 of it
         self.cache_k[:, start:start + T].assign(k).realize()
         self.cache_v[:, start:start + T].assign(v).realize()
@@ -60,7 +64,7 @@ class Block:
     def __init__(self, cfg: Config, batch: int):
         self.ln_1, self.attn = nn.LayerNorm(cfg.dim, cfg.norm_eps), Attention(cfg, batch)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.dim, cfg.norm_eps), MLP(cfg)
-    def __call__(self, x: Tensor, start: int | UOp) -> Tensor:
+    def __call__(self, x: Tensor, start: int | UOp | None) -> Tensor:
         x = x + self.attn(self.ln_1(x), start)
         return x + self.mlp(self.ln_2(x))
 
@@ -74,10 +78,11 @@ class GPT2:
         self._decode = TinyJit(self.forward)
         self.start_pos = Variable("start_pos", 0, cfg.max_context - 1)
 
-    def forward(self, tokens: Tensor, start: int | UOp) -> Tensor:
-        """Logits (B, T, vocab) for tokens (B, T) at positions start.. (start: an int, or a bound Variable)."""
-        T = tokens.shape[1]
-        x = self.wte(tokens) + self.wpe(Tensor.arange(T, dtype=dtypes.int32).reshape(1, T) + start)
+    def forward(self, tokens: Tensor, start: int | UOp | None) -> Tensor:
+        """Logits (B, T, vocab) for tokens (B, T) at positions start.. (start: an int, or a bound Variable); start
+        None: positions 0.. without the KV cache, which training uses."""
+        T, first = tokens.shape[1], 0 if start is None else start
+        x = self.wte(tokens) + self.wpe(Tensor.arange(T, dtype=dtypes.int32).reshape(1, T) + first)
         for block in self.h: x = block(x, start)
         return self.ln_f(x) @ self.wte.weight.T
 
@@ -88,6 +93,17 @@ class GPT2:
                              f"({self.cfg.max_context})")
         if tokens.shape[1] == 1: return self._decode(tokens.cast(dtypes.int32).contiguous(), self.start_pos.bind(start))
         return self.forward(tokens.cast(dtypes.int32), start)
+
+    def parameters(self) -> list[Tensor]:
+        """The trainable tensors (the state dict without the KV caches)."""
+        return [v for k, v in get_state_dict(self).items() if "cache" not in k]
+
+    def loss(self, tokens: Tensor) -> Tensor:
+        """Mean cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1] (B, T+1 tokens), without the cache."""
+        if tokens.ndim != 2 or tokens.shape[1] < 2 or tokens.shape[1] - 1 > self.cfg.max_context:
+            raise ValueError(f"loss needs (batch, 2..{self.cfg.max_context + 1}) tokens, got shape {tokens.shape}")
+        tokens = tokens.cast(dtypes.int32)
+        return self.forward(tokens[:, :-1], None).sparse_categorical_crossentropy(tokens[:, 1:])
 
     def load_hf(self, fn: str) -> None:
         """Load a Hugging Face GPT-2 .safetensors file (its Conv1D weights are the transposes of Linear's)."""

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from fusegrad import Tensor
+import pytest
+from fusegrad import Tensor, nn
 from fusegrad.engine.realize import method_cache
 from fusegrad.nn.state import get_state_dict
 
@@ -64,3 +65,45 @@ def test_generate_samples_valid_tokens():
     assert len(toks) == 9 and all(0 <= t < 50 for t in toks) and tps > 0
     greedy = gpt2.generate(gpt2.GPT2(cfg), [1, 2, 3], 3, temperature=0, quiet=True)[0]
     assert len(greedy) == 6
+
+def test_training_loss_gradients_and_adamw_step_match_torch():
+    cfg = gpt2.Config(n_layer=2, n_head=2, dim=32, vocab_size=97, max_context=16)
+    Tensor.manual_seed(5)
+    model = gpt2.GPT2(cfg)
+    sd = {k: torch.tensor(v.numpy()).requires_grad_() for k, v in get_state_dict(model).items() if "cache" not in k}
+    assert len(model.parameters()) == len(sd)
+    toks = np.random.default_rng(1).integers(0, cfg.vocab_size, (3, 9))
+    params = model.parameters()
+    opt = nn.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    topt = torch.optim.AdamW(list(sd.values()), lr=1e-2, weight_decay=0.1)
+    def torch_loss():
+        logits = torch_gpt2(sd, cfg, torch.tensor(toks[:, :-1]))
+        return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), torch.tensor(toks[:, 1:]).reshape(-1))
+    with Tensor.train():
+        for step in range(2):
+            opt.zero_grad()
+            topt.zero_grad()
+            loss = model.loss(Tensor(toks.astype(np.int32)))
+            loss.backward()
+            tloss = torch_loss()
+            tloss.backward()
+            np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5, err_msg=f"loss at step {step}")
+            # the tied embedding gets gradients from the lookup and from the LM head; wpe only for positions 0..7
+            for name in ("wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_fc.bias", "ln_f.weight"):
+                g, tg = dict(zip(sd, params))[name].grad.numpy(), sd[name].grad.numpy()
+                np.testing.assert_allclose(g, tg, atol=1e-5 * np.abs(tg).max(), rtol=1e-3, err_msg=name)
+            opt.step()
+            topt.step()
+    for (name, tp), p in zip(sd.items(), params):
+        got, want = p.numpy(), tp.detach().numpy()
+        if name.endswith("c_attn.bias"):
+            # the key bias adds the same q.b to every score of a row, which softmax cancels: its exact gradient is 0,
+            # the computed one rounding noise, which Adam scales up to steps of lr with either sign
+            keep = np.r_[0:cfg.dim, 2 * cfg.dim:3 * cfg.dim]
+            got, want = got[keep], want[keep]
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4, err_msg=name)
+
+def test_training_loss_refuses_bad_token_shapes():
+    model = gpt2.GPT2(gpt2.Config(n_layer=1, n_head=2, dim=16, vocab_size=50, max_context=8))
+    with pytest.raises(ValueError, match="loss needs"): model.loss(Tensor([[1, 2, 3]]).reshape(3))
+    with pytest.raises(ValueError, match="loss needs"): model.loss(Tensor([[1] * 10]))
