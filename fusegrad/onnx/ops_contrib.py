@@ -10,6 +10,7 @@ from typing import Sequence
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.ops import Context, axis_of, op
+from fusegrad.onnx.ops_attention import attend  # noqa: F401 - it also registers the default domain's Attention
 
 MS = "com.microsoft"
 
