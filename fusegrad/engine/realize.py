@@ -349,8 +349,8 @@ class CompiledRunner(Runner):
         return None if launch is None else (launch, tuple(order[j] for j in positions))
 
 class BufferCopy(Runner):
-    """Copies bufs[1] into bufs[0] (same or different devices) through host memory; with `src_offset`, a part of
-    bufs[1] from that byte on."""
+    """Copies bufs[1] into bufs[0] (same or different devices) through host memory, or device to device where both
+    allocators are of one kind that has `_transfer`; with `src_offset`, a part of bufs[1] from that byte on."""
     def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int | None = None):
         name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
         super().__init__(colored(name, "yellow"), dest_device, Estimates(mem=nbytes))
@@ -364,7 +364,12 @@ class BufferCopy(Runner):
         if off is not None and off + dest.nbytes > src.nbytes:
             raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
         st = time.perf_counter()
-        if off is not None and dest.nbytes != src.nbytes:  # a part of the source
+        if type(dest.allocator) is type(src.allocator) and hasattr(dest.allocator, "_transfer") and \
+                (off is None or src.allocator.supports_views):
+            # between memories of one kind of device (GPUs): the devices copy, without the host in between
+            part = src._buf if off is None else src.allocator._offset(src._buf, dest.nbytes, off)
+            dest.allocator._transfer(dest._buf, part, dest.nbytes)
+        elif off is not None and dest.nbytes != src.nbytes:  # a part of the source
             dest.copyin(src.as_buffer()[off:off + dest.nbytes])
         elif hasattr(dest.allocator, "_as_buffer") and not hasattr(src.allocator, "_as_buffer"):
             src.copyout(dest.as_buffer())  # the destination's own memory is host memory: copy straight into it

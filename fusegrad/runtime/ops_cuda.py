@@ -3,7 +3,12 @@ NVRTC (`pip install 'fusegrad[cuda]'`: the nvidia-cuda-nvrtc-cu12 wheel), both c
 (renderer/cuda.py) compiled in process to a cubin for the GPU's compute capability (cached on disk, keyed by the
 architecture and NVRTC's version), loaded as a module and launched on the context's default stream over `global_dims`
 blocks of `local_dims` threads; a launch over the GPU's limits is refused before it is made. `CUDA` is the first GPU,
-`CUDA:1` the second, and so on. It is never the default device by itself: `DEV=CUDA` (or `CUDA=1`) picks it.
+`CUDA:1` the second, and so on (each GPU its own context). It is never the default device by itself: `DEV=CUDA` (or
+`CUDA=1`) picks it.
+
+TinyJit replays a run of kernels of one GPU as one CUDA graph (CUDAGraph): built once, its nodes' buffer arguments
+updated where a replay's differ, launched with one call. Copies between buffers of the device stay on the GPUs:
+device to device on one GPU, peer to peer between two that can reach each other's memory, else through the host.
 
 ctypes rather than a binding package: the driver API a framework needs is a couple of dozen C functions, and with
 ctypes the device needs nothing but the driver and the NVRTC wheel."""
@@ -17,7 +22,7 @@ import math
 import os
 import re
 import threading
-from typing import Any
+from typing import Any, Callable
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
 from fusegrad.runtime.ops_cl import check_group, launch_dims
 
@@ -124,7 +129,20 @@ _ATTR = {"max_threads_per_block": 1, "max_block_dim_x": 2, "max_block_dim_y": 3,
          "max_grid_dim_x": 5, "max_grid_dim_y": 6, "max_grid_dim_z": 7, "max_shared_memory_per_block": 8,
          "compute_capability_major": 75, "compute_capability_minor": 76, "reserved_shared_memory_per_block": 111}
 _FUNC_MAX_THREADS_PER_BLOCK, _FUNC_SHARED_SIZE_BYTES = 0, 1
-CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE = 2, 100
+CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 2, 100, 704
+CU_EVENT_DISABLE_TIMING = 2
+
+class CUDA_KERNEL_NODE_PARAMS(ctypes.Structure):
+    """cuda.h's CUDA_KERNEL_NODE_PARAMS, the layout that cuGraphAddKernelNode and cuGraphExecKernelNodeSetParams (the
+    exported names without _v2, which every driver since CUDA 10 keeps) take: 56 bytes on a 64-bit machine, the two
+    pointers after 4 bytes of padding."""
+    _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
+                ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint), ("kernelParams", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p)]
+
+_GRAPH_FUNCTIONS = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiateWithFlags",
+                    "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy")
 
 class CUDAError(RuntimeError):
     """A driver API call failed; `status` is its CUresult."""
@@ -142,18 +160,36 @@ def libcuda() -> ctypes.CDLL:
     for name in ("cuInit", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute", "cuDeviceGetName",
                  "cuDeviceTotalMem_v2", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuCtxSynchronize",
                  "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2",
-                 "cuMemcpyDtoD_v2", "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncGetAttribute",
-                 "cuLaunchKernel", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime",
-                 "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString"):
+                 "cuMemcpyDtoDAsync_v2", "cuMemcpyPeerAsync", "cuDeviceCanAccessPeer", "cuCtxEnablePeerAccess",
+                 "cuModuleLoadData", "cuModuleUnload", "cuModuleGetFunction", "cuFuncGetAttribute", "cuLaunchKernel",
+                 "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime", "cuEventDestroy_v2",
+                 "cuStreamWaitEvent", "cuGetErrorName", "cuGetErrorString"):
         getattr(lib, name).restype = ctypes.c_int
-    vp, u = ctypes.c_void_p, ctypes.c_uint
-    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
-    lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
-    lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, vp, ctypes.c_size_t]
-    lib.cuMemcpyDtoH_v2.argtypes = [vp, ctypes.c_uint64, ctypes.c_size_t]
-    lib.cuMemcpyDtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t]
+    vp, u, u64, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint64, ctypes.c_size_t
+    # (every CUdeviceptr and size_t is declared: ctypes would pass a Python int as a 32-bit int)
+    lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), sz]
+    lib.cuMemFree_v2.argtypes = [u64]
+    lib.cuMemcpyHtoD_v2.argtypes = [u64, vp, sz]
+    lib.cuMemcpyDtoH_v2.argtypes = [vp, u64, sz]
+    lib.cuMemcpyDtoDAsync_v2.argtypes = [u64, u64, sz, vp]
+    lib.cuMemcpyPeerAsync.argtypes = [u64, vp, u64, vp, sz, vp]
+    lib.cuDeviceCanAccessPeer.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]
+    lib.cuCtxEnablePeerAccess.argtypes = [vp, u]
     lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
     lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, ctypes.POINTER(vp), vp]
+    lib.cuEventRecord.argtypes = [vp, vp]
+    lib.cuStreamWaitEvent.argtypes = [vp, vp, u]
+    # graphs (CUDA 11.4 on): a driver without them runs every launch on its own
+    if all(hasattr(lib, name) for name in _GRAPH_FUNCTIONS):
+        for name in _GRAPH_FUNCTIONS: getattr(lib, name).restype = ctypes.c_int
+        params = ctypes.POINTER(CUDA_KERNEL_NODE_PARAMS)
+        lib.cuGraphCreate.argtypes = [ctypes.POINTER(vp), u]
+        lib.cuGraphAddKernelNode.argtypes = [ctypes.POINTER(vp), vp, ctypes.POINTER(vp), sz, params]
+        lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_ulonglong]
+        lib.cuGraphExecKernelNodeSetParams.argtypes = [vp, vp, params]
+        lib.cuGraphLaunch.argtypes = [vp, vp]
+        lib.cuGraphExecDestroy.argtypes = [vp]
+        lib.cuGraphDestroy.argtypes = [vp]
     status = lib.cuInit(0)
     if status == CUDA_ERROR_NO_DEVICE:
         raise RuntimeError("the CUDA device found NVIDIA's driver (libcuda.so.1) but no GPU (cuInit: "
@@ -226,11 +262,49 @@ class CUDAAllocator(LRUAllocator):
         del keep
 
     def _transfer(self, dest: CUDAMemory, src: CUDAMemory, nbytes: int) -> None:
-        """Copy `nbytes` from device memory `src` to `dest` (on one GPU, or between two through unified addressing)."""
-        dest.device.activate()
-        check(libcuda().cuMemcpyDtoD_v2(dest.ptr, src.ptr, nbytes), f"device copy of {nbytes} bytes")
+        """Copy `nbytes` from device memory `src` to `dest`, queued on the GPUs' streams after the work before it: on
+        one GPU device to device, between two that reach each other's memory peer to peer, else through the host."""
+        if nbytes == 0: return
+        dd, sd = dest.device, src.device
+        if dd.context.value == sd.context.value:
+            dd.activate()
+            check(libcuda().cuMemcpyDtoDAsync_v2(dest.ptr, src.ptr, nbytes, None),
+                  f"device copy of {nbytes} bytes on {dd.device}")
+        elif dd.peer_access(sd): _peer_copy(dest, src, nbytes)
+        else:
+            # (synchronous: the read waits for the source's stream, the write is queued before later work on dest's)
+            host = memoryview(bytearray(nbytes))
+            self._copyout(host, src)
+            self._copyin(dest, host)
+
+def _peer_copy(dest: CUDAMemory, src: CUDAMemory, nbytes: int) -> None:
+    """Copy between two GPUs, on the destination's stream: it waits for the work queued on the source's stream (which
+    may write the source), and the source's later work waits for it (which may overwrite the source or reuse its
+    memory). The host goes on at once."""
+    lib, dd, sd = libcuda(), dest.device, src.device
+    sd.activate()
+    check(lib.cuEventRecord(sd.sync_event, None), f"cuEventRecord on {sd.device}")
+    dd.activate()
+    check(lib.cuStreamWaitEvent(None, sd.sync_event, 0), f"{dd.device} waiting for {sd.device}")
+    check(lib.cuMemcpyPeerAsync(dest.ptr, dd.context, src.ptr, sd.context, nbytes, None),
+          f"peer copy of {nbytes} bytes from {sd.device} to {dd.device}")
+    check(lib.cuEventRecord(dd.sync_event, None), f"cuEventRecord on {dd.device}")
+    sd.activate()
+    check(lib.cuStreamWaitEvent(None, dd.sync_event, 0), f"{sd.device} waiting for {dd.device}")
 
 # *** programs ***
+
+def _arguments(bufs: tuple, vals: tuple, global_size: int) -> list[Any]:
+    """A launch's parameters as C values: each buffer's address (0 for one given later), each Variable's value (a
+    double for a float, a 64-bit int for an integer), then the range [0, global_size) of a kernel without ids."""
+    args: list[Any] = [ctypes.c_uint64(b.ptr if b is not None else 0) for b in bufs]
+    args += [ctypes.c_double(v) if type(v) is float else ctypes.c_int64(v) for v in vals]
+    # (a GPU-style kernel has no such parameters: the driver reads as many as the kernel has and ignores these)
+    return args + [ctypes.c_int64(0), ctypes.c_int64(global_size)]
+
+def _pointers(args: list[Any]) -> Any:
+    """The array of pointers to each parameter that the driver's kernelParams is."""
+    return (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
 
 class CUDAProgram:
     """A kernel of a cubin. It runs on the device its first buffer is on: another GPU loads the cubin as a module of
@@ -259,56 +333,176 @@ class CUDAProgram:
             f = self._functions[dev] = (fn, most.value, shared.value)
         return f
 
+    def _geometry(self, dev: CUDADevice, global_size: int, global_dims: tuple[int, ...] | None,
+                  local_dims: tuple[int, ...] | None) -> tuple[ctypes.c_void_p, tuple, tuple] | None:
+        """(the function, the grid, the block) of a launch on `dev`; None for a launch of no threads. A launch over
+        the GPU's or the kernel's limits is refused here (RuntimeError), before the driver sees it."""
+        fn, most, shared = self._function(dev)
+        if global_dims is None:
+            if global_size <= 0: return None
+            block = min(global_size, most, 128)
+            return fn, (math.ceil(global_size / block), 1, 1), (block, 1, 1)
+        gd, ld = launch_dims(self.name, global_dims, local_dims)
+        check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
+                    max_items=min(most, dev.limits[0]), max_sizes=dev.limits[1], local_mem=dev.limits[3])
+        for d, (n, top) in enumerate(zip(gd, dev.limits[2])):
+            if n > top:
+                raise RuntimeError(f"kernel {self.name} on {dev.device}: {n} blocks along dimension {d} "
+                                   f"(global_dims {gd}); the most is {top}")
+        if 0 in gd: return None
+        return fn, tuple(gd) + (1,) * (3 - len(gd)), tuple(ld) + (1,) * (3 - len(ld))
+
     def __call__(self, *bufs: CUDAMemory, vals: tuple = (), global_size: int = 1, threads: int = 1, wait: bool = False,
                  join: bool = False, helpable: bool = True, global_dims: tuple[int, ...] | None = None,
                  local_dims: tuple[int, ...] | None = None) -> float | None:
         """Run the kernel: a GPU-style one (`global_dims` given) as global_dims[d] blocks of local_dims[d] threads
         along each dimension d (x, y, z), a CPU-style one as `global_size` threads (one per iteration of its parallel
-        loop). With `wait`, wait for it and return the seconds it took on the GPU. `threads`, `join` and `helpable`
-        are the CPU's and mean nothing here."""
+        loop). With `wait`, wait for it and return the seconds it took on the GPU (between two events around it on
+        the stream). `threads`, `join` and `helpable` are the CPU's and mean nothing here."""
         dev = bufs[0].device if bufs else self.device
-        fn, most, shared = self._function(dev)
-        args: list[Any] = [ctypes.c_uint64(b.ptr) for b in bufs]
-        args += [ctypes.c_double(v) if type(v) is float else ctypes.c_int64(v) for v in vals]
-        # a kernel without work-item ids takes the range of its parallel loop, [core_lo, core_hi): the whole loop. (A
-        # GPU-style kernel has no such parameters: the driver reads as many as the kernel has and ignores these)
-        args += [ctypes.c_int64(0), ctypes.c_int64(global_size)]
-        if global_dims is None:
-            block = min(global_size, most, 128)
-            grid, block_dims = (math.ceil(global_size / max(block, 1)), 1, 1), (block, 1, 1)
-            if global_size <= 0: return 0.0 if wait else None
-        else:
-            gd, ld = launch_dims(self.name, global_dims, local_dims)
-            check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
-                        max_items=min(most, dev.limits[0]),
-                        max_sizes=dev.limits[1], local_mem=dev.limits[3])
-            for d, (n, top) in enumerate(zip(gd, dev.limits[2])):
-                if n > top:
-                    raise RuntimeError(f"kernel {self.name} on {dev.device}: {n} blocks along dimension {d} "
-                                       f"(global_dims {gd}); the most is {top}")
-            if 0 in gd: return 0.0 if wait else None
-            grid, block_dims = tuple(gd) + (1,) * (3 - len(gd)), tuple(ld) + (1,) * (3 - len(ld))
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        if (geometry := self._geometry(dev, global_size, global_dims, local_dims)) is None:
+            return 0.0 if wait else None
+        fn, grid, block = geometry
+        args = _arguments(bufs, vals, global_size)
+        params = _pointers(args)
         lib = libcuda()
         dev.activate()
-        if wait: start, end = dev.event(), dev.event()
-        if wait: check(lib.cuEventRecord(start, None), "cuEventRecord")
-        check(lib.cuLaunchKernel(fn, *grid, *block_dims, 0, None, params, None),
-              f"launching {self.name} over {grid} blocks of {block_dims} threads")
+        if wait:
+            start, end = dev.timing_events
+            check(lib.cuEventRecord(start, None), "cuEventRecord")
+        check(lib.cuLaunchKernel(fn, *grid, *block, 0, None, params, None),
+              f"launching {self.name} over {grid} blocks of {block} threads")
         if not wait: return None
         check(lib.cuEventRecord(end, None), "cuEventRecord")
         check(lib.cuEventSynchronize(end), f"waiting for {self.name}")
         ms = ctypes.c_float()
         check(lib.cuEventElapsedTime(ctypes.byref(ms), start, end), "cuEventElapsedTime")
-        lib.cuEventDestroy_v2(start)
-        lib.cuEventDestroy_v2(end)
         return ms.value * 1e-3
+
+    def prepare(self, *bufs: CUDAMemory | None, vals: tuple = (), global_size: int = 1, threads: int = 1,
+                join: bool = False, helpable: bool = True, global_dims: tuple[int, ...] | None = None,
+                local_dims: tuple[int, ...] | None = None, varying: tuple[int, ...] = ()) -> CUDALaunch:
+        """The launch `self(*bufs, vals=..., ...)` as a function that repeats it with its arguments converted once (a
+        TinyJit replay), taking the memory of the buffers at positions `varying` (None in `bufs`) per call."""
+        return CUDALaunch(self, bufs, vals, global_size, global_dims, local_dims, varying)
 
     def __del__(self) -> None:
         try:
             for dev, module in self._modules:
                 dev.activate()
                 libcuda().cuModuleUnload(module)
+        except Exception: pass   # (at interpreter shutdown the driver may be gone)
+
+_EMPTY = object()   # (CUDALaunch._at: a launch of no threads, told apart from one not resolved yet)
+
+class CUDALaunch:
+    """A prepared launch (CUDAProgram.prepare): its parameters made once, its grid checked once per GPU. Called with
+    the memory of the buffers at `varying`, it launches the kernel with those addresses. Where its other buffers say
+    which GPU it runs on, consecutive ones of that GPU run as one CUDA graph: `graph` makes it (see CUDAGraph)."""
+    def __init__(self, program: CUDAProgram, bufs: tuple[CUDAMemory | None, ...], vals: tuple, global_size: int,
+                 global_dims: tuple[int, ...] | None, local_dims: tuple[int, ...] | None, varying: tuple[int, ...]):
+        self.program, self.varying, self.global_size = program, varying, global_size
+        self.global_dims, self.local_dims = global_dims, local_dims
+        self.args = _arguments(bufs, vals, global_size)
+        self.params = _pointers(self.args)
+        self._at_device: dict[CUDADevice, Any] = {}
+        devices = {b.device for b in bufs if b is not None}
+        if len(devices) > 1: raise ValueError(f"kernel {program.name} prepared over buffers of several GPUs")
+        self.device = devices.pop() if devices else None
+        if self.device is not None: self.at(self.device)   # (a launch over the GPU's limits is refused now)
+        self.graph = self.device.launch_graph if self.device is not None and self.device.graphs else None
+
+    def at(self, dev: CUDADevice) -> tuple[ctypes.c_void_p, tuple, tuple] | None:
+        """(function, grid, block) of this launch on `dev`, None for a launch of no threads."""
+        if (geometry := self._at_device.get(dev, None)) is None:
+            made = self.program._geometry(dev, self.global_size, self.global_dims, self.local_dims)
+            geometry = self._at_device[dev] = _EMPTY if made is None else made
+        return None if geometry is _EMPTY else geometry
+
+    def __call__(self, *allocations: CUDAMemory) -> None:
+        dev = self.device if self.device is not None else allocations[0].device
+        if (geometry := self.at(dev)) is None: return
+        for pos, a in zip(self.varying, allocations): self.args[pos].value = a.ptr
+        fn, grid, block = geometry
+        dev.activate()
+        # (the driver copies the parameters' values at the launch: the next call may change them)
+        check(libcuda().cuLaunchKernel(fn, *grid, *block, 0, None, self.params, None),
+              f"launching {self.program.name} over {grid} blocks of {block} threads")
+
+class CUDAGraph:
+    """Consecutive prepared launches of one GPU as one CUDA graph: a kernel node per launch, each depending on the one
+    before (the launches' order), instantiated on the first call. A call updates the nodes whose buffers' memory
+    differs from the last call's (cuGraphExecKernelNodeSetParams) and launches the graph on the stream: one driver
+    call for the whole run of kernels. `calls` pairs each launch with the index, per buffer it takes per call, of that
+    buffer's memory in the list a call of the graph gets (the engine's launch-graph contract, see LaunchGraph)."""
+    def __init__(self, device: CUDADevice, calls: list[tuple[CUDALaunch, tuple[int, ...]]],
+                 work: tuple[int, int] | None = None):
+        if not calls: raise ValueError("a CUDAGraph needs at least one launch")
+        if any(launch.device is not device for launch, _ in calls):
+            raise ValueError(f"a CUDAGraph of {device.device} holds only launches of that GPU")
+        self.device, self.calls = device, calls
+        self.graph: ctypes.c_void_p | None = None
+        self.exec: ctypes.c_void_p | None = None
+        # per node: its handle, its CUDA_KERNEL_NODE_PARAMS, its parameters (the graph's own values)
+        self.nodes: list[tuple[ctypes.c_void_p, CUDA_KERNEL_NODE_PARAMS, list[Any], Any]] = []
+        # per index of a call's memory: (node, the parameter holding its address) of every use
+        self.uses: list[list[tuple[int, Any]]] = []
+
+    def _build(self, allocations: list[CUDAMemory]) -> None:
+        lib, dev = libcuda(), self.device
+        dev.activate()
+        graph = ctypes.c_void_p()
+        check(lib.cuGraphCreate(ctypes.byref(graph), 0), f"cuGraphCreate on {dev.device}")
+        self.graph = graph
+        self.uses = [[] for _ in allocations]
+        before: Any = None
+        for launch, indices in self.calls:
+            if (geometry := launch.at(dev)) is None: continue   # (no threads: nothing to run)
+            fn, grid, block = geometry
+            args = [type(a)(a.value) for a in launch.args]
+            for pos, idx in zip(launch.varying, indices):
+                args[pos].value = allocations[idx].ptr
+                self.uses[idx].append((len(self.nodes), args[pos]))
+            params = _pointers(args)
+            p = CUDA_KERNEL_NODE_PARAMS(fn.value, *grid, *block, 0, ctypes.cast(params, ctypes.c_void_p), None)
+            node = ctypes.c_void_p()
+            deps = (ctypes.c_void_p * 1)(before) if before is not None else None
+            check(lib.cuGraphAddKernelNode(ctypes.byref(node), graph, deps, 1 if deps is not None else 0,
+                                           ctypes.byref(p)),
+                  f"adding kernel {launch.program.name} to a graph on {dev.device}")
+            self.nodes.append((node, p, args, params))
+            before = node.value
+        exe = ctypes.c_void_p()
+        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0),
+              f"instantiating a graph of {len(self.nodes)} kernels on {dev.device}")
+        self.exec = exe
+
+    def __call__(self, allocations: list[CUDAMemory]) -> None:
+        lib = libcuda()
+        if self.exec is None: self._build(allocations)
+        else:
+            changed: set[int] = set()
+            for a, uses in zip(allocations, self.uses):
+                for k, arg in uses:
+                    if arg.value != a.ptr:
+                        arg.value = a.ptr
+                        changed.add(k)
+            if changed: self.device.activate()
+            for k in sorted(changed):
+                node, p, _, _ = self.nodes[k]
+                check(lib.cuGraphExecKernelNodeSetParams(self.exec, node, ctypes.byref(p)),
+                      f"updating the arguments of a graph's kernel on {self.device.device}")
+        if not self.nodes: return
+        self.device.activate()
+        check(lib.cuGraphLaunch(self.exec, None), f"launching a graph of {len(self.nodes)} kernels on "
+                                                  f"{self.device.device}")
+
+    def __del__(self) -> None:
+        try:
+            if self.exec is None and self.graph is None: return
+            self.device.activate()
+            if self.exec is not None: libcuda().cuGraphExecDestroy(self.exec)
+            if self.graph is not None: libcuda().cuGraphDestroy(self.graph)
         except Exception: pass   # (at interpreter shutdown the driver may be gone)
 
 # *** the device ***
@@ -340,6 +534,8 @@ class CUDADevice(Compiled):
         self.limits = (a["max_threads_per_block"], (a["max_block_dim_x"], a["max_block_dim_y"], a["max_block_dim_z"]),
                        (a["max_grid_dim_x"], a["max_grid_dim_y"], a["max_grid_dim_z"]),
                        a["max_shared_memory_per_block"])
+        self.graphs = all(hasattr(lib, f) for f in _GRAPH_FUNCTIONS)   # whether TinyJit replays through CUDA graphs
+        self._peers: dict[int, bool] = {}   # GPU ordinal -> whether this context reads its memory directly
         super().__init__(device, CUDAAllocator(self), None, None, functools.partial(CUDAProgram, self))
 
     def attribute(self, name: str) -> int:
@@ -353,10 +549,44 @@ class CUDADevice(Compiled):
             check(libcuda().cuCtxSetCurrent(self.context), f"making {self.device}'s context current")
             _current.ctx = self.context.value
 
-    def event(self) -> ctypes.c_void_p:
+    def event(self, flags: int = 0) -> ctypes.c_void_p:
+        """A new event of this GPU's context."""
+        self.activate()
         ev = ctypes.c_void_p()
-        check(libcuda().cuEventCreate(ctypes.byref(ev), 0), "cuEventCreate")
+        check(libcuda().cuEventCreate(ctypes.byref(ev), flags), f"cuEventCreate on {self.device}")
         return ev
+
+    @functools.cached_property
+    def timing_events(self) -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+        """The two events a timed launch is measured between (made once: DEBUG=2 and BEAM time every launch)."""
+        return self.event(), self.event()
+
+    @functools.cached_property
+    def sync_event(self) -> ctypes.c_void_p:
+        """The event another GPU's stream waits on to follow this one's (recorded again for each wait: a wait takes
+        the record made before it)."""
+        return self.event(CU_EVENT_DISABLE_TIMING)
+
+    @functools.cached_property
+    def launch_graph(self) -> Callable[..., CUDAGraph]:
+        """What the engine calls to run consecutive prepared launches of this GPU as one graph (one object per GPU:
+        launches of one GPU share it, so the engine groups no others with them)."""
+        return functools.partial(CUDAGraph, self)
+
+    def peer_access(self, other: CUDADevice) -> bool:
+        """Whether this GPU's context reaches `other`'s memory directly: asked of the driver once, and enabled then."""
+        if (ok := self._peers.get(other.cu_device.value)) is None:
+            lib, can = libcuda(), ctypes.c_int()
+            check(lib.cuDeviceCanAccessPeer(ctypes.byref(can), self.cu_device, other.cu_device),
+                  f"cuDeviceCanAccessPeer({self.device}, {other.device})")
+            ok = bool(can.value)
+            if ok:
+                self.activate()
+                # (already enabled: by another library of this process, say)
+                if (status := lib.cuCtxEnablePeerAccess(other.context, 0)) != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+                    check(status, f"enabling {self.device}'s access to {other.device}'s memory")
+            self._peers[other.cu_device.value] = ok
+        return ok
 
     @functools.cached_property
     def renderer(self) -> Any:
