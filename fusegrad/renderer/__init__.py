@@ -1,8 +1,15 @@
 """The interface between code generation and devices: a Renderer turns linearized UOps into source text for one
 device family, and a ProgramSpec carries that source with everything a runtime needs to call it."""
 from __future__ import annotations
+import itertools
 from dataclasses import dataclass, field
+from fusegrad.dtype import DType
+from fusegrad.helpers import ContextVar
 from fusegrad.uop.ops import UOp
+
+# 1: float32 matmuls may run on tensor cores as TF32 (inputs rounded to 10 bits of significand), as torch's and
+# tinygrad's knob of the same name
+ALLOW_TF32 = ContextVar("ALLOW_TF32", 0)
 
 @dataclass(frozen=True)
 class Estimates:
@@ -41,6 +48,59 @@ class ProgramSpec:
     def __post_init__(self) -> None:
         if not self.function_name: self.function_name = self.name
 
+@dataclass(frozen=True)
+class TensorCore:
+    """A warp-level matrix multiply-accumulate instruction D = A @ B + C (A: M x K, B: K x N, C and D: M x N) as
+    data: what the TC opt needs to lay a kernel's loops out for it, the renderer to write it and the PYTHON device to
+    emulate it. `threads` lanes execute it together, each holding some elements of every operand in registers.
+
+    `layout` says which element each lane holds, for A, B and C (D as C), each as (row weights, col weights,
+    elements): lane l's element i is at row `sum(w for bit b of l set) + elements[i][0]` and col likewise with the
+    col weights and elements[i][1] (every tensor core we know lays its lanes out along bit fields of the lane id)."""
+    name: str                       # the instruction (CUDA: the PTX mma.sync it renders)
+    dims: tuple[int, int, int]      # (M, N, K)
+    dtype_in: DType                 # A's and B's
+    dtype_out: DType                # C's and D's
+    device: str
+    layout: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]], ...]
+    threads: int = 32
+
+    def __post_init__(self) -> None:
+        m, n, k = self.dims
+        if len(self.layout) != 3: raise ValueError(f"tensor core {self.name}: a layout for A, B and C, got "
+                                                   f"{len(self.layout)}")
+        bits = self.threads.bit_length() - 1
+        if self.threads != 1 << bits: raise ValueError(f"tensor core {self.name}: {self.threads} threads")
+        for which, (rows, cols), lay in zip("ABC", ((m, k), (k, n), (m, n)), self.layout):
+            if len(lay[0]) != bits or len(lay[1]) != bits:
+                raise ValueError(f"tensor core {self.name}: {which}'s lane weights need one per bit of the lane id")
+            held = sorted(self.coords(which, lane, i) for lane in range(self.threads) for i in range(len(lay[2])))
+            if held != list(itertools.product(range(rows), range(cols))):
+                raise ValueError(f"tensor core {self.name}: the lanes' {which} elements aren't each of its "
+                                 f"{rows}x{cols} elements once")
+
+    def elements(self, which: str) -> int:
+        """How many elements of operand `which` ("A", "B" or "C") each lane holds."""
+        return len(self.layout["ABC".index(which)][2])
+
+    def coords(self, which: str, lane: int, i: int) -> tuple[int, int]:
+        """(row, col) of element `i` of operand `which` ("A", "B" or "C") that lane `lane` holds."""
+        rows, cols, elems = self.layout["ABC".index(which)]
+        r = sum(w for b, w in enumerate(rows) if lane >> b & 1) + elems[i][0]
+        return r, sum(w for b, w in enumerate(cols) if lane >> b & 1) + elems[i][1]
+
+    @property
+    def wmma_arg(self) -> tuple:
+        """The arg of the WMMA UOp of this instruction: plain literals (the PYTHON listing parses them back)."""
+        return (self.name, self.dims, self.dtype_in.name, self.dtype_out.name, self.device, self.threads, self.layout)
+
+    @staticmethod
+    def from_wmma_arg(arg: tuple) -> TensorCore:
+        from fusegrad.dtype import DTYPES_DICT
+        by_name = {dt.name: dt for dt in DTYPES_DICT.values()}
+        name, dims, din, dout, device, threads, layout = arg
+        return TensorCore(name, tuple(dims), by_name[din], by_name[dout], device, layout, threads)
+
 class Renderer:
     """What a device's code generator declares and how it prints a program."""
     device: str = ""
@@ -61,4 +121,5 @@ class Renderer:
     max_workgroup: int = 1          # the most work-items in one group
     local_bytes: int = 0            # local memory one group may use, in bytes
     fast_local_memory: bool = False  # local memory is faster than global memory (a GPU's; not a CPU OpenCL's)
+    tensor_cores: list[TensorCore] = []  # warp matrix instructions the TC opt may use (see TensorCore)
     def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError

@@ -21,7 +21,8 @@ import math
 import re
 import struct
 from fusegrad.dtype import DType, dtypes
-from fusegrad.renderer.cstyle import _LOWP, CStyleLanguage, KernelText
+from fusegrad.renderer import ALLOW_TF32, TensorCore
+from fusegrad.renderer.cstyle import _LOWP, _SHORT, CStyleLanguage, KernelText
 from fusegrad.uop.ops import Ops, UOp
 
 # the C renderer's GCC builtins: CUDA's math library has functions of the same meaning and name
@@ -36,6 +37,29 @@ def _half_bits(v: float) -> int:
     """The bits of float `v` rounded to half (to nearest even; past the largest half, inf)."""
     try: return struct.unpack("<H", struct.pack("<e", v))[0]
     except OverflowError: return 0xfc00 if v < 0 else 0x7c00
+
+# *** tensor cores (sm_80 and later): mma.sync on a warp's registers, lanes laid out as the PTX ISA says ***
+# A lane's groupID is its bits 2-4 (lane // 4), its threadID_in_group bits 0-1 (lane % 4)
+_GROUP_ID, _IN_GROUP = (0, 0, 1, 2, 4), (1, 2, 0, 0, 0)
+_TWICE_IN_GROUP = (2, 4, 0, 0, 0)
+# m16n8k16 (half and bfloat16 in): A a0..a7 at (groupID + 8 (i // 2 % 2), 2 threadID_in_group + i % 2 + 8 (i // 4)),
+# B b0..b3 at (2 threadID_in_group + j % 2 + 8 (j // 2), groupID), C c0..c3 at (groupID + 8 (e // 2), 2
+# threadID_in_group + e % 2)
+_C_16x8 = (_GROUP_ID, _TWICE_IN_GROUP, tuple((8 * (e // 2), e % 2) for e in range(4)))
+_LAYOUT_K16 = ((_GROUP_ID, _TWICE_IN_GROUP, tuple((8 * (i // 2 % 2), i % 2 + 8 * (i // 4)) for i in range(8))),
+               (_TWICE_IN_GROUP, _GROUP_ID, tuple((j % 2 + 8 * (j // 2), 0) for j in range(4))), _C_16x8)
+# m16n8k8 (tf32 in): A a0..a3 at (groupID + 8 (i % 2), threadID_in_group + 4 (i // 2)), B b0, b1 at
+# (threadID_in_group + 4 j, groupID)
+_LAYOUT_K8 = ((_GROUP_ID, _IN_GROUP, tuple((8 * (i % 2), 4 * (i // 2)) for i in range(4))),
+              (_IN_GROUP, _GROUP_ID, tuple((4 * j, 0) for j in range(2))), _C_16x8)
+CUDA_TENSOR_CORES = [
+    TensorCore("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", (16, 8, 16), dtypes.float16, dtypes.float32,
+               "CUDA", _LAYOUT_K16),
+    TensorCore("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", (16, 8, 16), dtypes.bfloat16, dtypes.float32,
+               "CUDA", _LAYOUT_K16)]
+CUDA_TF32_TENSOR_CORES = [
+    TensorCore("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", (16, 8, 8), dtypes.float32, dtypes.float32,
+               "CUDA", _LAYOUT_K8)]
 
 class CUDARenderer(CStyleLanguage):
     """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
@@ -69,8 +93,60 @@ class CUDARenderer(CStyleLanguage):
         self.max_workgroup, self.local_max, self.global_max = max_workgroup, tuple(local_max), tuple(global_max)
         self.local_bytes, self.fast_local_memory = local_bytes, fast_local_memory
 
+    @property
+    def tensor_cores(self) -> list[TensorCore]:   # type: ignore[override]
+        """mma.sync of half and bfloat16 from sm_80 on; of tf32 too with ALLOW_TF32=1."""
+        if int(re.sub(r"\D", "", self.arch)) < 80: return []
+        return CUDA_TENSOR_CORES + (CUDA_TF32_TENSOR_CORES if ALLOW_TF32 else [])
+
     def id_expr(self, kind: str, dim: int) -> str:
         return f"(long){'blockIdx' if kind == 'group' else 'threadIdx'}.{'xyz'[dim]}"
+
+    # *** vectors: only the fragments and accumulators of tensor cores (WMMA) are vectors here; NVRTC has no GCC
+    # vector extensions, so a vector is a struct of an array ***
+
+    def vector_type(self, dt: DType) -> str:
+        name = f"fg_{_SHORT[dt.scalar()]}x{dt.count}"
+        return self._need(name, f"typedef struct {{ {self.dtype_name(dt.scalar())} v[{dt.count}]; }} {name};")
+
+    def vector_literal(self, dt: DType, lanes: list[str]) -> str:
+        return f"{self.dtype_name(dt)}{{{{{', '.join(lanes)}}}}}"
+    def vector_zero(self, dt: DType) -> str: return f"{self.dtype_name(dt)}{{}}"
+    def vector_splat(self, dt: DType, x: str) -> str: return self.vector_literal(dt, [x] * dt.count)
+    def lane(self, x: str, i: int | str) -> str: return f"{x}.v[{i}]"
+
+    def _wmma_fn(self, tc: TensorCore) -> str:
+        """The device function doing `tc`'s mma.sync: fragments packed into the 32-bit registers PTX takes (16-bit
+        values two to a register, the lower index in the low half; tf32 rounded from float by cvt.rna)."""
+        a_t, b_t, c_t = (self.dtype_name(dt.vec(tc.elements(w)))
+                         for dt, w in ((tc.dtype_in, "A"), (tc.dtype_in, "B"), (tc.dtype_out, "C")))
+        name = "fg_" + re.sub(r"\W", "_", tc.name.removeprefix("mma.sync.aligned."))
+        lines, regs = [], {"a": [], "b": []}
+        for x, which in (("a", "A"), ("b", "B")):
+            n = tc.elements(which)
+            if tc.dtype_in.itemsize == 2:
+                for j in range(0, n, 2):
+                    lines.append(f"  unsigned {x}{j // 2} = (unsigned){x}.v[{j}] | ((unsigned){x}.v[{j + 1}] << 16);")
+                    regs[x].append(f"{x}{j // 2}")
+            elif tc.dtype_in == dtypes.float32:
+                for j in range(n):
+                    cvt = f'asm("cvt.rna.tf32.f32 %0, %1;" : "=r"({x}{j}) : "f"({x}.v[{j}]));'
+                    lines.append(f"  unsigned {x}{j}; {cvt}")
+                    regs[x].append(f"{x}{j}")
+            else: raise NotImplementedError(f"tensor core {tc.name}: no packing of {tc.dtype_in}")
+        nc, na, nb = tc.elements("C"), len(regs["a"]), len(regs["b"])
+        ops = lambda lo, n: "{" + ",".join(f"%{i}" for i in range(lo, lo + n)) + "}"
+        asm = f"{tc.name} {ops(0, nc)}, {ops(nc, na)}, {ops(nc + na, nb)}, {ops(0, nc)};"
+        outs = ", ".join(f'"+f"(c.v[{i}])' for i in range(nc))
+        ins = ", ".join(f'"r"({r})' for r in regs["a"] + regs["b"])
+        body = "\n".join(lines + [f'  asm volatile("{asm}" : {outs} : {ins});', "  return c;"])
+        return self._need(name, f"static inline {c_t} {name}({a_t} a, {b_t} b, {c_t} c) {{\n{body}\n}}")
+
+    def _wmma(self, k: KernelText, u: UOp) -> None:
+        tc = TensorCore.from_wmma_arg(u.arg)
+        if tc.device != "CUDA" or tc not in CUDA_TENSOR_CORES + CUDA_TF32_TENSOR_CORES:
+            raise ValueError(f"WMMA of {tc.name} on {tc.device}: not a CUDA tensor core")
+        k.assign(u, f"{self._wmma_fn(tc)}({', '.join(k.r[s] for s in u.src)})", "wmma")
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
 
@@ -128,7 +204,7 @@ class CUDARenderer(CStyleLanguage):
         # a narrowing C cast of a 16-bit float Variable would convert the value to the integer that holds its bits
         if u.dtype in _LOWP: k.r[u] = self.from_float(f"(float){u.arg[0]}", u.dtype)
 
-    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var}
+    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__

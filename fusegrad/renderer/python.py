@@ -13,7 +13,11 @@ PYTHON_SIMD=0 it declares no SIMD and no FMA: the optimizer then emits plain sca
 generator makes GPU-style kernels (SPECIAL ids, local memory, barriers), and the PYTHON runtime emulates their
 work-groups, so they can be cross-checked on the CPU. With PYTHON_GPU=1 (or `gpu=True`) the PYTHON device itself acts
 as a GPU without another renderer: has_local, a CUDA-like launch grid (global_max (2**31-1, 65535, 65535),
-local_max (1024, 1024, 64), max_workgroup 1024, local_bytes 48 KiB), no SIMD, no FMA and no threads."""
+local_max (1024, 1024, 64), max_workgroup 1024, local_bytes 48 KiB), no SIMD, no FMA and no threads.
+
+Tensor cores: `like`'s (the CUDA renderer's mma.sync, for one), or with PYTHON_GPU=1 and PYTHON_TC=1 (or
+`tensor_cores=True`) the CUDA renderer's; the PYTHON runtime emulates the WMMA of a warp's lanes, so tensor-core
+kernels run (slowly) on any machine."""
 from __future__ import annotations
 import ast
 import math
@@ -41,8 +45,14 @@ class PythonRenderer(Renderer):
     ClangRenderer declares them; `gpu`: a GPU's, see the module docstring)."""
     device = "PYTHON"
 
-    def __init__(self, like: Renderer | None = None, simd: bool | None = None, gpu: bool | None = None) -> None:
+    def __init__(self, like: Renderer | None = None, simd: bool | None = None, gpu: bool | None = None,
+                 tensor_cores: bool | None = None) -> None:
         for attr, v in _GPU_DEFAULTS.items(): setattr(self, attr, v)
+        self._tc_of: Renderer | None = like
+        if like is None and (gpu if gpu is not None else getenv("PYTHON_GPU", 0)) and \
+                (tensor_cores if tensor_cores is not None else getenv("PYTHON_TC", 0)):
+            from fusegrad.renderer.cuda import CUDARenderer
+            self._tc_of = CUDARenderer("sm_80")
         if like is not None:
             for attr in _OPT_ATTRS: setattr(self, attr, getattr(like, attr, _GPU_DEFAULTS.get(attr)))
         elif gpu if gpu is not None else getenv("PYTHON_GPU", 0):
@@ -52,6 +62,11 @@ class PythonRenderer(Renderer):
             host = hostcpu.cpu()
             self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
             self.vector_dtypes = host.vector_dtypes
+
+    @property
+    def tensor_cores(self) -> list:   # type: ignore[override]
+        # (read when asked: a renderer's tensor cores may depend on ALLOW_TF32)
+        return list(getattr(self._tc_of, "tensor_cores", [])) if self._tc_of is not None else []
 
     def render(self, uops: list[UOp], name: str) -> str:
         pos = {u: i for i, u in enumerate(uops)}

@@ -32,6 +32,14 @@ they find every time.
     or inside a loop; launch dims that don't match the SPECIALs' sizes (a dim without its SPECIAL must be 1)
   - local memory starts as 0xff bytes (nan for floats, -1 for signed integers), so reading an element before any
     work-item wrote it gives visibly wrong values rather than an error
+  - WMMA (a tensor core's warp-wide matrix multiply-accumulate, codegen/opt/tc.py) is a step of the whole warp, like
+    a barrier of its 32 (the instruction's `threads`) work-items: consecutive work-items (lidx0 fastest, as a GPU
+    numbers a block's threads into warps) are a warp, and when every work-item of the group waits at the WMMA, each
+    warp's fragments are gathered per the instruction's lane layout into A, B and C, D = A @ B + C is computed (each
+    element's products summed exactly, rounded once to the output dtype; float32 inputs are first rounded to TF32,
+    to nearest with ties away from zero, as the tf32 instructions take them) and scattered back to the lanes. It
+    orders nothing in local memory (no new phase for the missing-barrier checks). A group that isn't whole warps,
+    and a WMMA some work-items don't reach, are errors.
   - not checked: races on global memory (between work-items of a group, or between groups: they show up only when
     the result depends on the order groups run in), the renderer's limits (local_bytes, max_workgroup), and loops
     around a barrier whose trip counts differ between work-items while every work-item still reaches the same
@@ -48,6 +56,7 @@ from itertools import repeat
 from typing import Any, Callable
 from fusegrad.device import Allocator, Compiled, Compiler
 from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.renderer import TensorCore
 from fusegrad.renderer.python import PythonRenderer, parse_listing
 from fusegrad.uop.ops import GroupOp, Ops
 
@@ -433,7 +442,8 @@ class PythonProgram:
         self.specials: dict[str, int] = {}             # SPECIAL name -> its uop
         self.locals: list[tuple[int, int, DType, str]] = []   # GPU-style: (slot, bytes, element dtype, name)
         self.global_loop: int | None = None            # the CPU-style "global" RANGE
-        self.has_barrier = False
+        self.has_barrier = False   # (or a WMMA: a step of all the work-items of a warp)
+        self.wmmas: dict[int, TensorCore] = {}   # WMMA uop -> its instruction
         for i, (op, dt, srcs, arg) in enumerate(self.instrs):
             if op is not Ops.SPECIAL: continue
             if arg not in _SPECIAL_NAMES: raise self._err(i, f"malformed SPECIAL name {arg!r}: not one of "
@@ -518,6 +528,7 @@ class PythonProgram:
                 if (g := r[grp]) is not None: g.wait(r[item], i)
                 r[i] = r[a]
             return barrier
+        if op is Ops.WMMA: return self._wmma(i, dt, srcs, arg)
         if op in (Ops.BIND, Ops.BARRIER):
             a = s(0)
             def alias(r: list) -> None: r[i] = r[a]
@@ -575,6 +586,24 @@ class PythonProgram:
         a, b, c = xs
         def alu3(r: list) -> None: r[i] = f(r[a], r[b], r[c])
         return alu3
+
+    def _wmma(self, i: int, dt: DType, srcs: tuple[int | None, ...], arg: Any) -> Step:
+        try: tc = TensorCore.from_wmma_arg(arg)
+        except (TypeError, ValueError, KeyError) as e: raise self._err(i, f"malformed WMMA arg: {e}") from None
+        xs = tuple(self._src(i, srcs, k) for k in range(3))
+        want = (tc.dtype_in.vec(tc.elements("A")), tc.dtype_in.vec(tc.elements("B")),
+                tc.dtype_out.vec(tc.elements("C")))
+        got = tuple(self.instrs[x][1] for x in xs)
+        if len(srcs) != 3 or got != want or dt != want[2]:
+            raise self._err(i, f"WMMA of {tc.name} takes {want} and gives {want[2]!r}, got {got} and {dt!r}")
+        self.wmmas[i] = tc
+        self.has_barrier = True
+        grp, item = self.group, self.item
+        def wmma(r: list) -> None:
+            if (g := r[grp]) is None:
+                raise self._err(i, f"a WMMA is a step of a warp of {tc.threads} work-items; this one runs alone")
+            r[i] = g.wait(r[item], i, tuple(r[x] for x in xs))
+        return wmma
 
     def _index(self, i: int, dt: DType, srcs: tuple[int | None, ...]) -> Step:
         # an INDEX is (memory, element) or None when its gate is off
@@ -731,8 +760,12 @@ class _Group:
         self.prog, self.regs, self.mems, self.who = prog, regs, mems, who
         self.go = [threading.Semaphore(0) for _ in regs]   # released to give work-item k the baton
         self.back = threading.Semaphore(0)                   # released to give it back to the launching thread
-        # what each work-item did with the baton: the BARRIER uop it waits at, None when it finished, or its error
+        # what each work-item did with the baton: the BARRIER (or WMMA) uop it waits at, None when it finished, or its
+        # error
         self.where: list[int | BaseException | None] = [None] * len(regs)
+        # at a WMMA: each work-item's fragments, then its result
+        self.operands: list[tuple] = [()] * len(regs)
+        self.results: list[Any] = [None] * len(regs)
         self.abort = False
         for r in regs: r[prog.group] = self
 
@@ -744,11 +777,13 @@ class _Group:
     def _pass(self, k: int) -> None:
         (self.go[k + 1] if k + 1 < len(self.go) else self.back).release()
 
-    def wait(self, k: int, barrier: int) -> None:
-        """Called by work-item k at BARRIER uop `barrier`: pass the baton on, wait for the next phase."""
-        self.where[k] = barrier
+    def wait(self, k: int, barrier: int, operands: tuple = ()) -> Any:
+        """Called by work-item k at BARRIER (or WMMA) uop `barrier`: pass the baton on, wait for the next phase; a
+        WMMA's `operands` are the work-item's fragments, and its result is returned."""
+        self.where[k], self.operands[k] = barrier, operands
         self._pass(k)
         self._take(k)
+        return self.results[k]
 
     def _work(self, k: int) -> None:
         try:
@@ -772,23 +807,54 @@ class _Group:
                 for e in self.where:
                     if isinstance(e, BaseException): raise e
                 if all(w is None for w in self.where): return
-                self._check_converged()
-                for m in self.mems: m.new_phase()
+                at = self._check_converged()
+                if at in self.prog.wmmas: self._warp_mma(at)
+                else:
+                    for m in self.mems: m.new_phase()
         finally:
             # work-items still waiting (at a barrier, or to start) wake up and unwind
             self.abort = True
             for sem in self.go: sem.release()
             for t in threads: t.join()
 
-    def _check_converged(self) -> None:
-        """Every work-item must wait at the same barrier: else some would wait forever on a GPU (or skip one)."""
+    def _check_converged(self) -> int:
+        """The barrier every work-item waits at: else some would wait forever on a GPU (or skip one)."""
         at = min(w for w in self.where if isinstance(w, int))
         waiting = [k for k, w in enumerate(self.where) if w == at]
-        if len(waiting) == len(self.where): return
+        if len(waiting) == len(self.where): return at
         other = next(k for k, w in enumerate(self.where) if w != at)
         did = "finished" if self.where[other] is None else f"waits at the BARRIER uop {self.where[other]}"
         raise self.prog._err(at, f"divergent barrier: {len(waiting)} of {len(self.where)} work-items wait here "
                                  f"({self.who(waiting[0], False)} ...) while {self.who(other)} {did}")
+
+    def _warp_mma(self, at: int) -> None:
+        """The WMMA uop `at` of every warp of the group (see the module docstring)."""
+        tc, n = self.prog.wmmas[at], len(self.regs)
+        if n % tc.threads:
+            raise self.prog._err(at, f"a WMMA needs whole warps of {tc.threads} work-items; the group has {n}")
+        m, nn, kk = tc.dims
+        rin = round_tf32 if tc.dtype_in == dtypes.float32 else (lambda v: v)
+        rout = round_fn(tc.dtype_out)
+        for w in range(0, n, tc.threads):
+            a = [[0.0] * kk for _ in range(m)]
+            b = [[0.0] * nn for _ in range(kk)]
+            c = [[0.0] * nn for _ in range(m)]
+            for lane in range(tc.threads):
+                for mat, which, vals in zip((a, b, c), "ABC", self.operands[w + lane]):
+                    for i, v in enumerate(vals):
+                        row, col = tc.coords(which, lane, i)
+                        mat[row][col] = rin(v) if which != "C" else v
+            d = [[rout(math.fsum([a[i][x] * b[x][j] for x in range(kk)] + [c[i][j]])) for j in range(nn)]
+                 for i in range(m)]
+            for lane in range(tc.threads):
+                self.results[w + lane] = tuple(d[r][col] for r, col in (tc.coords("C", lane, e)
+                                                                        for e in range(tc.elements("C"))))
+
+def round_tf32(v: float) -> float:
+    """float32 `v` rounded to TF32 (10 bits of significand) to nearest, ties away from zero (PTX cvt.rna.tf32.f32)."""
+    if not math.isfinite(v): return v
+    u = _U32.unpack(_F32.pack(v))[0]
+    return _F32.unpack(_U32.pack(((u + 0x1000) & 0xFFFFE000) & _M32))[0]
 
 def _lanes(f: Callable[..., Any], is_vec: tuple[bool, ...], count: int) -> Callable[..., tuple]:
     """`f` applied lane by lane; scalar operands are broadcast."""

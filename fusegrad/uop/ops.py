@@ -26,6 +26,9 @@ class Ops(Enum):
     RANGE = auto(); END = auto(); REDUCE = auto(); INDEX = auto(); LOAD = auto(); STORE = auto()
     VECTORIZE = auto(); GEP = auto(); CAT = auto(); UNROLL = auto(); CONTRACT = auto(); BARRIER = auto()
     IF = auto(); ENDIF = auto(); SPECIAL = auto(); CUSTOM = auto()
+    # a warp's matrix multiply-accumulate on tensor cores: WMMA(A fragment, B fragment, C accumulator), each a vector of
+    # the lane's elements; arg: the instruction (renderer/__init__.py TensorCore.wmma_arg, lane layout included)
+    WMMA = auto()
     # values
     CONST = auto(); VCONST = auto(); CAST = auto(); BITCAST = auto()
     # unary ALU

@@ -36,6 +36,12 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      barriers, and then read the copy.
   PADTO on a reduce loop rounds it up with iterations that read nothing and contribute the reduction's identity, so
                      a GROUP of 256 fits a row of 257.
+  TC(axis, (tc_select, tc_opt, use_tc)) a matmul-shaped sum (of products of two loads of half, bfloat16, or float32
+                     with ALLOW_TF32) on the renderer's tensor cores (`Renderer.tensor_cores`): its M, N and K loops
+                     split into the instruction's tile, the tile's rows and columns spread over the lanes of a warp (a
+                     "local" range, launch dimension 0) and the elements of their fragments, the sum a WMMA per tile
+                     (see tc.py). First of the opts (after PADTO only); `axis` picks one of the ways to use it.
+                     After it: LOCAL, UPCAST and PADTO of output loops, UNROLL of reduce loops, SWAP.
   (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
 
@@ -53,7 +59,7 @@ from fusegrad.uop.ops import Ops, UOp
 
 class OptOps(Enum):
     UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto(); PADTO = auto()
-    LOCAL = auto(); GROUP = auto(); GROUPTOP = auto(); LTILE = auto()
+    LOCAL = auto(); GROUP = auto(); GROUPTOP = auto(); LTILE = auto(); TC = auto()
     def __repr__(self) -> str: return f"OptOps.{self.name}"
 
 @dataclass(frozen=True)
@@ -61,7 +67,7 @@ class Opt:
     """One optimization step; see the module docstring."""
     op: OptOps
     axis: int
-    arg: int
+    arg: int | tuple[int, ...]   # (a tuple only for TC)
     def __repr__(self) -> str: return f"Opt(op={self.op}, axis={self.axis}, arg={self.arg})"
 
 class KernelOptError(Exception):
@@ -198,6 +204,7 @@ class Kernel:
         self.local_keys: dict[UOp, tuple] = {}   # their launch order: sorted by key, the last is launch dimension 0
         self.groups: set[UOp] = set()        # the locals split off a reduce loop (GROUP, GROUPTOP)
         self.tiles: list[UOp] = []           # the block loops of LTILE
+        self.tc = None                       # the TensorCore that TC laid the kernel out for
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
@@ -339,11 +346,12 @@ class Kernel:
 
     def _state(self) -> tuple:
         return (self.ast, list(self.loops), list(self.expanded), list(self.copies), set(self.packed), list(self.locals),
-                dict(self.local_keys), set(self.groups), list(self.tiles), self.next_id, self.useful)
+                dict(self.local_keys), set(self.groups), list(self.tiles), self.next_id, self.useful, self.tc,
+                list(self.reduceops))
 
     def _restore(self, state: tuple) -> None:
         (self.ast, self.loops, self.expanded, self.copies, self.packed, self.locals, self.local_keys, self.groups,
-         self.tiles, self.next_id, self.useful) = state
+         self.tiles, self.next_id, self.useful, self.tc, self.reduceops) = state
 
     def apply_opt(self, opt: Opt) -> UOp | None:
         """Apply one Opt (raises KernelOptError if it doesn't fit, leaving the kernel as it was); returns the new
@@ -352,8 +360,14 @@ class Kernel:
         if not 0 <= opt.axis < len(self.loops): raise KernelOptError(f"no axis {opt.axis} in {len(self.loops)} loops")
         if self.gpu and opt.op in (OptOps.PACK, OptOps.KBLOCK, OptOps.SPLIT):
             raise KernelOptError(f"{opt.op.name} shapes loops for CPUs, not GPU-style kernels")
-        if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE):
+        if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE, OptOps.TC):
             raise KernelOptError(f"{opt.op.name} needs a GPU-style renderer (has_local)")
+        if self.tc is not None and (opt.op in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE) or
+                                    (opt.op in (OptOps.UPCAST, OptOps.PADTO) and opt.axis >= self.first_reduce)):
+            # (the sum is the tensor core's: of whole tiles, accumulated by the instruction in one register set)
+            raise KernelOptError(f"{opt.op.name} of a reduce loop after TC")
+        if opt.op is not OptOps.TC and not isinstance(opt.arg, int):
+            raise KernelOptError(f"{opt.op.name} takes an int, not {opt.arg!r}")
         if self.loops[opt.axis] in self.tiles and opt.op is not OptOps.SWAP:
             raise KernelOptError("the block loop of an LTILE stays as it is")
         state = self._state()
@@ -382,6 +396,9 @@ class Kernel:
             if opt.axis >= self.first_reduce: raise KernelOptError("SPLIT needs an output axis")
             self._split(opt.axis, opt.arg, "loop")
         elif opt.op is OptOps.LTILE: self._ltile(opt.axis, opt.arg)
+        elif opt.op is OptOps.TC:
+            from fusegrad.codegen.opt.tc import apply_tc
+            apply_tc(self, opt.axis, opt.arg)
         elif opt.op is OptOps.LOCAL:
             if opt.axis >= self.first_reduce: raise KernelOptError("LOCAL needs an output axis")
             if self.loops[opt.axis] in self.sequential_outputs():

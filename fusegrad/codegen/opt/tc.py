@@ -1,0 +1,172 @@
+"""Tensor cores: the TC opt lays a matmul-shaped reduction out for a warp matrix instruction (a `TensorCore` of the
+renderer), and `fuse_wmma` makes the lowered accumulation the instruction's own.
+
+A reduction qualifies when it is a sum of products of two values loaded from memory, `A[.., m, .., k] * B[.., k, ..,
+n]`, each of the tensor core's input dtype cast to its output dtype, the sum's (or of that dtype without a cast where
+the two are the same: float32's TF32), with an output loop M that only A varies with, one N that only B varies with,
+and a reduce loop K both vary with (a matmul; a convolution with M its output pixels, N its output channels, K its
+input channels). TC splits them into
+the instruction's (M, N, K) tiles: their outer parts stay loops, and the inner parts become the warp's lanes, a
+"local" range of `threads` work-items that is launch dimension 0 (so a lane's id is its thread id modulo the warp
+size, as the hardware numbers lanes), and the elements of the fragments each lane holds. The reduction becomes
+
+    REDUCE(ADD, WMMA(VECTORIZE(A elements), VECTORIZE(B elements), 0), *outer reduce loops)    (a vector of C's)
+
+and the STORE one store per C element, each of its lane's element (GEP) at its (row, col) of the tile. After lowering
+the sum is an accumulator of C's elements updated by ADD(acc, WMMA(a, b, 0)); `fuse_wmma` turns it into
+WMMA(a, b, acc), so the instruction accumulates."""
+from __future__ import annotations
+from fusegrad.codegen.lower import SUM_BLOCKED_OVER
+from fusegrad.codegen.opt import Kernel, KernelOptError, OptOps
+from fusegrad.dtype import dtypes
+from fusegrad.renderer import TensorCore
+from fusegrad.uop.affine import range_size
+from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+
+def _operand(x: UOp, tc: TensorCore) -> UOp | None:
+    """What factor `x` gives the tensor core: a value of its input dtype cast to its output dtype (not cast where the
+    two are the same), computed from loads (a load, or a conversion fused into the kernel)."""
+    if x.op is Ops.CAST and x.dtype == tc.dtype_out and x.src[0].dtype == tc.dtype_in: x = x.src[0]
+    elif x.dtype != tc.dtype_in or tc.dtype_in != tc.dtype_out: return None
+    return x if any(u.op is Ops.LOAD for u in x.toposort()) else None
+
+def _product(red: UOp) -> UOp | None:
+    """The MUL a sum reduces, where padded iterations (PADTO: WHERE(inside, x, 0)) already read zeros."""
+    x = red.src[0]
+    if x.op is Ops.WHERE and x.src[2].op is Ops.CONST and x.src[2].arg == 0:
+        # every load varying with a padded loop is gated by its bound: the product is 0 there anyway
+        x = x.src[1]
+    return x if x.op is Ops.MUL else None
+
+def _lane_expr(weights: tuple[int, ...], lane: UOp) -> UOp:
+    """sum(w_b * bit b of lane): runs of bits whose weights double are one field, (lane // 2^lo % 2^n) * w."""
+    out, b, bits = UOp.const(dtypes.index, 0), 0, len(weights)
+    while b < bits:
+        if weights[b] == 0:
+            b += 1
+            continue
+        lo = b
+        while b + 1 < bits and weights[b + 1] == 2 * weights[b]: b += 1
+        field = lane // (1 << lo) if lo else lane
+        if b + 1 < bits: field = field % (1 << (b + 1 - lo))
+        out = out + field * weights[lo]
+        b += 1
+    return out
+
+def _coord(tc: TensorCore, which: str, lane: UOp, i: int) -> tuple[UOp, UOp]:
+    rows, cols, elems = tc.layout["ABC".index(which)]
+    return _lane_expr(rows, lane) + elems[i][0], _lane_expr(cols, lane) + elems[i][1]
+
+def tc_candidates(k: Kernel, tcs: list[TensorCore]) -> list[tuple[TensorCore, UOp, UOp, UOp]]:
+    """(tensor core, M loop, N loop, K loop) of each way kernel `k` can use one of `tcs`, the innermost loops first;
+    empty where its reduction doesn't qualify (see the module docstring)."""
+    if len(k.reduceops) != 1 or len(k.ast.src) != 1: return []
+    red = k.reduceops[0]
+    if red.arg is not Ops.ADD or red not in k.ast.src[0].src[1].toposort() or (mul := _product(red)) is None: return []
+    outs, out = k.loops[:k.first_reduce], []
+    for tc in tcs:
+        if red.dtype != tc.dtype_out: continue
+        for a, b in (mul.src, mul.src[::-1]):
+            la, lb = _operand(a, tc), _operand(b, tc)
+            if la is None or lb is None: continue
+            ra = {u for u in la.toposort() if u.op is Ops.RANGE}
+            rb = {u for u in lb.toposort() if u.op is Ops.RANGE}
+            ms = [r for r in reversed(outs) if r in ra and r not in rb]
+            ns = [r for r in reversed(outs) if r in rb and r not in ra]
+            ks = [r for r in reversed(red.src[1:]) if r in ra and r in rb and r in k.loops]
+            out += [(tc, m, n, kk) for kk in ks for n in ns for m in ms]
+    return out
+
+def apply_tc(k: Kernel, axis: int, arg) -> None:
+    """The TC opt on kernel `k` (see the module docstring): `arg` is (tc_select, tc_opt, use_tc) as tinygrad's:
+    tc_select -1 for the first of the renderer's tensor cores that fits, else an index into them; `axis` picks among
+    the ways the kernel can use it (`tc_candidates`, innermost loops first); tc_opt 0 (loops the instruction's tile
+    doesn't divide are refused: PADTO them first); use_tc 1 (the WMMA instruction)."""
+    if not (isinstance(arg, tuple) and len(arg) == 3 and all(isinstance(x, int) for x in arg)):
+        raise KernelOptError(f"TC takes (tc_select, tc_opt, use_tc), got {arg!r}")
+    tc_select, tc_opt, use_tc = arg
+    if use_tc != 1 or tc_opt != 0: raise KernelOptError(f"TC supports tc_opt 0 and use_tc 1, got {arg!r}")
+    if not k.gpu: raise KernelOptError("TC needs a GPU-style renderer")
+    if k.tc is not None or any(o.op is not OptOps.PADTO for o in k.applied_opts):
+        raise KernelOptError("TC comes first (after PADTO only)")
+    tcs = list(getattr(k.renderer, "tensor_cores", []))
+    if tc_select != -1:
+        if not 0 <= tc_select < len(tcs): raise KernelOptError(f"no tensor core {tc_select} of {len(tcs)}")
+        tcs = [tcs[tc_select]]
+    cands = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
+    fits = [c for c in cands if all(range_size(r) % d == 0 for r, d in zip(c[1:], c[0].dims))]
+    if not fits:
+        why = "no matmul-shaped reduction of its dtypes" if not cands else \
+            f"sizes {[[range_size(r) for r in c[1:]] for c in cands]} aren't multiples of the tile {cands[0][0].dims}"
+        raise KernelOptError(f"TC: {why}")
+    if not 0 <= axis < len(fits): raise KernelOptError(f"TC axis {axis}: {len(fits)} ways to use a tensor core")
+    tc, rm, rn, rk = fits[axis]
+    red, st = k.reduceops[0], k.ast.src[0]
+    trips = 1
+    for r in red.src[1:]:
+        trips *= range_size(r) // (tc.dims[2] if r is rk else 1) if isinstance(range_size(r), int) else 1 << 30
+    if trips > SUM_BLOCKED_OVER: raise KernelOptError("TC of a sum long enough to be summed in blocks")
+    mul = _product(red)
+    assert mul is not None
+    la, lb = next((_operand(a, tc), _operand(b, tc)) for a, b in (mul.src, mul.src[::-1])
+                  if _operand(a, tc) is not None and _operand(b, tc) is not None and rm in a.toposort())
+    lane = UOp.range(tc.threads, k.next_id, "local")
+    k.next_id += 1
+    # each tiled loop: its outer part (None when the tile is the whole loop) and the index of the tile's first row
+    base: dict[UOp, UOp] = {}
+    outer: dict[UOp, UOp | None] = {}
+    for r, d in zip((rm, rn, rk), tc.dims):
+        n = range_size(r)
+        assert isinstance(n, int)
+        outer[r] = UOp.range(n // d, r.arg[0], r.arg[1]) if n > d else None
+        base[r] = outer[r] * d if outer[r] is not None else UOp.const(dtypes.index, 0)
+    def frag(ld: UOp, which: str, rr: UOp, rc: UOp) -> UOp:
+        elems = []
+        for i in range(tc.elements(which)):
+            row, col = _coord(tc, which, lane, i)
+            elems.append(ld.substitute({rr: base[rr] + row, rc: base[rc] + col}))
+        return UOp(Ops.VECTORIZE, tc.dtype_in.vec(len(elems)), tuple(elems))
+    nc = tc.elements("C")
+    acc_dt = tc.dtype_out.vec(nc)
+    zero = UOp(Ops.VECTORIZE, acc_dt, (UOp.const(tc.dtype_out, 0),) * nc)
+    wmma = UOp(Ops.WMMA, acc_dt, (frag(la, "A", rm, rk), frag(lb, "B", rk, rn), zero), tc.wmma_arg)
+    rngs = [outer[rk] if r is rk else r for r in red.src[1:] if r is not rk or outer[rk] is not None]
+    acc = UOp(Ops.REDUCE, acc_dt, (wmma, *rngs), Ops.ADD)
+    stores = []
+    for e in range(nc):
+        row, col = _coord(tc, "C", lane, e)
+        stores.append(st.substitute({red: UOp(Ops.GEP, tc.dtype_out, (acc,), e), rm: base[rm] + row,
+                                     rn: base[rn] + col}))
+    k.ast = UOp.sink_of(*stores)
+    for r in (rm, rn, rk):
+        if outer[r] is None: k.loops.remove(r)
+        else: k.loops[k.loops.index(r)] = outer[r]
+    k.locals.append(lane)
+    # (launch dimension 0, whatever other work-items there are: lanes are numbered by the thread id in the block)
+    k.local_keys[lane] = (2, 0, 0)
+    k.reduceops = [acc]
+    k.tc = tc
+
+# *** after lowering ***
+
+def _fuse_add(x: UOp, w: UOp) -> UOp | None:
+    c = w.src[2]
+    if c.op is Ops.VECTORIZE and all(s.op is Ops.CONST and s.arg == 0 for s in c.src) or \
+            c.op is Ops.CONST and c.arg == 0:
+        return w.replace(src=(w.src[0], w.src[1], x))
+    return None
+
+pm_fuse_wmma = PatternMatcher([
+    (UPat(Ops.ADD, src=(UPat.var("x"), UPat(Ops.WMMA, name="w"))), _fuse_add),
+    (UPat(Ops.ADD, src=(UPat(Ops.WMMA, name="w"), UPat.var("x"))), _fuse_add),
+    # (an accumulator's reset: a vector constant as the lanes renderers can write)
+    (UPat(Ops.CONST, name="c"), lambda c: UOp(Ops.VECTORIZE, c.dtype, (UOp.const(c.dtype.scalar(), c.arg),) *
+                                             c.dtype.count) if c.dtype.count > 1 else None),
+], name="fuse_wmma")
+pm_fuse_wmma.__doc__ = "a tensor core's sum accumulates in the instruction: ADD(acc, WMMA(a, b, 0)) -> WMMA(a, b, acc)"
+
+def fuse_wmma(sink: UOp) -> UOp:
+    """A lowered kernel with its tensor core sums accumulated by the WMMAs themselves (no-op without WMMA)."""
+    if not any(u.op is Ops.WMMA for u in sink.toposort()): return sink
+    return graph_rewrite(sink, pm_fuse_wmma, name="fuse_wmma")
