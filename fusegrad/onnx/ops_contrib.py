@@ -1,16 +1,19 @@
 """The com.microsoft ops that exporters and onnxruntime's transformer optimizer emit: fused activations (Gelu,
 FastGelu, BiasGelu), FusedMatMul, the fused layer norms (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-SimplifiedLayerNormalization) and Attention. Each is the composition of Tensor ops that onnxruntime's kernel fuses;
+SimplifiedLayerNormalization) and the attention ops (Attention with a past state, MultiHeadAttention,
+GroupQueryAttention). Each is the composition of Tensor ops that onnxruntime's kernel fuses;
 fusegrad's scheduler does the fusing."""
 from __future__ import annotations
 
-import math
 from typing import Sequence
+
+import numpy as np
 
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
-from fusegrad.onnx.ops import Context, axis_of, op
-from fusegrad.onnx.ops_attention import attend  # noqa: F401 - it also registers the default domain's Attention
+from fusegrad.onnx.ops import Context, axis_of, ints, op, scalar
+# (importing ops_attention also registers the default domain's Attention)
+from fusegrad.onnx.ops_attention import allowed_to_bias, attend, causal_allowed, from_heads, to_heads
 
 MS = "com.microsoft"
 
@@ -78,43 +81,175 @@ def simplified_layer_norm(x: Tensor, gamma: Tensor, *, axis: int = -1, epsilon: 
     return y, inv
 
 
+def _mask_bias(mask: Tensor, b: int, s: int, total: int, past: int, fill: float, dt) -> Tensor:
+    """onnxruntime's mask_index as an additive bias of 0 (attend) and `fill` (masked), broadcastable to (batch, heads,
+    seq, total): key lengths (batch,), ends and starts (2 * batch,), 0/1 keys (batch, total), 0/1 per query
+    (batch, seq, total), or (batch, 1, max, max) of which the rows of this block and the first `total` keys count."""
+    j = Tensor.arange(total, dtype=dtypes.int32).reshape(1, total)
+    shape = tuple(mask.shape)
+    if shape == (b,): keep = (j < mask.cast(dtypes.int32).reshape(b, 1)).reshape(b, 1, 1, total)
+    elif shape == (2 * b,):
+        m = mask.cast(dtypes.int32)
+        keep = ((j < m[:b].reshape(b, 1)) & (j >= m[b:].reshape(b, 1))).reshape(b, 1, 1, total)
+    elif shape == (b, total): keep = (mask != 0).reshape(b, 1, 1, total)
+    elif shape == (b, s, total): keep = (mask != 0).reshape(b, 1, s, total)
+    elif mask.ndim == 4 and shape[:2] == (b, 1) and shape[2] == shape[3] >= total:
+        keep = mask[:, :, past:past + s, :total] != 0
+    else: raise Unsupported(f"mask_index of shape {shape} (supported: (batch,), (2*batch,), (batch, total), "
+                            f"(batch, seq, total), (batch, 1, max, max) with batch {b}, seq {s}, total {total})")
+    return keep.where(Tensor(0.0, dtype=dt), Tensor(fill, dtype=dt))
+
+
+def _causal_bias(s: int, total: int, past: int, fill: float, dt) -> Tensor:
+    return causal_allowed(s, total, past).where(Tensor(0.0, dtype=dt), Tensor(fill, dtype=dt))
+
+
 @op("Attention", domain=MS)
 def attention(x: Tensor, weights: Tensor, bias: Tensor | None = None, mask_index: Tensor | None = None,
               past: Tensor | None = None, attention_bias: Tensor | None = None,
               past_sequence_length: Tensor | None = None, *, num_heads: int, unidirectional: int = 0,
               scale: float | None = None, mask_filter_value: float = -10000.0,
               qkv_hidden_sizes: Sequence[int] | None = None, do_rotary: int = 0,
-              past_present_share_buffer: int = 0, rotary_embedding_dim: int = 0, ctx: Context) -> Tensor:
-    """Multi-head self-attention of x (batch, seq, hidden) with the packed q, k, v projection `weights`."""
-    if past is not None or past_sequence_length is not None or past_present_share_buffer:
-        raise Unsupported("Attention with a past state (past, past_sequence_length)")
+              past_present_share_buffer: int = 0, rotary_embedding_dim: int = 0) -> tuple[Tensor, Tensor]:
+    """Multi-head self-attention of x (batch, seq, hidden) with the packed q, k, v projection `weights`; `past`
+    (2, batch, heads, past_seq, head_size) holds the keys and values of earlier positions, and the second output,
+    `present`, them followed by this block's."""
+    if past_sequence_length is not None or past_present_share_buffer:
+        raise Unsupported("Attention with a shared past/present buffer (past_sequence_length, "
+                          "past_present_share_buffer)")
     if do_rotary or rotary_embedding_dim: raise Unsupported("Attention with rotary embeddings")
-    if ctx.n_outputs > 1: raise Unsupported("Attention's present output")
     b, s, _ = x.shape
     qkv = x @ weights
     if bias is not None: qkv = qkv + bias
     sizes = list(qkv_hidden_sizes) if qkv_hidden_sizes else [qkv.shape[-1] // 3] * 3
     if sum(sizes) != qkv.shape[-1]: raise ValueError(f"qkv_hidden_sizes {sizes} don't add up to {qkv.shape[-1]}")
-    q, k, v = qkv.split(sizes, -1)
-    if any(n % num_heads for n in sizes):
-        raise ValueError(f"hidden sizes {sizes} aren't divisible by {num_heads} heads")
-    heads = [t.reshape(b, s, num_heads, n // num_heads).permute(0, 2, 1, 3) for t, n in zip((q, k, v), sizes)]
-    q, k, v = heads
-    sc = scale if scale else 1.0 / math.sqrt(sizes[0] // num_heads)
-    scores = (q @ k.transpose(-1, -2)) * sc  # (b, heads, s, s)
-    if mask_index is not None:
-        if mask_index.ndim == 2 and tuple(mask_index.shape) == (b, s):
-            # 1 keeps a key position, 0 masks it
-            keep = mask_index.reshape(b, 1, 1, s) != 0
-        elif mask_index.ndim == 3 and tuple(mask_index.shape) == (b, s, s):
-            keep = mask_index.reshape(b, 1, s, s) != 0
-        else: raise Unsupported(f"Attention mask_index of shape {tuple(mask_index.shape)} (supported: (batch, seq), "
-                                f"(batch, seq, seq))")
-        scores = keep.where(scores, scores + mask_filter_value)
-    if attention_bias is not None: scores = scores + attention_bias
+    if past is not None and sizes[1] != sizes[2]: raise ValueError("a past state needs equal key and value sizes")
+    q, k, v = (to_heads(t, num_heads, what) for t, what in zip(qkv.split(sizes, -1), ("Q", "K", "V")))
+    past_len = 0
+    if past is not None:
+        if past.ndim != 5 or past.shape[0] != 2 or tuple(past.shape[1:3]) != (b, num_heads) or \
+                past.shape[4] != k.shape[3]:
+            raise ValueError(f"past must have shape (2, {b}, {num_heads}, past_seq, {k.shape[3]}), got "
+                             f"{tuple(past.shape)}")
+        past_len = past.shape[3]
+        k, v = past[0].cat(k, dim=2), past[1].cat(v, dim=2)
+    total = k.shape[2]
+    dt = q.dtype
+    mask: Tensor | None = None
+    if mask_index is not None: mask = _mask_bias(mask_index, b, s, total, past_len, mask_filter_value, dt)
+    if attention_bias is not None: mask = attention_bias if mask is None else mask + attention_bias
     if unidirectional:
-        causal = Tensor.ones(s, s, dtype=dtypes.bool).tril()
-        scores = causal.where(scores, scores + mask_filter_value)
-    probs = scores.softmax(-1)
-    out = probs @ v  # (b, heads, s, head_v)
-    return out.permute(0, 2, 1, 3).reshape(b, s, sizes[2]).cast(x.dtype)
+        c = _causal_bias(s, total, past_len, mask_filter_value, dt)
+        mask = c if mask is None else mask + c
+    out = attend(q, k, v, mask, scale or None, split_scale=False)[0]
+    return from_heads(out).cast(x.dtype), Tensor.stack(k, v, dim=0)
+
+
+def _kv_heads(t: Tensor, heads: int, what: str) -> Tensor:
+    """A key or value given as (batch, seq, hidden) or already as (batch, heads, seq, head_size)."""
+    if t.ndim == 3: return to_heads(t, heads, what)
+    if t.ndim == 4 and t.shape[1] == heads: return t
+    raise ValueError(f"{what} must be (batch, seq, hidden) or (batch, {heads}, seq, head_size), got {tuple(t.shape)}")
+
+
+@op("MultiHeadAttention", domain=MS)
+def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
+                         bias: Tensor | None = None, key_padding_mask: Tensor | None = None,
+                         attention_bias: Tensor | None = None, past_key: Tensor | None = None,
+                         past_value: Tensor | None = None, past_sequence_length: Tensor | None = None,
+                         cache_indirection: Tensor | None = None, *, num_heads: int,
+                         mask_filter_value: float = -10000.0, scale: float | None = None, unidirectional: int = 0,
+                         ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention of projected queries to keys and values (self- or cross-attention): q, k, v as (batch, seq, hidden)
+    with an optional packed bias, k and v also as (batch, heads, seq, head_size); past_key and past_value are
+    (batch, heads, past_seq, head_size) and the present outputs them followed by this block's."""
+    if past_sequence_length is not None or cache_indirection is not None:
+        raise Unsupported("MultiHeadAttention with past_sequence_length or cache_indirection (decoder masked "
+                          "attention with a shared buffer or beam search)")
+    if ctx.n_outputs > 3: raise Unsupported("MultiHeadAttention's qk output")
+    if query.ndim == 5 or (key is not None and key.ndim == 5):
+        # (onnxruntime's CPU kernel has neither, so there is nothing to check them against)
+        raise Unsupported("MultiHeadAttention with packed QKV or KV inputs")
+    if key is None or value is None: raise ValueError("MultiHeadAttention needs a key and a value")
+    if bias is not None:
+        if key.ndim != 3 or value.ndim != 3:
+            raise Unsupported("MultiHeadAttention bias with keys and values given per head")
+        bq, bk, bv = bias.split([query.shape[2], key.shape[2], value.shape[2]])
+        query, key, value = query + bq, key + bk, value + bv
+    q = to_heads(query, num_heads, "the query")
+    k, v = _kv_heads(key, num_heads, "the key"), _kv_heads(value, num_heads, "the value")
+    b, _, s, _ = q.shape
+    past_len = 0
+    if past_key is not None or past_value is not None:
+        if past_key is None or past_value is None: raise ValueError("past_key and past_value go together")
+        past_len = past_key.shape[2]
+        k, v = past_key.cat(k, dim=2), past_value.cat(v, dim=2)
+    total = k.shape[2]
+    dt = q.dtype
+    mask: Tensor | None = None
+    if key_padding_mask is not None:
+        mask = _mask_bias(key_padding_mask, b, s, total, past_len, mask_filter_value, dt)
+    if attention_bias is not None: mask = attention_bias if mask is None else mask + attention_bias
+    if unidirectional:
+        c = _causal_bias(s, total, past_len, mask_filter_value, dt)
+        mask = c if mask is None else mask + c
+    out = attend(q, k, v, mask, scale or None, split_scale=False)[0]
+    return from_heads(out).cast(query.dtype), k, v
+
+
+@op("GroupQueryAttention", domain=MS)
+def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | None, past_key: Tensor | None,
+                          past_value: Tensor | None, seqlens_k: Tensor, total_sequence_length: Tensor,
+                          cos_cache: Tensor | None = None, sin_cache: Tensor | None = None,
+                          position_ids: Tensor | None = None, attention_bias: Tensor | None = None,
+                          head_sink: Tensor | None = None, *, do_rotary: int = 0, kv_num_heads: int,
+                          local_window_size: int = -1, num_heads: int, qk_output: int = 0,
+                          rotary_interleaved: int = 0, scale: float | None = None, smooth_softmax: int = 0,
+                          softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Causal grouped-query attention with a key/value cache: `seqlens_k[b] + 1` keys are valid for batch b (the
+    cache's past ones, then this block's S); the present outputs hold the past's valid keys followed by the new ones
+    (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0)."""
+    if do_rotary or cos_cache is not None or sin_cache is not None or position_ids is not None:
+        raise Unsupported("GroupQueryAttention with rotary embeddings (do_rotary, cos_cache, sin_cache)")
+    if smooth_softmax or head_sink is not None: raise Unsupported("GroupQueryAttention smooth_softmax or head_sink")
+    if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
+    if key is None:
+        # q, k and v packed along the hidden dim
+        kv_hidden = (query.shape[2] // (num_heads + 2 * kv_num_heads)) * kv_num_heads
+        query, key, value = query.split([query.shape[2] - 2 * kv_hidden, kv_hidden, kv_hidden], -1)
+    if value is None: raise ValueError("GroupQueryAttention needs a value with a key")
+    q = to_heads(query, num_heads, "the query")
+    k, v = to_heads(key, kv_num_heads, "the key"), to_heads(value, kv_num_heads, "the value")
+    b, _, s, _ = q.shape
+    lens = [int(n) + 1 for n in ints(seqlens_k)]
+    if len(lens) != b: raise ValueError(f"seqlens_k has {len(lens)} values for a batch of {b}")
+    total = int(scalar(total_sequence_length))
+    pasts = [n - s for n in lens]
+    if any(p < 0 for p in pasts): raise ValueError(f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new "
+                                                   f"positions")
+    buf = past_key.shape[2] if past_key is not None else 0
+    if any(p > buf for p in pasts) and past_key is not None:
+        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")
+    if past_key is None and any(pasts): raise ValueError("seqlens_k counts past positions but there is no past_key")
+    length = max(total, buf)
+    # each batch's present: its valid past, the new positions, then zeros up to the buffer's length
+    pk, pv = [], []
+    for i, p in enumerate(pasts):
+        parts_k = ([past_key[i:i + 1, :, :p]] if p else []) + [k[i:i + 1]]
+        parts_v = ([past_value[i:i + 1, :, :p]] if p else []) + [v[i:i + 1]]  # type: ignore[index]
+        ck, cv = parts_k[0].cat(*parts_k[1:], dim=2), parts_v[0].cat(*parts_v[1:], dim=2)
+        if p + s > length: raise ValueError(f"the present's {p + s} positions exceed its length {length}")
+        pad = ((0, 0), (0, 0), (0, length - p - s), (0, 0))
+        pk.append(ck.pad(pad))
+        pv.append(cv.pad(pad))
+    present_k, present_v = pk[0].cat(*pk[1:], dim=0), pv[0].cat(*pv[1:], dim=0)
+    offsets = Tensor(np.array(pasts, dtype=np.int32))
+    allowed = causal_allowed(s, length, offsets)  # (batch, 1, s, length): also keeps keys past the batch's length out
+    if local_window_size >= 0:
+        # a window of local_window_size keys that ends at the query's own position (as onnxruntime's kernel)
+        i_ = Tensor.arange(s, dtype=dtypes.int32).reshape(s, 1) + offsets.reshape(-1, 1, 1, 1)
+        allowed = allowed & (i_ - Tensor.arange(length, dtype=dtypes.int32).reshape(1, length) < local_window_size)
+    bias = allowed_to_bias(allowed, q.dtype)
+    if attention_bias is not None: bias = bias + attention_bias.pad(((0, 0),) * 3 + ((0, length - total),))
+    out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False)[0]
+    return from_heads(out).cast(query.dtype), present_k, present_v

@@ -71,3 +71,108 @@ def test_attention(mask, causal):
         feed["mask"] = m
         ins.append("mask")
     _check(_ms("Attention", ins, ["y"], num_heads=heads, unidirectional=causal), feed, inits, tol=1e-4)
+
+
+def _run_both(nodes, feed: dict, inits: dict, outs: list[str], opset: int = 17):
+    ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feed.items()]
+    outs_vi = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+    graph = helper.make_graph(nodes, "g", ins, outs_vi,
+                              initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    got = OnnxRunner(m)(feed)
+    return [got[o].numpy() for o in outs], want
+
+
+def _assert_close(got, want, tol=1e-4):
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, f"output {i}: shape {g.shape} != {w.shape}"
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"output {i}")
+
+
+@pytest.mark.parametrize("causal,mask", [(0, False), (1, False), (1, True)])
+def test_attention_with_past(causal, mask):
+    # a decoder step: 2 new positions after 3 cached ones; `present` is the cache for the next step
+    b, s, past, hidden, heads = 2, 2, 3, 16, 4
+    feed = {"x": _f(b, s, hidden), "past": _f(2, b, heads, past, hidden // heads)}
+    ins = ["x", "w", "bias", ""]
+    if mask:
+        m = np.ones((b, past + s), np.int32)
+        m[0, 1] = 0
+        feed["mask"] = m
+        ins[3] = "mask"
+    ins.append("past")
+    node = _ms("Attention", ins, ["y", "present"], num_heads=heads, unidirectional=causal)
+    got, want = _run_both([node], feed, {"w": _f(hidden, 3 * hidden) * 0.3, "bias": _f(3 * hidden) * 0.1},
+                          ["y", "present"])
+    assert got[1].shape == (2, b, heads, past + s, hidden // heads)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("layout", ["self_bias_mask", "past_causal", "per_head_kv"])
+def test_multi_head_attention(layout):
+    b, s, kv, hidden, heads = 2, 3, 5, 16, 2
+    hs = hidden // heads
+    feed: dict = {}
+    ins: list[str] = []
+    attrs: dict = {}
+    outs = ["y"]
+    if layout == "self_bias_mask":
+        feed = {"q": _f(b, s, hidden), "k": _f(b, kv, hidden), "v": _f(b, kv, hidden), "bias": _f(3 * hidden),
+                "mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)}
+        ins = ["q", "k", "v", "bias", "mask"]
+    elif layout == "past_causal":
+        feed = {"q": _f(b, s, hidden), "k": _f(b, s, hidden), "v": _f(b, s, hidden),
+                "pk": _f(b, heads, 4, hs), "pv": _f(b, heads, 4, hs)}
+        ins, attrs, outs = ["q", "k", "v", "", "", "", "pk", "pv"], {"unidirectional": 1}, ["y", "pko", "pvo"]
+    else:
+        feed = {"q": _f(b, s, hidden), "k": _f(b, heads, kv, hs), "v": _f(b, heads, kv, hs),
+                "ab": _f(1, heads, s, kv)}
+        ins = ["q", "k", "v", "", "", "ab"]
+    node = _ms("MultiHeadAttention", ins, outs, num_heads=heads, **attrs)
+    _assert_close(*_run_both([node], feed, {}, outs))
+
+
+@pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed"])
+def test_group_query_attention(case):
+    # 4 query heads share 2 key/value heads; a prompt of 4 positions, or one new position after 5 cached ones
+    b, heads, kv_heads, hs = 2, 4, 2, 8
+    s, past = (4, 0) if case in ("prompt", "packed") else (1, 5)
+    feed = {"q": _f(b, s, heads * hs), "k": _f(b, s, kv_heads * hs), "v": _f(b, s, kv_heads * hs)}
+    if past: feed |= {"pk": _f(b, kv_heads, past, hs), "pv": _f(b, kv_heads, past, hs)}
+    feed |= {"seqlens_k": np.full(b, past + s - 1, np.int32), "total": np.array(past + s, np.int32)}
+    ins = ["q", "k", "v", "pk" if past else "", "pv" if past else "", "seqlens_k", "total"]
+    if case == "packed":
+        feed["q"] = np.concatenate([feed.pop("q"), feed.pop("k"), feed.pop("v")], -1)
+        ins[1:3] = ["", ""]
+    attrs = {"local_window_size": 2, "softcap": 2.0} if case == "window_softcap" else {}
+    node = _ms("GroupQueryAttention", ins, ["y", "pko", "pvo"], num_heads=heads, kv_num_heads=kv_heads, **attrs)
+    got, want = _run_both([node], feed, {}, ["y", "pko", "pvo"])
+    assert got[1].shape == (b, kv_heads, past + s, hs)
+    _assert_close(got, want)
+
+
+@pytest.mark.parametrize("case", ["causal_past_gqa_3d", "bool_mask_4d", "softcap_scale"])
+def test_onnx_attention(case):
+    """The default domain's Attention (opset 23) against onnxruntime's kernel (ONNX's node cases run with -m slow)."""
+    b, s, past, hs = 2, 3, 4, 8
+    if case == "causal_past_gqa_3d":
+        # 4 query heads over 2 key/value heads, (batch, seq, hidden) inputs, a cache of 4 positions
+        feed = {"q": _f(b, s, 4 * hs), "k": _f(b, s, 2 * hs), "v": _f(b, s, 2 * hs), "pk": _f(b, 2, past, hs),
+                "pv": _f(b, 2, past, hs)}
+        node = helper.make_node("Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "pko", "pvo"], is_causal=1,
+                                q_num_heads=4, kv_num_heads=2)
+        outs = ["y", "pko", "pvo"]
+    elif case == "bool_mask_4d":
+        mask = RNG.random((s, 5)) > 0.3
+        mask[:, 0] = True
+        feed = {"q": _f(b, 2, s, hs), "k": _f(b, 2, 5, hs), "v": _f(b, 2, 5, hs), "m": mask}
+        node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y"])
+        outs = ["y"]
+    else:
+        feed = {"q": _f(b, 2, s, hs) * 3, "k": _f(b, 2, 5, hs), "v": _f(b, 2, 5, hs), "m": _f(b, 1, s, 5)}
+        node = helper.make_node("Attention", ["q", "k", "v", "m"], ["y", "", "", "qk"], scale=0.3, softcap=2.0,
+                                qk_matmul_output_mode=2)
+        outs = ["y", "qk"]
+    _assert_close(*_run_both([node], feed, {}, outs, opset=23))
