@@ -1,7 +1,8 @@
 """The CUDA device without a GPU: the errors where there is no driver or no GPU, NVRTC's cubins and compile errors,
 and the runtime against a stand-in driver (fake_libcuda.c, built here with the C compiler: memory in host memory,
 launches recorded, not run): memory copies and views, out-of-memory, what a launch passes to the driver (grid, block,
-parameters, timing), and the launches refused before they reach the driver."""
+parameters, timing), the launches refused before they reach the driver, prepared launches and CUDA graphs (TinyJit's
+replays), copies on one GPU and between two (peer to peer, or through the host), and sharding over two GPUs."""
 from __future__ import annotations
 import ctypes
 import json
@@ -111,6 +112,10 @@ def fake(fake_lib, monkeypatch):
     lib = ctypes.CDLL(fake_lib)
     lib.fake_set(0, ctypes.c_size_t(1 << 20), 0)
     lib.fake_mem_used.restype = ctypes.c_size_t
+    lib.fake_log.restype = lib.fake_exec_function.restype = ctypes.c_char_p
+    lib.fake_exec_param.restype = ctypes.c_uint64
+    lib.fake_exec_dim.restype = ctypes.c_uint
+    lib.fake_node_params_size.restype = lib.fake_node_params_offset.restype = ctypes.c_size_t
     yield lib
     ops_cuda.libcuda.cache_clear()
 
@@ -258,3 +263,290 @@ def test_tensors_through_the_stand_in_driver(fake_lib):
     arch, gd, ld, grid, block, launches = json.loads(r.stdout)
     assert arch == "sm_90"
     assert list(gd) + [1] * (3 - len(gd)) == grid and list(ld) + [1] * (3 - len(ld)) == block and launches >= 1
+
+# *** prepared launches and graphs ***
+
+def _count(fake, name: str) -> int: return ctypes.c_int.in_dll(fake, name).value
+
+def _calls(fake) -> list[str]:
+    """The stand-in's call log since it was last cleared: "function@GPU" each."""
+    return fake.fake_log().decode().split()
+
+def _f64(x: float) -> int: return struct.unpack("<Q", struct.pack("<d", x))[0]
+
+def test_kernel_node_params_layout(fake):
+    """The struct a graph's kernel node is described by: the stand-in's C declaration (cuda.h's layout, as the C
+    compiler lays it out) against the runtime's ctypes one."""
+    P = ops_cuda.CUDA_KERNEL_NODE_PARAMS
+    assert ctypes.sizeof(P) == fake.fake_node_params_size() == 56
+    for i, field in [(0, "func"), (1, "gridDimX"), (7, "sharedMemBytes"), (8, "kernelParams"), (9, "extra")]:
+        assert getattr(P, field).offset == fake.fake_node_params_offset(i), field
+
+def test_prepared_launch(fake):
+    """A launch prepared once: the buffers given per call take their places among the parameters; the grid is the
+    plain launch's."""
+    dev = CUDADevice("CUDA")
+    a, b, c = (dev.allocator.alloc(64) for _ in range(3))
+    fake.fake_params(b"kern", 5, 2)   # (out, in, a Variable, core_lo, core_hi)
+    launch = CUDAProgram(dev, "kern", ELF).prepare(a, None, vals=(3,), global_size=300, varying=(1,))
+    assert launch.graph is dev.launch_graph
+    before = _launches(fake)
+    launch(b)
+    assert _last_launch(fake, 5) == ([3, 1, 1], [128, 1, 1], [a.ptr, b.ptr, 3, 0, 300])
+    launch(c)
+    assert _last_launch(fake, 5)[2] == [a.ptr, c.ptr, 3, 0, 300] and _launches(fake) == before + 2
+    # every buffer given per call (a replayed schedule): the GPU is the buffers'; no graph, the GPU isn't known before
+    launch = CUDAProgram(dev, "kern", ELF).prepare(None, None, vals=(-2,), global_dims=(2, 3), local_dims=(16, 2),
+                                                   varying=(0, 1))
+    assert launch.graph is None
+    launch(c, a)
+    assert _last_launch(fake, 5) == ([2, 3, 1], [16, 2, 1], [c.ptr, a.ptr, 2 ** 64 - 2, 0, 1])
+    # no threads: nothing launched
+    CUDAProgram(dev, "kern", ELF).prepare(a, None, global_dims=(0,), local_dims=(4,), varying=(1,))(b)
+    assert _launches(fake) == before + 3
+
+def test_prepared_launch_over_the_limits_is_refused(fake):
+    dev = CUDADevice("CUDA")
+    with pytest.raises(RuntimeError, match="70000 blocks along dimension 1"):
+        CUDAProgram(dev, "big", ELF).prepare(dev.allocator.alloc(4), global_dims=(1, 70000), local_dims=(32, 1))
+
+def _exec_node(fake, e: int, k: int, n: int) -> tuple[str, list[int], list[int], int]:
+    """(function, grid + block + shared memory, the first n parameters, the node it depends on) of node k."""
+    return (fake.fake_exec_function(e, k).decode(), [fake.fake_exec_dim(e, k, i) for i in range(7)],
+            [fake.fake_exec_param(e, k, i) for i in range(n)], fake.fake_exec_dependency(e, k))
+
+def test_graph_of_launches(fake):
+    """Launches of one GPU as a CUDA graph: built on the first call (a node per launch, each after the one before),
+    launched with one cuGraphLaunch per call; a call whose buffers differ updates just the nodes that take them."""
+    dev = CUDADevice("CUDA")
+    x, y, w, out, x2, out2 = (dev.allocator.alloc(256) for _ in range(6))
+    fake.fake_params(b"k1", 4, 2)
+    fake.fake_params(b"k2", 6, 3)
+    # w = k1(x); out = k2(w, y): x, out and y come per call (indices 0, 1, 2 of the graph's list)
+    k1 = CUDAProgram(dev, "k1", ELF).prepare(w, None, global_dims=(4,), local_dims=(32,), varying=(1,))
+    k2 = CUDAProgram(dev, "k2", ELF).prepare(None, w, None, vals=(2.5,), global_size=1000, varying=(0, 2))
+    assert k1.graph is k2.graph is dev.launch_graph
+    graph = k1.graph([(k1, (0,)), (k2, (1, 2))], (0, 0))
+    fake.fake_log_clear()
+    kernels = _launches(fake)
+    graph([x, out, y])
+    assert _calls(fake) == ["cuGraphCreate@0", "cuGraphAddKernelNode@0", "cuGraphAddKernelNode@0",
+                            "cuGraphInstantiateWithFlags@0", "cuGraphLaunch@0"]
+    assert fake.fake_execs() == 1 and fake.fake_exec_nodes(0) == 2 and fake.fake_exec_device(0) == 0
+    assert _exec_node(fake, 0, 0, 4) == ("k1", [4, 1, 1, 32, 1, 1, 0], [w.ptr, x.ptr, 0, 1], -1)
+    assert _exec_node(fake, 0, 1, 6) == ("k2", [8, 1, 1, 128, 1, 1, 0], [out.ptr, w.ptr, y.ptr, _f64(2.5), 0, 1000], 0)
+    # the same buffers again: launched as it is
+    fake.fake_log_clear()
+    graph([x, out, y])
+    assert _calls(fake) == ["cuGraphLaunch@0"] and _count(fake, "node_updates") == 0
+    # another input: only the node reading it changes
+    fake.fake_log_clear()
+    graph([x2, out, y])
+    assert _calls(fake) == ["cuGraphExecKernelNodeSetParams@0", "cuGraphLaunch@0"]
+    assert _exec_node(fake, 0, 0, 4)[2] == [w.ptr, x2.ptr, 0, 1]
+    assert _exec_node(fake, 0, 1, 6)[2] == [out.ptr, w.ptr, y.ptr, _f64(2.5), 0, 1000]
+    # another output and another second input: the second node, updated once
+    graph([x2, out2, x])
+    assert _count(fake, "node_updates") == 2
+    assert _exec_node(fake, 0, 1, 6)[2] == [out2.ptr, w.ptr, x.ptr, _f64(2.5), 0, 1000]
+    assert fake.fake_execs() == 1 and fake.fake_exec_launches(0) == 4 and _count(fake, "graph_launches") == 4
+    assert _launches(fake) == kernels   # (no kernel launched on its own)
+
+def test_graphs_are_per_gpu(fake):
+    fake.fake_devices(2, 1)
+    d0, d1 = CUDADevice("CUDA"), CUDADevice("CUDA:1")
+    a0, a1 = d0.allocator.alloc(64), d1.allocator.alloc(64)
+    fake.fake_params(b"k", 3, 1)
+    l0 = CUDAProgram(d0, "k", ELF).prepare(a0, global_size=4)
+    l1 = CUDAProgram(d0, "k", ELF).prepare(a1, global_size=4)
+    assert l0.graph is d0.launch_graph and l1.graph is d1.launch_graph and l0.graph is not l1.graph
+    with pytest.raises(ValueError, match="holds only launches of that GPU"): l0.graph([(l0, ()), (l1, ())])
+    graph = l1.graph([(l1, ()), (l1, ())])
+    graph([])
+    assert fake.fake_exec_device(0) == 1 and fake.fake_exec_nodes(0) == 2
+    assert _exec_node(fake, 0, 1, 3) == ("k", [1, 1, 1, 4, 1, 1, 0], [a1.ptr, 0, 4], 0)
+
+def test_timing_events(fake):
+    """A timed launch is measured between two events around it on the stream, made once per GPU."""
+    dev = CUDADevice("CUDA")
+    a = dev.allocator.alloc(4)
+    made = _count(fake, "events_made")
+    prg = CUDAProgram(dev, "k", ELF)
+    assert prg(a, global_size=4, wait=True) == pytest.approx(1.5e-3)
+    assert prg(a, global_size=4, wait=True) == pytest.approx(1.5e-3)
+    assert _count(fake, "events_made") == made + 2
+
+# *** copies ***
+
+def _filled(dev: CUDADevice, data: bytes) -> ops_cuda.CUDAMemory:
+    mem = dev.allocator.alloc(len(data))
+    dev.allocator._copyin(mem, memoryview(data))
+    return mem
+
+def _read(dev: CUDADevice, mem: ops_cuda.CUDAMemory, n: int) -> bytes:
+    out = bytearray(n)
+    dev.allocator._copyout(memoryview(out), mem)
+    return bytes(out)
+
+def test_device_copy_on_one_gpu(fake):
+    dev = CUDADevice("CUDA")
+    data = bytes(range(64))
+    a, b = _filled(dev, data), dev.allocator.alloc(64)
+    fake.fake_log_clear()
+    dev.allocator._transfer(b, a, 64)
+    dev.allocator._transfer(dev.allocator._offset(b, 16, 8), dev.allocator._offset(a, 16, 40), 16)
+    assert _calls(fake) == ["cuMemcpyDtoDAsync_v2@0"] * 2
+    assert _read(dev, b, 64) == data[:8] + data[40:56] + data[24:]
+
+def test_peer_copy_between_two_gpus(fake):
+    """Where the driver says the GPUs reach each other's memory, peer access is enabled once and the copy is queued on
+    the destination's stream, after the work queued on the source's, and the source's stream waits for it."""
+    fake.fake_devices(2, 1)
+    d0, d1 = CUDADevice("CUDA"), CUDADevice("CUDA:1")
+    assert d0.context.value != d1.context.value
+    data = bytes(range(100, 164))
+    a, b = _filled(d0, data), d1.allocator.alloc(64)
+    fake.fake_log_clear()
+    d1.allocator._transfer(b, a, 64)
+    calls = _calls(fake)
+    assert calls[0].startswith("cuDeviceCanAccessPeer@") and calls[1:] == [
+        "cuCtxEnablePeerAccess@1", "cuEventRecord@0", "cuStreamWaitEvent@1", "cuMemcpyPeerAsync@1",
+        "cuEventRecord@1", "cuStreamWaitEvent@0"]
+    assert fake.fake_peer_enabled(1, 0) and not fake.fake_peer_enabled(0, 1)
+    assert _read(d1, b, 64) == data
+    # the next copy asks nothing again; a part of the source goes too (a shard of a buffer)
+    fake.fake_log_clear()
+    d1.allocator._transfer(b, d0.allocator._offset(a, 32, 32), 32)
+    assert "cuMemcpyPeerAsync@1" in _calls(fake) and not any("Peer" in c and "Async" not in c for c in _calls(fake))
+    assert _read(d1, b, 64) == data[32:] + data[32:]
+    assert _count(fake, "peer_copies") == 2 and _count(fake, "host_copies") == 3   # (the copy in, the two reads)
+
+def test_copy_between_gpus_without_peer_access(fake):
+    fake.fake_devices(2, 0)
+    d0, d1 = CUDADevice("CUDA"), CUDADevice("CUDA:1")
+    data = bytes(range(64))
+    a, b = _filled(d0, data), d1.allocator.alloc(64)
+    fake.fake_log_clear()
+    d1.allocator._transfer(b, a, 64)
+    assert [c for c in _calls(fake) if not c.startswith("cuDeviceCanAccessPeer")] == \
+        ["cuMemcpyDtoH_v2@0", "cuMemcpyHtoD_v2@1"]
+    assert _read(d1, b, 64) == data and _count(fake, "peer_copies") == 0
+
+def test_second_gpu(fake):
+    """CUDA:1 has a context of its own: its memory and its launches are the second GPU's."""
+    fake.fake_devices(2, 1)
+    d1 = CUDADevice("CUDA:1")
+    assert d1.name == "Fake GPU" and d1.cu_device.value == 1
+    a = d1.allocator.alloc(64)
+    fake.fake_params(b"k", 3, 1)   # (the stand-in refuses a buffer that isn't the current GPU's)
+    CUDAProgram(CUDADevice("CUDA"), "k", ELF)(a, global_size=8)
+    assert ctypes.c_int.in_dll(fake, "last_device").value == 1
+    with pytest.raises(RuntimeError, match="CUDA:2 is GPU 2, but there are 2"): CUDADevice("CUDA:2")
+
+JIT_RUN = """
+import ctypes, json, sys
+import numpy as np
+from fusegrad.runtime import ops_cuda
+ops_cuda.LIBCUDA = sys.argv[1]
+fake = ctypes.CDLL(sys.argv[1])
+fake.fake_set(0, ctypes.c_size_t(1 << 24), 0)
+from fusegrad import Tensor, TinyJit
+from fusegrad.engine.realize import CompiledRunner
+count = lambda name: ctypes.c_int.in_dll(fake, name).value
+fake.fake_exec_param.restype = ctypes.c_uint64
+rng = np.random.default_rng(0)
+w = Tensor(rng.random((16, 8), dtype=np.float32), device="CUDA").realize()
+
+@TinyJit
+def f(x):
+    h = (x @ w).relu()
+    b = (h * h.sum(axis=0)).sum(axis=1)
+    return (h / b.reshape(-1, 1)) @ w.T
+
+xs = [Tensor(rng.random((4, 16), dtype=np.float32), device="CUDA").realize() for _ in range(4)]
+f(xs[0])
+out1 = f(xs[1])   # the capture
+kernels = [ei for ei in f.captured if isinstance(ei.prg, CompiledRunner)]
+assert len(kernels) == len(f.captured), f.captured
+for ei in kernels:   # (each kernel's parameters: its buffers, Variables and the range [0, global_size))
+    nbufs = len(ei.prg._gidx) if ei.prg._gidx else len(ei.bufs)
+    fake.fake_params(ei.prg.p.function_name.encode(), nbufs + len(ei.prg._vnames) + 2, nbufs)
+def expected(x, out):
+    # each kernel's buffer parameters in this replay: the input and output swapped for this call's
+    swap = {id(xs[1]._buffer()): x._buffer(), id(out1._buffer()): out._buffer()}
+    rows = []
+    for ei in kernels:
+        bufs = [ei.bufs[i] for i in ei.prg._gidx] if ei.prg._gidx else ei.bufs
+        rows.append([swap.get(id(b), b)._buf.ptr for b in bufs])
+    return rows
+replays, last = [], None
+for x in (xs[2], xs[2], xs[3], xs[3]):
+    k0, g0, u0, e0 = count("launches"), count("graph_launches"), count("node_updates"), fake.fake_execs()
+    out = f(x)
+    e = fake.fake_execs() - 1
+    want = expected(x, out)
+    got = [[fake.fake_exec_param(e, k, i) for i in range(len(row))] for k, row in enumerate(want)]
+    changed = len(want) if last is None else sum(a != b for a, b in zip(want, last))
+    replays.append(dict(kernels=count("launches") - k0, graphs=count("graph_launches") - g0,
+                        made=fake.fake_execs() - e0, nodes=fake.fake_exec_nodes(e), updates=count("node_updates") - u0,
+                        changed=changed, params_match=got == want))
+    last = want
+    if x is xs[3]: del out   # (the output's memory goes back to the allocator: the next one may reuse it)
+print(json.dumps(dict(n=len(kernels), replays=replays)))
+"""
+
+def test_tinyjit_replays_through_a_cuda_graph(fake_lib):
+    """TinyJit on CUDA, against the stand-in (kernels compiled by NVRTC, not run): from the first replay on, one
+    cuGraphLaunch per replay and no kernel launched on its own; the graph, built once, holds every captured kernel,
+    and after each replay its nodes take this call's input and output (updated only where they changed)."""
+    r = subprocess.run([sys.executable, "-c", JIT_RUN, fake_lib], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "CACHELEVEL": "0"})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    n, replays = got["n"], got["replays"]
+    assert n >= 3, got
+    for i, rep in enumerate(replays):
+        assert rep["kernels"] == 0 and rep["graphs"] == 1 and rep["nodes"] == n and rep["params_match"], (i, rep)
+        assert rep["made"] == (1 if i == 0 else 0), (i, rep)
+        if i > 0: assert rep["updates"] == rep["changed"], (i, rep)
+    assert replays[2]["changed"] >= 1   # (another input: its readers were updated)
+
+MULTI_RUN = """
+import ctypes, json, sys
+import numpy as np
+from fusegrad.runtime import ops_cuda
+ops_cuda.LIBCUDA = sys.argv[1]
+fake = ctypes.CDLL(sys.argv[1])
+fake.fake_set(0, ctypes.c_size_t(1 << 24), 0)
+fake.fake_devices(2, int(sys.argv[2]))
+from fusegrad import Tensor
+from fusegrad.schedule.multi import shards_of
+from fusegrad.uop.ops import device_buffer
+count = lambda name: ctypes.c_int.in_dll(fake, name).value
+x = np.arange(64, dtype=np.float32).reshape(8, 8)
+t = Tensor(x, device="CUDA").realize()
+moved = t.to("CUDA:1").realize()
+one = dict(peer=count("peer_copies"), same=bool((moved.numpy() == x).all()), device=moved.device)
+def shards(s):
+    return [(u.device, device_buffer(u.base).numpy().reshape(-1, 8).tolist()) for u in shards_of(s.uop)]
+split = shards(t.shard(("CUDA:0", "CUDA:1"), axis=0).realize())
+copies = shards(t.shard(("CUDA:0", "CUDA:1")).realize())
+print(json.dumps(dict(one=one, split=split, copies=copies, peer=count("peer_copies"),
+                      enabled=fake.fake_peer_enabled(1, 0))))
+"""
+
+@pytest.mark.parametrize("peer", [1, 0])
+def test_copies_and_shards_over_two_gpus(fake_lib, peer):
+    """Tensors moved to the second GPU and sharded over two, against the stand-in with two GPUs: the engine's copies
+    go GPU to GPU (peer to peer where the GPUs reach each other, else through the host) and land where they should."""
+    r = subprocess.run([sys.executable, "-c", MULTI_RUN, fake_lib, str(peer)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "CACHELEVEL": "0"})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    rows = [[float(8 * i + j) for j in range(8)] for i in range(8)]
+    assert got["one"] == dict(peer=peer, same=True, device="CUDA:1")
+    # (the first GPU's shard of a split is a kernel's, which the stand-in doesn't run: the second's is the copy of
+    # the source's rows 4-7, from the middle of its buffer)
+    assert [d for d, _ in got["split"]] == ["CUDA", "CUDA:1"] and got["split"][1][1] == rows[4:]
+    assert got["copies"] == [["CUDA", rows], ["CUDA:1", rows]]
+    assert got["enabled"] == peer and got["peer"] == 3 * peer
