@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The CUDA device on a machine with an NVIDIA GPU and its driver (one H100: about 5 minutes, 8 at most):
+# The CUDA device on a machine with an NVIDIA GPU and its driver (one H100: about 5 minutes, 10 at most):
 #   1. the CUDA tests (test/runtime/test_cuda.py, test/renderer/test_cuda_render.py) with the real driver present;
 #   2. the op tests (test/tensor/test_ops.py) with DEV=CUDA: every op's kernels compiled by NVRTC and run on the GPU,
 #      against torch;
-#   3. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints);
-#   4. bench/bench_gpu.py on CUDA, where it exists.
+#   3. TinyJit replaying through CUDA graphs against numpy, the time of a replay with and without the graph, and with
+#      two GPUs or more a copy between them (peer to peer where the driver allows it) and a sum split over both
+#      (test/gpu/check_cuda_graph.py);
+#   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints);
+#   5. bench/bench_gpu.py on CUDA, where it exists.
 #
 #   bash test/gpu/check.sh            # from anywhere; logs also go to $OUT/ when OUT is set
 #
@@ -46,6 +49,7 @@ step() {   # step NAME SECONDS COMMAND...: run it with a time limit, its output 
 
 step cuda_tests 90 $PY -m pytest -q -p no:cacheprovider test/runtime/test_cuda.py test/renderer/test_cuda_render.py
 step op_tests 240 env DEV=CUDA $PY -m pytest -q -p no:cacheprovider --maxfail=30 test/tensor/test_ops.py
+step cuda_graph 120 $PY test/gpu/check_cuda_graph.py
 step train_digits 90 env DEV=CUDA $PY examples/train_digits.py --epochs 3
 if [ -f bench/bench_gpu.py ]; then
     if grep -q -- "--device" bench/bench_gpu.py; then step bench_gpu 60 env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
