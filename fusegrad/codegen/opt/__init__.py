@@ -204,7 +204,7 @@ class Kernel:
         self.local_keys: dict[UOp, tuple] = {}   # their launch order: sorted by key, the last is launch dimension 0
         self.groups: set[UOp] = set()        # the locals split off a reduce loop (GROUP, GROUPTOP)
         self.tiles: list[UOp] = []           # the block loops of LTILE
-        self.tc = None                       # the TensorCore that TC laid the kernel out for
+        self.tc = None                       # TC's TensorCore and the ids of its M, N and K loops (tc.py)
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1

@@ -1,10 +1,12 @@
 """Hand-coded optimizations for GPU-style kernels: a long reduction to few outputs split across the work-items of a
 group, register tiles where loads are reused along an output loop (a matmul's rows and columns), work-items along the
 output loops, innermost first (neighbouring work-items then touch neighbouring memory), the reduction staged through
-local memory where that is fast, and its inner loop unrolled."""
+local memory where that is fast, and its inner loop unrolled. A matmul-shaped sum that one of the renderer's tensor
+cores fits is laid out for it instead (TC), with a few of its tiles per warp and a few warps per group."""
 from __future__ import annotations
 import math
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.codegen.opt.tc import tc_loops
 from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import UOp
@@ -17,6 +19,8 @@ TILE = 4            # register tile along each output loop that loads are reused
 TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
 UNROLL_BY = 4       # unroll of a register-tiled kernel's innermost reduce loop
 LTILE_BLOCK = 16    # iterations of a register-tiled kernel's reduction staged in local memory at a time
+TC_TILES = (2, 2)   # tensor core tiles per warp along M and N (their fragments of A and B are reused from registers)
+TC_WARPS = (2, 2)   # warps per group along M and N
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -32,6 +36,7 @@ def _pow2_at_most(n: int) -> int: return 1 << (max(n, 1).bit_length() - 1)
 
 def gpu_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to the GPU-style kernel `k`; returns them (also in k.applied_opts)."""
+    if _tensor_cores(k): return k.applied_opts
     _group_long_reduction(k)
     _vector_lanes(k)
     _register_tiles(k)
@@ -39,6 +44,23 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
     _stage_through_local(k)
     _unroll_inner_reduction(k)
     return k.applied_opts
+
+def _tensor_cores(k: Kernel) -> bool:
+    """TC where one of the renderer's tensor cores fits the kernel's sum (its M, N and K loops multiples of the
+    instruction's tile), then TC_TILES tiles per warp (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops
+    divide, and the K loop unrolled by 2. Whether it applied."""
+    if not getattr(k.renderer, "tensor_cores", None) or not k.reduceops: return False
+    if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))): return False
+    for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
+                         (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, 2)):
+        r = tc_loops(k)[which]
+        if r is not None and isinstance(sz := range_size(r), int) and sz % n == 0: _try(k, op, r, n)
+    return True
+
+def _try_opt(k: Kernel, opt: Opt) -> bool:
+    try: k.apply_opt(opt)
+    except KernelOptError: return False
+    return True
 
 def _outputs(k: Kernel) -> int:
     """How many work-items the output loops can give (those a reduction is broadcast along stay loops)."""

@@ -146,7 +146,15 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
     # (launch dimension 0, whatever other work-items there are: lanes are numbered by the thread id in the block)
     k.local_keys[lane] = (2, 0, 0)
     k.reduceops = [acc]
-    k.tc = tc
+    k.tc = (tc, tuple(r.arg[0] for r in (rm, rn, rk)))
+
+def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
+    """The loops over the tiles along M, N and K of a kernel that TC laid out (None where the tile is the whole loop,
+    or that loop was split off entirely since)."""
+    assert k.tc is not None, "the kernel has no TC"
+    by_id = {r.arg[0]: r for r in k.loops}
+    m, n, kk = (by_id.get(i) for i in k.tc[1])
+    return m, n, kk
 
 # *** after lowering ***
 
