@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 from fusegrad.codegen import get_program, optimize
 from fusegrad.uop.affine import range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.codegen.opt.tc import tc_candidates, tc_fits
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
@@ -65,7 +66,8 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
     and vector-width multiples (or the whole loop when it is short) while the product of expanded lanes stays within
     `max_lanes`; on output loops PADTO to vector multiples that waste at most an eighth, SPLIT into one to four chunks
     per core, SWAP with every later output loop and PACK of every loaded buffer; on reduce loops KBLOCK by powers of
-    two from 16 and by the largest divisor from 128 to 512."""
+    two from 16 and by the largest divisor from 128 to 512. A GPU-style kernel gets its work-item actions instead of
+    the CPU loop shapes, and, as its first opt, TC in each way one of the renderer's tensor cores fits."""
     max_lanes = int(BEAM_MAX_LANES.value) if max_lanes is None else max_lanes
     ren = k.renderer
     acc = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
@@ -75,6 +77,9 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
     amts = sorted({2, 3, 4, 8, 16} | ({width, 2 * width} if width >= 2 else set()))
     loaded = sorted({idx.src[0].arg for idx, st in k.accesses() if not st and idx.src[0].op is Ops.DEFINE_GLOBAL})
     nout, acts = k.first_reduce, []
+    if k.gpu and k.tc is None and getattr(ren, "tensor_cores", None) and \
+            all(o.op is OptOps.PADTO for o in k.applied_opts):
+        acts += [Opt(OptOps.TC, i, (-1, 0, 1)) for i in range(len(tc_fits(tc_candidates(k, ren.tensor_cores))))]
     for ax, r in enumerate(k.loops):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2: continue
@@ -520,17 +525,20 @@ def beam_cache_path(ast: UOp, device: str, amt: int, knobs: Sequence[ContextVar]
     h = hashlib.sha256(_cache_key(ast, device, amt, knobs).encode()).hexdigest()
     return os.path.join(cache_dir(), "beam", h[:2], h)
 
-def opts_to_json(opts: list[Opt]) -> list[list]: return [[o.op.name, o.axis, o.arg] for o in opts]
+def opts_to_json(opts: list[Opt]) -> list[list]:
+    return [[o.op.name, o.axis, list(o.arg) if isinstance(o.arg, tuple) else o.arg] for o in opts]
 
 def opts_from_json(data: Any) -> list[Opt]:
     """Opts from `opts_to_json`'s form; ValueError if it isn't that."""
     if not isinstance(data, list): raise ValueError("opts must be a list")
     out = []
     for o in data:
+        # (TC's arg is a list of ints: (tc_select, tc_opt, use_tc))
         if not (isinstance(o, list) and len(o) == 3 and isinstance(o[0], str) and o[0] in OptOps.__members__ and
-                all(type(x) is int for x in o[1:])):
+                type(o[1]) is int and (type(o[2]) is int or (o[0] == "TC" and isinstance(o[2], list) and
+                                                               all(type(x) is int for x in o[2])))):
             raise ValueError(f"bad opt {o!r}")
-        out.append(Opt(OptOps[o[0]], o[1], o[2]))
+        out.append(Opt(OptOps[o[0]], o[1], tuple(o[2]) if isinstance(o[2], list) else o[2]))
     return out
 
 def _read_cache(path: str, key: str) -> list[Opt] | None:

@@ -78,6 +78,11 @@ def tc_candidates(k: Kernel, tcs: list[TensorCore]) -> list[tuple[TensorCore, UO
             out += [(tc, m, n, kk) for kk in ks for n in ns for m in ms]
     return out
 
+def tc_fits(cands: list[tuple[TensorCore, UOp, UOp, UOp]]) -> list[tuple[TensorCore, UOp, UOp, UOp]]:
+    """The candidates whose M, N and K loops are multiples of the instruction's tile."""
+    return [c for c in cands
+            if all(isinstance(n := range_size(r), int) and n % d == 0 for r, d in zip(c[1:], c[0].dims))]
+
 def apply_tc(k: Kernel, axis: int, arg) -> None:
     """The TC opt on kernel `k` (see the module docstring): `arg` is (tc_select, tc_opt, use_tc) as tinygrad's:
     tc_select -1 for the first of the renderer's tensor cores that fits, else an index into them; `axis` picks among
@@ -94,11 +99,10 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
     if tc_select != -1:
         if not 0 <= tc_select < len(tcs): raise KernelOptError(f"no tensor core {tc_select} of {len(tcs)}")
         tcs = [tcs[tc_select]]
-    cands = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
-    fits = [c for c in cands if all(range_size(r) % d == 0 for r, d in zip(c[1:], c[0].dims))]
-    if not fits:
-        why = "no matmul-shaped reduction of its dtypes" if not cands else \
-            f"sizes {[[range_size(r) for r in c[1:]] for c in cands]} aren't multiples of the tile {cands[0][0].dims}"
+    cands = tc_candidates(k, tcs)
+    if not (fits := tc_fits(cands)):
+        why = "no matmul-shaped reduction of its dtypes" if not cands else f"sizes (M, N, K) " \
+            f"{[tuple(range_size(r) for r in c[1:]) for c in cands]} aren't multiples of the tile {cands[0][0].dims}"
         raise KernelOptError(f"TC: {why}")
     if not 0 <= axis < len(fits): raise KernelOptError(f"TC axis {axis}: {len(fits)} ways to use a tensor core")
     tc, rm, rn, rk = fits[axis]
