@@ -464,6 +464,20 @@ def f(x):
     return (h / b.reshape(-1, 1)) @ w.T
 
 xs = [Tensor(rng.random((4, 16), dtype=np.float32), device="CUDA").realize() for _ in range(4)]
+# eager steps first: from the second on, the schedule's replay plan launches the kernels through prepared launches
+# that take every buffer per call (their GPU is the buffers')
+prepared = []
+launch_call = ops_cuda.CUDALaunch.__call__
+def counted(self, *allocations):
+    prepared.append(allocations[0].device.device)
+    return launch_call(self, *allocations)
+ops_cuda.CUDALaunch.__call__ = counted
+fake.fake_record(1)
+eager = []
+for x in xs[:3]:
+    out = f.fxn(x).realize()
+    eager.append(ctypes.c_uint64.in_dll(fake, "last_params").value == out._buffer()._buf.ptr)
+ops_cuda.CUDALaunch.__call__ = launch_call
 f(xs[0])
 out1 = f(xs[1])   # the capture
 kernels = [ei for ei in f.captured if isinstance(ei.prg, CompiledRunner)]
@@ -492,13 +506,14 @@ for x in (xs[2], xs[2], xs[3], xs[3]):
                         changed=changed, params_match=got == want))
     last = want
     if x is xs[3]: del out   # (the output's memory goes back to the allocator: the next one may reuse it)
-print(json.dumps(dict(n=len(kernels), replays=replays)))
+print(json.dumps(dict(n=len(kernels), replays=replays, eager=eager, prepared=prepared)))
 """
 
 def test_tinyjit_replays_through_a_cuda_graph(fake_lib):
     """TinyJit on CUDA, against the stand-in (kernels compiled by NVRTC, not run): from the first replay on, one
     cuGraphLaunch per replay and no kernel launched on its own; the graph, built once, holds every captured kernel,
-    and after each replay its nodes take this call's input and output (updated only where they changed)."""
+    and after each replay its nodes take this call's input and output (updated only where they changed). The same
+    function run eagerly launches its replayed schedule's kernels through prepared launches, on its output."""
     r = subprocess.run([sys.executable, "-c", JIT_RUN, fake_lib], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "CACHELEVEL": "0"})
     assert r.returncode == 0, r.stderr
@@ -510,6 +525,7 @@ def test_tinyjit_replays_through_a_cuda_graph(fake_lib):
         assert rep["made"] == (1 if i == 0 else 0), (i, rep)
         if i > 0: assert rep["updates"] == rep["changed"], (i, rep)
     assert replays[2]["changed"] >= 1   # (another input: its readers were updated)
+    assert got["eager"] == [True] * 3 and got["prepared"] == ["CUDA"] * (2 * n), got
 
 MULTI_RUN = """
 import ctypes, json, sys
