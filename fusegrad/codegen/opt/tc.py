@@ -61,8 +61,10 @@ def _coord(tc: TensorCore, which: str, lane: UOp, i: int) -> tuple[UOp, UOp]:
 def tc_candidates(k: Kernel, tcs: list[TensorCore]) -> list[tuple[TensorCore, UOp, UOp, UOp]]:
     """(tensor core, M loop, N loop, K loop) of each way kernel `k` can use one of `tcs`, the innermost loops first;
     empty where its reduction doesn't qualify (see the module docstring)."""
-    if len(k.reduceops) != 1 or len(k.ast.src) != 1: return []
-    red = k.reduceops[0]
+    # (from the AST as it is now: an opt before TC, a PADTO, made new nodes)
+    reds = [u for u in k.ast.toposort() if u.op is Ops.REDUCE]
+    if len(reds) != 1 or len(k.ast.src) != 1: return []
+    red = reds[0]
     if red.arg is not Ops.ADD or red not in k.ast.src[0].src[1].toposort() or (mul := _product(red)) is None: return []
     outs, out = k.loops[:k.first_reduce], []
     for tc in tcs:
@@ -106,7 +108,7 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
         raise KernelOptError(f"TC: {why}")
     if not 0 <= axis < len(fits): raise KernelOptError(f"TC axis {axis}: {len(fits)} ways to use a tensor core")
     tc, rm, rn, rk = fits[axis]
-    red, st = k.reduceops[0], k.ast.src[0]
+    red, st = next(u for u in k.ast.toposort() if u.op is Ops.REDUCE), k.ast.src[0]
     trips = 1
     for r in red.src[1:]:
         trips *= range_size(r) // (tc.dims[2] if r is rk else 1) if isinstance(range_size(r), int) else 1 << 30
