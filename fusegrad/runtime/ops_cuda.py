@@ -133,16 +133,19 @@ CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_PEER_ACCESS_ALREADY_E
 CU_EVENT_DISABLE_TIMING = 2
 
 class CUDA_KERNEL_NODE_PARAMS(ctypes.Structure):
-    """cuda.h's CUDA_KERNEL_NODE_PARAMS, the layout that cuGraphAddKernelNode and cuGraphExecKernelNodeSetParams (the
-    exported names without _v2, which every driver since CUDA 10 keeps) take: 56 bytes on a 64-bit machine, the two
-    pointers after 4 bytes of padding."""
+    """cuda.h's CUDA_KERNEL_NODE_PARAMS_v2 (72 bytes on a 64-bit machine): the struct that describes a graph's kernel
+    node to cuGraphAddKernelNode_v2 and cuGraphExecKernelNodeSetParams_v2 (CUDA 12 on). The first version, which the
+    names without _v2 take (every driver since CUDA 10 exports them), is its first 56 bytes, so one struct serves both:
+    `kern` and `ctx` stay NULL (the node runs `func`, in `func`'s context)."""
     _fields_ = [("func", ctypes.c_void_p), ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
                 ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint),
                 ("blockDimZ", ctypes.c_uint), ("sharedMemBytes", ctypes.c_uint), ("kernelParams", ctypes.c_void_p),
-                ("extra", ctypes.c_void_p)]
+                ("extra", ctypes.c_void_p), ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
 
 _GRAPH_FUNCTIONS = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiateWithFlags",
                     "cuGraphExecKernelNodeSetParams", "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy")
+# the functions whose current version is named _v2 (the names without it keep the first version's struct)
+_GRAPH_V2 = ("cuGraphAddKernelNode", "cuGraphExecKernelNodeSetParams")
 
 class CUDAError(RuntimeError):
     """A driver API call failed; `status` is its CUresult."""
@@ -181,6 +184,9 @@ def libcuda() -> ctypes.CDLL:
     lib.cuStreamWaitEvent.argtypes = [vp, vp, u]
     # graphs (CUDA 11.4 on): a driver without them runs every launch on its own
     if all(hasattr(lib, name) for name in _GRAPH_FUNCTIONS):
+        # (the _v2 function, where the driver has it, is called by the plain name: the struct fits both)
+        for name in _GRAPH_V2:
+            if hasattr(lib, f"{name}_v2"): setattr(lib, name, getattr(lib, f"{name}_v2"))
         for name in _GRAPH_FUNCTIONS: getattr(lib, name).restype = ctypes.c_int
         params = ctypes.POINTER(CUDA_KERNEL_NODE_PARAMS)
         lib.cuGraphCreate.argtypes = [ctypes.POINTER(vp), u]

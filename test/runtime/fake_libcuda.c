@@ -20,7 +20,8 @@
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
-/* CUDA_KERNEL_NODE_PARAMS as cuda.h declares it (the first version, without _v2) */
+/* CUDA_KERNEL_NODE_PARAMS as cuda.h declares it: the first version (the functions without _v2) and the second (CUDA
+   12's _v2 functions), which adds the kernel (used when func is NULL) and the context (NULL: the current one) */
 typedef struct {
   void *func;
   unsigned int gridDimX, gridDimY, gridDimZ;
@@ -29,6 +30,16 @@ typedef struct {
   void **kernelParams;
   void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
+typedef struct {
+  void *func;
+  unsigned int gridDimX, gridDimY, gridDimZ;
+  unsigned int blockDimX, blockDimY, blockDimZ;
+  unsigned int sharedMemBytes;
+  void **kernelParams;
+  void **extra;
+  void *kern;
+  void *ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
 
 #define MAX_DEVICES 4
 #define ERR_INVALID_VALUE 1
@@ -91,14 +102,19 @@ void fake_devices(int n, int can_peer) { n_devices = n; peer_ok = can_peer; }
 void fake_record(int n) { record_params = n; }
 size_t fake_mem_used(void) { return mem_used; }
 int fake_peer_enabled(int from, int to) { return peer_enabled[from][to]; }
-size_t fake_node_params_size(void) { return sizeof(CUDA_KERNEL_NODE_PARAMS); }
-size_t fake_node_params_offset(int field) {
+size_t fake_node_params_size(int version) {
+  return version == 2 ? sizeof(CUDA_KERNEL_NODE_PARAMS_v2) : sizeof(CUDA_KERNEL_NODE_PARAMS);
+}
+size_t fake_node_params_offset(int field) {   /* (of the second version) */
   switch (field) {
-    case 0: return offsetof(CUDA_KERNEL_NODE_PARAMS, func);
-    case 1: return offsetof(CUDA_KERNEL_NODE_PARAMS, gridDimX);
-    case 7: return offsetof(CUDA_KERNEL_NODE_PARAMS, sharedMemBytes);
-    case 8: return offsetof(CUDA_KERNEL_NODE_PARAMS, kernelParams);
-    case 9: return offsetof(CUDA_KERNEL_NODE_PARAMS, extra);
+    case 0: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, func);
+    case 1: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, gridDimX);
+    case 6: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, blockDimZ);
+    case 7: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, sharedMemBytes);
+    case 8: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams);
+    case 9: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, extra);
+    case 10: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, kern);
+    case 11: return offsetof(CUDA_KERNEL_NODE_PARAMS_v2, ctx);
   }
   return (size_t)-1;
 }
@@ -395,6 +411,25 @@ CUresult cuGraphLaunch(void *e, void *stream) {
   graph_launches++;
   work_done++;
   return 0;
+}
+/* the second versions: the same, for a node that names its function (kern NULL) in the graph's context */
+static CUresult check_v2(const CUDA_KERNEL_NODE_PARAMS_v2 *p, int device) {
+  if (p->func == NULL || p->kern != NULL) return ERR_INVALID_VALUE;
+  if (p->ctx != NULL && context_index(p->ctx) != device) return ERR_INVALID_CONTEXT;
+  return 0;
+}
+CUresult cuGraphAddKernelNode_v2(void **node, void *g, void *const *deps, size_t n_deps,
+                                 const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
+  CUresult r = check_v2(p, ((Graph *)g)->device);
+  if (r) return r;
+  note("v2");
+  return cuGraphAddKernelNode(node, g, deps, n_deps, (const CUDA_KERNEL_NODE_PARAMS *)p);
+}
+CUresult cuGraphExecKernelNodeSetParams_v2(void *e, void *node, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
+  CUresult r = check_v2(p, ((Exec *)e)->graph.device);
+  if (r) return r;
+  note("v2");
+  return cuGraphExecKernelNodeSetParams(e, node, (const CUDA_KERNEL_NODE_PARAMS *)p);
 }
 CUresult cuGraphExecDestroy(void *e) { (void)e; return 0; }   /* (kept: the tests read the last ones made) */
 CUresult cuGraphDestroy(void *g) { (void)g; return 0; }

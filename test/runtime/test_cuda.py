@@ -275,11 +275,13 @@ def _calls(fake) -> list[str]:
 def _f64(x: float) -> int: return struct.unpack("<Q", struct.pack("<d", x))[0]
 
 def test_kernel_node_params_layout(fake):
-    """The struct a graph's kernel node is described by: the stand-in's C declaration (cuda.h's layout, as the C
-    compiler lays it out) against the runtime's ctypes one."""
+    """The struct a graph's kernel node is described by: the stand-in's C declarations (cuda.h's two versions, as the
+    C compiler lays them out) against the runtime's ctypes one, whose first bytes are the first version."""
     P = ops_cuda.CUDA_KERNEL_NODE_PARAMS
-    assert ctypes.sizeof(P) == fake.fake_node_params_size() == 56
-    for i, field in [(0, "func"), (1, "gridDimX"), (7, "sharedMemBytes"), (8, "kernelParams"), (9, "extra")]:
+    assert ctypes.sizeof(P) == fake.fake_node_params_size(2) == 72
+    assert P.kern.offset == fake.fake_node_params_size(1) == 56
+    for i, field in [(0, "func"), (1, "gridDimX"), (6, "blockDimZ"), (7, "sharedMemBytes"), (8, "kernelParams"),
+                     (9, "extra"), (10, "kern"), (11, "ctx")]:
         assert getattr(P, field).offset == fake.fake_node_params_offset(i), field
 
 def test_prepared_launch(fake):
@@ -330,7 +332,8 @@ def test_graph_of_launches(fake):
     fake.fake_log_clear()
     kernels = _launches(fake)
     graph([x, out, y])
-    assert _calls(fake) == ["cuGraphCreate@0", "cuGraphAddKernelNode@0", "cuGraphAddKernelNode@0",
+    # (the second versions of the node functions, where the driver has them: CUDA 12's)
+    assert _calls(fake) == ["cuGraphCreate@0", "v2@0", "cuGraphAddKernelNode@0", "v2@0", "cuGraphAddKernelNode@0",
                             "cuGraphInstantiateWithFlags@0", "cuGraphLaunch@0"]
     assert fake.fake_execs() == 1 and fake.fake_exec_nodes(0) == 2 and fake.fake_exec_device(0) == 0
     assert _exec_node(fake, 0, 0, 4) == ("k1", [4, 1, 1, 32, 1, 1, 0], [w.ptr, x.ptr, 0, 1], -1)
@@ -342,7 +345,7 @@ def test_graph_of_launches(fake):
     # another input: only the node reading it changes
     fake.fake_log_clear()
     graph([x2, out, y])
-    assert _calls(fake) == ["cuGraphExecKernelNodeSetParams@0", "cuGraphLaunch@0"]
+    assert _calls(fake) == ["v2@0", "cuGraphExecKernelNodeSetParams@0", "cuGraphLaunch@0"]
     assert _exec_node(fake, 0, 0, 4)[2] == [w.ptr, x2.ptr, 0, 1]
     assert _exec_node(fake, 0, 1, 6)[2] == [out.ptr, w.ptr, y.ptr, _f64(2.5), 0, 1000]
     # another output and another second input: the second node, updated once
