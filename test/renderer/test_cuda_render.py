@@ -1,7 +1,8 @@
 """The CUDA renderer's kernels compile with NVRTC to cubins for sm_80 and sm_90: a representative set of Tensor
 programs (elementwise ops and casts of every dtype, bitcasts, transcendentals, nan and inf constants, reductions
 grouped through shared memory, a matmul tiled through shared memory (LTILE), softmax, a convolution, half and bfloat16,
-Variables, threefry random numbers, gathers and scatters), scheduled and rendered with `CUDARenderer`. Each cubin is
+Variables, threefry random numbers, gathers and scatters, matmuls and a convolution on tensor cores: mma.sync of half,
+bfloat16 and, with ALLOW_TF32=1, tf32), scheduled and rendered with `CUDARenderer`. Each cubin is
 checked against what the code generator asked for: its architecture, a kernel of each name, the static shared memory
 of each kernel. The half constants the renderer writes are checked against NumPy's rounding.
 
@@ -81,6 +82,19 @@ def representative() -> list[ProgramSpec]:
     progs += programs((f32[:n.bind(13)] * 2 + 1).sum(1), Tensor.rand(1000), Tensor.randn(17, 3),
                       f32.gather(1, idx), f32[idx[:, 0]], f32.scatter(1, idx, 1.0),
                       f32.scatter_reduce(1, idx, Tensor.rand(64, 5), "sum"))
+    progs += tensor_core_programs()
+    return progs
+
+def tensor_core_programs() -> list[ProgramSpec]:
+    """Kernels the heuristic lays out for mma.sync: half and bfloat16 matmuls (one batched, one with a bias and relu
+    after it), a half convolution, a float32 matmul as TF32."""
+    h = lambda *shape: Tensor.rand(*shape).realize().half().realize()
+    b16 = lambda *shape: Tensor.rand(*shape).realize().cast(dtypes.bfloat16).realize()
+    f32 = lambda t: t.cast(dtypes.float32)
+    progs = programs(h(64, 32) @ h(32, 64), b16(32, 64) @ b16(64, 48), f32(h(2, 32, 16)) @ f32(h(2, 16, 16)),
+                     (f32(h(48, 32)) @ f32(h(32, 32)) + Tensor.rand(32).realize()).relu(),
+                     f32(h(1, 16, 18, 18)).conv2d(f32(h(8, 16, 3, 3))))
+    with Context(ALLOW_TF32=1): progs += programs(Tensor.rand(32, 32).realize() @ Tensor.rand(32, 64).realize())
     return progs
 
 @pytest.fixture(scope="module")
@@ -96,6 +110,10 @@ def test_the_set_has_what_it_claims(kernels):
     assert any(any(o.op is OptOps.LTILE for o in p.applied_opts) for p in kernels)
     assert any(any(o.op in (OptOps.GROUP, OptOps.GROUPTOP) for o in p.applied_opts) for p in kernels)
     assert any(p.vars for p in kernels) and any(Ops.THREEFRY in o for o in ops)
+    wmma = {u.arg[0] for p in kernels for u in p.uops if u.op is Ops.WMMA}
+    assert wmma == {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"}, wmma
     dts = {(u.dtype.base if hasattr(u.dtype, "base") else u.dtype).scalar() for p in kernels for u in p.uops}
     assert set(EVERY_DTYPE) <= dts
     assert len(kernels) > 150
@@ -155,6 +173,22 @@ def test_one_kernel_alone(kernels):
     """A kernel is a whole program by itself too (what the device compiles): the grouped reduction."""
     p = next(p for p in kernels if any(u.op is Ops.BARRIER for u in p.uops))
     check_cubin(CUDACompiler("sm_90").compile(p.src), "sm_90", [p])
+
+def test_tensor_core_kernels(kernels):
+    """Each WMMA is one call of the mma.sync function, whose asm names the instruction; a kernel with WMMAs launches
+    whole warps (the lanes along threadIdx.x), and without ALLOW_TF32 no float32 matmul uses a tensor core."""
+    tc = [p for p in kernels if any(u.op is Ops.WMMA for u in p.uops)]
+    assert len(tc) >= 6
+    for p in tc:
+        names = {u.arg[0] for u in p.uops if u.op is Ops.WMMA}
+        assert all(f'asm volatile("{n} ' in p.src for n in names), p.src
+        calls = sum(p.src.count("fg_" + n.removeprefix("mma.sync.aligned.").replace(".", "_") + "(") for n in names)
+        assert calls == 1 + sum(u.op is Ops.WMMA for u in p.uops), p.src   # (its definition and one call per WMMA)
+        assert p.local_dims[0] == 32 and "threadIdx.x" in p.src
+    assert "cvt.rna.tf32.f32" in next(p.src for p in tc if "tf32" in p.src)
+    f32 = programs(Tensor.rand(32, 32).realize() @ Tensor.rand(32, 64).realize())
+    assert not any(u.op is Ops.WMMA for p in f32 for u in p.uops)
+    assert not CUDARenderer("sm_75").tensor_cores
 
 # *** the renderer's own pieces ***
 
