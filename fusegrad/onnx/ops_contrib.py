@@ -118,9 +118,18 @@ def attention(x: Tensor, weights: Tensor, bias: Tensor | None = None, mask_index
         raise Unsupported("Attention with a shared past/present buffer (past_sequence_length, "
                           "past_present_share_buffer)")
     if do_rotary or rotary_embedding_dim: raise Unsupported("Attention with rotary embeddings")
-    b, s, _ = x.shape
     qkv = x @ weights
     if bias is not None: qkv = qkv + bias
+    return packed_attention(qkv, mask_index, past, attention_bias, num_heads=num_heads, unidirectional=unidirectional,
+                            scale=scale, mask_filter_value=mask_filter_value, qkv_hidden_sizes=qkv_hidden_sizes,
+                            dtype=x.dtype)
+
+
+def packed_attention(qkv: Tensor, mask_index: Tensor | None, past: Tensor | None, attention_bias: Tensor | None, *,
+                     num_heads: int, unidirectional: int, scale: float | None, mask_filter_value: float,
+                     qkv_hidden_sizes: Sequence[int] | None, dtype) -> tuple[Tensor, Tensor]:
+    """Attention and QAttention after their projection: qkv is (batch, seq, q + k + v hidden sizes)."""
+    b, s, _ = qkv.shape
     sizes = list(qkv_hidden_sizes) if qkv_hidden_sizes else [qkv.shape[-1] // 3] * 3
     if sum(sizes) != qkv.shape[-1]: raise ValueError(f"qkv_hidden_sizes {sizes} don't add up to {qkv.shape[-1]}")
     if past is not None and sizes[1] != sizes[2]: raise ValueError("a past state needs equal key and value sizes")
@@ -142,8 +151,7 @@ def attention(x: Tensor, weights: Tensor, bias: Tensor | None = None, mask_index
         c = _causal_bias(s, total, past_len, mask_filter_value, dt)
         mask = c if mask is None else mask + c
     out = attend(q, k, v, mask, scale or None, split_scale=False)[0]
-    return from_heads(out).cast(x.dtype), Tensor.stack(k, v, dim=0)
-
+    return from_heads(out).cast(dtype), Tensor.stack(k, v, dim=0)
 
 def _kv_heads(t: Tensor, heads: int, what: str) -> Tensor:
     """A key or value given as (batch, seq, hidden) or already as (batch, heads, seq, head_size)."""

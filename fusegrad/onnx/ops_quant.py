@@ -1,5 +1,7 @@
-"""The quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, and the integer matmul and conv
-(MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv).
+"""The quantization ops: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, the integer matmul and conv
+(MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv), and the com.microsoft ops of onnxruntime's quantization
+tools (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, QLinearAveragePool, QLinearGlobalAveragePool,
+QLinearConcat, QLinearWhere, QLinearSoftmax, QGemm, MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention).
 
 Integer products accumulate in int32, as ONNX specifies. Rounding is half to even (Tensor.round) and results
 saturate to the range of the output type. Float products of scales are computed in float32, as onnxruntime does."""
@@ -11,7 +13,8 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
-from fusegrad.onnx.ops import axis_of, conv, op
+from fusegrad.onnx.ops import avg_pool, axis_of, conv, op
+from fusegrad.onnx.ops_contrib import packed_attention
 
 # the integer types a value can be quantized to, and their ranges
 QUANT_RANGES: dict[DType, tuple[int, int]] = {
@@ -164,3 +167,191 @@ def qlinear_conv(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, w: Ten
     else: sw = sw.reshape(())
     mult = _scale(x_scale).reshape(()) * sw / _scale(y_scale).reshape(())
     return _requantize(acc, mult, y_zero_point, y_zero_point.dtype if y_zero_point is not None else x.dtype)
+
+
+# *** com.microsoft: the ops of onnxruntime's quantization tools (QOperator format and dynamic quantization) ***
+#
+# onnxruntime computes these in float32 between integer inputs and outputs, and so do they here, in the same order of
+# operations, so that the roundings agree: a dequantized value is (x - zero_point) * scale, a requantized one is
+# round_half_even(value / scale) + zero_point, saturated.
+
+MS = "com.microsoft"
+
+
+def _zp(zp: Tensor | None) -> Tensor | float:
+    """A per-tensor zero point as a float32 scalar (0 where it is left out)."""
+    if zp is None: return 0.0
+    if zp.numel() != 1: raise Unsupported(f"a zero point of shape {tuple(zp.shape)} (only per-tensor ones)")
+    return zp.reshape(()).cast(dtypes.float32)
+
+
+def _s(scale: Tensor) -> Tensor:
+    if scale.numel() != 1: raise Unsupported(f"a scale of shape {tuple(scale.shape)} (only per-tensor ones)")
+    return scale.reshape(()).cast(dtypes.float32)
+
+
+def _dequant(x: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
+    return (x.cast(dtypes.float32) - _zp(zp)) * _s(scale)
+
+
+def _quant(v: Tensor, scale: Tensor, zp: Tensor | None, dt: DType) -> Tensor:
+    return saturate_to((v / _s(scale)).round() + _zp(zp), dt)
+
+
+def _out_dtype(zp: Tensor | None, like: Tensor) -> DType: return zp.dtype if zp is not None else like.dtype
+
+
+@op("QLinearAdd", domain=MS)
+def qlinear_add(a: Tensor, a_scale: Tensor, a_zero_point: Tensor | None, b: Tensor, b_scale: Tensor,
+                b_zero_point: Tensor | None, c_scale: Tensor, c_zero_point: Tensor | None = None) -> Tensor:
+    # each operand's scale over the output's, applied to its centered integers
+    ra, rb = _s(a_scale) / _s(c_scale), _s(b_scale) / _s(c_scale)
+    v = (a.cast(dtypes.float32) - _zp(a_zero_point)) * ra + (b.cast(dtypes.float32) - _zp(b_zero_point)) * rb
+    return saturate_to(v.round() + _zp(c_zero_point), _out_dtype(c_zero_point, a))
+
+
+@op("QLinearMul", domain=MS)
+def qlinear_mul(a: Tensor, a_scale: Tensor, a_zero_point: Tensor | None, b: Tensor, b_scale: Tensor,
+                b_zero_point: Tensor | None, c_scale: Tensor, c_zero_point: Tensor | None = None) -> Tensor:
+    ratio = _s(a_scale) * _s(b_scale) / _s(c_scale)
+    v = (a.cast(dtypes.float32) - _zp(a_zero_point)) * (b.cast(dtypes.float32) - _zp(b_zero_point)) * ratio
+    return saturate_to(v.round() + _zp(c_zero_point), _out_dtype(c_zero_point, a))
+
+
+@op("QLinearSigmoid", domain=MS)
+def qlinear_sigmoid(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
+                    y_zero_point: Tensor | None = None) -> Tensor:
+    return _quant(_dequant(x, x_scale, x_zero_point).sigmoid(), y_scale, y_zero_point, _out_dtype(y_zero_point, x))
+
+
+@op("QLinearLeakyRelu", domain=MS)
+def qlinear_leaky_relu(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
+                       y_zero_point: Tensor | None = None, *, alpha: float = 0.01) -> Tensor:
+    v = _dequant(x, x_scale, x_zero_point)
+    return _quant((v >= 0).where(v, v * alpha), y_scale, y_zero_point, _out_dtype(y_zero_point, x))
+
+
+def _nchw(x: Tensor, channels_last: int) -> Tensor:
+    return x.permute((0, x.ndim - 1) + tuple(range(1, x.ndim - 1))) if channels_last else x
+
+
+def _back(y: Tensor, channels_last: int) -> Tensor:
+    return y.permute((0,) + tuple(range(2, y.ndim)) + (1,)) if channels_last else y
+
+
+@op("QLinearAveragePool", domain=MS)
+def qlinear_average_pool(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
+                         y_zero_point: Tensor | None = None, *, auto_pad: str = "NOTSET", ceil_mode: int = 0,
+                         channels_last: int = 0, count_include_pad: int = 0, kernel_shape: Sequence[int],
+                         pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    # the average of the centered integers (padding counts as the real value 0), then rescaled
+    centered = _nchw(x, channels_last).cast(dtypes.float32) - _zp(x_zero_point)
+    avg = avg_pool(centered, auto_pad=auto_pad, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                   kernel_shape=kernel_shape, pads=pads, strides=strides)
+    y = _quant(avg * _s(x_scale), y_scale, y_zero_point, _out_dtype(y_zero_point, x))
+    return _back(y, channels_last)
+
+
+@op("QLinearGlobalAveragePool", domain=MS)
+def qlinear_global_average_pool(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
+                                y_zero_point: Tensor | None = None, *, channels_last: int = 0) -> Tensor:
+    xc = _nchw(x, channels_last)
+    axes = tuple(range(2, xc.ndim))
+    n = 1
+    for a in axes: n *= xc.shape[a]
+    # the exact integer sum, rescaled once by x_scale / (y_scale * count)
+    acc = (xc.cast(dtypes.int32) - _zp(x_zero_point).cast(dtypes.int32) if x_zero_point is not None
+           else xc.cast(dtypes.int32)).sum(axes, keepdim=True, dtype=dtypes.int32)
+    mult = _s(x_scale) / (_s(y_scale) * n)
+    y = saturate_to((acc.cast(dtypes.float32) * mult).round() + _zp(y_zero_point), _out_dtype(y_zero_point, x))
+    return _back(y, channels_last)
+
+
+def _requant(x: Tensor, x_scale: Tensor, x_zp: Tensor | None, y_scale: Tensor, y_zp: Tensor | None,
+             dt: DType) -> Tensor:
+    return _quant(_dequant(x, x_scale, x_zp), y_scale, y_zp, dt)
+
+
+@op("QLinearConcat", domain=MS)
+def qlinear_concat(y_scale: Tensor, y_zero_point: Tensor, *inputs: Tensor, axis: int) -> Tensor:
+    if not inputs or len(inputs) % 3: raise ValueError(f"QLinearConcat takes (X, scale, zero point) triples after the "
+                                                       f"output's scale and zero point, got {len(inputs)} inputs")
+    dt = y_zero_point.dtype
+    parts = [_requant(inputs[i], inputs[i + 1], inputs[i + 2], y_scale, y_zero_point, dt)
+             for i in range(0, len(inputs), 3)]
+    return parts[0].cat(*parts[1:], dim=axis_of(axis, parts[0].ndim))
+
+
+@op("QLinearWhere", domain=MS)
+def qlinear_where(cond: Tensor, x: Tensor, x_scale: Tensor, x_zero_point: Tensor, y: Tensor, y_scale: Tensor,
+                  y_zero_point: Tensor, z_scale: Tensor, z_zero_point: Tensor) -> Tensor:
+    dt = z_zero_point.dtype
+    return cond.where(_requant(x, x_scale, x_zero_point, z_scale, z_zero_point, dt),
+                      _requant(y, y_scale, y_zero_point, z_scale, z_zero_point, dt))
+
+
+@op("QLinearSoftmax", domain=MS)
+def qlinear_softmax(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
+                    y_zero_point: Tensor, *, axis: int = -1, opset: int) -> Tensor:
+    # `opset` is the Softmax opset the op stands for: before 13 the input is flattened to 2D at `axis`
+    v = _dequant(x, x_scale, x_zero_point)
+    if opset >= 13: p = v.softmax(axis_of(axis, x.ndim))
+    else:
+        a = axis_of(axis, x.ndim)
+        rows = 1
+        for d in x.shape[:a]: rows *= d
+        p = v.reshape(rows, -1).softmax(1).reshape(x.shape)
+    return _quant(p, y_scale, y_zero_point, y_zero_point.dtype)
+
+
+@op("QGemm", domain=MS)
+def qgemm(a: Tensor, a_scale: Tensor, a_zero_point: Tensor, b: Tensor, b_scale: Tensor, b_zero_point: Tensor,
+          c: Tensor | None = None, y_scale: Tensor | None = None, y_zero_point: Tensor | None = None, *,
+          alpha: float = 1.0, transA: int = 0, transB: int = 0) -> Tensor:
+    """alpha * A' B' + C with A and B quantized and C an int32 bias of scale a_scale * b_scale; the result is float32
+    without y_scale, else requantized. B may be quantized per output column (per row where transB)."""
+    if transA: a = a.T
+    if transB: b = b.T
+    if a_zero_point.numel() != 1: raise Unsupported("QGemm with a zero point of A per row")
+    # B's zero point is per tensor or per output column
+    bzp = b_zero_point.cast(dtypes.int32).reshape(-1 if b_zero_point.numel() > 1 else ())
+    acc = (a.cast(dtypes.int32) - a_zero_point.cast(dtypes.int32).reshape(())) @ (b.cast(dtypes.int32) - bzp)
+    if c is not None: acc = acc + c.cast(dtypes.int32)
+    sb = _s(b_scale) if b_scale.numel() == 1 else b_scale.cast(dtypes.float32).reshape(-1)
+    mult = _s(a_scale) * sb * alpha
+    if y_scale is None: return acc.cast(dtypes.float32) * mult
+    return saturate_to((acc.cast(dtypes.float32) * (mult / _s(y_scale))).round() + _zp(y_zero_point),
+                       _out_dtype(y_zero_point, a))
+
+
+@op("MatMulIntegerToFloat", domain=MS)
+def matmul_integer_to_float(a: Tensor, b: Tensor, a_scale: Tensor, b_scale: Tensor,
+                            a_zero_point: Tensor | None = None, b_zero_point: Tensor | None = None,
+                            bias: Tensor | None = None) -> Tensor:
+    acc = matmul_integer(a, b, a_zero_point, b_zero_point)
+    sb = _s(b_scale) if b_scale.numel() == 1 else b_scale.cast(dtypes.float32).reshape(-1)
+    out = acc.cast(dtypes.float32) * (_s(a_scale) * sb)
+    return (out + bias if bias is not None else out).cast(a_scale.dtype)
+
+
+@op("DynamicQuantizeMatMul", domain=MS)
+def dynamic_quantize_matmul(a: Tensor, b: Tensor, b_scale: Tensor, b_zero_point: Tensor | None = None,
+                            bias: Tensor | None = None) -> Tensor:
+    # A is quantized to uint8 over its whole range, as DynamicQuantizeLinear does
+    qa, sa, zpa = dynamic_quantize_linear(a)
+    return matmul_integer_to_float(qa, b, sa, b_scale, zpa, b_zero_point, bias)
+
+
+@op("QAttention", domain=MS)
+def qattention(x: Tensor, weight: Tensor, bias: Tensor, input_scale: Tensor, weight_scale: Tensor,
+               mask_index: Tensor | None = None, input_zero_point: Tensor | None = None,
+               weight_zero_point: Tensor | None = None, past: Tensor | None = None, *, num_heads: int,
+               unidirectional: int = 0, scale: float | None = None, mask_filter_value: float = -10000.0,
+               do_rotary: int = 0, past_present_share_buffer: int = 0) -> tuple[Tensor, Tensor]:
+    """com.microsoft's Attention with a quantized input and weights: the projection is an integer matmul, rescaled to
+    float32 with the bias added; the attention itself is in float32."""
+    if do_rotary or past_present_share_buffer: raise Unsupported("QAttention with rotary embeddings or a shared buffer")
+    qkv = matmul_integer_to_float(x, weight, input_scale, weight_scale, input_zero_point, weight_zero_point, bias)
+    return packed_attention(qkv, mask_index, past, None, num_heads=num_heads, unidirectional=unidirectional,
+                            scale=scale, mask_filter_value=mask_filter_value, qkv_hidden_sizes=None,
+                            dtype=dtypes.float32)
