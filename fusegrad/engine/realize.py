@@ -1,7 +1,6 @@
 """Running schedules: an `ExecItem` (kernel AST + buffers) is lowered to a `Runner` (a compiled kernel, a copy or a
 no-op view), buffers are allocated, the runners run, and `GlobalCounters` count the work."""
 from __future__ import annotations
-import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,8 +18,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _min
 from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
-           "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing",
-           "replay_runners", "run_replayed"]
+           "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing"]
 
 # a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us, so
 # below these bounds one thread finishes first (DESIGN.md, "Measurements")
@@ -425,36 +423,21 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 # this long since the last group was sent (each group one compiler run; the last group split across the cores).
 PIPELINE_GROUP_S = 0.15
 
-# QUICK_COMPILE=1: a schedule of at least QUICK_MIN_KERNELS new kernels, on a device that compiles in two tiers (CPU:
-# TieredCompiler), is compiled quickly first and runs while its optimized build compiles in the background, which then
-# takes over (the same results). A first call then waits for a fraction of the compile time (DESIGN.md, "Compile
-# paths and the default"). Single kernels (an eager op) get their optimized build at once: one compiler process
-# costs them about the same either way.
-QUICK_COMPILE = ContextVar("QUICK_COMPILE", 1)
-QUICK_MIN_KERNELS = 2
-
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put
     the runners in the method cache."""
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
     dev = Device[device]
     programs: list[ProgramSpec] = []
-    searching = BEAM >= 1 and not NOOPT
     # (not while BEAM times candidate kernels: a compiler running beside them would skew their timings)
-    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not searching
-    tiered = getattr(dev, "tiered", None) if QUICK_COMPILE and len(asts) >= QUICK_MIN_KERNELS and not searching \
-        else None
-    def compile_group(srcs: list[str], units: int | None = None) -> list[tuple[bytes, bool]]:
-        # (binary, whether it is the optimized one)
-        if tiered is not None: return tiered.first(srcs, units)
-        return [(lib, True) for lib in dev.compiler.compile_cached_many(srcs, units)]
+    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not (BEAM >= 1 and not NOOPT)
     groups: list[Future] = []   # the compiles of the groups sent so far, in order
     compiling: ThreadPoolExecutor | None = None
     try:
         first, since = 0, time.perf_counter()
         for ast in asts:
             gen_st = time.perf_counter()
-            if searching:
+            if BEAM >= 1 and not NOOPT:
                 # searched opts, or the ones a search chose before (disk); candidates are timed as this engine runs them
                 from fusegrad.codegen.opt.search import beam_opts
                 opts = beam_opts(ast, device, int(BEAM.value), runner=CompiledRunner, knobs=CODEGEN_KNOBS)
@@ -467,28 +450,18 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
                 print(f"{p.name}: applied opts {p.applied_opts}")
             if pipelined and len(programs) < len(asts) and time.perf_counter() - since >= PIPELINE_GROUP_S:
                 if compiling is None: compiling = ThreadPoolExecutor(max_workers=host_cpu_count())
-                groups.append(compiling.submit(compile_group, [q.src for q in programs[first:]], 1))
+                groups.append(compiling.submit(dev.compiler.compile_cached_many, [q.src for q in programs[first:]], 1))
                 first, since = len(programs), time.perf_counter()
         compile_st = time.perf_counter()
-        last = compile_group([p.src for p in programs[first:]])
+        last = dev.compiler.compile_cached_many([p.src for p in programs[first:]])
         libs = [lib for group in groups for lib in group.result()] + last
         if _viz.TIMED: _viz.record_compile(asts, compile_st, device)
     finally:
         if compiling is not None: compiling.shutdown(wait=True)
-    runners = [CompiledRunner(p, cached=lib) for p, (lib, _) in zip(programs, libs)]
-    # the kernels that run a quick binary get their optimized one from the background (a runner whose quick binary
-    # didn't load was compiled optimized already)
-    quick = [(p.src, r) for p, r, (lib, final) in zip(programs, runners, libs) if not final and r.lib is lib]
-    if tiered is not None and quick:
-        tiered.later([src for src, _ in quick], [functools.partial(_take_optimized, r) for _, r in quick])
+    runners = [CompiledRunner(p, cached=lib) for p, lib in zip(programs, libs)]
     for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
     while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))
     return runners
-
-def _take_optimized(runner: CompiledRunner, lib: bytes) -> None:
-    """Have `runner` run the optimized binary `lib` of its kernel from now on (called on the background thread)."""
-    runner._prg.upgrade(lib)
-    runner.lib = lib
 
 @dataclass
 class ExecItem:
@@ -602,42 +575,6 @@ def exec_items(schedule: list[ScheduleItem], plan: ReplayPlan | None = None) -> 
             state = prepared[i] = (made[0], made[1], vals)
         ei.launch = (state[0], state[1])
     return items
-
-def replay_runners(plan: ReplayPlan) -> tuple[Runner, ...] | None:
-    """The runners of a replay plan's kernels under the current codegen knobs when a replay of it can be launched
-    straight from the plan (run_replayed): an earlier replay lowered them (exec_items), and none needs its memory
-    checked against Variable values. Else None."""
-    knobs = codegen_knob_values()
-    if (runners := plan.direct.get(knobs)) is None and (runners := plan.runners.get(knobs)) is not None:
-        if any(r.bounds is not None for r in runners): return None
-        plan.direct[knobs] = runners
-    return runners
-
-def run_replayed(plan: ReplayPlan, runners: tuple[Runner, ...], topo: list[UOp], bufs: list[list[Buffer]],
-                 do_update_stats: bool = True) -> None:
-    """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `runners` from
-    replay_runners, `topo` the toposort of the graph, `bufs` each kernel's Buffers. A kernel goes through its
-    prepared launch (kept in the plan as exec_items keeps it, made again when its parameters' values change) or, where
-    it has none, is called as ExecItem.run calls it. (Not while DEBUG, VIZ or PROFILE watch each kernel.)"""
-    prepared = plan.launches.setdefault(codegen_knob_values() + launch_knob_values(), [None] * len(runners))
-    for i, (ast, _, params) in enumerate(plan.kernels):
-        prg, kbufs, state = runners[i], bufs[i], prepared[i]
-        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else {}
-        if state is not False:
-            # (by value and type, as exec_items compares them)
-            vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
-            if state is None or state[2] != vals:
-                made = ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).prepared(tuple(range(len(kbufs))))
-                state = prepared[i] = False if made is None else (made[0], made[1], vals)
-        if state is False:
-            ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).run(None, do_update_stats=do_update_stats)
-            continue
-        state[0](*[kbufs[j].ensure_allocated()._buf for j in state[1]])
-        if do_update_stats:
-            ops, mem = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
-            GlobalCounters.global_ops += ops
-            GlobalCounters.global_mem += mem
-            GlobalCounters.kernel_count += 1
 
 def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
     """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values
