@@ -448,7 +448,8 @@ class CUDAGraph:
             raise ValueError(f"a CUDAGraph of {device.device} holds only launches of that GPU")
         self.device, self.calls = device, calls
         self.graph: ctypes.c_void_p | None = None
-        self.exec: ctypes.c_void_p | None = None
+        self.exec: ctypes.c_void_p | None = None   # (None where no launch has threads: nothing to run)
+        self.built = False
         # per node: its handle, its CUDA_KERNEL_NODE_PARAMS, its parameters (the graph's own values)
         self.nodes: list[tuple[ctypes.c_void_p, CUDA_KERNEL_NODE_PARAMS, list[Any], Any]] = []
         # per index of a call's memory: (node, the parameter holding its address) of every use
@@ -461,31 +462,39 @@ class CUDAGraph:
         check(lib.cuGraphCreate(ctypes.byref(graph), 0), f"cuGraphCreate on {dev.device}")
         self.graph = graph
         self.uses = [[] for _ in allocations]
-        before: Any = None
-        for launch, indices in self.calls:
-            if (geometry := launch.at(dev)) is None: continue   # (no threads: nothing to run)
-            fn, grid, block = geometry
-            args = [type(a)(a.value) for a in launch.args]
-            for pos, idx in zip(launch.varying, indices):
-                args[pos].value = allocations[idx].ptr
-                self.uses[idx].append((len(self.nodes), args[pos]))
-            params = _pointers(args)
-            p = CUDA_KERNEL_NODE_PARAMS(fn.value, *grid, *block, 0, ctypes.cast(params, ctypes.c_void_p), None)
-            node = ctypes.c_void_p()
-            deps = (ctypes.c_void_p * 1)(before) if before is not None else None
-            check(lib.cuGraphAddKernelNode(ctypes.byref(node), graph, deps, 1 if deps is not None else 0,
-                                           ctypes.byref(p)),
-                  f"adding kernel {launch.program.name} to a graph on {dev.device}")
-            self.nodes.append((node, p, args, params))
-            before = node.value
-        exe = ctypes.c_void_p()
-        check(lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0),
-              f"instantiating a graph of {len(self.nodes)} kernels on {dev.device}")
-        self.exec = exe
+        try:
+            before: Any = None
+            for launch, indices in self.calls:
+                if (geometry := launch.at(dev)) is None: continue   # (no threads: nothing to run)
+                fn, grid, block = geometry
+                args = [type(a)(a.value) for a in launch.args]
+                for pos, idx in zip(launch.varying, indices):
+                    args[pos].value = allocations[idx].ptr
+                    self.uses[idx].append((len(self.nodes), args[pos]))
+                params = _pointers(args)
+                p = CUDA_KERNEL_NODE_PARAMS(fn.value, *grid, *block, 0, ctypes.cast(params, ctypes.c_void_p), None)
+                node = ctypes.c_void_p()
+                deps = (ctypes.c_void_p * 1)(before) if before is not None else None
+                check(lib.cuGraphAddKernelNode(ctypes.byref(node), graph, deps, 1 if deps is not None else 0,
+                                               ctypes.byref(p)),
+                      f"adding kernel {launch.program.name} to a graph on {dev.device}")
+                self.nodes.append((node, p, args, params))
+                before = node.value
+            if self.nodes:
+                exe = ctypes.c_void_p()
+                check(lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, 0),
+                      f"instantiating a graph of {len(self.nodes)} kernels on {dev.device}")
+                self.exec = exe
+        except Exception:
+            # (made again from the start by the next call)
+            lib.cuGraphDestroy(graph)
+            self.graph, self.nodes, self.uses = None, [], []
+            raise
+        self.built = True
 
     def __call__(self, allocations: list[CUDAMemory]) -> None:
         lib = libcuda()
-        if self.exec is None: self._build(allocations)
+        if not self.built: self._build(allocations)
         else:
             changed: set[int] = set()
             for a, uses in zip(allocations, self.uses):

@@ -355,6 +355,25 @@ def test_graph_of_launches(fake):
     assert fake.fake_execs() == 1 and fake.fake_exec_launches(0) == 4 and _count(fake, "graph_launches") == 4
     assert _launches(fake) == kernels   # (no kernel launched on its own)
 
+def test_graph_errors_and_empty_graphs(fake):
+    """A node the driver refuses fails the call, naming the kernel, and the next call builds the graph anew; a graph
+    of launches without threads runs nothing."""
+    fake.fake_devices(2, 1)
+    d0, d1 = CUDADevice("CUDA"), CUDADevice("CUDA:1")
+    fake.fake_params(b"k", 4, 2)   # (the stand-in refuses a buffer that isn't the graph's GPU's)
+    a, b, other = d0.allocator.alloc(64), d0.allocator.alloc(64), d1.allocator.alloc(64)
+    launch = CUDAProgram(d0, "k", ELF).prepare(a, None, global_size=16, varying=(1,))
+    graph = launch.graph([(launch, (0,)), (launch, (0,))])
+    with pytest.raises(CUDAError, match="adding kernel k to a graph on CUDA failed: CUDA_ERROR_ILLEGAL_ADDRESS"):
+        graph([other])
+    graph([b])
+    assert fake.fake_execs() == 1 and fake.fake_exec_nodes(0) == 2 and _count(fake, "graph_launches") == 1
+    assert _exec_node(fake, 0, 1, 4) == ("k", [1, 1, 1, 16, 1, 1, 0], [a.ptr, b.ptr, 0, 16], 0)
+    empty = CUDAProgram(d0, "k", ELF).prepare(a, None, global_dims=(0,), local_dims=(8,), varying=(1,))
+    fake.fake_log_clear()
+    empty.graph([(empty, (0,)), (empty, (0,))])([b])
+    assert "cuGraphLaunch@0" not in _calls(fake) and "cuGraphInstantiateWithFlags@0" not in _calls(fake)
+
 def test_graphs_are_per_gpu(fake):
     fake.fake_devices(2, 1)
     d0, d1 = CUDADevice("CUDA"), CUDADevice("CUDA:1")
