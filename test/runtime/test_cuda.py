@@ -569,14 +569,35 @@ def shards(s):
     return [(u.device, device_buffer(u.base).numpy().reshape(-1, 8).tolist()) for u in shards_of(s.uop)]
 split = shards(t.shard(("CUDA:0", "CUDA:1"), axis=0).realize())
 copies = shards(t.shard(("CUDA:0", "CUDA:1")).realize())
-print(json.dumps(dict(one=one, split=split, copies=copies, peer=count("peer_copies"),
-                      enabled=fake.fake_peer_enabled(1, 0))))
+peer = count("peer_copies")
+# a data-parallel TinyJit: each GPU's run of kernels one graph, the partial sums crossing between them
+from fusegrad import TinyJit
+from fusegrad.engine.realize import CompiledRunner
+w = Tensor(np.ones((16, 8), np.float32), device="CUDA").shard(("CUDA:0", "CUDA:1")).realize()
+@TinyJit
+def f(x):
+    h = (x @ w).relu()
+    return (h * h.sum(axis=0)).sum(axis=1)
+xs = [Tensor(np.ones((8, 16), np.float32), device="CUDA").shard(("CUDA:0", "CUDA:1"), axis=0).realize()
+      for _ in range(4)]
+f(xs[0]), f(xs[1])
+for ei in f.captured:   # (the stand-in checks that a kernel's buffers are its GPU's)
+    if isinstance(ei.prg, CompiledRunner):
+        nbufs = len(ei.prg._gidx) if ei.prg._gidx else len(ei.bufs)
+        fake.fake_params(ei.prg.p.function_name.encode(), nbufs + len(ei.prg._vnames) + 2, nbufs)
+jit = []
+for x in xs[2:]:
+    before = [count(n) for n in ("graph_launches", "peer_copies", "host_copies")]
+    f(x)
+    jit.append([count(n) - b for n, b in zip(("graph_launches", "peer_copies", "host_copies"), before)])
+print(json.dumps(dict(one=one, split=split, copies=copies, peer=peer, enabled=fake.fake_peer_enabled(1, 0), jit=jit)))
 """
 
 @pytest.mark.parametrize("peer", [1, 0])
 def test_copies_and_shards_over_two_gpus(fake_lib, peer):
     """Tensors moved to the second GPU and sharded over two, against the stand-in with two GPUs: the engine's copies
-    go GPU to GPU (peer to peer where the GPUs reach each other, else through the host) and land where they should."""
+    go GPU to GPU (peer to peer where the GPUs reach each other, else through the host) and land where they should;
+    a TinyJit over sharded tensors replays a graph on each GPU with the copies between them."""
     r = subprocess.run([sys.executable, "-c", MULTI_RUN, fake_lib, str(peer)], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, env={**os.environ, "CACHELEVEL": "0"})
     assert r.returncode == 0, r.stderr
@@ -588,3 +609,5 @@ def test_copies_and_shards_over_two_gpus(fake_lib, peer):
     assert [d for d, _ in got["split"]] == ["CUDA", "CUDA:1"] and got["split"][1][1] == rows[4:]
     assert got["copies"] == [["CUDA", rows], ["CUDA:1", rows]]
     assert got["enabled"] == peer and got["peer"] == 3 * peer
+    # each replay: a graph per GPU, and two copies between them, peer to peer or each out to the host and back
+    assert got["jit"] == [[2, 2 * peer, 4 * (1 - peer)]] * 2
