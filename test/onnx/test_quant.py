@@ -68,7 +68,8 @@ def _image(seed: int) -> np.ndarray:
 @pytest.mark.parametrize("how", ["static_qdq", "static_qoperator", "dynamic"])
 def test_quantized_resnet_matches_onnxruntime(how, resnet_path, tmp_path):
     """The exported CNN quantized by onnxruntime.quantization: QDQ (Quantize/DequantizeLinear around float ops, weights
-    per channel), QOperator (QLinearConv) and dynamic (DynamicQuantizeLinear, ConvInteger, MatMulInteger).
+    per channel), QOperator (QLinearConv, and com.microsoft's QLinearAdd for the residual sums and QGemm for the
+    classifier) and dynamic (DynamicQuantizeLinear, ConvInteger, MatMulInteger).
 
     The weights are quantized to 7 bits (reduce_range): onnxruntime's uint8 x int8 kernels on CPUs without VNNI sum
     pairs of products in int16 with saturation, so with full 8-bit weights its results are not the exact int32 sums
@@ -84,12 +85,12 @@ def test_quantized_resnet_matches_onnxruntime(how, resnet_path, tmp_path):
             if how == "dynamic": quantize_dynamic(resnet_path, out, reduce_range=True)
             else:
                 fmt = QuantFormat.QDQ if how == "static_qdq" else QuantFormat.QOperator
-                # (QOperator's Gemm would be com.microsoft's QGemm: the convolutions are what this checks)
                 quantize_static(resnet_path, out, _calibration(4), quant_format=fmt, per_channel=how == "static_qdq",
-                                reduce_range=True, op_types_to_quantize=["Conv"] if how == "static_qoperator" else None)
+                                reduce_range=True)
     finally: logging.disable(logging.NOTSET)
     ops = {n.op_type for n in onnx.load(out).graph.node}
-    wanted = {"static_qdq": {"QuantizeLinear", "DequantizeLinear"}, "static_qoperator": {"QLinearConv"},
+    wanted = {"static_qdq": {"QuantizeLinear", "DequantizeLinear"},
+              "static_qoperator": {"QLinearConv", "QLinearAdd", "QGemm"},
               "dynamic": {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}}[how]
     assert wanted <= ops, ops
     sess = ort.InferenceSession(out, providers=["CPUExecutionProvider"])
@@ -102,3 +103,52 @@ def test_quantized_resnet_matches_onnxruntime(how, resnet_path, tmp_path):
     # the quantized model is still close to the float one (so the comparison above is of a working model)
     ref = ort.InferenceSession(resnet_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.abs(got - ref).max() < 0.2 * np.abs(ref).max()
+
+
+def _ids(seed: int) -> np.ndarray: return np.random.default_rng(seed).integers(0, 100, (2, 16)).astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def encoder_path(tmp_path_factory) -> str:
+    pytest.importorskip("torch")
+    from test.onnx.models import export
+    path = str(tmp_path_factory.mktemp("encoder") / "encoder.onnx")
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            export("encoder", path, 2)
+    finally: logging.disable(logging.NOTSET)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["static_qoperator", "dynamic"])
+def test_quantized_encoder_matches_onnxruntime(how, encoder_path, tmp_path):
+    """The exported BERT-style encoder quantized by onnxruntime.quantization: QOperator (QLinearMatMul, and
+    com.microsoft's QGemm, QLinearAdd, QLinearMul and QLinearSoftmax) and dynamic (DynamicQuantizeLinear,
+    MatMulInteger), weights in 7 bits as above. Every quantized tensor agrees, so the outputs (layer-normed hidden
+    states of size ~3, a tanh pooler) differ only by the float32 rounding of the float ops between them."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self): self.data = iter([{"x": _ids(i)} for i in range(4)])
+        def get_next(self): return next(self.data, None)
+    out = str(tmp_path / f"{how}.onnx")
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if how == "dynamic": quantize_dynamic(encoder_path, out, reduce_range=True)
+            else: quantize_static(encoder_path, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
+    finally: logging.disable(logging.NOTSET)
+    ops = {n.op_type for n in onnx.load(out).graph.node}
+    wanted = {"static_qoperator": {"QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax"},
+              "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"}}[how]
+    assert wanted <= ops, ops
+    x = _ids(10)
+    want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = list(OnnxRunner(out)({"x": x}).values())
+    for g, w in zip(got, want): np.testing.assert_allclose(g.numpy(), w, rtol=0, atol=1e-5)
+    ref = ort.InferenceSession(encoder_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got[1].numpy() - ref[1]).max() < 0.2 * np.abs(ref[1]).max()
