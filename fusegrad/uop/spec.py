@@ -61,6 +61,26 @@ kernel_spec: list[Rule] = [
     (UPat((Ops.CAST, Ops.BITCAST), name="x"), lambda x: True),
 ]
 
+def _wmma_ok(x: UOp) -> bool:
+    """WMMA(A, B, C) of the instruction its arg describes (renderer/__init__.py TensorCore.wmma_arg): A and B vectors
+    of its input dtype, C and the result of its output dtype, as many lanes as each lane holds elements."""
+    if not (isinstance(x.arg, tuple) and len(x.arg) == 7 and len(x.src) == 3 and len(x.arg[6]) == 3): return False
+    din, dout, layout = x.arg[2], x.arg[3], x.arg[6]
+    want = ((din, len(layout[0][2])), (din, len(layout[1][2])), (dout, len(layout[2][2])))
+    got = tuple((s.dtype.scalar().name, s.dtype.count) for s in x.src)
+    return got == want and (x.dtype.scalar().name, x.dtype.count) == want[2]
+
+# what a kernel's AST may hold after the TC opt (codegen/opt/tc.py), besides kernel_spec's nodes: the fragments as
+# vectors of the lanes' elements, the WMMA, the lanes of its result
+tensor_core_spec: list[Rule] = [
+    (UPat(Ops.WMMA, name="x"), _wmma_ok),
+    (UPat(Ops.RANGE, name="x"), lambda x: x.dtype == dtypes.index and x.arg[1] in ("loop", "reduce", "local")),
+    (UPat(Ops.VECTORIZE, name="x"), lambda x: x.dtype.count == len(x.src) and
+     all(s.dtype == x.dtype.scalar() for s in x.src)),
+    (UPat(Ops.GEP, name="x"), lambda x: len(x.src) == 1 and isinstance(x.arg, int) and 0 <= x.arg < x.src[0].dtype.count
+     and x.dtype == x.src[0].dtype.scalar()),
+]
+
 def verify(sink: UOp, spec: list[Rule], stage: str) -> None:
     """Check every node of `sink` against `spec`: the first rule whose pattern matches decides; no match is an error."""
     for u in sink.toposort():

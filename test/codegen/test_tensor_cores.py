@@ -164,6 +164,17 @@ def test_tc_is_refused_where_it_does_not_apply():
     ast = [si.ast for si in (x * x).sum(1).schedule() if si.ast.op is Ops.SINK][-1]
     with pytest.raises(KernelOptError, match="no matmul-shaped"): Kernel(ast, CUDARenderer()).apply_opt(TC)
 
+def test_tc_ast_meets_the_spec():
+    """With SPEC=1 the AST after TC is checked; a WMMA whose fragments aren't what its instruction takes breaks it."""
+    from fusegrad.uop.spec import SpecError, kernel_spec, tensor_core_spec, verify
+    k = Kernel(_half_matmul_ast(32, 32, 16), CUDARenderer())
+    with Context(SPEC=1): k.apply_opt(TC)
+    wmma = next(u for u in k.ast.toposort() if u.op is Ops.WMMA)
+    a, b, c = wmma.src
+    for bad in (wmma.replace(src=(b, a, c)), wmma.replace(src=(a, b)), wmma.replace(dtype=dtypes.float16.vec(4))):
+        with pytest.raises(SpecError, match="WMMA"):
+            verify(k.ast.substitute({wmma: bad}), tensor_core_spec + kernel_spec, "test")
+
 def test_beam_actions_include_tc():
     """BEAM offers TC once per way it fits (here the product and its transpose), first only; its JSON round-trips."""
     k = Kernel(_half_matmul_ast(32, 32, 16), CUDARenderer())

@@ -19,10 +19,12 @@ from __future__ import annotations
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, OptOps
 from fusegrad.dtype import dtypes
+from fusegrad.helpers import SPEC
 from fusegrad.renderer import TensorCore
 from fusegrad.uop.affine import range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
+from fusegrad.uop.spec import kernel_spec, tensor_core_spec, verify
 
 def _operand(x: UOp, tc: TensorCore) -> UOp | None:
     """What factor `x` gives the tensor core: a value of its input dtype cast to its output dtype (not cast where the
@@ -153,6 +155,7 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
     k.local_keys[lane] = (2, 0, 0)
     k.reduceops = [acc]
     k.tc = (tc, tuple(r.arg[0] for r in (rm, rn, rk)))
+    if SPEC: verify(k.ast, tensor_core_spec + kernel_spec, "kernel AST after TC")
 
 def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
     """The loops over the tiles along M, N and K of a kernel that TC laid out (None where the tile is the whole loop,
