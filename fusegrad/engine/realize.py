@@ -1,6 +1,7 @@
 """Running schedules: an `ExecItem` (kernel AST + buffers) is lowered to a `Runner` (a compiled kernel, a copy or a
 no-op view), buffers are allocated, the runners run, and `GlobalCounters` count the work."""
 from __future__ import annotations
+import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -423,21 +424,36 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 # this long since the last group was sent (each group one compiler run; the last group split across the cores).
 PIPELINE_GROUP_S = 0.15
 
+# QUICK_COMPILE=1: a schedule of at least QUICK_MIN_KERNELS new kernels, on a device that compiles in two tiers (CPU:
+# TieredCompiler), is compiled quickly first and runs while its optimized build compiles in the background, which then
+# takes over (the same results). A first call then waits for a fraction of the compile time (DESIGN.md, "Compile
+# paths and the default"). Single kernels (an eager op) get their optimized build at once: one compiler process
+# costs them about the same either way.
+QUICK_COMPILE = ContextVar("QUICK_COMPILE", 1)
+QUICK_MIN_KERNELS = 2
+
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put
     the runners in the method cache."""
     from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
     dev = Device[device]
     programs: list[ProgramSpec] = []
+    searching = BEAM >= 1 and not NOOPT
     # (not while BEAM times candidate kernels: a compiler running beside them would skew their timings)
-    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not (BEAM >= 1 and not NOOPT)
+    pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not searching
+    tiered = getattr(dev, "tiered", None) if QUICK_COMPILE and len(asts) >= QUICK_MIN_KERNELS and not searching \
+        else None
+    def compile_group(srcs: list[str], units: int | None = None) -> list[tuple[bytes, bool]]:
+        # (binary, whether it is the optimized one)
+        if tiered is not None: return tiered.first(srcs, units)
+        return [(lib, True) for lib in dev.compiler.compile_cached_many(srcs, units)]
     groups: list[Future] = []   # the compiles of the groups sent so far, in order
     compiling: ThreadPoolExecutor | None = None
     try:
         first, since = 0, time.perf_counter()
         for ast in asts:
             gen_st = time.perf_counter()
-            if BEAM >= 1 and not NOOPT:
+            if searching:
                 # searched opts, or the ones a search chose before (disk); candidates are timed as this engine runs them
                 from fusegrad.codegen.opt.search import beam_opts
                 opts = beam_opts(ast, device, int(BEAM.value), runner=CompiledRunner, knobs=CODEGEN_KNOBS)
@@ -450,18 +466,28 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
                 print(f"{p.name}: applied opts {p.applied_opts}")
             if pipelined and len(programs) < len(asts) and time.perf_counter() - since >= PIPELINE_GROUP_S:
                 if compiling is None: compiling = ThreadPoolExecutor(max_workers=host_cpu_count())
-                groups.append(compiling.submit(dev.compiler.compile_cached_many, [q.src for q in programs[first:]], 1))
+                groups.append(compiling.submit(compile_group, [q.src for q in programs[first:]], 1))
                 first, since = len(programs), time.perf_counter()
         compile_st = time.perf_counter()
-        last = dev.compiler.compile_cached_many([p.src for p in programs[first:]])
+        last = compile_group([p.src for p in programs[first:]])
         libs = [lib for group in groups for lib in group.result()] + last
         if _viz.TIMED: _viz.record_compile(asts, compile_st, device)
     finally:
         if compiling is not None: compiling.shutdown(wait=True)
-    runners = [CompiledRunner(p, cached=lib) for p, lib in zip(programs, libs)]
+    runners = [CompiledRunner(p, cached=lib) for p, (lib, _) in zip(programs, libs)]
+    # the kernels that run a quick binary get their optimized one from the background (a runner whose quick binary
+    # didn't load was compiled optimized already)
+    quick = [(p.src, r) for p, r, (lib, final) in zip(programs, runners, libs) if not final and r.lib is lib]
+    if tiered is not None and quick:
+        tiered.later([src for src, _ in quick], [functools.partial(_take_optimized, r) for _, r in quick])
     for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
     while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))
     return runners
+
+def _take_optimized(runner: CompiledRunner, lib: bytes) -> None:
+    """Have `runner` run the optimized binary `lib` of its kernel from now on (called on the background thread)."""
+    runner._prg.upgrade(lib)
+    runner.lib = lib
 
 @dataclass
 class ExecItem:

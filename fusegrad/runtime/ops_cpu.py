@@ -6,21 +6,46 @@ of its outermost loop on several threads.
 Its parts: cpu_memory.py (the allocator), cpu_compiler.py (C -> shared objects), cpu_pool.py and cpu_pool.c (the
 thread pools), cpu_program.py (a loaded kernel and its calls)."""
 from __future__ import annotations
+import ctypes
 import functools
 from typing import Any
 from fusegrad.device import Compiled
 from fusegrad.helpers import CPU_THREADS, DEBUG
 from fusegrad.hostcpu import host_cpu_count
-from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.cpu_compiler import CPUCompiler, TieredCompiler
 from fusegrad.runtime.cpu_memory import CPUAllocator
 from fusegrad.runtime.cpu_pool import build_pool_in_background, c_pool
 from fusegrad.runtime.cpu_program import CPUProgram
 
+class TieredCPUProgram(CPUProgram):
+    """A CPUProgram whose code can be replaced by an optimized build of the same kernel (`upgrade`)."""
+    def upgrade(self, lib: bytes) -> None:
+        """Run the kernel from the shared object `lib` (the same source compiled with other flags) from now on. A
+        quick binary's entry point forwards to the new one (cpu_compiler.forwarding), for callers that kept its
+        address; every binary stays loaded as long as this program, since a queued job may still run any of them."""
+        old_dll, old_fxn, old_entry = self._dll, self.fxn, self._entry
+        kept = getattr(self, "_kept", [])
+        try: fxn = self._load(self.name, lib)   # (sets _dll and _entry to the new binary's)
+        except Exception:
+            self._dll, self._entry = old_dll, old_entry
+            raise
+        fxn.restype, fxn.argtypes = None, old_fxn.argtypes
+        if old_entry is not None and self._entry is not None:
+            try: ctypes.c_void_p.in_dll(old_dll, f"{self.name}_next").value = self._entry
+            except ValueError: pass   # (a binary without forwarding: its callers go on running it)
+        self._kept = [*kept, old_dll]
+        self.fxn = fxn
+
 class CPUDevice(Compiled):
     """The host CPU."""
     def __init__(self, device: str = "CPU"):
-        super().__init__(device, CPUAllocator(), None, None, CPUProgram)
+        super().__init__(device, CPUAllocator(), None, None, TieredCPUProgram)
         build_pool_in_background(self)
+
+    @functools.cached_property
+    def tiered(self) -> TieredCompiler:
+        """New kernels compiled quickly first, then optimized in the background (see TieredCompiler)."""
+        return TieredCompiler(self.compiler)
 
     @functools.cached_property
     def renderer(self) -> Any:

@@ -1,0 +1,127 @@
+"""First calls: how long a fresh process with an empty program cache takes for its first call of
+
+- ResNet-18's forward (batch 8, 64x64 images, eval mode, the parameters realized beforehand),
+- an Adam step of the 784-512-10 MLP on cross-entropy (batch 128, the parameters realized beforehand),
+- the 200-op graph of elementwise ops and row reductions of bench/bench_core.py (its first-run row).
+
+Each run is its own process with a new, empty cache folder (XDG_CACHE_HOME), so every kernel is generated and
+compiled; the time is from the call to its result being on the host, import and model construction excluded. On a
+shared machine the wall time depends on the load, so the CPU time the call took is printed beside it: the process's
+own (Python: scheduling, code generation) and its compiler processes'. Every
+row is run several times (the machine is shared: the least and the median are printed), and with --profile one run
+of each prints where the time went (code generation against compiling, kernels, compiler runs).
+
+Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200]
+"""
+from __future__ import annotations
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+# the program each run executes; it prints "<first call ms> <kernels>" and, with PROFILE=1, a profile
+PROGRAM = r"""
+import os, sys, time
+sys.path.insert(0, os.path.join(os.getcwd(), "examples"))
+import numpy as np
+from fusegrad import Device, GlobalCounters, Tensor, nn
+from fusegrad.nn.state import get_parameters
+row = sys.argv[1]
+profile = os.getenv("PROFILE") == "1"
+if profile:
+    import fusegrad.engine.realize as realize
+    from fusegrad import codegen
+    gen_s, comp_s, batches = [0.0], [0.0], []
+    real_get_program = codegen.get_program
+    def timed_get_program(*a, **k):
+        st = time.perf_counter()
+        try: return real_get_program(*a, **k)
+        finally: gen_s[0] += time.perf_counter() - st
+    codegen.get_program = timed_get_program
+    comp = Device["CPU"].compiler
+    real_compile = type(comp).compile
+    def timed_compile(self, src):
+        st = time.perf_counter()
+        try: return real_compile(self, src)
+        finally: batches.append((time.perf_counter() - st, src.count("\nvoid ") + src.startswith("void "), len(src)))
+    type(comp).compile = timed_compile
+if row == "resnet":
+    import resnet
+    model = resnet.ResNet(18)
+    Tensor.realize(*get_parameters(model))
+    x = Tensor(np.random.default_rng(0).standard_normal((8, 3, 64, 64)).astype(np.float32)).realize()
+    def call():
+        with Tensor.test(): return model(x).realize()
+elif row == "mlp":
+    rng = np.random.default_rng(0)
+    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
+    params = [l1.weight, l1.bias, l2.weight, l2.bias]
+    Tensor.realize(*params)
+    opt = nn.optim.Adam(params, lr=1e-3)
+    xb = Tensor(rng.standard_normal((128, 784)).astype(np.float32)).realize()
+    yb = Tensor(rng.integers(0, 10, 128).astype(np.int32)).realize()
+    def call():
+        with Tensor.train():
+            opt.zero_grad()
+            loss = l2(l1(xb).relu()).sparse_categorical_crossentropy(yb)
+            loss.backward()
+            opt.step()
+        return loss.realize()
+else:
+    def call():
+        x = Tensor.ones(77, 77).contiguous().realize()
+        for i in range(200): x = (x*1.01+0.5).relu() if i % 3 else x.sum(1, keepdim=True).expand(77, 77)*0.001 + x
+        return x.realize()
+Device["CPU"].synchronize()
+k0 = GlobalCounters.kernel_count
+st, c0 = time.perf_counter(), os.times()
+out = call()
+out.numpy()
+ms, c1 = (time.perf_counter() - st) * 1e3, os.times()
+own = (c1.user + c1.system - c0.user - c0.system) * 1e3
+cc = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * 1e3
+print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f}")
+if profile:
+    cpu = sum(b[0] for b in batches)
+    print(f"  code generation {gen_s[0] * 1e3:.0f} ms; {len(batches)} compiler runs, {cpu * 1e3:.0f} ms in them "
+          f"together, {sum(b[1] for b in batches)} kernels, {sum(b[2] for b in batches) / 1e3:.0f} kB of C")
+    for t, n, size in sorted(batches, reverse=True)[:8]:
+        print(f"    compiler run {t * 1e3:6.0f} ms: {n} kernel(s), {size / 1e3:.1f} kB")
+"""
+
+ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step", "g200": "200-op elementwise graph"}
+
+def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None) \
+        -> tuple[tuple[float, float, float], int, str]:
+    """One fresh process with an empty cache: ((first call ms, the process's CPU ms, its compilers' CPU ms), kernels
+    it ran, the profile lines)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0", **(extra_env or {})}
+        res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if res.returncode != 0: raise RuntimeError(f"{row} failed:\n{res.stderr}")
+    first, *rest = res.stdout.splitlines()
+    ms, kernels, own, cc = first.split()
+    return (float(ms), float(own), float(cc)), int(kernels), "\n".join(rest)
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--only", default=",".join(ROWS))
+    args = ap.parse_args()
+    for row in args.only.split(","):
+        runs, kernels = [], 0
+        for _ in range(args.runs):
+            ms, kernels, _ = run_once(row)
+            runs.append(ms)
+        wall, own, cc = ([r[i] for r in runs] for i in range(3))
+        print(f"{ROWS[row]:28s} first call: min {min(wall):6.0f} ms, median {statistics.median(wall):6.0f} ms "
+              f"({kernels} kernels; runs {' '.join(f'{t:.0f}' for t in wall)}); CPU (median): Python "
+              f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms", flush=True)
+        if args.profile: print(run_once(row, profile=True)[2], flush=True)
+
+if __name__ == "__main__":
+    main()
