@@ -376,8 +376,9 @@ class CUDAProgram:
         if wait:
             start, end = dev.timing_events
             check(lib.cuEventRecord(start, None), "cuEventRecord")
-        check(lib.cuLaunchKernel(fn, *grid, *block, 0, None, params, None),
-              f"launching {self.name} over {grid} blocks of {block} threads")
+        # (the message is made only on failure: this runs for every kernel)
+        if status := lib.cuLaunchKernel(fn, *grid, *block, 0, None, params, None):
+            check(status, f"launching {self.name} over {grid} blocks of {block} threads")
         if not wait: return None
         check(lib.cuEventRecord(end, None), "cuEventRecord")
         check(lib.cuEventSynchronize(end), f"waiting for {self.name}")
@@ -432,8 +433,8 @@ class CUDALaunch:
         fn, grid, block = geometry
         dev.activate()
         # (the driver copies the parameters' values at the launch: the next call may change them)
-        check(libcuda().cuLaunchKernel(fn, *grid, *block, 0, None, self.params, None),
-              f"launching {self.program.name} over {grid} blocks of {block} threads")
+        if status := libcuda().cuLaunchKernel(fn, *grid, *block, 0, None, self.params, None):
+            check(status, f"launching {self.program.name} over {grid} blocks of {block} threads")
 
 class CUDAGraph:
     """Consecutive prepared launches of one GPU as one CUDA graph: a kernel node per launch, each depending on the one
@@ -505,12 +506,12 @@ class CUDAGraph:
             if changed: self.device.activate()
             for k in sorted(changed):
                 node, p, _, _ = self.nodes[k]
-                check(lib.cuGraphExecKernelNodeSetParams(self.exec, node, ctypes.byref(p)),
-                      f"updating the arguments of a graph's kernel on {self.device.device}")
+                if status := lib.cuGraphExecKernelNodeSetParams(self.exec, node, ctypes.byref(p)):
+                    check(status, f"updating the arguments of a graph's kernel on {self.device.device}")
         if not self.nodes: return
         self.device.activate()
-        check(lib.cuGraphLaunch(self.exec, None), f"launching a graph of {len(self.nodes)} kernels on "
-                                                  f"{self.device.device}")
+        if status := lib.cuGraphLaunch(self.exec, None):
+            check(status, f"launching a graph of {len(self.nodes)} kernels on {self.device.device}")
 
     def __del__(self) -> None:
         try:
