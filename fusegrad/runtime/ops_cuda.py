@@ -400,7 +400,7 @@ class CUDAProgram:
                 libcuda().cuModuleUnload(module)
         except Exception: pass   # (at interpreter shutdown the driver may be gone)
 
-_EMPTY = object()   # (CUDALaunch._at: a launch of no threads, told apart from one not resolved yet)
+_EMPTY = object()   # (CUDALaunch.at: a launch of no threads, told apart from one not resolved yet)
 
 class CUDALaunch:
     """A prepared launch (CUDAProgram.prepare): its parameters made once, its grid checked once per GPU. Called with
@@ -421,7 +421,7 @@ class CUDALaunch:
 
     def at(self, dev: CUDADevice) -> tuple[ctypes.c_void_p, tuple, tuple] | None:
         """(function, grid, block) of this launch on `dev`, None for a launch of no threads."""
-        if (geometry := self._at_device.get(dev, None)) is None:
+        if (geometry := self._at_device.get(dev)) is None:
             made = self.program._geometry(dev, self.global_size, self.global_dims, self.local_dims)
             geometry = self._at_device[dev] = _EMPTY if made is None else made
         return None if geometry is _EMPTY else geometry
@@ -441,7 +441,8 @@ class CUDAGraph:
     before (the launches' order), instantiated on the first call. A call updates the nodes whose buffers' memory
     differs from the last call's (cuGraphExecKernelNodeSetParams) and launches the graph on the stream: one driver
     call for the whole run of kernels. `calls` pairs each launch with the index, per buffer it takes per call, of that
-    buffer's memory in the list a call of the graph gets (the engine's launch-graph contract, see LaunchGraph)."""
+    buffer's memory in the list a call of the graph gets (the engine's launch-graph contract, see LaunchGraph); `work`
+    (their ops and bytes moved) changes nothing here: the GPU runs any graph the same way."""
     def __init__(self, device: CUDADevice, calls: list[tuple[CUDALaunch, tuple[int, ...]]],
                  work: tuple[int, int] | None = None):
         if not calls: raise ValueError("a CUDAGraph needs at least one launch")
