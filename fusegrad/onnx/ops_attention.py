@@ -1,7 +1,8 @@
 """The default domain's Attention (opset 23 on): scaled dot-product attention of Q, K and V given as (batch, heads,
 seq, head_size) or as (batch, seq, hidden) with the head counts as attributes, with a key/value cache (past and
 present), grouped-query heads, a boolean or additive mask, causal and sliding-window masks, softcap and the
-optional output of the scores. The com.microsoft attention ops (ops_contrib.py) share `attend`."""
+optional output of the scores; and RotaryEmbedding. The com.microsoft attention ops (ops_contrib.py) share `attend` and
+`rotary`."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ import math
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
-from fusegrad.onnx.ops import Context, op
+from fusegrad.onnx.ops import Context, gather, op
 
 NEG_INF = -math.inf
 
@@ -125,3 +126,42 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, 
     out, scores, biased, probs = attend(q, present_k, present_v, bias, scale, softcap, sm_dt)
     qk = {0: scores, 1: scores, 2: biased, 3: probs}[qk_matmul_output_mode].cast(dt)
     return (from_heads(out) if rank3 else out), present_k, present_v, qk
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Rotary position embedding of x (batch, seq, heads, head_size) by angles whose cosines and sines are
+    (batch, seq, rotary_dim / 2): the first rotary_dim values of each head turn in pairs, (i, i + rotary_dim / 2), or
+    (2i, 2i + 1) where interleaved; the rest are kept."""
+    half = cos.shape[-1]
+    rot, keep = x[..., :2 * half], x[..., 2 * half:]
+    c, s = cos.unsqueeze(2).cast(x.dtype), sin.unsqueeze(2).cast(x.dtype)
+    if interleaved:
+        pairs = rot.reshape(*rot.shape[:-1], half, 2)
+        x1, x2 = pairs[..., 0], pairs[..., 1]
+    else: x1, x2 = rot[..., :half], rot[..., half:]
+    real, imag = c * x1 - s * x2, s * x1 + c * x2
+    out = Tensor.stack(real, imag, dim=-1).reshape(rot.shape) if interleaved else real.cat(imag, dim=-1)
+    return out.cat(keep, dim=-1) if keep.shape[-1] else out
+
+
+def rotary_angles(cos_cache: Tensor, sin_cache: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows of the caches (max_position, rotary_dim / 2) at positions (batch, seq)."""
+    return gather(cos_cache, positions, axis=0), gather(sin_cache, positions, axis=0)
+
+
+@op("RotaryEmbedding")
+def rotary_embedding(x: Tensor, cos_cache: Tensor, sin_cache: Tensor, position_ids: Tensor | None = None, *,
+                     interleaved: int = 0, num_heads: int = 0, rotary_embedding_dim: int = 0) -> Tensor:
+    # x is (batch, heads, seq, head_size), or (batch, seq, hidden) with num_heads; without position_ids the caches are
+    # already (batch, seq, rotary_dim / 2)
+    if x.ndim == 4: xs = x.permute(0, 2, 1, 3)
+    elif x.ndim == 3:
+        if not num_heads: raise ValueError("a 3-D input needs the attribute num_heads")
+        xs = x.reshape(x.shape[0], x.shape[1], num_heads, x.shape[2] // num_heads)
+    else: raise ValueError(f"the input must be 3-D or 4-D, got shape {tuple(x.shape)}")
+    cos, sin = rotary_angles(cos_cache, sin_cache, position_ids) if position_ids is not None else (cos_cache, sin_cache)
+    half = (rotary_embedding_dim or xs.shape[-1]) // 2
+    if cos.shape[-1] != half or sin.shape[-1] != half:
+        raise ValueError(f"the caches' last dim {cos.shape[-1]} isn't rotary_embedding_dim / 2 = {half}")
+    out = rotary(xs, cos, sin, bool(interleaved))
+    return out.permute(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)

@@ -13,7 +13,8 @@ from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.ops import Context, axis_of, ints, op, scalar
 # (importing ops_attention also registers the default domain's Attention)
-from fusegrad.onnx.ops_attention import allowed_to_bias, attend, causal_allowed, from_heads, to_heads
+from fusegrad.onnx.ops_attention import (allowed_to_bias, attend, causal_allowed, from_heads, rotary, rotary_angles,
+                                         to_heads)
 
 MS = "com.microsoft"
 
@@ -217,8 +218,8 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     """Causal grouped-query attention with a key/value cache: `seqlens_k[b] + 1` keys are valid for batch b (the
     cache's past ones, then this block's S); the present outputs hold the past's valid keys followed by the new ones
     (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0)."""
-    if do_rotary or cos_cache is not None or sin_cache is not None or position_ids is not None:
-        raise Unsupported("GroupQueryAttention with rotary embeddings (do_rotary, cos_cache, sin_cache)")
+    if do_rotary and (cos_cache is None or sin_cache is None):
+        raise ValueError("do_rotary needs cos_cache and sin_cache")
     if smooth_softmax or head_sink is not None: raise Unsupported("GroupQueryAttention smooth_softmax or head_sink")
     if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
     if key is None:
@@ -226,15 +227,22 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
         kv_hidden = (query.shape[2] // (num_heads + 2 * kv_num_heads)) * kv_num_heads
         query, key, value = query.split([query.shape[2] - 2 * kv_hidden, kv_hidden, kv_hidden], -1)
     if value is None: raise ValueError("GroupQueryAttention needs a value with a key")
-    q = to_heads(query, num_heads, "the query")
-    k, v = to_heads(key, kv_num_heads, "the key"), to_heads(value, kv_num_heads, "the value")
-    b, _, s, _ = q.shape
+    b, s = query.shape[:2]
     lens = [int(n) + 1 for n in ints(seqlens_k)]
     if len(lens) != b: raise ValueError(f"seqlens_k has {len(lens)} values for a batch of {b}")
     total = int(scalar(total_sequence_length))
     pasts = [n - s for n in lens]
     if any(p < 0 for p in pasts): raise ValueError(f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new "
                                                    f"positions")
+    if do_rotary:
+        # the new positions follow each batch's past ones, unless position_ids says where they are
+        pos = position_ids if position_ids is not None else Tensor(
+            np.array([[p + i for i in range(s)] for p in pasts], dtype=np.int64))
+        cos, sin = rotary_angles(cos_cache, sin_cache, pos)  # type: ignore[arg-type]
+        query = rotary(query.reshape(b, s, num_heads, -1), cos, sin, bool(rotary_interleaved)).reshape(query.shape)
+        key = rotary(key.reshape(b, s, kv_num_heads, -1), cos, sin, bool(rotary_interleaved)).reshape(key.shape)
+    q = to_heads(query, num_heads, "the query")
+    k, v = to_heads(key, kv_num_heads, "the key"), to_heads(value, kv_num_heads, "the value")
     buf = past_key.shape[2] if past_key is not None else 0
     if any(p > buf for p in pasts) and past_key is not None:
         raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")

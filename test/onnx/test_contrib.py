@@ -134,11 +134,13 @@ def test_multi_head_attention(layout):
     _assert_close(*_run_both([node], feed, {}, outs))
 
 
-@pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed"])
+@pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed", "rotary_prompt",
+                                  "rotary_interleaved_decode"])
 def test_group_query_attention(case):
     # 4 query heads share 2 key/value heads; a prompt of 4 positions, or one new position after 5 cached ones
-    b, heads, kv_heads, hs = 2, 4, 2, 8
-    s, past = (4, 0) if case in ("prompt", "packed") else (1, 5)
+    # (onnxruntime's rotary kernel wants a head size that is a multiple of 16)
+    b, heads, kv_heads, hs = 2, 4, 2, 16 if case.startswith("rotary") else 8
+    s, past = (4, 0) if case in ("prompt", "packed", "rotary_prompt") else (1, 5)
     feed = {"q": _f(b, s, heads * hs), "k": _f(b, s, kv_heads * hs), "v": _f(b, s, kv_heads * hs)}
     if past: feed |= {"pk": _f(b, kv_heads, past, hs), "pv": _f(b, kv_heads, past, hs)}
     feed |= {"seqlens_k": np.full(b, past + s - 1, np.int32), "total": np.array(past + s, np.int32)}
@@ -147,6 +149,12 @@ def test_group_query_attention(case):
         feed["q"] = np.concatenate([feed.pop("q"), feed.pop("k"), feed.pop("v")], -1)
         ins[1:3] = ["", ""]
     attrs = {"local_window_size": 2, "softcap": 2.0} if case == "window_softcap" else {}
+    if case.startswith("rotary"):
+        # the angles of positions 0..15 (the caches are (max position, head_size / 2))
+        ang = np.arange(16, dtype=np.float32)[:, None] * (10000.0 ** (-np.arange(hs // 2) / (hs // 2)))[None, :]
+        feed |= {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
+        ins += ["cos", "sin"]
+        attrs = {"do_rotary": 1, "rotary_interleaved": int("interleaved" in case)}
     node = _ms("GroupQueryAttention", ins, ["y", "pko", "pvo"], num_heads=heads, kv_num_heads=kv_heads, **attrs)
     got, want = _run_both([node], feed, {}, ["y", "pko", "pvo"])
     assert got[1].shape == (b, kv_heads, past + s, hs)
@@ -176,3 +184,15 @@ def test_onnx_attention(case):
                                 qk_matmul_output_mode=2)
         outs = ["y", "qk"]
     _assert_close(*_run_both([node], feed, {}, outs, opset=23))
+
+
+@pytest.mark.parametrize("interleaved,rot_dim", [(0, 0), (1, 4)])
+def test_rotary_embedding(interleaved, rot_dim):
+    # the default domain's RotaryEmbedding (opset 23) with position ids into the caches, on (batch, seq, hidden)
+    b, s, heads, hs = 2, 5, 2, 8
+    half = (rot_dim or hs) // 2
+    feed = {"x": _f(b, s, heads * hs), "pos": np.array([[0, 1, 2, 3, 4], [3, 4, 5, 6, 7]], np.int64),
+            "cos": _f(10, half), "sin": _f(10, half)}
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], interleaved=interleaved,
+                            num_heads=heads, rotary_embedding_dim=rot_dim)
+    _assert_close(*_run_both([node], feed, {}, ["y"], opset=23), tol=1e-5)
