@@ -51,10 +51,11 @@ def causal_allowed(q_len: int, kv_len: int, offset: int | Tensor) -> Tensor:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | None, softcap: float = 0.0,
-           softmax_dtype=None, split_scale: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+           softmax_dtype=None, split_scale: bool = True, sink: Tensor | None = None) -> tuple[Tensor, ...]:
     """softmax(q k^T * scale + bias) v for (batch, heads, seq, size) inputs (key/value heads repeated to the query's).
-    A row whose bias is -inf everywhere attends nothing (its output is 0). Returns the output, the scores before the
-    bias, the scores with it and the probabilities."""
+    A row whose bias is -inf everywhere attends nothing (its output is 0). `sink` (heads,) is one more logit per head
+    that takes part in the softmax but attends no value. Returns the output, the scores before the bias, the scores
+    with it and the probabilities."""
     k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     sc = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if split_scale:
@@ -65,7 +66,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | 
     if softcap > 0: scores = (scores / softcap).tanh() * softcap
     biased = scores + bias if bias is not None else scores
     sm = biased.cast(softmax_dtype) if softmax_dtype is not None else biased
-    probs = sm.softmax(-1)
+    if sink is None: probs = sm.softmax(-1)
+    else:
+        col = sink.cast(sm.dtype).reshape(1, -1, 1, 1).expand(*sm.shape[:-1], 1)
+        probs = sm.cat(col, dim=-1).softmax(-1)[..., :-1]
     if bias is not None:
         masked_row = bias.max(-1, keepdim=True) == NEG_INF
         probs = masked_row.where(0.0, probs)

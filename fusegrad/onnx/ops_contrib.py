@@ -220,7 +220,6 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0)."""
     if do_rotary and (cos_cache is None or sin_cache is None):
         raise ValueError("do_rotary needs cos_cache and sin_cache")
-    if smooth_softmax or head_sink is not None: raise Unsupported("GroupQueryAttention smooth_softmax or head_sink")
     if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
     if key is None:
         # q, k and v packed along the hidden dim
@@ -267,5 +266,7 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
         allowed = allowed & (i_ - Tensor.arange(length, dtype=dtypes.int32).reshape(1, length) < local_window_size)
     bias = allowed_to_bias(allowed, q.dtype)
     if attention_bias is not None: bias = bias + attention_bias.pad(((0, 0),) * 3 + ((0, length - total),))
-    out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False)[0]
+    # smooth_softmax: a logit of 0 joins each row's softmax; head_sink: a logit per head instead
+    sink = head_sink if head_sink is not None else Tensor.zeros(num_heads, dtype=q.dtype) if smooth_softmax else None
+    out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)[0]
     return from_heads(out).cast(query.dtype), present_k, present_v

@@ -135,7 +135,7 @@ def test_multi_head_attention(layout):
 
 
 @pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed", "rotary_prompt",
-                                  "rotary_interleaved_decode"])
+                                  "rotary_interleaved_decode", "smooth_softmax", "head_sink"])
 def test_group_query_attention(case):
     # 4 query heads share 2 key/value heads; a prompt of 4 positions, or one new position after 5 cached ones
     # (onnxruntime's rotary kernel wants a head size that is a multiple of 16)
@@ -149,6 +149,10 @@ def test_group_query_attention(case):
         feed["q"] = np.concatenate([feed.pop("q"), feed.pop("k"), feed.pop("v")], -1)
         ins[1:3] = ["", ""]
     attrs = {"local_window_size": 2, "softcap": 2.0} if case == "window_softcap" else {}
+    if case == "smooth_softmax": attrs = {"smooth_softmax": 1}
+    if case == "head_sink":
+        feed["sink"] = _f(heads)
+        ins += ["", "", "", "", "sink"]
     if case.startswith("rotary"):
         # the angles of positions 0..15 (the caches are (max position, head_size / 2))
         ang = np.arange(16, dtype=np.float32)[:, None] * (10000.0 ** (-np.arange(hs // 2) / (hs // 2)))[None, :]
