@@ -200,3 +200,25 @@ def test_rotary_embedding(interleaved, rot_dim):
     node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], interleaved=interleaved,
                             num_heads=heads, rotary_embedding_dim=rot_dim)
     _assert_close(*_run_both([node], feed, {}, ["y"], opset=23), tol=1e-5)
+
+
+def test_unsupported_and_bad_attention_inputs_name_the_node():
+    from fusegrad.onnx import OnnxNodeError, OnnxUnsupportedError
+
+    def model(node, feed):
+        ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in feed.items()]
+        graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                       helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    feed = {"qkv": _f(1, 3, 2, 3, 4)}
+    m = model(_ms("MultiHeadAttention", ["qkv"], ["y"], num_heads=2, name="mha"), feed)
+    with pytest.raises(OnnxUnsupportedError, match=r"'mha' \(MultiHeadAttention\).*packed QKV"): OnnxRunner(m)(feed)
+    feed = {"x": _f(1, 3, 8), "w": _f(8, 24)}
+    m = model(_ms("Attention", ["x", "w"], ["y"], num_heads=2, do_rotary=1, name="att"), feed)
+    with pytest.raises(OnnxUnsupportedError, match=r"'att' \(Attention\).*rotary"): OnnxRunner(m)(feed)
+    feed = {"q": _f(1, 3, 8), "k": _f(1, 3, 8), "v": _f(1, 3, 8)}
+    m = model(helper.make_node("Attention", ["q", "k", "v"], ["y"], name="a23"), feed)
+    with pytest.raises(OnnxNodeError, match=r"'a23' \(Attention\).*q_num_heads and kv_num_heads"): OnnxRunner(m)(feed)
+    m = model(helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=2, kv_num_heads=2,
+                               qk_matmul_output_mode=4, name="a23"), feed)
+    with pytest.raises(OnnxUnsupportedError, match=r"qk_matmul_output_mode=4"): OnnxRunner(m)(feed)
