@@ -57,6 +57,8 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
         elif u.op is Ops.END: mult = stack.pop()
         elif u.op in GroupOp.ALU and u.dtype.scalar() != dtypes.index:
             ops += mult * u.dtype.count * (2 if u.op is Ops.MULACC else 1)
+        # (a tensor core's multiply-adds of its tile, shared by the lanes of the warp)
+        elif u.op is Ops.WMMA: ops += mult * 2 * u.arg[1][0] * u.arg[1][1] * u.arg[1][2] // u.arg[5]
     mem = 0
     for u in uops:
         if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
