@@ -74,6 +74,10 @@ def _device_uop(device: str | tuple[str, ...]) -> UOp: return UOp(Ops.DEVICE, ar
 # the check for one
 _sharding_used = False
 
+def _has_tensor_cores(device: str) -> bool:
+    from fusegrad.device import Device
+    return bool(getattr(Device[device].renderer, "tensor_cores", None))
+
 def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
     """A device name in canonical form ("cpu:0" -> "CPU"); a tuple of names (several devices) is canonicalized
     name by name."""
@@ -1011,7 +1015,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # a long half-precision product runs as a float32 one: x (read once per output column tile, as broadcast
         # scalars) converted beforehand, which costs 1/m of the product, and the sum kept in a float32 buffer, so the
         # optimizer can block K through the output (adding partial sums into it), then rounded once
-        long_half = acc_dt != out_dt and type(k) is int and k >= 256 and type(m) is int and m >= 16
+        # (not on a device with tensor cores: they take the half values themselves, DESIGN.md "Tensor cores")
+        long_half = acc_dt != out_dt and type(k) is int and k >= 256 and type(m) is int and m >= 16 and \
+            not (type(x.device) is str and _has_tensor_cores(x.device))
         if long_half: x = x.cast(acc_dt).contiguous()
         xs, ys = x.shape, y.shape
         if not (squeeze_x or squeeze_y) and all(type(v) is int for v in xs + ys) and xs[:-2] == ys[:-2] and \
