@@ -90,6 +90,15 @@ def test_convolution(tc_python):
     want = Tensor(x).conv2d(Tensor(w)).numpy()
     _check_tc(out, want, tc_python, CUDA_TENSOR_CORES[0].name, 1e-6)
 
+def test_long_half_matmul_keeps_its_half_inputs(tc_python):
+    """A half matmul with K >= 256 converts an input to float32 first where there are no tensor cores (a CPU reads
+    it converted once); on a device with tensor cores it stays one kernel that gives them the half values."""
+    a, ta = _data((16, 256), dtypes.float16, 13)
+    b, tb = _data((256, 16), dtypes.float16, 14)
+    assert len([si for si in (ta.to("CPU") @ tb.to("CPU")).schedule() if si.ast.op is Ops.SINK]) == 3
+    assert len([si for si in (ta @ tb).schedule() if si.ast.op is Ops.SINK]) == 1
+    _check_tc(lambda: ta @ tb, a @ b, tc_python, CUDA_TENSOR_CORES[0].name, 1e-2)
+
 def test_padded_matmul(tc_python):
     """PADTO first: 24 rows are padded to 32 for the tile of 16 (the padded rows are neither read nor stored)."""
     a, ta = _data((24, 16), dtypes.float16, 9)

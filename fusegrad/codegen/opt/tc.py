@@ -26,12 +26,21 @@ from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.spec import kernel_spec, tensor_core_spec, verify
 
+def _as_input(x: UOp, tc: TensorCore) -> UOp | None:
+    """`x` (of tc's output dtype) as the same values of its input dtype, where it is a conversion of such values: a
+    CAST of them, a WHERE of such (a padding's gate: WHERE(valid, CAST(load), 0)), zero; or `x` itself where the two dtypes are the same (float32's TF32)."""
+    if x.dtype == tc.dtype_in: return x
+    if x.op is Ops.CAST and x.src[0].dtype == tc.dtype_in: return x.src[0]
+    if x.op is Ops.CONST and x.dtype.count == 1 and x.arg == 0: return UOp.const(tc.dtype_in, 0)
+    if x.op is Ops.WHERE and (a := _as_input(x.src[1], tc)) is not None and (b := _as_input(x.src[2], tc)) is not None:
+        return UOp(Ops.WHERE, tc.dtype_in, (x.src[0], a, b))
+    return None
+
 def _operand(x: UOp, tc: TensorCore) -> UOp | None:
-    """What factor `x` gives the tensor core: a value of its input dtype cast to its output dtype (not cast where the
-    two are the same), computed from loads (a load, or a conversion fused into the kernel)."""
-    if x.op is Ops.CAST and x.dtype == tc.dtype_out and x.src[0].dtype == tc.dtype_in: x = x.src[0]
-    elif x.dtype != tc.dtype_in or tc.dtype_in != tc.dtype_out: return None
-    return x if any(u.op is Ops.LOAD for u in x.toposort()) else None
+    """What factor `x` gives the tensor core: values of its input dtype cast to its output dtype (see `_as_input`),
+    computed from loads (a load, or a conversion fused into the kernel)."""
+    if x.dtype != tc.dtype_out or (y := _as_input(x, tc)) is None: return None
+    return y if any(u.op is Ops.LOAD for u in y.toposort()) else None
 
 def _product(red: UOp) -> UOp | None:
     """The MUL a sum reduces, where padded iterations (PADTO: WHERE(inside, x, 0)) already read zeros."""
