@@ -11,11 +11,14 @@ of input views), and the random-number counter (each replay draws new numbers, e
 from __future__ import annotations
 import functools
 import numbers
+from itertools import repeat
+import weakref
+from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds
-from fusegrad.engine.realize import ExecItem
+from fusegrad.engine.realize import CompiledRunner, ExecItem
 from fusegrad.engine import jit_verify as _verify
 from fusegrad.engine.jit_verify import JIT_VERIFY
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
@@ -201,6 +204,11 @@ class _Inputs:
                 if t.uop.op in GroupOp.Movement and (base := t.uop.base) in done: t.uop = t.uop.substitute(
                     {base: done[base]})
 
+class _Same:
+    """The inputs of a call whose arguments are those of the last checked one (TinyJit._same_inputs)."""
+    __slots__ = ("buffers", "var_vals")
+    def __init__(self, buffers: list[Buffer]): self.buffers, self.var_vals = buffers, {}
+
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
 
@@ -248,6 +256,9 @@ class TinyJit(Generic[R]):
         self._replays = 0
         self._state_ids: set[int] = set()
         self._external: list[tuple[Buffer, Any]] = []
+        # per fresh output buffer: the BUFFER node and Buffer the last replay returned (see _replay)
+        self._last_outputs: dict[int, tuple[UOp, Buffer]] = {}
+        self._same: tuple[list[weakref.ref], list[weakref.ref]] | None = None
 
     @property
     def captured(self) -> list[ExecItem]:
@@ -264,21 +275,40 @@ class TinyJit(Generic[R]):
         if _realize.capturing or _running:
             raise JitError("having TinyJit inside another TinyJit is not supported: the outer one captures the inner "
                            "one's kernels itself; call the inner function undecorated")
-        inputs = _Inputs(args, kwargs)
-        if self.cnt == 0:
-            ret = self._run_plain(args, kwargs)
-            self._first, self._out_structure = inputs, _flatten(ret)[1]
-            self.cnt = 1
-            return ret
-        self._check_inputs(inputs)
-        if self.cnt == 1: return self._capture(args, kwargs, inputs) if not _viz.PROFILE else \
-            _viz.profiled("TinyJit capture", self._capture, args, kwargs, inputs)
+        inputs = self._same_inputs(args) if self._same is not None and not kwargs else None
+        if inputs is None:
+            inputs = _Inputs(args, kwargs)
+            if self.cnt == 0:
+                ret = self._run_plain(args, kwargs)
+                self._first, self._out_structure = inputs, _flatten(ret)[1]
+                self.cnt = 1
+                return ret
+            self._check_inputs(inputs)
+            if self.cnt == 1: return self._capture(args, kwargs, inputs) if not _viz.PROFILE else \
+                _viz.profiled("TinyJit capture", self._capture, args, kwargs, inputs)
+            self._remember(args, inputs)
         self._replays += 1
         every = self.verify if self.verify is not None else int(JIT_VERIFY.value)
         if every and (self._replays == 1 or self._replays % every == 0):
             return _verify.verified_replay(self, inputs, args, kwargs, Tensor)
         return self._replay(inputs, Tensor) if not _viz.PROFILE else \
             _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
+
+    def _remember(self, args: tuple, inputs: _Inputs) -> None:
+        """Keep (weakly) the nodes of checked plain positional arguments and their buffers: a next call with the same
+        nodes (the same tensors, or others of the same realized value) needs no check again."""
+        plain = not inputs.var_vals and len(inputs.tensors) == len(args) == len(inputs.buffers) and \
+            all(type(t) is Tensor for t in args)
+        self._same = ([weakref.ref(t._uop) for t in args], [weakref.ref(b) for b in inputs.buffers]) if plain else None
+
+    def _same_inputs(self, args: tuple) -> _Same | None:
+        """This call's inputs without a check, if they are the nodes of the last checked call (see _remember)."""
+        uops, bufs = self._same  # type: ignore[misc]
+        if len(args) != len(uops): return None
+        for a, r in zip(args, uops):
+            if type(a) is not Tensor or a._uop is not r(): return None
+        buffers = [r() for r in bufs]
+        return None if None in buffers else _Same(buffers)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         _running.append(self)
@@ -351,11 +381,14 @@ class TinyJit(Generic[R]):
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
         self._state_ids = before
+        if self.prune:
+            self.jit_cache = self._pruned(self.jit_cache, before)
+            self._bounded = [ei for ei in self.jit_cache if ei.prg is not None and ei.prg.bounds is not None]
         if self.verify or (self.verify is None and JIT_VERIFY): _verify.note_external(self, inputs)
         self.cnt = 2
         return ret
 
-    def _replay(self, inputs: _Inputs, Tensor: Any) -> Any:
+    def _replay(self, inputs: _Inputs | _Same, Tensor: Any) -> Any:
         var_vals = inputs.var_vals
         # the views the function made with bound Variables hold with this call's values (Variables the function
         # bound itself keep their capture values)
@@ -363,10 +396,19 @@ class TinyJit(Generic[R]):
         subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, inputs.buffers)}
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}
+        last = self._last_outputs
         for bid, b in self._fresh.items():
-            node = new_buffer(self._fresh_devices[bid], b.size, b.dtype)
-            nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype)
-            subst[bid], new_nodes[bid] = nb, node
+            node, nb = last.get(bid, (None, None))
+            # the last replay's output, if nothing holds it any more (the caller dropped the tensor and every graph
+            # reading it: the node is referenced by the entry here, `node` and getrefcount's argument, the Buffer by
+            # those and buffer_map), is this one's: no new node, Buffer or allocation. A host view of its memory (a
+            # NumPy array without a copy) keeps it too
+            if node is None or getrefcount(node) > 3 or getrefcount(nb) > 4 or \
+                    not nb.allocator._reusable(nb._buf):  # type: ignore[union-attr]
+                node = new_buffer(self._fresh_devices[bid], b.size, b.dtype)
+                nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype).ensure_allocated()
+                last[bid] = (node, nb)
+            subst[bid], new_nodes[bid] = nb, node  # type: ignore[assignment]
         # the Variables' values are checked against every kernel's buffers before any kernel runs
         _realize.check_bounds(self._bounded, var_vals, subst)
         rng_shift = Tensor._rng_counter - self._rng_first
@@ -414,17 +456,19 @@ class TinyJit(Generic[R]):
         cached, knobs = self._launches, _realize.launch_knob_values()
         # (== of the lists compares the allocations by identity, in C: they define no __eq__)
         if cached is not None and cached[2] == knobs and \
-                [d.get("_buf") for d in cached[1][0]] == cached[1][1]: return cached[0]
+                list(map(dict.get, cached[1][0], repeat("_buf"))) == cached[1][1]: return cached[0]
         varying_ids = {id(b) for b in self._inputs_at_capture} | set(self._fresh)
         steps: list[tuple[ExecItem, Any]] = []
         memory: list[tuple[Buffer, Any]] = []
+        seen: set[int] = set()
         ops = mem = count = 0
         for ei in self.jit_cache:
             made = None
             if all(b is not None and b.is_allocated() for b in ei.bufs) and not (self._rng_calls and ei.fixedvars):
                 made = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids))
             if made is not None:
-                memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids]  # type: ignore[union-attr]
+                memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids and id(b) not in seen]  # type: ignore[union-attr]
+                seen.update(id(b) for b in ei.bufs)
                 work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
                 ops, mem, count = ops + work[0], mem + work[1], count + 1
             steps.append((ei, made))
@@ -447,6 +491,47 @@ class TinyJit(Generic[R]):
         self._launches = (plan, ([b.__dict__ for b, _ in memory], [opaque for _, opaque in memory]), knobs)
         self._prepared_work = (ops, mem, count)
         return plan
+
+    def _pruned(self, items: list[ExecItem], before: set[int]) -> list[ExecItem]:
+        """prune=True: the captured items without the kernels that compute the same values on every call (they read
+        none of the inputs nor anything computed from them, and have no Variable or random counter: a weight laid out
+        for a kernel, a constant subgraph). Those run once more here, into memory of their own (an intermediate's
+        memory is shared with later ones), and the kept items read that memory from then on."""
+        dynamic = {id(b) for b in self._inputs_at_capture}   # buffers whose contents may differ between calls
+        kept_writes: set[int] = set()
+        once: list[int] = []
+        for i, ei in enumerate(items):
+            touched = {id(b) for b in ei.bufs if b is not None}
+            prg = ei.prg
+            if isinstance(prg, CompiledRunner) and all(n in ei.fixedvars for n in prg._vnames) and \
+                    not (self._rng_calls and ei.fixedvars) and not touched & dynamic:
+                writes = {id(ei.bufs[k]) for k in prg.p.outs}
+                # (state the function updates, and its fresh outputs, are written on every call)
+                if not writes & before and not writes & self._fresh.keys() and not touched & kept_writes:
+                    once.append(i)
+                    continue
+            writes = {id(ei.bufs[k]) for k in prg.p.outs} if isinstance(prg, CompiledRunner) else touched
+            dynamic |= writes
+            kept_writes |= writes
+        # an item kept only later may still write what a one-time kernel reads or writes: that one is kept too
+        while True:
+            late = [i for i in once if any(id(b) in kept_writes for b in items[i].bufs if b is not None)]
+            if not late: break
+            for i in late:
+                once.remove(i)
+                kept_writes |= {id(items[i].bufs[k]) for k in items[i].prg.p.outs}  # type: ignore[union-attr]
+        if not once: return items
+        own: dict[int, Buffer] = {}
+        for i in once:
+            for k in items[i].prg.p.outs:  # type: ignore[union-attr]
+                b = items[i].bufs[k]
+                assert b is not None
+                own.setdefault(id(b), Buffer(b.device, b.size, b.dtype))
+        moved = [ExecItem(ei.ast, [own.get(id(b), b) if b is not None else None for b in ei.bufs], ei.metadata,
+                          ei.fixedvars, ei.prg) for ei in items]
+        for i in once: moved[i].run({}, do_update_stats=False)
+        skip = set(once)
+        return [ei for i, ei in enumerate(moved) if i not in skip]
 
     def _shift_rng(self, fixed: dict[str, Any], shift: int) -> dict[str, Any]:
         """The kernel parameters with each random counter of the capture moved on by `shift` calls."""
