@@ -83,11 +83,13 @@ def test_batched_matmul_with_an_epilogue(tc_python):
     _check_tc(out, np.maximum(a @ b + bias, 0), tc_python, CUDA_TENSOR_CORES[0].name, 1e-6)
 
 def test_convolution(tc_python):
-    """A 3x3 half convolution: M its output pixels, N its output channels, K its input channels."""
-    x, tx = _data((1, 16, 18, 18), dtypes.float16, 7)
+    """A padded 3x3 half convolution with a bias and relu: M its output pixels, N its output channels, K its input
+    channels; the padding's gated loads give the tensor core zeros."""
+    x, tx = _data((1, 16, 16, 16), dtypes.float16, 7)
     w, tw = _data((8, 16, 3, 3), dtypes.float16, 8)
-    out = lambda: tx.cast(dtypes.float32).conv2d(tw.cast(dtypes.float32))
-    want = Tensor(x).conv2d(Tensor(w)).numpy()
+    bias, tbias = _data((8,), dtypes.float32, 15)
+    out = lambda: tx.cast(dtypes.float32).conv2d(tw.cast(dtypes.float32), tbias, padding=1).relu()
+    want = Tensor(x).conv2d(Tensor(w), Tensor(bias), padding=1).relu().numpy()
     _check_tc(out, want, tc_python, CUDA_TENSOR_CORES[0].name, 1e-6)
 
 def test_long_half_matmul_keeps_its_half_inputs(tc_python):
@@ -233,6 +235,14 @@ def test_tensor_core_layouts_are_checked():
         TensorCore("x", (16, 8, 16), dtypes.float16, dtypes.float32, "CUDA", ((a[0][:4], a[1], a[2]), b, c))
     with pytest.raises(ValueError, match="for A, B and C"):
         TensorCore("x", (16, 8, 16), dtypes.float16, dtypes.float32, "CUDA", (a, b))
+
+def test_python_renderer_declares_cuda_tensor_cores():
+    """PythonRenderer(gpu=True, tensor_cores=True) (PYTHON_GPU=1 PYTHON_TC=1) declares CUDA's tensor cores, TF32's
+    only while ALLOW_TF32 is set."""
+    ren = PythonRenderer(gpu=True, tensor_cores=True)
+    assert ren.has_local and ren.tensor_cores == CUDA_TENSOR_CORES
+    with Context(ALLOW_TF32=1): assert ren.tensor_cores == CUDA_TENSOR_CORES + CUDA_TF32_TENSOR_CORES
+    assert PythonRenderer(gpu=False, tensor_cores=True).tensor_cores == []
 
 def test_emulated_wmma_needs_whole_warps(tc_python):
     """A WMMA in a group that isn't whole warps (its listing edited to a group of 16 work-items) is an error, not a

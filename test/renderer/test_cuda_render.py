@@ -87,13 +87,14 @@ def representative() -> list[ProgramSpec]:
 
 def tensor_core_programs() -> list[ProgramSpec]:
     """Kernels the heuristic lays out for mma.sync: half and bfloat16 matmuls (one batched, one with a bias and relu
-    after it), a half convolution, a float32 matmul as TF32."""
+    after it), half convolutions (one padded, with a bias and relu), a float32 matmul as TF32."""
     h = lambda *shape: Tensor.rand(*shape).realize().half().realize()
     b16 = lambda *shape: Tensor.rand(*shape).realize().cast(dtypes.bfloat16).realize()
     f32 = lambda t: t.cast(dtypes.float32)
     progs = programs(h(64, 32) @ h(32, 64), b16(32, 64) @ b16(64, 48), f32(h(2, 32, 16)) @ f32(h(2, 16, 16)),
                      (f32(h(48, 32)) @ f32(h(32, 32)) + Tensor.rand(32).realize()).relu(),
-                     f32(h(1, 16, 18, 18)).conv2d(f32(h(8, 16, 3, 3))))
+                     f32(h(1, 16, 18, 18)).conv2d(f32(h(8, 16, 3, 3))),
+                     f32(h(2, 16, 16, 16)).conv2d(f32(h(32, 16, 3, 3)), Tensor.rand(32).realize(), padding=1).relu())
     with Context(ALLOW_TF32=1): progs += programs(Tensor.rand(32, 32).realize() @ Tensor.rand(32, 64).realize())
     return progs
 
@@ -178,7 +179,7 @@ def test_tensor_core_kernels(kernels):
     """Each WMMA is one call of the mma.sync function, whose asm names the instruction; a kernel with WMMAs launches
     whole warps (the lanes along threadIdx.x), and without ALLOW_TF32 no float32 matmul uses a tensor core."""
     tc = [p for p in kernels if any(u.op is Ops.WMMA for u in p.uops)]
-    assert len(tc) >= 6
+    assert len(tc) >= 7
     for p in tc:
         names = {u.arg[0] for u in p.uops if u.op is Ops.WMMA}
         assert all(f'asm volatile("{n} ' in p.src for n in names), p.src

@@ -28,7 +28,8 @@ from fusegrad.uop.spec import kernel_spec, tensor_core_spec, verify
 
 def _as_input(x: UOp, tc: TensorCore) -> UOp | None:
     """`x` (of tc's output dtype) as the same values of its input dtype, where it is a conversion of such values: a
-    CAST of them, a WHERE of such (a padding's gate: WHERE(valid, CAST(load), 0)), zero; or `x` itself where the two dtypes are the same (float32's TF32)."""
+    CAST of them, a WHERE of such (a padding's gate: WHERE(valid, CAST(load), 0)), zero; or `x` itself where the two
+    dtypes are the same (float32's TF32)."""
     if x.dtype == tc.dtype_in: return x
     if x.op is Ops.CAST and x.src[0].dtype == tc.dtype_in: return x.src[0]
     if x.op is Ops.CONST and x.dtype.count == 1 and x.arg == 0: return UOp.const(tc.dtype_in, 0)
