@@ -16,7 +16,7 @@ from fusegrad.helpers import ContextVar, prod, rng_counter_of
 from fusegrad.schedule.kernelize import RECOMPUTE_LIMIT, _placeholder, kernelize_map
 from fusegrad.schedule.linear import kernels_in_order
 from fusegrad.schedule.memory import share_storage
-from fusegrad.schedule.merge import kernel_outputs
+from fusegrad.schedule.merge import kernel_outputs, outer_stores
 from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, buffer_node
 from fusegrad.uop.graph import is_liftable, substitute_map
@@ -204,6 +204,9 @@ def _explain(s: _Scheduled) -> Explanation:
     out = Explanation(tracked=len(sources) > 0)
     for i, k in enumerate(s.kernels):
         nodes = by_kernel.get(k, [])
+        outs = [buffer_node(o) for o in kernel_outputs(k)]
+        outer = {n for n in nodes if outs.index(buffer_node(s.kmap[n].src[0] if s.kmap[n].op is Ops.ASSIGN else
+                                                             s.kmap[n])) in outer_stores(k)}
         outputs = []
         for n in nodes:
             reason, fix = reason_text(s.why[n])
@@ -211,6 +214,9 @@ def _explain(s: _Scheduled) -> Explanation:
             src = source_of(o, users)
             if s.why[n] == ("always", "CONTIGUOUS") and src is not None and src.api != "contiguous":
                 reason, fix = f"{src.api}() makes its result contiguous (a buffer of its own)", "a hard boundary"
+            if n in outer:
+                reason += "; stored where it is computed, in a kernel with more loops, once per element of its " \
+                          "outer loops (several outputs across a reduction)"
             outputs.append((_describe(o), reason, fix, src))
         if not nodes:
             # a kernel no realized node names: the temporary an assign computes its value into (kernelize.py

@@ -1,9 +1,12 @@
-"""Step 4b of scheduling: kernels with several outputs. An elementwise kernel whose result another elementwise kernel
-reads element for element (an optimizer's new moment, read by the parameter update) is folded into that reader: one
-kernel computes the value once, stores it, and uses it, instead of a second pass that stores it and a third that
-loads it back (Adam: three kernels per parameter become one)."""
+"""Step 4b of scheduling: kernels with several outputs. A kernel whose result another kernel reads at loops they
+share is folded into that reader: one kernel computes the value once, stores it, and uses it, instead of a second
+pass that stores it and a third that loads it back. An optimizer's new moment, read by the parameter update element
+for element (Adam: three kernels per parameter become one); a row's mean and variance, read by every element of the
+row (the layernorm kernel that writes the output also stores the statistics its backward reads: stored once per row,
+after the row's reductions, at the loops the row's elements run in)."""
 from __future__ import annotations
 from fusegrad.dtype import dtypes
+from fusegrad.uop.affine import range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
@@ -38,13 +41,55 @@ def kernel_outputs(k: UOp) -> tuple[UOp, ...]:
 def _n_globals(ast: UOp) -> int:
     return 1 + max((u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=-1)
 
-def _is_elementwise(k: UOp) -> bool:
-    """A kernel AST that stores each element from loads of the same element's neighbourhood: no reduction, no local
-    buffer, and every store at one unmasked index."""
+def _mergeable(k: UOp) -> bool:
+    """A kernel that may take part in a merge: a SINK of stores, each at one unmasked index, without local memory
+    and without a long contraction (a big matmul or convolution keeps a kernel to itself, where the optimizer tiles
+    it; see kernelize.py find_realized)."""
     ast = k.arg
-    if ast.op is not Ops.SINK or any(u.op in (Ops.REDUCE, Ops.DEFINE_LOCAL) for u in ast.toposort()): return False
-    idxs = {st.src[0].src[1] for st in ast.src}
-    return len(idxs) == 1 and all(len(st.src[0].src) == 2 for st in ast.src)
+    if ast.op is not Ops.SINK or any(len(st.src[0].src) != 2 for st in ast.src): return False
+    return not any(u.op is Ops.DEFINE_LOCAL or (u.op is Ops.REDUCE and _is_long_contraction(u)) for u in ast.toposort())
+
+# a sum of products of two operands that vary along different loops (a matmul, a convolution) over more than this
+# many products per output gets a kernel to itself (see kernelize.py find_realized)
+LONG_CONTRACTION = 384
+
+def _is_long_contraction(red: UOp) -> bool:
+    x = red.src[0]
+    while x.op is Ops.CAST: x = x.src[0]
+    if red.arg is not Ops.ADD or x.op is not Ops.MUL: return False
+    a, b = ({r for r in s.toposort() if r.op is Ops.RANGE} for s in x.src)
+    n = prod_int(range_size(r) for r in red.src[1:])
+    return bool(a - b) and bool(b - a) and n is not None and n > LONG_CONTRACTION
+
+def prod_int(sizes) -> int | None:
+    """The product of loop sizes, or None if one is symbolic."""
+    n = 1
+    for s in sizes:
+        if not isinstance(s, int): return None
+        n *= s
+    return n
+
+def _ranges(u: UOp) -> list[UOp]:
+    """The RANGEs `u` depends on, in loop order."""
+    return sorted({r for r in u.toposort() if r.op is Ops.RANGE}, key=lambda r: r.arg[0])
+
+def _output_loops(ast: UOp) -> list[UOp]:
+    """The loops a kernel's stores are indexed by, in loop order."""
+    return sorted({r for st in ast.src for r in _ranges(st.src[0].src[1])}, key=lambda r: r.arg[0])
+
+def outer_stores(k: UOp) -> list[int]:
+    """The outputs of KERNEL `k` (positions in kernel_outputs) stored at fewer loops than the kernel runs: a
+    reduction's result stored once per row beside the row's elements."""
+    if k.arg.op is not Ops.SINK: return []
+    n = len(_output_loops(k.arg))
+    return [i for i, st in enumerate(k.arg.src) if len(_ranges(st.src[0].src[1])) < n]
+
+def _stores_outer(ast: UOp) -> bool:
+    """Whether every store's index depends on the outermost loops only: a store that doesn't vary with an inner loop
+    is placed outside it and runs once per element (an inner loop outside it would repeat it, and a store of a
+    reduction computed once per row would not be)."""
+    loops = _output_loops(ast)
+    return all(set(rs := _ranges(st.src[0].src[1])) == set(loops[:len(rs)]) for st in ast.src)
 
 def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
     """`ast` with DEFINE_GLOBAL i as slots[i] and parameter _pj as _p{params[j]}."""
@@ -59,10 +104,13 @@ def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
 
 def _merge(producer: UOp, reader: UOp) -> UOp | None:
     """The KERNEL computing `reader`'s stores and `producer`'s, with the reader's loads of the producer's outputs
-    replaced by the values stored; None if the reader loads one elsewhere than at its own index."""
+    replaced by the values stored; None where that would compute or store something more than once, or reorder a
+    load and a store.
+
+    The producer's stores may be at fewer loops than the reader's (a row's mean read by every element of the row):
+    its loops become the reader's loops it is read at, the outermost ones, so its values (reductions included) are
+    computed once per element they store and stored right after they are computed."""
     p_ast, r_ast = producer.arg, reader.arg
-    idx = r_ast.src[0].src[0].src[1]
-    if p_ast.src[0].src[0].src[1] is not idx: return None   # different loops or layouts
     n_r_out, n_r_glob, n_p_out, n_p_glob = len(r_ast.src), _n_globals(r_ast), len(p_ast.src), _n_globals(p_ast)
     p_outs = list(producer.src[:n_p_out])
     # a reader of an output's old value (its BUFFER, not the producer's ASSIGN) must stay before the producer
@@ -89,31 +137,75 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
         p_param_slots[j] = params.index(prm)
     r_new = _renumber(r_ast, r_slots, {j: j for j in range(len(r_params))})
     p_new = _renumber(p_ast, p_slots, p_param_slots)
-    # the reader's loads of the producer's outputs become the values stored (every one of the element computed: a
-    # load of another element would race with the iteration storing it)
-    value_of = {n_r_out + j: st.src[1] for j, st in enumerate(p_new.src)}
+    # the reader's loads of the producer's outputs: at the loops of the one kernel that has fewer (all of them), read
+    # at as many loops of the other (not inside a reduction's loop: it would be computed once per iteration)
+    p_slots_out = {n_r_out + j for j in range(n_p_out)}
+    def loads_of(ast: UOp) -> list[UOp]:
+        return [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
+                u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in p_slots_out]
+    loads = loads_of(r_new)
+    if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return None
+    r_loops, p_loops = _output_loops(r_new), _output_loops(p_new)
+    at = sorted({r for ld in loads for r in _ranges(ld.src[0].src[1])}, key=lambda r: r.arg[0])
+    if not at or any(r not in r_loops for r in at): return None
+    if len(at) == len(p_loops):
+        # the producer runs in the reader's loops (a row's statistics in the kernel of the row's elements)
+        fitted = _fit(r_new, at, p_new, p_loops)
+        if fitted is None: return None
+        r_new, p_new = fitted
+    elif len(at) == len(r_loops) < len(p_loops):
+        # the reader runs in the producer's loops (a running statistic updated where the statistic is computed)
+        stored = {st.src[0].src[0].arg: st.src[0].src[1] for st in p_new.src}
+        p_at = sorted({r for ld in loads for r in _ranges(stored[ld.src[0].src[0].arg])}, key=lambda r: r.arg[0])
+        fitted = _fit(p_new, p_at, r_new, at)
+        if fitted is None: return None
+        p_new, r_new = fitted
+    else: return None
+    value_of = {st.src[0].src[0].arg: st for st in p_new.src}
     inline = {}
-    for u in r_new.toposort():
-        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in value_of and \
-                (u.src[1] is not idx or len(u.src) != 2):
-            return None
-        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL and \
-                u.src[0].src[0].arg in value_of:
-            inline[u] = value_of[u.src[0].src[0].arg]
-    if not inline: return None
+    for ld in loads_of(r_new):
+        st = value_of[ld.src[0].src[0].arg]
+        if not _same_index(ld.src[0].src[1], st.src[0].src[1]): return None
+        inline[ld] = st.src[1]
     merged = UOp.sink_of(*[st.substitute(inline) for st in r_new.src], *p_new.src)
-    out_slots = set(range(n_r_out + n_p_out))
-    loads: dict[int, set[UOp]] = {}
+    if not _stores_outer(merged): return None
+    store_at = {st.src[0].src[0].arg: st.src[0].src[1] for st in merged.src}
+    out_loads: dict[int, set[UOp]] = {}
     for u in merged.toposort():
-        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in out_slots:
-            if u.src[1] is not idx or len(u.src) != 2: return None
+        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in store_at:
+            if len(u.src) != 2 or not _same_index(u.src[1], store_at[u.src[0].arg]): return None
         if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
-            loads.setdefault(u.src[0].src[0].arg, set()).add(u)
+            out_loads.setdefault(u.src[0].src[0].arg, set()).add(u)
     # an output may be loaded (its old value, at the element stored: checked above) only where the store of it
     # needs the load first, so the store can't overtake the load
     for st in merged.src:
-        if (mine := loads.get(st.src[0].src[0].arg)) and not all(x in st.src[1].toposort() for x in mine): return None
+        if (mine := out_loads.get(st.src[0].src[0].arg)) and not all(x in st.src[1].toposort() for x in mine):
+            return None
     return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
+
+def _fit(frame: UOp, at: list[UOp], other: UOp, loops: list[UOp]) -> tuple[UOp, UOp] | None:
+    """`frame` and `other` over the same loops: `other`'s output `loops` become the `frame`'s loops `at` (of the same
+    sizes, one for one), its other loops get ids of their own. `at` must be the frame's outermost loops: if they
+    aren't, the frame's loops are reordered when it has no reduction and all its stores are at all its loops."""
+    if len(at) != len(loops) or any(range_size(a) != range_size(b) for a, b in zip(at, loops)): return None
+    frame_loops = _output_loops(frame)
+    if [r for r in frame_loops if r in at] != frame_loops[:len(at)]:
+        if any(u.op is Ops.REDUCE for u in frame.toposort()) or \
+                not all(set(_ranges(st.src[0].src[1])) == set(frame_loops) for st in frame.src):
+            return None
+        order = [r for r in frame_loops if r in at] + [r for r in frame_loops if r not in at]
+        moved = {r: r.replace(arg=(old.arg[0],) + tuple(r.arg[1:])) for r, old in zip(order, frame_loops)}
+        frame, at = frame.substitute(moved), [moved[r] for r in at]
+    next_id = 1 + max((r.arg[0] for r in _ranges(frame)), default=-1)
+    sub = dict(zip(loops, at))
+    for r in _ranges(other):
+        if r not in sub:
+            sub[r] = r.replace(arg=(next_id,) + tuple(r.arg[1:]))
+            next_id += 1
+    return frame, other.substitute(sub)
+
+def _same_index(a: UOp, b: UOp) -> bool:
+    return a is b or a.simplify() is b.simplify()
 
 def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     """old -> new for the nodes under `root`, with kernels merged (see the module docstring). One pass: merges are
@@ -138,19 +230,20 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             seen.add(g)
             stack.extend(group_deps(g))
         return False
-    elementwise = {k: _is_elementwise(k) for k in kernels}
+    mergeable = {k: _mergeable(k) for k in kernels}
     weights: dict[UOp, int] = {}
     def weight(g: UOp) -> int:
         if g not in weights: weights[g] = sum(kernel_weight(m.arg) for m in members[g])
         return weights[g]
-    # readers from the last kernel back: an optimizer's update takes its moments, a chain folds from its end
-    for reader in reversed(kernels):
-        if not elementwise[reader]: continue
+    # readers in order: an optimizer's update takes its moments, a chain folds from its start, and a statistic goes
+    # to its first reader (the forward's output, not the backward)
+    for reader in kernels:
+        if not mergeable[reader]: continue
         for via in reader.src[len(reader.arg.src):_n_globals(reader.arg)]:
             if via.op is not Ops.ASSIGN or via.src[1].op is not Ops.KERNEL: continue
             producer = via.src[1]
             gr, gp = find(reader), find(producer)
-            if gr is gp or not elementwise.get(producer, False) or via.src[0] not in kernel_outputs(producer) or \
+            if gr is gp or not mergeable.get(producer, False) or via.src[0] not in kernel_outputs(producer) or \
                     via.src[0].device != reader.src[0].device:
                 continue
             # merged, the producer runs where the reader does: nothing else the reader's group waits for may wait

@@ -657,9 +657,10 @@ def _stage_tiles(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]
 def _spread_over_group(ast: UOp, loops: list[UOp], g: UOp) -> UOp:
     """Output loops `loops` (that the grouped reductions' results are broadcast along: all the work-items of a group
     hold those results) shared among the work-items of group range `g`: work-item g takes iterations g, g + G, ...
-    of each, the accesses of the last round gated where G doesn't divide the loop."""
+    of the longest one (of each, it would miss the pairs of iterations of different rounds) and all of the others,
+    the accesses of the last round gated where G doesn't divide the loop."""
     size = range_size(g)
-    for r in loops:
+    for r in sorted(loops, key=lambda r: range_size(r) if isinstance(range_size(r), int) else 0)[-1:]:
         n = range_size(r)
         if not isinstance(n, int) or not isinstance(size, int): continue
         rounds = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, -(-n // size)),), r.arg)

@@ -137,7 +137,8 @@ def _fits_vector(ctx: OptContext, r: UOp, per_lane: bool) -> bool:
     def load_fits(c: int | None, idx: UOp) -> bool:
         return c in (0, 1) or _packable(ctx, idx, r) or \
             (per_lane and c is not None and all(coeff(idx.src[1], q) == 0 for q in ctx.reds))
-    return all(c == 1 or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
+    # (a store that doesn't vary along r, a row's statistic beside the row, is made once outside the vector)
+    return all(c in (0, 1) or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
         all(load_fits(c, idx) for c, is_store, idx in st if not is_store) and \
         any(c != 0 for c, is_store, _ in st if not is_store)
 
@@ -227,8 +228,10 @@ def _tile_output_vector(ctx: OptContext) -> None:
     channels = (conv and not _sliding_windows(k, ctx.vec_out)) or ctx.switched
     rest, inner = ctx.split(OptOps.UPCAST, ctx.vec_out, ctx.width)
     if inner is None or not k.reduceops: return
+    # (a load inside the reduction: one after it, layernorm's weight, is read once per row anyway)
     reuse = [r for r in k.loops[:k.first_reduce] if r is not rest and isinstance(range_size(r), int) and
-             any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) != 0 for idx in ctx.loads())]
+             any(coeff(idx.src[1], r) == 0 and coeff(idx.src[1], inner) != 0 and
+                 any(coeff(idx.src[1], q) != 0 for q in ctx.reds) for idx in ctx.loads())]
     # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
     # softmax's 16 vectors of exp per row step compiled more than twice as long as two, and ran no faster)
     costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
