@@ -291,6 +291,47 @@ def gpt2_train(cfg: gpt2.Config, batch: int = 4, seq: int = 128) -> tuple[Callab
         return loss
     return (lambda: step(tt).realize()), tstep, check_close("loss", 2e-4)
 
+def profile(fn: Callable[[], object], top: int) -> None:
+    """One more call of fn with every kernel waited for and timed (as DEBUG=2 does), summed per kernel name: the
+    `top` kernels by time, with their GFLOPS and GB/s, and the share of the call that the kernels took."""
+    import collections
+    import contextlib
+    import io
+    import re
+    from fusegrad.helpers import Context
+    from fusegrad.engine import realize
+    per: dict[str, list] = collections.defaultdict(lambda: [0, 0.0, 0, 0, 0])  # calls, s, ops, bytes, out elements
+    plain_run = realize.ExecItem.run
+    def timed(self, var_vals=None, wait=False, do_update_stats=True):
+        et = plain_run(self, var_vals, True, do_update_stats)
+        prg = self.prg
+        name = re.sub(r"\x1b\[[0-9;]*m", "", prg.display_name).strip()
+        vv = {**(var_vals or {}), **self.fixedvars}
+        ops, mem = prg._work(vv) if isinstance(prg, realize.CompiledRunner) else \
+            (realize.sym_infer(prg.estimates.ops, vv), realize.sym_infer(prg.estimates.mem, vv))
+        row = per[name]
+        row[0] += 1
+        row[1] += et or 0.0
+        row[2] += ops
+        row[3] += mem
+        row[4] = self.bufs[0].size if self.bufs and self.bufs[0] is not None else 0
+        return et
+    realize.ExecItem.run = timed
+    try:
+        settle()
+        st = time.perf_counter()
+        with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()): fn()
+        settle()
+        wall = time.perf_counter() - st
+    finally: realize.ExecItem.run = plain_run
+    total = sum(r[1] for r in per.values())
+    print(f"  profile: {sum(r[0] for r in per.values())} kernel runs, {len(per)} kernels, {total * 1e3:.1f} ms in "
+          f"kernels of a {wall * 1e3:.1f} ms call (every kernel waited for)")
+    print(f"    {'kernel':44s} {'runs':>4s} {'ms':>9s} {'share':>6s} {'GFLOPS':>8s} {'GB/s':>7s} {'out elems':>10s}")
+    for name, (n, t, ops, mem, out) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"    {name:44s} {n:4d} {t * 1e3:9.2f} {t / total:6.1%} {ops / t / 1e9 if t else 0:8.2f} "
+              f"{mem / t / 1e9 if t else 0:7.2f} {out:10d}")
+
 def rows() -> dict[str, tuple[str, str, Callable[[], tuple], float]]:
     """Every workload by its key: (title, unit, make, units per call)."""
     size = 64 if QUICK else 224
@@ -314,6 +355,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer steps per block (and ResNet forward at 64px)")
     ap.add_argument("--only", default="", help="comma-separated row keys to run (see --list); all by default")
     ap.add_argument("--list", action="store_true", help="list the row keys and exit")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing a row, time each kernel of one more fusegrad call and list the N slowest")
     args = ap.parse_args()
     table = rows()
     if args.list:
@@ -325,12 +368,15 @@ def main() -> None:
     done = []
     for key in keys:
         title, unit, make, per_call = table[key]
-        try: r = blocks(*make())
+        try:
+            fns = make()
+            r = blocks(*fns)
         except Exception as e:  # one failing workload (or a failed check) doesn't hide the others
             print(f"{title}: failed: {type(e).__name__}: {e}", flush=True)
             continue
         done.append((title, unit, r, per_call))
         print(f"  done: {title}" + (f" (check: {r['check']})" if "check" in r else ""), flush=True)
+        if args.profile: profile(fns[0], args.profile)
     print(f"\n{'workload':42s} {'unit':8s} {'fusegrad':>10s} {'torch':>10s} {'ratio':>7s}  {'cold fg':>9s} "
           f"{'cold torch':>10s}")
     for title, unit, r, per_call in done:
