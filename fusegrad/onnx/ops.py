@@ -762,19 +762,10 @@ def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
         v %= x.shape[a]
         return x.shrink(tuple((v, v + 1) if d == a else None for d in range(x.ndim))).reshape(
             x.shape[:a] + x.shape[a + 1:])
-    i = _norm_index(idx, x.shape[a]).cast(dtypes.int32)
-    flat = i.reshape(-1)
-    # one-hot selection along the axis: indices (m,) against positions (n,) -> (m, n) mask, summed over n
-    xm = x.permute(tuple(d for d in range(x.ndim) if d != a) + (a,))  # (..., n)
-    mask = flat.reshape(-1, 1) == Tensor.arange(x.shape[a], dtype=dtypes.int32).reshape(1, -1)  # (m, n)
-    pre = xm.shape[:-1]
-    sel = mask.reshape((1,) * len(pre) + mask.shape).where(xm.reshape(pre + (1, x.shape[a])), 0).sum(-1,
-                                                                                                      dtype=x.dtype)
-    # sel: (*x.shape without a, m) -> x.shape[:a] + idx.shape + x.shape[a+1:]
-    sel = sel.reshape(pre + tuple(i.shape))
-    k = len(i.shape)
-    order = tuple(range(a)) + tuple(range(len(pre), len(pre) + k)) + tuple(range(a, len(pre)))
-    return sel.permute(order)
+    # indexing by a tensor is ONNX's Gather (the result x.shape[:a] + idx.shape + x.shape[a+1:]), and it builds the
+    # selection at the result's shape, which the code generator turns into one indexed load per element (a one-hot
+    # mask of (indices, positions) made here would be a kernel of its own, and a sum over every position)
+    return x[(slice(None),) * a + (_norm_index(idx, x.shape[a]).cast(dtypes.int32),)]
 
 
 @op("GatherElements")
