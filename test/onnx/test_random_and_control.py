@@ -1,5 +1,5 @@
-"""The random ops (shape, dtype and statistics, since their values are random) and If and Loop against onnxruntime on
-hand-built graphs."""
+"""The random ops (shape, dtype and statistics, since their values are random) and If, Loop and Scan against
+onnxruntime on hand-built graphs."""
 from __future__ import annotations
 
 import numpy as np
@@ -106,3 +106,23 @@ def test_loop_fixed_trip_count_with_scan_outputs():
     want = _ort(m, feed)
     np.testing.assert_allclose(got["acc"].numpy(), want[0], rtol=1e-6)
     np.testing.assert_allclose(got["all"].numpy(), want[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("in_dir,out_dir,out_axis", [(0, 0, 0), (1, 0, 1), (0, 1, -1)])
+def test_scan_directions_and_axes(in_dir, out_dir, out_axis):
+    # a running sum over the rows of x (scanned along axis 1, in either direction), also emitting each partial sum
+    # scaled by the row (stacked along out_axis, in either order)
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "row"], ["s_out"]),
+         helper.make_node("Mul", ["s_out", "row"], ["scan_out"])],
+        "body", [_out("s", shape=[3]), _out("row", shape=[3])], [_out("s_out", shape=[3]), _out("scan_out", shape=[3])])
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1, scan_input_axes=[1],
+                            scan_input_directions=[in_dir], scan_output_axes=[out_axis],
+                            scan_output_directions=[out_dir])
+    m = _model([node], [_out("s0", shape=[3]), _out("x", shape=[3, 4])], [_out("s", shape=[3]), _out("ys")])
+    feed = {"s0": np.array([1.0, -1.0, 0.5], np.float32),
+            "x": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
+    got = OnnxRunner(m)(feed)
+    want = _ort(m, feed)
+    np.testing.assert_allclose(got["s"].numpy(), want[0], rtol=1e-6)
+    np.testing.assert_allclose(got["ys"].numpy(), want[1], rtol=1e-6)
