@@ -46,14 +46,16 @@ def _kernel_name(src: str) -> str | None:
     names = re.findall(r"^void (\w+)\(", src, flags=re.MULTILINE)
     return names[-1] if names else None
 
-# the compiler processes of background compiles, ended when the interpreter exits (nobody waits for their binaries)
-_background_procs: set[subprocess.Popen] = set()
+# the compiler processes of background compiles (each with the pid of the process that started it), ended when the
+# interpreter exits: nobody waits for their binaries
+_background_procs: dict[subprocess.Popen, int] = {}
 _exiting = threading.Event()
 
 @atexit.register
 def _end_background_compiles() -> None:
     _exiting.set()
-    for proc in list(_background_procs):
+    for proc, owner in list(_background_procs.items()):
+        if owner != os.getpid(): continue   # (a forked child's exit leaves its parent's compiles alone)
         # (the whole process group: the compiler driver's own children, cc1 and as, too)
         try: os.killpg(proc.pid, signal.SIGKILL)
         except OSError: pass
@@ -75,13 +77,13 @@ class CPUCompiler(Compiler):
         with tempfile.TemporaryDirectory(prefix=f"fusegrad-cc-{os.getpid()}-") as d:
             out = os.path.join(d, "k.so")
             cmd = [*self.cc, *self.flags, "-shared", "-fPIC", "-x", "c", "-", "-o", out, "-lm"]
-            nice = ["nice", "-n", "10"] if self.background and shutil.which("nice") else []
+            nice = ["nice", "-n", "19"] if self.background and shutil.which("nice") else []
             try: proc = subprocess.Popen(nice + cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, start_new_session=self.background)
             except OSError as e: raise CompileError(f"can't run {shlex.join(cmd)}: {e}\n{numbered(src)}") from e
-            if self.background: _background_procs.add(proc)
+            if self.background: _background_procs[proc] = os.getpid()
             try: _, err = proc.communicate(src.encode())
-            finally: _background_procs.discard(proc)
+            finally: _background_procs.pop(proc, None)
             if proc.returncode != 0:
                 raise CompileError(f"{shlex.join(cmd)} failed:\n{err.decode(errors='replace').strip()}\n"
                                    f"--- source ---\n{numbered(src)}")
@@ -167,6 +169,7 @@ class TieredCompiler:
         self.background = CPUCompiler(final.flags, background=True)
         self._jobs: queue.Queue[tuple[list[str], list[Callable[[bytes], None]]]] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()   # (a forked child has no thread of its parent's: it starts its own)
         self._lock = threading.Lock()
 
     def first(self, srcs: list[str], units: int | None = None) -> list[tuple[bytes, bool]]:
@@ -188,6 +191,7 @@ class TieredCompiler:
         thread once srcs[i] is compiled. A source that fails to compile keeps its quick binary."""
         if not srcs: return
         with self._lock:
+            if self._pid != os.getpid(): self._jobs, self._thread, self._pid = queue.Queue(), None, os.getpid()
             self._jobs.put((srcs, done))
             if self._thread is None:
                 # (a daemon: the interpreter's exit doesn't wait for binaries nobody will run)
@@ -199,15 +203,16 @@ class TieredCompiler:
         self._jobs.join()
 
     def _work(self) -> None:
+        jobs = self._jobs
         while not _exiting.is_set():
-            srcs, done = self._jobs.get()
+            srcs, done = jobs.get()
             try:
                 for i in range(0, len(srcs), BATCH_KERNELS):
                     if _exiting.is_set(): break
                     self._compile(srcs[i:i + BATCH_KERNELS], done[i:i + BATCH_KERNELS])
             except Exception as e:  # (e.g. no room for the temp files: the kernels keep their quick binaries)
                 if DEBUG >= 1: print(f"background compile failed: {type(e).__name__}: {e}")
-            finally: self._jobs.task_done()
+            finally: jobs.task_done()
 
     def _compile(self, srcs: list[str], done: list[Callable[[bytes], None]]) -> None:
         try: libs: list[bytes | None] = list(self.background.compile_cached_many(srcs, 1))
