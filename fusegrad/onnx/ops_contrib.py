@@ -1,7 +1,7 @@
 """The com.microsoft ops that exporters and onnxruntime's transformer optimizer emit: fused activations (Gelu,
 FastGelu, BiasGelu), FusedMatMul, the fused layer norms (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
 SimplifiedLayerNormalization) and the attention ops (Attention with a past state, MultiHeadAttention,
-GroupQueryAttention). Each is the composition of Tensor ops that onnxruntime's kernel fuses;
+GroupQueryAttention, RotaryEmbedding). Each is the composition of Tensor ops that onnxruntime's kernel fuses;
 fusegrad's scheduler does the fusing."""
 from __future__ import annotations
 
@@ -270,3 +270,28 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     sink = head_sink if head_sink is not None else Tensor.zeros(num_heads, dtype=q.dtype) if smooth_softmax else None
     out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)[0]
     return from_heads(out).cast(query.dtype), present_k, present_v
+
+
+@op("RotaryEmbedding", domain=MS)
+def ms_rotary_embedding(x: Tensor, position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor, *, interleaved: int = 0,
+                        is_packed_batching: int = 0, num_heads: int = 0, rotary_embedding_dim: int = 0,
+                        scale: float = 1.0) -> Tensor:
+    """onnxruntime's rotary embedding of x (batch, seq, hidden) or (batch, heads, seq, head_size): position_ids is
+    (batch, seq), or one value, the position of the first of the seq positions of every batch."""
+    if is_packed_batching: raise Unsupported("RotaryEmbedding is_packed_batching=1")
+    if scale != 1.0: raise Unsupported(f"RotaryEmbedding scale={scale}")
+    rot = 2 * cos_cache.shape[-1]
+    if rotary_embedding_dim and rotary_embedding_dim != rot:
+        raise ValueError(f"rotary_embedding_dim {rotary_embedding_dim} isn't twice the caches' last dim {rot // 2}")
+    if x.ndim == 4: xs = x.permute(0, 2, 1, 3)
+    elif x.ndim == 3:
+        heads = num_heads or x.shape[2] // rot
+        xs = x.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
+    else: raise ValueError(f"the input must be 3-D or 4-D, got shape {tuple(x.shape)}")
+    b, s = xs.shape[:2]
+    pos = position_ids
+    if pos.numel() == 1:
+        pos = (pos.reshape(1, 1).cast(dtypes.int64) + Tensor.arange(s, dtype=dtypes.int64)).expand(b, s)
+    cos, sin = rotary_angles(cos_cache, sin_cache, pos)
+    out = rotary(xs, cos, sin, bool(interleaved))
+    return out.permute(0, 2, 1, 3) if x.ndim == 4 else out.reshape(x.shape)

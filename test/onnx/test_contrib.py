@@ -222,3 +222,15 @@ def test_unsupported_and_bad_attention_inputs_name_the_node():
     m = model(helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=2, kv_num_heads=2,
                                qk_matmul_output_mode=4, name="a23"), feed)
     with pytest.raises(OnnxUnsupportedError, match=r"qk_matmul_output_mode=4"): OnnxRunner(m)(feed)
+
+
+@pytest.mark.parametrize("layout,interleaved,offset", [("3d", 0, False), ("4d", 1, False), ("3d", 1, True)])
+def test_ms_rotary_embedding(layout, interleaved, offset):
+    # com.microsoft's RotaryEmbedding: position ids per token, or one offset for all (the next decode steps)
+    b, s, heads, hs = 2, 3, 2, 16
+    x = _f(b, s, heads * hs) if layout == "3d" else _f(b, heads, s, hs)
+    pos = np.array([4], np.int64) if offset else np.array([[0, 1, 2], [5, 6, 7]], np.int64)
+    feed = {"x": x, "pos": pos, "cos": _f(12, hs // 2), "sin": _f(12, hs // 2)}
+    node = _ms("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"], interleaved=interleaved,
+               num_heads=heads if layout == "3d" else 0)
+    _assert_close(*_run_both([node], feed, {}, ["y"]), tol=1e-5)
