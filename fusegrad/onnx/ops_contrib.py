@@ -11,7 +11,7 @@ import numpy as np
 
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
-from fusegrad.onnx.ops import Context, axis_of, ints, op, scalar
+from fusegrad.onnx.ops import axis_of, ints, op, scalar
 # (importing ops_attention also registers the default domain's Attention)
 from fusegrad.onnx.ops_attention import (allowed_to_bias, attend, causal_allowed, from_heads, rotary, rotary_angles,
                                          to_heads)
@@ -167,15 +167,15 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
                          attention_bias: Tensor | None = None, past_key: Tensor | None = None,
                          past_value: Tensor | None = None, past_sequence_length: Tensor | None = None,
                          cache_indirection: Tensor | None = None, *, num_heads: int,
-                         mask_filter_value: float = -10000.0, scale: float | None = None, unidirectional: int = 0,
-                         ctx: Context) -> tuple[Tensor, Tensor, Tensor]:
+                         mask_filter_value: float = -10000.0, scale: float | None = None,
+                         unidirectional: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention of projected queries to keys and values (self- or cross-attention): q, k, v as (batch, seq, hidden)
     with an optional packed bias, k and v also as (batch, heads, seq, head_size); past_key and past_value are
-    (batch, heads, past_seq, head_size) and the present outputs them followed by this block's."""
+    (batch, heads, past_seq, head_size) and the present outputs them followed by this block's; the fourth output is
+    the softmax's input."""
     if past_sequence_length is not None or cache_indirection is not None:
         raise Unsupported("MultiHeadAttention with past_sequence_length or cache_indirection (decoder masked "
                           "attention with a shared buffer or beam search)")
-    if ctx.n_outputs > 3: raise Unsupported("MultiHeadAttention's qk output")
     if query.ndim == 5 or (key is not None and key.ndim == 5):
         # (onnxruntime's CPU kernel has neither, so there is nothing to check them against)
         raise Unsupported("MultiHeadAttention with packed QKV or KV inputs")
@@ -202,8 +202,9 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     if unidirectional:
         c = _causal_bias(s, total, past_len, mask_filter_value, dt)
         mask = c if mask is None else mask + c
-    out = attend(q, k, v, mask, scale or None, split_scale=False)[0]
-    return from_heads(out).cast(query.dtype), k, v
+    # the qk output: the scaled scores with the masks and attention_bias added (the softmax's input)
+    out, _, biased, _ = attend(q, k, v, mask, scale or None, split_scale=False)
+    return from_heads(out).cast(query.dtype), k, v, biased
 
 
 @op("GroupQueryAttention", domain=MS)
