@@ -6,6 +6,9 @@
 #   3. TinyJit replaying through CUDA graphs against numpy, the time of a replay with and without the graph, and with
 #      two GPUs or more a copy between them (peer to peer where the driver allows it) and a sum split over both
 #      (test/gpu/check_cuda_graph.py);
+#   3b. tensor cores (sm_80 and later): half, bfloat16 and TF32 matmuls and a convolution through mma.sync against
+#      numpy and the PYTHON device's emulation, and a 4096 half matmul's time with and without them
+#      (test/gpu/check_tensor_cores.py);
 #   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints);
 #   5. bench/bench_gpu.py on CUDA, where it exists.
 #
@@ -50,6 +53,7 @@ step() {   # step NAME SECONDS COMMAND...: run it with a time limit, its output 
 step cuda_tests 90 $PY -m pytest -q -p no:cacheprovider test/runtime/test_cuda.py test/renderer/test_cuda_render.py
 step op_tests 240 env DEV=CUDA $PY -m pytest -q -p no:cacheprovider --maxfail=30 test/tensor/test_ops.py
 step cuda_graph 120 $PY test/gpu/check_cuda_graph.py
+step tensor_cores 150 $PY test/gpu/check_tensor_cores.py
 step train_digits 90 env DEV=CUDA $PY examples/train_digits.py --epochs 3
 if [ -f bench/bench_gpu.py ]; then
     if grep -q -- "--device" bench/bench_gpu.py; then step bench_gpu 60 env DEV=CUDA $PY bench/bench_gpu.py --device CUDA

@@ -1,0 +1,87 @@
+"""Tensor cores on a machine with an NVIDIA GPU of sm_80 or later (run by test/gpu/check.sh):
+
+1. half, bfloat16 and TF32 (ALLOW_TF32=1) matmuls, a batched one, and a padded half convolution with a bias and relu,
+   run on the CUDA device through the TC opt (each kernel checked to hold WMMAs), against numpy in float32 and
+   against the PYTHON device's emulation of the same kernels (the lane layouts: a layout that the emulation and the
+   code generator share but the hardware doesn't would show here first);
+2. the time of a 4096 half matmul with tensor cores and without (the heuristic's opts without TC: its float32-style
+   tiles), printed in TFLOP/s, not checked."""
+from __future__ import annotations
+import sys
+import numpy as np
+from fusegrad import Device, Tensor, dtypes
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import OptOps
+from fusegrad.device import Buffer
+from fusegrad.dtype import DType
+from fusegrad.engine.realize import CompiledRunner
+from fusegrad.helpers import Context
+from fusegrad.renderer.cuda import CUDARenderer
+from fusegrad.renderer.python import PythonRenderer
+from fusegrad.uop.ops import Ops
+
+failed = 0
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    global failed
+    print(f"{'ok  ' if ok else 'FAIL'} {name} {detail}")
+    failed += not ok
+
+def data(shape: tuple[int, ...], dt: DType, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return Tensor(x).cast(dt).cast(dtypes.float32).numpy()   # (values exact in dt)
+
+def run(fn, arrays: list[np.ndarray], dts: list[DType], device: str) -> tuple[np.ndarray, list]:
+    ts = [Tensor(a, device=device).cast(dt).realize() for a, dt in zip(arrays, dts)]
+    out = fn(*ts).cast(dtypes.float32).numpy()
+    progs = [get_program(si.ast, Device[device].renderer) for si in fn(*ts).schedule() if si.ast.op is Ops.SINK]
+    return out, progs
+
+cuda = Device["CUDA"]
+print("CUDA", cuda.arch, "tensor cores:", [tc.name for tc in cuda.renderer.tensor_cores])
+Device["PYTHON"].renderer = PythonRenderer(like=cuda.renderer)
+f32 = lambda t: t.cast(dtypes.float32)
+cases = [
+    ("half matmul 32x64 @ 64x64", lambda a, b: a @ b, [(32, 64), (64, 64)], [dtypes.half] * 2, 1e-2, False),
+    ("bfloat16 matmul 64x32 @ 32x32", lambda a, b: a @ b, [(64, 32), (32, 32)], [dtypes.bfloat16] * 2, 1e-2, False),
+    ("half matmul, float32 out, 16x256 @ 256x32", lambda a, b: f32(a) @ f32(b), [(16, 256), (256, 32)],
+     [dtypes.half] * 2, 1e-5, False),
+    ("batched half matmul 3x32x48 @ 3x48x16", lambda a, b: f32(a) @ f32(b), [(3, 32, 48), (3, 48, 16)],
+     [dtypes.half] * 2, 1e-5, False),
+    ("padded half convolution with bias and relu",
+     lambda x, w, b: f32(x).conv2d(f32(w), b, padding=1).relu(), [(1, 16, 16, 16), (8, 16, 3, 3), (8,)],
+     [dtypes.half, dtypes.half, dtypes.float32], 1e-5, False),
+    ("TF32 matmul 32x64 @ 64x32", lambda a, b: a @ b, [(32, 64), (64, 32)], [dtypes.float32] * 2, 3e-3, True),
+]
+for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(cases):
+    arrays = [data(s, dt, 10 * i + j) for j, (s, dt) in enumerate(zip(shapes, dts))]
+    with Context(ALLOW_TF32=int(tf32)):
+        got, progs = run(fn, arrays, dts, "CUDA")
+        emulated, _ = run(fn, arrays, dts, "PYTHON")
+    want = fn(*[Tensor(a) for a in arrays]).numpy()
+    scale = float(np.abs(want).max())
+    wmma = [p for p in progs if any(u.op is Ops.WMMA for u in p.uops)]
+    check(name + ": WMMA kernel", len(wmma) == 1, str([p.applied_opts[:1] for p in progs]))
+    check(name + ": against numpy", bool(np.abs(got - want).max() <= rtol * scale),
+          f"max error {np.abs(got - want).max() / scale:.2e} of the largest value")
+    check(name + ": against the PYTHON emulation", bool(np.abs(got - emulated).max() <= rtol * scale),
+          f"max difference {np.abs(got - emulated).max() / scale:.2e}")
+
+# *** speed (printed) ***
+n = 4096
+a = Tensor.rand(n, n, device="CUDA").cast(dtypes.half).realize()
+b = Tensor.rand(n, n, device="CUDA").cast(dtypes.half).realize()
+ast = [si.ast for si in (a @ b).schedule() if si.ast.op is Ops.SINK][-1]
+class WithoutTensorCores(CUDARenderer):
+    tensor_cores: list = []   # (the heuristic's choice where there are none)
+
+bufs = [Buffer("CUDA", n * n, dtypes.half).ensure_allocated() for _ in range(3)]
+for label, ren in (("with tensor cores", cuda.renderer), ("without", WithoutTensorCores(cuda.arch))):
+    prog = get_program(ast, ren)
+    assert any(o.op is OptOps.TC for o in prog.applied_opts) == (label == "with tensor cores"), prog.applied_opts
+    r = CompiledRunner(prog)
+    r(bufs, {}, wait=True)
+    times = [r(bufs, {}, wait=True) or 0.0 for _ in range(5)]
+    print(f"{label}: {min(times) * 1e3:.2f} ms, {2 * n ** 3 / min(times) / 1e12:.1f} TFLOP/s ({prog.name})")
+print("check_tensor_cores:", "FAILED" if failed else "passed")
+sys.exit(1 if failed else 0)
