@@ -117,6 +117,26 @@ def test_padded_matmul(tc_python):
                                                    local_dims=tuple(p.local_dims))
     _close(np.frombuffer(bufs[0], np.float32).reshape(24, 8), a @ b, 1e-6)
 
+def test_tc_pads_what_the_tile_does_not_divide(tc_python):
+    """TC with tc_opt 2 pads M 60 -> 64, N 30 -> 32 and K 40 -> 48 (the padded K contributes zeros); the heuristic
+    doesn't (K's padding would waste more than an eighth), BEAM may."""
+    a, ta = _data((60, 40), dtypes.float16, 16)
+    b, tb = _data((40, 30), dtypes.float16, 17)
+    out = ta.cast(dtypes.float32) @ tb.cast(dtypes.float32)
+    ast = [si.ast for si in out.schedule() if si.ast.op is Ops.SINK][-1]
+    assert not _wmmas(get_program(ast, tc_python))
+    k = Kernel(ast, tc_python)
+    assert Opt(OptOps.TC, 0, (-1, 2, 1)) in candidate_actions(k)
+    k.apply_opt(Opt(OptOps.TC, 0, (-1, 2, 1)))
+    assert k.useful == pytest.approx(60 * 30 * 40 / (64 * 32 * 48))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    from fusegrad.runtime.ops_python import PythonProgram
+    bufs = [memoryview(bytearray(60 * 30 * 4)), memoryview(bytearray(ta.numpy().tobytes())),
+            memoryview(bytearray(tb.numpy().tobytes()))]
+    PythonProgram(p.function_name, p.src.encode())(*bufs, global_dims=tuple(p.global_dims),
+                                                   local_dims=tuple(p.local_dims))
+    _close(np.frombuffer(bufs[0], np.float32).reshape(60, 30), a @ b, 1e-6)
+
 def test_warps_of_a_group_and_unrolled_k(tc_python):
     """Opts after TC: 2 warps per group along N (LOCAL), 2 tiles per warp along M (UPCAST), K unrolled by 2: each
     warp's WMMAs use its own lanes."""
@@ -157,6 +177,7 @@ def test_tc_is_refused_where_it_does_not_apply():
     assert not CUDARenderer("sm_75").tensor_cores and not PythonRenderer(gpu=True).tensor_cores
     k = Kernel(ast, CUDARenderer())
     for bad in (Opt(OptOps.TC, 0, 1), Opt(OptOps.TC, 0, (-1, 0)), Opt(OptOps.TC, 0, (-1, 0, 2)),
+                Opt(OptOps.TC, 0, (-1, 3, 1)),
                 Opt(OptOps.TC, 0, (5, 0, 1)), Opt(OptOps.TC, 9, (-1, 0, 1)), Opt(OptOps.UPCAST, 0, (2,))):
         with pytest.raises(KernelOptError): k.apply_opt(bad)
     k.apply_opt(Opt(OptOps.UPCAST, 0, 2))

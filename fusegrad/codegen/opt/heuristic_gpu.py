@@ -6,7 +6,7 @@ cores fits is laid out for it instead (TC), with a few of its tiles per warp and
 from __future__ import annotations
 import math
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.codegen.opt.tc import tc_loops
+from fusegrad.codegen.opt.tc import tc_candidates, tc_loops
 from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import UOp
@@ -47,10 +47,14 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
 
 def _tensor_cores(k: Kernel) -> bool:
     """TC where one of the renderer's tensor cores fits the kernel's sum (its M, N and K loops multiples of the
-    instruction's tile), then TC_TILES tiles per warp (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops
-    divide, and the K loop unrolled by 2. Whether it applied."""
-    if not getattr(k.renderer, "tensor_cores", None) or not k.reduceops: return False
-    if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))): return False
+    instruction's tile, or padded to them where that wastes at most an eighth of each), then TC_TILES tiles per warp
+    (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by 2. Whether it
+    applied."""
+    if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
+    if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
+        ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
+        if not ways or not all(pads_cheaply(range_size(r), d) for r, d in zip(ways[0][1:], ways[0][0].dims)) or \
+                not _try_opt(k, Opt(OptOps.TC, 0, (-1, 2, 1))): return False
     for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
                          (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, 2)):
         r = tc_loops(k)[which]

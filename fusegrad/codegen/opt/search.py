@@ -79,7 +79,11 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
     nout, acts = k.first_reduce, []
     if k.gpu and k.tc is None and getattr(ren, "tensor_cores", None) and \
             all(o.op is OptOps.PADTO for o in k.applied_opts):
-        acts += [Opt(OptOps.TC, i, (-1, 0, 1)) for i in range(len(tc_fits(tc_candidates(k, ren.tensor_cores))))]
+        cands = tc_candidates(k, ren.tensor_cores)
+        acts += [Opt(OptOps.TC, i, (-1, 0, 1)) for i in range(len(tc_fits(cands)))]
+        # (and padded to the tile where it doesn't divide a loop: tc_opt 2 numbers every way with fixed sizes)
+        ways = [c for c in cands if all(isinstance(range_size(r), int) for r in c[1:])]
+        acts += [Opt(OptOps.TC, i, (-1, 2, 1)) for i, c in enumerate(ways) if c not in tc_fits([c])]
     for ax, r in enumerate(k.loops):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2: continue

@@ -100,12 +100,15 @@ def tc_fits(cands: list[tuple[TensorCore, UOp, UOp, UOp]]) -> list[tuple[TensorC
 def apply_tc(k: Kernel, axis: int, arg) -> None:
     """The TC opt on kernel `k` (see the module docstring): `arg` is (tc_select, tc_opt, use_tc) as tinygrad's:
     tc_select -1 for the first of the renderer's tensor cores that fits, else an index into them; `axis` picks among
-    the ways the kernel can use it (`tc_candidates`, innermost loops first); tc_opt 0 (loops the instruction's tile
-    doesn't divide are refused: PADTO them first); use_tc 1 (the WMMA instruction)."""
+    the ways the kernel can use it (`tc_candidates`, innermost loops first); tc_opt 0 or 1: among those whose loops
+    the instruction's tile divides (others are refused: PADTO them first), 2: among all, the loops the tile doesn't
+    divide padded to it (PADTO: padded rows and columns read nothing, a padded K contributes zeros); use_tc 1 (the
+    WMMA instruction)."""
     if not (isinstance(arg, tuple) and len(arg) == 3 and all(isinstance(x, int) for x in arg)):
         raise KernelOptError(f"TC takes (tc_select, tc_opt, use_tc), got {arg!r}")
     tc_select, tc_opt, use_tc = arg
-    if use_tc != 1 or tc_opt != 0: raise KernelOptError(f"TC supports tc_opt 0 and use_tc 1, got {arg!r}")
+    if use_tc != 1 or tc_opt not in (0, 1, 2):
+        raise KernelOptError(f"TC supports tc_opt 0 to 2 and use_tc 1, got {arg!r}")
     if not k.gpu: raise KernelOptError("TC needs a GPU-style renderer")
     if k.tc is not None or any(o.op is not OptOps.PADTO for o in k.applied_opts):
         raise KernelOptError("TC comes first (after PADTO only)")
@@ -114,12 +117,19 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
         if not 0 <= tc_select < len(tcs): raise KernelOptError(f"no tensor core {tc_select} of {len(tcs)}")
         tcs = [tcs[tc_select]]
     cands = tc_candidates(k, tcs)
-    if not (fits := tc_fits(cands)):
+    ways = tc_fits(cands) if tc_opt < 2 else [c for c in cands if all(isinstance(range_size(r), int) for r in c[1:])]
+    if not ways:
         why = "no matmul-shaped reduction of its dtypes" if not cands else f"sizes (M, N, K) " \
             f"{[tuple(range_size(r) for r in c[1:]) for c in cands]} aren't multiples of the tile {cands[0][0].dims}"
         raise KernelOptError(f"TC: {why}")
-    if not 0 <= axis < len(fits): raise KernelOptError(f"TC axis {axis}: {len(fits)} ways to use a tensor core")
-    tc, rm, rn, rk = fits[axis]
+    if not 0 <= axis < len(ways): raise KernelOptError(f"TC axis {axis}: {len(ways)} ways to use a tensor core")
+    tc, rm, rn, rk = ways[axis]
+    if tc_opt >= 2:
+        ids = [r.arg[0] for r in (rm, rn, rk)]
+        for r, d in zip((rm, rn, rk), tc.dims):
+            if range_size(r) % d: k._padto(k.loops.index(next(x for x in k.loops if x.arg[0] == r.arg[0])), d)
+        by_id = {r.arg[0]: r for r in k.loops}
+        rm, rn, rk = (by_id[i] for i in ids)
     red, st = next(u for u in k.ast.toposort() if u.op is Ops.REDUCE), k.ast.src[0]
     trips = 1
     for r in red.src[1:]:
