@@ -40,7 +40,8 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      with ALLOW_TF32) on the renderer's tensor cores (`Renderer.tensor_cores`): its M, N and K loops
                      split into the instruction's tile, the tile's rows and columns spread over the lanes of a warp (a
                      "local" range, launch dimension 0) and the elements of their fragments, the sum a WMMA per tile
-                     (see tc.py). First of the opts (after PADTO only); `axis` picks one of the ways to use it.
+                     (see tc.py). First of the opts (after PADTO only); `axis` picks one of the ways to use it;
+                     tc_opt 2 pads the loops the tile doesn't divide; use_tc is 1.
                      After it: LOCAL, UPCAST and PADTO of output loops, UNROLL of reduce loops, SWAP.
   (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
