@@ -256,8 +256,8 @@ class TinyJit(Generic[R]):
         self._replays = 0
         self._state_ids: set[int] = set()
         self._external: list[tuple[Buffer, Any]] = []
-        # per fresh output buffer: the BUFFER node and Buffer the last replay returned (see _replay)
-        self._last_outputs: dict[int, tuple[UOp, Buffer]] = {}
+        # per fresh output buffer: the BUFFER node, Buffer and its allocator that the last replay returned (_replay)
+        self._last_outputs: dict[int, tuple[UOp, Buffer, Any]] = {}
         self._same: tuple[list[weakref.ref], list[weakref.ref]] | None = None
 
     @property
@@ -398,16 +398,16 @@ class TinyJit(Generic[R]):
         new_nodes: dict[int, UOp] = {}
         last = self._last_outputs
         for bid, b in self._fresh.items():
-            node, nb = last.get(bid, (None, None))
+            node, nb, allocator = last.get(bid, (None, None, None))
             # the last replay's output, if nothing holds it any more (the caller dropped the tensor and every graph
             # reading it: the node is referenced by the entry here, `node` and getrefcount's argument, the Buffer by
             # those and buffer_map), is this one's: no new node, Buffer or allocation. A host view of its memory (a
             # NumPy array without a copy) keeps it too
             if node is None or getrefcount(node) > 3 or getrefcount(nb) > 4 or \
-                    not nb.allocator._reusable(nb._buf):  # type: ignore[union-attr]
+                    not allocator._reusable(nb._buf):  # type: ignore[union-attr]
                 node = new_buffer(self._fresh_devices[bid], b.size, b.dtype)
                 nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype).ensure_allocated()
-                last[bid] = (node, nb)
+                last[bid] = (node, nb, nb.allocator)
             subst[bid], new_nodes[bid] = nb, node  # type: ignore[assignment]
         # the Variables' values are checked against every kernel's buffers before any kernel runs
         _realize.check_bounds(self._bounded, var_vals, subst)

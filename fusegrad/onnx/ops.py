@@ -762,10 +762,11 @@ def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
         v %= x.shape[a]
         return x.shrink(tuple((v, v + 1) if d == a else None for d in range(x.ndim))).reshape(
             x.shape[:a] + x.shape[a + 1:])
-    # indexing by a tensor is ONNX's Gather (the result x.shape[:a] + idx.shape + x.shape[a+1:]), and it builds the
-    # selection at the result's shape, which the code generator turns into one indexed load per element (a one-hot
-    # mask of (indices, positions) made here would be a kernel of its own, and a sum over every position)
-    return x[(slice(None),) * a + (_norm_index(idx, x.shape[a]).cast(dtypes.int32),)]
+    # indexing by a tensor is ONNX's Gather (the result x.shape[:a] + idx.shape + x.shape[a+1:], negative indices
+    # counting from the end), and it builds the selection at the result's shape, which the code generator turns into
+    # one indexed load per element (a one-hot mask of (indices, positions) made here would be a kernel of its own, and
+    # a sum over every position; so would indices normalized here)
+    return x[(slice(None),) * a + (idx,)]
 
 
 @op("GatherElements")
