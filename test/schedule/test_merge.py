@@ -1,5 +1,7 @@
-"""Kernels with several outputs: an elementwise kernel read element for element by another is folded into it (the
-optimizer updates), and the merges that would reorder reads and writes are refused. Values against numpy and torch."""
+"""Kernels with several outputs: a kernel read by another at loops they share is folded into it, element for element
+(the optimizer updates) or across a reduction (a row's statistic stored once per row beside the row), and the merges
+that would reorder reads and writes, or compute a value once per iteration of a loop, are refused. Values against
+numpy and torch."""
 import numpy as np
 import torch
 from fusegrad import Tensor, nn
@@ -86,3 +88,78 @@ def test_merged_kernels_keep_their_changing_constants_apart():
         Tensor.realize(z, y)
         np.testing.assert_allclose(y.numpy(), X * np.float32(c1), rtol=1e-6)
         np.testing.assert_allclose(z.numpy(), X * np.float32(c1) + np.float32(c2), rtol=1e-6)
+
+# *** across a reduction: a value stored at fewer loops than the kernel runs ***
+
+def _loops_of_stores(sched) -> list[list[int]]:
+    """For each compiled kernel, the number of loops each store's index depends on."""
+    from fusegrad.uop.ops import Ops
+    return [[len({r for r in st.src[0].src[1].toposort() if r.op is Ops.RANGE}) for st in si.ast.src]
+            for si in sched if si.ast.op is Ops.SINK]
+
+def test_row_statistic_stored_beside_the_row_and_read_at_fewer_loops():
+    # m is read row by row by y and at its own loop by z: y's kernel computes it once per row and stores it there,
+    # and z (fewer loops than y's kernel) is computed in that kernel too, once per row
+    A = rng.standard_normal((16, 64)).astype(np.float32)
+    x = Tensor(A)
+    m = x.mean(1)
+    y = x - m.reshape(16, 1)
+    z = m * 3 + 1
+    sched = Tensor.schedule(y, z, m)
+    assert [sorted(k) for k in _loops_of_stores(sched)] == [[1, 1, 2]]
+    run_schedule(sched)
+    np.testing.assert_allclose(m.numpy(), A.mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y.numpy(), A - A.mean(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(z.numpy(), A.mean(1) * 3 + 1, rtol=1e-5, atol=1e-6)
+
+def test_running_statistic_updated_in_the_kernel_of_the_statistic():
+    # the running mean's update reads the mean at its one loop: it runs in the loops of the kernel that computes the
+    # mean for y, once per row, and reads its buffer's old value before it stores the new one
+    A = rng.standard_normal((16, 64)).astype(np.float32)
+    x = Tensor(A)
+    m = x.mean(1)
+    y = x - m.reshape(16, 1)
+    R = rng.standard_normal(16).astype(np.float32)
+    running = Tensor(R).contiguous().realize()
+    running.assign(running * 0.9 + m * 0.1)
+    sched = Tensor.schedule(y, running)
+    assert [sorted(k) for k in _loops_of_stores(sched)] == [[1, 1, 2]]
+    run_schedule(sched)
+    np.testing.assert_allclose(running.numpy(), R * 0.9 + A.mean(1) * 0.1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y.numpy(), A - A.mean(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+def test_statistic_along_a_middle_axis_reorders_its_readers_loops():
+    # a channel's mean, read by every element of (N, C, H, W): the elementwise reader runs its channel loop outermost
+    # so the mean is computed once per channel
+    X = rng.standard_normal((4, 6, 5, 7)).astype(np.float32)
+    x = Tensor(X)
+    mean = x.mean((0, 2, 3))
+    y = x - mean.reshape(1, 6, 1, 1)
+    sched = Tensor.schedule(y, mean)
+    assert _loops_of_stores(sched) == [[4, 1]]
+    run_schedule(sched)
+    np.testing.assert_allclose(mean.numpy(), X.mean((0, 2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y.numpy(), X - X.mean((0, 2, 3), keepdims=True), rtol=1e-5, atol=1e-5)
+
+def test_no_merge_into_a_reduction_loop():
+    # each stage is read inside the next one's reduction loop: computed there, it would run once per iteration
+    A = rng.standard_normal((32, 32)).astype(np.float32)
+    a = Tensor(A)
+    s1 = (a + 1).sum(0)
+    s2 = (a * s1).sum(1)
+    sched = Tensor.schedule(s2, s1)
+    assert len(sched) == 2 and _loops_of_stores(sched)[-1] == [1]
+    run_schedule(sched)
+    np.testing.assert_allclose(s2.numpy(), (A * (A + 1).sum(0)).sum(1), rtol=1e-4)
+
+def test_a_long_contraction_keeps_its_kernel():
+    # a matmul of 512 products per output stays alone (the optimizer tiles it); a short one takes its reader along
+    for k, kernels in ((512, [1, 1]), (64, [2])):
+        A, B = rng.standard_normal((32, k)).astype(np.float32), rng.standard_normal((k, 16)).astype(np.float32)
+        h = Tensor(A) @ Tensor(B)
+        r = h.relu() * 2
+        sched = Tensor.schedule(r, h)
+        assert _stores(sched) == kernels, k
+        run_schedule(sched)
+        np.testing.assert_allclose(h.numpy(), A @ B, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(r.numpy(), np.maximum(A @ B, 0) * 2, rtol=1e-4, atol=1e-4)
