@@ -135,7 +135,7 @@ def test_multi_head_attention(layout):
 
 
 @pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed", "rotary_prompt",
-                                  "rotary_interleaved_decode", "smooth_softmax", "head_sink"])
+                                  "rotary_interleaved_decode", "smooth_softmax", "head_sink", "ragged_decode"])
 def test_group_query_attention(case):
     # 4 query heads share 2 key/value heads; a prompt of 4 positions, or one new position after 5 cached ones
     # (onnxruntime's rotary kernel wants a head size that is a multiple of 16)
@@ -144,6 +144,7 @@ def test_group_query_attention(case):
     feed = {"q": _f(b, s, heads * hs), "k": _f(b, s, kv_heads * hs), "v": _f(b, s, kv_heads * hs)}
     if past: feed |= {"pk": _f(b, kv_heads, past, hs), "pv": _f(b, kv_heads, past, hs)}
     feed |= {"seqlens_k": np.full(b, past + s - 1, np.int32), "total": np.array(past + s, np.int32)}
+    if case == "ragged_decode": feed["seqlens_k"][1] = 3  # the second batch's cache holds 3 positions of the 5
     ins = ["q", "k", "v", "pk" if past else "", "pv" if past else "", "seqlens_k", "total"]
     if case == "packed":
         feed["q"] = np.concatenate([feed.pop("q"), feed.pop("k"), feed.pop("v")], -1)
