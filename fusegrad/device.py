@@ -189,40 +189,45 @@ class Buffer:
     @property
     def nbytes(self) -> int: return self.size * self.dtype.itemsize
     @property
-    def allocator(self) -> Allocator: return Device[self.device].allocator
+    def allocator(self) -> Allocator:
+        # (a device object lives as long as the process: its allocator is looked up once per device name)
+        if (a := _allocators.get(self.device)) is None: a = _allocators[self.device] = Device[self.device].allocator
+        return a
 
-    def is_allocated(self) -> bool: return hasattr(self, "_buf")
-    def ensure_allocated(self) -> Buffer: return self if hasattr(self, "_buf") else self.allocate()
+    def is_allocated(self) -> bool: return "_buf" in self.__dict__
+    def ensure_allocated(self) -> Buffer: return self if "_buf" in self.__dict__ else self.allocate()
 
     def allocate(self, opaque: Any = None) -> Buffer:
         """Get memory now: `opaque` (an existing allocation) if given, else from the device (or from the base)."""
-        if self.is_allocated(): raise RuntimeError(f"{self!r} is already allocated")
+        if "_buf" in self.__dict__: raise RuntimeError(f"{self!r} is already allocated")
+        nbytes = self.size * self.dtype.itemsize
         if self._base is not None:
             self._base.ensure_allocated()
-            self._buf = self.allocator._offset(self._base._buf, self.nbytes, self.offset)
+            self._buf = self.allocator._offset(self._base._buf, nbytes, self.offset)
         elif opaque is not None:
             self._buf, self._owned = opaque, False  # memory we didn't allocate isn't ours to free or count
         else:
-            if self.nbytes > 1 << 30 and self.nbytes > (mem := Device[self.device].memory_size):
-                raise MemoryError(f"{self!r} needs {self.nbytes} bytes, more than the {mem} bytes of memory of device "
+            if nbytes > 1 << 30 and nbytes > (mem := Device[self.device].memory_size):
+                raise MemoryError(f"{self!r} needs {nbytes} bytes, more than the {mem} bytes of memory of device "
                                   f"{self.device}")
-            self._buf, self._owned = self.allocator.alloc(self.nbytes), True
-            GlobalCounters.mem_used += self.nbytes
+            self._buf, self._owned = self.allocator.alloc(nbytes), True
+            GlobalCounters.mem_used += nbytes
         return self
 
     def deallocate(self) -> None:
         """Give the memory back (to the allocator's cache). Views just drop their handle."""
-        if not self.is_allocated(): raise RuntimeError(f"{self!r} is not allocated")
+        if "_buf" not in self.__dict__: raise RuntimeError(f"{self!r} is not allocated")
         opaque = self._buf
         del self._buf
         if self._base is None and self._owned:
-            GlobalCounters.mem_used -= self.nbytes
-            self.allocator.free(opaque, self.nbytes)
+            nbytes = self.size * self.dtype.itemsize
+            GlobalCounters.mem_used -= nbytes
+            self.allocator.free(opaque, nbytes)
 
     def __del__(self) -> None:
         # interpreter shutdown may have torn down what deallocate needs; the OS reclaims the memory anyway
         try:
-            if self.is_allocated() and self._base is None: self.deallocate()
+            if "_buf" in self.__dict__ and self._base is None: self.deallocate()
         except Exception: pass
 
     def view(self, size: int, dtype: DType, offset: int) -> Buffer:
@@ -264,6 +269,9 @@ class Buffer:
         extra = f" view of offset {self.offset}" if self._base is not None else ""
         alloc = "" if self.is_allocated() else " (unallocated)"
         return f"<Buffer {self.device} size={self.size} dtype={self.dtype}{extra}{alloc}>"
+
+# device name -> its allocator (Buffer.allocator)
+_allocators: dict[str, Allocator] = {}
 
 def _flat_bytes(mv: Any) -> memoryview:
     mv = mv if isinstance(mv, memoryview) else memoryview(mv)

@@ -19,7 +19,8 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _min
 from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
-           "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing"]
+           "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing",
+           "replay_runners", "run_replayed"]
 
 # a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us, so
 # below these bounds one thread finishes first (DESIGN.md, "Measurements")
@@ -601,6 +602,44 @@ def exec_items(schedule: list[ScheduleItem], plan: ReplayPlan | None = None) -> 
             state = prepared[i] = (made[0], made[1], vals)
         ei.launch = (state[0], state[1])
     return items
+
+def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any]] | None:
+    """What run_replayed needs to launch a replay of `plan` straight from it under the current knobs: the kernels'
+    runners and their prepared launches (kept in the plan as exec_items keeps them). None unless an earlier replay
+    lowered the kernels under these knobs (exec_items) and none of them needs its memory checked against Variable
+    values."""
+    knobs = codegen_knob_values()
+    launch = knobs + launch_knob_values()
+    if (ready := plan.direct.get(launch)) is None:
+        if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
+        ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)))
+    return ready
+
+def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any]], topo: list[UOp],
+                 bufs: list[list[Buffer]], do_update_stats: bool = True) -> None:
+    """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `ready` from
+    replay_runners, `topo` the toposort of the graph, `bufs` each kernel's Buffers. A kernel goes through its
+    prepared launch (made again when its parameters' values change, as exec_items does) or, where it has none, is
+    called as ExecItem.run calls it. (Not while DEBUG, VIZ or PROFILE watch each kernel.)"""
+    runners, prepared = ready
+    for i, (ast, _, params) in enumerate(plan.kernels):
+        prg, kbufs, state = runners[i], bufs[i], prepared[i]
+        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else {}
+        if state is not False:
+            # (by value and type, as exec_items compares them)
+            vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
+            if state is None or state[2] != vals:
+                made = ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).prepared(tuple(range(len(kbufs))))
+                state = prepared[i] = False if made is None else (made[0], made[1], vals)
+        if state is False:
+            ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).run(None, do_update_stats=do_update_stats)
+            continue
+        state[0](*[kbufs[j].ensure_allocated()._buf for j in state[1]])
+        if do_update_stats:
+            ops, mem = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
+            GlobalCounters.global_ops += ops
+            GlobalCounters.global_mem += mem
+            GlobalCounters.kernel_count += 1
 
 def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
     """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values

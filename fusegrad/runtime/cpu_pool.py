@@ -137,10 +137,13 @@ class CPool:
         self._run_many(count, fns, args, offsets, sizes)
 
     def _queued(self, count: int, held: Any) -> None:
+        # (what _release does, under the same lock: this runs for every kernel queued)
+        self._seen = finished = self._finished.value
         with self._lock:
             if count > self.submitted: self.submitted = count
-            self._held.append((count, held))
-        self._release()
+            q = self._held
+            q.append((count, held))
+            while q and q[0][0] <= finished: q.popleft()
 
     def run(self, entry: int, args: Any, size: int, chunks: int) -> None:
         """entry(args, lo, hi) over [0, size) in `chunks` chunks, returning once it has run (the caller helps)."""

@@ -119,6 +119,8 @@ def _note_chunks(program: CPUProgram, pool: Any, chunks: Any, size: int, st: flo
              (chunks[3 * i + 2] + off) * 1e-9) for i in range(n)]
     _viz.note_chunks(program, st, et, rows)
 
+_addressof = ctypes.addressof
+
 class PreparedLaunch:
     """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of
     the buffers at `varying` queues the call. Consecutive ones run in one pool call through LaunchGraph."""
@@ -139,10 +141,11 @@ class PreparedLaunch:
     def __call__(self, *allocations: Any) -> None:
         if allocations:
             # (an array of its own per call: a queued job reads its arguments only when it runs)
-            now = self.addresses.copy()
-            for i, a in zip(self.varying, allocations): now[i] = ctypes.addressof(a)
-            args: Any = self.array_type(*now)
-            stamped = self.roots + [allocation_root(a) for a in allocations]
+            args: Any = self.array_type.from_buffer_copy(self.fixed)
+            stamped = self.roots.copy()
+            for i, a in zip(self.varying, allocations):
+                args[i] = _addressof(a)
+                stamped.append(getattr(a, "_root", a))   # (allocation_root)
         else: args, stamped = self.fixed, self.roots
         pool = self.pool
         count = pool.submit(self.program._entry, args, self.global_size, self.threads, self.workers,
@@ -150,7 +153,8 @@ class PreparedLaunch:
         exported = False
         for root in stamped:
             root._fg_job = count
-            if has_host_view(root): exported = True
+            # (has_host_view, asked only of an allocation that ever had a host view)
+            if root.__dict__.get("_exports") and has_host_view(root): exported = True
         if exported: pool.wait(count)
 
 # a graph of at most this much work in all (ops, bytes moved: about 0.1 ms on one core) runs on the calling thread,

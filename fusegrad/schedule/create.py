@@ -4,12 +4,14 @@ re-point them at their nodes' replacements and which buffers they hold (see Live
 from __future__ import annotations
 from collections.abc import Container
 from typing import Protocol
-from fusegrad.schedule.kernelize import kernelize_map_cached, schedule_cache, schedule_cache_lookup, \
-    schedule_cache_stats
+from fusegrad.device import Buffer
+from fusegrad.schedule.kernelize import CacheLookup, cached_entry, kernelize_map_cached, schedule_cache, \
+    schedule_cache_lookup, schedule_cache_stats
 from fusegrad.schedule.linear import ScheduleItem, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import ReplayPlan, record_replay
+from fusegrad.uop.graph import StructureWalk
 from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer, is_realized
 from fusegrad.viz import record as _viz
 
@@ -22,13 +24,30 @@ class LiveGraphs(Protocol):
     def held_buffers(self, among: Container[UOp]) -> set[UOp]:
         """The BUFFER nodes `among` these that live tensors hold (so they keep their own memory)."""
 
-def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraphs) \
+def replay_plan(walk: StructureWalk) -> ReplayPlan | None:
+    """The replay plan of the structure of the graph `walk` went through (a graph without bound Variables), when the
+    schedule cache has one for it and its constants' values."""
+    entry = cached_entry(walk.key(), walk.consts)
+    return entry.replay if entry is not None else None
+
+def replay_buffers(plan: ReplayPlan, topo: list[UOp], live: LiveGraphs) -> list[list[Buffer]]:
+    """Each kernel's Buffers for a graph of `plan`'s structure (`topo`: its toposort) made from the plan, the live
+    tensors re-pointed at what their nodes became: a replayed schedule without ScheduleItems (the engine runs the
+    plan's kernels on these, engine/realize.py run_replayed)."""
+    schedule_cache_stats["hits"] += 1
+    outs, results = plan.instantiate(topo)
+    live.apply(results)
+    index = {o: i for i, o in enumerate(outs)}
+    return plan.kernel_buffers(topo, plan.storage(outs, frozenset([index[b] for b in live.held_buffers(index)])))
+
+def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraphs, lookup: CacheLookup | None = None) \
         -> tuple[list[ScheduleItem], dict[str, int], ReplayPlan | None]:
     """The items that compute `graph` (a SINK of the tensors to compute; `topo`: its toposort), the values of the bound
     Variables they use (by name), and the replay plan the items were instantiated from (None for a schedule made
-    afresh). Afterwards every live tensor points at what its node became: a buffer for each node computed."""
+    afresh). Afterwards every live tensor points at what its node became: a buffer for each node computed.
+    (`lookup`: schedule_cache_lookup(graph, topo), if the caller made it.)"""
     var_vals: dict[str, int] = {}
-    lookup = schedule_cache_lookup(graph, topo)
+    if lookup is None: lookup = schedule_cache_lookup(graph, topo)
     if lookup.entry is not None and (plan := lookup.entry.replay) is not None:
         # this structure was scheduled before: its kernels, the realized nodes' buffers and the memory plan come
         # from the plan

@@ -12,8 +12,8 @@ from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index
 from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, LONG_CONTRACTION, merge_kernels, op_weight
 from fusegrad.schedule.simplify import sym_tensor
-from fusegrad.uop.graph import bound_variables, buffer_stand_in, is_liftable, new_buffer, structure_key, \
-    substitute_map, var_values
+from fusegrad.uop.graph import StructureWalk, bound_variables, buffer_stand_in, is_liftable, new_buffer, \
+    structure_key, substitute_map, var_values
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, arg_uops, buffer_node, is_realized
 from fusegrad.uop.pattern import graph_rewrite_map
 from fusegrad.uop.symbolic import simplify_indexing
@@ -451,9 +451,23 @@ def schedule_cache_lookup(sink: UOp, topo: Iterable[UOp] | None = None) -> Cache
     binds = bound_variables(topo)
     if binds: return CacheLookup(topo, binds)
     skey, sconsts = structure_key(topo)
+    return CacheLookup(topo, binds, skey, cached_entry(skey, sconsts))
+
+def cached_entry(skey: tuple, consts: list[UOp]) -> _CacheEntry | None:
+    """The schedule cache's entry for the structure key `skey` (see structure_key) when it accepts the values of the
+    graph's liftable constants `consts`, else None."""
     entry = schedule_cache.get(skey)
-    return CacheLookup(topo, binds, skey, entry if entry is not None and
-                       entry.accepts(tuple(_arg_key(c.arg) for c in sconsts)) else None)
+    if entry is None or (consts and not entry.accepts(tuple([_arg_key(c.arg) for c in consts]))): return None
+    return entry
+
+def walked_lookup(walk: StructureWalk, sink: UOp) -> CacheLookup:
+    """schedule_cache_lookup for the graph `walk` went through (`sink`: the SINK of its roots), from the walk's
+    toposort and structure key."""
+    topo = walk.topo(sink)
+    binds = bound_variables(topo)
+    if binds: return CacheLookup(topo, binds)
+    skey = walk.key()
+    return CacheLookup(topo, binds, skey, cached_entry(skey, walk.consts))
 
 def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None,
                          lookup: CacheLookup | None = None) -> dict[UOp, UOp]:

@@ -32,6 +32,9 @@ class ReplayPlan:
     # buffers are passed per step, so no memory is held here), with the parameter values it was made for; False for
     # a kernel that has none. Per values of the code and thread knobs.
     launches: dict[tuple, list[Any]] = field(default_factory=dict, compare=False)
+    # per values of the code and launch knobs: the runners and prepared launches when the engine can launch a replay
+    # straight from the plan (engine/realize.py replay_runners)
+    direct: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False)
 
     def instantiate(self, topo: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
@@ -42,9 +45,9 @@ class ReplayPlan:
                    for pos, ref, shape in self.results}
         return outs, results
 
-    def items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[ScheduleItem]:
-        """The kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a tensor holds from now
-        on) get their own Buffers; the others share storage where their lifetimes allow."""
+    def storage(self, outs: list[UOp], kept: frozenset[int]) -> list[Buffer]:
+        """The Buffers of the fresh buffers `outs`: those in `kept` (indices: the ones a tensor holds from now on) get
+        their own, the others share storage where their lifetimes allow."""
         if (shares := self.shares.get(kept)) is None:
             uses = [[~r for r in refs if r < 0 and ~r not in kept] for _, refs, _ in self.kernels]
             temps = {i for step in uses for i in step}
@@ -55,9 +58,18 @@ class ReplayPlan:
             # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
             if i not in shares: storage[i] = device_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
         for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
-        return [ScheduleItem(ast, [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs],
-                             {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
-                for ast, refs, params in self.kernels]
+        return storage
+
+    def kernel_buffers(self, topo: list[UOp], storage: list[Buffer]) -> list[list[Buffer]]:
+        """Each kernel's Buffers, for a graph of the recorded structure (`topo`) and its fresh buffers' `storage`."""
+        return [[device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs] for _, refs, _ in self.kernels]
+
+    def items(self, topo: list[UOp], outs: list[UOp], kept: frozenset[int]) -> list[ScheduleItem]:
+        """The kernels over this graph's buffers and `outs`. Outputs in `kept` (indices: those a tensor holds from now
+        on) get their own Buffers; the others share storage where their lifetimes allow."""
+        bufs = self.kernel_buffers(topo, self.storage(outs, kept))
+        return [ScheduleItem(ast, b, {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
+                for (ast, _, params), b in zip(self.kernels, bufs)]
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
                   replaced: dict[UOp, UOp]) -> ReplayPlan | None:

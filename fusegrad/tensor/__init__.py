@@ -14,8 +14,8 @@ from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
 from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
-from fusegrad.schedule.create import create_schedule_with_vars
-from fusegrad.schedule.kernelize import kernelize_map_cached
+from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan
+from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin, check_size
@@ -25,10 +25,11 @@ from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
 from fusegrad.engine.explain import DEBUG_NANS, NanWatch
+from fusegrad.engine.realize import capturing, exec_items, replay_runners, run_replayed, run_schedule
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
-from fusegrad.uop.graph import new_buffer, substitute_map
-from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, is_realized, is_symbolic, sint, ssimplify, \
-    sym_eq, sym_le, sym_value
+from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
+from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, buffer_node, device_buffer, is_realized, is_symbolic, \
+    sint, ssimplify, sym_eq, sym_le, sym_value
 from fusegrad.viz import record as _viz
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
@@ -139,6 +140,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def _set_uop(self, u: UOp) -> None:
         self._uop = u
         if not _is_plain_buffer(u): _lazy_refs[id(self)] = weakref.ref(self)
+
+    @staticmethod
+    def _of(u: UOp) -> Tensor:
+        """A new tensor of graph `u` (not a sharded one, not of dtype index): what Tensor(u) makes of a tensor
+        operation's result, without the constructor's checks (the op building paths know them to hold)."""
+        t = _new_tensor(Tensor)
+        t.requires_grad = t.grad = None
+        t._serial = next(_tensor_serials)
+        t._uop = u
+        # registered as lazy without a look (a superset is fine), as Tensor(u) does
+        ref = _all_refs[i := id(t)] = _lazy_refs[i] = weakref.ref(t)
+        if len(_all_refs) > _prune_above: _register(t, ref)
+        return t
     # (a C getter: Tensor.shape, dtype and device read it for every operation)
     uop = property(operator.attrgetter("_uop"), _set_uop,
                    doc="The node this tensor's value is: a buffer once realized, else the lazy graph computing it.")
@@ -147,7 +161,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                  requires_grad: bool | None = None):
         self.requires_grad, self.grad = requires_grad, None
         self._serial = next(_tensor_serials)  # creation order: a deterministic order for sets of tensors
-        if type(data) is UOp and dtype is None and not requires_grad and data.dtype != dtypes.index:
+        if type(data) is UOp and dtype is None and not requires_grad and \
+                ((dt := data.dtype) is _FLOAT32 or dt != dtypes.index):
             # the common case, every tensor operation's result: the node as is (what the branches below do for it),
             # registered as lazy without a look (a superset is fine)
             self._uop = _multi(data) if _sharding_used else data
@@ -274,13 +289,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     @staticmethod
     def _readers_of_overwritten(*tensors: Tensor, lazy: list[Tensor] | None = None,
-                                topo: dict[UOp, None] | None = None) -> tuple[Tensor, ...]:
+                                topo: dict[UOp, Any] | None = None, assigns: list[UOp] | None = None) \
+            -> tuple[Tensor, ...]:
         """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
         schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
         otherwise a loss computed before an optimizer step would be evaluated with the updated weights. (`topo`: the
-        toposort of these tensors' graph, if the caller made it.)"""
+        toposort of these tensors' graph, if the caller made it; `assigns`: its ASSIGN nodes, if the caller has
+        them.)"""
         if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
-        targets = {u.src[0].base for u in topo if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
+        targets = {u.src[0].base for u in (topo if assigns is None else assigns)
+                   if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
         if not targets: return ()
         ids = {id(t) for t in tensors}
         lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
@@ -301,27 +319,27 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def schedule_with_vars(self, *lst: Tensor) -> tuple[list, dict[str, int]]:
         """The ExecItems that compute these tensors and the values of the bound Variables they use (by name)."""
-        from fusegrad.engine.realize import exec_items
         if all(_is_plain_buffer(u) for u in _shards((self,) + lst)): return [], {}  # realized already: nothing to do
-        live = _LiveTensors((self,) + lst)  # (no tensor is made below: one snapshot of the lazy ones serves)
-        graph = UOp.sink_of(*_shards(live.tensors))
-        topo = graph.toposort()
-        if readers := Tensor._readers_of_overwritten(self, *lst, lazy=live.lazy, topo=topo):
-            # (the new graph's toposort starts as the old one's, without its sink: the walk continues from there)
-            live.tensors += readers
-            graph = UOp.sink_of(*_shards(live.tensors))
-            topo.popitem()
-            topo = graph.toposort(known=topo)
-        items, var_vals, plan = create_schedule_with_vars(graph, topo, live)
+        live, walk = _walked((self,) + lst)
+        graph = UOp.sink_of(*walk.roots)
+        lookup = walked_lookup(walk, graph)
+        items, var_vals, plan = create_schedule_with_vars(graph, walk.position, live, lookup)  # type: ignore[arg-type]
         return exec_items(items, plan), var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
         realized tensor) is computed already: it stays a view, and nothing runs for it (as in tinygrad)."""
         global _undo
-        from fusegrad.engine.realize import run_schedule
-        todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
-        if not todo: return self
+        if not lst and (u := self._uop).op is not Ops.MULTI:   # (the common case, one single-device tensor)
+            if u.base.op is Ops.BUFFER: return self
+            todo = [self]
+        else:
+            todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
+            if not todo: return self
+        # (a structure seen before runs from its replay plan, unless something watches each kernel or item)
+        if not (DEBUG.value or DEBUG_NANS.value or capturing or _viz.TIMED) and \
+                _realize_replayed(todo, do_update_stats):
+            return self
         t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
         if DEBUG_NANS: NanWatch.current = NanWatch(_shards(todo))  # (the graph and its inputs, before anything runs)
         _undo = undo = []
@@ -687,7 +705,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return Tensor(u.expand(shape) if u.shape != shape else u)
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-        return Tensor(UOp(op, dtype or self.dtype, (self.uop,) + tuple(s.uop for s in srcs)))
+        u = UOp(op, dtype or self._uop.dtype, (self._uop, *[s._uop for s in srcs]))
+        return Tensor(u) if _sharding_used else Tensor._of(u)
+
+    def _same_kind(self, x: Any) -> UOp | None:
+        """x's node when x is a tensor of this one's dtype (not bool) and shape on the same single device: an
+        elementwise op between them needs no broadcast or cast (the common case, made without _broadcasted)."""
+        if type(x) is not Tensor or (u := self._uop).dtype is not (v := x._uop).dtype or u.dtype is _BOOL or \
+                _sharding_used or u.shape != v.shape or type(d := u.device) is not str or d != v.device:
+            return None
+        return v
 
     def cast(self, dtype: DType | str) -> Tensor:
         dt = to_dtype(dtype)
@@ -705,15 +732,23 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
     def short(self) -> Tensor: return self.cast(dtypes.int16)
 
+    # (add, sub and mul between tensors of one kind make their node directly: the same node as the general path)
     def add(self, x: Any, reverse: bool = False) -> Tensor:
+        if (v := self._same_kind(x)) is not None:
+            return Tensor._of(UOp(_ADD, v.dtype, (v, self._uop) if reverse else (self._uop, v)))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.OR, b)
         return a._alu(Ops.ADD, b)
     def sub(self, x: Any, reverse: bool = False) -> Tensor:
+        if (v := self._same_kind(x)) is not None:
+            a, b = (v, self._uop) if reverse else (self._uop, v)
+            return Tensor._of(UOp(_ADD, v.dtype, (a, UOp(_NEG, v.dtype, (b,)))))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
         return a._alu(Ops.ADD, b._alu(Ops.NEG))
     def mul(self, x: Any, reverse: bool = False) -> Tensor:
+        if (v := self._same_kind(x)) is not None:
+            return Tensor._of(UOp(_MUL, v.dtype, (v, self._uop) if reverse else (self._uop, v)))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.AND, b)
         return a._alu(Ops.MUL, b)
@@ -1079,6 +1114,31 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
         if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
     return held
 
+def _walked(tensors: tuple[Tensor, ...]) -> tuple[_LiveTensors, StructureWalk]:
+    """The live tensors for a schedule of `tensors`, and the walk of its graph: these tensors' and the other lazy
+    tensors' that read a buffer they overwrite (_readers_of_overwritten), which are computed with them."""
+    live = _LiveTensors(tensors)  # (no tensor is made below: one snapshot of the lazy ones serves)
+    walk = StructureWalk().walk(live.roots())
+    if walk.assigns and (readers := Tensor._readers_of_overwritten(*tensors, lazy=live.lazy, topo=walk.position,
+                                                                   assigns=walk.assigns)):
+        # (the walk goes on from the graph walked: the toposort continues as toposort(known=...) would)
+        live.tensors += readers
+        walk.walk(_shards(readers))
+    return live, walk
+
+def _realize_replayed(todo: list[Tensor], do_update_stats: bool) -> bool:
+    """Realize `todo` straight from the replay plan the schedule cache holds for its graph's structure, the kernels
+    launched from the plan without ScheduleItems or ExecItems (a training loop's steps, an eager loop's ops); the same
+    buffers, tensors re-pointed and GlobalCounters as the general path. False, with nothing done, where there is no
+    plan ready for it (a structure seen for the first time or twice, bound Variables, a kernel whose memory
+    depends on Variables)."""
+    live, walk = _walked(tuple(todo))
+    if UOpMetaClass.binds_made and bound_variables(walk.position): return False
+    if (plan := replay_plan(walk)) is None or (runners := replay_runners(plan)) is None: return False
+    topo = list(walk.position)
+    run_replayed(plan, runners, topo, replay_buffers(plan, topo, live), do_update_stats)
+    return True
+
 class _LiveTensors:
     """The live tensors as scheduling sees them (schedule/create.py LiveGraphs): `tensors` those being scheduled,
     `lazy` a snapshot of the lazy ones."""
@@ -1094,9 +1154,16 @@ class _LiveTensors:
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
     schedule or simplify, and no Variables. (A training loop realizes its loss after the step has computed it.)"""
-    if u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER:
-        return u.arg != u.src[0].shape and all(type(s) is int for s in u.arg) and prod(u.arg) != 0
-    return u.op is Ops.BUFFER
+    if (op := u.op) is _BUFFER: return True
+    if op is not _RESHAPE or u.src[0].op is not _BUFFER: return False
+    # (memoized in the node: every realized tensor is asked when it is re-pointed and when its schedule ends)
+    if (plain := (d := u.__dict__).get("_plain")) is None:
+        plain = d["_plain"] = u.arg != u.src[0].shape and all(type(s) is int for s in u.arg) and prod(u.arg) != 0
+    return plain
+
+_BUFFER, _RESHAPE, _ADD, _MUL, _NEG = Ops.BUFFER, Ops.RESHAPE, Ops.ADD, Ops.MUL, Ops.NEG
+_FLOAT32, _BOOL = dtypes.float32, dtypes.bool
+_new_tensor = object.__new__
 
 def _shape_arg(shape: Any) -> tuple[sint, ...]:
     shp = (shape,) if isinstance(shape, (int, UOp)) else tuple(shape)

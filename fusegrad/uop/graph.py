@@ -82,3 +82,61 @@ def structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
         else: arg = u._ukey[3]  # the arg's _arg_key, computed when the node was made
         parts.append((op, u.dtype, tuple(map(position, u.src)), arg))
     return tuple(parts), consts
+
+class StructureWalk:
+    """The toposort of a graph given by its roots (the sources of the SINK a schedule would make) and its structure
+    key, made in one walk: `position` is the toposort (node -> index, in order), and `key()` equals
+    `structure_key` of the toposort of the roots' SINK. `walk` may be called again with more roots: the toposort
+    goes on as `toposort(known=...)` would (a realize adds the readers of the buffers it overwrites).
+    `assigns` lists the ASSIGN nodes met."""
+    __slots__ = ("position", "parts", "consts", "assigns", "roots")
+    def __init__(self) -> None:
+        self.position: dict[UOp, int] = {}
+        self.parts: list[tuple] = []
+        self.consts: list[UOp] = []
+        self.assigns: list[UOp] = []
+        self.roots: list[UOp] = []
+
+    def walk(self, roots: Iterable[UOp]) -> StructureWalk:
+        # (written for speed: a realize walks its whole graph; the order is the one of UOp.toposort, a depth-first
+        # post-order with the sources in order)
+        position, parts, consts = self.position, self.parts, self.consts
+        at = position.__getitem__
+        for root in roots:
+            self.roots.append(root)
+            if root in position: continue
+            stack, entered = [root], set()
+            while stack:
+                u = stack.pop()
+                if u in position: continue
+                src = u.src
+                if src and u not in entered:
+                    # sources first: u comes back once they are placed
+                    entered.add(u)
+                    stack.append(u)
+                    for s in reversed(src):
+                        if s not in position: stack.append(s)
+                    continue
+                op = u.op
+                if op is _BUFFER: arg: object = ("param", u.arg[1])
+                elif op is _CONST and src and u.dtype != dtypes.bool and u.dtype != dtypes.index:  # is_liftable
+                    arg = "_c"
+                    consts.append(u)
+                else:
+                    arg = u._ukey[3]
+                    if op is _ASSIGN: self.assigns.append(u)
+                position[u] = len(parts)
+                n = len(src)
+                parts.append((op, u.dtype, () if n == 0 else (at(src[0]),) if n == 1 else
+                              (at(src[0]), at(src[1])) if n == 2 else tuple(map(at, src)), arg))
+        return self
+
+    def key(self) -> tuple:
+        """The structure key of the SINK of every root walked."""
+        return (*self.parts, (Ops.SINK, dtypes.void, tuple(map(self.position.__getitem__, self.roots)), None))
+
+    def topo(self, sink: UOp) -> list[UOp]:
+        """The toposort of `sink` (the SINK of the roots) as a list."""
+        return [*self.position, sink]
+
+_BUFFER, _CONST, _ASSIGN = Ops.BUFFER, Ops.CONST, Ops.ASSIGN

@@ -140,26 +140,28 @@ class UOpMetaClass(type):
     binds_made = False
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = tuple(), arg: Any = None):
         if type(src) is not tuple: raise TypeError(f"src must be a tuple of UOps, got {type(src).__name__}")
-        key = (op, dtype, src, _arg_key(arg))
-        try: wr = UOpMetaClass.ucache.get(key)
+        # (most args, None, an int or a str, are their own key: _arg_key is called for the others only)
+        key = (op, dtype, src, arg if arg is None or (t := type(arg)) is int or t is str else _arg_key(arg))
+        try: wr = _ucache.get(key)
         except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if wr is not None and (ret := wr()) is not None: return ret
         # (a loop, not all() over a generator: this runs for every new node)
         for s in src:
             if not isinstance(s, UOp): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
-        # the fields are set here rather than by an __init__: a call less per new node, of which a training step
-        # makes hundreds
+        # the fields are set here rather than by an __init__, through their slots' descriptors: a call less per new
+        # node, of which a training step makes hundreds
         ret = _new_object(cls)
-        _set_field(ret, "op", op)
-        _set_field(ret, "dtype", dtype)
-        _set_field(ret, "src", src)
-        _set_field(ret, "arg", arg)
-        _set_field(ret, "_ukey", key)
-        if op is Ops.BIND: UOpMetaClass.binds_made = True
-        UOpMetaClass.ucache[key] = weakref.ref(ret)
+        _set_op(ret, op)
+        _set_dtype(ret, dtype)
+        _set_src(ret, src)
+        _set_arg(ret, arg)
+        _set_ukey(ret, key)
+        if op is _BIND_OP: UOpMetaClass.binds_made = True
+        _ucache[key] = _weakref(ret)
         return ret
 
-_new_object, _set_field = object.__new__, object.__setattr__
+_new_object, _weakref = object.__new__, weakref.ref
+_ucache = UOpMetaClass.ucache
 
 def _as_uop(x: Any, like: UOp) -> UOp:
     return x if isinstance(x, UOp) else like.const_like(x)
@@ -221,10 +223,11 @@ class UOp(metaclass=UOpMetaClass):
     def __del__(self):
         # drop this node's cache entry, but not one a newer equal node took over: when the garbage collector frees
         # a cycle it clears weakrefs before running finalizers, so the key may already hold a different live UOp
+        # (popped and put back then: one lookup of the key in the common case)
         try:
             key = self._ukey
-            wr = UOpMetaClass.ucache.get(key)
-            if wr is not None and ((u := wr()) is self or u is None): del UOpMetaClass.ucache[key]
+            if (wr := _ucache.pop(key, None)) is not None and (u := wr()) is not self and u is not None:
+                _ucache[key] = wr
         except (AttributeError, TypeError, KeyError, NameError): pass  # not fully built, or the interpreter is exiting
 
     def __setattr__(self, name: str, value: Any): raise AttributeError("UOps are immutable; use replace()")
@@ -546,6 +549,11 @@ class UOp(metaclass=UOpMetaClass):
         if is_symbolic(self) and (r := _symbolic_repr(self)) is not None: return r
         return pretty_print(self)
 
+# the fields of a new node, set through their slots (UOpMetaClass.__call__)
+_set_op, _set_dtype, _set_src, _set_arg, _set_ukey = (UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg",
+                                                                                          "_ukey"))
+_BIND_OP = Ops.BIND
+
 # *** buffer identity: which BUFFER node holds a value, and the device memory behind a BUFFER node ***
 
 def is_realized(u: UOp) -> bool:
@@ -558,16 +566,30 @@ def buffer_node(u: UOp) -> UOp | None:
     if u.op is Ops.ASSIGN and is_realized(u): u = u.src[0]
     return u if u.op is Ops.BUFFER else None
 
-# the device Buffer behind every BUFFER node; entries vanish with their node
-buffer_map: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+class _BufferMap:
+    """The device Buffer behind every BUFFER node, kept in the node itself: an entry goes with its node (its Buffer
+    freed as the node is, by reference counting, without a weak reference's callback per buffer)."""
+    def get(self, u: UOp, default: Buffer | None = None) -> Buffer | None: return u.__dict__.get("_buffer", default)
+    def __getitem__(self, u: UOp) -> Buffer: return u.__dict__["_buffer"]
+    def __setitem__(self, u: UOp, b: Buffer) -> None:
+        if u.op is not Ops.BUFFER: raise TypeError(f"only a BUFFER node has a device Buffer, not {u.op}")
+        u.__dict__["_buffer"] = b
+    def __contains__(self, u: UOp) -> bool: return "_buffer" in u.__dict__
+    def items(self) -> list[tuple[UOp, Buffer]]:
+        """Every live BUFFER node that has its Buffer, with it (a walk of every live node: not for hot paths)."""
+        nodes = [u for wr in list(UOpMetaClass.ucache.values()) if (u := wr()) is not None and u.op is Ops.BUFFER]
+        return [(u, b) for u in nodes if (b := u.__dict__.get("_buffer")) is not None]
+    def values(self) -> list[Buffer]: return [b for _, b in self.items()]
+    def __len__(self) -> int: return len(self.items())
+
+buffer_map = _BufferMap()
 
 def device_buffer(u: UOp) -> Buffer:
     """The device Buffer of a BUFFER node (or of the one holding a realized node or a reshape view of one), created
     unallocated on first use."""
-    buf = u if u.op is Ops.BUFFER else buffer_node(u)
+    buf = u if u.op is _BUFFER else buffer_node(u)
     if buf is None: raise RuntimeError(f"{u.op} is not a buffer")
-    if (b := buffer_map.get(buf)) is None:
-        b = buffer_map[buf] = Buffer(buf.device, buf.arg[1], buf.dtype)
+    if (b := (d := buf.__dict__).get("_buffer")) is None: b = d["_buffer"] = Buffer(buf.device, buf.arg[1], buf.dtype)
     return b
 
 # nodes whose device isn't their sources' (a copy's is its target, a sharded tensor's the tuple of its shards')

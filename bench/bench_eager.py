@@ -1,0 +1,107 @@
+"""Eager speed: the Python a program pays between kernels, fusegrad against PyTorch's eager mode in one process.
+
+Rows (microseconds per call unless marked):
+- build of one elementwise op, `c = a + b` on realized 64x64 float32 tensors (fusegrad only builds the node; torch
+  computes the sum, so its figure is its whole eager op);
+- build of a matmul, 64x64 @ 64x64 and the MLP's 128x784 @ 784x512 (torch: the product itself);
+- a realize that hits the schedule cache, `(a + b).realize()` repeated, kernel launch included, and the same for the
+  64x64 matmul (torch: the same eager op);
+- one Adam step of the 784-512-10 MLP at batch 128, eager (no TinyJit), in ms.
+
+Each side runs its calls in blocks (fusegrad block, torch block, fusegrad block, torch block), never alternating call
+by call (a BLAS's idle threads spin after each call and would land in the other side's time); the figure is the best
+block's mean, wall time. fusegrad's blocks end when its queued kernels have run.
+
+Run: .venv/bin/python bench/bench_eager.py  [--quick]
+"""
+from __future__ import annotations
+import math
+import sys
+import time
+from typing import Callable
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(2)
+
+from fusegrad import Device, GlobalCounters, Tensor, nn  # noqa: E402  (torch threads are set first)
+
+QUICK = "--quick" in sys.argv
+
+def settle() -> None:
+    """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
+    Device[Device.DEFAULT].synchronize()
+
+def blocks(ours: Callable[[], object], theirs: Callable[[], object] | None, calls: int, nblocks: int) \
+        -> tuple[float, float]:
+    """Seconds per call of each side (best block mean), blocks of `calls` calls timed A B A B."""
+    best = {"ours": math.inf, "torch": math.inf}
+    sides = [("ours", ours)] + ([("torch", theirs)] if theirs is not None else [])
+    for name, fn in sides:  # warm up: compiles, caches, the schedule cache's replay plan
+        for _ in range(3): fn()
+        settle()
+    for _ in range(nblocks):
+        for name, fn in sides:
+            st = time.perf_counter()
+            for _ in range(calls): fn()
+            settle()
+            best[name] = min(best[name], (time.perf_counter() - st) / calls)
+    return best["ours"], best["torch"]
+
+def row(name: str, ours: float, theirs: float, unit: str = "us") -> None:
+    scale = 1e6 if unit == "us" else 1e3
+    other = f"{theirs * scale:10.2f}" if math.isfinite(theirs) else f"{'-':>10s}"
+    ratio = f"{ours / theirs:8.2f}x" if math.isfinite(theirs) else ""
+    print(f"{name:48s} {ours * scale:10.2f} {other} {unit:>4s} {ratio}")
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    calls, nblocks = (300, 3) if QUICK else (2000, 6)
+    a_np, b_np = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    ta, tb = torch.tensor(a_np), torch.tensor(b_np)
+    x_np, w_np = rng.standard_normal((128, 784)).astype(np.float32), rng.standard_normal((784, 512)).astype(np.float32)
+    x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+    tx, tw = torch.tensor(x_np), torch.tensor(w_np)
+
+    # the results agree with torch's (a wrong fast path would show here first)
+    np.testing.assert_allclose((a + b).realize().numpy(), (ta + tb).numpy(), rtol=1e-6)
+    np.testing.assert_allclose((a @ b).realize().numpy(), (ta @ tb).numpy(), rtol=1e-4, atol=1e-4)
+
+    print(f"{'':48s} {'fusegrad':>10s} {'torch':>10s} {'':>4s} {'ratio':>9s}")
+    row("build a + b (64x64; torch computes it)", *blocks(lambda: a + b, lambda: ta + tb, calls, nblocks))
+    row("build a @ b (64x64; torch computes it)", *blocks(lambda: a @ b, lambda: ta @ tb, calls, nblocks))
+    row("build x @ w (128x784 @ 784x512; torch computes it)",
+        *blocks(lambda: x @ w, lambda: tx @ tw, max(10, calls // 20), nblocks))
+    k0 = GlobalCounters.kernel_count
+    row("(a + b).realize(), schedule cache hit (64x64)",
+        *blocks(lambda: (a + b).realize(), lambda: ta + tb, calls, nblocks))
+    assert GlobalCounters.kernel_count > k0, "the realizes ran no kernel"
+    row("(a @ b).realize(), schedule cache hit (64x64)",
+        *blocks(lambda: (a @ b).realize(), lambda: ta @ tb, calls, nblocks))
+
+    # the MLP's eager Adam step (as bench_train.py's MLP eager row)
+    xb_np, yb_np = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
+    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
+    opt = nn.optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
+    tm = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
+    txb, tyb = torch.tensor(xb_np), torch.tensor(yb_np).long()
+
+    @Tensor.train()
+    def step() -> None:
+        opt.zero_grad()
+        loss = l2(l1(Tensor(xb_np)).relu()).sparse_categorical_crossentropy(Tensor(yb_np))
+        loss.backward()
+        opt.step()
+        loss.realize()
+
+    def tstep() -> None:
+        topt.zero_grad()
+        F.cross_entropy(tm(txb), tyb).backward()
+        topt.step()
+    row("MLP 784-512-10 Adam step, batch 128, eager", *blocks(step, tstep, 3 if QUICK else 10, nblocks), unit="ms")
+
+if __name__ == "__main__":
+    main()
