@@ -11,7 +11,7 @@ own (Python: scheduling, code generation) and its compiler processes'. Every
 row is run several times (the machine is shared: the least and the median are printed), and with --profile one run
 of each prints where the time went (code generation against compiling, kernels, compiler runs).
 
-Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200]
+Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200] [--against VAR=VALUE]
 """
 from __future__ import annotations
 import argparse
@@ -31,22 +31,37 @@ from fusegrad.nn.state import get_parameters
 row = sys.argv[1]
 profile = os.getenv("PROFILE") == "1"
 if profile:
+    # the calling thread's time by phase (the schedule, code generation, waiting for compiles and for the C pool's
+    # build), and each compiler run of the call: its tier, kernels and source size
+    import threading
     import fusegrad.engine.realize as realize
+    import fusegrad.tensor as tensor_mod
+    import fusegrad.runtime.cpu_program as cpu_program
     from fusegrad import codegen
-    gen_s, comp_s, batches = [0.0], [0.0], []
-    real_get_program = codegen.get_program
-    def timed_get_program(*a, **k):
-        st = time.perf_counter()
-        try: return real_get_program(*a, **k)
-        finally: gen_s[0] += time.perf_counter() - st
-    codegen.get_program = timed_get_program
-    comp = Device["CPU"].compiler
-    real_compile = type(comp).compile
+    from fusegrad.runtime.cpu_compiler import CPUCompiler
+    phases, batches, in_call = {"schedule": 0.0, "codegen": 0.0, "compile+codegen": 0.0, "pool": 0.0}, [], [False]
+    def timed(mod, name, phase):
+        real = getattr(mod, name)
+        def wrapper(*a, **k):
+            st = time.perf_counter()
+            try: return real(*a, **k)
+            finally:
+                if in_call[0] and threading.current_thread() is threading.main_thread():
+                    phases[phase] += time.perf_counter() - st
+        setattr(mod, name, wrapper)
+    timed(tensor_mod, "create_schedule_with_vars", "schedule")
+    timed(codegen, "get_program", "codegen")
+    timed(realize, "compile_kernels", "compile+codegen")
+    timed(cpu_program, "c_pool", "pool")
+    real_compile = CPUCompiler.compile
     def timed_compile(self, src):
         st = time.perf_counter()
         try: return real_compile(self, src)
-        finally: batches.append((time.perf_counter() - st, src.count("\nvoid ") + src.startswith("void "), len(src)))
-    type(comp).compile = timed_compile
+        finally:
+            if in_call[0]:
+                tier = "background" if self.background else "quick" if "-Og" in self.flags else "optimized"
+                batches.append((time.perf_counter() - st, tier, src.count("_entry(void"), len(src)))
+    CPUCompiler.compile = timed_compile
 if row == "resnet":
     import resnet
     model = resnet.ResNet(18)
@@ -77,18 +92,27 @@ else:
 Device["CPU"].synchronize()
 k0 = GlobalCounters.kernel_count
 st, c0 = time.perf_counter(), os.times()
+if profile: in_call[0] = True
 out = call()
 out.numpy()
 ms, c1 = (time.perf_counter() - st) * 1e3, os.times()
+if profile: in_call[0] = False
 own = (c1.user + c1.system - c0.user - c0.system) * 1e3
 cc = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * 1e3
 print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f}")
 if profile:
-    cpu = sum(b[0] for b in batches)
-    print(f"  code generation {gen_s[0] * 1e3:.0f} ms; {len(batches)} compiler runs, {cpu * 1e3:.0f} ms in them "
-          f"together, {sum(b[1] for b in batches)} kernels, {sum(b[2] for b in batches) / 1e3:.0f} kB of C")
-    for t, n, size in sorted(batches, reverse=True)[:8]:
-        print(f"    compiler run {t * 1e3:6.0f} ms: {n} kernel(s), {size / 1e3:.1f} kB")
+    compile_wait = phases["compile+codegen"] - phases["codegen"]
+    other = ms / 1e3 - phases["schedule"] - phases["compile+codegen"] - phases["pool"]
+    ph = {k: f"{v * 1e3:.0f} ms" for k, v in phases.items()}
+    print(f"  calling thread: schedule {ph['schedule']}, code generation {ph['codegen']}, waiting for compiles "
+          f"{compile_wait * 1e3:.0f} ms, for the C pool's build {ph['pool']}, the rest (running kernels, Python) "
+          f"{other * 1e3:.0f} ms")
+    for tier in ("quick", "optimized", "background"):
+        runs = [b for b in batches if b[1] == tier]
+        if runs: print(f"  {tier} compiler runs: {len(runs)}, {sum(b[0] for b in runs) * 1e3:.0f} ms together, "
+                       f"{sum(b[2] for b in runs)} kernels, {sum(b[3] for b in runs) / 1e3:.0f} kB of C; longest "
+                       + ", ".join(f"{b[0] * 1e3:.0f} ms ({b[2]} kernels, {b[3] / 1e3:.1f} kB)"
+                                   for b in sorted(runs, reverse=True)[:3]))
 """
 
 ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step", "g200": "200-op elementwise graph"}
@@ -106,21 +130,32 @@ def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None =
     ms, kernels, own, cc = first.split()
     return (float(ms), float(own), float(cc)), int(kernels), "\n".join(rest)
 
+def summary(label: str, runs: list[tuple[float, float, float]], kernels: int) -> str:
+    wall, own, cc = ([r[i] for r in runs] for i in range(3))
+    return (f"{label:40s} first call: min {min(wall):6.0f} ms, median {statistics.median(wall):6.0f} ms "
+            f"({kernels} kernels; runs {' '.join(f'{t:.0f}' for t in wall)}); CPU (median): Python "
+            f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms")
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--against", metavar="VAR=VALUE", action="append", default=[],
+                    help="also run each row with these environment variables set, alternating run by run with the "
+                         "plain runs (a before/after on a machine whose load changes)")
     args = ap.parse_args()
+    against = dict(a.split("=", 1) for a in args.against)
     for row in args.only.split(","):
-        runs, kernels = [], 0
+        runs: dict[str, list] = {"": [], "against": []}
+        kernels = {"": 0, "against": 0}
         for _ in range(args.runs):
-            ms, kernels, _ = run_once(row)
-            runs.append(ms)
-        wall, own, cc = ([r[i] for r in runs] for i in range(3))
-        print(f"{ROWS[row]:28s} first call: min {min(wall):6.0f} ms, median {statistics.median(wall):6.0f} ms "
-              f"({kernels} kernels; runs {' '.join(f'{t:.0f}' for t in wall)}); CPU (median): Python "
-              f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms", flush=True)
+            for which in (("", "against") if against else ("",)):
+                ms, kernels[which], _ = run_once(row, extra_env=against if which else None)
+                runs[which].append(ms)
+        if against:
+            print(summary(f"{ROWS[row]} ({' '.join(args.against)})", runs["against"], kernels["against"]), flush=True)
+        print(summary(ROWS[row], runs[""], kernels[""]), flush=True)
         if args.profile: print(run_once(row, profile=True)[2], flush=True)
 
 if __name__ == "__main__":
