@@ -152,3 +152,44 @@ def test_quantized_encoder_matches_onnxruntime(how, encoder_path, tmp_path):
     for g, w in zip(got, want): np.testing.assert_allclose(g.numpy(), w, rtol=0, atol=1e-5)
     ref = ort.InferenceSession(encoder_path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert np.abs(got[1].numpy() - ref[1]).max() < 0.2 * np.abs(ref[1]).max()
+
+
+def test_quantized_qoperator_ops_match_onnxruntime(tmp_path):
+    """A small CNN built here (conv, LeakyReLU, a sigmoid gate, concat, average and global average pools, a residual
+    add) quantized to QOperator: onnxruntime's tool writes com.microsoft's QLinearLeakyRelu, QLinearSigmoid,
+    QLinearMul, QLinearConcat, QLinearAveragePool, QLinearGlobalAveragePool and QLinearAdd. Every quantized value
+    agrees (none of these inputs meets a tie), so the dequantized outputs are equal."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+    w = (np.random.default_rng(0).standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c"], ["l"], alpha=0.1),
+             helper.make_node("Sigmoid", ["l"], ["s"]),
+             helper.make_node("Mul", ["l", "s"], ["m"]),
+             helper.make_node("Concat", ["m", "l"], ["cat"], axis=1),
+             helper.make_node("AveragePool", ["cat"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["p"], ["g"]),
+             helper.make_node("Add", ["p", "g"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w")],
+                   opset=17)
+    src, out = str(tmp_path / "cnn.onnx"), str(tmp_path / "cnn_q.onnx")
+    onnx.save(model, src)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([{"x": np.random.default_rng(i).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+                              for i in range(4)])
+        def get_next(self): return next(self.data, None)
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_static(src, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
+    finally: logging.disable(logging.NOTSET)
+    ops = {n.op_type for n in onnx.load(out).graph.node}
+    assert {"QLinearLeakyRelu", "QLinearSigmoid", "QLinearMul", "QLinearConcat", "QLinearAveragePool",
+            "QLinearGlobalAveragePool", "QLinearAdd"} <= ops, ops
+    x = np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(OnnxRunner(out)({"x": x})["y"].numpy(), want, rtol=0, atol=1e-6)
