@@ -193,3 +193,34 @@ def test_quantized_qoperator_ops_match_onnxruntime(tmp_path):
     x = np.random.default_rng(9).standard_normal((2, 3, 8, 8)).astype(np.float32)
     want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(OnnxRunner(out)({"x": x})["y"].numpy(), want, rtol=0, atol=1e-6)
+
+
+def test_dynamically_quantized_attention_matches_onnxruntime(tmp_path):
+    """com.microsoft's Attention (with a key mask) and an output projection, quantized by quantize_dynamic: QAttention,
+    DynamicQuantizeLinear and MatMulInteger, equal to onnxruntime."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization import quantize_dynamic
+    rng, h = np.random.default_rng(0), 32
+    inits = [numpy_helper.from_array((rng.standard_normal((h, 3 * h)) * 0.2).astype(np.float32), "wqkv"),
+             numpy_helper.from_array((rng.standard_normal(3 * h) * 0.1).astype(np.float32), "bqkv"),
+             numpy_helper.from_array((rng.standard_normal((h, h)) * 0.2).astype(np.float32), "wo")]
+    nodes = [helper.make_node("Attention", ["x", "wqkv", "bqkv", "mask"], ["a"], domain="com.microsoft", num_heads=4),
+             helper.make_node("MatMul", ["a", "wo"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, h]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT32, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    src, out = str(tmp_path / "att.onnx"), str(tmp_path / "att_q.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)], ir_version=8), src)
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(src, out, reduce_range=True)
+    finally: logging.disable(logging.NOTSET)
+    assert {"QAttention", "DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in onnx.load(out).graph.node}
+    x = rng.standard_normal((2, 5, h)).astype(np.float32)
+    mask = np.ones((2, 5), np.int32)
+    mask[1, 3:] = 0
+    want = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x, "mask": mask})[0]
+    np.testing.assert_allclose(OnnxRunner(out)({"x": x, "mask": mask})["y"].numpy(), want, rtol=0, atol=1e-5)
