@@ -171,9 +171,10 @@ def qlinear_conv(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, w: Ten
 
 # *** com.microsoft: the ops of onnxruntime's quantization tools (QOperator format and dynamic quantization) ***
 #
-# onnxruntime computes these in float32 between integer inputs and outputs, and so do they here, in the same order of
-# operations, so that the roundings agree: a dequantized value is (x - zero_point) * scale, a requantized one is
-# round_half_even(value / scale) + zero_point, saturated.
+# onnxruntime computes these in float32 between integer inputs and outputs, and so do they here: a dequantized value is
+# (x - zero_point) * scale, a requantized one round_half_even(value / scale) + zero_point, saturated. The integers
+# agree with onnxruntime's except where the exact value is a tie (x.5), which the float32 roundings of either (its
+# kernels use fused multiply-adds, or sum dequantized values) may put on either side.
 
 MS = "com.microsoft"
 
