@@ -82,10 +82,10 @@ def simplified_layer_norm(x: Tensor, gamma: Tensor, *, axis: int = -1, epsilon: 
     return y, inv
 
 
-def _mask_bias(mask: Tensor, b: int, s: int, total: int, past: int, fill: float, dt) -> Tensor:
+def _mask_bias(mask: Tensor, b: int, s: int, total: int, fill: float, dt) -> Tensor:
     """onnxruntime's mask_index as an additive bias of 0 (attend) and `fill` (masked), broadcastable to (batch, heads,
-    seq, total): key lengths (batch,), ends and starts (2 * batch,), 0/1 keys (batch, total), 0/1 per query
-    (batch, seq, total), or (batch, 1, max, max) of which the rows of this block and the first `total` keys count."""
+    seq, total): key lengths (batch,), ends and starts (2 * batch,), 0/1 keys (batch, total) or 0/1 per query
+    (batch, seq, total). (onnxruntime's CPU kernel has no (batch, 1, max, max) masks either.)"""
     j = Tensor.arange(total, dtype=dtypes.int32).reshape(1, total)
     shape = tuple(mask.shape)
     if shape == (b,): keep = (j < mask.cast(dtypes.int32).reshape(b, 1)).reshape(b, 1, 1, total)
@@ -94,10 +94,8 @@ def _mask_bias(mask: Tensor, b: int, s: int, total: int, past: int, fill: float,
         keep = ((j < m[:b].reshape(b, 1)) & (j >= m[b:].reshape(b, 1))).reshape(b, 1, 1, total)
     elif shape == (b, total): keep = (mask != 0).reshape(b, 1, 1, total)
     elif shape == (b, s, total): keep = (mask != 0).reshape(b, 1, s, total)
-    elif mask.ndim == 4 and shape[:2] == (b, 1) and shape[2] == shape[3] >= total:
-        keep = mask[:, :, past:past + s, :total] != 0
     else: raise Unsupported(f"mask_index of shape {shape} (supported: (batch,), (2*batch,), (batch, total), "
-                            f"(batch, seq, total), (batch, 1, max, max) with batch {b}, seq {s}, total {total})")
+                            f"(batch, seq, total) with batch {b}, seq {s}, total {total})")
     return keep.where(Tensor(0.0, dtype=dt), Tensor(fill, dtype=dt))
 
 
@@ -146,7 +144,7 @@ def packed_attention(qkv: Tensor, mask_index: Tensor | None, past: Tensor | None
     total = k.shape[2]
     dt = q.dtype
     mask: Tensor | None = None
-    if mask_index is not None: mask = _mask_bias(mask_index, b, s, total, past_len, mask_filter_value, dt)
+    if mask_index is not None: mask = _mask_bias(mask_index, b, s, total, mask_filter_value, dt)
     if attention_bias is not None: mask = attention_bias if mask is None else mask + attention_bias
     if unidirectional:
         c = _causal_bias(s, total, past_len, mask_filter_value, dt)
@@ -197,7 +195,7 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     dt = q.dtype
     mask: Tensor | None = None
     if key_padding_mask is not None:
-        mask = _mask_bias(key_padding_mask, b, s, total, past_len, mask_filter_value, dt)
+        mask = _mask_bias(key_padding_mask, b, s, total, mask_filter_value, dt)
     if attention_bias is not None: mask = attention_bias if mask is None else mask + attention_bias
     if unidirectional:
         c = _causal_bias(s, total, past_len, mask_filter_value, dt)

@@ -91,15 +91,20 @@ def _assert_close(got, want, tol=1e-4):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"output {i}")
 
 
-@pytest.mark.parametrize("causal,mask", [(0, False), (1, False), (1, True)])
+@pytest.mark.parametrize("causal,mask", [(0, None), (1, None), (1, "keys"), (0, "lengths"), (0, "ends_starts"),
+                                         (1, "per_query")])
 def test_attention_with_past(causal, mask):
-    # a decoder step: 2 new positions after 3 cached ones; `present` is the cache for the next step
+    # a decoder step: 2 new positions after 3 cached ones; `present` is the cache for the next step. mask_index in
+    # each of its forms: 0/1 per key, key lengths, ends and starts, 0/1 per query and key
     b, s, past, hidden, heads = 2, 2, 3, 16, 4
+    total = past + s
     feed = {"x": _f(b, s, hidden), "past": _f(2, b, heads, past, hidden // heads)}
     ins = ["x", "w", "bias", ""]
     if mask:
-        m = np.ones((b, past + s), np.int32)
-        m[0, 1] = 0
+        m = {"keys": np.array([[1, 0, 1, 1, 1], [1, 1, 1, 1, 1]], np.int32), "lengths": np.array([4, 5], np.int32),
+             "ends_starts": np.array([5, 4, 1, 0], np.int32),
+             "per_query": (RNG.random((b, s, total)) > 0.3).astype(np.int32)}[mask]
+        if mask == "per_query": m[..., 0] = 1  # (every query keeps a key)
         feed["mask"] = m
         ins[3] = "mask"
     ins.append("past")
