@@ -149,7 +149,10 @@ def test_group_query_attention(case):
     feed = {"q": _f(b, s, heads * hs), "k": _f(b, s, kv_heads * hs), "v": _f(b, s, kv_heads * hs)}
     if past: feed |= {"pk": _f(b, kv_heads, past, hs), "pv": _f(b, kv_heads, past, hs)}
     feed |= {"seqlens_k": np.full(b, past + s - 1, np.int32), "total": np.array(past + s, np.int32)}
-    if case == "ragged_decode": feed["seqlens_k"][1] = 3  # the second batch's cache holds 3 positions of the 5
+    if case == "ragged_decode":
+        # a static cache of 8 positions, of which the first batch uses 5 and the second 3
+        feed["seqlens_k"][1] = 3
+        feed["pk"], feed["pv"] = (np.concatenate([feed[n], _f(b, kv_heads, 3, hs)], 2) for n in ("pk", "pv"))
     ins = ["q", "k", "v", "pk" if past else "", "pv" if past else "", "seqlens_k", "total"]
     if case == "packed":
         feed["q"] = np.concatenate([feed.pop("q"), feed.pop("k"), feed.pop("v")], -1)
@@ -167,7 +170,7 @@ def test_group_query_attention(case):
         attrs = {"do_rotary": 1, "rotary_interleaved": int("interleaved" in case)}
     node = _ms("GroupQueryAttention", ins, ["y", "pko", "pvo"], num_heads=heads, kv_num_heads=kv_heads, **attrs)
     got, want = _run_both([node], feed, {}, ["y", "pko", "pvo"])
-    assert got[1].shape == (b, kv_heads, past + s, hs)
+    assert got[1].shape == (b, kv_heads, 8 if case == "ragged_decode" else past + s, hs)
     _assert_close(got, want)
 
 
