@@ -1,9 +1,10 @@
 """fusegrad.onnx against onnxruntime (CPU execution provider) on models exported with torch.onnx.export: the
 ResNet-style CNN at batch 1 and 16, the BERT-style encoder at sequence 128, the MobileNet-style model. Both run in
 this process on the same inputs, in alternating blocks (A B A B), onnxruntime with as many threads as there are cores;
-fusegrad's call runs under TinyJit with prune=True (the model's initializers don't change between calls, so what is
-computed from them alone, a strided convolution's weight layout, runs once). Each side's median and best run are
-reported, the first run of each (fusegrad's includes compiling) apart, and the kernels a replay runs.
+fusegrad's call is `OnnxRunner.jit()`: NumPy arrays in and out as onnxruntime's `run`, the kernels replayed by
+TinyJit with prune=True (the model's initializers don't change between calls, so what is computed from them alone, a
+strided convolution's weight layout, runs once). Each side's median and best run are reported, the first run of each
+(fusegrad's includes compiling) apart, and the kernels a replay runs.
 
     .venv/bin/python bench/bench_onnx.py [--quick] [--only resnet1,resnet16,encoder,mobilenet]"""
 from __future__ import annotations
@@ -19,7 +20,6 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from fusegrad import Tensor, TinyJit  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
 from test.onnx.models import export  # noqa: E402
 
@@ -42,15 +42,14 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
     feed = {in_name: x.numpy()}
     runner = OnnxRunner(path)
     outs = runner.output_names
-    step = TinyJit(lambda t: [v.realize() for v in runner({in_name: t}).values()], prune=True)
-    xt = Tensor(feed[in_name]).realize()
+    jitted = runner.jit()
 
-    def run_fg() -> None: [o.numpy() for o in step(xt)]
+    def run_fg() -> None: jitted(feed)
     def run_ort() -> None: sess.run(None, feed)
     t0 = time.perf_counter(); run_fg(); first_fg = time.perf_counter() - t0
     t0 = time.perf_counter(); run_ort(); first_ort = time.perf_counter() - t0
     for _ in range(2): run_fg()  # TinyJit captures on the second call
-    got = [o.numpy() for o in step(xt)]
+    got = list(jitted(feed).values())
     want = sess.run(None, feed)
     err = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     times: dict[str, list[float]] = {"fusegrad": [], "onnxruntime": []}
@@ -63,8 +62,8 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
     bfg, box = min(times["fusegrad"]) * 1e3, min(times["onnxruntime"]) * 1e3
     print(f"{name:10s} first run: fusegrad {first_fg * 1e3:9.1f} ms, onnxruntime {first_ort * 1e3:7.1f} ms | median: "
           f"fusegrad {fg:8.3f} ms, onnxruntime {ox:8.3f} ms, ratio {fg / ox:5.2f}x | best: fusegrad {bfg:8.3f} ms, "
-          f"onnxruntime {box:8.3f} ms, ratio {bfg / box:5.2f}x | max error {err:.2g} | {len(step.captured)} kernels | "
-          f"outputs {outs}")
+          f"onnxruntime {box:8.3f} ms, ratio {bfg / box:5.2f}x | max error {err:.2g} | "
+          f"{len(jitted.captured)} kernels | outputs {outs}")
 
 
 def main() -> None:

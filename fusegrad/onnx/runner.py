@@ -22,7 +22,7 @@ from fusegrad.onnx import (ops_contrib, ops_control, ops_quant, ops_random,  # n
                            ops_resize, ops_sequence)
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
-from fusegrad.uop.ops import device_buffer, is_symbolic, sym_eq
+from fusegrad.uop.ops import Ops, device_buffer, is_symbolic, sym_eq
 
 try:
     import onnx
@@ -351,6 +351,89 @@ class OnnxRunner:
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
         given = dict(inputs or {}, **kwargs)
         return self.graph.run(self._check_inputs(given), self)
+
+    def jit(self, prune: bool = True) -> JitRunner:
+        """This model as a function of NumPy arrays (or Tensors) returning NumPy arrays, as onnxruntime's `run`: its
+        kernels are captured by TinyJit and replayed (see JitRunner). `prune`: what is computed from the initializers
+        alone runs once (TinyJit's prune; the initializers must not change between calls)."""
+        return JitRunner(self, prune)
+
+
+class JitRunner:
+    """`OnnxRunner.jit()`: calls the model under TinyJit, one capture per set of input shapes and dtypes. An array for
+    an input of static shape is copied straight into memory kept for that input, so each replay is passed the same
+    tensors and the kernels read the new values there (no Tensor is made per call); the outputs come back as NumPy
+    copies and their device memory serves the next replay. Inputs with symbolic dims, and Tensors, go through
+    `bind_inputs` on every call. The first call with new shapes checks them as a plain call does."""
+
+    def __init__(self, runner: OnnxRunner, prune: bool = True):
+        self.runner, self.prune = runner, prune
+        self._jits: dict[tuple, Any] = {}
+        # per input name: the realized tensor whose memory takes the arrays of one shape and dtype
+        self._kept: dict[str, Tensor] = {}
+        self._last: Any = None
+
+    def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+        from fusegrad import TinyJit
+        given = dict(inputs or {}, **kwargs)
+        names = self.runner.input_names
+        arrays = [given.get(n) for n in names]
+        # (the common call: exactly the model's inputs, each a NumPy array)
+        plain = len(given) == len(names) and all(type(a) is np.ndarray for a in arrays)
+        key = tuple((a.shape, a.dtype) for a in arrays) if plain else None
+        if key is not None and key in self._jits:
+            step = self._last = self._jits[key]
+            for name, arr in zip(names, arrays):
+                buf = device_buffer(self._kept[name].uop)
+                buf.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
+            return self._numpy(step(*[self._kept[n] for n in names]))
+        bound = self.runner.bind_inputs(given)   # (checks names, dtypes and shapes)
+        if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
+            # static shapes: kept memory per input, filled from the arrays from now on
+            for name, t in bound.items(): self._kept[name] = t.contiguous().realize()
+            step = self._last = self._jits[key] = TinyJit(self._graph, prune=self.prune)
+            return self._numpy(step(*[self._kept[n] for n in names]))
+        # (a symbolic dim is left out of the key: one capture replays for each of its values)
+        sig = tuple((n, tuple(d if isinstance(d, int) else None for d in t.shape), t.dtype) for n, t in bound.items())
+        if (step := self._jits.get(sig)) is None: step = self._jits[sig] = TinyJit(self._graph, prune=self.prune)
+        self._last = step
+        return self._numpy(step(*[bound[n] for n in names]))
+
+    @property
+    def captured(self) -> list[Any]:
+        """The kernels (ExecItems) a replay runs, of the capture for the shapes of the last call."""
+        return self._last.captured if self._last is not None else []
+
+    def _graph(self, *tensors: Tensor) -> list[Any]:
+        outs = self.runner.graph.run(dict(zip(self.runner.input_names, tensors)), self.runner)
+        return [_realized(outs[n]) for n in self.runner.output_names]
+
+    def _numpy(self, outs: list[Any]) -> dict[str, Any]:
+        return {n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)}
+
+
+def _realized(v: Any) -> Any:
+    """An output with its tensors realized (a sequence output is a list of them, an empty optional None)."""
+    if isinstance(v, Tensor): return v.realize()
+    if isinstance(v, list): return [_realized(x) for x in v]
+    return v
+
+
+def _to_numpy(v: Any) -> Any:
+    """An output as NumPy: a tensor that is its buffer (a replay's output) is copied out of that memory directly,
+    anything else through Tensor.numpy."""
+    if isinstance(v, list): return [_to_numpy(x) for x in v]
+    if not isinstance(v, Tensor): return v
+    u = v.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    shape = v.shape
+    if u.op is not Ops.BUFFER or v.dtype == dtypes.bfloat16 or has_symbolic(shape): return v.numpy()
+    buf = device_buffer(u)
+    out = np.empty(shape, np.dtype(np_name(v.dtype)))
+    if out.size == 0: return out
+    if out.size != buf.size: buf = buf.ensure_allocated().view(out.size, v.dtype, 0)
+    buf.copyout(memoryview(out).cast("B"))  # type: ignore[arg-type]
+    return out
 
 
 def _sequence_input(name: str, v: Any, kind: str) -> Any:

@@ -67,3 +67,50 @@ def test_tinyjit_and_cli(resnet_path, capsys):
     assert main([path, "--validate", "--bench", "2"]) == 0
     printed = capsys.readouterr().out
     assert "ok" in printed and "kernels per run" in printed
+
+
+def test_jit_runner_takes_and_returns_arrays_like_onnxruntime(resnet_path):
+    """OnnxRunner.jit(): NumPy in and out, kernels replayed from the third call (the arrays copied into kept memory),
+    the same results as onnxruntime for each call's values; new shapes are checked as a plain call checks them."""
+    from fusegrad.onnx import OnnxInputError
+    runner = OnnxRunner(resnet_path)
+    name = runner.input_names[0]
+    f = runner.jit()
+    sess = onnxruntime.InferenceSession(resnet_path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    kept = []
+    for _ in range(5):
+        x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+        got = f({name: x})
+        assert list(got) == runner.output_names and isinstance(got[runner.output_names[0]], np.ndarray)
+        kept.append((got, sess.run(None, {name: x})))
+    for got, want in kept:   # results of earlier calls are theirs, not the last call's
+        np.testing.assert_allclose(list(got.values())[0], want[0], rtol=1e-4, atol=1e-4)
+    assert 0 < len(f.captured) < len(runner.graph.nodes)
+    with pytest.raises(OnnxInputError, match="must have shape"): f({name: np.zeros((3, 3, 32, 32), np.float32)})
+    with pytest.raises(OnnxInputError, match="must have dtype float, got a NumPy array of float64"):
+        f({name: np.zeros((2, 3, 32, 32), np.float64)})
+
+
+def test_jit_runner_with_a_symbolic_dim_and_tensor_inputs():
+    """A named input dim: each call's batch replays the one capture; a Tensor input takes the checked path."""
+    from onnx import TensorProto, helper, numpy_helper
+    from fusegrad import Tensor
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"]),
+         helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(w, "w")])
+    runner = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    f = runner.jit()
+    rng = np.random.default_rng(3)
+    for n in [2, 5, 1, 7, 3, 4]:
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        got = f(x=x if n % 2 else Tensor(x))
+        y = np.maximum(x @ w, 0)
+        np.testing.assert_allclose(got["y"], y, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["s"], y.sum(), rtol=1e-5)
+    assert f.captured
