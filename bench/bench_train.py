@@ -77,7 +77,10 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Call
         results[name].append(_value(r))
         # slow workloads (a whole ResNet training step) get short blocks, so the run stays within minutes
         steps[name] = max(1, min(BLOCK, int(BLOCK_S / t)))
-    if check is not None: out["check"] = check(results["ours"], results["torch"])
+    if check is not None:
+        # a failed check is reported with the row (and in its table line), and the row is still timed
+        try: out["check"] = check(results["ours"], results["torch"])
+        except AssertionError as e: out["check"], out["failed"] = f"FAILED: {' '.join(str(e).split())}", "yes"
     best = {"ours": math.inf, "torch": math.inf}
     for _ in range(nblocks):
         for name, fn in (("ours", ours), ("torch", theirs)):
@@ -168,6 +171,7 @@ def _torch_resnet18() -> torch.nn.Module:
 
 def resnet_pair() -> tuple[resnet.ResNet, torch.nn.Module]:
     """fusegrad's ResNet-18 and torch's, with the same (random) weights and batch-norm statistics."""
+    Tensor.manual_seed(0)  # (the same weights whichever rows ran before)
     model, tm = resnet.ResNet(18), _torch_resnet18()
     tm.load_state_dict({k: torch.tensor(v.numpy()) for k, v in get_state_dict(model).items()})
     return model, tm
@@ -384,7 +388,7 @@ def main() -> None:
         if unit in RATE_UNITS: ours, theirs = per_call / r["ours"], per_call / r["torch"]
         else: ours, theirs = r["ours"] * 1e3, r["torch"] * 1e3
         print(f"{title:42s} {unit:8s} {ours:10.2f} {theirs:10.2f} {ratio:6.2f}x  {r['ours_cold']:8.2f}s "
-              f"{r['torch_cold']:9.2f}s")
+              f"{r['torch_cold']:9.2f}s" + ("  CHECK FAILED" if "failed" in r else ""))
     print("ratio > 1: fusegrad faster (torch time / fusegrad time); cold: the first call (fusegrad compiles there)")
 
 if __name__ == "__main__":
