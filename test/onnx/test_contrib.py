@@ -16,6 +16,9 @@ RNG = np.random.default_rng(0)
 def _f(*shape): return RNG.standard_normal(shape).astype(np.float32)
 
 
+def _slow(*values): return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def _check(node, feed: dict, inits: dict, n_out: int = 1, tol: float = 1e-5):
     ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feed.items()]
     outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in node.output[:n_out] if o]
@@ -91,8 +94,8 @@ def _assert_close(got, want, tol=1e-4):
         np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"output {i}")
 
 
-@pytest.mark.parametrize("causal,mask", [(0, None), (1, None), (1, "keys"), (0, "lengths"), (0, "ends_starts"),
-                                         (1, "per_query")])
+@pytest.mark.parametrize("causal,mask", [_slow(0, None), _slow(1, None), (1, "keys"),
+                                         (0, "lengths"), _slow(0, "ends_starts"), (1, "per_query")])
 def test_attention_with_past(causal, mask):
     # a decoder step: 2 new positions after 3 cached ones; `present` is the cache for the next step. mask_index in
     # each of its forms: 0/1 per key, key lengths, ends and starts, 0/1 per query and key
@@ -139,8 +142,10 @@ def test_multi_head_attention(layout):
     _assert_close(*_run_both([node], feed, {}, [o for o in outs if o]))
 
 
-@pytest.mark.parametrize("case", ["prompt", "decode", "window_softcap", "packed", "rotary_prompt",
-                                  "rotary_interleaved_decode", "smooth_softmax", "head_sink", "ragged_decode"])
+@pytest.mark.parametrize("case", ["prompt", "decode", _slow("window_softcap"),
+                                  _slow("packed"), _slow("rotary_prompt"),
+                                  "rotary_interleaved_decode", "smooth_softmax", _slow("head_sink"),
+                                  "ragged_decode"])
 def test_group_query_attention(case):
     # 4 query heads share 2 key/value heads; a prompt of 4 positions, or one new position after 5 cached ones
     # (onnxruntime's rotary kernel wants a head size that is a multiple of 16)
@@ -233,7 +238,8 @@ def test_unsupported_and_bad_attention_inputs_name_the_node():
     with pytest.raises(OnnxUnsupportedError, match=r"qk_matmul_output_mode=4"): OnnxRunner(m)(feed)
 
 
-@pytest.mark.parametrize("layout,interleaved,offset", [("3d", 0, False), ("4d", 1, False), ("3d", 1, True)])
+@pytest.mark.parametrize("layout,interleaved,offset", [_slow("3d", 0, False), ("4d", 1, False),
+                                                       ("3d", 1, True)])
 def test_ms_rotary_embedding(layout, interleaved, offset):
     # com.microsoft's RotaryEmbedding: position ids per token, or one offset for all (the next decode steps)
     b, s, heads, hs = 2, 3, 2, 16

@@ -72,7 +72,7 @@ def _exact(v, p, dt):
 def _deq(x, s, z): return (x.astype(np.float64) - np.float64(z)) * np.float64(s)
 
 
-@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("dt", [np.uint8, pytest.param(np.int8, marks=pytest.mark.slow)])
 def test_elementwise(dt):
     p, t = _params(dt), TYPES[dt]
     a, b = _ints(dt, 4, 9, 7), _ints(dt, 9, 7)  # (b broadcasts)
@@ -95,7 +95,7 @@ def test_elementwise(dt):
     _assert_quantized(got[0], want[0])
 
 
-@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("dt", [np.uint8, pytest.param(np.int8, marks=pytest.mark.slow)])
 def test_softmax(dt):
     p, t = _params(dt), TYPES[dt]
     p |= {"ys": np.array(1 / 256, np.float32), "yz": np.array(0 if dt == np.uint8 else -128, dt)}
@@ -106,10 +106,10 @@ def test_softmax(dt):
         _assert_quantized(got[0], want[0])
 
 
-@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2]},
+@pytest.mark.parametrize("attrs", [pytest.param({"kernel_shape": [2, 2]}, marks=pytest.mark.slow),
                                    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-                                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
-                                    "count_include_pad": 1},
+                                   pytest.param({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                 "count_include_pad": 1}, marks=pytest.mark.slow),
                                    {"kernel_shape": [2, 2], "channels_last": 1}])
 def test_average_pools(attrs):
     dt = np.uint8
