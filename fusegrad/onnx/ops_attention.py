@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from fusegrad import Tensor, dtypes
+from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
 from fusegrad.onnx.ops import Context, gather, op
@@ -36,7 +37,7 @@ def repeat_kv(k: Tensor, q_heads: int) -> Tensor:
     return k.repeat_interleave(q_heads // kv_heads, 1)
 
 
-def allowed_to_bias(allowed: Tensor, dt) -> Tensor:
+def allowed_to_bias(allowed: Tensor, dt: DType) -> Tensor:
     """A boolean mask (True: attend) as an additive bias of 0 and -inf."""
     return allowed.where(Tensor(0.0, dtype=dt), Tensor(NEG_INF, dtype=dt))
 
@@ -51,7 +52,8 @@ def causal_allowed(q_len: int, kv_len: int, offset: int | Tensor) -> Tensor:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float | None, softcap: float = 0.0,
-           softmax_dtype=None, split_scale: bool = True, sink: Tensor | None = None) -> tuple[Tensor, ...]:
+           softmax_dtype: DType | None = None, split_scale: bool = True,
+           sink: Tensor | None = None) -> tuple[Tensor, ...]:
     """softmax(q k^T * scale + bias) v for (batch, heads, seq, size) inputs (key/value heads repeated to the query's).
     A row whose bias is -inf everywhere attends nothing (its output is 0). `sink` (heads,) is one more logit per head
     that takes part in the softmax but attends no value. Returns the output, the scores before the bias, the scores

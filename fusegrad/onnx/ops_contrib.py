@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 
 from fusegrad import Tensor, dtypes
+from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.ops import axis_of, ints, op, scalar
 # (importing ops_attention also registers the default domain's Attention)
@@ -82,7 +83,7 @@ def simplified_layer_norm(x: Tensor, gamma: Tensor, *, axis: int = -1, epsilon: 
     return y, inv
 
 
-def _mask_bias(mask: Tensor, b: int, s: int, total: int, fill: float, dt) -> Tensor:
+def _mask_bias(mask: Tensor, b: int, s: int, total: int, fill: float, dt: DType) -> Tensor:
     """onnxruntime's mask_index as an additive bias of 0 (attend) and `fill` (masked), broadcastable to (batch, heads,
     seq, total): key lengths (batch,), ends and starts (2 * batch,), 0/1 keys (batch, total) or 0/1 per query
     (batch, seq, total). (onnxruntime's CPU kernel has no (batch, 1, max, max) masks either.)"""
@@ -99,7 +100,7 @@ def _mask_bias(mask: Tensor, b: int, s: int, total: int, fill: float, dt) -> Ten
     return keep.where(Tensor(0.0, dtype=dt), Tensor(fill, dtype=dt))
 
 
-def _causal_bias(s: int, total: int, past: int, fill: float, dt) -> Tensor:
+def _causal_bias(s: int, total: int, past: int, fill: float, dt: DType) -> Tensor:
     return causal_allowed(s, total, past).where(Tensor(0.0, dtype=dt), Tensor(fill, dtype=dt))
 
 
@@ -126,7 +127,7 @@ def attention(x: Tensor, weights: Tensor, bias: Tensor | None = None, mask_index
 
 def packed_attention(qkv: Tensor, mask_index: Tensor | None, past: Tensor | None, attention_bias: Tensor | None, *,
                      num_heads: int, unidirectional: int, scale: float | None, mask_filter_value: float,
-                     qkv_hidden_sizes: Sequence[int] | None, dtype) -> tuple[Tensor, Tensor]:
+                     qkv_hidden_sizes: Sequence[int] | None, dtype: DType) -> tuple[Tensor, Tensor]:
     """Attention and QAttention after their projection: qkv is (batch, seq, q + k + v hidden sizes)."""
     b, s, _ = qkv.shape
     sizes = list(qkv_hidden_sizes) if qkv_hidden_sizes else [qkv.shape[-1] // 3] * 3
