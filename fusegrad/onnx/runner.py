@@ -369,8 +369,8 @@ class JitRunner:
     def __init__(self, runner: OnnxRunner, prune: bool = True):
         self.runner, self.prune = runner, prune
         self._jits: dict[tuple, Any] = {}
-        # per input name: the realized tensor whose memory takes the arrays of one shape and dtype
-        self._kept: dict[str, Tensor] = {}
+        # per set of input shapes and dtypes: the realized tensors, in input order, whose memory takes the arrays
+        self._kept: dict[tuple, list[Tensor]] = {}
         self._last: Any = None
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -383,16 +383,16 @@ class JitRunner:
         key = tuple((a.shape, a.dtype) for a in arrays) if plain else None
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
-            for name, arr in zip(names, arrays):
-                buf = device_buffer(self._kept[name].uop)
-                buf.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
-            return self._numpy(step(*[self._kept[n] for n in names]))
+            kept = self._kept[key]
+            for t, arr in zip(kept, arrays):
+                device_buffer(t.uop).copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
+            return self._numpy(step(*kept))
         bound = self.runner.bind_inputs(given)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
-            # static shapes: kept memory per input, filled from the arrays from now on
-            for name, t in bound.items(): self._kept[name] = t.contiguous().realize()
+            # static shapes: memory kept per input, filled from the arrays from now on
+            kept = self._kept[key] = [bound[n].contiguous().realize() for n in names]
             step = self._last = self._jits[key] = TinyJit(self._graph, prune=self.prune)
-            return self._numpy(step(*[self._kept[n] for n in names]))
+            return self._numpy(step(*kept))
         # (a symbolic dim is left out of the key: one capture replays for each of its values)
         sig = tuple((n, tuple(d if isinstance(d, int) else None for d in t.shape), t.dtype) for n, t in bound.items())
         if (step := self._jits.get(sig)) is None: step = self._jits[sig] = TinyJit(self._graph, prune=self.prune)
