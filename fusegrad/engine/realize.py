@@ -427,11 +427,11 @@ PIPELINE_GROUP_S = 0.15
 
 # QUICK_COMPILE=1: a schedule of at least QUICK_MIN_KERNELS new kernels, on a device that compiles in two tiers (CPU:
 # TieredCompiler), is compiled quickly first and runs while its optimized build compiles in the background, which then
-# takes over (the same results). A first call then waits for a fraction of the compile time (DESIGN.md, "Compile
-# paths and the default"). Single kernels (an eager op) get their optimized build at once: one compiler process
-# costs them about the same either way.
-QUICK_COMPILE = ContextVar("QUICK_COMPILE", 1)
-QUICK_MIN_KERNELS = 2
+# takes over (the same results). A model's first call then waits for a fraction of the compile time (DESIGN.md,
+# "Compile paths and the default"). Smaller schedules get their optimized build at once: there starting the compiler
+# is most of the cost either way, and the second build would be extra work for little gain (with 2 here, a
+# compile-heavy part of the test suite took ~10% more CPU).
+QUICK_MIN_KERNELS = 8
 
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put

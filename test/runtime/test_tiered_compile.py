@@ -16,6 +16,11 @@ from fusegrad.runtime.ops_cpu import TieredCPUProgram
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
+@pytest.fixture
+def small_schedules_tiered(monkeypatch):
+    # (the schedules of these tests have fewer new kernels than a model's first call)
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 2)
+
 def entry_kernel(name: str, value: float) -> str:
     """A kernel with the C renderer's calling convention (and entry point) that writes `value` * a into out."""
     return (f"/* {uuid.uuid4().hex} */\n"
@@ -97,7 +102,7 @@ def release_upgrades(held: list) -> None:
     for srcs, done in held: tiered.later(srcs, done)
     tiered.wait()
 
-def test_both_tiers_give_the_same_results():
+def test_both_tiers_give_the_same_results(small_schedules_tiered):
     # the kernels of a schedule run their quick build first (held back from the upgrade here), then the optimized
     # one: the results of both are the same bits, and right against NumPy
     held = hold_upgrades()
@@ -115,7 +120,7 @@ def test_both_tiers_give_the_same_results():
     Tensor.realize(*outs2)
     for a, b in zip(first, [o.numpy() for o in outs2]): np.testing.assert_array_equal(a, b)
 
-def test_a_jit_captured_on_the_quick_build_runs_the_optimized_one():
+def test_a_jit_captured_on_the_quick_build_runs_the_optimized_one(small_schedules_tiered):
     held = hold_upgrades()
     salt = 2 + uuid.uuid4().int % 1000 / 1000
     rng = np.random.default_rng(4)
@@ -157,13 +162,18 @@ def test_the_optimized_build_is_cached_for_the_next_process():
     (lib, final), = again.first([src])
     assert final and got == [lib] and again.final.compiles == 0 and again.quick.compiles == 0
 
-def test_single_kernels_and_quick_compile_off_get_the_optimized_build_at_once(monkeypatch):
+def test_small_schedules_and_quick_compile_off_get_the_optimized_build_at_once(monkeypatch):
     calls: list = []
     tiered = Device["CPU"].tiered
     monkeypatch.setattr(tiered, "first", lambda *a: calls.append(a))
     salt = 3 + uuid.uuid4().int % 1000 / 1000
     x = np.arange(12, dtype=np.float32)
     np.testing.assert_allclose((Tensor(x) * salt).numpy(), x * salt, rtol=1e-6)
+    small = [(Tensor(x) * salt).exp(), (Tensor(x) * salt).sum()]
+    Tensor.realize(*small)
+    assert len(small) < realize.QUICK_MIN_KERNELS
+    np.testing.assert_allclose(small[1].numpy(), (x * salt).sum(), rtol=1e-5)
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 2)
     with Context(QUICK_COMPILE=0):
         outs = [(Tensor(x) + salt).exp(), (Tensor(x) - salt).sum()]
         Tensor.realize(*outs)
