@@ -131,8 +131,9 @@ class CPUCompiler(Compiler):
 
 # *** two tiers: a quick compile first, the optimized one in the background ***
 
-# the quick tier's optimization level: a fraction of -O2's compile time (the 200-op graph's kernels: 0.17 s against
-# 1.5 s of gcc), with code that is not far behind on the kernels of one call; -O1 compiles 3x slower than -Og
+# the quick tier's optimization level: a fraction of -O2's compile time (the 200-op graph's kernels: 0.17 s of gcc
+# against 1.5 s), with code that is not far behind for the kernels of one call (ResNet-18's are vectorized by the
+# renderer); -O1 compiles 1.6-2.6x slower than -Og (DESIGN.md, "Compile paths and the default")
 QUICK_LEVEL = "-Og"
 
 def quick_flags(flags: list[str]) -> list[str]:
