@@ -431,6 +431,7 @@ PIPELINE_GROUP_S = 0.15
 # "Compile paths and the default"). Smaller schedules get their optimized build at once: there starting the compiler
 # is most of the cost either way, and the second build would be extra work for little gain (with 2 here, a
 # compile-heavy part of the test suite took ~10% more CPU).
+QUICK_COMPILE = ContextVar("QUICK_COMPILE", 1)
 QUICK_MIN_KERNELS = 8
 
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
