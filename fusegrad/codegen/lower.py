@@ -185,10 +185,13 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     if any(u.op is Ops.REDUCE and u.dtype not in vec_dts for u in topo): return None
     best, best_score = None, 0
     stored = {u.src[0] for u in topo if u.op is Ops.STORE}
-    n_reduces = sum(1 for u in topo if u.op is Ops.REDUCE)
-    # (a single reduction weighs its accesses by where they run and prefers wider vectors; several, as softmax, keep
-    # the plain count: their own reduce vector axes are chosen after this one)
-    reduces, single = n_reduces > 0, n_reduces == 1
+    reds = [u for u in topo if u.op is Ops.REDUCE]
+    outputs = [u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast" and not any(u in r.src for r in reds)]
+    # (a single reduction that output lanes go through weighs its accesses by where they run and prefers wider
+    # vectors; several, as softmax, or one computed once for all the lanes, keep the plain count: their own reduce
+    # vector axes are chosen after this one)
+    reduces = bool(reds)
+    single = len(reds) == 1 and (not outputs or any(r in reds[0].src[0].toposort() for r in outputs))
     for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
@@ -207,11 +210,12 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     return best
 
 def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp, ...]:
-    """In a kernel with several reductions, an upcast reduce axis of each one that doesn't involve the main vector
-    axis `vec`, contiguous in every load that varies with it: its partial accumulators become SIMD lanes too."""
+    """In a kernel with several reductions, or one beside a main vector axis `vec`, an upcast reduce axis of each one
+    that doesn't involve `vec`, contiguous in every load that varies with it: its partial accumulators become SIMD
+    lanes too."""
     vec_dts = getattr(renderer, "vector_dtypes", ())
     reds = [u for u in ast.toposort() if u.op is Ops.REDUCE]
-    if len(reds) < 2 or not vec_dts: return ()
+    if (len(reds) < 2 and vec is None) or not vec_dts: return ()
     live: dict = {}
     chosen: list[tuple[UOp, UOp]] = []
     for red in reds:

@@ -58,16 +58,20 @@ def _is_long_contraction(red: UOp) -> bool:
     while x.op is Ops.CAST: x = x.src[0]
     if red.arg is not Ops.ADD or x.op is not Ops.MUL: return False
     a, b = ({r for r in s.toposort() if r.op is Ops.RANGE} for s in x.src)
-    n = prod_int(range_size(r) for r in red.src[1:])
+    n = _loop_product(red.src[1:])
     return bool(a - b) and bool(b - a) and n is not None and n > LONG_CONTRACTION
 
-def prod_int(sizes) -> int | None:
-    """The product of loop sizes, or None if one is symbolic."""
+def _loop_product(loops: tuple[UOp, ...]) -> int | None:
+    """The product of the loops' sizes, or None if one is symbolic."""
     n = 1
-    for s in sizes:
-        if not isinstance(s, int): return None
-        n *= s
+    for r in loops:
+        if not isinstance(size := range_size(r), int): return None
+        n *= size
     return n
+
+def _same_size(a: UOp, b: UOp) -> bool:
+    sa, sb = range_size(a), range_size(b)
+    return sa == sb if isinstance(sa, int) and isinstance(sb, int) else sa is sb
 
 def _ranges(u: UOp) -> list[UOp]:
     """The RANGEs `u` depends on, in loop order."""
@@ -187,7 +191,7 @@ def _fit(frame: UOp, at: list[UOp], other: UOp, loops: list[UOp]) -> tuple[UOp, 
     """`frame` and `other` over the same loops: `other`'s output `loops` become the `frame`'s loops `at` (of the same
     sizes, one for one), its other loops get ids of their own. `at` must be the frame's outermost loops: if they
     aren't, the frame's loops are reordered when it has no reduction and all its stores are at all its loops."""
-    if len(at) != len(loops) or any(range_size(a) != range_size(b) for a, b in zip(at, loops)): return None
+    if len(at) != len(loops) or not all(_same_size(a, b) for a, b in zip(at, loops)): return None
     frame_loops = _output_loops(frame)
     if [r for r in frame_loops if r in at] != frame_loops[:len(at)]:
         if any(u.op is Ops.REDUCE for u in frame.toposort()) or \

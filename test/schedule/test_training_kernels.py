@@ -91,3 +91,13 @@ def test_adam_step_is_one_kernel_per_parameter():
         topt.step()
         opt.zero_grad()
     _check([(lin.weight, tlin.weight), (lin.bias, tlin.bias)], rtol=1e-4, atol=1e-5)
+
+def test_explain_names_the_statistics_stored_with_the_output():
+    ours, _ = layernorm_step()
+    lines = ours[0].explain(*ours[1:]).splitlines()
+    assert lines[0] == "3 kernels" and lines[1] == "kernel 1: reduce, 4 outputs merged into one kernel"
+    # the row's statistics (256x1) are stored where they are computed; the output itself is not
+    notes = [(desc, "stored where it is computed" in cut) for desc, cut in zip(lines, lines[1:])
+             if desc.startswith("  ") and cut.startswith("    cut:")]
+    assert any("256x1" in d and stored for d, stored in notes)
+    assert all(stored == ("256x1" in d) for d, stored in notes)

@@ -246,13 +246,20 @@ def _tile_output_vector(ctx: OptContext) -> None:
     # 3x3 input gradient runs about three times as fast)
     if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
         ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
-    if len(k.reduceops) == 1:
+    # (a reduction the output vector doesn't vary, computed once for the vector's lanes, is vectorized by itself)
+    if len(k.reduceops) == 1 and any(inner in u.src[0].toposort() for u in k.ast.toposort() if u.op is Ops.REDUCE):
         _block_strided_reduce(ctx)
         _unroll_reduce(ctx)  # fewer loop iterations for the short bodies
         return
-    # several reductions per output row (softmax, layernorm): each one in vector partial accumulators
-    for r in [k.loops[i] for i in k.reduce_axes()]:
-        if (w := _reduce_vector_width(ctx, r)): ctx.split(OptOps.UPCAST, r, w)
+    _vectorize_reductions(ctx)
+
+def _vectorize_reductions(ctx: OptContext) -> bool:
+    """Several reductions per output row (softmax, layernorm, a channel's mean and variance): each one in vector
+    partial accumulators. Returns whether one was."""
+    applied = False
+    for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
+        if (w := _reduce_vector_width(ctx, r)) and ctx.split(OptOps.UPCAST, r, w)[1] is not None: applied = True
+    return applied
 
 def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tuple[int, ...]) -> tuple[UOp | None, int]:
     """Several vectors (the largest of `choices` that divides it) along the output vector's loop, so each row of the
@@ -304,7 +311,8 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
     multiple of the full width); dot products tiled over output loops that share its vector loads, or else a few
     vectors to hide the adds' latency. Returns whether it applied."""
     k = ctx.k
-    if ctx.width < 2 or len(k.reduceops) != 1: return False
+    if ctx.width < 2: return False
+    if len(k.reduceops) != 1: return _vectorize_reductions(ctx)
     for r in reversed(ctx.reds):
         if (w := _reduce_vector_width(ctx, r)) is None: continue
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
