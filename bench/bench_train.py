@@ -91,12 +91,14 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Call
     out["ours"], out["torch"] = best["ours"], best["torch"]
     return out
 
-def check_close(what: str, rtol: float, atol: float = 0.0) -> Callable[[list, list], str]:
-    """A check that each of the first calls' results agrees with torch's, elementwise within rtol/atol."""
+def check_close(what: str, rtol: float | tuple[float, ...], atol: float = 0.0) -> Callable[[list, list], str]:
+    """A check that each of the first calls' results agrees with torch's, elementwise within rtol/atol (rtol: one
+    for every call, or one per call)."""
     def check(ours: list[np.ndarray], theirs: list[np.ndarray]) -> str:
         worst = 0.0
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"{what} of call {i + 1} against torch")
+            tol = rtol[i] if isinstance(rtol, tuple) else rtol
+            np.testing.assert_allclose(a, b, rtol=tol, atol=atol, err_msg=f"{what} of call {i + 1} against torch")
             worst = max(worst, float(np.max(np.abs(a - b) / (np.abs(b) + atol + 1e-30))))
         return f"{what} of {len(ours)} calls within {worst:.1e}"
     return check
@@ -207,8 +209,11 @@ def resnet_train(size: int, batch: int = 16) -> tuple[Callable, Callable, Callab
         loss.backward()
         topt.step()
         return loss
-    # the first loss is before any update; the next two after one and two momentum steps
-    return (lambda: step(xt, yt).realize()), tstep, check_close("loss", 1e-3)
+    # the first loss is before any update, the next two after one and two momentum steps. The third is held to less:
+    # at 64px, float32 rounding (fusegrad's and torch's batch statistics summed in another order) put one of layer2's
+    # batch-norm outputs at -1.6e-7 in fusegrad, +2.0e-7 in torch and float64, so relu's gradient passed there in one
+    # framework only; that one element moved the losses after it by up to 2e-3 (torch float32 within 1e-6 of float64)
+    return (lambda: step(xt, yt).realize()), tstep, check_close("loss", (1e-5, 1e-4, 1e-2))
 
 def _torch_gpt2_block(sd: dict[str, torch.Tensor], cfg: gpt2.Config, i: int, x: torch.Tensor,
                       attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
