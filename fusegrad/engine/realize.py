@@ -613,16 +613,24 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any]] | N
     launch = knobs + launch_knob_values()
     if (ready := plan.direct.get(launch)) is None:
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
-        ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)))
+        # kernels small enough to run on the calling thread when nothing is queued (PreparedLaunch.run_here)
+        small = [(w := getattr(r, "_static_work", None)) is not None and w[0] <= HERE_MAX_OPS and w[1] <= HERE_MAX_MEM
+                 for r in runners]
+        ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)), small)
     return ready
 
-def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any]], topo: list[UOp],
+# a single kernel of at most this much work (ops, bytes moved: a few microseconds) launched by run_replayed runs on the
+# calling thread when no kernel is queued ahead of it: waking a worker for it costs more than running it
+HERE_MAX_OPS, HERE_MAX_MEM = 1 << 16, 1 << 17
+
+def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[bool]], topo: list[UOp],
                  bufs: list[list[Buffer]], do_update_stats: bool = True) -> None:
     """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `ready` from
     replay_runners, `topo` the toposort of the graph, `bufs` each kernel's Buffers. A kernel goes through its
-    prepared launch (made again when its parameters' values change, as exec_items does) or, where it has none, is
-    called as ExecItem.run calls it. (Not while DEBUG, VIZ or PROFILE watch each kernel.)"""
-    runners, prepared = ready
+    prepared launch (made again when its parameters' values change, as exec_items does; a small one run on this
+    thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. (Not while DEBUG, VIZ or
+    PROFILE watch each kernel.)"""
+    runners, prepared, small = ready
     for i, (ast, _, params) in enumerate(plan.kernels):
         prg, kbufs, state = runners[i], bufs[i], prepared[i]
         fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else {}
@@ -635,7 +643,9 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any]], 
         if state is False:
             ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).run(None, do_update_stats=do_update_stats)
             continue
-        state[0](*[kbufs[j].ensure_allocated()._buf for j in state[1]])
+        allocations = [kbufs[j].ensure_allocated()._buf for j in state[1]]
+        if not (small[i] and (here := getattr(state[0], "run_here", None)) is not None and here(*allocations)):
+            state[0](*allocations)
         if do_update_stats:
             ops, mem = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
             GlobalCounters.global_ops += ops

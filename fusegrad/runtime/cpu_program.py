@@ -137,6 +137,20 @@ class PreparedLaunch:
         self.workers, self.join = _workers(threads, helpable), join and threads > 1 and helpable
         # a joined call (a long kernel the caller helps with) is queued alone: a graph returns before its jobs run
         self.graph = None if self.join else LaunchGraph
+        # (run_here's arrays for fg_run_many: one job, its arguments at offset 0)
+        self._here = ((ctypes.c_void_p * 1)(program._entry), (ctypes.c_long * 1)(0), (ctypes.c_long * 1)(global_size))
+
+    def run_here(self, *allocations: Any) -> bool:
+        """Run this call on the calling thread, whole, if no job is queued ahead of it (True); else do nothing (False).
+        For a call too small to be worth a worker's wake-up (see LaunchGraph's inline graphs): an eager loop's tiny
+        kernels. Its allocations need no stamp: the call is done when this returns."""
+        pool = self.pool
+        if self.threads != 1 or not self.helpable or pool._finished.value < pool.submitted: return False
+        args: Any = self.array_type.from_buffer_copy(self.fixed)
+        for i, a in zip(self.varying, allocations): args[i] = _addressof(a)
+        fns, offsets, sizes = self._here
+        pool.run_many(1, fns, args, offsets, sizes)
+        return True
 
     def __call__(self, *allocations: Any) -> None:
         if allocations:

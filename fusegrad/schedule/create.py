@@ -23,6 +23,8 @@ class LiveGraphs(Protocol):
         """The graphs of the tensors being scheduled, as they are now."""
     def held_buffers(self, among: Container[UOp]) -> set[UOp]:
         """The BUFFER nodes `among` these that live tensors hold (so they keep their own memory)."""
+    def apply_and_hold(self, replacements: dict[UOp, UOp], among: Container[UOp]) -> set[UOp]:
+        """apply(replacements), then held_buffers(among)."""
 
 def replay_plan(walk: StructureWalk) -> ReplayPlan | None:
     """The replay plan of the structure of the graph `walk` went through (a graph without bound Variables), when the
@@ -36,9 +38,9 @@ def replay_buffers(plan: ReplayPlan, topo: list[UOp], live: LiveGraphs) -> list[
     plan's kernels on these, engine/realize.py run_replayed)."""
     schedule_cache_stats["hits"] += 1
     outs, results = plan.instantiate(topo)
-    live.apply(results)
     index = {o: i for i, o in enumerate(outs)}
-    return plan.kernel_buffers(topo, plan.storage(outs, frozenset([index[b] for b in live.held_buffers(index)])))
+    return plan.kernel_buffers(topo, plan.storage(outs, frozenset([index[b] for b in live.apply_and_hold(results,
+                                                                                                       index)])))
 
 def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraphs, lookup: CacheLookup | None = None) \
         -> tuple[list[ScheduleItem], dict[str, int], ReplayPlan | None]:

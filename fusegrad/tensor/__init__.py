@@ -145,6 +145,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def _of(u: UOp) -> Tensor:
         """A new tensor of graph `u` (not a sharded one, not of dtype index): what Tensor(u) makes of a tensor
         operation's result, without the constructor's checks (the op building paths know them to hold)."""
+        if Tensor.__init__ is not _plain_init: return Tensor(u)  # (a wrapped constructor notes sources: it is called)
         t = _new_tensor(Tensor)
         t.requires_grad = t.grad = None
         t._serial = next(_tensor_serials)
@@ -330,8 +331,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
         realized tensor) is computed already: it stays a view, and nothing runs for it (as in tinygrad)."""
         global _undo
-        if not lst and (u := self._uop).op is not Ops.MULTI:   # (the common case, one single-device tensor)
-            if u.base.op is Ops.BUFFER: return self
+        if not lst and (u := self._uop).op is not _MULTI:   # (the common case, one single-device tensor)
+            if u.base.op is _BUFFER: return self
             todo = [self]
         else:
             todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
@@ -1034,6 +1035,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """Matrix product with numpy/torch broadcasting rules, as a broadcast multiply and a sum (one kernel).
         `dtype`: the result's dtype (by default the operands' common one); the products and their sum are formed in
         its accumulation dtype (float32 for half types)."""
+        if type(w) is Tensor and dtype is None and (xu := self._uop).dtype is (wu := w._uop).dtype and \
+                xu.dtype in _OWN_ACCUMULATOR and not _sharding_used:
+            # the common case first (see below), its conditions checked on the nodes without the shape queries
+            xs, ws = xu.shape, wu.shape
+            if len(xs) >= 2 and len(xs) == len(ws) and xs[-1] == ws[-2] and xs[:-2] == ws[:-2] and \
+                    all(type(v) is int for v in xs) and all(type(v) is int for v in ws) and xs[-2] * ws[-1] > 1 and \
+                    type(d := xu.device) is str and d == wu.device:
+                return Tensor._of(matmul_nodes(xu, wu))
         if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0: raise ShapeError("matmul needs tensors with at least 1 dim, got a 0-d one")
         x, y = self, w
@@ -1150,6 +1159,31 @@ class _LiveTensors:
         if any(k.op is Ops.BUFFER and k is not v for k, v in replacements.items()): self.lazy = lazy_tensors()
     def roots(self) -> list[UOp]: return _shards(self.tensors)
     def held_buffers(self, among: Container[UOp]) -> set[UOp]: return _held_buffers(self.lazy, among)
+    def apply_and_hold(self, replacements: dict[UOp, UOp], among: Container[UOp]) -> set[UOp]:
+        """apply(replacements), then held_buffers(among), in one pass over the lazy tensors (a replay's common case:
+        no BUFFER is replaced, and the tensors realized are re-pointed straight at their buffers)."""
+        if any(k.op is _BUFFER for k in replacements):  # (a replaced buffer makes realized tensors lazy: see apply)
+            self.apply(replacements)
+            return self.held_buffers(among)
+        changed = {k: v for k, v in replacements.items() if k is not v}
+        held: set[UOp] = set()
+        for t in self.lazy:
+            u = t._uop
+            if (v := changed.get(u)) is not None:
+                if _undo is not None: _undo.append((t, u))
+                t.uop = u = v
+            elif not (u.op is _BUFFER or (u.op is _RESHAPE and u.src[0].op is _BUFFER)) and changed:
+                # (as _apply_map: the walk stops at replaced nodes)
+                topo = u.toposort(gate=lambda x: x not in changed)
+                if any(x in changed for x in topo):
+                    if _undo is not None: _undo.append((t, u))
+                    t.uop = u = substitute_map(u, changed, topo=topo)[u]
+            # (as _held_buffers)
+            if (base := u.base).op is _BUFFER:
+                if base in among: held.add(base)
+            else: held.update(x for x in u.toposort() if x in among)
+            if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
+        return held
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
@@ -1161,8 +1195,11 @@ def _is_plain_buffer(u: UOp) -> bool:
         plain = d["_plain"] = u.arg != u.src[0].shape and all(type(s) is int for s in u.arg) and prod(u.arg) != 0
     return plain
 
-_BUFFER, _RESHAPE, _ADD, _MUL, _NEG = Ops.BUFFER, Ops.RESHAPE, Ops.ADD, Ops.MUL, Ops.NEG
+_BUFFER, _RESHAPE, _MULTI, _ADD, _MUL, _NEG = Ops.BUFFER, Ops.RESHAPE, Ops.MULTI, Ops.ADD, Ops.MUL, Ops.NEG
 _FLOAT32, _BOOL = dtypes.float32, dtypes.bool
+# the dtypes that are their own sum's accumulator and their own promotion with themselves (matmul's common case)
+_OWN_ACCUMULATOR = tuple(d for d in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32,
+                                     dtypes.uint64) if sum_acc_dtype(d) == d and least_upper_dtype(d, d) == d)
 _new_tensor = object.__new__
 
 def _shape_arg(shape: Any) -> tuple[sint, ...]:
@@ -1195,6 +1232,9 @@ def _infer_shape(shape: tuple, numel: sint, old: tuple[sint, ...]) -> tuple[sint
     if not sym_eq(prod(shape), numel):
         raise ShapeError(f"can't reshape {old} ({numel} elements) to {shape} ({prod(shape)})")
     return tuple(shape)
+
+# the constructor as defined here (tensor/explain.py wraps it while sources are tracked: Tensor._of then calls it)
+_plain_init = Tensor.__init__
 
 # Context(TRAINING=1) (tinygrad's way) switches the same training mode that Tensor.train() does
 Tensor.training = bool(TRAINING.value)

@@ -179,3 +179,28 @@ def test_structure_walk_is_the_toposort_and_structure_key(seed):
     topo3 = list(sink3.toposort(known=known))
     assert list(walk.position) == topo3[:-1]
     assert walk.key() == structure_key(topo3)[0]
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32, np.uint8])
+def test_elementwise_fast_path_builds_the_general_graph(dt):
+    # add, sub and mul of tensors of one kind make their node directly: the very node (hash-consed) the general path
+    # makes, so kernels and the schedule cache see no difference
+    x, y = Tensor(rand(5, 3).astype(dt)), Tensor(rand(5, 3).astype(dt))
+    u, v = x.uop, y.uop
+    assert (x + y).uop is UOp(Ops.ADD, u.dtype, (u, v)) and y.add(x, reverse=True).uop is (x + y).uop
+    assert (x * y).uop is UOp(Ops.MUL, u.dtype, (u, v)) and y.mul(x, reverse=True).uop is (x * y).uop
+    assert (x - y).uop is UOp(Ops.ADD, u.dtype, (u, UOp(Ops.NEG, u.dtype, (v,))))
+    assert y.sub(x, reverse=True).uop is (x - y).uop
+    xb, yb = x > 0, y > 0   # bool: add and mul are OR and AND
+    assert (xb + yb).uop.op is Ops.OR and (xb * yb).uop.op is Ops.AND
+    np.testing.assert_array_equal((x - y).numpy(), x.numpy() - y.numpy())
+
+def test_fast_built_ops_note_their_source():
+    # the op building paths that skip the constructor's checks still go through it while sources are tracked
+    from fusegrad import track_sources
+    from fusegrad.engine import explain as ex
+    x, y = Tensor(rand(4, 4)), Tensor(rand(4, 4))
+    with track_sources():
+        s, p, m = x + y, x * y, x @ y
+    for t, api in ((s, "__add__"), (p, "__mul__"), (m, "__matmul__")):
+        src = ex.sources.get(t.uop)
+        assert src is not None and src.api == api and src.filename.endswith("test_eager_replay.py"), (api, src)
