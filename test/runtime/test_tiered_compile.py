@@ -1,6 +1,12 @@
 """Two compile tiers for the CPU: new kernels run a quick build first (cpu_compiler.TieredCompiler), then their
 optimized build takes over, with the same results."""
 import ctypes
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
 import uuid
 import numpy as np
 import pytest
@@ -19,7 +25,7 @@ def private_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def small_schedules_tiered(monkeypatch):
     # (the schedules of these tests have fewer new kernels than a model's first call)
-    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 2)
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 1)
 
 def entry_kernel(name: str, value: float) -> str:
     """A kernel with the C renderer's calling convention (and entry point) that writes `value` * a into out."""
@@ -179,3 +185,35 @@ def test_small_schedules_and_quick_compile_off_get_the_optimized_build_at_once(m
         Tensor.realize(*outs)
     np.testing.assert_allclose(outs[0].numpy(), np.exp(x + salt), rtol=1e-5)
     assert calls == []
+
+def test_exit_ends_the_background_compilers(tmp_path):
+    # a compiler that takes a minute when run at nice 19 (the background's builds): the process's exit neither waits
+    # for them nor leaves them running
+    slow_cc = tmp_path / "slow_cc.sh"
+    slow_cc.write_text('#!/bin/sh\n[ "$(cut -d" " -f19 /proc/$$/stat)" = 19 ] && sleep 60\nexec cc "$@"\n')
+    slow_cc.chmod(0o755)
+    code = textwrap.dedent("""
+        import os, time
+        import numpy as np
+        from fusegrad import Tensor
+        from fusegrad.runtime.cpu_compiler import _background_procs
+        xs = [Tensor(np.full((16, 16 + i), i, np.float32)) for i in range(10)]   # (ten kernels: nothing to merge)
+        Tensor.realize(*[((x * 2.5).exp() + 1).sum(1) for x in xs])
+        deadline = time.time() + 30
+        while not _background_procs and time.time() < deadline: time.sleep(0.05)
+        print(os.getpid(), len(_background_procs), flush=True)
+    """)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": str(slow_cc), "CPU_ASYNC": "0",
+           "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    st = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    pid, in_flight = out.stdout.split()
+    assert int(in_flight) == 1 and time.time() - st < 45
+    time.sleep(0.2)
+    left = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try: cmdline = (proc / "cmdline").read_bytes()
+        except OSError: continue
+        if f"fusegrad-cc-{pid}-".encode() in cmdline: left.append(proc.name)
+    assert left == []
