@@ -167,7 +167,7 @@ def test_schedules_hold_their_explanation_and_estimate(recording):
     from fusegrad.tensor.explain import cached_roofline
     a = Tensor([[float(i + 2 * j) for j in range(9)] for i in range(3)])
     b = (a.exp() * 2).sum(0)
-    out = (a / b).contiguous()
+    out = (a / b).sum(1).contiguous()   # (b read inside out's reduction: a kernel each)
     want_explain, want_est = out.explain(), out.estimate(predict=False)
     from fusegrad.engine.explain import estimate
     from fusegrad.tensor import _shards
