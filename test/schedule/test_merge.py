@@ -163,3 +163,23 @@ def test_a_long_contraction_keeps_its_kernel():
         run_schedule(sched)
         np.testing.assert_allclose(h.numpy(), A @ B, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(r.numpy(), np.maximum(A @ B, 0) * 2, rtol=1e-4, atol=1e-4)
+
+def test_channel_statistic_in_gpu_style_kernels(monkeypatch):
+    # on the PYTHON device's work-group emulation: the merged kernel's channel loop is launched over work-groups, the
+    # loops the statistics are broadcast along (batch and image) are shared by a group's work-items, and one
+    # work-item stores the statistics
+    from fusegrad.device import Device
+    from fusegrad.renderer.python import PythonRenderer
+    monkeypatch.setattr(Device["PYTHON"], "renderer", PythonRenderer(gpu=True))
+    X = rng.standard_normal((2, 6, 4, 20)).astype(np.float32)
+    x = Tensor(X, device="PYTHON")
+    mean = x.mean((0, 2, 3))
+    var = (x - mean.reshape(1, 6, 1, 1)).square().mean((0, 2, 3))
+    y = (x - mean.reshape(1, 6, 1, 1)) * (var.reshape(1, 6, 1, 1) + 1e-5).rsqrt()
+    sched = Tensor.schedule(y, mean, var)
+    assert len(_stores(sched)) == 1
+    run_schedule(sched)
+    ref_mean, ref_var = X.mean((0, 2, 3), keepdims=True), X.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(mean.numpy(), ref_mean.reshape(6), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var.numpy(), ref_var.reshape(6), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y.numpy(), (X - ref_mean) / np.sqrt(ref_var + 1e-5), rtol=1e-4, atol=1e-5)
