@@ -18,7 +18,7 @@ import pytest
 
 cl = pytest.importorskip("pyopencl")
 
-from fusegrad import Tensor, TinyJit, Variable  # noqa: E402
+from fusegrad import Tensor, TinyJit, Variable, nn  # noqa: E402
 from fusegrad.codegen import get_program  # noqa: E402
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps  # noqa: E402
 from fusegrad.codegen.opt import search  # noqa: E402
@@ -373,3 +373,27 @@ def test_grouped_reduction_with_vector_lanes():
     """GROUP, then UPCAST of an output loop (a matmul with few outputs and a long reduction, as a convolution's weight
     gradient): the vector accumulators' lanes go to local memory each to its own slot, behind one barrier."""
     check_matmuls("CL", Device["CL"].renderer, [(4, 16, 1024)])
+
+def test_group_of_one_of_nested_reduce_loops_of_the_same_size():
+    """A mean over two nested loops of 16 (channels' means of NCHW) grouped along either loop: the other loop of the
+    same reduction is not given the same work-item ids (a softmax's two sequential reductions are), against NumPy."""
+    xs = rng.random(8 * 4 * 16 * 16).astype(np.float32)
+    ast = [si.ast for si in Tensor(xs.reshape(8, 4, 16, 16)).mean((0, 2, 3)).schedule() if si.ast.op is Ops.SINK][-1]
+    ren = PythonRenderer(gpu=True)
+    want = xs.reshape(8, 4, 16, 16).mean((0, 2, 3))
+    for axis in (1, 2, 3):
+        p = get_program(ast, ren, opts=[Opt(OptOps.GROUP, axis, 4), Opt(OptOps.LOCAL, 0, 4)])
+        got = run_programs("PYTHON", [(p, [np.zeros(4, np.float32), xs])])[0][0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"GROUP of axis {axis}")
+
+def test_batchnorm_statistics_on_cl():
+    """BatchNorm2d's training output on CL against NumPy: its variance kernel holds two reductions over loops of the
+    same sizes (8, 32, 32), and a group shares one loop of the other reduction, not both of its 32s."""
+    xs = rng.random((8, 16, 32, 32)).astype(np.float32)
+    bn = nn.BatchNorm2d(16)
+    for t in nn.state.get_state_dict(bn).values(): t.replace(t.to("CL")).realize()
+    Tensor.training = True
+    try: got = bn(Tensor(xs, device="CL")).numpy()
+    finally: Tensor.training = False
+    mean, var = xs.mean((0, 2, 3), keepdims=True), xs.var((0, 2, 3), keepdims=True)
+    np.testing.assert_allclose(got, (xs - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)

@@ -409,13 +409,22 @@ class Kernel:
             r = self.loops[opt.axis]
             if range_kind(r) != "reduce": raise KernelOptError(f"{opt.op.name} needs a reduce axis")
             self._check_groupable(r)
-            # the other reduce loops of the same size (a softmax's sum after its max) share the work-items
-            shared = []
-            for x in self.loops[self.first_reduce:]:
-                if x is r or range_size(x) != range_size(r): continue
-                try: self._check_groupable(x)
-                except KernelOptError: continue
-                shared.append(x)
+            # one loop of the same size in each other reduction (a softmax's sum after its max) shares the work-items:
+            # two loops of one reduction given the same ids would each skip most of their elements
+            reductions = [u for u in self.ast.toposort() if u.op is Ops.REDUCE]
+            own = next((list(u.src[1:]) for u in reductions if r in u.src[1:]), [r])
+            shared: list[UOp] = []
+            for red in reductions:
+                if r in red.src[1:]: continue
+                fits = [x for x in red.src[1:] if x in self.loops[self.first_reduce:] and x not in shared
+                        and range_size(x) == range_size(r)]
+                # the loop at r's place in its own reduction first (the same element of the same shape)
+                fits.sort(key=lambda x: list(red.src[1:]).index(x) != own.index(r))
+                for x in fits:
+                    try: self._check_groupable(x)
+                    except KernelOptError: continue
+                    shared.append(x)
+                    break
             ret = self._split(opt.axis, opt.arg, "local", top=opt.op is OptOps.GROUPTOP, shared=tuple(shared))
             self.groups.add(ret)
         else: raise KernelOptError(f"unknown opt {opt.op}")
