@@ -7,7 +7,9 @@ Used to check that a change meant to move code around leaves the generated code 
     diff -r /tmp/before /tmp/after
 
 Workloads: the MLP training step (eager and under TinyJit), ResNet-18 forward at 64x64, the digits CNN training step,
-a convolution forward and backward, softmax / layernorm / gelu, and a data-parallel step sharded over two CPU devices.
+a convolution forward and backward, softmax / layernorm / gelu, a data-parallel step sharded over two CPU devices, the
+rows of bench/bench_first_call.py (ResNet-18 forward at batch 8, the 200-op graph) and test/test_resnet.py's small
+ResNet in eval and training mode.
 """
 from __future__ import annotations
 import os
@@ -23,7 +25,7 @@ import numpy as np  # noqa: E402
 from fusegrad import Tensor, nn  # noqa: E402
 from fusegrad.engine import realize  # noqa: E402
 from fusegrad.nn.state import get_parameters  # noqa: E402
-from bench_train import adam_step  # noqa: E402  (bench/ is the script's folder)
+from bench_train import train_step  # noqa: E402  (bench/ is the script's folder)
 
 SEEN: list[str] = []
 _original_init = realize.CompiledRunner.__init__
@@ -31,6 +33,9 @@ _original_init = realize.CompiledRunner.__init__
 def _recording_init(self, p, *args, **kwargs) -> None:
     SEEN.append(f"// {p.name}\n{p.src}")
     _original_init(self, p, *args, **kwargs)
+
+def adam_step(params: list[Tensor], forward: Callable[[Tensor], Tensor], lr: float, jit: bool) -> Callable:
+    return train_step(nn.optim.Adam(params, lr=lr), lambda xb, yb: forward(xb).sparse_categorical_crossentropy(yb), jit)
 
 def mlp(jit: bool) -> None:
     rng = np.random.default_rng(0)
@@ -67,6 +72,30 @@ def norms() -> None:
     x = Tensor(np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)).realize()
     Tensor.realize(x.softmax(), x.layernorm(), x.gelu(), x.log_softmax())
 
+def first_call_rows() -> None:
+    # the rows of bench/bench_first_call.py: ResNet-18 forward at batch 8, the 200-op elementwise graph
+    import resnet
+    Tensor.manual_seed(0)
+    model = resnet.ResNet(18)
+    img = np.random.default_rng(0).standard_normal((8, 3, 64, 64)).astype(np.float32)
+    with Tensor.test(): model(Tensor(img)).realize()
+    x = Tensor.ones(77, 77).contiguous().realize()
+    for i in range(200): x = (x * 1.01 + 0.5).relu() if i % 3 else x.sum(1, keepdim=True).expand(77, 77) * 0.001 + x
+    x.realize()
+
+def tiny_resnet_train() -> None:
+    # test/test_resnet.py's model: forward in eval and training mode, and a backward
+    import resnet
+    Tensor.manual_seed(0)
+    model = resnet.ResNet(18, num_classes=10, width=8, blocks=[1, 1, 1, 1])
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with Tensor.test(): model(Tensor(x)).realize()
+    params = [model.conv1.weight, model.layer3[0].conv2.weight, model.fc.weight]
+    for p in params: p.requires_grad_(True)
+    with Tensor.train():
+        model(Tensor(x)).square().sum().backward()
+        Tensor.realize(*[p.grad for p in params])
+
 def sharded() -> None:
     devices = ("CPU:0", "CPU:1")
     rng = np.random.default_rng(0)
@@ -86,7 +115,8 @@ def sharded() -> None:
 
 WORKLOADS: dict[str, Callable[[], None]] = {
     "mlp_eager": lambda: mlp(False), "mlp_jit": lambda: mlp(True), "resnet18": resnet18, "digits": digits,
-    "conv": conv, "norms": norms, "sharded": sharded}
+    "conv": conv, "norms": norms, "sharded": sharded, "first_call_rows": first_call_rows,
+    "tiny_resnet_train": tiny_resnet_train}
 
 def main() -> None:
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "kernels")
