@@ -406,7 +406,10 @@ class JitRunner:
 
     def _graph(self, *tensors: Tensor) -> list[Any]:
         outs = self.runner.graph.run(dict(zip(self.runner.input_names, tensors)), self.runner)
-        return [_realized(outs[n]) for n in self.runner.output_names]
+        # an output that is an input (an Identity from input to output) is copied, as onnxruntime returns a copy: a
+        # replay hands back fresh output memory, never the memory the next call's input is written to
+        inputs = {id(t.uop.base) for t in tensors if isinstance(t, Tensor)}
+        return [_realized(_copied_if_in(outs[n], inputs)) for n in self.runner.output_names]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:
         return {n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)}
@@ -416,6 +419,15 @@ def _realized(v: Any) -> Any:
     """An output with its tensors realized (a sequence output is a list of them, an empty optional None)."""
     if isinstance(v, Tensor): return v.realize()
     if isinstance(v, list): return [_realized(x) for x in v]
+    return v
+
+
+def _copied_if_in(v: Any, bases: set[int]) -> Any:
+    """An output with each tensor that is a view of one of `bases` (ids of input buffer nodes) made a copy."""
+    # (clone of a realized buffer is that buffer: an assign into new memory is a copy kernel)
+    if isinstance(v, Tensor) and id(v.uop.base) in bases:
+        return Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).assign(v)
+    if isinstance(v, list): return [_copied_if_in(x, bases) for x in v]
     return v
 
 

@@ -1,0 +1,53 @@
+"""OnnxRunner.jit() on models whose outputs are their inputs or views of them: each call returns a copy of that call's
+input (as onnxruntime's run does), never the memory the next call's input is written to."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from fusegrad.onnx import OnnxRunner  # noqa: E402
+
+
+def _model(with_relu: bool, reshape: bool = False, batch: int | str = 2):
+    """y = Identity(x) (or Reshape(x) to (batch*3,)), and z = Relu(x) beside it when `with_relu`."""
+    nodes = [helper.make_node("Identity", ["x"], ["y"])]
+    inits = []
+    if reshape:
+        nodes = [helper.make_node("Reshape", ["x", "flat"], ["y"])]
+        inits.append(helper.make_tensor("flat", TensorProto.INT64, [1], [-1]))
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if with_relu:
+        nodes.append(helper.make_node("Relu", ["x"], ["z"]))
+        outs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])], outs,
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("with_relu,reshape", [(False, False), (True, False), (False, True), (True, True)])
+def test_output_that_is_an_input_is_each_calls_copy(with_relu, reshape):
+    run = OnnxRunner(_model(with_relu, reshape)).jit()
+    rng = np.random.default_rng(1)
+    kept = []
+    for _ in range(5):   # (TinyJit captures on the second call and replays from the third)
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        got = run({"x": x})
+        np.testing.assert_array_equal(got["y"], x.reshape(-1) if reshape else x)
+        if with_relu: np.testing.assert_array_equal(got["z"], np.maximum(x, 0))
+        assert not np.shares_memory(got["y"], x)
+        kept.append((x.copy(), got["y"]))
+    for x, y in kept:   # earlier results are not overwritten by later calls
+        np.testing.assert_array_equal(y, x.reshape(-1) if reshape else x)
+
+
+def test_output_that_is_an_input_with_a_symbolic_dim():
+    run = OnnxRunner(_model(True, batch="n")).jit()
+    rng = np.random.default_rng(2)
+    for n in [2, 2, 2, 5, 1, 5]:
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        got = run({"x": x})
+        np.testing.assert_array_equal(got["y"], x)
+        np.testing.assert_array_equal(got["z"], np.maximum(x, 0))
