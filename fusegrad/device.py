@@ -14,7 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
-from fusegrad.helpers import CACHELEVEL, DEBUG, atomic_write, cache_dir, getenv, remove_path
+from fusegrad.helpers import CACHELEVEL, DEBUG, atomic_write, cache_dir, getenv, prod, remove_path
 from fusegrad.hostcpu import host_cpu_count
 
 class GlobalCounters:
@@ -257,13 +257,21 @@ class Buffer:
         if allow_zero_copy and hasattr(self.allocator, "_as_buffer"): return self.allocator._as_buffer(self._buf)
         return self.copyout(memoryview(bytearray(self.nbytes)))
 
-    def numpy(self) -> Any:
-        """A numpy array (1-D, this buffer's dtype) holding a copy of the contents."""
+    def numpy(self, shape: tuple[int, ...] | None = None) -> Any:
+        """A numpy array of this buffer's dtype (bfloat16 widened to float32) holding a copy of the contents, 1-D or
+        of `shape` (which must hold exactly `size` elements)."""
         import numpy as np
+        if shape is not None and prod(shape) != self.size:
+            raise ValueError(f"numpy: shape {shape} doesn't hold the {self.size} elements of {self!r}")
         if self.dtype.scalar() == dtypes.bfloat16:  # numpy has no bfloat16: widen the bits to float32
             raw = np.frombuffer(self.as_buffer(), dtype=np.uint16).astype(np.uint32) << 16
-            return raw.view(np.float32)
-        return np.frombuffer(self.as_buffer(), dtype=to_np_dtype(self.dtype)).copy()
+            out = raw.view(np.float32)
+            return out if shape is None else out.reshape(shape)
+        # copied out straight into the array's memory (no host view of the buffer is made: one would have to be
+        # tracked, as memory a live view reads isn't reused)
+        out = np.empty(self.size, to_np_dtype(self.dtype))
+        if self.size: self.ensure_allocated().allocator._copyout(memoryview(out).cast("B"), self._buf)
+        return out if shape is None else out.reshape(shape)
 
     def __repr__(self) -> str:
         extra = f" view of offset {self.offset}" if self._base is not None else ""

@@ -337,9 +337,14 @@ _NP_NAMES: dict[DType, str] = {dtypes.bool: "bool", dtypes.int8: "int8", dtypes.
                                dtypes.float32: "float32", dtypes.float64: "float64"}
 
 def to_np_dtype(dt: DType) -> Any:
+    # (memoized per dtype: reading a tensor's values asks for it every time)
+    if (npdt := _TO_NP.get(dt)) is not None: return npdt
     import numpy as np
     if dt.scalar() not in _NP_NAMES: raise TypeError(f"{dt} has no numpy equivalent")
-    return np.dtype(_NP_NAMES[dt.scalar()])
+    npdt = _TO_NP[dt] = np.dtype(_NP_NAMES[dt.scalar()])
+    return npdt
+
+_TO_NP: dict[DType, Any] = {}
 
 def from_np_dtype(npdt: Any) -> DType:
     # (a dtype object is looked up directly: this runs for every tensor made from an array)

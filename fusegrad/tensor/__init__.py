@@ -387,8 +387,21 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """The shape with each symbolic entry replaced by its value under the bound Variables."""
         return tuple(sym_value(s) for s in self.shape)
 
+    def _plain_buffer(self) -> tuple[Any, tuple[int, ...]] | None:
+        """The device Buffer holding exactly this tensor's elements in row-major order, and the shape, when the tensor
+        is realized and plain (a buffer or a reshape of one) and the Buffer exists: reading its values then builds no
+        graph node (None otherwise: views, lazy tensors, sharded ones, and inside a TinyJit capture, which
+        _buffer reports)."""
+        u = self._uop
+        if (op := u.op) is _BUFFER: base, shape = u, (u.arg[1],)
+        elif op is _RESHAPE and _is_plain_buffer(u): base, shape = u.src[0], u.arg
+        else: return None
+        if capturing or (buf := base.__dict__.get("_buffer")) is None: return None
+        return buf, shape
+
     def numpy(self) -> Any:
         """A numpy array copy of the values (numpy must be installed)."""
+        if (plain := self._plain_buffer()) is not None: return plain[0].numpy(plain[1])
         import numpy as np
         from fusegrad.dtype import to_np_dtype
         if self.dtype == dtypes.bfloat16: return self.float().numpy()
@@ -400,17 +413,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def tolist(self) -> Any:
         """The values as (nested) Python lists of Python scalars."""
+        if (plain := self._plain_buffer()) is not None and (fmt := self.dtype.fmt) is not None:
+            return _nest(_unpacked(plain[0], plain[0].size, fmt), plain[1])
         if self.dtype == dtypes.bfloat16: return self.float().tolist()
         shape = self._concrete_shape()
         if prod(shape) == 0:
             return _nest([], shape)
-        b = self._buffer()
-        vals = list(struct.unpack_from(f"<{prod(shape)}{self.dtype.fmt}", b.as_buffer()))
-        if self.dtype == dtypes.bool: vals = [bool(v) for v in vals]
+        vals = _unpacked(self._buffer(), prod(shape), self.dtype.fmt)
         return vals[0] if shape == () else _nest(vals, shape)
 
     def item(self) -> ConstType:
         """The single value of a one-element tensor as a Python scalar."""
+        if (plain := self._plain_buffer()) is not None and plain[0].size == 1 and (fmt := self.dtype.fmt) is not None:
+            return _unpacked(plain[0], 1, fmt)[0]
         if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, this one has {self.numel()}")
         return self.reshape(()).tolist()
 
@@ -1184,6 +1199,12 @@ class _LiveTensors:
             else: held.update(x for x in u.toposort() if x in among)
             if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
         return held
+
+def _unpacked(buf: Any, n: int, fmt: str) -> list:
+    """The first `n` values of a device Buffer as Python scalars (`fmt`: their struct format), copied out of the
+    device (no host view of its memory is made)."""
+    raw = buf.copyout(memoryview(bytearray(buf.nbytes))) if buf.nbytes else b""
+    return list(struct.unpack_from(f"<{n}{fmt}", raw))
 
 def _is_plain_buffer(u: UOp) -> bool:
     """A buffer, or a reshape of one to another non-empty shape (what a realized tensor is): its graph has nothing to
