@@ -101,8 +101,9 @@ def _choose_output_vector(ctx: OptContext) -> None:
     cands = [(r, *_output_vector_width(ctx, range_size(r))) for r in reversed(ctx.outs)]
     best = next(((r, w, p) for r, w, p in cands if w is not None and _fits_vector(ctx, r, False)), None)
     best = _prefer_per_lane_vector(ctx, cands, best)
+    contiguous = best
     best = _prefer_channel_vector(ctx, cands, best)
-    if best is None: return
+    if best is None or _prefer_reduction_vector(ctx, best, contiguous): return
     ctx.vec_out, ctx.width, ctx.pad = best
     _pad_output_vector(ctx)
 
@@ -198,6 +199,20 @@ def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, b
     if wide is None: return best
     ctx.switched = True
     return wide
+
+LONG_REDUCTION = 4096
+
+def _prefer_reduction_vector(ctx: OptContext, best: VectorChoice, contiguous: VectorChoice | None) -> bool:
+    """Whether a reduction over at least LONG_REDUCTION elements per output, contiguous in every load along one of
+    its loops for a full vector, is better vectorized itself (step 3) than along the output vector chosen, when that
+    vector is padded (a 7-wide window padded to 8) or was taken over image rows shorter than a vector (a
+    convolution's channels): a convolution's weight gradient, whose few outputs each sum over batch x image. Its
+    loads are then contiguous vectors along the image rows, shared across a tile of output channels x input
+    channels, where the output vector gathered the output gradient lane by lane, one cache line per lane (the 7x7
+    stem's weight gradient ran more than twenty times faster)."""
+    if len(ctx.k.reduceops) != 1 or not (best[2] or best is not contiguous): return False
+    red_len = math.prod(s if isinstance(s := range_size(r), int) else 0 for r in ctx.reds)
+    return red_len >= LONG_REDUCTION and any(_reduce_vector_width(ctx, r) == ctx.width for r in ctx.reds)
 
 def _pad_output_vector(ctx: OptContext) -> None:
     """The output vector's loop padded to whole vectors (PADTO) where step 1 chose padding, or where a plain matmul's
