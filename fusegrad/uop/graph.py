@@ -65,30 +65,21 @@ def is_liftable(u: UOp) -> bool:
     return u.op is Ops.CONST and bool(u.src) and u.dtype != dtypes.bool and u.dtype != dtypes.index
 
 def structure_key(topo: list[UOp]) -> tuple[tuple, list[UOp]]:
-    """The structure of a graph without bound Variables as a key, and its liftable constants. It describes the same
-    graph as the normalized one (buffers as stand-ins, liftable constants as placeholders) as a tuple with a node
-    per toposort position, each naming its sources by position: building it costs a tuple per node where the
-    normalized graph costs a hash-consed UOp per node, and it is built on every call, hit or miss."""
-    # (written for speed: it runs on every realize)
-    position = {u: i for i, u in enumerate(topo)}.__getitem__
-    parts: list[tuple] = []
-    consts: list[UOp] = []
-    BUFFER, CONST = Ops.BUFFER, Ops.CONST
-    for u in topo:
-        if (op := u.op) is BUFFER: arg: object = ("param", u.arg[1])  # which buffer is told by its position alone
-        elif op is CONST and is_liftable(u):
-            arg = "_c"  # the value is checked against the entry's baseline instead
-            consts.append(u)
-        else: arg = u._ukey[3]  # the arg's _arg_key, computed when the node was made
-        parts.append((op, u.dtype, tuple(map(position, u.src)), arg))
-    return tuple(parts), consts
+    """The structure of a graph without bound Variables as a key, and its liftable constants: StructureWalk's parts
+    for the nodes of `topo` (a toposort: each node after its sources) in that order. It describes the same graph as
+    the normalized one (buffers as stand-ins, liftable constants as placeholders) as a tuple with a node per toposort
+    position, each naming its sources by position."""
+    walk = StructureWalk().walk(topo)  # (every node's sources are placed before it: each is placed where it stands)
+    return tuple(walk.parts), walk.consts
 
 class StructureWalk:
     """The toposort of a graph given by its roots (the sources of the SINK a schedule would make) and its structure
     key, made in one walk: `position` is the toposort (node -> index, in order), and `key()` equals
-    `structure_key` of the toposort of the roots' SINK. `walk` may be called again with more roots: the toposort
-    goes on as `toposort(known=...)` would (a realize adds the readers of the buffers it overwrites).
-    `assigns` lists the ASSIGN nodes met."""
+    `structure_key` of the toposort of the roots' SINK. This is the one definition of a node's part in the key: the
+    BUFFERs named by size alone, liftable constants by "_c" (their values are checked against the cache entry's),
+    every other node by its op, dtype, sources' positions and its arg's key. `walk` may be called again with more
+    roots: the toposort goes on as `toposort(known=...)` would (a realize adds the readers of the buffers it
+    overwrites). `assigns` lists the ASSIGN nodes met."""
     __slots__ = ("position", "parts", "consts", "assigns", "roots")
     def __init__(self) -> None:
         self.position: dict[UOp, int] = {}
@@ -102,21 +93,25 @@ class StructureWalk:
         # post-order with the sources in order)
         position, parts, consts = self.position, self.parts, self.consts
         at = position.__getitem__
+        entered: set[UOp] = set()
         for root in roots:
             self.roots.append(root)
             if root in position: continue
-            stack, entered = [root], set()
+            stack = [root]
             while stack:
                 u = stack.pop()
                 if u in position: continue
                 src = u.src
                 if src and u not in entered:
-                    # sources first: u comes back once they are placed
-                    entered.add(u)
+                    # sources first: u comes back once they are placed (at once if they all are)
+                    n = len(stack)
                     stack.append(u)
                     for s in reversed(src):
                         if s not in position: stack.append(s)
-                    continue
+                    if len(stack) > n + 1:
+                        entered.add(u)
+                        continue
+                    stack.pop()
                 op = u.op
                 if op is _BUFFER: arg: object = ("param", u.arg[1])
                 elif op is _CONST and src and u.dtype != dtypes.bool and u.dtype != dtypes.index:  # is_liftable
