@@ -5,14 +5,13 @@ GroupQueryAttention, RotaryEmbedding). Each is the composition of Tensor ops tha
 fusegrad's scheduler does the fusing."""
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
+from typing import Any, Sequence
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
-from fusegrad.onnx.ops import axis_of, ints, op, scalar
+from fusegrad.engine.realize import capturing
+from fusegrad.onnx.ops import axis_of, host_value, known_value, op, scalar
 # (importing ops_attention also registers the default domain's Attention)
 from fusegrad.onnx.ops_attention import (allowed_to_bias, attend, causal_allowed, from_heads, rotary, rotary_angles,
                                          to_heads)
@@ -217,7 +216,12 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
                           softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     """Causal grouped-query attention with a key/value cache: `seqlens_k[b] + 1` keys are valid for batch b (the
     cache's past ones, then this block's S); the present outputs hold the past's valid keys followed by the new ones
-    (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0)."""
+    (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0).
+
+    seqlens_k is used on the device (it is often computed there, from an attention mask): each batch's past length
+    places the new keys, the causal mask and the rotary positions, so kernels captured by TinyJit follow every call's
+    lengths. total_sequence_length sets the present's length (a shape) and is read on the host: a constant, or a size
+    from a Shape (a symbolic value where the dim is symbolic)."""
     if do_rotary and (cos_cache is None or sin_cache is None):
         raise ValueError("do_rotary needs cos_cache and sin_cache")
     if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
@@ -226,43 +230,35 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
         kv_hidden = (query.shape[2] // (num_heads + 2 * kv_num_heads)) * kv_num_heads
         query, key, value = query.split([query.shape[2] - 2 * kv_hidden, kv_hidden, kv_hidden], -1)
     if value is None: raise ValueError("GroupQueryAttention needs a value with a key")
+    if (past_key is None) != (past_value is None): raise ValueError("past_key and past_value go together")
     b, s = query.shape[:2]
-    lens = [int(n) + 1 for n in ints(seqlens_k)]
-    if len(lens) != b: raise ValueError(f"seqlens_k has {len(lens)} values for a batch of {b}")
-    total = int(scalar(total_sequence_length))
-    pasts = [n - s for n in lens]
-    if any(p < 0 for p in pasts): raise ValueError(f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new "
-                                                   f"positions")
+    if tuple(seqlens_k.shape) not in ((b,), (b, 1)):
+        raise ValueError(f"seqlens_k must have one value per batch ({b}), got shape {tuple(seqlens_k.shape)}")
+    if total_sequence_length.numel() != 1:
+        raise ValueError(f"total_sequence_length must be one value, got shape {tuple(total_sequence_length.shape)}")
+    if known_value(total_sequence_length) is None and capturing:
+        raise Unsupported("total_sequence_length computed on the device under TinyJit: it sets the present's length "
+                          "(a shape), so it must come from a constant or a Shape")
+    total = scalar(total_sequence_length)
+    buf = past_key.shape[2] if past_key is not None else 0
+    length = total if buf == 0 else buf if isinstance(total, int) and total <= buf else total
+    _check_seqlens(seqlens_k, s, buf, length, past_key is not None)
+    # each batch's number of past positions, on the device
+    pasts = seqlens_k.reshape(b).cast(dtypes.int32) + (1 - s)
     if do_rotary:
         # the new positions follow each batch's past ones, unless position_ids says where they are
-        pos = position_ids if position_ids is not None else Tensor(
-            np.array([[p + i for i in range(s)] for p in pasts], dtype=np.int64))
+        pos = position_ids if position_ids is not None else \
+            pasts.reshape(b, 1) + Tensor.arange(s, dtype=dtypes.int32).reshape(1, s)
         cos, sin = rotary_angles(cos_cache, sin_cache, pos)  # type: ignore[arg-type]
         query = rotary(query.reshape(b, s, num_heads, -1), cos, sin, bool(rotary_interleaved)).reshape(query.shape)
         key = rotary(key.reshape(b, s, kv_num_heads, -1), cos, sin, bool(rotary_interleaved)).reshape(key.shape)
     q = to_heads(query, num_heads, "the query")
     k, v = to_heads(key, kv_num_heads, "the key"), to_heads(value, kv_num_heads, "the value")
-    buf = past_key.shape[2] if past_key is not None else 0
-    if any(p > buf for p in pasts) and past_key is not None:
-        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")
-    if past_key is None and any(pasts): raise ValueError("seqlens_k counts past positions but there is no past_key")
-    length = max(total, buf)
-    # each batch's present: its valid past, the new positions, then zeros up to the buffer's length
-    pk, pv = [], []
-    for i, p in enumerate(pasts):
-        parts_k = ([past_key[i:i + 1, :, :p]] if p else []) + [k[i:i + 1]]
-        parts_v = ([past_value[i:i + 1, :, :p]] if p else []) + [v[i:i + 1]]  # type: ignore[index]
-        ck, cv = parts_k[0].cat(*parts_k[1:], dim=2), parts_v[0].cat(*parts_v[1:], dim=2)
-        if p + s > length: raise ValueError(f"the present's {p + s} positions exceed its length {length}")
-        pad = ((0, 0), (0, 0), (0, length - p - s), (0, 0))
-        pk.append(ck.pad(pad))
-        pv.append(cv.pad(pad))
-    present_k, present_v = pk[0].cat(*pk[1:], dim=0), pv[0].cat(*pv[1:], dim=0)
-    offsets = Tensor(np.array(pasts, dtype=np.int32))
-    allowed = causal_allowed(s, length, offsets)  # (batch, 1, s, length): also keeps keys past the batch's length out
+    present_k, present_v = (_place_new(pst, new, pasts, length) for pst, new in ((past_key, k), (past_value, v)))
+    allowed = causal_allowed(s, length, pasts)  # (batch, 1, s, length): also keeps keys past the batch's length out
     if local_window_size >= 0:
         # a window of local_window_size keys that ends at the query's own position (as onnxruntime's kernel)
-        i_ = Tensor.arange(s, dtype=dtypes.int32).reshape(s, 1) + offsets.reshape(-1, 1, 1, 1)
+        i_ = Tensor.arange(s, dtype=dtypes.int32).reshape(s, 1) + pasts.reshape(-1, 1, 1, 1)
         allowed = allowed & (i_ - Tensor.arange(length, dtype=dtypes.int32).reshape(1, length) < local_window_size)
     bias = allowed_to_bias(allowed, q.dtype)
     if attention_bias is not None: bias = bias + attention_bias.pad(((0, 0),) * 3 + ((0, length - total),))
@@ -270,6 +266,41 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     sink = head_sink if head_sink is not None else Tensor.zeros(num_heads, dtype=q.dtype) if smooth_softmax else None
     out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)[0]
     return from_heads(out).cast(query.dtype), present_k, present_v
+
+
+def _check_seqlens(seqlens_k: Tensor, s: int, buf: int, length: Any, has_past: bool) -> None:
+    """The checks of seqlens_k against the cache, where its values can be read: known on the host, or outside a TinyJit
+    capture (inside one, reading them would freeze this call's values into the replays)."""
+    known = known_value(seqlens_k)
+    if known is None and capturing: return
+    lens = [int(n) + 1 for n in (known if known is not None else host_value(seqlens_k)).reshape(-1)]
+    if any(n < s for n in lens): raise ValueError(f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new "
+                                                  f"positions")
+    if not has_past and any(n > s for n in lens):
+        raise ValueError("seqlens_k counts past positions but there is no past_key")
+    if has_past and any(n - s > buf for n in lens):
+        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")
+    if isinstance(length, int) and any(n > length for n in lens):
+        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says a present holds more than its {length} positions")
+
+
+def _place_new(past: Tensor | None, new: Tensor, pasts: Tensor, length: Any) -> Tensor:
+    """A batch's present: its `pasts[b]` valid past positions, the S new ones, then zeros up to `length`; positions
+    chosen on the device (per-batch offsets known only there)."""
+    b, h, s, d = new.shape
+    j = Tensor.arange(length, dtype=dtypes.int32).reshape(1, 1, length, 1)
+    start = pasts.reshape(b, 1, 1, 1)
+    # the new position each present position would take (clamped where it takes none)
+    idx = (j - start).maximum(0).minimum(s - 1).expand(b, h, length, d)
+    placed = new.gather(2, idx)
+    in_new = (j >= start) & (j < start + s)
+    rest = Tensor.zeros(b, h, length, d, dtype=new.dtype)
+    if past is not None:
+        buf = past.shape[2]
+        same = isinstance(length, int) and length == buf
+        old = past if same else past.pad(((0, 0), (0, 0), (0, length - buf), (0, 0)))
+        rest = (j < start).where(old, rest)
+    return in_new.where(placed, rest)
 
 
 @op("RotaryEmbedding", domain=MS)

@@ -1,0 +1,77 @@
+"""com.microsoft's GroupQueryAttention in a decode loop under TinyJit (OnnxRunner.jit()), with seqlens_k computed on
+the device from an attention mask as exported decoders do: the replays follow each step's lengths, against
+onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from fusegrad.onnx import OnnxRunner  # noqa: E402
+
+B, HEADS, KV_HEADS, HS, CACHE = 2, 4, 2, 16, 8
+
+
+def _decoder(rotary: bool):
+    """One decode step with a static cache of CACHE positions: seqlens_k = sum(mask) - 1 (a ReduceSum on the device),
+    total_sequence_length = the mask's length (a Shape); outputs the attention and the present cache."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("ReduceSum", ["mask", "one"], ["n"], keepdims=0),
+             helper.make_node("Sub", ["n", "one"], ["n1"]),
+             helper.make_node("Cast", ["n1"], ["seqlens_k"], to=TensorProto.INT32),
+             helper.make_node("Shape", ["mask"], ["shape"]),
+             helper.make_node("Gather", ["shape", "idx"], ["len64"], axis=0),   # (a scalar index: a scalar)
+             helper.make_node("Cast", ["len64"], ["total"], to=TensorProto.INT32)]
+    ins = ["q", "k", "v", "pk", "pv", "seqlens_k", "total"]
+    attrs = {}
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array(1, np.int64), "idx")]
+    if rotary:
+        ang = np.arange(16, dtype=np.float32)[:, None] * (10000.0 ** (-np.arange(HS // 2) / (HS // 2)))[None, :]
+        inits += [numpy_helper.from_array(np.cos(ang).astype(np.float32), "cos"),
+                  numpy_helper.from_array(np.sin(ang).astype(np.float32), "sin")]
+        ins += ["cos", "sin"]
+        attrs = {"do_rotary": 1}
+    nodes.append(helper.make_node("GroupQueryAttention", ins, ["y", "pko", "pvo"], domain="com.microsoft",
+                                  num_heads=HEADS, kv_num_heads=KV_HEADS, **attrs))
+    inputs = [helper.make_tensor_value_info("q", f, [B, 1, HEADS * HS]),
+              helper.make_tensor_value_info("k", f, [B, 1, KV_HEADS * HS]),
+              helper.make_tensor_value_info("v", f, [B, 1, KV_HEADS * HS]),
+              helper.make_tensor_value_info("pk", f, [B, KV_HEADS, CACHE, HS]),
+              helper.make_tensor_value_info("pv", f, [B, KV_HEADS, CACHE, HS]),
+              helper.make_tensor_value_info("mask", TensorProto.INT64, [B, CACHE])]
+    outputs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "pko", "pvo")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_gqa_decode_loop_under_jit_follows_each_steps_lengths(rotary):
+    """Six decode steps, the two batches at different lengths (one starts with 2 cached positions, the other with
+    none), the present fed back as the next step's cache; the jitted model replays one capture from the third step on
+    and must agree with onnxruntime at every step (a length frozen at the capture would put the new key in the wrong
+    slot and mask the wrong keys)."""
+    model = _decoder(rotary)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    jitted = OnnxRunner(model).jit()
+    rng = np.random.default_rng(1)
+    cache_ours = cache_ort = tuple(np.concatenate([rng.standard_normal((B, KV_HEADS, 2, HS)).astype(np.float32),
+                                                   np.zeros((B, KV_HEADS, CACHE - 2, HS), np.float32)], 2)
+                                   for _ in range(2))
+    lengths = np.array([2, 0])   # cached positions per batch
+    for step in range(6):
+        lengths = lengths + 1
+        mask = (np.arange(CACHE)[None, :] < lengths[:, None]).astype(np.int64)
+        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
+        want = sess.run(None, feed | {"pk": cache_ort[0], "pv": cache_ort[1]})
+        got = jitted(feed | {"pk": cache_ours[0], "pv": cache_ours[1]})
+        for name, w in zip(("y", "pko", "pvo"), want):
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+        cache_ours, cache_ort = (got["pko"], got["pvo"]), (want[1], want[2])
+    assert len(jitted.captured) > 0
