@@ -159,6 +159,15 @@ def _kv_heads(t: Tensor, heads: int, what: str) -> Tensor:
     raise ValueError(f"{what} must be (batch, seq, hidden) or (batch, {heads}, seq, head_size), got {tuple(t.shape)}")
 
 
+def _unpack(packed: Tensor, parts: int, heads: int, what: str) -> tuple[Tensor, ...]:
+    """(batch, seq, heads, parts, head_size) -> `parts` tensors of (batch, seq, heads * head_size)."""
+    b, s, n, p, h = packed.shape
+    if n != heads or p != parts:
+        raise ValueError(f"{what} must have shape (batch, seq, {heads}, {parts}, head_size) for {heads} heads, got "
+                         f"{tuple(packed.shape)}")
+    return tuple(packed[:, :, :, i].reshape(b, s, n * h) for i in range(parts))
+
+
 @op("MultiHeadAttention", domain=MS)
 def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor | None = None,
                          bias: Tensor | None = None, key_padding_mask: Tensor | None = None,
@@ -168,15 +177,19 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
                          mask_filter_value: float = -10000.0, scale: float | None = None,
                          unidirectional: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention of projected queries to keys and values (self- or cross-attention): q, k, v as (batch, seq, hidden)
-    with an optional packed bias, k and v also as (batch, heads, seq, head_size); past_key and past_value are
-    (batch, heads, past_seq, head_size) and the present outputs them followed by this block's; the fourth output is
-    the softmax's input."""
+    with an optional packed bias, k and v also as (batch, heads, seq, head_size), or packed: q, k and v in one query
+    of (batch, seq, heads, 3, head_size), or k and v in one key of (batch, kv_seq, heads, 2, head_size); past_key and
+    past_value are (batch, heads, past_seq, head_size) and the present outputs them followed by this block's; the
+    fourth output is the softmax's input."""
     if past_sequence_length is not None or cache_indirection is not None:
         raise Unsupported("MultiHeadAttention with past_sequence_length or cache_indirection (decoder masked "
                           "attention with a shared buffer or beam search)")
-    if query.ndim == 5 or (key is not None and key.ndim == 5):
-        # (onnxruntime's CPU kernel has neither, so there is nothing to check them against)
-        raise Unsupported("MultiHeadAttention with packed QKV or KV inputs")
+    if query.ndim == 5:
+        if key is not None or value is not None: raise ValueError("a packed QKV query takes no key or value")
+        query, key, value = _unpack(query, 3, num_heads, "the packed QKV query")
+    elif key is not None and key.ndim == 5:
+        if value is not None: raise ValueError("a packed KV key takes no value")
+        key, value = _unpack(key, 2, num_heads, "the packed KV key")
     if key is None or value is None: raise ValueError("MultiHeadAttention needs a key and a value")
     if bias is not None:
         if key.ndim != 3 or value.ndim != 3:
