@@ -182,8 +182,15 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
             out_loads.setdefault(u.src[0].src[0].arg, set()).add(u)
     # an output may be loaded (its old value, at the element stored: checked above) only where the store of it
     # needs the load first, so the store can't overtake the load
+    n_loops = len(_output_loops(merged))
     for st in merged.src:
-        if (mine := out_loads.get(st.src[0].src[0].arg)) and not all(x in st.src[1].toposort() for x in mine):
+        if not (mine := out_loads.get(st.src[0].src[0].arg)): continue
+        if not all(x in st.src[1].toposort() for x in mine): return None
+        # an old value stored once per element of fewer loops than the kernel runs is read by every element of the
+        # inner loops: where those run in parallel (a GPU's work-items), the one that stores races with the others
+        # that still read it, so only its own store may use it
+        if len(_ranges(st.src[0].src[1])) < n_loops and \
+                any(x in other.src[1].toposort() for other in merged.src if other is not st for x in mine):
             return None
     return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
 

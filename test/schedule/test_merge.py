@@ -183,3 +183,20 @@ def test_channel_statistic_in_gpu_style_kernels(monkeypatch):
     np.testing.assert_allclose(mean.numpy(), ref_mean.reshape(6), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(var.numpy(), ref_var.reshape(6), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(y.numpy(), (X - ref_mean) / np.sqrt(ref_var + 1e-5), rtol=1e-4, atol=1e-5)
+
+def test_in_place_update_read_by_a_broadcast_keeps_its_own_kernel(monkeypatch):
+    # x8 += x3, read by a (6, 4, 7) output along its last loop: merged, the new x8 would be stored once per column while
+    # every element of the column reads the old one; on a GPU's work-items the store races with those reads (the
+    # PYTHON emulation runs the work-items one after another, so the later ones read the new value)
+    from fusegrad.device import Device
+    from fusegrad.renderer.python import PythonRenderer
+    monkeypatch.setattr(Device["PYTHON"], "renderer", PythonRenderer(gpu=True))
+    X2, X3, X8 = (rng.standard_normal(s).astype(np.float32) for s in ((6, 4, 1), (1, 7), (1, 7)))
+    for device in ("CPU", "PYTHON"):
+        x2, x3, x8 = (Tensor(a, device=device) for a in (X2, X3, X8))
+        new = x8.assign(x3 + x8)
+        out, flipped = x2 - new, new.flip((0, 1))
+        Tensor.realize(out, flipped)
+        np.testing.assert_allclose(out.numpy(), X2 - (X3 + X8), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(flipped.numpy(), (X3 + X8)[::-1, ::-1], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(x8.numpy(), X3 + X8, rtol=1e-6, atol=1e-6)
