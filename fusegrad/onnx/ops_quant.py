@@ -294,7 +294,9 @@ def qlinear_where(cond: Tensor, x: Tensor, x_scale: Tensor, x_zero_point: Tensor
 @op("QLinearSoftmax", domain=MS)
 def qlinear_softmax(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_scale: Tensor,
                     y_zero_point: Tensor, *, axis: int = -1, opset: int) -> Tensor:
-    # `opset` is the Softmax opset the op stands for: before 13 the input is flattened to 2D at `axis`
+    # `opset` is the Softmax opset the op stands for: before 13 the input is flattened to 2D at `axis`. onnxruntime
+    # requantizes the probabilities with the reciprocal of y_scale truncated to an integer (for the 1/255 that its
+    # quantizer gives a uint8 softmax output, 254, not 255), and so does this: the op is onnxruntime's own
     v = _dequant(x, x_scale, x_zero_point)
     if opset >= 13: p = v.softmax(axis_of(axis, x.ndim))
     else:
@@ -302,7 +304,8 @@ def qlinear_softmax(x: Tensor, x_scale: Tensor, x_zero_point: Tensor | None, y_s
         rows = 1
         for d in x.shape[:a]: rows *= d
         p = v.reshape(rows, -1).softmax(1).reshape(x.shape)
-    return _quant(p, y_scale, y_zero_point, y_zero_point.dtype)
+    steps = (Tensor(1.0, dtype=dtypes.float32) / _s(y_scale)).trunc()
+    return saturate_to((p * steps).round() + _zp(y_zero_point), y_zero_point.dtype)
 
 
 @op("QGemm", domain=MS)
