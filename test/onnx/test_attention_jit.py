@@ -75,3 +75,28 @@ def test_gqa_decode_loop_under_jit_follows_each_steps_lengths(rotary):
             np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
         cache_ours, cache_ort = (got["pko"], got["pvo"]), (want[1], want[2])
     assert len(jitted.captured) > 0
+
+
+def test_total_length_computed_on_the_device_is_refused_under_jit():
+    """total_sequence_length sets the present's length, a shape: computed on the device (here the longest of the
+    mask's row sums) a plain call reads it, a TinyJit capture can't, and says so naming the node."""
+    from fusegrad.onnx import OnnxUnsupportedError
+    model = _decoder(False)
+    graph = model.graph
+    i = next(k for k, n in enumerate(graph.node) if n.output[0] == "len64")
+    graph.node[i].CopyFrom(helper.make_node("ReduceMax", ["n"], ["len64"], keepdims=0))
+    for n in graph.node:
+        if n.op_type == "GroupQueryAttention": n.name = "gqa"
+    rng = np.random.default_rng(2)
+    mask = np.ones((B, CACHE), np.int64)
+    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
+            "mask": mask}
+    assert OnnxRunner(model)(feed)["pko"].shape == (B, KV_HEADS, CACHE, HS)
+    jitted = OnnxRunner(model).jit()
+    jitted(feed)
+    with pytest.raises(OnnxUnsupportedError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length computed "
+                                                   r"on the device"):
+        jitted(feed)
