@@ -11,7 +11,7 @@ from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.uop.affine import coeff, live_ranges
 from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-from fusegrad.uop.symbolic import symbolic
+from fusegrad.uop.symbolic import simplify_index
 
 @dataclass
 class VecCtx:
@@ -19,7 +19,9 @@ class VecCtx:
     width: int
     vec_dtypes: tuple[DType, ...]
     live: dict = field(default_factory=dict)
+    coeffs: dict = field(default_factory=dict)   # memo for coeff along the vector axis
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
+    def coeff(self, x: UOp) -> int | None: return coeff(x, self.vec, self.coeffs)
     def index_dep(self, idx: UOp) -> bool:
         """Whether the INDEX `idx` addresses differently per lane (its buffer, a BARRIER's value, is one)."""
         return any(self.dep(s) for s in idx.src[1:])
@@ -31,8 +33,6 @@ class VecCtx:
         before a local buffer is one barrier, whatever the lanes of what was stored before it)."""
         return [idx.replace(src=(idx.src[0], *rest)) for rest in zip(*[self.lanes(s) for s in idx.src[1:]])]
 
-def simplify_index(x: UOp) -> UOp: return graph_rewrite(x, symbolic, name="simplify_index")
-
 def broadcast(s: UOp, width: int) -> UOp: return UOp(Ops.VECTORIZE, s.dtype.vec(width), (s,) * width)
 def gep(s: UOp, k: int) -> UOp: return UOp(Ops.GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s
 
@@ -40,7 +40,7 @@ def _split_index(idx: UOp) -> tuple[UOp, UOp, UOp | None]:
     return idx.src[0], idx.src[1], idx.src[2] if len(idx.src) > 2 else None
 
 def _contiguous(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> bool:
-    return buf.dtype.base in ctx.vec_dtypes and (valid is None or not ctx.dep(valid)) and coeff(i, ctx.vec) == 1
+    return buf.dtype.base in ctx.vec_dtypes and (valid is None or not ctx.dep(valid)) and ctx.coeff(i) == 1
 
 def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
     base = simplify_index(i.substitute({ctx.vec: UOp.const(ctx.vec.dtype, 0)}))
@@ -59,7 +59,7 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     if ld.dtype.count > 1 or not ctx.index_dep(idx): return None
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
-    if valid is not None and buf.dtype.base in ctx.vec_dtypes and coeff(i, ctx.vec) == 1:
+    if valid is not None and buf.dtype.base in ctx.vec_dtypes and ctx.coeff(i) == 1:
         # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
         # valid and a gated load per lane elsewhere
         lanes = [simplify_index(v) for v in ctx.lanes(valid)]

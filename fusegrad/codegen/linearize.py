@@ -128,35 +128,38 @@ class _BlockOrder:
         for u in topo:
             if u.op in (Ops.SINK, Ops.END) or (u.op is Ops.RANGE and u in parent): continue
             self.members.setdefault(scope[u], []).append(u)
+        self.deps = self._dependencies(topo)
 
-    def item_in(self, u: UOp, block: UOp | None) -> UOp | None:
-        """What `u` is inside `block`: itself, the child loop of `block` containing it, or None (outside)."""
-        s = self.scope[u]
-        if s is block and u not in self.parent: return u
-        while s is not None and self.parent.get(s) is not block: s = self.parent.get(s)
-        return s
-
-    def subtree(self, r: UOp) -> list[UOp]:
-        ret = [r] + self.members.get(r, [])
-        for c in self.children.get(r, []): ret += self.subtree(c)
-        return ret
-
-    def dependencies(self, block: UOp | None, items: list[UOp]) -> dict[UOp, set[UOp]]:
-        """For each item of `block` (a node, or a child loop with all it holds), the items it needs placed before."""
-        deps: dict[UOp, set[UOp]] = {it: set() for it in items}
-        def needs(it: UOp, x: UOp) -> None:
-            d = self.item_in(x, block)
-            if d is not None and d is not it and d in deps: deps[it].add(d)
-        for it in items:
-            nodes = self.subtree(it) if it in self.parent else [it]
-            inside = set(nodes)
-            for n in nodes:
-                for s in n.src:
-                    if s in inside or s.op is Ops.SINK: continue
-                    # ENDs are ordering-only: depending on one means depending on the loop it closes
-                    needs(it, s if s.op is not Ops.END else s.src[0])
-                    if s.op is Ops.END:
-                        for x in s.src[1:]: needs(it, x)
+    def _dependencies(self, topo: list[UOp]) -> dict[UOp | None, dict[UOp, set[UOp]]]:
+        """For each block (a loop, None: the kernel's top level), for each of its items (a node, or a child loop with
+        all it holds), the items it needs placed before. A source that `u` reads is needed in exactly one block: the
+        innermost one holding both, where they lie in different items. Found from each node's path of items from the
+        top, so one pass over the graph's edges serves every block."""
+        deps: dict[UOp | None, dict[UOp, set[UOp]]] = {None: {}}
+        for r in self.parent: deps[r] = {}
+        for b, ms in self.members.items():
+            for m in ms: deps[b][m] = set()
+        for b, cs in self.children.items():
+            for c in cs: deps[b][c] = set()
+        chains: dict[UOp | None, tuple[UOp, ...]] = {None: ()}
+        def chain(r: UOp | None) -> tuple[UOp, ...]:
+            # the loops from the outermost down to r
+            if r not in chains: chains[r] = chain(self.parent[r]) + (r,)
+            return chains[r]
+        def path(u: UOp) -> tuple[UOp, ...]: return chain(u) if u in self.parent else chain(self.scope[u]) + (u,)
+        for u in topo:
+            if u.op in (Ops.SINK, Ops.END): continue
+            pu = path(u)
+            for s in u.src:
+                if s.op is Ops.SINK: continue
+                # ENDs are ordering-only: depending on one means depending on the loop it closes
+                for x in ((s.src[0],) + s.src[1:] if s.op is Ops.END else (s,)):
+                    px = path(x)
+                    i = 0
+                    while i < len(pu) and i < len(px) and pu[i] is px[i]: i += 1
+                    if i == len(pu) or i == len(px): continue   # one holds the other: the same item at every level
+                    block = deps[pu[i - 1] if i else None]
+                    if px[i] in block: block[pu[i]].add(px[i])
         return deps
 
     def schedule(self, items: list[UOp], deps: dict[UOp, set[UOp]]) -> list[UOp]:
@@ -182,7 +185,7 @@ class _BlockOrder:
     def emit(self, block: UOp | None) -> list[UOp]:
         items: list[UOp] = self.members.get(block, []) + self.children.get(block, [])
         out: list[UOp] = []
-        for it in self.schedule(items, self.dependencies(block, items)):
+        for it in self.schedule(items, self.deps[block]):
             if it in self.parent: out += [it] + self.emit(it) + [UOp(Ops.END, src=(it,))]
             else: out.append(it)
         return out

@@ -192,17 +192,22 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     # vector axes are chosen after this one)
     reduces = bool(reds)
     single = len(reds) == 1 and (not outputs or any(r in reds[0].src[0].toposort() for r in outputs))
+    # each access's nodes, and whether it is inside a reduction's loop, found once for every candidate axis
+    accesses = []
+    for idx in (u for u in topo if u.op is Ops.INDEX):
+        deps = idx.toposort()
+        accesses.append((idx, deps, any(x.op is Ops.RANGE and range_kind(x) in ("reduce", "unroll") for x in deps)))
     for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
-        score = 0
-        for idx in (u for u in topo if u.op is Ops.INDEX):
-            if r not in (deps := idx.toposort()): continue
+        score, coeffs = 0, {}
+        for idx, deps, in_reduce in accesses:
+            if r not in deps: continue
             # contiguous: one vector access (behind a check that every lane is valid, if the mask varies with r);
             # a store per lane after a reduction costs little next to the reduction's loads
-            contiguous = coeff(idx.src[1], r) == 1 and idx.src[0].dtype.base in vec_dts
+            contiguous = coeff(idx.src[1], r, coeffs) == 1 and idx.src[0].dtype.base in vec_dts
             # an access inside a reduction's loop runs far more often than one after it
-            inner = single and any(x.op is Ops.RANGE and range_kind(x) in ("reduce", "unroll") for x in deps)
+            inner = single and in_reduce
             score += (4 if inner else 1) * (1 if contiguous else 0 if idx in stored and reduces else -1)
         # (with a reduction, the wider of two vector axes wins: an image row of 8 pixels loses to 16 channels)
         if single: score *= sz

@@ -68,6 +68,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
                               why: dict[UOp, tuple] | None) -> None:
     """A broadcast computed value gets a buffer, unless cheap, or used row by row and within RECOMPUTE_LIMIT ops."""
     cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
+    heavy = _heavy_nodes(topo)
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
                                                   u.op is Ops.REDUCE_AXIS):
@@ -77,8 +78,8 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
         # a computed value that is broadcast is computed once into a buffer, not once per output element; except a
         # cheap enough per-row value used row by row, which the consumer computes once per row itself
         if u.op is Ops.EXPAND:
-            base = _unpadded(u.src[0].base)
-            if not is_realized(base) and not _is_cheap(base) and \
+            base = _unpadded(u.src[0].base, heavy)
+            if not is_realized(base) and not _is_cheap(base, heavy) and \
                     (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
                 realize.add(base)
                 if why is not None:
@@ -224,11 +225,11 @@ def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], thr
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
 
-def _unpadded(u: UOp) -> UOp:
+def _unpadded(u: UOp, heavy: dict[UOp, bool]) -> UOp:
     """The value under a constant padding (pad(x, value=v) is where(pad(ones), pad(x), v)): padding costs nothing
     in the kernel that reads it, so x is what gets a buffer, and the kernel computing x keeps its plain indices."""
-    while u.op is Ops.WHERE and u.src[1].op is Ops.PAD and u.src[0].op is Ops.PAD and _is_cheap(u.src[0]) and \
-            _is_cheap(u.src[2]) and u.src[0].arg == u.src[1].arg:
+    while u.op is Ops.WHERE and u.src[1].op is Ops.PAD and u.src[0].op is Ops.PAD and _is_cheap(u.src[0], heavy) and \
+            _is_cheap(u.src[2], heavy) and u.src[0].arg == u.src[1].arg:
         u = u.src[1].src[0].base
     return u
 
@@ -254,12 +255,21 @@ def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp
             if x not in realize: stack.append(x)
     return True
 
-def _is_cheap(u: UOp) -> bool:
+_HEAVY = frozenset((Ops.BUFFER, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.COPY))
+
+def _heavy_nodes(topo: list[UOp]) -> dict[UOp, bool]:
+    """For each node of `topo` (a toposort), whether it or a node below it reads memory or reduces: one pass over the
+    graph for every _is_cheap question (a walk below each broadcast value was quadratic in a long chain of them)."""
+    heavy: dict[UOp, bool] = {}
+    for u in topo: heavy[u] = u.op in _HEAVY or any(heavy[s] for s in u.src)
+    return heavy
+
+def _is_cheap(u: UOp, heavy: dict[UOp, bool]) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions), or a conversion of a buffer
-    read (half inputs of a matmul, converted as they are loaded): recomputing it costs less than a buffer of it."""
+    read (half inputs of a matmul, converted as they are loaded): recomputing it costs less than a buffer of it.
+    `heavy`: _heavy_nodes of a graph `u` is in."""
     while u.op in (Ops.CAST, Ops.BITCAST) or u.op in GroupOp.Movement: u = u.src[0]
-    if is_realized(u): return True
-    return not any(x.op in (Ops.BUFFER, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.CONTIGUOUS, Ops.COPY) for x in u.toposort())
+    return is_realized(u) or not heavy[u]
 
 def _device(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
 

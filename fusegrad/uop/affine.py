@@ -9,10 +9,14 @@ def range_size(r: UOp) -> int | UOp:
     """The trip count of a RANGE: an int when constant, else the (symbolic) end expression."""
     return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
 
-def coeff(x: UOp, r: UOp) -> int | None:
-    """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor)."""
-    c: dict[UOp, int | None] = {}
-    for u in x.toposort():
+def coeff(x: UOp, r: UOp, memo: dict[UOp, int | None] | None = None) -> int | None:
+    """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor).
+    `memo`: the coefficients of r in nodes seen before (kept by a caller asking about many expressions of one
+    kernel, which share most of their terms): read and extended."""
+    c: dict[UOp, int | None] = {} if memo is None else memo
+    if (known := c.get(x, c)) is not c: return known
+    for u in x.toposort(gate=lambda u: u not in c) if c else x.toposort():
+        if u in c: continue
         if u is r: c[u] = 1; continue
         cs = [c[s] for s in u.src]
         if all(v == 0 for v in cs): c[u] = 0; continue

@@ -156,10 +156,11 @@ def _rewrite_to_fixed_point(pm: PatternMatcher, uop: UOp, ctx: Any, limit: int =
                        f"{uop.op}")
 
 class RewriteContext:
-    """One graph_rewrite run: the rules, the context, and the memo of node -> fully rewritten node."""
-    def __init__(self, pm: PatternMatcher, ctx: Any, bottom_up: bool):
+    """One graph_rewrite run: the rules, the context, and the memo of node -> fully rewritten node (`memo`: one kept
+    by the caller across runs of the same rules, see graph_rewrite)."""
+    def __init__(self, pm: PatternMatcher, ctx: Any, bottom_up: bool, memo: dict[UOp, UOp] | None = None):
         self.pm, self.ctx, self.bottom_up = pm, ctx, bottom_up
-        self.replace: dict[UOp, UOp] = {}
+        self.replace: dict[UOp, UOp] = {} if memo is None else memo
         self.max_reentries = 100
 
     def rewrite(self, root: UOp) -> UOp:
@@ -212,11 +213,16 @@ class RewriteContext:
         return replace[root]
 
 def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: bool = False,
-                  name: str | None = None) -> UOp:
-    """`sink` with the rules of `pm` applied everywhere until none applies."""
-    if _viz.VIZ: return _viz.record_rewrite(lambda: RewriteContext(pm, ctx, bottom_up).rewrite(sink), sink, pm, name)
+                  name: str | None = None, memo: dict[UOp, UOp] | None = None) -> UOp:
+    """`sink` with the rules of `pm` applied everywhere until none applies.
+
+    `memo`: a dict of node -> its rewritten node, read and extended by this run, for a caller that rewrites many
+    graphs sharing nodes with the same rules. Only for rules whose result depends on the node alone (no `ctx`, no
+    state): a node's rewrite is then the same in every graph, so a later run reuses what an earlier one found."""
+    if _viz.VIZ:
+        return _viz.record_rewrite(lambda: RewriteContext(pm, ctx, bottom_up, memo).rewrite(sink), sink, pm, name)
     st = time.perf_counter()
-    ret = RewriteContext(pm, ctx, bottom_up).rewrite(sink)
+    ret = RewriteContext(pm, ctx, bottom_up, memo).rewrite(sink)
     if DEBUG >= 6 and name: print(f"graph_rewrite {name}: {(time.perf_counter()-st)*1e3:.2f} ms")
     return ret
 

@@ -522,6 +522,18 @@ symbolic = PatternMatcher(_fold_rules + [
 """symbolic_simple plus canonical order (constants right, variables sorted, so x+y and y+x are one UOp), combining like
 terms (x*2+x*3 -> x*5, x-x -> 0), div/mod folding with ranges and C semantics, and linear comparison rewriting."""
 
+# Index expressions repeat: the accesses of one kernel share most of their terms, and kernels of one shape (the blocks
+# of a ResNet stage) share whole expressions, loops included (a kernel's RANGEs are numbered from 0). The symbolic rules
+# depend on the node alone, so what one rewrite found holds in every later one: code generation keeps one memo for
+# them. It keeps nodes alive, so it is emptied when it reaches INDEX_MEMO_SIZE entries.
+INDEX_MEMO_SIZE = 1 << 17
+_index_memo: dict[UOp, UOp] = {}
+
+def simplify_index(x: UOp) -> UOp:
+    """`x` (an index, a valid, or a SINK of several) simplified by `symbolic`, with the memo of every earlier call."""
+    if len(_index_memo) > INDEX_MEMO_SIZE: _index_memo.clear()
+    return graph_rewrite(x, symbolic, name="simplify_index", memo=_index_memo)
+
 def _index_arithmetic(topo: Iterable[UOp]) -> set[UOp]:
     """The nodes of `topo` (a toposort) that are integer arithmetic on ranges and constants alone: a WHERE gate among
     them (a padding mask, or a concatenation's position compared with its pieces' offsets) is decided by symbolic
@@ -543,7 +555,7 @@ def simplify_indexing(sink: UOp) -> UOp:
     exprs.update(dict.fromkeys(u.src[0] for u in topo if u.op is Ops.WHERE and u.src[0] in arith))
     if not exprs: return sink
     keys = list(exprs)
-    done = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(keys)), symbolic, name="simplify_indexing")
+    done = simplify_index(UOp(Ops.SINK, dtypes.void, tuple(keys)))
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
     if not changed: return sink
     # a gate that folded to a constant decides its node here (the lanes of an unrolled concatenation axis each take
