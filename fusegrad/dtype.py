@@ -2,15 +2,36 @@
 from __future__ import annotations
 import math
 import struct
+import weakref
 from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, Final
 
 ConstType = float | int | bool
 
+class _Interned(type):
+    """Makes one instance per dtype value: constructing an equal dtype returns the existing one. Equality is then
+    identity and the hash the object's, both done in C: dtypes are hashed and compared in every UOp's cache key, every
+    structure key and pattern match. (Weak references: a dtype nothing uses, a pointer of a size no kernel takes any
+    more, is freed.)"""
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        # every field given in order (what ptr() and the other methods here pass): the key without making one first
+        key = (cls, args) if not kwargs and len(args) == cls._nfields else None  # type: ignore[attr-defined]
+        if key is not None and (ref := _interned.get(key)) is not None and (made := ref()) is not None: return made
+        made = super().__call__(*args, **kwargs)
+        if (ref := _interned.get(made._key)) is not None and (old := ref()) is not None: return old
+        _interned[made._key] = weakref.ref(made)
+        if len(_interned) > _intern_limit[0]:
+            for k in [k for k, r in _interned.items() if r() is None]: del _interned[k]
+            _intern_limit[0] = max(1024, 2 * len(_interned))
+        return made
+
+_interned: dict[tuple, weakref.ref] = {}
+_intern_limit = [1024]
+
 @dataclass(frozen=True, eq=True)
-class DType:
-    """A scalar type (count == 1) or a vector of `count` scalars. Compare with ==; instances are cached."""
+class DType(metaclass=_Interned):
+    """A scalar type (count == 1) or a vector of `count` scalars. Compare with ==; there is one instance per value."""
     priority: int   # orders dtypes of equal rank in the promotion lattice; higher is "bigger"
     itemsize: int   # bytes per element (for vectors: the whole vector)
     name: str
@@ -19,14 +40,11 @@ class DType:
     _scalar: DType | None = None
 
     def __post_init__(self):
-        # dtypes are compared and hashed on every UOp construction and pattern match, so the field tuple and its hash
-        # are computed once (the generated dataclass methods rebuild the tuple on every call)
-        key = tuple(getattr(self, f.name) for f in fields(self))
-        object.__setattr__(self, "_key", (type(self), key))
-        object.__setattr__(self, "_hash", hash((type(self), key)))
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, DType) and self._hash == other._hash and self._key == other._key)
-    def __hash__(self) -> int: return self._hash
+        # the value that names the one instance (see _Interned)
+        object.__setattr__(self, "_key", (type(self), tuple(getattr(self, f.name) for f in fields(self))))
+    # (one instance per value: identity is equality)
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     @staticmethod
     def new(priority: int, itemsize: int, name: str, fmt: str | None) -> DType:
@@ -64,7 +82,7 @@ class DType:
 def _vec(dt: DType, size: int) -> DType:
     return DType(dt.priority, dt.itemsize * size, f"{dt.name}{size}", None, size, dt)
 
-@dataclass(frozen=True, eq=False)  # eq=False keeps DType's cached __eq__/__hash__ (they cover these fields too)
+@dataclass(frozen=True, eq=False)  # eq=False keeps DType's identity __eq__/__hash__ (one instance per value)
 class PtrDType(DType):
     """A pointer to `_base` elements; `size` is the number of elements addressed (-1 when unknown)."""
     _base: DType | None = None
@@ -88,6 +106,8 @@ class PtrDType(DType):
     def __repr__(self) -> str:
         return f"{self.base!r}.ptr({self.size}{', ' + repr(self.addrspace) if self.addrspace != 'global' else ''})" + \
             (f".vec({self.v})" if self.v != 1 else "")
+
+DType._nfields, PtrDType._nfields = len(fields(DType)), len(fields(PtrDType))  # type: ignore[attr-defined]
 
 class dtypes:
     """The namespace of all dtypes, with helpers to classify, bound and convert them."""
