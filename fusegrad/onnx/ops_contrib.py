@@ -254,7 +254,9 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
                           "(a shape), so it must come from a constant or a Shape")
     total = scalar(total_sequence_length)
     buf = past_key.shape[2] if past_key is not None else 0
-    length = total if buf == 0 else buf if isinstance(total, int) and total <= buf else total
+    # the present is as long as the longer of the two; a symbolic total (from a Shape of a named dim) is taken to count
+    # the past too, as in a cache that grows by each step's positions
+    length = max(total, buf) if isinstance(total, int) and isinstance(buf, int) else total
     _check_seqlens(seqlens_k, s, buf, length, past_key is not None)
     # each batch's number of past positions, on the device
     pasts = seqlens_k.reshape(b).cast(dtypes.int32) + (1 - s)
@@ -281,7 +283,7 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     return from_heads(out).cast(query.dtype), present_k, present_v
 
 
-def _check_seqlens(seqlens_k: Tensor, s: int, buf: int, length: Any, has_past: bool) -> None:
+def _check_seqlens(seqlens_k: Tensor, s: int, buf: Any, length: Any, has_past: bool) -> None:
     """The checks of seqlens_k against the cache, where its values can be read: known on the host, or outside a TinyJit
     capture (inside one, reading them would freeze this call's values into the replays)."""
     known = known_value(seqlens_k)
@@ -291,7 +293,7 @@ def _check_seqlens(seqlens_k: Tensor, s: int, buf: int, length: Any, has_past: b
                                                   f"positions")
     if not has_past and any(n > s for n in lens):
         raise ValueError("seqlens_k counts past positions but there is no past_key")
-    if has_past and any(n - s > buf for n in lens):
+    if has_past and isinstance(buf, int) and any(n - s > buf for n in lens):
         raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")
     if isinstance(length, int) and any(n > length for n in lens):
         raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says a present holds more than its {length} positions")
@@ -310,8 +312,11 @@ def _place_new(past: Tensor | None, new: Tensor, pasts: Tensor, length: Any) -> 
     rest = Tensor.zeros(b, h, length, d, dtype=new.dtype)
     if past is not None:
         buf = past.shape[2]
-        same = isinstance(length, int) and length == buf
-        old = past if same else past.pad(((0, 0), (0, 0), (0, length - buf), (0, 0)))
+        if isinstance(length, int) and isinstance(buf, int):
+            old = past.pad(((0, 0), (0, 0), (0, length - buf), (0, 0))) if length > buf else past
+        else:
+            # symbolic lengths: the cache read at clamped positions (a pad by their difference would need its sign)
+            old = past.gather(2, j.minimum(buf - 1).expand(b, h, length, d))
         rest = (j < start).where(old, rest)
     return in_new.where(placed, rest)
 

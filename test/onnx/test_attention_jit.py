@@ -15,9 +15,10 @@ from fusegrad.onnx import OnnxRunner  # noqa: E402
 B, HEADS, KV_HEADS, HS, CACHE = 2, 4, 2, 16, 8
 
 
-def _decoder(rotary: bool):
-    """One decode step with a static cache of CACHE positions: seqlens_k = sum(mask) - 1 (a ReduceSum on the device),
-    total_sequence_length = the mask's length (a Shape); outputs the attention and the present cache."""
+def _decoder(rotary: bool, growing: bool = False):
+    """One decode step with a static cache of CACHE positions (or, `growing`, a cache of `past` positions and a mask of
+    `total`, named dims): seqlens_k = sum(mask) - 1 (a ReduceSum on the device), total_sequence_length = the mask's
+    length (a Shape); outputs the attention and the present cache."""
     f = TensorProto.FLOAT
     nodes = [helper.make_node("ReduceSum", ["mask", "one"], ["n"], keepdims=0),
              helper.make_node("Sub", ["n", "one"], ["n1"]),
@@ -40,9 +41,9 @@ def _decoder(rotary: bool):
     inputs = [helper.make_tensor_value_info("q", f, [B, 1, HEADS * HS]),
               helper.make_tensor_value_info("k", f, [B, 1, KV_HEADS * HS]),
               helper.make_tensor_value_info("v", f, [B, 1, KV_HEADS * HS]),
-              helper.make_tensor_value_info("pk", f, [B, KV_HEADS, CACHE, HS]),
-              helper.make_tensor_value_info("pv", f, [B, KV_HEADS, CACHE, HS]),
-              helper.make_tensor_value_info("mask", TensorProto.INT64, [B, CACHE])]
+              helper.make_tensor_value_info("pk", f, [B, KV_HEADS, "past" if growing else CACHE, HS]),
+              helper.make_tensor_value_info("pv", f, [B, KV_HEADS, "past" if growing else CACHE, HS]),
+              helper.make_tensor_value_info("mask", TensorProto.INT64, [B, "total" if growing else CACHE])]
     outputs = [helper.make_tensor_value_info(n, f, None) for n in ("y", "pko", "pvo")]
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
@@ -100,3 +101,27 @@ def test_total_length_computed_on_the_device_is_refused_under_jit():
     with pytest.raises(OnnxUnsupportedError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length computed "
                                                    r"on the device"):
         jitted(feed)
+
+
+def test_gqa_decode_loop_with_a_growing_cache_replays_one_capture():
+    """The cache grows by one position a step (named dims `past` and `total`): the present's length is the symbolic
+    total, and one capture replays for every length, equal to onnxruntime at each step."""
+    from fusegrad.engine.realize import method_cache
+    model = _decoder(False, growing=True)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    jitted = OnnxRunner(model).jit()
+    rng = np.random.default_rng(4)
+    ours = theirs = tuple(rng.standard_normal((B, KV_HEADS, 2, HS)).astype(np.float32) for _ in range(2))
+    for step in range(5):
+        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+                "mask": np.ones((B, ours[0].shape[2] + 1), np.int64)}
+        if step == 3: kernels = len(method_cache)
+        want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
+        got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
+        for name, w in zip(("y", "pko", "pvo"), want):
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+        ours, theirs = (got["pko"], got["pvo"]), (want[1], want[2])
+    assert ours[0].shape == (B, KV_HEADS, 7, HS)
+    assert len(method_cache) == kernels, "a new length compiled new kernels"
