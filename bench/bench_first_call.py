@@ -12,6 +12,7 @@ row is run several times (the machine is shared: the least and the median are pr
 of each prints where the time went (code generation against compiling, kernels, compiler runs).
 
 Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200] [--against VAR=VALUE]
+     [--against-tree PATH]
 """
 from __future__ import annotations
 import argparse
@@ -117,14 +118,15 @@ if profile:
 
 ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step", "g200": "200-op elementwise graph"}
 
-def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None) \
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None, tree: str = REPO) \
         -> tuple[tuple[float, float, float], int, str]:
-    """One fresh process with an empty cache: ((first call ms, the process's CPU ms, its compilers' CPU ms), kernels
-    it ran, the profile lines)."""
+    """One fresh process with an empty cache, importing fusegrad from checkout `tree`: ((first call ms, the process's
+    CPU ms, its compilers' CPU ms), kernels it ran, the profile lines)."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0", **(extra_env or {})}
-        res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0: raise RuntimeError(f"{row} failed:\n{res.stderr}")
     first, *rest = res.stdout.splitlines()
     ms, kernels, own, cc = first.split()
@@ -144,17 +146,23 @@ def main() -> None:
     ap.add_argument("--against", metavar="VAR=VALUE", action="append", default=[],
                     help="also run each row with these environment variables set, alternating run by run with the "
                          "plain runs (a before/after on a machine whose load changes)")
+    ap.add_argument("--against-tree", metavar="PATH",
+                    help="also run each row with the fusegrad of another checkout (a git worktree of an earlier "
+                         "commit), alternating run by run with this one's")
     args = ap.parse_args()
     against = dict(a.split("=", 1) for a in args.against)
+    other = os.path.abspath(args.against_tree) if args.against_tree else REPO
     for row in args.only.split(","):
         runs: dict[str, list] = {"": [], "against": []}
         kernels = {"": 0, "against": 0}
         for _ in range(args.runs):
-            for which in (("", "against") if against else ("",)):
-                ms, kernels[which], _ = run_once(row, extra_env=against if which else None)
+            for which in (("", "against") if against or args.against_tree else ("",)):
+                ms, kernels[which], _ = run_once(row, extra_env=against if which else None,
+                                                 tree=other if which else REPO)
                 runs[which].append(ms)
-        if against:
-            print(summary(f"{ROWS[row]} ({' '.join(args.against)})", runs["against"], kernels["against"]), flush=True)
+        if against or args.against_tree:
+            label = " ".join(args.against + ([args.against_tree] if args.against_tree else []))
+            print(summary(f"{ROWS[row]} ({label})", runs["against"], kernels["against"]), flush=True)
         print(summary(ROWS[row], runs[""], kernels[""]), flush=True)
         if args.profile: print(run_once(row, profile=True)[2], flush=True)
 

@@ -136,9 +136,10 @@ class KernelBuilder:
         """The kernel-level expression for element `idxs` of tensor node `root`."""
         # an explicit stack instead of recursion: long elementwise chains are thousands of nodes deep
         result: dict[tuple, UOp] = self.memo
-        stack: list[tuple[UOp, tuple[UOp, ...], UOp | None, bool]] = [(root, idxs, None, False)]
+        # (node, its index, its valid, its children once they are pushed: found once, as they make index nodes)
+        stack: list[tuple[UOp, tuple[UOp, ...], UOp | None, list[tuple] | None]] = [(root, idxs, None, None)]
         while stack:
-            u, ix, valid, ready = stack.pop()
+            u, ix, valid, children = stack.pop()
             key = (u, ix, valid)
             if key in result: continue
             if self.is_input(u):
@@ -156,11 +157,11 @@ class KernelBuilder:
             if u.op is Ops.DEFINE_VAR:  # a lifted constant or a Variable: a kernel parameter
                 result[key] = self.param(u) if u.src else u
                 continue
-            children = self._children(u, ix, valid)
-            if not ready:
-                stack.append((u, ix, valid, True))
+            if children is None:
+                children = self._children(u, ix, valid)
+                stack.append((u, ix, valid, children))
                 for c in reversed(children):
-                    if (c[0], c[1], c[2]) not in result: stack.append((c[0], c[1], c[2], False))
+                    if (c[0], c[1], c[2]) not in result: stack.append((c[0], c[1], c[2], None))
                 continue
             srcs = [result[(c[0], c[1], c[2])] for c in children]
             result[key] = self._combine(u, ix, srcs)
