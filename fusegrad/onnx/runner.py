@@ -371,6 +371,10 @@ class JitRunner:
         self._jits: dict[tuple, Any] = {}
         # per set of input shapes and dtypes: the realized tensors, in input order, whose memory takes the arrays
         self._kept: dict[tuple, list[Tensor]] = {}
+        # per set of input shapes: the kept inputs' Buffers, and each output's shape and NumPy dtype (None: an output
+        # that takes the general path), found on the first replay
+        self._bufs: dict[tuple, list[Any]] = {}
+        self._out_plans: dict[tuple, list[tuple[tuple[int, ...], np.dtype] | None]] = {}
         self._last: Any = None
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -384,9 +388,13 @@ class JitRunner:
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
-            for t, arr in zip(kept, arrays):
-                device_buffer(t.uop).copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
-            return self._numpy(step(*kept))
+            if (bufs := self._bufs.get(key)) is None: bufs = self._bufs[key] = [device_buffer(t.uop) for t in kept]
+            for b, arr in zip(bufs, arrays):
+                b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
+            outs = step(*kept)
+            if (plan := self._out_plans.get(key)) is None: plan = self._out_plans[key] = [_out_plan(o) for o in outs]
+            return {n: _to_numpy(o) if p is None else _copy_out(o, *p)
+                    for n, o, p in zip(self.runner.output_names, outs, plan)}
         bound = self.runner.bind_inputs(given)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
             # static shapes: memory kept per input, filled from the arrays from now on
@@ -431,21 +439,32 @@ def _copied_if_in(v: Any, bases: set[int]) -> Any:
     return v
 
 
+def _out_plan(v: Any) -> tuple[tuple[int, ...], np.dtype] | None:
+    """An output's shape and NumPy dtype when it can be copied straight out of its buffer on every replay."""
+    if not isinstance(v, Tensor) or v.dtype == dtypes.bfloat16 or has_symbolic(v.shape): return None
+    return tuple(v.shape), np.dtype(np_name(v.dtype))
+
+
+def _copy_out(v: Tensor, shape: tuple[int, ...], dt: np.dtype) -> Any:
+    """A replay's output of a static shape as NumPy, copied out of its buffer (Tensor.numpy when it is no buffer)."""
+    u = v.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is not Ops.BUFFER: return v.numpy()
+    out = np.empty(shape, dt)
+    if out.size == 0: return out
+    buf = device_buffer(u)
+    if out.size != buf.size: buf = buf.ensure_allocated().view(out.size, v.dtype, 0)
+    buf.copyout(memoryview(out).cast("B"))  # type: ignore[arg-type]
+    return out
+
+
 def _to_numpy(v: Any) -> Any:
     """An output as NumPy: a tensor that is its buffer (a replay's output) is copied out of that memory directly,
     anything else through Tensor.numpy."""
     if isinstance(v, list): return [_to_numpy(x) for x in v]
     if not isinstance(v, Tensor): return v
-    u = v.uop
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    shape = v.shape
-    if u.op is not Ops.BUFFER or v.dtype == dtypes.bfloat16 or has_symbolic(shape): return v.numpy()
-    buf = device_buffer(u)
-    out = np.empty(shape, np.dtype(np_name(v.dtype)))
-    if out.size == 0: return out
-    if out.size != buf.size: buf = buf.ensure_allocated().view(out.size, v.dtype, 0)
-    buf.copyout(memoryview(out).cast("B"))  # type: ignore[arg-type]
-    return out
+    plan = _out_plan(v)
+    return v.numpy() if plan is None else _copy_out(v, *plan)
 
 
 def _sequence_input(name: str, v: Any, kind: str) -> Any:
