@@ -146,15 +146,16 @@ class _BlockOrder:
             # the loops from the outermost down to r
             if r not in chains: chains[r] = chain(self.parent[r]) + (r,)
             return chains[r]
-        def path(u: UOp) -> tuple[UOp, ...]: return chain(u) if u in self.parent else chain(self.scope[u]) + (u,)
+        # each node's path of items from the top: its loops, then itself (a loop's path ends with the loop)
+        paths = {u: chain(u) if u in self.parent else chain(self.scope[u]) + (u,) for u in topo}
         for u in topo:
             if u.op in (Ops.SINK, Ops.END): continue
-            pu = path(u)
+            pu = paths[u]
             for s in u.src:
                 if s.op is Ops.SINK: continue
                 # ENDs are ordering-only: depending on one means depending on the loop it closes
                 for x in ((s.src[0],) + s.src[1:] if s.op is Ops.END else (s,)):
-                    px = path(x)
+                    px = paths[x]
                     i = 0
                     while i < len(pu) and i < len(px) and pu[i] is px[i]: i += 1
                     if i == len(pu) or i == len(px): continue   # one holds the other: the same item at every level
