@@ -125,3 +125,21 @@ def test_gqa_decode_loop_with_a_growing_cache_replays_one_capture():
         ours, theirs = (got["pko"], got["pvo"]), (want[1], want[2])
     assert ours[0].shape == (B, KV_HEADS, 7, HS)
     assert len(method_cache) == kernels, "a new length compiled new kernels"
+
+
+@pytest.mark.parametrize("lengths,match", [([4, 9], "says the cache holds more than its 8 positions"),
+                                           ([0, 3, 1], r"seqlens_k must have one value per batch \(2\)")])
+def test_bad_lengths_name_the_node(lengths, match):
+    """Lengths read in a plain call are checked against the cache (under a capture they can't be read)."""
+    from fusegrad.onnx import OnnxNodeError
+    model = _decoder(False)
+    graph = model.graph
+    graph.node[-1].name = "gqa"
+    graph.node[2].CopyFrom(helper.make_node("Identity", ["lens"], ["seqlens_k"]))
+    graph.input.append(helper.make_tensor_value_info("lens", TensorProto.INT32, [len(lengths)]))
+    feed = {"q": np.zeros((B, 1, HEADS * HS), np.float32), "k": np.zeros((B, 1, KV_HEADS * HS), np.float32),
+            "v": np.zeros((B, 1, KV_HEADS * HS), np.float32), "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
+            "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "mask": np.ones((B, CACHE), np.int64),
+            "lens": np.array(lengths, np.int32)}
+    with pytest.raises(OnnxNodeError, match=rf"'gqa' \(GroupQueryAttention\).*{match}"):
+        OnnxRunner(model)(feed)
