@@ -129,13 +129,11 @@ class LRUAllocator(Allocator):
     def alloc(self, size: int, options: Any = None) -> Any:
         if (lst := self.cache.get((size, options))):
             # the most recently freed allocation that no queued kernel still uses (with none, fresh memory: cheaper
-            # than waiting for the kernels)
+            # than waiting for the kernels). An emptied list stays: an eager loop frees and takes one size by turns
             for i in range(len(lst) - 1, -1, -1):
                 if self._idle(lst[i]):
                     self.cached_bytes -= size
-                    ret = lst.pop(i)
-                    if not lst: del self.cache[(size, options)]
-                    return ret
+                    return lst.pop(i)
         try: return super().alloc(size, options)
         except MemoryError:
             self.free_cache()
@@ -143,14 +141,19 @@ class LRUAllocator(Allocator):
 
     def free(self, opaque: Any, size: int, options: Any = None) -> None:
         if getenv("LRU", 1) and size <= self.max_cached and self._reusable(opaque):
-            self.cache.setdefault((size, options), []).append(opaque)
-            self.cache.move_to_end((size, options))
+            if (lst := self.cache.get(key := (size, options))) is None:
+                if len(self.cache) >= 1024:  # (the emptied lists of sizes no longer used go)
+                    for k in [k for k, v in self.cache.items() if not v]: del self.cache[k]
+                lst = self.cache[key] = []
+            lst.append(opaque)
+            self.cache.move_to_end(key)
             self.cached_bytes += size
             # evict least recently freed sizes first
             while self.cached_bytes > self.max_cached:
                 key, lst = next(iter(self.cache.items()))
-                self.cached_bytes -= key[0]
-                super().free(lst.pop(0), key[0], key[1])
+                if lst:
+                    self.cached_bytes -= key[0]
+                    super().free(lst.pop(0), key[0], key[1])
                 if not lst: del self.cache[key]
         else: super().free(opaque, size, options)
 
@@ -172,7 +175,9 @@ class Buffer:
     def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, base: Buffer | None = None,
                  offset: int = 0):
         if size < 0: raise ValueError(f"Buffer size must be >= 0, got {size}")
-        self.device, self.size, self.dtype, self.offset = Device.canonicalize(device), size, dtype, offset
+        # (the cached name lookup itself: a Buffer is made per output of every realize)
+        self.device, self.size, self.dtype, self.offset = \
+            _canonicalize(device) if device is not None else Device.DEFAULT, size, dtype, offset
         self._base: Buffer | None = None
         if base is not None:
             if opaque is not None: raise ValueError("a view takes its memory from its base; don't pass opaque")

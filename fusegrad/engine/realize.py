@@ -631,26 +631,33 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
     thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. (Not while DEBUG, VIZ or
     PROFILE watch each kernel.)"""
     runners, prepared, small = ready
+    ops = mem = count = 0
     for i, (ast, _, params) in enumerate(plan.kernels):
         prg, kbufs, state = runners[i], bufs[i], prepared[i]
-        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else {}
-        if state is not False:
+        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
+        if state is not False and (params or state is None):
             # (by value and type, as exec_items compares them)
             vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
             if state is None or state[2] != vals:
-                made = ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).prepared(tuple(range(len(kbufs))))
+                made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=prg).prepared(tuple(range(len(kbufs))))
                 state = prepared[i] = False if made is None else (made[0], made[1], vals)
         if state is False:
-            ExecItem(ast, kbufs, fixedvars=fixedvars, prg=prg).run(None, do_update_stats=do_update_stats)
+            ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=prg).run(None, do_update_stats=do_update_stats)
             continue
-        allocations = [kbufs[j].ensure_allocated()._buf for j in state[1]]
+        # (each Buffer's allocation, allocating it where it has none yet)
+        allocations = [a if (a := (b := kbufs[j]).__dict__.get("_buf")) is not None else b.allocate()._buf
+                       for j in state[1]]
         if not (small[i] and (here := getattr(state[0], "run_here", None)) is not None and here(*allocations)):
             state[0](*allocations)
         if do_update_stats:
-            ops, mem = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
-            GlobalCounters.global_ops += ops
-            GlobalCounters.global_mem += mem
-            GlobalCounters.kernel_count += 1
+            work = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
+            ops, mem, count = ops + work[0], mem + work[1], count + 1
+    if count:
+        GlobalCounters.global_ops += ops
+        GlobalCounters.global_mem += mem
+        GlobalCounters.kernel_count += count
+
+_NO_VARS: dict[str, Any] = {}  # (read only)
 
 def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
     """Raise IndexError when a kernel of `items` would touch memory outside a buffer under these Variable values

@@ -68,13 +68,16 @@ class CPUAllocator(LRUAllocator):
 
     def _reusable(self, opaque: ctypes.Array) -> bool:
         # memory a live memoryview (e.g. a numpy array) still reads must not be handed to another Buffer
-        if has_host_view(opaque): return False
-        fin = opaque.__dict__.get("_finalizer")
+        # ((has_host_view and the finalizer's state read from the array's own dict: an eager loop frees a buffer
+        # per op)
+        d = opaque.__dict__
+        if d.get("_exports") and has_host_view(opaque): return False
+        fin = d.get("_finalizer")
         return fin is None or fin.alive
 
     def _idle(self, opaque: ctypes.Array) -> bool:
         count = getattr(allocation_root(opaque), "_fg_job", 0)
-        return not count or (pool := c_pool()) is None or pool.done(count)
+        return not count or (pool := c_pool()) is None or pool._finished.value >= count   # (pool.done)
 
     # (host access waits for the queued kernels that use the memory: see CPool)
     def _copyin(self, dest: ctypes.Array, src: memoryview) -> None:

@@ -13,6 +13,8 @@ from fusegrad.schedule.memory import share_storage
 from fusegrad.uop.graph import new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer
 
+_RESHAPE = Ops.RESHAPE
+
 # A buffer reference: a toposort position (a BUFFER of the graph) when >= 0, else ~i for the i-th fresh output buffer.
 BufferRef = int
 
@@ -40,9 +42,13 @@ class ReplayPlan:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
         node -> the buffer (view) it becomes."""
         outs = [new_buffer(device, size, dtype) for device, size, dtype in self.outs]
-        def buf(ref: BufferRef) -> UOp: return topo[ref] if ref >= 0 else outs[~ref]
-        results = {topo[pos]: buf(ref) if shape is None else buf(ref).reshape(shape)
-                   for pos, ref, shape in self.results}
+        results: dict[UOp, UOp] = {}
+        for pos, ref, shape in self.results:
+            b = topo[ref] if ref >= 0 else outs[~ref]
+            if shape is not None:
+                b = UOp(_RESHAPE, b.dtype, (b,), shape)
+                b.__dict__["_shape"] = shape  # (the shape of a reshape is its arg)
+            results[topo[pos]] = b
         return outs, results
 
     def storage(self, outs: list[UOp], kept: frozenset[int]) -> list[Buffer]:
@@ -96,7 +102,7 @@ def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
         # a realized node, or a view of one: its buffer. Other replaced nodes stay out (a lazy tensor holding one is
         # rewritten over the new buffers instead: the same values)
         if (b := becomes.get(r)) is None and r.op in GroupOp.Movement and r.base in becomes:
-            b = substitute_map(r, becomes)[r]
+            b = substitute_map(r, becomes, topo=r.toposort(gate=lambda x: x not in becomes))[r]  # (not below them)
         if b is None: continue
         base = b
         while base.op is Ops.RESHAPE: base = base.src[0]  # (a reshape of a reshape is one reshape)

@@ -10,7 +10,11 @@ _buffer_ids = itertools.count()
 
 def new_buffer(device: UOp, size: int, dtype: DType) -> UOp:
     """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
-    return UOp(Ops.BUFFER, dtype, (device,), (next(_buffer_ids), size))
+    u = UOp(_BUFFER, dtype, (device,), (next(_buffer_ids), size))
+    # (its shape and device memoized now: a replayed realize makes one per output and asks both soon after)
+    d = u.__dict__
+    d["_shape"], d["_device"] = (size,), device.arg
+    return u
 
 def buffer_stand_in(i: int, buf: UOp) -> UOp:
     """The i-th stand-in for a buffer like `buf` (same device, size and dtype): a graph over stand-ins describes every
