@@ -177,3 +177,46 @@ def upsample(x: Tensor, scales_in: Tensor | None = None, *, mode: str = "nearest
     sizes = [int(s * n) for s, n in zip(sc, x.shape)]
     return resize_nd(x, sizes, sc, None, "linear" if mode == "bilinear" else mode, "asymmetric", "floor", -0.75, False,
                      False, 0.0)
+
+
+@op("CenterCropPad")
+def center_crop_pad(x: Tensor, shape: Tensor, *, axes: Sequence[int] | None = None) -> Tensor:
+    """Each listed axis cropped or zero-padded to its new size about its centre (an odd difference leaves the extra
+    position at the end)."""
+    sizes = ints(shape)
+    picked = [axis_of(a, x.ndim) for a in axes] if axes is not None else list(range(x.ndim))
+    if len(sizes) != len(picked):
+        raise ValueError(f"shape has {len(sizes)} sizes for {len(picked)} axes")
+    if len(set(picked)) != len(picked): raise ValueError(f"axes {list(axes or [])} repeat an axis")
+    crop: list[tuple[int, int] | None] = [None] * x.ndim
+    pad = [(0, 0)] * x.ndim
+    for a, n in zip(picked, sizes):
+        if n < 0: raise ValueError(f"size {n} for axis {a} is negative")
+        dim = x.shape[a]
+        if n < dim: crop[a] = ((dim - n) // 2, (dim - n) // 2 + n)
+        elif n > dim: pad[a] = ((n - dim) // 2, n - dim - (n - dim) // 2)
+    out = x.shrink(tuple(crop)) if any(c is not None for c in crop) else x
+    return out.pad(tuple(pad)) if any(p != (0, 0) for p in pad) else out
+
+
+@op("AffineGrid")
+def affine_grid(theta: Tensor, size: Tensor, *, align_corners: int = 0) -> Tensor:
+    """The sampling grid of GridSample for affine matrices theta (N, 2, 3) or (N, 3, 4): each output position's
+    normalized coordinates (x along the last dim, then y, then z, from -1 to 1) transformed by its batch's matrix."""
+    dims = ints(size)
+    spatial = dims[2:]
+    k = len(spatial)
+    if k not in (2, 3) or len(dims) != k + 2:
+        raise ValueError(f"size must be (N, C, H, W) or (N, C, D, H, W), got {dims}")
+    if tuple(theta.shape) != (dims[0], k, k + 1):
+        raise ValueError(f"theta must have shape ({dims[0]}, {k}, {k + 1}) for size {dims}, got {tuple(theta.shape)}")
+    axes = []
+    for n in spatial:
+        # positions of the pixel centres, or of the corner pixels at -1 and 1 with align_corners
+        if align_corners: axes.append(np.linspace(-1.0, 1.0, n) if n > 1 else np.full(1, -1.0))
+        else: axes.append((np.arange(n) * 2.0 + 1.0) / n - 1.0)
+    mesh = np.meshgrid(*axes, indexing="ij")
+    # homogeneous coordinates in the order x, y(, z), 1: the spatial dims reversed
+    base = np.stack([*reversed(mesh), np.ones(tuple(spatial))], -1).reshape(-1, k + 1)
+    grid = Tensor(base.astype(np.float32)).cast(theta.dtype) @ theta.transpose(1, 2)
+    return grid.reshape(dims[0], *spatial, k)

@@ -34,7 +34,7 @@ DEFAULT_MODULES = ["add", "relu", "conv", "convtranspose", "gemm", "matmul", "re
                    "scatternd", "onehot", "trilu", "depthtospace", "div", "pow", "quantizelinear",
                    "dequantizelinear", "qlinearconv", "qlinearmatmul", "resize", "upsample", "if_",
                    "loop", "identity", "sequenceinsert", "sequence_map", "splittosequence", "optionalgetelement",
-                   "optionalhaselement", "scan", "rotaryembedding"]
+                   "optionalhaselement", "scan", "rotaryembedding", "center_crop_pad", "affinegrid"]
 
 
 def _excluded(name: str) -> str | None:
