@@ -1,4 +1,4 @@
-"""Resize and Upsample.
+"""Resize and Upsample, CenterCropPad and AffineGrid.
 
 Resizing is separable: each resized axis is one product with an (input size, output size) weight matrix whose
 columns hold the interpolation weights of one output position. The matrices are computed on the host in float64
