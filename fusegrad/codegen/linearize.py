@@ -58,7 +58,9 @@ def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     """The loops each node has to be inside: those its value or a source's varies with (an END no longer varies
     with the loops it closes)."""
     memo: dict[UOp, frozenset[UOp]] = {}
-    live = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
+    if all(range_kind(u) in _LOOP_KINDS for u in topo if u.op is Ops.RANGE):
+        live = {u: live_ranges(u, memo) for u in topo}  # (the common case: every RANGE left is a loop)
+    else: live = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
     # a load from a buffer the kernel also stores to can't be hoisted out of the loops around that store: it has to
     # see what earlier iterations wrote (e.g. partial sums accumulated in the output)
     store_loops: dict[UOp, frozenset[UOp]] = {}
@@ -106,11 +108,13 @@ def _scopes(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]], parent: dict[U
     """The loop each node goes in: the deepest of those it has to be inside (None: outside every loop), which must
     hold all the others."""
     scope: dict[UOp, UOp | None] = {}
+    ancestors: dict[UOp | None, set[UOp]] = {}   # each loop's enclosing loops, itself included
     for u in topo:
         if u.op is Ops.RANGE and u in parent: scope[u] = u; continue
         ls = loops_of[u]
         s = max(ls, key=lambda r: depth[r]) if ls else None
-        if not ls.issubset(anc := set(_enclosing_loops(parent, s))):
+        if (anc := ancestors.get(s)) is None: anc = ancestors[s] = set(_enclosing_loops(parent, s))
+        if not ls.issubset(anc):
             raise RuntimeError(f"{u.op} depends on loops {sorted(r.arg for r in ls - anc)} outside its loop {s.arg}")
         scope[u] = s
     return scope
