@@ -349,8 +349,12 @@ class OnnxRunner:
         return self._check_inputs(dict(inputs or {}, **kwargs))
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
-        given = dict(inputs or {}, **kwargs)
-        return self.graph.run(self._check_inputs(given), self)
+        bound = self._check_inputs(dict(inputs or {}, **kwargs))
+        outs = self.graph.run(bound, self)
+        # an output that is an input (an Identity from input to output, or a view of one) is a copy, as onnxruntime
+        # returns: under TinyJit a replay then hands back fresh memory, not the memory of the capture's input
+        bases = _input_bases(bound.values())
+        return {n: _copied_if_in(v, bases) for n, v in outs.items()} if bases else outs
 
     def jit(self, prune: bool = True) -> JitRunner:
         """This model as a function of NumPy arrays (or Tensors) returning NumPy arrays, as onnxruntime's `run`: its
@@ -414,10 +418,9 @@ class JitRunner:
 
     def _graph(self, *tensors: Tensor) -> list[Any]:
         outs = self.runner.graph.run(dict(zip(self.runner.input_names, tensors)), self.runner)
-        # an output that is an input (an Identity from input to output) is copied, as onnxruntime returns a copy: a
-        # replay hands back fresh output memory, never the memory the next call's input is written to
-        inputs = {id(t.uop.base) for t in tensors if isinstance(t, Tensor)}
-        return [_realized(_copied_if_in(outs[n], inputs)) for n in self.runner.output_names]
+        # (an output that is an input is copied, as in OnnxRunner.__call__)
+        bases = _input_bases(tensors)
+        return [_realized(_copied_if_in(outs[n], bases)) for n in self.runner.output_names]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:
         return {n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)}
@@ -428,6 +431,15 @@ def _realized(v: Any) -> Any:
     if isinstance(v, Tensor): return v.realize()
     if isinstance(v, list): return [_realized(x) for x in v]
     return v
+
+
+def _input_bases(values: Any) -> set[int]:
+    """The ids of the base nodes of the input tensors (those inside sequence inputs too)."""
+    out: set[int] = set()
+    for v in values:
+        for t in (v if isinstance(v, list) else [v]):
+            if isinstance(t, Tensor): out.add(id(t.uop.base))
+    return out
 
 
 def _copied_if_in(v: Any, bases: set[int]) -> Any:

@@ -1,5 +1,6 @@
-"""OnnxRunner.jit() on models whose outputs are their inputs or views of them: each call returns a copy of that call's
-input (as onnxruntime's run does), never the memory the next call's input is written to."""
+"""OnnxRunner calls (jit(), and plain calls inside a TinyJit function) on models whose outputs are their inputs or views
+of them: each call returns a copy of that call's input (as onnxruntime's run does), never the memory the next call's
+input is written to."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
+from fusegrad import Tensor, TinyJit  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
 
 
@@ -51,3 +53,23 @@ def test_output_that_is_an_input_with_a_symbolic_dim():
         got = run({"x": x})
         np.testing.assert_array_equal(got["y"], x)
         np.testing.assert_array_equal(got["z"], np.maximum(x, 0))
+
+
+def test_output_that_is_an_input_under_tinyjit():
+    # the runner called inside a TinyJit function: its Identity output is a copy, so the replays return each call's
+    runner = OnnxRunner(_model(False))
+    step = TinyJit(lambda x: runner({"x": x})["y"].realize())
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        t = Tensor(x).realize()
+        got = step(t)
+        assert got.uop.base is not t.uop.base
+        np.testing.assert_array_equal(got.numpy(), x)
+
+
+def test_plain_call_returns_a_copy_of_an_input_tensor():
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)).realize()
+    y = OnnxRunner(_model(False))({"x": x})["y"].realize()
+    assert y.uop.base is not x.uop.base
+    np.testing.assert_array_equal(y.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
