@@ -169,6 +169,8 @@ class RewriteContext:
         top-down: a node is rewritten until no rule applies, then its sources are rewritten, then it is rebuilt and
         rewritten again. bottom-up: sources first, then the node; a new node from a rule is processed from scratch."""
         replace, pm, ctx = self.replace, self.pm, self.ctx
+        # a node of an op no rule names is not offered to the rules (most nodes, for a pass that rewrites loads)
+        ruled, wildcard = pm.pdict, bool(pm.wildcard)
         # stack entries: (original node, stage, node being processed for it)
         stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
         # nodes whose processing has started and not finished; meeting one again means a rule put a node being
@@ -186,7 +188,7 @@ class RewriteContext:
                         raise RuntimeError(f"{pm.name or 'graph_rewrite'}: rules rewrite a {n.op} into a graph "
                                            "containing itself, forever")
                 pending.add(n)
-                if not self.bottom_up: cur = _rewrite_to_fixed_point(pm, n, ctx)
+                if not self.bottom_up and (wildcard or n.op in ruled): cur = _rewrite_to_fixed_point(pm, n, ctx)
                 if cur is not n and cur in replace:
                     replace[n] = replace[cur]
                     pending.discard(n)
@@ -199,7 +201,8 @@ class RewriteContext:
                 # tuples of UOps compare element by element with identity (UOp has no __eq__), at C speed
                 rebuilt = cur if new_src == cur.src else UOp(cur.op, cur.dtype, new_src, cur.arg)
                 # top-down already took `cur` to a fixed point; only a rebuilt node can match again
-                new = None if rebuilt is cur and not self.bottom_up else pm.rewrite(rebuilt, ctx)
+                new = None if (rebuilt is cur and not self.bottom_up) or not (wildcard or rebuilt.op in ruled) else \
+                    pm.rewrite(rebuilt, ctx)
                 if new is None:
                     replace[n] = rebuilt
                     if cur is not n: replace[cur] = rebuilt
