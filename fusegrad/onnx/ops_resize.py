@@ -1,4 +1,4 @@
-"""Resize and Upsample, CenterCropPad and AffineGrid.
+"""Resize and Upsample, CenterCropPad, AffineGrid and GridSample.
 
 Resizing is separable: each resized axis is one product with an (input size, output size) weight matrix whose
 columns hold the interpolation weights of one output position. The matrices are computed on the host in float64
@@ -6,6 +6,7 @@ from the static sizes, so every mode (nearest with its four rounding rules, line
 antialiasing) and every coordinate transformation is the same device work: a matmul per axis."""
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -220,3 +221,98 @@ def affine_grid(theta: Tensor, size: Tensor, *, align_corners: int = 0) -> Tenso
     base = np.stack([*reversed(mesh), np.ones(tuple(spatial))], -1).reshape(-1, k + 1)
     grid = Tensor(base.astype(np.float32)).cast(theta.dtype) @ theta.transpose(1, 2)
     return grid.reshape(dims[0], *spatial, k)
+
+
+def _reflect(x: Tensor, lo: float, hi: float) -> Tensor:
+    """x folded back into [lo, hi] by reflecting at the borders as often as needed."""
+    span = hi - lo
+    below, above = lo - x, x - hi
+    out = x
+    for dist, near, far, inside in ((below, lo, hi, x >= lo), (above, hi, lo, x <= hi)):
+        n = (dist / span).trunc() if span > 0 else dist * 0
+        r = dist - n * span
+        even = (n - (n / 2).trunc() * 2) == 0
+        # an even number of whole spans lands at the near border plus the rest, an odd one at the far border
+        sign = 1.0 if near == lo else -1.0
+        folded = even.where(near + sign * r, far - sign * r)
+        out = inside.where(out, folded)
+    return out
+
+
+def _cubic_coeffs(t: Tensor) -> list[Tensor]:
+    """Keys' cubic convolution weights (a = -0.75) of the taps at -1, 0, 1 and 2 for a fraction t."""
+    a = -0.75
+    def far(d: Tensor) -> Tensor: return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    def near(d: Tensor) -> Tensor: return ((a + 2) * d - (a + 3)) * d * d + 1
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+GRID_MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic", "bicubic": "cubic"}
+
+
+@op("GridSample")
+def grid_sample(x: Tensor, grid: Tensor, *, align_corners: int = 0, mode: str = "linear",
+                padding_mode: str = "zeros") -> Tensor:
+    """x (N, C, *spatial) sampled at grid (N, *out, k), normalized coordinates from -1 to 1 in the order x, y(, z):
+    each output takes its taps (1 nearest, 2 linear or 4 cubic per dim) by index from x, weighted."""
+    if mode not in GRID_MODES: raise Unsupported(f"GridSample mode {mode!r} (supported: {', '.join(GRID_MODES)})")
+    if padding_mode not in ("zeros", "border", "reflection"):
+        raise Unsupported(f"GridSample padding_mode {padding_mode!r} (supported: zeros, border, reflection)")
+    kind = GRID_MODES[mode]
+    spatial = tuple(x.shape[2:])
+    k = len(spatial)
+    if grid.ndim != k + 2 or grid.shape[-1] != k or grid.shape[0] != x.shape[0]:
+        raise ValueError(f"grid must be (N, *out, {k}) for an input of shape {tuple(x.shape)}, got "
+                         f"{tuple(grid.shape)}")
+    n, c = x.shape[:2]
+    out = tuple(grid.shape[1:-1])
+    q = math.prod(out)
+    g = grid.cast(dtypes.float32).reshape(n, q, k)
+    coords, bounds = [], []
+    for i, size in enumerate(spatial):
+        v = g[:, :, k - 1 - i]   # the grid's last component is the first spatial dim's
+        pos = (v + 1) / 2 * (size - 1) if align_corners else ((v + 1) * size - 1) / 2
+        if kind == "nearest": pos = pos.round()
+        lo, hi = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+        # (border: only positions beyond the borders move, to the nearest pixel: a cubic tap of one between the
+        # border and that pixel still weighs its neighbours)
+        if padding_mode == "border": pos = ((pos < lo) | (pos > hi)).where(pos.maximum(0).minimum(size - 1), pos)
+        elif padding_mode == "reflection": pos = _reflect(pos, lo, hi)
+        coords.append(pos)
+        bounds.append((lo, hi))
+    # per dim: the taps' indices and weights
+    taps: list[list[tuple[Tensor, Tensor | None]]] = []
+    for pos in coords:
+        if kind == "nearest":
+            taps.append([(pos.trunc(), None)])
+            continue
+        base = pos.floor()
+        t = pos - base
+        weights = [1 - t, t] if kind == "linear" else _cubic_coeffs(t)
+        offsets = [0, 1] if kind == "linear" else [-1, 0, 1, 2]
+        taps.append([(base + o, w) for o, w in zip(offsets, weights)])
+    flat = x.reshape(n, c, math.prod(spatial))
+    strides = [math.prod(spatial[i + 1:]) for i in range(k)]
+    total: Tensor | None = None
+    for combo in itertools.product(*taps):
+        lin: Tensor | None = None
+        valid: Tensor | None = None
+        weight: Tensor | None = None
+        for i, (idx, w) in enumerate(combo):
+            size = spatial[i]
+            if padding_mode == "zeros":
+                ok = (idx >= 0) & (idx <= size - 1)
+                valid = ok if valid is None else valid & ok
+                idx = idx.maximum(0).minimum(size - 1)
+            elif padding_mode == "border": idx = idx.maximum(0).minimum(size - 1)
+            else: idx = _reflect(idx, *bounds[i]).trunc().maximum(0).minimum(size - 1)
+            part = idx.cast(dtypes.int32) * strides[i]
+            lin = part if lin is None else lin + part
+            if w is not None: weight = w if weight is None else weight * w
+        assert lin is not None
+        val = flat.gather(2, lin.reshape(n, 1, q).expand(n, c, q))
+        if weight is not None: val = val * weight.reshape(n, 1, q).cast(x.dtype)
+        if valid is not None: val = valid.reshape(n, 1, q).where(val, 0)
+        total = val if total is None else total + val
+    assert total is not None
+    return total.reshape(n, c, *out).cast(x.dtype)
