@@ -1186,7 +1186,9 @@ class _LiveTensors:
             u = t._uop
             if (v := changed.get(u)) is not None:
                 if _undo is not None: _undo.append((t, u))
-                t.uop = u = v
+                # (the setter's registration is not needed: a tensor of self.lazy is registered as lazy already, and
+                # leaves the registry below once it is a plain buffer)
+                t._uop = u = v
             elif not (u.op is _BUFFER or (u.op is _RESHAPE and u.src[0].op is _BUFFER)) and changed:
                 # (as _apply_map: the walk stops at replaced nodes)
                 topo = u.toposort(gate=lambda x: x not in changed)
