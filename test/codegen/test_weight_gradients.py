@@ -66,3 +66,59 @@ def test_small_weight_gradients(shape):
     w = RS.standard_normal((co, ci, kk, kk)).astype(np.float32)
     ours, ref = _conv_weight_grad(x, w, stride, pad)
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
+
+# *** reductions over lengths no vector divides ***
+
+@pytest.mark.parametrize("n", [1001, 2003, 67, 7, 1])
+def test_awkward_row_reductions(n: int):
+    """Sum, max, logsumexp and an integer sum over rows of lengths no vector divides (padded to whole vectors when
+    long enough: the padding adds the reductions' identities), against NumPy."""
+    a = RS.standard_normal((5, n)).astype(np.float32)
+    i = RS.integers(-1000, 1000, (5, n)).astype(np.int32)
+    np.testing.assert_allclose(Tensor(a).sum(1).numpy(), a.sum(1, dtype=np.float64), rtol=1e-5, atol=1e-4)
+    np.testing.assert_equal(Tensor(a).max(1).numpy(), a.max(1))
+    np.testing.assert_equal(Tensor(-np.abs(a)).max(1).numpy(), (-np.abs(a)).max(1))
+    ref = np.log(np.exp(a.astype(np.float64)).sum(1))
+    np.testing.assert_allclose(Tensor(a).logsumexp(1).numpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_equal(Tensor(i).sum(1).numpy(), i.sum(1))
+
+def test_empty_rows():
+    """Rows of length 0 reduce to the identity."""
+    np.testing.assert_equal(Tensor(np.zeros((3, 0), np.float32)).sum(1).numpy(), np.zeros(3, np.float32))
+
+def test_awkward_reduction_is_vectorized():
+    """A row sum over 1001 elements is padded to whole vectors and vectorized, on both x86 vector widths."""
+    from test.codegen.test_reduce import reduce_2d_ast
+    from fusegrad.dtype import dtypes
+    from fusegrad.uop.ops import Ops
+    for facts, lanes in ((AVX2, 8), (AVX512, 16)):
+        k = Kernel(reduce_2d_ast(5, 1001, 1, Ops.ADD, dtypes.float32), renderer_like(facts))
+        hand_coded_optimizations(k)
+        assert [o.arg for o in k.applied_opts if o.op is OptOps.PADTO] == [lanes], k.applied_opts
+        assert _reduce_upcasts(k)[:1] == [lanes], k.applied_opts
+
+@pytest.mark.parametrize("vocab", [1001, 515])
+def test_awkward_vocabulary_training(vocab: int):
+    """A language model's head over a vocabulary no vector or block divides: the logits, the cross-entropy and the
+    gradients into the hidden states and the embedding, against torch."""
+    x = RS.standard_normal((2, 16, 48)).astype(np.float32)
+    w = (RS.standard_normal((vocab, 48)) * 0.1).astype(np.float32)
+    y = RS.integers(0, vocab, (2, 16))
+    xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    loss = (xt @ wt.T).reshape(-1, vocab).sparse_categorical_crossentropy(Tensor(y.reshape(-1).astype(np.int32)))
+    loss.backward()
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tl = torch.nn.functional.cross_entropy((tx @ tw.T).reshape(-1, vocab), torch.tensor(y.reshape(-1)))
+    tl.backward()
+    assert xt.grad is not None and wt.grad is not None and tx.grad is not None and tw.grad is not None
+    np.testing.assert_allclose(loss.numpy(), tl.item(), rtol=1e-5)
+    np.testing.assert_allclose(xt.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+@pytest.mark.parametrize("k", [1001, 2003])
+def test_awkward_contraction(k: int):
+    """A matmul whose contraction (of a length no block divides) is padded to whole cache blocks, against NumPy."""
+    a = RS.standard_normal((24, k)).astype(np.float32)
+    b = RS.standard_normal((k, 64)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), ref, rtol=1e-4, atol=1e-3)

@@ -35,7 +35,7 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      that some of them share (a matmul's rows of A for all its columns), each a part, between two
                      barriers, and then read the copy.
   PADTO on a reduce loop rounds it up with iterations that read nothing and contribute the reduction's identity, so
-                     a GROUP of 256 fits a row of 257.
+                     a GROUP of 256 fits a row of 257 (on a CPU: vectors or KBLOCK blocks fit a vocabulary of 50257).
   TC(axis, (tc_select, tc_opt, use_tc)) a matmul-shaped sum (of products of two loads of half, bfloat16, or float32
                      with ALLOW_TF32) on the renderer's tensor cores (`Renderer.tensor_cores`): its M, N and K loops
                      split into the instruction's tile, the tile's rows and columns spread over the lanes of a warp (a
@@ -434,8 +434,6 @@ class Kernel:
     def _padto(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
         size = range_size(r)
-        # (a CPU kernel pads only output loops: a padded reduction is for GPU-style work-groups)
-        if axis >= self.first_reduce and not self.gpu: raise KernelOptError("PADTO needs an output axis")
         if not isinstance(size, int) or amt < 2 or size % amt == 0: raise KernelOptError(f"can't pad {size} to {amt}")
         padded = UOp.range(-(-size // amt) * amt, r.arg[0], r.arg[1])
         ast = self.ast.substitute({r: padded})

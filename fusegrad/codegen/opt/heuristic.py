@@ -329,7 +329,10 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
     if ctx.width < 2: return False
     if len(k.reduceops) != 1: return _vectorize_reductions(ctx)
     for r in reversed(ctx.reds):
-        if (w := _reduce_vector_width(ctx, r)) is None: continue
+        if (w := _reduce_vector_width(ctx, r)) is None:
+            # (one reduction only: several, a softmax's max and sum, ran no faster padded, each loop gated)
+            if (padded := _pad_reduce(ctx, r)) is None: continue
+            r, w = padded, ctx.width
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
         if inner is None: continue
         tiled = _tile_dot_products(ctx, inner)
@@ -427,6 +430,22 @@ def _reduce_vector_width(ctx: OptContext, r: UOp) -> int | None:
     return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0 and
                  (w >= ctx.min_lanes or sz > w)), None)
 
+def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
+    """Reduce loop r, contiguous or broadcast in every access but of a length no vector divides (a vocabulary of
+    50257), padded to whole vectors (PADTO: the padded iterations load nothing and add the reduction's identity) when
+    it is at least 8 vectors long: then it is vectorized like any other, where it ran as scalar code. Returns the
+    padded loop, or None."""
+    sz, width = range_size(r), ctx.width
+    if width < 2 or not isinstance(sz, int) or sz < 8 * width or sz % width == 0 or \
+            not all(c in (0, 1) for c, _ in ctx.strides(r)):
+        return None
+    axis = ctx.k.loops.index(r)
+    try: ctx.k.apply_opt(Opt(OptOps.PADTO, axis, width))
+    except KernelOptError: return None
+    padded = ctx.k.loops[axis]
+    ctx.reds = [padded if q is r else q for q in ctx.reds]
+    return padded
+
 WINDOW_UNROLL_MIN_CHANNELS = 16
 
 def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
@@ -513,6 +532,17 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     inner = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in red[1:])
     blk = next((b for b in range(rsz - 1, 0, -1) if rsz % b == 0 and 128 <= b * inner <= 512 and
                 b * inner * row_bytes <= k.MAX_LOCAL_BYTES), None)
+    # (a loop of a length that no such block divides, a vocabulary of 50257, is padded to whole blocks when that wastes
+    # little: its padded iterations load nothing and add zero. Unblocked, the panel is the whole reduction and isn't
+    # packed)
+    if blk is None and inner == 1 and rsz > 512:
+        blk = next((b for b in (512, 384, 256) if 64 * (-rsz % b) <= rsz), None)
+        if blk is not None:
+            try:
+                k.kblock_reduce(k.loops.index(red[0]))
+                k.apply_opt(Opt(OptOps.PADTO, k.loops.index(red[0]), blk))
+            except KernelOptError: blk = None
+            red = [k.loops[i] for i in k.reduce_axes()]
     if blk is not None and rsz * inner > 384:
         try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(red[0]), blk))
         except KernelOptError: pass
