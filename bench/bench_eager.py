@@ -6,6 +6,7 @@ Rows (microseconds per call unless marked):
 - build of a matmul, 64x64 @ 64x64 and the MLP's 128x784 @ 784x512 (torch: the product itself);
 - a realize that hits the schedule cache, `(a + b).realize()` repeated, kernel launch included, and the same for the
   64x64 matmul (torch: the same eager op);
+- reading a realized tensor of 10 float32s with `numpy()` (torch: a copy of its `numpy()` view, the same copy);
 - one Adam step of the 784-512-10 MLP at batch 128, eager (no TinyJit), in ms.
 
 Each side runs its calls in blocks (fusegrad block, torch block, fusegrad block, torch block), never alternating call
@@ -84,6 +85,11 @@ def main() -> None:
     assert GlobalCounters.kernel_count > k0, "the realizes ran no kernel"
     row("(a @ b).realize(), schedule cache hit (64x64)",
         *blocks(lambda: (a @ b).realize(), lambda: ta @ tb, calls, nblocks))
+
+    s_np = rng.standard_normal(10).astype(np.float32)
+    s, ts = Tensor(s_np).realize(), torch.tensor(s_np)
+    np.testing.assert_array_equal(s.numpy(), s_np)
+    row("numpy() of 10 float32s (torch: numpy().copy())", *blocks(s.numpy, lambda: ts.numpy().copy(), calls, nblocks))
 
     # the MLP's eager Adam step (as bench_train.py's MLP eager row)
     xb_np, yb_np = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
