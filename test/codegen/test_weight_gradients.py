@@ -122,3 +122,13 @@ def test_awkward_contraction(k: int):
     b = RS.standard_normal((k, 64)).astype(np.float32)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), ref, rtol=1e-4, atol=1e-3)
+
+def test_awkward_contraction_is_blocked():
+    """A matmul over a contraction of 2003 (prime) is padded to whole blocks of 512 and blocked through the output,
+    on both x86 vector widths."""
+    from test.codegen.helpers import matmul_ast
+    for facts in (AVX2, AVX512):
+        k = Kernel(matmul_ast(24, 64, 2003), renderer_like(facts))
+        hand_coded_optimizations(k)
+        pads = [o.arg for o in k.applied_opts if o.op is OptOps.PADTO]
+        assert pads == [512] and any(o.op is OptOps.KBLOCK and o.arg == 512 for o in k.applied_opts), k.applied_opts

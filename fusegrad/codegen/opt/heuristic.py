@@ -536,7 +536,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # little: its padded iterations load nothing and add zero. Unblocked, the panel is the whole reduction and isn't
     # packed)
     if blk is None and inner == 1 and rsz > 512:
-        blk = next((b for b in (512, 384, 256) if 64 * (-rsz % b) <= rsz), None)
+        blk = next((b for b in (512, 384, 256) if 16 * (-rsz % b) <= rsz), None)
         if blk is not None:
             try:
                 k.kblock_reduce(k.loops.index(red[0]))
