@@ -115,3 +115,13 @@ def test_buffer_numpy_shape_checked():
     buf = Tensor(np.arange(6, dtype=np.int32)).realize().uop.buffer
     np.testing.assert_array_equal(buf.numpy((2, 3)), np.arange(6, dtype=np.int32).reshape(2, 3))
     with pytest.raises(ValueError, match="shape"): buf.numpy((4,))
+
+@pytest.mark.parametrize("npdt", [np.bool_, np.int8, np.uint64, np.float16, np.float64])
+def test_other_device(npdt):
+    # the copy out of another device's memory (the PYTHON emulator's allocator), after a kernel there
+    ref = sample(npdt, (3, 5), seed=3)
+    t = Tensor(ref, device="PYTHON").realize()
+    np.testing.assert_array_equal(t.numpy(), ref)
+    assert t.tolist() == ref.tolist() and t[2, 4].item() == ref[2, 4].item()
+    if npdt is not np.bool_:
+        np.testing.assert_array_equal((t * 1).realize().numpy(), ref)
