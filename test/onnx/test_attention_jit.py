@@ -103,6 +103,7 @@ def test_total_length_computed_on_the_device_is_refused_under_jit():
         jitted(feed)
 
 
+@pytest.mark.slow
 def test_gqa_decode_loop_with_a_growing_cache_replays_one_capture():
     """The cache grows by one position a step (named dims `past` and `total`): the present's length is the symbolic
     total, and one capture replays for every length, equal to onnxruntime at each step."""
