@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 import struct
+import threading
 import weakref
 from dataclasses import dataclass, fields
 from functools import cache
@@ -19,14 +20,18 @@ class _Interned(type):
         key = (cls, args) if not kwargs and len(args) == cls._nfields else None  # type: ignore[attr-defined]
         if key is not None and (ref := _interned.get(key)) is not None and (made := ref()) is not None: return made
         made = super().__call__(*args, **kwargs)
-        if (ref := _interned.get(made._key)) is not None and (old := ref()) is not None: return old
-        _interned[made._key] = weakref.ref(made)
-        if len(_interned) > _intern_limit[0]:
-            for k in [k for k, r in _interned.items() if r() is None]: del _interned[k]
-            _intern_limit[0] = max(1024, 2 * len(_interned))
+        # (under a lock: two threads making one new dtype at once, background code generation and the main thread,
+        # must both get the same instance)
+        with _intern_lock:
+            if (ref := _interned.get(made._key)) is not None and (old := ref()) is not None: return old
+            _interned[made._key] = weakref.ref(made)
+            if len(_interned) > _intern_limit[0]:
+                for k in [k for k, r in _interned.items() if r() is None]: del _interned[k]
+                _intern_limit[0] = max(1024, 2 * len(_interned))
         return made
 
 _interned: dict[tuple, weakref.ref] = {}
+_intern_lock = threading.Lock()
 _intern_limit = [1024]
 
 @dataclass(frozen=True, eq=True)
