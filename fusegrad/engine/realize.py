@@ -407,6 +407,7 @@ def codegen_knob_values() -> tuple[int, ...]: return tuple([int(k.value) for k i
 # the knobs that change how a kernel call is split and queued: a prepared launch is made again when they change
 LAUNCH_KNOBS: tuple[ContextVar, ...] = (CPU_THREADS, CPU_ASYNC)
 def launch_knob_values() -> tuple[int, ...]: return tuple([int(k.value) for k in LAUNCH_KNOBS])
+_REPLAY_KNOBS = CODEGEN_KNOBS + LAUNCH_KNOBS   # (codegen_knob_values() + launch_knob_values())
 
 def _method_key(device: str, ast: UOp) -> tuple[str, UOp, tuple[int, ...]]:
     # the devices of one kind in this process (CPU, CPU:1, ...) run the same programs: their memory is all host memory
@@ -609,9 +610,10 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any]] | N
     runners and their prepared launches (kept in the plan as exec_items keeps them). None unless an earlier replay
     lowered the kernels under these knobs (exec_items) and none of them needs its memory checked against Variable
     values."""
-    knobs = codegen_knob_values()
-    launch = knobs + launch_knob_values()
+    # (the code and launch knobs read in one pass: this runs on every replayed realize)
+    launch = tuple([int(k.value) for k in _REPLAY_KNOBS])
     if (ready := plan.direct.get(launch)) is None:
+        knobs = launch[:len(CODEGEN_KNOBS)]
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
         # kernels small enough to run on the calling thread when nothing is queued (PreparedLaunch.run_here)
         small = [(w := getattr(r, "_static_work", None)) is not None and w[0] <= HERE_MAX_OPS and w[1] <= HERE_MAX_MEM
