@@ -231,7 +231,13 @@ def pow_(a: Tensor, b: Tensor) -> Tensor:
 
 @op("Mod")
 def mod(a: Tensor, b: Tensor, *, fmod: int = 0) -> Tensor:
-    return a.fmod(b) if fmod else a.mod(b)
+    if fmod not in (0, 1): raise ValueError(f"fmod must be 0 or 1, got {fmod}")
+    if fmod or not is_float(a): return a.fmod(b) if fmod else a.mod(b)
+    # NumPy's floor remainder, from the exact fmod: moved into the divisor's sign where the signs differ (by +-inf
+    # that gives +-inf), a zero remainder takes the divisor's sign, and by 0 or of +-inf it is NaN
+    r = a.fmod(b)
+    r = ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
+    return (r == 0).where(Tensor.zeros_like(r).copysign(b), r)
 
 
 for _name, _fn2 in {
@@ -243,9 +249,16 @@ for _name, _fn2 in {
 
 @op("BitShift")
 def bitshift(a: Tensor, b: Tensor, *, direction: str) -> Tensor:
-    if direction == "LEFT": return a.lshift(b)
-    if direction == "RIGHT": return a.rshift(b)
-    raise ValueError(f"direction must be LEFT or RIGHT, got {direction!r}")
+    if direction not in ("LEFT", "RIGHT"): raise ValueError(f"direction must be LEFT or RIGHT, got {direction!r}")
+    if is_float(a) or is_float(b) or dtypes.bool in (a.dtype, b.dtype):
+        raise ValueError(f"the inputs must be integers, got {a.dtype} and {b.dtype}")
+    # a shift by the bit width or more, or by a negative amount, gives every bit shifted out (0, or -1 for a right
+    # shift of a negative value) as in NumPy; C leaves such shifts undefined, so they never reach the kernel
+    width = a.dtype.itemsize * 8
+    out = (b < 0) | (b >= width) if not dtypes.is_unsigned(a.dtype) else b >= width
+    safe = out.where(0, b)
+    if direction == "LEFT": return out.where(0, a.lshift(safe))
+    return out.where(a.rshift(width - 1) if not dtypes.is_unsigned(a.dtype) else 0, a.rshift(safe))
 
 
 def _variadic(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Tensor]:

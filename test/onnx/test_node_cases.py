@@ -20,9 +20,6 @@ EXCLUDED: dict[str, str] = {
     r"^test_training_dropout(?!_zero_ratio)": "a random mask can't equal the one of the reference's generator",
     r"^test_bernoulli": "random values can't equal those of the reference's generator (test_random_and_control.py "
                         "checks their shape, dtype and statistics)",
-    r"^test_mod_float_edge_cases_fmod_0": "float Mod by zero or infinity: fusegrad's remainder is a - floor(a/b)*b",
-    r"^test_bitshift_right_.*(ge_width|negative_shift)": "shifts by the bit width or more, or by negative amounts, "
-                                                         "are undefined in C and not handled specially",
 }
 
 # op families whose cases run by default (fast, and covering the runner's paths: attributes vs inputs across opsets,
