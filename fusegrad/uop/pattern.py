@@ -237,6 +237,7 @@ def graph_rewrite_map(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up:
     if _viz.VIZ: _viz.record_rewrite(lambda: rc.rewrite(sink), sink, pm, name)
     else: rc.rewrite(sink)
     ret = {}
-    for u in sink.toposort(): ret[u] = rc.rewrite(u)
+    done = rc.replace  # (most nodes were reached by the sink's rewrite: no new run for each)
+    for u in sink.toposort(): ret[u] = done[u] if u in done else rc.rewrite(u)
     if input_map is not None: return {k: ret.get(v, v) for k, v in input_map.items()}
     return ret
