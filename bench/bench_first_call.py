@@ -9,10 +9,11 @@ compiled; the time is from the call to its result being on the host, import and 
 shared machine the wall time depends on the load, so the CPU time the call took is printed beside it: the process's
 own (Python: scheduling, code generation) and its compiler processes'. Every
 row is run several times (the machine is shared: the least and the median are printed), and with --profile one run
-of each prints where the time went (code generation against compiling, kernels, compiler runs).
+of each prints where the time went (code generation against compiling, kernels, compiler runs); with --rewrites one
+run of each counts the work of every rewrite pass.
 
 Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200] [--against VAR=VALUE]
-     [--against-tree PATH]
+     [--against-tree PATH] [--rewrites]
 """
 from __future__ import annotations
 import argparse
@@ -63,6 +64,26 @@ if profile:
                 tier = "background" if self.background else "quick" if "-Og" in self.flags else "optimized"
                 batches.append((time.perf_counter() - st, tier, src.count("_entry(void"), len(src)))
     CPUCompiler.compile = timed_compile
+rewrites = os.getenv("REWRITES") == "1"
+if rewrites:
+    # per rewrite pass (the matcher's name): graph_rewrite runs, nodes they rewrote (or found rewritten), rule tries
+    import fusegrad.uop.pattern as pattern
+    passes, current = {}, [None]
+    real_run, real_try = pattern.RewriteContext.rewrite, pattern.PatternMatcher.rewrite
+    def counted_run(self, root):
+        prev, current[0] = current[0], self.pm.name
+        before = len(self.replace)
+        try: return real_run(self, root)
+        finally:
+            if in_call[0]:
+                p = passes.setdefault(self.pm.name, [0, 0, 0])
+                p[0] += 1; p[1] += len(self.replace) - before
+            current[0] = prev
+    def counted_try(self, uop, ctx=None):
+        if in_call[0]: passes.setdefault(current[0], [0, 0, 0])[2] += 1
+        return real_try(self, uop, ctx)
+    pattern.RewriteContext.rewrite, pattern.PatternMatcher.rewrite = counted_run, counted_try
+    if not profile: in_call = [False]
 if row == "resnet":
     import resnet
     model = resnet.ResNet(18)
@@ -93,14 +114,17 @@ else:
 Device["CPU"].synchronize()
 k0 = GlobalCounters.kernel_count
 st, c0 = time.perf_counter(), os.times()
-if profile: in_call[0] = True
+if profile or rewrites: in_call[0] = True
 out = call()
 out.numpy()
 ms, c1 = (time.perf_counter() - st) * 1e3, os.times()
-if profile: in_call[0] = False
+if profile or rewrites: in_call[0] = False
 own = (c1.user + c1.system - c0.user - c0.system) * 1e3
 cc = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * 1e3
 print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f}")
+if rewrites:
+    for name, (runs, nodes, tries) in sorted(passes.items(), key=lambda kv: -kv[1][2]):
+        print(f"  rewrite pass {name}: {runs} runs, {nodes} nodes rewritten, {tries} nodes offered to the rules")
 if profile:
     compile_wait = phases["compile+codegen"] - phases["codegen"]
     other = ms / 1e3 - phases["schedule"] - phases["compile+codegen"] - phases["pool"]
@@ -120,12 +144,13 @@ ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None, tree: str = REPO) \
-        -> tuple[tuple[float, float, float], int, str]:
+def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None, tree: str = REPO,
+             rewrites: bool = False) -> tuple[tuple[float, float, float], int, str]:
     """One fresh process with an empty cache, importing fusegrad from checkout `tree`: ((first call ms, the process's
     CPU ms, its compilers' CPU ms), kernels it ran, the profile lines)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0", **(extra_env or {})}
+        env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0",
+               "REWRITES": "1" if rewrites else "0", **(extra_env or {})}
         res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0: raise RuntimeError(f"{row} failed:\n{res.stderr}")
     first, *rest = res.stdout.splitlines()
@@ -146,6 +171,9 @@ def main() -> None:
     ap.add_argument("--against", metavar="VAR=VALUE", action="append", default=[],
                     help="also run each row with these environment variables set, alternating run by run with the "
                          "plain runs (a before/after on a machine whose load changes)")
+    ap.add_argument("--rewrites", action="store_true",
+                    help="one more run of each row counting, per rewrite pass, its runs, the nodes they rewrote and "
+                         "the nodes offered to its rules")
     ap.add_argument("--against-tree", metavar="PATH",
                     help="also run each row with the fusegrad of another checkout (a git worktree of an earlier "
                          "commit), alternating run by run with this one's")
@@ -165,6 +193,7 @@ def main() -> None:
             print(summary(f"{ROWS[row]} ({label})", runs["against"], kernels["against"]), flush=True)
         print(summary(ROWS[row], runs[""], kernels[""]), flush=True)
         if args.profile: print(run_once(row, profile=True)[2], flush=True)
+        if args.rewrites: print(run_once(row, rewrites=True)[2], flush=True)
 
 if __name__ == "__main__":
     main()
