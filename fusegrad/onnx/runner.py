@@ -19,7 +19,7 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
-                           ops_random, ops_resize, ops_sequence, ops_signal)
+                           ops_detection, ops_random, ops_resize, ops_sequence, ops_signal)
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
 from fusegrad.uop.ops import Ops, device_buffer, is_symbolic, sym_eq
