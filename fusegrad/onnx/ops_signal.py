@@ -1,4 +1,5 @@
-"""The signal ops of audio front ends: DFT, STFT and the window functions (HannWindow, HammingWindow, BlackmanWindow).
+"""The signal ops of audio front ends: DFT, STFT, the window functions (HannWindow, HammingWindow, BlackmanWindow) and
+MelWeightMatrix.
 
 A transform's length is known when the graph is built, so a DFT is a matmul with cosine and sine matrices computed on
 the host (O(n^2) work, which is what the short frames of audio models need, and it fuses with what is around it)."""
@@ -11,7 +12,7 @@ import numpy as np
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
-from fusegrad.onnx.ops import Context, axis_of, is_float, op, scalar
+from fusegrad.onnx.ops import Context, axis_of, host_value, is_float, op, scalar
 
 
 def _length(t: Tensor | None, what: str) -> int | None:
@@ -136,3 +137,36 @@ def hamming_window(size: Tensor, *, output_datatype: int = 1, periodic: int = 1)
 def blackman_window(size: Tensor, *, output_datatype: int = 1, periodic: int = 1) -> Tensor:
     return _window(size, output_datatype, periodic, lambda t: 0.42 - 0.5 * np.cos(t) + 0.08 * np.cos(2 * t))
 
+
+
+@op("MelWeightMatrix")
+def mel_weight_matrix(num_mel_bins: Tensor, dft_length: Tensor, sample_rate: Tensor, lower_edge_hertz: Tensor,
+                      upper_edge_hertz: Tensor, *, output_datatype: int = 1) -> Tensor:
+    """(dft_length // 2 + 1, num_mel_bins): triangular filters spaced evenly on the mel scale, each rising from its
+    left neighbour's centre to its own and falling to its right neighbour's (computed on the host: all inputs are
+    scalars)."""
+    bins, n_fft = _length(num_mel_bins, "num_mel_bins"), _length(dft_length, "dft_length")
+    assert bins is not None and n_fft is not None
+    if bins < 1 or n_fft < 1: raise ValueError(f"num_mel_bins {bins} and dft_length {n_fft} must be positive")
+    rate = host_value(sample_rate).reshape(())
+    lo, hi = host_value(lower_edge_hertz).reshape(()), host_value(upper_edge_hertz).reshape(())
+    if not 0 <= lo < hi or rate <= 0:
+        raise ValueError(f"the edges must satisfy 0 <= lower ({lo}) < upper ({hi}) and the sample rate ({rate}) be "
+                         "positive")
+    # bins + 2 edges, evenly spaced in mel = 2595 log10(1 + f / 700) (the step divides by the count of edges, as in
+    # ONNX's reference), then rounded down to DFT bins
+    mel_lo, mel_hi = 2595 * np.log1p(lo / 700) / np.log(10), 2595 * np.log1p(hi / 700) / np.log(10)
+    mel = np.arange(bins + 2) * ((mel_hi - mel_lo) / (bins + 2)) + mel_lo
+    edges = (((n_fft + 1) * (700 * np.expm1(mel / 2595 * np.log(10)))) // rate).astype(int)
+    n_spec = n_fft // 2 + 1
+    if edges.max() >= n_spec:
+        raise ValueError(f"the upper edge {hi} Hz lies past the last DFT bin ({n_spec} bins at {rate} Hz)")
+    out = np.zeros((n_spec, bins))
+    j = np.arange(n_spec)
+    for i in range(bins):
+        left, mid, right = edges[i], edges[i + 1], edges[i + 2]
+        if mid == left: out[mid, i] = 1
+        else: out[:, i] = np.where((j >= left) & (j <= mid), (j - left) / max(mid - left, 1), 0)
+        if right > mid: out[:, i] = np.where((j >= mid) & (j < right), (right - j) / (right - mid), out[:, i])
+    dt = onnx_dtype(output_datatype)
+    return Tensor(out.astype(np_name(dt)) if dt != dtypes.bfloat16 else out.astype(np.float32)).cast(dt)

@@ -84,3 +84,12 @@ def test_bad_inputs_name_the_node():
             {"x": x, "s": np.array(1, np.int64), "n": np.array(9, np.int64)})
     with pytest.raises(OnnxNodeError, match=r"sig_node.*HannWindow.*periodic must be 0 or 1"):
         OnnxRunner(_model("HannWindow", {"size": np.array(4, np.int64)}, 17, periodic=3))({"size": np.array(4)})
+
+
+def test_mel_weight_matrix_matches_onnxruntime():
+    feed = {"bins": np.array(20, np.int64), "n": np.array(256, np.int64), "rate": np.array(16000, np.int64),
+            "lo": np.array(30.0, np.float32), "hi": np.array(7600.0, np.float32)}
+    got, want = _both("MelWeightMatrix", feed, 17)
+    assert got.shape == want.shape == (129, 20)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert (got.sum(0) > 0).all()
