@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+import fusegrad.engine.realize as _realize
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType, least_upper_float
 from fusegrad.onnx.errors import Unsupported
@@ -1111,3 +1112,70 @@ def rnn(x: Tensor, w: Tensor, r: Tensor, b: Tensor | None = None, seq_lens: Tens
         layout: int = 0) -> tuple[Tensor, ...]:
     return _recurrent("RNN", x, w, r, b, seq_lens, h0, None, None, activations, activation_alpha, activation_beta,
                       clip, direction, hidden_size, layout)[:2]
+
+
+# *** BitCast, SwiGLU, ReverseSequence, Unique ***
+
+@op("BitCast")
+def bitcast(x: Tensor, *, to: int) -> Tensor:
+    dt = onnx_dtype(to)
+    if dt.itemsize != x.dtype.itemsize:
+        raise ValueError(f"BitCast needs types of one size, got {x.dtype} ({x.dtype.itemsize} bytes) to {dt} "
+                         f"({dt.itemsize} bytes)")
+    # a bool is one byte of 0 or 1, as a uint8 holds it
+    if x.dtype == dtypes.bool: return x.cast(dtypes.uint8).bitcast(dt) if dt != dtypes.uint8 else x.cast(dt)
+    if dt == dtypes.bool: return x.bitcast(dtypes.uint8) != 0 if x.dtype != dtypes.uint8 else x != 0
+    return x.bitcast(dt)
+
+
+@op("SwiGLU")
+def swiglu(a: Tensor, b: Tensor, *, alpha: float = 1.0) -> Tensor:
+    """a * sigmoid(alpha * a) * b, computed in float32 at least."""
+    if not is_float(a) or a.dtype != b.dtype: raise ValueError(f"the inputs must be of one float type, got {a.dtype} "
+                                                               f"and {b.dtype}")
+    work = least_upper_float(a.dtype) if a.dtype.itemsize >= 4 else dtypes.float32
+    af, bf = a.cast(work), b.cast(work)
+    return (af * (af * alpha).sigmoid() * bf).cast(a.dtype)
+
+
+@op("ReverseSequence")
+def reverse_sequence(x: Tensor, sequence_lens: Tensor, *, batch_axis: int = 1, time_axis: int = 0) -> Tensor:
+    """The first sequence_lens[b] steps of each batch entry b along the time axis reversed, the rest as they are."""
+    if x.ndim < 2 or {batch_axis, time_axis} != {0, 1}:
+        raise ValueError(f"batch_axis ({batch_axis}) and time_axis ({time_axis}) must be 0 and 1 of a tensor of rank "
+                         f"2 or more (rank {x.ndim})")
+    n_batch, n_time = x.shape[batch_axis], x.shape[time_axis]
+    if tuple(sequence_lens.shape) != (n_batch,):
+        raise ValueError(f"sequence_lens must have shape ({n_batch},), got {tuple(sequence_lens.shape)}")
+    lens = sequence_lens.cast(dtypes.int32).reshape(1, -1)  # (1, batch)
+    t = Tensor.arange(n_time, dtype=dtypes.int32).reshape(-1, 1)
+    src = (t < lens).where(lens - 1 - t, t)  # (time, batch): the step each output step reads
+    if time_axis == 1: src = src.transpose(0, 1)
+    index = src.reshape(*src.shape, *([1] * (x.ndim - 2))).expand(*x.shape)
+    return x.gather(time_axis, index)
+
+
+@op("Unique")
+def unique(x: Tensor, *, axis: int | None = None, sorted: int = 1) -> tuple[Tensor, ...]:  # noqa: A002
+    """The distinct values (or slices along `axis`), the index of each one's first occurrence, the index of each
+    input element's value among them and each one's count. The output's length depends on the values, so it runs on
+    the host (a read of x)."""
+    if sorted not in (0, 1): raise ValueError(f"sorted must be 0 or 1, got {sorted}")
+    if known_value(x) is None and _realize.capturing:
+        raise Unsupported("an input computed on the device under TinyJit: the output's length depends on its values, "
+                          "which a capture can't replay (call the runner without TinyJit)")
+    arr = host_value(x)
+    a = None if axis is None else axis_of(axis, arr.ndim)
+    flat = arr.reshape(-1) if a is None else arr
+    vals, first, inverse, counts = np.unique(flat, return_index=True, return_inverse=True, return_counts=True, axis=a)
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        # the order of first occurrence
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        vals, first, counts, inverse = np.take(vals, order, axis=0 if a is None else a), first[order], \
+            counts[order], rank[inverse]
+    outs = [vals.astype(arr.dtype), first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
+    return tuple(with_host(Tensor(np.ascontiguousarray(o)).cast(x.dtype if i == 0 else dtypes.int64), o)
+                 for i, o in enumerate(outs))

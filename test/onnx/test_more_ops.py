@@ -1,0 +1,82 @@
+"""BitCast, SwiGLU, ReverseSequence and Unique: ONNX's node cases (test_node_cases.py) check the documented examples;
+here random cases against onnxruntime (or NumPy where onnxruntime lacks the op), Unique under TinyJit, and bad inputs
+that name the node."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper  # noqa: E402
+
+from fusegrad import Tensor, TinyJit  # noqa: E402
+from fusegrad.onnx import OnnxNodeError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
+
+
+def _model(op: str, inputs: dict[str, np.ndarray], outputs: dict[str, int], opset: int, **attrs) -> onnx.ModelProto:
+    node = helper.make_node(op, list(inputs), list(outputs), name="the_node", **attrs)
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for n, v in inputs.items()]
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()]
+    return helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+@pytest.mark.parametrize("time_axis", [0, 1])
+def test_reverse_sequence_matches_onnxruntime(time_axis):
+    rng = np.random.default_rng(time_axis)
+    x = rng.standard_normal((6, 5, 3) if time_axis == 0 else (5, 6, 3)).astype(np.float32)
+    feed = {"x": x, "lens": np.array([6, 1, 3, 2, 5], np.int64)}
+    model = _model("ReverseSequence", feed, {"y": TensorProto.FLOAT}, 10, time_axis=time_axis,
+                   batch_axis=1 - time_axis)
+    np.testing.assert_array_equal(OnnxRunner(model)(feed)["y"].numpy(), _ort(model, feed)[0])
+
+
+@pytest.mark.parametrize("axis,is_sorted", [(None, 1), (None, 0), (0, 0), (1, 1)])
+def test_unique_matches_onnxruntime(axis, is_sorted):
+    x = np.random.default_rng(4).integers(0, 3, (7, 2)).astype(np.float32)
+    feed = {"x": x}
+    outs = {"y": TensorProto.FLOAT, "first": TensorProto.INT64, "inverse": TensorProto.INT64,
+            "counts": TensorProto.INT64}
+    attrs = {"sorted": is_sorted} if axis is None else {"sorted": is_sorted, "axis": axis}
+    model = _model("Unique", feed, outs, 11, **attrs)
+    got = OnnxRunner(model)({"x": Tensor(x).realize()})
+    for name, want in zip(outs, _ort(model, feed)):
+        np.testing.assert_array_equal(got[name].numpy(), want, err_msg=name)
+
+
+def test_unique_under_tinyjit_is_refused_for_device_values():
+    model = _model("Unique", {"x": np.zeros(4, np.float32)}, {"y": TensorProto.FLOAT}, 11)
+    runner = OnnxRunner(model)
+    step = TinyJit(lambda x: runner({"x": x})["y"].realize())
+    with pytest.raises(OnnxUnsupportedError, match=r"the_node.*Unique.*under TinyJit"):
+        for _ in range(3): step(Tensor(np.arange(4, dtype=np.float32)).realize())
+
+
+def test_bitcast_and_swiglu_match_numpy():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    model = _model("BitCast", {"x": x}, {"y": TensorProto.UINT32}, 26, to=TensorProto.UINT32)
+    np.testing.assert_array_equal(OnnxRunner(model)({"x": Tensor(x).realize()})["y"].numpy(), x.view(np.uint32))
+    a, b = rng.standard_normal((2, 8)).astype(np.float16), rng.standard_normal((2, 8)).astype(np.float16)
+    model = _model("SwiGLU", {"a": a, "b": b}, {"y": TensorProto.FLOAT16}, 28, alpha=1.7)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    want = af / (1 + np.exp(-1.7 * af)) * bf
+    got = OnnxRunner(model)({"a": a, "b": b})["y"].numpy()
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def test_bad_attributes_name_the_node():
+    x = np.zeros((2, 3), np.float32)
+    with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
+        OnnxRunner(_model("BitCast", {"x": x}, {"y": TensorProto.INT64}, 26, to=TensorProto.INT64))({"x": x})
+    with pytest.raises(OnnxNodeError, match=r"the_node.*ReverseSequence.*sequence_lens must have shape \(3,\)"):
+        OnnxRunner(_model("ReverseSequence", {"x": x, "lens": np.array([1, 2], np.int64)}, {"y": TensorProto.FLOAT},
+                          10))({"x": x, "lens": np.array([1, 2], np.int64)})
+    with pytest.raises(OnnxNodeError, match=r"the_node.*Unique.*sorted must be 0 or 1"):
+        OnnxRunner(_model("Unique", {"x": x}, {"y": TensorProto.FLOAT}, 11, sorted=2))({"x": x})
