@@ -1179,3 +1179,30 @@ def unique(x: Tensor, *, axis: int | None = None, sorted: int = 1) -> tuple[Tens
     outs = [vals.astype(arr.dtype), first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
     return tuple(with_host(Tensor(np.ascontiguousarray(o)).cast(x.dtype if i == 0 else dtypes.int64), o)
                  for i, o in enumerate(outs))
+
+
+@op("Det")
+def det(x: Tensor) -> Tensor:
+    """The determinant of each (..., n, n) matrix: Gaussian elimination with partial pivoting, unrolled over the n
+    columns (n is static), in float64 for float64 input and float32 otherwise."""
+    if x.ndim < 2 or x.shape[-1] != x.shape[-2] or not is_float(x):
+        raise ValueError(f"the input must be float (..., n, n) matrices, got {x.dtype} of shape {tuple(x.shape)}")
+    n = x.shape[-1]
+    work = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    a = x.cast(work)
+    rows = Tensor.arange(n)
+    out = Tensor.ones(*x.shape[:-2], dtype=work) if x.ndim > 2 else Tensor.ones((), dtype=work)
+    for k in range(n):
+        # the row at or below k with the largest entry in column k comes to row k (a swap flips the sign)
+        col = (rows >= k).where(a[..., :, k].abs(), -1.0)
+        p = col.argmax(-1)
+        hot_p, hot_k = (rows == p.unsqueeze(-1)).cast(work), (rows == k).cast(work)
+        row_p, row_k = (hot_p.unsqueeze(-1) * a).sum(-2), a[..., k, :]
+        swap = (row_p - row_k).unsqueeze(-2)
+        a = a - hot_p.unsqueeze(-1) * swap + hot_k.unsqueeze(-1) * swap
+        pivot = a[..., k, k]
+        out = out * (p != k).where(-pivot, pivot)
+        # a zero pivot leaves the determinant 0 whatever is eliminated
+        factor = (rows > k).where(a[..., :, k] / (pivot == 0).where(1.0, pivot).unsqueeze(-1), 0.0)
+        a = a - factor.unsqueeze(-1) * a[..., k, :].unsqueeze(-2)
+    return out.cast(x.dtype)

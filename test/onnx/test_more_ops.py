@@ -71,6 +71,20 @@ def test_bitcast_and_swiglu_match_numpy():
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_det_matches_onnxruntime_and_numpy(dtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 3, 5, 5)).astype(dtype)
+    x[0, 0, 0] = 0  # a zero first pivot needs a row swap
+    x[1, 2, 3] = x[1, 2, 1]  # a singular matrix
+    model = _model("Det", {"x": x}, {"y": helper.np_dtype_to_tensor_dtype(np.dtype(dtype))}, 11)
+    got = OnnxRunner(model)({"x": Tensor(x).realize()})["y"].numpy()
+    assert got.shape == (2, 3) and got.dtype == dtype
+    if dtype == np.float32:  # onnxruntime's CPU kernel takes float32 only
+        np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=1e-4, atol=1e-5)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
