@@ -1206,3 +1206,39 @@ def det(x: Tensor) -> Tensor:
         factor = (rows > k).where(a[..., :, k] / (pivot == 0).where(1.0, pivot).unsqueeze(-1), 0.0)
         a = a - factor.unsqueeze(-1) * a[..., k, :].unsqueeze(-2)
     return out.cast(x.dtype)
+
+
+@op("Col2Im")
+def col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, *, dilations: Sequence[int] | None = None,
+           pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    """(N, C, *image_shape) from (N, C * prod(block_shape), L) columns: each block position's values are spread at
+    their strided places in the padded image and summed where blocks overlap (the inverse layout of im2col)."""
+    image, block = ints(image_shape), ints(block_shape)
+    nd = len(image)
+    dil, st = list(dilations or [1] * nd), list(strides or [1] * nd)
+    pad = list(pads or [0] * (2 * nd))
+    if len(block) != nd or len(dil) != nd or len(st) != nd or len(pad) != 2 * nd:
+        raise ValueError(f"image_shape {image}, block_shape {block}, dilations {dil}, strides {st} and pads {pad} "
+                         "must agree in their number of spatial dims")
+    if x.ndim != 3: raise ValueError(f"the input must be (N, C * prod(block_shape), L), got shape {tuple(x.shape)}")
+    padded = [image[d] + pad[d] + pad[d + nd] for d in range(nd)]
+    counts = [(padded[d] - dil[d] * (block[d] - 1) - 1) // st[d] + 1 for d in range(nd)]
+    n_block = math.prod(block)
+    if x.shape[1] % n_block or x.shape[2] != math.prod(counts) or min(counts) < 1:
+        raise ValueError(f"input shape {tuple(x.shape)} doesn't fit blocks {block} over {counts} positions of the "
+                         f"padded image {padded}")
+    c = x.shape[1] // n_block
+    cols = x.reshape(x.shape[0], c, n_block, *counts)
+    out: Tensor | None = None
+    for i, offset in enumerate(np.ndindex(*block)):
+        v = cols[:, :, i]
+        for d in range(nd):
+            ax = 2 + d
+            if st[d] > 1:  # stride: st - 1 zeros after each value
+                v = v.unsqueeze(ax + 1).pad([(0, 0)] * (ax + 1) + [(0, st[d] - 1)] + [(0, 0)] * (v.ndim - ax - 1))
+                v = v.reshape(*v.shape[:ax], counts[d] * st[d], *v.shape[ax + 2:])
+            before = offset[d] * dil[d]
+            v = v.pad([(0, 0)] * ax + [(before, padded[d] - before - v.shape[ax])] + [(0, 0)] * (v.ndim - ax - 1))
+        out = v if out is None else out + v
+    assert out is not None
+    return out[(slice(None), slice(None), *(slice(pad[d], pad[d] + image[d]) for d in range(nd)))]

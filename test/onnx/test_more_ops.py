@@ -85,6 +85,20 @@ def test_det_matches_onnxruntime_and_numpy(dtype):
     np.testing.assert_allclose(got, np.linalg.det(x.astype(np.float64)), rtol=1e-4, atol=1e-5)
 
 
+def test_col2im_matches_torch_fold():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    # 2 channels, 3x2 blocks, stride (2, 1), dilation (1, 2), pads (1, 0, 2, 1) on a 7x6 image
+    n_h, n_w = (7 + 1 + 2 - 3) // 2 + 1, (6 + 0 + 1 - 2 * (2 - 1) - 1) // 1 + 1
+    x = rng.standard_normal((2, 2 * 6, n_h * n_w)).astype(np.float32)
+    feed = {"x": x, "image": np.array([7, 6], np.int64), "block": np.array([3, 2], np.int64)}
+    model = _model("Col2Im", feed, {"y": TensorProto.FLOAT}, 18, strides=[2, 1], dilations=[1, 2], pads=[1, 0, 2, 1])
+    got = OnnxRunner(model)({**feed, "x": Tensor(x).realize()})["y"].numpy()
+    # torch pads both sides alike: fold onto the image padded to (1 + 7 + 2, 0 + 6 + 1) and crop
+    full = torch.nn.functional.fold(torch.from_numpy(x), (10, 7), (3, 2), dilation=(1, 2), stride=(2, 1)).numpy()
+    np.testing.assert_allclose(got, full[:, :, 1:8, 0:6], rtol=1e-5, atol=1e-5)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
