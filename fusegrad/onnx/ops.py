@@ -1242,3 +1242,27 @@ def col2im(x: Tensor, image_shape: Tensor, block_shape: Tensor, *, dilations: Se
         out = v if out is None else out + v
     assert out is not None
     return out[(slice(None), slice(None), *(slice(pad[d], pad[d] + image[d]) for d in range(nd)))]
+
+
+@op("MaxUnpool")
+def max_unpool(x: Tensor, indices: Tensor, output_shape: Tensor | None = None, *, kernel_shape: Sequence[int],
+               pads: Sequence[int] | None = None, strides: Sequence[int] | None = None) -> Tensor:
+    """Zeros with each value of x written at its index: MaxPool's Indices, flat over the whole output (batch and
+    channels included) of the shape MaxPool would have pooled x from, grown with zeros to output_shape if given."""
+    nd = x.ndim - 2
+    st, pad = list(strides or [1] * nd), list(pads or [0] * (2 * nd))
+    if nd < 1 or len(kernel_shape) != nd or len(st) != nd or len(pad) != 2 * nd:
+        raise ValueError(f"kernel_shape {list(kernel_shape)}, strides {st} and pads {pad} must fit the {nd} spatial "
+                         f"dims of an input of shape {tuple(x.shape)}")
+    if tuple(indices.shape) != tuple(x.shape):
+        raise ValueError(f"the indices must have the input's shape {tuple(x.shape)}, got {tuple(indices.shape)}")
+    shape = [*x.shape[:2], *((x.shape[2 + d] - 1) * st[d] - pad[d] - pad[d + nd] + kernel_shape[d] for d in range(nd))]
+    flat = Tensor.zeros(math.prod(shape), dtype=x.dtype)
+    out = flat.scatter(0, indices.reshape(-1).cast(dtypes.int32), x.reshape(-1)).reshape(*shape)
+    if output_shape is None: return out
+    # the indices count in the shape MaxPool's output implies; a larger output_shape adds zeros after each dim
+    want = ints(output_shape)
+    if len(want) != x.ndim or tuple(want[:2]) != tuple(x.shape[:2]) or any(w < s for w, s in zip(want, shape)):
+        raise ValueError(f"output_shape {want} must keep the input's batch and channels {tuple(x.shape[:2])} and be "
+                         f"at least the unpooled shape {shape}")
+    return out.pad([(0, w - s) for w, s in zip(want, shape)])

@@ -99,6 +99,35 @@ def test_col2im_matches_torch_fold():
     np.testing.assert_allclose(got, full[:, :, 1:8, 0:6], rtol=1e-5, atol=1e-5)
 
 
+def test_max_pool_then_unpool_matches_onnxruntime():
+    x = np.random.default_rng(8).standard_normal((2, 3, 6, 8)).astype(np.float32)
+    pool = helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    unpool = helper.make_node("MaxUnpool", ["p", "i"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    graph = helper.make_graph([pool, unpool], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    want = _ort(model, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+    # each 2x2 window keeps its maximum in place, the rest is 0
+    windows = x.reshape(2, 3, 3, 2, 4, 2)
+    np.testing.assert_array_equal(got.reshape(windows.shape).sum((3, 5)), windows.max((3, 5)))
+    assert (got != 0).sum() == 2 * 3 * 3 * 4 and np.array_equal(got[got != 0], x[got != 0])
+
+
+def test_max_unpool_output_shape_adds_zeros_after_the_unpooled_shape():
+    # ONNX's reference places the values by their indices in the unpooled (4, 4) shape and pads it to output_shape
+    # (onnxruntime reads the indices in output_shape's layout instead)
+    x = np.array([[[[1, 2], [3, 4]]], [[[5, 6], [7, 8]]]], np.float32)
+    idx = np.array([[[[0, 3], [12, 10]]], [[[21, 23], [25, 31]]]], np.int64)
+    feed = {"x": x, "i": idx, "shape": np.array([2, 1, 5, 6], np.int64)}
+    model = _model("MaxUnpool", feed, {"y": TensorProto.FLOAT}, 12, kernel_shape=[2, 2], strides=[2, 2])
+    want = np.zeros(32, np.float32)
+    want[idx.reshape(-1)] = x.reshape(-1)
+    want = np.pad(want.reshape(2, 1, 4, 4), [(0, 0), (0, 0), (0, 1), (0, 2)])
+    np.testing.assert_array_equal(OnnxRunner(model)(feed)["y"].numpy(), want)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
