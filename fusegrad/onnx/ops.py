@@ -1266,3 +1266,66 @@ def max_unpool(x: Tensor, indices: Tensor, output_shape: Tensor | None = None, *
         raise ValueError(f"output_shape {want} must keep the input's batch and channels {tuple(x.shape[:2])} and be "
                          f"at least the unpooled shape {shape}")
     return out.pad([(0, w - s) for w, s in zip(want, shape)])
+
+
+# *** training optimizers (ai.onnx.preview.training): one step for each of n tensors, inputs and outputs grouped by kind
+
+TRAINING = "ai.onnx.preview.training"
+
+
+def _groups(xs: tuple[Tensor, ...], kinds: int) -> list[list[Tensor]]:
+    """The optimizer's inputs after R and T: `kinds` groups of n tensors each (X..., G..., then the states)."""
+    if not xs or len(xs) % kinds: raise ValueError(f"needs {kinds} inputs per optimized tensor after R and T, got "
+                                                   f"{len(xs)}")
+    n = len(xs) // kinds
+    return [list(xs[i * n:(i + 1) * n]) for i in range(kinds)]
+
+
+@op("Adagrad", domain=TRAINING)
+def adagrad(r: Tensor, t: Tensor, *xs: Tensor, decay_factor: float = 0.0, epsilon: float = 0.0,
+            norm_coefficient: float = 0.0) -> tuple[Tensor, ...]:
+    xs_, gs, hs = _groups(xs, 3)
+    rate = r / (1 + t.cast(r.dtype) * decay_factor)
+    new_x, new_h = [], []
+    for x, g, h in zip(xs_, gs, hs):
+        g = g + norm_coefficient * x
+        h = h + g * g
+        new_x.append(x - rate.cast(x.dtype) * g / (h.sqrt() + epsilon))
+        new_h.append(h)
+    return tuple(new_x + new_h)
+
+
+@op("Adam", domain=TRAINING)
+def adam(r: Tensor, t: Tensor, *xs: Tensor, alpha: float = 0.9, beta: float = 0.999, epsilon: float = 0.0,
+         norm_coefficient: float = 0.0, norm_coefficient_post: float = 0.0) -> tuple[Tensor, ...]:
+    xs_, gs, vs, hs = _groups(xs, 4)
+    tf = t.cast(dtypes.float64 if r.dtype == dtypes.float64 else dtypes.float32)
+    # the bias correction from the second step (T counts the steps taken, from 0)
+    corrected = r * (1 - const_tensor(beta, tf.dtype).pow(tf)).sqrt() / (1 - const_tensor(alpha, tf.dtype).pow(tf))
+    rate = (t > 0).where(corrected, r)
+    new_x, new_v, new_h = [], [], []
+    for x, g, v, h in zip(xs_, gs, vs, hs):
+        g = g + norm_coefficient * x
+        v = alpha * v + (1 - alpha) * g
+        h = beta * h + (1 - beta) * g * g
+        new_x.append((1 - norm_coefficient_post) * (x - rate.cast(x.dtype) * v / (h.sqrt() + epsilon)))
+        new_v.append(v)
+        new_h.append(h)
+    return tuple(new_x + new_v + new_h)
+
+
+@op("Momentum", domain=TRAINING)
+def momentum(r: Tensor, t: Tensor, *xs: Tensor, alpha: float, beta: float, mode: str,
+             norm_coefficient: float) -> tuple[Tensor, ...]:
+    if mode not in ("standard", "nesterov"): raise ValueError(f"mode must be standard or nesterov, got {mode!r}")
+    xs_, gs, vs = _groups(xs, 3)
+    # the first step (T = 0) takes the whole gradient
+    b = (t > 0).where(beta, 1.0).cast(r.dtype)
+    new_x, new_v = [], []
+    for x, g, v in zip(xs_, gs, vs):
+        g = g + norm_coefficient * x
+        v = alpha * v + b.cast(x.dtype) * g
+        step = v if mode == "standard" else g + alpha * v
+        new_x.append(x - r.cast(x.dtype) * step)
+        new_v.append(v)
+    return tuple(new_x + new_v)

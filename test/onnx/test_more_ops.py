@@ -128,6 +128,32 @@ def test_max_unpool_output_shape_adds_zeros_after_the_unpooled_shape():
     np.testing.assert_array_equal(OnnxRunner(model)(feed)["y"].numpy(), want)
 
 
+def test_adam_steps_match_numpy():
+    # ONNX's Adam: the bias correction folded into the rate, epsilon added to sqrt(h)
+    rng = np.random.default_rng(9)
+    x, g = rng.standard_normal((2, 5)).astype(np.float32), rng.standard_normal((2, 5)).astype(np.float32)
+    v, h = np.zeros_like(x), np.zeros_like(x)
+    inputs = {"r": np.array(0.1, np.float32), "t": np.array(0, np.int64), "x": x, "g": g, "v": v, "h": h}
+    node = helper.make_node("Adam", list(inputs), ["x2", "v2", "h2"], domain="ai.onnx.preview.training", alpha=0.8,
+                            beta=0.95, epsilon=1e-3, norm_coefficient=0.01, norm_coefficient_post=0.02)
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+           for n, a in inputs.items()]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x2", "v2", "h2")]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.preview.training", 1)])
+    runner = OnnxRunner(model)
+    wx, wv, wh = x.astype(np.float64), v.astype(np.float64), h.astype(np.float64)
+    for step in range(3):
+        gr = g + 0.01 * wx
+        wv, wh = 0.8 * wv + 0.2 * gr, 0.95 * wh + 0.05 * gr * gr
+        rate = 0.1 * np.sqrt(1 - 0.95 ** step) / (1 - 0.8 ** step) if step else 0.1
+        wx = 0.98 * (wx - rate * wv / (np.sqrt(wh) + 1e-3))
+        out = runner({**inputs, "t": np.array(step, np.int64)})
+        inputs.update(x=out["x2"].numpy(), v=out["v2"].numpy(), h=out["h2"].numpy())
+        np.testing.assert_allclose(inputs["x"], wx, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(inputs["h"], wh, rtol=1e-5, atol=1e-7)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
