@@ -1329,3 +1329,28 @@ def momentum(r: Tensor, t: Tensor, *xs: Tensor, alpha: float, beta: float, mode:
         new_x.append(x - r.cast(x.dtype) * step)
         new_v.append(v)
     return tuple(new_x + new_v)
+
+
+@op("TensorScatter")
+def tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None = None, *, axis: int = -2,
+                   mode: str = "linear") -> Tensor:
+    """The cache with each batch entry's update written along `axis` from write_indices[b] on (wrapping around the
+    cache's length in mode circular). Runs on the device: each cache position reads the update step landing there."""
+    if mode not in ("linear", "circular"): raise ValueError(f"mode must be linear or circular, got {mode!r}")
+    a = axis_of(axis, past.ndim)
+    if a == 0: raise ValueError("axis must not be the batch axis 0")
+    if update.ndim != past.ndim or any(u != p for i, (u, p) in enumerate(zip(update.shape, past.shape)) if i != a) \
+            or update.shape[a] > past.shape[a]:
+        raise ValueError(f"update of shape {tuple(update.shape)} doesn't fit the cache of shape {tuple(past.shape)} "
+                         f"along axis {a}")
+    n_max, n_upd = past.shape[a], update.shape[a]
+    shape = [1] * past.ndim
+    shape[0], shape[a] = past.shape[0], n_max
+    start = write_indices.cast(dtypes.int32).reshape(-1) if write_indices is not None else \
+        Tensor.zeros(past.shape[0], dtype=dtypes.int32)
+    pos = Tensor.arange(n_max, dtype=dtypes.int32).reshape(1, -1) - start.reshape(-1, 1)  # (batch, cache positions)
+    if mode == "circular": pos = pos % n_max  # (a floor remainder: never negative)
+    hit = (pos >= 0) & (pos < n_upd)
+    src = hit.where(pos, 0).reshape(shape)
+    read = update.gather(a, src.expand(*past.shape))
+    return hit.reshape(shape).where(read, past)

@@ -154,6 +154,22 @@ def test_adam_steps_match_numpy():
         np.testing.assert_allclose(inputs["h"], wh, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_matches_onnxruntime(mode):
+    rng = np.random.default_rng(10)
+    past = rng.standard_normal((3, 2, 8, 4)).astype(np.float32)
+    update = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    idx = np.array([0, 5, 7] if mode == "circular" else [0, 5, 2], np.int64)
+    feed = {"past": past, "update": update, "idx": idx}
+    model = _model("TensorScatter", feed, {"y": TensorProto.FLOAT}, 24, mode=mode)
+    got = OnnxRunner(model)({k: Tensor(v).realize() for k, v in feed.items()})["y"].numpy()
+    want = past.copy()
+    for b in range(3):
+        for s in range(3): want[b, :, (idx[b] + s) % 8] = update[b, :, s]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, _ort(model, feed)[0])
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
