@@ -1354,3 +1354,30 @@ def tensor_scatter(past: Tensor, update: Tensor, write_indices: Tensor | None = 
     src = hit.where(pos, 0).reshape(shape)
     read = update.gather(a, src.expand(*past.shape))
     return hit.reshape(shape).where(read, past)
+
+
+@op("CausalConvWithState")
+def causal_conv_with_state(x: Tensor, weight: Tensor, bias: Tensor | None = None, past_state: Tensor | None = None,
+                           *, activation: str = "none") -> tuple[Tensor, Tensor]:
+    """A depthwise causal 1-D convolution over (batch, channels, length) carrying its last kernel - 1 inputs as a
+    state between calls; the output optionally through SiLU. Returns the output and the new state."""
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(f"activation must be none, silu or swish, got {activation!r}")
+    if x.ndim != 3 or weight.ndim != 3 or weight.shape[0] != x.shape[1] or weight.shape[1] != 1:
+        raise ValueError(f"the input must be (batch, channels, length) and the weight (channels, 1, k), got shapes "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    b, c, n = x.shape
+    k = weight.shape[2]
+    if past_state is None: past_state = Tensor.zeros(b, c, k - 1, dtype=x.dtype)
+    elif tuple(past_state.shape) != (b, c, k - 1):
+        raise ValueError(f"past_state must have shape {(b, c, k - 1)}, got {tuple(past_state.shape)}")
+    padded = past_state.cast(x.dtype).cat(x, dim=2) if k > 1 else x
+    # half types sum in float32, the convolution rounds to the input's type before the activation
+    work = dtypes.float32 if is_float(x) and x.dtype.itemsize < 4 else x.dtype
+    pw, ww = padded.cast(work), weight.cast(work)
+    out = pw[:, :, 0:n] * ww[:, 0, 0].reshape(1, c, 1)
+    for j in range(1, k): out = out + pw[:, :, j:j + n] * ww[:, 0, j].reshape(1, c, 1)
+    if bias is not None: out = out + bias.cast(work).reshape(1, c, 1)
+    out = out.cast(x.dtype)
+    if activation != "none": out = in_float(out.cast(work), lambda v: v * v.sigmoid()).cast(x.dtype)
+    return out, padded[:, :, padded.shape[2] - (k - 1):]

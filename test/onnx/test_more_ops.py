@@ -170,6 +170,27 @@ def test_tensor_scatter_matches_onnxruntime(mode):
     np.testing.assert_array_equal(got, _ort(model, feed)[0])
 
 
+def test_causal_conv_with_state_matches_torch_and_carries_its_state():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 10)).astype(np.float32)
+    w, bias = rng.standard_normal((3, 1, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    state = np.zeros((2, 3, 3), np.float32)
+    feed = {"x": x[:, :, :6], "w": w, "b": bias, "s": state}
+    node = helper.make_node("CausalConvWithState", list(feed), ["y", "s2"], activation="silu")
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in feed]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "s2")]
+    runner = OnnxRunner(helper.make_model(helper.make_graph([node], "g", ins, outs),
+                                          opset_imports=[helper.make_opsetid("", 26)]))
+    first = runner(feed)
+    second = runner({**feed, "x": x[:, :, 6:], "s": first["s2"].numpy()})
+    got = np.concatenate([first["y"].numpy(), second["y"].numpy()], 2)
+    conv = torch.nn.functional.conv1d(torch.nn.functional.pad(torch.from_numpy(x), (3, 0)), torch.from_numpy(w),
+                                      torch.from_numpy(bias), groups=3)
+    np.testing.assert_allclose(got, torch.nn.functional.silu(conv).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(second["s2"].numpy(), x[:, :, 7:])
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
