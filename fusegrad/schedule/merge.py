@@ -5,6 +5,7 @@ for element (Adam: three kernels per parameter become one); a row's mean and var
 row (the layernorm kernel that writes the output also stores the statistics its backward reads: stored once per row,
 after the row's reductions, at the loops the row's elements run in)."""
 from __future__ import annotations
+import functools
 from fusegrad.dtype import dtypes
 from fusegrad.uop.affine import range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
@@ -38,8 +39,14 @@ def kernel_outputs(k: UOp) -> tuple[UOp, ...]:
     """The sources of a KERNEL it writes: one per STORE of its AST (a COPY or a view writes its first source)."""
     return k.src[:len(k.arg.src)] if k.arg.op is Ops.SINK else k.src[:1]
 
+# (memoized: a kernel's AST is asked again for every merge tried with it; ASTs are interned, so the key is cheap)
+@functools.lru_cache(maxsize=4096)
+def _leaves(ast: UOp) -> tuple[UOp, ...]:
+    """The DEFINE_GLOBALs and DEFINE_VARs of a kernel AST."""
+    return tuple(u for u in ast.toposort() if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR))
+
 def _n_globals(ast: UOp) -> int:
-    return 1 + max((u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL), default=-1)
+    return 1 + max((u.arg for u in _leaves(ast) if u.op is Ops.DEFINE_GLOBAL), default=-1)
 
 def _mergeable(k: UOp) -> bool:
     """A kernel that may take part in a merge: a SINK of stores, each at one unmasked index, without local memory
@@ -73,9 +80,10 @@ def _same_size(a: UOp, b: UOp) -> bool:
     sa, sb = range_size(a), range_size(b)
     return sa == sb if isinstance(sa, int) and isinstance(sb, int) else sa is sb
 
-def _ranges(u: UOp) -> list[UOp]:
+@functools.lru_cache(maxsize=4096)
+def _ranges(u: UOp) -> tuple[UOp, ...]:
     """The RANGEs `u` depends on, in loop order."""
-    return sorted({r for r in u.toposort() if r.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    return tuple(sorted({r for r in u.toposort() if r.op is Ops.RANGE}, key=lambda r: r.arg[0]))
 
 def _output_loops(ast: UOp) -> list[UOp]:
     """The loops a kernel's stores are indexed by, in loop order."""
@@ -98,7 +106,7 @@ def _stores_outer(ast: UOp) -> bool:
 def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
     """`ast` with DEFINE_GLOBAL i as slots[i] and parameter _pj as _p{params[j]}."""
     sub: dict[UOp, UOp] = {}
-    for u in ast.toposort():
+    for u in _leaves(ast):
         if u.op is Ops.DEFINE_GLOBAL and slots[u.arg] != u.arg: sub[u] = u.replace(arg=slots[u.arg])
         elif u.op is Ops.DEFINE_VAR and not u.src and isinstance(u.arg[0], str) and u.arg[0][:2] == "_p" and \
                 u.arg[0][2:].isdigit():  # (a kernel parameter, not a Variable)
