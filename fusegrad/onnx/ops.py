@@ -1381,3 +1381,54 @@ def causal_conv_with_state(x: Tensor, weight: Tensor, bias: Tensor | None = None
     out = out.cast(x.dtype)
     if activation != "none": out = in_float(out.cast(work), lambda v: v * v.sigmoid()).cast(x.dtype)
     return out, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+@op("LinearAttention")
+def linear_attention(query: Tensor, key: Tensor, value: Tensor, past_state: Tensor | None = None,
+                     decay: Tensor | None = None, beta: Tensor | None = None, *, chunk_size: int | None = None,
+                     kv_num_heads: int, q_num_heads: int, scale: float | None = None,
+                     update_rule: str = "gated_delta") -> tuple[Tensor, Tensor]:
+    """Recurrent linear attention over (batch, T, heads * dim) inputs: a (d_k, d_v) state per kv head, decayed by
+    exp(decay) (gated rules), written with k v^T (delta rules: v less what the state already holds for k, times beta)
+    and read by each query head's q. The T steps are unrolled (chunk_size is only a hint for chunked kernels)."""
+    rules = ("linear", "gated", "delta", "gated_delta")
+    if update_rule not in rules: raise ValueError(f"update_rule must be one of {', '.join(rules)}, got {update_rule!r}")
+    if q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
+        raise ValueError(f"q_num_heads ({q_num_heads}) must be a positive multiple of kv_num_heads ({kv_num_heads})")
+    gated, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    if gated != (decay is not None) or delta != (beta is not None):
+        raise ValueError(f"update_rule {update_rule!r}: the decay input is {'required' if gated else 'not allowed'} "
+                         f"and the beta input {'required' if delta else 'not allowed'}")
+    if query.ndim != 3 or key.ndim != 3 or value.ndim != 3:
+        raise ValueError("query, key and value must be (batch, T, heads * dim)")
+    b, t = query.shape[0], query.shape[1]
+    dk, dv = query.shape[2] // q_num_heads, value.shape[2] // kv_num_heads
+    f32 = dtypes.float32
+
+    def heads(x: Tensor, h: int) -> Tensor: return x.reshape(b, t, h, -1).permute(0, 2, 1, 3).cast(f32)
+    q, k, v = heads(query, q_num_heads), heads(key, kv_num_heads), heads(value, kv_num_heads)
+    g = bt = None
+    if decay is not None:
+        if decay.shape[2] not in (kv_num_heads, kv_num_heads * dk):
+            raise ValueError(f"decay's last dim {decay.shape[2]} must be kv_num_heads ({kv_num_heads}) or "
+                             f"kv_num_heads * d_k ({kv_num_heads * dk})")
+        g = heads(decay, kv_num_heads).exp()  # (b, h, t, 1 or dk)
+    if beta is not None:
+        if beta.shape[2] not in (kv_num_heads, 1):
+            raise ValueError(f"beta's last dim {beta.shape[2]} must be kv_num_heads ({kv_num_heads}) or 1")
+        bt = beta.reshape(b, t, beta.shape[2], 1).permute(0, 2, 1, 3).cast(f32)
+    if past_state is not None and tuple(past_state.shape) != (b, kv_num_heads, dk, dv):
+        raise ValueError(f"past_state must have shape {(b, kv_num_heads, dk, dv)}, got {tuple(past_state.shape)}")
+    state = past_state.cast(f32) if past_state is not None else Tensor.zeros(b, kv_num_heads, dk, dv, dtype=f32)
+    s = 1.0 / math.sqrt(dk) if not scale else float(scale)
+    group = q_num_heads // kv_num_heads
+    outs = []
+    for i in range(t):
+        ki, vi = k[:, :, i], v[:, :, i]
+        if g is not None: state = state * g[:, :, i].unsqueeze(-1)
+        if bt is not None: vi = bt[:, :, i] * (vi - (state * ki.unsqueeze(-1)).sum(2))
+        state = state + ki.unsqueeze(-1) * vi.unsqueeze(-2)
+        read = state.unsqueeze(2).expand(b, kv_num_heads, group, dk, dv).reshape(b, q_num_heads, dk, dv)
+        outs.append((q[:, :, i].unsqueeze(-1) * read).sum(2) * s)  # (b, hq, dv)
+    out = Tensor.stack(*outs, dim=2).permute(0, 2, 1, 3).reshape(b, t, q_num_heads * dv).cast(query.dtype)
+    return out, state.cast(past_state.dtype if past_state is not None else query.dtype)

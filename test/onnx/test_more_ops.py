@@ -191,6 +191,33 @@ def test_causal_conv_with_state_matches_torch_and_carries_its_state():
     np.testing.assert_array_equal(second["s2"].numpy(), x[:, :, 7:])
 
 
+def test_gated_delta_linear_attention_matches_numpy():
+    # 4 query heads over 2 kv heads, per-channel decay, per-head beta, a past state, 3 steps
+    rng = np.random.default_rng(12)
+    b, t, hq, hk, dk, dv = 2, 3, 4, 2, 3, 5
+    feed = {"q": rng.standard_normal((b, t, hq * dk)).astype(np.float32),
+            "k": rng.standard_normal((b, t, hk * dk)).astype(np.float32),
+            "v": rng.standard_normal((b, t, hk * dv)).astype(np.float32),
+            "s": rng.standard_normal((b, hk, dk, dv)).astype(np.float32),
+            "g": -rng.random((b, t, hk * dk)).astype(np.float32), "beta": rng.random((b, t, hk)).astype(np.float32)}
+    model = _model("LinearAttention", feed, {"y": TensorProto.FLOAT, "s2": TensorProto.FLOAT}, 27, q_num_heads=hq,
+                   kv_num_heads=hk)
+    got = OnnxRunner(model)(feed)
+    state = feed["s"].astype(np.float64).copy()
+    want = np.zeros((b, t, hq, dv))
+    for i in range(t):
+        for n in range(b):
+            for h in range(hk):
+                kv = feed["k"][n, i].reshape(hk, dk)[h]
+                state[n, h] *= np.exp(feed["g"][n, i].reshape(hk, dk)[h])[:, None]
+                new_v = feed["beta"][n, i, h] * (feed["v"][n, i].reshape(hk, dv)[h] - kv @ state[n, h])
+                state[n, h] += np.outer(kv, new_v)
+            for h in range(hq):
+                want[n, i, h] = feed["q"][n, i].reshape(hq, dk)[h] @ state[n, h // 2] / np.sqrt(dk)
+    np.testing.assert_allclose(got["y"].numpy(), want.reshape(b, t, hq * dv), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["s2"].numpy(), state, rtol=1e-4, atol=1e-5)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
