@@ -1,10 +1,12 @@
-"""The ops of detection models: NonMaxSuppression and RoiAlign.
+"""The ops of detection models: NonMaxSuppression, RoiAlign and DeformConv.
 
 NonMaxSuppression's output length depends on the scores, so it runs on the host: it reads its boxes and scores (known
 there, or read back from the device) and makes a host tensor. Under TinyJit a read would freeze the capture's values,
 so there it takes only boxes and scores known on the host. RoiAlign runs on the device: its bilinear samples are
 weights over the rows and the columns of the feature map."""
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -160,3 +162,52 @@ def roi_align(x: Tensor, rois: Tensor, batch_indices: Tensor, *, ctx: Context,
     valid = ym.reshape(-1, 1, 1, nh, 1, 1) & xm.reshape(-1, 1, 1, 1, 1, nw)
     out = valid.where(best, -float("inf")).max((3, 5))
     return (out == -float("inf")).where(0, out).cast(x.dtype)
+
+
+@op("DeformConv")
+def deform_conv(x: Tensor, w: Tensor, offset: Tensor, b: Tensor | None = None, mask: Tensor | None = None, *,
+                dilations: Sequence[int] | None = None, group: int = 1, kernel_shape: Sequence[int] | None = None,
+                offset_group: int = 1, pads: Sequence[int] | None = None,
+                strides: Sequence[int] | None = None) -> Tensor:
+    """A 2-D convolution whose every kernel tap reads the input at its place moved by `offset` (bilinear, 0 outside
+    the input) and weighted by `mask`: the taps are gathered into columns, then one matmul per group."""
+    if x.ndim != 4: raise Unsupported(f"DeformConv of {x.ndim - 2}-D inputs (2-D only)")
+    n, c, h, wd = x.shape
+    oc = w.shape[0]
+    kh, kw = tuple(kernel_shape) if kernel_shape is not None else tuple(w.shape[2:])
+    dh, dw = tuple(dilations) if dilations is not None else (1, 1)
+    sh, sw = tuple(strides) if strides is not None else (1, 1)
+    pt, pl = (tuple(pads) if pads is not None else (0, 0, 0, 0))[:2]
+    if group < 1 or offset_group < 1 or c != w.shape[1] * group or oc % group or c % offset_group:
+        raise ValueError(f"channels {c}, weight shape {tuple(w.shape)}, group {group} and offset_group "
+                         f"{offset_group} don't fit")
+    g = offset_group
+    oh, ow = offset.shape[2], offset.shape[3]
+    if offset.ndim != 4 or offset.shape[:2] != (n, g * kh * kw * 2):
+        raise ValueError(f"offset must be ({n}, {g * kh * kw * 2}, out_h, out_w), got shape {tuple(offset.shape)}")
+    f32 = dtypes.float64 if x.dtype == dtypes.float64 else dtypes.float32
+    off = offset.cast(f32).reshape(n, g, kh, kw, 2, oh, ow)
+    ys = (Tensor.arange(oh) * sh - pt).reshape(1, 1, 1, 1, oh, 1).cast(f32) + \
+        (Tensor.arange(kh) * dh).reshape(1, 1, kh, 1, 1, 1).cast(f32) + off[:, :, :, :, 0]
+    xs = (Tensor.arange(ow) * sw - pl).reshape(1, 1, 1, 1, 1, ow).cast(f32) + \
+        (Tensor.arange(kw) * dw).reshape(1, 1, 1, kw, 1, 1).cast(f32) + off[:, :, :, :, 1]
+    m = mask.cast(f32).reshape(n, g, kh, kw, oh, ow) if mask is not None else None
+    y0, x0 = ys.floor(), xs.floor()
+    fy, fx = ys - y0, xs - x0
+    p = kh * kw * oh * ow
+    src = x.cast(f32).reshape(n, g, c // g, h * wd)
+    cols: Tensor | None = None
+    for cy, wy in ((y0, 1 - fy), (y0 + 1, fy)):
+        for cx, wx in ((x0, 1 - fx), (x0 + 1, fx)):
+            inside = (cy >= 0) & (cy <= h - 1) & (cx >= 0) & (cx <= wd - 1)
+            weight = inside.where(wy * wx, 0.0)
+            if m is not None: weight = weight * m
+            idx = (cy.clip(0, h - 1) * wd + cx.clip(0, wd - 1)).cast(dtypes.int32).reshape(n, g, 1, p)
+            v = src.gather(3, idx.expand(n, g, c // g, p)) * weight.reshape(n, g, 1, p)
+            cols = v if cols is None else cols + v
+    assert cols is not None
+    cols = cols.reshape(n, group, (c // group) * kh * kw, oh * ow)
+    out = w.cast(f32).reshape(1, group, oc // group, (c // group) * kh * kw) @ cols
+    out = out.reshape(n, oc, oh, ow)
+    if b is not None: out = out + b.cast(f32).reshape(1, oc, 1, 1)
+    return out.cast(x.dtype)
