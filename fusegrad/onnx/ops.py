@@ -1432,3 +1432,39 @@ def linear_attention(query: Tensor, key: Tensor, value: Tensor, past_state: Tens
         outs.append((q[:, :, i].unsqueeze(-1) * read).sum(2) * s)  # (b, hq, dv)
     out = Tensor.stack(*outs, dim=2).permute(0, 2, 1, 3).reshape(b, t, q_num_heads * dv).cast(query.dtype)
     return out, state.cast(past_state.dtype if past_state is not None else query.dtype)
+
+
+def _call_graph(graph: Any, x: Tensor, ctx: Context, what: str) -> Tensor:
+    """A one-input, one-output graph attribute applied to x (it sees the enclosing graph's values too)."""
+    if len(graph.input_names) != 1 or len(graph.output_names) != 1:
+        raise ValueError(f"{what} must take one input and give one output, it has {len(graph.input_names)} and "
+                         f"{len(graph.output_names)}")
+    out = graph.run({**dict(ctx.env), graph.input_names[0]: x}, ctx.runner)
+    return out[graph.output_names[0]]
+
+
+@op("FlexAttention", domain="ai.onnx.preview")
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, ctx: Context, scale: float | None = None,
+                   score_mod: Any = None, prob_mod: Any = None, softmax_precision: int | None = None) -> Tensor:
+    """softmax(score_mod(q k^T * scale)) then prob_mod, times v, over (batch, heads, seq, dim) inputs; query heads
+    may be a multiple of the key/value heads. The softmax runs in softmax_precision (default: float32 for half
+    types, else the input's type)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k and v must be (batch, heads, seq, dim), got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    hq, hk = q.shape[1], k.shape[1]
+    if v.shape[1] != hk or v.shape[2] != k.shape[2] or k.shape[3] != q.shape[3] or hq % hk:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} don't fit q {tuple(q.shape)}")
+    if hq != hk:
+        k = k.unsqueeze(2).expand(k.shape[0], hk, hq // hk, *k.shape[2:]).reshape(k.shape[0], hq, *k.shape[2:])
+        v = v.unsqueeze(2).expand(v.shape[0], hk, hq // hk, *v.shape[2:]).reshape(v.shape[0], hq, *v.shape[2:])
+    s = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
+    work = onnx_dtype(softmax_precision) if softmax_precision is not None else \
+        (dtypes.float32 if q.dtype.itemsize < 4 else q.dtype)
+    # the scale split over q and k (its square root on each), as ONNX's reference does, keeps the product in range
+    root = const_tensor(math.sqrt(np.float32(s)), q.dtype)
+    scores = ((q * root) @ (k * root).transpose(-1, -2)).cast(work)
+    if score_mod is not None: scores = _call_graph(score_mod, scores, ctx, "score_mod").cast(work)
+    probs = scores.softmax(-1)
+    if prob_mod is not None: probs = _call_graph(prob_mod, probs, ctx, "prob_mod").cast(work)
+    return (probs @ v.cast(work)).cast(v.dtype)

@@ -218,6 +218,26 @@ def test_gated_delta_linear_attention_matches_numpy():
     np.testing.assert_allclose(got["s2"].numpy(), state, rtol=1e-4, atol=1e-5)
 
 
+def test_flex_attention_with_a_causal_score_mod_matches_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    q = rng.standard_normal((2, 4, 5, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 2, 5, 8)).astype(np.float32), rng.standard_normal((2, 2, 5, 6)).astype(np.float32)
+    causal = np.triu(np.full((5, 5), -np.inf, np.float32), 1)
+    mod = helper.make_graph([helper.make_node("Add", ["s", "m"], ["o"])], "causal",
+                            [helper.make_tensor_value_info("s", TensorProto.FLOAT, None)],
+                            [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)],
+                            [helper.make_tensor("m", TensorProto.FLOAT, [5, 5], causal.reshape(-1))])
+    node = helper.make_node("FlexAttention", ["q", "k", "v"], ["y"], domain="ai.onnx.preview", score_mod=mod)
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "v")]
+    model = helper.make_model(helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", 1, None)]),
+                              opset_imports=[helper.make_opsetid("", 26), helper.make_opsetid("ai.onnx.preview", 1)])
+    got = OnnxRunner(model)({"q": q, "k": k, "v": v})["y"].numpy()
+    tk, tv = (torch.from_numpy(a).repeat_interleave(2, dim=1) for a in (k, v))
+    want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), tk, tv, is_causal=True).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
