@@ -1468,3 +1468,47 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, ctx: Context, scale: floa
     probs = scores.softmax(-1)
     if prob_mod is not None: probs = _call_graph(prob_mod, probs, ctx, "prob_mod").cast(work)
     return (probs @ v.cast(work)).cast(v.dtype)
+
+
+@op("TfIdfVectorizer")
+def tfidf_vectorizer(x: Tensor, *, max_gram_length: int, max_skip_count: int, min_gram_length: int, mode: str,
+                     ngram_counts: Sequence[int], ngram_indexes: Sequence[int],
+                     pool_int64s: Sequence[int] | None = None, pool_strings: Sequence[str] | None = None,
+                     weights: Sequence[float] | None = None) -> Tensor:
+    """Counts of the pool's n-grams (lengths min_gram_length..max_gram_length, their tokens max_skip_count or fewer
+    apart) in each row of integer tokens, as TF (counts), IDF (the weight where present) or TFIDF (count times
+    weight). Runs on the host (a read of x)."""
+    if pool_strings is not None or pool_int64s is None: raise Unsupported("string pools (pool_strings)")
+    if mode not in ("TF", "IDF", "TFIDF"): raise ValueError(f"mode must be TF, IDF or TFIDF, got {mode!r}")
+    if not 1 <= min_gram_length <= max_gram_length or max_skip_count < 0 or len(ngram_counts) < max_gram_length:
+        raise ValueError(f"min_gram_length {min_gram_length}, max_gram_length {max_gram_length}, max_skip_count "
+                         f"{max_skip_count} and {len(ngram_counts)} ngram_counts don't fit")
+    if known_value(x) is None and _realize.capturing:
+        raise Unsupported("an input computed on the device under TinyJit (its tokens are counted on the host)")
+    pool = list(pool_int64s)
+    # the pool's n-grams of length n lie from ngram_counts[n - 1], each n values; each maps to an output column
+    column: dict[tuple[int, ...], int] = {}
+    bounds = list(ngram_counts) + [len(pool)]
+    k = 0
+    for n in range(1, len(ngram_counts) + 1):
+        for s in range(bounds[n - 1], bounds[n], n):
+            column[tuple(pool[s:s + n])] = ngram_indexes[k]
+            k += 1
+    width = max(ngram_indexes) + 1 if len(ngram_indexes) else 0
+    w = np.asarray(weights if weights is not None else [1.0] * len(ngram_indexes), np.float32)
+    rows = host_value(x)
+    rows2 = rows.reshape(1, -1) if rows.ndim == 1 else rows.reshape(rows.shape[0], -1)
+    counts = np.zeros((rows2.shape[0], width), np.float32)
+    for r, row in enumerate(rows2.tolist()):
+        for n in range(min_gram_length, max_gram_length + 1):
+            # a unigram is counted once, not once per skip
+            for skip in range(max_skip_count + 1 if n > 1 else 1):
+                step = skip + 1
+                for start in range(len(row) - (n - 1) * step):
+                    col = column.get(tuple(row[start:start + (n - 1) * step + 1:step]))
+                    if col is not None: counts[r, col] += 1
+    weight_of = np.zeros(width, np.float32)
+    weight_of[list(ngram_indexes)] = w
+    out = counts if mode == "TF" else (counts > 0) * weight_of if mode == "IDF" else counts * weight_of
+    out = out.astype(np.float32).reshape(width) if rows.ndim == 1 else out.astype(np.float32)
+    return Tensor(out)

@@ -238,6 +238,18 @@ def test_flex_attention_with_a_causal_score_mod_matches_torch():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["TF", "IDF", "TFIDF"])
+def test_tfidf_vectorizer_matches_onnxruntime(mode):
+    x = np.random.default_rng(14).integers(0, 5, (3, 12)).astype(np.int64)
+    model = _model("TfIdfVectorizer", {"x": x}, {"y": TensorProto.FLOAT}, 9, mode=mode, min_gram_length=1,
+                   max_gram_length=2, max_skip_count=2, ngram_counts=[0, 3], ngram_indexes=[0, 1, 2, 3, 4, 5],
+                   pool_int64s=[1, 2, 3, 1, 2, 3, 4, 0, 0], weights=[0.5, 1.0, 2.0, 1.5, 3.0, 0.25])
+    got = OnnxRunner(model)({"x": Tensor(x).realize()})["y"].numpy()
+    want = _ort(model, {"x": x})[0]
+    assert got.shape == want.shape == (3, 6) and want.any()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_bad_attributes_name_the_node():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(OnnxNodeError, match=r"the_node.*BitCast.*one size"):
