@@ -72,6 +72,24 @@ def test_roi_align_random_matches_onnxruntime(mode, sampling_ratio, ctm):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_roi_align_under_jit_follows_each_calls_rois():
+    # a fixed sampling grid runs wholly on the device: one capture serves rois that change between calls; the
+    # adaptive grid (sampling_ratio 0) sizes its samples from the rois and is refused there
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    feed = {"x": x, "rois": np.zeros((3, 4), np.float32), "bi": np.zeros(3, np.int64)}
+    model = _model("RoiAlign", feed, TensorProto.FLOAT, sampling_ratio=2, output_height=2, output_width=2)
+    run = OnnxRunner(model).jit()
+    for _ in range(4):
+        start = rng.uniform(0, 4, (3, 2))
+        feed["rois"] = np.concatenate([start, start + rng.uniform(1, 4, (3, 2))], 1).astype(np.float32)
+        np.testing.assert_allclose(run(feed)["y"], _ort(model, feed), rtol=1e-4, atol=1e-5)
+    adaptive = OnnxRunner(_model("RoiAlign", feed, TensorProto.FLOAT, output_height=2, output_width=2)).jit()
+    with pytest.raises(OnnxUnsupportedError, match=r"det_node.*RoiAlign.*rois \(with sampling_ratio 0\) computed on "
+                                                   r"the device under TinyJit"):
+        for _ in range(3): adaptive(feed)
+
+
 def test_bad_inputs_name_the_node():
     feed = _nms_inputs(3)
     feed["scores"] = feed["scores"][:, :, :5]
