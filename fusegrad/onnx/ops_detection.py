@@ -13,7 +13,7 @@ import numpy as np
 import fusegrad.engine.realize as _realize
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx.errors import Unsupported
-from fusegrad.onnx.ops import Context, host_value, is_float, known_value, op, scalar, with_host
+from fusegrad.onnx.ops import Context, host_value, is_float, known_value, op, with_host
 
 
 def _read(t: Tensor, what: str) -> np.ndarray:
@@ -60,10 +60,15 @@ def non_max_suppression(boxes: Tensor, scores: Tensor, max_output_boxes_per_clas
     if scores.ndim != 3 or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
         raise ValueError(f"scores must be (batches, classes, boxes) = ({boxes.shape[0]}, C, {boxes.shape[1]}), got "
                          f"shape {tuple(scores.shape)}")
-    limit = max(int(scalar(max_output_boxes_per_class)), 0) if max_output_boxes_per_class is not None else 0
-    iou = float(scalar(iou_threshold)) if iou_threshold is not None else 0.0
+    def one(t: Tensor, what: str) -> float:
+        v = _read(t, what).reshape(-1)
+        if v.size != 1: raise ValueError(f"{what} must hold one value, got shape {tuple(t.shape)}")
+        return v[0].item()
+    limit = max(int(one(max_output_boxes_per_class, "max_output_boxes_per_class")), 0) \
+        if max_output_boxes_per_class is not None else 0
+    iou = float(one(iou_threshold, "iou_threshold")) if iou_threshold is not None else 0.0
     if not 0.0 <= iou <= 1.0: raise ValueError(f"iou_threshold must be in [0, 1], got {iou}")
-    min_score = float(scalar(score_threshold)) if score_threshold is not None else None
+    min_score = float(one(score_threshold, "score_threshold")) if score_threshold is not None else None
     rows: list[tuple[int, int, int]] = []
     if limit > 0 and boxes.shape[1] > 0:
         b_all, s_all = _read(boxes, "boxes"), _read(scores, "scores")
