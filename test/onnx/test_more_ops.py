@@ -57,11 +57,14 @@ def test_unique_under_tinyjit_is_refused_for_device_values():
         for _ in range(3): step(Tensor(np.arange(4, dtype=np.float32)).realize())
 
 
-def test_bitcast_and_swiglu_match_numpy():
+def test_bitcast_and_swiglu_match_onnxruntime_and_numpy():
+    # (onnxruntime has BitCast but no SwiGLU kernel)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((3, 4)).astype(np.float32)
     model = _model("BitCast", {"x": x}, {"y": TensorProto.UINT32}, 26, to=TensorProto.UINT32)
-    np.testing.assert_array_equal(OnnxRunner(model)({"x": Tensor(x).realize()})["y"].numpy(), x.view(np.uint32))
+    got = OnnxRunner(model)({"x": Tensor(x).realize()})["y"].numpy()
+    np.testing.assert_array_equal(got, x.view(np.uint32))
+    np.testing.assert_array_equal(got, _ort(model, {"x": x})[0])
     a, b = rng.standard_normal((2, 8)).astype(np.float16), rng.standard_normal((2, 8)).astype(np.float16)
     model = _model("SwiGLU", {"a": a, "b": b}, {"y": TensorProto.FLOAT16}, 28, alpha=1.7)
     af, bf = a.astype(np.float64), b.astype(np.float64)
@@ -97,6 +100,7 @@ def test_col2im_matches_torch_fold():
     # torch pads both sides alike: fold onto the image padded to (1 + 7 + 2, 0 + 6 + 1) and crop
     full = torch.nn.functional.fold(torch.from_numpy(x), (10, 7), (3, 2), dilation=(1, 2), stride=(2, 1)).numpy()
     np.testing.assert_allclose(got, full[:, :, 1:8, 0:6], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_max_pool_then_unpool_matches_onnxruntime():
