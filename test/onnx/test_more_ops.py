@@ -1,6 +1,8 @@
-"""BitCast, SwiGLU, ReverseSequence and Unique: ONNX's node cases (test_node_cases.py) check the documented examples;
-here random cases against onnxruntime (or NumPy where onnxruntime lacks the op), Unique under TinyJit, and bad inputs
-that name the node."""
+"""The other ops added beyond the detection and signal ones (BitCast, SwiGLU, ReverseSequence, Unique, Det, Col2Im,
+MaxUnpool, TensorScatter, CausalConvWithState, LinearAttention, FlexAttention, TfIdfVectorizer, the training
+optimizers): ONNX's node cases (test_node_cases.py) check the documented examples; here random cases against
+onnxruntime, or NumPy or torch where onnxruntime lacks the op, Unique under TinyJit, and bad inputs that name the
+node."""
 from __future__ import annotations
 
 import numpy as np
