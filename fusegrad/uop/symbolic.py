@@ -415,6 +415,24 @@ def _cmp_bound_of_div(c: int, d: int) -> int:
     """B such that (x//d < c) == (x < B) for d > 0 under C truncation."""
     return c * d if c > 0 else d * (c - 1) + 1
 
+def _one_wrap(e: UOp, m: int) -> int | None:
+    """q when e (never negative, exact) takes values on both sides of q*m and of no other multiple of m, else None."""
+    if m <= 0 or not _exact(e): return None
+    lo, hi = e.vmin, e.vmax
+    if not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi - lo >= m: return None
+    q = hi // m
+    return q if lo // m == q - 1 else None
+
+def _lt_mod(x: UOp, c: int) -> UOp | None:
+    """e % m < c -> q*m <= e where e's range crosses exactly one multiple q*m of m and c splits the two pieces: the
+    values from e >= q*m are 0..hi-q*m (all below c), those from e < q*m are lo-(q-1)*m..m-1 (none below c). A pooling
+    gradient's window positions over a padded axis give such gates: decided by the loop alone, they fold."""
+    e, mu = x.src
+    if mu.op is not Ops.CONST or (q := _one_wrap(e, mu.arg)) is None: return None
+    m = mu.arg
+    if not (e.vmax - q * m < c <= e.vmin - (q - 1) * m) or not _fits(q * m - 1, e.dtype): return None
+    return e.const_like(q * m - 1) < e
+
 def _lt_const(a: UOp) -> UOp | None:
     """x < c and c < x with x an integer sum or x//d: constants move to the constant side, a common factor of the
     coefficients divides out, an all-negative sum is negated; x//d < c becomes x < B."""
@@ -423,6 +441,7 @@ def _lt_const(a: UOp) -> UOp | None:
     x, c = (s0, s1.arg) if on_left else (s1, s0.arg)
     if x.op is Ops.CONST or not _is_signed(x): return None
     dt = x.dtype
+    if x.op is Ops.MOD and on_left and (ret := _lt_mod(x, c)) is not None: return ret
     if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
         d = x.src[1].arg
         if on_left: bound, ok = _cmp_bound_of_div(c, d), True
@@ -543,7 +562,54 @@ def _index_arithmetic(topo: Iterable[UOp]) -> set[UOp]:
         if u.dtype.scalar() in _INTBOOL and u.op is not Ops.LOAD and all(s in out for s in u.src): out.add(u)
     return out
 
-def simplify_indexing(sink: UOp) -> UOp:
+def _gate_bounds(gate: UOp) -> dict[UOp, tuple[float, float]]:
+    """The bounds on sums (keyed by their terms without the constant) that each clause of an AND chain states."""
+    out: dict[UOp, tuple[float, float]] = {}
+    stack = [gate]
+    while stack:
+        g = stack.pop()
+        if g.op is Ops.AND and g.dtype == dtypes.bool: stack.extend(g.src); continue
+        if g.op is not Ops.CMPLT: continue
+        a, b = g.src
+        if (a.op is Ops.CONST) == (b.op is Ops.CONST): continue
+        s = b if a.op is Ops.CONST else a
+        if s.dtype.count != 1 or not _is_signed(s) or not _exact(s): continue
+        terms, k = _terms(s)
+        base = _build_sum(terms, 0, a.dtype)
+        lo, hi = out.get(base, (-math.inf, math.inf))
+        out[base] = (max(lo, a.arg + 1 - k), hi) if a.op is Ops.CONST else (lo, min(hi, b.arg - 1 - k))
+    return out
+
+def _decided(d: UOp, bounds: dict[UOp, tuple[float, float]]) -> UOp | None:
+    """e//m or e%m (m > 0, e never negative) where the gate's bounds keep e between two multiples of m."""
+    e, mu = d.src
+    terms, k = _terms(e)
+    if (b := bounds.get(_build_sum(terms, 0, e.dtype))) is None: return None
+    lo, hi = max(e.vmin, b[0] + k), min(e.vmax, b[1] + k)
+    if lo < 0 or lo > hi or lo // mu.arg != hi // mu.arg: return None
+    q = int(lo // mu.arg)
+    return e.const_like(q) if d.op is Ops.IDIV else e + e.const_like(-q * mu.arg)
+
+def _refine_under_gates(sink: UOp, topo: list[UOp]) -> UOp:
+    """Each e//m and e%m that a gate decides (its valid, for a load's index; its condition, for a select's true branch)
+    rewritten there as q and e-q*m: a pooling gradient's window position over a padded axis wraps once around m, and
+    the gate that keeps it inside the image says on which side. Inner gates first, so outer ones see their results."""
+    cands = {u for u in topo if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and
+             _is_signed(u) and _one_wrap(u.src[0], u.src[1].arg) is not None}
+    if not cands: return sink
+    replaced: dict[UOp, UOp] = {}
+    for u in topo:
+        src = tuple([replaced.get(s, s) for s in u.src])
+        gate = src[2] if u.op is Ops.INDEX and len(src) > 2 else src[0] if u.op is Ops.WHERE else None
+        # the guarded source is the index of a load and the true branch of a select: src[1] of both
+        if gate is not None and gate.dtype == dtypes.bool and src[1].dtype.count == 1 and \
+                (bounds := _gate_bounds(gate)):
+            sub = {c: r for c in src[1].toposort() if c in cands and (r := _decided(c, bounds)) is not None}
+            if sub: src = (src[0], src[1].substitute(sub)) + src[2:]
+        if src != u.src: replaced[u] = u.replace(src=src)
+    return replaced.get(sink, sink)
+
+def simplify_indexing(sink: UOp, refine: bool = True) -> UOp:
     """`sink` with every index and valid expression, and every WHERE gate made of integer arithmetic alone (a padding
     mask computed in the value, not in a load), simplified by symbolic; values are left alone, except where a gate
     became a constant: a select is then its branch and a load that is never valid its zero. One rewrite for all of
@@ -553,11 +619,15 @@ def simplify_indexing(sink: UOp) -> UOp:
     exprs = dict.fromkeys(s for u in topo if u.op is Ops.INDEX for s in u.src[1:])
     arith = _index_arithmetic(topo)
     exprs.update(dict.fromkeys(u.src[0] for u in topo if u.op is Ops.WHERE and u.src[0] in arith))
+    # integer arithmetic that feeds a value (an argmax's position compared with a loaded index, cast to int32): the
+    # unrolled lanes' constants fold there too, which the C compiler leaves to run in the innermost loop
+    exprs.update(dict.fromkeys(s for u in topo if u not in arith and u.op is not Ops.INDEX for s in u.src
+                               if s in arith and s.op not in (Ops.CONST, Ops.RANGE)))
     if not exprs: return sink
     keys = list(exprs)
     done = simplify_index(UOp(Ops.SINK, dtypes.void, tuple(keys)))
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
-    if not changed: return sink
+    if not changed: return _refine_again(sink) if refine else sink
     # a gate that folded to a constant decides its node here (the lanes of an unrolled concatenation axis each take
     # one piece: the others' selects and loads would be compiled only for the C compiler to drop them again). An
     # access whose valid became always true loses it (a kernel with gated accesses is compiled without the loop
@@ -573,5 +643,10 @@ def simplify_indexing(sink: UOp) -> UOp:
                 src[0].src[2].op is Ops.CONST and src[0].src[2].arg is False and u.dtype.count == 1:
             replaced[u] = u.const_like(0)
         elif src != u.src: replaced[u] = u.replace(src=src)
-    return replaced.get(sink, sink)
+    ret = replaced.get(sink, sink)
+    return _refine_again(ret) if refine else ret
+
+def _refine_again(sink: UOp) -> UOp:
+    ret = _refine_under_gates(sink, sink.toposort())
+    return ret if ret is sink else simplify_indexing(ret, refine=False)
 
