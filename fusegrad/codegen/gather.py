@@ -7,12 +7,10 @@ depend on the reduced range `r`, at most one `r` matches, so the reduction equal
 `0 <= e < size`, and the reduction's identity elsewhere: one load instead of `size` compares.
 """
 from __future__ import annotations
-from fusegrad.dtype import dtypes
-from fusegrad.uop.ops import Ops, UOp
+import math
+from fusegrad.dtype import ConstType, dtypes
+from fusegrad.uop.ops import Ops, UOp, exec_alu, python_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
-
-def _conjuncts(c: UOp) -> list[UOp]:
-    return _conjuncts(c.src[0]) + _conjuncts(c.src[1]) if c.op is Ops.AND else [c]
 
 def _depends_on(u: UOp, r: UOp) -> bool: return r in u.toposort()
 
@@ -29,12 +27,44 @@ def _equal_to_range(c: UOp, r: UOp) -> UOp | None:
         if _is_range_value(side, r) and dtypes.is_int(other.dtype) and not _depends_on(other, r): return other
     return None
 
-def _identity(op: Ops, v: UOp) -> bool:
-    """Whether `v` is the identity of the reduction `op` (what an empty selection contributes)."""
-    if v.op is not Ops.CONST: return False
-    if op is Ops.ADD: return v.arg == 0
-    if op is Ops.MAX: return v.arg is False or v.arg == dtypes.min(v.dtype)
-    return False
+def _identity_value(op: Ops, dtype) -> ConstType | None:
+    """The identity of the reduction `op` in `dtype` (what an empty selection contributes); None if not handled."""
+    if op is Ops.ADD: return dtypes.as_const(0, dtype)
+    if op is Ops.MAX: return False if dtype.scalar() == dtypes.bool else dtypes.min(dtype)
+    return None
+
+def _value_off(u: UOp, c: UOp, memo: dict[UOp, ConstType | None]) -> ConstType | None:
+    """The value of `u` wherever the condition `c` is False, where that is one constant whatever the other values
+    are (None where it isn't known to be). A product with a zero factor counts as zero: a one-hot product picks its
+    value as a selection does (an infinite value elsewhere in the row doesn't make the pick nan)."""
+    if u is c: return False
+    if u in memo: return memo[u]
+    ret: ConstType | None = None
+    if u.op is Ops.CONST: ret = u.arg
+    elif u.op is Ops.WHERE:
+        s = _value_off(u.src[0], c, memo)
+        if s is not None: ret = _value_off(u.src[1] if s else u.src[2], c, memo)
+        else:
+            a, b = _value_off(u.src[1], c, memo), _value_off(u.src[2], c, memo)
+            if a is not None and b is not None and a == b and type(a) is type(b): ret = a
+    elif u.op is Ops.CAST and dtypes.is_float(u.dtype) or u.op is Ops.CAST and u.dtype.scalar() == dtypes.bool:
+        if (v := _value_off(u.src[0], c, memo)) is not None: ret = dtypes.as_const(v, u.dtype)
+    elif u.op is Ops.CAST and dtypes.is_int(u.dtype):
+        # (a float that an integer can't hold has no defined integer value)
+        if (v := _value_off(u.src[0], c, memo)) is not None and not (isinstance(v, float) and not math.isfinite(v)):
+            ret = dtypes.as_const(v, u.dtype)
+    elif u.op in (Ops.AND, Ops.MUL, Ops.OR) or u.op in python_alu:
+        vals = [_value_off(s, c, memo) for s in u.src]
+        absorbing = {Ops.AND: False, Ops.MUL: 0, Ops.OR: True}.get(u.op)
+        if absorbing is not None and any(v is not None and v == absorbing for v in vals):
+            ret = dtypes.as_const(absorbing, u.dtype)
+        elif all(v is not None for v in vals): ret = exec_alu(u.op, u.dtype, tuple(vals))  # type: ignore[arg-type]
+    memo[u] = ret
+    return ret
+
+def _is_identity(v: ConstType | None, want: ConstType) -> bool:
+    if v is None or isinstance(v, tuple): return False
+    return v == want and not (isinstance(v, float) and math.isnan(v))
 
 def _in_range(e: UOp, size: UOp) -> UOp | None:
     """The condition 0 <= e < size in e's integer dtype (None where it can't be written in it)."""
@@ -45,28 +75,76 @@ def _in_range(e: UOp, size: UOp) -> UOp | None:
     if not conds: return UOp.const(dtypes.bool, True)
     return conds[0] & conds[1] if len(conds) == 2 else conds[0]
 
-def _collapse(red: UOp) -> UOp | None:
-    body, ranges = red.src[0], red.src[1:]
-    # (a selection summed in a wider dtype: the cast moves inside, to the selected value and the zero)
-    if body.op is Ops.CAST and body.src[0].op is Ops.WHERE and body.src[0].src[2].op is Ops.CONST:
-        c, v, z = body.src[0].src
-        body = c.where(v.cast(body.dtype), UOp.const(body.dtype, z.arg))
-    if body.op is not Ops.WHERE or not _identity(red.arg, body.src[2]): return None
-    conds = _conjuncts(body.src[0])
+def _pick(red: UOp, body: UOp) -> UOp | None:
+    """The reduction `red` of `body` over its ranges as a load, where `body` is the identity at every position of
+    some range `r` but one, `e == r` (e independent of r): the body at r = e, for an e in range."""
+    want = _identity_value(red.arg, red.dtype)
+    if want is None: return None
+    ranges = red.src[1:]
     for r in ranges:
         # (an empty range has no position to load at)
         if r.op is not Ops.RANGE or r.src[0].vmin < 1: continue
-        for k, c in enumerate(conds):
-            if (e := _equal_to_range(c, r)) is None or (valid := _in_range(e, r.src[0])) is None: continue
+        for c in body.toposort():
+            if c.op is not Ops.CMPEQ or (e := _equal_to_range(c, r)) is None: continue
+            if not _is_identity(_value_off(body, c, {}), want) or (valid := _in_range(e, r.src[0])) is None: continue
             # (out of range, r becomes 0: a position that exists, its value discarded by the WHERE)
             at = valid.where(e.cast(dtypes.index), UOp.const(dtypes.index, 0))
-            rest = [x.substitute({r: at}) for j, x in enumerate(conds) if j != k]
-            cond = valid
-            for x in rest: cond = cond & x
-            picked = cond.where(body.src[1].substitute({r: at}), body.src[2])
+            picked = valid.where(body.substitute({c: UOp.const(dtypes.bool, True)}).substitute({r: at}),
+                                 UOp.const(red.dtype, want))
             others = tuple(x for x in ranges if x is not r)
             return red.replace(src=(picked,) + others) if others else picked
     return None
+
+def _terms(u: UOp, neg: bool = False) -> list[tuple[UOp, bool]]:
+    """`u` as a sum of terms, each with whether it is negated."""
+    if u.op is Ops.ADD: return _terms(u.src[0], neg) + _terms(u.src[1], neg)
+    if u.op is Ops.SUB: return _terms(u.src[0], neg) + _terms(u.src[1], not neg)
+    if u.op is Ops.NEG: return _terms(u.src[0], not neg)
+    return [(u, neg)]
+
+def _split_range(red: UOp) -> UOp | None:
+    """The reduction over a range `r` that a compare sees as `r % m` (a big sum computed in chunks that each cover
+    several rows: `row == r // m`, `label[row] == r % m`) as one over two ranges, r = hi * m + lo, so that the
+    compare is `label[...] == lo`: a pick the rules above see."""
+    body = red.src[0]
+    for c in body.toposort():
+        if c.op is not Ops.CMPEQ: continue
+        for side in c.src:
+            while side.op is Ops.CAST and dtypes.is_int(side.dtype): side = side.src[0]
+            if side.op is not Ops.MOD or side.src[1].op is not Ops.CONST or (r := side.src[0]) not in red.src[1:]:
+                continue
+            m, n = side.src[1].arg, r.src[0]
+            if n.op is not Ops.CONST or not 1 < m < n.arg or n.arg % m: continue
+            # (fresh axis ids, past those a kernel numbers its loops with)
+            axis = 1000 * (r.arg[0] + 1)
+            hi, lo = UOp.range(n.arg // m, axis, "reduce"), UOp.range(m, axis + 1, "reduce")
+            new_body = body.substitute({r: hi * m + lo}).simplify()
+            return red.replace(src=(new_body,) + tuple(x for x in red.src[1:] if x is not r) + (hi, lo))
+    return None
+
+def _collapse(red: UOp) -> UOp | None:
+    body, ranges = red.src[0], red.src[1:]
+    if (whole := _pick(red, body)) is not None: return whole
+    if red.arg in (Ops.ADD, Ops.MAX) and (split := _split_range(red)) is not None and \
+            _pick(split, split.src[0]) is not None:
+        return split
+    if red.arg is not Ops.ADD or len(terms := _terms(body)) < 2: return None
+    # a sum of a pick and other terms (a loss's gradient adds the one-hot to the softmax): the pick is summed apart,
+    # as a load, and the rest stays one reduction
+    picks, rest = [], []
+    for t, neg in terms:
+        p = _pick(red.replace(src=(t,) + ranges), t)
+        if p is None: rest.append(-t if neg else t)
+        else: picks.append(-p if neg else p)
+    if not picks: return None
+    ret = red.replace(src=(_sum(rest),) + ranges) if rest else None
+    for p in picks: ret = p if ret is None else ret + p
+    return ret
+
+def _sum(xs: list[UOp]) -> UOp:
+    ret = xs[0]
+    for x in xs[1:]: ret = ret + x
+    return ret
 
 gather_collapse = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _collapse)], name="gather_collapse")
 gather_collapse.__doc__ = "no reduction selects one position `e == r` with an `e` independent of `r`: it loads at `e`"
