@@ -250,6 +250,7 @@ class TinyJit(Generic[R]):
         self._fresh_devices: dict[int, UOp] = {}
         self._out_chains: list[Any] = []
         self._prepared_work = (0, 0, 0)
+        self._dynamic: list[list[Any]] = []   # [item, launch, its last launch_args] of the kernels with Variables
         self._first: _Inputs | None = None
         self._out_structure: Any = None
         self._out_leaves: list[Any] = []
@@ -414,7 +415,18 @@ class TinyJit(Generic[R]):
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2 and not _viz.TIMED
-        plan = self._prepared_plan() if prepared else [(ei, None) for ei in self.jit_cache]
+        plan = self._prepared_plan(var_vals) if prepared else [(ei, None) for ei in self.jit_cache]
+        dyn_ops = dyn_mem = 0
+        if prepared:
+            # the prepared kernels with Variables take this call's values (their launches change only where the values
+            # differ from the last call's: launch_args gives the same objects for the same values)
+            for entry in self._dynamic:
+                ei, launch, last = entry
+                launch_kw, work = ei.prg.launch_args({**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
+                if launch_kw is not last:
+                    launch.set_values(launch_kw, work)
+                    entry[2] = launch_kw
+                dyn_ops, dyn_mem = dyn_ops + work[0], dyn_mem + work[1]
         for ei, step in plan:
             if step is not None:
                 if ei is None:   # a graph of launches: the allocations of the buffers they take per replay
@@ -430,9 +442,9 @@ class TinyJit(Generic[R]):
             ExecItem(ei.ast, bufs, ei.metadata, fixed, ei.prg).run(var_vals)
         if prepared:
             ops, mem, count = self._prepared_work
-            _realize.GlobalCounters.global_ops += ops
-            _realize.GlobalCounters.global_mem += mem
-            _realize.GlobalCounters.kernel_count += count
+            _realize.GlobalCounters.global_ops += ops + dyn_ops
+            _realize.GlobalCounters.global_mem += mem + dyn_mem
+            _realize.GlobalCounters.kernel_count += count + len(self._dynamic)
         Tensor._rng_counter += self._rng_calls
         outs = []
         for x, chain in zip(self._out_leaves, self._out_chains):
@@ -446,13 +458,15 @@ class TinyJit(Generic[R]):
             outs.append(out)
         return _unflatten(outs, self._out_structure)
 
-    def _prepared_plan(self) -> list[tuple[ExecItem | None, Any]]:
+    def _prepared_plan(self, var_vals: dict[str, int]) -> list[tuple[ExecItem | None, Any]]:
         """How a replay runs the captured items: (item, None) the plain way; (item, (launch, order)) through a launch
-        prepared once with its arguments converted (see CompiledRunner.prepare), for a kernel that every replay runs
-        with the same values (no Variable, no random counter), taking the input and fresh output buffers at `order`
-        per replay; (None, (graph, ids)) for consecutive prepared launches that their device runs as one call (the
-        launch's `graph`, e.g. the CPU's LaunchGraph), taking the allocations of the buffers `ids` per replay. (Made
-        on the first replay; made again if another buffer's memory or a launch knob changed.)"""
+        prepared once with its arguments converted (see CompiledRunner.prepare), for a kernel without a random counter,
+        taking the input and fresh output buffers at `order` per replay; (None, (graph, ids)) for consecutive prepared
+        launches that their device runs as one call (the launch's `graph`, e.g. the CPU's LaunchGraph), taking the
+        allocations of the buffers `ids` per replay. A kernel with Variables is prepared where its device's launch
+        takes their values per call (`set_values`, listed in self._dynamic: each replay gives it that replay's values,
+        the first ones `var_vals`); else it runs the plain way. (Made on the first replay; made again if another
+        buffer's memory or a launch knob changed.)"""
         cached, knobs = self._launches, _realize.launch_knob_values()
         # (== of the lists compares the allocations by identity, in C: they define no __eq__)
         if cached is not None and cached[2] == knobs and \
@@ -462,15 +476,22 @@ class TinyJit(Generic[R]):
         memory: list[tuple[Buffer, Any]] = []
         seen: set[int] = set()
         ops = mem = count = 0
+        dynamic: list[list[Any]] = []
         for ei in self.jit_cache:
             made = None
             if all(b is not None and b.is_allocated() for b in ei.bufs) and not (self._rng_calls and ei.fixedvars):
-                made = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids))
+                made = ei.prepared(tuple(i for i, b in enumerate(ei.bufs) if id(b) in varying_ids), var_vals)
             if made is not None:
                 memory += [(b, b._buf) for b in ei.bufs if id(b) not in varying_ids and id(b) not in seen]  # type: ignore[union-attr]
                 seen.update(id(b) for b in ei.bufs)
-                work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
-                ops, mem, count = ops + work[0], mem + work[1], count + 1
+                if self._has_variables(ei):
+                    # (its values are set here, before a graph of launches is made over it)
+                    launch_kw, work = ei.prg.launch_args({**var_vals, **ei.fixedvars})  # type: ignore[union-attr]
+                    made[0].set_values(launch_kw, work)  # type: ignore[attr-defined]
+                    dynamic.append([ei, made[0], launch_kw])
+                else:
+                    work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
+                    ops, mem, count = ops + work[0], mem + work[1], count + 1
             steps.append((ei, made))
         plan: list[tuple[ExecItem | None, Any]] = []
         i = 0
@@ -485,12 +506,19 @@ class TinyJit(Generic[R]):
                 ids = list(dict.fromkeys(id(ei.bufs[k]) for ei, (_, order) in group for k in order))
                 index = {bid: n for n, bid in enumerate(ids)}
                 calls = [(launch, tuple(index[id(ei.bufs[k])] for k in order)) for ei, (launch, order) in group]
-                works = [ei.prg._work(ei.fixedvars) for ei, _ in group]  # type: ignore[union-attr]
+                # (the work of the launches with Variables the graph reads per call from them)
+                works = [ei.prg._work(ei.fixedvars) for ei, _ in group if not self._has_variables(ei)]  # type: ignore[union-attr]
                 plan.append((None, (graph(calls, (sum(w[0] for w in works), sum(w[1] for w in works))), ids)))
             i = j
         self._launches = (plan, ([b.__dict__ for b, _ in memory], [opaque for _, opaque in memory]), knobs)
         self._prepared_work = (ops, mem, count)
+        self._dynamic = dynamic
         return plan
+
+    @staticmethod
+    def _has_variables(ei: ExecItem) -> bool:
+        """Whether a kernel takes values of Variables that are not its fixed parameters (each replay's values)."""
+        return isinstance(ei.prg, CompiledRunner) and any(n not in ei.fixedvars for n in ei.prg._vnames)
 
     def _pruned(self, items: list[ExecItem], before: set[int]) -> list[ExecItem]:
         """prune=True: the captured items without the kernels that compute the same values on every call (they read

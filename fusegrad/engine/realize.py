@@ -15,7 +15,7 @@ from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products, exec_alu, python_alu
 from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
@@ -37,8 +37,35 @@ LONG_CHUNK_OPS, LONG_CHUNK_MEM = 1 << 29, 1 << 31
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     """The value of an int or of a symbolic expression of Variables given by name in var_vals."""
     if isinstance(x, int): return x
+    if (fn := _evaluators.get(x)) is None: fn = _evaluators[x] = _evaluator(x)
+    if fn is not False: return fn(var_vals)
     subs = {u: u.const_like(var_vals[u.arg[0]]) for u in x.toposort() if u.op is Ops.DEFINE_VAR}
     return int(x.substitute(subs))
+
+# per symbolic expression, the function sym_infer evaluates it with (False: one of its ops isn't plain arithmetic).
+# A replay with other values of Variables evaluates each kernel's size and work with them: a walk over the nodes,
+# each computed as constant folding computes it (exec_alu), without building and simplifying a graph per value
+_evaluators: dict[UOp, Any] = {}
+
+def _evaluator(x: UOp) -> Callable[[dict[str, int]], int] | bool:
+    order = list(x.toposort())
+    index = {u: i for i, u in enumerate(order)}
+    steps: list[tuple[int, Any, Any, tuple[int, ...]]] = []
+    for u in order:
+        if u.op is Ops.CONST: steps.append((0, u.arg, None, ()))
+        elif u.op is Ops.DEFINE_VAR: steps.append((1, u.arg[0], None, ()))
+        elif u.op in python_alu and dtypes.is_int(u.dtype) or u.op in GroupOp.Comparison:
+            steps.append((2, u.op, u.dtype, tuple(index[s] for s in u.src)))
+        else: return False
+    last = index[x]
+    def evaluate(var_vals: dict[str, int]) -> int:
+        vals: list[Any] = []
+        for kind, arg, dtype, srcs in steps:
+            if kind == 0: vals.append(arg)
+            elif kind == 1: vals.append(var_vals[arg])
+            else: vals.append(exec_alu(arg, dtype, tuple([vals[i] for i in srcs])))
+        return int(vals[last])
+    return evaluate
 
 # *** the memory a kernel touches, as a function of its Variables ***
 
@@ -299,6 +326,7 @@ class CompiledRunner(Runner):
         self._static_work = (p.estimates.ops, p.estimates.mem) \
             if isinstance(p.estimates.ops, int) and isinstance(p.estimates.mem, int) else None
         if p.vars and p.ast is not None and (bounds := VarBounds(p.name, p.ast)).accesses: self.bounds = bounds
+        self._by_values: dict[tuple, tuple[dict[str, Any], tuple[int, int]]] = {}   # (launch_args)
         super().__init__(colored(p.name, "cyan"), p.device, p.estimates)
 
     @property
@@ -333,6 +361,16 @@ class CompiledRunner(Runner):
             launch["global_dims"] = tuple(sym_infer(d, var_vals) for d in self.p.global_dims)
             launch["local_dims"] = self.p.local_dims
         return launch
+
+    def launch_args(self, var_vals: dict[str, int]) -> tuple[dict[str, Any], tuple[int, int]]:
+        """_launch's arguments and _work's (ops, bytes moved) for these values of the kernel's Variables: the same
+        objects for the same values (a prepared launch is updated only when they are other ones)."""
+        key = tuple([var_vals.get(n) for n in self._vnames])
+        if (hit := self._by_values.get(key)) is None:
+            # (a decoder's position takes a new value per token: the oldest values are dropped)
+            if len(self._by_values) >= 64: self._by_values.pop(next(iter(self._by_values)))
+            hit = self._by_values[key] = (self._launch(var_vals), self._work(var_vals))
+        return hit
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
@@ -506,12 +544,20 @@ class ExecItem:
 
     def lower(self) -> ExecItem: return lower_schedule_item(self)
 
-    def prepared(self, varying: tuple[int, ...]) -> tuple[Callable[..., None], tuple[int, ...]] | None:
+    def prepared(self, varying: tuple[int, ...], var_vals: dict[str, int] | None = None) \
+            -> tuple[Callable[..., None], tuple[int, ...]] | None:
         """This kernel's launch prepared over its buffers, those at `varying` passed per call (see
-        CompiledRunner.prepare), where its runner has one and its values are all fixed parameters (no Variable)."""
+        CompiledRunner.prepare), where its runner has one and its values are all fixed parameters (no Variable).
+        With `var_vals`, a kernel with Variables is prepared too (with these values), where its device's launch takes
+        other values per call: its `set_values` takes CompiledRunner.launch_args of each call's values."""
         prg = self.prg
-        if not isinstance(prg, CompiledRunner) or any(n not in self.fixedvars for n in prg._vnames): return None
-        return prg.prepare(self.bufs, self.fixedvars, varying)  # type: ignore[arg-type]
+        if not isinstance(prg, CompiledRunner): return None
+        if all(n in self.fixedvars for n in prg._vnames): return prg.prepare(self.bufs, self.fixedvars, varying)  # type: ignore[arg-type]
+        if var_vals is None: return None
+        vv = {**var_vals, **self.fixedvars}
+        if any(n not in vv for n in prg._vnames): return None
+        made = prg.prepare(self.bufs, vv, varying)  # type: ignore[arg-type]
+        return made if made is not None and hasattr(made[0], "set_values") else None
 
     def run(self, var_vals: dict[str, int] | None = None, wait: bool = False, do_update_stats: bool = True) \
             -> float | None:

@@ -127,8 +127,10 @@ class PreparedLaunch:
     def __init__(self, program: CPUProgram, pool: Any, bufs: tuple, vals: tuple, global_size: int, threads: int,
                  join: bool, varying: tuple[int, ...], helpable: bool):
         # (the buffers at `varying` may be given as None: their addresses are filled in per call)
-        self.program, self.pool, self.varying = program, pool, varying
+        self.program, self.pool, self.varying, self.nbufs = program, pool, varying, len(bufs)
         self.boxed, self.addresses = _arguments(bufs, vals)
+        self.work = (0, 0)   # (set_values: the ops and bytes moved of a launch with Variables)
+        self.dynamic = False   # (whether set_values was called: a graph then reads its values per call)
         self.array_type = ctypes.c_void_p * len(self.addresses)
         self.fixed = self.array_type(*self.addresses)
         self.kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held while queued)
@@ -139,6 +141,21 @@ class PreparedLaunch:
         self.graph = None if self.join else LaunchGraph
         # (run_here's arrays for fg_run_many: one job, its arguments at offset 0)
         self._here = ((ctypes.c_void_p * 1)(program._entry), (ctypes.c_long * 1)(0), (ctypes.c_long * 1)(global_size))
+
+    def set_values(self, launch: dict[str, Any], work: tuple[int, int]) -> None:
+        """Take other values of the kernel's Variables, and the size and split they give (CompiledRunner.launch_args),
+        for the calls from now on. Calls already queued keep theirs: the values go into new C variables and a new
+        argument array."""
+        self.boxed, addresses = _arguments((), launch["vals"])
+        self.addresses = self.addresses[:self.nbufs] + addresses
+        self.fixed = self.array_type(*self.addresses)
+        gs = self.global_size = launch["global_size"]
+        self.threads, self.helpable = _clamped_threads(launch["threads"], gs), launch["helpable"]
+        self.workers = _workers(self.threads, self.helpable)
+        # (a launch in a graph stays in it: its join, a hint that the caller helps a long kernel, is dropped there)
+        self.join = self.graph is None and launch["join"] and self.threads > 1 and self.helpable
+        self._here[2][0] = gs
+        self.work, self.dynamic = work, True
 
     def run_here(self, *allocations: Any) -> bool:
         """Run this call on the calling thread, whole, if no job is queued ahead of it (True); else do nothing (False).
@@ -188,17 +205,22 @@ class _Piece(NamedTuple):
     varying: list             # (index of a per-call allocation, jobs after the last one using it)
     held: tuple               # what the jobs use besides the block and the allocations (programs, values, buffers)
     workers: int
+    dynamic: list             # (job, offset of its arguments, launch) of the launches whose values change per call
 
 class LaunchGraph:
     """Prepared launches queued in one call to the C pool (fg_pool_submit_many): a TinyJit replay's kernels without
     a return to Python between them; with little `work` in all (ops, bytes moved), run on the calling thread instead
     (fg_run_many). `calls` pairs each launch with, per buffer it takes per call, the index of that buffer's allocation
-    in the list a call of the graph gets."""
+    in the list a call of the graph gets. A launch with Variables (see PreparedLaunch.set_values) is read per call:
+    its values, size and split, and its `work` counts towards the graph's besides the `work` of the others."""
     def __init__(self, calls: list[tuple[PreparedLaunch, tuple[int, ...]]], work: tuple[int, int] | None = None):
         if not calls: raise ValueError("a LaunchGraph needs at least one launch")
         self.pool = calls[0][0].pool
+        self.work = work
         self.inline = work is not None and work[0] <= INLINE_MAX_OPS and work[1] <= INLINE_MAX_MEM and \
             all(launch.helpable for launch, _ in calls)
+        self.dynamic = [launch for launch, _ in calls if launch.dynamic]
+        self._static_helpable = all(launch.helpable for launch, _ in calls if not launch.dynamic)
         self.pieces = [self._piece(calls[i:i + self.pool.QUEUE]) for i in range(0, len(calls), self.pool.QUEUE)]
 
     @staticmethod
@@ -225,20 +247,39 @@ class LaunchGraph:
         held = ([launch.program for launch, _ in calls], [launch.boxed for launch, _ in calls],
                 [launch.kept for launch, _ in calls], arrays)
         return _Piece(n, block, block(*addresses), arrays, patches, fixed, [r for r, _ in fixed], varying, held,
-                      max(launch.workers for launch, _ in calls))
+                      max(launch.workers for launch, _ in calls),
+                      [(k, offsets[k], launch) for k, (launch, _) in enumerate(calls) if launch.dynamic])
+
+    def _inline_now(self) -> bool:
+        """Whether this call runs on the calling thread, with the work the launches with Variables have now."""
+        if self.work is None or not self._static_helpable or not all(launch.helpable for launch in self.dynamic):
+            return False
+        ops = self.work[0] + sum(launch.work[0] for launch in self.dynamic)
+        mem = self.work[1] + sum(launch.work[1] for launch in self.dynamic)
+        return ops <= INLINE_MAX_OPS and mem <= INLINE_MAX_MEM
 
     def __call__(self, allocations: list[Any]) -> None:
         pool = self.pool
+        inline = self.inline if not self.dynamic else self._inline_now()
         for piece in self.pieces:
             fns, offsets, sizes, chunks, helps = piece.arrays
             # (a block of its own per call: the queued jobs read their arguments only when they run)
             args = piece.block.from_buffer_copy(piece.template)
             for slot, idx in piece.patches: args[slot] = ctypes.addressof(allocations[idx])
-            if self.inline:
+            workers, values = piece.workers, []
+            for k, offset, launch in piece.dynamic:
+                # (the size arrays are read when the jobs are queued, the values' C variables when they run: those
+                # are new ones per set_values, held with the jobs)
+                args[offset + launch.nbufs:offset + len(launch.addresses)] = launch.addresses[launch.nbufs:]
+                sizes[k], chunks[k], helps[k] = launch.global_size, launch.threads, int(launch.helpable)
+                workers = max(workers, launch.workers)
+                values.append(launch.boxed)
+            if inline:
                 pool.run_many(piece.n, fns, args, offsets, sizes)
                 continue
-            end = pool.submit_many(piece.n, fns, args, offsets, sizes, chunks, helps, piece.workers,
-                                   (piece.held, args, allocations), itertools.chain(piece.fixed_roots, allocations))
+            end = pool.submit_many(piece.n, fns, args, offsets, sizes, chunks, helps, workers,
+                                   (piece.held, args, allocations, values),
+                                   itertools.chain(piece.fixed_roots, allocations))
             exported = False
             for root, back in piece.fixed:
                 root._fg_job = end - back

@@ -408,9 +408,10 @@ class CUDALaunch:
     which GPU it runs on, consecutive ones of that GPU run as one CUDA graph: `graph` makes it (see CUDAGraph)."""
     def __init__(self, program: CUDAProgram, bufs: tuple[CUDAMemory | None, ...], vals: tuple, global_size: int,
                  global_dims: tuple[int, ...] | None, local_dims: tuple[int, ...] | None, varying: tuple[int, ...]):
-        self.program, self.varying, self.global_size = program, varying, global_size
+        self.program, self.varying, self.global_size, self.nbufs = program, varying, global_size, len(bufs)
         self.global_dims, self.local_dims = global_dims, local_dims
         self.args = _arguments(bufs, vals, global_size)
+        self.version = 0   # (counts set_values calls: a graph's node of this launch is updated when it moved on)
         self.params = _pointers(self.args)
         self._at_device: dict[CUDADevice, Any] = {}
         devices = {b.device for b in bufs if b is not None}
@@ -418,6 +419,16 @@ class CUDALaunch:
         self.device = devices.pop() if devices else None
         if self.device is not None: self.at(self.device)   # (a launch over the GPU's limits is refused now)
         self.graph = self.device.launch_graph if self.device is not None and self.device.graphs else None
+
+    def set_values(self, launch: dict[str, Any], work: tuple[int, int] | None = None) -> None:
+        """Take other values of the kernel's Variables and the grid they give (CompiledRunner.launch_args) for the
+        calls from now on; a grid over the GPU's limits is refused here. `work` means nothing here."""
+        values = _arguments((), launch["vals"], launch["global_size"])
+        for arg, new in zip(self.args[self.nbufs:], values): arg.value = new.value
+        self.global_size, self.global_dims = launch["global_size"], launch.get("global_dims")
+        self._at_device.clear()
+        if self.device is not None: self.at(self.device)
+        self.version += 1
 
     def at(self, dev: CUDADevice) -> tuple[ctypes.c_void_p, tuple, tuple] | None:
         """(function, grid, block) of this launch on `dev`, None for a launch of no threads."""
@@ -449,6 +460,9 @@ class CUDAGraph:
         if any(launch.device is not device for launch, _ in calls):
             raise ValueError(f"a CUDAGraph of {device.device} holds only launches of that GPU")
         self.device, self.calls = device, calls
+        # the launches with Variables (set_values): their nodes are updated when their values or grid changed
+        self.dynamic = [launch for launch, _ in calls if launch.version]
+        self.node_versions: list[tuple[int, CUDALaunch, int]] = []   # (node, launch, its version in the node)
         self.graph: ctypes.c_void_p | None = None
         self.exec: ctypes.c_void_p | None = None   # (None where no launch has threads: nothing to run)
         self.built = False
@@ -480,6 +494,7 @@ class CUDAGraph:
                 check(lib.cuGraphAddKernelNode(ctypes.byref(node), graph, deps, 1 if deps is not None else 0,
                                                ctypes.byref(p)),
                       f"adding kernel {launch.program.name} to a graph on {dev.device}")
+                if launch in self.dynamic: self.node_versions.append((len(self.nodes), launch, launch.version))
                 self.nodes.append((node, p, args, params))
                 before = node.value
             if self.nodes:
@@ -490,12 +505,17 @@ class CUDAGraph:
         except Exception:
             # (made again from the start by the next call)
             lib.cuGraphDestroy(graph)
-            self.graph, self.nodes, self.uses = None, [], []
+            self.graph, self.nodes, self.uses, self.node_versions = None, [], [], []
             raise
         self.built = True
 
     def __call__(self, allocations: list[CUDAMemory]) -> None:
         lib = libcuda()
+        if self.dynamic and any(launch.at(self.device) is None for launch in self.dynamic):
+            # a launch with Variables has no threads with this call's values: a node can't be given an empty grid, so
+            # this call's launches run one by one (on the same stream, in order) and the graph stays as it was
+            for launch, indices in self.calls: launch(*[allocations[i] for i in indices])
+            return
         if not self.built: self._build(allocations)
         else:
             changed: set[int] = set()
@@ -504,6 +524,15 @@ class CUDAGraph:
                     if arg.value != a.ptr:
                         arg.value = a.ptr
                         changed.add(k)
+            for n, (k, launch, version) in enumerate(self.node_versions):
+                if launch.version == version: continue
+                _, p, args, _ = self.nodes[k]
+                for arg, new in zip(args[launch.nbufs:], launch.args[launch.nbufs:]): arg.value = new.value
+                _, grid, block = launch.at(self.device)  # type: ignore[misc]
+                p.gridDimX, p.gridDimY, p.gridDimZ = grid
+                p.blockDimX, p.blockDimY, p.blockDimZ = block
+                self.node_versions[n] = (k, launch, launch.version)
+                changed.add(k)
             if changed: self.device.activate()
             for k in sorted(changed):
                 node, p, _, _ = self.nodes[k]
