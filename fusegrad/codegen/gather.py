@@ -5,6 +5,11 @@ a reduction over the indexed dimension whose body selects the one position equal
 written, its work is (the result's elements) x (the indexed dimension's size). When the index value `e` does not
 depend on the reduced range `r`, at most one `r` matches, so the reduction equals `v` with `r` replaced by `e` where
 `0 <= e < size`, and the reduction's identity elsewhere: one load instead of `size` compares.
+
+The selection is recognized by its value, not its form: a body that is the reduction's identity wherever `e == r` is
+false (a select, negated or cast, a product by a one-hot, a masked max) is a pick. A sum whose body adds a pick to
+other terms (a loss's gradient: the one-hot next to the softmax) sums the pick apart, as a load. A big sum computed in
+chunks (`Tensor._reduce`) sees the class as `r % size`; its range is split in two so that the pick is found.
 """
 from __future__ import annotations
 import math
@@ -118,9 +123,20 @@ def _split_range(red: UOp) -> UOp | None:
             # (fresh axis ids, past those a kernel numbers its loops with)
             axis = 1000 * (r.arg[0] + 1)
             hi, lo = UOp.range(n.arg // m, axis, "reduce"), UOp.range(m, axis + 1, "reduce")
-            new_body = body.substitute({r: hi * m + lo}).simplify()
+            new_body = _divide_through(body.substitute({r: hi * m + lo}), m).simplify()
             return red.replace(src=(new_body,) + tuple(x for x in red.src[1:] if x is not r) + (hi, lo))
     return None
+
+def _divide_through(u: UOp, m: int) -> UOp:
+    """`u` with each `x // d` of a nonnegative `x` and a `d` that `m` divides written `(x // m) // (d // m)` (equal for
+    x >= 0), so that the simplifier sees `(hi * m + lo) // m` as `hi` inside a row's index (the inner quotient is
+    simplified at once: the rules would fold the two divisions back into one)."""
+    while True:
+        subs = {x: (x.src[0] // m).simplify() // (x.src[1].arg // m) for x in u.toposort() if x.op is Ops.IDIV and
+                x.src[1].op is Ops.CONST and x.src[1].arg > m and x.src[1].arg % m == 0 and x.src[0].vmin >= 0 and
+                not (x.src[0].op is Ops.IDIV and x.src[0].src[1].op is Ops.CONST and x.src[0].src[1].arg == m)}
+        if not subs: return u
+        u = u.substitute(subs)
 
 def _collapse(red: UOp) -> UOp | None:
     body, ranges = red.src[0], red.src[1:]

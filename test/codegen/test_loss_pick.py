@@ -75,6 +75,20 @@ def test_gpt2_shaped_backward_keeps_the_pick_elementwise(monkeypatch: pytest.Mon
         assert any(u.op is Ops.CMPEQ for v in stored for u in v.toposort())
         assert _one_hot_reduces(collapse_gathers(a)) == 0
 
+def test_chunked_mean_with_sliced_labels(monkeypatch: pytest.MonkeyPatch):
+    """A language model's loss: logits (4, 128, classes) against the tokens shifted by one (a slice of a (4, 129)
+    tensor), a mean summed in chunks of 8 rows whose labels are found through the batch and position of the row."""
+    v = 1001
+    x = RS.standard_normal((4, 128, v)).astype(np.float32)
+    toks = RS.integers(0, v, (4, 129)).astype(np.int32)
+    asts = _captured(monkeypatch)
+    got = (Tensor(x) * 1.0).sparse_categorical_crossentropy(Tensor(toks)[:, 1:]).numpy()
+    labels = torch.tensor(toks[:, 1:]).reshape(-1).long()
+    want = torch.nn.functional.cross_entropy(torch.tensor(x).reshape(-1, v), labels)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5)
+    assert sum(_one_hot_reduces(a) for a in asts) > 0
+    assert sum(_one_hot_reduces(collapse_gathers(a)) for a in asts) == 0
+
 def test_forms_of_a_pick():
     """A sum of a negated selection, a product by a one-hot and a masked max, each next to another reduction of the
     same rows: each pick is one load per row."""
