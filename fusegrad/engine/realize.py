@@ -37,7 +37,9 @@ LONG_CHUNK_OPS, LONG_CHUNK_MEM = 1 << 29, 1 << 31
 def sym_infer(x: Any, var_vals: dict[str, int]) -> int:
     """The value of an int or of a symbolic expression of Variables given by name in var_vals."""
     if isinstance(x, int): return x
-    if (fn := _evaluators.get(x)) is None: fn = _evaluators[x] = _evaluator(x)
+    if (fn := _evaluators.get(x)) is None:
+        if len(_evaluators) >= 4096: _evaluators.clear()   # (bounded: a long run compiles ever new kernels)
+        fn = _evaluators[x] = _evaluator(x)
     if fn is not False: return fn(var_vals)
     subs = {u: u.const_like(var_vals[u.arg[0]]) for u in x.toposort() if u.op is Ops.DEFINE_VAR}
     return int(x.substitute(subs))
