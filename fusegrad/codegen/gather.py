@@ -41,7 +41,8 @@ def _identity_value(op: Ops, dtype) -> ConstType | None:
 def _value_off(u: UOp, c: UOp, memo: dict[UOp, ConstType | None]) -> ConstType | None:
     """The value of `u` wherever the condition `c` is False, where that is one constant whatever the other values
     are (None where it isn't known to be). A product with a zero factor counts as zero: a one-hot product picks its
-    value as a selection does (an infinite value elsewhere in the row doesn't make the pick nan)."""
+    value as a selection does. A float product isn't: 0 * inf is nan, so a row's infinity elsewhere must still make
+    the sum nan, as it does in any other reduction."""
     if u is c: return False
     if u in memo: return memo[u]
     ret: ConstType | None = None
@@ -60,7 +61,7 @@ def _value_off(u: UOp, c: UOp, memo: dict[UOp, ConstType | None]) -> ConstType |
             ret = dtypes.as_const(v, u.dtype)
     elif u.op in (Ops.AND, Ops.MUL, Ops.OR) or u.op in python_alu:
         vals = [_value_off(s, c, memo) for s in u.src]
-        absorbing = {Ops.AND: False, Ops.MUL: 0, Ops.OR: True}.get(u.op)
+        absorbing = {Ops.AND: False, Ops.MUL: None if dtypes.is_float(u.dtype) else 0, Ops.OR: True}.get(u.op)
         if absorbing is not None and any(v is not None and v == absorbing for v in vals):
             ret = dtypes.as_const(absorbing, u.dtype)
         elif all(v is not None for v in vals): ret = exec_alu(u.op, u.dtype, tuple(vals))  # type: ignore[arg-type]
