@@ -622,7 +622,7 @@ def simplify_indexing(sink: UOp, refine: bool = True) -> UOp:
     # integer arithmetic that feeds a value (an argmax's position compared with a loaded index, cast to int32): the
     # unrolled lanes' constants fold there too, which the C compiler leaves to run in the innermost loop
     exprs.update(dict.fromkeys(s for u in topo if u not in arith and u.op is not Ops.INDEX for s in u.src
-                               if s in arith and s.op not in (Ops.CONST, Ops.RANGE)))
+                               if s in arith and s.op not in (Ops.CONST, Ops.RANGE) and s.dtype.count == 1))
     if not exprs: return sink
     keys = list(exprs)
     done = simplify_index(UOp(Ops.SINK, dtypes.void, tuple(keys)))

@@ -70,6 +70,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     _unroll_small_window(ctx)
     _upcast_remainder_lanes(ctx)
     _upcast_output_windows(ctx)
+    _unroll_reduce_remainders(ctx)
     return k.applied_opts
 
 def _shape_elementwise(k: Kernel) -> list[Opt] | None:
@@ -381,6 +382,24 @@ def _upcast_output_windows(ctx: OptContext) -> None:
     for r in _output_windows(k):
         if math.prod(range_size(o) for o in k.expanded) * range_size(r) <= ctx.budget:
             k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), 0))
+
+REDUCE_REMAINDER_LANES = 16
+
+def _unroll_reduce_remainders(ctx: OptContext) -> None:
+    """Step 7: still nothing applied: reduce loops that the loads divide by small constants c (a batch norm's gradient
+    summed over a strided convolution's input gradient, gathered from its phases) are unrolled by c, innermost first
+    while the unrolled lanes stay under REDUCE_REMAINDER_LANES: in each lane the remainder is a constant, so its loads
+    are affine and the selects between the phases fold, where every iteration computed and compared them all."""
+    k = ctx.k
+    if k.applied_opts: return
+    lanes = 1
+    for r in reversed([k.loops[i] for i in k.reduce_axes()]):
+        if not isinstance(sz := range_size(r), int): continue
+        c = max((c for c in _remainder_divisors(k, r) if 1 < c and lanes * c <= REDUCE_REMAINDER_LANES and
+                 sz % c == 0), default=None)
+        if c is None: continue
+        k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0 if c == sz else c))
+        lanes *= c
 
 def _broadcast_sharing(k: Kernel, vec: UOp) -> UOp | None:
     """The innermost output loop (other than the vector's) of at least 2 iterations that some load moves with neither
