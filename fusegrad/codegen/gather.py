@@ -123,6 +123,8 @@ def _split_range(red: UOp) -> UOp | None:
             if n.op is not Ops.CONST or not 1 < m < n.arg or n.arg % m: continue
             # (fresh axis ids, past those a kernel numbers its loops with)
             axis = 1000 * (r.arg[0] + 1)
+            # (a loop of the same id and size would be the same node: two loops merged into one)
+            if any(u.op is Ops.RANGE and u.arg[0] in (axis, axis + 1) for u in red.toposort()): continue
             hi, lo = UOp.range(n.arg // m, axis, "reduce"), UOp.range(m, axis + 1, "reduce")
             new_body = _divide_through(body.substitute({r: hi * m + lo}), m).simplify()
             return red.replace(src=(new_body,) + tuple(x for x in red.src[1:] if x is not r) + (hi, lo))
