@@ -34,7 +34,10 @@ static pthread_cond_t fg_cv = PTHREAD_COND_INITIALIZER;       /* sleeping worker
 static pthread_cond_t fg_done_cv = PTHREAD_COND_INITIALIZER;  /* sleeping waiters wait here for a job to end */
 /* jobs ever submitted and ever finished: jobs fg_finished .. fg_submitted - 1 are queued, the first one running */
 atomic_ulong fg_submitted, fg_finished;
-static atomic_ulong fg_ticket;   /* (running job's number << 32) | its next unclaimed chunk */
+/* (running job's number << 32) | its next unclaimed chunk. Before the first job begins it names job 0 with no chunk
+   left: a worker spinning then must not claim job 0's chunks as soon as its slot is written, before fg_begin resets
+   the ticket and the chunk count (chunk 0 would run twice, and the job end before its last chunk has run) */
+static atomic_ulong fg_ticket = 0xffffffffUL;
 static atomic_long fg_left;      /* chunks of the running job not finished yet */
 static atomic_int fg_hot;        /* the running job began within FG_HOT_GAP_NS of the end of the one before */
 static long fg_last_ns;          /* when the last job ended */

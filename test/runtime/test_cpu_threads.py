@@ -92,3 +92,20 @@ def test_every_chunk_runs_once_whoever_claims_it():
         if job % 7 == 0: m @ m  # numpy's threads spin for a while after this
         pool.run(entry, args, size, n)
         assert list(hits) == [1] * size, (job, size, n, list(hits))
+
+_BEFORE_BEGIN_SRC = r"""
+int fg_test_first_job_claimable_early(void) {
+  /* what fg_pool_submit does for a process's first job before fg_begin: the job's slot is written (a worker spawned
+     by then spins on fg_claimable meanwhile) */
+  fg_q[0] = (fg_job){0, 0, 2, 2, 1, 0};
+  return fg_claimable() || fg_claimable_by_waiter();
+}
+"""
+
+def test_first_job_is_not_claimable_before_it_begins():
+    # a fresh pool's ticket must not name a claimable chunk of job 0 before job 0 begins: a worker claiming it then
+    # ran chunk 0 twice (once more after fg_begin reset the ticket) and the job ended before its last chunk had run,
+    # which gave a first matmul of a process wrong values now and then. (The pool's own source, with its state fresh.)
+    from fusegrad.device import Device
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(cpu_pool.POOL_SOURCE + _BEFORE_BEGIN_SRC))
+    assert lib.fg_test_first_job_claimable_early() == 0
