@@ -20,18 +20,46 @@ class VecCtx:
     vec_dtypes: tuple[DType, ...]
     live: dict = field(default_factory=dict)
     coeffs: dict = field(default_factory=dict)   # memo for coeff along the vector axis
+    # the kernel's accesses share most of their terms: each node's lanes (the vector axis replaced by each lane's
+    # constant) are made once per kernel. `lane_subs[k]` maps a node to lane k's node where they differ; `lanes_done`
+    # and `zero_done` hold the nodes walked for all lanes and for lane 0 alone (the base of a vector access)
+    lane_subs: list = field(default_factory=list)
+    lanes_done: dict = field(default_factory=dict)
+    zero_sub: dict = field(default_factory=dict)
+    zero_done: dict = field(default_factory=dict)
+    def __post_init__(self) -> None:
+        self.lane_subs = [{self.vec: UOp.const(self.vec.dtype, k)} for k in range(self.width)]
+        self.zero_sub = {self.vec: UOp.const(self.vec.dtype, 0)}
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
     def coeff(self, x: UOp) -> int | None: return coeff(x, self.vec, self.coeffs)
     def index_dep(self, idx: UOp) -> bool:
         """Whether the INDEX `idx` addresses differently per lane (its buffer, a BARRIER's value, is one)."""
         return any(self.dep(s) for s in idx.src[1:])
     def lanes(self, u: UOp) -> list[UOp]:
-        """`u` with the vector axis replaced by each lane's constant."""
-        return u.substitute_each([{self.vec: UOp.const(self.vec.dtype, k)} for k in range(self.width)])
+        """`u` with the vector axis replaced by each lane's constant (as `u.substitute` of each would)."""
+        _substitute_into(u, self.lane_subs, self.lanes_done)
+        return [sub.get(u, u) for sub in self.lane_subs]
+    def lane_zero(self, u: UOp) -> UOp:
+        """`u` with the vector axis replaced by 0."""
+        _substitute_into(u, [self.zero_sub], self.zero_done)
+        return self.zero_sub.get(u, u)
     def index_lanes(self, idx: UOp) -> list[UOp]:
         """The INDEX `idx` of each lane: its position (and gate) per lane, its buffer the same for all (a BARRIER
         before a local buffer is one barrier, whatever the lanes of what was stored before it)."""
         return [idx.replace(src=(idx.src[0], *rest)) for rest in zip(*[self.lanes(s) for s in idx.src[1:]])]
+
+def _substitute_into(u: UOp, subs: list[dict[UOp, UOp]], done: dict[UOp, None]) -> None:
+    """Extend each of `subs` (a node -> its replacement, seeded with the nodes to replace) over the nodes of `u` not
+    in `done` (those walked before), keeping only the nodes that change; then every node of `u` is in `done`."""
+    if u in done: return
+    for x in u.toposort(gate=lambda x: x not in done):
+        if x in done: continue
+        done[x] = None
+        if not x.src: continue
+        for sub in subs:
+            if x in sub: continue
+            new_src = tuple([sub.get(s, s) for s in x.src])
+            if new_src != x.src: sub[x] = x.replace(src=new_src)
 
 def broadcast(s: UOp, width: int) -> UOp: return UOp(Ops.VECTORIZE, s.dtype.vec(width), (s,) * width)
 def gep(s: UOp, k: int) -> UOp: return UOp(Ops.GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s
@@ -43,7 +71,7 @@ def _contiguous(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> bool:
     return buf.dtype.base in ctx.vec_dtypes and (valid is None or not ctx.dep(valid)) and ctx.coeff(i) == 1
 
 def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
-    base = simplify_index(i.substitute({ctx.vec: UOp.const(ctx.vec.dtype, 0)}))
+    base = simplify_index(ctx.lane_zero(i))
     assert isinstance(buf.dtype, PtrDType)
     return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
 

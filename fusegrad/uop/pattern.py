@@ -127,11 +127,14 @@ class PatternMatcher:
     def __init__(self, patterns: list[tuple[UPat, Callable[..., UOp | None]]], name: str | None = None):
         self.patterns = list(patterns)
         self.name = name
-        entries = [(p, fxn, "ctx" in inspect.signature(fxn).parameters) for p, fxn in self.patterns]
+        # (a pattern that names only ops and binds the node, most rules' root, matches every node it is offered: its
+        # bindings are made without walking the pattern)
+        entries = [(p, fxn, "ctx" in inspect.signature(fxn).parameters,
+                    p.dtype is None and p.arg is None and p.src is None) for p, fxn in self.patterns]
         # per op: the rules that can match it (those naming the op, and those with any op), in rule order
         self.wildcard = [e for e in entries if e[0].op is None]
         all_ops = {op for p, _ in self.patterns if p.op is not None for op in p.op}
-        self.pdict: dict[Ops, list[tuple[UPat, Callable, bool]]] = \
+        self.pdict: dict[Ops, list[tuple[UPat, Callable, bool, bool]]] = \
             {op: [e for e in entries if e[0].op is None or op in e[0].op] for op in all_ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
@@ -139,8 +142,8 @@ class PatternMatcher:
 
     def rewrite(self, uop: UOp, ctx: Any = None) -> UOp | None:
         """The first rule's replacement for `uop`, or None when no rule applies."""
-        for pat, fxn, wants_ctx in self.pdict.get(uop.op, self.wildcard):
-            for store in pat.match(uop, {}):
+        for pat, fxn, wants_ctx, whole in self.pdict.get(uop.op, self.wildcard):
+            for store in ((({pat.name: uop} if pat.name is not None else {}),) if whole else pat.match(uop, {})):
                 ret = fxn(ctx=ctx, **store) if wants_ctx else fxn(**store)
                 if ret is not None and ret is not uop:
                     if _viz.VIZ: _viz.record_step(uop, ret, fxn)
