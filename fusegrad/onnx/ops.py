@@ -17,6 +17,7 @@ import numpy as np
 import fusegrad.engine.realize as _realize
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType, least_upper_float
+from fusegrad.onnx import narrow
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
 from fusegrad.uop.ops import is_symbolic, ssimplify, sym_eq, sym_value
@@ -191,6 +192,9 @@ def clip(x: Tensor, lo: Tensor | None = None, hi: Tensor | None = None, *, min: 
 
 @op("Cast")
 def cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Tensor:
+    # an 8-, 4- or 2-bit input is read as its values; such an output is rounded into its holder
+    x = narrow.values(x)
+    if to in narrow.NARROW: return narrow.round_to(x, to, bool(saturate), round_mode)
     dt = onnx_dtype(to)
     if dtypes.is_float(x.dtype) and dt == dtypes.bool: return x != 0
     return x.cast(dt)
@@ -198,6 +202,8 @@ def cast(x: Tensor, *, to: int, saturate: int = 1, round_mode: str = "up") -> Te
 
 @op("CastLike")
 def cast_like(x: Tensor, like: Tensor, *, saturate: int = 1, round_mode: str = "up") -> Tensor:
+    if (t := narrow.narrow_type(like)) is not None: return cast(x, to=t, saturate=saturate, round_mode=round_mode)
+    x = narrow.values(x)
     if dtypes.is_float(x.dtype) and like.dtype == dtypes.bool: return x != 0
     return x.cast(like.dtype)
 

@@ -11,6 +11,7 @@ from typing import Sequence
 
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
+from fusegrad.onnx import narrow
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
 from fusegrad.onnx.ops import avg_pool, axis_of, conv, op
@@ -48,35 +49,54 @@ def saturate_to(v: Tensor, dt: DType) -> Tensor:
     return v.maximum(lo).minimum(hi).cast(dt)
 
 
-def _quant_dtype(zero_point: Tensor | None, output_dtype: int) -> DType:
+def _quant_type(zero_point: Tensor | None, output_dtype: int) -> DType | int:
+    """The quantized type: a fusegrad dtype, or the ONNX type of an 8-, 4- or 2-bit one."""
+    zp_type: DType | int | None = None
     if zero_point is not None:
-        if output_dtype and onnx_dtype(output_dtype) != zero_point.dtype:
-            raise ValueError(f"output_dtype {onnx_dtype(output_dtype).name} differs from the zero point's "
-                             f"{zero_point.dtype.name}")
-        return zero_point.dtype
-    return onnx_dtype(output_dtype) if output_dtype else dtypes.uint8
+        zp_type = t if (t := narrow.narrow_type(zero_point)) is not None else zero_point.dtype
+    if output_dtype:
+        out: DType | int = output_dtype if output_dtype in narrow.NARROW else onnx_dtype(output_dtype)
+        if zp_type is not None and zp_type != out:
+            raise ValueError(f"output_dtype {_type_name(out)} differs from the zero point's {_type_name(zp_type)}")
+        return out
+    return zp_type if zp_type is not None else dtypes.uint8
+
+
+def _type_name(t: DType | int) -> str: return narrow.NARROW[t].name if isinstance(t, int) else t.name
 
 
 @op("QuantizeLinear")
 def quantize_linear(x: Tensor, scale: Tensor, zero_point: Tensor | None = None, *, axis: int = 1, block_size: int = 0,
                     output_dtype: int = 0, saturate: int = 1, precision: int = 0) -> Tensor:
-    # `saturate` only changes float8 outputs, which have no fusegrad dtype: integer outputs always saturate
-    dt = _quant_dtype(zero_point, output_dtype)
-    if dt not in QUANT_RANGES: raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16)")
+    # `saturate` only changes float8 outputs: integer outputs always saturate
+    dt = _quant_type(zero_point, output_dtype)
+    if isinstance(dt, DType) and dt not in QUANT_RANGES:
+        raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16 and the 8-, 4- and 2-bit "
+                          f"types)")
+    if isinstance(dt, int) and narrow.NARROW[dt].fmt == "e8m0": raise Unsupported("quantizing to FLOAT8E8M0")
     work = onnx_dtype(precision) if precision else x.dtype
-    q = (x.cast(work) / quant_param(scale, x, axis, block_size).cast(work)).round().cast(dtypes.float32)
-    if zero_point is not None: q = q + quant_param(zero_point, x, axis, block_size).cast(dtypes.float32)
-    return saturate_to(q, dt)
+    q = x.cast(work) / quant_param(narrow.values(scale), x, axis, block_size).cast(work)
+    zp = None if zero_point is None else quant_param(narrow.values(zero_point), x, axis, block_size)
+    if isinstance(dt, int) and isinstance(narrow.NARROW[dt].fmt, narrow.FloatFormat):
+        # a float format: x / scale + zero point, rounded to the format
+        return narrow.round_to(q if zp is None else q + zp.cast(q.dtype), dt, bool(saturate))
+    q = q.round().cast(dtypes.float32)
+    if zp is not None: q = q + zp.cast(dtypes.float32)
+    return narrow.saturate_int(q, dt) if isinstance(dt, int) else saturate_to(q, dt)
 
 
 @op("DequantizeLinear")
 def dequantize_linear(x: Tensor, scale: Tensor, zero_point: Tensor | None = None, *, axis: int = 1,
                       block_size: int = 0, output_dtype: int = 0) -> Tensor:
-    if zero_point is not None and zero_point.dtype != x.dtype:
-        raise ValueError(f"the zero point's dtype {zero_point.dtype.name} differs from the input's {x.dtype.name}")
-    v = x.cast(dtypes.float32)
-    if zero_point is not None: v = v - quant_param(zero_point, x, axis, block_size).cast(dtypes.float32)
-    out = v * quant_param(scale, x, axis, block_size).cast(dtypes.float32)
+    xt, zt = narrow.narrow_type(x), narrow.narrow_type(zero_point)
+    if zero_point is not None and (zero_point.dtype != x.dtype or xt != zt):
+        raise ValueError(f"the zero point's type {_type_name(zt if zt is not None else zero_point.dtype)} differs "
+                         f"from the input's {_type_name(xt if xt is not None else x.dtype)}")
+    if output_dtype in narrow.NARROW or narrow.narrow_type(scale) is not None and not output_dtype:
+        raise Unsupported("an output of an 8-, 4- or 2-bit type")
+    v = narrow.values(x).cast(dtypes.float32)
+    if zero_point is not None: v = v - quant_param(narrow.values(zero_point), x, axis, block_size).cast(dtypes.float32)
+    out = v * quant_param(narrow.values(scale), x, axis, block_size).cast(dtypes.float32)
     return out.cast(onnx_dtype(output_dtype) if output_dtype else scale.dtype)
 
 

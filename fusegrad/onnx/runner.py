@@ -20,6 +20,9 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
                            ops_detection, ops_random, ops_resize, ops_sequence, ops_signal)
+from fusegrad.onnx.narrow import (NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy, narrow_type,
+                                  to_narrow_numpy)
+from fusegrad.onnx.narrow import plain as plain_tensor
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
 from fusegrad.uop.ops import Ops, device_buffer, is_symbolic, sym_eq
@@ -55,11 +58,14 @@ def _prod(shape: Sequence[Any]) -> Any:
 
 
 def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Tensor:
-    dtype = onnx_dtype(tp.data_type)
+    dtype = onnx_dtype(tp.data_type) if tp.data_type not in NARROW else NARROW[tp.data_type].wide
     if onnx.external_data_helper.uses_external_data(tp):
         if base_dir is None: raise Unsupported(f"tensor {tp.name!r} has external data but the model has no folder")
         onnx.external_data_helper.load_external_data_for_tensor(tp, base_dir)
-    return array_to_tensor(numpy_helper.to_array(tp), dtype)
+    arr = numpy_helper.to_array(tp)
+    # (an 8-, 4- or 2-bit type: onnx unpacks it to ml_dtypes' type, held in a wider dtype)
+    if tp.data_type in NARROW: return NarrowTensor(array_to_tensor(from_narrow_numpy(arr, tp.data_type)), tp.data_type)
+    return array_to_tensor(arr, dtype)
 
 
 def supported_ops() -> list[str]:
@@ -149,9 +155,11 @@ class Graph:
                 else: raise OnnxNodeError(node.name, node.op_type, f"input {name!r} is produced by no earlier node")
             ctx = Context(node.name, node.op_type, node.opset, len(node.outputs), env, ctx_runner)
             tensors = all(a is None or isinstance(a, Tensor) for a in args)  # (not sequences)
+            narrow = _narrow_in(node, args) if node.op_type not in NARROW_OPS or node.domain != "" else None
             out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
             if out is None: out = _run_node(node, args, ctx)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            if narrow is not None: outs = _narrow_outputs(narrow, outs)
             wanted = [i for i, name in enumerate(node.outputs) if name != ""]
             if wanted and max(wanted) >= len(outs):
                 raise OnnxUnsupportedError(node.name, node.op_type, f"output {max(wanted)} is not computed")
@@ -159,6 +167,29 @@ class Graph:
         missing = [o for o in self.output_names if o not in env]
         if missing: raise OnnxLoadError(f"graph {self.proto.name!r}: outputs {missing} are produced by no node")
         return {o: env[o] for o in self.output_names}
+
+
+def _narrow_in(node: Node, args: list[Any]) -> int | None:
+    """The 8-, 4- or 2-bit element type of the inputs of an op that doesn't know these types (None if there is none):
+    only ops that move values may have such inputs."""
+    types = {narrow_type(a) for a in args} - {None}
+    if not types: return None
+    names = ", ".join(sorted(NARROW[t].name for t in types))
+    if node.domain != "" or node.op_type not in PASS_THROUGH:
+        raise OnnxUnsupportedError(node.name, node.op_type, f"inputs of element type {names}: these are read only by "
+                                   f"{', '.join(sorted(NARROW_OPS))} and by ops that move values")
+    if len(types) > 1: raise OnnxNodeError(node.name, node.op_type, f"inputs of different element types ({names})")
+    return types.pop()
+
+
+def _narrow_outputs(t: int, outs: list[Any]) -> list[Any]:
+    """The outputs of an op that moved values of narrow type t: those of the holder's dtype have that type."""
+    wide = NARROW[t].wide
+    def one(o: Any) -> Any:
+        if isinstance(o, list): return [one(x) for x in o]
+        if not isinstance(o, Tensor): return o
+        return NarrowTensor(o, t) if o.dtype == wide else plain_tensor(o)
+    return [one(o) for o in outs]
 
 
 def _symbolic_in(t: Any) -> list[Any]:
@@ -236,6 +267,8 @@ class OnnxRunner:
         self.input_specs: dict[str, tuple[DType | None, tuple[int | str | None, ...] | None]] = {}
         # inputs of sequence or optional type: a list of arrays or Tensors, and None for an empty optional
         self.sequence_inputs: dict[str, str] = {}
+        # inputs of an 8-, 4- or 2-bit element type: their ONNX type (input_specs has the holder's dtype)
+        self.narrow_inputs: dict[str, int] = {}
         for vi in proto.graph.input:
             if vi.name in self.graph.initializers: continue
             tt = vi.type.tensor_type
@@ -245,7 +278,9 @@ class OnnxRunner:
                 continue
             if not vi.type.HasField("tensor_type"):
                 raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor, a sequence or an optional")
-            try: dt = onnx_dtype(tt.elem_type) if tt.elem_type else None
+            if tt.elem_type in NARROW: self.narrow_inputs[vi.name] = tt.elem_type
+            try: dt = (NARROW[tt.elem_type].wide if tt.elem_type in NARROW else onnx_dtype(tt.elem_type)) \
+                if tt.elem_type else None
             except Unsupported as e: raise OnnxLoadError(f"graph input {vi.name!r}: {e}") from None
             dims = None if not tt.HasField("shape") else tuple(
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
@@ -273,7 +308,9 @@ class OnnxRunner:
     @property
     def output_names(self) -> list[str]: return list(self.graph.output_names)
 
-    def _check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Tensor]:
+    def _check_inputs(self, inputs: Mapping[str, Any], held: bool = False) -> dict[str, Tensor]:
+        """The inputs checked and made Tensors. An input of an 8-, 4- or 2-bit type is an array of ml_dtypes' type (with
+        `held`, already the holder's array) or a Tensor holding it, and becomes a NarrowTensor."""
         unknown = [k for k in inputs if k not in self.input_specs]
         if unknown: raise OnnxInputError(f"unknown input names {unknown}: the model's inputs are {self.input_names}")
         missing = [k for k in self.input_specs if k not in inputs]
@@ -286,9 +323,18 @@ class OnnxRunner:
             if name in self.sequence_inputs:
                 out[name] = _sequence_input(name, v, self.sequence_inputs[name])
                 continue
-            if isinstance(v, Tensor): t = v
+            if isinstance(v, Tensor):
+                t = v
+                if name in self.narrow_inputs and narrow_type(v) not in (None, self.narrow_inputs[name]):
+                    raise OnnxInputError(f"input {name!r} must have element type "
+                                         f"{NARROW[self.narrow_inputs[name]].name}, got a tensor of "
+                                         f"{NARROW[narrow_type(v)].name}")  # type: ignore[index]
+                t = plain_tensor(t)
             else:
                 arr = np.asarray(v)
+                if name in self.narrow_inputs and not held:
+                    try: arr = from_narrow_numpy(arr, self.narrow_inputs[name])
+                    except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
                 if dt is not None and dt != dtypes.bfloat16 and arr.dtype != np.dtype(np_name(dt)):
                     raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got a NumPy array of {arr.dtype}")
                 try: t = array_to_tensor(arr, dt, realize=not self._symbolic_spec(dims, arr.shape))
@@ -316,7 +362,12 @@ class OnnxRunner:
             dims = self.input_specs[name][1]
             if name not in self.sequence_inputs and self._symbolic_spec(dims, t.shape):
                 out[name] = self._bind(name, t, arrays.get(name))
-        return out
+        return self._tagged(out)
+
+    def _tagged(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The graph's input values with those of an 8-, 4- or 2-bit type as NarrowTensors."""
+        return {n: NarrowTensor(v, self.narrow_inputs[n]) if n in self.narrow_inputs and isinstance(v, Tensor)
+                and not isinstance(v, NarrowTensor) else v for n, v in values.items()}
 
     def _symbolic_spec(self, dims: Sequence[int | str | None] | None, shape: Sequence[Any]) -> bool:
         """Whether an input of this concrete shape gets bound Variables for its named dims."""
@@ -343,10 +394,12 @@ class OnnxRunner:
         out = big.shrink(((0, _prod(shape)),)).reshape(tuple(shape))
         return with_host(out, arr) if known_value(t) is not None else out
 
-    def bind_inputs(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
+    def bind_inputs(self, inputs: Mapping[str, Any] | None = None, *, held: bool = False,
+                    **kwargs: Any) -> dict[str, Tensor]:
         """The inputs as the runner passes them to the graph: checked, with the named dims bound Variables. Pass these
-        to a TinyJit function that calls the runner, so its capture serves every batch size."""
-        return self._check_inputs(dict(inputs or {}, **kwargs))
+        to a TinyJit function that calls the runner, so its capture serves every batch size. `held`: arrays for inputs
+        of 8-, 4- or 2-bit types are already in the holder's dtype."""
+        return self._check_inputs(dict(inputs or {}, **kwargs), held)
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
         bound = self._check_inputs(dict(inputs or {}, **kwargs))
@@ -354,7 +407,7 @@ class OnnxRunner:
         # an output that is an input (an Identity from input to output, or a view of one) is a copy, as onnxruntime
         # returns: under TinyJit a replay then hands back fresh memory, not the memory of the capture's input
         bases = _input_bases(bound.values())
-        return {n: _copied_if_in(v, bases) for n, v in outs.items()} if bases else outs
+        return {n: _keep_narrow(v, _copied_if_in(v, bases)) for n, v in outs.items()} if bases else outs
 
     def jit(self, prune: bool = True) -> JitRunner:
         """This model as a function of NumPy arrays (or Tensors) returning NumPy arrays, as onnxruntime's `run`: its
@@ -380,10 +433,17 @@ class JitRunner:
         self._bufs: dict[tuple, list[Any]] = {}
         self._out_plans: dict[tuple, list[tuple[tuple[int, ...], np.dtype] | None]] = {}
         self._last: Any = None
+        # the 8-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
+        self._out_types: list[int | None] = []
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         from fusegrad import TinyJit
         given = dict(inputs or {}, **kwargs)
+        # (arrays of ml_dtypes' narrow types as arrays of their holders' dtypes, which replays copy in)
+        for name, t in self.runner.narrow_inputs.items():
+            if type(v := given.get(name)) is np.ndarray:
+                try: given[name] = from_narrow_numpy(v, t)
+                except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
         names = self.runner.input_names
         arrays = [given.get(n) for n in names]
         # (the common call: exactly the model's inputs, each a NumPy array)
@@ -397,19 +457,19 @@ class JitRunner:
                 b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
             outs = step(*kept)
             if (plan := self._out_plans.get(key)) is None: plan = self._out_plans[key] = [_out_plan(o) for o in outs]
-            return {n: _to_numpy(o) if p is None else _copy_out(o, *p)
-                    for n, o, p in zip(self.runner.output_names, outs, plan)}
-        bound = self.runner.bind_inputs(given)   # (checks names, dtypes and shapes)
+            return self._narrowed({n: _to_numpy(o) if p is None else _copy_out(o, *p)
+                                   for n, o, p in zip(self.runner.output_names, outs, plan)})
+        bound = self.runner.bind_inputs(given, held=True)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
             # static shapes: memory kept per input, filled from the arrays from now on
-            kept = self._kept[key] = [bound[n].contiguous().realize() for n in names]
+            kept = self._kept[key] = [plain_tensor(bound[n]).contiguous().realize() for n in names]
             step = self._last = self._jits[key] = TinyJit(self._graph, prune=self.prune)
             return self._numpy(step(*kept))
         # (a symbolic dim is left out of the key: one capture replays for each of its values)
         sig = tuple((n, tuple(d if isinstance(d, int) else None for d in t.shape), t.dtype) for n, t in bound.items())
         if (step := self._jits.get(sig)) is None: step = self._jits[sig] = TinyJit(self._graph, prune=self.prune)
         self._last = step
-        return self._numpy(step(*[bound[n] for n in names]))
+        return self._numpy(step(*[plain_tensor(bound[n]) for n in names]))
 
     @property
     def captured(self) -> list[Any]:
@@ -417,13 +477,26 @@ class JitRunner:
         return self._last.captured if self._last is not None else []
 
     def _graph(self, *tensors: Tensor) -> list[Any]:
-        outs = self.runner.graph.run(dict(zip(self.runner.input_names, tensors)), self.runner)
+        outs = self.runner.graph.run(self.runner._tagged(dict(zip(self.runner.input_names, tensors))), self.runner)
+        self._out_types = [narrow_type(outs[n]) for n in self.runner.output_names]
         # (an output that is an input is copied, as in OnnxRunner.__call__)
         bases = _input_bases(tensors)
-        return [_realized(_copied_if_in(outs[n], bases)) for n in self.runner.output_names]
+        return [_realized(plain_tensor(_copied_if_in(outs[n], bases))) for n in self.runner.output_names]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:
-        return {n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)}
+        return self._narrowed({n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)})
+
+    def _narrowed(self, outs: dict[str, Any]) -> dict[str, Any]:
+        """The NumPy outputs with those of 8-, 4- or 2-bit types in ml_dtypes' types."""
+        if not any(self._out_types): return outs
+        return {n: to_narrow_numpy(v, t) if t is not None and isinstance(v, np.ndarray) else v
+                for (n, v), t in zip(outs.items(), self._out_types)}
+
+
+def _keep_narrow(old: Any, new: Any) -> Any:
+    """`new` (a copy of `old`) with the 8-, 4- or 2-bit type of `old`."""
+    t = narrow_type(old)
+    return NarrowTensor(new, t) if t is not None and not isinstance(new, NarrowTensor) else new
 
 
 def _realized(v: Any) -> Any:

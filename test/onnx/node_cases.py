@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 from fusegrad import Tensor
 from fusegrad.onnx import OnnxRunner
+from fusegrad.onnx.narrow import numpy_type_of
 
 
 def cases_of(modules: list[str]) -> list:
@@ -61,6 +62,13 @@ def check_value(name: str, got, want, case) -> None:
         np.testing.assert_allclose(got_np, want, rtol=1e-2, atol=1e-2, equal_nan=True, err_msg=name)
         return
     assert got_np.shape == want.shape, f"{name}: shape {got_np.shape} != {want.shape}"
+    if numpy_type_of(want) is not None:
+        # an 8-, 4- or 2-bit type: the same type, and the same values (NaN matching NaN, zeros of the same sign)
+        assert got_np.dtype == want.dtype, f"{name}: dtype {got_np.dtype} != {want.dtype}"
+        g, w = got_np.astype(np.float32), want.astype(np.float32)
+        np.testing.assert_array_equal(g, w, err_msg=name)
+        np.testing.assert_array_equal(np.signbit(g[g == 0]), np.signbit(w[g == 0]), err_msg=f"{name}: signs of zeros")
+        return
     if want.dtype.kind in "fc":
         np.testing.assert_allclose(got_np.astype(np.float64), want.astype(np.float64), rtol=case.rtol,
                                    atol=max(case.atol, 1e-6 if want.dtype != np.float16 else 1e-3), equal_nan=True,

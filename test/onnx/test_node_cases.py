@@ -14,8 +14,6 @@ from test.onnx.node_cases import all_modules, cases_of, run_case  # noqa: E402
 
 # cases of implemented ops that are left out, each with the reason
 EXCLUDED: dict[str, str] = {
-    r"(?i)FLOAT8|FLOAT4E2M1|_U?INT4|_U?INT2|e8m0|_e4m3fn|_e5m2": "8-, 4- and 2-bit element types have no fusegrad "
-                                                                "dtype",
     r"string": "string tensors have no fusegrad dtype",
     r"^test_training_dropout(?!_zero_ratio)": "a random mask can't equal the one of the reference's generator",
     r"^test_bernoulli": "random values can't equal those of the reference's generator (test_random_and_control.py "
