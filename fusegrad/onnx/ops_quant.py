@@ -333,13 +333,16 @@ def qgemm(a: Tensor, a_scale: Tensor, a_zero_point: Tensor, b: Tensor, b_scale: 
           c: Tensor | None = None, y_scale: Tensor | None = None, y_zero_point: Tensor | None = None, *,
           alpha: float = 1.0, transA: int = 0, transB: int = 0) -> Tensor:
     """alpha * A' B' + C with A and B quantized and C an int32 bias of scale a_scale * b_scale; the result is float32
-    without y_scale, else requantized. B may be quantized per output column (per row where transB)."""
+    without y_scale, else requantized. A's zero point is per tensor or per row of A' (one per output row; onnxruntime's
+    CPU kernel takes only one); B may be quantized per output column (per row where transB)."""
     if transA: a = a.T
     if transB: b = b.T
-    if a_zero_point.numel() != 1: raise Unsupported("QGemm with a zero point of A per row")
+    if a_zero_point.ndim > 1 or a_zero_point.numel() not in (1, a.shape[0]):
+        raise ValueError(f"A's zero point must be one value or one per row of A' ({a.shape[0]}), got shape "
+                         f"{tuple(a_zero_point.shape)}")
     # B's zero point is per tensor or per output column
     bzp = b_zero_point.cast(dtypes.int32).reshape(-1 if b_zero_point.numel() > 1 else ())
-    acc = (a.cast(dtypes.int32) - a_zero_point.cast(dtypes.int32).reshape(())) @ (b.cast(dtypes.int32) - bzp)
+    acc = _centered(a, a_zero_point.reshape(-1), "row", 0) @ (b.cast(dtypes.int32) - bzp)
     if c is not None: acc = acc + c.cast(dtypes.int32)
     sb = _s(b_scale) if b_scale.numel() == 1 else b_scale.cast(dtypes.float32).reshape(-1)
     mult = _s(a_scale) * sb * alpha

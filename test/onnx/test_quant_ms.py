@@ -193,3 +193,30 @@ def test_unsupported_values_name_the_node():
     m = _model(node, {"a": _ints(np.uint8, 2, 3)}, p, TensorProto.UINT8)
     with pytest.raises(OnnxUnsupportedError, match=r"'sig' \(QLinearSigmoid\).*zero point of shape \(3,\)"):
         OnnxRunner(m)({"a": _ints(np.uint8, 2, 3)})
+
+
+@pytest.mark.parametrize("trans_a", [0, 1])
+def test_qgemm_zero_point_of_a_per_row(trans_a):
+    # onnxruntime's CPU kernel takes one zero point for A: NumPy from the definition, in int64 and float64
+    m, k, n = 5, 12, 7
+    a = RNG.integers(0, 256, (m, k)).astype(np.uint8)
+    b = RNG.integers(-128, 128, (k, n)).astype(np.int8)
+    azp = RNG.integers(100, 160, m).astype(np.uint8)
+    bzp = RNG.integers(-4, 4, n).astype(np.int8)
+    c = RNG.integers(-500, 500, n).astype(np.int32)
+    f = np.float32
+    inits = {"as": np.array(0.02, f), "az": azp, "bs": np.array(0.01, f), "bz": bzp, "c": c,
+             "ys": np.array(0.5, f), "yz": np.array(3, np.int8)}
+    feed = {"a": np.ascontiguousarray(a.T) if trans_a else a, "b": b}
+    acc = (a.astype(np.int64) - azp.astype(np.int64)[:, None]) @ (b.astype(np.int64) - bzp.astype(np.int64)) + c
+    node = _ms("QGemm", ["a", "as", "az", "b", "bs", "bz", "c"], ["y"], transA=trans_a, alpha=0.5)
+    got = OnnxRunner(_model(node, feed, inits, TensorProto.FLOAT))(feed)["y"].numpy()
+    np.testing.assert_allclose(got, acc * (0.02 * 0.01 * 0.5), rtol=1e-5)
+    node = _ms("QGemm", ["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], ["y"], transA=trans_a)
+    got = OnnxRunner(_model(node, feed, inits, TensorProto.INT8))(feed)["y"].numpy()
+    exact = acc * (f(0.02) * f(0.01) / f(0.5)).astype(np.float64) + 3
+    _assert_quantized(got, np.clip(np.round(exact), -128, 127).astype(np.int8), exact)
+    # a zero point of the wrong length is named
+    inits["az"] = azp[:3]
+    with pytest.raises(Exception, match="one per row of A'"):
+        OnnxRunner(_model(node, feed, inits, TensorProto.INT8))(feed)
