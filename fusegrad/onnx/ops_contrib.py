@@ -180,10 +180,15 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     with an optional packed bias, k and v also as (batch, heads, seq, head_size), or packed: q, k and v in one query
     of (batch, seq, heads, 3, head_size), or k and v in one key of (batch, kv_seq, heads, 2, head_size); past_key and
     past_value are (batch, heads, past_seq, head_size) and the present outputs them followed by this block's; the
-    fourth output is the softmax's input."""
-    if past_sequence_length is not None or cache_indirection is not None:
-        raise Unsupported("MultiHeadAttention with past_sequence_length or cache_indirection (decoder masked "
-                          "attention with a shared buffer or beam search)")
+    fourth output is the softmax's input.
+
+    With past_sequence_length (one value, read on the device), past_key and past_value are buffers shared with the
+    present: their first past_sequence_length positions are valid, the new keys and values are written after them, and
+    the presents are the buffers so written (decoder masked attention). cache_indirection (batch, beam, max_seq) then
+    says for each past position which beam's buffer row holds a row's key and value (beam search; rows are batch-major:
+    row r is batch r // beam, beam r % beam)."""
+    if cache_indirection is not None and past_sequence_length is None:
+        raise ValueError("cache_indirection needs past_sequence_length (and the shared past buffers)")
     if query.ndim == 5:
         if key is not None or value is not None: raise ValueError("a packed QKV query takes no key or value")
         query, key, value = _unpack(query, 3, num_heads, "the packed QKV query")
@@ -199,6 +204,10 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     q = to_heads(query, num_heads, "the query")
     k, v = _kv_heads(key, num_heads, "the key"), _kv_heads(value, num_heads, "the value")
     b, _, s, _ = q.shape
+    if past_sequence_length is not None:
+        return _mha_shared_buffer(q, k, v, past_key, past_value, past_sequence_length, cache_indirection,
+                                  key_padding_mask, attention_bias, mask_filter_value=mask_filter_value, scale=scale,
+                                  unidirectional=unidirectional, out_dtype=query.dtype)
     past_len = 0
     if past_key is not None or past_value is not None:
         if past_key is None or past_value is None: raise ValueError("past_key and past_value go together")
@@ -216,6 +225,56 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     # the qk output: the scaled scores with the masks and attention_bias added (the softmax's input)
     out, _, biased, _ = attend(q, k, v, mask, scale or None, split_scale=False)
     return from_heads(out).cast(query.dtype), k, v, biased
+
+
+def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None, past_value: Tensor | None,
+                       past_sequence_length: Tensor, cache_indirection: Tensor | None, key_padding_mask: Tensor | None,
+                       attention_bias: Tensor | None, *, mask_filter_value: float, scale: float | None,
+                       unidirectional: int, out_dtype: DType) -> tuple[Tensor, Tensor, Tensor]:
+    """MultiHeadAttention over past buffers shared with the presents (see multi_head_attention); the past length is
+    a device value, so a TinyJit capture follows every call's."""
+    if past_key is None or past_value is None:
+        raise ValueError("past_sequence_length needs past_key and past_value (the buffers shared with the presents)")
+    if past_sequence_length.numel() != 1:
+        raise ValueError(f"past_sequence_length must be one value, got shape {tuple(past_sequence_length.shape)}")
+    b, heads, s, _ = q.shape
+    if past_key.ndim != 4 or tuple(past_key.shape[:2]) != (b, k.shape[1]) or past_key.shape[3] != k.shape[3] or \
+            past_value.shape != past_key.shape:
+        raise ValueError(f"past_key and past_value must be buffers of shape ({b}, {k.shape[1]}, max_seq, "
+                         f"{k.shape[3]}), got {tuple(past_key.shape)} and {tuple(past_value.shape)}")
+    buf = past_key.shape[2]
+    plen = past_sequence_length.reshape(1).cast(dtypes.int32)
+    pasts = plen.expand(b)
+    # the presents: the buffers with the new positions written at [past length, past length + s); the rest as it was
+    j4 = Tensor.arange(buf, dtype=dtypes.int32).reshape(1, 1, buf, 1)
+    start = plen.reshape(1, 1, 1, 1)
+    in_new = (j4 >= start) & (j4 < start + s)
+    idx4 = (j4 - start).maximum(0).minimum(s - 1).expand(b, k.shape[1], buf, k.shape[3])
+    present_k, present_v = (in_new.where(new.gather(2, idx4), pst) for pst, new in ((past_key, k), (past_value, v)))
+    keys, vals = present_k, present_v
+    if cache_indirection is not None:
+        if cache_indirection.ndim != 3 or cache_indirection.shape[2] != buf or \
+                cache_indirection.shape[0] * cache_indirection.shape[1] != b:
+            raise ValueError(f"cache_indirection must be (batch, beam, {buf}) with batch * beam = {b}, got "
+                             f"{tuple(cache_indirection.shape)}")
+        beam = cache_indirection.shape[1]
+        # the buffer row of each row's past position t: its batch's row of beam cache_indirection[batch, beam, t]
+        base = (Tensor.arange(b, dtype=dtypes.int32) // beam * beam).reshape(b, 1)
+        rows = base + cache_indirection.reshape(b, buf).cast(dtypes.int32)
+        j = Tensor.arange(buf, dtype=dtypes.int32).reshape(1, buf)
+        # (new positions, and those past the valid ones, are the row's own)
+        rows = (j < plen.reshape(1, 1)).where(rows, Tensor.arange(b, dtype=dtypes.int32).reshape(b, 1))
+        idx = rows.reshape(b, 1, buf, 1).expand(b, k.shape[1], buf, k.shape[3])
+        keys = present_k.gather(0, idx)
+        vals = present_v.gather(0, idx)
+    dt = q.dtype
+    allowed = causal_allowed(s, buf, pasts) if unidirectional else \
+        Tensor.arange(buf, dtype=dtypes.int32).reshape(1, 1, 1, buf) < (plen + s).reshape(1, 1, 1, 1)
+    bias = allowed_to_bias(allowed, dt)
+    if key_padding_mask is not None: bias = bias + _mask_bias(key_padding_mask, b, s, buf, mask_filter_value, dt)
+    if attention_bias is not None: bias = bias + attention_bias
+    out = attend(q, keys, vals, bias, scale or None, split_scale=False)[0]
+    return from_heads(out).cast(out_dtype), present_k, present_v
 
 
 @op("GroupQueryAttention", domain=MS)
