@@ -171,7 +171,12 @@ pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dt
 def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) -> UOp:
     """Turn the vector axis `vec` of a lowered kernel into SIMD lanes."""
     ctx = VecCtx(vec, width, vec_dtypes)
-    sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory")
+    # the memory pass rewrites loads and stores alone: a node with none below it stays as it is, and is not walked
+    # (the index arithmetic, most of a kernel's nodes)
+    unchanged: dict[UOp, UOp] = {}
+    for u in sink.toposort():
+        if u.op not in (Ops.LOAD, Ops.STORE) and all(s in unchanged for s in u.src): unchanged[u] = u
+    sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory", memo=unchanged)
     sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize")
     for u in sink.toposort():
         if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes + (dtypes.bool,) and \
