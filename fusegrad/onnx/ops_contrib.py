@@ -11,7 +11,8 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.engine.realize import capturing
-from fusegrad.onnx.ops import axis_of, host_value, known_value, op, scalar
+from fusegrad.onnx.ops import Context, axis_of, host_value, known_value, op, scalar
+from fusegrad.uop.ops import sym_value
 # (importing ops_attention also registers the default domain's Attention)
 from fusegrad.onnx.ops_attention import (allowed_to_bias, attend, causal_allowed, from_heads, rotary, rotary_angles,
                                          to_heads)
@@ -285,7 +286,7 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
                           head_sink: Tensor | None = None, *, do_rotary: int = 0, kv_num_heads: int,
                           local_window_size: int = -1, num_heads: int, qk_output: int = 0,
                           rotary_interleaved: int = 0, scale: float | None = None, smooth_softmax: int = 0,
-                          softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+                          softcap: float = 0.0, ctx: Context | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Causal grouped-query attention with a key/value cache: `seqlens_k[b] + 1` keys are valid for batch b (the
     cache's past ones, then this block's S); the present outputs hold the past's valid keys followed by the new ones
     (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0).
@@ -293,7 +294,10 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     seqlens_k is used on the device (it is often computed there, from an attention mask): each batch's past length
     places the new keys, the causal mask and the rotary positions, so kernels captured by TinyJit follow every call's
     lengths. total_sequence_length sets the present's length (a shape) and is read on the host: a constant, or a size
-    from a Shape (a symbolic value where the dim is symbolic)."""
+    from a Shape (a symbolic value where the dim is symbolic). Computed on the device, it is read in a plain call; a
+    TinyJit capture, which can't read it, takes the present's length that the warm-up call (TinyJit's first, plain)
+    found for the same batch and new positions, as the same difference to the past buffer's length (or to the new
+    positions without a past): the length a capture's replays give is fixed, as every shape of theirs is."""
     if do_rotary and (cos_cache is None or sin_cache is None):
         raise ValueError("do_rotary needs cos_cache and sin_cache")
     if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
@@ -308,11 +312,20 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
         raise ValueError(f"seqlens_k must have one value per batch ({b}), got shape {tuple(seqlens_k.shape)}")
     if total_sequence_length.numel() != 1:
         raise ValueError(f"total_sequence_length must be one value, got shape {tuple(total_sequence_length.shape)}")
-    if known_value(total_sequence_length) is None and capturing:
-        raise Unsupported("total_sequence_length computed on the device under TinyJit: it sets the present's length "
-                          "(a shape), so it must come from a constant or a Shape")
-    total = scalar(total_sequence_length)
     buf = past_key.shape[2] if past_key is not None else 0
+    # a device-computed total: its difference to the past buffer's length (to the new positions without a past), as the
+    # warm-up call found it, for a capture
+    learned: dict[Any, int] = ctx.runner.total_offsets if ctx is not None else {}
+    memo = (ctx.node_name if ctx is not None else "", b, s, past_key is not None)
+    base = buf if past_key is not None else s
+    if known_value(total_sequence_length) is None and capturing:
+        if memo not in learned:
+            raise Unsupported("total_sequence_length computed on the device under TinyJit with no plain call of the "
+                              "same shapes before: it sets the present's length (a shape), which a capture can't read")
+        total = base + learned[memo]
+    else:
+        total = scalar(total_sequence_length)
+        if known_value(total_sequence_length) is None: learned[memo] = int(total) - sym_value(base)
     # the present is as long as the longer of the two; a symbolic total (from a Shape of a named dim) is taken to count
     # the past too, as in a cache that grows by each step's positions
     length = max(total, buf) if isinstance(total, int) and isinstance(buf, int) else total

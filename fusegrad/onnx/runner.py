@@ -286,6 +286,9 @@ class OnnxRunner:
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
             self.input_specs[vi.name] = (dt, dims)
         self.symbolic_dims = symbolic_dims
+        # GroupQueryAttention's total_sequence_length computed on the device: per node and batch and new positions,
+        # its difference to the past buffer's length, found by a plain call for a TinyJit capture
+        self.total_offsets: dict[Any, int] = {}
         self.max_dims: dict[str, int] = {}
         self.variables: dict[str, Variable] = {}
         names = sorted({d for _, dims in self.input_specs.values() for d in dims or () if isinstance(d, str)})

@@ -78,29 +78,69 @@ def test_gqa_decode_loop_under_jit_follows_each_steps_lengths(rotary):
     assert len(jitted.captured) > 0
 
 
-def test_total_length_computed_on_the_device_is_refused_under_jit():
-    """total_sequence_length sets the present's length, a shape: computed on the device (here the longest of the
-    mask's row sums) a plain call reads it, a TinyJit capture can't, and says so naming the node."""
-    from fusegrad.onnx import OnnxUnsupportedError
-    model = _decoder(False)
+def _device_total(model, growing: bool = False):
+    """The decoder with total_sequence_length computed on the device: the longest of the mask's row sums (a static
+    cache: the present is the cache) or the cache's length plus one (`growing`: the present grows by one)."""
     graph = model.graph
     i = next(k for k, n in enumerate(graph.node) if n.output[0] == "len64")
     graph.node[i].CopyFrom(helper.make_node("ReduceMax", ["n"], ["len64"], keepdims=0))
     for n in graph.node:
         if n.op_type == "GroupQueryAttention": n.name = "gqa"
+    return model
+
+
+@pytest.mark.parametrize("growing", [False, True])
+def test_total_length_computed_on_the_device_under_jit(growing):
+    """total_sequence_length sets the present's length, a shape: computed on the device (a ReduceMax of the mask's row
+    sums), a plain call reads it and the capture takes the length the warm-up call found (as the same difference to the
+    cache's length); the replays then follow each step's lengths, against onnxruntime."""
+    model = _device_total(_decoder(False, growing=growing))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    jitted = OnnxRunner(model).jit()
     rng = np.random.default_rng(2)
-    mask = np.ones((B, CACHE), np.int64)
+    cache = 4 if growing else CACHE
+    ours = theirs = tuple(rng.standard_normal((B, KV_HEADS, cache, HS)).astype(np.float32) for _ in range(2))
+    lengths = np.array([2, 0]) if not growing else np.array([cache, cache])
+    for step in range(5):
+        lengths = lengths + 1
+        width = cache + 1 if growing else CACHE
+        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
+        want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
+        got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
+        for name, w in zip(("y", "pko", "pvo"), want):
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+        if not growing: ours, theirs = (got["pko"], got["pvo"]), (want[1], want[2])
+    assert len(jitted.captured) > 0
+
+
+def test_total_length_computed_on_the_device_without_a_plain_call_is_refused():
+    """A capture that no plain call of the same shapes came before can't know the present's length, and says so."""
+    from fusegrad import TinyJit
+    from fusegrad.onnx import OnnxUnsupportedError
+    runner = OnnxRunner(_device_total(_decoder(False)))
+    rng = np.random.default_rng(3)
     feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
             "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
             "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
             "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
-            "mask": mask}
-    assert OnnxRunner(model)(feed)["pko"].shape == (B, KV_HEADS, CACHE, HS)
-    jitted = OnnxRunner(model).jit()
-    jitted(feed)
-    with pytest.raises(OnnxUnsupportedError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length computed "
-                                                   r"on the device"):
-        jitted(feed)
+            "mask": np.ones((B, CACHE), np.int64)}
+    other = OnnxRunner(_device_total(_decoder(False)))
+    calls = []
+
+    def step(*tensors):
+        # the warm-up call runs `runner`, the capture `other`, which has seen no plain call
+        calls.append(None)
+        use = runner if len(calls) == 1 else other
+        return [v.realize() for v in use(dict(zip(use.input_names, tensors))).values()]
+    bound = runner.bind_inputs(feed)
+    jit = TinyJit(step)
+    jit(*[bound[n] for n in runner.input_names])
+    with pytest.raises(OnnxUnsupportedError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length "
+                                                   r"computed on the device"):
+        jit(*[bound[n] for n in runner.input_names])
 
 
 @pytest.mark.slow
