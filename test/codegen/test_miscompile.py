@@ -131,8 +131,9 @@ def test_workarounds_only_where_needed():
     r0, r1 = rng(64, 0), rng(32, 1, "reduce")
     a = glob(1, dtypes.float32, 64 * 32)
     def row_sum(val): return UOp.sink_of(glob(0, dtypes.float32, 64).index(r0).store(reduce(val, r1)))
-    # matmul and elementwise kernels keep the whole of -O3
-    assert "#pragma" not in src(matmul_ast(64, 64, 64))
+    # matmul and elementwise kernels keep the whole of -O3 (48 rows: a whole number of register tiles on AVX2 and
+    # AVX-512; padded rows are gated accesses)
+    assert "#pragma" not in src(matmul_ast(48, 64, 64))
     assert "#pragma" not in src(UOp.sink_of(glob(0, dtypes.float32, 64).index(r0).store(a.index(r0).load() * 2.0)))
     # one float addition per iteration of one loop: gcc keeps the order
     assert "#pragma" not in src(row_sum(a.index(r0 * 32 + r1).load()), opts=[])

@@ -137,23 +137,24 @@ def test_stack_in_every_dtype(dt, device: str):
     np.testing.assert_array_equal(got, np.concatenate([X[:, :, :8], X[:, :, 16:], X[:, :, 8:16]], 1))
 
 # rows, then (tile, padded) with AVX-512's 32 registers and with AVX2's 16
-ROW_TILES = [(36, (6, False), (4, False)), (30, (6, False), (4, True)), (1023, (8, True), (4, True)),
-             (54, (8, True), (4, True)), (100, (8, True), (4, False)), (1000, (8, False), (4, False))]
+ROW_TILES = [(36, (6, False), (6, False)), (30, (6, False), (6, False)), (1023, (8, True), (6, True)),
+             (54, (8, True), (6, False)), (100, (8, True), (6, True)), (1000, (8, False), (6, True))]
 
 @pytest.mark.parametrize("m,avx512,avx2", ROW_TILES)
 def test_matmul_row_tile(m: int, avx512: tuple[int, bool], avx2: tuple[int, bool]):
-    # the register tile is rows x 2 vectors of accumulators in half the vector registers: 8 rows with 32 registers,
-    # 4 with 16 (the other registers hold the column vectors and the broadcast row value; 6 rows there spill). Rows
-    # that the full tile doesn't divide take a 6-row tile where padding to 8 would waste a sixteenth or more (36 rows,
-    # Winograd's transforms), else are padded to the full tile when that wastes at most an eighth (1023, 54, 100; and
-    # with 4-row tiles 30 and 54, which a 3-row tile would divide)
+    # the register tile is rows x 2 vectors of accumulators: 8 rows in half of 32 registers, 6 rows (12 accumulators)
+    # with 16, where the other 4 hold the row's two vectors and the broadcast row value (the reduce loop isn't
+    # unrolled there). Rows that the full tile doesn't divide take a 6-row tile where padding to 8 would waste a
+    # sixteenth or more (36 rows, Winograd's transforms), else are padded to the full tile when that wastes at most an
+    # eighth (1023, 54, 100; and with 6-row tiles 1023, 100 and 1000)
     A, B = RS.randn(m, 64).astype(np.float32), RS.randn(64, 256).astype(np.float32)
     for facts, (tile, padded) in ((AVX512, avx512), (AVX2, avx2)):
         for opts in [opts_of(Tensor(A) @ Tensor(B), facts)] + \
                 ([opts_of(Tensor(A) @ Tensor(B))] if this_machine() == facts else []):
             rows = [o for o in opts if o.axis == 0 and o.op in (OptOps.UPCAST, OptOps.PADTO)]
-            full = facts[1] // 2 // 2   # rows of two vectors in half the registers
-            assert (Opt(OptOps.PADTO, 0, full) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, (facts, opts)
+            assert (Opt(OptOps.PADTO, 0, tile) in rows) == padded and Opt(OptOps.UPCAST, 0, tile) in rows, (facts, opts)
+            # (the 12 accumulators with 16 registers leave none for an unrolled reduce loop's vectors)
+            assert any(o.op is OptOps.UNROLL for o in opts) == (facts == AVX512), (facts, opts)
     np.testing.assert_allclose((Tensor(A) @ Tensor(B)).numpy(), A @ B, rtol=1e-4, atol=1e-4)
 
 @pytest.mark.parametrize("hw,stride", [(14, 1), (28, 1), (28, 2)])

@@ -295,8 +295,14 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     8 rows within the accumulator budget, padded to a whole tile where that is cheap; then the window unrolled, the
     tile blocked for the caches, and a plain matmul's reduce loop unrolled."""
     k = ctx.k
+    # a plain matmul's tile on a target of 16 vector registers (AVX2) is 6 rows x 2 vectors: 12 accumulators, the
+    # row's two vectors and a broadcast fit the 16 registers, and each vector load feeds 6 multiply-adds where a 4-row
+    # tile's fed 4 (its loads, not the multiply-adds, were the bottleneck). Its reduce loop is not unrolled: the
+    # unrolled steps' vectors no longer fit, and gcc then read every vector from memory once per multiply-add.
+    wide = n_vec == 2 and ctx.registers <= 16 and not conv and not channels and len(ctx.reds) == 1
+    budget = 12 if wide else ctx.budget
     # (a convolution along its channels takes image rows of 7 whole: padding them to 8 would compute an eighth more)
-    choices = tuple(c for c in ((8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= ctx.budget)
+    choices = tuple(c for c in ((8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= budget)
     # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and another
     # takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
     r = reuse[-1]
@@ -319,7 +325,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
     # shared by four steps, faster on big and small matmuls alike. (12-row tiles measured no better once unrolled,
     # and worse where rows must be padded to 12.)
-    if len(ctx.reds) == 1 and n_vec > 1: _unroll_reduce(ctx)
+    if len(ctx.reds) == 1 and n_vec > 1 and max(amt, 1) * n_vec <= ctx.budget: _unroll_reduce(ctx)
 
 def _vectorize_reduction(ctx: OptContext) -> bool:
     """Step 3: no vectorizable output axis: the reduction itself vectorized with partial accumulators, along the
