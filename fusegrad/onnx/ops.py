@@ -888,7 +888,10 @@ def constant(*, value: Tensor | None = None, value_float: float | None = None,
     if value_int is not None: arr = np.array(value_int, dtype=np.int64)
     if value_ints is not None: arr = np.array(value_ints, dtype=np.int64)
     if arr is not None: return with_host(Tensor(arr), arr)
-    raise Unsupported("string and sparse constants")
+    # (a string tensor is a NumPy array of str, on the host)
+    if value_string is not None: return np.array(value_string, dtype=object)
+    if value_strings is not None: return np.array(list(value_strings), dtype=object)
+    raise Unsupported("sparse constants")
 
 
 @op("Range")

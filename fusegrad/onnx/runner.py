@@ -19,7 +19,8 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
-                           ops_detection, ops_random, ops_resize, ops_sequence, ops_signal)
+                           ops_detection, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
+from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, strings
 from fusegrad.onnx.narrow import (NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy, narrow_type,
                                   to_narrow_numpy)
 from fusegrad.onnx.narrow import plain as plain_tensor
@@ -57,7 +58,9 @@ def _prod(shape: Sequence[Any]) -> Any:
     return out
 
 
-def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Tensor:
+def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) -> Any:
+    """A TensorProto's value: a Tensor, or for strings a NumPy array of str (string tensors stay on the host)."""
+    if tp.data_type == onnx.TensorProto.STRING: return strings(numpy_helper.to_array(tp), f"tensor {tp.name!r}")
     dtype = onnx_dtype(tp.data_type) if tp.data_type not in NARROW else NARROW[tp.data_type].wide
     if onnx.external_data_helper.uses_external_data(tp):
         if base_dir is None: raise Unsupported(f"tensor {tp.name!r} has external data but the model has no folder")
@@ -157,6 +160,7 @@ class Graph:
             tensors = all(a is None or isinstance(a, Tensor) for a in args)  # (not sequences)
             narrow = _narrow_in(node, args) if node.op_type not in NARROW_OPS or node.domain != "" else None
             out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
+            if out is None and any(is_strings(a) for a in args): out = _string_node(node, args, ctx)
             if out is None: out = _run_node(node, args, ctx)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             if narrow is not None: outs = _narrow_outputs(narrow, outs)
@@ -167,6 +171,17 @@ class Graph:
         missing = [o for o in self.output_names if o not in env]
         if missing: raise OnnxLoadError(f"graph {self.proto.name!r}: outputs {missing} are produced by no node")
         return {o: env[o] for o in self.output_names}
+
+
+def _string_node(node: Node, args: list[Any], ctx: Context) -> Any:
+    """A node with string inputs (NumPy arrays of str): only the string ops take them."""
+    if (node.domain, node.op_type) not in STRING_OPS:
+        raise OnnxUnsupportedError(node.name, node.op_type, f"string inputs: string tensors stay on the host, where "
+                                   f"only {', '.join(sorted(op for _, op in STRING_OPS))} take them")
+    if node.op_type != "Equal": return _run_node(node, args, ctx)
+    try: return equal_strings(*args)
+    except OnnxError: raise
+    except Exception as e: raise node.error(e) from e
 
 
 def _narrow_in(node: Node, args: list[Any]) -> int | None:
@@ -269,6 +284,8 @@ class OnnxRunner:
         self.sequence_inputs: dict[str, str] = {}
         # inputs of an 8-, 4- or 2-bit element type: their ONNX type (input_specs has the holder's dtype)
         self.narrow_inputs: dict[str, int] = {}
+        # string inputs: NumPy arrays of str, kept on the host
+        self.string_inputs: set[str] = set()
         for vi in proto.graph.input:
             if vi.name in self.graph.initializers: continue
             tt = vi.type.tensor_type
@@ -279,6 +296,10 @@ class OnnxRunner:
             if not vi.type.HasField("tensor_type"):
                 raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor, a sequence or an optional")
             if tt.elem_type in NARROW: self.narrow_inputs[vi.name] = tt.elem_type
+            if tt.elem_type == onnx.TensorProto.STRING:
+                self.string_inputs.add(vi.name)
+                self.input_specs[vi.name] = (None, None)
+                continue
             try: dt = (NARROW[tt.elem_type].wide if tt.elem_type in NARROW else onnx_dtype(tt.elem_type)) \
                 if tt.elem_type else None
             except Unsupported as e: raise OnnxLoadError(f"graph input {vi.name!r}: {e}") from None
@@ -326,6 +347,10 @@ class OnnxRunner:
             if name in self.sequence_inputs:
                 out[name] = _sequence_input(name, v, self.sequence_inputs[name])
                 continue
+            if name in self.string_inputs:
+                try: out[name] = strings(v, f"input {name!r}")  # type: ignore[assignment]
+                except ValueError as e: raise OnnxInputError(str(e)) from None
+                continue
             if isinstance(v, Tensor):
                 t = v
                 if name in self.narrow_inputs and narrow_type(v) not in (None, self.narrow_inputs[name]):
@@ -363,7 +388,8 @@ class OnnxRunner:
             out[name] = t
         for name, t in out.items():
             dims = self.input_specs[name][1]
-            if name not in self.sequence_inputs and self._symbolic_spec(dims, t.shape):
+            if name not in self.sequence_inputs and name not in self.string_inputs and \
+                    self._symbolic_spec(dims, t.shape):
                 out[name] = self._bind(name, t, arrays.get(name))
         return self._tagged(out)
 
@@ -441,6 +467,9 @@ class JitRunner:
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         from fusegrad import TinyJit
+        if self.runner.string_inputs:
+            raise OnnxInputError(f"inputs {sorted(self.runner.string_inputs)} are string tensors, which stay on the "
+                                 f"host: a TinyJit capture can't take them (call the runner itself)")
         given = dict(inputs or {}, **kwargs)
         # (arrays of ml_dtypes' narrow types as arrays of their holders' dtypes, which replays copy in)
         for name, t in self.runner.narrow_inputs.items():

@@ -52,6 +52,12 @@ def check_value(name: str, got, want, case) -> None:
         assert len(got) == len(want), f"{name}: a sequence of {len(got)} values, the reference has {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)): check_value(f"{name}[{i}]", g, w, case)
         return
+    if isinstance(want, np.ndarray) and want.dtype == object:
+        # a string tensor: a NumPy array of str
+        assert isinstance(got, np.ndarray) and got.dtype == object, f"{name}: {type(got).__name__} is no string array"
+        assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+        assert got.tolist() == want.tolist(), f"{name}: {got.tolist()} != {want.tolist()}"
+        return
     assert isinstance(got, Tensor), f"{name}: {type(got).__name__} where the reference is a tensor"
     got_np = got.numpy()
     want = np.asarray(want)

@@ -1,0 +1,168 @@
+"""String tensors and the ops on them: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, Equal of strings
+and ai.onnx.ml's LabelEncoder.
+
+fusegrad has no string dtype: a string tensor is a NumPy array of Python strings (dtype object) that stays on the
+host, and these ops run there. Their numeric results (RegexFullMatch's, StringSplit's counts, LabelEncoder's values)
+become Tensors. Inside a TinyJit capture nothing runs on the host on a replay, so these ops refuse to run there."""
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+import fusegrad.engine.realize as _realize
+from fusegrad import Tensor, dtypes
+from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.ops import host_value, op, with_host
+
+ML = "ai.onnx.ml"
+# the ops that take string tensors (NumPy arrays of str); any other op refuses them
+STRING_OPS = frozenset({("", "StringNormalizer"), ("", "StringConcat"), ("", "StringSplit"), ("", "RegexFullMatch"),
+                        ("", "Equal"), ("", "Identity"), (ML, "LabelEncoder")})
+
+
+def is_strings(v: Any) -> bool:
+    """Whether a value is a string tensor (a NumPy array of str objects)."""
+    return isinstance(v, np.ndarray) and v.dtype == object
+
+
+def strings(arr: Any, what: str) -> np.ndarray:
+    """An array of strings as a NumPy object array, checked to hold only str."""
+    a = np.asarray(arr)
+    if a.dtype.kind == "U": return a.astype(object)
+    if a.dtype != object or not all(isinstance(s, str) for s in a.reshape(-1)):
+        raise ValueError(f"{what} must be an array of str, got {a.dtype}")
+    return a
+
+
+def _on_host(op_type: str) -> None:
+    if _realize.capturing:
+        raise Unsupported(f"{op_type} on string tensors runs on the host, which a TinyJit capture can't replay: call "
+                          f"the runner itself (string tensors can't live on the device)")
+
+
+def _tensor(arr: np.ndarray) -> Tensor:
+    """A numeric host result as a realized Tensor (its host copy kept)."""
+    return with_host(Tensor(np.ascontiguousarray(arr)).realize(), arr)
+
+
+def _need_strings(v: Any, op_type: str, what: str) -> np.ndarray:
+    if not is_strings(v): raise Unsupported(f"{op_type}'s {what} must be a string tensor")
+    return v
+
+
+@op("StringNormalizer")
+def string_normalizer(x: Any, *, case_change_action: str = "NONE", is_case_sensitive: int = 0, locale: str = "",
+                      stopwords: Sequence[str] = ()) -> np.ndarray:
+    """Drops the elements that are stop words (compared ignoring case unless is_case_sensitive), then changes the
+    case of the rest (Python's Unicode case mapping: `locale` is not consulted). An input of [C] or [1, C]; all
+    dropped gives [""] (shape [1] or [1, 1])."""
+    _on_host("StringNormalizer")
+    x = _need_strings(x, "StringNormalizer", "input")
+    if x.ndim not in (1, 2) or x.ndim == 2 and x.shape[0] != 1:
+        raise ValueError(f"the input must be [C] or [1, C], got shape {x.shape}")
+    if case_change_action not in ("NONE", "LOWER", "UPPER"):
+        raise ValueError(f"case_change_action must be NONE, LOWER or UPPER, got {case_change_action!r}")
+    if is_case_sensitive: stops = set(stopwords)
+    else: stops = {w.casefold() for w in stopwords}
+    kept = [s for s in x.reshape(-1) if (s if is_case_sensitive else s.casefold()) not in stops]
+    if case_change_action == "LOWER": kept = [s.lower() for s in kept]
+    elif case_change_action == "UPPER": kept = [s.upper() for s in kept]
+    out = np.array(kept or [""], dtype=object)
+    return out.reshape(1, -1) if x.ndim == 2 else out
+
+
+@op("StringConcat")
+def string_concat(a: Any, b: Any) -> np.ndarray:
+    _on_host("StringConcat")
+    a, b = _need_strings(a, "StringConcat", "first input"), _need_strings(b, "StringConcat", "second input")
+    x, y = np.broadcast_arrays(a, b)
+    return np.array([p + q for p, q in zip(x.reshape(-1), y.reshape(-1))], dtype=object).reshape(x.shape)
+
+
+@op("StringSplit")
+def string_split(x: Any, *, delimiter: str = "", maxsplit: int | None = None) -> tuple[np.ndarray, Tensor]:
+    """Each string split at `delimiter` (runs of whitespace where it is empty or absent, leading and trailing ones
+    ignored), at most `maxsplit` times; the pieces padded with "" to the most any string gave, and their counts."""
+    _on_host("StringSplit")
+    x = _need_strings(x, "StringSplit", "input")
+    if maxsplit is not None and maxsplit < 0: raise ValueError(f"maxsplit must be >= 0, got {maxsplit}")
+    limit = -1 if maxsplit is None else maxsplit
+    parts = [s.split(delimiter or None, limit) for s in x.reshape(-1)]
+    width = max((len(p) for p in parts), default=0)
+    out = np.array([p + [""] * (width - len(p)) for p in parts], dtype=object).reshape(x.shape + (width,)) \
+        if parts else np.empty(x.shape + (0,), dtype=object)
+    return out, _tensor(np.array([len(p) for p in parts], np.int64).reshape(x.shape))
+
+
+@op("RegexFullMatch")
+def regex_full_match(x: Any, *, pattern: str) -> Tensor:
+    """Whether each string matches `pattern` as a whole (Python's re, which reads RE2's common syntax)."""
+    _on_host("RegexFullMatch")
+    x = _need_strings(x, "RegexFullMatch", "input")
+    try: rx = re.compile(pattern)
+    except re.error as e: raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {e}") from None
+    return _tensor(np.array([rx.fullmatch(s) is not None for s in x.reshape(-1)], bool).reshape(x.shape))
+
+
+def equal_strings(a: Any, b: Any) -> Tensor:
+    """Equal of two string tensors (the Equal op calls this for strings)."""
+    _on_host("Equal")
+    if not (is_strings(a) and is_strings(b)): raise Unsupported("Equal of a string tensor and a numeric one")
+    x, y = np.broadcast_arrays(a, b)
+    return _tensor(np.array([p == q for p, q in zip(x.reshape(-1), y.reshape(-1))], bool).reshape(x.shape))
+
+
+@op("LabelEncoder", domain=ML)
+def label_encoder(x: Any, *, keys_strings: Sequence[str] | None = None, keys_int64s: Sequence[int] | None = None,
+                  keys_floats: Sequence[float] | None = None, keys_tensor: Tensor | None = None,
+                  values_strings: Sequence[str] | None = None, values_int64s: Sequence[int] | None = None,
+                  values_floats: Sequence[float] | None = None, values_tensor: Tensor | None = None,
+                  default_string: str = "_Unused", default_int64: int = -1, default_float: float = -0.0,
+                  default_tensor: Tensor | None = None) -> Any:
+    """Maps each value to the value of the equal key (the default where none is equal), on the host."""
+    _on_host("LabelEncoder")
+    given_keys = [k for k in (keys_strings, keys_int64s, keys_floats, keys_tensor) if k is not None]
+    given_vals = [v for v in (values_strings, values_int64s, values_floats, values_tensor) if v is not None]
+    if len(given_keys) != 1 or len(given_vals) != 1:
+        raise ValueError("LabelEncoder needs exactly one keys_* and one values_* attribute")
+    keys = _attr_list(given_keys[0])
+    vals = _attr_list(given_vals[0])
+    if len(keys) != len(vals): raise ValueError(f"{len(keys)} keys but {len(vals)} values")
+    if values_strings is not None: default: Any = default_string
+    elif values_int64s is not None: default = default_int64
+    elif values_floats is not None: default = default_float
+    else: default = _attr_list(default_tensor)[0] if default_tensor is not None else _tensor_default(values_tensor)
+    xs = x if is_strings(x) else host_value(x)
+    table = dict(zip(keys, vals))
+    # a NaN key matches every NaN (NaN equals nothing in the dict)
+    nan_val = next((v for k, v in zip(keys, vals) if isinstance(k, float) and k != k), default)
+
+    def look(v: Any) -> Any:
+        v = v.item() if isinstance(v, np.generic) else v
+        return nan_val if isinstance(v, float) and v != v else table.get(v, default)
+    out = [look(v) for v in np.asarray(xs).reshape(-1)]
+    shape = np.asarray(xs).shape
+    if values_strings is not None or values_tensor is not None and _is_string_values(values_tensor):
+        return np.array(out, dtype=object).reshape(shape)
+    if values_int64s is not None: return _tensor(np.array(out, np.int64).reshape(shape))
+    if values_floats is not None: return _tensor(np.array(out, np.float32).reshape(shape))
+    arr = np.array(out, dtype=np.asarray(host_value(values_tensor)).dtype).reshape(shape)  # type: ignore[arg-type]
+    return _tensor(arr)
+
+
+def _attr_list(v: Any) -> list[Any]:
+    """An attribute's values as a list of Python values (a string tensor attribute is a NumPy array already)."""
+    if isinstance(v, np.ndarray): return [s for s in v.reshape(-1)]
+    if isinstance(v, Tensor): return host_value(v).reshape(-1).tolist()
+    return list(v)
+
+
+def _is_string_values(v: Any) -> bool: return isinstance(v, np.ndarray) and v.dtype == object
+
+
+def _tensor_default(values: Any) -> Any:
+    """LabelEncoder's default for values given as a tensor without default_tensor: "_Unused", -1 or -0.0."""
+    if _is_string_values(values): return "_Unused"
+    return -1 if dtypes.is_int(values.dtype) else -0.0

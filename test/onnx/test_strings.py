@@ -1,0 +1,84 @@
+"""String tensors (NumPy arrays of str, on the host) through the string ops, against onnx's reference evaluator, and
+the errors where a string value would have to live on the device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto as TP, helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from fusegrad.onnx import OnnxInputError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("ai.onnx.ml", 4)])
+
+
+def _vi(n, t, shape=None): return helper.make_tensor_value_info(n, t, shape)
+
+
+def _check(model, feed):
+    want = ReferenceEvaluator(model).run(None, feed)
+    got = OnnxRunner(model)(feed)
+    for o, w in zip(model.graph.output, want):
+        g = got[o.name]
+        if isinstance(g, np.ndarray): assert g.tolist() == w.tolist(), o.name
+        else: np.testing.assert_array_equal(g.numpy(), w, err_msg=o.name)
+    return got
+
+
+def test_a_chain_of_string_ops():
+    # split, concatenate with a constant, match, compare, encode
+    nodes = [helper.make_node("StringSplit", ["x"], ["parts", "n"], delimiter="-", maxsplit=1),
+             helper.make_node("Constant", [], ["suffix"], value_strings=["!"]),
+             helper.make_node("StringConcat", ["parts", "suffix"], ["loud"]),
+             helper.make_node("RegexFullMatch", ["x"], ["m"], pattern=r"[a-z]+-\d+"),
+             helper.make_node("Equal", ["x", "y"], ["eq"]),
+             helper.make_node("LabelEncoder", ["x"], ["code"], domain="ai.onnx.ml", keys_strings=["ab-1", "cd"],
+                              values_int64s=[7, 9], default_int64=-5)]
+    model = _model(nodes, [_vi("x", TP.STRING, [4]), _vi("y", TP.STRING, [4])],
+                   [_vi("parts", TP.STRING), _vi("n", TP.INT64), _vi("loud", TP.STRING), _vi("m", TP.BOOL),
+                    _vi("eq", TP.BOOL), _vi("code", TP.INT64)])
+    feed = {"x": np.array(["ab-1", "cd", "e-f-g", "été-3"], dtype=object),
+            "y": np.array(["ab-1", "x", "e-f-g", "ete-3"], dtype=object)}
+    got = _check(model, feed)
+    assert got["code"].numpy().tolist() == [7, 9, -5, -5]
+
+
+def test_label_encoder_numbers_to_strings():
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", keys_floats=[0.5, float("nan"), 2.0],
+                            values_strings=["half", "none", "two"], default_string="?")
+    model = _model([node], [_vi("x", TP.FLOAT, [5])], [_vi("y", TP.STRING)])
+    # a NaN key matches NaN (onnx's reference evaluator misses that: onnxruntime)
+    ort = pytest.importorskip("onnxruntime")
+    feed = {"x": np.array([0.5, 2.0, np.nan, 3.0, 0.5], np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = OnnxRunner(model)(feed)["y"]
+    assert got.tolist() == want.tolist() == ["half", "two", "none", "?", "half"]
+
+
+def test_string_values_never_reach_the_device():
+    model = _model([helper.make_node("RegexFullMatch", ["x"], ["m"], pattern="a+")], [_vi("x", TP.STRING, [2])],
+                   [_vi("m", TP.BOOL)])
+    with pytest.raises(OnnxInputError, match="string tensors"):
+        OnnxRunner(model).jit()({"x": np.array(["a", "b"], dtype=object)})
+    # a string constant inside a captured model: refused when the capture runs the op
+    nodes = [helper.make_node("Constant", [], ["s"], value_strings=["aa", "b"]),
+             helper.make_node("RegexFullMatch", ["s"], ["m"], pattern="a+", name="rx"),
+             helper.make_node("Cast", ["m"], ["f"], to=TP.FLOAT), helper.make_node("Add", ["f", "z"], ["y"])]
+    model = _model(nodes, [_vi("z", TP.FLOAT, [2])], [_vi("y", TP.FLOAT)])
+    np.testing.assert_array_equal(OnnxRunner(model)({"z": np.ones(2, np.float32)})["y"].numpy(), [2.0, 1.0])
+    run = OnnxRunner(model).jit()
+    run({"z": np.ones(2, np.float32)})
+    with pytest.raises(OnnxUnsupportedError, match=r"'rx' \(RegexFullMatch\).*TinyJit"):
+        run({"z": np.ones(2, np.float32)})
+    # an op that works on the device refuses strings, naming the node
+    model = _model([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")],
+                   [_vi("x", TP.STRING, [2]), _vi("shape", TP.INT64, [1])], [_vi("y", TP.STRING)])
+    with pytest.raises(OnnxUnsupportedError, match=r"'r' \(Reshape\): string inputs"):
+        OnnxRunner(model)({"x": np.array(["a", "b"], dtype=object), "shape": np.array([2], np.int64)})
+    with pytest.raises(OnnxInputError, match="array of str"):
+        OnnxRunner(model)({"x": np.array([1, 2]), "shape": np.array([2], np.int64)})
