@@ -10,6 +10,7 @@ from fusegrad.codegen.opt import Kernel, Opt, kernel_name
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.codegen.opt.heuristic_gpu import gpu_optimizations
 from fusegrad.codegen.opt.tc import fuse_wmma
+from fusegrad.codegen.reuse import store_once
 from fusegrad.codegen.transcendental import rewrite_transcendental
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
@@ -30,7 +31,7 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
-    sink, ctx = lower_kernel(opt_ast, renderer, use_fma=use_fma)
+    sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma)
     sink = fuse_wmma(sink)
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
