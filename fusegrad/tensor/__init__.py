@@ -1031,12 +1031,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        # (over an empty axis there is nothing to normalize: the result is as empty, as torch's)
+        if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
         e = (x - x.max(axis, keepdim=True)).exp()
         # times the reciprocal of the sum, computed once per row: a vector division per element costs about as much
         # as the exp (within an ulp of dividing, as torch's CPU kernel does)
         return e * e.sum(axis, keepdim=True).reciprocal()
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
+        if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
         m = x - x.max(axis, keepdim=True)
         return m - m.exp().sum(axis, keepdim=True).log()
     def _squeeze_axes(self, like: Tensor, axis: Any, keepdim: bool) -> Tensor:
