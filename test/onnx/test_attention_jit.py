@@ -89,7 +89,8 @@ def _device_total(model, growing: bool = False):
     return model
 
 
-@pytest.mark.parametrize("growing", [False, True])
+# (the growing cache has symbolic dims, whose kernels take long to build: slow)
+@pytest.mark.parametrize("growing", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_total_length_computed_on_the_device_under_jit(growing):
     """total_sequence_length sets the present's length, a shape: computed on the device (a ReduceMax of the mask's row
     sums), a plain call reads it and the capture takes the length the warm-up call found (as the same difference to the
