@@ -168,6 +168,20 @@ pm_vectorize = PatternMatcher([
 pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dtypes or bool masks; no other " \
     "vector dtype remains"
 
+# ops a rule of pm_vectorize may rewrite though nothing below them is a vector
+_NOT_SCALAR_PART = {Ops.DEFINE_REG, Ops.STORE, Ops.GEP, Ops.REDUCE, Ops.VECTORIZE}
+
+def _scalar_part(sink: UOp, vec: UOp) -> dict[UOp, UOp]:
+    """The nodes of `sink` that pm_vectorize leaves as they are, each mapped to itself: scalar nodes over scalar
+    nodes that are not the vector axis, nor an op a rule rewrites regardless (an accumulator, a store, a lane pick, a
+    reduction), nor index arithmetic on constants alone (which the rules fold)."""
+    out: dict[UOp, UOp] = {}
+    for u in sink.toposort():
+        if u is vec or u.dtype.count != 1 or u.op in _NOT_SCALAR_PART or not all(s in out for s in u.src): continue
+        if u.src and u.op in GroupOp.ALU and all(s.op is Ops.CONST for s in u.src): continue
+        out[u] = u
+    return out
+
 def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) -> UOp:
     """Turn the vector axis `vec` of a lowered kernel into SIMD lanes."""
     ctx = VecCtx(vec, width, vec_dtypes)
@@ -177,7 +191,7 @@ def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) ->
     for u in sink.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE) and all(s in unchanged for s in u.src): unchanged[u] = u
     sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory", memo=unchanged)
-    sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize")
+    sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize", memo=_scalar_part(sink, vec))
     for u in sink.toposort():
         if u.dtype.count > 1 and u.dtype.scalar() not in vec_dtypes + (dtypes.bool,) and \
                 not isinstance(u.dtype, PtrDType):
