@@ -14,7 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes, to_np_dtype
-from fusegrad.helpers import CACHELEVEL, DEBUG, atomic_write, cache_dir, getenv, prod, remove_path
+from fusegrad.helpers import CACHELEVEL, DEBUG, ContextVar, atomic_write, cache_dir, prod, remove_path
 from fusegrad.hostcpu import host_cpu_count
 
 class GlobalCounters:
@@ -119,6 +119,9 @@ class Allocator:
     def _copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
     def _offset(self, opaque: Any, size: int, offset: int) -> Any: raise NotImplementedError(f"{self} has no views")
 
+# 0: freed memory goes straight back to the device instead of the allocators' caches (LRUAllocator)
+LRU = ContextVar.get("LRU", 1)
+
 class LRUAllocator(Allocator):
     """An allocator that keeps freed allocations (up to `max_cached` bytes) to hand them out again: training loops
     free and re-allocate the same sizes every step, and fresh host memory costs page faults."""
@@ -140,7 +143,7 @@ class LRUAllocator(Allocator):
             return super().alloc(size, options)
 
     def free(self, opaque: Any, size: int, options: Any = None) -> None:
-        if getenv("LRU", 1) and size <= self.max_cached and self._reusable(opaque):
+        if LRU.value and size <= self.max_cached and self._reusable(opaque):
             if (lst := self.cache.get(key := (size, options))) is None:
                 if len(self.cache) >= 1024:  # (the emptied lists of sizes no longer used go)
                     for k in [k for k, v in self.cache.items() if not v]: del self.cache[k]
@@ -189,6 +192,14 @@ class Buffer:
         elif offset != 0: raise ValueError("only views have an offset")
         if opaque is not None: self.allocate(opaque)
 
+    @classmethod
+    def fresh(cls, device: str, size: int, dtype: DType) -> Buffer:
+        """Buffer(device, size, dtype) of a canonical device name and a valid size, without the constructor's checks
+        (a replayed realize makes one per output)."""
+        b = _new_object(cls)
+        b.device, b.size, b.dtype, b.offset, b._base = device, size, dtype, 0, None
+        return b
+
     @property
     def base(self) -> Buffer: return self._base if self._base is not None else self
     @property
@@ -230,9 +241,13 @@ class Buffer:
             self.allocator.free(opaque, nbytes)
 
     def __del__(self) -> None:
-        # interpreter shutdown may have torn down what deallocate needs; the OS reclaims the memory anyway
+        # (deallocate's work inline: a replayed realize frees its previous result's Buffer)
+        # interpreter shutdown may have torn down what this needs; the OS reclaims the memory anyway
         try:
-            if "_buf" in self.__dict__ and self._base is None: self.deallocate()
+            if self._base is None and (opaque := self.__dict__.get("_buf")) is not None and self._owned:
+                nbytes = self.size * self.dtype.itemsize
+                GlobalCounters.mem_used -= nbytes
+                self.allocator.free(opaque, nbytes)
         except Exception: pass
 
     def view(self, size: int, dtype: DType, offset: int) -> Buffer:
@@ -285,6 +300,7 @@ class Buffer:
 
 # device name -> its allocator (Buffer.allocator)
 _allocators: dict[str, Allocator] = {}
+_new_object = object.__new__
 
 def _flat_bytes(mv: Any) -> memoryview:
     mv = mv if isinstance(mv, memoryview) else memoryview(mv)

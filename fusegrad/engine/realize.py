@@ -15,7 +15,8 @@ from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products, exec_alu, python_alu
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products, device_buffer, \
+    exec_alu, python_alu
 from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
@@ -653,59 +654,73 @@ def exec_items(schedule: list[ScheduleItem], plan: ReplayPlan | None = None) -> 
         ei.launch = (state[0], state[1])
     return items
 
-def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any]] | None:
+def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], list[Any]] | None:
     """What run_replayed needs to launch a replay of `plan` straight from it under the current knobs: the kernels'
-    runners and their prepared launches (kept in the plan as exec_items keeps them). None unless an earlier replay
-    lowered the kernels under these knobs (exec_items) and none of them needs its memory checked against Variable
-    values."""
+    runners, their prepared launches (kept in the plan as exec_items keeps them) and per kernel what run_replayed
+    keeps of its own (see there). None unless an earlier replay lowered the kernels under these knobs (exec_items) and
+    none of them needs its memory checked against Variable values."""
     # (the code and launch knobs read in one pass: this runs on every replayed realize)
     launch = tuple([int(k.value) for k in _REPLAY_KNOBS])
     if (ready := plan.direct.get(launch)) is None:
         knobs = launch[:len(CODEGEN_KNOBS)]
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
-        # kernels small enough to run on the calling thread when nothing is queued (PreparedLaunch.run_here)
-        small = [(w := getattr(r, "_static_work", None)) is not None and w[0] <= HERE_MAX_OPS and w[1] <= HERE_MAX_MEM
-                 for r in runners]
-        ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)), small)
+        ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)),
+                                       [None] * len(runners))
     return ready
 
 # a single kernel of at most this much work (ops, bytes moved: a few microseconds) launched by run_replayed runs on the
 # calling thread when no kernel is queued ahead of it: waking a worker for it costs more than running it
 HERE_MAX_OPS, HERE_MAX_MEM = 1 << 16, 1 << 17
 
-def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[bool]], topo: list[UOp],
-                 bufs: list[list[Buffer]], do_update_stats: bool = True) -> None:
+def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[Any]], topo: list[UOp],
+                 storage: list[Buffer], do_update_stats: bool = True) -> None:
     """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `ready` from
-    replay_runners, `topo` the toposort of the graph, `bufs` each kernel's Buffers. A kernel goes through its
-    prepared launch (made again when its parameters' values change, as exec_items does; a small one run on this
-    thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. (Not while DEBUG, VIZ or
-    PROFILE watch each kernel.)"""
-    runners, prepared, small = ready
+    replay_runners, `topo` the toposort of the graph, `storage` the Buffers of the plan's fresh buffers. A kernel goes
+    through its prepared launch (made again when its parameters' values change, as exec_items does; a small one run
+    on this thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. (Not while
+    DEBUG, VIZ or PROFILE watch each kernel.)"""
+    runners, prepared, direct = ready
     ops = mem = count = 0
-    for i, (ast, _, params) in enumerate(plan.kernels):
-        prg, kbufs, state = runners[i], bufs[i], prepared[i]
-        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
-        if state is not False and (params or state is None):
-            # (by value and type, as exec_items compares them)
-            vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
-            if state is None or state[2] != vals:
-                made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=prg).prepared(tuple(range(len(kbufs))))
-                state = prepared[i] = False if made is None else (made[0], made[1], vals)
-        if state is False:
-            ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=prg).run(None, do_update_stats=do_update_stats)
-            continue
-        # (each Buffer's allocation, allocating it where it has none yet)
-        allocations = [a if (a := (b := kbufs[j]).__dict__.get("_buf")) is not None else b.allocate()._buf
-                       for j in state[1]]
-        if not (small[i] and (here := getattr(state[0], "run_here", None)) is not None and here(*allocations)):
-            state[0](*allocations)
-        if do_update_stats:
-            work = prg._work(fixedvars)  # type: ignore[attr-defined]  (only a CompiledRunner has a launch)
-            ops, mem, count = ops + work[0], mem + work[1], count + 1
+    for i, (ast, refs, params) in enumerate(plan.kernels):
+        state, mine = prepared[i], direct[i]
+        if params or mine is None or mine[0] is not state:
+            fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
+            kbufs = [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs]
+            if state is not False and (params or state is None):
+                # (by value and type, as exec_items compares them)
+                vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
+                if state is None or state[2] != vals:
+                    made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).prepared(
+                        tuple(range(len(kbufs))))
+                    state = prepared[i] = False if made is None else (made[0], made[1], vals)
+            if state is False:
+                ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None,
+                                                                                    do_update_stats=do_update_stats)
+                continue
+            if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
+            work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
+        elif (work := mine[3]) is None: work = runners[i]._work(_NO_VARS)  # type: ignore[attr-defined]
+        # the allocations in the launch's order, straight from the graph's BUFFER nodes and the fresh Buffers (each
+        # allocated where it has none yet)
+        allocations = []
+        for r in mine[1]:
+            if r < 0: b = storage[~r]
+            elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
+            allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
+        if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
+        if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + 1
     if count:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
         GlobalCounters.kernel_count += count
+
+def _direct_launch(state: tuple, refs: tuple[int, ...], prg: Any) -> tuple:
+    """What run_replayed keeps for a kernel's prepared launch `state`: the launch itself (to see that it is still the
+    one prepared), the buffer references in the order the launch takes their allocations, its run_here where the
+    kernel is small enough to run on the calling thread, and its work where that doesn't depend on values."""
+    work = getattr(prg, "_static_work", None)
+    small = work is not None and work[0] <= HERE_MAX_OPS and work[1] <= HERE_MAX_MEM
+    return (state, tuple([refs[j] for j in state[1]]), getattr(state[0], "run_here", None) if small else None, work)
 
 _NO_VARS: dict[str, Any] = {}  # (read only)
 

@@ -110,11 +110,15 @@ class Optimizer:
                 put_back()
                 return self._step(self.params, grads)
             # (a lazy target that assign realized here is a buffer next step: the graph is built once more then)
-            cached = self._step_cache = (key, holders, [t.uop for t in state], returned)
-        _, holders, template, returned = cached
-        new = UOp.sink_of(*template).substitute(dict(zip(holders, (g.uop for g in grads))))
-        for t, u in zip(state, new.src):
-            if t.uop is not u: t.uop = u
+            template = [t.uop for t in state]
+            cached = self._step_cache = (key, holders, template, returned, _over(holders, template))
+        _, holders, template, returned, over = cached
+        # the nodes over the placeholders made again over this step's gradients, sources first (the others, the
+        # parameters' and the state's buffers and what only they reach, are the same nodes every step)
+        new = dict(zip(holders, [g.uop for g in grads]))
+        for u in over: new[u] = UOp(u.op, u.dtype, tuple([new.get(s, s) for s in u.src]), u.arg)
+        for t, u in zip(state, template):
+            if (v := new.get(u, u)) is not t.uop: t.uop = v
         return returned
 
     def _state_tensors(self) -> list[Tensor]:
@@ -138,6 +142,16 @@ class Optimizer:
         Tensor.realize(*self.schedule_step())
 
     def _step(self, params: list[Tensor], grads: list[Tensor]) -> list[Tensor]: raise NotImplementedError
+
+def _over(holders: list[UOp], roots: list[UOp]) -> list[UOp]:
+    """The nodes under `roots` that reach one of `holders` (not the holders themselves), sources before users."""
+    reach = set(holders)
+    over = []
+    for u in UOp.sink_of(*roots).toposort():
+        if u not in reach and u.op is not Ops.SINK and any(s in reach for s in u.src):
+            reach.add(u)
+            over.append(u)
+    return over
 
 class OptimizerGroup(Optimizer):
     """Several optimizers stepped as one (e.g. Muon for matrices and AdamW for the rest)."""

@@ -7,7 +7,7 @@ import sys
 import weakref
 from typing import Any
 from fusegrad.device import LRUAllocator
-from fusegrad.runtime.cpu_pool import allocation_root, c_pool, has_host_view, wait_for
+from fusegrad.runtime.cpu_pool import c_pool, has_host_view, wait_for
 
 ALIGN = 64  # bytes: a cache line, and enough for any SIMD load the renderer emits
 
@@ -76,7 +76,8 @@ class CPUAllocator(LRUAllocator):
         return fin is None or fin.alive
 
     def _idle(self, opaque: ctypes.Array) -> bool:
-        count = getattr(allocation_root(opaque), "_fg_job", 0)
+        # (allocation_root inline: an eager loop takes an allocation per op)
+        count = getattr(opaque.__dict__.get("_root", opaque), "_fg_job", 0)
         return not count or (pool := c_pool()) is None or pool._finished.value >= count   # (pool.done)
 
     # (host access waits for the queued kernels that use the memory: see CPool)

@@ -29,18 +29,22 @@ class LiveGraphs(Protocol):
 def replay_plan(walk: StructureWalk) -> ReplayPlan | None:
     """The replay plan of the structure of the graph `walk` went through (a graph without bound Variables), when the
     schedule cache has one for it and its constants' values."""
-    entry = cached_entry(walk.key(), walk.consts)
+    return replay_plan_for(walk.key(), walk.consts)
+
+def replay_plan_for(skey: tuple, consts: list[UOp]) -> ReplayPlan | None:
+    """The replay plan of the structure key `skey` (StructureWalk.key) for these values of the graph's liftable
+    constants `consts`, when the schedule cache has one."""
+    entry = cached_entry(skey, consts)
     return entry.replay if entry is not None else None
 
-def replay_buffers(plan: ReplayPlan, topo: list[UOp], live: LiveGraphs) -> list[list[Buffer]]:
-    """Each kernel's Buffers for a graph of `plan`'s structure (`topo`: its toposort) made from the plan, the live
+def replay_buffers(plan: ReplayPlan, topo: list[UOp], live: LiveGraphs) -> list[Buffer]:
+    """The Buffers of the fresh buffers of `plan` for a graph of its structure (`topo`: its toposort), the live
     tensors re-pointed at what their nodes became: a replayed schedule without ScheduleItems (the engine runs the
-    plan's kernels on these, engine/realize.py run_replayed)."""
+    plan's kernels on these and the graph's buffers, engine/realize.py run_replayed)."""
     schedule_cache_stats["hits"] += 1
     outs, results = plan.instantiate(topo)
     index = {o: i for i, o in enumerate(outs)}
-    return plan.kernel_buffers(topo, plan.storage(outs, frozenset([index[b] for b in live.apply_and_hold(results,
-                                                                                                       index)])))
+    return plan.storage(outs, frozenset([index[b] for b in live.apply_and_hold(results, index)]))
 
 def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraphs, lookup: CacheLookup | None = None) \
         -> tuple[list[ScheduleItem], dict[str, int], ReplayPlan | None]:

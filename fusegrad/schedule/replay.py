@@ -11,7 +11,7 @@ from fusegrad.dtype import DType
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.memory import share_storage
 from fusegrad.uop.graph import new_buffer, substitute_map
-from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer
+from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node, device_buffer, new_node
 
 _RESHAPE = Ops.RESHAPE
 
@@ -38,16 +38,28 @@ class ReplayPlan:
     # straight from the plan (engine/realize.py replay_runners)
     direct: dict[tuple[int, ...], Any] = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        # per result reshaped: whether the reshape is a realized tensor's plain form (_is_plain_buffer of the tensor
+        # front end: another shape than its buffer's, all ints, not empty), known from the plan alone
+        plain = tuple(ref < 0 and shape is not None and shape != (self.outs[~ref][1],) and 0 not in shape
+                      for _, ref, shape in self.results)
+        object.__setattr__(self, "_plain", plain)
+        # the fresh buffers' device names in canonical form (what Buffer's constructor makes of them), for Buffer.fresh
+        object.__setattr__(self, "_devices", tuple(Buffer(d.arg, 0, dtype).device for d, _, dtype in self.outs))
+
     def instantiate(self, topo: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp]]:
         """For a graph of the recorded structure (`topo`: its toposort): its fresh output buffers, and each realized
         node -> the buffer (view) it becomes."""
         outs = [new_buffer(device, size, dtype) for device, size, dtype in self.outs]
         results: dict[UOp, UOp] = {}
-        for pos, ref, shape in self.results:
+        for (pos, ref, shape), plain in zip(self.results, self._plain):
             b = topo[ref] if ref >= 0 else outs[~ref]
             if shape is not None:
-                b = UOp(_RESHAPE, b.dtype, (b,), shape)
-                b.__dict__["_shape"] = shape  # (the shape of a reshape is its arg)
+                # (a reshape of a fresh buffer is a new node too; the shape, a tuple of ints, is its own key)
+                b = UOp(_RESHAPE, b.dtype, (b,), shape) if ref >= 0 else new_node(_RESHAPE, b.dtype, (b,), shape)
+                d = b.__dict__
+                d["_shape"] = shape  # (the shape of a reshape is its arg)
+                if plain: d["_plain"] = True
             results[topo[pos]] = b
         return outs, results
 
@@ -60,9 +72,12 @@ class ReplayPlan:
             nbytes = {i: self.outs[i][1] * self.outs[i][2].itemsize for i in temps}
             shares = self.shares[kept] = share_storage(uses, nbytes, {i: self.outs[i][0].arg for i in temps})
         storage: list[Any] = [None] * len(outs)
-        for i, (device, size, dtype) in enumerate(self.outs):
-            # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node)
-            if i not in shares: storage[i] = device_buffer(outs[i]) if i in kept else Buffer(device.arg, size, dtype)
+        for i, ((_, size, dtype), device) in enumerate(zip(self.outs, self._devices)):
+            if i in shares: continue
+            # (a temporary's storage nothing else names: a plain Buffer, not one registered for its BUFFER node; a
+            # kept one's is registered in its fresh node, which has none yet)
+            storage[i] = b = Buffer.fresh(device, size, dtype)
+            if i in kept: outs[i].__dict__["_buffer"] = b
         for i, base in shares.items(): storage[i] = storage[base].view(self.outs[i][1], self.outs[i][2], 0)
         return storage
 

@@ -14,7 +14,7 @@ from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
 from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
-from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan
+from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan, replay_plan_for
 from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
@@ -1159,12 +1159,46 @@ def _realize_replayed(todo: list[Tensor], do_update_stats: bool) -> bool:
     buffers, tensors re-pointed and GlobalCounters as the general path. False, with nothing done, where there is no
     plan ready for it (a structure seen for the first time or twice, bound Variables, a kernel whose memory
     depends on Variables)."""
+    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI:
+        k = u._ukey
+        if (seen := _eager_walks.get((k[0], k[1], k[3], *map(id, u.src)))) is not None:
+            topo = [r() for r in seen[1]]
+            # the same sources are the same graph below the root, so the walk's results hold as they were (a source
+            # freed since, whose address another node took, has a dead reference: no match)
+            if [topo[i] for i in seen[0]] != list(u.src): return _realize_walked(todo, do_update_stats)
+            topo.append(u)
+            if (plan := replay_plan_for(seen[2], [topo[i] for i in seen[3]])) is None or \
+                    (runners := replay_runners(plan)) is None: return False
+            run_replayed(plan, runners, topo, replay_buffers(plan, topo, _LiveTensors((todo[0],))), do_update_stats)
+            return True
+    return _realize_walked(todo, do_update_stats)
+
+def _realize_walked(todo: list[Tensor], do_update_stats: bool) -> bool:
+    """_realize_replayed by a walk of the graph."""
     live, walk = _walked(tuple(todo))
     if UOpMetaClass.binds_made and bound_variables(walk.position): return False
     if (plan := replay_plan(walk)) is None or (runners := replay_runners(plan)) is None: return False
     topo = list(walk.position)
+    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI and not walk.assigns and \
+            all([(b := s.base.op) is _BUFFER or b is _CONST for s in u.src]):
+        _remember_walk(u, walk, topo)
     run_replayed(plan, runners, topo, replay_buffers(plan, topo, live), do_update_stats)
     return True
+
+# The walk of an eager op's graph (`(a + b).realize()` in a loop: an op over realized tensors or constants), kept by
+# the root's op, dtype, arg and its sources' ids: the sources (checked by weak reference, as an id may be reused), the
+# other nodes of the toposort, the structure key and the constants' positions. The same source nodes are the same
+# graph below the root (nodes are immutable), so the same toposort, structure and constants' values; only weak
+# references are kept, so no node or buffer is held alive by it.
+_eager_walks: dict[tuple, tuple[list[int], list[weakref.ref], tuple, list[int]]] = {}
+
+def _remember_walk(u: UOp, walk: StructureWalk, topo: list[UOp]) -> None:
+    """Keep the walk of `u`'s graph (`topo`: its toposort) for _realize_replayed: the sources' positions, weak
+    references to every node but the root, the structure key and the constants' positions."""
+    if len(_eager_walks) >= 4096: _eager_walks.clear()   # (entries of sources that died are dropped with the rest)
+    k, at = u._ukey, walk.position
+    _eager_walks[(k[0], k[1], k[3], *map(id, u.src))] = ([at[s] for s in u.src], [weakref.ref(x) for x in topo[:-1]],
+                                                         walk.key(), [at[c] for c in walk.consts])
 
 class _LiveTensors:
     """The live tensors as scheduling sees them (schedule/create.py LiveGraphs): `tensors` those being scheduled,
@@ -1221,7 +1255,8 @@ def _is_plain_buffer(u: UOp) -> bool:
         plain = d["_plain"] = u.arg != u.src[0].shape and all(type(s) is int for s in u.arg) and prod(u.arg) != 0
     return plain
 
-_BUFFER, _RESHAPE, _MULTI, _ADD, _MUL, _NEG = Ops.BUFFER, Ops.RESHAPE, Ops.MULTI, Ops.ADD, Ops.MUL, Ops.NEG
+_BUFFER, _RESHAPE, _MULTI, _ADD, _MUL, _NEG, _CONST = Ops.BUFFER, Ops.RESHAPE, Ops.MULTI, Ops.ADD, Ops.MUL, Ops.NEG, \
+    Ops.CONST
 _FLOAT32, _BOOL = dtypes.float32, dtypes.bool
 # the dtypes that are their own sum's accumulator and their own promotion with themselves (matmul's common case)
 _OWN_ACCUMULATOR = tuple(d for d in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32,

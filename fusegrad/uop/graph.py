@@ -4,13 +4,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop.ops import Ops, UOp, UOpMetaClass, arg_uops, map_arg_uops
+from fusegrad.uop.ops import Ops, UOp, UOpMetaClass, arg_uops, map_arg_uops, new_node
 
 _buffer_ids = itertools.count()
 
 def new_buffer(device: UOp, size: int, dtype: DType) -> UOp:
     """A fresh BUFFER node (unique: the id keeps two buffers of equal size and dtype distinct)."""
-    u = UOp(_BUFFER, dtype, (device,), (next(_buffer_ids), size))
+    # (made as new: the id makes it so)
+    u = new_node(_BUFFER, dtype, (device,), (next(_buffer_ids), size))
     # (its shape and device memoized now: a replayed realize makes one per output and asks both soon after)
     d = u.__dict__
     d["_shape"], d["_device"] = (size,), device.arg

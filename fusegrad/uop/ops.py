@@ -554,6 +554,18 @@ _set_op, _set_dtype, _set_src, _set_arg, _set_ukey = (UOp.__dict__[f].__set__ fo
                                                                                           "_ukey"))
 _BIND_OP = Ops.BIND
 
+def new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any) -> UOp:
+    """UOp(op, dtype, src, arg) for a node that can't exist yet (a fresh buffer, or a node over one) and whose arg
+    is its own key (None, an int, a str, a tuple of ints): the node made without looking for an equal one."""
+    ret = _new_object(UOp)
+    _set_op(ret, op)
+    _set_dtype(ret, dtype)
+    _set_src(ret, src)
+    _set_arg(ret, arg)
+    _set_ukey(ret, key := (op, dtype, src, arg))
+    _ucache[key] = _weakref(ret)
+    return ret
+
 # *** buffer identity: which BUFFER node holds a value, and the device memory behind a BUFFER node ***
 
 def is_realized(u: UOp) -> bool:
