@@ -69,7 +69,14 @@ def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
             store_loops[u.src[0].src[0]] = store_loops.get(u.src[0].src[0], frozenset()) | live[u]
     loops_of: dict[UOp, frozenset[UOp]] = {}
     for u in topo:
-        ls = frozenset().union(*[loops_of[s] for s in u.src]) | live[u]
+        # a node varies with no loop its sources don't (only a RANGE adds itself): its set is theirs, built only
+        # where they differ (most nodes share their sources' set)
+        if not u.src: ls = live[u]
+        else:
+            ls = loops_of[u.src[0]]
+            for s in u.src[1:]:
+                if (o := loops_of[s]) is not ls and not o <= ls: ls = ls | o if ls else o
+            if u.op is Ops.RANGE: ls = ls | live[u]
         if u.op is Ops.END: ls = ls - set(u.src[1:])
         if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0] in store_loops:
             ls = ls | store_loops[u.src[0].src[0]]
