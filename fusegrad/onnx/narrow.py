@@ -111,11 +111,45 @@ def plain(t: Tensor) -> Tensor:
     return Tensor(t.uop) if isinstance(t, NarrowTensor) else t
 
 
+def _bits(n: Narrow) -> int:
+    """The bits a code has (ml_dtypes keeps a code in the low bits of a byte)."""
+    return 4 if n.np_type in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.float4_e2m1fn) else \
+        2 if n.np_type in (ml_dtypes.int2, ml_dtypes.uint2) else 8
+
+
+# (ml_dtypes' casts from and to float32 take ~20 ms for a million values; these tables convert exact values by lookup)
+_ENCODE: dict[int, np.ndarray] = {}
+_DECODE: dict[int, np.ndarray] = {}
+
+
+def _encode_table(onnx_type: int) -> np.ndarray:
+    """The code of a float32 by its top 12 bits (sign, exponent, 3 mantissa bits), which tell apart every value of
+    the float formats (at most 3 mantissa bits, normal in float32) and NaN."""
+    if onnx_type not in _ENCODE:
+        with np.errstate(invalid="ignore", over="ignore"):
+            tops = (np.arange(1 << 12, dtype=np.uint32) << np.uint32(20)).view(np.float32)
+            _ENCODE[onnx_type] = tops.astype(NARROW[onnx_type].np_type).view(np.uint8)
+    return _ENCODE[onnx_type]
+
+
+def _decode_table(onnx_type: int) -> np.ndarray:
+    """The float32 value of each code of a float format."""
+    if onnx_type not in _DECODE:
+        n = NARROW[onnx_type]
+        _DECODE[onnx_type] = np.arange(1 << _bits(n), dtype=np.uint8).view(n.np_type).astype(np.float32)
+    return _DECODE[onnx_type]
+
+
 def to_narrow_numpy(arr: np.ndarray, onnx_type: int) -> np.ndarray:
     """The values of a holder (a NumPy array of its fusegrad dtype) as an array of ml_dtypes' type."""
     n = NARROW[onnx_type]
+    arr = np.asarray(arr)
     if n.fmt == "e8m0": return np.ascontiguousarray(arr, dtype=np.uint8).view(n.np_type)
-    return np.asarray(arr).astype(n.np_type)
+    if isinstance(n.fmt, tuple):
+        # two's complement in the low bits
+        return (arr.astype(np.uint8) & np.uint8((1 << _bits(n)) - 1)).view(n.np_type)
+    bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32)
+    return _encode_table(onnx_type)[bits >> np.uint32(20)].view(n.np_type)
 
 
 def from_narrow_numpy(arr: np.ndarray, onnx_type: int) -> np.ndarray:
@@ -124,8 +158,13 @@ def from_narrow_numpy(arr: np.ndarray, onnx_type: int) -> np.ndarray:
     if arr.dtype != np.dtype(n.np_type):
         raise Unsupported(f"an array of {arr.dtype} for element type {n.name} (give one of "
                           f"ml_dtypes.{n.np_type.__name__})")
-    if n.fmt == "e8m0": return np.ascontiguousarray(arr).view(np.uint8)
-    return arr.astype({dtypes.float32: np.float32, dtypes.int8: np.int8, dtypes.uint8: np.uint8}[n.wide])
+    codes = np.ascontiguousarray(arr).view(np.uint8)
+    if n.fmt == "e8m0": return codes
+    codes = codes & np.uint8((1 << _bits(n)) - 1)
+    if isinstance(n.fmt, FloatFormat): return _decode_table(onnx_type)[codes]
+    if n.fmt[0] >= 0: return codes
+    half = 1 << (_bits(n) - 1)
+    return ((codes ^ half).astype(np.int8) - np.int8(half)).astype(np.int8)
 
 
 def numpy_type_of(arr: np.ndarray) -> int | None:

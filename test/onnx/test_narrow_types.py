@@ -245,3 +245,21 @@ def test_quantize_dequantize(t):
     out = OnnxRunner(model).jit()({"x": x})
     _assert_same(out["q"], want_q, x)
     np.testing.assert_array_equal(out["d"], want_d)
+
+
+@pytest.mark.parametrize("t", FLOATS + INTS + [TP.FLOAT8E8M0], ids=lambda t: NARROW[t].name)
+def test_numpy_conversions_match_ml_dtypes(t):
+    # every code to the holder's values and back (the conversions look values up instead of calling ml_dtypes)
+    from fusegrad.onnx.narrow import _bits, from_narrow_numpy, to_narrow_numpy
+    n = NARROW[t]
+    codes = np.arange(1 << _bits(n), dtype=np.uint8)
+    arr = codes.view(n.np_type) if t in FLOATS or t == TP.FLOAT8E8M0 else \
+        np.arange(n.fmt[0], n.fmt[1] + 1).astype(n.np_type)  # type: ignore[index]
+    held = from_narrow_numpy(arr, t)
+    if t in FLOATS: np.testing.assert_array_equal(held, arr.astype(np.float32))
+    elif t != TP.FLOAT8E8M0: np.testing.assert_array_equal(held, arr.astype(np.int32))
+    back = to_narrow_numpy(held, t)
+    assert back.dtype == arr.dtype
+    same = back.view(np.uint8) == arr.view(np.uint8)
+    if t in FLOATS: same |= np.isnan(back.astype(np.float32)) & np.isnan(arr.astype(np.float32))
+    assert same.all()
