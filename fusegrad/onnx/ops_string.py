@@ -1,5 +1,5 @@
 """String tensors and the ops on them: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, Equal of strings
-and ai.onnx.ml's LabelEncoder.
+and ai.onnx.ml's LabelEncoder (which maps numbers to numbers on the device).
 
 fusegrad has no string dtype: a string tensor is a NumPy array of Python strings (dtype object) that stays on the
 host, and these ops run there. Their numeric results (RegexFullMatch's, StringSplit's counts, LabelEncoder's values)
@@ -121,8 +121,8 @@ def label_encoder(x: Any, *, keys_strings: Sequence[str] | None = None, keys_int
                   values_floats: Sequence[float] | None = None, values_tensor: Tensor | None = None,
                   default_string: str = "_Unused", default_int64: int = -1, default_float: float = -0.0,
                   default_tensor: Tensor | None = None) -> Any:
-    """Maps each value to the value of the equal key (the default where none is equal), on the host."""
-    _on_host("LabelEncoder")
+    """Maps each value to the value of the equal key (the default where none is equal). Numbers to numbers run on the
+    device (a select per key, up to DEVICE_KEYS keys); strings, in or out, on the host."""
     given_keys = [k for k in (keys_strings, keys_int64s, keys_floats, keys_tensor) if k is not None]
     given_vals = [v for v in (values_strings, values_int64s, values_floats, values_tensor) if v is not None]
     if len(given_keys) != 1 or len(given_vals) != 1:
@@ -134,6 +134,10 @@ def label_encoder(x: Any, *, keys_strings: Sequence[str] | None = None, keys_int
     elif values_int64s is not None: default = default_int64
     elif values_floats is not None: default = default_float
     else: default = _attr_list(default_tensor)[0] if default_tensor is not None else _tensor_default(values_tensor)
+    string_out = values_strings is not None or values_tensor is not None and _is_string_values(values_tensor)
+    if not is_strings(x) and not string_out and len(keys) <= DEVICE_KEYS:
+        return _encode_on_device(x, keys, vals, default, values_int64s, values_floats, values_tensor)
+    _on_host("LabelEncoder")
     xs = x if is_strings(x) else host_value(x)
     table = dict(zip(keys, vals))
     # a NaN key matches every NaN (NaN equals nothing in the dict)
@@ -144,12 +148,27 @@ def label_encoder(x: Any, *, keys_strings: Sequence[str] | None = None, keys_int
         return nan_val if isinstance(v, float) and v != v else table.get(v, default)
     out = [look(v) for v in np.asarray(xs).reshape(-1)]
     shape = np.asarray(xs).shape
-    if values_strings is not None or values_tensor is not None and _is_string_values(values_tensor):
-        return np.array(out, dtype=object).reshape(shape)
+    if string_out: return np.array(out, dtype=object).reshape(shape)
     if values_int64s is not None: return _tensor(np.array(out, np.int64).reshape(shape))
     if values_floats is not None: return _tensor(np.array(out, np.float32).reshape(shape))
     arr = np.array(out, dtype=np.asarray(host_value(values_tensor)).dtype).reshape(shape)  # type: ignore[arg-type]
     return _tensor(arr)
+
+
+# the most keys a LabelEncoder of numbers maps on the device (one select each)
+DEVICE_KEYS = 64
+
+
+def _encode_on_device(x: Tensor, keys: list[Any], vals: list[Any], default: Any, values_int64s: Any,
+                      values_floats: Any, values_tensor: Any) -> Tensor:
+    dt = dtypes.int64 if values_int64s is not None else dtypes.float32 if values_floats is not None else \
+        values_tensor.dtype
+    out = Tensor.full(x.shape, default, dtype=dt)
+    # the first equal key wins: selects from the last key to the first
+    for k, v in reversed(list(zip(keys, vals))):
+        hit = x.isnan() if isinstance(k, float) and k != k else x == k
+        out = hit.where(Tensor(v, dtype=dt), out)
+    return out
 
 
 def _attr_list(v: Any) -> list[Any]:

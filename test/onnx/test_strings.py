@@ -82,3 +82,23 @@ def test_string_values_never_reach_the_device():
         OnnxRunner(model)({"x": np.array(["a", "b"], dtype=object), "shape": np.array([2], np.int64)})
     with pytest.raises(OnnxInputError, match="array of str"):
         OnnxRunner(model)({"x": np.array([1, 2]), "shape": np.array([2], np.int64)})
+
+
+def test_label_encoder_numbers_on_the_device_under_jit():
+    # integers to floats with a NaN-free table: a select per key, so a capture replays it
+    ort = pytest.importorskip("onnxruntime")
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", keys_int64s=[3, -1, 7],
+                            values_floats=[0.5, 2.0, -4.0], default_float=9.0)
+    model = _model([node], [_vi("x", TP.INT64, [6])], [_vi("y", TP.FLOAT)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    run = OnnxRunner(model).jit()
+    for k in range(3):
+        feed = {"x": np.array([3, -1, 7, 0, 3, k], np.int64)}
+        np.testing.assert_array_equal(run(feed)["y"], sess.run(None, feed)[0])
+    # float keys with NaN
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", keys_floats=[1.5, float("nan")],
+                            values_int64s=[10, 20])
+    model = _model([node], [_vi("x", TP.FLOAT, [4])], [_vi("y", TP.INT64)])
+    feed = {"x": np.array([1.5, np.nan, 0.0, 1.5], np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_array_equal(OnnxRunner(model).jit()(feed)["y"], want)
