@@ -156,15 +156,24 @@ def _rewrite(ast: UOp, red: UOp, e_red: UOp, found: list, renderer) -> UOp | Non
     width = range_size(lane) if lane is not None else 1
     if n // width > SUM_BLOCKED_OVER: return None
     vec = choose_vector_axis(ast, renderer)
-    q = UOp.range(n // width, 1 + max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), "copy")
-    pos_copy = q * width + lane if lane is not None else q
     n_locals = [u.arg for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL]
     local = UOp(Ops.DEFINE_LOCAL, dt.ptr(n, "local"), arg=1 + max(n_locals, default=-1))
-    moved = {ia: ia.replace(src=(ia.src[0], base + pos_copy * s if s != 1 else base + pos_copy))
-             for ia, (base, s) in bases.items()}
-    filled = local.index(pos_copy).store(e_red.substitute(moved))
-    ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, filled.dtype, (filled, q))))
-    sub = {e_red: ready.index(_linear(pos_red)).load(dtype=dt)}
+    loops = [r for r in red.src[1:] if range_kind(r) == "reduce"]
+    if all(r in loops or r is lane for r in red.src[1:]):
+        # written where the reduction computes it, in the same loop (lowering expands no lane of it apart from the
+        # reduction's value: its lanes are the vector's)
+        filled = local.index(_linear(pos_red)).store(e_red)
+        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, filled.dtype, (filled, *loops))))
+        sub = {}
+    else:
+        # (a reduction with lanes of other kinds: written in a loop of its own, and the reduction reads it back)
+        q = UOp.range(n // width, 1 + max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), "copy")
+        pos_copy = q * width + lane if lane is not None else q
+        moved = {ia: ia.replace(src=(ia.src[0], base + pos_copy * s if s != 1 else base + pos_copy))
+                 for ia, (base, s) in bases.items()}
+        filled = local.index(pos_copy).store(e_red.substitute(moved))
+        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, filled.dtype, (filled, q))))
+        sub = {e_red: ready.index(_linear(pos_red)).load(dtype=dt)}
     for e_out, (_, _, pos_out, gate) in found: sub[e_out] = ready.index(_linear(pos_out), valid=gate).load(dtype=dt)
     new = ast.substitute(sub)
     # only where the array's lanes stay vector lanes and the kernel's main vector axis stays what it was

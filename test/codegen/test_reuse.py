@@ -7,6 +7,7 @@ import torch
 import fusegrad.codegen as cg
 from fusegrad import Tensor
 from fusegrad.codegen import get_program, optimize
+from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.codegen.reuse import store_once
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
@@ -39,8 +40,16 @@ def test_flipped_row_is_not_rewritten():
     opt, _, _ = optimize(softmax_ast(4, 64, flip=True), RENDERER)
     assert store_once(opt, RENDERER) is opt
 
-@pytest.mark.parametrize("N,flip", [(4096, False), (1000, False), (100, False), (37, False), (64, True)])
-def test_same_bits_as_without(N: int, flip: bool, monkeypatch):
+# the array written in the reduction's loop (its lanes are the vector's), or in a loop of its own where the reduction
+# has lanes of other kinds (an unrolled chain, upcast accumulators)
+IN_LOOP = None
+OWN_LOOP = [[Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UNROLL, 3, 4)],
+            [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UPCAST, 3, 2)]]
+
+@pytest.mark.parametrize("N,flip,opts", [(4096, False, IN_LOOP), (1000, False, IN_LOOP), (100, False, IN_LOOP),
+                                         (37, False, IN_LOOP), (64, True, IN_LOOP), (256, False, OWN_LOOP[0]),
+                                         (256, False, OWN_LOOP[1])])
+def test_same_bits_as_without(N: int, flip: bool, opts, monkeypatch):
     x = (RS.randn(5, N) * 4).astype(np.float32)
     x[1, 3] = np.inf
     x[2, :] = -np.inf
@@ -48,8 +57,9 @@ def test_same_bits_as_without(N: int, flip: bool, monkeypatch):
     outs = []
     for on in (True, False):
         if not on: monkeypatch.setattr(cg, "store_once", lambda ast, renderer: ast)
-        p = get_program(softmax_ast(5, N, flip), RENDERER)
+        p = get_program(softmax_ast(5, N, flip), RENDERER, opts=opts)
         assert (sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1) == (on and not flip)
+        assert any(u.op is Ops.RANGE and u.arg[1] == "copy" for u in p.uops) == (on and opts is not IN_LOOP)
         out = np.zeros((5, N), np.float32)
         call(p, [out, x])
         outs.append(out)
