@@ -27,18 +27,26 @@ class VecCtx:
     lanes_done: dict = field(default_factory=dict)
     zero_sub: dict = field(default_factory=dict)
     zero_done: dict = field(default_factory=dict)
+    # the memory pass's memo (node -> rewritten node). A node the vector axis doesn't reach has nothing to rewrite:
+    # what the pass makes of lanes (positions with the axis replaced by constants) goes here as it is, so the
+    # rewrite doesn't walk it again
+    rewritten: dict = field(default_factory=dict)
     def __post_init__(self) -> None:
         self.lane_subs = [{self.vec: UOp.const(self.vec.dtype, k)} for k in range(self.width)]
         self.zero_sub = {self.vec: UOp.const(self.vec.dtype, 0)}
     def dep(self, u: UOp) -> bool: return self.vec in live_ranges(u, self.live)
     def coeff(self, x: UOp) -> int | None: return coeff(x, self.vec, self.coeffs)
+    def final(self, u: UOp) -> UOp:
+        """`u`, which the vector axis doesn't reach, marked as rewritten."""
+        self.rewritten.setdefault(u, u)
+        return u
     def index_dep(self, idx: UOp) -> bool:
         """Whether the INDEX `idx` addresses differently per lane (its buffer, a BARRIER's value, is one)."""
         return any(self.dep(s) for s in idx.src[1:])
     def lanes(self, u: UOp) -> list[UOp]:
         """`u` with the vector axis replaced by each lane's constant (as `u.substitute` of each would)."""
         _substitute_into(u, self.lane_subs, self.lanes_done)
-        return [sub.get(u, u) for sub in self.lane_subs]
+        return [self.final(sub.get(u, u)) for sub in self.lane_subs]
     def lane_zero(self, u: UOp) -> UOp:
         """`u` with the vector axis replaced by 0."""
         _substitute_into(u, [self.zero_sub], self.zero_done)
@@ -71,7 +79,7 @@ def _contiguous(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> bool:
     return buf.dtype.base in ctx.vec_dtypes and (valid is None or not ctx.dep(valid)) and ctx.coeff(i) == 1
 
 def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
-    base = simplify_index(ctx.lane_zero(i))
+    base = ctx.final(simplify_index(ctx.lane_zero(i)))
     assert isinstance(buf.dtype, PtrDType)
     return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
 
@@ -90,10 +98,14 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     if valid is not None and buf.dtype.base in ctx.vec_dtypes and ctx.coeff(i) == 1:
         # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
         # valid and a gated load per lane elsewhere
-        lanes = [simplify_index(v) for v in ctx.lanes(valid)]
+        lanes = [ctx.final(simplify_index(v)) for v in ctx.lanes(valid)]
         every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
-        return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, None), simplify_index(every), *lanes))
+        return UOp(Ops.LOAD, ld.dtype.vec(ctx.width),
+                   (_vec_index(ctx, buf, i, None), ctx.final(simplify_index(every)), *lanes))
     lanes = [UOp(Ops.LOAD, ld.dtype, (i,)) for i in ctx.index_lanes(idx)]
+    # (a lane's load of a kernel buffer is all constants in place of the axis; one of a local buffer follows the
+    # barrier, which may come after stores still to be rewritten)
+    if not buf.src: lanes = [ctx.final(x) for x in lanes]
     return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 
 def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
@@ -187,7 +199,7 @@ def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) ->
     ctx = VecCtx(vec, width, vec_dtypes)
     # the memory pass rewrites loads and stores alone: a node with none below it stays as it is, and is not walked
     # (the index arithmetic, most of a kernel's nodes)
-    unchanged: dict[UOp, UOp] = {}
+    unchanged = ctx.rewritten
     for u in sink.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE) and all(s in unchanged for s in u.src): unchanged[u] = u
     sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory", memo=unchanged)
