@@ -519,15 +519,17 @@ def _sliding_windows(k: Kernel, along: UOp | None = None) -> list[UOp]:
 
 def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: int, conv: bool = False) -> None:
     """Cache blocking of a register-tiled matmul-like kernel. The columns (the vectorized axis) go outermost, in one
-    chunk per core; long reductions are blocked through the output (KBLOCK); the block of the input that is
-    broadcast across rows is copied to a contiguous local buffer (PACK) that every row tile then reads from L1.
-    (`conv`: the kernel is a convolution.)"""
+    chunk per core (or the rows, where the kernel updates buffers shaped like its output: `_rows_outermost`); long
+    reductions are blocked through the output (KBLOCK); the block of the input that is broadcast across rows is
+    copied to a contiguous local buffer (PACK) that every row tile then reads from L1. (`conv`: the kernel is a
+    convolution.)"""
     if rest is None or rest not in k.loops or not isinstance(osz := range_size(rest), int) or osz < 2: return
     # (not for a convolution whose core's share of a contiguous output row would be under 4 cache lines: both cores
     # then write the lines at the chunks' edges, and an image row of 56 floats isn't even line-aligned. Its outer
     # loop, the batch, goes to the cores instead.)
     narrow = osz // cores * row_bytes < 256 and conv and \
         all(coeff(idx.src[1], vec) == 1 for idx, st in k.accesses() if st)
+    rows_outer = False
     if not narrow:
         # a batched matmul's batch loops (leading output loops that every load moves with) stay outermost: each
         # batch is a matmul of its own whose column panels are reused by its row tiles. (With the columns outside
@@ -545,6 +547,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         # transform, 9 taps to 36 positions of each channel pair)
         red_rows = math.prod(s if isinstance(s := range_size(k.loops[i]), int) else 1 << 30 for i in k.reduce_axes())
         if red_rows < 16: _walk_in_memory_order(k)
+        elif _rows_outermost(k, vec, red_rows, conv or at > 0): rows_outer = True
         elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
         osz = range_size(k.loops[0])
         if k.first_reduce >= 2 and isinstance(osz, int) and osz > cores and osz % cores == 0:
@@ -586,6 +589,39 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         try: k.apply_opt(Opt(OptOps.PACK, deps[-1], idx.src[0].arg))
         except KernelOptError: pass
         break
+    # with the rows outermost, the rows' block of the operand broadcast along the vector (strided along the reduction:
+    # a weight gradient's output gradient, read transposed) is the one every column tile reuses
+    for idx, is_store in k.accesses() if rows_outer else ():
+        if is_store or idx.src[0].op is not Ops.DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
+                coeff(idx.src[1], red[0]) in (0, 1, None):
+            continue
+        deps = [i for i, o in enumerate(outs) if o in idx.toposort()]
+        if not deps or deps[-1] == len(outs) - 1: continue
+        if math.prod(s if isinstance(s := range_size(o), int) else 1 for o in outs[deps[-1] + 1:]) < 4: continue
+        try: k.apply_opt(Opt(OptOps.PACK, deps[-1], idx.src[0].arg))
+        except KernelOptError: pass
+        break
+
+ROWS_OUTER_MIN_OUTPUTS = 1 << 16
+
+def _rows_outermost(k: Kernel, vec: UOp, red_rows: int, excluded: bool) -> bool:
+    """Whether a matmul's row tiles go outermost instead of its column panels: where, after a short reduction (one
+    KBLOCK leaves whole), it updates buffers shaped like its output in place (a weight and an optimizer's state,
+    updated with the gradient the kernel computes). Column panels walk those buffers down their rows, a cache line
+    per row and buffer; row tiles walk them along the rows, while the reduction's other operand, short, is read by
+    every row tile from the caches. (An MLP's 784x512 weight gradient with Adam's update: about 1.5x as fast; a 10x512
+    one, whose buffers stay in the caches either way, keeps its column panels.)"""
+    sizes = [idx.src[0].dtype.size for idx, st in k.accesses() if st]
+    if excluded or red_rows > 384 or not any(isinstance(n, int) and n >= ROWS_OUTER_MIN_OUTPUTS for n in sizes):
+        return False
+    reds = {k.loops[i] for i in k.reduce_axes()}
+    outs = [o for o in k.loops[:k.first_reduce] if o is not vec]
+    # buffers read and written back in place (k.accesses() lists such an access once, as a store). Not a buffer only
+    # read after the reduction: a convolution's residual measured no faster with its rows outermost
+    stored = {idx for idx, st in k.accesses() if st}
+    updated = {u.src[0] for u in k.ast.toposort() if u.op is Ops.LOAD and u.src[0] in stored}
+    return any(not (reds & set(idx.toposort())) and coeff(idx.src[1], vec) not in (0, None) and
+               any(coeff(idx.src[1], o) not in (0, None) for o in outs) for idx in updated)
 
 def _block_strided_reduce(ctx: OptContext) -> None:
     """A reduction over a strided axis with no reuse (a column sum): rows are read in blocks, each block added to the
