@@ -14,7 +14,7 @@ vectors and the kernel's main vector axis as it was, and only to kernels that do
 memory is shared by a group)."""
 from __future__ import annotations
 import math
-from fusegrad.uop.affine import coeff, range_kind, range_size
+from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER, choose_reduce_vector_axes, choose_vector_axis
 
@@ -105,37 +105,45 @@ def _linear(pos: dict[UOp, int]) -> UOp:
     for t in terms[1:]: out = out + t
     return out
 
-def _candidates(ast: UOp) -> tuple[list[UOp], list[UOp]]:
-    """(the REDUCEs whose value has an expensive node, the expensive nodes of the stores outside any REDUCE)."""
+def _candidates(ast: UOp) -> tuple[list[UOp], list[UOp], set[UOp]]:
+    """(the REDUCEs whose value has an expensive node, the expensive nodes of the stores outside any REDUCE, the
+    expensive nodes)."""
+    topo = ast.toposort()
+    if not any(u.op in EXPENSIVE for u in topo) or not any(u.op is Ops.REDUCE for u in topo): return [], [], set()
     exp = _expensive(ast)
-    if not exp: return [], []
-    reds = [u for u in ast.toposort() if u.op is Ops.REDUCE and any(x in exp for x in u.src[0].toposort())]
+    # (nodes with an expensive op anywhere below them, through reductions too)
+    below: set[UOp] = set()
+    for u in topo:
+        if u.op in EXPENSIVE or any(s in below for s in u.src): below.add(u)
+    reds = [u for u in topo if u.op is Ops.REDUCE and u.src[0] in below]
     outs = []
     for st in ast.src:
         outs += [u for u in st.src[1].toposort(gate=lambda u: u.op is not Ops.REDUCE) if u in exp]
-    return reds, outs
+    return reds, outs, exp
 
 def store_once(ast: UOp, renderer) -> UOp:
     """`ast` (optimized) with an expensive value that a reduction and a store both compute written once per row to an
     array of the thread's own and read back by both (see the module docstring); `ast` itself where none is found."""
     if ast.op is not Ops.SINK or getattr(renderer, "has_local", False) or not getattr(renderer, "vector_dtypes", ()):
         return ast
-    reds, outs = _candidates(ast)
+    reds, outs, exp = _candidates(ast)
     if not reds or not outs: return ast
+    by_key: dict[tuple, list[UOp]] = {}
+    for u in outs: by_key.setdefault((u.op, u.dtype, u.arg), []).append(u)
+    live: dict = {}
     for red in reds:
-        done = _reuse(ast, red, outs, renderer)
+        done = _reuse(ast, red, by_key, exp, live, renderer)
         if done is not None: return done
     return ast
 
-def _reuse(ast: UOp, red: UOp, outs: list[UOp], renderer) -> UOp | None:
+def _reuse(ast: UOp, red: UOp, by_key: dict[tuple, list[UOp]], exp: set[UOp], live: dict, renderer) -> UOp | None:
     mine = set(red.src[1:])
     # the largest node of the reduction's value that a store computes too
     for e_red in reversed(list(red.src[0].toposort())):
-        if e_red.op not in EXPENSIVE and not any(x.op in EXPENSIVE for x in e_red.toposort()): continue
-        if not mine & {r for r in e_red.toposort() if r.op is Ops.RANGE}: continue
+        if e_red not in exp or not (same := by_key.get((e_red.op, e_red.dtype, e_red.arg))): continue
+        if not mine & live_ranges(e_red, live): continue
         found = []
-        for e_out in outs:
-            if e_out.op is not e_red.op or e_out.dtype != e_red.dtype: continue
+        for e_out in same:
             pairs: dict[UOp, UOp] = {}
             if not _unify(e_red, e_out, pairs, set()) or not pairs: continue
             if (rows := _rows(red, e_red, e_out, pairs)) is not None: found.append((e_out, rows))
