@@ -6,7 +6,7 @@ invariant code is hoisted), except that a memory load is never hoisted out of a 
 `_sink_loads`), and within one loop the nodes and child loops are ordered topologically."""
 from __future__ import annotations
 import heapq
-from fusegrad.uop.affine import live_ranges, range_kind
+from fusegrad.uop.affine import live_ranges_all, range_kind
 from fusegrad.uop.ops import Ops, UOp
 
 _LOOP_KINDS = ("global", "loop", "reduce", "copy")
@@ -57,10 +57,10 @@ def linearize(sink: UOp) -> list[UOp]:
 def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     """The loops each node has to be inside: those its value or a source's varies with (an END no longer varies
     with the loops it closes)."""
-    memo: dict[UOp, frozenset[UOp]] = {}
-    if all(range_kind(u) in _LOOP_KINDS for u in topo if u.op is Ops.RANGE):
-        live = {u: live_ranges(u, memo) for u in topo}  # (the common case: every RANGE left is a loop)
-    else: live = {u: frozenset(r for r in live_ranges(u, memo) if range_kind(r) in _LOOP_KINDS) for u in topo}
+    live = live_ranges_all(topo, {})
+    # (only loops count: a RANGE of another kind may be left in the graph)
+    if not all(range_kind(u) in _LOOP_KINDS for u in topo if u.op is Ops.RANGE):
+        live = {u: frozenset(r for r in ls if range_kind(r) in _LOOP_KINDS) for u, ls in live.items()}
     # a load from a buffer the kernel also stores to can't be hoisted out of the loops around that store: it has to
     # see what earlier iterations wrote (e.g. partial sums accumulated in the output)
     store_loops: dict[UOp, frozenset[UOp]] = {}

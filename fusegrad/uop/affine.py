@@ -1,6 +1,7 @@
 """Small analyses of index expressions shared by the optimizer, the lowerer and the renderers: which RANGEs a node
 depends on and the (constant) coefficient of a RANGE in an affine index."""
 from __future__ import annotations
+from collections.abc import Iterable
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
@@ -40,11 +41,22 @@ def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     # (the common case, a walk in toposort order, finds every source known: no walk below u)
     todo = (u,) if all(s in memo for s in u.src) else u.toposort(gate=lambda x: x not in memo)
     for x in todo:
-        if x in memo: continue
-        s = frozenset().union(*[memo[y] for y in x.src]) if x.src else frozenset()
-        if x.op is Ops.RANGE: s = s | {x}
-        elif x.op is Ops.END: s = s - set(x.src[1:])
-        elif x.op is Ops.REDUCE and isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
-        elif x.op is Ops.REDUCE and isinstance(x.arg, Ops): s = s - set(x.src[1:])  # not lowered yet
-        memo[x] = s
+        if x not in memo: memo[x] = _live_step(x, memo)
     return memo[u]
+
+def live_ranges_all(topo: Iterable[UOp], memo: dict[UOp, frozenset[UOp]]) -> dict[UOp, frozenset[UOp]]:
+    """`memo` with live_ranges of every node of `topo` (a toposort: sources first)."""
+    for x in topo:
+        if x not in memo: memo[x] = _live_step(x, memo)
+    return memo
+
+def _live_step(x: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
+    # x's set from its sources' (all in memo); most nodes vary with what one source does: that set is shared
+    s: frozenset[UOp] = frozenset()
+    for y in x.src:
+        if (o := memo[y]) is not s and not o <= s: s = s | o if s else o
+    if x.op is Ops.RANGE: s = s | {x}
+    elif x.op is Ops.END: s = s - set(x.src[1:])
+    elif x.op is Ops.REDUCE and isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
+    elif x.op is Ops.REDUCE and isinstance(x.arg, Ops): s = s - set(x.src[1:])  # not lowered yet
+    return s
