@@ -127,3 +127,23 @@ def test_weight_update_through_tensors():
     w.assign(w - 0.01 * (Tensor(x).T @ Tensor(dy))).realize()
     ref = w0.astype(np.float64) - 0.01 * (x.T.astype(np.float64) @ dy.astype(np.float64))
     np.testing.assert_allclose(w.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+def test_kblock_blocks_stay_in_order():
+    """KBLOCK's block loop (each block adds to the partial sum the block before it stored) can't become lanes or be
+    padded: those opts are refused, while the same opts on the loops beside it still apply and compute the product."""
+    from fusegrad.codegen.opt import KernelOptError
+    from test.codegen.helpers import RENDERER
+    m, n, k = 33, 48, 785
+    base = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 1, 2), Opt(OptOps.UPCAST, 0, 3), Opt(OptOps.SWAP, 0, 1),
+            Opt(OptOps.KBLOCK, 2, 157)]
+    kern = Kernel(mm_ast(m, n, k), RENDERER)
+    for o in base: kern.apply_opt(o)
+    block = 1   # (KBLOCK puts its block loop second: the columns, the blocks, the rows)
+    for bad in (Opt(OptOps.UPCAST, block, 0), Opt(OptOps.UPCAST, block, 5), Opt(OptOps.PADTO, block, 2)):
+        with pytest.raises(KernelOptError): kern.apply_opt(bad)
+    a, b, ref = operands(m, n, k, False, False)
+    for extra in ([], [Opt(OptOps.UPCAST, 2, 0)]):   # (the rows loop left, upcast whole)
+        p = get_program(mm_ast(m, n, k), RENDERER, opts=base + extra)
+        out = np.full((m, n), np.nan, np.float32)
+        call(p, [out, a, b])
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3, err_msg=str(p.applied_opts))

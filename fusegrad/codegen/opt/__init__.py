@@ -381,6 +381,15 @@ class Kernel:
 
     def _apply(self, opt: Opt) -> UOp | None:
         ret = None
+        if opt.op in (OptOps.UPCAST, OptOps.PADTO) and opt.axis < self.first_reduce:
+            # an output loop that a store's index doesn't move with, where the kernel reads that index back (KBLOCK's
+            # block loop: each block adds to the partial sum the one before it stored) runs its iterations in order:
+            # as lanes they would all read the value before any stored, and a padded block would apply the epilogue
+            # again
+            r, stored = self.loops[opt.axis], {st.src[0] for st in self.ast.src if st.op is Ops.STORE}
+            if any(u.op is Ops.LOAD and u.src[0] in stored and r not in u.src[0].toposort()
+                   for u in self.ast.toposort()):
+                raise KernelOptError(f"{opt.op.name} of a loop whose iterations read what the ones before stored")
         if opt.op is OptOps.UPCAST: ret = self._split(opt.axis, opt.arg, "upcast")
         elif opt.op is OptOps.UNROLL:
             if range_kind(self.loops[opt.axis]) != "reduce": raise KernelOptError("UNROLL needs a reduce axis")
