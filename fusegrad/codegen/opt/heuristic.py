@@ -274,8 +274,26 @@ def _vectorize_reductions(ctx: OptContext) -> bool:
     partial accumulators. Returns whether one was."""
     applied = False
     for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
-        if (w := _reduce_vector_width(ctx, r)) and ctx.split(OptOps.UPCAST, r, w)[1] is not None: applied = True
+        if not (w := _reduce_vector_width(ctx, r)): continue
+        rem, inner = ctx.split(OptOps.UPCAST, r, w)
+        if inner is None: continue
+        applied = True
+        if rem is not None: _add_accumulators(ctx, rem)
     return applied
+
+SEVERAL_ACCUMULATORS_MIN_STEPS = 16
+
+def _add_accumulators(ctx: OptContext, rem: UOp) -> None:
+    """The vector loop `rem` left of a reduction vectorized by itself (one of several per row: softmax's max,
+    layernorm's sums, argmax's two) upcast by 4 (or 2), so its vectors are independent accumulators, combined after
+    the loop: with one, each max or add waited on the one before, and a long row ran at a fraction of the loads'
+    speed. Only a cheap reduction over a row of at least SEVERAL_ACCUMULATORS_MIN_STEPS vectors: one whose every
+    element takes a transcendental function (softmax's exp) is bound by that arithmetic, not by the chain, and its
+    body would be compiled four times."""
+    if not isinstance(rs := range_size(rem), int) or rs < SEVERAL_ACCUMULATORS_MIN_STEPS: return
+    reds = [u for u in ctx.k.ast.toposort() if u.op is Ops.REDUCE and rem in u.src[1:]]
+    if not reds or any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for red in reds for u in red.src[0].toposort()): return
+    if (extra := _largest_divisor(rs, (4, 2))) > 1: ctx.split(OptOps.UPCAST, rem, extra)
 
 def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tuple[int, ...]) -> tuple[UOp | None, int]:
     """Several vectors (the largest of `choices` that divides it) along the output vector's loop, so each row of the
