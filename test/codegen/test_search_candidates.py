@@ -1,0 +1,99 @@
+"""Every candidate BEAM tries for a kernel computes the kernel's values: the heuristic's opts, its variants and each of
+those extended by one of `candidate_actions`, compiled and run on the search's scratch inputs, against NumPy in float64.
+The bound is what a float32 sum of the same terms in any order can be off by (n * eps of the terms' magnitudes), so a
+reduction reordered by an opt passes and a wrong index, lane or block fails. (The search itself compares candidates
+only with the unoptimized kernel; this checks them all, deterministically, whatever the search's timings pick.)"""
+import numpy as np
+import pytest
+from fusegrad import Tensor
+from fusegrad.codegen import get_program, optimize
+from fusegrad.codegen.opt import search
+from fusegrad.device import Device
+from fusegrad.engine.realize import CompiledRunner
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+def sum_bound(n: int) -> float:
+    """gamma_n: the relative bound (to the sum of the terms' magnitudes) of a float32 sum of n terms, in any order."""
+    return n * EPS32 / (1 - n * EPS32)
+
+def candidates(ast, extend: int | None = None) -> list:
+    """The unoptimized kernel, the heuristic's, its variants and each of those (or of the first `extend` of them) with
+    one more action, rendered and deduplicated by source."""
+    ren = Device["CPU"].renderer
+    heur = tuple(optimize(ast, ren)[1])
+    base = [search._kernel(ast, ren, ()), search._kernel(ast, ren, heur)]
+    base += [c for o in search._variants(ast, ren, heur) if (c := search._kernel(ast, ren, o, lenient=True))]
+    cands = list(base)
+    cands += [c for b in base[:extend] for a in search.candidate_actions(b.k) if (c := search._extend(b, a))]
+    out, seen = [], set()
+    for c in cands:
+        try: c.p = get_program(ast, ren, opts=list(c.opts))
+        except Exception: continue   # (one that doesn't render isn't tried by the search either)
+        if c.p.src not in seen:
+            seen.add(c.p.src)
+            out.append(c)
+    return out
+
+def check_candidates(t: Tensor, reference, extend: int | None = None) -> int:
+    """Run every candidate for the last kernel of `t`'s schedule on the search's scratch buffers; `reference(inputs)`
+    gives (float64 result, allowed absolute error per element) from the float64 inputs by buffer size. Returns how
+    many candidates were checked."""
+    ast = [si.ast for si in t.schedule() if si.ast.op.name == "SINK"][-1]
+    scratch = search._Scratch(ast, "CPU")
+    (out,) = scratch.stored
+    inputs = {b.size: np.frombuffer(b.as_buffer(), np.float32).astype(np.float64)
+              for i, b in enumerate(scratch.bufs) if b is not None and i != out}
+    want, bound = reference(inputs)
+    cands = candidates(ast, extend)
+    for i in range(0, len(cands), 32): search._compile(cands[i:i + 32], Device["CPU"], CompiledRunner)
+    wrong = []
+    for c in cands:
+        assert c.runner is not None, f"{list(c.opts)} didn't compile"
+        scratch.reset()
+        c.runner(scratch.bufs, scratch.var_vals, wait=True)
+        got = np.frombuffer(scratch.bufs[out].as_buffer(), np.float32).astype(np.float64).reshape(want.shape)
+        if not (np.abs(got - want) <= bound).all():
+            wrong.append((list(c.opts), float(np.abs(got - want).max())))
+    assert not wrong, f"candidates computing wrong values (opts, max error): {wrong}"
+    return len(cands)
+
+def test_row_sum_candidates():
+    def ref(x):
+        a = x[64 * 40].reshape(64, 40)
+        return a.sum(1), sum_bound(40) * np.abs(a).sum(1) + EPS32 * np.abs(a.sum(1))
+    assert check_candidates(Tensor.empty(64, 40).sum(1), ref, extend=2) > 10
+
+def test_softmax_candidates():
+    def ref(x):
+        a = x[16 * 200].reshape(16, 200)
+        e = np.exp(a - a.max(1, keepdims=True))
+        y = e / e.sum(1, keepdims=True)
+        return y, (sum_bound(200) + 1e-6) * y   # (a positive sum: relative error; exp's own error is about 1e-7)
+    assert check_candidates(Tensor.empty(16, 200).softmax(-1), ref, extend=0) > 5
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "matmul", "row_sum"])
+def test_candidates_of_searched_kernels(name):
+    # the kernels of test_search.py at their sizes, every one-action extension of the search's first candidates
+    def softmax(x):
+        a = x[32 * 1000].reshape(32, 1000)
+        e = np.exp(a - a.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True), (sum_bound(1000) + 1e-6) * e / e.sum(1, keepdims=True)
+    def log_softmax(x):
+        a = x[32 * 1000].reshape(32, 1000)
+        m = a - a.max(1, keepdims=True)
+        y = m - np.log(np.exp(m).sum(1, keepdims=True))
+        return y, (sum_bound(1000) + 1e-6) * (np.abs(m) + 1)
+    def matmul(x):
+        a, b = x[64 * 96].reshape(64, 96), x[96 * 80].reshape(96, 80)
+        return a @ b, sum_bound(96) * (np.abs(a) @ np.abs(b)) + EPS32 * np.abs(a @ b)
+    def row_sum(x):
+        a = x[256 * 300].reshape(256, 300)
+        return a.sum(1), sum_bound(300) * np.abs(a).sum(1) + EPS32 * np.abs(a.sum(1))
+    kernels = {"softmax": (Tensor.empty(32, 1000).softmax(-1), softmax),
+               "log_softmax": (Tensor.empty(32, 1000).log_softmax(-1), log_softmax),
+               "matmul": (Tensor.empty(64, 96) @ Tensor.empty(96, 80), matmul),
+               "row_sum": (Tensor.empty(256, 300).sum(1), row_sum)}
+    t, ref = kernels[name]
+    assert check_candidates(t, ref) > 20
