@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fusegrad import Tensor
 from fusegrad.codegen import get_program, optimize
-from fusegrad.codegen.opt import search
+from fusegrad.codegen.opt import Opt, OptOps, search
 from fusegrad.device import Device
 from fusegrad.engine.realize import CompiledRunner
 
@@ -17,13 +17,15 @@ def sum_bound(n: int) -> float:
     """gamma_n: the relative bound (to the sum of the terms' magnitudes) of a float32 sum of n terms, in any order."""
     return n * EPS32 / (1 - n * EPS32)
 
-def candidates(ast, extend: int | None = None) -> list:
-    """The unoptimized kernel, the heuristic's, its variants and each of those (or of the first `extend` of them) with
-    one more action, rendered and deduplicated by source."""
+def candidates(ast, extend: int | None = None, start: tuple = ()) -> list:
+    """The unoptimized kernel, the heuristic's, its variants (or, given `start` opts, the kernel with those) and each
+    of those (or of the first `extend` of them) with one more action, rendered and deduplicated by source."""
     ren = Device["CPU"].renderer
     heur = tuple(optimize(ast, ren)[1])
-    base = [search._kernel(ast, ren, ()), search._kernel(ast, ren, heur)]
-    base += [c for o in search._variants(ast, ren, heur) if (c := search._kernel(ast, ren, o, lenient=True))]
+    if start: base = [search._kernel(ast, ren, start)]
+    else:
+        base = [search._kernel(ast, ren, ()), search._kernel(ast, ren, heur)]
+        base += [c for o in search._variants(ast, ren, heur) if (c := search._kernel(ast, ren, o, lenient=True))]
     cands = list(base)
     cands += [c for b in base[:extend] for a in search.candidate_actions(b.k) if (c := search._extend(b, a))]
     out, seen = [], set()
@@ -35,7 +37,7 @@ def candidates(ast, extend: int | None = None) -> list:
             out.append(c)
     return out
 
-def check_candidates(t: Tensor, reference, extend: int | None = None) -> int:
+def check_candidates(t: Tensor, reference, extend: int | None = None, start: tuple = ()) -> int:
     """Run every candidate for the last kernel of `t`'s schedule on the search's scratch buffers; `reference(inputs)`
     gives (float64 result, allowed absolute error per element) from the float64 inputs by buffer size. Returns how
     many candidates were checked."""
@@ -45,7 +47,7 @@ def check_candidates(t: Tensor, reference, extend: int | None = None) -> int:
     inputs = {b.size: np.frombuffer(b.as_buffer(), np.float32).astype(np.float64)
               for i, b in enumerate(scratch.bufs) if b is not None and i != out}
     want, bound = reference(inputs)
-    cands = candidates(ast, extend)
+    cands = candidates(ast, extend, start)
     for i in range(0, len(cands), 32): search._compile(cands[i:i + 32], Device["CPU"], CompiledRunner)
     wrong = []
     for c in cands:
@@ -71,6 +73,14 @@ def test_softmax_candidates():
         y = e / e.sum(1, keepdims=True)
         return y, (sum_bound(200) + 1e-6) * y   # (a positive sum: relative error; exp's own error is about 1e-7)
     assert check_candidates(Tensor.empty(16, 200).softmax(-1), ref, extend=0) > 5
+
+def test_kblock_candidates():
+    # KBLOCK's blocks each add to the partial sum the block before stored: its block loop upcast computed wrong values
+    def ref(x):
+        a, b = x[8 * 256].reshape(8, 256), x[256 * 16].reshape(256, 16)
+        return a @ b, sum_bound(256) * (np.abs(a) @ np.abs(b)) + EPS32 * np.abs(a @ b)
+    t = Tensor.empty(8, 256) @ Tensor.empty(256, 16)
+    assert check_candidates(t, ref, start=(Opt(OptOps.KBLOCK, 2, 64),)) > 20
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "matmul", "row_sum"])
