@@ -82,6 +82,15 @@ def test_kblock_candidates():
     t = Tensor.empty(8, 256) @ Tensor.empty(256, 16)
     assert check_candidates(t, ref, start=(Opt(OptOps.KBLOCK, 2, 64),)) > 20
 
+def test_broadcast_reduction_candidates():
+    # (a row times a broadcast vector, summed, plus a bias: the variant with 16-float vectors on an 8-float machine
+    # once didn't compile)
+    def ref(x):
+        a, v, b = x[48 * 64].reshape(48, 64), x[64], x[48]
+        return (a * v).sum(1) + b, sum_bound(65) * ((np.abs(a) * np.abs(v)).sum(1) + np.abs(b))
+    t = (Tensor.empty(48, 64) * Tensor.empty(64)).sum(1) + Tensor.empty(48)
+    assert check_candidates(t, ref, extend=0) > 5
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "matmul", "row_sum"])
 def test_candidates_of_searched_kernels(name):
