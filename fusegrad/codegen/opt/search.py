@@ -16,7 +16,8 @@ the default beyond timing noise.
 the disk cache (`cache_dir()/beam/..`, keyed by the kernel AST, the code generator's sources, device, machine,
 compiler, threads, the codegen `knobs` and `amt`; `CACHELEVEL=0` turns it off), else from a search, whose result it
 stores. An entry that doesn't parse, belongs to another key or whose opts don't apply is ignored (and replaced).
-`beam_stats` counts searches, cache hits and candidates, for tests and benchmarks.
+`beam_stats` counts searches, cache hits and candidates, for tests and benchmarks; `beam_rejections` says why the
+latest rejected candidates were (the first element that differs, and whether a second run differs too).
 
 Candidates are compiled with the device's compiler and run the way the engine runs kernels: `runner(program,
 precompiled=binary)` (the engine's CompiledRunner) makes a callable `run(buffers, var_vals, wait=True)` that returns
@@ -48,8 +49,8 @@ from fusegrad.hostcpu import fingerprint, host_cpu_count
 from fusegrad.renderer import ProgramSpec
 from fusegrad.uop.ops import Ops, UOp
 
-__all__ = ["beam_search", "beam_opts", "candidate_actions", "beam_stats", "beam_cache_path", "opts_to_json",
-           "opts_from_json"]
+__all__ = ["beam_search", "beam_opts", "candidate_actions", "beam_stats", "beam_rejections", "beam_cache_path",
+           "opts_to_json", "opts_from_json"]
 
 SLOW_FACTOR = 3.0  # a candidate this much slower than the best so far isn't timed further
 TIMING_S, FINAL_S = 0.02, 0.3  # about how long a candidate is timed, and the final comparison with the heuristic
@@ -57,6 +58,9 @@ TIMING_S, FINAL_S = 0.02, 0.3  # about how long a candidate is timed, and the fi
 # searches: kernels searched; cache_hits: kernels whose opts came from the disk cache; compiled, timed, rejected:
 # candidates (rejected: outputs differ from the unoptimized kernel's)
 beam_stats: dict[str, int] = {"searches": 0, "cache_hits": 0, "compiled": 0, "timed": 0, "rejected": 0}
+# the latest rejected candidates: kernel, opts, the first element that differs and whether a second run differs too
+# (what tells a wrong kernel from one whose results vary run to run)
+beam_rejections: list[str] = []
 
 # *** candidate actions ***
 
@@ -267,6 +271,18 @@ class _Reference:
         x = np.frombuffer(b, {2: np.float16, 4: np.float32, 8: np.float64}[dt.itemsize])
         return x.astype(np.float32) if dt.itemsize == 2 else x
 
+    def first_difference(self, i: int, out: memoryview) -> str:
+        """Where output `i` first differs from the reference's (float outputs, with numpy), in words."""
+        if i not in self.prepared: return f"buffer {i} differs"
+        np, (y, bound) = self.np, self.prepared[i]
+        x = self._floats(out, self.dts[i])
+        with np.errstate(invalid="ignore"): bad = ~(np.abs(x - y) <= bound) & ~(np.isnan(x) & np.isnan(y))
+        bad = np.flatnonzero(bad)
+        if not len(bad): return f"buffer {i}: no element differs on this run"
+        j = int(bad[0])
+        return f"buffer {i}: {len(bad)} of {len(y)} elements differ, the first [{j}] {x[j]} where the reference has " \
+               f"{y[j]} (allowed {bound[j]})"
+
     def matches(self, i: int, out: memoryview) -> bool:
         if i in self.prepared:
             np, (y, bound) = self.np, self.prepared[i]
@@ -341,6 +357,22 @@ class _Timer:
             return False
         return True
 
+    def _record_rejection(self, c: _Cand) -> None:
+        """Note why `c` was rejected, and whether a second run on fresh contents differs too."""
+        assert self.ref is not None
+        ref = self.ref
+        first = "; ".join(ref.first_difference(i, o) for i, o in self.s.outputs().items() if not ref.matches(i, o))
+        try:
+            self.s.reset()
+            self.run(c)
+            again = "differs again" if not all(ref.matches(i, o) for i, o in self.s.outputs().items()) else \
+                "matches on a second run"
+        except Exception as e: again = f"a second run failed ({type(e).__name__}: {e})"
+        name = c.p.name if c.p is not None else "kernel"
+        beam_rejections.append(f"{name} {list(c.opts)}: {first}; {again}")
+        del beam_rejections[:-20]
+        if DEBUG >= 2: print(f"BEAM: rejected {beam_rejections[-1]}")
+
     def time(self, c: _Cand, runs: int | None = None, check: bool = True) -> None:
         """Time `c` (checked against the reference on its first run) until it has `runs` runs or is too slow."""
         if c.bad or c.runner is None: return
@@ -352,7 +384,7 @@ class _Timer:
                 if not all(self.ref.matches(i, o) for i, o in self.s.outputs().items()):
                     c.bad = True
                     beam_stats["rejected"] += 1
-                    if DEBUG >= 2: print(f"BEAM: rejected {list(c.opts)}: outputs differ from the unoptimized kernel's")
+                    self._record_rejection(c)
                     return
                 beam_stats["timed"] += 1
             # short kernels are timed more often (up to 10x), for about TIMING_S: their runs are cheap, and on a
