@@ -271,10 +271,15 @@ def _tile_output_vector(ctx: OptContext) -> None:
 
 def _vectorize_reductions(ctx: OptContext) -> bool:
     """Several reductions per output row (softmax, layernorm, a channel's mean and variance): each one in vector
-    partial accumulators. Returns whether one was."""
+    partial accumulators, its loop, unless it is a float sum's, padded to whole vectors where no vector width divides
+    it (a vocabulary of 50257, whose argmax or softmax's max would otherwise reduce in scalar code). Returns whether
+    one was."""
     applied = False
     for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
-        if not (w := _reduce_vector_width(ctx, r)): continue
+        if not (w := _reduce_vector_width(ctx, r)):
+            # (not a float sum: how lowering blocks a long one is left as it was, each sum in one loop nest)
+            if _float_sum(ctx, r) or (padded := _pad_reduce(ctx, r)) is None: continue
+            r, w = padded, ctx.width
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
         if inner is None: continue
         applied = True
@@ -355,7 +360,6 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
     if len(k.reduceops) != 1: return _vectorize_reductions(ctx)
     for r in reversed(ctx.reds):
         if (w := _reduce_vector_width(ctx, r)) is None:
-            # (one reduction only: several, a softmax's max and sum, ran no faster padded, each loop gated)
             if (padded := _pad_reduce(ctx, r)) is None: continue
             r, w = padded, ctx.width
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
@@ -473,6 +477,13 @@ def _reduce_vector_width(ctx: OptContext, r: UOp) -> int | None:
     return next((w for w in (width, width // 2, width // 4) if w >= 2 and sz % w == 0 and
                  (w >= ctx.min_lanes or sz > w)), None)
 
+PAD_REDUCE_VECTORS = 4
+
+def _float_sum(ctx: OptContext, r: UOp) -> bool:
+    """Whether a float sum reduces over loop r."""
+    return any(u.op is Ops.REDUCE and u.arg is Ops.ADD and dtypes.is_float(u.dtype) and r in u.src[1:]
+               for u in ctx.k.ast.toposort())
+
 def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
     """Reduce loop r, contiguous or broadcast in every access but of a length no vector divides (a vocabulary of
     50257), padded to whole vectors (PADTO: the padded iterations load nothing and add the reduction's identity) when
@@ -483,7 +494,13 @@ def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
             not all(c in (0, 1) for c, _ in ctx.strides(r)):
         return None
     axis = ctx.k.loops.index(r)
-    try: ctx.k.apply_opt(Opt(OptOps.PADTO, axis, width))
+    # (to whole groups of PAD_REDUCE_VECTORS vectors where that wastes little: the vectors left are then split into
+    # that many independent accumulators, where a loop of a prime count of vectors kept one. Not a float sum: fewer
+    # terms per accumulator can bring it under the length that lowering blocks (SUM_BLOCKED_OVER), and its rounding
+    # error would then grow with the row: 64 sums of 65537 tenths, each padded to 32 lanes, were off by 1.6e-5)
+    group = width * PAD_REDUCE_VECTORS
+    if not pads_cheaply(sz, group) or _float_sum(ctx, r): group = width
+    try: ctx.k.apply_opt(Opt(OptOps.PADTO, axis, group))
     except KernelOptError: return None
     padded = ctx.k.loops[axis]
     ctx.reds = [padded if q is r else q for q in ctx.reds]
