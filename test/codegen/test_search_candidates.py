@@ -17,6 +17,13 @@ def sum_bound(n: int) -> float:
     """gamma_n: the relative bound (to the sum of the terms' magnitudes) of a float32 sum of n terms, in any order."""
     return n * EPS32 / (1 - n * EPS32)
 
+def conv3x3(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A 3x3 convolution with padding 1 (NCHW, OIHW) in float64."""
+    h, wd = x.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    taps = [np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j]) for i in range(3) for j in range(3)]
+    return np.sum(taps, axis=0)
+
 def candidates(ast, extend: int | None = None, start: tuple = ()) -> list:
     """The unoptimized kernel, the heuristic's, its variants (or, given `start` opts, the kernel with those) and each
     of those (or of the first `extend` of them) with one more action, rendered and deduplicated by source."""
@@ -92,9 +99,10 @@ def test_broadcast_reduction_candidates():
     assert check_candidates(t, ref, extend=0) > 5
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["softmax", "log_softmax", "matmul", "row_sum"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "matmul", "row_sum", "conv", "max_pool", "layernorm"])
 def test_candidates_of_searched_kernels(name):
-    # the kernels of test_search.py at their sizes, every one-action extension of the search's first candidates
+    # the kernels of test_search.py at their sizes and a few more, every one-action extension of the search's first
+    # candidates
     def softmax(x):
         a = x[32 * 1000].reshape(32, 1000)
         e = np.exp(a - a.max(1, keepdims=True))
@@ -110,7 +118,20 @@ def test_candidates_of_searched_kernels(name):
     def row_sum(x):
         a = x[256 * 300].reshape(256, 300)
         return a.sum(1), sum_bound(300) * np.abs(a).sum(1) + EPS32 * np.abs(a.sum(1))
+    def conv(x):
+        a, w = x[2 * 8 * 12 * 12].reshape(2, 8, 12, 12), x[16 * 8 * 9].reshape(16, 8, 3, 3)
+        y = conv3x3(a, w)
+        return y, sum_bound(72) * conv3x3(np.abs(a), np.abs(w)) + EPS32 * np.abs(y)
+    def max_pool(x): return x[2 * 4 * 16 * 16].reshape(2, 4, 8, 2, 8, 2).max((3, 5)), 0.0
+    def layernorm(x):
+        a = x[32 * 200].reshape(32, 200)
+        m, sd = a.mean(1, keepdims=True), np.sqrt(a.var(1, keepdims=True) + 1e-5)
+        # (the mean's and the variance's sums both round: each moves the result by about n * eps of its magnitude)
+        return (a - m) / sd, (4 * sum_bound(200) + 1e-6) * (np.abs(a - m) + np.abs(m)) / sd + 1e-6
     kernels = {"softmax": (Tensor.empty(32, 1000).softmax(-1), softmax),
+               "conv": (Tensor.empty(2, 8, 12, 12).conv2d(Tensor.empty(16, 8, 3, 3), padding=1), conv),
+               "max_pool": (Tensor.empty(2, 4, 16, 16).max_pool2d(2), max_pool),
+               "layernorm": (Tensor.empty(32, 200).layernorm(), layernorm),
                "log_softmax": (Tensor.empty(32, 1000).log_softmax(-1), log_softmax),
                "matmul": (Tensor.empty(64, 96) @ Tensor.empty(96, 80), matmul),
                "row_sum": (Tensor.empty(256, 300).sum(1), row_sum)}
