@@ -465,18 +465,23 @@ def test_second_gpu(fake):
     assert ctypes.c_int.in_dll(fake, "last_device").value == 1
     with pytest.raises(RuntimeError, match="CUDA:2 is GPU 2, but there are 2"): CUDADevice("CUDA:2")
 
-JIT_RUN = """
+# (a script's start: the stand-in driver loaded in place of libcuda, its counters and recorded launches readable)
+JIT_PREAMBLE = """
 import ctypes, json, sys
 import numpy as np
 from fusegrad.runtime import ops_cuda
 ops_cuda.LIBCUDA = sys.argv[1]
 fake = ctypes.CDLL(sys.argv[1])
 fake.fake_set(0, ctypes.c_size_t(1 << 24), 0)
-from fusegrad import Tensor, TinyJit
-from fusegrad.engine.realize import CompiledRunner
+from fusegrad import Tensor, TinyJit, Variable
+from fusegrad.engine.realize import CompiledRunner, sym_infer
 count = lambda name: ctypes.c_int.in_dll(fake, name).value
 fake.fake_exec_param.restype = ctypes.c_uint64
+fake.fake_exec_dim.restype = ctypes.c_uint
 rng = np.random.default_rng(0)
+"""
+
+JIT_RUN = JIT_PREAMBLE + """
 w = Tensor(rng.random((16, 8), dtype=np.float32), device="CUDA").realize()
 
 @TinyJit

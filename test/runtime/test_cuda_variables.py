@@ -7,7 +7,8 @@ import os
 import subprocess
 import sys
 from fusegrad.runtime.ops_cuda import CUDADevice, CUDAProgram
-from test.runtime.test_cuda import ELF, ROOT, _calls, _count, _exec_node, _last_launch, _launches, fake, fake_lib
+from test.runtime.test_cuda import (ELF, JIT_PREAMBLE, ROOT, _calls, _count, _exec_node, _last_launch, _launches, fake,
+                                     fake_lib)
 
 __all__ = ["fake", "fake_lib"]   # (the stand-in's fixtures)
 
@@ -88,19 +89,7 @@ def test_graph_built_while_a_launch_has_no_threads(fake):
     assert fake.fake_execs() == 1 and fake.fake_exec_nodes(0) == 2
     assert _exec_node(fake, 0, 0, 5)[1:3] == ([1, 1, 1, 2, 1, 1, 0], [out.ptr, w.ptr, 2, 0, 2])
 
-JIT_RUN = """
-import ctypes, json, sys
-import numpy as np
-from fusegrad.runtime import ops_cuda
-ops_cuda.LIBCUDA = sys.argv[1]
-fake = ctypes.CDLL(sys.argv[1])
-fake.fake_set(0, ctypes.c_size_t(1 << 24), 0)
-from fusegrad import Tensor, TinyJit, Variable
-from fusegrad.engine.realize import CompiledRunner, sym_infer
-count = lambda name: ctypes.c_int.in_dll(fake, name).value
-fake.fake_exec_param.restype = ctypes.c_uint64
-fake.fake_exec_dim.restype = ctypes.c_uint
-rng = np.random.default_rng(0)
+JIT_RUN = JIT_PREAMBLE + """
 cache = Tensor(rng.random((16, 8), dtype=np.float32), device="CUDA").realize()
 pos = Variable("pos", 0, 16)
 @TinyJit
