@@ -50,6 +50,19 @@ def _decoder(rotary: bool, growing: bool = False):
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
+def _step(sess, jitted, rng, mask, ours, theirs, step):
+    """One decode step with a new token's q, k and v: the jitted model on cache `ours`, onnxruntime on `theirs`; their
+    outputs must agree. Returns (ours, onnxruntime's)."""
+    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
+    want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
+    got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
+    for name, w in zip(("y", "pko", "pvo"), want):
+        np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+    return got, want
+
+
 @pytest.mark.parametrize("rotary", [False, True])
 def test_gqa_decode_loop_under_jit_follows_each_steps_lengths(rotary):
     """Six decode steps, the two batches at different lengths (one starts with 2 cached positions, the other with
@@ -67,13 +80,7 @@ def test_gqa_decode_loop_under_jit_follows_each_steps_lengths(rotary):
     for step in range(6):
         lengths = lengths + 1
         mask = (np.arange(CACHE)[None, :] < lengths[:, None]).astype(np.int64)
-        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
-        want = sess.run(None, feed | {"pk": cache_ort[0], "pv": cache_ort[1]})
-        got = jitted(feed | {"pk": cache_ours[0], "pv": cache_ours[1]})
-        for name, w in zip(("y", "pko", "pvo"), want):
-            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+        got, want = _step(sess, jitted, rng, mask, cache_ours, cache_ort, step)
         cache_ours, cache_ort = (got["pko"], got["pvo"]), (want[1], want[2])
     assert len(jitted.captured) > 0
 
@@ -106,13 +113,7 @@ def test_total_length_computed_on_the_device_under_jit(growing):
         lengths = lengths + 1
         width = cache + 1 if growing else CACHE
         mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
-        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
-        want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
-        got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
-        for name, w in zip(("y", "pko", "pvo"), want):
-            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-4, err_msg=f"step {step}: {name}")
+        got, want = _step(sess, jitted, rng, mask, ours, theirs, step)
         if not growing: ours, theirs = (got["pko"], got["pvo"]), (want[1], want[2])
     assert len(jitted.captured) > 0
 
