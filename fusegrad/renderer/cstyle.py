@@ -632,7 +632,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         k.assign(u, val, "val")
         # a vector that several accumulators of a vector reduction share (a register tile's operand) is kept in a
         # register (one that fits a register: asm can't pin a wider one, and gcc refuses the constraint)
-        if 1 < u.dtype.count and u.dtype.itemsize <= getattr(self, "simd_bytes", 0) and \
+        if 1 < u.dtype.count and u.dtype.itemsize <= self.simd_bytes and \
                 sum(1 for x in k.users.get(u, []) if x.op is Ops.MULACC and
                                      any(st.op is Ops.STORE and st.src[0] in k.lane_summed
                                          for st in k.users.get(x, []))) >= 2 and \
