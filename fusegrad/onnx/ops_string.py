@@ -65,8 +65,8 @@ def string_normalizer(x: Any, *, case_change_action: str = "NONE", is_case_sensi
     if case_change_action not in ("NONE", "LOWER", "UPPER"):
         raise ValueError(f"case_change_action must be NONE, LOWER or UPPER, got {case_change_action!r}")
     if is_case_sensitive: stops = set(stopwords)
-    else: stops = {w.casefold() for w in stopwords}
-    kept = [s for s in x.reshape(-1) if (s if is_case_sensitive else s.casefold()) not in stops]
+    else: stops = {w.lower() for w in stopwords}
+    kept = [s for s in x.reshape(-1) if (s if is_case_sensitive else s.lower()) not in stops]
     if case_change_action == "LOWER": kept = [s.lower() for s in kept]
     elif case_change_action == "UPPER": kept = [s.upper() for s in kept]
     out = np.array(kept or [""], dtype=object)
@@ -134,14 +134,14 @@ def label_encoder(x: Any, *, keys_strings: Sequence[str] | None = None, keys_int
     elif values_int64s is not None: default = default_int64
     elif values_floats is not None: default = default_float
     else: default = _attr_list(default_tensor)[0] if default_tensor is not None else _tensor_default(values_tensor)
-    string_out = values_strings is not None or values_tensor is not None and _is_string_values(values_tensor)
+    string_out = values_strings is not None or values_tensor is not None and is_strings(values_tensor)
     if not is_strings(x) and not string_out and len(keys) <= DEVICE_KEYS:
         return _encode_on_device(x, keys, vals, default, values_int64s, values_floats, values_tensor)
     _on_host("LabelEncoder")
     xs = x if is_strings(x) else host_value(x)
     table = dict(zip(keys, vals))
-    # a NaN key matches every NaN (NaN equals nothing in the dict)
-    nan_val = next((v for k, v in zip(keys, vals) if isinstance(k, float) and k != k), default)
+    # a NaN key matches every NaN (NaN equals nothing in the dict); the last one wins, as for the other keys
+    nan_val = next((v for k, v in reversed(list(zip(keys, vals))) if isinstance(k, float) and k != k), default)
 
     def look(v: Any) -> Any:
         v = v.item() if isinstance(v, np.generic) else v
@@ -164,8 +164,8 @@ def _encode_on_device(x: Tensor, keys: list[Any], vals: list[Any], default: Any,
     dt = dtypes.int64 if values_int64s is not None else dtypes.float32 if values_floats is not None else \
         values_tensor.dtype
     out = Tensor.full(x.shape, default, dtype=dt)
-    # the first equal key wins: selects from the last key to the first
-    for k, v in reversed(list(zip(keys, vals))):
+    # the last equal key wins, as in the host's table: each key's select wraps the ones before it
+    for k, v in zip(keys, vals):
         hit = x.isnan() if isinstance(k, float) and k != k else x == k
         out = hit.where(Tensor(v, dtype=dt), out)
     return out
@@ -178,10 +178,8 @@ def _attr_list(v: Any) -> list[Any]:
     return list(v)
 
 
-def _is_string_values(v: Any) -> bool: return isinstance(v, np.ndarray) and v.dtype == object
-
 
 def _tensor_default(values: Any) -> Any:
     """LabelEncoder's default for values given as a tensor without default_tensor: "_Unused", -1 or -0.0."""
-    if _is_string_values(values): return "_Unused"
+    if is_strings(values): return "_Unused"
     return -1 if dtypes.is_int(values.dtype) else -0.0

@@ -102,3 +102,19 @@ def test_label_encoder_numbers_on_the_device_under_jit():
     feed = {"x": np.array([1.5, np.nan, 0.0, 1.5], np.float32)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     np.testing.assert_array_equal(OnnxRunner(model).jit()(feed)["y"], want)
+
+
+@pytest.mark.parametrize("n_keys", [2, 70])   # (a select per key on the device; a table on the host past 64 keys)
+def test_label_encoder_repeated_key_takes_the_last_value_wherever_it_runs(n_keys):
+    keys = [1, 1] + list(range(100, 100 + n_keys - 2))
+    node = helper.make_node("LabelEncoder", ["x"], ["y"], domain="ai.onnx.ml", keys_int64s=keys,
+                            values_int64s=[10 * (i + 1) for i in range(n_keys)], default_int64=-1)
+    model = _model([node], [_vi("x", TP.INT64, [3])], [_vi("y", TP.INT64)])
+    _check(model, {"x": np.array([1, 5, 100 if n_keys > 2 else 1], np.int64)})
+
+
+def test_string_normalizer_stopwords_ignore_case_by_lowering():
+    # (lower-cased, not case-folded: "SS" isn't the stop word "ß")
+    node = helper.make_node("StringNormalizer", ["x"], ["y"], stopwords=["ß"], is_case_sensitive=0)
+    model = _model([node], [_vi("x", TP.STRING, [3])], [_vi("y", TP.STRING)])
+    _check(model, {"x": np.array(["SS", "ß", "cat"], dtype=object)})
