@@ -368,7 +368,8 @@ class CompiledRunner(Runner):
     def launch_args(self, var_vals: dict[str, int]) -> tuple[dict[str, Any], tuple[int, int]]:
         """_launch's arguments and _work's (ops, bytes moved) for these values of the kernel's Variables: the same
         objects for the same values (a prepared launch is updated only when they are other ones)."""
-        key = tuple([var_vals.get(n) for n in self._vnames])
+        # (by _arg_key: a lifted constant of -0.0 is another value than 0.0, and 1.0 another than 1)
+        key = tuple([_arg_key(var_vals.get(n)) for n in self._vnames])
         if (hit := self._by_values.get(key)) is None:
             # (a decoder's position takes a new value per token: the oldest values are dropped)
             if len(self._by_values) >= 64: self._by_values.pop(next(iter(self._by_values)))

@@ -129,3 +129,19 @@ def test_sym_infer_folds_as_the_graph_does():
                 subs = {u: u.const_like(vv[u.arg[0]]) for u in e.toposort() if u.op is Ops.DEFINE_VAR}
                 assert realize.sym_infer(e, vv) == int(e.substitute(subs)), (e, vv)
     assert all(realize._evaluators[e] is not False for e in exprs)
+
+def test_kernels_differing_in_a_zeros_sign_keep_their_own_values():
+    # two kernels of one program with a Variable, whose lifted constants are 0.0 and -0.0 (equal and of one hash in
+    # Python): each replay launches each with its own, so 1/(x*0) and 1/(x*-0) keep their signs, as NumPy's
+    v = Variable("v", 1, 8)
+
+    @TinyJit
+    def f(x: Tensor, n):
+        p, q = x.shrink(((0, n),)) * 0.0, x.shrink(((0, n),)) * -0.0
+        return (1.0 / p.contiguous()).realize(), (1.0 / q.contiguous()).realize()
+    for i in range(4):
+        x = np.arange(1, 9, dtype=np.float32) * (i + 1)
+        p, q = f(Tensor(x), v.bind(4))
+        with np.errstate(divide="ignore"):
+            np.testing.assert_array_equal(p.numpy()[:4], 1.0 / (x[:4] * np.float32(0.0)))
+            np.testing.assert_array_equal(q.numpy()[:4], 1.0 / (x[:4] * np.float32(-0.0)))
