@@ -203,7 +203,8 @@ def round_to(x: Tensor, onnx_type: int, saturate: bool = True, round_mode: str =
 def saturate_int(q: Tensor, onnx_type: int) -> NarrowTensor:
     """A float tensor of whole numbers clamped to the range of a narrow integer type (QuantizeLinear)."""
     lo, hi = NARROW[onnx_type].fmt  # type: ignore[misc]
-    return NarrowTensor(q.maximum(lo).minimum(hi).cast(NARROW[onnx_type].wide), onnx_type)
+    # (a NaN to the bottom of the range, as saturate_to does)
+    return NarrowTensor(q.isnan().where(lo, q).maximum(lo).minimum(hi).cast(NARROW[onnx_type].wide), onnx_type)
 
 
 def _round_float(x: Tensor, f: FloatFormat, saturate: bool) -> Tensor:

@@ -46,7 +46,9 @@ def saturate_to(v: Tensor, dt: DType) -> Tensor:
     """Clamp a float tensor of whole numbers to the range of the integer type dt and cast to it."""
     if dt not in QUANT_RANGES: raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16)")
     lo, hi = QUANT_RANGES[dt]
-    return v.maximum(lo).minimum(hi).cast(dt)
+    # (a NaN goes to the bottom of the range, as in onnx's reference and onnxruntime: the clamps would keep it, and a
+    # NaN cast to an integer type is undefined in C)
+    return v.isnan().where(lo, v).maximum(lo).minimum(hi).cast(dt)
 
 
 def _quant_type(zero_point: Tensor | None, output_dtype: int) -> DType | int:

@@ -285,3 +285,23 @@ def test_per_channel_quantized_models_match_onnxruntime(name, how, resnet_path, 
     else: compare(out, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     ref = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[-1]
     assert np.abs(got[-1] - ref).max() < 0.2 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("zp_type", [TensorProto.UINT8, TensorProto.INT8, TensorProto.INT16, TensorProto.INT4,
+                                     TensorProto.UINT4])
+def test_quantize_nan_goes_to_the_bottom_of_the_range(zp_type):
+    # a NaN is quantized to the type's lowest value, as onnx's reference evaluator does (and onnxruntime, where it
+    # runs the type), not left to an undefined C cast; the integers that follow it see that value too
+    x = np.array([np.nan, 1.0, -np.nan, 1e6], dtype=np.float32)
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.5]), helper.make_tensor("z", zp_type, [], [0])]
+    m = _model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+               [helper.make_tensor_value_info("q", zp_type, [4]), helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                                               [4])], inits)
+    from onnx.reference import ReferenceEvaluator
+    with np.errstate(invalid="ignore"):
+        want_q, want_y = ReferenceEvaluator(m).run(None, {"x": x})
+    got = OnnxRunner(m)({"x": x})
+    np.testing.assert_array_equal(np.asarray(got["q"].numpy()).astype(np.int64), want_q.astype(np.int64))
+    np.testing.assert_array_equal(got["y"].numpy(), want_y)
