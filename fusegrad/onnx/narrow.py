@@ -140,15 +140,20 @@ def _decode_table(onnx_type: int) -> np.ndarray:
     return _DECODE[onnx_type]
 
 
+def _c_array(arr: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """The array in C order (of `dtype`), its shape kept: np.ascontiguousarray makes a 0-d array 1-d."""
+    return np.require(np.asarray(arr, dtype), requirements="C")
+
+
 def to_narrow_numpy(arr: np.ndarray, onnx_type: int) -> np.ndarray:
     """The values of a holder (a NumPy array of its fusegrad dtype) as an array of ml_dtypes' type."""
     n = NARROW[onnx_type]
     arr = np.asarray(arr)
-    if n.fmt == "e8m0": return np.ascontiguousarray(arr, dtype=np.uint8).view(n.np_type)
+    if n.fmt == "e8m0": return _c_array(arr, np.uint8).view(n.np_type)
     if isinstance(n.fmt, tuple):
         # two's complement in the low bits
         return (arr.astype(np.uint8) & np.uint8((1 << _bits(n)) - 1)).view(n.np_type)
-    bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32)
+    bits = _c_array(arr, np.float32).view(np.uint32)
     return _encode_table(onnx_type)[bits >> np.uint32(20)].view(n.np_type)
 
 
@@ -158,13 +163,27 @@ def from_narrow_numpy(arr: np.ndarray, onnx_type: int) -> np.ndarray:
     if arr.dtype != np.dtype(n.np_type):
         raise Unsupported(f"an array of {arr.dtype} for element type {n.name} (give one of "
                           f"ml_dtypes.{n.np_type.__name__})")
-    codes = np.ascontiguousarray(arr).view(np.uint8)
+    codes = _c_array(arr).view(np.uint8)
     if n.fmt == "e8m0": return codes
     codes = codes & np.uint8((1 << _bits(n)) - 1)
     if isinstance(n.fmt, FloatFormat): return _decode_table(onnx_type)[codes]
     if n.fmt[0] >= 0: return codes
     half = 1 << (_bits(n) - 1)
     return ((codes ^ half).astype(np.int8) - np.int8(half)).astype(np.int8)
+
+
+def inexact(arr: np.ndarray, onnx_type: int) -> np.ndarray:
+    """A mask of the values of a holder array (NumPy, of the holder's dtype) that are not values of the narrow type: a
+    float the format doesn't have (bit for bit: a negative zero where the format has none; any NaN where it has NaN),
+    an integer out of the type's range. Every code of FLOAT8E8M0 is a value."""
+    n = NARROW[onnx_type]
+    arr = np.asarray(arr)
+    if n.fmt == "e8m0": return np.zeros(arr.shape, bool)
+    if isinstance(n.fmt, tuple): return (arr < n.fmt[0]) | (arr > n.fmt[1])
+    held = _c_array(arr, np.float32)
+    back = from_narrow_numpy(to_narrow_numpy(held, onnx_type), onnx_type)
+    same = back.view(np.uint32) == held.view(np.uint32)
+    return ~(same | (np.isnan(back) & np.isnan(held)))
 
 
 def numpy_type_of(arr: np.ndarray) -> int | None:

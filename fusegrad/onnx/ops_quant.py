@@ -75,7 +75,9 @@ def quantize_linear(x: Tensor, scale: Tensor, zero_point: Tensor | None = None, 
     if isinstance(dt, DType) and dt not in QUANT_RANGES:
         raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16 and the 8-, 4- and 2-bit "
                           f"types)")
-    if isinstance(dt, int) and narrow.NARROW[dt].fmt == "e8m0": raise Unsupported("quantizing to FLOAT8E8M0")
+    if isinstance(dt, int) and narrow.NARROW[dt].fmt == "e8m0":
+        # (FLOAT8E8M0 is a type of scales: the spec's output types don't include it, nor does onnx's reference)
+        raise ValueError("QuantizeLinear can't quantize to FLOAT8E8M0, which the spec allows only as a scale's type")
     work = onnx_dtype(precision) if precision else x.dtype
     q = x.cast(work) / quant_param(narrow.values(scale), x, axis, block_size).cast(work)
     zp = None if zero_point is None else quant_param(narrow.values(zero_point), x, axis, block_size)
@@ -94,8 +96,14 @@ def dequantize_linear(x: Tensor, scale: Tensor, zero_point: Tensor | None = None
     if zero_point is not None and (zero_point.dtype != x.dtype or xt != zt):
         raise ValueError(f"the zero point's type {_type_name(zt if zt is not None else zero_point.dtype)} differs "
                          f"from the input's {_type_name(xt if xt is not None else x.dtype)}")
-    if output_dtype in narrow.NARROW or narrow.narrow_type(scale) is not None and not output_dtype:
-        raise Unsupported("an output of an 8-, 4- or 2-bit type")
+    # the spec's output types are float, float16 and bfloat16: a FLOAT8E8M0 scale needs output_dtype (onnx's checker
+    # refuses the scale's type as the output's)
+    if output_dtype in narrow.NARROW:
+        raise ValueError(f"output_dtype {narrow.NARROW[output_dtype].name}: DequantizeLinear's output is float, "
+                         f"float16 or bfloat16")
+    if narrow.narrow_type(scale) is not None and not output_dtype:
+        raise ValueError(f"a scale of type {narrow.NARROW[narrow.narrow_type(scale)].name} needs output_dtype "
+                         f"(float, float16 or bfloat16): the output's type is the scale's without it")
     v = narrow.values(x).cast(dtypes.float32)
     if zero_point is not None: v = v - quant_param(narrow.values(zero_point), x, axis, block_size).cast(dtypes.float32)
     out = v * quant_param(narrow.values(scale), x, axis, block_size).cast(dtypes.float32)

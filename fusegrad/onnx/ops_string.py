@@ -44,7 +44,7 @@ def _on_host(op_type: str) -> None:
 
 def _tensor(arr: np.ndarray) -> Tensor:
     """A numeric host result as a realized Tensor (its host copy kept)."""
-    return with_host(Tensor(np.ascontiguousarray(arr)).realize(), arr)
+    return with_host(Tensor(np.require(arr, requirements="C")).realize(), arr)
 
 
 def _need_strings(v: Any, op_type: str, what: str) -> np.ndarray:

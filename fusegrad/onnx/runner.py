@@ -21,8 +21,8 @@ from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
                            ops_detection, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
 from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, strings
-from fusegrad.onnx.narrow import (NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy, narrow_type,
-                                  to_narrow_numpy)
+from fusegrad.onnx.narrow import (NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy, inexact,
+                                  narrow_type, round_to, to_narrow_numpy)
 from fusegrad.onnx.narrow import plain as plain_tensor
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
@@ -370,6 +370,8 @@ class OnnxRunner:
                 arrays[name] = arr
             if dt is not None and t.dtype != dt:
                 raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got {t.dtype.name}")
+            if name in self.narrow_inputs and not isinstance(v, NarrowTensor) and (held or isinstance(v, Tensor)):
+                t = self._exact_narrow(name, t, arrays.get(name))
             if dims is not None:
                 if len(dims) != len(t.shape):
                     raise OnnxInputError(f"input {name!r} must have {len(dims)} dims {_fmt_dims(dims)}, got shape "
@@ -392,6 +394,25 @@ class OnnxRunner:
                     self._symbolic_spec(dims, t.shape):
                 out[name] = self._bind(name, t, arrays.get(name))
         return self._tagged(out)
+
+    def _exact_narrow(self, name: str, t: Tensor, arr: np.ndarray | None) -> Tensor:
+        """An input of an 8-, 4- or 2-bit type given in its holder's dtype (a plain Tensor, or an array with `held`):
+        every value must be one of the type's, since the holder's values are read as they are. onnxruntime refuses
+        a tensor of another element type; so does this check, where the values can be read: on the host, or read back
+        outside a TinyJit capture. Inside a capture they are rounded into the type on the device (as a saturating
+        Cast), which leaves the type's values as they are."""
+        nt = self.narrow_inputs[name]
+        host = arr if arr is not None else known_value(t)
+        if host is None:
+            if _realize.capturing: return plain_tensor(round_to(t, nt))
+            host = np.asarray(t.numpy())
+        bad = inexact(host, nt)
+        if bad.any():
+            n = NARROW[nt]
+            raise OnnxInputError(f"input {name!r} has element type {n.name}, but {int(bad.sum())} of the values given "
+                                 f"(as {t.dtype.name}) are not values of {n.name}, e.g. {host[bad][:4].tolist()}: give "
+                                 f"an array of ml_dtypes.{n.np_type.__name__}, or round the values into the type")
+        return t
 
     def _tagged(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The graph's input values with those of an 8-, 4- or 2-bit type as NarrowTensors."""

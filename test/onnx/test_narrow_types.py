@@ -263,3 +263,90 @@ def test_numpy_conversions_match_ml_dtypes(t):
     same = back.view(np.uint8) == arr.view(np.uint8)
     if t in FLOATS: same |= np.isnan(back.astype(np.float32)) & np.isnan(arr.astype(np.float32))
     assert same.all()
+
+
+@pytest.mark.parametrize("t", FLOATS + INTS, ids=lambda t: NARROW[t].name)
+def test_inexact_holder_values(t):
+    # a holder value is accepted exactly when ml_dtypes' type has it, bit for bit (any NaN matches any NaN)
+    from fusegrad.onnx.narrow import inexact
+    n = NARROW[t]
+    if t in FLOATS:
+        x = _probe_values(t)
+        with np.errstate(invalid="ignore", over="ignore"):
+            back = x.astype(n.np_type).astype(np.float32)
+        want = ~((back.view(np.uint32) == x.view(np.uint32)) | (np.isnan(back) & np.isnan(x)))
+    else:
+        x = np.arange(-128, 128).astype(np.int8) if n.fmt[0] < 0 else np.arange(256).astype(np.uint8)  # type: ignore
+        want = (x.astype(np.int32) < n.fmt[0]) | (x.astype(np.int32) > n.fmt[1])  # type: ignore[index]
+    np.testing.assert_array_equal(inexact(x, t), want)
+    assert want.any() and not want.all()
+
+
+def test_plain_tensor_for_narrow_input():
+    # a plain Tensor (or a held array) for a narrow input must hold values of the type: onnxruntime refuses a tensor
+    # of another element type, and an inexact value would be read as it is
+    from fusegrad.onnx import OnnxInputError
+    run = OnnxRunner(_cast_model(TP.FLOAT8E4M3FN, TP.FLOAT, [3]))
+    np.testing.assert_array_equal(run({"x": Tensor(np.array([0.3125, -448, 0], np.float32))})["y"].numpy(),
+                                  [0.3125, -448, 0])
+    for bad in (Tensor(np.array([0.3, 1, 2], np.float32)), Tensor(np.array([1, 2, 250], np.float32)) * 2):
+        with pytest.raises(OnnxInputError, match="input 'x' has element type FLOAT8E4M3FN, but 1 of the values"):
+            run({"x": bad})
+    with pytest.raises(OnnxInputError, match="not values of FLOAT8E4M3FN"):
+        run.bind_inputs({"x": np.array([0.3, 1, 2], np.float32)}, held=True)
+    run4 = OnnxRunner(_cast_model(TP.INT4, TP.INT8, [3]))
+    with pytest.raises(OnnxInputError, match=r"not values of INT4, e.g. \[9\]"):
+        run4({"x": Tensor(np.array([1, 9, -8], np.int8))})
+
+
+def test_plain_tensor_for_narrow_input_under_tinyjit():
+    # a capture can't read its input: the values are rounded into the type on the device, as a saturating Cast
+    from fusegrad import TinyJit
+    run = OnnxRunner(_cast_model(TP.FLOAT8E4M3FN, TP.FLOAT, [4]))
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor: return run({"x": x})["y"].realize()
+    for k in range(4):
+        x = np.array([0.3 * k, 1, -1000.0 * k, 2.5 * k], np.float32)
+        want = _reference(x, TP.FLOAT8E4M3FN, True).astype(np.float32)
+        if k < 2: x = want   # (the first, plain call checks the values)
+        np.testing.assert_array_equal(step(Tensor(x)).numpy(), want)
+
+
+def _quant_model(op: str, x_type: int, scale_type: int, out_type: int, **attrs) -> onnx.ModelProto:
+    node = helper.make_node(op, ["x", "s"], ["y"], **attrs)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", x_type, [6]),
+                                        helper.make_tensor_value_info("s", scale_type, [])],
+                          [helper.make_tensor_value_info("y", out_type, [6])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 25)])
+
+
+def test_e8m0_scales_against_reference():
+    # FLOAT8E8M0 is a type of scales: DequantizeLinear with output_dtype, QuantizeLinear to int8
+    from onnx.reference import ReferenceEvaluator
+    scale = np.array(0.25, np.float32).astype(ml_dtypes.float8_e8m0fnu)
+    xq = np.array([1, 2, 3, -4, 127, -128], np.int8)
+    dq = _quant_model("DequantizeLinear", TP.INT8, TP.FLOAT8E8M0, TP.FLOAT, output_dtype=TP.FLOAT)
+    onnx.checker.check_model(dq, full_check=True)
+    np.testing.assert_array_equal(OnnxRunner(dq)({"x": xq, "s": scale})["y"].numpy(),
+                                  ReferenceEvaluator(dq).run(None, {"x": xq, "s": scale})[0])
+    xf = np.array([0.1, 0.125, 0.2, -1.0, 40.0, -0.3], np.float32)
+    q = _quant_model("QuantizeLinear", TP.FLOAT, TP.FLOAT8E8M0, TP.INT8, output_dtype=TP.INT8)
+    np.testing.assert_array_equal(OnnxRunner(q)({"x": xf, "s": scale})["y"].numpy(),
+                                  ReferenceEvaluator(q).run(None, {"x": xf, "s": scale})[0])
+
+
+def test_narrow_outputs_the_spec_refuses():
+    # onnx's checker refuses these types as outputs (and its reference can't quantize to FLOAT8E8M0)
+    from fusegrad.onnx import OnnxNodeError
+    cases = [(_quant_model("QuantizeLinear", TP.FLOAT, TP.FLOAT, TP.FLOAT8E8M0, output_dtype=TP.FLOAT8E8M0),
+              {"x": np.ones(6, np.float32), "s": np.array(1, np.float32)}, "can't quantize to FLOAT8E8M0"),
+             (_quant_model("DequantizeLinear", TP.INT8, TP.FLOAT, TP.FLOAT8E4M3FN, output_dtype=TP.FLOAT8E4M3FN),
+              {"x": np.ones(6, np.int8), "s": np.array(1, np.float32)}, "output is float, float16 or bfloat16"),
+             (_quant_model("DequantizeLinear", TP.INT8, TP.FLOAT8E8M0, TP.FLOAT8E8M0),
+              {"x": np.ones(6, np.int8), "s": np.array(1, ml_dtypes.float8_e8m0fnu)}, "needs output_dtype")]
+    for model, feed, msg in cases:
+        with pytest.raises(onnx.shape_inference.InferenceError):
+            onnx.checker.check_model(model, full_check=True)
+        with pytest.raises(OnnxNodeError, match=msg):
+            OnnxRunner(model)(feed)
