@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import ml_dtypes
+import numpy as np
+
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.onnx_dtypes import np_name
 from fusegrad.engine.realize import capturing
 from fusegrad.onnx.ops import Context, axis_of, host_value, known_value, op, scalar
 from fusegrad.uop.ops import sym_value
@@ -176,7 +180,7 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
                          past_value: Tensor | None = None, past_sequence_length: Tensor | None = None,
                          cache_indirection: Tensor | None = None, *, num_heads: int,
                          mask_filter_value: float = -10000.0, scale: float | None = None,
-                         unidirectional: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                         unidirectional: int = 0, ctx: Context | None = None) -> tuple[Tensor, ...]:
     """Attention of projected queries to keys and values (self- or cross-attention): q, k, v as (batch, seq, hidden)
     with an optional packed bias, k and v also as (batch, heads, seq, head_size), or packed: q, k and v in one query
     of (batch, seq, heads, 3, head_size), or k and v in one key of (batch, kv_seq, heads, 2, head_size); past_key and
@@ -187,7 +191,10 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     present: their first past_sequence_length positions are valid, the new keys and values are written after them, and
     the presents are the buffers so written (decoder masked attention). cache_indirection (batch, beam, max_seq) then
     says for each past position which beam's buffer row holds a row's key and value (beam search; rows are batch-major:
-    row r is batch r // beam, beam r % beam)."""
+    row r is batch r // beam, beam r % beam). The past length and the beam indices must fit the buffers; they are
+    checked where they can be read (on the host, or outside a TinyJit capture). The fourth output, the scores, is
+    then (batch, heads, seq, past length + seq) as onnxruntime's: a shape that depends on the past length, read on the
+    host, so a capture refuses it unless the past length is known there."""
     if cache_indirection is not None and past_sequence_length is None:
         raise ValueError("cache_indirection needs past_sequence_length (and the shared past buffers)")
     if query.ndim == 5:
@@ -208,7 +215,8 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
     if past_sequence_length is not None:
         return _mha_shared_buffer(q, k, v, past_key, past_value, past_sequence_length, cache_indirection,
                                   key_padding_mask, attention_bias, mask_filter_value=mask_filter_value, scale=scale,
-                                  unidirectional=unidirectional, out_dtype=query.dtype)
+                                  unidirectional=unidirectional, out_dtype=query.dtype,
+                                  scores=ctx is None or ctx.n_outputs > 3)
     past_len = 0
     if past_key is not None or past_value is not None:
         if past_key is None or past_value is None: raise ValueError("past_key and past_value go together")
@@ -231,7 +239,7 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
 def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None, past_value: Tensor | None,
                        past_sequence_length: Tensor, cache_indirection: Tensor | None, key_padding_mask: Tensor | None,
                        attention_bias: Tensor | None, *, mask_filter_value: float, scale: float | None,
-                       unidirectional: int, out_dtype: DType) -> tuple[Tensor, Tensor, Tensor]:
+                       unidirectional: int, out_dtype: DType, scores: bool) -> tuple[Tensor, ...]:
     """MultiHeadAttention over past buffers shared with the presents (see multi_head_attention); the past length is
     a device value, so a TinyJit capture follows every call's."""
     if past_key is None or past_value is None:
@@ -244,6 +252,14 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
         raise ValueError(f"past_key and past_value must be buffers of shape ({b}, {k.shape[1]}, max_seq, "
                          f"{k.shape[3]}), got {tuple(past_key.shape)} and {tuple(past_value.shape)}")
     buf = past_key.shape[2]
+    # (a past length or beam index out of range would drop new keys or read another batch's rows: checked where the
+    # values can be read without freezing them into a capture's replays)
+    past_len = _readable(past_sequence_length)
+    if past_len is not None:
+        n = int(past_len.reshape(-1)[0])
+        if n < 0 or n + s > buf:
+            raise ValueError(f"past_sequence_length {n} with {s} new positions doesn't fit the past buffers of "
+                             f"{buf} positions (0 <= past_sequence_length <= {buf - s})")
     plen = past_sequence_length.reshape(1).cast(dtypes.int32)
     pasts = plen.expand(b)
     # the presents: the buffers with the new positions written at [past length, past length + s); the rest as it was
@@ -259,6 +275,12 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
             raise ValueError(f"cache_indirection must be (batch, beam, {buf}) with batch * beam = {b}, got "
                              f"{tuple(cache_indirection.shape)}")
         beam = cache_indirection.shape[1]
+        if past_len is not None and (ci := _readable(cache_indirection)) is not None:
+            used = ci[:, :, :int(past_len.reshape(-1)[0])]
+            if used.size and (used.min() < 0 or used.max() >= beam):
+                bad = np.argwhere((used < 0) | (used >= beam))[0]
+                raise ValueError(f"cache_indirection holds beam indices in [0, {beam}); at {tuple(bad.tolist())} "
+                                 f"(batch, beam, position) it holds {used[tuple(bad)]}")
         # the buffer row of each row's past position t: its batch's row of beam cache_indirection[batch, beam, t]
         base = (Tensor.arange(b, dtype=dtypes.int32) // beam * beam).reshape(b, 1)
         rows = base + cache_indirection.reshape(b, buf).cast(dtypes.int32)
@@ -274,8 +296,18 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
     bias = allowed_to_bias(allowed, dt)
     if key_padding_mask is not None: bias = bias + _mask_bias(key_padding_mask, b, s, buf, mask_filter_value, dt)
     if attention_bias is not None: bias = bias + attention_bias
-    out = attend(q, keys, vals, bias, scale or None, split_scale=False)[0]
-    return from_heads(out).cast(out_dtype), present_k, present_v
+    out, _, biased, _ = attend(q, keys, vals, bias, scale or None, split_scale=False)
+    outs = (from_heads(out).cast(out_dtype), present_k, present_v)
+    if not scores: return outs
+    if past_len is None:
+        raise Unsupported("MultiHeadAttention's scores output with past_sequence_length computed on the device under "
+                          "TinyJit: its length, past_sequence_length + sequence length, is a shape, which a capture "
+                          "can't read")
+    total = int(past_len.reshape(-1)[0]) + s
+    # (positions the causal mask hides are float's lowest value in onnxruntime's scores, not -inf)
+    lowest = float(ml_dtypes.finfo(ml_dtypes.bfloat16 if dt == dtypes.bfloat16 else np_name(dt)).min)
+    qk = allowed.where(biased, lowest) if unidirectional else biased
+    return *outs, qk[..., :total]
 
 
 @op("GroupQueryAttention", domain=MS)
@@ -353,6 +385,13 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     sink = head_sink if head_sink is not None else Tensor.zeros(num_heads, dtype=q.dtype) if smooth_softmax else None
     out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)[0]
     return from_heads(out).cast(query.dtype), present_k, present_v
+
+
+def _readable(t: Tensor) -> np.ndarray | None:
+    """A tensor's values where reading them freezes nothing: its host copy, or read back outside a TinyJit capture."""
+    known = known_value(t)
+    if known is not None or capturing: return known
+    return host_value(t)
 
 
 def _check_seqlens(seqlens_k: Tensor, s: int, buf: Any, length: Any, has_past: bool) -> None:

@@ -9,23 +9,22 @@ ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as TP, helper  # noqa: E402
 
-from fusegrad.onnx import OnnxRunner  # noqa: E402
+from fusegrad.onnx import OnnxNodeError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
 
-def _model(b: int, s: int, heads: int, size: int, buf: int, beam: int | None, **attrs):
+def _model(b: int, s: int, heads: int, size: int, buf: int, beam: int | None, scores: bool = False, **attrs):
     d = heads * size
     ins = ["q", "k", "v", "", "", "", "pk", "pv", "psl"] + (["ci"] if beam else [])
-    node = helper.make_node("MultiHeadAttention", ins, ["y", "prk", "prv"], domain="com.microsoft", num_heads=heads,
-                            **attrs)
+    outs = ["y", "prk", "prv"] + (["qk"] if scores else [])
+    node = helper.make_node("MultiHeadAttention", ins, outs, domain="com.microsoft", num_heads=heads, **attrs)
 
     def vi(n, t, shape): return helper.make_tensor_value_info(n, t, shape)
     inputs = [vi("q", TP.FLOAT, [b, s, d]), vi("k", TP.FLOAT, [b, s, d]), vi("v", TP.FLOAT, [b, s, d]),
               vi("pk", TP.FLOAT, [b, heads, buf, size]), vi("pv", TP.FLOAT, [b, heads, buf, size]),
               vi("psl", TP.INT32, [1])] + ([vi("ci", TP.INT32, [b // beam, beam, buf])] if beam else [])
-    g = helper.make_graph([node], "g", inputs, [vi("y", TP.FLOAT, None), vi("prk", TP.FLOAT, None),
-                                                vi("prv", TP.FLOAT, None)])
+    g = helper.make_graph([node], "g", inputs, [vi(o, TP.FLOAT, None) for o in outs])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
@@ -53,3 +52,46 @@ def test_against_onnxruntime(b, s, beam, attrs):
             for name, w in zip(("y", "prk", "prv"), want):
                 g = got[name] if isinstance(got[name], np.ndarray) else got[name].numpy()
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"{name}, past length {past_len}")
+
+
+@pytest.mark.parametrize("b,s,beam,attrs", [(2, 1, None, {}), (4, 1, 2, {"unidirectional": 1}),
+                                            (2, 3, None, {"unidirectional": 1}), (2, 3, None, {"scale": 0.5})])
+def test_scores_against_onnxruntime(b, s, beam, attrs):
+    # the fourth output is (batch, heads, seq, past length + seq), its causally hidden entries float's lowest value
+    heads, size, buf = 2, 4, 8
+    model = _model(b, s, heads, size, buf, beam, scores=True, **attrs)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    runner = OnnxRunner(model)
+    for past_len in (0, 2, buf - s):
+        feed = _feed(b, s, heads, size, buf, beam, past_len)
+        want, got = sess.run(None, feed)[3], runner(feed)["qk"].numpy()
+        assert got.shape == want.shape == (b, heads, s, past_len + s)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"past length {past_len}")
+
+
+def test_scores_under_jit_need_a_host_past_length():
+    model = _model(2, 1, 2, 4, 8, None, scores=True)
+    jit = OnnxRunner(model).jit()
+    jit(_feed(2, 1, 2, 4, 8, None, 3))   # (TinyJit's first call runs plainly)
+    with pytest.raises(OnnxUnsupportedError, match="scores output with past_sequence_length"):
+        jit(_feed(2, 1, 2, 4, 8, None, 3))
+
+
+@pytest.mark.parametrize("s,past_len", [(1, 8), (1, -1), (3, 6)])
+def test_past_length_out_of_range(s, past_len):
+    # onnxruntime refuses these too; new keys past the buffer's end would be dropped
+    runner = OnnxRunner(_model(2, s, 2, 4, 8, None))
+    with pytest.raises(OnnxNodeError, match=f"past_sequence_length {past_len} with {s} new positions"):
+        runner(_feed(2, s, 2, 4, 8, None, past_len))
+
+
+@pytest.mark.parametrize("value", [2, -1])
+def test_cache_indirection_out_of_range(value):
+    runner = OnnxRunner(_model(4, 1, 2, 4, 8, 2))
+    feed = _feed(4, 1, 2, 4, 8, 2, 3)
+    feed["ci"][:] = 0
+    feed["ci"][1, 0, 5] = value          # past the valid positions: not read, so not checked (as onnxruntime)
+    runner(feed)["y"].realize()
+    feed["ci"][1, 1, 2] = value
+    with pytest.raises(OnnxNodeError, match=rf"at \(1, 1, 2\) \(batch, beam, position\) it holds {value}"):
+        runner(feed)
