@@ -426,12 +426,16 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return None
 
     def _lane_helper(self, what: str, dt: DType, lane: Callable[[int | str], str], src_dts: list[DType]) -> str:
-        """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane(i)`."""
+        """An inlined function of vectors a, b, ... that computes each lane i of its `dt` result as `lane(i)`.
+
+        The lanes are written out as one vector initializer, which gcc's SLP vectorizer makes one instruction where the
+        op has a SIMD form (a square root). A loop over the lanes was left to the loop vectorizer, which kernels with
+        gated accesses are compiled without: Adam's update then took eight scalar square roots per vector."""
         vt, n = self.dtype_name(dt), dt.count
         args = [f"{self.dtype_name(d)} {chr(97 + i)}" for i, d in enumerate(src_dts)]
         name = f"fg_v{what}_{_SHORT[dt.scalar()]}x{n}"
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({', '.join(args)}) {{\n"
-                                f"  {vt} r; for (int i = 0; i < {n}; i++) r[i] = {lane('i')}; return r;\n}}")
+                                f"  return {self.vector_literal(dt, [lane(i) for i in range(n)])};\n}}")
 
     def _broadcast(self, dt: DType) -> str:
         vt, name = self.dtype_name(dt), f"fg_bcast_{_SHORT[dt.scalar()]}x{dt.count}"
