@@ -16,7 +16,7 @@ from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
 from fusegrad.renderer import Estimates, ProgramSpec, Renderer
 from fusegrad.uop.affine import range_size
-from fusegrad.uop.ops import GroupOp, Ops, UOp
+from fusegrad.uop.ops import GroupOp, Ops, UOp, toposort_memo
 
 from fusegrad.uop.symbolic import simplify_indexing
 
@@ -69,6 +69,10 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Optimize, lower, linearize and render one kernel AST."""
+    # (the passes walk the kernel's graphs again and again: each walk is made once per kernel)
+    with toposort_memo(): return _get_program(ast, renderer, name, opts)
+
+def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt] | None) -> ProgramSpec:
     opt_ast, applied, useful = optimize(ast, renderer, opts)
     uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
     name = name or kernel_name(opt_ast)

@@ -12,7 +12,7 @@ from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.merge import kernel_outputs
 from fusegrad.schedule.replay import ReplayPlan, record_replay
 from fusegrad.uop.graph import StructureWalk
-from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer, is_realized
+from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer, is_realized, toposort_memo
 from fusegrad.viz import record as _viz
 
 class LiveGraphs(Protocol):
@@ -65,7 +65,8 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
         items = plan.items(lookup.topo, outs, kept)
         if _viz.VIZ: _viz.record_schedule(graph, {}, items)
         return items, var_vals, plan
-    replaced = kernelize_map_cached(graph, var_vals, lookup)
+    # (the kernels' graphs are walked from many places while they are built and merged: each walk is made once)
+    with toposort_memo(): replaced = kernelize_map_cached(graph, var_vals, lookup)
     live.apply(replaced)
     sink = UOp.sink_of(*live.roots())
     topo = sink.toposort()

@@ -210,6 +210,38 @@ def map_arg_uops(arg: Any, fxn: Callable[[UOp], Any]) -> Any:
     if type(arg) is tuple: return tuple(map_arg_uops(a, fxn) for a in arg)
     return arg
 
+def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, None] | None) -> dict[UOp, None]:
+    # depth first with an iterator over each open node's sources: a node is added once all its sources are
+    visited: dict[UOp, None] = dict(known) if known is not None else {}
+    if root in visited: return visited
+    empty: tuple[UOp, ...] = ()
+    stack = [(root, iter(root.src if gate is None or gate(root) else empty))]
+    while stack:
+        node, srcs = stack[-1]
+        for s in srcs:
+            if s not in visited:
+                stack.append((s, iter(s.src if gate is None or gate(s) else empty)))
+                break
+        else:
+            stack.pop()
+            visited[node] = None
+    return visited
+
+# the memo of toposort() while a toposort_memo() is open (one per process: the walks it keeps are pure functions of
+# the node), and how many are open
+_topo_memo: list[Any] = [None, 0]
+
+class toposort_memo:
+    """Within this context every plain `UOp.toposort()` (no gate, no known nodes) of a node is walked once and copied
+    after that. The memo holds its nodes alive, so it lives only as long as the outermost context: a schedule's
+    creation, a kernel's code generation."""
+    def __enter__(self) -> None:
+        if _topo_memo[1] == 0: _topo_memo[0] = {}
+        _topo_memo[1] += 1
+    def __exit__(self, *exc: Any) -> None:
+        _topo_memo[1] -= 1
+        if _topo_memo[1] == 0: _topo_memo[0] = None
+
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
     __slots__ = ("op", "dtype", "src", "arg", "_ukey", "__weakref__", "__dict__")
@@ -253,17 +285,12 @@ class UOp(metaclass=UOpMetaClass):
         """Every node reachable from this one, sources before users (an ordered dict used as an ordered set).
         `gate(u)` returning False stops the walk below u (u itself is still included). `known`: nodes already sorted
         (the toposort of part of this graph, made before): they come first and aren't walked again."""
-        visited: dict[UOp, None] = dict(known) if known is not None else {}
-        stack: list[tuple[UOp, bool]] = [(self, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if node in visited: continue
-            if expanded: visited[node] = None; continue
-            stack.append((node, True))
-            if gate is None or gate(node):
-                for s in reversed(node.src):
-                    if s not in visited: stack.append((s, False))
-        return visited
+        if gate is None and known is None and (memo := _topo_memo[0]) is not None:
+            # (inside toposort_memo(): code generation walks the same kernel graphs from many places; the caller gets
+            # a copy, so what it does with its dict leaves the memo alone)
+            if (ret := memo.get(self)) is None: ret = memo[self] = _toposort(self, None, None)
+            return dict(ret)
+        return _toposort(self, gate, known)
 
     def toposort_list(self) -> list[UOp]: return list(self.toposort())
 

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import pytest
 from fusegrad.dtype import dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, Variable, pretty_print
+from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, Variable, _topo_memo, pretty_print, toposort_memo
 
 def c(v, dt=dtypes.int32) -> UOp: return UOp.const(dt, v)
 
@@ -188,6 +188,46 @@ class TestToposort:
         inner = e.src[0]
         got = e.toposort(gate=lambda u: u is not inner)
         assert inner in got and x not in got and y not in got
+
+    def test_order_is_the_recursive_post_order(self):
+        # an independent reference: the depth-first post-order, sources in order, each node once
+        rng = np.random.default_rng(0)
+        nodes = [Variable(f"v{i}", 0, 10) for i in range(8)]
+        for i in range(300):
+            a, b = (nodes[j] for j in rng.integers(0, len(nodes), 2))
+            nodes.append(a.alu(Ops.ADD if i % 2 else Ops.MUL, b))
+        def ref(root):
+            out = {}
+            def visit(u):
+                if u in out: return
+                for s in u.src: visit(s)
+                out[u] = None
+            visit(root)
+            return list(out)
+        for root in nodes[-40:]:
+            assert list(root.toposort()) == ref(root)
+            inner = root.src[0]
+            gated = list(root.toposort(gate=lambda u, inner=inner: u is not inner))
+            assert inner in gated and all(u is inner or u in gated for u in ref(root) if u not in ref(inner))
+            assert not any(u in gated for u in ref(inner)[:-1] if u not in ref(root.src[1]))
+
+    def test_memo_walks_once_and_hands_out_copies(self):
+        x, y = Variable("x", 0, 10), Variable("y", 0, 10)
+        e = (x + y) * (x - y)
+        plain = list(e.toposort())
+        with toposort_memo():
+            first = e.toposort()
+            assert list(first) == plain
+            first.clear()  # a caller's own dict: the memo keeps its walk
+            assert list(e.toposort()) == plain
+            with toposort_memo(): assert list(e.toposort()) == plain
+            assert _topo_memo[0] is not None and e in _topo_memo[0]
+            # gated walks and walks from known nodes are not memoized
+            assert list(e.toposort(gate=lambda u: u is not e)) == [e]
+            known = dict.fromkeys([x, y])
+            assert list(e.toposort(known=known)) == [x, y] + [u for u in plain if u not in known]
+        assert _topo_memo[0] is None  # the outermost context drops the memo (and the nodes it held)
+        assert list(e.toposort()) == plain
 
 class TestConstruction:
     def test_sink(self):
