@@ -74,12 +74,16 @@ NARROW: dict[int, Narrow] = {
 
 # the ops that read and write narrow values themselves; others get them only if they just move values (PASS_THROUGH)
 NARROW_OPS = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
-# ops that move, select or reshape values without arithmetic: a narrow input's type carries over to the outputs of the
-# holder's dtype
+# ops that move, select or reshape values without arithmetic (sequence ops included: a sequence's tensors are looked
+# at too): a narrow input's type carries over to the outputs of the holder's dtype
 PASS_THROUGH = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split",
                           "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Where", "DepthToSpace",
                           "SpaceToDepth", "Shape", "Size", "Compress", "ReverseSequence", "Optional",
-                          "OptionalGetElement"})
+                          "OptionalGetElement", "OptionalHasElement", "SequenceConstruct", "SequenceInsert",
+                          "SequenceAt", "SequenceErase", "SequenceLength", "SplitToSequence", "ConcatFromSequence"})
+# ops whose subgraphs get the values as they are (the subgraphs' nodes check them) and that keep the types of what
+# their subgraphs give (ops_control.py retags the values they slice or stack)
+CONTROL_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 class NarrowTensor(Tensor):
@@ -104,6 +108,20 @@ class NarrowTensor(Tensor):
 def narrow_type(t: Any) -> int | None:
     """The ONNX element type of a narrow tensor, None for any other value."""
     return t.onnx_type if isinstance(t, NarrowTensor) else None
+
+
+def retag(t: Tensor, onnx_type: int | None) -> Tensor:
+    """A tensor made from values of a narrow type (a slice, a stack) as a NarrowTensor of that type (None: as is)."""
+    return t if onnx_type is None or isinstance(t, NarrowTensor) else NarrowTensor(t, onnx_type)
+
+
+def common_type(ts: Any) -> int | None:
+    """The narrow type of tensors that are stacked or sliced together: all of it or none (an error otherwise)."""
+    types = {narrow_type(t) for t in ts}
+    if len(types) > 1:
+        raise TypeError(f"values of different element types together: "
+                        f"{sorted(NARROW[t].name if t is not None else 'wider types' for t in types)}")
+    return types.pop() if types else None
 
 
 def plain(t: Tensor) -> Tensor:

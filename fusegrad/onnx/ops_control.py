@@ -12,6 +12,7 @@ import numpy as np
 
 from fusegrad import Tensor
 from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.narrow import common_type, narrow_type, retag
 from fusegrad.onnx.ops import Context, ints, op, scalar, with_host
 
 
@@ -65,7 +66,8 @@ def loop(trip_count: Tensor | None, cond: Tensor | None, *carried: Tensor, body:
     n_scan = ctx.n_outputs - len(state)
     if not scans and n_scan:
         raise Unsupported("a Loop that runs no iteration with scan outputs (their shape comes from the body)")
-    return state + [Tensor.stack(*acc, dim=0) for acc in scans]
+    # (stacking makes a new tensor: values of an 8-, 4- or 2-bit type keep it)
+    return state + [retag(Tensor.stack(*acc, dim=0), common_type(acc)) for acc in scans]
 
 
 def _slice_at(x: Tensor, axis: int, i: int) -> Tensor:
@@ -86,7 +88,7 @@ def _scan(body: Any, states: list[Tensor], scans: list[Tensor], in_axes: list[in
                          f"{[x.shape[a] for x, a in zip(scans, axes)]}")
     per_step: list[list[Tensor]] = []
     for t in range(n):
-        xs = [_slice_at(x, a, n - 1 - t if d else t) for x, a, d in zip(scans, axes, in_dirs)]
+        xs = [retag(_slice_at(x, a, n - 1 - t if d else t), narrow_type(x)) for x, a, d in zip(scans, axes, in_dirs)]
         outs = _run_body(body, states + xs, ctx)
         states, step = outs[:len(states)], outs[len(states):]
         per_step.append(step)
@@ -97,7 +99,7 @@ def _scan(body: Any, states: list[Tensor], scans: list[Tensor], in_axes: list[in
         vals = [s[j] for s in per_step]
         if out_dirs[j]: vals = vals[::-1]
         a = out_axes[j] % (vals[0].ndim + 1)
-        stacked.append(Tensor.stack(*vals, dim=a))
+        stacked.append(retag(Tensor.stack(*vals, dim=a), common_type(vals)))
     return states + stacked
 
 
@@ -119,6 +121,8 @@ def scan(*inputs: Tensor | None, body: Any, num_scan_inputs: int, scan_input_axe
     if seq_lens is not None and any(v != length for v in ints(seq_lens)):
         raise Unsupported("Scan (opset 8) sequence_lens shorter than the sequence")
     k = n_out - len(states)
-    per_batch = [_scan(body, [s[b] for s in states], [x[b] for x in scans], [0] * m, list(directions or [0] * m),
+    per_batch = [_scan(body, [retag(s[b], narrow_type(s)) for s in states],
+                       [retag(x[b], narrow_type(x)) for x in scans], [0] * m, list(directions or [0] * m),
                        [0] * k, [0] * k, ctx) for b in range(batch)]
-    return [Tensor.stack(*[res[j] for res in per_batch], dim=0) for j in range(n_out)]
+    return [retag(Tensor.stack(*(vals := [res[j] for res in per_batch]), dim=0), common_type(vals))
+            for j in range(n_out)]

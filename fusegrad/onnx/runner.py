@@ -21,8 +21,8 @@ from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
                            ops_detection, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
 from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, strings
-from fusegrad.onnx.narrow import (NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy, inexact,
-                                  narrow_type, round_to, to_narrow_numpy)
+from fusegrad.onnx.narrow import (CONTROL_OPS, NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy,
+                                  inexact, narrow_type, round_to, to_narrow_numpy)
 from fusegrad.onnx.narrow import plain as plain_tensor
 from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
@@ -158,7 +158,8 @@ class Graph:
                 else: raise OnnxNodeError(node.name, node.op_type, f"input {name!r} is produced by no earlier node")
             ctx = Context(node.name, node.op_type, node.opset, len(node.outputs), env, ctx_runner)
             tensors = all(a is None or isinstance(a, Tensor) for a in args)  # (not sequences)
-            narrow = _narrow_in(node, args) if node.op_type not in NARROW_OPS or node.domain != "" else None
+            narrow = _narrow_in(node, args) if node.domain != "" or \
+                node.op_type not in NARROW_OPS and node.op_type not in CONTROL_OPS else None
             out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
             if out is None and any(is_strings(a) for a in args): out = _string_node(node, args, ctx)
             if out is None: out = _run_node(node, args, ctx)
@@ -187,14 +188,20 @@ def _string_node(node: Node, args: list[Any], ctx: Context) -> Any:
 def _narrow_in(node: Node, args: list[Any]) -> int | None:
     """The 8-, 4- or 2-bit element type of the inputs of an op that doesn't know these types (None if there is none):
     only ops that move values may have such inputs."""
-    types = {narrow_type(a) for a in args} - {None}
+    tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor)]
+    types = {narrow_type(t) for t in tensors} - {None}
     if not types: return None
     names = ", ".join(sorted(NARROW[t].name for t in types))
     if node.domain != "" or node.op_type not in PASS_THROUGH:
         raise OnnxUnsupportedError(node.name, node.op_type, f"inputs of element type {names}: these are read only by "
-                                   f"{', '.join(sorted(NARROW_OPS))} and by ops that move values")
+                                   f"{', '.join(sorted(NARROW_OPS))}, by ops that move values and by control flow")
     if len(types) > 1: raise OnnxNodeError(node.name, node.op_type, f"inputs of different element types ({names})")
-    return types.pop()
+    t = types.pop()
+    # (a plain tensor of the holder's dtype beside a narrow one would be taken for the narrow type)
+    if any(x.dtype == NARROW[t].wide and narrow_type(x) is None for x in tensors):
+        raise OnnxNodeError(node.name, node.op_type, f"inputs of element type {names} and of {NARROW[t].wide.name} "
+                           f"together")
+    return t
 
 
 def _narrow_outputs(t: int, outs: list[Any]) -> list[Any]:
@@ -292,6 +299,7 @@ class OnnxRunner:
             if vi.type.WhichOneof("value") in ("sequence_type", "optional_type"):
                 self.sequence_inputs[vi.name] = vi.type.WhichOneof("value")
                 self.input_specs[vi.name] = (None, None)
+                if (et := _element_type(vi.type)) in NARROW: self.narrow_inputs[vi.name] = et
                 continue
             if not vi.type.HasField("tensor_type"):
                 raise OnnxLoadError(f"graph input {vi.name!r} is not a tensor, a sequence or an optional")
@@ -345,7 +353,7 @@ class OnnxRunner:
         for name, (dt, dims) in self.input_specs.items():
             v = inputs[name]
             if name in self.sequence_inputs:
-                out[name] = _sequence_input(name, v, self.sequence_inputs[name])
+                out[name] = _sequence_input(name, v, self.sequence_inputs[name], self.narrow_inputs.get(name), held)
                 continue
             if name in self.string_inputs:
                 try: out[name] = strings(v, f"input {name!r}")  # type: ignore[assignment]
@@ -396,23 +404,7 @@ class OnnxRunner:
         return self._tagged(out)
 
     def _exact_narrow(self, name: str, t: Tensor, arr: np.ndarray | None) -> Tensor:
-        """An input of an 8-, 4- or 2-bit type given in its holder's dtype (a plain Tensor, or an array with `held`):
-        every value must be one of the type's, since the holder's values are read as they are. onnxruntime refuses
-        a tensor of another element type; so does this check, where the values can be read: on the host, or read back
-        outside a TinyJit capture. Inside a capture they are rounded into the type on the device (as a saturating
-        Cast), which leaves the type's values as they are."""
-        nt = self.narrow_inputs[name]
-        host = arr if arr is not None else known_value(t)
-        if host is None:
-            if _realize.capturing: return plain_tensor(round_to(t, nt))
-            host = np.asarray(t.numpy())
-        bad = inexact(host, nt)
-        if bad.any():
-            n = NARROW[nt]
-            raise OnnxInputError(f"input {name!r} has element type {n.name}, but {int(bad.sum())} of the values given "
-                                 f"(as {t.dtype.name}) are not values of {n.name}, e.g. {host[bad][:4].tolist()}: give "
-                                 f"an array of ml_dtypes.{n.np_type.__name__}, or round the values into the type")
-        return t
+        return _exact_narrow(f"input {name!r}", self.narrow_inputs[name], t, arr)
 
     def _tagged(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The graph's input values with those of an 8-, 4- or 2-bit type as NarrowTensors."""
@@ -531,7 +523,7 @@ class JitRunner:
 
     def _graph(self, *tensors: Tensor) -> list[Any]:
         outs = self.runner.graph.run(self.runner._tagged(dict(zip(self.runner.input_names, tensors))), self.runner)
-        self._out_types = [narrow_type(outs[n]) for n in self.runner.output_names]
+        self._out_types = [_narrow_types(outs[n]) for n in self.runner.output_names]
         # (an output that is an input is copied, as in OnnxRunner.__call__)
         bases = _input_bases(tensors)
         return [_realized(plain_tensor(_copied_if_in(outs[n], bases))) for n in self.runner.output_names]
@@ -542,12 +534,23 @@ class JitRunner:
     def _narrowed(self, outs: dict[str, Any]) -> dict[str, Any]:
         """The NumPy outputs with those of 8-, 4- or 2-bit types in ml_dtypes' types."""
         if not any(self._out_types): return outs
-        return {n: to_narrow_numpy(v, t) if t is not None and isinstance(v, np.ndarray) else v
-                for (n, v), t in zip(outs.items(), self._out_types)}
+        return {n: _narrow_numpy(v, t) for (n, v), t in zip(outs.items(), self._out_types)}
+
+
+def _narrow_types(v: Any) -> Any:
+    """The 8-, 4- or 2-bit type of an output (None for others; a list of them for a sequence)."""
+    return [narrow_type(x) for x in v] if isinstance(v, list) else narrow_type(v)
+
+
+def _narrow_numpy(v: Any, t: Any) -> Any:
+    """A NumPy output (or a list of them) of the holder's dtype in ml_dtypes' type, as `_narrow_types` says."""
+    if isinstance(t, list) and isinstance(v, list): return [_narrow_numpy(x, tx) for x, tx in zip(v, t)]
+    return to_narrow_numpy(v, t) if isinstance(t, int) and isinstance(v, np.ndarray) else v
 
 
 def _keep_narrow(old: Any, new: Any) -> Any:
-    """`new` (a copy of `old`) with the 8-, 4- or 2-bit type of `old`."""
+    """`new` (a copy of `old`) with the 8-, 4- or 2-bit type of `old` (elementwise for sequences)."""
+    if isinstance(old, list) and isinstance(new, list): return [_keep_narrow(o, n) for o, n in zip(old, new)]
     t = narrow_type(old)
     return NarrowTensor(new, t) if t is not None and not isinstance(new, NarrowTensor) else new
 
@@ -605,12 +608,60 @@ def _to_numpy(v: Any) -> Any:
     return v.numpy() if plan is None else _copy_out(v, *plan)
 
 
-def _sequence_input(name: str, v: Any, kind: str) -> Any:
-    """A sequence input as a list of Tensors; an optional one as None (empty), a Tensor or such a list."""
+def _exact_narrow(what: str, nt: int, t: Tensor, arr: np.ndarray | None) -> Tensor:
+    """A value of an 8-, 4- or 2-bit type given in its holder's dtype (a plain Tensor, or an array with `held`):
+    every value must be one of the type's, since the holder's values are read as they are. onnxruntime refuses a
+    tensor of another element type; so does this check, where the values can be read: on the host, or read back
+    outside a TinyJit capture. Inside a capture they are rounded into the type on the device (as a saturating Cast),
+    which leaves the type's values as they are."""
+    host = arr if arr is not None else known_value(t)
+    if host is None:
+        if _realize.capturing: return plain_tensor(round_to(t, nt))
+        host = np.asarray(t.numpy())
+    bad = inexact(host, nt)
+    if bad.any():
+        n = NARROW[nt]
+        raise OnnxInputError(f"{what} has element type {n.name}, but {int(bad.sum())} of the values given (as "
+                             f"{t.dtype.name}) are not values of {n.name}, e.g. {host[bad][:4].tolist()}: give an "
+                             f"array of ml_dtypes.{n.np_type.__name__}, or round the values into the type")
+    return t
+
+
+def _element_type(tp: onnx.TypeProto) -> int | None:
+    """The tensor element type inside a sequence or optional type (None where it isn't declared)."""
+    while True:
+        kind = tp.WhichOneof("value")
+        if kind == "tensor_type": return tp.tensor_type.elem_type
+        if kind not in ("sequence_type", "optional_type"): return None
+        tp = getattr(tp, kind).elem_type
+
+
+def _sequence_input(name: str, v: Any, kind: str, nt: int | None = None, held: bool = False) -> Any:
+    """A sequence input as a list of Tensors; an optional one as None (empty), a Tensor or such a list. `nt`: the
+    8-, 4- or 2-bit element type of its tensors (given as arrays of ml_dtypes' type or as held values)."""
     def tensor(x: Any) -> Tensor:
+        if nt is not None: return _narrow_element(x)
         if isinstance(x, Tensor): return x
         try: return array_to_tensor(np.asarray(x))
         except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
+
+    def _narrow_element(x: Any) -> Tensor:
+        assert nt is not None
+        what = f"a tensor of input {name!r}"
+        if isinstance(x, NarrowTensor):
+            if x.onnx_type != nt:
+                raise OnnxInputError(f"{what} must have element type {NARROW[nt].name}, got {NARROW[x.onnx_type].name}")
+            return x
+        arr = None
+        if not isinstance(x, Tensor):
+            arr = np.asarray(x)
+            if not held or arr.dtype == np.dtype(NARROW[nt].np_type):
+                try: arr = from_narrow_numpy(arr, nt)
+                except Unsupported as e: raise OnnxInputError(f"{what}: {e}") from None
+            x = array_to_tensor(arr)
+        if x.dtype != NARROW[nt].wide:
+            raise OnnxInputError(f"{what} must be held in {NARROW[nt].wide.name}, got {x.dtype.name}")
+        return NarrowTensor(_exact_narrow(what, nt, x, arr), nt)
     if v is None:
         if kind == "optional_type": return None
         raise OnnxInputError(f"input {name!r} is a sequence: give a list of arrays, not None")
