@@ -1,5 +1,5 @@
-"""String tensors and the ops on them: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, Equal of strings
-and ai.onnx.ml's LabelEncoder (which maps numbers to numbers on the device).
+"""String tensors and the ops on them: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, Equal of strings,
+Cast and CastLike to and from STRING, and ai.onnx.ml's LabelEncoder (which maps numbers to numbers on the device).
 
 fusegrad has no string dtype: a string tensor is a NumPy array of Python strings (dtype object) that stays on the
 host, and these ops run there. Their numeric results (RegexFullMatch's, StringSplit's counts, LabelEncoder's values)
@@ -9,17 +9,21 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
+import ml_dtypes
 import numpy as np
 
 import fusegrad.engine.realize as _realize
 from fusegrad import Tensor, dtypes
+from fusegrad.onnx import narrow
 from fusegrad.onnx.errors import Unsupported
-from fusegrad.onnx.ops import host_value, op, with_host
+from fusegrad.onnx.onnx_dtypes import ONNX_DTYPES
+from fusegrad.onnx.ops import OPS, host_value, op, with_host
 
 ML = "ai.onnx.ml"
 # the ops that take string tensors (NumPy arrays of str); any other op refuses them
 STRING_OPS = frozenset({("", "StringNormalizer"), ("", "StringConcat"), ("", "StringSplit"), ("", "RegexFullMatch"),
-                        ("", "Equal"), ("", "Identity"), (ML, "LabelEncoder")})
+                        ("", "Equal"), ("", "Identity"), ("", "Cast"), ("", "CastLike"), (ML, "LabelEncoder")})
+STRING = narrow.TP.STRING
 
 
 def is_strings(v: Any) -> bool:
@@ -183,3 +187,72 @@ def _tensor_default(values: Any) -> Any:
     """LabelEncoder's default for values given as a tensor without default_tensor: "_Unused", -1 or -0.0."""
     if is_strings(values): return "_Unused"
     return -1 if dtypes.is_int(values.dtype) else -0.0
+
+
+# *** Cast and CastLike with STRING ***
+
+# ops.py's Cast and CastLike, which these wrap (numbers to numbers stay theirs)
+_NUMERIC_CAST, _NUMERIC_CAST_LIKE = OPS[("", "Cast")].fn, OPS[("", "CastLike")].fn
+_ONNX_TYPE_OF = {dt: t for t, dt in ONNX_DTYPES.items()}
+
+
+@op("Cast")
+def cast(x: Any, *, to: int, saturate: int = 1, round_mode: str = "up") -> Any:
+    """Cast, with STRING as the input's or the output's type (on the host)."""
+    if is_strings(x) or to == STRING:
+        _on_host("Cast to or from STRING")
+        return _from_strings(x, to, saturate, round_mode) if is_strings(x) else _to_strings(x)
+    return _NUMERIC_CAST(x, to=to, saturate=saturate, round_mode=round_mode)
+
+
+@op("CastLike")
+def cast_like(x: Any, like: Any, *, saturate: int = 1, round_mode: str = "up") -> Any:
+    if not is_strings(x) and not is_strings(like):
+        return _NUMERIC_CAST_LIKE(x, like, saturate=saturate, round_mode=round_mode)
+    to = STRING if is_strings(like) else narrow.narrow_type(like) or _ONNX_TYPE_OF[like.dtype]
+    return cast(x, to=to, saturate=saturate, round_mode=round_mode)
+
+
+def _to_strings(x: Tensor) -> np.ndarray:
+    """Numbers as strings the way onnx's reference writes them (NumPy's str of each value in its own type: the
+    shortest text that reads back as the same value, "inf", "nan", "True"); ml_dtypes' types (bfloat16, the 8-, 4-
+    and 2-bit ones) by their own str."""
+    if x.dtype == dtypes.bfloat16: arr = np.asarray(host_value(x)).astype(ml_dtypes.bfloat16)
+    elif isinstance(x, narrow.NarrowTensor): arr = x.numpy()
+    else: arr = np.asarray(host_value(x))
+    # (ml_dtypes' types are NumPy's kind "V", which NumPy can't write as str)
+    if arr.dtype.kind != "V": return arr.astype(np.str_).astype(object)
+    return np.array([str(v) for v in arr.reshape(-1)], dtype=object).reshape(arr.shape)
+
+
+def _number(s: str, integer: bool) -> Any:
+    """The number a string writes: plain or scientific decimals, "INF", "+INF", "-INF" and "NaN" in any case (and
+    Python's "infinity"); for an integer type an integer literal exactly, else a decimal truncated toward zero (the
+    spec leaves that undefined; onnxruntime truncates)."""
+    t = s.strip()
+    if integer:
+        try: return int(t)
+        except ValueError: pass
+    try:
+        if "_" in t: raise ValueError
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"Cast from STRING: {s!r} is not a number") from None
+    if not integer: return v
+    if v != v or v in (float("inf"), float("-inf")): raise ValueError(f"Cast from STRING: {s!r} to an integer type")
+    return int(v)
+
+
+def _from_strings(x: np.ndarray, to: int, saturate: int, round_mode: str) -> Any:
+    """Strings read as numbers, then cast to the type as a number would be (integers keep their low bits when out of
+    range, floats round to nearest even, bool is "nonzero")."""
+    if to == STRING: return x.copy()
+    n = narrow.NARROW.get(to)
+    integer = isinstance(n.fmt, tuple) if n is not None else \
+        to in ONNX_DTYPES and dtypes.is_int(ONNX_DTYPES[to]) and ONNX_DTYPES[to] != dtypes.bool
+    vals = [_number(s, integer) for s in x.reshape(-1)]
+    if integer:
+        # (two's complement in 64 bits; the cast keeps the target's low bits)
+        arr = np.array([(v + (1 << 63)) % (1 << 64) - (1 << 63) for v in vals], np.int64).reshape(x.shape)
+    else: arr = np.array(vals, np.float64).reshape(x.shape)
+    return _NUMERIC_CAST(_tensor(arr), to=to, saturate=saturate, round_mode=round_mode)

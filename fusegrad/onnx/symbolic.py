@@ -17,7 +17,7 @@ import numpy as np
 from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.ops import HOST_MAX, axis_of, known_value, op, with_host
-from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
+from fusegrad.onnx.onnx_dtypes import ONNX_DTYPES, np_name, onnx_dtype
 from fusegrad.uop.ops import Ops, is_symbolic, ssimplify, sym_value
 
 
@@ -168,6 +168,8 @@ def _slice(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray
 
 
 def _cast(x: np.ndarray, *, to: int, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
+    # (to a type without a fusegrad dtype, a narrow one or STRING, the op itself runs)
+    if to not in ONNX_DTYPES: raise _NoFold
     dt = onnx_dtype(to)
     if not has_symbolic(x): return x.astype(np_name(dt))
     if dtypes.is_int(dt) and dt.itemsize >= 4: return x  # sizes fit in int32 and int64
