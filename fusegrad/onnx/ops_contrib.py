@@ -254,9 +254,10 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
     buf = past_key.shape[2]
     # (a past length or beam index out of range would drop new keys or read another batch's rows: checked where the
     # values can be read without freezing them into a capture's replays)
-    past_len = _readable(past_sequence_length)
+    known = _readable(past_sequence_length)
+    past_len = None if known is None else int(known.reshape(-1)[0])
     if past_len is not None:
-        n = int(past_len.reshape(-1)[0])
+        n = past_len
         if n < 0 or n + s > buf:
             raise ValueError(f"past_sequence_length {n} with {s} new positions doesn't fit the past buffers of "
                              f"{buf} positions (0 <= past_sequence_length <= {buf - s})")
@@ -276,7 +277,7 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
                              f"{tuple(cache_indirection.shape)}")
         beam = cache_indirection.shape[1]
         if past_len is not None and (ci := _readable(cache_indirection)) is not None:
-            used = ci[:, :, :int(past_len.reshape(-1)[0])]
+            used = ci[:, :, :past_len]
             if used.size and (used.min() < 0 or used.max() >= beam):
                 bad = np.argwhere((used < 0) | (used >= beam))[0]
                 raise ValueError(f"cache_indirection holds beam indices in [0, {beam}); at {tuple(bad.tolist())} "
@@ -294,8 +295,22 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
     allowed = causal_allowed(s, buf, pasts) if unidirectional else \
         Tensor.arange(buf, dtype=dtypes.int32).reshape(1, 1, 1, buf) < (plen + s).reshape(1, 1, 1, 1)
     bias = allowed_to_bias(allowed, dt)
-    if key_padding_mask is not None: bias = bias + _mask_bias(key_padding_mask, b, s, buf, mask_filter_value, dt)
-    if attention_bias is not None: bias = bias + attention_bias
+    # masks as long as the valid keys (past length + S, onnxruntime's shape) reach the buffer's length: the positions
+    # after the valid ones are masked already
+    for name, m in (("key_padding_mask", key_padding_mask), ("attention_bias", attention_bias)):
+        if m is not None and m.ndim >= 2 and past_len is not None and m.shape[-1] not in (past_len + s, buf):
+            raise ValueError(f"{name}'s last dim {m.shape[-1]} is neither past_sequence_length + sequence length "
+                             f"({past_len + s}) nor the buffer's length ({buf})")
+    if key_padding_mask is not None:
+        if key_padding_mask.ndim >= 2 and key_padding_mask.shape[-1] < buf:
+            key_padding_mask = key_padding_mask.pad(((0, 0),) * (key_padding_mask.ndim - 1) +
+                                                    ((0, buf - key_padding_mask.shape[-1]),), value=1)
+        bias = bias + _mask_bias(key_padding_mask, b, s, buf, mask_filter_value, dt)
+    if attention_bias is not None:
+        if attention_bias.shape[-1] < buf:
+            attention_bias = attention_bias.pad(((0, 0),) * (attention_bias.ndim - 1) +
+                                                ((0, buf - attention_bias.shape[-1]),))
+        bias = bias + attention_bias
     out, _, biased, _ = attend(q, keys, vals, bias, scale or None, split_scale=False)
     outs = (from_heads(out).cast(out_dtype), present_k, present_v)
     if not scores: return outs
@@ -303,7 +318,7 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
         raise Unsupported("MultiHeadAttention's scores output with past_sequence_length computed on the device under "
                           "TinyJit: its length, past_sequence_length + sequence length, is a shape, which a capture "
                           "can't read")
-    total = int(past_len.reshape(-1)[0]) + s
+    total = past_len + s
     # (positions the causal mask hides are float's lowest value in onnxruntime's scores, not -inf)
     lowest = float(ml_dtypes.finfo(ml_dtypes.bfloat16 if dt == dtypes.bfloat16 else np_name(dt)).min)
     qk = allowed.where(biased, lowest) if unidirectional else biased

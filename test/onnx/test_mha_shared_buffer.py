@@ -95,3 +95,31 @@ def test_cache_indirection_out_of_range(value):
     feed["ci"][1, 1, 2] = value
     with pytest.raises(OnnxNodeError, match=rf"at \(1, 1, 2\) \(batch, beam, position\) it holds {value}"):
         runner(feed)
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_masks_as_long_as_the_valid_keys(unidirectional):
+    # onnxruntime's key_padding_mask and attention_bias cover past length + S keys, not the whole buffer
+    b, heads, size, buf, past_len = 2, 2, 4, 8, 3
+    d, total = heads * size, past_len + 1
+    ins = ["q", "k", "v", "", "kpm", "ab", "pk", "pv", "psl"]
+    node = helper.make_node("MultiHeadAttention", ins, ["y", "prk", "prv", "qk"], domain="com.microsoft",
+                            num_heads=heads, unidirectional=unidirectional)
+
+    def vi(n, t, shape): return helper.make_tensor_value_info(n, t, shape)
+    inputs = [vi("q", TP.FLOAT, [b, 1, d]), vi("k", TP.FLOAT, [b, 1, d]), vi("v", TP.FLOAT, [b, 1, d]),
+              vi("kpm", TP.INT32, [b, total]), vi("ab", TP.FLOAT, [1, heads, 1, total]),
+              vi("pk", TP.FLOAT, [b, heads, buf, size]), vi("pv", TP.FLOAT, [b, heads, buf, size]),
+              vi("psl", TP.INT32, [1])]
+    g = helper.make_graph([node], "g", inputs, [vi(o, TP.FLOAT, None) for o in ("y", "prk", "prv", "qk")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    feed = _feed(b, 1, heads, size, buf, None, past_len)
+    feed["kpm"] = np.array([[1, 1, 0, 1], [1, 0, 1, 1]], np.int32)
+    feed["ab"] = RNG.standard_normal((1, heads, 1, total)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    got = OnnxRunner(model)(feed)
+    for name, w in zip(("y", "prk", "prv", "qk"), want):
+        np.testing.assert_allclose(got[name].numpy(), w, rtol=1e-5, atol=1e-5, err_msg=name)
+    feed["psl"] = np.array([2], np.int32)   # (a mask of 4 keys where 3 are valid)
+    with pytest.raises(OnnxNodeError, match="key_padding_mask's last dim 4 is neither"):
+        OnnxRunner(model)(feed)
