@@ -297,21 +297,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         otherwise a loss computed before an optimizer step would be evaluated with the updated weights. (`topo`: the
         toposort of these tensors' graph, if the caller made it; `assigns`: its ASSIGN nodes, if the caller has
         them.)"""
-        if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
-        targets = {u.src[0].base for u in (topo if assigns is None else assigns)
-                   if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
-        if not targets: return ()
-        ids = {id(t) for t in tensors}
-        lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
-                any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
-        if not lazy: return ()
-        # one walk over all their graphs (they mostly share one forward and backward graph, and most of it is the
-        # graph scheduled: its toposort isn't walked again), collecting the nodes that read a target
-        reading = set(targets)
-        for u in UOp.sink_of(*_shards(lazy)).toposort(known=topo):
-            if not reading.isdisjoint(u.src): reading.add(u)
-        # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
-        return tuple(sorted((t for t in lazy if any(u in reading for u in _shards((t,)))), key=lambda t: t._serial))
+        return _overwritten_reads(tensors, lazy, topo, assigns)[0]
 
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
@@ -1141,16 +1127,109 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
         if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
     return held
 
+def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, topo: dict[UOp, Any] | None,
+                       assigns: list[UOp] | None) -> tuple[tuple[Tensor, ...], set[UOp], set[UOp]]:
+    """Tensor._readers_of_overwritten, with the nodes of the graphs walked that read a target (directly or not) and
+    the target BUFFERs."""
+    if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
+    targets = {u.src[0].base for u in (topo if assigns is None else assigns)
+               if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
+    if not targets: return (), set(), targets
+    ids = {id(t) for t in tensors}
+    lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
+            any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
+    if not lazy: return (), set(), targets
+    # one walk over all their graphs (they mostly share one forward and backward graph, and most of it is the graph
+    # scheduled: its toposort isn't walked again), collecting the nodes that read a target
+    reading = set(targets)
+    for u in UOp.sink_of(*_shards(lazy)).toposort(known=topo):
+        if not reading.isdisjoint(u.src): reading.add(u)
+    # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
+    readers = tuple(sorted((t for t in lazy if any(u in reading for u in _shards((t,)))), key=lambda t: t._serial))
+    return readers, reading, targets
+
+# A reader of an overwritten buffer is deferred when computing it now would cost this many times more than keeping
+# what it needs (see _deferred_readers)
+DEFER_READER_RATIO = 4
+
+def _deferred_readers(readers: tuple[Tensor, ...], reading: set[UOp], targets: set[UOp],
+                      topo: dict[UOp, Any]) -> tuple[list[Tensor], list[tuple[Tensor, UOp]], list[Tensor]]:
+    """Which readers of overwritten buffers to compute now, and how to keep the others lazy. A reader's own part
+    (the nodes of its graph that the schedule doesn't compute) may be far more work than what it reads from the
+    scheduled graph: the gradient into a model's input, which nobody may ever read, is a whole matmul over weights the
+    optimizer overwrites. Such a reader stays lazy if its own part can read copies instead: each target buffer it reads
+    there (through views, rebuilt) is copied before the write (a snapshot), and each computed node of the scheduled
+    graph it reads there that depends on a target is kept in memory. Returns the readers to compute, the deferred
+    readers with their new graphs, and the tensors to compute with the schedule for them (snapshots and kept nodes)."""
+    computed: list[Tensor] = []
+    deferred: list[tuple[Tensor, UOp]] = []
+    keep: dict[UOp, UOp] = {}   # a kept node or target buffer -> what the schedule computes for it
+    def target_view(x: UOp) -> bool: return x.op in GroupOp.Movement and x.base in targets
+    for t in readers:
+        u = t.uop
+        if u.op is Ops.MULTI or u in topo or (plan := _deferral_plan(u, reading, targets, topo, target_view)) is None:
+            computed.append(t)
+            continue
+        own, kept, work, cost = plan
+        if work <= DEFER_READER_RATIO * cost:
+            computed.append(t)
+            continue
+        for f in kept:
+            if f not in keep: keep[f] = _snapshot(f) if f.op is Ops.BUFFER else f
+        new: dict[UOp, UOp] = {}
+        for x in own:   # the reader's own part, rebuilt over the snapshots (sources before users)
+            if x in topo and not target_view(x): new[x] = keep[x] if x in targets else x
+            else:
+                src = tuple(new[s] for s in x.src)
+                new[x] = x if src == x.src else x.replace(src=src)
+        deferred.append((t, new[u]))
+    return computed, deferred, [Tensor(v) for v in keep.values()]
+
+def _snapshot(buf: UOp) -> UOp:
+    """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes)."""
+    return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)))
+
+def _deferral_plan(u: UOp, reading: set[UOp], targets: set[UOp], topo: dict[UOp, Any],
+                   target_view: Callable[[UOp], bool]) -> tuple[dict[UOp, None], list[UOp], int, int] | None:
+    """The reader graph `u`'s own part (its nodes the schedule doesn't compute and the views of target buffers it
+    reads, with the scheduled nodes they read), the scheduled nodes to keep for it (the target buffers it reads, the
+    bases of the computed nodes it reads that depend on a target), the elements its reductions read, and the elements
+    keeping those nodes costs. None where a size is symbolic."""
+    def walked(x: UOp) -> bool: return x not in topo or target_view(x)
+    own = u.toposort(gate=walked)
+    work, frontier = 0, {}
+    for x in own:
+        if not walked(x): continue
+        if x.op is Ops.REDUCE_AXIS:
+            if not isinstance(n := prod(x.src[0].shape), int): return None
+            work += n
+        for s in x.src:
+            if not walked(s) and s in reading: frontier[s.base] = None
+    kept: list[UOp] = []
+    cost = 0
+    for base in frontier:
+        if base.op is Ops.BUFFER and base not in targets: continue
+        if not isinstance(n := prod(base.shape), int): return None
+        cost += n
+        kept.append(base)
+    return own, kept, work, cost
+
 def _walked(tensors: tuple[Tensor, ...]) -> tuple[_LiveTensors, StructureWalk]:
     """The live tensors for a schedule of `tensors`, and the walk of its graph: these tensors' and the other lazy
     tensors' that read a buffer they overwrite (_readers_of_overwritten), which are computed with them."""
     live = _LiveTensors(tensors)  # (no tensor is made below: one snapshot of the lazy ones serves)
     walk = StructureWalk().walk(live.roots())
-    if walk.assigns and (readers := Tensor._readers_of_overwritten(*tensors, lazy=live.lazy, topo=walk.position,
-                                                                   assigns=walk.assigns)):
-        # (the walk goes on from the graph walked: the toposort continues as toposort(known=...) would)
-        live.tensors += readers
-        walk.walk(_shards(readers))
+    if walk.assigns:
+        readers, reading, targets = _overwritten_reads(tensors, live.lazy, walk.position, walk.assigns)
+        if readers:
+            computed, deferred, kept = _deferred_readers(readers, reading, targets, walk.position)
+            for t, graph in deferred:
+                if _undo is not None: _undo.append((t, t.uop))
+                t.uop = graph
+            # (the walk goes on from the graph walked: the toposort continues as toposort(known=...) would)
+            live.tensors += tuple(computed) + tuple(kept)
+            live.lazy += kept   # (made after the snapshot of the lazy tensors: scheduling re-points them too)
+            walk.walk(_shards(computed + kept))
     return live, walk
 
 def _realize_replayed(todo: list[Tensor], do_update_stats: bool) -> bool:

@@ -29,18 +29,26 @@ class ExplainMixin:
         """What realizing these tensors will cost, without running or compiling it: kernels, FLOPs, bytes moved, the
         peak memory after the memory planner (and what is new at the peak) and, with `predict`, the time predicted by
         the device's roofline (measured once per machine, then read from the cache)."""
-        from fusegrad.tensor import lazy_tensors
+        from fusegrad.tensor import _shards, lazy_tensors
         tensors = (self,) + others
-        roots = _roots(tensors)
+        deferred: dict[int, UOp] = {}
+        roots = _roots(tensors, deferred)
         ids = {id(t) for t in tensors}
-        held = [u for t in lazy_tensors() if id(t) not in ids for u in _roots((t,))]
+        held = [u for t in lazy_tensors() if id(t) not in ids
+                for u in ([deferred[id(t)]] if id(t) in deferred else _shards((t,)))]
         return _explain.estimate(roots, held, GlobalCounters.mem_used, roofline(self.device) if predict else None)
 
-def _roots(tensors: tuple) -> list[UOp]:
-    from fusegrad.tensor import Tensor, _shards
+def _roots(tensors: tuple, deferred: dict[int, UOp] | None = None) -> list[UOp]:
+    """The graphs a realize of these tensors computes: theirs, and what it computes for the lazy tensors that read a
+    buffer they overwrite (those readers, or the copies a deferred one keeps: `deferred` gets its new graph by id)."""
+    from fusegrad.tensor import _deferred_readers, _overwritten_reads, _shards
     graph = list(_shards(tensors))
-    readers = Tensor._readers_of_overwritten(*tensors)
-    return graph + list(_shards(readers))
+    topo = UOp.sink_of(*graph).toposort()
+    readers, reading, targets = _overwritten_reads(tensors, None, topo, None)
+    if not readers: return graph
+    computed, later, kept = _deferred_readers(readers, reading, targets, topo)
+    if deferred is not None: deferred.update((id(t), g) for t, g in later)
+    return graph + list(_shards(computed + kept))
 
 # *** source tracking: Tensor creation notes its user's line, only while on ***
 

@@ -1,0 +1,119 @@
+"""A lazy tensor that reads a buffer a realize overwrites keeps the value it had when it was built. When computing it
+then would cost far more than copying what it reads (the gradient into a model's input, which nobody may read), it
+stays lazy over copies taken before the write: checked against torch and NumPy at the values before the write."""
+import numpy as np
+import torch
+from fusegrad import Tensor, TinyJit, nn
+from fusegrad.device import GlobalCounters
+from fusegrad.uop.ops import Ops
+
+def _torch_mlp(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, list[np.ndarray]]:
+    """The loss, the gradient into x and the weights' gradients of the 2-layer MLP, by torch."""
+    tx = torch.tensor(x, requires_grad=True)
+    tw = [torch.tensor(w, requires_grad=True) for w in weights]
+    h = torch.relu(tx @ tw[0].T + tw[1])
+    loss = torch.nn.functional.cross_entropy(h @ tw[2].T + tw[3], torch.tensor(y).long())
+    loss.backward()
+    return loss.item(), tx.grad.numpy(), [w.grad.numpy() for w in tw]
+
+def _mlp(seed: int) -> tuple[list[Tensor], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    l1, l2 = nn.Linear(96, 64), nn.Linear(64, 10)
+    x, y = rng.standard_normal((48, 96)).astype(np.float32), rng.integers(0, 10, 48).astype(np.int32)
+    return [l1.weight, l1.bias, l2.weight, l2.bias], x, y
+
+def _forward(params: list[Tensor], x: Tensor) -> Tensor:
+    return ((x @ params[0].T + params[1]).relu() @ params[2].T + params[3])
+
+def test_input_gradient_read_after_the_step_is_the_one_before_it():
+    params, xs, ys = _mlp(0)
+    opt = nn.optim.SGD(params, lr=0.5)
+    for step in range(3):   # (the later steps replay the first one's schedule)
+        before = [p.numpy().copy() for p in params]
+        x, y = Tensor(xs), Tensor(ys)
+        with Tensor.train():
+            opt.zero_grad()
+            loss = _forward(params, x).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step()
+        t_loss, t_dx, t_grads = _torch_mlp(before, xs, ys)
+        # the input's gradient was not computed with the step: it is still a graph (over copies of the weights)
+        assert x.grad.uop.base.op is not Ops.BUFFER, f"step {step}"
+        np.testing.assert_allclose(loss.numpy(), t_loss, rtol=1e-5, err_msg=f"step {step}")
+        np.testing.assert_allclose(x.grad.numpy(), t_dx, rtol=1e-4, atol=1e-7, err_msg=f"step {step}")
+        for p, b, g in zip(params, before, t_grads):
+            np.testing.assert_allclose(p.numpy(), b - 0.5 * g, rtol=1e-4, atol=1e-6, err_msg=f"step {step}")
+
+def test_the_step_runs_fewer_operations_without_the_input_gradient():
+    params, xs, ys = _mlp(1)
+    opt = nn.optim.SGD(params, lr=0.1)
+    x, y = Tensor(xs), Tensor(ys)
+    with Tensor.train():
+        opt.zero_grad()
+        _forward(params, x).sparse_categorical_crossentropy(y).backward()
+        ops0 = GlobalCounters.global_ops
+        opt.step()
+        step_ops = GlobalCounters.global_ops - ops0
+    # the product into x (2 * 48 * 64 * 96 operations) is not part of the step
+    ops1 = GlobalCounters.global_ops
+    dx = x.grad.numpy()
+    assert GlobalCounters.global_ops - ops1 >= 2 * 48 * 64 * 96
+    assert step_ops < 2 * (2 * 48 * 64 * 96) + 2 * 48 * 96 * 64, step_ops
+    assert dx.shape == (48, 96)
+
+def test_reader_of_a_computed_value_that_depends_on_the_overwritten_buffer():
+    rng = np.random.default_rng(2)
+    xs, ws, ms = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
+    x, w, m = Tensor(xs).realize(), Tensor(ws).realize(), Tensor(ms).realize()
+    a = (x @ w).relu()                          # read by the update and by the reader
+    reader = a @ m                              # its own part: a product over `a`, computed before the write
+    w.assign(w - 0.01 * (a.T @ x)).realize()
+    a_np = np.maximum(xs @ ws, 0)
+    np.testing.assert_allclose(w.numpy(), ws - 0.01 * (a_np.T @ xs), rtol=1e-4, atol=1e-4)
+    assert reader.uop.base.op is not Ops.BUFFER
+    w.assign(w * 0).realize()                   # a second write: the reader holds its own copies
+    np.testing.assert_allclose(reader.numpy(), a_np @ ms, rtol=1e-4, atol=1e-3)
+
+def test_cheap_reader_is_computed_with_the_write():
+    xs = np.arange(40, dtype=np.float32)
+    t = Tensor(xs).realize()
+    before = t + 10                             # an elementwise reader: cheaper than a copy of t
+    t.assign(t * 3).realize()
+    assert before.uop.base.op is Ops.BUFFER
+    np.testing.assert_allclose(before.numpy(), xs + 10)
+    np.testing.assert_allclose(t.numpy(), xs * 3)
+
+def test_reader_through_views_of_the_overwritten_buffer():
+    rng = np.random.default_rng(3)
+    ws, vs = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 32)).astype(np.float32)
+    w, v = Tensor(ws).realize(), Tensor(vs).realize()
+    reader = (w.T[::2] @ w.T[1::2].T).sum(1) + v.sum()   # strided, transposed views of w
+    w.assign(w + 1).realize()
+    np.testing.assert_allclose(reader.numpy(), (ws.T[::2] @ ws.T[1::2].T).sum(1) + vs.sum(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(w.numpy(), ws + 1)
+
+def test_jitted_step_matches_torch():
+    params, xs, ys = _mlp(4)
+    opt = nn.optim.Adam(params, lr=1e-2)
+    tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
+    topt = torch.optim.Adam(tparams, lr=1e-2)
+
+    @TinyJit
+    @Tensor.train()
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = _forward(params, x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        opt.step()
+        return loss
+    for i in range(3):
+        xi = np.roll(xs, i, axis=0)
+        loss = step(Tensor(xi), Tensor(ys)).numpy()
+        topt.zero_grad()
+        h = torch.relu(torch.tensor(xi) @ tparams[0].T + tparams[1])
+        tl = torch.nn.functional.cross_entropy(h @ tparams[2].T + tparams[3], torch.tensor(ys).long())
+        tl.backward()
+        topt.step()
+        np.testing.assert_allclose(loss, tl.item(), rtol=1e-4, err_msg=f"call {i}")
+    for p, tp in zip(params, tparams):
+        np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
