@@ -157,6 +157,22 @@ def forwarding(src: str) -> str | None:
                f"__atomic_load_n(&{nxt}, __ATOMIC_ACQUIRE); if (next) {{ next(a, core_lo, core_hi); return; }} "
     return _ENTRY.sub(forward, src)
 
+# the pragma the C renderer puts before a kernel to keep gcc's loop vectorizer off it (renderer/cstyle.py prelude). A
+# kernel with a pragma is compiled alone (it would apply to the kernels after it in a translation unit); at a level
+# that doesn't run the loop vectorizer it changes nothing (-Og: the same machine code with and without it for each of
+# the 91 kernels with it in bench/dump_kernels.py), so the quick tier drops it and batches those kernels too
+_NO_LOOP_VECTORIZE = '#pragma GCC optimize("no-tree-loop-vectorize")\n'
+
+def quick_source(src: str, flags: list[str]) -> str | None:
+    """The quick tier's source of a kernel (compiled with `flags`): `forwarding` entry points, and without the pragma
+    that keeps the loop vectorizer off where `flags` don't run it. None where the source has no entry point."""
+    out = forwarding(src)
+    if out is None or _NO_LOOP_VECTORIZE not in out: return out
+    level = [f for f in flags if re.fullmatch(r"-O[0-9sgz]?|-Ofast", f)]
+    vectorizes = any(f in ("-ftree-vectorize", "-ftree-loop-vectorize") for f in flags)
+    return out.replace(_NO_LOOP_VECTORIZE, "") if level and level[-1] in ("-O0", "-Og", "-O1") and not vectorizes \
+        else out
+
 class TieredCompiler:
     """Compiles new kernels in two tiers: `first` gives each source its optimized binary where a cache has it, else
     a quick one (`quick_flags`, `forwarding` entry points); `later` compiles the optimized binaries on a background
@@ -179,7 +195,7 @@ class TieredCompiler:
         out: dict[str, tuple[bytes, bool]] = {}
         for src in dict.fromkeys(srcs):
             if (lib := self.final.lookup(src)) is not None: out[src] = (lib, True)
-        todo = {src: forwarding(src) for src in dict.fromkeys(srcs) if src not in out}
+        todo = {src: quick_source(src, self.quick.flags) for src in dict.fromkeys(srcs) if src not in out}
         quick = [src for src, fwd in todo.items() if fwd is not None]
         for src, lib in zip(quick, self.quick.compile_cached_many([todo[src] for src in quick], units)):  # type: ignore
             out[src] = (lib, False)

@@ -15,7 +15,8 @@ from fusegrad.device import Buffer, CompileError
 from fusegrad.dtype import dtypes
 from fusegrad.engine import realize
 from fusegrad.helpers import Context
-from fusegrad.runtime.cpu_compiler import DEFAULT_FLAGS, CPUCompiler, TieredCompiler, forwarding, quick_flags
+from fusegrad.runtime.cpu_compiler import DEFAULT_FLAGS, CPUCompiler, TieredCompiler, forwarding, quick_flags, \
+    quick_source
 from fusegrad.runtime.ops_cpu import TieredCPUProgram
 
 @pytest.fixture(autouse=True)
@@ -47,6 +48,24 @@ def test_the_renderers_entry_points_get_forwarding():
     fwd = forwarding(src)
     assert fwd is not None and fwd.count("_next") == 2 and "_next)(void **, long, long);\n" in fwd
     assert forwarding("void k(float* a, long core_lo, long core_hi) { }") is None
+
+NO_LOOP_VECTORIZE = '#pragma GCC optimize("no-tree-loop-vectorize")'
+
+def test_the_quick_source_drops_the_loop_vectorizer_pragma_where_its_level_doesnt_vectorize():
+    src = f"#if defined(__GNUC__) && !defined(__clang__)\n{NO_LOOP_VECTORIZE}\n#endif\n" + entry_kernel("kq", 2.0)
+    quick = quick_source(src, quick_flags(DEFAULT_FLAGS))
+    assert quick == forwarding(src).replace(NO_LOOP_VECTORIZE + "\n", "")   # type: ignore[union-attr]
+    assert NO_LOOP_VECTORIZE not in quick
+    # a level or a flag that runs the loop vectorizer keeps it; a source without an entry point is not a quick one
+    assert NO_LOOP_VECTORIZE in quick_source(src, ["-O2", "-march=native"])   # type: ignore[operator]
+    assert NO_LOOP_VECTORIZE in quick_source(src, ["-Og", "-ftree-vectorize"])   # type: ignore[operator]
+    assert quick_source(f"{NO_LOOP_VECTORIZE}\nvoid k(float* a) {{ }}\n", ["-Og"]) is None
+    # without it, kernels that had it share one compiler run
+    a = quick_source(src, ["-Og"])
+    b = quick_source(src.replace("kq", "kr"), ["-Og"])
+    assert a is not None and b is not None and "#pragma" not in a + b
+    lib = CPUCompiler(["-Og"]).compile(a + b)
+    assert all(name.encode() in lib for name in ("kq_entry", "kr_entry"))
 
 def test_upgrade_forwards_callers_of_the_quick_entry():
     # the quick binary (entry forwarding) computes 2*a, its "optimized" stand-in 3*a: once upgraded, a call through
@@ -120,6 +139,9 @@ def test_both_tiers_give_the_same_results(small_schedules_tiered):
     finally: release_upgrades(held)
     for got, ref in zip(first, want): np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
     assert held and sum(len(srcs) for srcs, _ in held) >= len(outs)
+    # (the padded convolution's gated loads keep gcc's loop vectorizer off its optimized build; its quick build,
+    # without that pragma, gave the same bits)
+    assert any(NO_LOOP_VECTORIZE in src for srcs, _ in held for src in srcs)
     runners = [r for r in realize.method_cache.values() if r.p.src in {s for srcs, _ in held for s in srcs}]
     assert runners and all(r._prg._kept for r in runners)   # every one upgraded
     outs2, _ = workload(salt)   # (the same kernels again: from the method cache, now optimized)
