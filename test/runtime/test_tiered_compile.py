@@ -67,6 +67,13 @@ def test_the_quick_source_drops_the_loop_vectorizer_pragma_where_its_level_doesn
     lib = CPUCompiler(["-Og"]).compile(a + b)
     assert all(name.encode() in lib for name in ("kq_entry", "kr_entry"))
 
+def test_only_the_quick_tier_gets_gccs_one_region_register_allocation():
+    tiered = TieredCompiler(CPUCompiler(DEFAULT_FLAGS))
+    gcc = "Free Software Foundation" in subprocess.run([*tiered.final.cc, "--version"], capture_output=True,
+                                                        text=True).stdout
+    assert ("-fira-region=one" in tiered.quick.flags) == gcc and "-fira-region=one" not in tiered.background.flags
+    assert tiered.quick.flags[:len(quick_flags(DEFAULT_FLAGS))] == quick_flags(DEFAULT_FLAGS)
+
 def test_upgrade_forwards_callers_of_the_quick_entry():
     # the quick binary (entry forwarding) computes 2*a, its "optimized" stand-in 3*a: once upgraded, a call through
     # the program and a launch prepared before the upgrade (which holds the quick entry's address) both run the new code
