@@ -1,5 +1,5 @@
-"""ONNX's 8-, 4- and 2-bit element types (FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0,
-FLOAT4E2M1, INT4, UINT4, INT2, UINT2), which have no fusegrad dtype.
+"""ONNX's 8-, 6-, 4- and 2-bit element types (FLOAT8E4M3FN, FLOAT8E4M3FNUZ, FLOAT8E5M2, FLOAT8E5M2FNUZ, FLOAT8E8M0,
+FLOAT6E2M3, FLOAT6E3M2, FLOAT4E2M1, INT4, UINT4, INT2, UINT2), which have no fusegrad dtype.
 
 A tensor of such a type is held in a wider fusegrad dtype whose values are always exactly representable in the narrow
 type: float32 for the float formats, int8 / uint8 for the integer ones, and the uint8 code for FLOAT8E8M0 (its values
@@ -8,8 +8,8 @@ Tensor that names its ONNX type and whose `numpy()` gives the array in ml_dtypes
 
 Rounding into a narrow type (Cast, QuantizeLinear) is written with Tensor ops, so it runs on the device and under
 TinyJit: round to nearest even at the format's precision (subnormals included), then overflow per the `saturate`
-attribute and the format (the FN and FNUZ formats have no infinity, the FNUZ ones no negative zero, FLOAT4E2M1 has
-neither infinity nor NaN and always saturates)."""
+attribute and the format (the FN and FNUZ formats have no infinity, the FNUZ ones no negative zero, FLOAT6E2M3,
+FLOAT6E3M2 and FLOAT4E2M1 have neither infinity nor NaN and always saturate)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ class FloatFormat:
     emin: int
     max: float
     inf: bool          # has infinities (else an overflow without saturation is NaN)
-    nan: bool          # has NaN (FLOAT4E2M1 has none: it always saturates)
+    nan: bool          # has NaN (FLOAT6 and FLOAT4E2M1 have none: they always saturate)
     neg_zero: bool     # has a negative zero (the FNUZ formats don't)
 
     @property
@@ -65,6 +65,10 @@ NARROW: dict[int, Narrow] = {
                               FloatFormat(2, -15, 57344.0, inf=False, nan=True, neg_zero=False)),
     TP.FLOAT4E2M1: Narrow("FLOAT4E2M1", dtypes.float32, ml_dtypes.float4_e2m1fn,
                           FloatFormat(1, 0, 6.0, inf=False, nan=False, neg_zero=True)),
+    TP.FLOAT6E2M3: Narrow("FLOAT6E2M3", dtypes.float32, ml_dtypes.float6_e2m3fn,
+                          FloatFormat(3, 0, 7.5, inf=False, nan=False, neg_zero=True)),
+    TP.FLOAT6E3M2: Narrow("FLOAT6E3M2", dtypes.float32, ml_dtypes.float6_e3m2fn,
+                          FloatFormat(2, -2, 28.0, inf=False, nan=False, neg_zero=True)),
     TP.FLOAT8E8M0: Narrow("FLOAT8E8M0", dtypes.uint8, ml_dtypes.float8_e8m0fnu, "e8m0"),
     TP.INT4: Narrow("INT4", dtypes.int8, ml_dtypes.int4, (-8, 7)),
     TP.UINT4: Narrow("UINT4", dtypes.uint8, ml_dtypes.uint4, (0, 15)),
@@ -131,6 +135,7 @@ def plain(t: Tensor) -> Tensor:
 
 def _bits(n: Narrow) -> int:
     """The bits a code has (ml_dtypes keeps a code in the low bits of a byte)."""
+    if n.np_type in (ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn): return 6
     return 4 if n.np_type in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.float4_e2m1fn) else \
         2 if n.np_type in (ml_dtypes.int2, ml_dtypes.uint2) else 8
 

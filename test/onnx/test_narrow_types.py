@@ -14,14 +14,22 @@ from fusegrad import Tensor  # noqa: E402
 from fusegrad.onnx import OnnxRunner, OnnxUnsupportedError  # noqa: E402
 from fusegrad.onnx.narrow import NARROW, NarrowTensor, round_to, values  # noqa: E402
 
-FLOATS = [TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ, TP.FLOAT4E2M1]
+FLOATS = [TP.FLOAT8E4M3FN, TP.FLOAT8E4M3FNUZ, TP.FLOAT8E5M2, TP.FLOAT8E5M2FNUZ, TP.FLOAT6E2M3, TP.FLOAT6E3M2,
+          TP.FLOAT4E2M1]
+# the formats without NaN or infinity, which always saturate
+SATURATING = [TP.FLOAT6E2M3, TP.FLOAT6E3M2, TP.FLOAT4E2M1]
+
+
+def _count(t: int) -> int:
+    """The number of codes of a float format."""
+    return 16 if t == TP.FLOAT4E2M1 else 64 if t in (TP.FLOAT6E2M3, TP.FLOAT6E3M2) else 256
 INTS = [TP.INT4, TP.UINT4, TP.INT2, TP.UINT2]
 
 
 def _codes(t: int) -> np.ndarray:
     """Every value of a format, as float32 (ml_dtypes decodes the codes)."""
     n = NARROW[t]
-    count = 16 if t == TP.FLOAT4E2M1 else 256
+    count = _count(t)
     return np.arange(count, dtype=np.uint8).view(n.np_type).astype(np.float32)
 
 
@@ -42,9 +50,9 @@ def _probe_values(t: int) -> np.ndarray:
 
 def _reference(x: np.ndarray, t: int, saturate: bool) -> np.ndarray:
     """ml_dtypes' cast; with saturation, values beyond the largest one (infinities too) are clamped first, which is
-    ONNX's saturating cast (FLOAT4E2M1 always saturates)."""
+    ONNX's saturating cast (the formats without NaN always saturate)."""
     n = NARROW[t]
-    if saturate and t != TP.FLOAT4E2M1:
+    if saturate and t not in SATURATING:
         big = float(ml_dtypes.finfo(n.np_type).max)
         x = np.where(np.isnan(x), x, np.clip(x, -big, big)).astype(x.dtype)
     return x.astype(n.np_type)
@@ -82,7 +90,7 @@ def _nearest_code(x: np.ndarray, t: int) -> np.ndarray:
     """Saturating round to nearest even, by search over the codes in float64 (ml_dtypes rounds a float64 through
     float32, which can round twice)."""
     n = NARROW[t]
-    count = 16 if t == TP.FLOAT4E2M1 else 256
+    count = _count(t)
     codes = np.arange(count, dtype=np.uint8)
     vals = codes.view(n.np_type).astype(np.float64)
     keep = np.isfinite(vals) & (vals >= 0) & ~((vals == 0) & (np.arange(count) != 0))
@@ -116,7 +124,7 @@ def test_float_rounding_from_float64(t):
 @pytest.mark.parametrize("t", FLOATS + INTS, ids=lambda t: NARROW[t].name)
 def test_every_code_round_trips(t):
     n = NARROW[t]
-    if t in FLOATS: arr = np.arange(16 if t == TP.FLOAT4E2M1 else 256, dtype=np.uint8).view(n.np_type)
+    if t in FLOATS: arr = np.arange(_count(t), dtype=np.uint8).view(n.np_type)
     else: arr = np.arange(n.fmt[0], n.fmt[1] + 1).astype(n.np_type)  # type: ignore[index]
     got = round_to(Tensor(arr.astype(np.float32)), t, False).numpy()
     _assert_same(got, arr, arr.astype(np.float32))
@@ -165,7 +173,7 @@ def _cast_model(src: int, dst: int, shape: list[int], **attrs) -> onnx.ModelProt
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
 
 
-@pytest.mark.parametrize("t", [TP.FLOAT8E4M3FN, TP.FLOAT8E5M2FNUZ, TP.INT4, TP.FLOAT4E2M1],
+@pytest.mark.parametrize("t", [TP.FLOAT8E4M3FN, TP.FLOAT8E5M2FNUZ, TP.INT4, TP.FLOAT4E2M1, TP.FLOAT6E3M2],
                          ids=lambda t: NARROW[t].name)
 def test_cast_under_jit(t):
     x = _probe_values(TP.FLOAT8E4M3FN)[:64] if t in FLOATS else np.arange(-8, 8, 0.25, dtype=np.float32)
@@ -227,7 +235,8 @@ def test_narrow_input_errors():
         OnnxRunner(model)({"x": np.zeros(3, ml_dtypes.float8_e5m2)})
 
 
-@pytest.mark.parametrize("t", [TP.INT4, TP.UINT4, TP.INT2, TP.UINT2, TP.FLOAT8E4M3FN, TP.FLOAT4E2M1],
+@pytest.mark.parametrize("t", [TP.INT4, TP.UINT4, TP.INT2, TP.UINT2, TP.FLOAT8E4M3FN, TP.FLOAT4E2M1,
+                               TP.FLOAT6E2M3],
                          ids=lambda t: NARROW[t].name)
 def test_quantize_dequantize(t):
     x = np.linspace(-20, 20, 81).astype(np.float32)
