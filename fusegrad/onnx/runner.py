@@ -340,9 +340,10 @@ class OnnxRunner:
     @property
     def output_names(self) -> list[str]: return list(self.graph.output_names)
 
-    def _check_inputs(self, inputs: Mapping[str, Any], held: bool = False) -> dict[str, Tensor]:
-        """The inputs checked and made Tensors. An input of an 8-, 4- or 2-bit type is an array of ml_dtypes' type (with
-        `held`, already the holder's array) or a Tensor holding it, and becomes a NarrowTensor."""
+    def _check_inputs(self, inputs: Mapping[str, Any], held: bool = False, exact: bool = False) -> dict[str, Tensor]:
+        """The inputs checked and made Tensors. An input of a narrow type is an array of ml_dtypes' type (with `held`,
+        already the holder's array, checked to hold values of the type unless `exact` says they came from ml_dtypes'
+        type) or a Tensor holding it, and becomes a NarrowTensor."""
         unknown = [k for k in inputs if k not in self.input_specs]
         if unknown: raise OnnxInputError(f"unknown input names {unknown}: the model's inputs are {self.input_names}")
         missing = [k for k in self.input_specs if k not in inputs]
@@ -378,7 +379,8 @@ class OnnxRunner:
                 arrays[name] = arr
             if dt is not None and t.dtype != dt:
                 raise OnnxInputError(f"input {name!r} must have dtype {dt.name}, got {t.dtype.name}")
-            if name in self.narrow_inputs and not isinstance(v, NarrowTensor) and (held or isinstance(v, Tensor)):
+            if name in self.narrow_inputs and not isinstance(v, NarrowTensor) and \
+                    (held and not exact or isinstance(v, Tensor)):
                 t = self._exact_narrow(name, t, arrays.get(name))
             if dims is not None:
                 if len(dims) != len(t.shape):
@@ -504,7 +506,7 @@ class JitRunner:
             if (plan := self._out_plans.get(key)) is None: plan = self._out_plans[key] = [_out_plan(o) for o in outs]
             return self._narrowed({n: _to_numpy(o) if p is None else _copy_out(o, *p)
                                    for n, o, p in zip(self.runner.output_names, outs, plan)})
-        bound = self.runner.bind_inputs(given, held=True)   # (checks names, dtypes and shapes)
+        bound = self.runner._check_inputs(given, held=True, exact=True)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
             # static shapes: memory kept per input, filled from the arrays from now on
             kept = self._kept[key] = [plain_tensor(bound[n]).contiguous().realize() for n in names]
