@@ -95,9 +95,14 @@ def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[
     inner = UOp(Ops.REDUCE, dt, (x.substitute({r: outer * b + block}), block, *loops[j:], *expanded), Ops.ADD)
     ret = _cascade(ctx, dt, inner, loops[:j - 1] + [outer], [], vecs)
     if rest is None: return ret
-    # the remainder's loops, and those of the sums inside x (blocks of a cascade), are loops of their own: a RANGE is
-    # one loop of the kernel
-    inside = [o for u in x.toposort() if u.op is Ops.REDUCE for o in u.src[1:] if range_kind(o) == "reduce"]
+    # the remainder's loops, and those of the sums inside x that depend on these loops (blocks of a cascade), are
+    # loops of their own: a RANGE is one loop of the kernel. A reduction inside x that doesn't (a row's max under a
+    # sum of exp) has the same value in the remainder: it is not computed again there
+    varying = set(loops)
+    for u in x.toposort():
+        if u not in varying and not varying.isdisjoint(u.src): varying.add(u)
+    inside = [o for u in x.toposort() if u.op is Ops.REDUCE and u in varying for o in u.src[1:]
+              if range_kind(o) == "reduce"]
     fresh = {o: ctx.splits.setdefault((r, b, o), _new_range(ctx, range_size(o))) for o in loops + inside if o is not r}
     fresh[r] = rest + (n // b) * b
     return ret + _cascade(ctx, dt, x.substitute(fresh), [fresh[o] if o is not r else rest for o in loops], expanded,

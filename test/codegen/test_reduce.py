@@ -445,3 +445,21 @@ def test_short_sums_are_not_blocked(monkeypatch):
     assert srcs[:-1] == unblocked[:-1]
     # (a long float sum does change: its blocks are loops)
     assert srcs[-1].count("for (long ridx") > unblocked[-1].count("for (long ridx")
+
+@pytest.mark.parametrize("noopt", [False, True])
+def test_long_sum_over_a_row_statistic_computes_the_statistic_once(noopt):
+    # out[i] = sum_k exp(a[i, k] - max_j a[i, j]) (a softmax denominator over a vocabulary): the blocked sum's
+    # remainder loop reads the same row max; the max is not computed again for it
+    M, K = 3, 50257
+    a = RS.standard_normal((M, K)).astype(np.float32) * 4
+    r0, rk, rj = rng(M, 0), rng(K, 1, "reduce"), rng(K, 2, "reduce")
+    row = glob(1, dtypes.float32, M * K)
+    mx = UOp(Ops.REDUCE, dtypes.float32, (row.index(r0 * K + rj).load(), rj), Ops.MAX)
+    term = (row.index(r0 * K + rk).load() - mx).alu(Ops.EXP2)
+    ast = UOp.sink_of(glob(0, dtypes.float32, M).index(r0).store(reduce(term, rk)))
+    out = np.zeros(M, np.float32)
+    p = run(ast, [out, a], noopt=noopt)
+    a64 = a.astype(np.float64)
+    np.testing.assert_allclose(out, np.exp2(a64 - a64.max(1, keepdims=True)).sum(1), rtol=1e-5)
+    if noopt:   # one loop over the whole row: the max's (the sum's are its blocks and their remainders)
+        assert p.src.count(f"< {K};") == 1, p.src
