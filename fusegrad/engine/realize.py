@@ -464,9 +464,15 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     return compile_kernels(device, [ast])[0]
 
 # Code generation is Python (one core) and a C compiler is a process of its own: while the kernels of a big schedule
-# are generated, the ones generated so far are compiled on the other cores, a group each time code generation has run
-# this long since the last group was sent (each group one compiler run; the last group split across the cores).
-PIPELINE_GROUP_S = 0.15
+# are generated, the ones generated so far are compiled on the other cores (each group one compiler run; the last
+# group split across the cores). A group is sent once code generation has run PIPELINE_GROUP_S since the last one and
+# fewer groups than PIPELINE_SLOTS (the cores but the one generating code) are compiling: the first compile starts
+# early, and where compiling is the slower side the kernels generated meanwhile make one bigger group instead of a
+# queue of compiler runs that each pay for starting the compiler. Schedules of fewer than QUICK_MIN_KERNELS new kernels
+# (eager ops, tests) wait PIPELINE_SMALL_GROUP_S: a compiler run more costs them about as much as it overlaps.
+PIPELINE_GROUP_S = 0.05
+PIPELINE_SMALL_GROUP_S = 0.15
+PIPELINE_SLOTS: int | None = None   # (None: the host's cores less one)
 
 # QUICK_COMPILE=1: a schedule of at least QUICK_MIN_KERNELS new kernels, on a device that compiles in two tiers (CPU:
 # TieredCompiler), is compiled quickly first and runs while its optimized build compiles in the background, which then
@@ -493,6 +499,8 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
         if tiered is not None: return tiered.first(srcs, units)
         return [(lib, True) for lib in dev.compiler.compile_cached_many(srcs, units)]
     groups: list[Future] = []   # the compiles of the groups sent so far, in order
+    slots = PIPELINE_SLOTS if PIPELINE_SLOTS is not None else max(1, host_cpu_count() - 1)
+    group_s = PIPELINE_GROUP_S if len(asts) >= QUICK_MIN_KERNELS else PIPELINE_SMALL_GROUP_S
     compiling: ThreadPoolExecutor | None = None
     try:
         first, since = 0, time.perf_counter()
@@ -509,7 +517,8 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
             if DEBUG >= 3:
                 print(ast)
                 print(f"{p.name}: applied opts {p.applied_opts}")
-            if pipelined and len(programs) < len(asts) and time.perf_counter() - since >= PIPELINE_GROUP_S:
+            if pipelined and len(programs) < len(asts) and time.perf_counter() - since >= group_s and \
+                    sum(not g.done() for g in groups) < slots:
                 if compiling is None: compiling = ThreadPoolExecutor(max_workers=host_cpu_count())
                 groups.append(compiling.submit(compile_group, [q.src for q in programs[first:]], 1))
                 first, since = len(programs), time.perf_counter()

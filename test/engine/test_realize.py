@@ -1,6 +1,7 @@
 """The engine: ExecItems lowered to runners (kernels, copies, views), run by run_schedule, counted in GlobalCounters."""
 import sys
 import types
+import re
 import uuid
 import numpy as np
 import pytest
@@ -231,10 +232,13 @@ def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
     from fusegrad import Tensor
     from fusegrad.runtime import ops_cpu
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))   # (a fresh disk cache: nothing is served from it)
-    monkeypatch.setattr(realize, "PIPELINE_GROUP_S", 0.0)
+    monkeypatch.setattr(realize, "PIPELINE_SMALL_GROUP_S", 0.0)
+    monkeypatch.setattr(realize, "PIPELINE_SLOTS", 6)   # (a group is sent whatever the ones before it are doing)
     runs: list[int] = []
     compile_one = ops_cpu.CPUCompiler.compile
-    monkeypatch.setattr(ops_cpu.CPUCompiler, "compile", lambda self, src: runs.append(src.count("_entry(void")) or
+    # (kernels' entry points as the C renderer writes them: the C pool's source only names them in a comment)
+    monkeypatch.setattr(ops_cpu.CPUCompiler, "compile", lambda self, src:
+                        runs.append(len(re.findall(r"^void \w+_entry\(void", src, flags=re.MULTILINE))) or
                         compile_one(self, src))
     salt = uuid.uuid4().int % 1000 / 1000   # (constants no earlier test compiled: new kernels)
     x = np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64)
@@ -247,6 +251,46 @@ def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
     kernel_runs = [n for n in runs if n]   # (the C pool's own source has no kernel)
     assert sum(kernel_runs) == 6 and kernel_runs[:5] == [1] * 5
+
+def test_kernels_generated_while_a_group_compiles_make_one_group(monkeypatch, tmp_path):
+    # with one compile slot, the kernels generated while the first group compiles wait for it and go to the compiler
+    # together (here: the first kernel alone, the other five the last group, after code generation); every runner
+    # still gets its own kernel's binary (results against numpy)
+    import threading
+    from fusegrad import Tensor, codegen
+    from fusegrad.runtime import ops_cpu
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(realize, "PIPELINE_SMALL_GROUP_S", 0.0)
+    monkeypatch.setattr(realize, "PIPELINE_SLOTS", 1)
+    generated, all_generated = [0], threading.Event()
+    get_program = codegen.get_program
+    def counting(*args, **kwargs):
+        p = get_program(*args, **kwargs)
+        generated[0] += 1
+        if generated[0] == 6: all_generated.set()
+        return p
+    monkeypatch.setattr(codegen, "get_program", counting)
+    runs: list[tuple[int, bool]] = []   # (kernels, whether the compile began while kernels were generated)
+    compile_one = ops_cpu.CPUCompiler.compile
+    def compile_after_codegen(self, src):
+        n = len(re.findall(r"^void \w+_entry\(void", src, flags=re.MULTILINE))
+        during = 0 < generated[0] < 6
+        runs.append((n, during))
+        # (a group sent while the schedule's kernels are generated compiles until the last one was)
+        if n and during: assert all_generated.wait(60)
+        return compile_one(self, src)
+    monkeypatch.setattr(ops_cpu.CPUCompiler, "compile", compile_after_codegen)
+    # (a row length no other test uses: kernels that neither the method cache nor the compiler's memory has)
+    salt, n = uuid.uuid4().int % 1000 / 1000, 200 + uuid.uuid4().int % 800
+    x = np.linspace(-3, 3, 64 * n, dtype=np.float32).reshape(64, n)
+    t = Tensor(x)
+    outs = [(t * (salt + i)).exp().sum(1) if i % 2 else (t + salt - i).relu().max(0) for i in range(6)]
+    with Context(CACHELEVEL=0, QUICK_COMPILE=0): Tensor.realize(*outs)
+    for i, o in enumerate(outs):
+        want = np.exp(x.astype(np.float64) * (salt + i)).sum(1) if i % 2 else np.maximum(x + salt - i, 0).max(0)
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+    kernel_runs = [r for r in runs if r[0]]
+    assert sum(n for n, _ in kernel_runs) == 6 and [r for r in kernel_runs if r[1]] == [(1, True)], runs
 
 def test_replayed_schedules_use_prepared_launches():
     # a schedule replayed from its plan gets each kernel's launch prepared once (its buffers passed per step): the
