@@ -91,7 +91,7 @@ CONTROL_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 class NarrowTensor(Tensor):
-    """A Tensor holding values of an ONNX 8-, 4- or 2-bit element type (`onnx_type`, a TensorProto data type) in a
+    """A Tensor holding values of an ONNX 8-, 6-, 4- or 2-bit element type (`onnx_type`, a TensorProto data type) in a
     wider fusegrad dtype; `numpy()` returns them in ml_dtypes' type."""
     __slots__ = ("onnx_type",)
 

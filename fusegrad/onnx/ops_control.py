@@ -66,7 +66,7 @@ def loop(trip_count: Tensor | None, cond: Tensor | None, *carried: Tensor, body:
     n_scan = ctx.n_outputs - len(state)
     if not scans and n_scan:
         raise Unsupported("a Loop that runs no iteration with scan outputs (their shape comes from the body)")
-    # (stacking makes a new tensor: values of an 8-, 4- or 2-bit type keep it)
+    # (stacking makes a new tensor: values of an 8-, 6-, 4- or 2-bit type keep it)
     return state + [retag(Tensor.stack(*acc, dim=0), common_type(acc)) for acc in scans]
 
 

@@ -52,7 +52,7 @@ def saturate_to(v: Tensor, dt: DType) -> Tensor:
 
 
 def _quant_type(zero_point: Tensor | None, output_dtype: int) -> DType | int:
-    """The quantized type: a fusegrad dtype, or the ONNX type of an 8-, 4- or 2-bit one."""
+    """The quantized type: a fusegrad dtype, or the ONNX type of an 8-, 6-, 4- or 2-bit one."""
     zp_type: DType | int | None = None
     if zero_point is not None:
         zp_type = t if (t := narrow.narrow_type(zero_point)) is not None else zero_point.dtype
@@ -73,8 +73,8 @@ def quantize_linear(x: Tensor, scale: Tensor, zero_point: Tensor | None = None, 
     # `saturate` only changes float8 outputs: integer outputs always saturate
     dt = _quant_type(zero_point, output_dtype)
     if isinstance(dt, DType) and dt not in QUANT_RANGES:
-        raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16 and the 8-, 4- and 2-bit "
-                          f"types)")
+        raise Unsupported(f"quantized type {dt.name} (supported: uint8, int8, uint16, int16 and the 8-, 6-, 4- and "
+                          f"2-bit types)")
     if isinstance(dt, int) and narrow.NARROW[dt].fmt == "e8m0":
         # (FLOAT8E8M0 is a type of scales: the spec's output types don't include it, nor does onnx's reference)
         raise ValueError("QuantizeLinear can't quantize to FLOAT8E8M0, which the spec allows only as a scale's type")

@@ -215,7 +215,7 @@ def cast_like(x: Any, like: Any, *, saturate: int = 1, round_mode: str = "up") -
 
 def _to_strings(x: Tensor) -> np.ndarray:
     """Numbers as strings the way onnx's reference writes them (NumPy's str of each value in its own type: the
-    shortest text that reads back as the same value, "inf", "nan", "True"); ml_dtypes' types (bfloat16, the 8-, 4-
+    shortest text that reads back as the same value, "inf", "nan", "True"); ml_dtypes' types (bfloat16, the 8-, 6-, 4-
     and 2-bit ones) by their own str."""
     if x.dtype == dtypes.bfloat16: arr = np.asarray(host_value(x)).astype(ml_dtypes.bfloat16)
     elif isinstance(x, narrow.NarrowTensor): arr = x.numpy()

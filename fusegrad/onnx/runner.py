@@ -66,7 +66,7 @@ def tensor_proto_to_tensor(tp: onnx.TensorProto, base_dir: str | None = None) ->
         if base_dir is None: raise Unsupported(f"tensor {tp.name!r} has external data but the model has no folder")
         onnx.external_data_helper.load_external_data_for_tensor(tp, base_dir)
     arr = numpy_helper.to_array(tp)
-    # (an 8-, 4- or 2-bit type: onnx unpacks it to ml_dtypes' type, held in a wider dtype)
+    # (an 8-, 6-, 4- or 2-bit type: onnx unpacks it to ml_dtypes' type, held in a wider dtype)
     if tp.data_type in NARROW: return NarrowTensor(array_to_tensor(from_narrow_numpy(arr, tp.data_type)), tp.data_type)
     return array_to_tensor(arr, dtype)
 
@@ -186,8 +186,8 @@ def _string_node(node: Node, args: list[Any], ctx: Context) -> Any:
 
 
 def _narrow_in(node: Node, args: list[Any]) -> int | None:
-    """The 8-, 4- or 2-bit element type of the inputs of an op that doesn't know these types (None if there is none):
-    only ops that move values may have such inputs."""
+    """The narrow element type of the inputs of an op that doesn't know these types (None if there is none): only ops
+    that move values may have such inputs."""
     tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, Tensor)]
     types = {narrow_type(t) for t in tensors} - {None}
     if not types: return None
@@ -289,7 +289,7 @@ class OnnxRunner:
         self.input_specs: dict[str, tuple[DType | None, tuple[int | str | None, ...] | None]] = {}
         # inputs of sequence or optional type: a list of arrays or Tensors, and None for an empty optional
         self.sequence_inputs: dict[str, str] = {}
-        # inputs of an 8-, 4- or 2-bit element type: their ONNX type (input_specs has the holder's dtype)
+        # inputs of an 8-, 6-, 4- or 2-bit element type: their ONNX type (input_specs has the holder's dtype)
         self.narrow_inputs: dict[str, int] = {}
         # string inputs: NumPy arrays of str, kept on the host
         self.string_inputs: set[str] = set()
@@ -409,7 +409,7 @@ class OnnxRunner:
         return _exact_narrow(f"input {name!r}", self.narrow_inputs[name], t, arr)
 
     def _tagged(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The graph's input values with those of an 8-, 4- or 2-bit type as NarrowTensors."""
+        """The graph's input values with those of an 8-, 6-, 4- or 2-bit type as NarrowTensors."""
         return {n: NarrowTensor(v, self.narrow_inputs[n]) if n in self.narrow_inputs and isinstance(v, Tensor)
                 and not isinstance(v, NarrowTensor) else v for n, v in values.items()}
 
@@ -442,7 +442,7 @@ class OnnxRunner:
                     **kwargs: Any) -> dict[str, Tensor]:
         """The inputs as the runner passes them to the graph: checked, with the named dims bound Variables. Pass these
         to a TinyJit function that calls the runner, so its capture serves every batch size. `held`: arrays for inputs
-        of 8-, 4- or 2-bit types are already in the holder's dtype."""
+        of 8-, 6-, 4- or 2-bit types are already in the holder's dtype."""
         return self._check_inputs(dict(inputs or {}, **kwargs), held)
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Tensor]:
@@ -477,7 +477,7 @@ class JitRunner:
         self._bufs: dict[tuple, list[Any]] = {}
         self._out_plans: dict[tuple, list[tuple[tuple[int, ...], np.dtype] | None]] = {}
         self._last: Any = None
-        # the 8-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
+        # the 8-, 6-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
         self._out_types: list[int | None] = []
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
@@ -534,13 +534,13 @@ class JitRunner:
         return self._narrowed({n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)})
 
     def _narrowed(self, outs: dict[str, Any]) -> dict[str, Any]:
-        """The NumPy outputs with those of 8-, 4- or 2-bit types in ml_dtypes' types."""
+        """The NumPy outputs with those of 8-, 6-, 4- or 2-bit types in ml_dtypes' types."""
         if not any(self._out_types): return outs
         return {n: _narrow_numpy(v, t) for (n, v), t in zip(outs.items(), self._out_types)}
 
 
 def _narrow_types(v: Any) -> Any:
-    """The 8-, 4- or 2-bit type of an output (None for others; a list of them for a sequence)."""
+    """The 8-, 6-, 4- or 2-bit type of an output (None for others; a list of them for a sequence)."""
     return [narrow_type(x) for x in v] if isinstance(v, list) else narrow_type(v)
 
 
@@ -551,7 +551,7 @@ def _narrow_numpy(v: Any, t: Any) -> Any:
 
 
 def _keep_narrow(old: Any, new: Any) -> Any:
-    """`new` (a copy of `old`) with the 8-, 4- or 2-bit type of `old` (elementwise for sequences)."""
+    """`new` (a copy of `old`) with the 8-, 6-, 4- or 2-bit type of `old` (elementwise for sequences)."""
     if isinstance(old, list) and isinstance(new, list): return [_keep_narrow(o, n) for o, n in zip(old, new)]
     t = narrow_type(old)
     return NarrowTensor(new, t) if t is not None and not isinstance(new, NarrowTensor) else new
@@ -611,7 +611,7 @@ def _to_numpy(v: Any) -> Any:
 
 
 def _exact_narrow(what: str, nt: int, t: Tensor, arr: np.ndarray | None) -> Tensor:
-    """A value of an 8-, 4- or 2-bit type given in its holder's dtype (a plain Tensor, or an array with `held`):
+    """A value of an 8-, 6-, 4- or 2-bit type given in its holder's dtype (a plain Tensor, or an array with `held`):
     every value must be one of the type's, since the holder's values are read as they are. onnxruntime refuses a
     tensor of another element type; so does this check, where the values can be read: on the host, or read back
     outside a TinyJit capture. Inside a capture they are rounded into the type on the device (as a saturating Cast),
@@ -640,7 +640,7 @@ def _element_type(tp: onnx.TypeProto) -> int | None:
 
 def _sequence_input(name: str, v: Any, kind: str, nt: int | None = None, held: bool = False) -> Any:
     """A sequence input as a list of Tensors; an optional one as None (empty), a Tensor or such a list. `nt`: the
-    8-, 4- or 2-bit element type of its tensors (given as arrays of ml_dtypes' type or as held values)."""
+    8-, 6-, 4- or 2-bit element type of its tensors (given as arrays of ml_dtypes' type or as held values)."""
     def tensor(x: Any) -> Tensor:
         if nt is not None: return _narrow_element(x)
         if isinstance(x, Tensor): return x
