@@ -333,7 +333,7 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
                           head_sink: Tensor | None = None, *, do_rotary: int = 0, kv_num_heads: int,
                           local_window_size: int = -1, num_heads: int, qk_output: int = 0,
                           rotary_interleaved: int = 0, scale: float | None = None, smooth_softmax: int = 0,
-                          softcap: float = 0.0, ctx: Context | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                          softcap: float = 0.0, ctx: Context | None = None) -> tuple[Tensor, ...]:
     """Causal grouped-query attention with a key/value cache: `seqlens_k[b] + 1` keys are valid for batch b (the
     cache's past ones, then this block's S); the present outputs hold the past's valid keys followed by the new ones
     (as long as the longer of total_sequence_length and the past buffer; positions past a batch's length are 0).
@@ -347,7 +347,7 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     positions without a past): the length a capture's replays give is fixed, as every shape of theirs is."""
     if do_rotary and (cos_cache is None or sin_cache is None):
         raise ValueError("do_rotary needs cos_cache and sin_cache")
-    if qk_output: raise Unsupported(f"GroupQueryAttention qk_output={qk_output}")
+    if qk_output not in (0, 1, 2): raise ValueError(f"qk_output must be 0, 1 or 2, got {qk_output}")
     if key is None:
         # q, k and v packed along the hidden dim
         kv_hidden = (query.shape[2] // (num_heads + 2 * kv_num_heads)) * kv_num_heads
@@ -398,8 +398,13 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     if attention_bias is not None: bias = bias + attention_bias.pad(((0, 0),) * 3 + ((0, length - total),))
     # smooth_softmax: a logit of 0 joins each row's softmax; head_sink: a logit per head instead
     sink = head_sink if head_sink is not None else Tensor.zeros(num_heads, dtype=q.dtype) if smooth_softmax else None
-    out = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)[0]
-    return from_heads(out).cast(query.dtype), present_k, present_v
+    out, _, biased, probs = attend(q, present_k, present_v, bias, scale or None, softcap, split_scale=False, sink=sink)
+    outs = (from_heads(out).cast(query.dtype), present_k, present_v)
+    if not qk_output: return outs
+    # qk_output 1: the scaled (and softcapped) scores with attention_bias, 0 where the masks hide a key; 2: the
+    # probabilities (onnxruntime's)
+    qk = allowed.where(biased, 0.0) if qk_output == 1 else probs
+    return *outs, qk[..., :total] if isinstance(total, int) and isinstance(length, int) and total < length else qk
 
 
 def _readable(t: Tensor) -> np.ndarray | None:

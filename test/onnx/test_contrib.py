@@ -179,6 +179,26 @@ def test_group_query_attention(case):
     _assert_close(got, want)
 
 
+@pytest.mark.parametrize("mode,case", [(1, "ragged_bias"), (2, "ragged_bias"), (1, "prompt_window_softcap"),
+                                       _slow(2, "prompt_window_softcap")])
+def test_group_query_attention_scores(mode, case):
+    # qk_output 1: the scaled scores with attention_bias, 0 where a key is hidden; 2: the probabilities. A static cache
+    # of 8 positions of which 3 and 5 are used (present and scores as long as total_sequence_length, 6), or a prompt
+    b, heads, kv_heads, hs = 2, 4, 2, 8
+    s, buf, total = (1, 8, 6) if case == "ragged_bias" else (4, 0, 4)
+    feed = {"q": _f(b, s, heads * hs), "k": _f(b, s, kv_heads * hs), "v": _f(b, s, kv_heads * hs)}
+    if buf: feed |= {"pk": _f(b, kv_heads, buf, hs), "pv": _f(b, kv_heads, buf, hs)}
+    feed |= {"seqlens_k": np.array([3, 5] if buf else [3, 3], np.int32), "total": np.array(total, np.int32)}
+    ins = ["q", "k", "v", "pk" if buf else "", "pv" if buf else "", "seqlens_k", "total"]
+    attrs = {"local_window_size": 2, "softcap": 2.0} if "softcap" in case else {}
+    if case == "ragged_bias":
+        feed["ab"] = _f(b, 1, s, total)
+        ins += ["", "", "", "ab"]
+    node = _ms("GroupQueryAttention", ins, ["y", "pko", "pvo", "qk"], num_heads=heads, kv_num_heads=kv_heads,
+               qk_output=mode, **attrs)
+    _assert_close(*_run_both([node], feed, {}, ["y", "pko", "pvo", "qk"]))
+
+
 @pytest.mark.parametrize("case", ["causal_past_gqa_3d", "bool_mask_4d", "softcap_scale"])
 def test_onnx_attention(case):
     """The default domain's Attention (opset 23) against onnxruntime's kernel (ONNX's node cases run with -m slow)."""
