@@ -6,7 +6,13 @@ TinyJit with prune=True (the model's initializers don't change between calls, so
 strided convolution's weight layout, runs once). Each side's median and best run are reported, the first run of each
 (fusegrad's includes compiling) apart, and the kernels a replay runs.
 
-    .venv/bin/python bench/bench_onnx.py [--quick] [--only resnet1,resnet16,encoder,mobilenet]"""
+--profile adds where fusegrad's call goes: each kernel of a replay timed alone, as the replay launches it (split
+across the threads its work gets) and on one thread, their sums against the best call, and the main thread's CPU time
+per call (what the kernels run on the calling thread adds to the Python of the replay, the copies in and out). A
+replay of little work in all runs its kernels whole on the calling thread (LaunchGraph's inline graphs): for those the
+one-thread column is what the call pays; a kernel split across threads pays a worker's wake-up when timed alone.
+
+    .venv/bin/python bench/bench_onnx.py [--quick] [--profile] [--only resnet1,resnet16,encoder,mobilenet]"""
 from __future__ import annotations
 
 import argparse
@@ -16,10 +22,12 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
 from test.onnx.models import export  # noqa: E402
 
@@ -27,7 +35,35 @@ CASES = {"resnet1": ("resnet", 1, None), "resnet16": ("resnet", 16, None), "enco
          "mobilenet": ("mobilenet", 1, None)}
 
 
-def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_block: int, tmp: str) -> None:
+def _kernel_time(ei: Any, runs: int = 20) -> float:
+    """The best of `runs` timed runs of a captured kernel alone, in seconds (its inputs hold the last call's values)."""
+    return min(ei.prg(ei.bufs, ei.fixedvars, wait=True) for _ in range(runs))
+
+
+def profile(name: str, run_fg: Any, kernels: list[Any], best_s: float) -> None:
+    """Print each kernel's time alone (as launched, and on one thread), their sums against the best call, and the
+    main thread's CPU time per call."""
+    cpu = []
+    for _ in range(200):
+        t0 = time.thread_time(); run_fg(); cpu.append(time.thread_time() - t0)
+    rows = []
+    for ei in kernels:
+        launched = _kernel_time(ei)
+        with Context(CPU_THREADS=1): one = _kernel_time(ei)
+        ops = ei.prg._work(ei.fixedvars)[0]
+        rows.append((ei.prg.p.name, launched, one, ops))
+    launched_s, one_s = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    print(f"  {name} profile: best call {best_s * 1e6:7.1f} us | kernels alone: as launched {launched_s * 1e6:7.1f} "
+          f"us, "
+          f"one thread {one_s * 1e6:7.1f} us | main thread CPU per call: min "
+          f"{min(cpu) * 1e6:7.1f} us, median {np.median(cpu) * 1e6:7.1f} us")
+    for i, (kname, launched, one, ops) in enumerate(rows):
+        print(f"    {i:3d} {kname:36s} {launched * 1e6:8.1f} us launched {one * 1e6:8.1f} us one thread "
+              f"{ops / one * 1e-9:7.1f} GFLOP/s")
+
+
+def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_block: int, tmp: str,
+          prof: bool = False) -> None:
     import onnxruntime as ort
     path = os.path.join(tmp, f"{name}.onnx")
     logging.disable(logging.WARNING)
@@ -64,18 +100,20 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
           f"fusegrad {fg:8.3f} ms, onnxruntime {ox:8.3f} ms, ratio {fg / ox:5.2f}x | best: fusegrad {bfg:8.3f} ms, "
           f"onnxruntime {box:8.3f} ms, ratio {bfg / box:5.2f}x | max error {err:.2g} | "
           f"{len(jitted.captured)} kernels | outputs {outs}")
+    if prof: profile(name, run_fg, jitted.captured, min(times["fusegrad"]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer timed runs")
     ap.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
+    ap.add_argument("--profile", action="store_true", help="each kernel's time alone, against the call's")
     args = ap.parse_args()
     blocks, per_block = (2, 3) if args.quick else (4, 10)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             if name not in CASES: raise SystemExit(f"unknown case {name!r}: {', '.join(CASES)}")
-            bench(name, *CASES[name], blocks, per_block, tmp)
+            bench(name, *CASES[name], blocks, per_block, tmp, args.profile)
 
 
 if __name__ == "__main__":
