@@ -54,8 +54,7 @@ def profile(name: str, run_fg: Any, kernels: list[Any], best_s: float) -> None:
         rows.append((ei.prg.p.name, launched, one, ops))
     launched_s, one_s = sum(r[1] for r in rows), sum(r[2] for r in rows)
     print(f"  {name} profile: best call {best_s * 1e6:7.1f} us | kernels alone: as launched {launched_s * 1e6:7.1f} "
-          f"us, "
-          f"one thread {one_s * 1e6:7.1f} us | main thread CPU per call: min "
+          f"us, one thread {one_s * 1e6:7.1f} us | main thread CPU per call: min "
           f"{min(cpu) * 1e6:7.1f} us, median {np.median(cpu) * 1e6:7.1f} us")
     for i, (kname, launched, one, ops) in enumerate(rows):
         print(f"    {i:3d} {kname:36s} {launched * 1e6:8.1f} us launched {one * 1e6:8.1f} us one thread "
