@@ -502,9 +502,14 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     slots = PIPELINE_SLOTS if PIPELINE_SLOTS is not None else max(1, host_cpu_count() - 1)
     group_s = PIPELINE_GROUP_S if len(asts) >= QUICK_MIN_KERNELS else PIPELINE_SMALL_GROUP_S
     compiling: ThreadPoolExecutor | None = None
+    # where compiles run beside code generation, the kernels whose C takes the compiler longest (reductions, then the
+    # bigger graphs) are generated first: the group left for after code generation, which the call waits for, then
+    # holds the quick ones (ResNet-18's elementwise kernels rather than its last convolutions)
+    order = sorted(range(len(asts)), key=lambda i: _compile_weight(asts[i]), reverse=True) if pipelined else \
+        list(range(len(asts)))
     try:
         first, since = 0, time.perf_counter()
-        for ast in asts:
+        for ast in (asts[i] for i in order):
             gen_st = time.perf_counter()
             if searching:
                 # searched opts, or the ones a search chose before (disk); candidates are timed as this engine runs them
@@ -528,6 +533,10 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
         if _viz.TIMED: _viz.record_compile(asts, compile_st, device)
     finally:
         if compiling is not None: compiling.shutdown(wait=True)
+    # (back in the order of `asts`)
+    by_ast: list[Any] = [None] * len(asts)
+    for i, p, lib in zip(order, programs, libs): by_ast[i] = (p, lib)
+    programs, libs = [p for p, _ in by_ast], [lib for _, lib in by_ast]
     runners = [CompiledRunner(p, cached=lib) for p, (lib, _) in zip(programs, libs)]
     # the kernels that run a quick binary get their optimized one from the background (a runner whose quick binary
     # didn't load was compiled optimized already)
@@ -537,6 +546,12 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
     while len(method_cache) > METHOD_CACHE_SIZE: method_cache.pop(next(iter(method_cache)))
     return runners
+
+def _compile_weight(ast: UOp) -> tuple[bool, int]:
+    """How long a kernel's C may take to compile, as far as its AST tells before code generation: whether it reduces
+    (the optimizer unrolls and tiles those), then its size."""
+    topo = ast.toposort()
+    return any(u.op is Ops.REDUCE for u in topo), len(topo)
 
 def _take_optimized(runner: CompiledRunner, lib: bytes) -> None:
     """Have `runner` run the optimized binary `lib` of its kernel from now on (called on the background thread)."""
