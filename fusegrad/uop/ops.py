@@ -296,12 +296,15 @@ class UOp(metaclass=UOpMetaClass):
 
     def substitute(self, dvars: dict[UOp, UOp]) -> UOp:
         """This graph with every occurrence of each key replaced by its value (no other rewriting)."""
+        # (only the nodes that change are kept)
         replaced: dict[UOp, UOp] = {}
+        get = replaced.get
         for u in self.toposort():
             if u in dvars: replaced[u] = dvars[u]; continue
-            new_src = tuple(replaced[s] for s in u.src)
-            replaced[u] = u if new_src == u.src else u.replace(src=new_src)
-        return replaced[self]
+            if not u.src: continue
+            new_src = tuple([get(s, s) for s in u.src])
+            if new_src != u.src: replaced[u] = UOp(u.op, u.dtype, new_src, u.arg)
+        return get(self, self)
 
     def substitute_each(self, subs: list[dict[UOp, UOp]]) -> list[UOp]:
         """[self.substitute(d) for d in subs] with one walk of the graph (the lanes of an unrolled axis)."""
