@@ -1185,6 +1185,9 @@ def _deferred_readers(readers: tuple[Tensor, ...], reading: set[UOp], targets: s
         deferred.append((t, new[u]))
     return computed, deferred, [Tensor(v) for v in keep.values()]
 
+# the graphs of the readers deferred so far, as the schedule that deferred them left them (weakly)
+_deferred_graphs: weakref.WeakSet[UOp] = weakref.WeakSet()
+
 def _snapshot(buf: UOp) -> UOp:
     """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes)."""
     return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)))
@@ -1197,6 +1200,9 @@ def _deferral_plan(u: UOp, reading: set[UOp], targets: set[UOp], topo: dict[UOp,
     keeping those nodes costs. None where a size is symbolic."""
     def walked(x: UOp) -> bool: return x not in topo or target_view(x)
     own = u.toposort(gate=walked)
+    # a reader over a reader deferred before (a gradient accumulated into a tensor step after step) is computed: its
+    # graph and copies would otherwise grow by one step's with every step
+    if any(x in _deferred_graphs for x in own): return None
     work, frontier = 0, {}
     for x in own:
         if not walked(x): continue
@@ -1226,6 +1232,7 @@ def _walked(tensors: tuple[Tensor, ...]) -> tuple[_LiveTensors, StructureWalk]:
             for t, graph in deferred:
                 if _undo is not None: _undo.append((t, t.uop))
                 t.uop = graph
+            live.deferred = [t for t, _ in deferred]
             # (the walk goes on from the graph walked: the toposort continues as toposort(known=...) would)
             live.tensors += tuple(computed) + tuple(kept)
             live.lazy += kept   # (made after the snapshot of the lazy tensors: scheduling re-points them too)
@@ -1284,10 +1291,14 @@ class _LiveTensors:
     `lazy` a snapshot of the lazy ones."""
     def __init__(self, tensors: tuple[Tensor, ...]):
         self.tensors, self.lazy = tensors, lazy_tensors()
+        self.deferred: list[Tensor] = []   # readers of overwritten buffers left lazy over copies (_deferred_readers)
     def apply(self, replacements: dict[UOp, UOp]) -> None:
         Tensor._apply_map(replacements, self.lazy)
         # a replaced buffer re-points realized tensors too: they are lazy now
         if any(k.op is Ops.BUFFER and k is not v for k, v in replacements.items()): self.lazy = lazy_tensors()
+        self._mark_deferred()
+    def _mark_deferred(self) -> None:
+        for t in self.deferred: _deferred_graphs.add(t._uop)
     def roots(self) -> list[UOp]: return _shards(self.tensors)
     def held_buffers(self, among: Container[UOp]) -> set[UOp]: return _held_buffers(self.lazy, among)
     def apply_and_hold(self, replacements: dict[UOp, UOp], among: Container[UOp]) -> set[UOp]:
@@ -1316,6 +1327,7 @@ class _LiveTensors:
                 if base in among: held.add(base)
             else: held.update(x for x in u.toposort() if x in among)
             if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
+        self._mark_deferred()
         return held
 
 def _unpacked(buf: Any, n: int, fmt: str) -> list:

@@ -117,3 +117,22 @@ def test_jitted_step_matches_torch():
         np.testing.assert_allclose(loss, tl.item(), rtol=1e-4, err_msg=f"call {i}")
     for p, tp in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+def test_gradient_accumulated_into_a_kept_input_stays_bounded():
+    # the same input every step: its .grad accumulates (lazily) over the steps, and is read at the end. Each deferred
+    # gradient over copies is computed at the next step instead of growing by a step's graph and copies every step
+    params, xs, ys = _mlp(5)
+    opt = nn.optim.SGD(params, lr=0.1)
+    x, y = Tensor(xs), Tensor(ys)
+    total = np.zeros_like(xs, dtype=np.float64)
+    sizes = []
+    for _ in range(6):
+        before = [p.numpy().copy() for p in params]
+        with Tensor.train():
+            opt.zero_grad()
+            _forward(params, x).sparse_categorical_crossentropy(y).backward()
+            opt.step()
+        total += _torch_mlp(before, xs, ys)[1]
+        sizes.append(len(x.grad.uop.toposort()))
+    assert max(sizes) <= 2 * sizes[0], sizes   # (grown by a step each time, the sixth would be 5 steps more)
+    np.testing.assert_allclose(x.grad.numpy(), total, rtol=1e-4, atol=1e-7)
