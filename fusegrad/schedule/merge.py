@@ -147,11 +147,14 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     for j, prm in enumerate(p_params):
         if prm not in params: params.append(prm)
         p_param_slots[j] = params.index(prm)
-    r_new = _renumber(r_ast, r_slots, {j: j for j in range(len(r_params))})
-    p_new = _renumber(p_ast, p_slots, p_param_slots)
     # the reader's loads of the producer's outputs: at the loops of the one kernel that has fewer (all of them), read
     # at as many loops of the other (not inside a reduction's loop: it would be computed once per iteration)
     p_slots_out = {n_r_out + j for j in range(n_p_out)}
+    # (checked first on the reader as it is, its arguments not renumbered yet (that changes no loop): most merges
+    # refused are refused here, a reader reducing over the producer's output)
+    if not _read_at_output_loops(r_ast, {i for i, slot in r_slots.items() if slot in p_slots_out}): return None
+    r_new = _renumber(r_ast, r_slots, {j: j for j in range(len(r_params))})
+    p_new = _renumber(p_ast, p_slots, p_param_slots)
     def loads_of(ast: UOp) -> list[UOp]:
         return [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
                 u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in p_slots_out]
@@ -201,6 +204,15 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
                 any(x in other.src[1].toposort() for other in merged.src if other is not st for x in mine):
             return None
     return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
+
+def _read_at_output_loops(ast: UOp, slots: set[int]) -> bool:
+    """Whether kernel `ast` loads its arguments `slots` somewhere, each at one unmasked index of its output loops
+    alone (not of a reduction's)."""
+    loads = [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
+             u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in slots]
+    if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return False
+    at = {r for ld in loads for r in _ranges(ld.src[0].src[1])}
+    return bool(at) and at <= set(_output_loops(ast))
 
 def _fit(frame: UOp, at: list[UOp], other: UOp, loops: list[UOp]) -> tuple[UOp, UOp] | None:
     """`frame` and `other` over the same loops: `other`'s output `loops` become the `frame`'s loops `at` (of the same
