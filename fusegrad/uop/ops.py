@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 import struct
+import threading
 import weakref
 from enum import Enum, auto
 from typing import Any, Callable
@@ -227,20 +228,21 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
             visited[node] = None
     return visited
 
-# the memo of toposort() while a toposort_memo() is open (one per process: the walks it keeps are pure functions of
-# the node), and how many are open
-_topo_memo: list[Any] = [None, 0]
+# per thread: the memo of toposort() while a toposort_memo() is open (`memo`), and how many are open (`depth`)
+_topo_memo = threading.local()
 
 class toposort_memo:
-    """Within this context every plain `UOp.toposort()` (no gate, no known nodes) of a node is walked once and copied
-    after that. The memo holds its nodes alive, so it lives only as long as the outermost context: a schedule's
-    creation, a kernel's code generation."""
+    """Within this context every plain `UOp.toposort()` (no gate, no known nodes) of a node on this thread is walked
+    once and copied after that. The memo holds its nodes alive, so it lives only as long as the outermost context: a
+    schedule's creation, a kernel's code generation."""
     def __enter__(self) -> None:
-        if _topo_memo[1] == 0: _topo_memo[0] = {}
-        _topo_memo[1] += 1
+        st = _topo_memo.__dict__
+        if not st.get("depth"): st["memo"], st["depth"] = {}, 0
+        st["depth"] += 1
     def __exit__(self, *exc: Any) -> None:
-        _topo_memo[1] -= 1
-        if _topo_memo[1] == 0: _topo_memo[0] = None
+        st = _topo_memo.__dict__
+        st["depth"] -= 1
+        if st["depth"] == 0: st["memo"] = None
 
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
@@ -285,7 +287,7 @@ class UOp(metaclass=UOpMetaClass):
         """Every node reachable from this one, sources before users (an ordered dict used as an ordered set).
         `gate(u)` returning False stops the walk below u (u itself is still included). `known`: nodes already sorted
         (the toposort of part of this graph, made before): they come first and aren't walked again."""
-        if gate is None and known is None and (memo := _topo_memo[0]) is not None:
+        if gate is None and known is None and (memo := getattr(_topo_memo, "memo", None)) is not None:
             # (inside toposort_memo(): code generation walks the same kernel graphs from many places; the caller gets
             # a copy, so what it does with its dict leaves the memo alone)
             if (ret := memo.get(self)) is None: ret = memo[self] = _toposort(self, None, None)

@@ -221,13 +221,25 @@ class TestToposort:
             first.clear()  # a caller's own dict: the memo keeps its walk
             assert list(e.toposort()) == plain
             with toposort_memo(): assert list(e.toposort()) == plain
-            assert _topo_memo[0] is not None and e in _topo_memo[0]
+            assert e in _topo_memo.memo
             # gated walks and walks from known nodes are not memoized
             assert list(e.toposort(gate=lambda u: u is not e)) == [e]
             known = dict.fromkeys([x, y])
             assert list(e.toposort(known=known)) == [x, y] + [u for u in plain if u not in known]
-        assert _topo_memo[0] is None  # the outermost context drops the memo (and the nodes it held)
+        assert _topo_memo.memo is None  # the outermost context drops the memo (and the nodes it held)
         assert list(e.toposort()) == plain
+
+    def test_memo_is_per_thread(self):
+        import threading
+        x = Variable("x", 0, 10)
+        e, seen = x * 3 + 1, []
+        with toposort_memo():
+            e.toposort()
+            # another thread neither reads this memo nor opens or closes it
+            t = threading.Thread(target=lambda: seen.append((getattr(_topo_memo, "memo", None), list(e.toposort()))))
+            t.start(); t.join()
+            assert e in _topo_memo.memo
+        assert seen == [(None, list(e.toposort()))]
 
 class TestConstruction:
     def test_sink(self):
