@@ -150,6 +150,8 @@ def _gathered(ctx: OptContext, r: UOp) -> int:
     """The size of the biggest buffer that a vector along r would gather lane by lane."""
     return max((idx.src[0].dtype.size for idx in ctx.loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
 
+BLOCK_ROWS = 512
+
 def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, bool]],
                             best: VectorChoice | None) -> VectorChoice | None:
     """A long reduction's output (a convolution's channels) takes a full vector with a store per lane (few next to the
@@ -159,10 +161,17 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     With no output vector at all, a reduction contiguous in its loads (a weight gradient's image rows) is vectorized
     itself by step 3 instead: far fewer stores and no strided loads. A vector whose lanes gather a big buffer (a
     stride-2 convolution's image along its row) gives way to one gathering only a small one (the weights, along the
-    output channels), which stays in cache (a 7x7 stride-2 stem runs more than twice as fast)."""
+    output channels), which stays in cache (a 7x7 stride-2 stem runs more than twice as fast).
+
+    A reduction vector narrower than a full one (a weight gradient's rows of 4, 12 or 14 pixels) counts as none where
+    the output vector's strided load can be packed per block of the reduction: where the reduce loops inside the
+    outermost (which KBLOCK blocks) have at most BLOCK_ROWS iterations. The output channels' full vectors then share
+    each broadcast pixel, where each pixel's narrow vector fed one dot product (14x14 images about 20 times as fast).
+    Rows of 28 pixels and more keep the reduction's vector: the gradient, not packed, would be gathered lane by lane."""
     width, outs, reds = ctx.width, ctx.outs, ctx.reds
     red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
-    no_reduce_vector = not any(_reduce_vector_width(ctx, r) for r in reds)
+    blockable = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in reds[1:]) <= BLOCK_ROWS
+    no_reduce_vector = not any((w := _reduce_vector_width(ctx, r)) and (w == width or not blockable) for r in reds)
     if not ((best[1] <= width // 4 or _gathered(ctx, best[0]) > 0 if best is not None else no_reduce_vector) and
             reds and red_len >= 64):
         return best
@@ -342,9 +351,21 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
         k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
         r, amt = k.loops[axis], choices[0]
     if amt > 1: ctx.split(OptOps.UPCAST, r, amt)
-    # (a window along the channel vector's loads isn't unrolled: each tap would hold its own weight vectors)
+    # a tile of a whole loop of 3 along the channels (a weight gradient's kw) takes 2 of another reuse loop (its input
+    # channels)
+    # on a target of 16 vector registers: 6 rows x 2 vectors, the matmul's tile, where 3 rows fed each vector load to
+    # 3 multiply-adds (the digits CNN's weight gradient about 1.2x as fast)
+    if channels and amt == 3 and rsz == 3 and n_vec == 2 and ctx.registers <= 16 and \
+            (pair := next((o for o in reversed(reuse) if o is not r and o in k.loops and
+                           isinstance(osz := range_size(o), int) and osz % 2 == 0 and osz > 2), None)) is not None:
+        ctx.split(OptOps.UPCAST, pair, 2)
+        amt = 6
+    # (a window along the channel vector's loads isn't unrolled: each tap would hold its own weight vectors; but a
+    # short padded row is, when the tile leaves registers for its taps)
     if not channels: _unroll_windows(k, n_vec * max(amt, 1), ctx.registers)
     _block_matmul(k, rest, inner, ctx.width * n_vec * ctx.acc_dt.itemsize, ctx.cores, conv)
+    # (after the blocking, which sizes its blocks by the reduce loops' iterations)
+    if channels and n_vec * max(amt, 1) <= max(ctx.budget, 12 if ctx.registers <= 16 else 0): _unroll_gated_row(k)
     # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
     # shared by four steps, faster on big and small matmuls alike. (12-row tiles measured no better once unrolled,
     # and worse where rows must be padded to 12.)
@@ -505,6 +526,27 @@ def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
     padded = ctx.k.loops[axis]
     ctx.reds = [padded if q is r else q for q in ctx.reds]
     return padded
+
+GATED_ROW_UNROLL = 4
+
+def _unroll_gated_row(k: Kernel) -> None:
+    """The innermost reduce loop, when short (up to GATED_ROW_UNROLL iterations) and compared in the gate of a load (a
+    padded image's row: a convolution's kw, or the output pixels of a row that its weight gradient sums over), is
+    unrolled whole: in each copy the padding's comparisons with it are constants, where every iteration of the loop
+    computed them and selected the loads (the digits CNN's 32 -> 64 channels on 4x4 images: its forward and input
+    gradient along their channels, and its weight gradient, each two to three times as fast)."""
+    reds = [k.loops[i] for i in k.reduce_axes()]
+    if not reds or not isinstance(sz := range_size(r := reds[-1]), int) or not 1 < sz <= GATED_ROW_UNROLL: return
+    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is Ops.AND else [g]
+    # only where those comparisons then fold: they compare r with nothing that is still a loop (the tile spans the
+    # output row whole). A row tiled in parts left each copy its comparisons, and 12-pixel rows in tiles of 4 ran slower
+    loops = set(k.loops)
+    def folds(gate: UOp) -> bool:
+        cl = [c for c in clauses(gate) if r in c.toposort()]
+        return bool(cl) and all(not any(u.op is Ops.RANGE and u is not r and u in loops for u in c.toposort())
+                                for c in cl)
+    if any(not st and len(idx.src) > 2 and folds(idx.src[2]) for idx, st in k.accesses()):
+        k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
 
 WINDOW_UNROLL_MIN_CHANNELS = 16
 

@@ -1,0 +1,114 @@
+"""Convolutions on small padded images (the digits CNN's 4x4, and 2x2 to 14x14): the CPU heuristic's loop shapes for
+them (the padded row unrolled, the weight gradient along its output channels) and their values against torch; and a
+vector square root in a kernel with gated loads."""
+from __future__ import annotations
+import platform
+import subprocess
+import numpy as np
+import pytest
+import torch
+import fusegrad.codegen as codegen
+from fusegrad import Tensor
+from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+from fusegrad.uop.ops import UOp
+from test.codegen.helpers import AVX2, AVX512, RENDERER, renderer_like
+
+RS = np.random.default_rng(0)
+
+def _captured(monkeypatch: pytest.MonkeyPatch) -> list[UOp]:
+    """The ASTs of the kernels compiled from now on."""
+    seen: list[UOp] = []
+    plain = codegen.get_program
+    def record(ast, renderer, name=None, opts=None):
+        seen.append(ast)
+        return plain(ast, renderer, name, opts)
+    monkeypatch.setattr(codegen, "get_program", record)
+    return seen
+
+def _conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """conv2d(x, w), and the gradients into x and w of sum(conv2d(x, w) * g) for a random g: fusegrad's and torch's."""
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
+    g = RS.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (tout * torch.tensor(g)).sum().backward()
+    assert tx.grad is not None and tw.grad is not None
+    fx, fw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    fout = fx.conv2d(fw, stride=stride, padding=padding)
+    (fout * Tensor(g)).sum().backward()
+    assert fx.grad is not None and fw.grad is not None
+    return [fout.numpy(), fx.grad.numpy(), fw.grad.numpy()], [tout.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]
+
+# (batch, input channels, output channels, image side, padding, stride): the digits CNN's second layer at a smaller
+# batch, odd channel counts (24 output channels: a vector and a half; 5 input channels), 2x2 to 14x14 images
+SHAPES = [(8, 32, 64, 4, 1, 1), (3, 5, 24, 4, 1, 1), (4, 16, 32, 6, 1, 1), (2, 32, 32, 12, 1, 1),
+          (2, 16, 32, 14, 1, 1), (2, 24, 40, 2, 1, 1), (4, 32, 64, 8, 1, 2), (2, 8, 16, 7, 0, 1)]
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_small_image_conv_values(shape):
+    """Forward, input gradient and weight gradient of 3x3 convolutions on small images, against torch."""
+    n, ci, co, side, pad, stride = shape
+    x = RS.standard_normal((n, ci, side, side)).astype(np.float32)
+    w = (RS.standard_normal((co, ci, 3, 3)) * 0.2).astype(np.float32)
+    ours, ref = _conv_grads(x, w, stride, pad)
+    for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+def test_digits_conv_opts(monkeypatch: pytest.MonkeyPatch):
+    """The digits CNN's 32 -> 64 channel 3x3 convolution on 4x4 images (batch 64): its forward and input gradient,
+    vectorized along their output channels with a tile spanning the image row, have the window's padded row (kw)
+    unrolled; its weight gradient is vectorized along its output channels (the output gradient packed), kw upcast
+    whole, and the image row it sums over unrolled. Values against torch."""
+    asts = _captured(monkeypatch)
+    x = RS.standard_normal((64, 32, 4, 4)).astype(np.float32)
+    w = (RS.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = _conv_grads(x, w, 1, 1)
+    for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    def stores(ast: UOp, size: int) -> bool: return any(st.src[0].src[0].dtype.size == size for st in ast.src)
+    convs = [a for a in asts if any(stores(a, s) for s in (64 * 64 * 16, 64 * 32 * 16)) and
+             sum(1 for u in a.toposort() if u.op.name == "REDUCE") == 1]
+    grads = [a for a in asts if stores(a, w.size)]
+    assert len(convs) >= 2 and grads, "the convolution kernels weren't found"
+    for facts, lanes in ((AVX2, 8), (AVX512, 16)):
+        for ast in convs:
+            k = Kernel(codegen.collapse_gathers(ast), renderer_like(facts))
+            hand_coded_optimizations(k)
+            assert any(o.op is OptOps.UNROLL and o.arg == 0 for o in k.applied_opts), k.applied_opts
+        k = Kernel(codegen.collapse_gathers(grads[0]), renderer_like(facts))
+        hand_coded_optimizations(k)
+        ups = [o for o in k.applied_opts if o.op is OptOps.UPCAST]
+        # the output channels (loop 0) are the vector; no reduce loop is upcast to a vector
+        assert ups[0].axis == 0 and ups[0].arg == lanes, k.applied_opts
+        assert all(o.axis < k.first_reduce for o in ups), k.applied_opts
+        assert any(o.op is OptOps.PACK for o in k.applied_opts), k.applied_opts
+        assert any(o.op is OptOps.UNROLL and o.arg == 0 for o in k.applied_opts), k.applied_opts
+
+def test_long_rows_keep_the_reduction_vector(monkeypatch: pytest.MonkeyPatch):
+    """A weight gradient over rows of 28 pixels (8 x 28 x 28 terms per output) keeps its reduction vectorized along
+    the rows: the output gradient of a channel tile is too big to pack, and along the output channels it would be
+    gathered lane by lane. Values against torch."""
+    asts = _captured(monkeypatch)
+    x = RS.standard_normal((2, 8, 28, 28)).astype(np.float32)
+    w = (RS.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
+    ours, ref = _conv_grads(x, w, 1, 1)
+    for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
+    assert grads
+    k = Kernel(codegen.collapse_gathers(grads[0]), renderer_like(AVX2))
+    hand_coded_optimizations(k)
+    assert any(o.op is OptOps.UPCAST and o.axis >= k.first_reduce for o in k.applied_opts), k.applied_opts
+
+def test_gated_vector_sqrt(monkeypatch: pytest.MonkeyPatch):
+    """A square root of vectors in a kernel with gated loads (compiled without gcc's loop vectorizer) is one vector
+    instruction on x86, not a loop of scalar square roots; values against NumPy."""
+    asts = _captured(monkeypatch)
+    a = RS.standard_normal((16, 61)).astype(np.float32)
+    out = Tensor(a).pad(((0, 0), (1, 2))).abs().sqrt().numpy()
+    np.testing.assert_allclose(out, np.sqrt(np.abs(np.pad(a, ((0, 0), (1, 2))))), rtol=1e-6)
+    srcs = [codegen.get_program(ast, RENDERER).src for ast in list(asts)]
+    src = next(s for s in srcs if "sqrt" in s)
+    assert "no-tree-loop-vectorize" in src and "for (int i" not in src
+    if platform.machine() in ("x86_64", "AMD64") and "-march=native" in RENDERER.compile_flags:
+        asm = subprocess.run(["cc", *RENDERER.compile_flags, "-S", "-x", "c", "-", "-o", "-"], input=src,
+                             capture_output=True, text=True, check=True).stdout
+        assert "sqrtps" in asm and "sqrtss" not in asm
