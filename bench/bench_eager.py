@@ -4,6 +4,8 @@ Rows (microseconds per call unless marked):
 - build of one elementwise op, `c = a + b` on realized 64x64 float32 tensors (fusegrad only builds the node; torch
   computes the sum, so its figure is its whole eager op);
 - build of a matmul, 64x64 @ 64x64 and the MLP's 128x784 @ 784x512 (torch: the product itself);
+- build of the MLP's other operations: a bias add broadcast over the batch, relu, log_softmax and the
+  cross-entropy loss of 128x10 logits against integer labels (torch: the operation itself);
 - a realize that hits the schedule cache, `(a + b).realize()` repeated, kernel launch included, and the same for the
   64x64 matmul (torch: the same eager op);
 - reading a realized tensor of 10 float32s with `numpy()` (torch: a copy of its `numpy()` view, the same copy);
@@ -79,6 +81,21 @@ def main() -> None:
     row("build a @ b (64x64; torch computes it)", *blocks(lambda: a @ b, lambda: ta @ tb, calls, nblocks))
     row("build x @ w (128x784 @ 784x512; torch computes it)",
         *blocks(lambda: x @ w, lambda: tx @ tw, max(10, calls // 20), nblocks))
+    bias_np, lg_np = rng.standard_normal(64).astype(np.float32), rng.standard_normal((128, 10)).astype(np.float32)
+    y_np = rng.integers(0, 10, 128).astype(np.int32)
+    bias, lg, y = Tensor(bias_np).realize(), Tensor(lg_np).realize(), Tensor(y_np).realize()
+    tbias, tlg, ty = torch.tensor(bias_np), torch.tensor(lg_np), torch.tensor(y_np).long()
+    np.testing.assert_allclose((a + bias).numpy(), (ta + tbias).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(a.relu().numpy(), ta.relu().numpy())
+    np.testing.assert_allclose(lg.log_softmax(-1).numpy(), tlg.log_softmax(-1).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lg.sparse_categorical_crossentropy(y).numpy(), F.cross_entropy(tlg, ty).numpy(),
+                               rtol=1e-5)
+    row("build a + bias (64x64 + 64; torch computes it)", *blocks(lambda: a + bias, lambda: ta + tbias, calls, nblocks))
+    row("build a.relu() (64x64; torch computes it)", *blocks(a.relu, ta.relu, calls, nblocks))
+    row("build log_softmax(-1) (128x10; torch computes it)",
+        *blocks(lambda: lg.log_softmax(-1), lambda: tlg.log_softmax(-1), calls, nblocks))
+    row("build cross-entropy (128x10; torch computes it)",
+        *blocks(lambda: lg.sparse_categorical_crossentropy(y), lambda: F.cross_entropy(tlg, ty), calls, nblocks))
     k0 = GlobalCounters.kernel_count
     row("(a + b).realize(), schedule cache hit (64x64)",
         *blocks(lambda: (a + b).realize(), lambda: ta + tb, calls, nblocks))

@@ -13,12 +13,14 @@ RECENT_CONST_VIEWS = 512
 
 def const_view(value, dtype, device: UOp, shape: tuple[int, ...]) -> UOp:
     """A tensor-level constant: a 0-d CONST on `device`, reshaped and broadcast to `shape`."""
-    v = dtypes.as_const(value, dtype)
-    key = (_arg_key(v), dtype, device, shape)
+    # (looked up by the Python number as given, which _arg_key tells apart from any other: most are already the
+    # dtype's, and as_const gives one value for it; numpy scalars, which compare equal across kinds, are made one first)
+    if (t := type(value)) is not float and t is not int and t is not bool: value = dtypes.as_const(value, dtype)
+    key = (_arg_key(value), dtype, device, shape)
     if (ret := _recent_const_views.get(key)) is not None:
         _recent_const_views.move_to_end(key)
         return ret
-    ret = c = UOp(Ops.CONST, dtype, (device,), v)
+    ret = c = UOp(Ops.CONST, dtype, (device,), dtypes.as_const(value, dtype))
     if shape != (): ret = c.reshape((1,) * len(shape)).expand(shape) if any(s != 1 for s in shape) else c.reshape(shape)
     _recent_const_views[key] = ret
     if len(_recent_const_views) > RECENT_CONST_VIEWS: _recent_const_views.popitem(last=False)

@@ -8,12 +8,12 @@ indexing.py, elementwise.py (activations and math functions), reduce.py (scans, 
 from __future__ import annotations
 import itertools, math, operator, struct, time, weakref
 from typing import Any, Callable, Container, Sequence
-from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
+from fusegrad.dtype import DTYPES_DICT, ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters
 from fusegrad.schedule.multi import shards_of
-from fusegrad.gradient import PowGradient, UnaryGradient, clamped, with_gradient
+from fusegrad.gradient import ClampGradient, PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan, replay_plan_for
 from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.simplify import const_view
@@ -668,17 +668,44 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         dt = self._const_operand_dtype(y)
         return Tensor(const_view(dtypes.checked_const(y, dt), dt, _device_uop(self.device), ()))
 
+    def _broadcast_nodes(self, y: Any, reverse: bool) -> tuple[UOp, UOp] | None:
+        """The two operands' nodes, broadcast, in the common cases: a Python number this tensor's dtype holds, or a
+        tensor of this dtype on the same single device, plain int shapes both. None for anything else (casts,
+        symbolic sizes, several devices, shapes that don't broadcast), which _broadcasted's general path handles. The
+        nodes are the ones the general path makes, without its Tensors and checks in between."""
+        if _sharding_used: return None
+        u = self._uop
+        if (ty := type(y)) is Tensor:
+            v = y._uop
+            if (dt := u.dtype) is not v.dtype or type(d := u.device) is not str or d != v.device: return None
+            xs, ys = u.shape, v.shape
+            if xs == ys: return (v, u) if reverse else (u, v)
+            if reverse: u, v, xs, ys = v, u, ys, xs
+            if (shape := _plain_broadcast(xs, ys)) is None: return None
+            if shape != xs and shape != ys: check_size(shape, dt, d)  # (both grow)
+            return _expanded(u, shape), _expanded(v, shape)
+        if (ty is float or ty is int or ty is bool) and (dt := u.dtype) is self._const_operand_dtype(y) and \
+                dtypes.fits(y, dt) and type(d := u.device) is str:
+            # a Python number of this tensor's dtype (most `2 * x`, `x - 1.0`): the constant at this tensor's shape at
+            # once, the same nodes the general path makes through reshape and expand
+            shape = u.shape
+            for s in shape:
+                if type(s) is not int: return None
+            c = const_view(y, dt, _device_node(d), shape)
+            return (c, u) if reverse else (u, c)
+        return None
+
     def _broadcasted(self, y: Any, reverse: bool = False, match_dtype: bool = True) -> tuple[Tensor, Tensor]:
+        if (nodes := self._broadcast_nodes(y, reverse)) is not None:
+            # (an operand left as it was is returned itself)
+            held = {self._uop: self, y._uop: y} if type(y) is Tensor else {self._uop: self}
+            return tuple(t if (t := held.get(n)) is not None else Tensor._of(n) for n in nodes)  # type: ignore
         x = self
         if type(y) in (int, float, bool) and x._const_operand_dtype(y) == x.dtype and \
                 all(type(s) is int for s in x.shape) and dtypes.fits(y, x.dtype):
-            # a Python number of this tensor's dtype (most `2 * x`, `x - 1.0`): the constant at this tensor's shape at
-            # once, the same nodes the general path below makes through reshape and expand, with less Python
+            # (as in _broadcast_nodes, for a sharded tensor too)
             c = Tensor(const_view(y, x.dtype, _device_uop(x.device), x.shape))
             return (c, x) if reverse else (x, c)
-        if isinstance(y, Tensor) and y.dtype == x.dtype and y.shape == x.shape and type(xd := x.device) is str and \
-                xd == y.device:
-            return (y, x) if reverse else (x, y)   # (the same shape, dtype and device: nothing to broadcast or cast)
         if is_symbolic(y):  # a symbolic integer: an int tensor, or a float one next to floats
             y = Tensor(y, x.device, x.dtype if dtypes.is_float(x.dtype) else dtypes.default_int)
         elif not isinstance(y, Tensor):
@@ -710,17 +737,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         u = UOp(op, dtype or self._uop.dtype, (self._uop, *[s._uop for s in srcs]))
         return Tensor(u) if _sharding_used else Tensor._of(u)
 
-    def _same_kind(self, x: Any) -> UOp | None:
-        """x's node when x is a tensor of this one's dtype (not bool) and shape on the same single device: an
-        elementwise op between them needs no broadcast or cast (the common case, made without _broadcasted)."""
-        if type(x) is not Tensor or (u := self._uop).dtype is not (v := x._uop).dtype or u.dtype is _BOOL or \
-                _sharding_used or u.shape != v.shape or type(d := u.device) is not str or d != v.device:
-            return None
-        return v
-
     def cast(self, dtype: DType | str) -> Tensor:
         dt = to_dtype(dtype)
-        return self if dt == self.dtype else Tensor(self.uop.cast(dt))
+        if dt is (u := self._uop).dtype: return self
+        if _sharding_used or dt is _INDEX: return Tensor(u.cast(dt))
+        return Tensor._of(UOp(_CAST, dt, (u,)))
     def bitcast(self, dtype: DType | str) -> Tensor:
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast needs equal sizes: {self.dtype} -> {dt}")
@@ -734,28 +755,31 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
     def short(self) -> Tensor: return self.cast(dtypes.int16)
 
-    # (add, sub and mul between tensors of one kind make their node directly: the same node as the general path)
+    # (add, sub, mul, true division and comparisons of operands _broadcast_nodes takes make their node directly: the
+    # same node as the general path)
     def add(self, x: Any, reverse: bool = False) -> Tensor:
-        if (v := self._same_kind(x)) is not None:
-            return Tensor._of(UOp(_ADD, v.dtype, (v, self._uop) if reverse else (self._uop, v)))
+        if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
+            return Tensor._of(UOp(_ADD, dt, n))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.OR, b)
         return a._alu(Ops.ADD, b)
     def sub(self, x: Any, reverse: bool = False) -> Tensor:
-        if (v := self._same_kind(x)) is not None:
-            a, b = (v, self._uop) if reverse else (self._uop, v)
-            return Tensor._of(UOp(_ADD, v.dtype, (a, UOp(_NEG, v.dtype, (b,)))))
+        if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
+            return Tensor._of(UOp(_ADD, dt, (n[0], UOp(_NEG, dt, (n[1],)))))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
         return a._alu(Ops.ADD, b._alu(Ops.NEG))
     def mul(self, x: Any, reverse: bool = False) -> Tensor:
-        if (v := self._same_kind(x)) is not None:
-            return Tensor._of(UOp(_MUL, v.dtype, (v, self._uop) if reverse else (self._uop, v)))
+        if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
+            return Tensor._of(UOp(_MUL, dt, n))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.AND, b)
         return a._alu(Ops.MUL, b)
     def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         """True division (ints give floats); rounding_mode 'trunc' or 'floor' as torch.div."""
+        if rounding_mode is None and (dt := self._uop.dtype) in _FLOATS_ONLY and \
+                (n := self._broadcast_nodes(x, reverse)) is not None:
+            return Tensor._of(UOp(_FDIV, dt, n))   # (a float dtype: the general path's casts are no-ops)
         if rounding_mode is None and type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)):
             return self.cast(least_upper_float(self.dtype)).div(x, reverse)  # (the int is divided as a float)
         a, b = self._broadcasted(x, reverse)
@@ -862,6 +886,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     # comparisons: nan compares unequal and unordered, as in IEEE
     def _cmp(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
+        if (n := self._broadcast_nodes(x, reverse)) is not None: return Tensor._of(UOp(op, _BOOL, n))
         if type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)): return self._cmp_beyond(op, x, reverse)
         a, b = self._broadcasted(x, reverse)
         return a._alu(op, b, dtype=dtypes.bool)
@@ -880,6 +905,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def where(self, x: Any, y: Any) -> Tensor:
         """Elementwise `x if self else y` (self is the condition)."""
+        if type(x) is Tensor and (n := x._broadcast_nodes(y, False)) is not None or \
+                type(y) is Tensor and type(x) is not Tensor and (n := y._broadcast_nodes(x, True)) is not None:
+            # (the common cases: x and y of one dtype, or a number y's dtype holds; the general path's nodes)
+            c = self._uop if (cd := self._uop.dtype) is _BOOL else UOp(_CAST, _BOOL, (self._uop,))
+            if cd is not _INDEX and (shape := _plain_broadcast(c.shape, (xn := n[0]).shape)) is not None:
+                return Tensor._of(UOp(_WHERE, xn.dtype, (_expanded(c, shape), _expanded(xn, shape),
+                                                         _expanded(n[1], shape))))
         cond = self.cast(dtypes.bool)
         if not isinstance(x, Tensor) and not isinstance(y, Tensor):
             dt = dtypes.from_py([x, y]) if type(x) is not type(y) else dtypes.from_py(x)
@@ -919,6 +951,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not")
         return self._alu(Ops.NEG)
     def relu(self) -> Tensor:
+        if (dt := (u := self._uop).dtype) in _FLOATS_ONLY and (c := self._broadcast_nodes(0, False)) is not None:
+            # (what clamped builds for a float tensor, made directly)
+            zero = c[1]
+            value = UOp(_DETACH, dt, (UOp(_MAX, dt, (u, zero)),))
+            return Tensor._of(UOp(_CUSTOM_GRAD, dt, (value, u, zero), _RELU_GRADIENT))
         return clamped(self, 0, None, closed=False, nan_passes=True) if self.dtype != dtypes.bool else self
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
@@ -951,6 +988,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     # *** reductions ***
 
     def _reduce_axes(self, axis: Any) -> tuple[int, ...]:
+        if type(axis) is int and -(nd := len(self._uop.shape)) <= axis < nd: return (axis % nd,)  # (the common case)
         if axis is None: return tuple(range(self.ndim))
         axes = (axis,) if isinstance(axis, int) else tuple(axis)
         resolved = tuple(_resolve_axis(a, self.ndim) for a in axes)
@@ -959,8 +997,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     def _reduce(self, op: Ops, axis: Any, keepdim: bool) -> Tensor:
         axes = self._reduce_axes(axis)
-        out_keep = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-        n = prod(self.shape)
+        shape = self._uop.shape
+        out_keep = tuple(1 if i in axes else s for i, s in enumerate(shape))
+        n = prod(shape)
+        if axes and not _sharding_used and type(n) is int and n < 1 << 18:
+            # the common case (plain sizes, one device, not the two-step reduction below): the nodes made directly
+            u = self._uop
+            r = UOp(_REDUCE_AXIS, u.dtype, (u,), (op, axes))
+            if keepdim or (squeezed := tuple(s for i, s in enumerate(shape) if i not in axes)) == out_keep:
+                return Tensor._of(r)
+            return Tensor._of(UOp(_RESHAPE, u.dtype, (r,), squeezed))
         if axes and prod(out_keep) == 1 and isinstance(n, int) and n >= 1 << 18 and \
                 (chunks := next((c for c in (64, 32, 16) if n % c == 0), None)):
             # a big reduction to one number is done in two steps, partial results of chunks first: the first kernel has
@@ -973,10 +1019,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if ret.shape == out_keep else ret
 
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: DType | str | None = None) -> Tensor:
-        acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)
-        ret = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
+        own = self._uop.dtype
+        if dtype is not None: acc = to_dtype(dtype)
+        elif (acc := _sum_acc.get(own)) is None: acc = _sum_acc[own] = sum_acc_dtype(own)
+        ret = self.cast(acc)._reduce(_ADD, axis, keepdim)
         # half precision sums accumulate in float32 but return the input dtype, as tinygrad does
-        return ret.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else ret
+        return ret.cast(own) if dtype is None and (own is dtypes.float16 or own is dtypes.bfloat16) else ret
     def max(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
         if any(self.shape[a] == 0 for a in axes):
@@ -990,10 +1038,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return -((-self).max(axis, keepdim))
     def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
-        n = ssimplify(prod(self.shape[a] for a in axes))
-        out_dt = least_upper_float(self.dtype)
+        shape = self._uop.shape
+        n = ssimplify(prod(shape[a] for a in axes))
+        out_dt = least_upper_float(self._uop.dtype)
+        if (acc := _sum_acc.get(out_dt)) is None: acc = _sum_acc[out_dt] = sum_acc_dtype(out_dt)
         # (half precision divides its float32 sum: the sum of 2^20 halves overflowed to inf before the division)
-        s = self.cast(out_dt).sum(axis, keepdim, dtype=sum_acc_dtype(out_dt))
+        s = self.cast(out_dt).sum(axis, keepdim, dtype=acc)
         if is_symbolic(n): return (s / Tensor(n, self.device, s.dtype)).cast(out_dt)
         return (s / n if n else s * float("nan")).cast(out_dt)
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
@@ -1088,6 +1138,26 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return x.dot(self, dtype) if reverse else self.dot(x, dtype)
 
 # *** helpers ***
+
+def _plain_broadcast(xs: tuple, ys: tuple) -> tuple[int, ...] | None:
+    """The shape two shapes of plain ints broadcast to; None if a size is symbolic or the shapes don't broadcast (the
+    general path says why)."""
+    nx, ny = len(xs), len(ys)
+    if nx < ny: xs = (1,) * (ny - nx) + xs
+    elif ny < nx: ys = (1,) * (nx - ny) + ys
+    out = []
+    for a, b in zip(xs, ys):
+        if type(a) is not int or type(b) is not int: return None
+        if a == b or b == 1: out.append(a)
+        elif a == 1: out.append(b)
+        else: return None
+    return tuple(out)
+
+def _expanded(u: UOp, shape: tuple[int, ...]) -> UOp:
+    """Node `u` broadcast to `shape` (which it broadcasts to): the nodes Tensor._broadcast_unchecked makes."""
+    if (have := u.shape) == shape: return u
+    if len(have) < len(shape): u = UOp(_RESHAPE, u.dtype, (u,), have := (1,) * (len(shape) - len(have)) + have)
+    return UOp(_EXPAND, u.dtype, (u,), shape) if have != shape else u
 
 def _is_numpy_scalar(x: Any) -> bool:
     return type(x).__module__ == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ()
@@ -1349,6 +1419,19 @@ def _is_plain_buffer(u: UOp) -> bool:
 _BUFFER, _RESHAPE, _MULTI, _ADD, _MUL, _NEG, _CONST = Ops.BUFFER, Ops.RESHAPE, Ops.MULTI, Ops.ADD, Ops.MUL, Ops.NEG, \
     Ops.CONST
 _FLOAT32, _BOOL = dtypes.float32, dtypes.bool
+_EXPAND, _REDUCE_AXIS, _MAX, _DETACH, _CUSTOM_GRAD, _FDIV = Ops.EXPAND, Ops.REDUCE_AXIS, Ops.MAX, Ops.DETACH, \
+    Ops.CUSTOM_GRAD, Ops.FDIV
+_CAST, _INDEX, _WHERE = Ops.CAST, dtypes.index, Ops.WHERE
+_RELU_GRADIENT = ClampGradient(True, False, False, True)
+_sum_acc: dict[DType, DType] = {}   # sum_acc_dtype of each dtype asked (every sum asks)
+_FLOATS_ONLY = frozenset(d for d in DTYPES_DICT.values() if dtypes.is_float(d))
+
+# the DEVICE node of each device name an operation has used (kept: there are few, and every constant operand needs one)
+_device_nodes: dict[str, UOp] = {}
+
+def _device_node(device: str) -> UOp:
+    if (u := _device_nodes.get(device)) is None: u = _device_nodes[device] = _device_uop(device)
+    return u
 # the dtypes that are their own sum's accumulator and their own promotion with themselves (matmul's common case)
 _OWN_ACCUMULATOR = tuple(d for d in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32,
                                      dtypes.uint64) if sum_acc_dtype(d) == d and least_upper_dtype(d, d) == d)

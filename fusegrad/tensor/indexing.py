@@ -41,8 +41,11 @@ def _check_index_values(index: Tensor, size: Any, dim: int, negatives: bool, nam
     if any(not isinstance(s, int) for s in index.shape) or index.numel() == 0: return
     if CHECK_OOB < 2 and buffer_node(index.uop) is None: return
     vals = index.numpy()
-    if ignore is not None and (vals := vals[vals != ignore]).size == 0: return
     lo, hi = int(vals.min()), int(vals.max())
+    if hi < size and lo >= (-size if negatives else 0): return  # (the common case: no entry needs a second look)
+    if ignore is not None:
+        if (vals := vals[vals != ignore]).size == 0: return
+        lo, hi = int(vals.min()), int(vals.max())
     if hi >= size or lo < (-size if negatives else 0):
         raise IndexError(f"{name} {hi if hi >= size else lo} is out of bounds for dimension {dim} with size {size}")
 

@@ -725,6 +725,13 @@ class NNMixin:
 
     def _one_hot_of(self: Tensor, num_classes: int) -> Tensor:
         Tensor = _tensor_cls()
+        u, d = self.uop, self.device
+        if type(d) is str and type(num_classes) is int and 0 < num_classes <= 2**31 and \
+                all(type(s) is int for s in u.shape):
+            # (the nodes of the general expression below, made without its checks: a training step asks every time)
+            check_size((num_classes,), dtypes.int32, d)
+            classes = Tensor(UOp(Ops.RANGE, dtypes.int32, (UOp(Ops.DEVICE, arg=d),), num_classes))
+            return Tensor(u.reshape(u.shape + (1,))).cast(dtypes.int32) == classes
         return self.unsqueeze(-1).cast(dtypes.int32) == Tensor.arange(num_classes, dtype=dtypes.int32,
                                                                        device=self.device)
 

@@ -1,0 +1,106 @@
+"""The fast paths that build common operations' nodes directly make the very nodes of the general path (UOps are
+hash-consed, so the same graph is the same object), and compute what torch does."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from fusegrad import Tensor, dtypes
+from fusegrad.gradient import clamped
+from fusegrad.schedule.simplify import const_view
+from fusegrad.uop.ops import Ops, UOp
+
+def _t(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
+    return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+def _bcast(u: UOp, shape: tuple[int, ...]) -> UOp:
+    """u broadcast to shape by hand: ones prepended, then expanded (numpy's rule)."""
+    if len(u.shape) < len(shape): u = u.reshape((1,) * (len(shape) - len(u.shape)) + u.shape)
+    return u.expand(shape) if u.shape != shape else u
+
+def _const(v, dt, shape) -> UOp: return const_view(v, dt, UOp(Ops.DEVICE, arg="CPU"), shape)
+
+@pytest.mark.parametrize("xs,ys", [((4, 5), (5,)), ((4, 1), (1, 5)), ((3,), (2, 3)), ((2, 3), (2, 3)), ((), (4,))])
+def test_broadcast_arithmetic_nodes(xs, ys):
+    a, b = _t(*xs), _t(*ys, seed=1)
+    shape = np.broadcast_shapes(xs, ys)
+    au, bu = _bcast(a.uop, shape), _bcast(b.uop, shape)
+    assert (a + b).uop is UOp(Ops.ADD, dtypes.float32, (au, bu))
+    assert (a * b).uop is UOp(Ops.MUL, dtypes.float32, (au, bu))
+    assert (b - a).uop is UOp(Ops.ADD, dtypes.float32, (bu, UOp(Ops.NEG, dtypes.float32, (au,))))
+    assert (a / b).uop is UOp(Ops.FDIV, dtypes.float32, (au, bu))
+    assert (a < b).uop is UOp(Ops.CMPLT, dtypes.bool, (au, bu))
+    np.testing.assert_allclose((b - a).numpy(), torch.tensor(b.numpy()) - torch.tensor(a.numpy()), rtol=1e-6)
+
+def test_scalar_operand_nodes():
+    a = _t(3, 4)
+    two = _const(2.0, dtypes.float32, (3, 4))
+    assert (a * 2.0).uop is UOp(Ops.MUL, dtypes.float32, (a.uop, two))
+    assert (2 * a).uop is UOp(Ops.MUL, dtypes.float32, (two, a.uop))   # (an int becomes the float dtype's 2.0)
+    assert (1 - a).uop is UOp(Ops.ADD, dtypes.float32, (_const(1.0, dtypes.float32, (3, 4)),
+                                                        UOp(Ops.NEG, dtypes.float32, (a.uop,))))
+    assert (a / 4).uop is UOp(Ops.FDIV, dtypes.float32, (a.uop, _const(4.0, dtypes.float32, (3, 4))))
+    i = Tensor([1, 2, 3], dtype=dtypes.int8)
+    # a float next to ints takes the general path's promotion
+    assert (i * 0.5).dtype == dtypes.float32
+    assert (i * 0.5).tolist() == [0.5, 1.0, 1.5]
+
+def test_relu_nodes_are_clamps():
+    a = _t(4, 5)
+    assert a.relu().uop is clamped(a, 0, None, closed=False, nan_passes=True).uop
+    h = a.half()
+    assert h.relu().uop is clamped(h, 0, None, closed=False, nan_passes=True).uop
+    x = Tensor([-1.0, 0.0, 2.0, float("nan")], requires_grad=True)
+    x.relu().sum().backward()
+    tx = torch.tensor([-1.0, 0.0, 2.0, float("nan")], requires_grad=True)
+    tx.relu().sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())
+
+@pytest.mark.parametrize("which", ["tensors", "scalar y", "scalar x"])
+def test_where_nodes(which):
+    c, x, y = _t(4, 1) > 0, _t(5, seed=1), _t(4, 5, seed=2)
+    shape = (4, 5)
+    if which == "tensors":
+        got, xu, yu = c.where(x, y), _bcast(x.uop, shape), y.uop
+    elif which == "scalar y":
+        got, xu, yu = c.where(x, 0.5), _bcast(x.uop, shape), _bcast(_const(0.5, dtypes.float32, (5,)), shape)
+    else:
+        got, xu, yu = c.where(0.5, y), _const(0.5, dtypes.float32, shape), y.uop
+    assert got.uop is UOp(Ops.WHERE, dtypes.float32, (_bcast(c.uop, shape), xu, yu))
+    cond = np.broadcast_to(c.numpy(), shape)
+    ref = np.where(cond, *(np.broadcast_to(v.numpy() if isinstance(v, Tensor) else v, shape) for v in
+                           ((x, y) if which == "tensors" else (x, 0.5) if which == "scalar y" else (0.5, y))))
+    np.testing.assert_array_equal(got.numpy(), ref)
+
+@pytest.mark.parametrize("axis,keepdim", [(-1, True), (-1, False), (0, False), ((0, 1), True), (None, False)])
+def test_reduction_nodes(axis, keepdim):
+    a = _t(3, 4)
+    axes = (0, 1) if axis is None else tuple(sorted(d % 2 for d in (axis if isinstance(axis, tuple) else (axis,))))
+    r = a.uop.r(Ops.ADD, axes)
+    if not keepdim: r = r.reshape(tuple(s for i, s in enumerate((3, 4)) if i not in axes))
+    assert a.sum(axis, keepdim=keepdim).uop is r
+    ref = torch.tensor(a.numpy()).sum(dim=axis if axis is not None else (0, 1), keepdim=keepdim)
+    np.testing.assert_allclose(a.sum(axis, keepdim=keepdim).numpy(), ref.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(a.max(axis, keepdim=keepdim).numpy(),
+                               torch.amax(torch.tensor(a.numpy()), dim=axis if axis is not None else (0, 1),
+                                          keepdim=keepdim).numpy())
+
+def test_one_hot_nodes_and_loss():
+    y = Tensor(np.array([3, 0, 9, 4], np.int32))
+    ref = y.unsqueeze(-1).cast(dtypes.int32) == Tensor.arange(10, dtype=dtypes.int32)
+    assert y._one_hot_of(10).uop is ref.uop
+    lg = _t(4, 10)
+    np.testing.assert_allclose(lg.sparse_categorical_crossentropy(y).numpy(),
+                               F.cross_entropy(torch.tensor(lg.numpy()), torch.tensor(y.numpy()).long()).numpy(),
+                               rtol=1e-5)
+    with pytest.raises(IndexError, match="target 10 is out of bounds"):
+        lg.sparse_categorical_crossentropy(Tensor(np.array([3, 0, 10, 4], np.int32)))
+    # an ignored label is allowed where it is out of range
+    got = lg.sparse_categorical_crossentropy(Tensor(np.array([3, -100, 9, 4], np.int32)), ignore_index=-100)
+    ref_loss = F.cross_entropy(torch.tensor(lg.numpy()), torch.tensor([3, -100, 9, 4]), ignore_index=-100)
+    np.testing.assert_allclose(got.numpy(), ref_loss.numpy(), rtol=1e-5)
+
+def test_bad_operands_still_refused():
+    a = _t(3, 4)
+    with pytest.raises(ValueError, match="can't be broadcast"): a + _t(5)
+    with pytest.raises(OverflowError): Tensor([1, 2], dtype=dtypes.uint8) + 300
+    with pytest.raises(TypeError, match="unsupported operand type"): a + "x"
