@@ -209,6 +209,21 @@ class _Same:
     __slots__ = ("buffers", "var_vals")
     def __init__(self, buffers: list[Buffer]): self.buffers, self.var_vals = buffers, {}
 
+class _KeptReplay:
+    """What TinyJit.replay_kept runs: the launches with their arguments bound, valid while the plan they come from
+    is (the same launch knobs, the same memory of every buffer they take, the inputs' included)."""
+    __slots__ = ("same", "launches", "knobs", "dicts", "opaques", "calls", "subst", "outputs")
+    def __init__(self, same: Any, launches: Any, dicts: list, opaques: list, calls: list, subst: dict[int, Buffer],
+                 outputs: list[Buffer]):
+        self.same, self.launches, self.dicts, self.opaques = same, launches, dicts, opaques
+        self.knobs = [k.value for k in _realize.LAUNCH_KNOBS]
+        self.calls, self.subst, self.outputs = calls, subst, outputs
+
+    def valid(self, launches: Any) -> bool:
+        # (== of the lists compares the allocations by identity, in C: they define no __eq__)
+        return launches is self.launches and [k.value for k in _realize.LAUNCH_KNOBS] == self.knobs and \
+            list(map(dict.get, self.dicts, repeat("_buf"))) == self.opaques
+
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
 
@@ -260,6 +275,7 @@ class TinyJit(Generic[R]):
         # per fresh output buffer: the BUFFER node, Buffer and its allocator that the last replay returned (_replay)
         self._last_outputs: dict[int, tuple[UOp, Buffer, Any]] = {}
         self._same: tuple[list[weakref.ref], list[weakref.ref]] | None = None
+        self._kept: _KeptReplay | None = None
 
     @property
     def captured(self) -> list[ExecItem]:
@@ -294,6 +310,67 @@ class TinyJit(Generic[R]):
             return _verify.verified_replay(self, inputs, args, kwargs, Tensor)
         return self._replay(inputs, Tensor) if not _viz.PROFILE else \
             _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
+
+    def replay_kept(self, *args: Any) -> list[Buffer] | None:
+        """A replay for a caller that wants the outputs' contents, not tensors: the kernels write into output memory
+        this TinyJit keeps (the same Buffers on every such call, so each call overwrites the last one's results) and
+        the Buffers are returned, one per returned tensor in flattened order. Each argument must be the same tensor
+        (the same node) as in the last call that checked its inputs, so nothing is checked again.
+
+        None, with nothing run, where the call needs `__call__` instead: before the capture, for other arguments,
+        for returned tensors that are views other than reshapes of a fresh buffer or values other than tensors, for
+        captures with Variables or random numbers, a replay due to be verified (verify / JIT_VERIFY), and under
+        DEBUG>=2 or the viz recorder's timing."""
+        if not JIT.value or self.cnt < 2 or self._same is None or _realize.capturing or _running: return None
+        every = self.verify if self.verify is not None else int(JIT_VERIFY.value)
+        n = self._replays + 1
+        if every and (n == 1 or n % every == 0): return None
+        if _realize.DEBUG.value >= 2 or _viz.TIMED or _viz.PROFILE: return None
+        kept = self._kept
+        if kept is None or kept.same is not self._same or not kept.valid(self._launches):
+            kept = self._kept = self._kept_replay()
+            if kept is None: return None
+        uops = kept.same[0]
+        if len(args) != len(uops): return None
+        for a, r in zip(args, uops):
+            if type(a) is not Tensor or a._uop is not r(): return None
+        self._replays = n
+        if self._constraints:
+            for dims, values in self._constraints: check_view_bounds(dims, values)
+        if self._bounded: _realize.check_bounds(self._bounded, {}, kept.subst)
+        for fn, fn_args in kept.calls: fn(*fn_args)
+        ops, mem, count = self._prepared_work
+        _realize.GlobalCounters.global_ops += ops
+        _realize.GlobalCounters.global_mem += mem
+        _realize.GlobalCounters.kernel_count += count
+        return kept.outputs
+
+    def _kept_replay(self) -> _KeptReplay | None:
+        """The launches of replay_kept with every argument bound (the inputs of the last checked call, output memory
+        of its own), or None where it doesn't apply."""
+        assert self._same is not None
+        if self._rng_calls or any(c is None or any(op is not Ops.RESHAPE for op, _, _ in c[1])
+                                  for c in self._out_chains): return None
+        inputs = [r() for r in self._same[1]]
+        if any(b is None or not b.is_allocated() for b in inputs): return None
+        plan = self._prepared_plan({})
+        if self._dynamic or any(step is None for _, step in plan): return None
+        subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, inputs)}  # type: ignore[misc]
+        for bid, b in self._fresh.items(): subst[bid] = Buffer(b.device, b.size, b.dtype).ensure_allocated()
+        calls: list[tuple[Any, tuple]] = []
+        for ei, step in plan:
+            if ei is None:
+                graph, ids = step
+                calls.append((graph, ([subst[bid]._buf for bid in ids],)))  # type: ignore[union-attr]
+            else:
+                launch, order = step
+                calls.append((launch, tuple(subst[id(ei.bufs[i])]._buf for i in order)))  # type: ignore[union-attr]
+        assert self._launches is not None
+        dicts, opaques = self._launches[1]
+        dicts = dicts + [b.__dict__ for b in inputs]  # type: ignore[union-attr]
+        opaques = opaques + [b._buf for b in inputs]  # type: ignore[union-attr]
+        outputs = [subst[c[0]] for c in self._out_chains]  # type: ignore[index]
+        return _KeptReplay(self._same, self._launches, dicts, opaques, calls, subst, outputs)
 
     def _remember(self, args: tuple, inputs: _Inputs) -> None:
         """Keep (weakly) the nodes of checked plain positional arguments and their buffers: a next call with the same

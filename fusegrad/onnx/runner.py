@@ -463,8 +463,9 @@ class OnnxRunner:
 class JitRunner:
     """`OnnxRunner.jit()`: calls the model under TinyJit, one capture per set of input shapes and dtypes. An array for
     an input of static shape is copied straight into memory kept for that input, so each replay is passed the same
-    tensors and the kernels read the new values there (no Tensor is made per call); the outputs come back as NumPy
-    copies and their device memory serves the next replay. Inputs with symbolic dims, and Tensors, go through
+    tensors and the kernels read the new values there (no Tensor is made per call); the kernels write the outputs into
+    memory the TinyJit keeps (`TinyJit.replay_kept`), copied out into new NumPy arrays, so no output Tensor is made per
+    call either. Inputs with symbolic dims, and Tensors, go through
     `bind_inputs` on every call. The first call with new shapes checks them as a plain call does."""
 
     def __init__(self, runner: OnnxRunner, prune: bool = True):
@@ -476,12 +477,14 @@ class JitRunner:
         # that takes the general path), found on the first replay
         self._bufs: dict[tuple, list[Any]] = {}
         self._out_plans: dict[tuple, list[tuple[tuple[int, ...], np.dtype] | None]] = {}
+        # per set of input shapes, from the first replay: (TinyJit, kept tensors, their Buffers, each output's shape
+        # and NumPy dtype, or None where an output is not a tensor of static shape)
+        self._replays: dict[tuple, tuple[Any, list[Tensor], list[Any], list[Any] | None]] = {}
         self._last: Any = None
         # the 8-, 6-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
         self._out_types: list[int | None] = []
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-        from fusegrad import TinyJit
         if self.runner.string_inputs:
             raise OnnxInputError(f"inputs {sorted(self.runner.string_inputs)} are string tensors, which stay on the "
                                  f"host: a TinyJit capture can't take them (call the runner itself)")
@@ -496,6 +499,16 @@ class JitRunner:
         # (the common call: exactly the model's inputs, each a NumPy array)
         plain = len(given) == len(names) and all(type(a) is np.ndarray for a in arrays)
         key = tuple((a.shape, a.dtype) for a in arrays) if plain else None
+        if key is not None and (fast := self._replays.get(key)) is not None:
+            step, kept, bufs, plans = fast
+            self._last = step
+            for b, arr in zip(bufs, arrays):
+                b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
+            # (the outputs' memory is the JIT's own, copied out here: no output tensor is made)
+            if plans is not None and (got := step.replay_kept(*kept)) is not None:
+                outs = [_copy_buffer(b, *p) for b, p in zip(got, plans)]
+            else: outs = [_to_numpy(o) for o in step(*kept)]
+            return self._narrowed(dict(zip(self.runner.output_names, outs)))
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
@@ -503,9 +516,13 @@ class JitRunner:
             for b, arr in zip(bufs, arrays):
                 b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
             outs = step(*kept)
-            if (plan := self._out_plans.get(key)) is None: plan = self._out_plans[key] = [_out_plan(o) for o in outs]
+            if (plan := self._out_plans.get(key)) is None:
+                plan = self._out_plans[key] = [_out_plan(o) for o in outs]
+                kept_plans = plan if all(p is not None and _reshaped_buffer(o) for o, p in zip(outs, plan)) else None
+                self._replays[key] = (step, kept, bufs, kept_plans)
             return self._narrowed({n: _to_numpy(o) if p is None else _copy_out(o, *p)
                                    for n, o, p in zip(self.runner.output_names, outs, plan)})
+        from fusegrad import TinyJit
         bound = self.runner._check_inputs(given, held=True, exact=True)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
             # static shapes: memory kept per input, filled from the arrays from now on
@@ -588,16 +605,27 @@ def _out_plan(v: Any) -> tuple[tuple[int, ...], np.dtype] | None:
     return tuple(v.shape), np.dtype(np_name(v.dtype))
 
 
+def _reshaped_buffer(v: Tensor) -> bool:
+    """Whether a tensor is a buffer or reshapes of one."""
+    u = v.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
 def _copy_out(v: Tensor, shape: tuple[int, ...], dt: np.dtype) -> Any:
     """A replay's output of a static shape as NumPy, copied out of its buffer (Tensor.numpy when it is no buffer)."""
     u = v.uop
     while u.op is Ops.RESHAPE: u = u.src[0]
     if u.op is not Ops.BUFFER: return v.numpy()
+    return _copy_buffer(device_buffer(u), shape, dt)
+
+
+def _copy_buffer(buf: Any, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """The first elements of a Buffer, as many as `shape` holds, copied into a new array."""
     out = np.empty(shape, dt)
     if out.size == 0: return out
-    buf = device_buffer(u)
-    if out.size != buf.size: buf = buf.ensure_allocated().view(out.size, v.dtype, 0)
-    buf.copyout(memoryview(out).cast("B"))  # type: ignore[arg-type]
+    if out.size != buf.size: buf = buf.ensure_allocated().view(out.size, buf.dtype, 0)
+    buf.copyout(memoryview(out).cast("B"))
     return out
 
 
