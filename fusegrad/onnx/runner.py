@@ -497,8 +497,8 @@ class JitRunner:
         names = self.runner.input_names
         arrays = [given.get(n) for n in names]
         # (the common call: exactly the model's inputs, each a NumPy array)
-        plain = len(given) == len(names) and all(type(a) is np.ndarray for a in arrays)
-        key = tuple((a.shape, a.dtype) for a in arrays) if plain else None
+        plain = len(given) == len(names) and not [a for a in arrays if type(a) is not np.ndarray]
+        key = tuple([(a.shape, a.dtype) for a in arrays]) if plain else None   # type: ignore[union-attr]
         if key is not None and (fast := self._replays.get(key)) is not None:
             step, kept, bufs, plans = fast
             self._last = step
@@ -508,7 +508,8 @@ class JitRunner:
             if plans is not None and (got := step.replay_kept(*kept)) is not None:
                 outs = [_copy_buffer(b, *p) for b, p in zip(got, plans)]
             else: outs = [_to_numpy(o) for o in step(*kept)]
-            return self._narrowed(dict(zip(self.runner.output_names, outs)))
+            out = dict(zip(self.runner.graph.output_names, outs))
+            return self._narrowed(out)
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
