@@ -261,7 +261,7 @@ class TinyJit(Generic[R]):
         self.jit_cache: list[ExecItem] = []
         self._bounded: list[ExecItem] = []  # the captured kernels whose memory depends on Variables
         self._constraints: list[tuple[tuple, dict[str, int]]] = []  # shrinks by Variables made inside the function
-        self._launches: tuple[list, tuple[list, list], tuple] | None = None
+        self._launches: tuple[list, tuple[list, list], list] | None = None
         self._fresh_devices: dict[int, UOp] = {}
         self._out_chains: list[Any] = []
         self._prepared_work = (0, 0, 0)
@@ -544,7 +544,8 @@ class TinyJit(Generic[R]):
         takes their values per call (`set_values`, listed in self._dynamic: each replay gives it that replay's values,
         the first ones `var_vals`); else it runs the plain way. (Made on the first replay; made again if another
         buffer's memory or a launch knob changed.)"""
-        cached, knobs = self._launches, _realize.launch_knob_values()
+        # (the knobs' raw values: a value that differs only in its type makes the plan again, which is harmless)
+        cached, knobs = self._launches, [k.value for k in _realize.LAUNCH_KNOBS]
         # (== of the lists compares the allocations by identity, in C: they define no __eq__)
         if cached is not None and cached[2] == knobs and \
                 list(map(dict.get, cached[1][0], repeat("_buf"))) == cached[1][1]: return cached[0]
