@@ -79,3 +79,16 @@ def test_kept_replay_leaves_verified_replays_to_calls():
     jit(x, w)
     assert jit.replay_kept(x, w) is not None
     assert jit._replays == 3
+
+def test_kept_replay_follows_a_launch_knob_change():
+    jit = TinyJit(_step)
+    x, w = Tensor(_arr(4, 3)).realize(), Tensor(_arr(3, 5)).realize()
+    _warm(jit, x, w)
+    assert jit.replay_kept(x, w) is not None
+    for threads in (1, 2, 1):
+        a, b = _arr(4, 3), _arr(3, 5)
+        _fill(x, a)
+        _fill(w, b)
+        with Context(CPU_THREADS=threads): got = jit.replay_kept(x, w)
+        assert got is not None
+        np.testing.assert_allclose(_read(got[0], (4, 5)), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
