@@ -70,3 +70,14 @@ def matmul_ast(M: int, N: int, K: int, dt: DType = dtypes.float32) -> UOp:
     r0, r1, r2 = rng(M, 0), rng(N, 1), rng(K, 2, "reduce")
     acc = reduce(g1.index(r0 * K + r2).load() * g2.index(r2 * N + r1).load(), r2)
     return UOp.sink_of(g0.index(r0 * N + r1).store(acc))
+
+def captured_asts(monkeypatch) -> list[UOp]:
+    """The ASTs of the kernels compiled from now on (in the order code generation gets them)."""
+    import fusegrad.codegen as codegen
+    seen: list[UOp] = []
+    plain = codegen.get_program
+    def record(ast, renderer, name=None, opts=None):
+        seen.append(ast)
+        return plain(ast, renderer, name, opts)
+    monkeypatch.setattr(codegen, "get_program", record)
+    return seen

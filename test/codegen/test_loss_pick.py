@@ -5,23 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import fusegrad.codegen as codegen
 from fusegrad import GlobalCounters, Tensor, dtypes
 from fusegrad.codegen.gather import collapse_gathers
 from fusegrad.helpers import Context
 from fusegrad.uop.ops import Ops, UOp
+from test.codegen.helpers import captured_asts
 
 RS = np.random.default_rng(0)
-
-def _captured(monkeypatch: pytest.MonkeyPatch) -> list[UOp]:
-    """The ASTs of the kernels compiled from now on."""
-    seen: list[UOp] = []
-    plain = codegen.get_program
-    def record(ast, renderer, name=None, opts=None):
-        seen.append(ast)
-        return plain(ast, renderer, name, opts)
-    monkeypatch.setattr(codegen, "get_program", record)
-    return seen
 
 def _is_range(u: UOp, r: UOp) -> bool:
     while u.op is Ops.CAST: u = u.src[0]
@@ -38,7 +28,7 @@ def _case(rows: int, vocab: int, monkeypatch: pytest.MonkeyPatch, **kw) -> list[
     y = RS.integers(0, vocab, rows).astype(np.int32)
     ignore = kw.pop("ignore_index", -1)
     if ignore >= 0: y[::3] = ignore
-    asts = _captured(monkeypatch)
+    asts = captured_asts(monkeypatch)
     xt = Tensor(x, requires_grad=True)
     loss = xt.sparse_categorical_crossentropy(Tensor(y), ignore_index=ignore, **kw)
     loss.sum().backward()
@@ -81,7 +71,7 @@ def test_chunked_mean_with_sliced_labels(monkeypatch: pytest.MonkeyPatch):
     v = 1001
     x = RS.standard_normal((4, 128, v)).astype(np.float32)
     toks = RS.integers(0, v, (4, 129)).astype(np.int32)
-    asts = _captured(monkeypatch)
+    asts = captured_asts(monkeypatch)
     got = (Tensor(x) * 1.0).sparse_categorical_crossentropy(Tensor(toks)[:, 1:]).numpy()
     labels = torch.tensor(toks[:, 1:]).reshape(-1).long()
     want = torch.nn.functional.cross_entropy(torch.tensor(x).reshape(-1, v), labels)

@@ -12,19 +12,9 @@ from fusegrad import Tensor
 from fusegrad.codegen.opt import Kernel, OptOps
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import UOp
-from test.codegen.helpers import AVX2, AVX512, RENDERER, renderer_like
+from test.codegen.helpers import AVX2, AVX512, RENDERER, captured_asts, renderer_like
 
 RS = np.random.default_rng(0)
-
-def _captured(monkeypatch: pytest.MonkeyPatch) -> list[UOp]:
-    """The ASTs of the kernels compiled from now on."""
-    seen: list[UOp] = []
-    plain = codegen.get_program
-    def record(ast, renderer, name=None, opts=None):
-        seen.append(ast)
-        return plain(ast, renderer, name, opts)
-    monkeypatch.setattr(codegen, "get_program", record)
-    return seen
 
 def _conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """conv2d(x, w), and the gradients into x and w of sum(conv2d(x, w) * g) for a random g: fusegrad's and torch's."""
@@ -59,7 +49,7 @@ def test_digits_conv_opts(monkeypatch: pytest.MonkeyPatch):
     vectorized along their output channels with a tile spanning the image row, have the window's padded row (kw)
     unrolled; its weight gradient is vectorized along its output channels (the output gradient packed), kw upcast
     whole, and the image row it sums over unrolled. Values against torch."""
-    asts = _captured(monkeypatch)
+    asts = captured_asts(monkeypatch)
     x = RS.standard_normal((64, 32, 4, 4)).astype(np.float32)
     w = (RS.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
     ours, ref = _conv_grads(x, w, 1, 1)
@@ -87,7 +77,7 @@ def test_long_rows_keep_the_reduction_vector(monkeypatch: pytest.MonkeyPatch):
     """A weight gradient over rows of 28 pixels (8 x 28 x 28 terms per output) keeps its reduction vectorized along
     the rows: the output gradient of a channel tile is too big to pack, and along the output channels it would be
     gathered lane by lane. Values against torch."""
-    asts = _captured(monkeypatch)
+    asts = captured_asts(monkeypatch)
     x = RS.standard_normal((2, 8, 28, 28)).astype(np.float32)
     w = (RS.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
     ours, ref = _conv_grads(x, w, 1, 1)
@@ -101,7 +91,7 @@ def test_long_rows_keep_the_reduction_vector(monkeypatch: pytest.MonkeyPatch):
 def test_gated_vector_sqrt(monkeypatch: pytest.MonkeyPatch):
     """A square root of vectors in a kernel with gated loads (compiled without gcc's loop vectorizer) is one vector
     instruction on x86, not a loop of scalar square roots; values against NumPy."""
-    asts = _captured(monkeypatch)
+    asts = captured_asts(monkeypatch)
     a = RS.standard_normal((16, 61)).astype(np.float32)
     out = Tensor(a).pad(((0, 0), (1, 2))).abs().sqrt().numpy()
     np.testing.assert_allclose(out, np.sqrt(np.abs(np.pad(a, ((0, 0), (1, 2))))), rtol=1e-6)

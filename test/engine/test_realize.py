@@ -225,6 +225,15 @@ def test_debug2_reports_python_time_per_item(capsys):
     assert "1 items" in line and "us per item" in line
     assert float(line.split("the rest (Python, compiling) ")[1].split(" us")[0]) > 0
 
+def _six_reductions(t, salt: float) -> list:
+    """Six reductions of t, each its own kernel (exp sums and relu maxima with constants from `salt`)."""
+    return [(t * (salt + i)).exp().sum(1) if i % 2 else (t + salt - i).relu().max(0) for i in range(6)]
+
+def _check_six_reductions(outs: list, x: np.ndarray, salt: float) -> None:
+    for i, o in enumerate(outs):
+        want = np.exp(x.astype(np.float64) * (salt + i)).sum(1) if i % 2 else np.maximum(x + salt - i, 0).max(0)
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+
 def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
     # each kernel its own compile group (sent to the compiler while the next is generated): every runner still gets
     # its own kernel's binary (results against numpy), and one compiler run was made per group (the last one
@@ -243,12 +252,10 @@ def test_kernels_compiled_while_others_are_generated(monkeypatch, tmp_path):
     salt = uuid.uuid4().int % 1000 / 1000   # (constants no earlier test compiled: new kernels)
     x = np.linspace(-3, 3, 4096, dtype=np.float32).reshape(64, 64)
     t = Tensor(x)
-    outs = [(t * (salt + i)).exp().sum(1) if i % 2 else (t + salt - i).relu().max(0) for i in range(6)]
+    outs = _six_reductions(t, salt)
     # (the optimized build at once, with no quick tier: every compiler run counted here is one of the groups)
     with Context(CACHELEVEL=0, QUICK_COMPILE=0): Tensor.realize(*outs)
-    for i, o in enumerate(outs):
-        want = np.exp(x.astype(np.float64) * (salt + i)).sum(1) if i % 2 else np.maximum(x + salt - i, 0).max(0)
-        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+    _check_six_reductions(outs, x, salt)
     kernel_runs = [n for n in runs if n]   # (the C pool's own source has no kernel)
     assert sum(kernel_runs) == 6 and kernel_runs[:5] == [1] * 5
 
@@ -284,11 +291,9 @@ def test_kernels_generated_while_a_group_compiles_make_one_group(monkeypatch, tm
     salt, n = uuid.uuid4().int % 1000 / 1000, 200 + uuid.uuid4().int % 800
     x = np.linspace(-3, 3, 64 * n, dtype=np.float32).reshape(64, n)
     t = Tensor(x)
-    outs = [(t * (salt + i)).exp().sum(1) if i % 2 else (t + salt - i).relu().max(0) for i in range(6)]
+    outs = _six_reductions(t, salt)
     with Context(CACHELEVEL=0, QUICK_COMPILE=0): Tensor.realize(*outs)
-    for i, o in enumerate(outs):
-        want = np.exp(x.astype(np.float64) * (salt + i)).sum(1) if i % 2 else np.maximum(x + salt - i, 0).max(0)
-        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5)
+    _check_six_reductions(outs, x, salt)
     kernel_runs = [r for r in runs if r[0]]
     assert sum(n for n, _ in kernel_runs) == 6 and [r for r in kernel_runs if r[1]] == [(1, True)], runs
 
