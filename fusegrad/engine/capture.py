@@ -2,13 +2,19 @@
 import it: the recorder `run_schedule` hands every item to (engine/realize.py `capturing`), the shrinks by bound
 Variables each replay checks again, and the error for what a replay can't honour."""
 from __future__ import annotations
+import weakref
 from typing import Any
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.realize import sym_infer
 from fusegrad.uop.graph import var_values
 from fusegrad.uop.ops import Ops, UOp, arg_uops, is_symbolic
 
-__all__ = ["JitError", "CaptureRecorder", "check_shrink", "check_view_bounds"]
+__all__ = ["JitError", "CaptureRecorder", "check_shrink", "check_view_bounds", "snapshot_nodes"]
+
+# the BUFFER nodes of the copies a realize took for lazy readers of buffers it overwrote (tensor/__init__.py
+# _deferred_readers): a capture that took such a copy doesn't replay it where no later kernel of the capture reads it,
+# as the reader belongs to the capture call (a replay makes none).
+snapshot_nodes: weakref.WeakSet[UOp] = weakref.WeakSet()
 
 class JitError(RuntimeError):
     """A jitted function was called or written in a way its captured kernels can't replay."""

@@ -17,8 +17,8 @@ from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
-from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds
-from fusegrad.engine.realize import CompiledRunner, ExecItem
+from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds, snapshot_nodes
+from fusegrad.engine.realize import BufferCopy, CompiledRunner, ExecItem
 from fusegrad.engine import jit_verify as _verify
 from fusegrad.engine.jit_verify import JIT_VERIFY
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
@@ -223,6 +223,19 @@ class _KeptReplay:
         # (== of the lists compares the allocations by identity, in C: they define no __eq__)
         return launches is self.launches and [k.value for k in _realize.LAUNCH_KNOBS] == self.knobs and \
             list(map(dict.get, self.dicts, repeat("_buf"))) == self.opaques
+
+def _without_unread_snapshots(items: list[ExecItem]) -> list[ExecItem]:
+    """The captured items without the copies taken for lazy readers of overwritten buffers (capture.snapshot_nodes)
+    that no later item reads: only the capture call's readers read them."""
+    snaps = {id(b) for n in list(snapshot_nodes) if (b := n.__dict__.get("_buffer")) is not None}
+    if not snaps: return items
+    kept: list[ExecItem] = []
+    for i, ei in enumerate(items):
+        dest = ei.bufs[0]
+        if isinstance(ei.prg, BufferCopy) and dest is not None and id(dest) in snaps and \
+                not any(b is dest for later in items[i + 1:] for b in later.bufs): continue
+        kept.append(ei)
+    return kept
 
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
@@ -441,8 +454,8 @@ class TinyJit(Generic[R]):
                 raise JitError(f"TinyJit function returns its input {hit[0]} (or a view of it): a replay would hand "
                                "back the capture call's tensor, not this call's; return a copy (x.contiguous()) or "
                                "use the argument itself")
-        self.jit_cache = rec.items
-        self._bounded = [ei for ei in rec.items if ei.prg is not None and ei.prg.bounds is not None]
+        self.jit_cache = _without_unread_snapshots(rec.items)
+        self._bounded = [ei for ei in self.jit_cache if ei.prg is not None and ei.prg.bounds is not None]
         self._constraints = rec.constraints
         self._inputs_at_capture = inputs.buffers
         # outputs computed during the capture get fresh buffers on each replay; outputs that existed before (state

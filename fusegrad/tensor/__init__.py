@@ -24,6 +24,7 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
+from fusegrad.engine.capture import snapshot_nodes
 from fusegrad.engine.explain import DEBUG_NANS, NanWatch
 from fusegrad.engine.realize import capturing, exec_items, replay_runners, run_replayed, run_schedule
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
@@ -1303,6 +1304,7 @@ def _walked(tensors: tuple[Tensor, ...]) -> tuple[_LiveTensors, StructureWalk]:
                 if _undo is not None: _undo.append((t, t.uop))
                 t.uop = graph
             live.deferred = [t for t, _ in deferred]
+            live.snapshots = [t for t in kept if t.uop.op is Ops.COPY]
             # (the walk goes on from the graph walked: the toposort continues as toposort(known=...) would)
             live.tensors += tuple(computed) + tuple(kept)
             live.lazy += kept   # (made after the snapshot of the lazy tensors: scheduling re-points them too)
@@ -1362,6 +1364,7 @@ class _LiveTensors:
     def __init__(self, tensors: tuple[Tensor, ...]):
         self.tensors, self.lazy = tensors, lazy_tensors()
         self.deferred: list[Tensor] = []   # readers of overwritten buffers left lazy over copies (_deferred_readers)
+        self.snapshots: list[Tensor] = []  # and those copies
     def apply(self, replacements: dict[UOp, UOp]) -> None:
         Tensor._apply_map(replacements, self.lazy)
         # a replaced buffer re-points realized tensors too: they are lazy now
@@ -1369,6 +1372,8 @@ class _LiveTensors:
         self._mark_deferred()
     def _mark_deferred(self) -> None:
         for t in self.deferred: _deferred_graphs.add(t._uop)
+        for t in self.snapshots:
+            if (b := buffer_node(t._uop)) is not None: snapshot_nodes.add(b)
     def roots(self) -> list[UOp]: return _shards(self.tensors)
     def held_buffers(self, among: Container[UOp]) -> set[UOp]: return _held_buffers(self.lazy, among)
     def apply_and_hold(self, replacements: dict[UOp, UOp], among: Container[UOp]) -> set[UOp]:
