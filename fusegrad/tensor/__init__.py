@@ -289,17 +289,6 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         Tensor._apply_map(kernelize_map_cached(sink))
         return self
 
-    @staticmethod
-    def _readers_of_overwritten(*tensors: Tensor, lazy: list[Tensor] | None = None,
-                                topo: dict[UOp, Any] | None = None, assigns: list[UOp] | None = None) \
-            -> tuple[Tensor, ...]:
-        """The other live lazy tensors that read a buffer these tensors assign to. They are computed in the same
-        schedule (before the write), so each one keeps the value it had when it was built, as in eager execution;
-        otherwise a loss computed before an optimizer step would be evaluated with the updated weights. (`topo`: the
-        toposort of these tensors' graph, if the caller made it; `assigns`: its ASSIGN nodes, if the caller has
-        them.)"""
-        return _overwritten_reads(tensors, lazy, topo, assigns)[0]
-
     def schedule(self, *lst: Tensor) -> list:
         """The ExecItems (kernels, in order) that compute these tensors; afterwards they point at their buffers.
         (Kernels over symbolic shapes also need the Variables' values: see schedule_with_vars.)"""
@@ -1200,8 +1189,12 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
 
 def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, topo: dict[UOp, Any] | None,
                        assigns: list[UOp] | None) -> tuple[tuple[Tensor, ...], set[UOp], set[UOp]]:
-    """Tensor._readers_of_overwritten, with the nodes of the graphs walked that read a target (directly or not) and
-    the target BUFFERs."""
+    """The other live lazy tensors that read a buffer these tensors assign to (the readers), the nodes of the graphs
+    walked that read such a buffer (directly or not), and those BUFFERs (the targets). A reader keeps the value it had
+    when it was built, as in eager execution (a loss computed before an optimizer step isn't evaluated with the
+    updated weights): it is computed in the same schedule, before the write, or left lazy over copies taken before it
+    (_deferred_readers). (`topo`: the toposort of these tensors' graph, if the caller made it; `assigns`: its ASSIGN
+    nodes, if the caller has them.)"""
     if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
     targets = {u.src[0].base for u in (topo if assigns is None else assigns)
                if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
@@ -1292,9 +1285,10 @@ def _deferral_plan(u: UOp, reading: set[UOp], targets: set[UOp], topo: dict[UOp,
     return own, kept, work, cost
 
 def _walked(tensors: tuple[Tensor, ...]) -> tuple[_LiveTensors, StructureWalk]:
-    """The live tensors for a schedule of `tensors`, and the walk of its graph: these tensors' and the other lazy
-    tensors' that read a buffer they overwrite (_readers_of_overwritten), which are computed with them."""
-    live = _LiveTensors(tensors)  # (no tensor is made below: one snapshot of the lazy ones serves)
+    """The live tensors for a schedule of `tensors`, and the walk of its graph: these tensors' and what is computed
+    with them for the other lazy tensors that read a buffer they overwrite (_overwritten_reads): those readers, or the
+    copies and kept nodes of the readers left lazy (_deferred_readers)."""
+    live = _LiveTensors(tensors)   # (one snapshot of the lazy tensors serves: the tensors made below are added to it)
     walk = StructureWalk().walk(live.roots())
     if walk.assigns:
         readers, reading, targets = _overwritten_reads(tensors, live.lazy, walk.position, walk.assigns)

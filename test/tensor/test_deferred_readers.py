@@ -25,6 +25,27 @@ def _mlp(seed: int) -> tuple[list[Tensor], np.ndarray, np.ndarray]:
 def _forward(params: list[Tensor], x: Tensor) -> Tensor:
     return ((x @ params[0].T + params[1]).relu() @ params[2].T + params[3])
 
+def _jitted_step(params: list[Tensor], opt: nn.optim.Optimizer) -> TinyJit:
+    """One optimizer step on the MLP's cross-entropy, TinyJit-ed: step(x, y) -> loss."""
+    @TinyJit
+    @Tensor.train()
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = _forward(params, x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+def _torch_step(tparams: list[torch.Tensor], topt: torch.optim.Optimizer, x: np.ndarray, y: np.ndarray) -> float:
+    """torch's optimizer step on the same MLP (its weights `tparams`): the loss before it."""
+    topt.zero_grad()
+    h = torch.relu(torch.tensor(x) @ tparams[0].T + tparams[1])
+    loss = torch.nn.functional.cross_entropy(h @ tparams[2].T + tparams[3], torch.tensor(y).long())
+    loss.backward()
+    topt.step()
+    return loss.item()
+
 def test_input_gradient_read_after_the_step_is_the_one_before_it():
     params, xs, ys = _mlp(0)
     opt = nn.optim.SGD(params, lr=0.5)
@@ -97,24 +118,11 @@ def test_jitted_step_matches_torch():
     opt = nn.optim.Adam(params, lr=1e-2)
     tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
     topt = torch.optim.Adam(tparams, lr=1e-2)
-
-    @TinyJit
-    @Tensor.train()
-    def step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = _forward(params, x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = _jitted_step(params, opt)
     for i in range(3):
         xi = np.roll(xs, i, axis=0)
         loss = step(Tensor(xi), Tensor(ys)).numpy()
-        topt.zero_grad()
-        h = torch.relu(torch.tensor(xi) @ tparams[0].T + tparams[1])
-        tl = torch.nn.functional.cross_entropy(h @ tparams[2].T + tparams[3], torch.tensor(ys).long())
-        tl.backward()
-        topt.step()
-        np.testing.assert_allclose(loss, tl.item(), rtol=1e-4, err_msg=f"call {i}")
+        np.testing.assert_allclose(loss, _torch_step(tparams, topt, xi, ys), rtol=1e-4, err_msg=f"call {i}")
     for p, tp in zip(params, tparams):
         np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
 
@@ -143,15 +151,7 @@ def test_jitted_step_replays_no_copy_for_the_capture_calls_input_gradient():
     from fusegrad.engine.realize import BufferCopy
     params, xs, ys = _mlp(6)
     opt = nn.optim.SGD(params, lr=0.1)
-
-    @TinyJit
-    @Tensor.train()
-    def step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = _forward(params, x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        opt.step()
-        return loss
+    step = _jitted_step(params, opt)
     xs_of = [np.roll(xs, i, axis=0) for i in range(5)]
     step(Tensor(xs_of[0]), Tensor(ys))
     before = [p.numpy().copy() for p in params]
@@ -160,13 +160,8 @@ def test_jitted_step_replays_no_copy_for_the_capture_calls_input_gradient():
     assert not any(isinstance(ei.prg, BufferCopy) for ei in step.captured)
     np.testing.assert_allclose(captured_x.grad.numpy(), _torch_mlp(before, xs_of[1], ys)[1], rtol=1e-4, atol=1e-7)
     tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
+    topt = torch.optim.SGD(tparams, lr=0.1)
     for xi in xs_of[2:]:
         loss = step(Tensor(xi), Tensor(ys)).numpy()
-        for w in tparams: w.grad = None
-        h = torch.relu(torch.tensor(xi) @ tparams[0].T + tparams[1])
-        tl = torch.nn.functional.cross_entropy(h @ tparams[2].T + tparams[3], torch.tensor(ys).long())
-        tl.backward()
-        with torch.no_grad():
-            for w in tparams: w -= 0.1 * w.grad
-        np.testing.assert_allclose(loss, tl.item(), rtol=1e-4)
+        np.testing.assert_allclose(loss, _torch_step(tparams, topt, xi, ys), rtol=1e-4)
     for p, tp in zip(params, tparams): np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
