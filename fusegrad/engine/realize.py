@@ -12,6 +12,9 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
+from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.cpu_memory import CPUAllocator
+from fusegrad.runtime.cpu_program import CPUProgram
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
@@ -407,6 +410,12 @@ class BufferCopy(Runner):
             raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
         if off is not None and off + dest.nbytes > src.nbytes:
             raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
+        if (prg := _host_copy_program(dest, src)) is not None:
+            # host memory to host memory: queued as a kernel, so the caller doesn't wait for the kernels before it
+            part = src._buf if not off and dest.nbytes == src.nbytes else \
+                src.allocator._offset(src._buf, dest.nbytes, off or 0)
+            threads = Device[dest.device].max_threads if dest.nbytes >= THREAD_MIN_MEM else 1
+            return prg(dest._buf, part, global_size=dest.nbytes, threads=threads, wait=wait)
         st = time.perf_counter()
         if type(dest.allocator) is type(src.allocator) and hasattr(dest.allocator, "_transfer") and \
                 (off is None or src.allocator.supports_views):
@@ -422,6 +431,28 @@ class BufferCopy(Runner):
             Device[dest.device].synchronize()
             return time.perf_counter() - st
         return None
+
+# a copy between host memories (CPU devices) runs as a kernel of its own, queued behind the kernels before it: a copy
+# through the host would wait for them first (an eager training step's snapshot of a weight waited for the forward
+# pass's matmul). Chunks are byte ranges.
+_HOST_COPY_SRC = """void fg_copy(unsigned char *dst, const unsigned char *src, long lo, long hi) {
+  __builtin_memcpy(dst + lo, src + lo, (unsigned long)(hi - lo));
+}
+void fg_copy_entry(void **a, long lo, long hi) { fg_copy((unsigned char *)a[0], (const unsigned char *)a[1], lo, hi); }
+"""
+_host_copies: dict[str, CPUProgram | None] = {}   # device -> its copy program (None: copies go through the host)
+
+def _host_copy_program(dest: Buffer, src: Buffer) -> CPUProgram | None:
+    """The copy kernel for dest <- src where both are host memory of CPU devices compiling C, else None."""
+    if type(dest.allocator) is not CPUAllocator or type(src.allocator) is not CPUAllocator: return None
+    if (prg := _host_copies.get(dest.device, False)) is not False: return prg
+    dev = Device[dest.device]
+    prg = None
+    if isinstance(dev.compiler, CPUCompiler) and isinstance(dev.runtime, type) and issubclass(dev.runtime, CPUProgram):
+        try: prg = dev.runtime("fg_copy", dev.compiler.compile_cached(_HOST_COPY_SRC))
+        except Exception: prg = None   # (no C compiler that works: the copy goes through the host as before)
+    _host_copies[dest.device] = prg
+    return prg
 
 class ViewOp(Runner):
     """A BUFFER_VIEW: bufs[0] already shares bufs[1]'s memory, so there is nothing to run."""

@@ -141,6 +141,23 @@ def test_buffer_copy_between_views():
     run_schedule([ExecItem(UOp(Ops.COPY), [dest, base.view(5, dtypes.float32, 40)])])
     assert dest.numpy().tolist() == [10.0, 11.0, 12.0, 13.0, 14.0]
 
+@pytest.mark.parametrize("asynchronous", [1, 0])
+def test_host_copy_is_queued_in_order(asynchronous):
+    # a copy between CPU buffers runs as a queued kernel: after the kernels before it (it reads what they wrote), before
+    # the ones after it (a write to its source after the copy doesn't reach the copy), in whole and in parts
+    from fusegrad import Tensor
+    a = np.random.default_rng(3).random(3 << 18, dtype=np.float32)   # 3 MiB: the copy is split across threads
+    with Context(CPU_ASYNC=asynchronous):
+        x = Tensor(a).realize()
+        y = (x * 2).realize()
+        whole, part = y.to("CPU:1"), y[1000:5000].to("CPU:1")
+        Tensor.realize(whole, part)
+        y.assign(y + 1).realize()
+        assert realize._host_copy_program(whole.uop.buffer, y.uop.buffer) is not None
+        np.testing.assert_equal(whole.numpy(), a * 2)
+        np.testing.assert_equal(part.numpy(), (a * 2)[1000:5000])
+        np.testing.assert_equal(y.numpy(), a * 2 + 1)
+
 def test_buffer_copy_size_mismatch():
     with pytest.raises(ValueError): run_schedule([ExecItem(UOp(Ops.COPY), [empty(3), empty(4)])])
 
