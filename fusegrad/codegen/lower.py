@@ -217,7 +217,21 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         # (with a reduction, the wider of two vector axes wins: an image row of 8 pixels loses to 16 channels)
         if single: score *= sz
         if score > best_score: best, best_score = r, score
+    if best is None and len(reds) == 1 and reds[0].arg is Ops.MAX: best = _pool_row(ast, accesses, stored, vec_dts)
     return best
+
+def _pool_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp | None:
+    """A max pool's output row upcast by the heuristic where its window reads every second (third, fourth) pixel: the
+    stores are contiguous along it and every load gathers along it. Its lanes' taps are loaded one by one, its maxes
+    are vector ones (a scalar max is a compare and a branch per tap)."""
+    for r in (u for u in ast.toposort() if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+        sz = range_size(r)
+        if not isinstance(sz, int) or sz < 4 or sz & (sz - 1) or sz > 64: continue
+        steps = [(coeff(idx.src[1], r), idx in stored, idx.src[0].dtype.base in vec_dts)
+                 for idx, deps, _ in accesses if r in deps]
+        if any(st for _, st, _ in steps) and all(ok and (c == 1 if st else c in (2, 3, 4)) for c, st, ok in steps):
+            return r
+    return None
 
 def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp, ...]:
     """In a kernel with several reductions, or one beside a main vector axis `vec`, an upcast reduce axis of each one

@@ -67,6 +67,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         _tile_output_vector(ctx)
         return k.applied_opts
     if _vectorize_reduction(ctx): return k.applied_opts
+    if _vectorize_strided_window(ctx): return k.applied_opts
     _unroll_small_window(ctx)
     _upcast_remainder_lanes(ctx)
     _upcast_output_windows(ctx)
@@ -405,6 +406,33 @@ def _tile_dot_products(ctx: OptContext, inner: UOp) -> int:
                 amt = _largest_divisor(osz, tuple(c for c in choices if tiled * c <= 16))
                 if amt > 1 and ctx.split(OptOps.UPCAST, o, amt)[1] is not None: tiled *= amt
     return tiled
+
+POOL_STRIDES = (2, 3, 4)
+
+def _strided_window(k: Kernel, r: UOp) -> bool:
+    """Whether output loop `r` is a strided pool's output row: every load that moves with r moves by a pool stride
+    (2 to 4). (The lowering takes such an upcast loop of a max as the vector axis: `lower.choose_vector_axis`.)"""
+    accesses = k.accesses()
+    steps = [coeff(idx.src[1], r) for idx, is_store in accesses if not is_store]
+    return any(c != 0 for c in steps) and all(c == 0 or c in POOL_STRIDES for c in steps)
+
+def _vectorize_strided_window(ctx: OptContext) -> bool:
+    """Step 4a: a max pool whose window reads every second (third, fourth) pixel of a row (a 3x3 stride-2 pool) has
+    no loop contiguous in its loads, so nothing above vectorized it, and a padded one is kept from gcc's loop
+    vectorizer by its gated loads. Its output row is upcast to a vector all the same (each lane's taps are gathered
+    one by one, the maxes are vector ones) and the window's row kw unrolled: in each copy the padding's comparisons of
+    the row are constants per lane. Returns whether it applied."""
+    k = ctx.k
+    if k.applied_opts or len(k.reduceops) != 1 or k.reduceops[0].arg is not Ops.MAX or ctx.width < 4: return False
+    taps = [range_size(r) for r in ctx.reds]
+    if not taps or not all(isinstance(n, int) for n in taps) or not 1 < math.prod(taps) <= 16: return False
+    if (r := _store_loop(k)) is None or not isinstance(sz := range_size(r), int): return False
+    if not _strided_window(k, r): return False
+    amt = _largest_divisor(sz, tuple(w for w in (ctx.width, ctx.width // 2) if w >= 4))
+    if amt == 1: return False
+    k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), amt))
+    if taps[-1] > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(ctx.reds[-1]), 0))
+    return True
 
 def _unroll_small_window(ctx: OptContext) -> None:
     """Step 4: with nothing vectorized, a small window (a pooling's 2x2 or 3x3) has its loops unrolled, so the compiler
