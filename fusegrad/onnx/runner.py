@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 import fusegrad.engine.realize as _realize
-from fusegrad import Tensor, Variable, dtypes
+from fusegrad import Device, Tensor, Variable, dtypes
 from fusegrad.dtype import DType
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
@@ -477,9 +477,8 @@ class JitRunner:
         # that takes the general path), found on the first replay
         self._bufs: dict[tuple, list[Any]] = {}
         self._out_plans: dict[tuple, list[tuple[tuple[int, ...], np.dtype] | None]] = {}
-        # per set of input shapes, from the first replay: (TinyJit, kept tensors, their Buffers, each output's shape
-        # and NumPy dtype, or None where an output is not a tensor of static shape)
-        self._replays: dict[tuple, tuple[Any, list[Tensor], list[Any], list[Any] | None]] = {}
+        # per set of input shapes, from the first replay: how a call with such arrays is replayed
+        self._replays: dict[tuple, _KeptCall] = {}
         self._last: Any = None
         # the 8-, 6-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
         self._out_types: list[int | None] = []
@@ -500,16 +499,8 @@ class JitRunner:
         plain = len(given) == len(names) and not [a for a in arrays if type(a) is not np.ndarray]
         key = tuple([(a.shape, a.dtype) for a in arrays]) if plain else None   # type: ignore[union-attr]
         if key is not None and (fast := self._replays.get(key)) is not None:
-            step, kept, bufs, plans = fast
-            self._last = step
-            for b, arr in zip(bufs, arrays):
-                b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
-            # (the outputs' memory is the JIT's own, copied out here: no output tensor is made)
-            if plans is not None and (got := step.replay_kept(*kept)) is not None:
-                outs = [_copy_buffer(b, *p) for b, p in zip(got, plans)]
-            else: outs = [_to_numpy(o) for o in step(*kept)]
-            out = dict(zip(self.runner.graph.output_names, outs))
-            return self._narrowed(out)
+            self._last = fast.step
+            return self._narrowed(dict(zip(self.runner.graph.output_names, fast(arrays))))
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
@@ -520,7 +511,7 @@ class JitRunner:
             if (plan := self._out_plans.get(key)) is None:
                 plan = self._out_plans[key] = [_out_plan(o) for o in outs]
                 kept_plans = plan if all(p is not None and _reshaped_buffer(o) for o, p in zip(outs, plan)) else None
-                self._replays[key] = (step, kept, bufs, kept_plans)
+                self._replays[key] = _KeptCall(step, kept, bufs, kept_plans, [(a.shape, a.dtype) for a in arrays])
             return self._narrowed({n: _to_numpy(o) if p is None else _copy_out(o, *p)
                                    for n, o, p in zip(self.runner.output_names, outs, plan)})
         from fusegrad import TinyJit
@@ -555,6 +546,54 @@ class JitRunner:
         """The NumPy outputs with those of 8-, 6-, 4- or 2-bit types in ml_dtypes' types."""
         if not any(self._out_types): return outs
         return {n: _narrow_numpy(v, t) for (n, v), t in zip(outs.items(), self._out_types)}
+
+
+class _KeptCall:
+    """JitRunner's call for one set of input shapes, from its first replay on: the arrays are copied into the kept
+    inputs' memory, the TinyJit replays (`replay_kept` where each output is a tensor of static shape), and the outputs
+    are copied out into new arrays. Where the memory is the host's (the CPU device), the copies go through NumPy views
+    of it made once (of the inputs' memory, and of the output Buffers `replay_kept` gave last), after waiting for the
+    device's queue: no memoryview, Buffer check or wait per array."""
+
+    def __init__(self, step: Any, kept: list[Tensor], bufs: list[Any], plans: list[Any] | None,
+                 specs: list[tuple[tuple[int, ...], np.dtype]]):
+        self.step, self.kept, self.bufs, self.plans = step, kept, bufs, plans
+        self.device = Device[bufs[0].device] if bufs else None
+        self.host = bool(bufs) and all(_host_memory(b) for b in bufs)
+        # (views made after the queue is drained: as_buffer waits for the kernels using the memory)
+        if self.host and self.device is not None: self.device.synchronize()
+        self.ins = [_host_view(b, shape, dt) for b, (shape, dt) in zip(bufs, specs)] if self.host else None
+        self.got: list[Any] | None = None          # the output Buffers of the last replay_kept, and views of them
+        self.outs: list[np.ndarray] | None = None
+
+    def __call__(self, arrays: list[Any]) -> list[Any]:
+        step, kept, plans = self.step, self.kept, self.plans
+        if self.ins is not None:
+            # (the last call waited for its kernels; other work queued since may not have run yet)
+            self.device.synchronize()  # type: ignore[union-attr]
+            for view, arr in zip(self.ins, arrays): np.copyto(view, arr)
+        else:
+            for b, arr in zip(self.bufs, arrays): b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        # (the outputs' memory is the JIT's own, copied out here: no output tensor is made)
+        if plans is None or (got := step.replay_kept(*kept)) is None: return [_to_numpy(o) for o in step(*kept)]
+        if got is not self.got:
+            self.got = got
+            self.outs = [_host_view(b, *p) for b, p in zip(got, plans)] \
+                if self.host and all(_host_memory(b) for b in got) else None
+        if self.outs is None: return [_copy_buffer(b, *p) for b, p in zip(got, plans)]
+        self.device.synchronize()  # type: ignore[union-attr]
+        return [v.copy() for v in self.outs]
+
+
+def _host_memory(buf: Any) -> bool:
+    """Whether a Buffer's memory is the host's, which `as_buffer` gives without a copy."""
+    return hasattr(buf.allocator, "_as_buffer")
+
+
+def _host_view(buf: Any, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """A NumPy view of the first elements of a Buffer in host memory, as many as `shape` holds."""
+    n = int(np.prod(shape))
+    return np.frombuffer(buf.ensure_allocated().as_buffer(), dt, n).reshape(shape)
 
 
 def _narrow_types(v: Any) -> Any:

@@ -37,3 +37,24 @@ def test_jit_replays_into_kept_memory_and_copies_out():
     for got, x in kept:   # (each call's arrays are its own)
         np.testing.assert_allclose(got["y"], np.maximum(x @ W, 0), rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got["z"], (x + x).reshape(-1))
+
+
+def test_jit_copies_strided_arrays_in_and_follows_new_output_memory():
+    """Arrays that aren't C-contiguous are copied into the kept input memory as their values; when the TinyJit makes
+    its kept replay again (a thread knob changed: new output memory), the arrays copied out are the new ones'."""
+    from fusegrad.helpers import Context
+    run = OnnxRunner(_model()).jit()
+    rng = np.random.default_rng(7)
+    memory: list = []   # (the Buffers themselves: an id could be reused once one is freed)
+    for i in range(8):
+        x = rng.standard_normal((3, 2)).astype(np.float32).T if i % 2 else \
+            np.asfortranarray(rng.standard_normal((2, 3)).astype(np.float32))
+        assert not x.flags.c_contiguous
+        with Context(CPU_THREADS=1 if i >= 5 else 0):
+            got = run({"x": x})
+        np.testing.assert_allclose(got["y"], np.maximum(x @ W, 0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["z"], (x + x).reshape(-1))
+        assert got["y"].flags.owndata and got["z"].flags.owndata   # (copies, not views of the JIT's memory)
+        if run._last._kept is not None and not any(b is run._last._kept.outputs[0] for b in memory):
+            memory.append(run._last._kept.outputs[0])
+    assert len(memory) == 2   # (the kept replay was made again with the knob)
