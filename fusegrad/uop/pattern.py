@@ -158,6 +158,19 @@ def _rewrite_to_fixed_point(pm: PatternMatcher, uop: UOp, ctx: Any, limit: int =
     raise RuntimeError(f"{pm.name or 'graph_rewrite'}: rewriting did not reach a fixed point after {limit} steps at "
                        f"{uop.op}")
 
+_NOTHING: frozenset[UOp] = frozenset()
+
+def _unruled(root: UOp, ruled: dict[Ops, Any]) -> set[UOp]:
+    """The nodes of `root`'s graph with no op of `ruled` at or below them (one pass over its toposort)."""
+    out: set[UOp] = set()
+    add = out.add
+    for u in root.toposort():
+        if u.op in ruled: continue
+        for s in u.src:
+            if s not in out: break
+        else: add(u)
+    return out
+
 class RewriteContext:
     """One graph_rewrite run: the rules, the context, and the memo of node -> fully rewritten node (`memo`: one kept
     by the caller across runs of the same rules, see graph_rewrite)."""
@@ -165,6 +178,8 @@ class RewriteContext:
         self.pm, self.ctx, self.bottom_up = pm, ctx, bottom_up
         self.replace: dict[UOp, UOp] = {} if memo is None else memo
         self.max_reentries = 100
+        # the nodes no rule can change (see rewrite), found at the first root; a caller's memo does that itself
+        self.fixed: set[UOp] | frozenset[UOp] | None = None if memo is None else _NOTHING
 
     def rewrite(self, root: UOp) -> UOp:
         """`root` rewritten to a fixed point; an explicit stack replaces recursion.
@@ -174,6 +189,10 @@ class RewriteContext:
         replace, pm, ctx = self.replace, self.pm, self.ctx
         # a node of an op no rule names is not offered to the rules (most nodes, for a pass that rewrites loads)
         ruled, wildcard = pm.pdict, bool(pm.wildcard)
+        # and where no rule takes any op: a node with no such op at or below it stays as it is, so the walk doesn't go
+        # below it (a lowering pass for reductions, in a kernel of a few reductions, walks those and their users)
+        # (found once per run: graph_rewrite_map rewrites more roots of the same graph)
+        if (fixed := self.fixed) is None: fixed = self.fixed = _NOTHING if wildcard else _unruled(root, ruled)
         # stack entries: (original node, stage, node being processed for it)
         stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
         # nodes whose processing has started and not finished; meeting one again means a rule put a node being
@@ -185,6 +204,9 @@ class RewriteContext:
             n, stage, cur = stack.pop()
             if stage == 0:
                 if n in replace: continue
+                if n in fixed:
+                    replace[n] = n
+                    continue
                 if n in pending:
                     reentries[n] = reentries.get(n, 0) + 1
                     if reentries[n] > self.max_reentries:

@@ -39,3 +39,23 @@ def test_first_rule_that_returns_a_node_wins():
     pm = PatternMatcher([(UPat(Ops.ADD, name="a"), lambda a: None), (UPat(Ops.ADD), lambda: x),
                          (UPat(name="a"), lambda a: a * 3)])
     assert pm.rewrite(u) is x
+
+def test_rewrite_skips_graphs_no_rule_can_change():
+    # a pass whose rules name MUL: the part of the graph with no MUL at or below it is not walked, and the result is
+    # the one a full walk gives (a wildcard rule that changes nothing forces the full walk)
+    from fusegrad.uop.pattern import RewriteContext, graph_rewrite
+    y = Variable("y", 0, 10)
+    plain = (x + 3) // 2 + (y % 4)           # no MUL anywhere
+    scaled = (x * 2 + 1) * (y + 5)
+    sink = UOp.sink_of(plain + scaled, plain * 7)
+    double = (UPat(Ops.MUL, name="m"), lambda m: m.src[0] + m.src[0] if m.src[1].op is Ops.CONST and
+              m.src[1].arg == 2 else None)
+    rc = RewriteContext(PatternMatcher([double]), None, False)
+    out = rc.rewrite(sink)
+    full = graph_rewrite(sink, PatternMatcher([double, (UPat(name="any"), lambda any: None)]))
+    assert out is full
+    assert out is UOp.sink_of(plain + ((x + x) + 1) * (y + 5), plain * 7)
+    # `plain` is kept as it is, nothing below it was walked
+    assert rc.replace[plain] is plain and all(s not in rc.replace for s in plain.src)
+    # a graph without any MUL is returned as it is
+    assert graph_rewrite(plain, PatternMatcher([double])) is plain
