@@ -1476,3 +1476,8 @@ TRAINING.on_set = lambda value: setattr(Tensor, "training", bool(value))
 _install_source_tracking()
 
 __all__ = ["Tensor"]
+        if x.ndim > 2 and y.ndim == 2 and all(type(v) is int for v in x.shape) and not _sharding_used:
+            # batched rows times one matrix (a Linear layer on (batch, seq, features)) as a single matmul over all the
+            # rows: the matrix's gradient is then one sum over batch x rows, where the broadcast made a sum per batch
+            # (each a full-size partial gradient written out) and a second kernel adding them up
+            return x.reshape(-1, x.shape[-1]).dot(y, dtype).reshape(*x.shape[:-1], y.shape[-1])

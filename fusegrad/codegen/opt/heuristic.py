@@ -634,7 +634,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # loop, the batch, goes to the cores instead.)
     narrow = osz // cores * row_bytes < 256 and conv and \
         all(coeff(idx.src[1], vec) == 1 for idx, st in k.accesses() if st)
-    rows_outer = False
+    rows_outer, at = False, 0
     if not narrow:
         # a batched matmul's batch loops (leading output loops that every load moves with) stay outermost: each
         # batch is a matmul of its own whose column panels are reused by its row tiles. (With the columns outside
@@ -679,6 +679,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     if blk is not None and rsz * inner > 384:
         try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(red[0]), blk))
         except KernelOptError: pass
+    if not rows_outer and not conv and at == 0: _rows_inside_columns(k, vec, row_bytes)
     # pack the vector load that is strided along the reduction or the vector lanes, inside the last output loop it
     # depends on
     red = [k.loops[i] for i in k.reduce_axes()]
@@ -706,6 +707,39 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         try: k.apply_opt(Opt(OptOps.PACK, deps[-1], idx.src[0].arg))
         except KernelOptError: pass
         break
+
+TRANSPOSED_PANEL_BYTES, COLUMN_BLOCK_BYTES = 1 << 20, 1 << 19
+
+def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
+    """A matmul whose operand broadcast along the vector is read transposed (strided along the reduction, contiguous
+    along the rows: a weight gradient's output gradient, the tied embedding's logits gradient) and bigger than
+    TRANSPOSED_PANEL_BYTES has its row tiles outside its column tiles, and that operand's row tile packed (PACK) once
+    per row tile, where the other operand's block (a core's columns by a block of the reduction) fits
+    COLUMN_BLOCK_BYTES (L2). With the column tiles outside, every column tile streamed the whole transposed operand
+    again, each row tile touching one cache line per step of the reduction (as many streams as the block is long,
+    which the prefetchers don't follow); now each row tile's lines are read once, copied contiguously, and reused by
+    all the column tiles, whose block is read from L2. (`row_bytes`: the bytes of a column tile's row.)"""
+    outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
+    if not reds: return
+    for idx, is_store in k.accesses():
+        if is_store or idx.src[0].op is not Ops.DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
+                coeff(idx.src[1], reds[0]) in (0, 1, None):
+            continue
+        deps = [i for i, o in enumerate(outs) if o in idx.src[1].toposort()]
+        # (the rows: the innermost output loop it moves with, right inside a column loop it doesn't move with)
+        if not deps or (rows := deps[-1]) == 0 or rows - 1 in deps: return
+        cols = outs[rows - 1]
+        if not isinstance(csz := range_size(cols), int) or not isinstance(kb := range_size(reds[0]), int) or \
+                csz < 4 or csz * row_bytes * kb > COLUMN_BLOCK_BYTES:
+            return
+        if not isinstance(size := idx.src[0].dtype.size, int) or \
+                size * idx.src[0].dtype.base.itemsize <= TRANSPOSED_PANEL_BYTES:
+            return
+        try:
+            k.apply_opt(Opt(OptOps.SWAP, rows - 1, rows))
+            k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
+        except KernelOptError: pass
+        return
 
 ROWS_OUTER_MIN_OUTPUTS = 1 << 16
 

@@ -1,0 +1,62 @@
+"""Matmuls whose operand broadcast along the vector is read transposed (a weight gradient's output gradient, the tied
+embedding's logits gradient): the CPU heuristic's loop order for them, and their values against NumPy and torch."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+import fusegrad.codegen as codegen
+from fusegrad import Tensor
+from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+from fusegrad.uop.ops import Ops
+from test.codegen.helpers import AVX2, captured_asts, renderer_like
+
+RS = np.random.default_rng(0)
+
+@pytest.mark.parametrize("k, m, n", [(512, 1031, 384), (300, 2053, 40), (3, 127, 1), (1, 1, 3), (128, 3, 127)])
+def test_transposed_operand_matmul(k: int, m: int, n: int):
+    """a.T @ b with a stored (k, m), rows of odd counts (tiles of 6 with a remainder), columns that no vector divides
+    or a single one, against NumPy in float64."""
+    a = RS.standard_normal((k, m)).astype(np.float32)
+    b = RS.standard_normal((k, n)).astype(np.float32)
+    ours = (Tensor(a).T @ Tensor(b)).numpy()
+    np.testing.assert_allclose(ours, a.T.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+def test_big_transposed_operand_packs_its_row_tiles(monkeypatch: pytest.MonkeyPatch):
+    """A transposed operand over a megabyte (1039 x 512 floats) is packed per row tile, its row tiles outside the
+    column tiles, where the other operand's block per core fits L2; the plain layout (a @ b) keeps its column panels
+    outside and packs the other operand."""
+    asts = captured_asts(monkeypatch)
+    a = RS.standard_normal((512, 1039)).astype(np.float32)
+    b = RS.standard_normal((512, 320)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a).T @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose((Tensor(a.T.copy()) @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4,
+                               atol=1e-3)
+    assert len(asts) == 2, asts
+    for ast, transposed in zip(asts, (True, False)):
+        k = Kernel(codegen.collapse_gathers(ast), renderer_like(AVX2))
+        hand_coded_optimizations(k)
+        globs = {u.arg: u.dtype.size for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+        packed = [globs[o.arg] for o in k.applied_opts if o.op is OptOps.PACK]
+        assert packed == [a.size if transposed else b.size], k.applied_opts
+        assert any(o.op is OptOps.SWAP for o in k.applied_opts[-2:]) == transposed, k.applied_opts
+
+def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
+    """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient
+    per batch), and the output and both gradients match torch."""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((3, 5, 7)).astype(np.float32)
+    w = RS.standard_normal((11, 7)).astype(np.float32)
+    g = RS.standard_normal((3, 5, 11)).astype(np.float32)
+    xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = xt @ wt.T
+    (out * Tensor(g)).sum().backward()
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tout = tx @ tw.T
+    (tout * torch.tensor(g)).sum().backward()
+    assert xt.grad is not None and wt.grad is not None and tx.grad is not None and tw.grad is not None
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(xt.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+    stored = [st.src[0].src[0].dtype.size for ast in asts for st in ast.src if st.op is Ops.STORE]
+    assert 3 * w.size not in stored, stored
