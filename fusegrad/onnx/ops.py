@@ -399,7 +399,22 @@ def _softmax(x: Tensor, a: int) -> Tensor:
     attention's softmax over 128 keys ran in ~25% less kernel time."""
     x = x.cast(least_upper_float(x.dtype))
     e = (x - x.max(a, keepdim=True)).exp().contiguous()
-    return e * e.sum(a, keepdim=True).reciprocal()
+    r = e.sum(a, keepdim=True).reciprocal()
+    out = e * r
+    if a == x.ndim - 1 and x.ndim >= 2:
+        key = id(out)
+        _SOFTMAX_ROWS[key] = (weakref.ref(out, lambda _, k=key: _SOFTMAX_ROWS.pop(k, None)), e, r)
+    return out
+
+
+# a softmax over the last axis -> its exponentials and their rows' reciprocal sums: MatMul by such a softmax scales
+# the product's rows instead (`matmul`), so the normalized probabilities aren't written and read back
+_SOFTMAX_ROWS: dict[int, tuple[weakref.ref, Tensor, Tensor]] = {}
+
+
+def _softmax_rows(t: Tensor) -> tuple[Tensor, Tensor] | None:
+    entry = _SOFTMAX_ROWS.get(id(t))
+    return (entry[1], entry[2]) if entry is not None and entry[0]() is t else None
 
 
 for _name, _sm in {"Softmax": _softmax, "LogSoftmax": lambda x, a: x.log_softmax(a),
@@ -430,7 +445,13 @@ def cumprod(x: Tensor, axis: Tensor, *, exclusive: int = 0, reverse: int = 0) ->
 # *** linear algebra ***
 
 @op("MatMul")
-def matmul(a: Tensor, b: Tensor) -> Tensor: return a.matmul(b)
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    # softmax(x) @ v as (e @ v) * (1 / row sums of e): each row of the product is scaled once, and the probabilities,
+    # a (rows, keys) tensor of an attention, are never stored (their kernel wrote them and the matmul read them back)
+    if (rows := _softmax_rows(a)) is not None and b.ndim >= 2 and a.dtype == b.dtype:
+        e, r = rows
+        return e.matmul(b) * r
+    return a.matmul(b)
 
 
 @op("Gemm")

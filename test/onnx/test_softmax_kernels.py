@@ -41,3 +41,33 @@ def test_softmax_float16_and_extremes():
     got = OnnxRunner(_model(x.shape, -1, TensorProto.FLOAT16))({"x": x})["y"].numpy()
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float64), _reference(x, -1), rtol=2e-3, atol=1e-4)
+
+
+def _attention_model(q: tuple[int, ...], v: tuple[int, ...], probs_out: bool):
+    """y = Softmax(x, -1) @ v (and the probabilities p as an output too when `probs_out`)."""
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if probs_out: outs.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(q)),
+                                           helper.make_tensor_value_info("v", TensorProto.FLOAT, list(v))], outs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("q,v,probs_out", [((2, 3, 16, 24), (2, 3, 24, 5), False), ((4, 9, 7), (7, 6), False),
+                                           ((2, 1, 5, 8), (3, 8, 4), True)])
+def test_softmax_matmul_scales_the_product_rows(q, v, probs_out):
+    """softmax(x) @ v is (exp @ v) scaled per row: the probabilities are not written by a kernel (unless they are an
+    output themselves), and the product is softmax's times v, broadcast batches included."""
+    rng = np.random.default_rng(sum(q))
+    x, w = (rng.standard_normal(q) * 3).astype(np.float32), rng.standard_normal(v).astype(np.float32)
+    out = OnnxRunner(_attention_model(q, v, probs_out))({"x": x, "v": w})
+    sched = out["y"].schedule(*([out["p"]] if probs_out else []))
+    rows_keys = int(np.prod(q))
+    # (a kernel writes its first len(ast.src) buffers; the exponentials are stored once, the normalized
+    # probabilities only for the output that asks for them)
+    stored = sum(1 for ei in sched for b in ei.bufs[:len(ei.ast.src)] if b.size == rows_keys)
+    assert stored == (2 if probs_out else 1), f"{stored} kernels write a (rows, keys) tensor"
+    run_schedule(sched)
+    p = _reference(x, -1)
+    np.testing.assert_allclose(out["y"].numpy(), p @ w.astype(np.float64), rtol=1e-5, atol=1e-6)
+    if probs_out: np.testing.assert_allclose(out["p"].numpy(), p, rtol=2e-6, atol=1e-7)
