@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar
 from fusegrad.dtype import dtypes, sum_acc_dtype
 from fusegrad.helpers import rng_counter_of
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.graph import bound_variables, new_buffer, structure_key, substitute_map
+from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
@@ -267,15 +267,13 @@ class IndexGradient:
 # nodes whose sources are not values (leaves of the tensor graph), and DETACH, which stops the walk
 _LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIND, Ops.KERNEL, Ops.UNIQUE}
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], known: dict[UOp, None] | None = None) \
-        -> dict[UOp, UOp]:
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
-    Targets the root does not depend on are absent from the result. (`known`: a toposort of root, if the caller
-    made one.)"""
-    return compute_gradients({root: root_grad}, targets, known=known)
+    Targets the root does not depend on are absent from the result."""
+    return compute_gradients({root: root_grad}, targets)
 
-def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset(),
-                      known: dict[UOp, None] | None = None) -> dict[UOp, UOp]:
+def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) \
+        -> dict[UOp, UOp]:
     """compute_gradient of several roots at once (the sum of their seeded gradients), e.g. the shards of a tensor
     split over devices. Gradients don't pass below `leaves` (shards that are copies of one another are each a
     variable of their own)."""
@@ -283,7 +281,7 @@ def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozense
         if root_grad.shape != root.shape:
             raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
     if leaves: return _derive(seeds, targets, leaves)
-    return _cached_gradients(seeds, targets, known)
+    return _cached_gradients(seeds, targets)
 
 def _derive(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) -> dict[UOp, UOp]:
     """compute_gradients by applying the rules."""
@@ -328,19 +326,19 @@ GRADIENT_CACHE_SIZE = 128
 _gradient_cache: dict[tuple, _GradientTemplate | None] = {}   # None: seen once
 gradient_cache_stats = {"hits": 0, "misses": 0}
 
-def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], known: dict[UOp, None] | None) -> dict[UOp, UOp]:
-    # (the order of a toposort is a function of the graph's structure, so positions in it name the same nodes in
-    # graphs of the same structure)
-    topo = list(UOp.sink_of(*seeds, *seeds.values()).toposort(known=known))
+def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp]) -> dict[UOp, UOp]:
+    # one walk gives the toposort and the structure key. (The order of a toposort is a function of the graph's
+    # structure, so positions in it name the same nodes in graphs of the same structure)
+    walk = StructureWalk().walk([*seeds, *seeds.values()])
+    position = walk.position
+    topo = list(position)
     if bound_variables(topo) or any(u.op is Ops.CUSTOM_GRAD and not getattr(u.arg, "pure", False) for u in topo):
         return _derive(seeds, targets)
-    position = {u: i for i, u in enumerate(topo)}
-    parts, consts = structure_key(topo)
     # (a random counter only seeds the generator, which the rules never look into: keyed by position, not value, so a
     # step with dropout, whose counters are new every step, finds the template too)
     values = tuple(None if c.dtype == dtypes.uint64 and rng_counter_of(c.arg) is not None else _arg_key(c.arg)
-                   for c in consts)
-    key = (parts, values, tuple(sorted(position[t] for t in targets if t in position)))
+                   for c in walk.consts)
+    key = (walk.key(), values, tuple(sorted(position[t] for t in targets if t in position)))
     if (template := _gradient_cache.get(key)) is not None:
         gradient_cache_stats["hits"] += 1
         new = substitute_map(template.sink, {p: topo[i] for i, p in template.nodes}, topo=template.topo)

@@ -17,11 +17,10 @@ from fusegrad.uop.ops import Ops, UOp
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
-def _gradients(root: UOp, seed: UOp, targets: list[UOp], known: dict[UOp, None] | None = None) \
-        -> dict[UOp, UOp | None]:
-    """compute_gradient, with sharded roots and targets taken shard by shard. (`known`: a toposort of root.)"""
+def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> dict[UOp, UOp | None]:
+    """compute_gradient, with sharded roots and targets taken shard by shard."""
     if root.op is not Ops.MULTI and not any(t.op is Ops.MULTI for t in targets):
-        return compute_gradient(root, seed, set(targets), known)  # type: ignore[return-value]
+        return compute_gradient(root, seed, set(targets))  # type: ignore[return-value]
     from fusegrad.schedule.multi import gradient_of, gradient_seeds, gradient_targets
     shards = frozenset(s for t in targets if t.op is Ops.MULTI for s in t.src)
     grads = compute_gradients(gradient_seeds(root, seed), gradient_targets(targets), shards)
@@ -115,7 +114,7 @@ class AutogradMixin:
                                "realized before backward()? realize() replaces the graph by its buffer)")
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
-        grads = _gradients(self.uop, seed, [t.uop for t in need], topo)
+        grads = _gradients(self.uop, seed, [t.uop for t in need])
         for t in need:
             g = Tensor(grads[t.uop] if grads.get(t.uop) is not None else
                        const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device), t.shape))
