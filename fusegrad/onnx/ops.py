@@ -44,6 +44,26 @@ class Context:
 OPS: dict[tuple[str, str], OpDef] = {}
 
 
+@dataclass
+class DeviceCheck:
+    """A check of values computed on the device: `check` gets them as NumPy arrays and returns an error message, or
+    None where they are valid."""
+    node: str
+    op_type: str
+    values: list[Tensor]
+    check: Callable[..., str | None]
+
+
+def device_check(ctx: Context | None, values: list[Tensor], check: Callable[..., str | None]) -> bool:
+    """Have `check` run on `values` after every call of the model, where the runner can (`OnnxRunner.jit()`: the
+    values are extra outputs of its TinyJit, read after each replay, which runs no Python of the ops). Returns whether
+    the check is registered; where it isn't, the op checks what it can read itself."""
+    checks = getattr(ctx.runner, "device_checks", None) if ctx is not None else None
+    if checks is None: return False
+    checks.append(DeviceCheck(ctx.node_name, ctx.op_type, values, check))   # type: ignore[union-attr]
+    return True
+
+
 def op(*names: str, domain: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         params = inspect.signature(fn).parameters

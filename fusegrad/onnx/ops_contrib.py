@@ -15,7 +15,7 @@ from fusegrad.dtype import DType
 from fusegrad.onnx.errors import Unsupported
 from fusegrad.onnx.onnx_dtypes import np_name
 from fusegrad.engine.realize import capturing
-from fusegrad.onnx.ops import Context, axis_of, host_value, known_value, op, scalar
+from fusegrad.onnx.ops import Context, axis_of, device_check, host_value, known_value, op, scalar
 from fusegrad.uop.ops import sym_value
 # (importing ops_attention also registers the default domain's Attention)
 from fusegrad.onnx.ops_attention import (allowed_to_bias, attend, causal_allowed, from_heads, rotary, rotary_angles,
@@ -216,7 +216,7 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
         return _mha_shared_buffer(q, k, v, past_key, past_value, past_sequence_length, cache_indirection,
                                   key_padding_mask, attention_bias, mask_filter_value=mask_filter_value, scale=scale,
                                   unidirectional=unidirectional, out_dtype=query.dtype,
-                                  scores=ctx is None or ctx.n_outputs > 3)
+                                  scores=ctx is None or ctx.n_outputs > 3, ctx=ctx)
     past_len = 0
     if past_key is not None or past_value is not None:
         if past_key is None or past_value is None: raise ValueError("past_key and past_value go together")
@@ -239,9 +239,12 @@ def multi_head_attention(query: Tensor, key: Tensor | None = None, value: Tensor
 def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None, past_value: Tensor | None,
                        past_sequence_length: Tensor, cache_indirection: Tensor | None, key_padding_mask: Tensor | None,
                        attention_bias: Tensor | None, *, mask_filter_value: float, scale: float | None,
-                       unidirectional: int, out_dtype: DType, scores: bool) -> tuple[Tensor, ...]:
+                       unidirectional: int, out_dtype: DType, scores: bool,
+                       ctx: Context | None = None) -> tuple[Tensor, ...]:
     """MultiHeadAttention over past buffers shared with the presents (see multi_head_attention); the past length is
-    a device value, so a TinyJit capture follows every call's."""
+    a device value, so a TinyJit capture follows every call's. Its range, and the beam indices of cache_indirection,
+    are checked on the host where they are known or can be read, and after every call of `OnnxRunner.jit()`
+    (`device_check`), whose replays run no Python of the op."""
     if past_key is None or past_value is None:
         raise ValueError("past_sequence_length needs past_key and past_value (the buffers shared with the presents)")
     if past_sequence_length.numel() != 1:
@@ -253,15 +256,17 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
                          f"{k.shape[3]}), got {tuple(past_key.shape)} and {tuple(past_value.shape)}")
     buf = past_key.shape[2]
     # (a past length or beam index out of range would drop new keys or read another batch's rows: checked where the
-    # values can be read without freezing them into a capture's replays)
+    # values can be read without freezing them into a capture's replays, and by `jit()` after each call)
+    def past_error(n: int) -> str | None:
+        if 0 <= n <= buf - s: return None
+        return f"past_sequence_length {n} with {s} new positions doesn't fit the past buffers of {buf} positions " \
+            f"(0 <= past_sequence_length <= {buf - s})"
     known = _readable(past_sequence_length)
     past_len = None if known is None else int(known.reshape(-1)[0])
-    if past_len is not None:
-        n = past_len
-        if n < 0 or n + s > buf:
-            raise ValueError(f"past_sequence_length {n} with {s} new positions doesn't fit the past buffers of "
-                             f"{buf} positions (0 <= past_sequence_length <= {buf - s})")
+    if past_len is not None and (msg := past_error(past_len)) is not None: raise ValueError(msg)
     plen = past_sequence_length.reshape(1).cast(dtypes.int32)
+    if known_value(past_sequence_length) is None:
+        device_check(ctx, [plen], lambda p: past_error(int(p[0])))
     pasts = plen.expand(b)
     # the presents: the buffers with the new positions written at [past length, past length + s); the rest as it was
     j4 = Tensor.arange(buf, dtype=dtypes.int32).reshape(1, 1, buf, 1)
@@ -276,12 +281,18 @@ def _mha_shared_buffer(q: Tensor, k: Tensor, v: Tensor, past_key: Tensor | None,
             raise ValueError(f"cache_indirection must be (batch, beam, {buf}) with batch * beam = {b}, got "
                              f"{tuple(cache_indirection.shape)}")
         beam = cache_indirection.shape[1]
-        if past_len is not None and (ci := _readable(cache_indirection)) is not None:
-            used = ci[:, :, :past_len]
-            if used.size and (used.min() < 0 or used.max() >= beam):
-                bad = np.argwhere((used < 0) | (used >= beam))[0]
-                raise ValueError(f"cache_indirection holds beam indices in [0, {beam}); at {tuple(bad.tolist())} "
-                                 f"(batch, beam, position) it holds {used[tuple(bad)]}")
+
+        def beam_error(ci: np.ndarray, n: int) -> str | None:
+            used = ci[:, :, :max(n, 0)]
+            if not used.size or 0 <= used.min() and used.max() < beam: return None
+            bad = np.argwhere((used < 0) | (used >= beam))[0]
+            return f"cache_indirection holds beam indices in [0, {beam}); at {tuple(bad.tolist())} (batch, beam, " \
+                f"position) it holds {used[tuple(bad)]}"
+        if past_len is not None and (ci := _readable(cache_indirection)) is not None and \
+                (msg := beam_error(ci, past_len)) is not None:
+            raise ValueError(msg)
+        if known_value(past_sequence_length) is None or known_value(cache_indirection) is None:
+            device_check(ctx, [plen, cache_indirection.cast(dtypes.int32)], lambda p, ci: beam_error(ci, int(p[0])))
         # the buffer row of each row's past position t: its batch's row of beam cache_indirection[batch, beam, t]
         base = (Tensor.arange(b, dtype=dtypes.int32) // beam * beam).reshape(b, 1)
         rows = base + cache_indirection.reshape(b, buf).cast(dtypes.int32)
@@ -376,7 +387,18 @@ def group_query_attention(query: Tensor, key: Tensor | None, value: Tensor | Non
     # the present is as long as the longer of the two; a symbolic total (from a Shape of a named dim) is taken to count
     # the past too, as in a cache that grows by each step's positions
     length = max(total, buf) if isinstance(total, int) and isinstance(buf, int) else total
-    _check_seqlens(seqlens_k, s, buf, length, past_key is not None)
+    if known_value(total_sequence_length) is None and isinstance(buf, int) and isinstance(base, int):
+        # (a replay gives the present the length of the capture: a total that asks for another is an error; so is
+        # any other total where the total itself shapes a result, attention_bias's padding and the scores)
+        exact = attention_bias is not None or (ctx is not None and ctx.n_outputs > 3)
+
+        def total_error(t: np.ndarray, want: int = int(total), n: int = int(length)) -> str | None:
+            got = int(t.reshape(-1)[0])
+            if max(got, buf) == n and (got == want or not exact): return None
+            return f"total_sequence_length {got}, where this jit() capture was made for {want} (a present of {n} " \
+                f"positions): a replay's shapes are the capture's; call the runner itself for such totals"
+        device_check(ctx, [total_sequence_length.cast(dtypes.int64)], total_error)
+    _check_seqlens(seqlens_k, s, buf, length, past_key is not None, ctx)
     # each batch's number of past positions, on the device
     pasts = seqlens_k.reshape(b).cast(dtypes.int32) + (1 - s)
     if do_rotary:
@@ -414,20 +436,23 @@ def _readable(t: Tensor) -> np.ndarray | None:
     return host_value(t)
 
 
-def _check_seqlens(seqlens_k: Tensor, s: int, buf: Any, length: Any, has_past: bool) -> None:
-    """The checks of seqlens_k against the cache, where its values can be read: known on the host, or outside a TinyJit
-    capture (inside one, reading them would freeze this call's values into the replays)."""
+def _check_seqlens(seqlens_k: Tensor, s: int, buf: Any, length: Any, has_past: bool, ctx: Context | None) -> None:
+    """The checks of seqlens_k against the cache, where its values can be read (known on the host, or outside a TinyJit
+    capture: inside one, reading them would freeze this call's values into the replays), and by `jit()` after every
+    call (`device_check`)."""
+    def error(values: np.ndarray) -> str | None:
+        lens = [int(n) + 1 for n in values.reshape(-1)]
+        if any(n < s for n in lens): return f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new positions"
+        if not has_past and any(n > s for n in lens): return "seqlens_k counts past positions but there is no past_key"
+        if has_past and isinstance(buf, int) and any(n - s > buf for n in lens):
+            return f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions"
+        if isinstance(length, int) and any(n > length for n in lens):
+            return f"seqlens_k {[n - 1 for n in lens]} says a present holds more than its {length} positions"
+        return None
     known = known_value(seqlens_k)
+    if known is None: device_check(ctx, [seqlens_k.cast(dtypes.int32)], error)
     if known is None and capturing: return
-    lens = [int(n) + 1 for n in (known if known is not None else host_value(seqlens_k)).reshape(-1)]
-    if any(n < s for n in lens): raise ValueError(f"seqlens_k {[n - 1 for n in lens]} is shorter than the {s} new "
-                                                  f"positions")
-    if not has_past and any(n > s for n in lens):
-        raise ValueError("seqlens_k counts past positions but there is no past_key")
-    if has_past and isinstance(buf, int) and any(n - s > buf for n in lens):
-        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says the cache holds more than its {buf} positions")
-    if isinstance(length, int) and any(n > length for n in lens):
-        raise ValueError(f"seqlens_k {[n - 1 for n in lens]} says a present holds more than its {length} positions")
+    if (msg := error(known if known is not None else host_value(seqlens_k))) is not None: raise ValueError(msg)
 
 
 def _place_new(past: Tensor | None, new: Tensor, pasts: Tensor, length: Any) -> Tensor:

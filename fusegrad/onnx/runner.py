@@ -24,7 +24,7 @@ from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, stri
 from fusegrad.onnx.narrow import (CONTROL_OPS, NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy,
                                   inexact, narrow_type, round_to, to_narrow_numpy)
 from fusegrad.onnx.narrow import plain as plain_tensor
-from fusegrad.onnx.ops import OPS, Context, OpDef, known_value, with_host
+from fusegrad.onnx.ops import OPS, Context, DeviceCheck, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
 from fusegrad.uop.ops import Ops, device_buffer, is_symbolic, sym_eq
 
@@ -315,6 +315,8 @@ class OnnxRunner:
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
             self.input_specs[vi.name] = (dt, dims)
         self.symbolic_dims = symbolic_dims
+        # while `jit()` runs the graph: where ops put the checks of device values (ops.device_check)
+        self.device_checks: list[DeviceCheck] | None = None
         # GroupQueryAttention's total_sequence_length computed on the device: per node and batch and new positions,
         # its difference to the past buffer's length, found by a plain call for a TinyJit capture
         self.total_offsets: dict[Any, int] = {}
@@ -480,6 +482,8 @@ class JitRunner:
         # per set of input shapes, from the first replay: how a call with such arrays is replayed
         self._replays: dict[tuple, _KeptCall] = {}
         self._last: Any = None
+        # per TinyJit (by id): the checks of device values its graph registered, whose values follow the outputs
+        self._checks: dict[int, list[DeviceCheck]] = {}
         # the 8-, 6-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
         self._out_types: list[int | None] = []
 
@@ -500,7 +504,7 @@ class JitRunner:
         key = tuple([(a.shape, a.dtype) for a in arrays]) if plain else None   # type: ignore[union-attr]
         if key is not None and (fast := self._replays.get(key)) is not None:
             self._last = fast.step
-            return self._narrowed(dict(zip(self.runner.graph.output_names, fast(arrays))))
+            return self._outputs(fast(arrays))
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
@@ -512,8 +516,7 @@ class JitRunner:
                 plan = self._out_plans[key] = [_out_plan(o) for o in outs]
                 kept_plans = plan if all(p is not None and _reshaped_buffer(o) for o, p in zip(outs, plan)) else None
                 self._replays[key] = _KeptCall(step, kept, bufs, kept_plans, [(a.shape, a.dtype) for a in arrays])
-            return self._narrowed({n: _to_numpy(o) if p is None else _copy_out(o, *p)
-                                   for n, o, p in zip(self.runner.output_names, outs, plan)})
+            return self._outputs([_to_numpy(o) if p is None else _copy_out(o, *p) for o, p in zip(outs, plan)])
         from fusegrad import TinyJit
         bound = self.runner._check_inputs(given, held=True, exact=True)   # (checks names, dtypes and shapes)
         if key is not None and all(not has_symbolic(t.shape) and t.dtype != dtypes.bfloat16 for t in bound.values()):
@@ -533,14 +536,32 @@ class JitRunner:
         return self._last.captured if self._last is not None else []
 
     def _graph(self, *tensors: Tensor) -> list[Any]:
-        outs = self.runner.graph.run(self.runner._tagged(dict(zip(self.runner.input_names, tensors))), self.runner)
+        # (ops register the checks of device values they can't read here: their values are extra outputs, read and
+        # checked after every call, replays included)
+        checks: list[DeviceCheck] = []
+        self.runner.device_checks = checks
+        try: outs = self.runner.graph.run(self.runner._tagged(dict(zip(self.runner.input_names, tensors))), self.runner)
+        finally: self.runner.device_checks = None
         self._out_types = [_narrow_types(outs[n]) for n in self.runner.output_names]
+        self._checks[id(self._last)] = checks
         # (an output that is an input is copied, as in OnnxRunner.__call__)
         bases = _input_bases(tensors)
-        return [_realized(plain_tensor(_copied_if_in(outs[n], bases))) for n in self.runner.output_names]
+        return [_realized(plain_tensor(_copied_if_in(v, bases)))
+                for v in [outs[n] for n in self.runner.output_names] + [t for c in checks for t in c.values]]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:
-        return self._narrowed({n: _to_numpy(o) for n, o in zip(self.runner.output_names, outs)})
+        return self._outputs([_to_numpy(o) for o in outs])
+
+    def _outputs(self, outs: list[Any]) -> dict[str, Any]:
+        """The model's outputs by name, from a call's NumPy outputs; the values of the device checks after them are
+        checked (an error names the node whose check failed)."""
+        n = len(self.runner.output_names)
+        if len(outs) > n:
+            at = n
+            for c in self._checks.get(id(self._last), ()):
+                values, at = outs[at:at + len(c.values)], at + len(c.values)
+                if (msg := c.check(*values)) is not None: raise OnnxNodeError(c.node, c.op_type, f"ValueError: {msg}")
+        return self._narrowed(dict(zip(self.runner.output_names, outs[:n])))
 
     def _narrowed(self, outs: dict[str, Any]) -> dict[str, Any]:
         """The NumPy outputs with those of 8-, 6-, 4- or 2-bit types in ml_dtypes' types."""

@@ -173,7 +173,7 @@ def test_gqa_decode_loop_with_a_growing_cache_replays_one_capture():
 @pytest.mark.parametrize("lengths,match", [([4, 9], "says the cache holds more than its 8 positions"),
                                            ([0, 3, 1], r"seqlens_k must have one value per batch \(2\)")])
 def test_bad_lengths_name_the_node(lengths, match):
-    """Lengths read in a plain call are checked against the cache (under a capture they can't be read)."""
+    """Lengths read in a plain call are checked against the cache (under jit() after every call: see below)."""
     from fusegrad.onnx import OnnxNodeError
     model = _decoder(False)
     graph = model.graph
@@ -186,3 +186,55 @@ def test_bad_lengths_name_the_node(lengths, match):
             "lens": np.array(lengths, np.int32)}
     with pytest.raises(OnnxNodeError, match=rf"'gqa' \(GroupQueryAttention\).*{match}"):
         OnnxRunner(model)(feed)
+
+
+def _feed_of(rng, mask):
+    return {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "pk": rng.standard_normal((B, KV_HEADS, CACHE, HS)).astype(np.float32),
+            "pv": rng.standard_normal((B, KV_HEADS, CACHE, HS)).astype(np.float32), "mask": mask}
+
+
+def test_jit_checks_device_lengths_after_every_replay():
+    """seqlens_k computed on the device is checked after each jit() call, replays included, with the plain call's
+    error; a valid call after it agrees with onnxruntime again."""
+    from fusegrad.onnx import OnnxNodeError
+    model = _decoder(False)
+    model.graph.node[-1].name = "gqa"
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    jitted = OnnxRunner(model).jit()
+    rng = np.random.default_rng(5)
+    for n in (3, 4, 5):   # (plain, capture, replay)
+        feed = _feed_of(rng, (np.arange(CACHE)[None, :] < np.array([[n], [n - 2]])).astype(np.int64))
+        np.testing.assert_allclose(jitted(feed)["y"], sess.run(["y"], feed)[0], rtol=1e-4, atol=1e-4)
+    feed = _feed_of(rng, np.stack([np.ones(CACHE), np.zeros(CACHE)]).astype(np.int64))   # (a batch of length 0)
+    with pytest.raises(OnnxNodeError, match=r"'gqa' \(GroupQueryAttention\).*seqlens_k \[7, -1\] is shorter than "
+                                            r"the 1 new positions"):
+        jitted(feed)
+    feed = _feed_of(rng, np.ones((B, CACHE), np.int64))
+    np.testing.assert_allclose(jitted(feed)["y"], sess.run(["y"], feed)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_jit_refuses_a_device_total_that_asks_for_another_present_length():
+    """total_sequence_length computed on the device (the longest row of the mask plus 2): while it is at most the
+    cache's length the present is the cache's length and replays agree with onnxruntime; a replay whose total asks for
+    a longer present is an error, where a plain call gives that present."""
+    from fusegrad.onnx import OnnxNodeError
+    model = _device_total(_decoder(False))
+    graph = model.graph
+    i = next(k for k, n in enumerate(graph.node) if n.output[0] == "len64")
+    graph.node[i].output[0] = "longest"
+    graph.node.insert(i + 1, helper.make_node("Add", ["longest", "two"], ["len64"]))
+    graph.initializer.append(numpy_helper.from_array(np.array(2, np.int64), "two"))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    jitted, plain = OnnxRunner(model).jit(), OnnxRunner(model)
+    rng = np.random.default_rng(6)
+    for n in (3, 4, 6, 5):   # totals 5, 6, 8, 7: a present of CACHE positions
+        feed = _feed_of(rng, (np.arange(CACHE)[None, :] < np.array([[n], [1]])).astype(np.int64))
+        np.testing.assert_allclose(jitted(feed)["pko"], sess.run(["pko"], feed)[0], rtol=1e-4, atol=1e-4)
+    feed = _feed_of(rng, (np.arange(CACHE)[None, :] < np.array([[7], [1]])).astype(np.int64))   # total 9
+    assert plain(feed)["pko"].shape[2] == sess.run(["pko"], feed)[0].shape[2] == 9
+    with pytest.raises(OnnxNodeError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length 9, where this "
+                                            r"jit\(\) capture was made for 5 \(a present of 8 positions\)"):
+        jitted(feed)

@@ -123,3 +123,29 @@ def test_masks_as_long_as_the_valid_keys(unidirectional):
     feed["psl"] = np.array([2], np.int32)   # (a mask of 4 keys where 3 are valid)
     with pytest.raises(OnnxNodeError, match="key_padding_mask's last dim 4 is neither"):
         OnnxRunner(model)(feed)
+
+
+def test_jit_checks_past_length_and_beam_indices_on_every_replay():
+    """Under jit() the past length and the beam indices come from the device; they are checked after each replay
+    (the replay runs no Python of the op) with the same errors as a plain call, and a valid call after a refused one
+    is right again."""
+    model = _model(4, 1, 2, 4, 8, 2)
+    jit = OnnxRunner(model).jit()
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for past_len in (2, 5, 7, 3):   # (the first call runs plainly, the second captures, the rest replay)
+        feed = _feed(4, 1, 2, 4, 8, 2, past_len)
+        want = sess.run(["y"], feed)[0]
+        np.testing.assert_allclose(jit(feed)["y"], want, rtol=1e-5, atol=1e-5)
+    assert len(jit.captured) > 0
+    with pytest.raises(OnnxNodeError, match="past_sequence_length 8 with 1 new positions"):
+        jit(_feed(4, 1, 2, 4, 8, 2, 8))
+    with pytest.raises(OnnxNodeError, match="past_sequence_length -1 with 1 new positions"):
+        jit(_feed(4, 1, 2, 4, 8, 2, -1))
+    feed = _feed(4, 1, 2, 4, 8, 2, 3)
+    feed["ci"][1, 0, 5] = 7   # (past the valid positions: not read, so not checked)
+    np.testing.assert_allclose(jit(feed)["y"], sess.run(["y"], feed)[0], rtol=1e-5, atol=1e-5)
+    feed["ci"][0, 1, 1] = -1
+    with pytest.raises(OnnxNodeError, match=r"at \(0, 1, 1\) \(batch, beam, position\) it holds -1"):
+        jit(feed)
+    feed["ci"][0, 1, 1] = 1
+    np.testing.assert_allclose(jit(feed)["y"], sess.run(["y"], feed)[0], rtol=1e-5, atol=1e-5)
