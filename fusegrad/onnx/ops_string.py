@@ -16,6 +16,7 @@ import fusegrad.engine.realize as _realize
 from fusegrad import Tensor, dtypes
 from fusegrad.onnx import narrow
 from fusegrad.onnx.errors import Unsupported
+from fusegrad.onnx.re2 import re2_to_python
 from fusegrad.onnx.onnx_dtypes import ONNX_DTYPES
 from fusegrad.onnx.ops import OPS, host_value, op, with_host
 
@@ -102,10 +103,11 @@ def string_split(x: Any, *, delimiter: str = "", maxsplit: int | None = None) ->
 
 @op("RegexFullMatch")
 def regex_full_match(x: Any, *, pattern: str) -> Tensor:
-    """Whether each string matches `pattern` as a whole (Python's re, which reads RE2's common syntax)."""
+    """Whether each string matches `pattern`, in RE2's syntax, as a whole: the pattern is rewritten for Python's re
+    (`re2.re2_to_python`, which refuses what the two read differently)."""
     _on_host("RegexFullMatch")
     x = _need_strings(x, "RegexFullMatch", "input")
-    try: rx = re.compile(pattern)
+    try: rx = re.compile(re2_to_python(pattern))
     except re.error as e: raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {e}") from None
     return _tensor(np.array([rx.fullmatch(s) is not None for s in x.reshape(-1)], bool).reshape(x.shape))
 
