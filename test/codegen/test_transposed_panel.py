@@ -60,3 +60,22 @@ def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-5, atol=1e-5)
     stored = [st.src[0].src[0].dtype.size for ast in asts for st in ast.src if st.op is Ops.STORE]
     assert 3 * w.size not in stored, stored
+
+def test_logits_of_a_tied_embedding_store_along_the_vocabulary(monkeypatch: pytest.MonkeyPatch):
+    """x @ w.T with w (vocabulary, features) 16 times bigger than x: the vector runs along the vocabulary (contiguous
+    stores, padded to whole vectors), w's panel packed, not along x's rows with a store per lane; values against
+    NumPy."""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((64, 96)).astype(np.float32)
+    w = RS.standard_normal((2053, 96)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(x) @ Tensor(w).T).numpy(), x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+    assert len(asts) == 1, asts
+    k = Kernel(codegen.collapse_gathers(asts[0]), renderer_like(AVX2))
+    vocab = next(r for r in k.loops if r.src[0].arg == 2053)
+    vocab_axis = k.loops.index(vocab)
+    hand_coded_optimizations(k)
+    globs = {u.arg: u.dtype.size for u in asts[0].toposort() if u.op is Ops.DEFINE_GLOBAL}
+    pad, upcast = k.applied_opts[:2]
+    assert (pad.op, pad.axis, upcast.op, upcast.axis) == (OptOps.PADTO, vocab_axis, OptOps.UPCAST, vocab_axis), \
+        k.applied_opts
+    assert [globs[o.arg] for o in k.applied_opts if o.op is OptOps.PACK] == [w.size], k.applied_opts

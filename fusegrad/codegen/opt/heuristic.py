@@ -176,6 +176,13 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     if not ((best[1] <= width // 4 or _gathered(ctx, best[0]) > 0 if best is not None else no_reduce_vector) and
             reds and red_len >= 64):
         return best
+    # (a plain matmul's transposed operand (a @ b.T: the logits of a tied embedding, 512 x 768 @ 768 x 50257) is
+    # packed per column panel, contiguous along the reduction, not gathered per lane: the output stays contiguous,
+    # where a vector along the other operand's rows stored every lane on a row of its own)
+    if best is not None and best[1] == width and len(reds) == 1 and not _sliding_windows(ctx.k) and \
+            all(_packable(ctx, idx, best[0]) and coeff(idx.src[1], reds[0]) == 1 for idx in ctx.loads()
+                if coeff(idx.src[1], best[0]) not in (0, 1)):
+        return best
     # of several, the one whose strided load (packed per tile) varies with the fewest output loops: the others then
     # reuse its copy (a weight gradient on 7x7 images: along the output channels the gradient is packed once per
     # channel tile; along the input channels the image would be gathered, an order of magnitude slower)
