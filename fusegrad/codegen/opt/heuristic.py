@@ -329,6 +329,8 @@ def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tupl
         if inner2 is None: n_vec = 1
     return rest, n_vec
 
+CHANNEL_TILE = 16
+
 def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, n_vec: int, conv: bool,
                channels: bool) -> None:
     """The register tile's rows: an output loop of `reuse` (those whose lanes share the vector loads) upcast by up to
@@ -358,7 +360,24 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
         axis = k.loops.index(r)
         k.apply_opt(Opt(OptOps.PADTO, axis, choices[0]))
         r, amt = k.loops[axis], choices[0]
+    # a convolution along its output channels whose tile is a whole image row of 4 or 8 pixels, with at most 8
+    # accumulators, on a target of 16 vector registers: another output loop (the batch, else the output rows) joins
+    # the tile, up to CHANNEL_TILE accumulators, so each weight vector loaded feeds that many multiply-adds (8 were
+    # bound by the loads and the multiply-adds' latency). A row as wide as a vector is tiled by half of it: 8 pixels
+    # would win the lowering's choice of the SIMD axis over the 8 channels, and its taps' loads are gated per lane
+    # (only where the loops left outside the tile still reuse the packed weights 4 times: `_block_matmul`'s PACK)
+    # (a 3-wide window: the 2x2 phases of a strided convolution's input gradient measured no faster)
+    grow = channels and conv and ctx.registers <= 16 and amt in (4, 8) and amt == rsz and r is reuse[-1] and \
+        n_vec * amt <= ctx.budget < CHANNEL_TILE and range_size(ctx.reds[-1]) == 3
+    split_row = grow and amt == ctx.width and n_vec == 1
+    c = CHANNEL_TILE // (n_vec * amt // (2 if split_row else 1))
+    others = [o for o in reuse if o is not r and isinstance(range_size(o), int)]
+    o = next((o for o in others if range_size(o) % c == 0 and
+              math.prod(range_size(x) for x in others) // c >= 4), None) if grow else None
+    if o is None: split_row = False
+    if split_row: amt //= 2
     if amt > 1: ctx.split(OptOps.UPCAST, r, amt)
+    if o is not None: ctx.split(OptOps.UPCAST, o, c)
     # a tile of a whole loop of 3 along the channels (a weight gradient's kw) takes 2 of another reuse loop (its input
     # channels)
     # on a target of 16 vector registers: 6 rows x 2 vectors, the matmul's tile, where 3 rows fed each vector load to
@@ -373,7 +392,8 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     if not channels: _unroll_windows(k, n_vec * max(amt, 1), ctx.registers)
     _block_matmul(k, rest, inner, ctx.width * n_vec * ctx.acc_dt.itemsize, ctx.cores, conv)
     # (after the blocking, which sizes its blocks by the reduce loops' iterations)
-    if channels and n_vec * max(amt, 1) <= max(ctx.budget, 12 if ctx.registers <= 16 else 0): _unroll_gated_row(k)
+    if channels and n_vec * max(amt, 1) <= max(ctx.budget, 12 if ctx.registers <= 16 else 0):
+        _unroll_gated_row(k, split_row)
     # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
     # shared by four steps, faster on big and small matmuls alike. (12-row tiles measured no better once unrolled,
     # and worse where rows must be padded to 12.)
@@ -564,7 +584,7 @@ def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
 
 GATED_ROW_UNROLL = 4
 
-def _unroll_gated_row(k: Kernel) -> None:
+def _unroll_gated_row(k: Kernel, split_row: bool = False) -> None:
     """The innermost reduce loop, when short (up to GATED_ROW_UNROLL iterations) and compared in the gate of a load (a
     padded image's row: a convolution's kw, or the output pixels of a row that its weight gradient sums over), is
     unrolled whole: in each copy the padding's comparisons with it are constants, where every iteration of the loop
@@ -574,12 +594,13 @@ def _unroll_gated_row(k: Kernel) -> None:
     if not reds or not isinstance(sz := range_size(r := reds[-1]), int) or not 1 < sz <= GATED_ROW_UNROLL: return
     def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is Ops.AND else [g]
     # only where those comparisons then fold: they compare r with nothing that is still a loop (the tile spans the
-    # output row whole). A row tiled in parts left each copy its comparisons, and 12-pixel rows in tiles of 4 ran slower
+    # output row whole). A row tiled in parts left each copy its comparisons, and 12-pixel rows in tiles of 4 ran
+    # slower; but an 8-pixel row in two halves (`split_row`, a 16-accumulator tile) ran faster unrolled
     loops = set(k.loops)
     def folds(gate: UOp) -> bool:
         cl = [c for c in clauses(gate) if r in c.toposort()]
-        return bool(cl) and all(not any(u.op is Ops.RANGE and u is not r and u in loops for u in c.toposort())
-                                for c in cl)
+        return bool(cl) and (split_row or all(not any(u.op is Ops.RANGE and u is not r and u in loops
+                                                      for u in c.toposort()) for c in cl))
     if any(not st and len(idx.src) > 2 and folds(idx.src[2]) for idx, st in k.accesses()):
         k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
 
