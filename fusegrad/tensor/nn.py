@@ -9,13 +9,55 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from fusegrad.helpers import pads_cheaply, prod
-from fusegrad.uop.ops import Ops, UOp, is_symbolic, ssimplify
+from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify
 from fusegrad.tensor.creation import check_size
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
 _REDUCTIONS = ("none", "mean", "sum")
+
+# A loss's graph is a function of its operands' shapes, dtypes and device and of its settings: a training step builds
+# the same one over new logits every step. So it is built once over placeholders (fresh BUFFERs, standing for the
+# operands) and made again over each call's operands: the same nodes the tensor operations would make (hash-consing),
+# for operands whose own op no construction looks into (not a movement op, a constant or a placeholder's BUFFER).
+_loss_templates: dict[tuple, tuple[tuple[UOp, UOp], UOp, list[UOp]] | None] = {}   # None: not templated
+LOSS_TEMPLATES_SIZE = 256
+
+def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
+    """sparse_categorical_crossentropy(x, y, *settings) from its template (made on the first call of its key), or
+    None where the operands don't fit one (the caller builds the graph itself)."""
+    from fusegrad.tensor import _sharding_used
+    from fusegrad.uop.graph import new_buffer
+    u, v = x.uop, y.uop
+    if _sharding_used or u.op in _OPAQUE or v.op in _OPAQUE or type(dev := u.device) is not str or v.device != dev or \
+            not all(type(n) is int for n in (*u.shape, *v.shape)):
+        return None
+    key = (u.shape, u.dtype, v.shape, v.dtype, dev, dtypes.default_float, dtypes.default_int, *settings)
+    if (made := _loss_templates.get(key, False)) is False:
+        if len(_loss_templates) >= LOSS_TEMPLATES_SIZE: _loss_templates.clear()
+        Tensor, device = _tensor_cls(), UOp(Ops.DEVICE, arg=dev)
+        bufs = (new_buffer(device, prod(u.shape), u.dtype), new_buffer(device, prod(v.shape), v.dtype))
+        holders = tuple(b if b.shape == shape else b.reshape(shape) for b, shape in zip(bufs, (u.shape, v.shape)))
+        root = Tensor(holders[0])._sparse_ce_graph(Tensor(holders[1]), *settings).uop
+        # the nodes over a placeholder, sources first (made again per call). A construction that looked through a
+        # holder to its BUFFER (a reshape folded into it) reads the placeholder itself: then no template
+        reached, over, sound = set(holders), [], True
+        for w in root.toposort(gate=lambda w: w not in holders):
+            if w in reached: continue
+            if w in bufs: sound = False
+            if any(s in reached for s in w.src):
+                reached.add(w)
+                over.append(w)
+        made = _loss_templates[key] = (holders, root, over) if sound else None
+    if made is None: return None
+    holders, root, over = made
+    new = {holders[0]: u, holders[1]: v}
+    for w in over: new[w] = UOp(w.op, w.dtype, tuple([new.get(s, s) for s in w.src]), w.arg)
+    return _tensor_cls()(new.get(root, root))
+
+# operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them
+_OPAQUE = frozenset(GroupOp.Movement) | {Ops.CONST, Ops.MULTI}
 
 def _tensor_cls() -> type[Tensor]:
     from fusegrad.tensor import Tensor
@@ -748,6 +790,12 @@ class NNMixin:
         if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
         from fusegrad.tensor.indexing import _check_index_values
         _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
+        if (made := _from_loss_template(self, Y, (ignore_index, label_smoothing, reduction))) is not None: return made
+        return self._sparse_ce_graph(Y, ignore_index, label_smoothing, reduction)
+
+    def _sparse_ce_graph(self: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float,
+                         reduction: str) -> Tensor:
+        """sparse_categorical_crossentropy's graph, its arguments checked."""
         logp = self.log_softmax(-1)
         mask = Y != ignore_index
         picked = Y._one_hot_of(self.shape[-1]).where(logp, 0.0)

@@ -99,6 +99,31 @@ def test_one_hot_nodes_and_loss():
     ref_loss = F.cross_entropy(torch.tensor(lg.numpy()), torch.tensor([3, -100, 9, 4]), ignore_index=-100)
     np.testing.assert_allclose(got.numpy(), ref_loss.numpy(), rtol=1e-5)
 
+@pytest.mark.parametrize("shape,ignore,smoothing,reduction,dt", [
+    ((16, 7), -1, 0.0, "mean", dtypes.float32), ((16, 7), 3, 0.0, "mean", dtypes.float32),
+    ((16, 7), -100, 0.1, "sum", dtypes.float32), ((16, 7), 2, 0.2, "none", dtypes.float32),
+    ((16, 7), -1, 0.0, "mean", dtypes.half), ((2, 8, 5), -1, 0.0, "mean", dtypes.float32)])
+def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reduction, dt):
+    # the loss over lazy logits comes from a template built over placeholders (its second call made again from it):
+    # the very nodes the tensor operations make, and torch's values; logits whose own node is a view build directly
+    from fusegrad.tensor import nn as tnn
+    rng = np.random.default_rng(5)
+    for call in range(2):
+        a, w, b = _t(*shape[:-1], 6, seed=call), _t(6, shape[-1], seed=2), _t(shape[-1], seed=3)
+        for logits in ((a @ w + b).cast(dt), (a @ w).cast(dt)):
+            labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+            labels[0] = min(ignore, 0) if ignore < 0 else labels[0]
+            y = Tensor(labels)
+            got = logits.sparse_categorical_crossentropy(y, ignore, smoothing, reduction)
+            assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
+            ref = F.cross_entropy(torch.tensor(logits.numpy().astype(np.float32)).reshape(-1, shape[-1]),
+                                  torch.tensor(labels.reshape(-1)).long(), ignore_index=ignore,
+                                  label_smoothing=smoothing, reduction=reduction)
+            np.testing.assert_allclose(got.numpy().reshape(-1), ref.numpy().reshape(-1), rtol=2e-3 if dt == dtypes.half
+                                       else 1e-5, atol=1e-6)
+    templated = [k for k, v in tnn._loss_templates.items() if v is not None and k[0] == shape and k[1] == dt]
+    assert templated or len(shape) > 2 and dt == dtypes.float32   # (a 3-d batch's labels are a view: built directly)
+
 def test_bad_operands_still_refused():
     a = _t(3, 4)
     with pytest.raises(ValueError, match="can't be broadcast"): a + _t(5)
