@@ -19,7 +19,7 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
-                           ops_detection, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
+                           ops_detection, ops_image, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
 from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, strings
 from fusegrad.onnx.narrow import (CONTROL_OPS, NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy,
                                   inexact, narrow_type, round_to, to_narrow_numpy)

@@ -29,7 +29,7 @@ DEFAULT_MODULES = ["add", "relu", "conv", "convtranspose", "gemm", "matmul", "re
                    "dequantizelinear", "qlinearconv", "qlinearmatmul", "resize", "upsample", "if_",
                    "loop", "identity", "sequenceinsert", "sequence_map", "splittosequence", "optionalgetelement",
                    "optionalhaselement", "scan", "rotaryembedding", "center_crop_pad", "affinegrid", "string_split",
-                   "stringnormalizer", "ai_onnx_ml.label_encoder"]
+                   "stringnormalizer", "ai_onnx_ml.label_encoder", "regex_full_match", "image_decoder"]
 
 
 def _excluded(name: str) -> str | None:
