@@ -6,6 +6,7 @@ host, and these ops run there. Their numeric results (RegexFullMatch's, StringSp
 become Tensors. Inside a TinyJit capture nothing runs on the host on a replay, so these ops refuse to run there."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Sequence
 
@@ -199,42 +200,67 @@ _ONNX_TYPE_OF = {dt: t for t, dt in ONNX_DTYPES.items()}
 
 
 @op("Cast")
-def cast(x: Any, *, to: int, saturate: int = 1, round_mode: str = "up") -> Any:
-    """Cast, with STRING as the input's or the output's type (on the host)."""
+def cast(x: Any, *, to: int, saturate: int = 1, round_mode: str = "up", ctx: Any = None) -> Any:
+    """Cast, with STRING as the input's or the output's type (on the host). Numbers are written as the runner's
+    `cast_strings` says: "onnx" (the reference's text) or "onnxruntime" (its text)."""
     if is_strings(x) or to == STRING:
         _on_host("Cast to or from STRING")
-        return _from_strings(x, to, saturate, round_mode) if is_strings(x) else _to_strings(x)
+        if is_strings(x): return _from_strings(x, to, saturate, round_mode)
+        return _to_strings(x, getattr(ctx.runner, "cast_strings", "onnx") if ctx is not None else "onnx")
     return _NUMERIC_CAST(x, to=to, saturate=saturate, round_mode=round_mode)
 
 
 @op("CastLike")
-def cast_like(x: Any, like: Any, *, saturate: int = 1, round_mode: str = "up") -> Any:
+def cast_like(x: Any, like: Any, *, saturate: int = 1, round_mode: str = "up", ctx: Any = None) -> Any:
     if not is_strings(x) and not is_strings(like):
         return _NUMERIC_CAST_LIKE(x, like, saturate=saturate, round_mode=round_mode)
     to = STRING if is_strings(like) else narrow.narrow_type(like) or _ONNX_TYPE_OF[like.dtype]
-    return cast(x, to=to, saturate=saturate, round_mode=round_mode)
+    return cast(x, to=to, saturate=saturate, round_mode=round_mode, ctx=ctx)
 
 
-def _to_strings(x: Tensor) -> np.ndarray:
-    """Numbers as strings the way onnx's reference writes them (NumPy's str of each value in its own type: the
-    shortest text that reads back as the same value, "inf", "nan", "True"); ml_dtypes' types (bfloat16, the 8-, 6-, 4-
-    and 2-bit ones) by their own str."""
+CAST_STRINGS = ("onnx", "onnxruntime")
+
+
+def _to_strings(x: Tensor, style: str = "onnx") -> np.ndarray:
+    """Numbers as strings. "onnx": the way onnx's reference writes them (NumPy's str of each value in its own type: the
+    shortest text that reads back as the same value, "inf", "nan", "True"), ml_dtypes' types (bfloat16, the 8-, 6-, 4-
+    and 2-bit ones) by their own str. "onnxruntime": as its CPU kernel does, floats of every width as printf's "%.8g"
+    of the value ("0.1", "9.9999997e-06", "3", "-0", "1e+20"; float64 too, so rounded to 8 digits) with "INF", "-INF"
+    and "NaN", integers in decimal, bools as "1" and "0"."""
     if x.dtype == dtypes.bfloat16: arr = np.asarray(host_value(x)).astype(ml_dtypes.bfloat16)
     elif isinstance(x, narrow.NarrowTensor): arr = x.numpy()
     else: arr = np.asarray(host_value(x))
+    if style == "onnxruntime":
+        if arr.dtype == np.bool_: return np.where(arr, "1", "0").astype(object)
+        if arr.dtype.kind in "iu": return arr.astype(np.str_).astype(object)
+        return np.array([_ort_float(float(v)) for v in arr.reshape(-1)], dtype=object).reshape(arr.shape)
     # (ml_dtypes' types are NumPy's kind "V", which NumPy can't write as str)
     if arr.dtype.kind != "V": return arr.astype(np.str_).astype(object)
     return np.array([str(v) for v in arr.reshape(-1)], dtype=object).reshape(arr.shape)
 
 
+def _ort_float(v: float) -> str:
+    if v != v: return "NaN"
+    if v in (math.inf, -math.inf): return "INF" if v > 0 else "-INF"
+    return "%.8g" % v
+
+
+_HEX_FLOAT = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?")
+
+
 def _number(s: str, integer: bool) -> Any:
     """The number a string writes: plain or scientific decimals, "INF", "+INF", "-INF" and "NaN" in any case (and
     Python's "infinity"); for an integer type an integer literal exactly, else a decimal truncated toward zero (the
-    spec leaves that undefined; onnxruntime truncates)."""
+    spec leaves that undefined; onnxruntime truncates). For a float type also C's hexadecimal floats ("0x10",
+    "0x1.8p3"), which onnxruntime reads (with strtod); for an integer type they are an error (onnxruntime reads the
+    "0" before the "x", and onnx's reference refuses them)."""
     t = s.strip()
     if integer:
         try: return int(t)
         except ValueError: pass
+    if _HEX_FLOAT.fullmatch(t):
+        if integer: raise ValueError(f"Cast from STRING: {s!r} is a hexadecimal literal, read for float types only")
+        return float.fromhex(t)
     try:
         if "_" in t: raise ValueError
         v = float(t)

@@ -20,7 +20,7 @@ from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, Onnx
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
 from fusegrad.onnx import (ops_contrib, ops_control, ops_loss, ops_quant,  # noqa: F401 - they register ops
                            ops_detection, ops_image, ops_random, ops_resize, ops_sequence, ops_signal, ops_string)
-from fusegrad.onnx.ops_string import STRING_OPS, equal_strings, is_strings, strings
+from fusegrad.onnx.ops_string import CAST_STRINGS, STRING_OPS, equal_strings, is_strings, strings
 from fusegrad.onnx.narrow import (CONTROL_OPS, NARROW, NARROW_OPS, PASS_THROUGH, NarrowTensor, from_narrow_numpy,
                                   inexact, narrow_type, round_to, to_narrow_numpy)
 from fusegrad.onnx.narrow import plain as plain_tensor
@@ -272,10 +272,15 @@ class OnnxRunner:
     a dict of output names to (lazy) Tensors."""
 
     def __init__(self, model: str | os.PathLike | bytes | onnx.ModelProto, *, max_dims: Mapping[str, int] | None = None,
-                 symbolic_dims: bool = True):
+                 symbolic_dims: bool = True, cast_strings: str = "onnx"):
         """`symbolic_dims`: each named input dim (`dim_param`) is a Variable bound to the call's value, from 1 to
         `max_dims[name]` (default DEFAULT_MAX_DIM), so one set of compiled kernels serves every value; a value above
-        the maximum, or `symbolic_dims=False`, runs with concrete shapes (new values compile new kernels)."""
+        the maximum, or `symbolic_dims=False`, runs with concrete shapes (new values compile new kernels).
+        `cast_strings`: how Cast and CastLike write numbers as strings, "onnx" (the reference's text: "0.1", "3.0",
+        "inf", "True") or "onnxruntime" (its "%.8g"-style text: "0.1", "3", "INF", "1")."""
+        if cast_strings not in CAST_STRINGS:
+            raise ValueError(f"cast_strings must be one of {', '.join(map(repr, CAST_STRINGS))}, got {cast_strings!r}")
+        self.cast_strings = cast_strings
         proto, base_dir = _load(model)
         if not proto.HasField("graph") or len(proto.graph.output) == 0:
             raise OnnxLoadError("the model has no graph, or a graph without outputs (truncated or corrupt file?)")

@@ -109,3 +109,29 @@ def test_string_cast_errors():
     step(Tensor(np.ones(2, np.float32)))
     with pytest.raises(OnnxUnsupportedError, match=r"'the_cast' \(Cast\).*TinyJit capture"):
         step(Tensor(np.ones(2, np.float32)))
+
+
+def _ort_run(model, feed):
+    model.ir_version = 10   # (onnxruntime reads up to its own IR version)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+
+
+@pytest.mark.parametrize("src,x", [(TP.FLOAT, FLOATS), (TP.DOUBLE, FLOATS.astype(np.float64) / 3),
+                                   (TP.FLOAT16, HALVES), (TP.BOOL, np.array([True, False])),
+                                   (TP.INT64, np.array([-5, 2 ** 63 - 1])), (TP.INT8, np.array([-128, 7], np.int8))],
+                         ids=["float", "double", "float16", "bool", "int64", "int8"])
+def test_to_string_as_onnxruntime_writes(src, x):
+    model = _cast(src, TP.STRING)
+    got = OnnxRunner(model, cast_strings="onnxruntime")({"x": x})["y"]
+    assert got.tolist() == _ort_run(model, {"x": x}).tolist()
+
+
+def test_hexadecimal_strings_to_floats_as_onnxruntime_reads_them():
+    x = np.array(["0x10", "0x1p3", "-0x1.8p1", "0X.8", " 0x1F ", "0x1p-149", "1e3"], dtype=object)
+    for dst in (TP.FLOAT, TP.DOUBLE):
+        model = _cast(TP.STRING, dst)
+        np.testing.assert_array_equal(OnnxRunner(model)({"x": x})["y"].numpy(), _ort_run(model, {"x": x}))
+    with pytest.raises(OnnxNodeError, match=r"'the_cast' \(Cast\).*'0x10' is a hexadecimal literal, read for float"):
+        OnnxRunner(_cast(TP.STRING, TP.INT32))({"x": np.array(["0x10"], dtype=object)})
+    with pytest.raises(ValueError, match="cast_strings must be one of 'onnx', 'onnxruntime', got 'c'"):
+        OnnxRunner(_cast(TP.FLOAT, TP.STRING), cast_strings="c")
