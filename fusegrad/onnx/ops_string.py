@@ -62,21 +62,55 @@ def _need_strings(v: Any, op_type: str, what: str) -> np.ndarray:
 def string_normalizer(x: Any, *, case_change_action: str = "NONE", is_case_sensitive: int = 0, locale: str = "",
                       stopwords: Sequence[str] = ()) -> np.ndarray:
     """Drops the elements that are stop words (compared ignoring case unless is_case_sensitive), then changes the
-    case of the rest (Python's Unicode case mapping: `locale` is not consulted). An input of [C] or [1, C]; all
-    dropped gives [""] (shape [1] or [1, 1])."""
+    case of the rest, character by character in `locale` as onnxruntime's C++ locale does (`_case_map`). An input of
+    [C] or [1, C]; all dropped gives [""] (shape [1] or [1, 1])."""
     _on_host("StringNormalizer")
     x = _need_strings(x, "StringNormalizer", "input")
     if x.ndim not in (1, 2) or x.ndim == 2 and x.shape[0] != 1:
         raise ValueError(f"the input must be [C] or [1, C], got shape {x.shape}")
     if case_change_action not in ("NONE", "LOWER", "UPPER"):
         raise ValueError(f"case_change_action must be NONE, LOWER or UPPER, got {case_change_action!r}")
+    lower, upper = _case_map(locale, False), _case_map(locale, True)
     if is_case_sensitive: stops = set(stopwords)
-    else: stops = {w.lower() for w in stopwords}
-    kept = [s for s in x.reshape(-1) if (s if is_case_sensitive else s.lower()) not in stops]
-    if case_change_action == "LOWER": kept = [s.lower() for s in kept]
-    elif case_change_action == "UPPER": kept = [s.upper() for s in kept]
+    else: stops = {lower(w) for w in stopwords}
+    kept = [s for s in x.reshape(-1) if (s if is_case_sensitive else lower(s)) not in stops]
+    if case_change_action == "LOWER": kept = [lower(s) for s in kept]
+    elif case_change_action == "UPPER": kept = [upper(s) for s in kept]
     out = np.array(kept or [""], dtype=object)
     return out.reshape(1, -1) if x.ndim == 2 else out
+
+
+_LOCALE = re.compile(r"[A-Za-z]{2,3}(?:[_-][A-Za-z0-9]{2,4})?(?:\.[A-Za-z0-9_-]+)?(?:@[A-Za-z0-9_]+)?")
+# Turkish and Azeri case the dotted and dotless i apart
+_TURKIC_UPPER = str.maketrans({"i": "\u0130", "\u0131": "I"})
+_TURKIC_LOWER = str.maketrans({"I": "\u0131", "\u0130": "i"})
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _case_map(locale: str, upper: bool) -> Any:
+    """A string's case changed one character at a time, as C++'s ctype facet of `locale` does (onnxruntime's kernel;
+    "" is its default, en_US.UTF-8): Unicode's simple mapping, where a character whose mapping is several characters
+    (ß, ligatures) keeps its case and İ lowers to i; Turkish and Azeri locales (tr, az) map i to İ and I to ı; the C and
+    POSIX locales change ASCII letters only. Another name that is no locale name is an error."""
+    name = locale.strip()
+    if name in ("C", "POSIX"):
+        table = _ASCII_UPPER if upper else _ASCII_LOWER
+        return lambda s: s.translate(table)
+    if name and not _LOCALE.fullmatch(name):
+        raise ValueError(f"locale {locale!r} is no locale name (such as en_US, tr_TR.UTF-8, C)")
+    turkic = name[:2].lower() in ("tr", "az") and (len(name) == 2 or not name[2].isalpha())
+    special = _TURKIC_UPPER if upper and turkic else _TURKIC_LOWER if turkic else None
+
+    def one(c: str) -> str:
+        m = c.upper() if upper else c.lower()
+        return m if len(m) == 1 else "i" if c == "\u0130" else c
+
+    def change(s: str) -> str:
+        if special is not None: s = s.translate(special)
+        if s.isascii(): return s.upper() if upper else s.lower()
+        return "".join(map(one, s))
+    return change
 
 
 @op("StringConcat")

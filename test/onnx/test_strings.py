@@ -9,7 +9,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto as TP, helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
-from fusegrad.onnx import OnnxInputError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
+from fusegrad.onnx import OnnxInputError, OnnxNodeError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
 
 
 def _model(nodes, inputs, outputs, inits=()):
@@ -118,3 +118,43 @@ def test_string_normalizer_stopwords_ignore_case_by_lowering():
     node = helper.make_node("StringNormalizer", ["x"], ["y"], stopwords=["ß"], is_case_sensitive=0)
     model = _model([node], [_vi("x", TP.STRING, [3])], [_vi("y", TP.STRING)])
     _check(model, {"x": np.array(["SS", "ß", "cat"], dtype=object)})
+
+
+def _normalizer(action: str, locale: str | None, stopwords=(), case_sensitive: int = 0):
+    attrs = {"case_change_action": action, "is_case_sensitive": case_sensitive}
+    if locale is not None: attrs["locale"] = locale
+    if stopwords: attrs["stopwords"] = list(stopwords)
+    node = helper.make_node("StringNormalizer", ["x"], ["y"], name="norm", **attrs)
+    return _model([node], [_vi("x", TP.STRING, [None])], [_vi("y", TP.STRING)])
+
+
+WORDS = np.array(["istanbul", "I\u0130\u0131i", "stra\u00dfe", "\u01c6", "\u01c4emal", "\u00c9t\u00c9"], dtype=object)
+
+
+@pytest.mark.parametrize("action", ["UPPER", "LOWER"])
+def test_normalizer_c_locale_as_onnxruntime(action):
+    """The C locale changes ASCII letters only (onnxruntime's kernel, through C++'s ctype facet)."""
+    ort = pytest.importorskip("onnxruntime")
+    model = _normalizer(action, "C")
+    model.ir_version = 10
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": WORDS})
+    assert OnnxRunner(model)({"x": WORDS})["y"].tolist() == want[0].tolist()
+
+
+@pytest.mark.parametrize("locale,upper,lower", [
+    # (C++'s facets map one character to one: ß and other characters whose Unicode mapping is longer keep their case)
+    ("", ["ISTANBUL", "I\u0130II", "STRA\u00dfE", "\u01c4", "\u01c4EMAL", "\u00c9T\u00c9"],
+     ["istanbul", "iiıi", "stra\u00dfe", "\u01c6", "\u01c6emal", "\u00e9t\u00e9"]),
+    ("tr_TR.UTF-8", ["\u0130STANBUL", "I\u0130I\u0130", "STRA\u00dfE", "\u01c4", "\u01c4EMAL", "\u00c9T\u00c9"],
+     ["istanbul", "\u0131i\u0131i", "stra\u00dfe", "\u01c6", "\u01c6emal", "\u00e9t\u00e9"])])
+def test_normalizer_locales(locale, upper, lower):
+    assert OnnxRunner(_normalizer("UPPER", locale))({"x": WORDS})["y"].tolist() == upper
+    assert OnnxRunner(_normalizer("LOWER", locale))({"x": WORDS})["y"].tolist() == lower
+    # (stop words compared without case in the locale: Turkish "I" is the lower case of "ı", not of "i")
+    got = OnnxRunner(_normalizer("NONE", locale, ["ISTANBUL"]))({"x": WORDS})["y"].tolist()
+    assert got == (WORDS.tolist()[1:] if locale == "" else WORDS.tolist())
+
+
+def test_normalizer_bad_locale_names_the_node():
+    with pytest.raises(OnnxNodeError, match=r"'norm' \(StringNormalizer\).*locale 'en US!' is no locale name"):
+        OnnxRunner(_normalizer("UPPER", "en US!"))({"x": WORDS})
