@@ -6,7 +6,8 @@ TinyJit with prune=True (the model's initializers don't change between calls, so
 strided convolution's weight layout, runs once). Each side's median and best run are reported, the first run of each
 (fusegrad's includes compiling) apart, and the kernels a replay runs.
 
---profile adds where fusegrad's call goes: each kernel of a replay timed alone, as the replay launches it (split
+--profile adds where fusegrad's call goes: the call against its replay alone (the kept launches and the wait for
+them, without the runner's copies in and out), each kernel of a replay timed alone, as the replay launches it (split
 across the threads its work gets) and on one thread, their sums against the best call, and the main thread's CPU time
 per call (what the kernels run on the calling thread adds to the Python of the replay, the copies in and out). A
 replay of little work in all runs its kernels whole on the calling thread (LaunchGraph's inline graphs): for those the
@@ -40,12 +41,36 @@ def _kernel_time(ei: Any, runs: int = 20) -> float:
     return min(ei.prg(ei.bufs, ei.fixedvars, wait=True) for _ in range(runs))
 
 
-def profile(name: str, run_fg: Any, kernels: list[Any], best_s: float) -> None:
-    """Print each kernel's time alone (as launched, and on one thread), their sums against the best call, and the
-    main thread's CPU time per call."""
+def _replay_alone(jitted: Any) -> Any:
+    """A function running what `jitted`'s call replays, without the runner around it: the kept launches and the wait
+    for them (no copy in or out); None where the call doesn't take the kept replay."""
+    calls = list(jitted._replays.values())
+    if len(calls) != 1: return None
+    call = calls[0]
+    from fusegrad import Device
+    sync = Device[call.bufs[0].device].synchronize if call.bufs else (lambda: None)
+
+    def run() -> None:
+        if call.step.replay_kept(*call.kept) is None: raise RuntimeError("the kept replay declined")
+        sync()
+    return run
+
+
+def profile(name: str, run_fg: Any, kernels: list[Any], best_s: float, jitted: Any = None) -> None:
+    """Print each kernel's time alone (as launched, and on one thread), their sums against the best call, the replay
+    without the runner's copies and dictionaries, and the main thread's CPU time per call."""
     cpu = []
     for _ in range(200):
         t0 = time.thread_time(); run_fg(); cpu.append(time.thread_time() - t0)
+    if jitted is not None and (replay := _replay_alone(jitted)) is not None:
+        # (call and replay alternated, so both see the same load)
+        calls, replays = [], []
+        for _ in range(100):
+            t0 = time.perf_counter(); run_fg(); calls.append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); replay(); replays.append(time.perf_counter() - t0)
+        print(f"  {name} call vs its replay alone (alternated, best / median): call {min(calls) * 1e6:7.1f} / "
+              f"{np.median(calls) * 1e6:7.1f} us, replay {min(replays) * 1e6:7.1f} / "
+              f"{np.median(replays) * 1e6:7.1f} us")
     rows = []
     for ei in kernels:
         launched = _kernel_time(ei)
@@ -99,7 +124,7 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
           f"fusegrad {fg:8.3f} ms, onnxruntime {ox:8.3f} ms, ratio {fg / ox:5.2f}x | best: fusegrad {bfg:8.3f} ms, "
           f"onnxruntime {box:8.3f} ms, ratio {bfg / box:5.2f}x | max error {err:.2g} | "
           f"{len(jitted.captured)} kernels | outputs {outs}")
-    if prof: profile(name, run_fg, jitted.captured, min(times["fusegrad"]))
+    if prof: profile(name, run_fg, jitted.captured, min(times["fusegrad"]), jitted)
 
 
 def main() -> None:

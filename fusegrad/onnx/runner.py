@@ -491,6 +491,9 @@ class JitRunner:
         self._checks: dict[int, list[DeviceCheck]] = {}
         # the 8-, 6-, 4- or 2-bit ONNX type of each output (None for others), found when a capture runs the graph
         self._out_types: list[int | None] = []
+        self._narrow_out = False   # (whether any of them is)
+        # (the model's input and output names, looked up on every call)
+        self._in_names, self._out_names = runner.input_names, runner.output_names
 
     def __call__(self, inputs: Mapping[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         if self.runner.string_inputs:
@@ -502,7 +505,7 @@ class JitRunner:
             if type(v := given.get(name)) is np.ndarray:
                 try: given[name] = from_narrow_numpy(v, t)
                 except Unsupported as e: raise OnnxInputError(f"input {name!r}: {e}") from None
-        names = self.runner.input_names
+        names = self._in_names
         arrays = [given.get(n) for n in names]
         # (the common call: exactly the model's inputs, each a NumPy array)
         plain = len(given) == len(names) and not [a for a in arrays if type(a) is not np.ndarray]
@@ -548,6 +551,7 @@ class JitRunner:
         try: outs = self.runner.graph.run(self.runner._tagged(dict(zip(self.runner.input_names, tensors))), self.runner)
         finally: self.runner.device_checks = None
         self._out_types = [_narrow_types(outs[n]) for n in self.runner.output_names]
+        self._narrow_out = any(self._out_types)
         self._checks[id(self._last)] = checks
         # (an output that is an input is copied, as in OnnxRunner.__call__)
         bases = _input_bases(tensors)
@@ -560,13 +564,13 @@ class JitRunner:
     def _outputs(self, outs: list[Any]) -> dict[str, Any]:
         """The model's outputs by name, from a call's NumPy outputs; the values of the device checks after them are
         checked (an error names the node whose check failed)."""
-        n = len(self.runner.output_names)
-        if len(outs) > n:
+        names = self._out_names
+        if len(outs) > (n := len(names)):
             at = n
             for c in self._checks.get(id(self._last), ()):
                 values, at = outs[at:at + len(c.values)], at + len(c.values)
                 if (msg := c.check(*values)) is not None: raise OnnxNodeError(c.node, c.op_type, f"ValueError: {msg}")
-        return self._narrowed(dict(zip(self.runner.output_names, outs[:n])))
+        return self._narrowed(dict(zip(names, outs))) if self._narrow_out else dict(zip(names, outs))
 
     def _narrowed(self, outs: dict[str, Any]) -> dict[str, Any]:
         """The NumPy outputs with those of 8-, 6-, 4- or 2-bit types in ml_dtypes' types."""
