@@ -20,7 +20,7 @@ _REDUCTIONS = ("none", "mean", "sum")
 # A loss's graph is a function of its operands' shapes, dtypes and device and of its settings: a training step builds
 # the same one over new logits every step. So it is built once over placeholders (fresh BUFFERs, standing for the
 # operands) and made again over each call's operands: the same nodes the tensor operations would make (hash-consing),
-# for operands whose own op no construction looks into (not a movement op, a constant or a placeholder's BUFFER).
+# for operands whose own op no construction looks into (not a view but a buffer's reshape, a constant or sharded).
 _loss_templates: dict[tuple, tuple[tuple[UOp, UOp], UOp, list[UOp]] | None] = {}   # None: not templated
 LOSS_TEMPLATES_SIZE = 256
 
@@ -30,7 +30,7 @@ def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
     from fusegrad.tensor import _sharding_used
     from fusegrad.uop.graph import new_buffer
     u, v = x.uop, y.uop
-    if _sharding_used or u.op in _OPAQUE or v.op in _OPAQUE or type(dev := u.device) is not str or v.device != dev or \
+    if _sharding_used or _opaque(u) or _opaque(v) or type(dev := u.device) is not str or v.device != dev or \
             not all(type(n) is int for n in (*u.shape, *v.shape)):
         return None
     key = (u.shape, u.dtype, v.shape, v.dtype, dev, dtypes.default_float, dtypes.default_int, *settings)
@@ -56,8 +56,10 @@ def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
     for w in over: new[w] = UOp(w.op, w.dtype, tuple([new.get(s, s) for s in w.src]), w.arg)
     return _tensor_cls()(new.get(root, root))
 
-# operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them
+# operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them,
+# but for a realized tensor's reshape of its buffer, which is what a placeholder's holder is
 _OPAQUE = frozenset(GroupOp.Movement) | {Ops.CONST, Ops.MULTI}
+def _opaque(u: UOp) -> bool: return u.op in _OPAQUE and not (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
 
 def _tensor_cls() -> type[Tensor]:
     from fusegrad.tensor import Tensor
