@@ -1,6 +1,7 @@
 """Running schedules: an `ExecItem` (kernel AST + buffers) is lowered to a `Runner` (a compiled kernel, a copy or a
 no-op view), buffers are allocated, the runners run, and `GlobalCounters` count the work."""
 from __future__ import annotations
+import ctypes
 import functools
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -414,7 +415,10 @@ class BufferCopy(Runner):
             # host memory to host memory: queued as a kernel, so the caller doesn't wait for the kernels before it
             part = src._buf if not off and dest.nbytes == src.nbytes else \
                 src.allocator._offset(src._buf, dest.nbytes, off or 0)
-            threads = Device[dest.device].max_threads if dest.nbytes >= THREAD_MIN_MEM else 1
+            # (memory that overlaps, two views of one buffer, is moved by one thread: memmove's order is then kept)
+            d0, s0 = ctypes.addressof(dest._buf), ctypes.addressof(part)
+            apart = d0 + dest.nbytes <= s0 or s0 + dest.nbytes <= d0
+            threads = Device[dest.device].max_threads if apart and dest.nbytes >= THREAD_MIN_MEM else 1
             return prg(dest._buf, part, global_size=dest.nbytes, threads=threads, wait=wait)
         st = time.perf_counter()
         if type(dest.allocator) is type(src.allocator) and hasattr(dest.allocator, "_transfer") and \
@@ -436,7 +440,7 @@ class BufferCopy(Runner):
 # through the host would wait for them first (an eager training step's snapshot of a weight waited for the forward
 # pass's matmul). Chunks are byte ranges.
 _HOST_COPY_SRC = """void fg_copy(unsigned char *dst, const unsigned char *src, long lo, long hi) {
-  __builtin_memcpy(dst + lo, src + lo, (unsigned long)(hi - lo));
+  __builtin_memmove(dst + lo, src + lo, (unsigned long)(hi - lo));
 }
 void fg_copy_entry(void **a, long lo, long hi) { fg_copy((unsigned char *)a[0], (const unsigned char *)a[1], lo, hi); }
 """

@@ -158,6 +158,18 @@ def test_host_copy_is_queued_in_order(asynchronous):
         np.testing.assert_equal(part.numpy(), (a * 2)[1000:5000])
         np.testing.assert_equal(y.numpy(), a * 2 + 1)
 
+def test_host_copy_between_overlapping_views():
+    # views of one buffer that overlap (2 MiB: a copy that size is otherwise split across threads) move as memmove does
+    a = np.arange(1 << 19, dtype=np.float32)
+    n = a.size
+    for dest_at, src_at in ((0, 1000), (1000, 0)):
+        base = buf(a)
+        dest, src = base.view(n - 1000, dtypes.float32, 4 * dest_at), base.view(n - 1000, dtypes.float32, 4 * src_at)
+        run_schedule([ExecItem(UOp(Ops.COPY), [dest, src])])
+        expected = a.copy()
+        expected[dest_at:dest_at + n - 1000] = a[src_at:src_at + n - 1000]
+        np.testing.assert_equal(base.numpy(), expected)
+
 def test_buffer_copy_size_mismatch():
     with pytest.raises(ValueError): run_schedule([ExecItem(UOp(Ops.COPY), [empty(3), empty(4)])])
 
