@@ -417,8 +417,38 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
         # else a few vector accumulators hide the latency of the adds
         if tiled < 4 and rem is not None and isinstance(rs := range_size(rem), int):
             if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: ctx.split(OptOps.UPCAST, rem, extra)
+        _block_weight_gradient(ctx)
         return True
     return False
+
+WGRAD_BLOCK_BYTES = 1 << 20
+
+def _block_weight_gradient(ctx: OptContext) -> None:
+    """A convolution's weight gradient vectorized along the image rows it sums over (rows of 28 pixels and more),
+    whose inputs are bigger than WGRAD_BLOCK_BYTES and whose output is smaller (64x64x3x3 over 16 images of 56x56:
+    12.8 MB of image and of output gradient for 147 KB of weights): the outermost reduce loop (the batch) is blocked
+    through the output (KBLOCK) in blocks whose slices of the inputs fit WGRAD_BLOCK_BYTES (one image at least), so
+    the output tiles read a block from the caches where each streamed both inputs whole from memory."""
+    k = ctx.k
+    if not (reds := k.reduce_axes()) or not isinstance(osz := range_size(outer := k.loops[reds[0]]), int) or osz < 2:
+        return
+    # (the window's taps kh, kw are output loops: one load (the image) moves with them, another (the output
+    # gradient) doesn't)
+    loads = [idx for idx in ctx.loads() if idx.src[0].op is Ops.DEFINE_GLOBAL]
+    if not any(coeff(idx.src[1], w) not in (0, None) for w in _output_windows(k) for idx in loads): return
+    # (only with full vectors: rows of 28 in 4-lane vectors are bound by their arithmetic, and measured no faster)
+    summed = {r for u in k.ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
+    if not any(r.arg[1] == "upcast" and range_size(r) == ctx.width and r in summed for r in k.expanded): return
+    sizes = [idx.src[0].dtype.size * idx.src[0].dtype.base.itemsize for idx in loads]
+    stored = [idx.src[0].dtype.size * idx.src[0].dtype.base.itemsize for idx, st in k.accesses() if st]
+    if not all(isinstance(n, int) for n in sizes + stored) or sum(sizes) <= WGRAD_BLOCK_BYTES or \
+            sum(stored) > WGRAD_BLOCK_BYTES:
+        return
+    # (every load moves with the batch: a block of b images reads b / osz of each input)
+    if any(coeff(idx.src[1], outer) in (0, None) for idx in loads): return
+    blk = max((b for b in range(1, osz) if osz % b == 0 and sum(sizes) * b // osz <= WGRAD_BLOCK_BYTES), default=1)
+    try: k.apply_opt(Opt(OptOps.KBLOCK, reds[0], blk))
+    except KernelOptError: pass
 
 def _tile_dot_products(ctx: OptContext, inner: UOp) -> int:
     """Output loops that some vector load of the reduction doesn't depend on share that load across their lanes

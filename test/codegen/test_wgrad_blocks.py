@@ -1,0 +1,59 @@
+"""Weight gradients vectorized along the image rows they sum over, with inputs bigger than the caches: the batch is
+blocked through the output (KBLOCK), a block of images at a time. Values against torch (padding, stride 2, dilation,
+batch 1, channel counts that no tile divides) and the opts."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor
+from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt.heuristic import WGRAD_BLOCK_BYTES, hand_coded_optimizations
+from test.codegen.helpers import AVX2, captured_asts, renderer_like
+
+RS = np.random.default_rng(0)
+
+
+def _weight_grad(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dilation: int):
+    """The gradient into w of sum(conv2d(x, w) * g) for a random g: ours and torch's."""
+    tx, tw = torch.tensor(x), torch.tensor(w, requires_grad=True)
+    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
+    g = RS.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (tout * torch.tensor(g)).sum().backward()
+    assert tw.grad is not None
+    fw = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(fw, stride=stride, padding=padding, dilation=dilation) * Tensor(g)).sum().backward()
+    assert fw.grad is not None
+    return fw.grad.numpy(), tw.grad.numpy()
+
+
+# (batch, input channels, output channels, image side, stride, padding, dilation): each input over a megabyte
+SHAPES = [(4, 16, 16, 64, 1, 1, 1), (3, 12, 20, 72, 1, 1, 1), (8, 16, 8, 64, 2, 1, 1), (4, 16, 16, 64, 1, 2, 2),
+          (1, 64, 16, 72, 1, 1, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_blocked_weight_gradient_values(shape):
+    n, ci, co, side, stride, pad, dil = shape
+    x = RS.standard_normal((n, ci, side, side)).astype(np.float32)
+    w = (RS.standard_normal((co, ci, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = _weight_grad(x, w, stride, pad, dil)
+    # (sums of about 16k products: compared relative to their size)
+    np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+
+
+def test_blocked_weight_gradient_opts(monkeypatch: pytest.MonkeyPatch):
+    """4 images of 8 channels at 64x64 to 16 channels (1.5 MB of image and output gradient): the weight gradient's
+    batch is KBLOCKed in blocks of 2 images (under a megabyte of the two inputs), its sum vectorized along the image
+    rows. (A shape no other test here compiles: a kernel compiled before isn't generated again.)"""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((4, 8, 64, 64)).astype(np.float32)
+    w = (RS.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = _weight_grad(x, w, 1, 1, 1)
+    np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+    grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
+    assert len(grads) == 1
+    k = Kernel(grads[0], renderer_like(AVX2))
+    opts = hand_coded_optimizations(k)
+    blocks = [o for o in opts if o.op is OptOps.KBLOCK]
+    assert len(blocks) == 1 and blocks[0].arg == 2
+    assert 3 * x.nbytes > WGRAD_BLOCK_BYTES >= 3 * x.nbytes // 2
