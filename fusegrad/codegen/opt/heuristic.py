@@ -424,7 +424,7 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
 WGRAD_BLOCK_BYTES = 1 << 20
 
 def _block_weight_gradient(ctx: OptContext) -> None:
-    """A convolution's weight gradient vectorized along the image rows it sums over (rows of 28 pixels and more),
+    """A convolution's weight gradient vectorized along the image rows it sums over in full vectors (rows of 56),
     whose inputs are bigger than WGRAD_BLOCK_BYTES and whose output is smaller (64x64x3x3 over 16 images of 56x56:
     12.8 MB of image and of output gradient for 147 KB of weights): the outermost reduce loop (the batch) is blocked
     through the output (KBLOCK) in blocks whose slices of the inputs fit WGRAD_BLOCK_BYTES (one image at least), so
