@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 from fusegrad import Tensor, nn  # noqa: E402
 from fusegrad.engine import realize  # noqa: E402
 from fusegrad.nn.state import get_parameters  # noqa: E402
+from fusegrad.schedule.kernelize import schedule_cache  # noqa: E402
 from bench_train import train_step  # noqa: E402  (bench/ is the script's folder)
 
 SEEN: list[str] = []
@@ -124,7 +125,11 @@ def main() -> None:
     realize.CompiledRunner.__init__ = _recording_init
     for name, run in WORKLOADS.items():
         SEEN.clear()
-        realize.method_cache.clear()  # each workload compiles all of its kernels
+        # each workload compiles all of its kernels: none comes from an earlier workload's runners, nor from a replay
+        # plan an earlier workload left in the schedule cache (whether its runners were still there varied from run to
+        # run, and with it the kernels a workload recorded)
+        realize.method_cache.clear()
+        schedule_cache.clear()
         run()
         (out / f"{name}.c").write_text("\n".join(SEEN))
         print(f"{name}: {len(SEEN)} kernels")

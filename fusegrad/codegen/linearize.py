@@ -158,12 +158,18 @@ class _BlockOrder:
             if r not in chains: chains[r] = chain(self.parent[r]) + (r,)
             return chains[r]
         # each node's path of items from the top: its loops, then itself (a loop's path ends with the loop)
-        paths = {u: chain(u) if u in self.parent else chain(self.scope[u]) + (u,) for u in topo}
+        parent, scope = self.parent, self.scope
+        paths = {u: chain(u) if u in parent else chain(scope[u]) + (u,) for u in topo}
         for u in topo:
             if u.op in (Ops.SINK, Ops.END): continue
             pu = paths[u]
+            # (a node and a source that are both nodes of one block, most edges, meet in that block as themselves)
+            own, mine = (None, None) if u in parent else (scope[u], deps[scope[u]][u])
             for s in u.src:
                 if s.op is Ops.SINK: continue
+                if mine is not None and s.op is not Ops.END and s not in parent and scope[s] is own:
+                    mine.add(s)
+                    continue
                 # ENDs are ordering-only: depending on one means depending on the loop it closes
                 for x in ((s.src[0],) + s.src[1:] if s.op is Ops.END else (s,)):
                     px = paths[x]
@@ -181,16 +187,18 @@ class _BlockOrder:
         n_users = {it: 0 for it in items}
         for ds in deps.values():
             for d in ds: n_users[d] += 1
-        key = lambda it: (_FIRST.get(it.op, 3) if it not in self.parent else 3, self.order[it])
-        heap = [(tuple(-k for k in key(it)), id(it), it) for it in items if n_users[it] == 0]
+        parent, order = self.parent, self.order
+        # (the heap's key, negated: the latest first)
+        key = lambda it: (-(_FIRST.get(it.op, 3) if it not in parent else 3), -order[it], id(it), it)
+        heap = [key(it) for it in items if n_users[it] == 0]
         heapq.heapify(heap)
         rev: list[UOp] = []
         while heap:
-            _, _, it = heapq.heappop(heap)
+            it = heapq.heappop(heap)[3]
             rev.append(it)
             for d in deps[it]:
                 n_users[d] -= 1
-                if n_users[d] == 0: heapq.heappush(heap, (tuple(-k for k in key(d)), id(d), d))
+                if n_users[d] == 0: heapq.heappush(heap, key(d))
         if len(rev) < len(items): raise RuntimeError("cycle while linearizing")
         return rev[::-1]
 

@@ -330,6 +330,8 @@ class UOp(metaclass=UOpMetaClass):
     @staticmethod
     def const(dtype: DType, b: ConstType) -> UOp:
         """A scalar (or, for a vector dtype, broadcast) constant of `dtype`, its value wrapped to the dtype."""
+        # (an int of the index dtype, which doesn't wrap, is its own value: most constants code generation makes)
+        if dtype is _INDEX_DTYPE and type(b) is int: return UOp(Ops.CONST, dtype, arg=b)
         return UOp(Ops.CONST, dtype, arg=dtypes.as_const(b, dtype))
 
     def const_like(self, b: ConstType) -> UOp:
@@ -461,11 +463,17 @@ class UOp(metaclass=UOpMetaClass):
     def vmax(self) -> ConstType: return self._min_max[1]
     @property
     def _min_max(self) -> tuple[ConstType, ConstType]:
-        if "_mm" not in self.__dict__:
+        if (d := self.__dict__).get("_mm") is None:
+            # (most nodes are asked once their sources are known: no walk)
+            for s in self.src:
+                if "_mm" not in s.__dict__: break
+            else:
+                ret = d["_mm"] = _compute_min_max(self)
+                return ret
             # compute sources first, iteratively, so deep graphs don't recurse
             for u in self.toposort(gate=lambda u: "_mm" not in u.__dict__):
                 if "_mm" not in u.__dict__: u.__dict__["_mm"] = _compute_min_max(u)
-        return self.__dict__["_mm"]
+        return d["_mm"]
 
     # *** tensor-level shapes ***
 
@@ -585,6 +593,7 @@ class UOp(metaclass=UOpMetaClass):
 _set_op, _set_dtype, _set_src, _set_arg, _set_ukey = (UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg",
                                                                                           "_ukey"))
 _BIND_OP = Ops.BIND
+_INDEX_DTYPE = dtypes.index
 
 def new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any) -> UOp:
     """UOp(op, dtype, src, arg) for a node that can't exist yet (a fresh buffer, or a node over one) and whose arg
