@@ -41,9 +41,25 @@ class LowerCtx:
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
 
 def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
-    if op is Ops.ADD and ctx.use_fma and val.op is Ops.MUL and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
-        return UOp(Ops.MULACC, acc.dtype, (val.src[0], val.src[1], acc))
+    if op is Ops.ADD and ctx.use_fma and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
+        if val.op is Ops.MUL: return UOp(Ops.MULACC, acc.dtype, (val.src[0], val.src[1], acc))
+        # a padded reduction's term, where(in range, a * b, 0) (a vocabulary of 50257 padded to blocks of 512), where
+        # a is a load that the same gate already makes 0 outside the range: a multiply-add of a and where(in range,
+        # b, 0), so the padded steps add 0 * 0, where the select of the product cost a multiply, a blend and an add
+        # per term (b's select is shared by the register tile's terms it enters)
+        if val.op is Ops.WHERE and val.src[1].op is Ops.MUL and val.src[2].op is Ops.CONST and val.src[2].arg == 0:
+            gate, zero, (a, b) = val.src[0], val.src[2], val.src[1].src
+            if _zero_outside(b, gate): a, b = b, a
+            if _zero_outside(a, gate):
+                if not _zero_outside(b, gate): b = UOp(Ops.WHERE, b.dtype, (gate, b, zero))
+                return UOp(Ops.MULACC, acc.dtype, (a, b, acc))
     return acc.alu(op, val)
+
+def _zero_outside(x: UOp, gate: UOp) -> bool:
+    """Whether x is a load whose gate holds `gate` as a clause: it reads 0 wherever `gate` is false."""
+    if x.op is not Ops.LOAD or x.src[0].op is not Ops.INDEX or len(x.src[0].src) < 3: return False
+    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is Ops.AND else [g]
+    return gate in clauses(x.src[0].src[2])
 
 # *** blocked float sums ***
 

@@ -79,3 +79,19 @@ def test_logits_of_a_tied_embedding_store_along_the_vocabulary(monkeypatch: pyte
     assert (pad.op, pad.axis, upcast.op, upcast.axis) == (OptOps.PADTO, vocab_axis, OptOps.UPCAST, vocab_axis), \
         k.applied_opts
     assert [globs[o.arg] for o in k.applied_opts if o.op is OptOps.PACK] == [w.size], k.applied_opts
+
+def test_padded_reduction_matmul_with_infinities(monkeypatch: pytest.MonkeyPatch):
+    """A contraction of a length no block divides (8191, padded to blocks of 512: the padded steps add zero times
+    zero) with infinities and a nan among its terms: the same infs and nans as NumPy, the other entries close."""
+    asts = captured_asts(monkeypatch)
+    a = RS.standard_normal((12, 8191)).astype(np.float32)
+    b = RS.standard_normal((8191, 32)).astype(np.float32)
+    a[2, 100], a[5, 8190], b[7, 3] = np.inf, -np.inf, np.nan
+    ours = (Tensor(a) @ Tensor(b)).numpy()
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-3)
+    k = Kernel(codegen.collapse_gathers(asts[0]), renderer_like(AVX2))
+    hand_coded_optimizations(k)
+    assert [(o.op, o.arg) for o in k.applied_opts if o.axis is not None and o.arg == 512] == \
+        [(OptOps.PADTO, 512), (OptOps.KBLOCK, 512)], k.applied_opts

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
@@ -286,16 +287,22 @@ def _tile_output_vector(ctx: OptContext) -> None:
         return
     _vectorize_reductions(ctx)
 
+def _blocked_per_lane(ctx: OptContext, r: UOp) -> bool:
+    """Whether each lane of a full vector along reduce loop r adds more than SUM_BLOCKED_OVER terms."""
+    return isinstance(sz := range_size(r), int) and sz // ctx.width > SUM_BLOCKED_OVER
+
 def _vectorize_reductions(ctx: OptContext) -> bool:
     """Several reductions per output row (softmax, layernorm, a channel's mean and variance): each one in vector
-    partial accumulators, its loop, unless it is a float sum's, padded to whole vectors where no vector width divides
-    it (a vocabulary of 50257, whose argmax or softmax's max would otherwise reduce in scalar code). Returns whether
-    one was."""
+    partial accumulators, its loop padded to whole vectors where no vector width divides it (a vocabulary of 50257,
+    whose argmax or softmax's max would otherwise reduce in scalar code). A float sum's only where each lane still
+    adds more than SUM_BLOCKED_OVER terms (a cross-entropy's sum of exp over 50257 logits: 6283 per lane of 8), so
+    lowering still blocks every lane's sum and its rounding doesn't grow with the row. Returns whether one was."""
     applied = False
     for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
         if not (w := _reduce_vector_width(ctx, r)):
-            # (not a float sum: how lowering blocks a long one is left as it was, each sum in one loop nest)
-            if _float_sum(ctx, r) or (padded := _pad_reduce(ctx, r)) is None: continue
+            # (a shorter float sum is left to lowering's blocking as it was, each sum in one loop nest: fewer terms
+            # per lane would fall under it)
+            if _float_sum(ctx, r) and not _blocked_per_lane(ctx, r) or (padded := _pad_reduce(ctx, r)) is None: continue
             r, w = padded, ctx.width
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
         if inner is None: continue
