@@ -513,12 +513,15 @@ class JitRunner:
         if key is not None and (fast := self._replays.get(key)) is not None:
             self._last = fast.step
             return self._outputs(fast(arrays))
+        if key is not None and any(a.size == 0 for a in arrays):   # type: ignore[union-attr]
+            # (an empty input: nothing to compute, and TinyJit captures no function that runs no kernel)
+            return {n: _narrow_numpy(_to_numpy(_realized(v)), _narrow_types(v)) for n, v in self.runner(given).items()}
         if key is not None and key in self._jits:
             step = self._last = self._jits[key]
             kept = self._kept[key]
             if (bufs := self._bufs.get(key)) is None: bufs = self._bufs[key] = [device_buffer(t.uop) for t in kept]
             for b, arr in zip(bufs, arrays):
-                b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))  # type: ignore[arg-type]
+                b.copyin(_bytes(arr))
             outs = step(*kept)
             if (plan := self._out_plans.get(key)) is None:
                 plan = self._out_plans[key] = [_out_plan(o) for o in outs]
@@ -603,7 +606,7 @@ class _KeptCall:
             self.device.synchronize()  # type: ignore[union-attr]
             for view, arr in zip(self.ins, arrays): np.copyto(view, arr)
         else:
-            for b, arr in zip(self.bufs, arrays): b.copyin(memoryview(np.ascontiguousarray(arr)).cast("B"))
+            for b, arr in zip(self.bufs, arrays): b.copyin(_bytes(arr))
         # (the outputs' memory is the JIT's own, copied out here: no output tensor is made)
         if plans is None or (got := step.replay_kept(*kept)) is None: return [_to_numpy(o) for o in step(*kept)]
         if got is not self.got:
@@ -613,6 +616,11 @@ class _KeptCall:
         if self.outs is None: return [_copy_buffer(b, *p) for b, p in zip(got, plans)]
         self.device.synchronize()  # type: ignore[union-attr]
         return [v.copy() for v in self.outs]
+
+
+def _bytes(arr: np.ndarray) -> memoryview:
+    """An array's elements in C order as bytes (a memoryview can't cast an array with a zero in its shape)."""
+    return memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
 
 
 def _host_memory(buf: Any) -> bool:

@@ -13,12 +13,12 @@ from fusegrad.onnx import OnnxRunner  # noqa: E402
 W = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
 
 
-def _model():
-    """y = Relu(x @ W), z = Reshape(x * 2, (-1,))."""
+def _model(n: int | None = 2):
+    """y = Relu(x @ W), z = Reshape(x * 2, (-1,)), for an x of (n, 3)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"]),
              helper.make_node("Add", ["x", "x"], ["d"]), helper.make_node("Reshape", ["d", "flat"], ["z"])]
     inits = [numpy_helper.from_array(W, "w"), helper.make_tensor("flat", TensorProto.INT64, [1], [-1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
                                helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -58,3 +58,16 @@ def test_jit_copies_strided_arrays_in_and_follows_new_output_memory():
         if run._last._kept is not None and not any(b is run._last._kept.outputs[0] for b in memory):
             memory.append(run._last._kept.outputs[0])
     assert len(memory) == 2   # (the kept replay was made again with the knob)
+
+
+def test_jit_with_empty_inputs_between_replays():
+    """An input with no elements is run plainly (there is nothing to capture), before and between replays of the
+    other shape, and returns empty results of the right shapes; the replays stay right."""
+    run = OnnxRunner(_model(n=None)).jit()
+    rng = np.random.default_rng(8)
+    for i in range(7):
+        x = rng.standard_normal((0 if i % 3 == 0 else 2, 3)).astype(np.float32)
+        got = run({"x": x})
+        np.testing.assert_allclose(got["y"], np.maximum(x @ W, 0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["z"], (x + x).reshape(-1))
+        assert got["y"].shape == (x.shape[0], 4)
