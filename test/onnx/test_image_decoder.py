@@ -3,6 +3,7 @@ errors naming the node. ONNX's own cases (JPEG, JPEG 2000, TIFF, WebP...) run in
 from __future__ import annotations
 
 import io
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 Image = pytest.importorskip("PIL.Image")
 from onnx import TensorProto as TP, helper  # noqa: E402
 
-from fusegrad.onnx import OnnxNodeError, OnnxRunner  # noqa: E402
+from fusegrad.onnx import OnnxNodeError, OnnxRunner, OnnxUnsupportedError  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -58,3 +59,11 @@ def test_errors_name_the_node():
         OnnxRunner(_model("RGB"))({"x": np.arange(40, dtype=np.uint8)})
     with pytest.raises(OnnxNodeError, match=r"'dec' \(ImageDecoder\).*pixel_format must be RGB, BGR or Grayscale"):
         OnnxRunner(_model("CMYK"))({"x": _encoded(np.zeros((2, 2), np.uint8), "PNG")})
+
+
+def test_without_pillow_the_node_says_what_to_install(monkeypatch):
+    stream = _encoded(np.zeros((2, 2), np.uint8), "PNG")
+    monkeypatch.setitem(sys.modules, "PIL", None)   # (an import of PIL now fails, as without the package)
+    with pytest.raises(OnnxUnsupportedError, match=r"'dec' \(ImageDecoder\).*needs Pillow: pip install "
+                                                   r"'fusegrad\[onnx-image\]'"):
+        OnnxRunner(_model("RGB"))({"x": stream})
