@@ -57,3 +57,22 @@ def test_blocked_weight_gradient_opts(monkeypatch: pytest.MonkeyPatch):
     blocks = [o for o in opts if o.op is OptOps.KBLOCK]
     assert len(blocks) == 1 and blocks[0].arg == 2
     assert 3 * x.nbytes > WGRAD_BLOCK_BYTES >= 3 * x.nbytes // 2
+
+
+@pytest.mark.parametrize("n", [4, 3])
+def test_narrow_weight_gradient_unrolls_its_batch(monkeypatch: pytest.MonkeyPatch, n: int):
+    """Rows of 28 pixels summed in 4-lane vectors: not blocked, the batch unrolled by 2 where 2 divides it (an odd
+    batch keeps its loop). Values against torch."""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((n, 8, 28, 28)).astype(np.float32)
+    w = (RS.standard_normal((12, 8, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = _weight_grad(x, w, 1, 1, 1)
+    np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+    grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
+    assert len(grads) == 1
+    k = Kernel(grads[0], renderer_like(AVX2))
+    opts = hand_coded_optimizations(k)
+    assert not any(o.op is OptOps.KBLOCK for o in opts)
+    assert any(o.op is OptOps.UPCAST and o.arg == 4 for o in opts)
+    unrolls = [o for o in opts if o.op is OptOps.UNROLL]
+    assert unrolls == ([] if n % 2 else [unrolls[0]]) and (n % 2 or unrolls[0].arg == 2)
