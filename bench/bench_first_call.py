@@ -10,10 +10,13 @@ shared machine the wall time depends on the load, so the CPU time the call took 
 own (Python: scheduling, code generation) and its compiler processes'. Every
 row is run several times (the machine is shared: the least and the median are printed), and with --profile one run
 of each prints where the time went (code generation against compiling, kernels, compiler runs); with --rewrites one
-run of each counts the work of every rewrite pass.
+run of each counts the work of every rewrite pass; with --bytecodes one run of each (and of the --against-tree
+checkout) counts the Python bytecodes the calling thread executes in scheduling, code generation and the rest: a figure
+the machine's load doesn't change (hash seed fixed, garbage collector off), for before/after comparisons on a busy
+machine.
 
 Run: .venv/bin/python bench/bench_first_call.py [--runs N] [--profile] [--only resnet,mlp,g200] [--against VAR=VALUE]
-     [--against-tree PATH] [--rewrites]
+     [--against-tree PATH] [--rewrites] [--bytecodes]      (--runs 0: no timed runs)
 """
 from __future__ import annotations
 import argparse
@@ -32,6 +35,25 @@ from fusegrad import Device, GlobalCounters, Tensor, nn
 from fusegrad.nn.state import get_parameters
 row = sys.argv[1]
 profile = os.getenv("PROFILE") == "1"
+bytecodes = os.getenv("BYTECODES") == "1"
+if bytecodes:
+    # bytecodes the calling thread executes, by phase (sys.settrace's opcode events; the compiler threads untraced)
+    import fusegrad.tensor as tensor_mod
+    from fusegrad import codegen
+    counts, phase = {"schedule": 0, "codegen": 0, "rest": 0}, ["rest"]
+    def in_phase(mod, name, label):
+        real = getattr(mod, name)
+        def wrapper(*a, **k):
+            prev, phase[0] = phase[0], label
+            try: return real(*a, **k)
+            finally: phase[0] = prev
+        setattr(mod, name, wrapper)
+    in_phase(tensor_mod, "create_schedule_with_vars", "schedule")
+    in_phase(codegen, "get_program", "codegen")
+    def count_opcodes(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode": counts[phase[0]] += 1
+        return count_opcodes
 if profile:
     # the calling thread's time by phase (the schedule, code generation, waiting for compiles and for the C pool's
     # build), and each compiler run of the call: its tier, kernels and source size
@@ -115,13 +137,21 @@ Device["CPU"].synchronize()
 k0 = GlobalCounters.kernel_count
 st, c0 = time.perf_counter(), os.times()
 if profile or rewrites: in_call[0] = True
+if bytecodes:
+    import gc
+    gc.disable()   # (a collection would run at a point that depends on what ran before, and its finalizers count)
+    sys.settrace(count_opcodes)
 out = call()
 out.numpy()
+if bytecodes: sys.settrace(None)
 ms, c1 = (time.perf_counter() - st) * 1e3, os.times()
 if profile or rewrites: in_call[0] = False
 own = (c1.user + c1.system - c0.user - c0.system) * 1e3
 cc = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * 1e3
 print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f}")
+if bytecodes:
+    print(f"  bytecodes executed: scheduling {counts['schedule']}, code generation {counts['codegen']}, the rest "
+          f"{counts['rest']}")
 if rewrites:
     for name, (runs, nodes, tries) in sorted(passes.items(), key=lambda kv: -kv[1][2]):
         print(f"  rewrite pass {name}: {runs} runs, {nodes} nodes rewritten, {tries} nodes offered to the rules")
@@ -145,12 +175,13 @@ ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None, tree: str = REPO,
-             rewrites: bool = False) -> tuple[tuple[float, float, float], int, str]:
+             rewrites: bool = False, bytecodes: bool = False) -> tuple[tuple[float, float, float], int, str]:
     """One fresh process with an empty cache, importing fusegrad from checkout `tree`: ((first call ms, the process's
     CPU ms, its compilers' CPU ms), kernels it ran, the profile lines)."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0",
-               "REWRITES": "1" if rewrites else "0", **(extra_env or {})}
+               "REWRITES": "1" if rewrites else "0", "BYTECODES": "1" if bytecodes else "0",
+               **({"PYTHONHASHSEED": "0"} if bytecodes else {}), **(extra_env or {})}
         res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0: raise RuntimeError(f"{row} failed:\n{res.stderr}")
     first, *rest = res.stdout.splitlines()
@@ -174,6 +205,9 @@ def main() -> None:
     ap.add_argument("--rewrites", action="store_true",
                     help="one more run of each row counting, per rewrite pass, its runs, the nodes they rewrote and "
                          "the nodes offered to its rules")
+    ap.add_argument("--bytecodes", action="store_true",
+                    help="one more run of each row (and of the --against-tree checkout) counting the Python bytecodes "
+                         "of its scheduling, code generation and the rest")
     ap.add_argument("--against-tree", metavar="PATH",
                     help="also run each row with the fusegrad of another checkout (a git worktree of an earlier "
                          "commit), alternating run by run with this one's")
@@ -188,12 +222,16 @@ def main() -> None:
                 ms, kernels[which], _ = run_once(row, extra_env=against if which else None,
                                                  tree=other if which else REPO)
                 runs[which].append(ms)
-        if against or args.against_tree:
+        if (against or args.against_tree) and args.runs > 0:
             label = " ".join(args.against + ([args.against_tree] if args.against_tree else []))
             print(summary(f"{ROWS[row]} ({label})", runs["against"], kernels["against"]), flush=True)
-        print(summary(ROWS[row], runs[""], kernels[""]), flush=True)
+        if args.runs > 0: print(summary(ROWS[row], runs[""], kernels[""]), flush=True)
+        else: print(ROWS[row], flush=True)
         if args.profile: print(run_once(row, profile=True)[2], flush=True)
         if args.rewrites: print(run_once(row, rewrites=True)[2], flush=True)
+        if args.bytecodes:
+            for tree in ([other] if args.against_tree else []) + [REPO]:
+                print(f"  ({tree})" + run_once(row, tree=tree, bytecodes=True)[2], flush=True)
 
 if __name__ == "__main__":
     main()
