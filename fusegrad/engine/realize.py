@@ -411,6 +411,7 @@ class BufferCopy(Runner):
             raise ValueError(f"copy between buffers of {src.nbytes} and {dest.nbytes} bytes")
         if off is not None and off + dest.nbytes > src.nbytes:
             raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
+        if dest.nbytes == 0: return 0.0 if wait else None  # nothing to move (a launch runs at least one item)
         if (prg := _host_copy_program(dest, src)) is not None:
             # host memory to host memory: queued as a kernel, so the caller doesn't wait for the kernels before it
             part = src._buf if not off and dest.nbytes == src.nbytes else \

@@ -1094,10 +1094,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             raise ShapeError(f"matmul shape mismatch: {x.shape} @ {y.shape} (inner dims "
                              f"{x.shape[-1]} and {y.shape[-2 if y.ndim >= 2 else -1]} differ)")
         squeeze_x, squeeze_y = x.ndim == 1, y.ndim == 1
-        if x.ndim > 2 and y.ndim == 2 and all(type(v) is int for v in x.shape) and not _sharding_used:
+        if x.ndim > 2 and y.ndim == 2 and all(type(v) is int for v in x.shape) and x.shape[-1] and not _sharding_used:
             # batched rows times one matrix (a Linear layer on (batch, seq, features)) as a single matmul over all the
             # rows: the matrix's gradient is then one sum over batch x rows, where the broadcast made a sum per batch
-            # (each a full-size partial gradient written out) and a second kernel adding them up
+            # (each a full-size partial gradient written out) and a second kernel adding them up (an empty inner
+            # dimension has no -1 to reshape by: the broadcast form gives its zeros)
             return x.reshape(-1, x.shape[-1]).dot(y, dtype).reshape(*x.shape[:-1], y.shape[-1])
         if squeeze_x: x = x.reshape(1, -1)
         if squeeze_y: y = y.reshape(-1, 1)

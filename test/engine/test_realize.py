@@ -170,6 +170,16 @@ def test_host_copy_between_overlapping_views():
         expected[dest_at:dest_at + n - 1000] = a[src_at:src_at + n - 1000]
         np.testing.assert_equal(base.numpy(), expected)
 
+@pytest.mark.parametrize("asynchronous", [1, 0])
+def test_empty_host_copy_writes_nothing(asynchronous):
+    # a copy of no bytes into an empty view inside a buffer leaves the bytes around the view as they were
+    with Context(CPU_ASYNC=asynchronous):
+        base = buf(np.zeros(16, np.uint8))
+        src = buf(np.full(16, 7, np.uint8))
+        dest = base.view(0, dtypes.uint8, 5).ensure_allocated()
+        run_schedule([ExecItem(UOp(Ops.COPY), [dest, src.view(0, dtypes.uint8, 3)])])
+        np.testing.assert_equal(base.numpy(), np.zeros(16, np.uint8))
+
 def test_buffer_copy_size_mismatch():
     with pytest.raises(ValueError): run_schedule([ExecItem(UOp(Ops.COPY), [empty(3), empty(4)])])
 

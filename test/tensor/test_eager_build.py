@@ -109,20 +109,25 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
     # graphs (a matmul's reshape) build directly
     from fusegrad.tensor import nn as tnn
     rng = np.random.default_rng(5)
+    tnn._loss_templates.clear()
     for call in range(2):
         a, w, b = _t(*shape[:-1], 6, seed=call), _t(6, shape[-1], seed=2), _t(shape[-1], seed=3)
-        for logits in ((a @ w + b).cast(dt), (a @ w).cast(dt), (a @ w + b).cast(dt).realize()):
+        for logits, templated in (((a @ w + b).cast(dt), True), ((a @ w).cast(dt), dt != a.dtype),
+                                  ((a @ w + b).cast(dt).realize(), True)):
             labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
             labels[0] = min(ignore, 0) if ignore < 0 else labels[0]
             y = Tensor(labels)
             got = logits.sparse_categorical_crossentropy(y, ignore, smoothing, reduction)
             assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
+            # (the template was used, a fallback to the direct build would pass the line above too; a bare matmul's
+            # reshape, a view of a lazy graph, builds directly)
+            assert (tnn._from_loss_template(logits, y, (ignore, smoothing, reduction)) is not None) == templated
             ref = F.cross_entropy(torch.tensor(logits.numpy().astype(np.float32)).reshape(-1, shape[-1]),
                                   torch.tensor(labels.reshape(-1)).long(), ignore_index=ignore,
                                   label_smoothing=smoothing, reduction=reduction)
             np.testing.assert_allclose(got.numpy().reshape(-1), ref.numpy().reshape(-1), rtol=2e-3 if dt == dtypes.half
                                        else 1e-5, atol=1e-6)
-    assert any(v is not None and k[0] == shape and k[1] == dt for k, v in tnn._loss_templates.items())
+    assert [k for k, v in tnn._loss_templates.items() if v is not None and k[0] == shape and k[1] == dt]
 
 def test_bad_operands_still_refused():
     a = _t(3, 4)

@@ -793,6 +793,10 @@ def test_empty_tensors():
     assert all(math.isnan(v) for v in e.mean(axis=1).tolist())  # torch: mean over nothing is nan
     assert (Tensor.zeros(0, 4) @ Tensor.zeros(4, 3)).shape == (0, 3)
     np.testing.assert_array_equal((Tensor.zeros(2, 0) @ Tensor.zeros(0, 3)).numpy(), np.zeros((2, 3), np.float32))
+    # batched rows times one matrix, with an empty inner or row dimension (NumPy's shapes and zeros)
+    for xs, ws in (((2, 3, 0), (0, 5)), ((2, 0, 4), (4, 5)), ((0, 3, 4), (4, 5))):
+        want = np.zeros(xs, np.float32) @ np.zeros(ws, np.float32)
+        np.testing.assert_array_equal((Tensor.ones(*xs) @ Tensor.ones(*ws)).numpy(), want)
 
 def test_max_over_empty_raises():
     # torch raises for max/min over an empty axis; a -inf answer would silently hide the bug
