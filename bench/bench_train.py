@@ -49,6 +49,12 @@ def settle() -> None:
     """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
     Device[Device.DEFAULT].synchronize()
 
+def optimized_builds() -> None:
+    """Wait for the optimized builds of the kernels a first call compiled quickly (they compile in the background and
+    then take over: DESIGN.md, "Compile paths and the default"), so the steady figures are of the kernels that stay."""
+    tiered = getattr(Device[Device.DEFAULT], "tiered", None)
+    if tiered is not None: tiered.wait()
+
 def _value(r: object) -> np.ndarray:
     """A call's result as a NumPy copy (a loss, logits), read at once: a later call may reuse its memory."""
     if isinstance(r, Tensor): return r.numpy().copy()
@@ -81,6 +87,7 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Call
         # a failed check is reported with the row (and in its table line), and the row is still timed
         try: out["check"] = check(results["ours"], results["torch"])
         except AssertionError as e: out["check"], out["failed"] = f"FAILED: {' '.join(str(e).split())}", "yes"
+    optimized_builds()
     best = {"ours": math.inf, "torch": math.inf}
     for _ in range(nblocks):
         for name, fn in (("ours", ours), ("torch", theirs)):
