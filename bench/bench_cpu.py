@@ -482,6 +482,9 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
             impl.problem = "WRONG RESULT (not timed): " + " ".join(str(e).split())[:300]
         impl.out = None   # the outputs of the big cases take memory
     live = [impl for impl in case.impls if not impl.problem]
+    # (the blocks time the kernels that stay: the optimized builds of those a first run compiled quickly)
+    tiered = getattr(Device[Device.DEFAULT], "tiered", None)
+    if tiered is not None: tiered.wait()
     reps = {impl.name: max(1, min(1000, round(block_s / max(per_run[impl.name], 1e-7)))) for impl in live}
     t_blocks = time.perf_counter()
     for i in range(nblocks):
