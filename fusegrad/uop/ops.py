@@ -221,8 +221,11 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
         node, srcs = stack[-1]
         for s in srcs:
             if s not in visited:
-                stack.append((s, iter(s.src if gate is None or gate(s) else empty)))
-                break
+                # (a leaf, or a node the gate stops at, is added where it is met: no stack entry of its own)
+                if s.src and (gate is None or gate(s)):
+                    stack.append((s, iter(s.src)))
+                    break
+                visited[s] = None
         else:
             stack.pop()
             visited[node] = None

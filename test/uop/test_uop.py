@@ -133,6 +133,28 @@ class TestWorkedExample:
         for i, u in enumerate(order):
             for s in u.src: assert order.index(s) < i
 
+def _dfs_order(root: UOp, gate=None) -> list[UOp]:
+    # the reference: a recursive depth-first walk, each node after its sources in source order
+    out: dict[UOp, None] = {}
+    def visit(u: UOp) -> None:
+        if u in out: return
+        if gate is None or gate(u):
+            for s in u.src: visit(s)
+        out[u] = None
+    visit(root)
+    return list(out)
+
+def test_toposort_is_the_depth_first_order_with_and_without_a_gate():
+    # leaves and nodes the gate stops at are placed where the walk meets them, as a recursive walk places them
+    x, y = Variable("x", 0, 10), Variable("y", 0, 10)
+    shared = (x * 3 + y) // 2
+    e = UOp.sink_of((shared + x) * (y - shared), shared % 5, c(7, dtypes.index), x)
+    assert list(e.toposort()) == _dfs_order(e)
+    stop = lambda u: u.op is not Ops.IDIV
+    assert list(e.toposort(gate=stop)) == _dfs_order(e, stop)
+    assert shared in e.toposort(gate=stop) and x * 3 not in e.toposort(gate=stop)
+    assert list(x.toposort()) == [x] and list(x.toposort(gate=lambda u: False)) == [x]
+
 # *** API ***
 
 class TestReplace:
