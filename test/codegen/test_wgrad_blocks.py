@@ -76,3 +76,18 @@ def test_narrow_weight_gradient_unrolls_its_batch(monkeypatch: pytest.MonkeyPatc
     assert any(o.op is OptOps.UPCAST and o.arg == 4 for o in opts)
     unrolls = [o for o in opts if o.op is OptOps.UNROLL]
     assert unrolls == ([] if n % 2 else [unrolls[0]]) and (n % 2 or unrolls[0].arg == 2)
+
+
+@pytest.mark.parametrize("rows", [5, 3])
+def test_few_rows_times_a_big_matrix_is_no_weight_gradient(monkeypatch: pytest.MonkeyPatch, rows: int):
+    """A prompt's few tokens times a big transposed matrix (5 x 768 @ 768 x 12000): its small row loop isn't a window
+    (a row steps over the whole contraction), so its contraction is neither blocked nor unrolled as a weight
+    gradient's batch. Values against NumPy."""
+    asts = captured_asts(monkeypatch)
+    h = RS.standard_normal((rows, 768)).astype(np.float32)
+    w = RS.standard_normal((12000, 768)).astype(np.float32)
+    out = (Tensor(h) @ Tensor(w).T).numpy()
+    np.testing.assert_allclose(out, h.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+    (ast,) = [a for a in asts if any(st.src[0].src[0].dtype.size == out.size for st in a.src)]
+    opts = hand_coded_optimizations(Kernel(ast, renderer_like(AVX2)))
+    assert not any(o.op in (OptOps.KBLOCK, OptOps.UNROLL) for o in opts), opts

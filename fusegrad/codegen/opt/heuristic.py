@@ -440,9 +440,14 @@ def _block_weight_gradient(ctx: OptContext) -> None:
     if not (reds := k.reduce_axes()) or not isinstance(osz := range_size(outer := k.loops[reds[0]]), int) or osz < 2:
         return
     # (the window's taps kh, kw are output loops: one load (the image) moves with them, another (the output
-    # gradient) doesn't)
+    # gradient) doesn't; in the image a tap slides as a summed pixel loop does, or a stride of up to 4 times less
+    # (oh * stride + kh). A matmul's few rows (a prompt's 5 tokens times the vocabulary) are no window: their row
+    # steps over the whole contraction)
     loads = [idx for idx in ctx.loads() if idx.src[0].op is Ops.DEFINE_GLOBAL]
-    if not any(coeff(idx.src[1], w) not in (0, None) for w in _output_windows(k) for idx in loads): return
+    def slides(idx: UOp, w: UOp) -> bool:
+        c = coeff(idx.src[1], w)
+        return c not in (0, None) and any(coeff(idx.src[1], k.loops[i]) in (c, 2 * c, 3 * c, 4 * c) for i in reds)
+    if not any(slides(idx, w) for w in _output_windows(k) for idx in loads): return
     # (only with full vectors: rows of 28 in 4-lane vectors are bound by their short loops, and measured no faster
     # blocked. Their batch is unrolled by 2 instead: each step of the row's 7-vector loop then holds two images'
     # multiply-adds, where it held one's behind the row's gates and loop overhead; BEAM's choice, about 1.25x)
