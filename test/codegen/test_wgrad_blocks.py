@@ -26,6 +26,12 @@ def _weight_grad(x: np.ndarray, w: np.ndarray, stride: int, padding: int, dilati
     return fw.grad.numpy(), tw.grad.numpy()
 
 
+def _opts_of_kernel_storing(asts: list, size: int) -> list:
+    """The heuristic's opts (for an AVX2 target) of the one captured kernel that stores `size` elements."""
+    (ast,) = [a for a in asts if any(st.src[0].src[0].dtype.size == size for st in a.src)]
+    return hand_coded_optimizations(Kernel(ast, renderer_like(AVX2)))
+
+
 # (batch, input channels, output channels, image side, stride, padding, dilation): each input over a megabyte
 SHAPES = [(4, 16, 16, 64, 1, 1, 1), (3, 12, 20, 72, 1, 1, 1), (8, 16, 8, 64, 2, 1, 1), (4, 16, 16, 64, 1, 2, 2),
           (1, 64, 16, 72, 1, 1, 1)]
@@ -50,10 +56,7 @@ def test_blocked_weight_gradient_opts(monkeypatch: pytest.MonkeyPatch):
     w = (RS.standard_normal((16, 8, 3, 3)) * 0.1).astype(np.float32)
     ours, ref = _weight_grad(x, w, 1, 1, 1)
     np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
-    grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
-    assert len(grads) == 1
-    k = Kernel(grads[0], renderer_like(AVX2))
-    opts = hand_coded_optimizations(k)
+    opts = _opts_of_kernel_storing(asts, w.size)
     blocks = [o for o in opts if o.op is OptOps.KBLOCK]
     assert len(blocks) == 1 and blocks[0].arg == 2
     assert 3 * x.nbytes > WGRAD_BLOCK_BYTES >= 3 * x.nbytes // 2
@@ -68,10 +71,7 @@ def test_narrow_weight_gradient_unrolls_its_batch(monkeypatch: pytest.MonkeyPatc
     w = (RS.standard_normal((12, 8, 3, 3)) * 0.1).astype(np.float32)
     ours, ref = _weight_grad(x, w, 1, 1, 1)
     np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
-    grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
-    assert len(grads) == 1
-    k = Kernel(grads[0], renderer_like(AVX2))
-    opts = hand_coded_optimizations(k)
+    opts = _opts_of_kernel_storing(asts, w.size)
     assert not any(o.op is OptOps.KBLOCK for o in opts)
     assert any(o.op is OptOps.UPCAST and o.arg == 4 for o in opts)
     unrolls = [o for o in opts if o.op is OptOps.UNROLL]
@@ -88,6 +88,5 @@ def test_few_rows_times_a_big_matrix_is_no_weight_gradient(monkeypatch: pytest.M
     w = RS.standard_normal((12000, 768)).astype(np.float32)
     out = (Tensor(h) @ Tensor(w).T).numpy()
     np.testing.assert_allclose(out, h.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
-    (ast,) = [a for a in asts if any(st.src[0].src[0].dtype.size == out.size for st in a.src)]
-    opts = hand_coded_optimizations(Kernel(ast, renderer_like(AVX2)))
+    opts = _opts_of_kernel_storing(asts, out.size)
     assert not any(o.op in (OptOps.KBLOCK, OptOps.UNROLL) for o in opts), opts
