@@ -79,14 +79,20 @@ class _Device:
         self._default = canonical
 
     def _from_env(self) -> str:
-        # DEV=CPU wins; else a tinygrad-style CPU=1 naming exactly one device; else CPU
+        # DEV=CPU wins; else a tinygrad-style CPU=1 naming exactly one device; else an NVIDIA GPU if one works; else CPU
         if dev := os.getenv("DEV"):
             canonical = self.canonicalize(dev)
             self._check(canonical)
             return canonical
         chosen = [d for d in self._devices if os.getenv(d) == "1"]  # not getenv: PYTHON=/usr/bin/python mustn't crash
         if len(chosen) > 1: raise ValueError(f"more than one device selected by environment variables: {chosen}")
-        return chosen[0] if chosen else _host_device()
+        if chosen: return chosen[0]
+        return "CUDA" if _gpu_found() else _host_device()
+
+def _gpu_found() -> bool:
+    """Whether an NVIDIA GPU is there to use: its driver starts, it counts a GPU, and NVRTC loads (cheap where
+    there is no driver: one failed library load)."""
+    return importlib.import_module("fusegrad.runtime.ops_cuda").gpu_found()
 
 def _host_device() -> str:
     """CPU (C through the system compiler: batched, the fastest first runs); LLVM when there is no C compiler but

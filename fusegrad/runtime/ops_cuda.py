@@ -553,6 +553,16 @@ class CUDAGraph:
 
 # *** the device ***
 
+def gpu_found() -> bool:
+    """Whether this machine has a GPU the CUDA device can use (the default device then): NVIDIA's driver starts and
+    counts one GPU or more, and NVRTC loads."""
+    try:
+        count = ctypes.c_int()
+        if libcuda().cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0: return False
+        nvrtc()
+        return True
+    except (RuntimeError, OSError): return False
+
 _current = threading.local()   # .ctx: the context current in this thread (as set by CUDADevice.activate)
 
 class CUDADevice(Compiled):

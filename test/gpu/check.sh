@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA device on a machine with an NVIDIA GPU and its driver (one H100: about 5 minutes, 10 at most):
+# The CUDA device on a machine with an NVIDIA GPU and its driver (one H100 or H200: 8 minutes at most):
 #   1. the CUDA tests (test/runtime/test_cuda.py, test/renderer/test_cuda_render.py) with the real driver present;
 #   2. the op tests (test/tensor/test_ops.py) with DEV=CUDA: every op's kernels compiled by NVRTC and run on the GPU,
 #      against torch;
@@ -10,9 +10,11 @@
 #      numpy and the PYTHON device's emulation, and a 4096 half matmul's time with and without them
 #      (test/gpu/check_tensor_cores.py);
 #   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints);
-#   5. bench/bench_gpu.py on CUDA, where it exists.
+#   5. bench/bench_gpu.py: fusegrad on CUDA against PyTorch on the same GPU (alone, after the others, which run side
+#      by side).
 #
-#   bash test/gpu/check.sh            # from anywhere; logs also go to $OUT/ when OUT is set
+#   bash test/gpu/check.sh            # from anywhere; each step's log goes to $OUT/ (when OUT is set) or a temporary
+#                                     # folder, and a summary with each log's end to the terminal
 #
 # Offline: the machine needs python3 (3.11 or later) with numpy, pytest, torch, hypothesis and scikit-learn, and
 # NVRTC: the `cuda` extra's wheel (nvidia-cuda-nvrtc-cu12), another NVIDIA NVRTC wheel or a CUDA toolkit's
@@ -35,29 +37,43 @@ if compgen -G ".wheels/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
-$PY -c "from fusegrad import Device; d = Device['CUDA']; from fusegrad.runtime.ops_cuda import nvrtc_version
-print(d.name, d.arch, d.memory_size >> 20, 'MiB, NVRTC', nvrtc_version())" || exit 1
+$PY -c "from fusegrad import Device; from fusegrad.runtime.ops_cuda import _nvrtc_paths, nvrtc, nvrtc_version
+print('NVRTC', nvrtc_version(), 'from', nvrtc()._name, 'of', _nvrtc_paths())
+d = Device['CUDA']; print(d.name, d.arch, d.memory_size >> 20, 'MiB; the default device:', Device.DEFAULT)" || exit 1
 
 status=0
-step() {   # step NAME SECONDS COMMAND...: run it with a time limit, its output to the terminal and to $LOGS/NAME.log
+start_all=$SECONDS
+# step NAME SECONDS COMMAND...: run it with a time limit, its output to $LOGS/NAME.log, its exit status to NAME.rc
+step() {
     local name=$1 limit=$2
     shift 2
-    echo "=== $name"
     local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
-    local rc=${PIPESTATUS[0]}
-    echo "=== $name: exit $rc after $((SECONDS - start)) s"
+    timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+    local rc=$?
+    echo "$rc $((SECONDS - start))" > "$LOGS/$name.rc"
+}
+report() {   # report NAME LINES: its exit status, time and the last lines of its log
+    local name=$1 lines=$2 rc=124 secs=?
+    [ -f "$LOGS/$name.rc" ] && read -r rc secs < "$LOGS/$name.rc"
+    echo "=== $name: exit $rc after $secs s"
+    grep -E "^(FAILED|ERROR|FAIL) " "$LOGS/$name.log" | head -40
+    tail -n "$lines" "$LOGS/$name.log"
     [ "$rc" -eq 0 ] || status=1
+    rm -f "$LOGS/$name.rc"
 }
 
-step cuda_tests 90 $PY -m pytest -q -p no:cacheprovider test/runtime/test_cuda.py test/renderer/test_cuda_render.py
-step op_tests 240 env DEV=CUDA $PY -m pytest -q -p no:cacheprovider --maxfail=30 test/tensor/test_ops.py
-step cuda_graph 120 $PY test/gpu/check_cuda_graph.py
-step tensor_cores 150 $PY test/gpu/check_tensor_cores.py
-step train_digits 90 env DEV=CUDA $PY examples/train_digits.py --epochs 3
-if [ -f bench/bench_gpu.py ]; then
-    if grep -q -- "--device" bench/bench_gpu.py; then step bench_gpu 60 env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
-    else step bench_gpu 60 env DEV=CUDA $PY bench/bench_gpu.py; fi
-else echo "=== bench_gpu: bench/bench_gpu.py isn't there"; fi
-echo "=== check.sh: $([ $status -eq 0 ] && echo passed || echo FAILED)"
+# the checks of correctness run side by side (the machine has many cores; each is a process of its own), the
+# benchmark alone after them
+step cuda_tests 150 $PY -m pytest -q -rf -p no:cacheprovider test/runtime/test_cuda.py test/renderer/test_cuda_render.py &
+step op_tests 240 env DEV=CUDA $PY -m pytest -q -rf --tb=short -p no:cacheprovider -n 8 --maxfail=60 \
+    test/tensor/test_ops.py &
+step cuda_graph 120 $PY test/gpu/check_cuda_graph.py &
+step tensor_cores 180 $PY test/gpu/check_tensor_cores.py &
+step train_digits 120 env DEV=CUDA $PY examples/train_digits.py --epochs 3 &
+wait
+for name in cuda_tests op_tests cuda_graph tensor_cores train_digits; do report $name 12; done
+echo "=== correctness checks took $((SECONDS - start_all)) s"
+step bench_gpu ${BENCH_LIMIT:-240} env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
+report bench_gpu 40
+echo "=== check.sh: $([ $status -eq 0 ] && echo passed || echo FAILED) after $((SECONDS - start_all)) s"
 exit $status

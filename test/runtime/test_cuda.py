@@ -46,11 +46,21 @@ def test_dev_cuda_without_driver():
         assert "RuntimeError: the CUDA device needs NVIDIA's driver, whose libcuda.so.1 isn't on this machine" \
             in r.stderr, r.stderr
 
-def test_not_the_default_device():
+def test_default_device_is_cuda_only_with_a_gpu():
+    """No DEV: a fresh process picks CUDA where NVIDIA's driver runs a GPU (and NVRTC loads), the host device else."""
     env = {k: v for k, v in os.environ.items() if k not in ("DEV", "CUDA")}
-    r = subprocess.run([sys.executable, "-c", "from fusegrad import Device; print(Device.DEFAULT)"], cwd=ROOT,
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() != "CUDA", r.stderr
+    code = ("from fusegrad import Device; from fusegrad.runtime.ops_cuda import gpu_found; "
+            "print(Device.DEFAULT, gpu_found())")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    default, found = r.stdout.split()
+    assert found == str(_has_driver() and _counts_gpu()), r.stdout
+    assert (default == "CUDA") == (found == "True"), r.stdout
+
+def _counts_gpu() -> bool:
+    """Whether the machine's driver counts a GPU (asked with ctypes here, independently of the device's code)."""
+    lib, count = ctypes.CDLL("libcuda.so.1"), ctypes.c_int()
+    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 # *** NVRTC ***
 
@@ -122,6 +132,16 @@ def fake(fake_lib, monkeypatch):
 def test_no_gpu_found(fake):
     fake.fake_set(1, ctypes.c_size_t(1 << 20), 0)
     with pytest.raises(RuntimeError, match="found NVIDIA's driver .* but no GPU"): CUDADevice("CUDA")
+
+def test_default_device_follows_the_gpu(fake):
+    """Without DEV, the default is CUDA when the driver counts a GPU, the host device when it counts none."""
+    from fusegrad.device import Device
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("DEV", "CUDA"): mp.delenv(k, raising=False)
+        assert Device._from_env() == "CUDA" and ops_cuda.gpu_found()
+        fake.fake_set(1, ctypes.c_size_t(1 << 20), 0)
+        ops_cuda.libcuda.cache_clear()
+        assert not ops_cuda.gpu_found() and Device._from_env() != "CUDA"
 
 def test_device_facts(fake):
     dev = CUDADevice("CUDA")
