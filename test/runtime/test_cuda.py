@@ -65,9 +65,11 @@ def _counts_gpu() -> bool:
 # *** NVRTC ***
 
 def _sm(cubin: bytes) -> int:
-    """The architecture a cubin is for: the low byte of its ELF header's e_flags (90 for sm_90)."""
+    """The architecture a cubin is for (90 for sm_90), from its ELF header's e_flags: in the low byte where the ELF
+    ABI version (e_ident[8]) is 7, as NVRTC 12 and before write it; in the second byte in CUDA 13's newer layout."""
     assert cubin[:4] == b"\x7fELF" and cubin[4] == 2   # (64-bit ELF)
-    return struct.unpack_from("<I", cubin, 48)[0] & 0xff
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    return flags & 0xff if cubin[8] == 7 else (flags >> 8) & 0xff
 
 KERNEL = """extern "C" __global__ void __launch_bounds__(64) scale(float* __restrict__ out, const float* __restrict__ a,
                                                              double s) {
