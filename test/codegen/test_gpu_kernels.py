@@ -397,3 +397,23 @@ def test_batchnorm_statistics_on_cl():
     finally: Tensor.training = False
     mean, var = xs.mean((0, 2, 3), keepdims=True), xs.var((0, 2, 3), keepdims=True)
     np.testing.assert_allclose(got, (xs - mean) / np.sqrt(var + 1e-5), rtol=1e-4, atol=1e-4)
+
+def test_rows_reduced_by_groups_on_cl():
+    """Softmax, layernorm and a sum over many long rows (more outputs than FEW_OUTPUTS): each row is reduced by a
+    group of work-items reading its neighbouring elements together (GROUP), not one work-item per row, on CL against
+    torch; a matmul with as many outputs keeps its register tiles (its loads are shared between outputs)."""
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((4100, 300)).astype(np.float32)
+    w, b = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    xt, wt, bt = (Tensor(a, device="CL") for a in (x, w, b))
+    tx = torch.from_numpy(x)
+    cases = [(xt.softmax(-1), torch.softmax(tx, -1)), (xt.layernorm(-1) * wt + bt,
+             torch.nn.functional.layer_norm(tx, (300,), torch.from_numpy(w), torch.from_numpy(b))),
+             (xt.sum(-1), tx.sum(-1))]
+    for t, want in cases:
+        (p,) = realize_kernels(t)
+        assert any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts
+        np.testing.assert_allclose(t.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    mm = xt[:, :256] @ Tensor(rng.standard_normal((256, 64)).astype(np.float32), device="CL")
+    (p,) = realize_kernels(mm)
+    assert not any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts

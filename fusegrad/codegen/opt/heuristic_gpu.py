@@ -14,6 +14,7 @@ from fusegrad.uop.ops import UOp
 WORKGROUP = 256     # work-items per group aimed at (within the renderer's limit)
 GROUP_MAX = 256     # the most work-items one reduction is split across
 FEW_OUTPUTS = 4096  # a reduction to fewer outputs than this leaves work-items idle unless it is split across a group
+ROW_MIN = 128       # a reduction along rows this long is split across a group however many rows there are
 VECTOR = 4          # lanes of an elementwise kernel's vectors (float4)
 TILE = 4            # register tile along each output loop that loads are reused along
 TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
@@ -73,17 +74,29 @@ def _outputs(k: Kernel) -> int:
     return math.prod(s if isinstance(s, int) else 1 << 20 for s in sizes)
 
 def _group_long_reduction(k: Kernel) -> None:
-    """A reduction of a loop of n to few outputs is split across G work-items, G the largest power of two with
-    G * G <= n (each work-item reduces about as many elements as the group then reduces from local memory)."""
-    if not k.reduceops or _outputs(k) >= FEW_OUTPUTS: return
+    """A reduction of a loop of n to few outputs, or along rows (`_along_rows`), is split across G work-items, G the
+    largest power of two with G * G <= n (each work-item reduces about as many elements as the group then reduces from
+    local memory)."""
+    if not k.reduceops: return
     r = next((k.loops[i] for i in reversed(k.reduce_axes()) if isinstance(k.size(i), int)), None)
     if r is None or (n := range_size(r)) < 16: return
+    if _outputs(k) >= FEW_OUTPUTS and not (n >= ROW_MIN and _along_rows(k, r)): return
     g = min(_pow2_at_most(math.isqrt(n)), GROUP_MAX, _pow2_at_most(k.renderer.max_workgroup))
     if n % g:
         # (reduce loops of the same size are grouped together, so they are padded together)
         for x in [x for x in k.loops[k.first_reduce:] if x is not r and range_size(x) == n]: _padded(k, x, g)
         if (r := _padded(k, r, g)) is None: return
     _try(k, OptOps.GROUP, r, g)
+
+def _along_rows(k: Kernel, r: UOp) -> bool:
+    """Whether reduce loop r runs along rows in memory, each row reduced for one output: every load that varies with
+    r reads it contiguously and varies with every output loop that work-items take (no load is shared between
+    outputs, as a matmul's or a convolution's are). One work-item per row would read a row each, its neighbours rows
+    apart (no access coalesced); a group per row reads each row's neighbouring elements together."""
+    seq = k.sequential_outputs()
+    outs = [k.loops[i] for i in k.output_axes() if k.loops[i] not in seq]
+    along = [idx.src[1] for idx, is_store in k.accesses() if not is_store and coeff(idx.src[1], r) != 0]
+    return bool(along) and all(coeff(x, r) == 1 and all(coeff(x, o) != 0 for o in outs) for x in along)
 
 def _vector_lanes(k: Kernel) -> None:
     """An elementwise kernel whose innermost output loop every access reads contiguously (or not at all) computes
@@ -101,7 +114,7 @@ def _register_tiles(k: Kernel) -> None:
     """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
     are then reused from registers), for kernels with a reduction (a matmul, a convolution); a loop TILE doesn't
     divide is padded where that wastes at most an eighth."""
-    if not k.reduceops: return
+    if not k.reduceops or k.groups: return
     loads = [idx.src[1] for idx, is_store in k.accesses() if not is_store]
     tiled = 0
     for i in reversed(k.output_axes()):
