@@ -7,7 +7,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
-from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from fusegrad.helpers import pads_cheaply, prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify
 from fusegrad.tensor.creation import check_size
@@ -545,7 +545,11 @@ class NNMixin:
             laid_out = weight.permute(order).contiguous().permute(tuple(order.index(i) for i in range(n + 2)))
         else: laid_out = weight
         w = laid_out.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
-        ret = (x.cast(out_dt) * w.cast(out_dt)).sum(tuple(range(-1 - n, 0))).reshape((bs, cout) + oyx)
+        # products in the accumulation dtype (half and bfloat16 inputs: exact float32 products summed in float32 and
+        # rounded once, as a matmul's: what torch computes, and the form a tensor core takes)
+        acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
+        ret = (x.cast(acc_dt) * w.cast(acc_dt)).sum(tuple(range(-1 - n, 0)))
+        ret = (ret.cast(out_dt) if dtypes.is_float(out_dt) else ret).reshape((bs, cout) + oyx)
         return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)
 
     def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,

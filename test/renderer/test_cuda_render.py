@@ -192,6 +192,15 @@ def test_tensor_core_kernels(kernels):
     assert not any(u.op is Ops.WMMA for p in f32 for u in p.uops)
     assert not CUDARenderer("sm_75").tensor_cores
 
+@pytest.mark.parametrize("dt", [dtypes.half, dtypes.bfloat16])
+def test_half_convolutions_take_tensor_cores(dt):
+    """A half or bfloat16 convolution (3x3 and 1x1, as ResNet's) forms its products in float32 as a matmul does, so
+    the heuristic lays it out on a tensor core."""
+    for cin, cout, k in ((16, 32, 3), (32, 64, 1)):
+        x, w = Tensor.empty(2, cin, 8, 8, dtype=dt), Tensor.empty(cout, cin, k, k, dtype=dt)
+        progs = programs(x.conv2d(w, padding=k // 2))
+        assert any(u.op is Ops.WMMA for p in progs for u in p.uops), [p.applied_opts for p in progs]
+
 # *** the renderer's own pieces ***
 
 def test_half_constants_round_as_numpy():
