@@ -15,6 +15,7 @@ from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
 from fusegrad.runtime.cpu_compiler import CPUCompiler
 from fusegrad.runtime.cpu_memory import CPUAllocator
+from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
 from fusegrad.runtime.cpu_program import CPUProgram
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
@@ -439,12 +440,7 @@ class BufferCopy(Runner):
 
 # a copy between host memories (CPU devices) runs as a kernel of its own, queued behind the kernels before it: a copy
 # through the host would wait for them first (an eager training step's snapshot of a weight waited for the forward
-# pass's matmul). Chunks are byte ranges.
-_HOST_COPY_SRC = """void fg_copy(unsigned char *dst, const unsigned char *src, long lo, long hi) {
-  __builtin_memmove(dst + lo, src + lo, (unsigned long)(hi - lo));
-}
-void fg_copy_entry(void **a, long lo, long hi) { fg_copy((unsigned char *)a[0], (const unsigned char *)a[1], lo, hi); }
-"""
+# pass's matmul). Its source is compiled with the C pool (cpu_pool.HOST_COPY_SOURCE).
 _host_copies: dict[str, CPUProgram | None] = {}   # device -> its copy program (None: copies go through the host)
 
 def _host_copy_program(dest: Buffer, src: Buffer) -> CPUProgram | None:
@@ -454,7 +450,7 @@ def _host_copy_program(dest: Buffer, src: Buffer) -> CPUProgram | None:
     dev = Device[dest.device]
     prg = None
     if isinstance(dev.compiler, CPUCompiler) and isinstance(dev.runtime, type) and issubclass(dev.runtime, CPUProgram):
-        try: prg = dev.runtime("fg_copy", dev.compiler.compile_cached(_HOST_COPY_SRC))
+        try: prg = dev.runtime("fg_copy", dev.compiler.compile_cached(HOST_COPY_SOURCE))
         except Exception: prg = None   # (no C compiler that works: the copy goes through the host as before)
     _host_copies[dest.device] = prg
     return prg
@@ -715,7 +711,7 @@ def exec_items(schedule: list[ScheduleItem], plan: ReplayPlan | None = None) -> 
         ei.launch = (state[0], state[1])
     return items
 
-def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], list[Any]] | None:
+def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], list[Any], list[Any]] | None:
     """What run_replayed needs to launch a replay of `plan` straight from it under the current knobs: the kernels'
     runners, their prepared launches (kept in the plan as exec_items keeps them) and per kernel what run_replayed
     keeps of its own (see there). None unless an earlier replay lowered the kernels under these knobs (exec_items) and
@@ -726,54 +722,111 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], lis
         knobs = launch[:len(CODEGEN_KNOBS)]
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
         ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)),
-                                       [None] * len(runners))
+                                       [None] * len(runners), [None])
     return ready
 
 # a single kernel of at most this much work (ops, bytes moved: a few microseconds) launched by run_replayed runs on the
 # calling thread when no kernel is queued ahead of it: waking a worker for it costs more than running it
 HERE_MAX_OPS, HERE_MAX_MEM = 1 << 16, 1 << 17
 
-def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[Any]], topo: list[UOp],
-                 storage: list[Buffer], do_update_stats: bool = True) -> None:
+def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[Any], list[Any]],
+                 topo: list[UOp], storage: list[Buffer], do_update_stats: bool = True) -> None:
     """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `ready` from
     replay_runners, `topo` the toposort of the graph, `storage` the Buffers of the plan's fresh buffers. A kernel goes
     through its prepared launch (made again when its parameters' values change, as exec_items does; a small one run
-    on this thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. (Not while
+    on this thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. Once the
+    launches are prepared, later replays queue consecutive ones through one launch graph (_launch_graphs). (Not while
     DEBUG, VIZ or PROFILE watch each kernel.)"""
-    runners, prepared, direct = ready
-    ops = mem = count = 0
-    for i, (ast, refs, params) in enumerate(plan.kernels):
-        state, mine = prepared[i], direct[i]
-        if params or mine is None or mine[0] is not state:
-            fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
-            kbufs = [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs]
-            if state is not False and (params or state is None):
-                # (by value and type, as exec_items compares them)
-                vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
-                if state is None or state[2] != vals:
-                    made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).prepared(
-                        tuple(range(len(kbufs))))
-                    state = prepared[i] = False if made is None else (made[0], made[1], vals)
-            if state is False:
-                ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None,
-                                                                                    do_update_stats=do_update_stats)
+    prepared, whole = ready[1], ready[3]
+    if (segments := whole[0]) and [prepared[i] for i in segments[0]] == segments[1]:
+        ops = mem = count = 0
+        for seg in segments[2]:
+            if type(seg) is int:
+                if (work := _run_kernel(plan, ready, seg, topo, storage, do_update_stats)) is not None:
+                    ops, mem, count = ops + work[0], mem + work[1], count + 1
                 continue
-            if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
-            work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
-        elif (work := mine[3]) is None: work = runners[i]._work(_NO_VARS)  # type: ignore[attr-defined]
-        # the allocations in the launch's order, straight from the graph's BUFFER nodes and the fresh Buffers (each
-        # allocated where it has none yet)
-        allocations = []
-        for r in mine[1]:
-            if r < 0: b = storage[~r]
-            elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
-            allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
-        if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
-        if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + 1
-    if count:
+            graph, refs, work, n = seg
+            graph([_allocation(r, topo, storage) for r in refs])
+            ops, mem, count = ops + work[0], mem + work[1], count + n
+    else:
+        ops = mem = count = 0
+        for i in range(len(plan.kernels)):
+            if (work := _run_kernel(plan, ready, i, topo, storage, do_update_stats)) is not None:
+                ops, mem, count = ops + work[0], mem + work[1], count + 1
+        # (made once this path has prepared the launches; False: there is no graph to make)
+        if whole[0] is not False: whole[0] = _launch_graphs(plan, ready) or False
+    if count and do_update_stats:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
         GlobalCounters.kernel_count += count
+
+def _allocation(r: int, topo: list[UOp], storage: list[Buffer]) -> Any:
+    """The allocation of a replay's buffer reference `r` (a position of the graph's toposort, or ~index of a fresh
+    Buffer), straight from the graph's BUFFER node or the fresh Buffer (allocated where it has none yet)."""
+    if r < 0: b = storage[~r]
+    elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
+    return a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf
+
+def _run_kernel(plan: ReplayPlan, ready: tuple, i: int, topo: list[UOp], storage: list[Buffer],
+                do_update_stats: bool) -> tuple[int, int] | None:
+    """Launch kernel i of a replay (see run_replayed); its work where the caller counts it (None: counted already)."""
+    runners, prepared, direct = ready[0], ready[1], ready[2]
+    ast, refs, params = plan.kernels[i]
+    state, mine = prepared[i], direct[i]
+    if params or mine is None or mine[0] is not state:
+        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
+        kbufs = [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs]
+        if state is not False and (params or state is None):
+            # (by value and type, as exec_items compares them)
+            vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
+            if state is None or state[2] != vals:
+                made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).prepared(
+                    tuple(range(len(kbufs))))
+                state = prepared[i] = False if made is None else (made[0], made[1], vals)
+        if state is False:
+            ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None, do_update_stats=do_update_stats)
+            return None
+        if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
+        work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
+    elif (work := mine[3]) is None: work = runners[i]._work(_NO_VARS)  # type: ignore[attr-defined]
+    # the allocations in the launch's order
+    allocations = [_allocation(r, topo, storage) for r in mine[1]]
+    if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
+    return work
+
+def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
+    """How later replays of `plan` launch its kernels: runs of consecutive kernels that have a launch prepared for
+    all their buffers (no lifted constants, work known without values, a device launch graph: the CPU's LaunchGraph)
+    as one graph each, queued in one call where a call per kernel cost a training step ~20 us per kernel. Returns
+    (the kernels in graphs, their launches, the segments in order: a kernel's index, or (graph, the buffer references
+    whose allocations it takes in that order, (ops, bytes moved), kernels)); None where no graph is worth making (a
+    run of one kernel, or of kernels all small enough to run on the calling thread: launched one by one, each where
+    it runs best)."""
+    prepared, direct = ready[1], ready[2]
+    def graph_of(i: int) -> Any:
+        state, mine = prepared[i], direct[i]
+        if plan.kernels[i][2] or not state or mine is None or mine[0] is not state or mine[3] is None: return None
+        return getattr(state[0], "graph", None)
+    segments: list[Any] = []
+    graphed: list[int] = []
+    i, n = 0, len(plan.kernels)
+    while i < n:
+        j = i + 1
+        if (graph := graph_of(i)) is not None:
+            while j < n and graph_of(j) is graph: j += 1
+        if j - i < 2 or all(direct[k][2] is not None for k in range(i, j)):
+            segments += range(i, j)
+            i = j
+            continue
+        index: dict[int, int] = {}
+        calls = [(prepared[k][0], tuple([index.setdefault(r, len(index)) for r in direct[k][1]])) for k in range(i, j)]
+        work = (sum(direct[k][3][0] for k in range(i, j)), sum(direct[k][3][1] for k in range(i, j)))
+        # (no work given to the graph: it is always queued, never run inline, as the kernels one by one were)
+        segments.append((graph(calls), tuple(index), work, j - i))
+        graphed += range(i, j)
+        i = j
+    if not graphed: return None
+    return graphed, [prepared[k] for k in graphed], segments
 
 def _direct_launch(state: tuple, refs: tuple[int, ...], prg: Any) -> tuple:
     """What run_replayed keeps for a kernel's prepared launch `state`: the launch itself (to see that it is still the
