@@ -15,6 +15,7 @@ from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
 from fusegrad.runtime.cpu_compiler import CPUCompiler
 from fusegrad.runtime.cpu_memory import CPUAllocator
+from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
 from fusegrad.runtime.cpu_program import CPUProgram
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
@@ -439,12 +440,7 @@ class BufferCopy(Runner):
 
 # a copy between host memories (CPU devices) runs as a kernel of its own, queued behind the kernels before it: a copy
 # through the host would wait for them first (an eager training step's snapshot of a weight waited for the forward
-# pass's matmul). Chunks are byte ranges.
-_HOST_COPY_SRC = """void fg_copy(unsigned char *dst, const unsigned char *src, long lo, long hi) {
-  __builtin_memmove(dst + lo, src + lo, (unsigned long)(hi - lo));
-}
-void fg_copy_entry(void **a, long lo, long hi) { fg_copy((unsigned char *)a[0], (const unsigned char *)a[1], lo, hi); }
-"""
+# pass's matmul). Its source is compiled with the C pool (cpu_pool.HOST_COPY_SOURCE).
 _host_copies: dict[str, CPUProgram | None] = {}   # device -> its copy program (None: copies go through the host)
 
 def _host_copy_program(dest: Buffer, src: Buffer) -> CPUProgram | None:
@@ -454,7 +450,7 @@ def _host_copy_program(dest: Buffer, src: Buffer) -> CPUProgram | None:
     dev = Device[dest.device]
     prg = None
     if isinstance(dev.compiler, CPUCompiler) and isinstance(dev.runtime, type) and issubclass(dev.runtime, CPUProgram):
-        try: prg = dev.runtime("fg_copy", dev.compiler.compile_cached(_HOST_COPY_SRC))
+        try: prg = dev.runtime("fg_copy", dev.compiler.compile_cached(HOST_COPY_SOURCE))
         except Exception: prg = None   # (no C compiler that works: the copy goes through the host as before)
     _host_copies[dest.device] = prg
     return prg

@@ -59,6 +59,14 @@ if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=lambda: p
 POOL_SOURCE_PATH = pathlib.Path(__file__).with_name("cpu_pool.c")
 POOL_SOURCE = POOL_SOURCE_PATH.read_text(encoding="utf-8")
 
+# a copy between host memories runs as a kernel queued behind the kernels before it (engine/realize.py); it is compiled
+# in the pool's compiler run, so a first call that copies doesn't start the compiler for it. Chunks are byte ranges.
+HOST_COPY_SOURCE = """void fg_copy(unsigned char *dst, const unsigned char *src, long lo, long hi) {
+  __builtin_memmove(dst + lo, src + lo, (unsigned long)(hi - lo));
+}
+void fg_copy_entry(void **a, long lo, long hi) { fg_copy((unsigned char *)a[0], (const unsigned char *)a[1], lo, hi); }
+"""
+
 WAIT_SLICE_NS = 50_000_000  # a wait returns to Python this often, so Ctrl-C (a Python signal handler) is seen
 
 class CPool:
@@ -190,7 +198,7 @@ def _make_c_pool(device: Any) -> CPool | None:
     """The C pool compiled with `device`'s compiler (None where that fails: kernels then run synchronously, split
     across threads from Python)."""
     try:
-        try: lib = load_library(device.compiler.compile_cached(POOL_SOURCE))
+        try: lib = load_library(device.compiler.compile_cached_many([POOL_SOURCE, HOST_COPY_SOURCE], 1)[0])
         except OSError:   # (a cached binary that doesn't load is compiled again)
             device.compiler.evict(POOL_SOURCE)
             lib = load_library(device.compiler.compile_cached(POOL_SOURCE))
