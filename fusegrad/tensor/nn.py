@@ -49,11 +49,15 @@ def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
             if any(s in reached for s in w.src):
                 reached.add(w)
                 over.append(w)
+        for w in over: w.shape   # (computed once: a node made again takes its template node's shape)
         made = _loss_templates[key] = (holders, root, over) if sound else None
     if made is None: return None
     holders, root, over = made
     new = {holders[0]: u, holders[1]: v}
-    for w in over: new[w] = UOp(w.op, w.dtype, tuple([new.get(s, s) for s in w.src]), w.arg)
+    for w in over:
+        n = new[w] = UOp(w.op, w.dtype, tuple([new.get(s, s) for s in w.src]), w.arg)
+        # (the loss's shape is asked at once, by backward's seed: without this it was computed node by node)
+        if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]
     return _tensor_cls()(new.get(root, root))
 
 # operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from fusegrad import Tensor, dtypes
 from fusegrad.gradient import clamped
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import Ops, UOp, _compute_shape
 
 def _t(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
     return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
@@ -121,6 +121,11 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
             labels[0] = min(ignore, 0) if ignore < 0 else labels[0]
             y = Tensor(labels)
             got = logits.sparse_categorical_crossentropy(y, ignore, smoothing, reduction)
+            # a templated loss's nodes come with their template nodes' shapes: each the shape computed from its
+            # sources
+            assert templated <= ("_shape" in got.uop.__dict__)
+            for n in got.uop.toposort():
+                if "_shape" in n.__dict__: assert n.__dict__["_shape"] == _compute_shape(n), n.op
             assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
             # (the template was used, a fallback to the direct build would pass the line above too; a bare matmul's
             # reshape, a view of a lazy graph, builds directly)
