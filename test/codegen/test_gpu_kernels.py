@@ -401,7 +401,8 @@ def test_batchnorm_statistics_on_cl():
 def test_rows_reduced_by_groups_on_cl():
     """Softmax, layernorm and a sum over many long rows (more outputs than FEW_OUTPUTS): each row is reduced by a
     group of work-items reading its neighbouring elements together (GROUP), not one work-item per row, on CL against
-    torch; a matmul with as many outputs keeps its register tiles (its loads are shared between outputs)."""
+    torch; so is a vector times a matrix stored by rows; a matmul with as many outputs keeps its register tiles (its
+    loads are shared between outputs)."""
     torch = pytest.importorskip("torch")
     x = rng.standard_normal((4100, 300)).astype(np.float32)
     w, b = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
@@ -414,6 +415,12 @@ def test_rows_reduced_by_groups_on_cl():
         (p,) = realize_kernels(t)
         assert any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts
         np.testing.assert_allclose(t.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    # a vector times a matrix stored by rows (a Linear's weight, (out, in)): every row read by a group
+    v, m = rng.standard_normal((1, 300)).astype(np.float32), rng.standard_normal((5000, 300)).astype(np.float32)
+    mv = Tensor(v, device="CL") @ Tensor(m, device="CL").T
+    (p,) = realize_kernels(mv)
+    assert any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts
+    np.testing.assert_allclose(mv.numpy(), v @ m.T, rtol=1e-4, atol=1e-4)
     mm = xt[:, :256] @ Tensor(rng.standard_normal((256, 64)).astype(np.float32), device="CL")
     (p,) = realize_kernels(mm)
     assert not any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts

@@ -22,6 +22,7 @@ UNROLL_BY = 4       # unroll of a register-tiled kernel's innermost reduce loop
 LTILE_BLOCK = 16    # iterations of a register-tiled kernel's reduction staged in local memory at a time
 TC_TILES = (2, 2)   # tensor core tiles per warp along M and N (their fragments of A and B are reused from registers)
 TC_WARPS = (2, 2)   # warps per group along M and N
+TC_UNROLL = 2       # WMMAs chained along K per iteration of a tensor-core kernel's K loop
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -49,15 +50,15 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
 def _tensor_cores(k: Kernel) -> bool:
     """TC where one of the renderer's tensor cores fits the kernel's sum (its M, N and K loops multiples of the
     instruction's tile, or padded to them where that wastes at most an eighth of each), then TC_TILES tiles per warp
-    (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by 2. Whether it
-    applied."""
+    (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by TC_UNROLL.
+    Whether it applied."""
     if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
     if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
         ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
         if not ways or not all(pads_cheaply(range_size(r), d) for r, d in zip(ways[0][1:], ways[0][0].dims)) or \
                 not _try_opt(k, Opt(OptOps.TC, 0, (-1, 2, 1))): return False
     for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
-                         (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, 2)):
+                         (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, TC_UNROLL)):
         r = tc_loops(k)[which]
         if r is not None and isinstance(sz := range_size(r), int) and sz % n == 0: _try(k, op, r, n)
     return True
@@ -90,13 +91,16 @@ def _group_long_reduction(k: Kernel) -> None:
 
 def _along_rows(k: Kernel, r: UOp) -> bool:
     """Whether reduce loop r runs along rows in memory, each row reduced for one output: every load that varies with
-    r reads it contiguously and varies with every output loop that work-items take (no load is shared between
-    outputs, as a matmul's or a convolution's are). One work-item per row would read a row each, its neighbours rows
-    apart (no access coalesced); a group per row reads each row's neighbouring elements together."""
+    r reads it contiguously and varies with every output loop that work-items take or with none of them (a vector
+    that every row is multiplied by, as a matrix-vector product's), and some load is rows (no load is shared between
+    some outputs only, as a matmul's or a convolution's are). One work-item per row would read a row each, its
+    neighbours rows apart (no access coalesced); a group per row reads each row's neighbouring elements together."""
     seq = k.sequential_outputs()
     outs = [k.loops[i] for i in k.output_axes() if k.loops[i] not in seq]
     along = [idx.src[1] for idx, is_store in k.accesses() if not is_store and coeff(idx.src[1], r) != 0]
-    return bool(along) and all(coeff(x, r) == 1 and all(coeff(x, o) != 0 for o in outs) for x in along)
+    varies = [sum(coeff(x, o) != 0 for o in outs) for x in along]
+    return any(v == len(outs) for v in varies) and all(coeff(x, r) == 1 and v in (0, len(outs))
+                                                          for x, v in zip(along, varies))
 
 def _vector_lanes(k: Kernel) -> None:
     """An elementwise kernel whose innermost output loop every access reads contiguously (or not at all) computes

@@ -1,0 +1,101 @@
+"""Times the GPU heuristic's choices on a real GPU: each key kernel of bench_gpu.py built with the heuristic's
+constants (codegen/opt/heuristic_gpu.py) set to several values, or with given opts, and timed alone (the device's
+events, best of 5 after a warm-up), so a constant is chosen by measurement. Prints one line per variant.
+
+Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]"""
+from __future__ import annotations
+import argparse
+import contextlib
+import itertools
+import math
+from typing import Iterator
+from fusegrad import Device, Tensor, dtypes
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.codegen.opt import heuristic_gpu
+from fusegrad.device import Buffer
+from fusegrad.engine.realize import CompiledRunner
+from fusegrad.uop.ops import Ops, UOp
+
+@contextlib.contextmanager
+def constants(**values) -> Iterator[None]:
+    old = {k: getattr(heuristic_gpu, k) for k in values}
+    for k, v in values.items(): setattr(heuristic_gpu, k, v)
+    try: yield
+    finally:
+        for k, v in old.items(): setattr(heuristic_gpu, k, v)
+
+def kernel_ast(t: Tensor) -> UOp:
+    return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
+
+def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[float, str, tuple]:
+    """Best of 5 device-timed runs of the kernel (on fresh buffers of its globals' sizes), its name and opts."""
+    prog = get_program(ast, Device[dev].renderer, opts=opts)
+    sizes = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+    bufs = [Buffer(dev, sizes[i].size, sizes[i].base).ensure_allocated() for i in sorted(sizes)]
+    r = CompiledRunner(prog)
+    r(bufs, {}, wait=True)
+    return min(r(bufs, {}, wait=True) or math.inf for _ in range(5)), prog.name, tuple(prog.applied_opts)
+
+def report(label: str, secs: float, name: str, opts: tuple, flops: float = 0, nbytes: float = 0) -> None:
+    rate = f"{flops / secs / 1e12:7.1f} TFLOP/s" if flops else f"{nbytes / secs / 1e9:7.0f} GB/s"
+    print(f"  {label:44s} {secs * 1e3:8.3f} ms {rate}  {name} {[(o.op.name, o.axis, o.arg) for o in opts]}",
+          flush=True)
+
+def sweep_matmuls(dev: str, n: int) -> None:
+    for dt in (dtypes.half, dtypes.float32):
+        ast = kernel_ast(Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt, device=dev))
+        print(f"matmul {n}^3 {dt.name}")
+        if dt == dtypes.half:
+            grid = itertools.product(((2, 2), (4, 2), (2, 4), (4, 4)), ((2, 2), (4, 2), (1, 1)), (1, 2))
+            for tiles, warps, unroll in grid:
+                with constants(TC_TILES=tiles, TC_WARPS=warps, TC_UNROLL=unroll):
+                    try: report(f"TC_TILES={tiles} TC_WARPS={warps} TC_UNROLL={unroll}", *time_kernel(dev, ast),
+                                flops=2 * n ** 3)
+                    except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
+        else:
+            for tile, locs, block, unroll in itertools.product((4, 8), (8, 16), (8, 16, 32), (4,)):
+                with constants(TILE=tile, TILE_LOCALS=locs, LTILE_BLOCK=block, UNROLL_BY=unroll):
+                    try: report(f"TILE={tile} TILE_LOCALS={locs} LTILE_BLOCK={block}", *time_kernel(dev, ast),
+                                flops=2 * n ** 3)
+                    except Exception as e: print(f"  {tile} {locs} {block}: {type(e).__name__}: {str(e)[:200]}")
+
+def sweep_rows(dev: str, n: int) -> None:
+    x, w, b = Tensor.empty(n, n, device=dev), Tensor.empty(n, device=dev), Tensor.empty(n, device=dev)
+    for name, t in (("softmax", x.softmax(-1)), ("layernorm", x.layernorm(-1) * w + b), ("row sum", x.sum(-1))):
+        ast = kernel_ast(t)
+        print(f"{name} {n}x{n}")
+        report("heuristic", *time_kernel(dev, ast), nbytes=8.0 * n * n)
+        red = next(o for o in time_kernel(dev, ast)[2] if o.op is OptOps.GROUP).axis
+        for g, rows in itertools.product((32, 64, 128, 256), (1, 2, 4)):
+            if g * rows > 1024: continue
+            opts = [Opt(OptOps.GROUP, red, g)] + ([Opt(OptOps.LOCAL, 0, rows)] if rows > 1 else [])
+            try: report(f"GROUP {g} x {rows} rows", *time_kernel(dev, ast, opts), nbytes=8.0 * n * n)
+            except Exception as e: print(f"  GROUP {g} x {rows}: {type(e).__name__}: {str(e)[:200]}")
+
+def sweep_convs(dev: str) -> None:
+    for cin, cout, k, side in ((64, 64, 3, 56), (64, 256, 1, 56), (256, 256, 3, 14)):
+        x = Tensor.empty(32, cin, side, side, dtype=dtypes.half, device=dev)
+        w = Tensor.empty(cout, cin, k, k, dtype=dtypes.half, device=dev)
+        ast = kernel_ast(x.conv2d(w, padding=k // 2))
+        print(f"conv2d half b32 {cin}->{cout} {k}x{k} {side}x{side}")
+        flops = 2.0 * 32 * cout * side * side * cin * k * k
+        for tiles, warps, unroll in itertools.product(((2, 2), (4, 2), (4, 4)), ((2, 2), (1, 1)), (2,)):
+            with constants(TC_TILES=tiles, TC_WARPS=warps, TC_UNROLL=unroll):
+                try: report(f"TC_TILES={tiles} TC_WARPS={warps} TC_UNROLL={unroll}", *time_kernel(dev, ast),
+                            flops=flops)
+                except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="CUDA")
+    ap.add_argument("--only", default="", help="matmul, rows or conv")
+    ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
+    args = ap.parse_args()
+    dev = Device.canonicalize(args.device)
+    for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
+                     ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev))):
+        if args.only in ("", name): fn()
+
+if __name__ == "__main__":
+    main()
