@@ -15,6 +15,7 @@ import numpy as np
 import fusegrad.engine.realize as _realize
 from fusegrad import Device, Tensor, Variable, dtypes
 from fusegrad.dtype import DType
+from fusegrad.onnx.layout import Region
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
@@ -150,6 +151,7 @@ class Graph:
     def run(self, values: Mapping[str, Tensor], ctx_runner: OnnxRunner) -> dict[str, Tensor]:
         """Evaluate the nodes in order; `values` holds the inputs and every name visible from an outer graph."""
         env: ChainMap[str, Tensor] = ChainMap({}, dict(self.initializers), values)  # type: ignore[arg-type]
+        region = Region()
         for node in self.nodes:
             args: list[Any] = []
             for name in node.inputs:
@@ -162,6 +164,9 @@ class Graph:
                 node.op_type not in NARROW_OPS and node.op_type not in CONTROL_OPS else None
             out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
             if out is None and any(is_strings(a) for a in args): out = _string_node(node, args, ctx)
+            laid_out = region.inputs(node.op_type, node.inputs, args, node.attrs) \
+                if out is None and narrow is None and node.domain == "" and len(node.outputs) == 1 else None
+            if laid_out is not None: out = region.output(node.outputs[0], _run_node(node, laid_out, ctx))
             if out is None: out = _run_node(node, args, ctx)
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             if narrow is not None: outs = _narrow_outputs(narrow, outs)
