@@ -57,8 +57,15 @@ class DeviceCheck:
 def device_check(ctx: Context | None, values: list[Tensor], check: Callable[..., str | None]) -> bool:
     """Have `check` run on `values` after every call of the model, where the runner can (`OnnxRunner.jit()`: the
     values are extra outputs of its TinyJit, read after each replay, which runs no Python of the ops). Returns whether
-    the check is registered; where it isn't, the op checks what it can read itself."""
+    the check is registered; where it isn't, the op checks what it can read itself. Inside a TinyJit capture other
+    than `jit()`'s (a function of the user's that calls the runner) it can't: the values can't be read there, and the
+    replays would never check them, so that is an error naming `jit()`."""
     checks = getattr(ctx.runner, "device_checks", None) if ctx is not None else None
+    if checks is None and ctx is not None and _realize.capturing:
+        raise Unsupported(f"{ctx.op_type} checks values computed on the device after every call (an index or length "
+                          f"out of range would read or write outside its buffers); a TinyJit capture of a function "
+                          f"that calls the runner can't, as its replays run no Python of the ops: call the model "
+                          f"through OnnxRunner.jit(), which checks them after each replay")
     if checks is None: return False
     checks.append(DeviceCheck(ctx.node_name, ctx.op_type, values, check))   # type: ignore[union-attr]
     return True

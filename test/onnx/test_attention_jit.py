@@ -238,3 +238,28 @@ def test_jit_refuses_a_device_total_that_asks_for_another_present_length():
     with pytest.raises(OnnxNodeError, match=r"'gqa' \(GroupQueryAttention\).*total_sequence_length 9, where this "
                                             r"jit\(\) capture was made for 5 \(a present of 8 positions\)"):
         jitted(feed)
+
+
+def test_device_checks_under_a_tinyjit_of_the_users_are_refused():
+    """seqlens_k computed on the device is checked after every call by OnnxRunner.jit(); a TinyJit around a function
+    that calls the runner can't check it in its replays (they run no Python of the ops), so its capture is an error
+    that names jit(), where the plain first call checks the values it reads."""
+    from fusegrad import TinyJit
+    from fusegrad.onnx import OnnxUnsupportedError
+    runner = OnnxRunner(_decoder(False))
+    rng = np.random.default_rng(4)
+    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
+            "mask": np.ones((B, CACHE), np.int64)}
+    jit = TinyJit(lambda *tensors: [v.realize() for v in runner(dict(zip(runner.input_names, tensors))).values()])
+    bound = runner.bind_inputs(feed)
+    jit(*[bound[n] for n in runner.input_names])   # (plain: the values are read and checked)
+    with pytest.raises(OnnxUnsupportedError, match=r"GroupQueryAttention checks values computed on the device.*"
+                                                   r"OnnxRunner\.jit\(\)"):
+        jit(*[bound[n] for n in runner.input_names])
+    # (the runner's own jit() captures the same model, and replays it)
+    jitted = runner.jit()
+    for _ in range(3): jitted(feed)
+    assert len(jitted.captured) > 0
