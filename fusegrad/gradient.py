@@ -267,21 +267,23 @@ class IndexGradient:
 # nodes whose sources are not values (leaves of the tensor graph), and DETACH, which stops the walk
 _LEAVES = {Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.RANGE, Ops.DEFINE_VAR, Ops.BIND, Ops.KERNEL, Ops.UNIQUE}
 
-def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-    """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
-    Targets the root does not depend on are absent from the result."""
-    return compute_gradients({root: root_grad}, targets)
-
-def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) \
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp], walk: StructureWalk | None = None) \
         -> dict[UOp, UOp]:
+    """The gradient of `root` (seeded with `root_grad`) with respect to every node on a path from root to a target.
+    Targets the root does not depend on are absent from the result. (`walk`: the StructureWalk of [root, root_grad],
+    if the caller made it.)"""
+    return compute_gradients({root: root_grad}, targets, walk=walk)
+
+def compute_gradients(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset(),
+                      walk: StructureWalk | None = None) -> dict[UOp, UOp]:
     """compute_gradient of several roots at once (the sum of their seeded gradients), e.g. the shards of a tensor
     split over devices. Gradients don't pass below `leaves` (shards that are copies of one another are each a
-    variable of their own)."""
+    variable of their own). (`walk`: the StructureWalk of the roots, then the seeds, if the caller made it.)"""
     for root, root_grad in seeds.items():
         if root_grad.shape != root.shape:
             raise ValueError(f"gradient shape {root_grad.shape} != tensor shape {root.shape}")
     if leaves: return _derive(seeds, targets, leaves)
-    return _cached_gradients(seeds, targets)
+    return _cached_gradients(seeds, targets, walk)
 
 def _derive(seeds: dict[UOp, UOp], targets: set[UOp], leaves: frozenset[UOp] = frozenset()) -> dict[UOp, UOp]:
     """compute_gradients by applying the rules."""
@@ -326,10 +328,11 @@ GRADIENT_CACHE_SIZE = 128
 _gradient_cache: dict[tuple, _GradientTemplate | None] = {}   # None: seen once
 gradient_cache_stats = {"hits": 0, "misses": 0}
 
-def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp]) -> dict[UOp, UOp]:
+def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], walk: StructureWalk | None = None) \
+        -> dict[UOp, UOp]:
     # one walk gives the toposort and the structure key. (The order of a toposort is a function of the graph's
     # structure, so positions in it name the same nodes in graphs of the same structure)
-    walk = StructureWalk().walk([*seeds, *seeds.values()])
+    if walk is None: walk = StructureWalk().walk([*seeds, *seeds.values()])
     position = walk.position
     topo = list(position)
     if bound_variables(topo) or any(u.op is Ops.CUSTOM_GRAD and not getattr(u.arg, "pure", False) for u in topo):

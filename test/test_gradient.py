@@ -294,6 +294,22 @@ def test_backward_fills_grads_without_requires_grad_like_tinygrad() -> None:
     with pytest.raises(RuntimeError, match="no tensor this one was computed from"):
         Tensor([1.0, 2.0]).sum().realize().backward()
 
+def test_backward_fills_only_tensors_of_the_graph_not_the_seed() -> None:
+    """backward() walks the loss's graph and then its seed (a scalar 1.0) in one walk: a live tensor that is the seed's
+    constant itself gets a gradient only where the loss's graph holds it, and the gradients equal torch's."""
+    one = Tensor(1.0)   # (hash-consed: the very node of backward's seed)
+    x_np = _rand(5, seed=40)
+    x = Tensor(x_np)
+    (x * 3).sum().backward()
+    assert one.grad is None
+    _close(x.grad.numpy(), np.full(5, 3.0, np.float32))
+    y = Tensor(x_np)
+    ((y * one) * y).sum().backward()
+    ty, tone = torch.tensor(x_np, requires_grad=True), torch.tensor(1.0, requires_grad=True)
+    ((ty * tone) * ty).sum().backward()
+    _close(y.grad.numpy(), ty.grad.numpy())
+    _close(one.grad.numpy(), tone.grad.numpy())
+
 def test_backward_unreached_param_gets_zeros() -> None:
     x, y = Tensor(_rand(3, seed=13), requires_grad=True), Tensor(_rand(3, seed=14), requires_grad=True)
     out = x.detach() * 2 + (y > 0).where(1.0, 0.0).sum()

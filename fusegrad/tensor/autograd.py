@@ -5,22 +5,25 @@ True) let backward() fill `.grad` of a floating-point tensor; False (PyTorch's h
 differentiates with respect to whatever targets it is given, whatever their flag."""
 from __future__ import annotations
 import contextlib
-from typing import TYPE_CHECKING, ClassVar, Iterator
+import itertools
+from typing import TYPE_CHECKING, ClassVar, Container, Iterator
 from fusegrad.dtype import dtypes
 from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import compute_gradient, compute_gradients
 from fusegrad.helpers import TRAINING
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.graph import new_buffer
+from fusegrad.uop.graph import StructureWalk, new_buffer
 from fusegrad.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from fusegrad.tensor import Tensor
 
-def _gradients(root: UOp, seed: UOp, targets: list[UOp]) -> dict[UOp, UOp | None]:
-    """compute_gradient, with sharded roots and targets taken shard by shard."""
+def _gradients(root: UOp, seed: UOp, targets: list[UOp], walk: StructureWalk | None = None) \
+        -> dict[UOp, UOp | None]:
+    """compute_gradient, with sharded roots and targets taken shard by shard. (`walk`: the StructureWalk of [root,
+    seed] of an unsharded root, if the caller made it.)"""
     if root.op is not Ops.MULTI and not any(t.op is Ops.MULTI for t in targets):
-        return compute_gradient(root, seed, set(targets))  # type: ignore[return-value]
+        return compute_gradient(root, seed, set(targets), walk)  # type: ignore[return-value]
     from fusegrad.schedule.multi import gradient_of, gradient_seeds, gradient_targets
     shards = frozenset(s for t in targets if t.op is Ops.MULTI for s in t.src)
     grads = compute_gradients(gradient_seeds(root, seed), gradient_targets(targets), shards)
@@ -101,7 +104,14 @@ class AutogradMixin:
         from fusegrad.tensor import Tensor, _is_realized_view, live_tensors
         seed = self._grad_seed(gradient)
         if Tensor.no_grad: return self
-        topo = UOp.sink_of(*shards_of(self.uop)).toposort()
+        walk: StructureWalk | None = None
+        if (root := self.uop).op is Ops.MULTI: topo: Container[UOp] = UOp.sink_of(*shards_of(root)).toposort()
+        else:
+            # the walk the gradient cache makes of the root, then the seed: its nodes up to the root's position are
+            # the root's graph (placed first, in order), and it is handed on, so the graph is walked once
+            walk = StructureWalk().walk([root, seed])
+            at, end = walk.position, walk.position[root]
+            topo = set(itertools.islice(at, end + 1)) if len(at) > end + 1 else at
         # (a sharded tensor is a target only when asked for: the shards of a sharded target are each a variable of
         # their own, so a gradient would stop at an intermediate one instead of reaching the tensors it came from)
         need = [t for t in live_tensors() if t is not self and t.requires_grad is not False and
@@ -114,7 +124,7 @@ class AutogradMixin:
                                "realized before backward()? realize() replaces the graph by its buffer)")
         for t in need:
             if not dtypes.is_float(t.dtype): raise RuntimeError(f"only float tensors have gradients, got {t.dtype}")
-        grads = _gradients(self.uop, seed, [t.uop for t in need])
+        grads = _gradients(root, seed, [t.uop for t in need], walk)
         for t in need:
             g = Tensor(grads[t.uop] if grads.get(t.uop) is not None else
                        const_view(0, t.dtype, UOp(Ops.DEVICE, arg=t.device), t.shape))
