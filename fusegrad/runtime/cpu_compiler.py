@@ -137,19 +137,23 @@ class CPUCompiler(Compiler):
     def _compile_all(self, srcs: list[str], units: int | None = None) -> list[bytes]:
         # starting the compiler costs more than compiling a small kernel, so kernels are compiled a batch at a time:
         # one translation unit (one shared object) per batch, the batches in parallel. Kernels with pragmas of their
-        # own, and kernels named like one already in the batch, go to other batches.
+        # own, and kernels named like one already in the batch, go to other batches. The batches run in parallel and
+        # the caller waits for the longest, so they are balanced by their C's length (the compile time goes with it):
+        # the longest source first, each to the batch with the least C so far.
         if len(srcs) < 2: return super()._compile_all(srcs)
         nbatches = units if units is not None else max(host_cpu_count(), -(-len(srcs) // BATCH_KERNELS))
         batches: list[list[int]] = [[] for _ in range(nbatches)]
         names: list[set[str]] = [set() for _ in range(nbatches)]
-        for i, src in enumerate(srcs):
-            name = _kernel_name(src)
+        sizes = [0] * nbatches
+        for i in sorted(range(len(srcs)), key=lambda i: -len(srcs[i])):
+            src, name = srcs[i], _kernel_name(srcs[i])
             fits = [b for b in range(len(batches)) if name is not None and "#pragma" not in src and name not in names[b]
                     and all("#pragma" not in srcs[j] for j in batches[b])]
-            if not fits: batches.append([i]); names.append({name or ""}); continue
-            b = min(fits, key=lambda b: len(batches[b]))
+            if not fits: batches.append([i]); names.append({name or ""}); sizes.append(len(src)); continue
+            b = min(fits, key=lambda b: (sizes[b], len(batches[b])))
             batches[b].append(i)
             names[b].add(name)  # type: ignore[arg-type]
+            sizes[b] += len(src)
         batches = [b for b in batches if b]
         units = ["\n".join(srcs[i] for i in b) for b in batches]
         try: libs = super()._compile_all(units)
@@ -294,13 +298,13 @@ class TieredCompiler:
 
 _load_counter = itertools.count()
 
-def load_library(lib: bytes) -> ctypes.CDLL:
-    """The shared object `lib` loaded into the process."""
+def load_library(lib: bytes, cls: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL:
+    """The shared object `lib` loaded into the process (as a `cls`)."""
     # dlopen needs a file; the name must never repeat in this process (the loader reuses objects by name)
     fd, path = tempfile.mkstemp(prefix=f"fusegrad-{os.getpid()}-{next(_load_counter)}-", suffix=".so")
     try:
         with os.fdopen(fd, "wb") as f: f.write(lib)
-        return ctypes.CDLL(path)
+        return cls(path)
     finally: os.unlink(path)
 
 def unload_library(handle: int, dlclose: Any = _ctypes.dlclose, error: type = OSError) -> None:

@@ -3,6 +3,7 @@ or run on the calling thread (split by the Python pool)."""
 from __future__ import annotations
 import ctypes
 import itertools
+import threading
 import time
 import weakref
 from typing import Any, Callable, NamedTuple
@@ -26,6 +27,29 @@ def _workers(threads: int, helpable: bool) -> int:
     """Worker threads a call split in `threads` chunks needs: one fewer where the waiting thread runs a chunk too."""
     return max(1, threads - 1) if helpable else threads
 
+class SharedLibrary(ctypes.CDLL):
+    """A shared object loaded once for every program whose binary it is: the kernels compiled in one compiler run
+    share one binary, and loading it per kernel (a temp file written, dlopen binding every symbol) cost ~0.5 ms of CPU
+    and 1-3 ms of wall time each. Unloaded once no program holds it. `targets`: the libraries its kernels' entry points
+    forward to (cpu_compiler.forwarding), loaded as long as it is."""
+    targets: list[ctypes.CDLL]
+
+_libraries: weakref.WeakValueDictionary[bytes, SharedLibrary] = weakref.WeakValueDictionary()
+_libraries_lock = threading.Lock()   # (the background compiler's thread loads optimized binaries too)
+
+def shared_library(lib: bytes) -> SharedLibrary:
+    """The shared object `lib`, loaded on first use and shared by the programs that use it after that."""
+    with _libraries_lock:
+        if (dll := _libraries.get(lib)) is not None: return dll
+        dll = load_library(lib, SharedLibrary)   # type: ignore[assignment]
+        dll.targets = []
+        # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
+        # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
+        # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
+        weakref.finalize(dll, unload_library, dll._handle).atexit = False
+        _libraries[lib] = dll
+        return dll
+
 class CPUProgram:
     """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
     `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
@@ -38,17 +62,20 @@ class CPUProgram:
 
     def _load(self, name: str, lib: bytes) -> Any:
         """The callable ctypes function `name` of `lib` (a subclass may load another binary format)."""
-        try: self._dll = load_library(lib)
+        previous = getattr(self, "_dll", None)
+        try: dll = shared_library(lib)
         except OSError as e: raise RuntimeError(f"can't load the shared object for {name}: {e}") from e
-        try: fxn = getattr(self._dll, name)
+        # (dll[name], not getattr: a fresh function object, since getattr caches one on the library, which other
+        # programs share)
+        try: fxn = dll[name]
         except AttributeError as e: raise RuntimeError(f"the shared object has no function {name!r}") from e
         # the entry point with one signature for every kernel, for the C thread pool (not every renderer writes one)
-        if (entry := getattr(self._dll, f"{name}_entry", None)) is not None:
-            self._entry = ctypes.cast(entry, ctypes.c_void_p).value
-        # ctypes never unloads a library: without dlclose every program ever loaded keeps its mappings, and a long
-        # run with thousands of distinct kernels exhausts the process's map count. The finalizer holds everything it
-        # calls, so it works at interpreter shutdown after this module's globals are gone; at exit it doesn't run.
-        weakref.finalize(self, unload_library, self._dll._handle).atexit = False
+        try: self._entry = ctypes.cast(dll[f"{name}_entry"], ctypes.c_void_p).value
+        except AttributeError: pass
+        # a program loading a second binary (TieredCPUProgram.upgrade) points its first binary's entry at the new one:
+        # the first binary, which other programs may share and call through, keeps the new one loaded
+        if isinstance(previous, SharedLibrary): previous.targets.append(dll)
+        self._dll = dll
         return fxn
 
     def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1, join: bool = False,
