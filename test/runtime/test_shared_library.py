@@ -15,12 +15,11 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
 
 def kernel(name: str, body: str) -> str:
-    return f"""void {name}(float* restrict out, const float* restrict a, long core_lo, long core_hi) {{
+    # (the entry point as the C renderer writes it, which cpu_compiler.forwarding finds)
+    return f"""void {name}(float* restrict out, float* restrict a, long core_lo, long core_hi) {{
   for (long i = core_lo; i < core_hi; i++) out[i] = {body};
 }}
-void {name}_entry(void **a, long core_lo, long core_hi) {{
-  {name}((float*)a[0], (const float*)a[1], core_lo, core_hi);
-}}
+void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}((float*)a[0], (float*)a[1], core_lo, core_hi); }}
 """
 
 def run(prg: CPUProgram, a: np.ndarray) -> np.ndarray:
