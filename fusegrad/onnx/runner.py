@@ -15,7 +15,7 @@ import numpy as np
 import fusegrad.engine.realize as _realize
 from fusegrad import Device, Tensor, Variable, dtypes
 from fusegrad.dtype import DType
-from fusegrad.onnx.layout import Region
+from fusegrad.onnx.layout import Region, copied_names
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
@@ -125,6 +125,7 @@ class Graph:
         self.proto, self.base_dir = proto, base_dir
         self._opsets = opsets
         self._nodes: list[Node] | None = None
+        self._copied: set[str] | None = None
         self.initializers: dict[str, Tensor] = {}
         for init in proto.initializer:
             try: self.initializers[init.name] = tensor_proto_to_tensor(init, base_dir)
@@ -142,6 +143,12 @@ class Graph:
         self.nodes  # noqa: B018 - subgraphs are checked with the model
 
     @property
+    def copied(self) -> set[str]:
+        """The values of channels-last regions that are copied into ONNX's layout where they end (layout.py)."""
+        if self._copied is None: self._copied = copied_names(self.nodes, self.output_names)
+        return self._copied
+
+    @property
     def nodes(self) -> list[Node]:
         if self._nodes is None:
             assert self._opsets is not None
@@ -151,7 +158,7 @@ class Graph:
     def run(self, values: Mapping[str, Tensor], ctx_runner: OnnxRunner) -> dict[str, Tensor]:
         """Evaluate the nodes in order; `values` holds the inputs and every name visible from an outer graph."""
         env: ChainMap[str, Tensor] = ChainMap({}, dict(self.initializers), values)  # type: ignore[arg-type]
-        region = Region()
+        region = Region(self.copied)
         for node in self.nodes:
             args: list[Any] = []
             for name in node.inputs:

@@ -20,8 +20,9 @@ def _init(name: str, arr: np.ndarray) -> onnx.TensorProto: return numpy_helper.f
 
 
 def _model() -> onnx.ModelProto:
-    """x -> strided conv (bias) -> clip -> max pool (ceil mode) -> strided conv -> hard swish -> average pool, with the
-    first conv and the clip also read by ops outside the region and given as outputs."""
+    """x -> strided conv (bias) -> clip -> max pool (ceil mode) -> strided conv -> batch norm -> hard swish -> average
+    pool; read outside the region: the first conv (an output: a copy), the clip (by a Mul: in place), the pool (by a
+    ReduceSum) and the hard swish (by a stride-1 conv: a copy)."""
     f32 = np.float32
     inits = [_init("w1", RNG.standard_normal((8, 3, 3, 3)).astype(f32)),
              _init("b1", RNG.standard_normal(8).astype(f32)),
@@ -29,7 +30,7 @@ def _model() -> onnx.ModelProto:
              _init("w2", RNG.standard_normal((16, 8, 3, 3)).astype(f32) * 0.3),
              _init("scale", RNG.random(16).astype(f32) + 0.5), _init("bias", RNG.standard_normal(16).astype(f32)),
              _init("mean", RNG.standard_normal(16).astype(f32)), _init("var", RNG.random(16).astype(f32) + 0.1),
-             _init("k", np.array(2.0, f32))]
+             _init("k", np.array(2.0, f32)), _init("w3", RNG.standard_normal((8, 16, 3, 3)).astype(f32) * 0.3)]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["conv"], strides=[2, 2], pads=[1, 1, 1, 1]),
              helper.make_node("Clip", ["conv", "lo", "hi"], ["act"]),
              helper.make_node("MaxPool", ["act"], ["pool"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
@@ -38,10 +39,12 @@ def _model() -> onnx.ModelProto:
              helper.make_node("BatchNormalization", ["conv2", "scale", "bias", "mean", "var"], ["bn"]),
              helper.make_node("HardSwish", ["bn"], ["hs"]),
              helper.make_node("AveragePool", ["hs"], ["avg"], kernel_shape=[2, 2], pads=[0, 0, 1, 1]),
+             helper.make_node("Conv", ["hs", "w3"], ["conv3"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["act", "k"], ["twice"]),
              helper.make_node("ReduceSum", ["pool"], ["total"], keepdims=0)]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 19, 17])
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("avg", "conv", "twice", "total")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 64, 66])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+            for n in ("avg", "conv", "twice", "total", "conv3")]
     graph = helper.make_graph(nodes, "g", [x], outs, inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -58,27 +61,33 @@ def test_region_values_match_onnxruntime(monkeypatch):
     sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     runner = OnnxRunner(model)
     jitted = runner.jit()
-    x = RNG.standard_normal((2, 3, 19, 17)).astype(np.float32)
-    for name, g in runner({"x": x}).items():
-        np.testing.assert_allclose(g.numpy(), sess.run([name], {"x": x})[0], rtol=1e-5, atol=1e-5, err_msg=name)
-    # (under jit(): captured on the second call, replayed on the third)
+    # (jit()'s first call runs the graph plainly, its second captures, its third replays)
     for i in range(3):
-        x = RNG.standard_normal((2, 3, 19, 17)).astype(np.float32)
+        x = RNG.standard_normal((2, 3, 64, 66)).astype(np.float32)
         for (name, g), w in zip(jitted({"x": x}).items(), sess.run(None, {"x": x})):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"call {i}: {name}")
-    # (the ops of the region computed there; the Mul and ReduceSum outside it)
+    # (the ops of the region computed there; the Mul, ReduceSum and stride-1 conv outside it)
     assert set(recorded) == {"conv", "act", "pool", "conv2", "bn", "hs", "avg"}
+    # (copied into ONNX's layout: the outputs and what the stride-1 conv reads; the pool's copy is marked for the
+    # strided conv, which reads the channels-last data, so it is never made; the rest is read in place)
+    assert runner.graph.copied & set(recorded) == {"conv", "avg", "hs", "pool"}
 
 
 @pytest.mark.parametrize("attrs,weight,region", [
     ({"strides": [2, 2]}, (8, 3, 3, 3), True),
     ({"strides": [1, 2], "pads": [1, 1, 1, 1]}, (16, 4, 3, 3), True),
+    ({"strides": [2, 2]}, (16, 3, 5, 5), True),
     ({"strides": [1, 1]}, (8, 3, 3, 3), False),          # stride 1
     ({"strides": [2, 2]}, (4, 3, 3, 3), False),          # fewer output channels than a vector
     ({"strides": [2, 2]}, (8, 3, 1, 1), False),          # a 1x1 window
     ({"strides": [2, 2], "group": 3}, (9, 1, 3, 3), False),   # grouped
 ])
 def test_which_convolutions_start_a_region(attrs, weight, region):
-    x = Tensor.ones(1, weight[1] * attrs.get("group", 1), 9, 9)
+    # (2 x 8 x 32 x 32 results of a stride-2 convolution: MIN_RESULTS)
+    x = Tensor.ones(2, weight[1] * attrs.get("group", 1), 64, 64)
     assert layout.starts_region("Conv", [x, Tensor.ones(*weight)], attrs) is region
     assert not layout.starts_region("Conv", [x.cast("float16"), Tensor.ones(*weight).cast("float16")], attrs)
+    # (too few results to begin a region, unless the convolution reads one)
+    small = Tensor.ones(1, weight[1] * attrs.get("group", 1), 16, 16)
+    assert not layout.starts_region("Conv", [small, Tensor.ones(*weight)], attrs)
+    assert layout.starts_region("Conv", [small, Tensor.ones(*weight)], attrs, 0) is region
