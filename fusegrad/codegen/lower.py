@@ -234,6 +234,7 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         if single: score *= sz
         if score > best_score: best, best_score = r, score
     if best is None and len(reds) == 1 and reds[0].arg is Ops.MAX: best = _pool_row(ast, accesses, stored, vec_dts)
+    if best is None and single: best = _gathering_row(ast, accesses, stored, vec_dts)
     return best
 
 def _pool_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp | None:
@@ -246,6 +247,22 @@ def _pool_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp
         steps = [(coeff(idx.src[1], r), idx in stored, idx.src[0].dtype.base in vec_dts)
                  for idx, deps, _ in accesses if r in deps]
         if any(st for _, st, _ in steps) and all(ok and (c == 1 if st else c in (2, 3, 4)) for c, st, ok in steps):
+            return r
+    return None
+
+def _gathering_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp | None:
+    """An upcast output axis of a single reduction that every store and some load inside the reduction are contiguous
+    along, while the other loads that vary with it are strided (a layernorm's weight gradient whose input arrives
+    transposed: the heuristic's `_vectorize_gathering_output`). The strided loads count against it above, but
+    gathered lane by lane they are the scalar code's own loads, and each contiguous one is a vector: it is the SIMD
+    axis all the same."""
+    for r in (u for u in ast.toposort() if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+        sz = range_size(r)
+        if not isinstance(sz, int) or sz < 4 or sz & (sz - 1) or sz > 64: continue
+        steps = [(coeff(idx.src[1], r), idx in stored, inner, idx.src[0].dtype.base in vec_dts)
+                 for idx, deps, inner in accesses if r in deps]
+        if all(ok and (c == 1 if st else c is not None) for c, st, _, ok in steps) and \
+                any(st for _, st, _, _ in steps) and any(c == 1 and inner for c, st, inner, _ in steps if not st):
             return r
     return None
 

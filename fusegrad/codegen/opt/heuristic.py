@@ -68,6 +68,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
         _tile_output_vector(ctx)
         return k.applied_opts
     if _vectorize_reduction(ctx): return k.applied_opts
+    if _vectorize_gathering_output(ctx): return k.applied_opts
     if _vectorize_strided_window(ctx): return k.applied_opts
     _unroll_small_window(ctx)
     _upcast_remainder_lanes(ctx)
@@ -427,6 +428,31 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
         _block_weight_gradient(ctx)
         return True
     return False
+
+GATHER_VECTORS = 2
+
+def _vectorize_gathering_output(ctx: OptContext) -> bool:
+    """Step 3b: a reduction that neither an output loop nor a reduce loop is contiguous along in all its loads: the
+    innermost output loop its stores are contiguous along is vectorized all the same, where some load inside the
+    reduction is contiguous along it too, and the loads strided along it are gathered lane by lane (as many scalar
+    loads as the scalar code made, where each contiguous load is one vector). A layernorm's weight gradient whose
+    input arrives transposed (the embeddings GPT-2's first residual adds), fused with AdamW: the output gradient is
+    read along the features, the input across them. GATHER_VECTORS vectors per step: each step of the reduction then
+    reads a whole cache line of the contiguous loads. Returns whether it applied."""
+    k, width = ctx.k, ctx.width
+    if len(k.reduceops) != 1 or width < 4 or (r := _store_loop(k)) is None or \
+            not isinstance(sz := range_size(r), int) or sz % width:
+        return False
+    inside = [idx for idx in ctx.loads() if any(coeff(idx.src[1], q) != 0 for q in ctx.reds)]
+    steps = [coeff(idx.src[1], r) for idx in inside]
+    if 1 not in steps or any(c is None for c in steps) or \
+            any(coeff(idx.src[1], r) not in (0, 1) for idx, st in k.accesses() if st):
+        return False
+    rest, inner = ctx.split(OptOps.UPCAST, r, width)
+    if inner is None: return False
+    if rest is not None and isinstance(rs := range_size(rest), int) and rs % GATHER_VECTORS == 0:
+        ctx.split(OptOps.UPCAST, rest, GATHER_VECTORS)
+    return True
 
 WGRAD_BLOCK_BYTES, NARROW_WGRAD_UNROLL = 1 << 20, 2
 
