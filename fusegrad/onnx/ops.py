@@ -868,10 +868,19 @@ def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
         v %= x.shape[a]
         return x.shrink(tuple((v, v + 1) if d == a else None for d in range(x.ndim))).reshape(
             x.shape[:a] + x.shape[a + 1:])
-    # indexing by a tensor is ONNX's Gather (the result x.shape[:a] + idx.shape + x.shape[a+1:], negative indices
-    # counting from the end), and it builds the selection at the result's shape, which the code generator turns into
-    # one indexed load per element (a one-hot mask of (indices, positions) made here would be a kernel of its own, and
-    # a sum over every position; so would indices normalized here)
+    if idx.ndim >= 1 and all(type(d) is int for d in x.shape + idx.shape):
+        # PyTorch's gather of the indices spread over the result's shape (x.shape[:a] + idx.shape + x.shape[a+1:],
+        # negative indices counting from the end): one indexed load per element, stored in the result's order.
+        # Indexing (below) stores it with the indices' axes last (an embedding's (positions, tokens), which a
+        # layer norm over the positions then reads as scattered scalars) and normalizes the indices in a kernel of
+        # its own
+        flat = _norm_index(idx.reshape(-1), x.shape[a])
+        spread = x.shape[:a] + (flat.shape[0],) + x.shape[a + 1:]
+        where = flat.reshape((1,) * a + (flat.shape[0],) + (1,) * (x.ndim - a - 1)).expand(spread)
+        return x.gather(a, where).reshape(x.shape[:a] + idx.shape + x.shape[a + 1:])
+    # indexing by a tensor is ONNX's Gather, and it builds the selection at the result's shape, which the code
+    # generator turns into one indexed load per element (a one-hot mask of (indices, positions) made here would be a
+    # kernel of its own, and a sum over every position)
     return x[(slice(None),) * a + (idx,)]
 
 

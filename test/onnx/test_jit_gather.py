@@ -73,3 +73,25 @@ def test_index_tensor_gathers_with_one_load_per_element(axis):
     # the replay's work is some index arithmetic per element of the result: a one-hot selection would compare and add
     # all 50 positions for each (100 ops)
     assert GlobalCounters.global_ops - ops < 25 * got.size
+
+
+def test_embedding_lookup_stored_in_the_results_order():
+    """An embedding's Gather (axis 0, ids computed per call) followed by a LayerNormalization over the embedding's dim:
+    the lookup is one kernel storing (tokens, dim) rows, which the layer norm reads as rows: two kernels a replay (the
+    indices normalized inside the lookup), equal to NumPy's."""
+    rng = np.random.default_rng(11)
+    table = rng.standard_normal((40, 16)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["t", "ids"], ["e"], axis=0),
+             helper.make_node("LayerNormalization", ["e", "g", "b"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(table, "t"),
+                                           numpy_helper.from_array(np.ones(16, np.float32), "g"),
+                                           numpy_helper.from_array(np.zeros(16, np.float32), "b")])
+    jitted = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).jit()
+    for _ in range(3):
+        ids = rng.integers(-40, 40, (1, 24)).astype(np.int64)
+        e = np.take(table, ids, axis=0)
+        want = (e - e.mean(-1, keepdims=True)) / np.sqrt(e.var(-1, keepdims=True) + 1e-5)
+        np.testing.assert_allclose(jitted({"ids": ids})["y"], want, rtol=1e-5, atol=1e-5)
+    assert len(jitted.captured) == 2
