@@ -358,6 +358,12 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     r = reuse[-1]
     if _largest_divisor(range_size(r), choices) < 3:
         r = max(reversed(reuse), key=lambda x: _largest_divisor(range_size(x), choices))
+    # (rows that a load's index divides or takes modulo m, as the columns of attention heads of 64 read from a (batch,
+    # heads, tokens, 64) layout, take a tile that divides m: a tile's rows then stay in one head and are read from
+    # one address, where a 6-row tile straddled two heads and addressed each of its rows on its own)
+    periods = _remainder_divisors(k, r)
+    fit = tuple(c for c in choices if all(m % c == 0 for m in periods))
+    if (narrowed := bool(periods) and _largest_divisor(range_size(r), fit) >= 4): choices = fit
     amt = _largest_divisor(rsz := range_size(r), choices)
     # rows that only a small tile divides (1023 = 3 x 341) are padded to the full tile if that wastes at most an
     # eighth: the padded rows are never stored, and the tile is what reuses each vector load. A tile of 6 reuses the
@@ -405,7 +411,10 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # a plain matmul's reduce loop unrolled by 4: the loop overhead and the address arithmetic of the row loads are
     # shared by four steps, faster on big and small matmuls alike. (12-row tiles measured no better once unrolled,
     # and worse where rows must be padded to 12.)
-    if len(ctx.reds) == 1 and n_vec > 1 and max(amt, 1) * n_vec <= ctx.budget: _unroll_reduce(ctx)
+    # (Not a tile narrowed to the periods above on AVX2: as a 4-row tile there, gcc ran out of registers for the
+    # unrolled steps' vectors and read them from memory once per multiply-add)
+    if len(ctx.reds) == 1 and n_vec > 1 and max(amt, 1) * n_vec <= ctx.budget and not (wide and narrowed):
+        _unroll_reduce(ctx)
 
 def _vectorize_reduction(ctx: OptContext) -> bool:
     """Step 3: no vectorizable output axis: the reduction itself vectorized with partial accumulators, along the
@@ -764,8 +773,15 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # panel has 128 to 512 rows: the largest such block that divides it (784 = 2 x 392, 1000 = 2 x 500; 512 channels
     # of a 3x3 window: 32 x 9)
     inner = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in red[1:])
+    # (of those, one that divides the periods a load's index divides the loop by or takes it modulo (512 tokens read
+    # as 4 sequences of 128 from a (batch, heads, tokens, 64) layout): within a block the index is then affine, where
+    # a block of 256 divided and took every step modulo 128)
+    periods = _remainder_divisors(k, red[0])
     blk = next((b for b in range(rsz - 1, 0, -1) if rsz % b == 0 and 128 <= b * inner <= 512 and
-                b * inner * row_bytes <= k.MAX_LOCAL_BYTES), None)
+                b * inner * row_bytes <= k.MAX_LOCAL_BYTES and all(m % b == 0 for m in periods)), None) if periods \
+        else None
+    blk = blk or next((b for b in range(rsz - 1, 0, -1) if rsz % b == 0 and 128 <= b * inner <= 512 and
+                       b * inner * row_bytes <= k.MAX_LOCAL_BYTES), None)
     # (a loop of a length that no such block divides, a vocabulary of 50257, is padded to whole blocks when that wastes
     # little: its padded iterations load nothing and add zero. Unblocked, the panel is the whole reduction and isn't
     # packed)
