@@ -234,7 +234,9 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         if single: score *= sz
         if score > best_score: best, best_score = r, score
     if best is None and len(reds) == 1 and reds[0].arg is Ops.MAX: best = _pool_row(ast, accesses, stored, vec_dts)
-    if best is None and single: best = _gathering_row(ast, accesses, stored, vec_dts)
+    # (a CPU's: GPU-style kernels are shaped by their own heuristic)
+    if best is None and single and not getattr(renderer, "has_local", False):
+        best = _gathering_row(ast, accesses, stored, vec_dts)
     return best
 
 def _pool_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp | None:
