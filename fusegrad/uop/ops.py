@@ -313,12 +313,23 @@ class UOp(metaclass=UOpMetaClass):
 
     def substitute_each(self, subs: list[dict[UOp, UOp]]) -> list[UOp]:
         """[self.substitute(d) for d in subs] with one walk of the graph (the lanes of an unrolled axis)."""
-        topo = list(self.toposort())
+        # only the nodes with a key of some substitution at or below them can change: they are found once, and each
+        # substitution walks those alone (the lanes of an axis share most of a kernel, which doesn't depend on it)
+        keys: set[UOp] = set()
+        for dvars in subs: keys.update(dvars)
+        below, users = set(keys), []
+        for u in self.toposort():
+            if u in below: continue
+            for s in u.src:
+                if s in below:
+                    below.add(u)
+                    users.append(u)
+                    break
         out = []
         for dvars in subs:
             replaced = dict(dvars)
-            for u in topo:
-                if u in replaced or not u.src: continue
+            for u in users:
+                if u in replaced: continue
                 new_src = tuple([replaced.get(s, s) for s in u.src])
                 if new_src != u.src: replaced[u] = u.replace(src=new_src)
             out.append(replaced.get(self, self))
