@@ -47,16 +47,17 @@ def sweep_matmuls(dev: str, n: int) -> None:
         ast = kernel_ast(Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt, device=dev))
         print(f"matmul {n}^3 {dt.name}")
         if dt == dtypes.half:
-            grid = itertools.product(((2, 2), (4, 2), (2, 4), (4, 4)), ((2, 2), (4, 2), (1, 1)), (1, 2))
+            grid = itertools.product(((4, 4), (4, 8), (8, 4), (8, 8)), ((2, 2), (4, 2), (2, 4)), (1,))
             for tiles, warps, unroll in grid:
                 with constants(TC_TILES=tiles, TC_WARPS=warps, TC_UNROLL=unroll):
                     try: report(f"TC_TILES={tiles} TC_WARPS={warps} TC_UNROLL={unroll}", *time_kernel(dev, ast),
                                 flops=2 * n ** 3)
                     except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
         else:
-            for tile, locs, block, unroll in itertools.product((4, 8), (8, 16), (8, 16, 32), (4,)):
+            for tile, locs, block, unroll in itertools.product((8,), (8, 16), (16, 32), (4, 8)):
                 with constants(TILE=tile, TILE_LOCALS=locs, LTILE_BLOCK=block, UNROLL_BY=unroll):
-                    try: report(f"TILE={tile} TILE_LOCALS={locs} LTILE_BLOCK={block}", *time_kernel(dev, ast),
+                    try: report(f"TILE={tile} TILE_LOCALS={locs} LTILE_BLOCK={block} UNROLL_BY={unroll}",
+                                *time_kernel(dev, ast),
                                 flops=2 * n ** 3)
                     except Exception as e: print(f"  {tile} {locs} {block}: {type(e).__name__}: {str(e)[:200]}")
 
@@ -80,7 +81,7 @@ def sweep_convs(dev: str) -> None:
         ast = kernel_ast(x.conv2d(w, padding=k // 2))
         print(f"conv2d half b32 {cin}->{cout} {k}x{k} {side}x{side}")
         flops = 2.0 * 32 * cout * side * side * cin * k * k
-        for tiles, warps, unroll in itertools.product(((2, 2), (4, 2), (4, 4)), ((2, 2), (1, 1)), (2,)):
+        for tiles, warps, unroll in itertools.product(((4, 4), (8, 4), (4, 8)), ((2, 2), (1, 1)), (1,)):
             with constants(TC_TILES=tiles, TC_WARPS=warps, TC_UNROLL=unroll):
                 try: report(f"TC_TILES={tiles} TC_WARPS={warps} TC_UNROLL={unroll}", *time_kernel(dev, ast),
                             flops=flops)

@@ -160,13 +160,15 @@ def _exp_f32(x: UOp, fma: bool) -> UOp:
     return _ldexp(p, n.cast(dtypes.int32), f)
 
 def _exp_of_float(c: UOp, e: UOp, fma: bool) -> UOp:
-    """CAST(EXP2(y)) with y a float64 argument: e^x in float32 when y is float32 x times 1/ln 2, else the exact
-    float64 reduction of _exp2_double_to_float."""
+    """CAST(EXP2(y)) with y a float64 argument: e^x in float32 when y is a float32, half or bfloat16 x times 1/ln 2,
+    else the exact float64 reduction of _exp2_double_to_float."""
     y = e.src[0]
     if y.op is Ops.MUL:
         for a, k in (y.src, y.src[::-1]):
-            if k.op is Ops.CONST and k.arg == 1 / math.log(2) and a.op is Ops.CAST and a.src[0].dtype == dtypes.float32:
-                return _exp_f32(a.src[0], fma).cast(c.dtype)
+            if k.op is Ops.CONST and k.arg == 1 / math.log(2) and a.op is Ops.CAST and \
+                    a.src[0].dtype in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
+                # (a half or bfloat16 x is exact in float32)
+                return _exp_f32(a.src[0].cast(dtypes.float32), fma).cast(c.dtype)
     return _exp2_double_to_float(y, fma).cast(c.dtype)
 
 # *** log2 ***
@@ -354,10 +356,12 @@ def _expand(ctx: Any, x: UOp) -> UOp | None:
     return _IMPL[x.op](src, fma)
 
 pm_transcendental = PatternMatcher([
-    # exp of float32 and half is exp2 of a float64 argument rounded to float32 (or less): float32 math will do
+    # exp of float32 and half is exp2 of a float64 argument rounded to float32 (or less): float32 math will do, also
+    # where the renderer has a float64 exp2 but its float64 is slow (a GPU's: ~20 float64 operations per element)
     (UPat(Ops.CAST, dtype=(dtypes.float32, dtypes.float16, dtypes.bfloat16), src=(UPat(Ops.EXP2, dtypes.float64,
                                                                                       name="e"),), name="c"),
-     lambda ctx, c, e: None if _native(ctx, e) else _exp_of_float(c, e, bool(getattr(ctx, "has_fma", False)))),
+     lambda ctx, c, e: None if _native(ctx, e) and not getattr(ctx, "slow_float64", False) else
+     _exp_of_float(c, e, bool(getattr(ctx, "has_fma", False)))),
     (UPat((Ops.EXP2, Ops.LOG2, Ops.SIN), dtype=FLOATS, name="x"), _expand),
 ], name="transcendental")
 pm_transcendental.__doc__ = "no float EXP2, LOG2 or SIN remains: each became arithmetic within 2 ulp of the exact value"

@@ -121,5 +121,6 @@ class Renderer:
     max_workgroup: int = 1          # the most work-items in one group
     local_bytes: int = 0            # local memory one group may use, in bytes
     fast_local_memory: bool = False  # local memory is faster than global memory (a GPU's; not a CPU OpenCL's)
+    slow_float64: bool = False      # float64 is far slower than float32 (a GPU's): exp of float32 is float32 math
     tensor_cores: list[TensorCore] = []  # warp matrix instructions the TC opt may use (see TensorCore)
     def render(self, uops: list[UOp], name: str) -> str: raise NotImplementedError

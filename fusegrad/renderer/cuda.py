@@ -67,6 +67,7 @@ class CUDARenderer(CStyleLanguage):
     48 KiB of static shared memory per block."""
     half_as_bits = True   # (16-bit floats are integers in memory and registers, computed in float)
     float_of_bits, bits_of_float = "__uint_as_float({})", "__float_as_uint({})"
+    slow_float64 = True   # (an H100's float64 runs at half its float32 rate, and libdevice's exp2 is ~20 operations)
     device = "CUDA"
     kernel_prefix = 'extern "C" __global__ void'
     buffer_suffix = " __restrict__"

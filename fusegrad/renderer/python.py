@@ -30,13 +30,14 @@ from fusegrad.uop.ops import Ops, UOp
 
 # what the optimizer and lowerer read from a renderer; copied from the renderer being mimicked
 _OPT_ATTRS = ("has_threads", "supports_float4", "max_upcast", "simd_bytes", "vector_registers", "vector_dtypes",
-              "has_fma", "has_local", "global_max", "local_max", "max_workgroup", "local_bytes", "fast_local_memory")
+              "has_fma", "has_local", "global_max", "local_max", "max_workgroup", "local_bytes", "fast_local_memory",
+              "slow_float64")
 # the GPU attributes' values for a renderer that declares none (a CPU renderer)
 _GPU_DEFAULTS = {"has_local": False, "global_max": (), "local_max": (), "max_workgroup": 1, "local_bytes": 0,
-                 "fast_local_memory": False}
+                 "fast_local_memory": False, "slow_float64": False}
 # what PYTHON_GPU=1 declares
 _AS_GPU = {"has_local": True, "global_max": (2**31 - 1, 65535, 65535), "local_max": (1024, 1024, 64),
-           "max_workgroup": 1024, "local_bytes": 48 * 1024, "fast_local_memory": True,
+           "max_workgroup": 1024, "local_bytes": 48 * 1024, "fast_local_memory": True, "slow_float64": True,
            "vector_dtypes": (), "simd_bytes": 0, "has_fma": False,
            "has_threads": False}
 

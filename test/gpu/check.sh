@@ -9,7 +9,8 @@
 #   3b. tensor cores (sm_80 and later): half, bfloat16 and TF32 matmuls and a convolution through mma.sync against
 #      numpy and the PYTHON device's emulation, and a 4096 half matmul's time with and without them
 #      (test/gpu/check_tensor_cores.py);
-#   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints);
+#   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints), and BEAM=2 on a matmul, a half matmul
+#      and a softmax against numpy (test/gpu/check_beam.py);
 #   5. bench/bench_gpu.py: fusegrad on CUDA against PyTorch on the same GPU (alone, after the others, which run side
 #      by side).
 #
@@ -70,8 +71,9 @@ step op_tests 240 env DEV=CUDA $PY -m pytest -q -rf --tb=short -p no:cacheprovid
 step cuda_graph 120 $PY test/gpu/check_cuda_graph.py &
 step tensor_cores 180 $PY test/gpu/check_tensor_cores.py &
 step train_digits 120 env DEV=CUDA $PY examples/train_digits.py --epochs 3 &
+step beam 150 $PY test/gpu/check_beam.py &
 wait
-for name in cuda_tests op_tests cuda_graph tensor_cores train_digits; do report $name 12; done
+for name in cuda_tests op_tests cuda_graph tensor_cores train_digits beam; do report $name 12; done
 echo "=== correctness checks took $((SECONDS - start_all)) s"
 step bench_gpu ${BENCH_LIMIT:-240} env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
 report bench_gpu 40

@@ -192,6 +192,16 @@ def test_tensor_core_kernels(kernels):
     assert not any(u.op is Ops.WMMA for p in f32 for u in p.uops)
     assert not CUDARenderer("sm_75").tensor_cores
 
+def test_float32_exp_without_float64():
+    """CUDA's float64 is slow: exp of float32 and half (a softmax's, a sigmoid's) is float32 arithmetic there, no
+    double and no exp2 call, though the renderer has a float64 exp2 for float64's own exp."""
+    x = Tensor.rand(64, 300).realize()
+    for t in (x.softmax(-1), x.sigmoid(), x.cast(dtypes.half).exp()):
+        for p in programs(t):
+            assert "double" not in p.src and "exp2(" not in p.src, p.src
+    (p,) = programs(x.cast(dtypes.float64).exp2())
+    assert "exp2(" in p.src
+
 @pytest.mark.parametrize("dt", [dtypes.half, dtypes.bfloat16])
 def test_half_convolutions_take_tensor_cores(dt):
     """A half or bfloat16 convolution (3x3 and 1x1, as ResNet's) forms its products in float32 as a matmul does, so
