@@ -730,78 +730,80 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], lis
 HERE_MAX_OPS, HERE_MAX_MEM = 1 << 16, 1 << 17
 
 def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], list[Any], list[Any]],
-                 topo: list[UOp], storage: list[Buffer], do_update_stats: bool = True) -> None:
+                 topo: list[UOp], storage: list[Buffer], do_update_stats: bool = True,
+                 kernels: range | None = None) -> None:
     """Run a replayed schedule's kernels in order straight from its plan, without ExecItems: `ready` from
     replay_runners, `topo` the toposort of the graph, `storage` the Buffers of the plan's fresh buffers. A kernel goes
     through its prepared launch (made again when its parameters' values change, as exec_items does; a small one run
     on this thread when nothing is queued) or, where it has none, is called as ExecItem.run calls it. Once the
     launches are prepared, later replays queue consecutive ones through one launch graph (_launch_graphs). (Not while
-    DEBUG, VIZ or PROFILE watch each kernel.)"""
-    prepared, whole = ready[1], ready[3]
-    if (segments := whole[0]) and [prepared[i] for i in segments[0]] == segments[1]:
+    DEBUG, VIZ or PROFILE watch each kernel. `kernels`: only these, one by one.)"""
+    runners, prepared, direct, whole = ready
+    if kernels is None and (segments := whole[0]) and [prepared[i] for i in segments[0]] == segments[1]:
         ops = mem = count = 0
         for seg in segments[2]:
-            if type(seg) is int:
-                if (work := _run_kernel(plan, ready, seg, topo, storage, do_update_stats)) is not None:
-                    ops, mem, count = ops + work[0], mem + work[1], count + 1
+            if type(seg) is range:
+                run_replayed(plan, ready, topo, storage, do_update_stats, seg)
                 continue
             graph, refs, work, n = seg
-            graph([_allocation(r, topo, storage) for r in refs])
+            # (the allocations as below)
+            allocations = []
+            for r in refs:
+                if r < 0: b = storage[~r]
+                elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
+                allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
+            graph(allocations)
             ops, mem, count = ops + work[0], mem + work[1], count + n
-    else:
-        ops = mem = count = 0
-        for i in range(len(plan.kernels)):
-            if (work := _run_kernel(plan, ready, i, topo, storage, do_update_stats)) is not None:
-                ops, mem, count = ops + work[0], mem + work[1], count + 1
-        # (made once this path has prepared the launches; False: there is no graph to make)
-        if whole[0] is not False: whole[0] = _launch_graphs(plan, ready) or False
-    if count and do_update_stats:
+        if count and do_update_stats:
+            GlobalCounters.global_ops += ops
+            GlobalCounters.global_mem += mem
+            GlobalCounters.kernel_count += count
+        return
+    ops = mem = count = 0
+    for i, (ast, refs, params) in enumerate(plan.kernels) if kernels is None else \
+            ((k, plan.kernels[k]) for k in kernels):
+        state, mine = prepared[i], direct[i]
+        if params or mine is None or mine[0] is not state:
+            fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
+            kbufs = [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs]
+            if state is not False and (params or state is None):
+                # (by value and type, as exec_items compares them)
+                vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
+                if state is None or state[2] != vals:
+                    made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).prepared(
+                        tuple(range(len(kbufs))))
+                    state = prepared[i] = False if made is None else (made[0], made[1], vals)
+            if state is False:
+                ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None,
+                                                                                    do_update_stats=do_update_stats)
+                continue
+            if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
+            work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
+        elif (work := mine[3]) is None: work = runners[i]._work(_NO_VARS)  # type: ignore[attr-defined]
+        # the allocations in the launch's order, straight from the graph's BUFFER nodes and the fresh Buffers (each
+        # allocated where it has none yet)
+        allocations = []
+        for r in mine[1]:
+            if r < 0: b = storage[~r]
+            elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
+            allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
+        if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
+        if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + 1
+    if count:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
         GlobalCounters.kernel_count += count
-
-def _allocation(r: int, topo: list[UOp], storage: list[Buffer]) -> Any:
-    """The allocation of a replay's buffer reference `r` (a position of the graph's toposort, or ~index of a fresh
-    Buffer), straight from the graph's BUFFER node or the fresh Buffer (allocated where it has none yet)."""
-    if r < 0: b = storage[~r]
-    elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
-    return a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf
-
-def _run_kernel(plan: ReplayPlan, ready: tuple, i: int, topo: list[UOp], storage: list[Buffer],
-                do_update_stats: bool) -> tuple[int, int] | None:
-    """Launch kernel i of a replay (see run_replayed); its work where the caller counts it (None: counted already)."""
-    runners, prepared, direct = ready[0], ready[1], ready[2]
-    ast, refs, params = plan.kernels[i]
-    state, mine = prepared[i], direct[i]
-    if params or mine is None or mine[0] is not state:
-        fixedvars = {f"_p{j}": topo[p].arg for j, p in enumerate(params)} if params else _NO_VARS
-        kbufs = [device_buffer(topo[r]) if r >= 0 else storage[~r] for r in refs]
-        if state is not False and (params or state is None):
-            # (by value and type, as exec_items compares them)
-            vals = tuple([_arg_key(v) for v in fixedvars.values()]) if params else ()
-            if state is None or state[2] != vals:
-                made = ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).prepared(
-                    tuple(range(len(kbufs))))
-                state = prepared[i] = False if made is None else (made[0], made[1], vals)
-        if state is False:
-            ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None, do_update_stats=do_update_stats)
-            return None
-        if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
-        work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
-    elif (work := mine[3]) is None: work = runners[i]._work(_NO_VARS)  # type: ignore[attr-defined]
-    # the allocations in the launch's order
-    allocations = [_allocation(r, topo, storage) for r in mine[1]]
-    if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
-    return work
+    # (made once, after this path has prepared the launches; False: there is no graph to make)
+    if whole[0] is None and kernels is None: whole[0] = _launch_graphs(plan, ready) or False
 
 def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
     """How later replays of `plan` launch its kernels: runs of consecutive kernels that have a launch prepared for
     all their buffers (no lifted constants, work known without values, a device launch graph: the CPU's LaunchGraph)
     as one graph each, queued in one call where a call per kernel cost a training step ~20 us per kernel. Returns
-    (the kernels in graphs, their launches, the segments in order: a kernel's index, or (graph, the buffer references
-    whose allocations it takes in that order, (ops, bytes moved), kernels)); None where no graph is worth making (a
-    run of one kernel, or of kernels all small enough to run on the calling thread: launched one by one, each where
-    it runs best)."""
+    (the kernels in graphs, their launches, the segments in order: a range of kernels launched one by one, or (graph,
+    the buffer references whose allocations it takes in that order, (ops, bytes moved), kernels)); None where no
+    graph is worth making (runs of one kernel, or of kernels all small enough to run on the calling thread: launched
+    one by one, each where it runs best)."""
     prepared, direct = ready[1], ready[2]
     def graph_of(i: int) -> Any:
         state, mine = prepared[i], direct[i]
@@ -815,7 +817,9 @@ def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
         if (graph := graph_of(i)) is not None:
             while j < n and graph_of(j) is graph: j += 1
         if j - i < 2 or all(direct[k][2] is not None for k in range(i, j)):
-            segments += range(i, j)
+            # (one by one: merged with the run before when that is one by one too)
+            if segments and type(segments[-1]) is range: segments[-1] = range(segments[-1].start, j)
+            else: segments.append(range(i, j))
             i = j
             continue
         index: dict[int, int] = {}

@@ -27,7 +27,7 @@ def graph_calls(monkeypatch):
         made = real(plan, ready)
         if made:
             for seg in made[2]:
-                if type(seg) is not int:
+                if type(seg) is tuple:
                     graph = seg[0]
                     class Counted(type(graph)):
                         def __call__(self, allocations):
