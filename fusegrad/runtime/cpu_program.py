@@ -3,6 +3,7 @@ or run on the calling thread (split by the Python pool)."""
 from __future__ import annotations
 import ctypes
 import itertools
+import os
 import threading
 import time
 import weakref
@@ -36,6 +37,11 @@ class SharedLibrary(ctypes.CDLL):
 
 _libraries: weakref.WeakValueDictionary[bytes, SharedLibrary] = weakref.WeakValueDictionary()
 _libraries_lock = threading.Lock()   # (the background compiler's thread loads optimized binaries too)
+
+def _forget_libraries_lock() -> None:
+    global _libraries_lock
+    _libraries_lock = threading.Lock()   # (a fork while another thread held it: the child's copy would stay locked)
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_forget_libraries_lock)
 
 def shared_library(lib: bytes) -> SharedLibrary:
     """The shared object `lib`, loaded on first use and shared by the programs that use it after that."""

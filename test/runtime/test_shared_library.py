@@ -1,5 +1,6 @@
 """Programs compiled in one compiler run share one loaded shared object (cpu_program.shared_library)."""
 import gc
+import multiprocessing
 import uuid
 import weakref
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from fusegrad.device import Buffer
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.cpu_compiler import CPUCompiler, forwarding
+from fusegrad.runtime import cpu_program
 from fusegrad.runtime.cpu_program import CPUProgram
 from fusegrad.runtime.ops_cpu import TieredCPUProgram
 
@@ -73,3 +75,25 @@ def test_upgrade_keeps_the_forward_target_loaded():
     del b
     gc.collect()
     assert optimized() is None
+
+def _load_in_child(lib: bytes, name: str, q) -> None:
+    import faulthandler
+    faulthandler.dump_traceback_later(20, exit=True)
+    x = np.arange(100, dtype=np.float32)
+    q.put(run(CPUProgram(name, lib), x).tolist() == (x * 2).tolist())
+
+def test_forked_child_loads_while_the_parent_loads():
+    # a fork while another thread of the parent is loading a library (holding the lock of the loaded libraries): the
+    # child loads its own without waiting for a lock nobody in it will release
+    twice, _ = names()
+    lib = CPUCompiler().compile(kernel(twice, "a[i] * 2.0f"))
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    with cpu_program._libraries_lock:
+        p = ctx.Process(target=_load_in_child, args=(lib, twice, q))
+        p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        pytest.fail("a forked child's library load hung")
+    assert p.exitcode == 0 and q.get(timeout=5)
