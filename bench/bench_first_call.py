@@ -197,9 +197,10 @@ def summary(label: str, runs: list[tuple[float, float, float]], kernels: int) ->
             f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms")
 
 def refresh_bytecode(tree: str) -> None:
-    """Write the bytecode caches of `tree`'s fusegrad package that are missing or older than their source."""
+    """Write the bytecode caches of `tree`'s fusegrad package that are missing or older than their source (where it
+    can: a folder it can't write leaves the runs as they were)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "fusegrad")], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(tree, "fusegrad")], env=env, check=False,
                    stdout=subprocess.DEVNULL)
 
 def main() -> None:
