@@ -19,6 +19,7 @@ from fusegrad import Tensor, dtypes
 from fusegrad.dtype import DType, least_upper_float
 from fusegrad.onnx import narrow
 from fusegrad.onnx.errors import Unsupported
+from fusegrad.tensor.indexing import _check_index_values
 from fusegrad.onnx.onnx_dtypes import onnx_dtype
 from fusegrad.uop.ops import is_symbolic, ssimplify, sym_eq, sym_value
 
@@ -874,6 +875,9 @@ def gather(x: Tensor, idx: Tensor, *, axis: int = 0) -> Tensor:
         # Indexing (below) stores it with the indices' axes last (an embedding's (positions, tokens), which a
         # layer norm over the positions then reads as scattered scalars) and normalizes the indices in a kernel of
         # its own
+        # (an index out of range is an IndexError where its values are at hand, as indexing checks them: the gather
+        # reads the normalized indices, which nothing checks)
+        _check_index_values(idx, x.shape[a], a, True)
         flat = _norm_index(idx.reshape(-1), x.shape[a])
         spread = x.shape[:a] + (flat.shape[0],) + x.shape[a + 1:]
         where = flat.reshape((1,) * a + (flat.shape[0],) + (1,) * (x.ndim - a - 1)).expand(spread)

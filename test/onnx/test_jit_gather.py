@@ -95,3 +95,13 @@ def test_embedding_lookup_stored_in_the_results_order():
         want = (e - e.mean(-1, keepdims=True)) / np.sqrt(e.var(-1, keepdims=True) + 1e-5)
         np.testing.assert_allclose(jitted({"ids": ids})["y"], want, rtol=1e-5, atol=1e-5)
     assert len(jitted.captured) == 2
+
+
+@pytest.mark.parametrize("axis,bad", [(0, 50), (0, -51), (1, 50)])
+def test_index_tensor_out_of_range_names_the_node(axis, bad):
+    """An id out of range, given as an array (its values at hand), is an error naming the node, as in onnxruntime."""
+    model, _ = _table_model(axis)
+    ids = np.zeros((2, 3), np.int64)
+    ids[1, 2] = bad
+    with pytest.raises(OnnxNodeError, match=f"embed.*index {bad} is out of bounds for dimension {axis}"):
+        OnnxRunner(model)({"ids": ids})
