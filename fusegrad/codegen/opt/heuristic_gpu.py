@@ -22,12 +22,12 @@ VECTOR = 4          # lanes of an elementwise kernel's vectors (float4)
 TILE = 8            # register tile along each output loop that loads are reused along (a 4096 float32 matmul on an
                     # H200: 17 TFLOP/s with tiles of 4, 26 with 8)
 TILE_SMALL = 4      # the tile along a loop shorter than 4 * TILE
-TILE_LOCALS = 8     # work-items along each output loop of a register-tiled kernel
-UNROLL_BY = 4       # unroll of a register-tiled kernel's innermost reduce loop
-LTILE_BLOCK = 16    # iterations of a register-tiled kernel's reduction staged in local memory at a time
-TC_TILES = (4, 4)   # tensor core tiles per warp along M and N (their fragments of A and B are reused from registers)
-TC_WARPS = (2, 2)   # warps per group along M and N
-TC_UNROLL = 2       # WMMAs chained along K per iteration of a tensor-core kernel's K loop
+TILE_LOCALS = 16    # work-items along each output loop of a register-tiled kernel
+UNROLL_BY = 8       # unroll of a register-tiled kernel's innermost reduce loop
+LTILE_BLOCK = 32    # iterations of a register-tiled kernel's reduction staged in local memory at a time
+TC_TILES = (4, 8)   # tensor core tiles per warp along M and N (their fragments of A and B are reused from registers)
+TC_WARPS = (4, 2)   # warps per group along M and N
+TC_UNROLL = 1       # WMMAs chained along K per iteration of a tensor-core kernel's K loop
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -157,15 +157,15 @@ def _work_items_over_outputs(k: Kernel) -> None:
         if amt >= 2 and _try(k, OptOps.LOCAL, r, amt): budget //= amt
 
 def _stage_through_local(k: Kernel) -> None:
-    """A register-tiled kernel with work-items reduces its outermost reduce loop in blocks of LTILE_BLOCK staged in
-    local memory (a loop that the block doesn't divide is padded when that wastes at most an eighth), where local
-    memory is faster than global memory: on a CPU's OpenCL the barriers cost more than the copies save (a 1024 matmul
-    on PoCL took 2.5x longer)."""
+    """A register-tiled kernel with work-items reduces its outermost reduce loop in blocks of LTILE_BLOCK (half that
+    for a loop shorter than twice the block) staged in local memory (a loop that the block doesn't divide is padded
+    when that wastes at most an eighth), where local memory is faster than global memory: on a CPU's OpenCL the
+    barriers cost more than the copies save (a 1024 matmul on PoCL took 2.5x longer)."""
     if not (k.expanded and k.locals and k.reduce_axes() and k.renderer.fast_local_memory): return
     r = k.loops[k.reduce_axes()[0]]
     n = range_size(r)
-    if not isinstance(n, int) or n < 2 * LTILE_BLOCK: return
-    block = next((b for b in (LTILE_BLOCK, LTILE_BLOCK // 2) if n % b == 0), LTILE_BLOCK)
+    if not isinstance(n, int) or not (sizes := [b for b in (LTILE_BLOCK, LTILE_BLOCK // 2) if n >= 2 * b]): return
+    block = next((b for b in sizes if n % b == 0), sizes[0])
     if n % block:
         if not pads_cheaply(n, block) or (r := _padded(k, r, block)) is None: return
     _try(k, OptOps.LTILE, r, block)
