@@ -16,7 +16,7 @@ from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
 from fusegrad.runtime.cpu_compiler import CPUCompiler
 from fusegrad.runtime.cpu_memory import CPUAllocator
 from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
-from fusegrad.runtime.cpu_program import CPUProgram
+from fusegrad.runtime.cpu_program import CPUProgram, LaunchGraph
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
@@ -798,17 +798,18 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
 
 def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
     """How later replays of `plan` launch its kernels: runs of consecutive kernels that have a launch prepared for
-    all their buffers (no lifted constants, work known without values, a device launch graph: the CPU's LaunchGraph)
-    as one graph each, queued in one call where a call per kernel cost a training step ~20 us per kernel. Returns
-    (the kernels in graphs, their launches, the segments in order: a range of kernels launched one by one, or (graph,
-    the buffer references whose allocations it takes in that order, (ops, bytes moved), kernels)); None where no
-    graph is worth making (runs of one kernel, or of kernels all small enough to run on the calling thread: launched
-    one by one, each where it runs best)."""
+    all their buffers (no lifted constants, work known without values, the CPU's LaunchGraph) as one graph each,
+    queued in one call where a call per kernel cost a training step ~20 us per kernel. Returns (the kernels in
+    graphs, their launches, the segments in order: a range of kernels launched one by one, or (graph, the buffer
+    references whose allocations it takes in that order, (ops, bytes moved), kernels)); None where no graph is worth
+    making (runs of one kernel, or of kernels all small enough to run on the calling thread: launched one by one,
+    each where it runs best)."""
     prepared, direct = ready[1], ready[2]
     def graph_of(i: int) -> Any:
         state, mine = prepared[i], direct[i]
         if plan.kernels[i][2] or not state or mine is None or mine[0] is not state or mine[3] is None: return None
-        return getattr(state[0], "graph", None)
+        # (the CPU's: a GPU's graph of an eager replay, whose buffers are new every call, is not used here yet)
+        return graph if (graph := getattr(state[0], "graph", None)) is LaunchGraph else None
     segments: list[Any] = []
     graphed: list[int] = []
     i, n = 0, len(plan.kernels)
