@@ -424,3 +424,19 @@ def test_rows_reduced_by_groups_on_cl():
     mm = xt[:, :256] @ Tensor(rng.standard_normal((256, 64)).astype(np.float32), device="CL")
     (p,) = realize_kernels(mm)
     assert not any(o.op is OptOps.GROUP for o in p.applied_opts), p.applied_opts
+
+def test_strided_half_convolution_on_a_gpu():
+    """A strided half convolution on a GPU-style device reads its weights in place (no copy with the output channels
+    innermost, a CPU's vectorization, whose half values the scheduler would keep converted to float32): one kernel,
+    which the CUDA renderer lays out on tensor cores; on CL against torch."""
+    torch = pytest.importorskip("torch")
+    from fusegrad.renderer.cuda import CUDARenderer
+    x = rng.standard_normal((16, 16, 16, 16)).astype(np.float16)
+    w = (rng.standard_normal((32, 16, 3, 3)) * 0.2).astype(np.float16)
+    t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), stride=2, padding=1)
+    asts = [si.ast for si in t.schedule() if si.ast.op is Ops.SINK]
+    assert len(asts) == 1
+    assert any(u.op is Ops.WMMA for u in get_program(asts[0], CUDARenderer("sm_90")).uops)
+    t = Tensor(x, device="CL").conv2d(Tensor(w, device="CL"), stride=2, padding=1)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x).float(), torch.from_numpy(w).float(), stride=2, padding=1)
+    np.testing.assert_allclose(t.numpy().astype(np.float32), want.numpy(), rtol=2e-3, atol=2e-3)
