@@ -102,3 +102,22 @@ def test_launch_graph_counts_the_work_of_kernel_by_kernel_launches(monkeypatch):
     from fusegrad.schedule.kernelize import schedule_cache
     schedule_cache.clear()   # (a new plan, whose launches are never graphed)
     assert counted(4) == graphed and graphed[0] >= 8
+
+@needs_pool
+def test_launch_knobs_changed_between_replays_fall_back_and_match_numpy(graph_calls):
+    # each value of the launch knobs has launches (and graphs) of its own; with CPU_ASYNC=0 nothing is queued, so no
+    # launch is prepared and the kernels run one by one
+    from fusegrad import Context
+    an, bn = _arr(96, 128), _arr(128, 80)
+    a, b = Tensor(an).realize(), Tensor(bn).realize()
+    want = (np.maximum(an @ bn, 0) + 1).sum(0)
+    counts = []
+    for knobs in [{}, {"CPU_THREADS": 1}, {"CPU_ASYNC": 0}, {}, {"CPU_THREADS": 1}, {"CPU_ASYNC": 0}] * 2:
+        with Context(**knobs):
+            for _ in range(4):
+                s, t = _chain(a, b)
+                Tensor.realize(s, t)
+                np.testing.assert_allclose(s.numpy(), want, rtol=1e-4, atol=1e-3)
+        counts.append(graph_calls[0])
+    # the graphs ran under the default knobs and CPU_THREADS=1, never with CPU_ASYNC=0
+    assert counts[0] > 0 and counts[1] > counts[0] and counts[2] == counts[1] and counts[-1] == counts[-2]
