@@ -176,3 +176,24 @@ def test_an_op_without_symbolic_kernels_takes_the_call_values_and_says_so_under_
     x = np.zeros((1, 1, 4, 4), np.float32)
     step(**runner.bind_inputs(x=x))
     with pytest.raises(OnnxError, match="lp.*symbolic dims \\(batch\\).*TinyJit"): step(**runner.bind_inputs(x=x))
+
+
+def test_jit_with_a_named_batch_copies_repeated_sizes_into_kept_memory():
+    """Under jit() an array whose named dim was seen before is copied into memory kept per input (shared by every
+    size) and read through the view made for that size: results equal NumPy's for alternating sizes, a Tensor given
+    between them takes the checked path, and no result is overwritten by a later call."""
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    f = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), max_dims={"N": 8}).jit()
+    rng = np.random.default_rng(9)
+    kept = []
+    for i, n in enumerate([3, 5, 3, 5, 3, 8, 5, 1, 3, 1, 8]):
+        x = rng.standard_normal((n, 4)).astype(np.float32)
+        got = f({"x": Tensor(x) if i == 6 else x})["y"]
+        np.testing.assert_allclose(got, np.maximum(x @ w, 0), rtol=1e-6, atol=1e-6, err_msg=f"call {i}, N={n}")
+        kept.append((x, got))
+    for x, y in kept: np.testing.assert_allclose(y, np.maximum(x @ w, 0), rtol=1e-6, atol=1e-6)
+    assert len(f._memory) == 1 and len(f._symbolic) == 4
