@@ -9,6 +9,8 @@ import contextlib
 import itertools
 import math
 from typing import Iterator
+import pathlib
+import sys
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Opt, OptOps
@@ -16,6 +18,8 @@ from fusegrad.codegen.opt import heuristic_gpu
 from fusegrad.device import Buffer
 from fusegrad.engine.realize import CompiledRunner
 from fusegrad.uop.ops import Ops, UOp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 @contextlib.contextmanager
 def constants(**values) -> Iterator[None]:
@@ -87,16 +91,38 @@ def sweep_convs(dev: str) -> None:
                             flops=flops)
                 except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
 
+def profile_gpt2(dev: str, tokens: int = 60) -> None:
+    """GPT-2 124M decoding (bench_gpu.py's row, TinyJit after its first calls): seconds per token in the model's call
+    and in reading the logits back, and the Python functions that take the most time over `tokens` tokens."""
+    import cProfile
+    import pstats
+    import time
+    from bench_gpu import gpt2_row
+    Device.DEFAULT = dev
+    row = gpt2_row(dev, "cuda" if dev.startswith("CUDA") else "cpu", 12)
+    for _ in range(5): row.ours()
+    Device[dev].synchronize()
+    st = time.perf_counter()
+    for _ in range(tokens): row.ours()
+    print(f"GPT-2 decode: {(time.perf_counter() - st) / tokens * 1e3:.3f} ms per token")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(tokens): row.ours()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA")
-    ap.add_argument("--only", default="", help="matmul, rows or conv")
+    ap.add_argument("--only", default="", help="matmul, rows, conv or gpt2 (a profile of its decoding)")
     ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
+    ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
     for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
-                     ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev))):
-        if args.only in ("", name): fn()
+                     ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
+                     ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
+        if args.only == name or (not args.only and name != "gpt2"): fn()
 
 if __name__ == "__main__":
     main()
