@@ -319,6 +319,7 @@ class CUDAProgram:
         self.device, self.name, self.lib = device, name, lib
         self._functions: dict[CUDADevice, tuple[ctypes.c_void_p, int, int]] = {}
         self._modules: list[tuple[CUDADevice, ctypes.c_void_p]] = []
+        self._checked_groups: set[tuple[CUDADevice, tuple[int, ...]]] = set()   # (GPU, local dims) within its limits
         self._function(device)   # (a cubin that doesn't load fails here, where the caller recompiles it)
 
     def _function(self, dev: CUDADevice) -> tuple[ctypes.c_void_p, int, int]:
@@ -349,8 +350,11 @@ class CUDAProgram:
             block = min(global_size, most, 128)
             return fn, (math.ceil(global_size / block), 1, 1), (block, 1, 1)
         gd, ld = launch_dims(self.name, global_dims, local_dims)
-        check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
-                    max_items=min(most, dev.limits[0]), max_sizes=dev.limits[1], local_mem=dev.limits[3])
+        # (a group is checked once per GPU: a prepared launch whose Variables change takes new grids, not new groups)
+        if (dev, ld) not in self._checked_groups:
+            check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
+                        max_items=min(most, dev.limits[0]), max_sizes=dev.limits[1], local_mem=dev.limits[3])
+            self._checked_groups.add((dev, ld))
         for d, (n, top) in enumerate(zip(gd, dev.limits[2])):
             if n > top:
                 raise RuntimeError(f"kernel {self.name} on {dev.device}: {n} blocks along dimension {d} "
