@@ -65,6 +65,17 @@ def sweep_matmuls(dev: str, n: int) -> None:
                                 flops=2 * n ** 3)
                     except Exception as e: print(f"  {tile} {locs} {block}: {type(e).__name__}: {str(e)[:200]}")
 
+def sweep_tc_unroll(dev: str) -> None:
+    """TC_UNROLL on half matmuls of several sizes (the heuristic's tiles otherwise)."""
+    for n in (512, 1024, 2048, 4096):
+        ast = kernel_ast(Tensor.empty(n, n, dtype=dtypes.half, device=dev) @ Tensor.empty(n, n, dtype=dtypes.half,
+                                                                                           device=dev))
+        print(f"matmul {n}^3 half")
+        for unroll in (1, 2, 4, 8):
+            with constants(TC_UNROLL=unroll):
+                try: report(f"TC_UNROLL={unroll}", *time_kernel(dev, ast), flops=2 * n ** 3)
+                except Exception as e: print(f"  {unroll}: {type(e).__name__}: {str(e)[:200]}")
+
 def sweep_rows(dev: str, n: int) -> None:
     x, w, b = Tensor.empty(n, n, device=dev), Tensor.empty(n, device=dev), Tensor.empty(n, device=dev)
     for name, t in (("softmax", x.softmax(-1)), ("layernorm", x.layernorm(-1) * w + b), ("row sum", x.sum(-1))):
@@ -114,15 +125,16 @@ def profile_gpt2(dev: str, tokens: int = 60) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA")
-    ap.add_argument("--only", default="", help="matmul, rows, conv or gpt2 (a profile of its decoding)")
+    ap.add_argument("--only", default="", help="matmul, rows, conv, unroll (TC_UNROLL on half matmuls) or gpt2 "
+                                               "(a profile of its decoding)")
     ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
     ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
     for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
                      ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
-                     ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
-        if args.only == name or (not args.only and name != "gpt2"): fn()
+                     ("unroll", lambda: sweep_tc_unroll(dev)), ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
+        if args.only == name or (not args.only and name not in ("gpt2", "unroll")): fn()
 
 if __name__ == "__main__":
     main()
