@@ -192,6 +192,20 @@ def test_tensor_core_kernels(kernels):
     assert not any(u.op is Ops.WMMA for p in f32 for u in p.uops)
     assert not CUDARenderer("sm_75").tensor_cores
 
+def test_tensor_core_tiles_leave_small_products_enough_groups(monkeypatch):
+    """A 4096^3 half product takes the full tiles (TC_TILES per warp, TC_WARPS per group); a 512^3 one keeps
+    TC_MIN_GROUPS groups and TC_MIN_WARPS warps, where the full tiles would leave it 8 groups."""
+    import fusegrad.tensor as fgt
+    from fusegrad.codegen.opt import heuristic_gpu as hg
+    monkeypatch.setattr(fgt, "_has_tensor_cores", lambda device: True)   # (the CPU's own matmul converts half first)
+    for n in (512, 1024, 4096):
+        a = Tensor.empty(n, n, dtype=dtypes.half)
+        (p,) = programs(a @ a)[-1:]
+        groups, per_group = math.prod(p.global_dims), math.prod(p.local_dims) // 32
+        warps = math.prod(hg.TC_WARPS)
+        if n == 4096: assert (groups, per_group) == (n * n // (16 * 8 * math.prod(hg.TC_TILES) * warps), warps)
+        else: assert groups >= hg.TC_MIN_GROUPS and groups * per_group >= hg.TC_MIN_WARPS, p.applied_opts
+
 def test_float32_exp_without_float64():
     """CUDA's float64 is slow: exp of float32 and half (a softmax's, a sigmoid's) is float32 arithmetic there, no
     double and no exp2 call, though the renderer has a float64 exp2 for float64's own exp."""

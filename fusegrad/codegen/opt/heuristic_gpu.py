@@ -28,6 +28,8 @@ LTILE_BLOCK = 32    # iterations of a register-tiled kernel's reduction staged i
 TC_TILES = (4, 8)   # tensor core tiles per warp along M and N (their fragments of A and B are reused from registers)
 TC_WARPS = (4, 2)   # warps per group along M and N
 TC_UNROLL = 1       # WMMAs chained along K per iteration of a tensor-core kernel's K loop
+TC_MIN_WARPS = 512  # warps a tensor-core kernel keeps for its tiles (about 4 per multiprocessor of an H100/H200)
+TC_MIN_GROUPS = 128  # groups it keeps for its warps (about one per multiprocessor)
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -55,17 +57,27 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
 def _tensor_cores(k: Kernel) -> bool:
     """TC where one of the renderer's tensor cores fits the kernel's sum (its M, N and K loops multiples of the
     instruction's tile, or padded to them where that wastes at most an eighth of each), then TC_TILES tiles per warp
-    (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by TC_UNROLL.
-    Whether it applied."""
+    (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by TC_UNROLL. A
+    small product keeps TC_MIN_WARPS warps and TC_MIN_GROUPS groups where it has them (fewer tiles per warp, fewer
+    warps per group: the tiles that suit 4096^3 left a 512^3 product 8 groups of 8 warps on a GPU of 132
+    multiprocessors). Whether it applied."""
     if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
     if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
         ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
         if not ways or not all(pads_cheaply(range_size(r), d) for r, d in zip(ways[0][1:], ways[0][0].dims)) or \
                 not _try_opt(k, Opt(OptOps.TC, 0, (-1, 2, 1))): return False
+    per_group = 1   # warps per group
     for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
                          (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, TC_UNROLL)):
         r = tc_loops(k)[which]
-        if r is not None and isinstance(sz := range_size(r), int) and sz % n == 0: _try(k, op, r, n)
+        if r is None or not isinstance(sz := range_size(r), int): continue
+        # (the groups are the output loops' iterations: UPCAST takes tiles from the warps, LOCAL gathers them in groups)
+        groups = math.prod(s if isinstance(s, int) else 1 << 20 for s in map(range_size, k.loops[:k.first_reduce]))
+        have, floor = {OptOps.UPCAST: (groups * per_group, TC_MIN_WARPS), OptOps.LOCAL: (groups, TC_MIN_GROUPS)}.get(
+            op, (0, 0))
+        if sz % n: continue
+        while n > 1 and have // n < floor <= have: n //= 2
+        if n > 1 and _try(k, op, r, n) and op is OptOps.LOCAL: per_group *= n
     return True
 
 def _try_opt(k: Kernel, opt: Opt) -> bool:
