@@ -43,7 +43,8 @@ cases = [("float32 matmul 512", lambda a, b: a @ b, (512, 512), dtypes.float32, 
 for name, fn, shape, dt, tol in cases:
     xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(2)]
     ts = [Tensor(x, device=DEV).cast(dt).realize() for x in xs]
-    want = fn(*[Tensor(x).cast(dt) for x in xs]).cast(dtypes.float32).numpy()
+    # (on the CPU: on a machine with a GPU the default device is CUDA, which would check a kernel against itself)
+    want = fn(*[Tensor(x, device="CPU").cast(dt) for x in xs]).cast(dtypes.float32).numpy()
     # (scheduling a tensor takes its kernels: the AST comes from a copy of the expression)
     ast = [si.ast for si in fn(*ts).schedule() if si.ast.op is Ops.SINK][-1]
     chosen.clear()

@@ -29,7 +29,7 @@ def check(name: str, ok: bool, detail: str = "") -> None:
 
 def data(shape: tuple[int, ...], dt: DType, seed: int) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    return Tensor(x).cast(dt).cast(dtypes.float32).numpy()   # (values exact in dt)
+    return Tensor(x, device="CPU").cast(dt).cast(dtypes.float32).numpy()   # (values exact in dt)
 
 def run(fn, arrays: list[np.ndarray], dts: list[DType], device: str) -> tuple[np.ndarray, list]:
     ts = [Tensor(a, device=device).cast(dt).realize() for a, dt in zip(arrays, dts)]
@@ -58,7 +58,8 @@ for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(cases):
     with Context(ALLOW_TF32=int(tf32)):
         got, progs = run(fn, arrays, dts, "CUDA")
         emulated, _ = run(fn, arrays, dts, "PYTHON")
-    want = fn(*[Tensor(a) for a in arrays]).numpy()
+    # (the reference on the CPU: the default device of a machine with a GPU is CUDA)
+    want = fn(*[Tensor(a, device="CPU") for a in arrays]).numpy()
     scale = float(np.abs(want).max())
     wmma = [p for p in progs if any(u.op is Ops.WMMA for u in p.uops)]
     check(name + ": WMMA kernel", len(wmma) == 1, str([p.applied_opts[:1] for p in progs]))

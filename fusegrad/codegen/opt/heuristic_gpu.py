@@ -58,8 +58,8 @@ def _tensor_cores(k: Kernel) -> bool:
     """TC where one of the renderer's tensor cores fits the kernel's sum (its M, N and K loops multiples of the
     instruction's tile, or padded to them where that wastes at most an eighth of each), then TC_TILES tiles per warp
     (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by TC_UNROLL. A
-    small product keeps TC_MIN_WARPS warps and TC_MIN_GROUPS groups where it has them (fewer tiles per warp, fewer
-    warps per group: the tiles that suit 4096^3 left a 512^3 product 8 groups of 8 warps on a GPU of 132
+    small product keeps TC_MIN_WARPS warps and TC_MIN_GROUPS groups (fewer tiles per warp, fewer warps per group, none
+    where it has fewer: the tiles that suit 4096^3 left a 512^3 product 8 groups of 8 warps on a GPU of 132
     multiprocessors). Whether it applied."""
     if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
     if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
@@ -76,7 +76,7 @@ def _tensor_cores(k: Kernel) -> bool:
         have, floor = {OptOps.UPCAST: (groups * per_group, TC_MIN_WARPS), OptOps.LOCAL: (groups, TC_MIN_GROUPS)}.get(
             op, (0, 0))
         if sz % n: continue
-        while n > 1 and have // n < floor <= have: n //= 2
+        while n > 1 and have // n < floor: n //= 2
         if n > 1 and _try(k, op, r, n) and op is OptOps.LOCAL: per_group *= n
     return True
 
