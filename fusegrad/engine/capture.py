@@ -9,7 +9,7 @@ from fusegrad.engine.realize import sym_infer
 from fusegrad.uop.graph import var_values
 from fusegrad.uop.ops import Ops, UOp, arg_uops, is_symbolic
 
-__all__ = ["JitError", "CaptureRecorder", "check_shrink", "check_view_bounds", "snapshot_nodes"]
+__all__ = ["JitError", "CaptureRecorder", "ViewChecks", "check_shrink", "check_view_bounds", "snapshot_nodes"]
 
 # the BUFFER nodes of the copies a realize took for lazy readers of buffers it overwrote (tensor/__init__.py
 # _deferred_readers): a capture that took such a copy doesn't replay it where no later kernel of the capture reads it,
@@ -37,6 +37,31 @@ def check_view_bounds(dims: list[tuple], var_vals: dict[str, int]) -> None:
             raise IndexError(f"Variable{'s' if many else ''} {', '.join(f'{n}={var_vals[n]}' for n in names)} "
                              f"put{'' if many else 's'} a view out of range: shrink of dimension {d} to {lo}..{hi}, "
                              f"which holds {size} elements")
+
+class ViewChecks:
+    """The checks of a capture's shrinks by bound Variables (`constraints`: (dims, the capture's values) as
+    CaptureRecorder keeps them) with a replay's values of the Variables `names` over the capture's: each distinct
+    dimension (the layers of a model make the same shrink, each its own constraint) is computed once per call."""
+    def __init__(self, constraints: list[tuple[list[tuple], dict[str, int]]], names: frozenset[str]):
+        self.constraints, self.names = constraints, names
+        distinct: dict[tuple, dict[str, int]] = {}
+        for dims, values in constraints:
+            for _, b, e, s, dim_names in dims:
+                # (a Variable with neither a value of the call nor of the capture: check_view_bounds skips the dim)
+                if not dim_names or any(n not in names and n not in values for n in dim_names): continue
+                fixed = tuple([(n, values[n]) for n in dim_names if n not in names])
+                distinct.setdefault((b, e, s, fixed), dict(fixed))
+        self.dims = [(b, e, s, fixed) for (b, e, s, _), fixed in distinct.items()]
+
+    def check(self, var_vals: dict[str, int]) -> None:
+        """What `check_view_bounds(dims, {**values, **var_vals})` for every constraint checks (var_vals: a value for
+        each of `names`), raising the same error."""
+        for b, e, s, fixed in self.dims:
+            vv = {**fixed, **var_vals} if fixed else var_vals
+            lo, hi, size = (sym_infer(x, vv) for x in (b, e, s))
+            if not 0 <= lo <= hi <= size:
+                for dims, values in self.constraints: check_view_bounds(dims, {**values, **var_vals})
+                raise AssertionError("the bounds of a view differ between two checks of the same values")
 
 def check_shrink(arg: tuple, shape: tuple) -> None:
     """Raise IndexError when the values of the bound Variables in a shrink's bounds (or in the shape it shrinks) put

@@ -17,15 +17,15 @@ from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer
 from fusegrad.engine import realize as _realize
-from fusegrad.engine.capture import CaptureRecorder, JitError, check_view_bounds, snapshot_nodes
-from fusegrad.engine.realize import BufferCopy, CompiledRunner, ExecItem
+from fusegrad.engine.capture import CaptureRecorder, JitError, ViewChecks, check_view_bounds, snapshot_nodes
+from fusegrad.engine.realize import BoundsCheck, BufferCopy, CompiledRunner, ExecItem
 from fusegrad.engine import jit_verify as _verify
 from fusegrad.engine.jit_verify import JIT_VERIFY
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
 from fusegrad.schedule.multi import shards_of
 from fusegrad.tensor import Tensor
 from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values
-from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, device_buffer
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_map, device_buffer
 from fusegrad.viz import record as _viz
 
 __all__ = ["TinyJit", "JitError"]
@@ -279,6 +279,17 @@ class TinyJit(Generic[R]):
         self._out_chains: list[Any] = []
         self._prepared_work = (0, 0, 0)
         self._dynamic: list[list[Any]] = []   # [item, launch, its last launch_args] of the kernels with Variables
+        # per kernel of _dynamic, the index of the first one with its program and fixed parameters (which gets the
+        # same launch_args for the same values), and those first ones
+        self._dynamic_groups: list[int] = []
+        self._group_items: list[ExecItem] = []
+        # the checks of a replay's values (_checked): (names of the Variables, ViewChecks, BoundsCheck, input sizes)
+        self._checks: tuple[frozenset[str], ViewChecks, BoundsCheck, list[int]] | None = None
+        # the values (by _values_key) checked already, each with what _launch_values gave for them (None until asked)
+        self._values_seen: dict[tuple, Any] = {}
+        # the values the prepared launches hold (None: unknown) and the work of the kernels with Variables under them
+        self._values_set: tuple | None = None
+        self._values_work = (0, 0)
         self._first: _Inputs | None = None
         self._out_structure: Any = None
         self._out_leaves: list[Any] = []
@@ -481,9 +492,10 @@ class TinyJit(Generic[R]):
 
     def _replay(self, inputs: _Inputs | _Same, Tensor: Any) -> Any:
         var_vals = inputs.var_vals
-        # the views the function made with bound Variables hold with this call's values (Variables the function
-        # bound itself keep their capture values)
-        for dims, values in self._constraints: check_view_bounds(dims, {**values, **var_vals})
+        # the views the function made with bound Variables hold with this call's values (Variables the function bound
+        # itself keep their capture values), and the Variables' values are checked against every kernel's buffers,
+        # before any kernel runs
+        key = self._checked(inputs, var_vals)
         subst: dict[int, Buffer] = {id(old): b for old, b in zip(self._inputs_at_capture, inputs.buffers)}
         # fresh output buffers, as BUFFER nodes so the returned tensors own them
         new_nodes: dict[int, UOp] = {}
@@ -500,23 +512,26 @@ class TinyJit(Generic[R]):
                 nb = buffer_map[node] = Buffer(b.device, b.size, b.dtype).ensure_allocated()
                 last[bid] = (node, nb, nb.allocator)
             subst[bid], new_nodes[bid] = nb, node  # type: ignore[assignment]
-        # the Variables' values are checked against every kernel's buffers before any kernel runs
-        _realize.check_bounds(self._bounded, var_vals, subst)
         rng_shift = Tensor._rng_counter - self._rng_first
         # (DEBUG=2 times each kernel: every one takes the plain path)
         prepared = _realize.DEBUG < 2 and not _viz.TIMED
         plan = self._prepared_plan(var_vals) if prepared else [(ei, None) for ei in self.jit_cache]
         dyn_ops = dyn_mem = 0
-        if prepared:
-            # the prepared kernels with Variables take this call's values (their launches change only where the values
-            # differ from the last call's: launch_args gives the same objects for the same values)
-            for entry in self._dynamic:
-                ei, launch, last = entry
-                launch_kw, work = ei.prg.launch_args({**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
-                if launch_kw is not last:
-                    launch.set_values(launch_kw, work)
-                    entry[2] = launch_kw
-                dyn_ops, dyn_mem = dyn_ops + work[0], dyn_mem + work[1]
+        if prepared and self._dynamic:
+            # the prepared kernels with Variables take this call's values, unless they hold them from the last call
+            # (their launches change only where the values differ from the last call's: the same values give the same
+            # launch_args objects)
+            if key is None or key != self._values_set:
+                made = self._values_seen.get(key) if key is not None else None
+                if made is None or made[0] is not self._dynamic:
+                    made = self._launch_values(var_vals)
+                    if key is not None: self._values_seen[key] = made
+                for entry, (launch_kw, work) in zip(self._dynamic, made[1]):
+                    if launch_kw is not entry[2]:
+                        entry[1].set_values(launch_kw, work)
+                        entry[2] = launch_kw
+                self._values_set, self._values_work = key, made[2]
+            dyn_ops, dyn_mem = self._values_work
         for ei, step in plan:
             if step is not None:
                 if ei is None:   # a graph of launches: the allocations of the buffers they take per replay
@@ -547,6 +562,42 @@ class TinyJit(Generic[R]):
             if var_vals and chain is None and isinstance(out, Tensor): out = Tensor(_rebound_graph(out.uop, var_vals))
             outs.append(out)
         return _unflatten(outs, self._out_structure)
+
+    @staticmethod
+    def _values_key(var_vals: dict[str, int]) -> tuple:
+        """The values of the Variables as a key: by name, and by value and type (as launch_args tells them apart)."""
+        return tuple(sorted([(n, _arg_key(v)) for n, v in var_vals.items()])) if var_vals else ()
+
+    def _checked(self, inputs: _Inputs | _Same, var_vals: dict[str, int]) -> tuple | None:
+        """Check this call's values of the Variables against the captured views and kernels' buffers (raising what
+        check_view_bounds and check_bounds raise), once per distinct set of values; their key (see _values_key), or
+        None where the input buffers' sizes differ from the capture's (checked every time then)."""
+        key = self._values_key(var_vals)
+        if key in self._values_seen: return key
+        checks = self._checks
+        if checks is None or checks[0] != var_vals.keys():
+            names = frozenset(var_vals)
+            checks = self._checks = (names, ViewChecks(self._constraints, names), BoundsCheck(self._bounded),
+                                     [b.size for b in self._inputs_at_capture])
+        # (the checks were made on the capture's buffers; an input's buffer of another size, which the inputs'
+        # signature rules out, is checked as it is)
+        if [b.size for b in inputs.buffers] != checks[3]:
+            for dims, values in self._constraints: check_view_bounds(dims, {**values, **var_vals})
+            _realize.check_bounds(self._bounded, var_vals, dict(zip(map(id, self._inputs_at_capture), inputs.buffers)))
+            return None
+        checks[1].check(var_vals)
+        checks[2].check(var_vals)
+        if len(self._values_seen) >= 4096: self._values_seen.clear()   # (bounded: a long run of ever new values)
+        self._values_seen[key] = None
+        return key
+
+    def _launch_values(self, var_vals: dict[str, int]) -> tuple[list, list[tuple[dict, tuple[int, int]]], tuple]:
+        """(self._dynamic, the launch_args of each of its kernels, their work in all) for these values: computed once
+        per program and fixed parameters (the layers of a model run one program each)."""
+        made = [ei.prg.launch_args({**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)  # type: ignore[union-attr]
+                for ei in self._group_items]
+        pairs = [made[g] for g in self._dynamic_groups]
+        return self._dynamic, pairs, (sum(w[0] for _, w in pairs), sum(w[1] for _, w in pairs))
 
     def _prepared_plan(self, var_vals: dict[str, int]) -> list[tuple[ExecItem | None, Any]]:
         """How a replay runs the captured items: (item, None) the plain way; (item, (launch, order)) through a launch
@@ -604,6 +655,14 @@ class TinyJit(Generic[R]):
         self._launches = (plan, ([b.__dict__ for b, _ in memory], [opaque for _, opaque in memory]), knobs)
         self._prepared_work = (ops, mem, count)
         self._dynamic = dynamic
+        first: dict[tuple, int] = {}
+        self._dynamic_groups = [first.setdefault((id(ei.prg), self._values_key(ei.fixedvars)), i)
+                                for i, (ei, _, _) in enumerate(dynamic)]
+        # (the index into _dynamic of each group's first kernel, renumbered into _group_items)
+        order = {i: n for n, i in enumerate(dict.fromkeys(self._dynamic_groups))}
+        self._group_items = [dynamic[i][0] for i in order]
+        self._dynamic_groups = [order[i] for i in self._dynamic_groups]
+        self._values_set = None   # (the new launches hold the values given here)
         return plan
 
     @staticmethod

@@ -280,11 +280,22 @@ class VarBounds:
                        f"  l{i} = max(l{i}, l{name(y)} + {k})")
         return out
 
+    def sizes(self, bufs: list[Buffer | None]) -> tuple[int, ...]:
+        """The sizes of the buffers the accesses touch, in the order `check` compares them."""
+        return tuple([b.size if (b := bufs[i]) is not None else 1 << 62 for i in self.positions])
+
+    def within(self, sizes: tuple[int, ...], var_vals: dict[str, Any]) -> bool:
+        """Whether every access stays inside buffers of these `sizes` under `var_vals` (what `check` checks, without
+        the message); True where a Variable has no value, as `check` lets the launch name it."""
+        if self._fn is None: return True
+        try: return self._fn(var_vals, sizes) is None
+        except KeyError: return True
+
     def check(self, bufs: list[Buffer | None], var_vals: dict[str, Any]) -> None:
         """Raise IndexError, naming the Variables and their values, when under `var_vals` an access would touch an
         element outside its buffer in `bufs`."""
         if self._fn is None: return
-        sizes = tuple([b.size if (b := bufs[i]) is not None else 1 << 62 for i in self.positions])
+        sizes = self.sizes(bufs)
         try: bad = self._fn(var_vals, sizes)
         except KeyError: return  # a Variable without a value: the launch says which
         if bad is None: return
@@ -851,6 +862,27 @@ def check_bounds(items: list[ExecItem], var_vals: dict[str, Any], subst: dict[in
         if ei.prg is not None and (bounds := ei.prg.bounds) is not None:
             bufs = ei.bufs if subst is None else [subst.get(id(b), b) for b in ei.bufs]
             bounds.check(bufs, {**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)
+
+class BoundsCheck:
+    """check_bounds of the same items on buffers of the same sizes for one set of values after another (a TinyJit's
+    replays): the kernels that share a VarBounds (one program run on several layers' buffers), buffer sizes and fixed
+    parameters are one check, so each distinct one runs once per set of values."""
+    def __init__(self, items: list[ExecItem]):
+        self.items = items
+        groups: dict[tuple, tuple[VarBounds, tuple[int, ...], dict[str, Any]]] = {}
+        for ei in items:
+            if ei.prg is None or (bounds := ei.prg.bounds) is None: continue
+            sizes = bounds.sizes(ei.bufs)
+            fixed = tuple([(k, _arg_key(v)) for k, v in ei.fixedvars.items()])
+            groups.setdefault((id(bounds), sizes, fixed), (bounds, sizes, ei.fixedvars))
+        self.groups = list(groups.values())
+
+    def check(self, var_vals: dict[str, Any], subst: dict[int, Buffer] | None = None) -> None:
+        """check_bounds(items, var_vals, subst), where the buffers of `subst` have the sizes of those they replace."""
+        for bounds, sizes, fixed in self.groups:
+            if not bounds.within(sizes, {**var_vals, **fixed} if fixed else var_vals):
+                check_bounds(self.items, var_vals, subst)   # (raises, naming the first kernel out of range)
+                raise AssertionError("the bounds of a kernel differ between two checks of the same values")
 
 # the JIT puts a recorder here while it captures; each item run by run_schedule is handed to capturing[0].add
 capturing: list[Any] = []

@@ -154,6 +154,9 @@ def _note_chunks(program: CPUProgram, pool: Any, chunks: Any, size: int, st: flo
 
 _addressof = ctypes.addressof
 
+# id of a launch_args dict -> (the dict, its values' C variables, their addresses) (PreparedLaunch.set_values)
+_boxed_values: dict[int, tuple[dict[str, Any], list, list]] = {}
+
 class PreparedLaunch:
     """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of
     the buffers at `varying` queues the call. Consecutive ones run in one pool call through LaunchGraph."""
@@ -179,8 +182,13 @@ class PreparedLaunch:
         """Take other values of the kernel's Variables, and the size and split they give (CompiledRunner.launch_args),
         for the calls from now on. Calls already queued keep theirs: the values go into new C variables and a new
         argument array."""
-        self.boxed, addresses = _arguments((), launch["vals"])
-        self.addresses = self.addresses[:self.nbufs] + addresses
+        # (the C variables of one launch_args are shared by the launches given it, the layers of a model running one
+        # kernel: nothing writes them once made)
+        if (made := _boxed_values.get(id(launch))) is None or made[0] is not launch:
+            if len(_boxed_values) >= 256: _boxed_values.clear()
+            made = _boxed_values[id(launch)] = (launch, *_arguments((), launch["vals"]))
+        self.boxed = made[1]
+        self.addresses = self.addresses[:self.nbufs] + made[2]
         self.fixed = self.array_type(*self.addresses)
         gs = self.global_size = launch["global_size"]
         self.threads, self.helpable = _clamped_threads(launch["threads"], gs), launch["helpable"]
