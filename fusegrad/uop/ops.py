@@ -1,5 +1,6 @@
 """The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, with the `Ops` every stage uses."""
 from __future__ import annotations
+import gc
 import math
 import struct
 import threading
@@ -234,18 +235,37 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
 # per thread: the memo of toposort() while a toposort_memo() is open (`memo`), and how many are open (`depth`)
 _topo_memo = threading.local()
 
+# the threads inside a toposort_memo(), and whether the garbage collector was on when the first of them entered
+_gc_hold = {"threads": 0, "was_enabled": False}
+_gc_hold_lock = threading.Lock()
+
 class toposort_memo:
     """Within this context every plain `UOp.toposort()` (no gate, no known nodes) of a node on this thread is walked
     once and copied after that. The memo holds its nodes alive, so it lives only as long as the outermost context: a
-    schedule's creation, a kernel's code generation."""
+    schedule's creation, a kernel's code generation.
+
+    While any thread is inside one, the cyclic garbage collector is off: these passes make and drop tens of thousands
+    of nodes, each young-generation collection walks every node still alive (the graphs being built), and reference
+    counting frees nearly all of them anyway. What cyclic garbage they leave is collected after the context, by the
+    collector's next run."""
     def __enter__(self) -> None:
         st = _topo_memo.__dict__
-        if not st.get("depth"): st["memo"], st["depth"] = {}, 0
+        if not st.get("depth"):
+            st["memo"], st["depth"] = {}, 0
+            with _gc_hold_lock:
+                if _gc_hold["threads"] == 0:
+                    _gc_hold["was_enabled"] = gc.isenabled()
+                    gc.disable()
+                _gc_hold["threads"] += 1
         st["depth"] += 1
     def __exit__(self, *exc: Any) -> None:
         st = _topo_memo.__dict__
         st["depth"] -= 1
-        if st["depth"] == 0: st["memo"] = None
+        if st["depth"] == 0:
+            st["memo"] = None
+            with _gc_hold_lock:
+                _gc_hold["threads"] -= 1
+                if _gc_hold["threads"] == 0 and _gc_hold["was_enabled"]: gc.enable()
 
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
