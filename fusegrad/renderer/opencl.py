@@ -60,7 +60,6 @@ class OpenCLRenderer(CStyleLanguage):
     device has doubles (cl_khr_fp64)."""
     half_as_bits = True   # (16-bit floats are integers in memory and registers, computed in float)
     float_of_bits, bits_of_float = "as_float({})", "as_uint({})"
-    slow_float64 = True   # (most GPUs run float64 far slower than float32, or lack it)
     device = "CL"
     kernel_prefix = "__kernel void"
     buffer_suffix = " restrict"
