@@ -106,10 +106,11 @@ def _arg_names(n: int) -> tuple[str, ...]:
     """The names _leaves gives n positional arguments that are not nested."""
     return tuple(f"argument {i}" for i in range(n))
 
-def _value_key(x: Any) -> tuple[Any, str]:
+def _value_key(x: Any) -> tuple[Any, str | UOp]:
     """What must stay the same in a non-Tensor argument for the captured kernels to fit, and how to name it: numbers
-    and strings by value, a bound Variable by its Variable (its value is passed), any other object by identity."""
-    if isinstance(x, UOp): return (("variable", x.src[0]) if x.op is Ops.BIND else ("uop", x)), repr(x)[:80]
+    and strings by value, a bound Variable by its Variable (its value is passed), any other object by identity. (A
+    UOp is named by itself: its text, made only for an error, costs more than the rest of a replay's checks.)"""
+    if isinstance(x, UOp): return (("variable", x.src[0]) if x.op is Ops.BIND else ("uop", x)), x
     if x is None or isinstance(x, (numbers.Number, str, bytes)): return (type(x).__name__, repr(x)), repr(x)[:80]
     return ("object", type(x).__qualname__, id(x)), f"a {type(x).__qualname__} object at {id(x):#x}"
 
@@ -121,7 +122,7 @@ class _Inputs:
         leaves = _leaves(args, kwargs)
         self.structure = tuple([n for n, _ in leaves])  # (the names are the paths into the nesting)
         self.tensors: list[tuple[str, Any]] = []
-        self.values: list[tuple[str, Any, str]] = []
+        self.values: list[tuple[str, Any, str | UOp]] = []
         binds: dict[UOp, UOp] = {}
         for n, x in leaves:
             if isinstance(x, Tensor): self.tensors.append((n, x))
@@ -440,6 +441,7 @@ class TinyJit(Generic[R]):
                            "list or tuple, other dict keys)")
         for (name, key, text), (_, key0, text0) in zip(now.values, then.values):
             if key != key0:
+                text0, text = (repr(t)[:80] if isinstance(t, UOp) else t for t in (text0, text))
                 raise JitError(f"TinyJit {name} changed from {text0} to {text} since the first call: a non-Tensor "
                                "argument is frozen into the captured kernels; pass a Tensor (or a bound Variable for "
                                "an integer), or reset() to capture again")

@@ -20,8 +20,8 @@ from fusegrad.runtime.cpu_program import CPUProgram, LaunchGraph
 from fusegrad.schedule.linear import ScheduleItem
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _compute_min_max, _minmax_of_products, device_buffer, \
-    exec_alu, python_alu
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _c_idiv, _c_mod, _compute_min_max, _minmax_of_products, \
+    device_buffer, exec_alu, python_alu
 from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
@@ -73,7 +73,41 @@ def _evaluator(x: UOp) -> Callable[[dict[str, int]], int] | bool:
             elif kind == 1: vals.append(var_vals[arg])
             else: vals.append(exec_alu(arg, dtype, tuple([vals[i] for i in srcs])))
         return int(vals[last])
-    return evaluate
+    return _straight_line(order, index, last, evaluate)
+
+# the ops _straight_line writes as Python where their operands are ints: with index operands and results these compute
+# what exec_alu computes (no wrap-around for the index dtype; C division through _c_idiv and _c_mod)
+_INT_EXPR = {Ops.ADD: "{0} + {1}", Ops.SUB: "{0} - {1}", Ops.MUL: "{0} * {1}", Ops.NEG: "-{0}",
+             Ops.MAX: "({0} if {0} > {1} else {1})", Ops.IDIV: "_idiv({0}, {1})", Ops.MOD: "_mod({0}, {1})",
+             Ops.WHERE: "({1} if {0} else {2})"}
+_INT_COMPARE = {Ops.CMPLT: "{0} < {1}", Ops.CMPNE: "{0} != {1}", Ops.CMPEQ: "{0} == {1}"}
+
+def _straight_line(order: list[UOp], index: dict[UOp, int], last: int,
+                   slow: Callable[[dict[str, int]], int]) -> Callable[[dict[str, int]], int]:
+    """The evaluation of `order` (sym_infer's steps) written out as one Python function, each node once: a replay
+    with new values of its Variables evaluates the sizes and work of its kernels without walking the steps. A value
+    that is not an int (a Variable bound to something else) is evaluated by `slow`, the walk."""
+    lines, env = ["def evaluate(vv):"], {"_alu": exec_alu, "_idiv": _c_idiv, "_mod": _c_mod, "_slow": slow}
+    ints: set[int] = set()   # the nodes whose values are ints for certain
+    for i, u in enumerate(order):
+        srcs = [f"v{index[s]}" for s in u.src]
+        if u.op is Ops.CONST:
+            env[f"C{i}"] = u.arg
+            lines.append(f"  v{i} = C{i}")
+            if type(u.arg) is int: ints.add(i)
+        elif u.op is Ops.DEFINE_VAR:
+            lines += [f"  v{i} = vv[{u.arg[0]!r}]", f"  if type(v{i}) is not int: return _slow(vv)"]
+            ints.add(i)
+        elif all(index[s] in ints for s in u.src if not (u.op is Ops.WHERE and s is u.src[0])) and \
+                (u.op in _INT_EXPR and u.dtype == dtypes.index or u.op in _INT_COMPARE):
+            lines.append(f"  v{i} = " + (_INT_EXPR.get(u.op) or _INT_COMPARE[u.op]).format(*srcs))
+            if u.op in _INT_EXPR: ints.add(i)
+        else:
+            env[f"O{i}"], env[f"D{i}"] = u.op, u.dtype
+            lines.append(f"  v{i} = _alu(O{i}, D{i}, ({', '.join(srcs)},))")
+    lines.append(f"  return int(v{last})")
+    exec(compile("\n".join(lines), "<sym_infer>", "exec"), env)  # noqa: S102
+    return env["evaluate"]
 
 # *** the memory a kernel touches, as a function of its Variables ***
 

@@ -97,3 +97,43 @@ def test_launch_values_set_only_when_they_change(monkeypatch):
         np.testing.assert_allclose(f(Tensor(x), v.bind(n)).numpy(), _ref(x, n), rtol=1e-5, atol=1e-5)
         assert (len(calls) > before) == changed, (n, calls[before:])
         assert all(vals == (n,) for vals in calls[before:])
+
+def test_sym_infer_written_out_computes_what_substitution_computes():
+    # the function sym_infer writes per expression (each node once, in Python) against substituting the values and
+    # folding the graph, over random expressions of C division, remainder, max and comparisons with negative values
+    import random
+    from fusegrad.uop.ops import Ops, UOp
+    a, b = Variable("a", -50, 50), Variable("b", -9, 9)
+    rng = random.Random(0)
+    def expr(depth: int):
+        if depth == 0: return rng.choice([a, b, rng.randint(-7, 7)])
+        x, y = expr(depth - 1), expr(depth - 1)
+        if not isinstance(x, UOp): x, y = y, x
+        if not isinstance(x, UOp): return a + x
+        op = rng.choice(["+", "*", "-", "//", "%", "max", "where"])
+        if op in ("//", "%") and isinstance(y, int) and y == 0: y = b
+        return {"+": lambda: x + y, "*": lambda: x * y, "-": lambda: x - y, "//": lambda: x // y,
+                "%": lambda: x % y, "max": lambda: x.maximum(y), "where": lambda: (x < y).where(x, y)}[op]()
+    tried = 0
+    for _ in range(150):
+        e = expr(rng.randint(1, 4))
+        if realize._evaluator(e) is False: continue
+        tried += 1
+        for va, vb in ((-50, -9), (-13, -2), (-1, 0), (0, 3), (7, 9), (50, 1)):
+            vv = {"a": va, "b": vb}
+            subs = {u: u.const_like(vv[u.arg[0]]) for u in e.toposort() if u.op is Ops.DEFINE_VAR}
+            assert realize.sym_infer(e, vv) == int(e.substitute(subs)), (e, vv)
+            # (a value that is no int takes the walk over the nodes, as before)
+            assert realize.sym_infer(e, {"a": float(va), "b": vb}) == realize.sym_infer(e, vv), (e, vv)
+    assert tried > 100
+
+def test_another_variable_as_argument_is_named_in_the_error():
+    from fusegrad.engine.jit import JitError
+    a, b = Variable("a", 0, 8), Variable("b", 0, 8)
+    data = np.arange(8, dtype=np.float32)
+    t = Tensor(data).realize()
+    f = TinyJit(lambda x, n: (x[0:n] * 2).sum())
+    for k in (2, 5, 7):
+        np.testing.assert_allclose(f(t, a.bind(k)).numpy(), data[:k].sum() * 2)
+    with pytest.raises(JitError, match=r"argument 1 changed from .*\ba\b.* to .*\bb\b.* since the first call"):
+        f(t, b.bind(3))
