@@ -156,12 +156,18 @@ class _Inputs:
         else: self.var_vals = {}
 
     def _plain(self, args: tuple) -> bool:
-        """The common call, made without the general walk: positional arguments that are all tensors, each a buffer or
-        a reshape of one (with integer sizes) on one device. Sets what __init__ sets, the same values; False (nothing
-        set) for any other call."""
-        views, buffers = [], []
-        for t in args:
+        """The common call, made without the general walk: positional arguments that are tensors, each a buffer or a
+        reshape of one (with integer sizes) on one device, or bound Variables (a decoder's position). Sets what
+        __init__ sets, the same values; False (nothing set) for any other call."""
+        views, buffers, tensors, values, binds = [], [], [], [], {}
+        names = _arg_names(len(args))
+        for n, t in zip(names, args):
+            if type(t) is UOp and t.op is Ops.BIND:
+                values.append((n, ("variable", t.src[0]), t))
+                binds[t] = t.src[0]
+                continue
             if not isinstance(t, Tensor): return False
+            tensors.append((n, t))
             u = t.uop
             if u.op is Ops.BUFFER: views.append(u.arg[1])
             elif u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER and all(type(x) is int for x in u.arg):
@@ -169,10 +175,9 @@ class _Inputs:
             else: return False
             buffers.append(device_buffer(u))
         if len({id(b) for b in buffers}) != len(buffers): return False   # (the general path names the two)
-        names = _arg_names(len(args))
-        self.structure, self.values, self.var_vals, self.buffers = names, [], {}, buffers
-        self.tensors = list(zip(names, args))
-        self.sig = [(n, t.shape, t.dtype, t.device, (v,)) for n, t, v in zip(names, args, views)]
+        self.structure, self.values, self.buffers, self.tensors = names, values, buffers, tensors
+        self.var_vals = var_values(binds) if binds else {}
+        self.sig = [(n, t.shape, t.dtype, t.device, (v,)) for (n, t), v in zip(tensors, views)]
         return True
 
     @staticmethod
