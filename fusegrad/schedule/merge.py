@@ -248,10 +248,18 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     members = {k: [k] for k in kernels}
     merged: dict[UOp, UOp] = {}                  # representative -> the group's KERNEL (sources: old nodes)
     def find(k: UOp) -> UOp:
-        while group[k] is not k: k = group[k]
+        # (path halving: each step also points a kernel at its grandparent, so chains of merges stay short to walk)
+        while (up := group[k]) is not k:
+            group[k] = top = group[up]
+            k = top
         return k
+    # (each group's dependencies, found once and updated by each merge: `reaches` walks the same groups for every
+    # merge tried, all the way up a chain of kernels)
+    group_deps_memo: dict[UOp, set[UOp]] = {}
     def group_deps(g: UOp) -> set[UOp]:
-        return {find(d) for m in members[g] for d in deps[m]} - {g}
+        if (ret := group_deps_memo.get(g)) is None:
+            ret = group_deps_memo[g] = {find(d) for m in members[g] for d in deps[m]} - {g}
+        return ret
     def reaches(starts: set[UOp], target: UOp) -> bool:
         stack, seen = list(starts), set()
         while stack:
@@ -290,6 +298,13 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
                 continue
             group[gp] = gr
+            # the merged group depends on what either did; the groups that depended on the producer's now depend on it
+            gp_deps, gr_deps = group_deps_memo.pop(gp, None), group_deps_memo.pop(gr, None)
+            for ds in group_deps_memo.values():
+                if gp in ds:
+                    ds.discard(gp)
+                    ds.add(gr)
+            if gp_deps is not None and gr_deps is not None: group_deps_memo[gr] = (gp_deps | gr_deps) - {gp, gr}
             weights[gr] = weight(gr) + weight(gp)
             members[gr] += members.pop(gp)
             merged[gr] = both

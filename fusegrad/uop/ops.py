@@ -267,6 +267,9 @@ class toposort_memo:
                 _gc_hold["threads"] -= 1
                 if _gc_hold["threads"] == 0 and _gc_hold["was_enabled"]: gc.enable()
 
+# the default of UOp.replace's fields: the field is kept (None is a valid arg)
+_KEEP: Any = object()
+
 class UOp(metaclass=UOpMetaClass):
     """A node of the graph. Immutable; `==` and hash are identity, so build comparisons with .eq()/.ne()/<."""
     __slots__ = ("op", "dtype", "src", "arg", "_ukey", "__weakref__", "__dict__")
@@ -296,12 +299,12 @@ class UOp(metaclass=UOpMetaClass):
         if name not in d: d[name] = fxn()
         return d[name]
 
-    def replace(self, **kwargs: Any) -> UOp:
+    def replace(self, *, op: Any = _KEEP, dtype: Any = _KEEP, src: Any = _KEEP, arg: Any = _KEEP) -> UOp:
         """A UOp like this one with some of op/dtype/src/arg changed (this one is untouched)."""
-        new = (kwargs.pop("op", self.op), kwargs.pop("dtype", self.dtype), kwargs.pop("src", self.src),
-               kwargs.pop("arg", self.arg))
-        if kwargs: raise TypeError(f"replace() got unexpected fields {list(kwargs)}")
-        return UOp(*new)
+        # (keyword parameters with a sentinel default, not **kwargs: a rewrite pass calls this for most nodes it
+        # rebuilds, and an unknown field is still a TypeError naming it)
+        return UOp(self.op if op is _KEEP else op, self.dtype if dtype is _KEEP else dtype,
+                   self.src if src is _KEEP else src, self.arg if arg is _KEEP else arg)
 
     # *** graph walking ***
 
