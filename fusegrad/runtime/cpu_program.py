@@ -154,8 +154,9 @@ def _note_chunks(program: CPUProgram, pool: Any, chunks: Any, size: int, st: flo
 
 _addressof = ctypes.addressof
 
-# id of a launch_args dict -> (the dict, its values' C variables, their addresses) (PreparedLaunch.set_values)
-_boxed_values: dict[int, tuple[dict[str, Any], list, list]] = {}
+# id of a launch_args dict -> (the dict, CPU_THREADS when made, its values' C variables, their addresses, global size,
+# threads, helpable, workers, join) (PreparedLaunch.set_values)
+_launch_values: dict[int, tuple] = {}
 
 class PreparedLaunch:
     """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of
@@ -182,19 +183,22 @@ class PreparedLaunch:
         """Take other values of the kernel's Variables, and the size and split they give (CompiledRunner.launch_args),
         for the calls from now on. Calls already queued keep theirs: the values go into new C variables and a new
         argument array."""
-        # (the C variables of one launch_args are shared by the launches given it, the layers of a model running one
-        # kernel: nothing writes them once made)
-        if (made := _boxed_values.get(id(launch))) is None or made[0] is not launch:
-            if len(_boxed_values) >= 256: _boxed_values.clear()
-            made = _boxed_values[id(launch)] = (launch, *_arguments((), launch["vals"]))
-        self.boxed = made[1]
-        self.addresses = self.addresses[:self.nbufs] + made[2]
+        # (what follows from one launch_args is worked out once and shared by the launches given it, the layers of a
+        # model running one kernel: its C variables too, which nothing writes once made)
+        made = _launch_values.get(id(launch))
+        if made is None or made[0] is not launch or made[1] != CPU_THREADS.value:
+            if len(_launch_values) >= 256: _launch_values.clear()
+            gs = launch["global_size"]
+            threads, helpable = _clamped_threads(launch["threads"], gs), launch["helpable"]
+            made = _launch_values[id(launch)] = (launch, CPU_THREADS.value, *_arguments((), launch["vals"]), gs,
+                                                 threads, helpable, _workers(threads, helpable),
+                                                 launch["join"] and threads > 1 and helpable)
+        _, _, self.boxed, addresses, gs, self.threads, self.helpable, self.workers, join = made
+        self.addresses = self.addresses[:self.nbufs] + addresses
         self.fixed = self.array_type(*self.addresses)
-        gs = self.global_size = launch["global_size"]
-        self.threads, self.helpable = _clamped_threads(launch["threads"], gs), launch["helpable"]
-        self.workers = _workers(self.threads, self.helpable)
+        self.global_size = gs
         # (a launch in a graph stays in it: its join, a hint that the caller helps a long kernel, is dropped there)
-        self.join = self.graph is None and launch["join"] and self.threads > 1 and self.helpable
+        self.join = self.graph is None and join
         self._here[2][0] = gs
         self.work, self.dynamic = work, True
 
