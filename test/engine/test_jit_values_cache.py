@@ -137,3 +137,24 @@ def test_another_variable_as_argument_is_named_in_the_error():
         np.testing.assert_allclose(f(t, a.bind(k)).numpy(), data[:k].sum() * 2)
     with pytest.raises(JitError, match=r"argument 1 changed from .*\ba\b.* to .*\bb\b.* since the first call"):
         f(t, b.bind(3))
+
+@pytest.mark.skipif(cpu_pool.c_pool() is None or cpu_pool.cores() < 2,
+                    reason="no prepared CPU launch without the C pool and 2 cores")
+def test_set_values_shared_per_launch_args_follow_the_thread_knob():
+    from fusegrad.helpers import Context
+    small, big = Tensor(DATA[:8]).realize(), Tensor(DATA).realize()
+    f, v = _layers(small, big), Variable("p", 0, ROWS)
+    x = np.ones(D, np.float32)
+    f(Tensor(x), v.bind(1)), f(Tensor(x), v.bind(2)), f(Tensor(x), v.bind(3))
+    (ei, launch, kw), (_, other, _) = f._dynamic[0], f._dynamic[-1]
+    wide = dict(kw, threads=4, global_size=100, vals=(5,) * len(kw["vals"]))
+    for knob in (1, 3, 0, 1):
+        with Context(CPU_THREADS=knob):
+            launch.set_values(wide, (1, 1))
+            other.set_values(wide, (1, 1))
+            assert launch.threads == other.threads == cpu_program._clamped_threads(4, 100)
+            assert launch.global_size == 100 and launch.dynamic
+    # (one dict's values are one set of C variables, read only)
+    assert launch.boxed is other.boxed and [b.value for b in launch.boxed] == [5] * len(kw["vals"])
+    for entry in f._dynamic: entry[1].set_values(entry[2], (0, 0))
+    np.testing.assert_allclose(f(Tensor(x), v.bind(6)).numpy(), _ref(x, 6), rtol=1e-5, atol=1e-5)
