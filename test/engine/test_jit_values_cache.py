@@ -146,7 +146,7 @@ def test_set_values_shared_per_launch_args_follow_the_thread_knob():
     f, v = _layers(small, big), Variable("p", 0, ROWS)
     x = np.ones(D, np.float32)
     f(Tensor(x), v.bind(1)), f(Tensor(x), v.bind(2)), f(Tensor(x), v.bind(3))
-    (ei, launch, kw), (_, other, _) = f._dynamic[0], f._dynamic[-1]
+    (_, launch, kw), (_, other, _) = f._dynamic[0], f._dynamic[-1]
     wide = dict(kw, threads=4, global_size=100, vals=(5,) * len(kw["vals"]))
     for knob in (1, 3, 0, 1):
         with Context(CPU_THREADS=knob):
@@ -158,3 +158,21 @@ def test_set_values_shared_per_launch_args_follow_the_thread_knob():
     assert launch.boxed is other.boxed and [b.value for b in launch.boxed] == [5] * len(kw["vals"])
     for entry in f._dynamic: entry[1].set_values(entry[2], (0, 0))
     np.testing.assert_allclose(f(Tensor(x), v.bind(6)).numpy(), _ref(x, 6), rtol=1e-5, atol=1e-5)
+
+def test_view_with_a_variable_the_function_binds_itself_keeps_its_capture_value():
+    # a window of width w, bound inside the function (its capture value, 3, holds on every replay), next to the row
+    # the kernel reads: the window's condition is checked with each call's p
+    data = np.arange(8, dtype=np.float32)
+    t = Tensor(data).realize()
+    p, w = Variable("p", 0, 10), Variable("w", 0, 10)
+    def step(x, q):
+        x[q:q + w.bind(3)]
+        return (x[q:q + 1] * 2).contiguous()
+    f = TinyJit(step)
+    for k in (0, 2, 5, 2):
+        np.testing.assert_array_equal(f(t, p.bind(k)).numpy(), data[k:k + 1] * 2)
+    for bad in (6, 10, 6):
+        with pytest.raises(IndexError, match=rf"Variables p={bad}, w=3 put a view out of range: shrink of dimension 0 "
+                                             rf"to {bad}\.\.{bad + 3}, which holds 8 elements"):
+            f(t, p.bind(bad))
+    np.testing.assert_array_equal(f(t, p.bind(5)).numpy(), data[5:6] * 2)
