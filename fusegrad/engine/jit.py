@@ -579,8 +579,6 @@ class TinyJit(Generic[R]):
         """Check this call's values of the Variables against the captured views and kernels' buffers (raising what
         check_view_bounds and check_bounds raise), once per distinct set of values; their key (see _values_key), or
         None where the input buffers' sizes differ from the capture's (checked every time then)."""
-        key = self._values_key(var_vals)
-        if key in self._values_seen: return key
         checks = self._checks
         if checks is None or checks[0] != var_vals.keys():
             names = frozenset(var_vals)
@@ -592,6 +590,8 @@ class TinyJit(Generic[R]):
             for dims, values in self._constraints: check_view_bounds(dims, {**values, **var_vals})
             _realize.check_bounds(self._bounded, var_vals, dict(zip(map(id, self._inputs_at_capture), inputs.buffers)))
             return None
+        key = self._values_key(var_vals)
+        if key in self._values_seen: return key
         checks[1].check(var_vals)
         checks[2].check(var_vals)
         if len(self._values_seen) >= 4096: self._values_seen.clear()   # (bounded: a long run of ever new values)
