@@ -5,7 +5,7 @@ import uuid
 import weakref
 import numpy as np
 import pytest
-from fusegrad.device import Buffer
+from fusegrad.device import Buffer, Device
 from fusegrad.dtype import dtypes
 from fusegrad.runtime.cpu_compiler import CPUCompiler, forwarding
 from fusegrad.runtime import cpu_program
@@ -28,6 +28,12 @@ def run(prg: CPUProgram, a: np.ndarray) -> np.ndarray:
     out = Buffer("CPU", a.size, dtypes.float32).ensure_allocated()
     prg(out._buf, Buffer("CPU", a.size, dtypes.float32).copyin(memoryview(a))._buf, global_size=a.size, threads=2)
     return out.numpy()
+
+def _settle() -> None:
+    """Let go of what the C pool keeps of finished launches (it holds a queued launch's program until a later wait
+    sees the launch done), then collect."""
+    Device["CPU"].synchronize()
+    gc.collect()
 
 def names() -> tuple[str, str]:
     tag = uuid.uuid4().hex[:8]
@@ -52,7 +58,7 @@ def test_one_load_per_binary():
     assert dll() is not None   # (p2 runs from it)
     np.testing.assert_array_equal(run(p2, a), a + 1)
     del p2
-    gc.collect()
+    _settle()
     assert dll() is None       # unloaded once no program holds it
 
 def test_upgrade_keeps_the_forward_target_loaded():
@@ -73,7 +79,7 @@ def test_upgrade_keeps_the_forward_target_loaded():
     x = np.arange(1000, dtype=np.float32)
     np.testing.assert_array_equal(run(b, x), x * 2)   # (b's entry forwards to the optimized code)
     del b
-    gc.collect()
+    _settle()
     assert optimized() is None
 
 def _load_in_child(lib: bytes, name: str, q) -> None:
