@@ -216,14 +216,31 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
     # depth first with an iterator over each open node's sources: a node is added once all its sources are
     visited: dict[UOp, None] = dict(known) if known is not None else {}
     if root in visited: return visited
+    if gate is None: return _toposort_all(root, visited)
     empty: tuple[UOp, ...] = ()
-    stack = [(root, iter(root.src if gate is None or gate(root) else empty))]
+    stack = [(root, iter(root.src if gate(root) else empty))]
     while stack:
         node, srcs = stack[-1]
         for s in srcs:
             if s not in visited:
                 # (a leaf, or a node the gate stops at, is added where it is met: no stack entry of its own)
-                if s.src and (gate is None or gate(s)):
+                if s.src and gate(s):
+                    stack.append((s, iter(s.src)))
+                    break
+                visited[s] = None
+        else:
+            stack.pop()
+            visited[node] = None
+    return visited
+
+def _toposort_all(root: UOp, visited: dict[UOp, None]) -> dict[UOp, None]:
+    # _toposort without a gate (most walks): the same order, a test less per node
+    stack = [(root, iter(root.src))]
+    while stack:
+        node, srcs = stack[-1]
+        for s in srcs:
+            if s not in visited:
+                if s.src:
                     stack.append((s, iter(s.src)))
                     break
                 visited[s] = None
@@ -235,37 +252,33 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
 # per thread: the memo of toposort() while a toposort_memo() is open (`memo`), and how many are open (`depth`)
 _topo_memo = threading.local()
 
-# the threads inside a toposort_memo(), and whether the garbage collector was on when the first of them entered
-_gc_hold = {"threads": 0, "was_enabled": False}
-_gc_hold_lock = threading.Lock()
+# whether the garbage collector was on when the main thread entered its outermost toposort_memo()
+_gc_was_enabled = [False]
 
 class toposort_memo:
     """Within this context every plain `UOp.toposort()` (no gate, no known nodes) of a node on this thread is walked
     once and copied after that. The memo holds its nodes alive, so it lives only as long as the outermost context: a
     schedule's creation, a kernel's code generation.
 
-    While any thread is inside one, the cyclic garbage collector is off: these passes make and drop tens of thousands
-    of nodes, each young-generation collection walks every node still alive (the graphs being built), and reference
-    counting frees nearly all of them anyway. What cyclic garbage they leave is collected after the context, by the
-    collector's next run."""
+    While the main thread is inside one, the cyclic garbage collector is off: these passes make and drop tens of
+    thousands of nodes, each young-generation collection walks every node still alive (the graphs being built), and
+    reference counting frees nearly all of them anyway. What cyclic garbage they leave is collected after the context,
+    by the collector's next run. (Only the main thread's contexts, which a first call waits for: background code
+    generation, which may run for long, leaves the collector as it is.)"""
     def __enter__(self) -> None:
         st = _topo_memo.__dict__
         if not st.get("depth"):
             st["memo"], st["depth"] = {}, 0
-            with _gc_hold_lock:
-                if _gc_hold["threads"] == 0:
-                    _gc_hold["was_enabled"] = gc.isenabled()
-                    gc.disable()
-                _gc_hold["threads"] += 1
+            if threading.current_thread() is threading.main_thread():
+                _gc_was_enabled[0] = gc.isenabled()
+                gc.disable()
         st["depth"] += 1
     def __exit__(self, *exc: Any) -> None:
         st = _topo_memo.__dict__
         st["depth"] -= 1
         if st["depth"] == 0:
             st["memo"] = None
-            with _gc_hold_lock:
-                _gc_hold["threads"] -= 1
-                if _gc_hold["threads"] == 0 and _gc_hold["was_enabled"]: gc.enable()
+            if _gc_was_enabled[0] and threading.current_thread() is threading.main_thread(): gc.enable()
 
 # the default of UOp.replace's fields: the field is kept (None is a valid arg)
 _KEEP: Any = object()
@@ -316,7 +329,7 @@ class UOp(metaclass=UOpMetaClass):
         if gate is None and known is None and (memo := getattr(_topo_memo, "memo", None)) is not None:
             # (inside toposort_memo(): code generation walks the same kernel graphs from many places; the caller gets
             # a copy, so what it does with its dict leaves the memo alone)
-            if (ret := memo.get(self)) is None: ret = memo[self] = _toposort(self, None, None)
+            if (ret := memo.get(self)) is None: ret = memo[self] = _toposort_all(self, {})
             return dict(ret)
         return _toposort(self, gate, known)
 
