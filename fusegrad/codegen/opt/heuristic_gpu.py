@@ -70,12 +70,11 @@ def _tensor_cores(k: Kernel) -> bool:
     for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
                          (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, TC_UNROLL)):
         r = tc_loops(k)[which]
-        if r is None or not isinstance(sz := range_size(r), int): continue
+        if r is None or not isinstance(sz := range_size(r), int) or sz % n: continue
         # (the groups are the output loops' iterations: UPCAST takes tiles from the warps, LOCAL gathers them in groups)
         groups = math.prod(s if isinstance(s, int) else 1 << 20 for s in map(range_size, k.loops[:k.first_reduce]))
-        have, floor = {OptOps.UPCAST: (groups * per_group, TC_MIN_WARPS), OptOps.LOCAL: (groups, TC_MIN_GROUPS)}.get(
-            op, (0, 0))
-        if sz % n: continue
+        if op is OptOps.UPCAST: have, floor = groups * per_group, TC_MIN_WARPS
+        else: have, floor = groups, (TC_MIN_GROUPS if op is OptOps.LOCAL else 0)
         while n > 1 and have // n < floor: n //= 2
         if n > 1 and _try(k, op, r, n) and op is OptOps.LOCAL: per_group *= n
     return True
