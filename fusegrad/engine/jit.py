@@ -604,7 +604,7 @@ class TinyJit(Generic[R]):
         made = [ei.prg.launch_args({**var_vals, **ei.fixedvars} if ei.fixedvars else var_vals)  # type: ignore[union-attr]
                 for ei in self._group_items]
         pairs = [made[g] for g in self._dynamic_groups]
-        return self._dynamic, pairs, (sum(w[0] for _, w in pairs), sum(w[1] for _, w in pairs))
+        return self._dynamic, pairs, (sum([w[0] for _, w in pairs]), sum([w[1] for _, w in pairs]))
 
     def _prepared_plan(self, var_vals: dict[str, int]) -> list[tuple[ExecItem | None, Any]]:
         """How a replay runs the captured items: (item, None) the plain way; (item, (launch, order)) through a launch

@@ -400,7 +400,7 @@ class CompiledRunner(Runner):
 
     def _launch(self, var_vals: dict[str, int]) -> dict[str, Any]:
         """The keyword arguments of the device program's call (and of its `prepare`) other than the buffers."""
-        try: vals = tuple(conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv))
+        try: vals = tuple([conv(var_vals[n]) for n, conv in zip(self._vnames, self._vconv)])
         except KeyError as e: raise ValueError(f"kernel {self.p.name} needs a value for Variable {e.args[0]}: bind it "
                                          "(Variable.bind(value)) where the shape is built, or pass the bound Variable "
                                          "to the TinyJit function") from e
