@@ -243,6 +243,10 @@ def _without_unread_snapshots(items: list[ExecItem]) -> list[ExecItem]:
         kept.append(ei)
     return kept
 
+# the sets of Variable values a TinyJit keeps checked (with their launch values) before it forgets them all: bounded
+# for a long run of ever new values; a decoder of 1024 positions keeps all of its own
+VALUES_KEPT = 1024
+
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
 
@@ -594,7 +598,7 @@ class TinyJit(Generic[R]):
         if key in self._values_seen: return key
         checks[1].check(var_vals)
         checks[2].check(var_vals)
-        if len(self._values_seen) >= 4096: self._values_seen.clear()   # (bounded: a long run of ever new values)
+        if len(self._values_seen) >= VALUES_KEPT: self._values_seen.clear()
         self._values_seen[key] = None
         return key
 

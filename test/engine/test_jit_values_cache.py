@@ -176,3 +176,15 @@ def test_view_with_a_variable_the_function_binds_itself_keeps_its_capture_value(
                                              rf"to {bad}\.\.{bad + 3}, which holds 8 elements"):
             f(t, p.bind(bad))
     np.testing.assert_array_equal(f(t, p.bind(5)).numpy(), data[5:6] * 2)
+
+def test_values_forgotten_past_the_bound_are_checked_again(monkeypatch):
+    from fusegrad.engine import jit
+    monkeypatch.setattr(jit, "VALUES_KEPT", 2)
+    small, big = Tensor(DATA[:8]).realize(), Tensor(DATA).realize()
+    f, v = _layers(small, big), Variable("p", 0, ROWS)
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 3, 4, 5, 3, 8, 1, 2, 8, 4):
+        x = rng.standard_normal(D).astype(np.float32)
+        np.testing.assert_allclose(f(Tensor(x), v.bind(n)).numpy(), _ref(x, n), rtol=1e-5, atol=1e-5)
+        assert len(f._values_seen) <= 2
+        with pytest.raises(IndexError, match="p=10 "): f(Tensor(x), v.bind(10))
