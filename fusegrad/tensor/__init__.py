@@ -21,7 +21,7 @@ from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin, check_size
 from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
-from fusegrad.tensor.nn import NNMixin, matmul_nodes
+from fusegrad.tensor.nn import NNMixin, matmul_nodes, renderer_says
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
 from fusegrad.engine.capture import snapshot_nodes
@@ -76,9 +76,7 @@ def _device_uop(device: str | tuple[str, ...]) -> UOp: return UOp(Ops.DEVICE, ar
 # the check for one
 _sharding_used = False
 
-def _has_tensor_cores(device: str) -> bool:
-    from fusegrad.device import Device
-    return bool(getattr(Device[device].renderer, "tensor_cores", None))
+def _has_tensor_cores(device: str) -> bool: return renderer_says(device, "tensor_cores")
 
 def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
     """A device name in canonical form ("cpu:0" -> "CPU"); a tuple of names (several devices) is canonicalized

@@ -160,10 +160,11 @@ def matmul_nodes(a: UOp, b: UOp) -> UOp:
     bu = b.permute(tuple(range(nb)) + (nb + 1, nb)).reshape((*batch, 1, m, k)).expand(full)
     return UOp(Ops.MUL, a.dtype, (au, bu)).r(Ops.ADD, (nb + 2,)).reshape((*batch, n, m))
 
-def _gpu_style(device: str | tuple[str, ...]) -> bool:
-    """Whether `device` runs GPU-style kernels (work-groups of work-items)."""
+def renderer_says(device: str | tuple[str, ...], attr: str) -> bool:
+    """Whether the renderer of `device` (of a sharded tensor's first device) has `attr` set: "has_local" for
+    GPU-style kernels, "tensor_cores" for matrix instructions."""
     from fusegrad.device import Device
-    return bool(getattr(Device[device if isinstance(device, str) else device[0]].renderer, "has_local", False))
+    return bool(getattr(Device[device if isinstance(device, str) else device[0]].renderer, attr, None))
 
 def _conv_result(ret: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, stride, dilation,
                  flat: list[int], out_dt: DType) -> Tensor:
@@ -545,7 +546,7 @@ class NNMixin:
         x = _views_of(x)
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
-        if any(s > 1 for s in s_) and rcout >= 8 and not _gpu_style(self.device):
+        if any(s > 1 for s in s_) and rcout >= 8 and not renderer_says(self.device, "has_local"):
             # a strided convolution is vectorized along its output channels (along its output rows each vector would
             # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
             # contiguous. Not with fewer output channels per group than a vector (a depthwise convolution's one):

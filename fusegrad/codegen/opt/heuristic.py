@@ -777,11 +777,10 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # as 4 sequences of 128 from a (batch, heads, tokens, 64) layout): within a block the index is then affine, where
     # a block of 256 divided and took every step modulo 128)
     periods = _remainder_divisors(k, red[0])
-    blk = next((b for b in range(rsz - 1, 0, -1) if rsz % b == 0 and 128 <= b * inner <= 512 and
-                b * inner * row_bytes <= k.MAX_LOCAL_BYTES and all(m % b == 0 for m in periods)), None) if periods \
-        else None
-    blk = blk or next((b for b in range(rsz - 1, 0, -1) if rsz % b == 0 and 128 <= b * inner <= 512 and
-                       b * inner * row_bytes <= k.MAX_LOCAL_BYTES), None)
+    def block_fits(b: int) -> bool:
+        return rsz % b == 0 and 128 <= b * inner <= 512 and b * inner * row_bytes <= k.MAX_LOCAL_BYTES
+    blk = next((b for b in range(rsz - 1, 0, -1) if block_fits(b) and all(m % b == 0 for m in periods)), None)
+    if blk is None and periods: blk = next((b for b in range(rsz - 1, 0, -1) if block_fits(b)), None)
     # (a loop of a length that no such block divides, a vocabulary of 50257, is padded to whole blocks when that wastes
     # little: its padded iterations load nothing and add zero. Unblocked, the panel is the whole reduction and isn't
     # packed)
