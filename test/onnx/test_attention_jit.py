@@ -50,12 +50,17 @@ def _decoder(rotary: bool, growing: bool = False):
     return helper.make_model(graph, opset_imports=opsets, ir_version=8)
 
 
+def _token(rng) -> dict[str, np.ndarray]:
+    """A new token's q, k and v."""
+    return {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
+            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
+            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32)}
+
+
 def _step(sess, jitted, rng, mask, ours, theirs, step):
     """One decode step with a new token's q, k and v: the jitted model on cache `ours`, onnxruntime on `theirs`; their
     outputs must agree. Returns (ours, onnxruntime's)."""
-    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32), "mask": mask}
+    feed = _token(rng) | {"mask": mask}
     want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
     got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
     for name, w in zip(("y", "pko", "pvo"), want):
@@ -124,11 +129,8 @@ def test_total_length_computed_on_the_device_without_a_plain_call_is_refused():
     from fusegrad.onnx import OnnxUnsupportedError
     runner = OnnxRunner(_device_total(_decoder(False)))
     rng = np.random.default_rng(3)
-    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-            "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
-            "mask": np.ones((B, CACHE), np.int64)}
+    feed = _token(rng) | {"pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
+                          "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "mask": np.ones((B, CACHE), np.int64)}
     other = OnnxRunner(_device_total(_decoder(False)))
     calls = []
 
@@ -156,10 +158,7 @@ def test_gqa_decode_loop_with_a_growing_cache_replays_one_capture():
     rng = np.random.default_rng(4)
     ours = theirs = tuple(rng.standard_normal((B, KV_HEADS, 2, HS)).astype(np.float32) for _ in range(2))
     for step in range(5):
-        feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-                "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-                "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-                "mask": np.ones((B, ours[0].shape[2] + 1), np.int64)}
+        feed = _token(rng) | {"mask": np.ones((B, ours[0].shape[2] + 1), np.int64)}
         if step == 3: kernels = len(method_cache)
         want = sess.run(None, feed | {"pk": theirs[0], "pv": theirs[1]})
         got = jitted(feed | {"pk": ours[0], "pv": ours[1]})
@@ -248,11 +247,8 @@ def test_device_checks_under_a_tinyjit_of_the_users_are_refused():
     from fusegrad.onnx import OnnxUnsupportedError
     runner = OnnxRunner(_decoder(False))
     rng = np.random.default_rng(4)
-    feed = {"q": rng.standard_normal((B, 1, HEADS * HS)).astype(np.float32),
-            "k": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-            "v": rng.standard_normal((B, 1, KV_HEADS * HS)).astype(np.float32),
-            "pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
-            "mask": np.ones((B, CACHE), np.int64)}
+    feed = _token(rng) | {"pk": np.zeros((B, KV_HEADS, CACHE, HS), np.float32),
+                          "pv": np.zeros((B, KV_HEADS, CACHE, HS), np.float32), "mask": np.ones((B, CACHE), np.int64)}
     jit = TinyJit(lambda *tensors: [v.realize() for v in runner(dict(zip(runner.input_names, tensors))).values()])
     bound = runner.bind_inputs(feed)
     jit(*[bound[n] for n in runner.input_names])   # (plain: the values are read and checked)
