@@ -97,6 +97,10 @@ def tensor_core_programs() -> list[ProgramSpec]:
                      f32(h(1, 16, 18, 18)).conv2d(f32(h(8, 16, 3, 3))),
                      f32(h(2, 16, 16, 16)).conv2d(f32(h(32, 16, 3, 3)), Tensor.rand(32).realize(), padding=1).relu())
     with Context(ALLOW_TF32=1): progs += programs(Tensor.rand(32, 32).realize() @ Tensor.rand(32, 64).realize())
+    # K long enough for the heuristic to stage the operands through shared memory (LTILE after TC)
+    progs += programs(h(256, 128) @ h(128, 256), b16(64, 256) @ b16(256, 64), f32(h(2, 64, 128)) @ f32(h(2, 128, 32)),
+                      f32(h(2, 64, 8, 8)).conv2d(f32(h(32, 64, 3, 3)), padding=1))
+    with Context(ALLOW_TF32=1): progs += programs(Tensor.rand(64, 128).realize() @ Tensor.rand(128, 64).realize())
     return progs
 
 @pytest.fixture(scope="module")
@@ -180,7 +184,15 @@ def test_tensor_core_kernels(kernels):
     """Each WMMA is one call of the mma.sync function, whose asm names the instruction; a kernel with WMMAs launches
     whole warps (the lanes along threadIdx.x), and without ALLOW_TF32 no float32 matmul uses a tensor core."""
     tc = [p for p in kernels if any(u.op is Ops.WMMA for u in p.uops)]
-    assert len(tc) >= 7
+    assert len(tc) >= 12
+    # (the operands of some staged through shared memory: every fragment element read from a __shared__ array)
+    staged = [p for p in tc if any(o.op is OptOps.LTILE for o in p.applied_opts)]
+    assert len(staged) >= 5 and {u.arg[2] for p in staged for u in p.uops if u.op is Ops.WMMA} == \
+        {"half", "__bf16", "float"}
+    for p in staged:
+        frags = [e for u in p.uops if u.op is Ops.WMMA for v in u.src[:2] for e in v.src]
+        assert all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags)
+        assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2 and p.src.count("__syncthreads();") == 4
     for p in tc:
         names = {u.arg[0] for u in p.uops if u.op is Ops.WMMA}
         assert all(f'asm volatile("{n} ' in p.src for n in names), p.src

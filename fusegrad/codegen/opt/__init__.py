@@ -42,7 +42,9 @@ For a GPU-style renderer (`has_local`: kernels launched over a grid of work-grou
                      "local" range, launch dimension 0) and the elements of their fragments, the sum a WMMA per tile
                      (see tc.py). First of the opts (after PADTO only); `axis` picks one of the ways to use it;
                      tc_opt 2 pads the loops the tile doesn't divide; use_tc is 1.
-                     After it: LOCAL, UPCAST and PADTO of output loops, UNROLL of reduce loops, SWAP.
+                     After it: LOCAL, UPCAST and PADTO of output loops, UNROLL of reduce loops, SWAP, and LTILE of
+                     its K loop: the blocks of A and B the group's warps read (before the lanes split them into
+                     fragments) staged in local memory, each copied whole with coalesced reads (tc.py).
   (PACK, KBLOCK and SPLIT are CPU loop shapes: a GPU-style kernel refuses them.)
 `axis` indexes `Kernel.loops`: the output loops (outer to inner), then the reduce loops. `amt` 0 means the whole loop.
 
@@ -206,6 +208,7 @@ class Kernel:
         self.groups: set[UOp] = set()        # the locals split off a reduce loop (GROUP, GROUPTOP)
         self.tiles: list[UOp] = []           # the block loops of LTILE
         self.tc = None                       # TC's TensorCore and the ids of its M, N and K loops (tc.py)
+        self.tc_frame: UOp | None = None     # TC's operands before the lanes' substitution (tc.py, `staged_operands`)
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
         self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
@@ -239,6 +242,9 @@ class Kernel:
             lanes = {r for r in live_ranges(red.src[0], {}) if range_kind(r) in ("local", "upcast")}
             total += red.dtype.itemsize * math.prod(range_size(r) for r in lanes - set(red.src[1:]) | set(groups))
         fixed = set(self.loops[:self.first_reduce]) | set(self.tiles)
+        if self.tc is not None:
+            from fusegrad.codegen.opt.tc import staged_bytes
+            return total + (staged_bytes(self.tc_frame, self.tc[0], fixed) if self.tiles else 0)
         return total + sum(idx.dtype.base.itemsize * math.prod(range_size(r) for r in block)
                            for _, idx, block in _tiled_loads(self.ast, self.tiles, fixed, self.locals))
 
@@ -322,6 +328,7 @@ class Kernel:
             new_src = tuple(replaced[s] for s in u.src)
             replaced[u] = u if new_src == u.src else u.replace(src=new_src)
         self.ast = replaced[self.ast]
+        if self.tc_frame is not None: self.tc_frame = self.tc_frame.substitute({x: e for x, (_, e) in splits.items()})
 
     def _ltile(self, axis: int, amt: int) -> None:
         r = self.loops[axis]
@@ -332,6 +339,9 @@ class Kernel:
         # (the block loop is the reduction's outermost, so its other loops run inside each block: a convolution's
         # window)
         if any(red.src[1] is not r for red in reds): raise KernelOptError("LTILE needs the reduction's outermost loop")
+        if self.tc is not None:
+            from fusegrad.codegen.opt.tc import check_tc_ltile
+            check_tc_ltile(self, r)
         from fusegrad.codegen.lower import SUM_BLOCKED_OVER
         trips = lambda red: math.prod(s if isinstance(s := range_size(x), int) else SUM_BLOCKED_OVER + 1
                                       for x in red.src[1:])
@@ -348,11 +358,11 @@ class Kernel:
     def _state(self) -> tuple:
         return (self.ast, list(self.loops), list(self.expanded), list(self.copies), set(self.packed), list(self.locals),
                 dict(self.local_keys), set(self.groups), list(self.tiles), self.next_id, self.useful, self.tc,
-                list(self.reduceops))
+                list(self.reduceops), self.tc_frame)
 
     def _restore(self, state: tuple) -> None:
         (self.ast, self.loops, self.expanded, self.copies, self.packed, self.locals, self.local_keys, self.groups,
-         self.tiles, self.next_id, self.useful, self.tc, self.reduceops) = state
+         self.tiles, self.next_id, self.useful, self.tc, self.reduceops, self.tc_frame) = state
 
     def apply_opt(self, opt: Opt) -> UOp | None:
         """Apply one Opt (raises KernelOptError if it doesn't fit, leaving the kernel as it was); returns the new
@@ -363,7 +373,7 @@ class Kernel:
             raise KernelOptError(f"{opt.op.name} shapes loops for CPUs, not GPU-style kernels")
         if not self.gpu and opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE, OptOps.TC):
             raise KernelOptError(f"{opt.op.name} needs a GPU-style renderer (has_local)")
-        if self.tc is not None and (opt.op in (OptOps.GROUP, OptOps.GROUPTOP, OptOps.LTILE) or
+        if self.tc is not None and (opt.op in (OptOps.GROUP, OptOps.GROUPTOP) or
                                     (opt.op in (OptOps.UPCAST, OptOps.PADTO) and opt.axis >= self.first_reduce)):
             # (the sum is the tensor core's: of whole tiles, accumulated by the instruction in one register set)
             raise KernelOptError(f"{opt.op.name} of a reduce loop after TC")
@@ -444,6 +454,10 @@ class Kernel:
         r = self.loops[axis]
         size = range_size(r)
         if not isinstance(size, int) or amt < 2 or size % amt == 0: raise KernelOptError(f"can't pad {size} to {amt}")
+        if self.tc is not None:
+            # (the staged copy of TC's operands reads them unpadded: the padding's gates are the AST's only)
+            if self.tiles: raise KernelOptError("PADTO after the LTILE of a TC")
+            self.tc_frame = None
         padded = UOp.range(-(-size // amt) * amt, r.arg[0], r.arg[1])
         ast = self.ast.substitute({r: padded})
         # every access that varies with the loop is gated, so the padded iterations neither read nor write memory
@@ -574,6 +588,7 @@ class Kernel:
         mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, kind)) for i, (r, kind) in enumerate(zip(ordered, kinds))}
         ast = self.ast.substitute(mapping)
         if not self.gpu: return ast
+        frame = self.tc_frame.substitute(mapping) if self.tc_frame is not None else None
         ast, next_id = _group_reductions(ast, {mapping[g] for g in self.groups}, len(mapping))
         if len(self.groups) == 1 and seq:
             ast = _spread_over_group(ast, [mapping[r] for r in outs if r in seq], mapping[next(iter(self.groups))])
@@ -581,8 +596,12 @@ class Kernel:
         if self.tiles:
             tiles = [mapping[t] for t in self.tiles]
             fixed = {mapping[r] for r in outs} | set(tiles)
-            ast = _stage_tiles(ast, tiles, fixed, [mapping[r] for r in sorted(self.locals, key=self.local_keys.get)],
-                               next_id)
+            locals_ = [mapping[r] for r in sorted(self.locals, key=self.local_keys.get)]
+            if self.tc is not None:
+                from fusegrad.codegen.opt.tc import stage_operands
+                assert frame is not None
+                ast = stage_operands(ast, frame, self.tc[0], tiles[0], fixed, locals_, next_id)
+            else: ast = _stage_tiles(ast, tiles, fixed, locals_, next_id)
         return _store_once(ast, grid)
 
 def _linear(rngs: list[UOp]) -> UOp:

@@ -30,6 +30,9 @@ TC_WARPS = (4, 2)   # warps per group along M and N
 TC_UNROLL = 1       # WMMAs chained along K per iteration of a tensor-core kernel's K loop
 TC_MIN_WARPS = 512  # warps a tensor-core kernel keeps for its tiles (about 4 per multiprocessor of an H100/H200)
 TC_MIN_GROUPS = 128  # groups it keeps for its warps (about one per multiprocessor)
+TC_STAGE = 1        # 1: a tensor-core kernel's operands staged through local memory (LTILE of its K loop), 0: each
+                    # lane reads its fragments from global memory
+TC_BLOCK_K = 32     # elements of K staged at a time (fewer where K or local memory doesn't fit them)
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -60,7 +63,8 @@ def _tensor_cores(k: Kernel) -> bool:
     (UPCAST) and TC_WARPS warps per group (LOCAL) where the loops divide, and the K loop unrolled by TC_UNROLL. A
     small product keeps TC_MIN_WARPS warps and TC_MIN_GROUPS groups (fewer tiles per warp, fewer warps per group, none
     where it has fewer: the tiles that suit 4096^3 left a 512^3 product 8 groups of 8 warps on a GPU of 132
-    multiprocessors). Whether it applied."""
+    multiprocessors). Its operands are then staged in local memory (`_stage_tensor_core_operands`). Whether it
+    applied."""
     if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
     if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
         ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
@@ -77,7 +81,21 @@ def _tensor_cores(k: Kernel) -> bool:
         else: have, floor = groups, (TC_MIN_GROUPS if op is OptOps.LOCAL else 0)
         while n > 1 and have // n < floor: n //= 2
         if n > 1 and _try(k, op, r, n) and op is OptOps.LOCAL: per_group *= n
+    _stage_tensor_core_operands(k)
     return True
+
+def _stage_tensor_core_operands(k: Kernel) -> None:
+    """With TC_STAGE, a tensor-core kernel's K loop blocked by TC_BLOCK_K elements (halved until the tiles of K divide
+    it and the copies fit local memory; at least two tiles of the instruction) and each block of A and B the group
+    reads staged in local memory (LTILE): copied once per group with coalesced reads, and read by its warps from there
+    (each lane's fragment elements are otherwise separate reads of global memory, and the group's warps read the
+    same rows and columns again)."""
+    if not (TC_STAGE and k.renderer.fast_local_memory and k.tc is not None) or (r := tc_loops(k)[2]) is None: return
+    n, tiles = range_size(r), TC_BLOCK_K // k.tc[0].dims[2]
+    if not isinstance(n, int): return
+    while tiles >= 2:
+        if n % tiles == 0 and _try(k, OptOps.LTILE, r, tiles): return
+        tiles //= 2
 
 def _try_opt(k: Kernel, opt: Opt) -> bool:
     try: k.apply_opt(opt)

@@ -14,14 +14,22 @@ size, as the hardware numbers lanes), and the elements of the fragments each lan
 
 and the STORE one store per C element, each of its lane's element (GEP) at its (row, col) of the tile. After lowering
 the sum is an accumulator of C's elements updated by ADD(acc, WMMA(a, b, 0)); `fuse_wmma` turns it into
-WMMA(a, b, acc), so the instruction accumulates."""
+WMMA(a, b, acc), so the instruction accumulates.
+
+Staged operands: each lane reading its fragment elements from global memory reads each of them separately (2 bytes),
+and every warp of a group reads the same rows of A (or columns of B) again. TC keeps A and B as functions of their
+(row, col) (`Kernel.tc_frame`, updated by the opts after it), so LTILE of the K loop can stage them the way the group
+reads them: per block of K, the rows of A that the group's tiles cover times the block (and the block times B's
+columns) are copied into local memory by all the group's work-items, neighbouring ones reading neighbouring
+elements, and the lanes read their fragments from the copy (`stage_operands`)."""
 from __future__ import annotations
+import math
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER
-from fusegrad.codegen.opt import Kernel, KernelOptError, OptOps
+from fusegrad.codegen.opt import Kernel, KernelOptError, OptOps, _linear
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC
 from fusegrad.renderer import TensorCore
-from fusegrad.uop.affine import range_size
+from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.spec import kernel_spec, tensor_core_spec, verify
@@ -175,6 +183,12 @@ def apply_tc(k: Kernel, axis: int, arg) -> None:
     k.local_keys[lane] = (2, 0, 0)
     k.reduceops = [acc]
     k.tc = (tc, tuple(r.arg[0] for r in (rm, rn, rk)))
+    # the operands as functions of their (row, col), for a copy to local memory (LTILE of the K loop): stand-ins for
+    # the M, N and K loops, which the AST no longer has
+    held = {r: UOp.range(range_size(r), k.next_id + i, "loop") for i, r in enumerate((rm, rn, rk))}
+    k.next_id += 3
+    k.tc_frame = UOp.sink_of(la.substitute(held), lb.substitute(held), base[rm], base[rn], base[rk], lane,
+                             *held.values())
     if SPEC: verify(k.ast, tensor_core_spec + kernel_spec, "kernel AST after TC")
 
 def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
@@ -184,6 +198,113 @@ def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
     by_id = {r.arg[0]: r for r in k.loops}
     m, n, kk = (by_id.get(i) for i in k.tc[1])
     return m, n, kk
+
+# *** the operands staged through local memory (LTILE after TC) ***
+
+# each row of a staged operand that is a multiple of 32 bytes long is padded by this many bytes: the rows of a warp's
+# fragment then start in different banks of local memory (a row of 32 halves is 16 of the 32 banks: rows 0 and 2 of a
+# fragment would meet)
+ROW_PAD_BYTES = 16
+
+def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]]]]:
+    """The blocks of A and B that the work-items of a group read in one iteration of the `fixed` loops (the output
+    loops and LTILE's block loop), from `Kernel.tc_frame` (see `apply_tc`): for each, its value at the stand-in
+    loops and its dimensions in the layout of the copy (outer to inner), each (stand-in loop or other range the
+    value varies with, size, the block's first index, the index a work-item reads without its lane's part).
+    KernelOptError where the tiles a group reads along M, N or K aren't one block (SWAP or splits in another order
+    can leave gaps)."""
+    ya, yb, bm, bn, bk, _, pm, pn, pk = frame.src
+    dm, dn, dk = tc.dims
+    out = []
+    for y, coords in ((ya, ((pm, bm, dm), (pk, bk, dk))), (yb, ((pk, bk, dk), (pn, bn, dn)))):
+        dims: list[tuple[UOp, int, UOp, UOp]] = []
+        for held, b, d in coords:
+            free = [r for r in b.toposort() if r.op is Ops.RANGE and r not in fixed]
+            cs = {r: coeff(b, r) for r in free}
+            free.sort(key=lambda r: cs[r] or 0)
+            size, offset = d, UOp.const(dtypes.index, 0)
+            for r in free:
+                # (the tile's d rows, then each loop's iterations d * (the ones inside it) apart: one block)
+                if cs[r] != size or not isinstance(n := range_size(r), int):
+                    raise KernelOptError("LTILE after TC: the tiles a group reads aren't one block")
+                size, offset = size * n, offset + r * cs[r]
+            dims.append((held, size, b.substitute({r: UOp.const(dtypes.index, 0) for r in free}), offset))
+        extra = sorted((r for r in y.toposort() if r.op is Ops.RANGE and r not in fixed and r not in (pm, pn, pk)),
+                       key=lambda r: r.arg[0])
+        if not all(isinstance(range_size(r), int) for r in extra):
+            raise KernelOptError("LTILE after TC: an operand varies with a symbolic loop")
+        dims += [(r, range_size(r), UOp.const(dtypes.index, 0), r) for r in extra]
+        # the copy's innermost dimension is the one the operand reads contiguously (coalesced)
+        addr = next((u.src[1] for u in y.toposort() if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL), None)
+        def stride(dim: tuple) -> int:
+            c = coeff(addr, dim[0]) if addr is not None else None
+            return abs(c) if c else 1 << 62
+        out.append((y, sorted(dims, key=stride, reverse=True)))
+    return out
+
+def _row_pad(y: UOp, dims: list) -> int:
+    return ROW_PAD_BYTES // y.dtype.itemsize if len(dims) > 1 and dims[-1][1] * y.dtype.itemsize % 32 == 0 else 0
+
+def staged_bytes(frame: UOp | None, tc: TensorCore, fixed: set[UOp]) -> int:
+    """Bytes of local memory the staged operands take (see `staged_operands`)."""
+    if frame is None: raise KernelOptError("LTILE after TC and PADTO")
+    return sum(y.dtype.itemsize * math.prod(s for _, s, _, _ in dims[:-1]) * (dims[-1][1] + _row_pad(y, dims))
+               for y, dims in staged_operands(frame, tc, fixed))
+
+def check_tc_ltile(k: Kernel, r: UOp) -> None:
+    """KernelOptError unless LTILE of loop `r` can stage kernel k's tensor core operands: r is TC's K loop, the first
+    LTILE, and no output loop was padded since TC."""
+    if k.tc_frame is None or k.tiles or r is not tc_loops(k)[2]:
+        raise KernelOptError("LTILE after TC stages its K loop (once, and not after a PADTO)")
+
+def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[UOp], locals_: list[UOp],
+                   next_id: int) -> UOp:
+    """The WMMA's fragments read from copies of A's and B's blocks in local memory (`staged_operands`; `frame` and the
+    ranges as the final AST numbers them): in each iteration of block loop `tile`, after a barrier, the W work-items
+    of the group copy each block, element c by work-item c % W (in the layout of the copy, so neighbouring work-items
+    read neighbouring elements), rows padded by ROW_PAD_BYTES, and after a second barrier each lane reads its
+    fragments' elements from the copies."""
+    workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
+    lane = frame.src[5]
+    first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
+    frags = []
+    for n_local, (which, (y, dims)) in enumerate(zip("AB", staged_operands(frame, tc, fixed)), start=first):
+        sizes = [s for _, s, _, _ in dims]
+        total, inner = math.prod(sizes), sizes[-1] + _row_pad(y, dims)
+        local = UOp(Ops.DEFINE_LOCAL, y.dtype.ptr(total // sizes[-1] * inner, "local"), arg=n_local)
+        def at(coords: list[UOp]) -> UOp:
+            lin = UOp.const(dtypes.index, 0)
+            for i, x in enumerate(coords): lin = lin * (inner if i == len(coords) - 1 else sizes[i]) + x
+            return lin
+        rounds = -(-total // workers)
+        j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
+        next_id += 1
+        c = j * workers + me
+        pos, step = [], 1
+        for s in reversed(sizes):
+            pos.insert(0, (c // step) % s if step > 1 else c % s)
+            step *= s
+        value = y.substitute({key: origin + p for (key, _, origin, _), p in zip(dims, pos)})
+        valid = c < total if total % workers else None
+        if valid is not None:
+            value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
+                                      for u in value.toposort() if u.op is Ops.INDEX})
+        before = UOp(Ops.BARRIER, local.dtype, (local, tile))
+        dest = before.index(at(pos)) if valid is None else UOp(Ops.INDEX, before.index(at(pos)).dtype,
+                                                              (before, at(pos), valid))
+        copied = dest.store(value)
+        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
+        held = frame.src[6:9]
+        rows, cols = (held[0], held[2]) if which == "A" else (held[2], held[1])
+        elems = []
+        for i in range(tc.elements(which)):
+            row, col = _coord(tc, which, lane, i)
+            coords = [offset + row if key is rows else offset + col if key is cols else offset
+                      for key, _, _, offset in dims]
+            elems.append(UOp(Ops.LOAD, y.dtype, (ready.index(at(coords)),)))
+        frags.append(UOp(Ops.VECTORIZE, y.dtype.vec(len(elems)), tuple(elems)))
+    wmma = next(u for u in ast.toposort() if u.op is Ops.WMMA)
+    return ast.substitute({wmma: wmma.replace(src=(frags[0], frags[1], wmma.src[2]))})
 
 # *** after lowering ***
 

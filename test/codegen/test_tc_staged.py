@@ -1,0 +1,160 @@
+"""Tensor-core operands staged through local memory (LTILE of a TC kernel's K loop, tc.py `stage_operands`): kernels
+laid out for CUDA's mma.sync run on the PYTHON device, whose work-group emulation executes each WMMA for a whole warp
+and checks every phase between barriers for races on local memory, against NumPy in float32: half, bfloat16 and TF32,
+several warps per group and tiles per warp, a padded matmul, a batched one, a transposed operand, an unrolled K loop
+and a convolution. The CUDA source of such kernels is compiled with NVRTC in test/renderer/test_cuda_render.py."""
+from __future__ import annotations
+import numpy as np
+import pytest
+from fusegrad import Device, Tensor, dtypes
+from fusegrad.codegen import get_program
+from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
+from fusegrad.codegen.opt import heuristic_gpu
+from fusegrad.codegen.opt.tc import tc_loops
+from fusegrad.dtype import DType
+from fusegrad.engine import realize
+from fusegrad.helpers import Context
+from fusegrad.renderer import ProgramSpec
+from fusegrad.renderer.cuda import CUDARenderer
+from fusegrad.renderer.python import PythonRenderer
+from fusegrad.runtime.ops_python import PythonProgram
+from fusegrad.uop.ops import Ops, UOp
+
+TC = Opt(OptOps.TC, 0, (-1, 0, 1))
+
+@pytest.fixture
+def tc_python(monkeypatch) -> PythonRenderer:
+    """The PYTHON device as a GPU with the CUDA renderer's tensor cores (and its kernels compiled afresh)."""
+    ren = PythonRenderer(like=CUDARenderer("sm_80"))
+    monkeypatch.setattr(Device["PYTHON"], "renderer", ren)
+    monkeypatch.setattr(realize, "method_cache", {})
+    return ren
+
+def _data(shape: tuple[int, ...], dt: DType, seed: int) -> tuple[np.ndarray, Tensor]:
+    """Values exact in `dt` (as float32 for NumPy) and a PYTHON Tensor of them."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    t = Tensor(x, device="PYTHON").cast(dt).realize()
+    return t.cast(dtypes.float32).numpy(), t
+
+def _ast(t: Tensor) -> UOp: return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
+
+def _staged(p: ProgramSpec) -> bool:
+    """Whether every fragment element of the kernel's WMMAs is read from local memory (two staged copies)."""
+    wmmas = [u for u in p.uops if u.op is Ops.WMMA]
+    frags = [e for w in wmmas for v in w.src[:2] for e in v.src]
+    return bool(wmmas) and all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags) and \
+        sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2
+
+def _run(p: ProgramSpec, out_shape: tuple[int, ...], *inputs: Tensor) -> np.ndarray:
+    """The kernel run on the PYTHON device's emulation, its float32 output."""
+    bufs = [memoryview(bytearray(4 * int(np.prod(out_shape))))]
+    # (bfloat16 has no NumPy dtype: its bits)
+    bufs += [memoryview(bytearray((t.bitcast(dtypes.uint16) if t.dtype.itemsize == 2 else t).numpy().tobytes()))
+             for t in inputs]
+    PythonProgram(p.function_name, p.src.encode())(*bufs, global_dims=tuple(p.global_dims),
+                                                   local_dims=tuple(p.local_dims))
+    return np.frombuffer(bufs[0], np.float32).reshape(out_shape)
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
+    """Equal within `rtol` of the largest value (a sum's rounding errors scale with its terms, not its result)."""
+    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+
+def _kernel(ast: UOp, ren, *after_tc: tuple[OptOps, int, int], first: Opt = TC) -> Kernel:
+    """A kernel with `first` (TC) and then each (op, which TC loop: 0 M, 1 N, 2 K, amount) applied."""
+    k = Kernel(ast, ren)
+    k.apply_opt(first)
+    for op, which, amt in after_tc:
+        r = tc_loops(k)[which]
+        assert r is not None
+        k.apply_opt(Opt(op, k.loops.index(r), amt))
+    return k
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_warps_and_tiles_read_staged_operands(tc_python, dt):
+    """2x2 warps per group, 2 tiles per warp along M and 2 along N, K in blocks of 2 tiles (32): the group's 64 rows of
+    A and 32 columns of B are copied per block and read by all four warps."""
+    a, ta = _data((128, 96), dt, 0)
+    b, tb = _data((96, 64), dt, 1)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    k = _kernel(ast, tc_python, (OptOps.UPCAST, 0, 2), (OptOps.UPCAST, 1, 2), (OptOps.LOCAL, 0, 2),
+                (OptOps.LOCAL, 1, 2), (OptOps.LTILE, 2, 2))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    assert _staged(p) and p.local_dims == (32, 2, 2), p.local_dims
+    _close(_run(p, (128, 64), ta, tb), a @ b, 1e-6)
+
+def test_heuristic_stages_half_and_bfloat16(tc_python, monkeypatch):
+    """The heuristic stages where K holds two blocks of TC_BLOCK_K; TC_STAGE=0 turns it off (the same result)."""
+    a, ta = _data((32, 128), dtypes.bfloat16, 2)
+    b, tb = _data((128, 48), dtypes.bfloat16, 3)
+    out = lambda: ta.cast(dtypes.float32) @ tb.cast(dtypes.float32)
+    assert _staged(get_program(_ast(out()), tc_python))
+    _close(out().numpy(), a @ b, 1e-6)
+    h = lambda t: t.cast(dtypes.half)
+    _close(h(ta).matmul(h(tb)).cast(dtypes.float32).numpy(), (a @ b).astype(np.float16).astype(np.float32), 1e-2)
+    monkeypatch.setattr(heuristic_gpu, "TC_STAGE", 0)
+    p = get_program(_ast(out()), tc_python)
+    assert any(u.op is Ops.WMMA for u in p.uops) and not _staged(p)
+
+def test_tf32_staged(tc_python):
+    """TF32's m16n8k8: K in blocks of 4 tiles (32 floats), float32 rows padded by 4."""
+    a, ta = _data((32, 64), dtypes.float32, 4)
+    b, tb = _data((64, 32), dtypes.float32, 5)
+    with Context(ALLOW_TF32=1):
+        ast = _ast(ta @ tb)
+        p = get_program(ast, tc_python)
+        assert _staged(p) and any(o.op is OptOps.LTILE and o.arg == 4 for o in p.applied_opts), p.applied_opts
+        _close(_run(p, (32, 32), ta, tb), a @ b, 2e-3)
+
+def test_padded_matmul_staged(tc_python):
+    """TC pads M 60 -> 64, N 30 -> 32, K 60 -> 64; the copies read the padding's zeros through its gates."""
+    a, ta = _data((60, 60), dtypes.float16, 6)
+    b, tb = _data((60, 30), dtypes.float16, 7)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    k = _kernel(ast, tc_python, (OptOps.LOCAL, 1, 2), (OptOps.LTILE, 2, 2), first=Opt(OptOps.TC, 0, (-1, 2, 1)))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    assert _staged(p)
+    _close(_run(p, (60, 30), ta, tb), a @ b, 1e-6)
+
+def test_batched_transposed_and_unrolled(tc_python):
+    """A batched matmul whose A is read transposed (its copy contiguous along M), with K unrolled inside the block;
+    the batch is a loop of work-items too (LOCAL), so the copies hold both matrices."""
+    a, ta = _data((2, 128, 32), dtypes.float16, 8)
+    b, tb = _data((2, 128, 16), dtypes.float16, 9)
+    ast = _ast(ta.cast(dtypes.float32).transpose(1, 2) @ tb.cast(dtypes.float32))
+    k = Kernel(ast, tc_python)
+    k.apply_opt(TC)
+    k.apply_opt(Opt(OptOps.LOCAL, 0, 2))   # (the batch)
+    for op, which, amt in ((OptOps.UNROLL, 2, 2), (OptOps.LTILE, 2, 2)):
+        k.apply_opt(Opt(op, k.loops.index(tc_loops(k)[which]), amt))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    assert _staged(p) and p.local_dims == (32, 2)
+    _close(_run(p, (2, 32, 16), ta, tb), a.transpose(0, 2, 1) @ b, 1e-6)
+
+def test_convolution_staged(tc_python):
+    """A padded 3x3 convolution on tensor cores (K its 64 input channels, in blocks of 32), with a bias and relu: the
+    copies hold each block's window of the image, the padding's gated loads giving zeros."""
+    x, tx = _data((1, 64, 8, 8), dtypes.float16, 10)
+    w, tw = _data((16, 64, 3, 3), dtypes.float16, 11)
+    bias, tbias = _data((16,), dtypes.float32, 12)
+    out = lambda: tx.cast(dtypes.float32).conv2d(tw.cast(dtypes.float32), tbias, padding=1).relu()
+    want = Tensor(x).conv2d(Tensor(w), Tensor(bias), padding=1).relu().numpy()
+    p = get_program(_ast(out()), tc_python)
+    assert _staged(p), p.applied_opts
+    _close(out().numpy(), want, 1e-6)
+
+def test_ltile_after_tc_is_refused_where_it_cannot_stage(tc_python):
+    """LTILE after TC stages TC's K loop once; a PADTO of an output loop after it is refused, and LTILE after such a
+    PADTO (its gates are the AST's, the copy's coordinates don't have them)."""
+    a, ta = _data((48, 64), dtypes.float16, 13)
+    b, tb = _data((64, 32), dtypes.float16, 14)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    k = _kernel(ast, tc_python)
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, k.loops.index(tc_loops(k)[2]), 1))
+    k.apply_opt(Opt(OptOps.LTILE, k.loops.index(tc_loops(k)[2]), 2))
+    with pytest.raises(KernelOptError, match="PADTO after the LTILE"): k.apply_opt(Opt(OptOps.PADTO, 0, 4))
+    k = _kernel(ast, tc_python, (OptOps.LTILE, 2, 2))
+    with pytest.raises(KernelOptError): k.apply_opt(Opt(OptOps.LTILE, k.first_reduce + 1, 2))
+    k = _kernel(ast, tc_python)
+    k.apply_opt(Opt(OptOps.PADTO, k.loops.index(tc_loops(k)[0]), 2))
+    with pytest.raises(KernelOptError, match="not after a PADTO"):
+        k.apply_opt(Opt(OptOps.LTILE, k.loops.index(tc_loops(k)[2]), 2))
