@@ -11,7 +11,7 @@ from typing import Any
 from fusegrad.dtype import dtypes
 from fusegrad.tensor import Tensor
 from fusegrad.uop.graph import new_buffer
-from fusegrad.uop.ops import Ops, UOp, device_buffer
+from fusegrad.uop.ops import Ops, UOp, device_buffer, with_src
 
 __all__ = ["Optimizer", "OptimizerGroup", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon"]
 
@@ -116,7 +116,7 @@ class Optimizer:
         # the nodes over the placeholders made again over this step's gradients, sources first (the others, the
         # parameters' and the state's buffers and what only they reach, are the same nodes every step)
         new = dict(zip(holders, [g.uop for g in grads]))
-        for u in over: new[u] = UOp(u.op, u.dtype, tuple([new.get(s, s) for s in u.src]), u.arg)
+        for u in over: new[u] = with_src(u, tuple([new.get(s, s) for s in u.src]))
         for t, u in zip(state, template):
             if (v := new.get(u, u)) is not t.uop: t.uop = v
         return returned

@@ -30,7 +30,7 @@ from fusegrad.engine.realize import capturing, exec_items, replay_runners, run_r
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
 from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, buffer_node, device_buffer, is_realized, is_symbolic, \
-    sint, ssimplify, sym_eq, sym_le, sym_value
+    sint, ssimplify, sym_eq, sym_le, sym_value, with_src
 from fusegrad.viz import record as _viz
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
@@ -1249,7 +1249,7 @@ def _deferred_readers(readers: tuple[Tensor, ...], reading: set[UOp], targets: s
             if x in topo and not target_view(x): new[x] = keep[x] if x in targets else x
             else:
                 src = tuple(new[s] for s in x.src)
-                new[x] = x if src == x.src else x.replace(src=src)
+                new[x] = x if src == x.src else with_src(x, src)
         deferred.append((t, new[u]))
     return computed, deferred, [Tensor(v) for v in keep.values()]
 

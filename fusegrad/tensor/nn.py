@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
 from fusegrad.helpers import pads_cheaply, prod
-from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify
+from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify, with_src
 from fusegrad.tensor.creation import check_size
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
     holders, root, over = made
     new = {holders[0]: u, holders[1]: v}
     for w in over:
-        n = new[w] = UOp(w.op, w.dtype, tuple([new.get(s, s) for s in w.src]), w.arg)
+        n = new[w] = with_src(w, tuple([new.get(s, s) for s in w.src]))
         # (the loss's shape is asked at once, by backward's seed: without this it was computed node by node)
         if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]
     return _tensor_cls()(new.get(root, root))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from fusegrad.dtype import DType, dtypes
-from fusegrad.uop.ops import Ops, UOp, UOpMetaClass, arg_uops, map_arg_uops, new_node
+from fusegrad.uop.ops import Ops, UOp, UOpMetaClass, arg_uops, map_arg_uops, new_node, with_src
 
 _buffer_ids = itertools.count()
 
@@ -33,7 +33,7 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
         new_src = tuple([out[s] for s in u.src])  # (a list comprehension is faster than a generator here)
         if not (in_args and _symbolic_arg(u)):
             # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
-            out[u] = u if new_src == u.src else UOp(u.op, u.dtype, new_src, u.arg)
+            out[u] = u if new_src == u.src else with_src(u, new_src)
             continue
         arg = map_arg_uops(u.arg, lambda x: x.substitute(dvars))
         same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
@@ -94,41 +94,55 @@ class StructureWalk:
         self.roots: list[UOp] = []
 
     def walk(self, roots: Iterable[UOp]) -> StructureWalk:
-        # (written for speed: a realize walks its whole graph; the order is the one of UOp.toposort, a depth-first
-        # post-order with the sources in order)
-        position, parts, consts = self.position, self.parts, self.consts
-        at = position.__getitem__
-        entered: set[UOp] = set()
-        for root in roots:
-            self.roots.append(root)
-            if root in position: continue
-            stack = [root]
+        # (written for speed: a realize walks its whole graph. The order is the one of UOp.toposort, a depth-first
+        # post-order with the sources in order. Recursion is the cheapest walk in Python (~40% less time than a stack
+        # of iterators); a graph deeper than the recursion limit is finished by the iterative walk, which goes on
+        # from the nodes placed so far: they are a prefix of the same order, so the result is the same)
+        position, consts, assigns = self.position, self.consts, self.assigns
+        get, append = position.get, self.parts.append
+
+        def place(u: UOp) -> int:
+            """Place u after its sources (placing those first), and return its position."""
+            src = u.src
+            at = []
+            for s in src:
+                if (i := get(s)) is None: i = place(s)
+                at.append(i)
+            op = u.op
+            if op is _BUFFER: arg: object = ("param", u.arg[1])
+            elif op is _CONST and src and (dt := u.dtype) is not _BOOL and dt is not _INDEX:  # is_liftable
+                arg = "_c"
+                consts.append(u)
+            else:
+                arg = u._ukey[3]
+                if op is _ASSIGN: assigns.append(u)
+            part = (op, u.dtype, tuple(at), arg)
+            position[u] = i = len(position)
+            append(part)
+            return i
+
+        def place_deep(root: UOp) -> None:
+            """place(root) without recursion: a node is placed once its sources are (so place() doesn't recurse)."""
+            stack = [(root, iter(root.src))]
             while stack:
-                u = stack.pop()
-                if u in position: continue
-                src = u.src
-                if src and u not in entered:
-                    # sources first: u comes back once they are placed (at once if they all are)
-                    n = len(stack)
-                    stack.append(u)
-                    for s in reversed(src):
-                        if s not in position: stack.append(s)
-                    if len(stack) > n + 1:
-                        entered.add(u)
-                        continue
-                    stack.pop()
-                op = u.op
-                if op is _BUFFER: arg: object = ("param", u.arg[1])
-                elif op is _CONST and src and u.dtype != dtypes.bool and u.dtype != dtypes.index:  # is_liftable
-                    arg = "_c"
-                    consts.append(u)
+                u, srcs = stack[-1]
+                for s in srcs:
+                    if s not in position:
+                        stack.append((s, iter(s.src)))
+                        break
                 else:
-                    arg = u._ukey[3]
-                    if op is _ASSIGN: self.assigns.append(u)
-                position[u] = len(parts)
-                n = len(src)
-                parts.append((op, u.dtype, () if n == 0 else (at(src[0]),) if n == 1 else
-                              (at(src[0]), at(src[1])) if n == 2 else tuple(map(at, src)), arg))
+                    stack.pop()
+                    place(u)
+
+        try:
+            for root in roots:
+                self.roots.append(root)
+                if root in position: continue
+                try: place(root)
+                except RecursionError: place_deep(root)
+        finally:
+            # (place refers to itself: without this cycle, the nodes walked are freed by reference counting)
+            place = None  # type: ignore[assignment]  # noqa: F841
         return self
 
     def key(self) -> tuple:
@@ -140,3 +154,4 @@ class StructureWalk:
         return [*self.position, sink]
 
 _BUFFER, _CONST, _ASSIGN = Ops.BUFFER, Ops.CONST, Ops.ASSIGN
+_BOOL, _INDEX = dtypes.bool, dtypes.index

@@ -344,7 +344,7 @@ class UOp(metaclass=UOpMetaClass):
             if u in dvars: replaced[u] = dvars[u]; continue
             if not u.src: continue
             new_src = tuple([get(s, s) for s in u.src])
-            if new_src != u.src: replaced[u] = UOp(u.op, u.dtype, new_src, u.arg)
+            if new_src != u.src: replaced[u] = with_src(u, new_src)
         return get(self, self)
 
     def substitute_each(self, subs: list[dict[UOp, UOp]]) -> list[UOp]:
@@ -654,6 +654,20 @@ def new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any) -> UOp:
     _set_src(ret, src)
     _set_arg(ret, arg)
     _set_ukey(ret, key := (op, dtype, src, arg))
+    _ucache[key] = _weakref(ret)
+    return ret
+
+def with_src(u: UOp, src: tuple[UOp, ...]) -> UOp:
+    """UOp(u.op, u.dtype, src, u.arg) (hash-consed: an equal node is returned), for a caller whose `src` is a tuple of
+    UOps (a graph's nodes substituted): u's key already holds its arg's key, so it isn't worked out again."""
+    key = (u.op, u.dtype, src, u._ukey[3])
+    if (wr := _ucache.get(key)) is not None and (ret := wr()) is not None: return ret
+    ret = _new_object(UOp)
+    _set_op(ret, u.op)
+    _set_dtype(ret, u.dtype)
+    _set_src(ret, src)
+    _set_arg(ret, u.arg)
+    _set_ukey(ret, key)
     _ucache[key] = _weakref(ret)
     return ret
 

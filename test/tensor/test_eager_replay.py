@@ -4,7 +4,7 @@ _realize_replayed): these check that it computes what NumPy computes whenever an
 import numpy as np
 import pytest
 import fusegrad.tensor as tensor_module
-from fusegrad import Context, Device, GlobalCounters, Tensor, TinyJit, Variable
+from fusegrad import Context, Device, GlobalCounters, Tensor, TinyJit, Variable, dtypes
 from fusegrad.schedule.kernelize import schedule_cache_stats
 from fusegrad.uop.graph import StructureWalk, structure_key
 from fusegrad.uop.ops import Ops, UOp
@@ -179,6 +179,32 @@ def test_structure_walk_is_the_toposort_and_structure_key(seed):
     topo3 = list(sink3.toposort(known=known))
     assert list(walk.position) == topo3[:-1]
     assert walk.key() == structure_key(topo3)[0]
+
+def _reference_parts(topo: list[UOp]) -> list[tuple]:
+    """The structure key's parts written out plainly from a toposort (the reference for StructureWalk)."""
+    at = {u: i for i, u in enumerate(topo)}
+    def arg(u: UOp):
+        if u.op is Ops.BUFFER: return ("param", u.arg[1])
+        if u.op is Ops.CONST and u.src and u.dtype not in (dtypes.bool, dtypes.index): return "_c"
+        return u._ukey[3]
+    return [(u.op, u.dtype, tuple(at[s] for s in u.src), arg(u)) for u in topo]
+
+@pytest.mark.parametrize("depth", [10, 5000])
+def test_structure_walk_of_a_deep_graph(depth):
+    # deeper than the recursion limit: the walk goes on without recursion, and gives the same toposort and key
+    import sys
+    assert depth < sys.getrecursionlimit() or depth > 2 * sys.getrecursionlimit()
+    x, y = Tensor(rand(4)).realize(), Tensor(rand(4)).realize()
+    shallow = (x * 2.0 + y).uop
+    deep = x
+    for i in range(depth): deep = (deep + y) * 0.5 if i % 2 else deep - x
+    roots = [shallow, deep.uop, (deep * 3.0).uop]
+    walk = StructureWalk().walk(roots[:2]).walk(roots[2:])
+    topo = list(UOp.sink_of(*roots).toposort())[:-1]
+    assert list(walk.position) == topo and [walk.position[u] for u in topo] == list(range(len(topo)))
+    assert walk.parts == _reference_parts(topo)
+    assert walk.consts == [u for u in topo if u.op is Ops.CONST and u.src and u.dtype is dtypes.float32]
+    assert walk.roots == roots
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64, np.int32, np.uint8])
 def test_elementwise_fast_path_builds_the_general_graph(dt):

@@ -8,7 +8,8 @@ import weakref
 import numpy as np
 import pytest
 from fusegrad.dtype import dtypes
-from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, Variable, _topo_memo, pretty_print, toposort_memo
+from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, Variable, _topo_memo, pretty_print, toposort_memo, \
+    with_src
 
 def c(v, dt=dtypes.int32) -> UOp: return UOp.const(dt, v)
 
@@ -171,6 +172,19 @@ class TestReplace:
 
     def test_replace_rejects_unknown_fields(self):
         with pytest.raises(TypeError): c(1).replace(value=2)
+
+    def test_with_src_is_the_hash_consed_node(self):
+        # with_src (substitutions) takes the arg's key from the node it remakes: the same node UOp() makes, for args
+        # whose keys tell apart what == conflates (-0.0 and 0.0, 1 and True and 1.0, nan) and for new nodes too
+        x, y = Variable("x", 0, 10), Variable("y", 0, 10)
+        for arg in (None, 3, "s", (2, 3), (2.0, -0.0), -0.0, 0.0, 1, True, 1.0, math.nan, ((1, 2), (3, 4))):
+            a = UOp(Ops.CUSTOM, dtypes.int32, (x,), arg)
+            b = with_src(a, (y,))
+            assert b is UOp(Ops.CUSTOM, dtypes.int32, (y,), arg) and b.src == (y,)
+            assert type(b.arg) is type(arg) and with_src(b, (x,)) is a
+        five = c(5, dtypes.index)
+        fresh = with_src(x + 1, (y, five))
+        assert fresh.op is Ops.ADD and fresh.src == (y, five) and fresh is y + 5
 
 class TestToposort:
     def test_wide_graph(self):
