@@ -32,8 +32,17 @@ def constants(**values) -> Iterator[None]:
 def kernel_ast(t: Tensor) -> UOp:
     return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
 
+# --dry: no GPU; each kernel rendered for CUDARenderer(DRY_ARCH) and compiled by NVRTC, not run
+DRY_ARCH = ""
+
 def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[float, str, tuple]:
     """Best of 5 device-timed runs of the kernel (on fresh buffers of its globals' sizes), its name and opts."""
+    if DRY_ARCH:
+        from fusegrad.renderer.cuda import CUDARenderer
+        from fusegrad.runtime.ops_cuda import CUDACompiler
+        prog = get_program(ast, CUDARenderer(DRY_ARCH), opts=opts)
+        CUDACompiler(DRY_ARCH).compile(prog.src)
+        return math.nan, prog.name, tuple(prog.applied_opts)
     prog = get_program(ast, Device[dev].renderer, opts=opts)
     sizes = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
     bufs = [Buffer(dev, sizes[i].size, sizes[i].base).ensure_allocated() for i in sorted(sizes)]
@@ -102,6 +111,29 @@ def sweep_convs(dev: str) -> None:
                             flops=flops)
                 except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
 
+def sweep_tc(dev: str, n: int) -> None:
+    """Tensor-core kernels with their operands staged through local memory or not (TC_STAGE), the block of K staged
+    at a time (TC_BLOCK_K), the tiles per warp (TC_TILES) and the warps per group (TC_WARPS): half and bfloat16
+    n^3 matmuls and a ResNet-50 3x3 convolution (batch 32, 256 channels, 14x14) in half."""
+    x = Tensor.empty(32, 256, 14, 14, dtype=dtypes.half, device=dev)
+    w = Tensor.empty(256, 256, 3, 3, dtype=dtypes.half, device=dev)
+    shapes = [(f"matmul {n}^3 {dt.name}", Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt,
+                                                                                                  device=dev),
+               2.0 * n ** 3) for dt in (dtypes.half, dtypes.bfloat16)]
+    shapes.append(("conv2d half b32 256->256 3x3 14x14", x.conv2d(w, padding=1), 2.0 * 32 * 256 * 14 * 14 * 256 * 9))
+    layouts = (((4, 8), (4, 2)), ((4, 4), (2, 2)), ((4, 4), (4, 2)), ((8, 4), (2, 4)), ((2, 4), (2, 2)),
+               ((4, 8), (2, 2)))
+    for name, t, flops in shapes:
+        ast = kernel_ast(t)
+        print(name)
+        settings = [dict(TC_STAGE=0)] + [dict(TC_STAGE=1, TC_BLOCK_K=block, TC_TILES=tiles, TC_WARPS=warps)
+                                         for tiles, warps in layouts for block in (32, 64, 128)]
+        for values in settings:
+            label = " ".join(f"{k}={v}" for k, v in values.items())
+            with constants(**values):
+                try: report(label, *time_kernel(dev, ast), flops=flops)
+                except Exception as e: print(f"  {label}: {type(e).__name__}: {str(e)[:200]}")
+
 def profile_gpt2(dev: str, tokens: int = 60) -> None:
     """GPT-2 124M decoding (bench_gpu.py's row, TinyJit after its first calls): seconds per token in the model's call
     and in reading the logits back, and the Python functions that take the most time over `tokens` tokens."""
@@ -125,16 +157,26 @@ def profile_gpt2(dev: str, tokens: int = 60) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA")
-    ap.add_argument("--only", default="", help="matmul, rows, conv, unroll (TC_UNROLL on half matmuls) or gpt2 "
-                                               "(a profile of its decoding)")
+    ap.add_argument("--only", default="", help="matmul, rows, conv, unroll (TC_UNROLL on half matmuls), tc (staged "
+                                               "tensor-core operands) or gpt2 (a profile of its decoding)")
     ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
     ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
+    ap.add_argument("--dry", default="", metavar="ARCH", help="without a GPU: render each kernel for CUDA sm_XY and "
+                                                              "compile it with NVRTC (its time is nan)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
+    if args.dry:
+        from fusegrad.renderer.cuda import CUDARenderer
+        from fusegrad.renderer.python import PythonRenderer
+        global DRY_ARCH
+        # (the kernels scheduled for the PYTHON device declaring the CUDA renderer's tensor cores)
+        DRY_ARCH, dev = args.dry, "PYTHON"
+        Device[dev].renderer = PythonRenderer(like=CUDARenderer(args.dry))
     for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
                      ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
-                     ("unroll", lambda: sweep_tc_unroll(dev)), ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
-        if args.only == name or (not args.only and name not in ("gpt2", "unroll")): fn()
+                     ("unroll", lambda: sweep_tc_unroll(dev)), ("tc", lambda: sweep_tc(dev, args.n)),
+                     ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
+        if args.only == name or (not args.only and name not in ("gpt2", "unroll", "tc")): fn()
 
 if __name__ == "__main__":
     main()

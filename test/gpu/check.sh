@@ -7,7 +7,8 @@
 #      two GPUs or more a copy between them (peer to peer where the driver allows it) and a sum split over both
 #      (test/gpu/check_cuda_graph.py);
 #   3b. tensor cores (sm_80 and later): half, bfloat16 and TF32 matmuls and a convolution through mma.sync against
-#      numpy and the PYTHON device's emulation, and a 4096 half matmul's time with and without them
+#      numpy and the PYTHON device's emulation, kernels with their operands staged through shared memory against
+#      numpy and the same kernels unstaged, and a 4096 half matmul's time staged, unstaged and without tensor cores
 #      (test/gpu/check_tensor_cores.py);
 #   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints), and BEAM=2 on a matmul, a half matmul
 #      and a softmax against numpy (test/gpu/check_beam.py);

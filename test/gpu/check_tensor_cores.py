@@ -4,16 +4,20 @@
    run on the CUDA device through the TC opt (each kernel checked to hold WMMAs), against numpy in float32 and
    against the PYTHON device's emulation of the same kernels (the lane layouts: a layout that the emulation and the
    code generator share but the hardware doesn't would show here first);
-2. the time of a 4096 half matmul with tensor cores and without (the heuristic's opts without TC: its float32-style
-   tiles), printed in TFLOP/s, not checked."""
+2. kernels whose operands the heuristic stages through shared memory (LTILE after TC: half, bfloat16, TF32, a batched
+   matmul with a transposed operand, a padded convolution) against numpy and against the same kernels unstaged
+   (TC_STAGE=0), which must give the same bits (the same WMMAs in the same order);
+3. the time of a 4096 half matmul with tensor cores, staged and not, and without them (the heuristic's opts without
+   TC: its float32-style tiles), printed in TFLOP/s, not checked."""
 from __future__ import annotations
 import sys
 import numpy as np
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import get_program
-from fusegrad.codegen.opt import OptOps
+from fusegrad.codegen.opt import OptOps, heuristic_gpu
 from fusegrad.device import Buffer
 from fusegrad.dtype import DType
+from fusegrad.engine import realize
 from fusegrad.engine.realize import CompiledRunner
 from fusegrad.helpers import Context
 from fusegrad.renderer.cuda import CUDARenderer
@@ -68,6 +72,39 @@ for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(cases):
     check(name + ": against the PYTHON emulation", bool(np.abs(got - emulated).max() <= rtol * scale),
           f"max difference {np.abs(got - emulated).max() / scale:.2e}")
 
+# *** operands staged through shared memory (LTILE after TC): against numpy, and equal to the same kernel unstaged
+# (TC_STAGE=0: the same WMMAs in the same order) ***
+staged_cases = [
+    ("half matmul 256x512 @ 512x192", lambda a, b: a @ b, [(256, 512), (512, 192)], [dtypes.half] * 2, 1e-2, False),
+    ("bfloat16 matmul, float32 out, 128x1024 @ 1024x256", lambda a, b: f32(a) @ f32(b), [(128, 1024), (1024, 256)],
+     [dtypes.bfloat16] * 2, 1e-5, False),
+    ("batched half matmul, A transposed, 4x256x128 @ 4x256x64",
+     lambda a, b: f32(a).transpose(1, 2) @ f32(b), [(4, 256, 128), (4, 256, 64)], [dtypes.half] * 2, 1e-5, False),
+    ("padded half convolution 64->32 channels with bias and relu",
+     lambda x, w, b: f32(x).conv2d(f32(w), b, padding=1).relu(), [(2, 64, 16, 16), (32, 64, 3, 3), (32,)],
+     [dtypes.half, dtypes.half, dtypes.float32], 1e-5, False),
+    ("TF32 matmul 256x256 @ 256x128", lambda a, b: a @ b, [(256, 256), (256, 128)], [dtypes.float32] * 2, 3e-3, True),
+]
+for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
+    arrays = [data(s, dt, 100 + 10 * i + j) for j, (s, dt) in enumerate(zip(shapes, dts))]
+    with Context(ALLOW_TF32=int(tf32)):
+        got, progs = run(fn, arrays, dts, "CUDA")
+        heuristic_gpu.TC_STAGE = 0
+        realize.method_cache.clear()   # (the kernels compiled afresh, and again after)
+        try: unstaged, plain = run(fn, arrays, dts, "CUDA")
+        finally: heuristic_gpu.TC_STAGE = 1
+        realize.method_cache.clear()
+    want = fn(*[Tensor(a, device="CPU") for a in arrays]).numpy()
+    scale = float(np.abs(want).max())
+    staged = [p for p in progs if any(u.op is Ops.WMMA for u in p.uops) and
+              any(o.op is OptOps.LTILE for o in p.applied_opts)]
+    check(name + ": staged WMMA kernel", len(staged) == 1, str([p.applied_opts for p in progs]))
+    check(name + ": unstaged with TC_STAGE=0", not any(o.op is OptOps.LTILE for p in plain for o in p.applied_opts))
+    check(name + ": against numpy", bool(np.abs(got - want).max() <= rtol * scale),
+          f"max error {np.abs(got - want).max() / scale:.2e} of the largest value")
+    check(name + ": the same as unstaged", bool(np.array_equal(got, unstaged)),
+          f"max difference {np.abs(got - unstaged).max() / scale:.2e}")
+
 # *** speed (printed) ***
 n = 4096
 a = Tensor.rand(n, n, device="CUDA").cast(dtypes.half).realize()
@@ -77,9 +114,14 @@ class WithoutTensorCores(CUDARenderer):
     tensor_cores: list = []   # (the heuristic's choice where there are none)
 
 bufs = [Buffer("CUDA", n * n, dtypes.half).ensure_allocated() for _ in range(3)]
-for label, ren in (("with tensor cores", cuda.renderer), ("without", WithoutTensorCores(cuda.arch))):
-    prog = get_program(ast, ren)
-    assert any(o.op is OptOps.TC for o in prog.applied_opts) == (label == "with tensor cores"), prog.applied_opts
+for label, ren, stage in (("with tensor cores, staged", cuda.renderer, 1), ("with tensor cores", cuda.renderer, 0),
+                          ("without", WithoutTensorCores(cuda.arch), 1)):
+    heuristic_gpu.TC_STAGE = stage
+    try: prog = get_program(ast, ren)
+    finally: heuristic_gpu.TC_STAGE = 1
+    assert any(o.op is OptOps.TC for o in prog.applied_opts) == label.startswith("with "), prog.applied_opts
+    if label.startswith("with "):
+        assert any(o.op is OptOps.LTILE for o in prog.applied_opts) == label.endswith("staged"), prog.applied_opts
     r = CompiledRunner(prog)
     r(bufs, {}, wait=True)
     times = [r(bufs, {}, wait=True) or 0.0 for _ in range(5)]
