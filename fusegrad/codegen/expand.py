@@ -7,6 +7,7 @@ rebuilt (VECTORIZE), and every such VECTORIZE of a non-vector dtype is folded aw
 from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
+from typing import Literal
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.uop.affine import coeff, live_ranges
 from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -83,6 +84,12 @@ def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
     assert isinstance(buf.dtype, PtrDType)
     return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
 
+def _same_gate(lanes: list[UOp]) -> UOp | None | Literal[False]:
+    """The gate of a contiguous vector access whose lanes' gates are one expression (a padded edge that vector
+    boundaries align with: all lanes in or all out): None where that is always true; False where the lanes differ."""
+    if any(v is not lanes[0] for v in lanes): return False
+    return None if lanes[0].op is Ops.CONST and lanes[0].arg is True else lanes[0]
+
 def _monotone(valid: UOp, r: UOp) -> bool:
     """Whether `valid` is an AND of comparisons of expressions affine in r: then it holds for every r in [a, b]
     when it holds at a and at b."""
@@ -96,9 +103,11 @@ def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
     if valid is not None and buf.dtype.base in ctx.vec_dtypes and ctx.coeff(i) == 1:
+        lanes = [ctx.final(simplify_index(v)) for v in ctx.lanes(valid)]
+        if (same := _same_gate(lanes)) is not False:
+            return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, same),))
         # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
         # valid and a gated load per lane elsewhere
-        lanes = [ctx.final(simplify_index(v)) for v in ctx.lanes(valid)]
         every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
         return UOp(Ops.LOAD, ld.dtype.vec(ctx.width),
                    (_vec_index(ctx, buf, i, None), ctx.final(simplify_index(every)), *lanes))
@@ -112,6 +121,9 @@ def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
     if idx.dtype.vcount > 1 or not ctx.index_dep(idx): return None
     buf, i, valid = _split_index(idx)
     if _contiguous(ctx, buf, i, valid): return st.replace(src=(_vec_index(ctx, buf, i, valid), *st.src[1:]))
+    if valid is not None and buf.dtype.base in ctx.vec_dtypes and ctx.coeff(i) == 1 and \
+            (same := _same_gate([ctx.final(simplify_index(v)) for v in ctx.lanes(valid)])) is not False:
+        return st.replace(src=(_vec_index(ctx, buf, i, same), *st.src[1:]))
     # one store per lane, grouped under a NOOP
     value = st.src[1]
     return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (i, UOp(Ops.GEP, value.dtype, (value,), k)))
