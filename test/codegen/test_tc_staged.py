@@ -158,3 +158,15 @@ def test_ltile_after_tc_is_refused_where_it_cannot_stage(tc_python):
     k.apply_opt(Opt(OptOps.PADTO, k.loops.index(tc_loops(k)[0]), 2))
     with pytest.raises(KernelOptError, match="not after a PADTO"):
         k.apply_opt(Opt(OptOps.LTILE, k.loops.index(tc_loops(k)[2]), 2))
+
+def test_beam_offers_staging_after_tc(tc_python):
+    """BEAM's actions after TC include LTILE of its K loop (blocks of 2, 4 and 8 tiles that K divides), once."""
+    from fusegrad.codegen.opt.search import candidate_actions
+    _, ta = _data((32, 128), dtypes.float16, 15)
+    _, tb = _data((128, 32), dtypes.float16, 16)
+    k = _kernel(_ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32)), tc_python)
+    kloop = k.loops.index(tc_loops(k)[2])
+    assert [a for a in candidate_actions(k) if a.op is OptOps.LTILE] == [Opt(OptOps.LTILE, kloop, 2),
+                                                                           Opt(OptOps.LTILE, kloop, 4)]
+    k.apply_opt(Opt(OptOps.LTILE, kloop, 4))
+    assert not any(a.op is OptOps.LTILE for a in candidate_actions(k))

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 from fusegrad.codegen import get_program, optimize
 from fusegrad.uop.affine import range_size
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.codegen.opt.tc import tc_candidates, tc_fits
+from fusegrad.codegen.opt.tc import tc_candidates, tc_fits, tc_loops
 from fusegrad.device import Buffer, CompileError, Device
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import BEAM_MAX_LANES, BEAM_MIN_GAIN, BEAM_ROUNDS, BEAM_RUNS, BEAM_TIMEOUT_S, CACHELEVEL, DEBUG, \
@@ -71,7 +71,8 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
     `max_lanes`; on output loops PADTO to vector multiples that waste at most an eighth, SPLIT into one to four chunks
     per core, SWAP with every later output loop and PACK of every loaded buffer; on reduce loops KBLOCK by powers of
     two from 16 and by the largest divisor from 128 to 512. A GPU-style kernel gets its work-item actions instead of
-    the CPU loop shapes, and, as its first opt, TC in each way one of the renderer's tensor cores fits."""
+    the CPU loop shapes, and, as its first opt, TC in each way one of the renderer's tensor cores fits; after TC,
+    LTILE of its K loop (its operands staged through local memory)."""
     max_lanes = int(BEAM_MAX_LANES.value) if max_lanes is None else max_lanes
     ren = k.renderer
     acc = k.reduceops[-1].dtype if k.reduceops else dtypes.float32
@@ -88,6 +89,10 @@ def candidate_actions(k: Kernel, max_lanes: int | None = None) -> list[Opt]:
         # (and padded to the tile where it doesn't divide a loop: tc_opt 2 numbers every way with fixed sizes)
         ways = [c for c in cands if all(isinstance(range_size(r), int) for r in c[1:])]
         acts += [Opt(OptOps.TC, i, (-1, 2, 1)) for i, c in enumerate(ways) if c not in tc_fits([c])]
+    if k.tc is not None and k.tc_frame is not None and not k.tiles and (rk := tc_loops(k)[2]) is not None:
+        # (the tensor core's operands staged through local memory, in blocks of 2 to 8 tiles of K)
+        acts += [Opt(OptOps.LTILE, k.loops.index(rk), a) for a in (2, 4, 8)
+                 if isinstance(sz := range_size(rk), int) and sz % a == 0 and sz > a]
     for ax, r in enumerate(k.loops):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2: continue
