@@ -1192,7 +1192,7 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
     return held
 
 def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, topo: dict[UOp, Any] | None,
-                       assigns: list[UOp] | None) -> tuple[tuple[Tensor, ...], set[UOp], set[UOp]]:
+                       assigns: list[UOp] | None) -> tuple[tuple[Tensor, ...], Container[UOp], set[UOp]]:
     """The other live lazy tensors that read a buffer these tensors assign to (the readers), the nodes of the graphs
     walked that read such a buffer (directly or not), and those BUFFERs (the targets). A reader keeps the value it had
     when it was built, as in eager execution (a loss computed before an optimizer step isn't evaluated with the
@@ -1207,20 +1207,41 @@ def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, top
     lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
             any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
     if not lazy: return (), set(), targets
-    # one walk over all their graphs (they mostly share one forward and backward graph, and most of it is the graph
-    # scheduled: its toposort isn't walked again), collecting the nodes that read a target
-    reading = set(targets)
-    for u in UOp.sink_of(*_shards(lazy)).toposort(known=topo):
-        if not reading.isdisjoint(u.src): reading.add(u)
+    # (the graphs below the lazy tensors are walked only as far as a target: most read one a few nodes down)
+    reading = _Reads(targets)
     # in creation order, so the same program gives the same graph (and hits the schedule cache) every step
     readers = tuple(sorted((t for t in lazy if any(u in reading for u in _shards((t,)))), key=lambda t: t._serial))
     return readers, reading, targets
+
+class _Reads:
+    """The nodes that read one of `targets` (directly or through their sources), as a container: `u in reads` is
+    worked out when asked, by a walk below u that stops at the first target it meets, and remembered."""
+    def __init__(self, targets: set[UOp]) -> None: self.known: dict[UOp, bool] = dict.fromkeys(targets, True)
+    def __contains__(self, u: UOp) -> bool:
+        known = self.known
+        if (r := known.get(u)) is not None: return r
+        # depth first, an iterator over each open node's sources
+        stack = [(u, iter(u.src))]
+        while stack:
+            node, srcs = stack[-1]
+            for s in srcs:
+                if (r := known.get(s)) is None:
+                    stack.append((s, iter(s.src)))
+                    break
+                if r:
+                    # each open node reads it through the one above it
+                    for n, _ in stack: known[n] = True
+                    return True
+            else:
+                stack.pop()
+                known[node] = False
+        return False
 
 # A reader of an overwritten buffer is deferred when computing it now would cost this many times more than keeping
 # what it needs (see _deferred_readers)
 DEFER_READER_RATIO = 4
 
-def _deferred_readers(readers: tuple[Tensor, ...], reading: set[UOp], targets: set[UOp],
+def _deferred_readers(readers: tuple[Tensor, ...], reading: Container[UOp], targets: set[UOp],
                       topo: dict[UOp, Any]) -> tuple[list[Tensor], list[tuple[Tensor, UOp]], list[Tensor]]:
     """Which readers of overwritten buffers to compute now, and how to keep the others lazy. A reader's own part
     (the nodes of its graph that the schedule doesn't compute) may be far more work than what it reads from the
@@ -1260,7 +1281,7 @@ def _snapshot(buf: UOp) -> UOp:
     """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes)."""
     return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)))
 
-def _deferral_plan(u: UOp, reading: set[UOp], targets: set[UOp], topo: dict[UOp, Any],
+def _deferral_plan(u: UOp, reading: Container[UOp], targets: set[UOp], topo: dict[UOp, Any],
                    target_view: Callable[[UOp], bool]) -> tuple[dict[UOp, None], list[UOp], int, int] | None:
     """The reader graph `u`'s own part (its nodes the schedule doesn't compute and the views of target buffers it
     reads, with the scheduled nodes they read), the scheduled nodes to keep for it (the target buffers it reads, the

@@ -165,3 +165,23 @@ def test_jitted_step_replays_no_copy_for_the_capture_calls_input_gradient():
         loss = step(Tensor(xi), Tensor(ys)).numpy()
         np.testing.assert_allclose(loss, _torch_step(tparams, topt, xi, ys), rtol=1e-4)
     for p, tp in zip(params, tparams): np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5)
+
+def test_reads_of_targets_asked_in_any_order():
+    # which nodes read an overwritten buffer is worked out on demand (tensor/__init__.py _Reads): the same answer as
+    # the plain definition (a target, or a node with a source that reads one), whatever order the nodes are asked in
+    from fusegrad.tensor import _Reads
+    from fusegrad.uop.ops import UOp
+    rng = np.random.default_rng(5)
+    for trial in range(6):
+        bufs = [Tensor(rng.standard_normal(6).astype(np.float32)).realize() for _ in range(4)]
+        nodes = list(bufs)
+        for _ in range(40):
+            a, b = nodes[rng.integers(len(nodes))], nodes[rng.integers(len(nodes))]
+            nodes.append(a * b if rng.integers(2) else (a + 1.5).exp())
+        targets = {bufs[i].uop.base for i in rng.choice(4, 1 + trial % 3, replace=False)}
+        topo = list(UOp.sink_of(*[t.uop for t in nodes]).toposort())[:-1]
+        expected: dict[UOp, bool] = {}
+        for u in topo: expected[u] = u in targets or any(expected[s] for s in u.src)
+        reads = _Reads(targets)
+        for i in rng.permutation(len(topo)): assert (topo[i] in reads) == expected[topo[i]]
+        assert any(expected.values()) and not all(expected.values())
