@@ -3,7 +3,7 @@ decision), and group everything else into KERNEL UOps, each with its AST. After 
 `ASSIGN(BUFFER, KERNEL(ast, buffers...), arg=r.shape)` and its users load from that buffer."""
 from __future__ import annotations
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from fusegrad.dtype import dtypes
@@ -67,25 +67,42 @@ def _realize_outputs(sink: UOp, realize: set[UOp], why: dict[UOp, tuple] | None)
 def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], realize: set[UOp],
                               why: dict[UOp, tuple] | None) -> None:
     """A broadcast computed value gets a buffer, unless cheap, or used row by row and within RECOMPUTE_LIMIT ops."""
-    cost: dict[UOp, int] = {}  # ALU ops (capped) to compute a node inside its consumer's kernel
+    # the ALU ops that compute a node inside its consumer's kernel, each counted once however many paths reach it
+    # (the kernel computes a shared value once: a variance reads x and the mean of x), None for more than
+    # RECOMPUTE_LIMIT
+    ops_of: dict[UOp, frozenset[UOp] | None] = {}
     heavy = _heavy_nodes(topo)
+    expands_of: dict[UOp, list[UOp]] = {}
+    for u in topo:
+        if u.op is Ops.EXPAND: expands_of.setdefault(_unpadded(u.src[0].base, heavy), []).append(u)
+    anyway: dict[UOp, bool] = {}
+    def broadcast_whole(y: UOp) -> bool:
+        """Whether y will get a buffer for a broadcast of its own that isn't row by row (a layernorm's output that
+        a matmul reads): the walk of a row value below it (the layernorm's mean) may end there."""
+        if y not in anyway:
+            anyway[y] = False   # (a walk above y reaching y again answers no)
+            anyway[y] = not _is_cheap(y, heavy) and \
+                any(not _is_row_broadcast(e, users, realize, broadcast_whole) for e in expands_of.get(y, ()))
+        return anyway[y]
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
                                                   u.op is Ops.REDUCE_AXIS):
-            cost[u] = 0
+            ops_of[u] = frozenset()
             continue
-        cost[u] = min(RECOMPUTE_LIMIT + 1, (u.op not in GroupOp.Movement) + sum(cost.get(s, 0) for s in u.src))
+        below = [ops_of.get(s, frozenset()) for s in u.src]
+        mine = None if None in below else frozenset().union(*below, () if u.op in GroupOp.Movement else (u,))
+        ops_of[u] = mine if mine is not None and len(mine) <= RECOMPUTE_LIMIT else None
         # a computed value that is broadcast is computed once into a buffer, not once per output element; except a
         # cheap enough per-row value used row by row, which the consumer computes once per row itself
         if u.op is Ops.EXPAND:
             base = _unpadded(u.src[0].base, heavy)
             if not is_realized(base) and not _is_cheap(base, heavy) and \
-                    (cost[base] > RECOMPUTE_LIMIT or not _is_row_broadcast(u, users, realize)):
+                    (ops_of[base] is None or not _is_row_broadcast(u, users, realize, broadcast_whole)):
                 realize.add(base)
                 if why is not None:
                     why.setdefault(base, ("expand", prod(u.shape) // max(prod(base.shape), 1) if all(
-                        type(d) is int for d in u.shape + base.shape) else None, cost[base] > RECOMPUTE_LIMIT))
-                cost[base] = cost[u] = 0
+                        type(d) is int for d in u.shape + base.shape) else None, ops_of[base] is None))
+                ops_of[base] = ops_of[u] = frozenset()
 
 def _realize_nested_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
     """A reduction inside another reduction's loop gets a buffer."""
@@ -224,6 +241,7 @@ def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], thr
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
+SINGLE_ROW_FUSED = 16384  # elements of a single row whose reductions its consumer computes (see _is_row_broadcast)
 
 def _unpadded(u: UOp, heavy: dict[UOp, bool]) -> UOp:
     """The value under a constant padding (pad(x, value=v) is where(pad(ones), pad(x), v)): padding costs nothing
@@ -233,16 +251,20 @@ def _unpadded(u: UOp, heavy: dict[UOp, bool]) -> UOp:
         u = u.src[1].src[0].base
     return u
 
-def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp]) -> bool:
+def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp],
+                      realized_anyway: Callable[[UOp], bool]) -> bool:
     """Whether a broadcast value can be computed inside its consumers, once per output row: it is broadcast only along
-    trailing axes, and every path to a kernel output is elementwise on that shape or a reduction over those axes.
+    trailing axes, and every path to a kernel output (a node in `realize`, or one `realized_anyway` says will be) is
+    elementwise on that shape or a reduction over those axes.
     The consumer's loops then run in shape order with the broadcast axes innermost, and the linearizer hoists the
     value out of them: x - x.max(1, keepdim=True) needs no kernel of its own, so softmax and layernorm are one."""
     src_shape, shape = expand.src[0].shape, expand.shape
     axes = [i for i, (a, b) in enumerate(zip(src_shape, shape)) if a != b]
     if not axes or any(i not in axes and s != 1 for i, s in enumerate(shape) if i > axes[0]): return False
-    # a single row (or column) may be split across cores along the broadcast axes: computed once into a buffer
-    if all(s == 1 for i, s in enumerate(shape) if i not in axes): return False
+    # a single long row (or column) is computed once into a buffer: its consumer's loop along the row is split across
+    # cores, and each part would compute the row's reductions again; for a short one that costs less than a launch
+    if all(s == 1 for i, s in enumerate(shape) if i not in axes) and \
+            not (isinstance(n := prod(shape), int) and n <= SINGLE_ROW_FUSED): return False
     stack, seen = [expand], set()
     while stack:
         u = stack.pop()
@@ -251,7 +273,9 @@ def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp
             seen.add(x)
             if x.op is Ops.REDUCE_AXIS and set(axes) <= set(x.arg[1]) and x.src[0].shape == shape: continue
             if x.op in (Ops.ASSIGN, Ops.CONTIGUOUS) and x in realize and x.shape == shape: continue
-            if x.op not in GroupOp.Elementwise or x.shape != shape: return False
+            if x.op not in GroupOp.Elementwise or x.shape != shape:
+                if u is not expand and realized_anyway(u): break
+                return False
             if x not in realize: stack.append(x)
     return True
 

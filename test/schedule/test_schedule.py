@@ -19,6 +19,10 @@ def _softmax(x, axis):
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)
 
+def _shared(x):
+    for _ in range(6): x = x * x * 0.5 + x * 0.25
+    return x
+
 # (program, most kernels allowed (tinygrad 0.14 on the same programs), numpy reference)
 KERNEL_COUNTS = {
     "a*b+c": (lambda a, b, c, v: a * b + c, 1, lambda: A * B + C),
@@ -38,6 +42,16 @@ KERNEL_COUNTS = {
             lambda: ((A - A.mean(1, keepdims=True)) ** 2).mean(1)),
     "softmax of a 3-d tensor": (lambda a, b, c, v: a.reshape(8, 8, 64).softmax(-1), 1,
                                 lambda: _softmax(A.reshape(8, 8, 64), -1)),
+    # a single short row too (a decoding step's layernorm of one token)
+    "v[None].softmax(1)": (lambda a, b, c, v: v.reshape(1, N).softmax(1), 1, lambda: _softmax(V.reshape(1, N), 1)),
+    "v[None].layernorm(1)": (lambda a, b, c, v: v.reshape(1, N).layernorm(1), 1,
+                             lambda: ((V - V.mean()) / np.sqrt(V.var() + 1e-5)).reshape(1, N)),
+    # the row's statistics computed inside the kernel of the layernorm's output, which the matmul reads
+    "v[None].layernorm(1) @ b": (lambda a, b, c, v: v.reshape(1, N).layernorm(1) @ b, 2,
+                                 lambda: (((V - V.mean()) / np.sqrt(V.var() + 1e-5)) @ B).reshape(1, N)),
+    # a row value of an expression that reuses its parts: counted by its distinct ops (12), not by paths (126)
+    "row mean of a shared expression": (lambda a, b, c, v: _shared(a) - _shared(a).mean(1, keepdim=True), 1,
+                                        lambda: _shared(A) - _shared(A).mean(1, keepdims=True)),
     # over a leading axis the rows are not innermost: the reductions get their own kernels
     "a.softmax(0)": (lambda a, b, c, v: a.softmax(0), 3, lambda: _softmax(A, 0)),
     "a.T.contiguous()": (lambda a, b, c, v: a.T.contiguous(), 1, lambda: A.T),
@@ -314,3 +328,20 @@ def test_replay_runs_the_kernels_of_the_current_codegen_knobs(monkeypatch):
             assert len(items) == 1 and bool(libm.search(items[0].prg.p.src)) == (knob == 0)
             run_schedule(items)
         np.testing.assert_allclose(out.numpy(), np.exp(x.astype(np.float64) * 0.5), rtol=2e-6)
+
+# (the PYTHON device interprets every lane: small rows only)
+@pytest.mark.parametrize("device, n", [(d, n) for d in ("CPU", "CL") for n in (1, 1000, 16384, 16385, 70000)] +
+                         [("PYTHON", 1), ("PYTHON", 1000)])
+def test_single_row_softmax_and_layernorm(device, n):
+    """A single row up to SINGLE_ROW_FUSED elements is one kernel (its reductions computed inside the consumer, on a
+    GPU-style device by one group); a longer one keeps its reductions in kernels of their own."""
+    from fusegrad.engine.realize import run_schedule
+    from fusegrad.schedule.kernelize import SINGLE_ROW_FUSED
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    for fn, ref, kernels in ((lambda t: t.softmax(1), _softmax(x, 1), (1, 3)),
+                             (lambda t: t.layernorm(1), (x - x.mean()) / np.sqrt(x.var() + 1e-5), (1, 3))):
+        out = fn(Tensor(x, device=device).realize())
+        sched = out.schedule()
+        assert len(sched) == kernels[n > SINGLE_ROW_FUSED]
+        run_schedule(sched)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-5)

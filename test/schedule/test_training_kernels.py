@@ -54,13 +54,13 @@ def softmax_step():
 # reduction these were 8, 11 and 6 kernels, one output each.
 STEPS = {
     # the row kernel stores y with the mean and inverse std (and a sum of the backward); the input gradient's kernel
-    # the sums over the row it reads; the weight's gradient sums over the rows: a kernel of its own
-    "layernorm 256x512 fwd+bwd": (layernorm_step, [4, 3, 1]),
+    # computes the sums over the row it reads itself; the weight's gradient sums over the rows: a kernel of its own
+    "layernorm 256x512 fwd+bwd": (layernorm_step, [4, 1, 1]),
     # the output with the channel statistics, the input gradient with its sums; the parameters' gradients and the
     # running statistics (at most 4 outputs a kernel) on their own
     "batchnorm2d 8x16x32x32 fwd+bwd": (batchnorm_step, [4, 3, 1, 1, 1, 1]),
-    # the forward with its max and sum, then the backward's sum over the row with the gradient
-    "softmax 64x100 fwd+bwd": (softmax_step, [4, 2]),
+    # the forward with its max and sum, then the gradient, computing the backward's sum over the row itself
+    "softmax 64x100 fwd+bwd": (softmax_step, [3, 1]),
 }
 
 @pytest.mark.parametrize("name", list(STEPS))
