@@ -15,7 +15,7 @@ import numpy as np
 import fusegrad.engine.realize as _realize
 from fusegrad import Device, Tensor, Variable, dtypes
 from fusegrad.dtype import DType
-from fusegrad.onnx.layout import Region, copied_names
+from fusegrad.onnx.layout import Region, copied_names, weight_channels_last
 from fusegrad.onnx.errors import (OnnxError, OnnxInputError, OnnxLoadError, OnnxNodeError, OnnxUnsupportedError,
                                   Unsupported)
 from fusegrad.onnx.onnx_dtypes import np_name, onnx_dtype
@@ -126,6 +126,7 @@ class Graph:
         self._opsets = opsets
         self._nodes: list[Node] | None = None
         self._copied: set[str] | None = None
+        self._laid_out: dict[str, Tensor | None] = {}   # (_weight_laid_out)
         self.initializers: dict[str, Tensor] = {}
         for init in proto.initializer:
             try: self.initializers[init.name] = tensor_proto_to_tensor(init, base_dir)
@@ -155,6 +156,17 @@ class Graph:
             self._nodes = [Node(n, i, self._opsets, self.base_dir) for i, n in enumerate(self.proto.node)]
         return self._nodes
 
+    def _weight_laid_out(self, node: Node) -> Tensor | None:
+        """A dense 2-D convolution's weight held by an initializer, copied once with its output channels innermost
+        and read through a (Cout, Cin, kh, kw) view of the copy (see layout.py, `weight_channels_last`); None for other
+        convolutions."""
+        name = node.inputs[1]
+        if name in self._laid_out: return self._laid_out[name]
+        w = self.initializers.get(name)
+        out = weight_channels_last(w) if w is not None and node.attrs.get("group", 1) == 1 else None
+        self._laid_out[name] = out
+        return out
+
     def run(self, values: Mapping[str, Tensor], ctx_runner: OnnxRunner) -> dict[str, Tensor]:
         """Evaluate the nodes in order; `values` holds the inputs and every name visible from an outer graph."""
         env: ChainMap[str, Tensor] = ChainMap({}, dict(self.initializers), values)  # type: ignore[arg-type]
@@ -171,6 +183,7 @@ class Graph:
                 node.op_type not in NARROW_OPS and node.op_type not in CONTROL_OPS else None
             out = fold(node.op_type, args, node.attrs) if node.domain == "" and tensors else None
             if out is None and any(is_strings(a) for a in args): out = _string_node(node, args, ctx)
+            if node.op_type == "Conv" and len(args) > 1 and (w := self._weight_laid_out(node)) is not None: args[1] = w
             laid_out = region.inputs(node.op_type, node.inputs, args, node.attrs) \
                 if out is None and narrow is None and node.domain == "" and len(node.outputs) == 1 else None
             if laid_out is not None: out = region.output(node.outputs[0], _run_node(node, laid_out, ctx))

@@ -78,17 +78,20 @@ def _tile(ast: UOp, facts: tuple[int, int]) -> tuple[int, int | None]:
 
 def test_channel_tile_8x8(monkeypatch: pytest.MonkeyPatch):
     """16 -> 16 channels on 8x8 images, batch 8: on AVX2 8 channels x 4 pixels x 4 images (16 accumulators of 8
-    lanes), the channels the SIMD axis; on AVX-512 (32 registers) the tile is as before: 16 channels x 8 pixels.
+    lanes), the channels the SIMD axis; on AVX-512 (32 registers) the one vector of 16 channels x 8 pixels x 2 images,
+    the channels the SIMD axis too (where the 8-pixel row was, in half vectors).
     (Shapes no other test of this file compiles: a kernel compiled before isn't generated again.)"""
     ast = _forward_ast(monkeypatch, 8, 16, 16, 8)
     assert _tile(ast, AVX2) == (8 * 16, 8)
-    assert _tile(ast, AVX512)[0] == 16 * 8
+    assert _tile(ast, AVX512) == (16 * 16, 16)
 
 
 def test_channel_tile_4x4(monkeypatch: pytest.MonkeyPatch):
     """32 -> 32 channels on 4x4 images, batch 6: two vectors of channels x the 4-pixel row x 2 images on AVX2."""
     ast = _forward_ast(monkeypatch, 6, 32, 32, 4)
     assert _tile(ast, AVX2) == (16 * 8, 8)
+    # (on AVX-512: a vector of 16 channels x the 4-pixel row x 4 rows)
+    assert _tile(ast, AVX512) == (16 * 16, 16)
 
 
 def test_channel_tile_batch1(monkeypatch: pytest.MonkeyPatch):

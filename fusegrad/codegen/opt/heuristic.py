@@ -211,7 +211,8 @@ def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, b
     windows = bool(_sliding_windows(k, best[0]))
     # (at least two vectors of channels: the register tile's two columns; 16 channels stay on the rows)
     wide = next(((r, w, p) for r, w, p in cands if w == width and not p and _fits_vector(ctx, r, True) and
-                 range_size(r) >= 2 * width and not _sliding_windows(k, r)), None)
+                 (range_size(r) >= 2 * width or _one_vector_of_channels(ctx, r, best[0])) and
+                 not _sliding_windows(k, r)), None)
     if wide is not None and not windows:
         others = math.prod(s if isinstance(s := range_size(o), int) else 1 for o in ctx.outs
                            if o is not best[0] and o is not wide[0])
@@ -219,6 +220,23 @@ def _prefer_channel_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, b
     if wide is None: return best
     ctx.switched = True
     return wide
+
+ONE_VECTOR_MIN_ROWS = 64
+
+def _one_vector_of_channels(ctx: OptContext, r: UOp, row: UOp) -> bool:
+    """Whether a convolution with one full vector of output channels (16 on AVX-512) takes them as its vector over an
+    image row shorter than a vector (8 pixels: half vectors): on a target of more than 16 registers, where the tile
+    still holds 16 accumulators (the row by another loop), and its weights are contiguous along the channels (laid
+    out so: the ONNX runner's) or the output loops outside the row give their copy (made once per core:
+    `_pack_whole_panel`) at least ONE_VECTOR_MIN_ROWS rows to reuse it."""
+    if ctx.registers <= 16 or range_size(r) != ctx.width or not isinstance(rsz := range_size(row), int) or \
+            2 * rsz > ctx.width:
+        return False
+    # (no copy at all where the loads inside the reduction are contiguous along them: weights laid out so)
+    if all(coeff(idx.src[1], r) in (0, 1) for idx in ctx.loads() if any(coeff(idx.src[1], q) != 0 for q in ctx.reds)):
+        return True
+    others = math.prod(s if isinstance(s := range_size(o), int) else 1 for o in ctx.outs if o is not r and o is not row)
+    return others >= ONE_VECTOR_MIN_ROWS
 
 LONG_REDUCTION = 4096
 
@@ -281,12 +299,29 @@ def _tile_output_vector(ctx: OptContext) -> None:
     # 3x3 input gradient runs about three times as fast)
     if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
         ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
+    elif not costly and n_vec == 1: _chain_windows(ctx, inner)
     # (a reduction the output vector doesn't vary, computed once for the vector's lanes, is vectorized by itself)
     if len(k.reduceops) == 1 and any(inner in u.src[0].toposort() for u in k.ast.toposort() if u.op is Ops.REDUCE):
         _block_strided_reduce(ctx)
         _unroll_reduce(ctx)  # fewer loop iterations for the short bodies
         return
     _vectorize_reductions(ctx)
+
+WINDOW_CHAINS, WINDOW_CHAIN_TAPS = 4, 16
+
+def _chain_windows(ctx: OptContext, inner: UOp) -> None:
+    """A pool's small window (at most WINDOW_CHAIN_TAPS taps) reduced into a single vector of accumulators (a max pool
+    over channels-last data, the channels the vector): the innermost other output loop is upcast by up to
+    WINDOW_CHAINS, so that many windows' chains of maxes (a compare, a nan check and a blend each) run side by side,
+    where each waited on the one before."""
+    k = ctx.k
+    if len(k.reduceops) != 1 or len(k.expanded) != 1: return
+    taps = [range_size(r) for r in ctx.reds]
+    if not taps or not all(isinstance(n, int) for n in taps) or not 1 < math.prod(taps) <= WINDOW_CHAIN_TAPS: return
+    r = next((r for r in reversed(k.loops[:k.first_reduce]) if r is not inner and isinstance(range_size(r), int) and
+              range_size(r) > 1), None)
+    if r is not None and (amt := _largest_divisor(range_size(r), (WINDOW_CHAINS, 2))) > 1:
+        ctx.split(OptOps.UPCAST, r, amt)
 
 def _blocked_per_lane(ctx: OptContext, r: UOp) -> bool:
     """Whether each lane of a full vector along reduce loop r adds more than SUM_BLOCKED_OVER terms."""
@@ -381,8 +416,8 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # would win the lowering's choice of the SIMD axis over the 8 channels, and its taps' loads are gated per lane
     # (only where the loops left outside the tile still reuse the packed weights 4 times: `_block_matmul`'s PACK)
     # (a 3-wide window: the 2x2 phases of a strided convolution's input gradient measured no faster)
-    grow = channels and conv and ctx.registers <= 16 and amt in (4, 8) and amt == rsz and r is reuse[-1] and \
-        n_vec * amt <= ctx.budget < CHANNEL_TILE and range_size(ctx.reds[-1]) == 3
+    grow = channels and conv and amt in (4, 8) and amt == rsz and r is reuse[-1] and \
+        n_vec * amt < CHANNEL_TILE and range_size(ctx.reds[-1]) == 3
     split_row = grow and amt == ctx.width and n_vec == 1
     c = CHANNEL_TILE // (n_vec * amt // (2 if split_row else 1))
     others = [o for o in reuse if o is not r and isinstance(range_size(o), int)]
@@ -404,6 +439,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # (a window along the channel vector's loads isn't unrolled: each tap would hold its own weight vectors; but a
     # short padded row is, when the tile leaves registers for its taps)
     if not channels: _unroll_windows(k, n_vec * max(amt, 1), ctx.registers)
+    if rest is None and channels and conv: _pack_whole_panel(k, inner, ctx.cores)
     _block_matmul(k, rest, inner, ctx.width * n_vec * ctx.acc_dt.itemsize, ctx.cores, conv)
     # (after the blocking, which sizes its blocks by the reduce loops' iterations)
     if channels and n_vec * max(amt, 1) <= max(ctx.budget, 12 if ctx.registers <= 16 else 0):
@@ -823,6 +859,20 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         try: k.apply_opt(Opt(OptOps.PACK, deps[-1], idx.src[0].arg))
         except KernelOptError: pass
         break
+
+def _pack_whole_panel(k: Kernel, vec: UOp, cores: int) -> None:
+    """A convolution whose output vector takes its channels whole (no column loop left: 16 channels on AVX-512) and
+    whose weights are strided along them: the outermost loop is split into one chunk per core and the weights copied
+    (PACK) once per chunk, contiguous along the channels, where the loops inside reuse them at least 4 times."""
+    outs = k.loops[:k.first_reduce]
+    if not outs or not isinstance(osz := range_size(outs[0]), int): return
+    idx = next((idx for idx, st in k.accesses() if not st and idx.src[0].op is Ops.DEFINE_GLOBAL and
+                coeff(idx.src[1], vec) not in (0, 1) and not any(o in idx.src[1].toposort() for o in outs)), None)
+    if idx is None: return
+    if osz > cores and osz % cores == 0: k.apply_opt(Opt(OptOps.SPLIT, 0, cores))
+    if math.prod(s if isinstance(s := range_size(o), int) else 1 for o in k.loops[1:k.first_reduce]) < 4: return
+    try: k.apply_opt(Opt(OptOps.PACK, 0, idx.src[0].arg))
+    except KernelOptError: pass
 
 TRANSPOSED_PANEL_BYTES, COLUMN_BLOCK_BYTES = 1 << 20, 1 << 19
 
