@@ -2,7 +2,8 @@
 `extern "C" __global__` functions, compiled by NVRTC (runtime/ops_cuda.py).
 
 - GPU-style kernels (SPECIAL ids, docs/architecture.md "GPU-style kernels") are launched as a grid of thread blocks:
-  the ids are `blockIdx.x/y/z` and `threadIdx.x/y/z`, a DEFINE_LOCAL is a `__shared__` array of the block, a BARRIER
+  the ids are `blockIdx.x/y/z` and `threadIdx.x/y/z`, a DEFINE_LOCAL is a `__shared__` array of the block (aligned to
+  16 bytes, as vectors are to their size: a vector loads from it in one instruction), a BARRIER
   is `__syncthreads();`. Each kernel declares `__launch_bounds__(threads per block)`, so the compiler may give each
   thread the registers that block size allows.
 - CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
@@ -83,7 +84,7 @@ class CUDARenderer(CStyleLanguage):
     # GPU-style kernels
     has_local = True
     global_space = ""
-    local_space = "__shared__ "
+    local_space = "__shared__ __align__(16) "   # (vectors of up to 16 bytes load from it)
     barrier = "__syncthreads();"
 
     def __init__(self, arch: str = "sm_80", max_workgroup: int = 1024, local_max: tuple[int, ...] = (1024, 1024, 64),
@@ -108,7 +109,10 @@ class CUDARenderer(CStyleLanguage):
 
     def vector_type(self, dt: DType) -> str:
         name = f"fg_{_SHORT[dt.scalar()]}x{dt.count}"
-        return self._need(name, f"typedef struct {{ {self.dtype_name(dt.scalar())} v[{dt.count}]; }} {name};")
+        # (aligned to its size up to 16 bytes: a vector loaded from local memory, a staged tensor core operand's pair
+        # of halves, is one load)
+        align = f"__align__({n}) " if (n := dt.itemsize) & (n - 1) == 0 and n <= 16 else ""
+        return self._need(name, f"typedef struct {align}{{ {self.dtype_name(dt.scalar())} v[{dt.count}]; }} {name};")
 
     def vector_literal(self, dt: DType, lanes: list[str]) -> str:
         return f"{self.dtype_name(dt)}{{{{{', '.join(lanes)}}}}}"

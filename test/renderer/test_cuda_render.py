@@ -190,7 +190,8 @@ def test_tensor_core_kernels(kernels):
     assert len(staged) >= 5 and {u.arg[2] for p in staged for u in p.uops if u.op is Ops.WMMA} == \
         {"half", "__bf16", "float"}
     for p in staged:
-        frags = [e for u in p.uops if u.op is Ops.WMMA for v in u.src[:2] for e in v.src]
+        frags = [e.src[0] if e.op is Ops.GEP else e
+                 for u in p.uops if u.op is Ops.WMMA for v in u.src[:2] for e in v.src]
         assert all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags)
         assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2 and p.src.count("__syncthreads();") == 4
     for p in tc:

@@ -206,11 +206,13 @@ def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
 # fragment would meet)
 ROW_PAD_BYTES = 16
 
-def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]]]]:
+def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]],
+                                                                                list[int]]]:
     """The blocks of A and B that the work-items of a group read in one iteration of the `fixed` loops (the output
     loops and LTILE's block loop), from `Kernel.tc_frame` (see `apply_tc`): for each, its value at the stand-in
-    loops and its dimensions in the layout of the copy (outer to inner), each (stand-in loop or other range the
-    value varies with, size, the block's first index, the index a work-item reads without its lane's part).
+    loops, its dimensions in the order of the copy (outer to inner), each (stand-in loop or other range the value
+    varies with, size, the block's first index, the index a work-item reads without its lane's part), and their
+    order in local memory (indices into the dimensions, outer to inner).
     KernelOptError where the tiles a group reads along M, N or K aren't one block (SWAP or splits in another order
     can leave gaps)."""
     ya, yb, bm, bn, bk, _, pm, pn, pk = frame.src
@@ -239,17 +241,34 @@ def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[U
         def stride(dim: tuple) -> int:
             c = coeff(addr, dim[0]) if addr is not None else None
             return abs(c) if c else 1 << 62
-        out.append((y, sorted(dims, key=stride, reverse=True)))
+        dims.sort(key=stride, reverse=True)
+        # in local memory K goes innermost where a lane's elements are pairs along K (each pair one load)
+        kdim = next(i for i, d in enumerate(dims) if d[0] is pk)
+        paired = _paired(tc, "A" if y is ya else "B")
+        out.append((y, dims, [i for i in range(len(dims)) if not paired or i != kdim] + ([kdim] if paired else [])))
     return out
 
-def _row_pad(y: UOp, dims: list) -> int:
-    return ROW_PAD_BYTES // y.dtype.itemsize if len(dims) > 1 and dims[-1][1] * y.dtype.itemsize % 32 == 0 else 0
+def _paired(tc: TensorCore, which: str) -> bool:
+    """Whether each lane's elements of operand `which` (16-bit) are pairs of neighbours along K, each pair at an even
+    K for every lane: elements 2i and 2i + 1 at the same row and the next col of A (the next row of B)."""
+    rows, cols, elems = tc.layout["ABC".index(which)]
+    kc = 1 if which == "A" else 0   # (K is A's col and B's row)
+    return tc.dtype_in.itemsize == 2 and len(elems) % 2 == 0 and all(w % 2 == 0 for w in (cols if kc else rows)) and \
+        all(elems[i + 1][kc] == elems[i][kc] + 1 and elems[i + 1][1 - kc] == elems[i][1 - kc] and elems[i][kc] % 2 == 0
+            for i in range(0, len(elems), 2))
+
+def _local_sizes(y: UOp, dims: list, layout: list[int]) -> list[int]:
+    """The sizes of a staged operand's dimensions in local memory, outer to inner, the innermost padded where it is a
+    multiple of 32 bytes (ROW_PAD_BYTES)."""
+    sizes = [dims[i][1] for i in layout]
+    if len(sizes) > 1 and sizes[-1] * y.dtype.itemsize % 32 == 0: sizes[-1] += ROW_PAD_BYTES // y.dtype.itemsize
+    return sizes
 
 def staged_bytes(frame: UOp | None, tc: TensorCore, fixed: set[UOp]) -> int:
     """Bytes of local memory the staged operands take (see `staged_operands`)."""
     if frame is None: raise KernelOptError("LTILE after TC and PADTO")
-    return sum(y.dtype.itemsize * math.prod(s for _, s, _, _ in dims[:-1]) * (dims[-1][1] + _row_pad(y, dims))
-               for y, dims in staged_operands(frame, tc, fixed))
+    return sum(y.dtype.itemsize * math.prod(_local_sizes(y, dims, layout))
+               for y, dims, layout in staged_operands(frame, tc, fixed))
 
 def check_tc_ltile(k: Kernel, r: UOp) -> None:
     """KernelOptError unless LTILE of loop `r` can stage kernel k's tensor core operands: r is TC's K loop, the first
@@ -265,16 +284,17 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
     read neighbouring elements), rows padded by ROW_PAD_BYTES, and after a second barrier each lane reads its
     fragments' elements from the copies."""
     workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
-    lane = frame.src[5]
+    lane, held = frame.src[5], frame.src[6:9]
     first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
     frags = []
-    for n_local, (which, (y, dims)) in enumerate(zip("AB", staged_operands(frame, tc, fixed)), start=first):
-        sizes = [s for _, s, _, _ in dims]
-        total, inner = math.prod(sizes), sizes[-1] + _row_pad(y, dims)
-        local = UOp(Ops.DEFINE_LOCAL, y.dtype.ptr(total // sizes[-1] * inner, "local"), arg=n_local)
+    for n_local, (which, (y, dims, layout)) in enumerate(zip("AB", staged_operands(frame, tc, fixed)), start=first):
+        sizes, held_sizes = [s for _, s, _, _ in dims], _local_sizes(y, dims, layout)
+        total = math.prod(sizes)
+        local = UOp(Ops.DEFINE_LOCAL, y.dtype.ptr(math.prod(held_sizes), "local"), arg=n_local)
         def at(coords: list[UOp]) -> UOp:
+            """The position in local memory of the element at `coords` (in the copy's order of the dimensions)."""
             lin = UOp.const(dtypes.index, 0)
-            for i, x in enumerate(coords): lin = lin * (inner if i == len(coords) - 1 else sizes[i]) + x
+            for i, n in zip(layout, held_sizes): lin = lin * n + coords[i]
             return lin
         rounds = -(-total // workers)
         j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
@@ -294,14 +314,21 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
                                                               (before, at(pos), valid))
         copied = dest.store(value)
         ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
-        held = frame.src[6:9]
         rows, cols = (held[0], held[2]) if which == "A" else (held[2], held[1])
-        elems = []
+        # (a pair of elements neighbouring along K, innermost, is one load of two where the rows' lengths keep it
+        # aligned to its size)
+        pairs = dims[layout[-1]][0] is held[2] and _paired(tc, which) and (len(layout) == 1 or held_sizes[-1] % 2 == 0)
+        elems: list[UOp] = []
         for i in range(tc.elements(which)):
+            if pairs and i % 2: continue
             row, col = _coord(tc, which, lane, i)
             coords = [offset + row if key is rows else offset + col if key is cols else offset
                       for key, _, _, offset in dims]
-            elems.append(UOp(Ops.LOAD, y.dtype, (ready.index(at(coords)),)))
+            if not pairs:
+                elems.append(UOp(Ops.LOAD, y.dtype, (ready.index(at(coords)),)))
+                continue
+            two = UOp(Ops.LOAD, y.dtype.vec(2), (UOp(Ops.INDEX, ready.dtype.vec(2), (ready, at(coords))),))
+            elems += [UOp(Ops.GEP, y.dtype, (two,), 0), UOp(Ops.GEP, y.dtype, (two,), 1)]
         frags.append(UOp(Ops.VECTORIZE, y.dtype.vec(len(elems)), tuple(elems)))
     wmma = next(u for u in ast.toposort() if u.op is Ops.WMMA)
     return ast.substitute({wmma: wmma.replace(src=(frags[0], frags[1], wmma.src[2]))})
