@@ -46,6 +46,11 @@ def _staged(p: ProgramSpec) -> bool:
     return bool(wmmas) and all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags) and \
         sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2
 
+def _pair_loads(p: ProgramSpec) -> list[int]:
+    """How many elements each load of the kernel's fragments reads (2: a pair of neighbours along K)."""
+    frags = [e for w in p.uops if w.op is Ops.WMMA for v in w.src[:2] for e in v.src]
+    return sorted({(e.src[0] if e.op is Ops.GEP else e).dtype.count for e in frags})
+
 def _run(p: ProgramSpec, out_shape: tuple[int, ...], *inputs: Tensor) -> np.ndarray:
     """The kernel run on the PYTHON device's emulation, its float32 output."""
     bufs = [memoryview(bytearray(4 * int(np.prod(out_shape))))]
@@ -81,6 +86,8 @@ def test_warps_and_tiles_read_staged_operands(tc_python, dt):
                 (OptOps.LOCAL, 1, 2), (OptOps.LTILE, 2, 2))
     p = get_program(ast, tc_python, opts=k.applied_opts)
     assert _staged(p) and p.local_dims == (32, 2, 2), p.local_dims
+    # (m16n8k16's A and B elements are pairs along K: K innermost in local memory, one load a pair)
+    assert _pair_loads(p) == [2]
     _close(_run(p, (128, 64), ta, tb), a @ b, 1e-6)
 
 def test_heuristic_stages_half_and_bfloat16(tc_python, monkeypatch):
@@ -104,6 +111,7 @@ def test_tf32_staged(tc_python):
         ast = _ast(ta @ tb)
         p = get_program(ast, tc_python)
         assert _staged(p) and any(o.op is OptOps.LTILE and o.arg == 4 for o in p.applied_opts), p.applied_opts
+        assert _pair_loads(p) == [1]   # (m16n8k8's tf32 elements are 4 apart along K)
         _close(_run(p, (32, 32), ta, tb), a @ b, 2e-3)
 
 def test_padded_matmul_staged(tc_python):
