@@ -11,6 +11,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.tensor import Tensor
 from fusegrad.tensor.indexing import _check_index_values
+from fusegrad.tensor.nn import linear_layer
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm2d",
            "BatchNorm3d", "LayerNorm", "LayerNorm2d", "RMSNorm", "GroupNorm", "InstanceNorm", "Embedding", "LSTMCell"]
@@ -42,7 +43,7 @@ class Linear:
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != self.weight.shape[1:]:
             raise ValueError(f"Linear expects inputs with last dim {self.weight.shape[1]}, got shape {x.shape}")
-        return x.linear(self.weight.transpose(), self.bias)
+        return linear_layer(x, self.weight, self.bias)
 
 def _ntuple(v: int | Sequence[int], n: int, what: str) -> tuple[int, ...]:
     t = (v,) * n if isinstance(v, int) else tuple(v)

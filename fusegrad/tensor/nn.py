@@ -17,29 +17,34 @@ if TYPE_CHECKING:
 
 _REDUCTIONS = ("none", "mean", "sum")
 
-# A loss's graph is a function of its operands' shapes, dtypes and device and of its settings: a training step builds
-# the same one over new logits every step. So it is built once over placeholders (fresh BUFFERs, standing for the
-# operands) and made again over each call's operands: the same nodes the tensor operations would make (hash-consing),
-# for operands whose own op no construction looks into (not a view but a buffer's reshape, a constant or sharded).
-_loss_templates: dict[tuple, tuple[tuple[UOp, UOp], UOp, list[UOp]] | None] = {}   # None: not templated
-LOSS_TEMPLATES_SIZE = 256
+# An operation whose graph is a function of its operands' shapes, dtypes and device and of its settings (a loss, a
+# linear layer) builds the same graph over new operands at every training step. So it is built once over placeholders
+# (fresh BUFFERs, standing for the operands) and made again over each call's operands: the same nodes the tensor
+# operations would make (hash-consing), for operands whose own op no construction looks into (not a view but a
+# buffer's reshape, a constant or sharded).
+_templates: dict[tuple, tuple[tuple[UOp, ...], UOp, list[UOp]] | None] = {}   # None: not templated
+TEMPLATES_SIZE = 256
 
-def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
-    """sparse_categorical_crossentropy(x, y, *settings) from its template (made on the first call of its key), or
-    None where the operands don't fit one (the caller builds the graph itself)."""
-    from fusegrad.tensor import _sharding_used
+def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], settings: tuple = ()) -> Tensor | None:
+    """build(*operands, *settings) from its template (made on the first call of its key), or None where the operands
+    don't fit one (the caller builds the graph itself). `build`'s graph may depend on nothing but its operands'
+    shapes, dtypes and device, the default dtypes and `settings`."""
+    from fusegrad.tensor import _plain_init, _sharding_used
     from fusegrad.uop.graph import new_buffer
-    u, v = x.uop, y.uop
-    if _sharding_used or _opaque(u) or _opaque(v) or type(dev := u.device) is not str or v.device != dev or \
-            not all(type(n) is int for n in (*u.shape, *v.shape)):
-        return None
-    key = (u.shape, u.dtype, v.shape, v.dtype, dev, dtypes.default_float, dtypes.default_int, *settings)
-    if (made := _loss_templates.get(key, False)) is False:
-        if len(_loss_templates) >= LOSS_TEMPLATES_SIZE: _loss_templates.clear()
-        Tensor, device = _tensor_cls(), UOp(Ops.DEVICE, arg=dev)
-        bufs = (new_buffer(device, prod(u.shape), u.dtype), new_buffer(device, prod(v.shape), v.dtype))
-        holders = tuple(b if b.shape == shape else b.reshape(shape) for b, shape in zip(bufs, (u.shape, v.shape)))
-        root = Tensor(holders[0])._sparse_ce_graph(Tensor(holders[1]), *settings).uop
+    Tensor = _tensor_cls()
+    # (while sources are tracked, each operation is built, so each notes its line)
+    if _sharding_used or Tensor.__init__ is not _plain_init: return None
+    uops = tuple(t.uop for t in operands)
+    if type(dev := uops[0].device) is not str: return None
+    for u in uops:
+        if _opaque(u) or u.device != dev or not all(type(n) is int for n in u.shape): return None
+    key = (build, *[(u.shape, u.dtype) for u in uops], dev, dtypes.default_float, dtypes.default_int, *settings)
+    if (made := _templates.get(key, False)) is False:
+        if len(_templates) >= TEMPLATES_SIZE: _templates.clear()
+        device = UOp(Ops.DEVICE, arg=dev)
+        bufs = tuple(new_buffer(device, prod(u.shape), u.dtype) for u in uops)
+        holders = tuple(b if b.shape == u.shape else b.reshape(u.shape) for b, u in zip(bufs, uops))
+        root = build(*[Tensor(h) for h in holders], *settings).uop
         # the nodes over a placeholder, sources first (made again per call). A construction that looked through a
         # holder to its BUFFER (a reshape folded into it) reads the placeholder itself: then no template
         reached, over, sound = set(holders), [], True
@@ -50,15 +55,25 @@ def _from_loss_template(x: Tensor, y: Tensor, settings: tuple) -> Tensor | None:
                 reached.add(w)
                 over.append(w)
         for w in over: w.shape   # (computed once: a node made again takes its template node's shape)
-        made = _loss_templates[key] = (holders, root, over) if sound else None
+        made = _templates[key] = (holders, root, over) if sound else None
     if made is None: return None
     holders, root, over = made
-    new = {holders[0]: u, holders[1]: v}
+    new = dict(zip(holders, uops))
     for w in over:
         n = new[w] = with_src(w, tuple([new.get(s, s) for s in w.src]))
-        # (the loss's shape is asked at once, by backward's seed: without this it was computed node by node)
+        # (the result's shape is asked at once, by backward's seed or the next operation: without this it was
+        # computed node by node)
         if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]
-    return _tensor_cls()(new.get(root, root))
+    return Tensor(new.get(root, root))
+
+def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x @ weight.T + bias: a Linear layer's forward, from a template where the operands fit one (_from_template)."""
+    if (made := _from_template(_linear_graph, (x, weight) if bias is None else (x, weight, bias))) is not None:
+        return made
+    return _linear_graph(x, weight, bias)
+
+def _linear_graph(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    return x.linear(weight.transpose(), bias)
 
 # operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them,
 # but for a realized tensor's reshape of its buffer, which is what a placeholder's holder is
@@ -808,8 +823,9 @@ class NNMixin:
         if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
         from fusegrad.tensor.indexing import _check_index_values
         _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
-        if (made := _from_loss_template(self, Y, (ignore_index, label_smoothing, reduction))) is not None: return made
-        return self._sparse_ce_graph(Y, ignore_index, label_smoothing, reduction)
+        settings = (ignore_index, label_smoothing, reduction)
+        if (made := _from_template(_tensor_cls()._sparse_ce_graph, (self, Y), settings)) is not None: return made
+        return self._sparse_ce_graph(Y, *settings)
 
     def _sparse_ce_graph(self: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float,
                          reduction: str) -> Tensor:

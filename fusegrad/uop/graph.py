@@ -104,10 +104,20 @@ class StructureWalk:
         def place(u: UOp) -> int:
             """Place u after its sources (placing those first), and return its position."""
             src = u.src
-            at = []
-            for s in src:
-                if (i := get(s)) is None: i = place(s)
-                at.append(i)
+            # (most nodes have one or two sources: no list for those)
+            if (n := len(src)) == 1:
+                if (i := get(s := src[0])) is None: i = place(s)
+                at: tuple[int, ...] = (i,)
+            elif n == 2:
+                if (i := get(s := src[0])) is None: i = place(s)
+                if (j := get(s := src[1])) is None: j = place(s)
+                at = (i, j)
+            else:
+                positions = []
+                for s in src:
+                    if (i := get(s)) is None: i = place(s)
+                    positions.append(i)
+                at = tuple(positions)
             op = u.op
             if op is _BUFFER: arg: object = ("param", u.arg[1])
             elif op is _CONST and src and (dt := u.dtype) is not _BOOL and dt is not _INDEX:  # is_liftable
@@ -116,7 +126,7 @@ class StructureWalk:
             else:
                 arg = u._ukey[3]
                 if op is _ASSIGN: assigns.append(u)
-            part = (op, u.dtype, tuple(at), arg)
+            part = (op, u.dtype, at, arg)
             position[u] = i = len(position)
             append(part)
             return i

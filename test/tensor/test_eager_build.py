@@ -112,7 +112,7 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
     # (a process that sharded a tensor before builds every loss directly: these operands are on one device)
     monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
     rng = np.random.default_rng(5)
-    tnn._loss_templates.clear()
+    tnn._templates.clear()
     for call in range(2):
         a, w, b = _t(*shape[:-1], 6, seed=call), _t(6, shape[-1], seed=2), _t(shape[-1], seed=3)
         for logits, templated in (((a @ w + b).cast(dt), True), ((a @ w).cast(dt), dt != a.dtype),
@@ -129,13 +129,47 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
             assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
             # (the template was used, a fallback to the direct build would pass the line above too; a bare matmul's
             # reshape, a view of a lazy graph, builds directly)
-            assert (tnn._from_loss_template(logits, y, (ignore, smoothing, reduction)) is not None) == templated
+            settings = (ignore, smoothing, reduction)
+            assert (tnn._from_template(Tensor._sparse_ce_graph, (logits, y), settings) is not None) == templated
             ref = F.cross_entropy(torch.tensor(logits.numpy().astype(np.float32)).reshape(-1, shape[-1]),
                                   torch.tensor(labels.reshape(-1)).long(), ignore_index=ignore,
                                   label_smoothing=smoothing, reduction=reduction)
             np.testing.assert_allclose(got.numpy().reshape(-1), ref.numpy().reshape(-1), rtol=2e-3 if dt == dtypes.half
                                        else 1e-5, atol=1e-6)
-    assert [k for k, v in tnn._loss_templates.items() if v is not None and k[0] == shape and k[1] == dt]
+    assert [k for k, v in tnn._templates.items() if v is not None and k[1] == (shape, dt)]
+
+@pytest.mark.parametrize("xs,bias,dt", [((16, 6), True, dtypes.float32), ((16, 6), False, dtypes.float32),
+                                         ((2, 8, 6), True, dtypes.float32), ((16, 6), True, dtypes.half)])
+def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
+    # a Linear layer's forward comes from a template over placeholders: the very nodes x.linear(w.T, b) makes, and
+    # torch's values, for lazy and realized inputs; a view of a realized tensor (a slice) builds directly
+    import fusegrad.tensor
+    from fusegrad import nn
+    from fusegrad.tensor import nn as tnn
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    tnn._templates.clear()
+    layer = nn.Linear(6, 5, bias=bias)
+    layer.weight, layer.bias = layer.weight.cast(dt).realize(), layer.bias.cast(dt).realize() if bias else None
+    for call in range(3):
+        x0 = _t(*xs[:-1], 8, seed=call).cast(dt)
+        for x, templated in ((x0[..., :6].contiguous() * 2, True), (x0[..., :6].contiguous().realize(), True),
+                             (x0.realize()[..., 1:7], False)):
+            out = layer(x)
+            direct = x.linear(layer.weight.transpose(), layer.bias)
+            assert out.uop is direct.uop
+            assert (tnn._from_template(tnn._linear_graph, (x, layer.weight) + ((layer.bias,) if bias else ()))
+                    is not None) == templated
+            for n in out.uop.toposort():
+                if "_shape" in n.__dict__: assert n.__dict__["_shape"] == _compute_shape(n), n.op
+            tw = torch.tensor(layer.weight.numpy().astype(np.float32))
+            ref = F.linear(torch.tensor(x.numpy().astype(np.float32)), tw,
+                           torch.tensor(layer.bias.numpy().astype(np.float32)) if bias else None)
+            np.testing.assert_allclose(out.numpy().astype(np.float32), ref.numpy(), rtol=2e-2 if dt == dtypes.half
+                                       else 1e-5, atol=1e-2 if dt == dtypes.half else 1e-6)
+    # another shape or dtype is another template, never this one
+    assert len([v for v in tnn._templates.values() if v is not None]) == 1
+    out = layer(_t(3, 6).cast(dt))
+    assert out.shape == (3, 5) and len([v for v in tnn._templates.values() if v is not None]) == 2
 
 def test_bad_operands_still_refused():
     a = _t(3, 4)
