@@ -349,6 +349,9 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], walk: StructureW
         # computed node by node where something asks for a gradient's shape (an optimizer's step)
         for u in template.topo:
             if "_shape" not in (d := new[u].__dict__): d["_shape"] = u.__dict__["_shape"]
+        # (and a gradient its template's device: an optimizer asks for it too)
+        for g in template.sink.src:
+            if "_device" not in (d := new[g].__dict__): d["_device"] = g.__dict__["_device"]
         return {topo[i]: new[g] for i, g in zip(template.targets, template.sink.src)}
     gradient_cache_stats["misses"] += 1
     grads = _derive(seeds, targets)
@@ -363,6 +366,7 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], walk: StructureW
         stand_ins = {p for _, p in nodes}
         template_topo = tuple(sink.toposort(gate=lambda u: u not in stand_ins))
         for u in template_topo: u.shape   # (computed once, for the nodes made from the template)
+        for g in sink.src: g.device
         _gradient_cache[key] = _GradientTemplate(nodes, tuple(position[t] for t in order), sink, template_topo)
     else:
         while len(_gradient_cache) >= GRADIENT_CACHE_SIZE: _gradient_cache.pop(next(iter(_gradient_cache)))

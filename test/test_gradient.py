@@ -549,6 +549,9 @@ def test_gradient_cache_gives_the_rules_own_nodes():
         # the shapes a cached gradient's nodes come with are the ones their sources give them
         for u in UOp.sink_of(*got.values()).toposort():
             assert u.shape == _compute_shape(u), f"step {step}: {u.op} has shape {u.shape}"
+        # and the device a gradient comes with is the one of the DEVICE node its graph is on
+        for g in got.values():
+            assert {g.__dict__.get("_device", g.device)} == {x.arg for x in g.toposort() if x.op is Ops.DEVICE}
     assert gradient_cache_stats["hits"] - hits == 2   # cached the second time the structure was seen
 
 def test_gradient_cache_steps_against_torch():

@@ -55,6 +55,7 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
                 reached.add(w)
                 over.append(w)
         for w in over: w.shape   # (computed once: a node made again takes its template node's shape)
+        root.device   # (and the result its device)
         made = _templates[key] = (holders, root, over) if sound else None
     if made is None: return None
     holders, root, over = made
@@ -64,7 +65,9 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
         # (the result's shape is asked at once, by backward's seed or the next operation: without this it was
         # computed node by node)
         if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]
-    return Tensor(new.get(root, root))
+    if (result := new.get(root, root)) is not root and "_device" not in (d := result.__dict__):
+        d["_device"] = root.__dict__["_device"]
+    return Tensor(result)
 
 def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x @ weight.T + bias: a Linear layer's forward, from a template where the operands fit one (_from_template)."""
