@@ -280,9 +280,9 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
                    next_id: int) -> UOp:
     """The WMMA's fragments read from copies of A's and B's blocks in local memory (`staged_operands`; `frame` and the
     ranges as the final AST numbers them): in each iteration of block loop `tile`, after a barrier, the W work-items
-    of the group copy each block, element c by work-item c % W (in the layout of the copy, so neighbouring work-items
-    read neighbouring elements), rows padded by ROW_PAD_BYTES, and after a second barrier each lane reads its
-    fragments' elements from the copies."""
+    of the group copy each block, element c by work-item c % W (in the copy's order, so neighbouring work-items read
+    neighbouring elements; pairs of elements along K where the fragments are such pairs), rows padded by
+    ROW_PAD_BYTES, and after a second barrier each lane reads its fragments' elements from the copies."""
     workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
     lane, held = frame.src[5], frame.src[6:9]
     first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
@@ -296,28 +296,37 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
             lin = UOp.const(dtypes.index, 0)
             for i, n in zip(layout, held_sizes): lin = lin * n + coords[i]
             return lin
-        rounds = -(-total // workers)
+        # (a pair of elements neighbouring along K, innermost, is one load or store of two where the rows' lengths
+        # keep it aligned to its size)
+        pairs = dims[layout[-1]][0] is held[2] and _paired(tc, which) and (len(layout) == 1 or held_sizes[-1] % 2 == 0)
+        width = 2 if pairs else 1
+        # the copy's element c: work-item c % W copies (the pair of) element c in the copy's order
+        copied_sizes = [s // width if i == layout[-1] else s for i, s in enumerate(sizes)]
+        count = total // width
+        rounds = -(-count // workers)
         j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
         next_id += 1
         c = j * workers + me
         pos, step = [], 1
-        for s in reversed(sizes):
-            pos.insert(0, (c // step) % s if step > 1 else c % s)
+        for i, s in reversed(list(enumerate(copied_sizes))):
+            p = (c // step) % s if step > 1 else c % s
+            pos.insert(0, p * width if i == layout[-1] else p)
             step *= s
-        value = y.substitute({key: origin + p for (key, _, origin, _), p in zip(dims, pos)})
-        valid = c < total if total % workers else None
-        if valid is not None:
-            value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
-                                      for u in value.toposort() if u.op is Ops.INDEX})
+        valid = c < count if count % workers else None
+        values = []
+        for e in range(width):
+            value = y.substitute({key: origin + p + (e if i == layout[-1] else 0)
+                                  for i, ((key, _, origin, _), p) in enumerate(zip(dims, pos))})
+            if valid is not None:
+                value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
+                                          for u in value.toposort() if u.op is Ops.INDEX})
+            values.append(value)
         before = UOp(Ops.BARRIER, local.dtype, (local, tile))
-        dest = before.index(at(pos)) if valid is None else UOp(Ops.INDEX, before.index(at(pos)).dtype,
-                                                              (before, at(pos), valid))
-        copied = dest.store(value)
+        dest = UOp(Ops.INDEX, before.dtype.vec(width) if pairs else before.dtype,
+                   (before, at(pos)) + ((valid,) if valid is not None else ()))
+        copied = dest.store(UOp(Ops.VECTORIZE, y.dtype.vec(2), tuple(values)) if pairs else values[0])
         ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
         rows, cols = (held[0], held[2]) if which == "A" else (held[2], held[1])
-        # (a pair of elements neighbouring along K, innermost, is one load of two where the rows' lengths keep it
-        # aligned to its size)
-        pairs = dims[layout[-1]][0] is held[2] and _paired(tc, which) and (len(layout) == 1 or held_sizes[-1] % 2 == 0)
         elems: list[UOp] = []
         for i in range(tc.elements(which)):
             if pairs and i % 2: continue
