@@ -335,8 +335,6 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], walk: StructureW
     if walk is None: walk = StructureWalk().walk([*seeds, *seeds.values()])
     position = walk.position
     topo = list(position)
-    if bound_variables(topo) or any(u.op is Ops.CUSTOM_GRAD and not getattr(u.arg, "pure", False) for u in topo):
-        return _derive(seeds, targets)
     # (a random counter only seeds the generator, which the rules never look into: keyed by position, not value, so a
     # step with dropout, whose counters are new every step, finds the template too)
     values = tuple(None if c.dtype == dtypes.uint64 and rng_counter_of(c.arg) is not None else _arg_key(c.arg)
@@ -353,6 +351,10 @@ def _cached_gradients(seeds: dict[UOp, UOp], targets: set[UOp], walk: StructureW
         for g in template.sink.src:
             if "_device" not in (d := new[g].__dict__): d["_device"] = g.__dict__["_device"]
         return {topo[i]: new[g] for i, g in zip(template.targets, template.sink.src)}
+    # (checked after the look-up: a template is made only for a structure that passes, and what is checked, the ops and
+    # args, is in the key)
+    if bound_variables(topo) or any(u.op is Ops.CUSTOM_GRAD and not getattr(u.arg, "pure", False) for u in topo):
+        return _derive(seeds, targets)
     gradient_cache_stats["misses"] += 1
     grads = _derive(seeds, targets)
     if key in _gradient_cache:

@@ -588,6 +588,13 @@ def test_gradient_cache_calls_user_gradients_every_time():
         (out,) = a.custom_kernel(fxn=lambda x: x * 3, grad_fxn=lambda g, x: g * factor[0])
         out.sum().backward()
         np.testing.assert_array_equal(a.grad.numpy(), np.array([f, f], np.float32))
+    # the very same graph differentiated again and again (one structure seen many times): never from the cache
+    (out,) = a.custom_kernel(fxn=lambda x: x * 3, grad_fxn=lambda g, x: g * factor[0])
+    loss = out.sum()
+    for f in (2.0, 5.0, 7.0, 11.0, 13.0):
+        factor[0], a.grad = f, None
+        loss.backward()
+        np.testing.assert_array_equal(a.grad.numpy(), np.array([f, f], np.float32))
 
 def test_gradient_cache_serves_dropout_steps():
     # dropout's random counters are new every step: the structure is the same, so from the third step the gradients
