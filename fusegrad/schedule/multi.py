@@ -40,7 +40,7 @@ def devices_of(m: UOp) -> tuple[str, ...]: return tuple(s.device for s in m.src)
 
 def shards_of(u: UOp) -> tuple[UOp, ...]:
     """The single-device graphs behind a tensor's node: a MULTI's shards, or the node itself."""
-    return u.src if u.op is Ops.MULTI else (u,)
+    return u.src if u.op is _MULTI else (u,)
 
 def _device(d: str) -> UOp: return UOp(Ops.DEVICE, arg=d)
 
@@ -80,6 +80,7 @@ def replicate(u: UOp, devices: tuple[str, ...]) -> UOp:
     return shard_uop(u, devices, None)
 
 _MEMORY_OPS = {Ops.BUFFER, Ops.COPY, Ops.ASSIGN, Ops.KERNEL, Ops.MULTI}
+_MULTI = Ops.MULTI   # (a module name: an Ops.X lookup costs ~0.1 us, and every tensor operation asks)
 
 def _rebuildable(u: UOp) -> bool:
     """A graph with no memory behind it: made anew on another device instead of copied."""

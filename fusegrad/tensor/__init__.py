@@ -309,7 +309,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if u.base.op is _BUFFER: return self
             todo = [self]
         else:
-            todo = [t for t in (self,) + lst if not all(s.base.op is Ops.BUFFER for s in shards_of(t.uop))]
+            todo = [t for t in (self,) + lst if not all(s.base.op is _BUFFER for s in shards_of(t.uop))]
             if not todo: return self
         # (a structure seen before runs from its replay plan, unless something watches each kernel or item)
         if not (DEBUG.value or DEBUG_NANS.value or capturing or _viz.TIMED) and \
@@ -1201,11 +1201,11 @@ def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, top
     nodes, if the caller has them.)"""
     if topo is None: topo = UOp.sink_of(*_shards(tensors)).toposort()
     targets = {u.src[0].base for u in (topo if assigns is None else assigns)
-               if u.op is Ops.ASSIGN and u.src[0].base.op is Ops.BUFFER}
+               if u.op is _ASSIGN and u.src[0].base.op is _BUFFER}
     if not targets: return (), set(), targets
     ids = {id(t) for t in tensors}
     lazy = [t for t in (lazy if lazy is not None else lazy_tensors()) if id(t) not in ids and
-            any(u.base.op is not Ops.BUFFER and not is_realized(u) for u in _shards((t,)))]
+            any(u.base.op is not _BUFFER and not is_realized(u) for u in _shards((t,)))]
     if not lazy: return (), set(), targets
     # (the graphs below the lazy tensors are walked only as far as a target: most read one a few nodes down)
     reading = _Reads(targets)
@@ -1295,7 +1295,7 @@ def _deferral_plan(u: UOp, reading: Container[UOp], targets: set[UOp], topo: dic
     work, frontier = 0, {}
     for x in own:
         if not walked(x): continue
-        if x.op is Ops.REDUCE_AXIS:
+        if x.op is _REDUCE_AXIS:
             if not isinstance(n := prod(x.src[0].shape), int): return None
             work += n
         for s in x.src:
@@ -1445,7 +1445,7 @@ _BUFFER, _RESHAPE, _MULTI, _ADD, _MUL, _NEG, _CONST = Ops.BUFFER, Ops.RESHAPE, O
 _FLOAT32, _BOOL = dtypes.float32, dtypes.bool
 _EXPAND, _REDUCE_AXIS, _MAX, _DETACH, _CUSTOM_GRAD, _FDIV = Ops.EXPAND, Ops.REDUCE_AXIS, Ops.MAX, Ops.DETACH, \
     Ops.CUSTOM_GRAD, Ops.FDIV
-_CAST, _INDEX, _WHERE = Ops.CAST, dtypes.index, Ops.WHERE
+_CAST, _INDEX, _WHERE, _ASSIGN = Ops.CAST, dtypes.index, Ops.WHERE, Ops.ASSIGN
 _RELU_GRADIENT = ClampGradient(True, False, False, True)
 _sum_acc: dict[DType, DType] = {}   # sum_acc_dtype of each dtype asked (every sum asks)
 _FLOATS_ONLY = frozenset(d for d in DTYPES_DICT.values() if dtypes.is_float(d))

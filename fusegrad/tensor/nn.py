@@ -81,7 +81,8 @@ def _linear_graph(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
 # operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them,
 # but for a realized tensor's reshape of its buffer, which is what a placeholder's holder is
 _OPAQUE = frozenset(GroupOp.Movement) | {Ops.CONST, Ops.MULTI}
-def _opaque(u: UOp) -> bool: return u.op in _OPAQUE and not (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)
+_RESHAPE, _BUFFER = Ops.RESHAPE, Ops.BUFFER
+def _opaque(u: UOp) -> bool: return (op := u.op) in _OPAQUE and not (op is _RESHAPE and u.src[0].op is _BUFFER)
 
 def _tensor_cls() -> type[Tensor]:
     from fusegrad.tensor import Tensor

@@ -643,6 +643,7 @@ class UOp(metaclass=UOpMetaClass):
 _set_op, _set_dtype, _set_src, _set_arg, _set_ukey = (UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg",
                                                                                           "_ukey"))
 _BIND_OP = Ops.BIND
+_BUFFER_OP, _ASSIGN_OP, _KERNEL_OP = Ops.BUFFER, Ops.ASSIGN, Ops.KERNEL
 _INDEX_DTYPE = dtypes.index
 
 def new_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any) -> UOp:
@@ -675,7 +676,7 @@ def with_src(u: UOp, src: tuple[UOp, ...]) -> UOp:
 
 def is_realized(u: UOp) -> bool:
     """A node whose value lives in a buffer: a BUFFER or a kernel's output ASSIGN(BUFFER, KERNEL)."""
-    return u.op is Ops.BUFFER or (u.op is Ops.ASSIGN and len(u.src) == 2 and u.src[1].op is Ops.KERNEL)
+    return (op := u.op) is _BUFFER_OP or (op is _ASSIGN_OP and len(u.src) == 2 and u.src[1].op is _KERNEL_OP)
 
 def buffer_node(u: UOp) -> UOp | None:
     """The BUFFER node holding a realized node or a reshape view of one (None for anything else)."""
