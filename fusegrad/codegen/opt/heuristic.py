@@ -176,7 +176,7 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     blockable = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in reds[1:]) <= BLOCK_ROWS
     no_reduce_vector = not any((w := _reduce_vector_width(ctx, r)) and (w == width or not blockable) for r in reds)
     if not ((best[1] <= width // 4 or _gathered(ctx, best[0]) > 0 if best is not None else no_reduce_vector) and
-            reds and red_len >= 64):
+            reds and (red_len >= 64 or (best is not None and _gathered(ctx, best[0]) > 0))):
         return best
     # (a plain matmul's transposed operand (a @ b.T: the logits of a tied embedding, 512 x 768 @ 768 x 50257) is
     # packed per column panel, contiguous along the reduction, not gathered per lane: the output stays contiguous,
@@ -387,7 +387,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     wide = n_vec == 2 and ctx.registers <= 16 and not conv and not channels and len(ctx.reds) == 1
     budget = 12 if wide else ctx.budget
     # (a convolution along its channels takes image rows of 7 whole: padding them to 8 would compute an eighth more)
-    choices = tuple(c for c in ((8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= budget)
+    choices = tuple(c for c in ((16, 8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= budget)
     # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and another
     # takes a bigger one (a convolution over a 2x2 image with its channels vectorized: the batch)
     r = reuse[-1]
