@@ -6,35 +6,20 @@ and a convolution. The CUDA source of such kernels is compiled with NVRTC in tes
 from __future__ import annotations
 import numpy as np
 import pytest
-from fusegrad import Device, Tensor, dtypes
+from fusegrad import Tensor, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.codegen.opt import heuristic_gpu
 from fusegrad.codegen.opt.tc import tc_loops
-from fusegrad.dtype import DType
-from fusegrad.engine import realize
 from fusegrad.helpers import Context
 from fusegrad.renderer import ProgramSpec
-from fusegrad.renderer.cuda import CUDARenderer
-from fusegrad.renderer.python import PythonRenderer
 from fusegrad.runtime.ops_python import PythonProgram
 from fusegrad.uop.ops import Ops, UOp
+from test.codegen import test_tensor_cores
+from test.codegen.test_tensor_cores import TC, _close, _data
 
-TC = Opt(OptOps.TC, 0, (-1, 0, 1))
-
-@pytest.fixture
-def tc_python(monkeypatch) -> PythonRenderer:
-    """The PYTHON device as a GPU with the CUDA renderer's tensor cores (and its kernels compiled afresh)."""
-    ren = PythonRenderer(like=CUDARenderer("sm_80"))
-    monkeypatch.setattr(Device["PYTHON"], "renderer", ren)
-    monkeypatch.setattr(realize, "method_cache", {})
-    return ren
-
-def _data(shape: tuple[int, ...], dt: DType, seed: int) -> tuple[np.ndarray, Tensor]:
-    """Values exact in `dt` (as float32 for NumPy) and a PYTHON Tensor of them."""
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    t = Tensor(x, device="PYTHON").cast(dt).realize()
-    return t.cast(dtypes.float32).numpy(), t
+# the PYTHON device as a GPU with CUDA's tensor cores (a fixture)
+tc_python = test_tensor_cores.tc_python
 
 def _ast(t: Tensor) -> UOp: return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
 
@@ -60,10 +45,6 @@ def _run(p: ProgramSpec, out_shape: tuple[int, ...], *inputs: Tensor) -> np.ndar
     PythonProgram(p.function_name, p.src.encode())(*bufs, global_dims=tuple(p.global_dims),
                                                    local_dims=tuple(p.local_dims))
     return np.frombuffer(bufs[0], np.float32).reshape(out_shape)
-
-def _close(got: np.ndarray, want: np.ndarray, rtol: float) -> None:
-    """Equal within `rtol` of the largest value (a sum's rounding errors scale with its terms, not its result)."""
-    np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
 
 def _kernel(ast: UOp, ren, *after_tc: tuple[OptOps, int, int], first: Opt = TC) -> Kernel:
     """A kernel with `first` (TC) and then each (op, which TC loop: 0 M, 1 N, 2 K, amount) applied."""
