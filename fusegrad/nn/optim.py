@@ -116,7 +116,8 @@ class Optimizer:
         # the nodes over the placeholders made again over this step's gradients, sources first (the others, the
         # parameters' and the state's buffers and what only they reach, are the same nodes every step)
         new = dict(zip(holders, [g.uop for g in grads]))
-        for u in over: new[u] = with_src(u, tuple([new.get(s, s) for s in u.src]))
+        get = new.get
+        for u in over: new[u] = with_src(u, tuple(map(get, u.src, u.src)))
         for t, u in zip(state, template):
             if (v := new.get(u, u)) is not t.uop: t.uop = v
         return returned

@@ -60,8 +60,9 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
     if made is None: return None
     holders, root, over = made
     new = dict(zip(holders, uops))
+    get = new.get
     for w in over:
-        n = new[w] = with_src(w, tuple([new.get(s, s) for s in w.src]))
+        n = new[w] = with_src(w, tuple(map(get, w.src, w.src)))
         # (the result's shape is asked at once, by backward's seed or the next operation: without this it was
         # computed node by node)
         if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]

@@ -28,9 +28,10 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
     the symbolic expressions inside shape args (movement ops, ASSIGN) are substituted too. `topo` is root's toposort
     if the caller has it (one that stops at the keys of `dvars` is enough: only root's own entry is then complete)."""
     out: dict[UOp, UOp] = {}
+    at = out.__getitem__
     for u in (root.toposort() if topo is None else topo):
         if u in dvars: out[u] = dvars[u]; continue
-        new_src = tuple([out[s] for s in u.src])  # (a list comprehension is faster than a generator here)
+        new_src = tuple(map(at, u.src))  # (map over a bound method: no Python frame per node)
         if not (in_args and _symbolic_arg(u)):
             # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
             out[u] = u if new_src == u.src else with_src(u, new_src)

@@ -343,7 +343,7 @@ class UOp(metaclass=UOpMetaClass):
         for u in self.toposort():
             if u in dvars: replaced[u] = dvars[u]; continue
             if not u.src: continue
-            new_src = tuple([get(s, s) for s in u.src])
+            new_src = tuple(map(get, u.src, u.src))
             if new_src != u.src: replaced[u] = with_src(u, new_src)
         return get(self, self)
 
