@@ -24,12 +24,13 @@ tc_python = test_tensor_cores.tc_python
 def _ast(t: Tensor) -> UOp: return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
 
 def _staged(p: ProgramSpec) -> bool:
-    """Whether every fragment element of the kernel's WMMAs is read from local memory (two staged copies)."""
+    """Whether every fragment element of the kernel's WMMAs is read from local memory (one buffer holding both staged
+    copies, filled between two barriers)."""
     wmmas = [u for u in p.uops if u.op is Ops.WMMA]
     # (an element is a load, or a lane of a load of a pair of neighbours)
     frags = [e.src[0] if e.op is Ops.GEP else e for w in wmmas for v in w.src[:2] for e in v.src]
     return bool(wmmas) and all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags) and \
-        sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2
+        sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and sum(u.op is Ops.BARRIER for u in p.uops) == 2
 
 def _pair_loads(p: ProgramSpec) -> list[int]:
     """How many elements each load of the kernel's fragments reads (2: a pair of neighbours along K)."""

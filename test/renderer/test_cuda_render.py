@@ -193,7 +193,7 @@ def test_tensor_core_kernels(kernels):
         frags = [e.src[0] if e.op is Ops.GEP else e
                  for u in p.uops if u.op is Ops.WMMA for v in u.src[:2] for e in v.src]
         assert all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags)
-        assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 2 and p.src.count("__syncthreads();") == 4
+        assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and p.src.count("__syncthreads();") == 2
     for p in tc:
         names = {u.arg[0] for u in p.uops if u.op is Ops.WMMA}
         assert all(f'asm volatile("{n} ' in p.src for n in names), p.src

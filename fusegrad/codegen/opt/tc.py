@@ -264,11 +264,18 @@ def _local_sizes(y: UOp, dims: list, layout: list[int]) -> list[int]:
     if len(sizes) > 1 and sizes[-1] * y.dtype.itemsize % 32 == 0: sizes[-1] += ROW_PAD_BYTES // y.dtype.itemsize
     return sizes
 
+def _regions(staged: list, itemsize: int) -> list[int]:
+    """Where each staged operand starts in the one local buffer they share, and (last) its size, in elements: each
+    region aligned to 16 bytes."""
+    align, starts = 16 // itemsize, [0]
+    for y, dims, layout in staged:
+        starts.append(starts[-1] + -(-math.prod(_local_sizes(y, dims, layout)) // align) * align)
+    return starts
+
 def staged_bytes(frame: UOp | None, tc: TensorCore, fixed: set[UOp]) -> int:
     """Bytes of local memory the staged operands take (see `staged_operands`)."""
     if frame is None: raise KernelOptError("LTILE after TC and PADTO")
-    return sum(y.dtype.itemsize * math.prod(_local_sizes(y, dims, layout))
-               for y, dims, layout in staged_operands(frame, tc, fixed))
+    return _regions(staged_operands(frame, tc, fixed), tc.dtype_in.itemsize)[-1] * tc.dtype_in.itemsize
 
 def check_tc_ltile(k: Kernel, r: UOp) -> None:
     """KernelOptError unless LTILE of loop `r` can stage kernel k's tensor core operands: r is TC's K loop, the first
@@ -282,23 +289,29 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
     ranges as the final AST numbers them): in each iteration of block loop `tile`, after a barrier, the W work-items
     of the group copy each block, element c by work-item c % W (in the copy's order, so neighbouring work-items read
     neighbouring elements; pairs of elements along K where the fragments are such pairs), rows padded by
-    ROW_PAD_BYTES, and after a second barrier each lane reads its fragments' elements from the copies."""
+    ROW_PAD_BYTES, both blocks in one local buffer, and after a second barrier each lane reads its fragments'
+    elements from the copies."""
     workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
     lane, held = frame.src[5], frame.src[6:9]
-    first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
-    frags = []
-    for n_local, (which, (y, dims, layout)) in enumerate(zip("AB", staged_operands(frame, tc, fixed)), start=first):
+    staged = staged_operands(frame, tc, fixed)
+    # (both copies in one buffer, between the same two barriers)
+    starts = _regions(staged, tc.dtype_in.itemsize)
+    local = UOp(Ops.DEFINE_LOCAL, tc.dtype_in.ptr(starts[-1], "local"),
+                arg=sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL))
+    before = UOp(Ops.BARRIER, local.dtype, (local, tile))
+    copies, places = [], []
+    for which, (y, dims, layout), start in zip("AB", staged, starts):
         sizes, held_sizes = [s for _, s, _, _ in dims], _local_sizes(y, dims, layout)
         total = math.prod(sizes)
-        local = UOp(Ops.DEFINE_LOCAL, y.dtype.ptr(math.prod(held_sizes), "local"), arg=n_local)
-        def at(coords: list[UOp]) -> UOp:
+        def at(coords: list[UOp], layout=layout, held_sizes=held_sizes, start=start) -> UOp:
             """The position in local memory of the element at `coords` (in the copy's order of the dimensions)."""
             lin = UOp.const(dtypes.index, 0)
             for i, n in zip(layout, held_sizes): lin = lin * n + coords[i]
-            return lin
+            return lin + start if start else lin
         # (a pair of elements neighbouring along K, innermost, is one load or store of two where the rows' lengths
         # keep it aligned to its size)
         pairs = dims[layout[-1]][0] is held[2] and _paired(tc, which) and (len(layout) == 1 or held_sizes[-1] % 2 == 0)
+        places.append((at, pairs))
         width = 2 if pairs else 1
         # the copy's element c: work-item c % W copies (the pair of) element c in the copy's order
         copied_sizes = [s // width if i == layout[-1] else s for i, s in enumerate(sizes)]
@@ -321,11 +334,13 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
                 value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
                                           for u in value.toposort() if u.op is Ops.INDEX})
             values.append(value)
-        before = UOp(Ops.BARRIER, local.dtype, (local, tile))
         dest = UOp(Ops.INDEX, before.dtype.vec(width) if pairs else before.dtype,
                    (before, at(pos)) + ((valid,) if valid is not None else ()))
         copied = dest.store(UOp(Ops.VECTORIZE, y.dtype.vec(2), tuple(values)) if pairs else values[0])
-        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
+        copies.append(UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied)
+    ready = UOp(Ops.BARRIER, local.dtype, (local, *copies))
+    frags = []
+    for which, (y, dims, layout), (at, pairs) in zip("AB", staged, places):
         rows, cols = (held[0], held[2]) if which == "A" else (held[2], held[1])
         elems: list[UOp] = []
         for i in range(tc.elements(which)):
