@@ -22,6 +22,10 @@ _SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int
           dtypes.bfloat16: "bf16", dtypes.float32: "f32", dtypes.float64: "f64", dtypes.index: "i64"}
 _UNSIGNED_OF = {dtypes.int8: "unsigned char", dtypes.int16: "unsigned short", dtypes.int32: "unsigned int",
                 dtypes.int64: "unsigned long", dtypes.index: "unsigned long"}
+# the unsigned dtype of each integer dtype's width (vector shifts compare and shift their counts unsigned)
+_UNSIGNED_DT = {dtypes.int8: dtypes.uint8, dtypes.int16: dtypes.uint16, dtypes.int32: dtypes.uint32,
+                dtypes.int64: dtypes.uint64, dtypes.uint8: dtypes.uint8, dtypes.uint16: dtypes.uint16,
+                dtypes.uint32: dtypes.uint32, dtypes.uint64: dtypes.uint64}
 _MASK_INT = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}   # lanes of bool vectors (masks)
 _SMALL = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16)   # promoted to int by C arithmetic
 _LOWP = (dtypes.float16, dtypes.bfloat16)                                        # computed in float
@@ -377,11 +381,25 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if op is Ops.NEG: return f"(-{srcs[0]})"
         if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
         if op is Ops.MAX: return f"{self._vector_max(dt)}({srcs[0]}, {srcs[1]})"
+        if op in (Ops.SHL, Ops.SHR) and sc in _UNSIGNED_DT and src_dts[1] == dt:
+            return f"{self._vector_shift(op, dt)}({srcs[0]}, {srcs[1]})"
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
         def lane(i: int | str) -> str:
             return self.render_alu(op, sc, [self.lane(chr(97 + j), i) for j in range(len(srcs))],
                                    [d.scalar() for d in src_dts])
         return f"{self._lane_helper(op.name.lower(), dt, lane, src_dts)}({', '.join(srcs)})"
+
+    def _vector_shift(self, op: Ops, dt: DType) -> str:
+        """An inlined function shifting each lane of an integer vector by the count in the same lane of another, with
+        GCC's vector operators (shift instructions); a count of the lanes' width or more gives 0, as the scalar form.
+        Written lane by lane, gcc vectorized it in quarter vectors that went through the stack, and every exp of a
+        softmax's 16 lanes waited on reloading them (an encoder's attention softmax about 5 times as slow)."""
+        sc, n = dt.scalar(), dt.count
+        bits, vt, ut = 8 * sc.itemsize, self.dtype_name(dt), self.dtype_name(_UNSIGNED_DT[sc].vec(n))
+        name = f"fg_v{op.name.lower()}_{_SHORT[sc]}x{n}"
+        shifted = f"(({ut})a << (({ut})b & {bits - 1}))" if op is Ops.SHL else f"(a >> (b & {bits - 1}))"
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
+                                f"  return ({vt}){shifted} & ({vt})(({ut})b < {bits});\n}}")
 
     def _vector_max(self, dt: DType) -> str:
         """An inlined function of two `dt` vectors giving each lane's max as `fg_max_<type>` does (a where a > b, or for
