@@ -119,6 +119,8 @@ class StructureWalk:
                     if (i := get(s)) is None: i = place(s)
                     positions.append(i)
                 at = tuple(positions)
+            # (no Python call from here on: a RecursionError, raised only where a call begins, never leaves a node
+            # half placed)
             op = u.op
             if op is _BUFFER: arg: object = ("param", u.arg[1])
             elif op is _CONST and src and (dt := u.dtype) is not _BOOL and dt is not _INDEX:  # is_liftable
@@ -127,9 +129,8 @@ class StructureWalk:
             else:
                 arg = u._ukey[3]
                 if op is _ASSIGN: assigns.append(u)
-            part = (op, u.dtype, at, arg)
             position[u] = i = len(position)
-            append(part)
+            append((op, u.dtype, at, arg))
             return i
 
         def place_deep(root: UOp) -> None:

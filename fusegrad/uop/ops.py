@@ -344,7 +344,7 @@ class UOp(metaclass=UOpMetaClass):
             if u in dvars: replaced[u] = dvars[u]; continue
             if not u.src: continue
             new_src = tuple(map(get, u.src, u.src))
-            if new_src != u.src: replaced[u] = with_src(u, new_src)
+            if new_src != u.src: replaced[u] = UOp(u.op, u.dtype, new_src, u.arg)  # (checks the values are UOps)
         return get(self, self)
 
     def substitute_each(self, subs: list[dict[UOp, UOp]]) -> list[UOp]:
