@@ -166,10 +166,21 @@ def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
                            torch.tensor(layer.bias.numpy().astype(np.float32)) if bias else None)
             np.testing.assert_allclose(out.numpy().astype(np.float32), ref.numpy(), rtol=2e-2 if dt == dtypes.half
                                        else 1e-5, atol=1e-2 if dt == dtypes.half else 1e-6)
-    # another shape or dtype is another template, never this one
+    # another shape, dtype or device is another template, never this one
     assert len([v for v in tnn._templates.values() if v is not None]) == 1
-    out = layer(_t(3, 6).cast(dt))
-    assert out.shape == (3, 5) and len([v for v in tnn._templates.values() if v is not None]) == 2
+    x = _t(3, 6).cast(dt)
+    out = layer(x)
+    assert out.shape == (3, 5) and out.uop is x.linear(layer.weight.transpose(), layer.bias).uop
+    assert len([v for v in tnn._templates.values() if v is not None]) == 2
+    moved = nn.Linear(6, 5, bias=bias)
+    moved.weight = layer.weight.to("CPU:1").realize()
+    moved.bias = layer.bias.to("CPU:1").realize() if bias else None
+    x = x.to("CPU:1")
+    out = moved(x)
+    assert out.device == "CPU:1" and out.uop is x.linear(moved.weight.transpose(), moved.bias).uop
+    assert len([v for v in tnn._templates.values() if v is not None]) == 3
+    np.testing.assert_allclose(out.numpy().astype(np.float32), layer(x.to("CPU")).numpy().astype(np.float32),
+                               rtol=1e-6)
 
 def test_bad_operands_still_refused():
     a = _t(3, 4)
