@@ -48,6 +48,7 @@ class CStyleLanguage(Renderer):
                                   dtypes.float16: "half", dtypes.bfloat16: "bf16", dtypes.float32: "float",
                                   dtypes.float64: "double", dtypes.index: "long"}
     vector_dtypes: tuple[DType, ...] = ()
+    strided_lanes: bool = False   # whether `_scatter`, `_gather` may have helpers (single-lane accesses are looked at)
 
     # *** dialect points of GPU-style kernels (a kernel with SPECIAL ids: a grid of work-groups, see
     # docs/architecture.md). A dialect sets these spellings; the C renderer never sees such a kernel ***
@@ -431,6 +432,16 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}(const {st}* p, unsigned m) "
                                 f"{{ return __builtin_ia32_loadu{sfx}{bits}_mask(p, ({vt}){{0}}, ({mt})m); }}")
 
+    def _scatter(self, dt: DType) -> str | None:
+        """A helper storing each lane of a `dt` vector at its own offset from a pointer in one instruction; None
+        where the dialect has none (the lanes are stored one by one)."""
+        return None
+
+    def _gather(self, dt: DType) -> str | None:
+        """A helper loading a `dt` vector whose lanes are at their own offsets from a pointer in one instruction;
+        None where the dialect has none (the lanes are loaded one by one)."""
+        return None
+
     def _native_fma(self, dt: DType) -> str | None:
         """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
         lane loop of fmaf is left scalar by gcc 12 at -O2, which made 16-lane kernels 16x slower.)"""
@@ -563,6 +574,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
         k = KernelText(self, uops)
+        if self.strided_lanes: self._find_lane_runs(k, uops)
         for u in uops:
             if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
             elif (render_op := self.op_renderers.get(u.op)) is not None: render_op(self, k, u)
@@ -640,6 +652,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         else: k.r[u] = self.vector_load(f"{buf}+{off}", u.dtype.base.vec(u.dtype.vcount))
 
     def _load(self, k: KernelText, u: UOp) -> None:
+        if u in k.gathered: return   # (its VECTORIZE loads it)
         idx = u.src[0]
         if idx.op is Ops.DEFINE_REG:
             k.r[u] = k.r[idx]
@@ -686,11 +699,63 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _store(self, k: KernelText, u: UOp) -> None:
         dest = u.src[0]
+        if (lanes := k.scattered.get(u)) is not None:
+            if lanes: k.line(self._scatter_lanes(k, lanes))   # (the others of the lanes' stores write nothing)
+            return
         if dest.op is Ops.INDEX and dest.dtype.vcount > 1:
             st = self.vector_store(f"{k.r[dest.src[0]]}+{k.r[dest.src[1]]}", k.r[u.src[1]],
                                    dest.dtype.base.vec(dest.dtype.vcount))
         else: st = f"{k.r[dest]} = {k.r[u.src[1]]};"
         k.line(f"if ({k.r[dest.src[2]]}) {st}" if dest.op is not Ops.DEFINE_REG and len(dest.src) > 2 else st)
+
+    def _find_lane_runs(self, k: KernelText, uops: list[UOp]) -> None:
+        """A vector's lanes stored one by one (a NOOP groups the stores) and a vector made of lanes loaded one by one
+        (a VECTORIZE of loads used nowhere else), each lane of one buffer at offsets a constant apart: one scatter or
+        gather where the dialect has it (`k.scattered`: the first store -> the lanes' stores, the others -> ();
+        `k.gathered`: the VECTORIZE -> its loads, the loads -> ()). Not where another access to that buffer that could
+        see the difference comes between (a load between stores, a store between loads), nor a loop's start or end."""
+        pos: dict[UOp, int] | None = None
+        for g in uops:
+            if g.op is Ops.NOOP and len(g.src) >= 4 and all(st.op is Ops.STORE for st in g.src):
+                vals = [st.src[1] for st in g.src]
+                v = vals[0].src[0] if vals[0].op is Ops.GEP else None
+                if v is None or v.dtype.count != len(vals) or \
+                        any(x.op is not Ops.GEP or x.src[0] is not v or x.arg != i for i, x in enumerate(vals)):
+                    continue
+                lanes, found = g.src, k.scattered
+            elif g.op is Ops.VECTORIZE and len(g.src) == g.dtype.count >= 4 and len(set(g.src)) == len(g.src) and \
+                    all(ld.op is Ops.LOAD and ld.dtype.count == 1 and len(ld.src) == 1 and k.users[ld] == [g]
+                        for ld in g.src):
+                lanes, found, v = g.src, k.gathered, g
+            else: continue
+            buf, gate = lanes[0].src[0].src[0], lanes[0].src[0].src[2:]
+            if any(x.src[0].op is not Ops.INDEX or x.src[0].src[0] is not buf or x.src[0].src[2:] != gate
+                   for x in lanes) or (g.op is Ops.VECTORIZE and gate): continue
+            parts = [_base_and_offset(x.src[0].src[1]) for x in lanes]
+            if any(b is not parts[0][0] or abs(o) >= 2**31 for b, o in parts): continue
+            if pos is None: pos = {x: i for i, x in enumerate(uops)}
+            lo, hi = min(pos[x] for x in lanes), max([pos[x] for x in lanes] + [pos[g]])
+            seen_by = (Ops.LOAD, Ops.STORE) if g.op is Ops.NOOP else (Ops.STORE,)
+            if any(x.op in (Ops.RANGE, Ops.END) or (x.op in seen_by and x not in lanes and x.src[0].op is Ops.INDEX and
+                                                    x.src[0].src[0] is buf) for x in uops[lo:hi]): continue
+            if (self._scatter(v.dtype) if g.op is Ops.NOOP else self._gather(v.dtype)) is None: continue
+            found.update(dict.fromkeys(lanes, ()))
+            found[uops[lo] if g.op is Ops.NOOP else g] = lanes
+
+    def _lanes_at(self, k: KernelText, lanes: tuple[UOp, ...]) -> tuple[str, str]:
+        """The pointer and the vector of 32-bit offsets from it that the lanes' accesses (found by _find_lane_runs)
+        address."""
+        idx = lanes[0].src[0]
+        base, _ = _base_and_offset(idx.src[1])
+        offsets = [str(_base_and_offset(x.src[0].src[1])[1]) for x in lanes]
+        ptr = k.r[idx.src[0]] if base is None else f"{k.r[idx.src[0]]}+{k.r[base]}"
+        return ptr, self.vector_literal(dtypes.int32.vec(len(lanes)), offsets)
+
+    def _scatter_lanes(self, k: KernelText, stores: tuple[UOp, ...]) -> str:
+        """The statement storing the lanes of `stores` with one scatter."""
+        dest, v = stores[0].src[0], stores[0].src[1].src[0]
+        st = f"{self._scatter(v.dtype)}({', '.join(self._lanes_at(k, stores))}, {k.r[v]});"
+        return f"if ({k.r[dest.src[2]]}) {st}" if len(dest.src) > 2 else st
 
     def _render_mask_op(self, k: KernelText, u: UOp) -> None:
         expr, width = self.render_mask_op(u, k.r, k.mask_width)
@@ -700,6 +765,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             k.assign(u, expr, "mask", self._mask_type(u.dtype.count, width))
 
     def _vectorize(self, k: KernelText, u: UOp) -> None:
+        if (loads := k.gathered.get(u)) is not None:
+            k.assign(u, f"{self._gather(u.dtype)}({', '.join(self._lanes_at(k, loads))})", "vec")
+            return
         if all(s is u.src[0] for s in u.src): k.assign(u, self.vector_splat(u.dtype, k.r[u.src[0]]), "vec")
         else: k.assign(u, self.vector_literal(u.dtype, [k.r[s] for s in u.src]), "vec")
 
@@ -740,6 +808,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
 
+def _base_and_offset(x: UOp) -> tuple[UOp | None, int]:
+    """An index expression as (its part that isn't a constant, or None, and the constant added to it)."""
+    if x.op is Ops.CONST: return None, x.arg
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST: return x.src[0], x.src[1].arg
+    return x, 0
+
 def _is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
 
 class KernelText:
@@ -771,6 +845,10 @@ class KernelText:
         self.gpu = any(u.op is Ops.SPECIAL for u in uops)
         self.top = 0                  # where the next local array is declared
         self.specials: set[str] = set()
+        # stores of a vector's lanes written as one scatter, loads of a vector's lanes as one gather
+        # (CStyleLanguage._find_lane_runs)
+        self.scattered: dict[UOp, tuple[UOp, ...]] = {}
+        self.gathered: dict[UOp, tuple[UOp, ...]] = {}
 
     def _lanes_combined(self, acc: UOp) -> bool:
         lanes = {x for x in self.users.get(acc, []) if x.op is Ops.GEP}
@@ -845,6 +923,32 @@ class ClangRenderer(CStyleLanguage):
                     "#endif"]
         return out
 
+    def _scatter(self, dt: DType) -> str | None:
+        # AVX-512's scatter of float32 / float64 lanes at 32-bit offsets (a strided store: a convolution's output
+        # vectorized along its channels): sixteen lane stores took an extract and a store each of gcc's time
+        if (vector := self._avx512_lanes(dt)) is None: return None
+        vt, st, it, mt = vector
+        name = f"fg_scatter_{_SHORT[dt.scalar()]}x{dt.count}"
+        builtin = f"__builtin_ia32_scattersiv{dt.count}{'sf' if dt.scalar() == dtypes.float32 else 'df'}"
+        return self._need(name, f"static inline __attribute__((always_inline)) void {name}({st}* p, {it} i, {vt} v) "
+                                f"{{ {builtin}(p, ({mt})-1, i, v, {dt.scalar().itemsize}); }}")
+
+    def _gather(self, dt: DType) -> str | None:
+        # AVX-512's gather (a strided load: a convolution's weights packed along its output channels)
+        if (vector := self._avx512_lanes(dt)) is None: return None
+        vt, st, it, mt = vector
+        name = f"fg_gather_{_SHORT[dt.scalar()]}x{dt.count}"
+        builtin = f"__builtin_ia32_gathersiv{dt.count}{'sf' if dt.scalar() == dtypes.float32 else 'df'}"
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}(const {st}* p, {it} i) "
+                                f"{{ return {builtin}(({vt}){{0}}, p, i, ({mt})-1, {dt.scalar().itemsize}); }}")
+
+    def _avx512_lanes(self, dt: DType) -> tuple[str, str, str, str] | None:
+        """For a float32/float64 vector filling a 512-bit register on a CPU with AVX-512: the C names of its type,
+        of its element, of a vector of as many 32-bit offsets and of its lane mask; else None."""
+        if (x86 := self._x86_float_vector(dt)) is None or x86[1] != 512 or "avx512f" not in hostcpu.cpu().features:
+            return None
+        return self.dtype_name(dt), self.dtype_name(dt.scalar()), self.dtype_name(dtypes.int32.vec(dt.count)), x86[2]
+
     def keep_in_register(self, var: str) -> str | None:
         # GCC 12 reloads a vector that several multiply-adds share as each one's memory operand (an x86 FMA takes
         # one) instead of keeping it in a register: the 4x4 tile of a weight gradient then loads about once per FMA
@@ -863,3 +967,4 @@ class ClangRenderer(CStyleLanguage):
         self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
         # half vectors need the F16C conversion instructions; bfloat16 vectors are converted with integer operations
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
+        self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
