@@ -382,25 +382,19 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if op is Ops.NEG: return f"(-{srcs[0]})"
         if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
         if op is Ops.MAX: return f"{self._vector_max(dt)}({srcs[0]}, {srcs[1]})"
-        if op in (Ops.SHL, Ops.SHR) and sc in _UNSIGNED_DT and src_dts[1] == dt:
-            return f"{self._vector_shift(op, dt)}({srcs[0]}, {srcs[1]})"
+        if op in (Ops.SHL, Ops.SHR) and sc in _UNSIGNED_DT and src_dts[1] == dt and \
+                (shift := self._vector_shift(op, dt)) is not None:
+            return f"{shift}({srcs[0]}, {srcs[1]})"
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
         def lane(i: int | str) -> str:
             return self.render_alu(op, sc, [self.lane(chr(97 + j), i) for j in range(len(srcs))],
                                    [d.scalar() for d in src_dts])
         return f"{self._lane_helper(op.name.lower(), dt, lane, src_dts)}({', '.join(srcs)})"
 
-    def _vector_shift(self, op: Ops, dt: DType) -> str:
-        """An inlined function shifting each lane of an integer vector by the count in the same lane of another, with
-        GCC's vector operators (shift instructions); a count of the lanes' width or more gives 0, as the scalar form.
-        Written lane by lane, gcc vectorized it in quarter vectors that went through the stack, and every exp of a
-        softmax's 16 lanes waited on reloading them (an encoder's attention softmax about 5 times as slow)."""
-        sc, n = dt.scalar(), dt.count
-        bits, vt, ut = 8 * sc.itemsize, self.dtype_name(dt), self.dtype_name(_UNSIGNED_DT[sc].vec(n))
-        name = f"fg_v{op.name.lower()}_{_SHORT[sc]}x{n}"
-        shifted = f"(({ut})a << (({ut})b & {bits - 1}))" if op is Ops.SHL else f"(a >> (b & {bits - 1}))"
-        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
-                                f"  return ({vt}){shifted} & ({vt})(({ut})b < {bits});\n}}")
+    def _vector_shift(self, op: Ops, dt: DType) -> str | None:
+        """An inlined function shifting each lane of an integer vector by the count in the same lane of another, as
+        one vector operation; None where the dialect writes the lanes one by one (`_lane_helper`)."""
+        return None
 
     def _vector_max(self, dt: DType) -> str:
         """An inlined function of two `dt` vectors giving each lane's max as `fg_max_<type>` does (a where a > b, or for
@@ -900,6 +894,17 @@ class ClangRenderer(CStyleLanguage):
     # third less compile time (a first run is mostly compiling)
     compile_flags: list[str] = ["-O2", "-fvect-cost-model=dynamic", "-march=native", "-ffp-contract=off", "-fwrapv",
                                 "-fno-math-errno", "-fno-trapping-math", "-fno-strict-aliasing"]
+
+    def _vector_shift(self, op: Ops, dt: DType) -> str | None:
+        """GCC's vector operators (shift instructions); a count of the lanes' width or more gives 0, as the scalar
+        form. Written lane by lane, gcc vectorized it in quarter vectors that went through the stack, and every exp of
+        a softmax's 16 lanes waited on reloading them (an encoder's attention softmax about 5 times as slow)."""
+        sc, n = dt.scalar(), dt.count
+        bits, vt, ut = 8 * sc.itemsize, self.dtype_name(dt), self.dtype_name(_UNSIGNED_DT[sc].vec(n))
+        name = f"fg_v{op.name.lower()}_{_SHORT[sc]}x{n}"
+        shifted = f"(({ut})a << (({ut})b & {bits - 1}))" if op is Ops.SHL else f"(a >> (b & {bits - 1}))"
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
+                                f"  return ({vt}){shifted} & ({vt})(({ut})b < {bits});\n}}")
 
     def prelude(self, uops: list[UOp]) -> list[str]:
         # Workarounds for GCC 12 (reproduced with 12.2 at -O3 -march=native), which miscompiles valid C:
