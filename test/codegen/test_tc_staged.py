@@ -161,3 +161,14 @@ def test_beam_offers_staging_after_tc(tc_python):
                                                                            Opt(OptOps.LTILE, kloop, 4)]
     k.apply_opt(Opt(OptOps.LTILE, kloop, 4))
     assert not any(a.op is OptOps.LTILE for a in candidate_actions(k))
+
+def test_more_work_items_than_elements_to_copy(tc_python):
+    """8 warps along M share one tile of B's columns: the block of B holds 128 pairs for 256 work-items, so half of
+    them copy nothing (their loads and stores gated off)."""
+    a, ta = _data((128, 64), dtypes.float16, 17)
+    b, tb = _data((64, 8), dtypes.float16, 18)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    k = _kernel(ast, tc_python, (OptOps.LOCAL, 0, 8), (OptOps.LTILE, 2, 2))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    assert _staged(p) and p.local_dims == (32, 8), p.local_dims
+    _close(_run(p, (128, 8), ta, tb), a @ b, 1e-6)
