@@ -1,7 +1,8 @@
 """Pools over channels-last data (the channels the vector, as after a strided convolution in an ONNX model's
 channels-last region): the CPU heuristic upcasts the output row by up to 4, so that many windows' chains of maxes run
-side by side. Values against torch (padding, strides 1 and 2, an average pool, NaN and -inf propagation) and the opts
-on AVX2 and AVX-512."""
+side by side; strided pools stored channel-first (their output row the vector) do so with their output rows. Values
+against torch (padding, strides 1 and 2, an average pool, NaN and -inf propagation) and the opts on AVX2 and
+AVX-512."""
 from __future__ import annotations
 import numpy as np
 import pytest
@@ -60,3 +61,20 @@ def test_channels_last_pool_takes_chains(monkeypatch):
         k = Kernel(ast, renderer_like(facts))
         hand_coded_optimizations(k)
         assert [o.arg for o in k.applied_opts if o.op is OptOps.UPCAST] == want, (facts, k.applied_opts)
+
+
+
+def test_strided_pool_takes_chains(monkeypatch):
+    """A 3x3 stride-2 max pool stored channel-first (batch 1, 12 channels of 16x16: a shape no other test compiles):
+    its output row of 8 is the vector (each lane's taps gathered, the window's row unrolled), and 4 of its output
+    rows run side by side; values against torch."""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((1, 12, 16, 16)).astype(np.float32)
+    x.reshape(-1)[RS.choice(x.size, 20, replace=False)] = np.nan
+    ours = Tensor(x).max_pool2d(kernel_size=3, stride=2, padding=1).numpy()
+    np.testing.assert_array_equal(ours, torch.nn.functional.max_pool2d(torch.tensor(x), 3, 2, 1).numpy())
+    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    for facts in (AVX512, AVX2):
+        k = Kernel(ast, renderer_like(facts))
+        hand_coded_optimizations(k)
+        assert [o.arg for o in k.applied_opts if o.op is OptOps.UPCAST] == [8, 4], (facts, k.applied_opts)

@@ -577,6 +577,11 @@ def _vectorize_strided_window(ctx: OptContext) -> bool:
     if amt == 1: return False
     k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), amt))
     if taps[-1] > 1: k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(ctx.reds[-1]), 0))
+    # (another output loop's windows side by side: each vector's maxes wait on one another, as in `_chain_windows`)
+    o = next((o for o in reversed(k.loops[:k.first_reduce]) if isinstance(range_size(o), int) and range_size(o) > 1),
+             None)
+    if o is not None and (chains := _largest_divisor(range_size(o), (WINDOW_CHAINS, 2))) > 1:
+        k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(o), chains))
     return True
 
 def _unroll_small_window(ctx: OptContext) -> None:
