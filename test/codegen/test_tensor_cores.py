@@ -92,6 +92,16 @@ def test_convolution(tc_python):
     want = Tensor(x).conv2d(Tensor(w), Tensor(bias), padding=1).relu().numpy()
     _check_tc(out, want, tc_python, CUDA_TENSOR_CORES[0].name, 1e-6)
 
+def test_convolution_pads_its_row_of_pixels(tc_python):
+    """A 3x3 convolution over rows of 14 pixels: the tile's 16 rows are a row of pixels padded to 16 (its padded
+    pixels read and store nothing), not the batch's images."""
+    x, tx = _data((16, 16, 14, 14), dtypes.float16, 9)
+    w, tw = _data((8, 16, 3, 3), dtypes.float16, 10)
+    out = lambda: tx.cast(dtypes.float32).conv2d(tw.cast(dtypes.float32), padding=1)
+    _check_tc(out, Tensor(x).conv2d(Tensor(w), padding=1).numpy(), tc_python, CUDA_TENSOR_CORES[0].name, 1e-6)
+    tc = next(p for p in _programs(out(), tc_python) if _wmmas(p))
+    assert any(o.op is OptOps.TC and o.arg[1] == 2 for o in tc.applied_opts), tc.applied_opts
+
 def test_long_half_matmul_keeps_its_half_inputs(tc_python):
     """A half matmul with K >= 256 converts an input to float32 first where there are no tensor cores (a CPU reads
     it converted once); on a device with tensor cores it stays one kernel that gives them the half values."""

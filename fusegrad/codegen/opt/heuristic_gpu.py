@@ -6,7 +6,7 @@ cores fits is laid out for it instead (TC), with a few of its tiles per warp and
 from __future__ import annotations
 import math
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.codegen.opt.tc import tc_candidates, tc_loops
+from fusegrad.codegen.opt.tc import tc_candidates, tc_fits, tc_loops
 from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import UOp
@@ -66,10 +66,14 @@ def _tensor_cores(k: Kernel) -> bool:
     multiprocessors). Its operands are then staged in local memory (`_stage_tensor_core_operands`). Whether it
     applied."""
     if not (tcs := getattr(k.renderer, "tensor_cores", None)) or not k.reduceops: return False
-    if not _try_opt(k, Opt(OptOps.TC, 0, (-1, 0, 1))):
-        ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
-        if not ways or not all(pads_cheaply(range_size(r), d) for r, d in zip(ways[0][1:], ways[0][0].dims)) or \
-                not _try_opt(k, Opt(OptOps.TC, 0, (-1, 2, 1))): return False
+    ways = [c for c in tc_candidates(k, tcs) if all(isinstance(range_size(r), int) for r in c[1:])]
+    # the innermost loops the tile fits or pads cheaply: a convolution's row of 56 pixels padded to 64 rather than its
+    # batch of 32 (a tile's rows are then neighbouring pixels, read together, not 32 images apart)
+    way = next((c for c in ways if all(pads_cheaply(range_size(r), d) for r, d in zip(c[1:], c[0].dims))), None)
+    if way is None: return False
+    fits = tc_fits(ways)
+    if not _try_opt(k, Opt(OptOps.TC, fits.index(way), (-1, 0, 1)) if way in fits else
+                    Opt(OptOps.TC, ways.index(way), (-1, 2, 1))): return False
     per_group = 1   # warps per group
     for op, which, n in ((OptOps.UPCAST, 1, TC_TILES[1]), (OptOps.UPCAST, 0, TC_TILES[0]),
                          (OptOps.LOCAL, 1, TC_WARPS[1]), (OptOps.LOCAL, 0, TC_WARPS[0]), (OptOps.UNROLL, 2, TC_UNROLL)):
