@@ -100,10 +100,11 @@ class Region:
 
 
 def weight_channels_last(w: Tensor) -> Tensor | None:
-    """A float32 (Cout, Cin, kh, kw) convolution weight copied (realized) with its output channels innermost, as a
-    (Cout, Cin, kh, kw) view of the copy; None for other tensors. A convolution vectorized along its output channels
-    (small images, strided ones) then loads its weights as contiguous vectors, where stored as ONNX lays them out
-    they were copied (packed) in every call, or gathered lane by lane: onnxruntime likewise lays a model's weights
-    out once when it loads it."""
+    """A float32 (Cout, Cin, kh, kw) convolution weight copied with its output channels innermost, as a (Cout, Cin,
+    kh, kw) view of the copy; None for other tensors. A convolution vectorized along its output channels (small
+    images, strided ones) then loads its weights as contiguous vectors, where stored as ONNX lays them out they were
+    copied (packed) in every call, or gathered lane by lane. The copy is lazy, made from the weight as it is in each
+    call (an initializer may change between calls): under `OnnxRunner.jit()` it depends on the initializers alone,
+    so TinyJit's prune makes it once, as onnxruntime lays a model's weights out once when it loads it."""
     if not _plain_image(w): return None
-    return w.permute(1, 2, 3, 0).contiguous().realize().permute(3, 0, 1, 2)
+    return w.permute(1, 2, 3, 0).contiguous().permute(3, 0, 1, 2)

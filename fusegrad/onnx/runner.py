@@ -126,7 +126,6 @@ class Graph:
         self._opsets = opsets
         self._nodes: list[Node] | None = None
         self._copied: set[str] | None = None
-        self._laid_out: dict[str, Tensor | None] = {}   # (_weight_laid_out)
         self.initializers: dict[str, Tensor] = {}
         for init in proto.initializer:
             try: self.initializers[init.name] = tensor_proto_to_tensor(init, base_dir)
@@ -157,15 +156,11 @@ class Graph:
         return self._nodes
 
     def _weight_laid_out(self, node: Node) -> Tensor | None:
-        """A dense 2-D convolution's weight held by an initializer, copied once with its output channels innermost
+        """A dense 2-D convolution's weight held by an initializer, copied with its output channels innermost
         and read through a (Cout, Cin, kh, kw) view of the copy (see layout.py, `weight_channels_last`); None for other
         convolutions."""
-        name = node.inputs[1]
-        if name in self._laid_out: return self._laid_out[name]
-        w = self.initializers.get(name)
-        out = weight_channels_last(w) if w is not None and node.attrs.get("group", 1) == 1 else None
-        self._laid_out[name] = out
-        return out
+        w = self.initializers.get(node.inputs[1])
+        return weight_channels_last(w) if w is not None and node.attrs.get("group", 1) == 1 else None
 
     def run(self, values: Mapping[str, Tensor], ctx_runner: OnnxRunner) -> dict[str, Tensor]:
         """Evaluate the nodes in order; `values` holds the inputs and every name visible from an outer graph."""

@@ -1,10 +1,12 @@
-"""Convolution weights held by initializers are laid out once with their output channels innermost (layout.py
+"""Convolution weights held by initializers are laid out with their output channels innermost (layout.py
 `weight_channels_last`, `Graph._weight_laid_out`): the values of convolutions on small images (vectorized along their
-output channels) against onnxruntime, at batch 1 and 16, run plainly and under `OnnxRunner.jit()`."""
+output channels) against onnxruntime, at batch 1 and 16, run plainly and under `OnnxRunner.jit()`, and after their
+initializer changed."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+torch = pytest.importorskip("torch")
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -69,3 +71,26 @@ def test_weight_channels_last_is_a_view_of_a_copy():
                                   w.transpose(1, 2, 3, 0).reshape(-1))
     assert weight_channels_last(Tensor(w[:, :, :, 0])) is None            # not a 2-D convolution's weight
     assert weight_channels_last(Tensor(w.astype(np.float16))) is None     # not float32
+
+
+@pytest.mark.parametrize("how", ["assign", "replace", "jit"])
+def test_laid_out_weights_follow_their_initializer(how: str):
+    """An initializer changed between calls (written in place, replaced, or under `jit(prune=False)`) is what the next
+    call's convolution reads: its laid-out copy is made from it in each call."""
+    w0, w1 = (RNG.standard_normal((16, 16, 3, 3)).astype(np.float32) for _ in range(2))
+    x = RNG.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              initializer=[numpy_helper.from_array(w0, "w")])
+    runner = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    jitted = runner.jit(prune=False)
+    def call() -> np.ndarray:
+        if how == "jit": return jitted({"x": x})["y"]
+        return runner({"x": Tensor(x)})["y"].numpy()
+    def want(w: np.ndarray) -> np.ndarray:
+        return torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    for _ in range(3): np.testing.assert_allclose(call(), want(w0), rtol=1e-4, atol=1e-4)
+    if how == "replace": runner.graph.initializers["w"] = Tensor(w1)
+    else: runner.graph.initializers["w"].assign(Tensor(w1)).realize()
+    for _ in range(3): np.testing.assert_allclose(call(), want(w1), rtol=1e-4, atol=1e-4)
