@@ -113,11 +113,13 @@ def test_shared_operands_of_vector_reductions_pinned():
     # a weight gradient is a reduction vectorized along image rows whose register tile shares each loaded vector
     # between several accumulators: those loads are pinned to registers (FG_KEEP; GCC otherwise re-reads them as
     # memory operands of each FMA). A 1x1 convolution vectorized along its output channels has nothing pinned.
+    # (image rows one float32 vector long: 8 floats with AVX, 16 with AVX-512)
     import torch
-    from fusegrad import Tensor
+    from fusegrad import Tensor, hostcpu
+    side = hostcpu.cpu().simd_bytes // 4
     rs = np.random.default_rng(4)
-    x, w = rs.standard_normal((8, 16, 8, 8)).astype(np.float32), rs.standard_normal((16, 16, 3, 3)).astype(np.float32)
-    g = rs.standard_normal((8, 16, 8, 8)).astype(np.float32)
+    x, g = (rs.standard_normal((8, 16, side, side)).astype(np.float32) for _ in range(2))
+    w = rs.standard_normal((16, 16, 3, 3)).astype(np.float32)
     def weight_grad() -> Tensor:
         W = Tensor(w, requires_grad=True)
         (Tensor(x).conv2d(W, padding=1) * Tensor(g)).sum().backward()
