@@ -182,6 +182,21 @@ def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
     np.testing.assert_allclose(out.numpy().astype(np.float32), layer(x.to("CPU")).numpy().astype(np.float32),
                                rtol=1e-6)
 
+def test_linear_over_a_symbolic_batch_builds_directly():
+    # a symbolic size is no template's: each bound value computes its own rows (the layer is called again and again)
+    from fusegrad import Variable, nn
+    from fusegrad.tensor import nn as tnn
+    layer = nn.Linear(6, 3)
+    x = np.random.default_rng(4).standard_normal((16, 6)).astype(np.float32)
+    tx = Tensor(x).realize()
+    n = Variable("n", 1, 16)
+    w, b = layer.weight.numpy(), layer.bias.numpy()
+    for v in (4, 9, 4, 16, 1):
+        rows = tx.shrink(((0, n.bind(v)), (0, 6))) * 2   # (a lazy operand, not a view: refused for its size alone)
+        assert tnn._from_template(tnn._linear_graph, (rows, layer.weight, layer.bias)) is None
+        out = layer(rows).contiguous().realize().numpy()[:v]
+        np.testing.assert_allclose(out, (2 * x[:v]) @ w.T + b, rtol=1e-5, atol=1e-5)
+
 def test_bad_operands_still_refused():
     a = _t(3, 4)
     with pytest.raises(ValueError, match="can't be broadcast"): a + _t(5)
