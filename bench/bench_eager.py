@@ -18,7 +18,10 @@ main-thread CPU time per call (best block): on a machine shared with other work 
 spent waiting for a core is not in it; kernel chunks run by the workers are not either). Ratio: torch's time over
 fusegrad's (above 1: fusegrad faster).
 
-Run: .venv/bin/python bench/bench_eager.py  [--quick]
+With `--bytecodes N`, the MLP step's Python is also counted: the bytecodes the main thread executes in one step, in
+total and for the N functions that execute most (a count moves with the code alone, where times move with the load).
+
+Run: .venv/bin/python bench/bench_eager.py  [--quick] [--bytecodes N]
 """
 from __future__ import annotations
 import math
@@ -34,6 +37,7 @@ torch.set_num_threads(2)
 from fusegrad import Device, GlobalCounters, Tensor, nn  # noqa: E402  (torch threads are set first)
 
 QUICK = "--quick" in sys.argv
+BYTECODES = int(sys.argv[sys.argv.index("--bytecodes") + 1]) if "--bytecodes" in sys.argv else 0
 
 def settle() -> None:
     """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
@@ -56,6 +60,30 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], calls: int,
             best[name] = min(best[name], (time.perf_counter() - st) / calls)
             if name == "ours": best["cpu"] = min(best["cpu"], (time.thread_time() - cpu) / calls)
     return best["ours"], best["torch"], best["cpu"]
+
+def count_bytecodes(fn: Callable[[], object], top: int) -> None:
+    """Print the Python bytecodes the main thread executes in one call of fn, in total and for the `top` functions that
+    execute most. (The collector is off meanwhile: where a collection falls would move the count; set PYTHONHASHSEED
+    for the same count run after run.)"""
+    import collections
+    import gc
+    per: collections.Counter = collections.Counter()
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode": per[(frame.f_code.co_filename.rsplit("fusegrad/", 1)[-1], frame.f_code.co_name)] += 1
+        return trace
+    settle()
+    was = gc.isenabled()
+    gc.disable()
+    sys.settrace(trace)
+    try: fn()
+    finally:
+        sys.settrace(None)
+        if was: gc.enable()
+    settle()
+    total = sum(per.values())
+    print(f"  bytecodes per call: {total}")
+    for (where, name), n in per.most_common(top): print(f"    {n:7d} {n / total:6.1%}  {where}:{name}")
 
 def row(name: str, ours: float, theirs: float, cpu: float, unit: str = "us") -> None:
     scale = 1e6 if unit == "us" else 1e3
@@ -129,6 +157,7 @@ def main() -> None:
         F.cross_entropy(tm(txb), tyb).backward()
         topt.step()
     row("MLP 784-512-10 Adam step, batch 128, eager", *blocks(step, tstep, 3 if QUICK else 10, nblocks), unit="ms")
+    if BYTECODES: count_bytecodes(step, BYTECODES)
 
 if __name__ == "__main__":
     main()
