@@ -7,10 +7,12 @@ the width or more give 0, half and bfloat16 arithmetic is done in float and roun
 from __future__ import annotations
 import copy
 import hashlib
+import itertools
 import math
+import operator
 import platform
 import struct
-from typing import Callable
+from typing import Callable, Iterator
 from fusegrad import hostcpu
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer
@@ -570,6 +572,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         k = KernelText(self, uops)
         if self.strided_lanes: self._find_lane_runs(k, uops)
         for u in uops:
+            if u in k.unwritten: continue
             if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
             elif (render_op := self.op_renderers.get(u.op)) is not None: render_op(self, k, u)
             else: raise NotImplementedError(f"can't render {u.op}")
@@ -708,33 +711,40 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         gather where the dialect has it (`k.scattered`: the first store -> the lanes' stores, the others -> ();
         `k.gathered`: the VECTORIZE -> its loads, the loads -> ()). Not where another access to that buffer that could
         see the difference comes between (a load between stores, a store between loads), nor a loop's start or end."""
-        pos: dict[UOp, int] | None = None
-        for g in uops:
+        for i in sorted([*_positions_of(uops, Ops.NOOP), *_positions_of(uops, Ops.VECTORIZE)]):
+            g = uops[i]
             if g.op is Ops.NOOP and len(g.src) >= 4 and all(st.op is Ops.STORE for st in g.src):
                 vals = [st.src[1] for st in g.src]
                 v = vals[0].src[0] if vals[0].op is Ops.GEP else None
                 if v is None or v.dtype.count != len(vals) or \
-                        any(x.op is not Ops.GEP or x.src[0] is not v or x.arg != i for i, x in enumerate(vals)):
+                        any(x.op is not Ops.GEP or x.src[0] is not v or x.arg != n for n, x in enumerate(vals)):
                     continue
                 lanes, found = g.src, k.scattered
-            elif g.op is Ops.VECTORIZE and len(g.src) == g.dtype.count >= 4 and len(set(g.src)) == len(g.src) and \
-                    all(ld.op is Ops.LOAD and ld.dtype.count == 1 and len(ld.src) == 1 and k.users[ld] == [g]
-                        for ld in g.src):
+            elif g.op is Ops.VECTORIZE and len(g.src) == g.dtype.count >= 4 and g.src[0].op is Ops.LOAD and \
+                    len(set(g.src)) == len(g.src) and all(ld.op is Ops.LOAD and ld.dtype.count == 1 and
+                                                          len(ld.src) == 1 and k.users[ld] == [g] for ld in g.src):
                 lanes, found, v = g.src, k.gathered, g
             else: continue
-            buf, gate = lanes[0].src[0].src[0], lanes[0].src[0].src[2:]
-            if any(x.src[0].op is not Ops.INDEX or x.src[0].src[0] is not buf or x.src[0].src[2:] != gate
-                   for x in lanes) or (g.op is Ops.VECTORIZE and gate): continue
-            parts = [_base_and_offset(x.src[0].src[1]) for x in lanes]
-            if any(b is not parts[0][0] or abs(o) >= 2**31 for b, o in parts): continue
-            if pos is None: pos = {x: i for i, x in enumerate(uops)}
-            lo, hi = min(pos[x] for x in lanes), max([pos[x] for x in lanes] + [pos[g]])
-            seen_by = (Ops.LOAD, Ops.STORE) if g.op is Ops.NOOP else (Ops.STORE,)
-            if any(x.op in (Ops.RANGE, Ops.END) or (x.op in seen_by and x not in lanes and x.src[0].op is Ops.INDEX and
-                                                    x.src[0].src[0] is buf) for x in uops[lo:hi]): continue
-            if (self._scatter(v.dtype) if g.op is Ops.NOOP else self._gather(v.dtype)) is None: continue
+            if (first := lanes[0].src[0]).op is not Ops.INDEX or (g.op is Ops.VECTORIZE and len(first.src) > 2):
+                continue
+            buf, gate, base = first.src[0], first.src[2:], _base_and_offset(first.src[1])[0]
+            if not all(_in_run(x.src[0], buf, gate, base) for x in lanes): continue
+            # back from the group's node (after its lanes) to its first lane, through what comes between
+            seen_by, todo, j = (Ops.LOAD, Ops.STORE) if g.op is Ops.NOOP else (Ops.STORE,), set(lanes), i
+            while todo and j > 0:
+                j -= 1
+                if (x := uops[j]) in todo: todo.discard(x)
+                elif x.op in (Ops.RANGE, Ops.END) or (x.op in seen_by and x.src[0].op is Ops.INDEX and
+                                                      x.src[0].src[0] is buf): break
+            if todo or (self._scatter(v.dtype) if g.op is Ops.NOOP else self._gather(v.dtype)) is None: continue
             found.update(dict.fromkeys(lanes, ()))
-            found[uops[lo] if g.op is Ops.NOOP else g] = lanes
+            found[uops[j] if g.op is Ops.NOOP else g] = lanes
+            # what only the lanes' accesses used (a lane's position and its value's pick) isn't written either
+            for x in lanes:
+                if g.op is Ops.NOOP and k.users[x.src[1]] == [x]: k.unwritten.add(x.src[1])
+                if k.users[idx := x.src[0]] != [x]: continue
+                k.unwritten.add(idx)
+                if idx.src[1] is not base and k.users[idx.src[1]] == [idx]: k.unwritten.add(idx.src[1])
 
     def _lanes_at(self, k: KernelText, lanes: tuple[UOp, ...]) -> tuple[str, str]:
         """The pointer and the vector of 32-bit offsets from it that the lanes' accesses (found by _find_lane_runs)
@@ -802,6 +812,19 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
 
+def _positions_of(uops: list[UOp], op: Ops) -> Iterator[int]:
+    """The positions of the nodes of `op` in `uops`, compared without a Python step per node (a kernel has thousands
+    of nodes, few of them of `op`)."""
+    return itertools.compress(itertools.count(), map(operator.is_, map(_OP_OF, uops), itertools.repeat(op)))
+
+_OP_OF = operator.attrgetter("op")
+
+def _in_run(idx: UOp, buf: UOp, gate: tuple[UOp, ...], base: UOp | None) -> bool:
+    """Whether `idx` is an INDEX of `buf` under `gate` at `base` plus a 32-bit constant."""
+    if idx.op is not Ops.INDEX or idx.src[0] is not buf or idx.src[2:] != gate: return False
+    b, offset = _base_and_offset(idx.src[1])
+    return b is base and abs(offset) < 2**31
+
 def _base_and_offset(x: UOp) -> tuple[UOp | None, int]:
     """An index expression as (its part that isn't a constant, or None, and the constant added to it)."""
     if x.op is Ops.CONST: return None, x.arg
@@ -843,6 +866,7 @@ class KernelText:
         # (CStyleLanguage._find_lane_runs)
         self.scattered: dict[UOp, tuple[UOp, ...]] = {}
         self.gathered: dict[UOp, tuple[UOp, ...]] = {}
+        self.unwritten: set[UOp] = set()
 
     def _lanes_combined(self, acc: UOp) -> bool:
         lanes = {x for x in self.users.get(acc, []) if x.op is Ops.GEP}
