@@ -44,3 +44,39 @@ def test_other_dialects_access_lanes_one_by_one():
         r = renderer.__new__(renderer)
         assert not r.strided_lanes
         assert r._scatter(dtypes.float32.vec(16)) is None and r._gather(dtypes.float32.vec(16)) is None
+
+def _lane_stores(read_between: bool) -> str:
+    """The C of a kernel storing the 16 lanes of a vector 4 elements apart, lane by lane (a NOOP groups the stores),
+    with or without a load of the same buffer between the fifth and sixth stores."""
+    from fusegrad.dtype import dtypes
+    from fusegrad.renderer.cstyle import ClangRenderer
+    from fusegrad.uop.ops import Ops, UOp
+    out, other = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(64), arg=0), UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(4),
+                                                                             arg=1)
+    n = UOp.const(dtypes.index, 4)
+    r = UOp(Ops.RANGE, dtypes.index, (n,), (0, "global"))
+    lanes = [UOp.const(dtypes.float32, float(i)) for i in range(16)]
+    v = UOp(Ops.VECTORIZE, dtypes.float32.vec(16), tuple(lanes))
+    uops, stores = [out, other, n, *lanes, r, v], []
+    for i in range(16):
+        off = r if i == 0 else UOp(Ops.ADD, dtypes.index, (r, UOp.const(dtypes.index, 4 * i)))
+        idx = UOp(Ops.INDEX, dtypes.float32.ptr(64), (out, off))
+        gep = UOp(Ops.GEP, dtypes.float32, (v,), i)
+        stores.append(UOp(Ops.STORE, dtypes.void, (idx, gep)))
+        uops += ([] if i == 0 else [off.src[1], off]) + [idx, gep, stores[-1]]
+        if read_between and i == 5:
+            ld = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32.ptr(64), (out, r)),))
+            uops += [ld.src[0], ld, UOp(Ops.INDEX, dtypes.float32.ptr(4), (other, r))]
+            uops.append(UOp(Ops.STORE, dtypes.void, (uops[-1], ld)))
+    uops += [UOp(Ops.NOOP, dtypes.void, tuple(stores)), UOp(Ops.END, dtypes.void, (r,))]
+    return ClangRenderer().render(uops, "lanes")
+
+def test_lane_stores_stay_apart_where_a_load_of_the_buffer_comes_between():
+    from fusegrad.renderer.cstyle import ClangRenderer
+    apart = _lane_stores(read_between=True)
+    assert "fg_scatter" not in apart and apart.count("data0[") == 17, apart   # (16 stores and the load)
+    together = _lane_stores(read_between=False)
+    if ClangRenderer().strided_lanes:
+        assert "fg_scatter_f32x16(data0+ridx0, ((i32x16){0, 4, 8, 12, " in together, together
+        assert "data0[" not in together, together
+    else: assert together.count("data0[") == 16, together
