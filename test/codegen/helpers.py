@@ -81,3 +81,18 @@ def captured_asts(monkeypatch) -> list[UOp]:
         return plain(ast, renderer, name, opts)
     monkeypatch.setattr(codegen, "get_program", record)
     return seen
+
+def register_tile(ast: UOp, facts: tuple[int, int]) -> tuple[int, int | None]:
+    """(the register tile's lanes: the product of the upcast amounts, the SIMD axis's lanes) of the CPU heuristic's
+    kernel for `ast` on a target of `facts` (AVX2, AVX512)."""
+    from fusegrad.codegen.lower import choose_vector_axis
+    from fusegrad.codegen.opt import Kernel
+    from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+    ren = renderer_like(facts)
+    k = Kernel(ast, ren)
+    hand_coded_optimizations(k)
+    vec = choose_vector_axis(k.get_optimized_ast(), ren)
+    lanes = 1
+    for r in k.expanded:
+        if r.arg[1] == "upcast": lanes *= r.src[0].arg
+    return lanes, (vec.src[0].arg if vec is not None else None)

@@ -3,17 +3,13 @@ accumulators for it) the register tile spans the row; and an RGB stem of 27 taps
 output channels innermost takes the channels as its vector, where its stride-2 row would gather. Values against torch
 and the tiles on AVX2 and AVX-512."""
 from __future__ import annotations
-import sys
 import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor
-from fusegrad.codegen.opt import Kernel
-from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import Ops, UOp
-from test.codegen.helpers import AVX2, AVX512, captured_asts, renderer_like
+from test.codegen.helpers import AVX2, AVX512, captured_asts, register_tile as _tile
 
-lower = sys.modules["fusegrad.codegen.lower"]
 RS = np.random.default_rng(5)
 
 
@@ -31,18 +27,6 @@ def _conv_ast(monkeypatch, n: int, ci: int, co: int, side: int, stride: int, cha
     convs = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
     assert len(convs) == 1
     return convs[0]
-
-
-def _tile(ast: UOp, facts: tuple[int, int]) -> tuple[int, int | None]:
-    """(the register tile's lanes: the product of the upcast amounts, the SIMD axis's lanes) on a target of `facts`."""
-    ren = renderer_like(facts)
-    k = Kernel(ast, ren)
-    hand_coded_optimizations(k)
-    vec = lower.choose_vector_axis(k.get_optimized_ast(), ren)
-    lanes = 1
-    for r in k.expanded:
-        if r.arg[1] == "upcast": lanes *= r.src[0].arg
-    return lanes, (vec.src[0].arg if vec is not None else None)
 
 
 @pytest.mark.parametrize("n,ci,co", [(2, 48, 32), (1, 16, 32)])

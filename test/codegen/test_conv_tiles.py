@@ -3,17 +3,13 @@ register tile takes another output loop (the batch, else the output rows) up to 
 is tiled by halves so the channels stay the SIMD axis. Values against torch: padding, strides 2 and 3, dilation,
 groups, batch 1, channel counts that no vector divides; the tile's opts on AVX2 and AVX-512."""
 from __future__ import annotations
-import sys
 import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor
-from fusegrad.codegen.opt import Kernel
-from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import Ops, UOp
-from test.codegen.helpers import AVX2, AVX512, captured_asts, renderer_like
+from test.codegen.helpers import AVX2, AVX512, captured_asts, register_tile as _tile
 
-lower = sys.modules["fusegrad.codegen.lower"]
 RS = np.random.default_rng(0)
 
 # (batch, input channels, output channels, image side, stride, padding, dilation, groups)
@@ -62,18 +58,6 @@ def _forward_ast(monkeypatch, n: int, ci: int, co: int, side: int) -> UOp:
     convs = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
     assert len(convs) == 1
     return convs[0]
-
-
-def _tile(ast: UOp, facts: tuple[int, int]) -> tuple[int, int | None]:
-    """(the register tile's lanes: the product of the upcast amounts, the SIMD axis's lanes) on a target of `facts`."""
-    ren = renderer_like(facts)
-    k = Kernel(ast, ren)
-    hand_coded_optimizations(k)
-    vec = lower.choose_vector_axis(k.get_optimized_ast(), ren)
-    lanes = 1
-    for r in k.expanded:
-        if r.arg[1] == "upcast": lanes *= r.src[0].arg
-    return lanes, (vec.src[0].arg if vec is not None else None)
 
 
 def test_channel_tile_8x8(monkeypatch: pytest.MonkeyPatch):
