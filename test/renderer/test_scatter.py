@@ -7,23 +7,12 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Device, Tensor
-from fusegrad.engine import realize
 from fusegrad.hostcpu import cpu
-
-@pytest.fixture
-def sources(monkeypatch):
-    seen: list[str] = []
-    init = realize.CompiledRunner.__init__
-    def recording(self, p, *args, **kwargs):
-        seen.append(p.src)
-        init(self, p, *args, **kwargs)
-    monkeypatch.setattr(realize.CompiledRunner, "__init__", recording)
-    return seen
 
 # (batch, input channels, output channels, image side): outputs of 16 and 48 channels whose 16-lane vectors run
 # along the channels; (a shape no other test here uses: its kernel is generated, not taken from the method cache)
 @pytest.mark.parametrize("n,ci,co,side", [(2, 16, 32, 7), (1, 16, 48, 5)])
-def test_conv_output_along_channels(sources, n, ci, co, side):
+def test_conv_output_along_channels(compiled_sources, n, ci, co, side):
     rng = np.random.default_rng(ci + co + side)
     x, w = rng.standard_normal((n, ci, side, side)).astype(np.float32), rng.standard_normal((co, ci, 3, 3))
     w = w.astype(np.float32)
@@ -31,7 +20,7 @@ def test_conv_output_along_channels(sources, n, ci, co, side):
     got = Tensor(x, device="CPU").conv2d(Tensor(w, device="CPU"), padding=1).relu().numpy()
     want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).relu().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    src = "\n".join(sources)
+    src = "\n".join(compiled_sources)
     if "avx512f" in cpu().features and Device["CPU"].renderer.simd_bytes == 64:
         assert "fg_scatter_f32x16(data0" in src and "fg_gather_f32x16(data" in src, src
         assert not re.search(r"\] = \w+\[\d+\];", src), src
