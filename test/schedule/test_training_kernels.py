@@ -101,3 +101,29 @@ def test_explain_names_the_statistics_stored_with_the_output():
              if desc.startswith("  ") and cut.startswith("    cut:")]
     assert any("256x1" in d and stored for d, stored in notes)
     assert all(stored == ("256x1" in d) for d, stored in notes)
+
+@pytest.mark.parametrize("conv", [True, False])
+def test_sgd_update_merges_only_where_the_gradient_stores_contiguously(conv):
+    """A short contraction's gradient merges its parameter's SGD update unless it stores along no long contiguous loop:
+    a 3x3 convolution's weight gradient over 2x2 images (contiguous only along its 3 columns, so vectorized along the
+    output channels: the update would read and write the weights through gathers and scatters) stays apart from its
+    update; a Linear layer's (contiguous along its 24 inputs) stores the weights and momentum in the same kernel."""
+    shape = (16, 24, 3, 3) if conv else (16, 24)
+    W = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    X = rng.standard_normal((4, 24, 2, 2) if conv else (4, 24)).astype(np.float32)
+    w, tw = Tensor(W, requires_grad=True), torch.tensor(W, requires_grad=True)
+    opt, topt = nn.optim.SGD([w], lr=0.1, momentum=0.9), torch.optim.SGD([tw], lr=0.1, momentum=0.9)
+    f = (lambda x, w: x.conv2d(w, padding=1)) if conv else (lambda x, w: x @ w.T)
+    tf = (lambda x, w: torch.nn.functional.conv2d(x, w, padding=1)) if conv else (lambda x, w: x @ w.T)
+    for _ in range(2):
+        opt.zero_grad()
+        f(Tensor(X), w).square().sum().backward()
+        sched = Tensor.schedule(*opt.schedule_step())
+        # (the last contraction is the weight gradient's: the forward's comes first)
+        gradient = [si for si in sched if si.ast.op is Ops.SINK and any(u.op is Ops.REDUCE for u in si.ast.toposort())]
+        assert (len(gradient[-1].ast.src) == 1) == conv, _kernels(sched)
+        run_schedule(sched)
+        topt.zero_grad()
+        tf(torch.tensor(X), tw).square().sum().backward()
+        topt.step()
+    _check([(w, tw)], rtol=1e-4, atol=1e-5)
