@@ -953,30 +953,27 @@ class ClangRenderer(CStyleLanguage):
         return out
 
     def _scatter(self, dt: DType) -> str | None:
-        # AVX-512's scatter of float32 / float64 lanes at 32-bit offsets (a strided store: a convolution's output
-        # vectorized along its channels): sixteen lane stores took an extract and a store each of gcc's time
-        if (vector := self._avx512_lanes(dt)) is None: return None
-        vt, st, it, mt = vector
-        name = f"fg_scatter_{_SHORT[dt.scalar()]}x{dt.count}"
-        builtin = f"__builtin_ia32_scattersiv{dt.count}{'sf' if dt.scalar() == dtypes.float32 else 'df'}"
-        return self._need(name, f"static inline __attribute__((always_inline)) void {name}({st}* p, {it} i, {vt} v) "
-                                f"{{ {builtin}(p, ({mt})-1, i, v, {dt.scalar().itemsize}); }}")
+        # (a strided store: a convolution's output vectorized along its channels; sixteen lane stores took an extract
+        # and a store each of gcc's time)
+        return self._avx512_strided(dt, "scatter")
 
     def _gather(self, dt: DType) -> str | None:
-        # AVX-512's gather (a strided load: a convolution's weights packed along its output channels)
-        if (vector := self._avx512_lanes(dt)) is None: return None
-        vt, st, it, mt = vector
-        name = f"fg_gather_{_SHORT[dt.scalar()]}x{dt.count}"
-        builtin = f"__builtin_ia32_gathersiv{dt.count}{'sf' if dt.scalar() == dtypes.float32 else 'df'}"
-        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}(const {st}* p, {it} i) "
-                                f"{{ return {builtin}(({vt}){{0}}, p, i, ({mt})-1, {dt.scalar().itemsize}); }}")
+        # (a strided load: a convolution's weights packed along its output channels)
+        return self._avx512_strided(dt, "gather")
 
-    def _avx512_lanes(self, dt: DType) -> tuple[str, str, str, str] | None:
-        """For a float32/float64 vector filling a 512-bit register on a CPU with AVX-512: the C names of its type,
-        of its element, of a vector of as many 32-bit offsets and of its lane mask; else None."""
+    def _avx512_strided(self, dt: DType, kind: str) -> str | None:
+        """The helper of AVX-512's `kind` ("scatter" or "gather") of a float32/float64 vector filling a 512-bit
+        register, its lanes at 32-bit offsets from a pointer; None without AVX-512."""
         if (x86 := self._x86_float_vector(dt)) is None or x86[1] != 512 or "avx512f" not in hostcpu.cpu().features:
             return None
-        return self.dtype_name(dt), self.dtype_name(dt.scalar()), self.dtype_name(dtypes.int32.vec(dt.count)), x86[2]
+        vt, st, mt = self.dtype_name(dt), self.dtype_name(dt.scalar()), x86[2]
+        it = self.dtype_name(dtypes.int32.vec(dt.count))
+        name = f"fg_{kind}_{_SHORT[dt.scalar()]}x{dt.count}"
+        builtin = f"__builtin_ia32_{kind}siv{dt.count}{'sf' if dt.scalar() == dtypes.float32 else 'df'}"
+        mask, scale = f"({mt})-1", dt.scalar().itemsize
+        if kind == "scatter": body = f"void {name}({st}* p, {it} i, {vt} v) {{ {builtin}(p, {mask}, i, v, {scale}); }}"
+        else: body = f"{vt} {name}(const {st}* p, {it} i) {{ return {builtin}(({vt}){{0}}, p, i, {mask}, {scale}); }}"
+        return self._need(name, f"static inline __attribute__((always_inline)) {body}")
 
     def keep_in_register(self, var: str) -> str | None:
         # GCC 12 reloads a vector that several multiply-adds share as each one's memory operand (an x86 FMA takes

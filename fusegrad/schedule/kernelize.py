@@ -79,8 +79,8 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
     def broadcast_whole(y: UOp) -> bool:
         """Whether y will get a buffer for a broadcast of its own that isn't row by row (a layernorm's output that
         a matmul reads): the walk of a row value below it (the layernorm's mean) may end there."""
+        # (its walks go up from y's broadcasts, so they never ask about y itself)
         if y not in anyway:
-            anyway[y] = False   # (a walk above y reaching y again answers no)
             anyway[y] = not _is_cheap(y, heavy) and \
                 any(not _is_row_broadcast(e, users, realize, broadcast_whole) for e in expands_of.get(y, ()))
         return anyway[y]

@@ -68,6 +68,8 @@ def _is_long_contraction(red: UOp) -> bool:
 # float32 on AVX2) is vectorized along a strided one
 CONTIGUOUS_STORE_MIN = 8
 
+# (memoized as _leaves: every merge tried with a kernel asks it again)
+@functools.lru_cache(maxsize=4096)
 def _stores_strided(ast: UOp) -> bool:
     """Whether kernel `ast` holds a contraction (a sum of products of two operands varying along different loops) and
     stores along no loop of CONTIGUOUS_STORE_MIN or more elements contiguously: a 3x3 convolution's weight gradient,

@@ -216,31 +216,15 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
     # depth first with an iterator over each open node's sources: a node is added once all its sources are
     visited: dict[UOp, None] = dict(known) if known is not None else {}
     if root in visited: return visited
-    if gate is None: return _toposort_all(root, visited)
     empty: tuple[UOp, ...] = ()
-    stack = [(root, iter(root.src if gate(root) else empty))]
+    ungated = gate is None   # (most walks: a local test, not a call, per node)
+    stack = [(root, iter(root.src if ungated or gate(root) else empty))]  # type: ignore[misc]
     while stack:
         node, srcs = stack[-1]
         for s in srcs:
             if s not in visited:
                 # (a leaf, or a node the gate stops at, is added where it is met: no stack entry of its own)
-                if s.src and gate(s):
-                    stack.append((s, iter(s.src)))
-                    break
-                visited[s] = None
-        else:
-            stack.pop()
-            visited[node] = None
-    return visited
-
-def _toposort_all(root: UOp, visited: dict[UOp, None]) -> dict[UOp, None]:
-    # _toposort without a gate (most walks): the same order, a test less per node
-    stack = [(root, iter(root.src))]
-    while stack:
-        node, srcs = stack[-1]
-        for s in srcs:
-            if s not in visited:
-                if s.src:
+                if s.src and (ungated or gate(s)):  # type: ignore[misc]
                     stack.append((s, iter(s.src)))
                     break
                 visited[s] = None
@@ -329,7 +313,7 @@ class UOp(metaclass=UOpMetaClass):
         if gate is None and known is None and (memo := getattr(_topo_memo, "memo", None)) is not None:
             # (inside toposort_memo(): code generation walks the same kernel graphs from many places; the caller gets
             # a copy, so what it does with its dict leaves the memo alone)
-            if (ret := memo.get(self)) is None: ret = memo[self] = _toposort_all(self, {})
+            if (ret := memo.get(self)) is None: ret = memo[self] = _toposort(self, None, None)
             return dict(ret)
         return _toposort(self, gate, known)
 
