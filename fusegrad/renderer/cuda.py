@@ -209,7 +209,23 @@ class CUDARenderer(CStyleLanguage):
         # a narrowing C cast of a 16-bit float Variable would convert the value to the integer that holds its bits
         if u.dtype in _LOWP: k.r[u] = self.from_float(f"(float){u.arg[0]}", u.dtype)
 
-    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma}
+    def _load(self, k: KernelText, u: UOp) -> None:
+        idx = u.src[0]
+        n = u.dtype.itemsize
+        if not (idx.op is Ops.INDEX and idx.dtype.vcount > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL and len(u.src) == 1
+                and n & (n - 1) == 0 and n <= 16) or u in k.gathered:
+            return CStyleLanguage._load(self, k, u)
+        # a vector of a global buffer (a staged operand's copy): one load where its address is aligned to its size,
+        # as the vector type declares (a buffer's view may start at any element), else one load per element; the
+        # check is uniform across a warp wherever the views and row lengths are aligned
+        ptr = k.new_var("ptr")
+        k.line(f"const {self.dtype_name(u.dtype.scalar())}* {ptr} = {k.r[idx.src[0]]}+{k.r[idx.src[1]]};")
+        lanes = self.vector_literal(u.dtype, [f"{ptr}[{i}]" for i in range(u.dtype.count)])
+        val = f"((((unsigned long long){ptr})&{n - 1})==0?(*((const {self.dtype_name(u.dtype)}*){ptr})):{lanes})"
+        if len(idx.src) > 2: val = f"({k.r[idx.src[2]]}?{val}:{self.vector_zero(u.dtype)})"
+        k.assign(u, val, "val")
+
+    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__

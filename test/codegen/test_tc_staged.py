@@ -68,9 +68,56 @@ def test_warps_and_tiles_read_staged_operands(tc_python, dt):
                 (OptOps.LOCAL, 1, 2), (OptOps.LTILE, 2, 2))
     p = get_program(ast, tc_python, opts=k.applied_opts)
     assert _staged(p) and p.local_dims == (32, 2, 2), p.local_dims
-    # (m16n8k16's A and B elements are pairs along K: K innermost in local memory, one load a pair)
-    assert _pair_loads(p) == [2]
+    # (both copies 16 bytes a load, along the rows of A and B in global memory; in local memory A's rows along K stay
+    # innermost, m16n8k16's pairs along K one load, B's rows along N read an element at a time)
+    assert _copy_loads(p) == [8] and _pair_loads(p) == [1, 2]
     _close(_run(p, (128, 64), ta, tb), a @ b, 1e-6)
+
+def _copy_loads(p: ProgramSpec) -> list[int]:
+    """How many elements each load of a global buffer reads (the staged copies' loads)."""
+    return sorted({u.dtype.count for u in p.uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
+                   u.src[0].src[0].op is Ops.DEFINE_GLOBAL})
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_vector_copies_of_unaligned_views(tc_python, dt):
+    """Views of A and B starting at odd elements, rows of odd lengths: the copies still read 8 elements a load (the
+    CUDA renderer checks each address's alignment and falls back to one load per element) and land where the
+    fragments read them."""
+    big_a, _ = _data((130, 101), dt, 30)
+    big_b, _ = _data((99, 75), dt, 31)
+    ta = Tensor(big_a, device="PYTHON").cast(dt).realize()[1:129, 3:99]
+    tb = Tensor(big_b, device="PYTHON").cast(dt).realize()[1:97, 5:69]
+    a, b = big_a[1:129, 3:99], big_b[1:97, 5:69]
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    k = _kernel(ast, tc_python, (OptOps.UPCAST, 0, 2), (OptOps.LOCAL, 0, 2), (OptOps.LOCAL, 1, 2),
+                (OptOps.LTILE, 2, 2))
+    p = get_program(ast, tc_python, opts=k.applied_opts)
+    assert _staged(p) and _copy_loads(p) == [8], _copy_loads(p)
+    got = np.zeros((128, 64), np.float32)
+    bufs = [memoryview(bytearray(4 * got.size))]
+    bufs += [memoryview(bytearray(Tensor(x, device="PYTHON").cast(dt).bitcast(dtypes.uint16).numpy().tobytes()))
+             for x in (big_a, big_b)]
+    PythonProgram(p.function_name, p.src.encode())(*bufs, global_dims=tuple(p.global_dims),
+                                                   local_dims=tuple(p.local_dims))
+    _close(np.frombuffer(bufs[0], np.float32).reshape(128, 64), a @ b, 1e-6)
+    _close((ta.cast(dtypes.float32) @ tb.cast(dtypes.float32)).numpy(), a @ b, 1e-6)
+
+def test_vector_copies_give_the_bits_of_pairs(tc_python, monkeypatch):
+    """VECTOR_COPY_BYTES=0 copies element by element, B in pairs along K (read as pairs): the same WMMAs in the same
+    order as the vector copies, so the same bits."""
+    from fusegrad.codegen.opt import tc
+    a, ta = _data((64, 128), dtypes.float16, 32)
+    b, tb = _data((128, 96), dtypes.float16, 33)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    opts = _kernel(ast, tc_python, (OptOps.UPCAST, 1, 2), (OptOps.LOCAL, 0, 2), (OptOps.LTILE, 2, 4)).applied_opts
+    vec = get_program(ast, tc_python, opts=opts)
+    monkeypatch.setattr(tc, "VECTOR_COPY_BYTES", 0)
+    pairs = get_program(ast, tc_python, opts=opts)
+    assert _copy_loads(vec) == [8] and _pair_loads(vec) == [1, 2]
+    assert _copy_loads(pairs) == [1] and _pair_loads(pairs) == [2]
+    got_vec, got_pairs = _run(vec, (64, 96), ta, tb), _run(pairs, (64, 96), ta, tb)
+    _close(got_vec, a @ b, 1e-6)
+    np.testing.assert_array_equal(got_vec, got_pairs)
 
 def test_heuristic_stages_half_and_bfloat16(tc_python, monkeypatch):
     """The heuristic stages where K holds two blocks of TC_BLOCK_K; TC_STAGE=0 turns it off (the same result)."""

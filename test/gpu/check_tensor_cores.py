@@ -5,8 +5,9 @@
    against the PYTHON device's emulation of the same kernels (the lane layouts: a layout that the emulation and the
    code generator share but the hardware doesn't would show here first);
 2. kernels whose operands the heuristic stages through shared memory (LTILE after TC: half, bfloat16, TF32, a batched
-   matmul with a transposed operand, a padded convolution) against numpy and against the same kernels unstaged
-   (TC_STAGE=0), which must give the same bits (the same WMMAs in the same order);
+   matmul with a transposed operand, a padded convolution, views starting at odd elements, whose 16-byte copies fall
+   back to one load per element) against numpy and against the same kernels unstaged (TC_STAGE=0), which must give
+   the same bits (the same WMMAs in the same order);
 3. the time of a 4096 half matmul with tensor cores, staged and not, and without them (the heuristic's opts without
    TC: its float32-style tiles), printed in TFLOP/s, not checked."""
 from __future__ import annotations
@@ -84,6 +85,11 @@ staged_cases = [
      lambda x, w, b: f32(x).conv2d(f32(w), b, padding=1).relu(), [(2, 64, 16, 16), (32, 64, 3, 3), (32,)],
      [dtypes.half, dtypes.half, dtypes.float32], 1e-5, False),
     ("TF32 matmul 256x256 @ 256x128", lambda a, b: a @ b, [(256, 256), (256, 128)], [dtypes.float32] * 2, 3e-3, True),
+    # (views starting at odd elements, rows of odd lengths: the 16-byte copies fall back to one load per element)
+    ("half matmul of unaligned views 256x512 @ 512x192", lambda a, b: a[1:257, 3:515] @ b[1:513, 5:197],
+     [(258, 519), (515, 203)], [dtypes.half] * 2, 1e-2, False),
+    ("TF32 matmul of unaligned views 128x256 @ 256x128", lambda a, b: a[1:129, 1:257] @ b[2:258, 3:131],
+     [(130, 259), (260, 133)], [dtypes.float32] * 2, 3e-3, True),
 ]
 for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
     arrays = [data(s, dt, 100 + 10 * i + j) for j, (s, dt) in enumerate(zip(shapes, dts))]

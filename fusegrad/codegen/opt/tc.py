@@ -205,6 +205,19 @@ def tc_loops(k: Kernel) -> tuple[UOp | None, UOp | None, UOp | None]:
 # fragment then start in different banks of local memory (a row of 32 halves is 16 of the 32 banks: rows 0 and 2 of a
 # fragment would meet)
 ROW_PAD_BYTES = 16
+# bytes of an operand each work-item copies from global memory in one load where the operand is read contiguously
+# along the copy's innermost dimension (16: a 128-bit load of 8 halves or 4 floats; 0: element by element, in pairs
+# along K where the fragments read pairs)
+VECTOR_COPY_BYTES = 16
+
+def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]]) -> int:
+    """Elements of operand `y` one load copies (VECTOR_COPY_BYTES), or 1: `y` a plain load of a global buffer (no
+    gate, no conversion) contiguous along the copy's innermost dimension, whose size the width divides. The address
+    need not be aligned: the renderer checks it (CUDA falls back to one load per element)."""
+    width = VECTOR_COPY_BYTES // y.dtype.itemsize
+    if width < 2 or y.op is not Ops.LOAD or len(y.src) != 1 or (idx := y.src[0]).op is not Ops.INDEX or \
+            len(idx.src) != 2 or idx.src[0].op is not Ops.DEFINE_GLOBAL: return 1
+    return width if coeff(idx.src[1], dims[-1][0]) == 1 and dims[-1][1] % width == 0 else 1
 
 def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]],
                                                                                 list[int]]]:
@@ -242,9 +255,10 @@ def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[U
             c = coeff(addr, dim[0]) if addr is not None else None
             return abs(c) if c else 1 << 62
         dims.sort(key=stride, reverse=True)
-        # in local memory K goes innermost where a lane's elements are pairs along K (each pair one load)
+        # in local memory the copy's innermost dimension stays innermost where it is copied in vectors; else K goes
+        # innermost where a lane's elements are pairs along K (each pair one load)
         kdim = next(i for i, d in enumerate(dims) if d[0] is pk)
-        paired = _paired(tc, "A" if y is ya else "B")
+        paired = _paired(tc, "A" if y is ya else "B") and _vector_width(y, dims) == 1
         out.append((y, dims, [i for i in range(len(dims)) if not paired or i != kdim] + ([kdim] if paired else [])))
     return out
 
@@ -312,7 +326,11 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
         # keep it aligned to its size)
         pairs = dims[layout[-1]][0] is held[2] and _paired(tc, which) and (len(layout) == 1 or held_sizes[-1] % 2 == 0)
         places.append((at, pairs))
-        width = 2 if pairs else 1
+        # (a vector of the global buffer's neighbours is one load, and one store to local memory where the rows'
+        # lengths keep it aligned to its size: `_local_sizes` pads by 16 bytes)
+        vector = _vector_width(y, dims)
+        if len(layout) > 1 and held_sizes[-1] % vector: vector = 1
+        width = vector if vector > 1 else 2 if pairs else 1
         # the copy's element c: work-item c % W copies (the pair of) element c in the copy's order
         copied_sizes = [s // width if i == layout[-1] else s for i, s in enumerate(sizes)]
         count = total // width
@@ -327,16 +345,21 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
             step *= s
         valid = c < count if count % workers else None
         values = []
-        for e in range(width):
+        for e in range(1 if vector > 1 else width):
             value = y.substitute({key: origin + p + (e if i == layout[-1] else 0)
                                   for i, ((key, _, origin, _), p) in enumerate(zip(dims, pos))})
             if valid is not None:
                 value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
                                           for u in value.toposort() if u.op is Ops.INDEX})
             values.append(value)
-        dest = UOp(Ops.INDEX, before.dtype.vec(width) if pairs else before.dtype,
+        if vector > 1:
+            # (the load of the first element, widened: `_vector_width` took a plain load)
+            idx = values[0].src[0]
+            wide = UOp(Ops.LOAD, y.dtype.vec(width), (UOp(Ops.INDEX, idx.dtype.vec(width), idx.src),))
+        else: wide = UOp(Ops.VECTORIZE, y.dtype.vec(width), tuple(values)) if width > 1 else values[0]
+        dest = UOp(Ops.INDEX, before.dtype.vec(width) if width > 1 else before.dtype,
                    (before, at(pos)) + ((valid,) if valid is not None else ()))
-        copied = dest.store(UOp(Ops.VECTORIZE, y.dtype.vec(2), tuple(values)) if pairs else values[0])
+        copied = dest.store(wide)
         copies.append(UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied)
     ready = UOp(Ops.BARRIER, local.dtype, (local, *copies))
     frags = []
