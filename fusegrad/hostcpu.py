@@ -31,6 +31,7 @@ class CPUFacts:
     has_fma: bool                    # fused multiply-add instructions (every non-x86 CPU we target has them)
     f16_lanes: int                   # lanes of the widest float->half vector conversion (F16C: 8, AVX-512: 16; 0: none)
     vector_dtypes: tuple[DType, ...]  # dtypes compiled code holds in SIMD vectors
+    bf16_dot: bool = False           # AVX512_BF16's dot product of bfloat16 pairs (vdpbf16ps) on 512-bit vectors
 
     @property
     def x86(self) -> bool: return self.machine in X86_MACHINES
@@ -51,7 +52,7 @@ def cpu() -> CPUFacts:
     return CPUFacts(machine=machine, features=flags,
                     simd_bytes=(64 if avx512 else 32 if "avx2" in flags or "avx" in flags else 16) if x86 else 16,
                     vector_registers=32 if avx512 or not x86 else 16, has_fma="fma" in flags if x86 else True,
-                    f16_lanes=f16_lanes,
+                    f16_lanes=f16_lanes, bf16_dot=avx512 and "avx512_bf16" in flags,
                     vector_dtypes=_VECTOR_DTYPES + ((dtypes.float16,) if f16_lanes else ()) + (dtypes.bfloat16,))
 
 @functools.cache

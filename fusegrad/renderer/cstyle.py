@@ -14,7 +14,9 @@ import platform
 import struct
 from typing import Callable, Iterator
 from fusegrad import hostcpu
+from fusegrad.renderer.cpu_dot import DOT_LANES, Bf16Pair, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
+from fusegrad.helpers import getenv
 from fusegrad.renderer import Renderer
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -50,6 +52,7 @@ class CStyleLanguage(Renderer):
                                   dtypes.float16: "half", dtypes.bfloat16: "bf16", dtypes.float32: "float",
                                   dtypes.float64: "double", dtypes.index: "long"}
     vector_dtypes: tuple[DType, ...] = ()
+    bf16_dot: bool = False        # whether pairs of bfloat16 multiply-adds are one dot product (`_bf16_dot`)
     strided_lanes: bool = False   # whether `_scatter`, `_gather` may have helpers (single-lane accesses are looked at)
 
     # *** dialect points of GPU-style kernels (a kernel with SPECIAL ids: a grid of work-groups, see
@@ -469,6 +472,38 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{ "
                                 f"return ({vt}){{{', '.join(['x'] * dt.count)}}}; }}")
 
+    def _bf16_dot(self, k: KernelText, p: Bf16Pair) -> str:
+        """The C of a pair of bfloat16 multiply-add links as one dot product (renderer/cpu_dot.py)."""
+        idx = p.lo
+        return f"{self.bf16_dot_helper()}({k.r[p.acc]}, {k.r[idx.src[0]]}+({k.r[idx.src[1]]}), {k.r[p.lo_vec]}, " \
+               f"{k.r[p.hi_vec]})"
+
+    def bf16_dot_helper(self) -> str:
+        """The helper `f(acc, a, lo, hi)` of float32 vectors acc, lo and hi (bfloat16 values in float32 lanes) and a
+        pointer `a` to two adjacent bfloat16 values: acc + a[1] * hi, then + a[0] * lo, each product exact and each
+        sum rounded once. With AVX512_BF16 one vdpbf16ps, which also reads bfloat16 denormals as zero and flushes a
+        denormal sum to zero; without it (another compiler, a CPU without it) IEEE arithmetic in the same order."""
+        vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
+        bt, name, bh = self.dtype_name(dtypes.bfloat16), f"fg_dot2_bf16x{DOT_LANES}", f"fg_bh{2 * DOT_LANES}"
+        ones = ", ".join(["p"] * DOT_LANES)
+        self._need(bh, f"typedef short {bh} __attribute__((vector_size({4 * DOT_LANES})));")
+        # B's rows k and k+1 interleaved per lane (the upper halves of bfloat16 values in float32 are the values; the
+        # lower halves, zero, are masked anyway: the packed copy's lanes no store reached hold whatever was there),
+        # A's pair one 32-bit word broadcast to every lane. Without the instruction: each product of two bfloat16
+        # values is exact in float32, so a multiply and an add are the fused multiply-add
+        return self._need(name, "\n".join([
+            f"static inline __attribute__((always_inline)) {vt} {name}({vt} acc, const {bt}* a, {vt} lo, {vt} hi) {{",
+            "  unsigned int p; __builtin_memcpy(&p, a, 4);",
+            "#if defined(__AVX512BF16__) && defined(__GNUC__) && !defined(__clang__)",
+            f"  {ut} b = (({ut})hi & 0xffff0000u) | (({ut})lo >> 16);",
+            f"  return __builtin_ia32_dpbf16ps_v{DOT_LANES}sf(acc, ({bh})({ut}){{{ones}}}, ({bh})b);",
+            "#else",
+            "  unsigned int ul = p << 16, uh = p & 0xffff0000u; float al, ah;",
+            "  __builtin_memcpy(&al, &ul, 4); __builtin_memcpy(&ah, &uh, 4);",
+            "  acc = acc + ah * hi;",
+            "  return acc + al * lo;",
+            "#endif", "}"]))
+
     # *** vectors of bools: masks ***
     # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes
     # of the values compared (what GCC's vector comparisons give), widened or narrowed where it meets another width.
@@ -571,6 +606,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         self._helpers: dict[str, str] = {}
         k = KernelText(self, uops)
         if self.strided_lanes: self._find_lane_runs(k, uops)
+        if self.bf16_dot:
+            k.pairs = bf16_pairs(uops, k.users)
+            k.unwritten.update(p.inner for p in k.pairs.values())
         for u in uops:
             if u in k.unwritten: continue
             if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
@@ -784,6 +822,9 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         k.assign(u, self.render_bitcast(k.r[u.src[0]], u.src[0].dtype, u.dtype), "cast")
 
     def _alu(self, k: KernelText, u: UOp) -> None:
+        if (pair := k.pairs.get(u)) is not None:
+            k.assign(u, self._bf16_dot(k, pair), "alu")
+            return
         k.assign(u, self.render_alu(u.op, u.dtype, [k.r[s] for s in u.src], [s.dtype for s in u.src]), "alu")
 
     def _nothing(self, k: KernelText, u: UOp) -> None: pass   # (NOOP groups stores)
@@ -867,6 +908,9 @@ class KernelText:
         self.scattered: dict[UOp, tuple[UOp, ...]] = {}
         self.gathered: dict[UOp, tuple[UOp, ...]] = {}
         self.unwritten: set[UOp] = set()
+        # multiply-add links computed two at a time by a bfloat16 dot product (renderer/cpu_dot.py): the second link
+        # of each pair -> the pair (the first isn't written)
+        self.pairs: dict[UOp, Bf16Pair] = {}
 
     def _lanes_combined(self, acc: UOp) -> bool:
         lanes = {x for x in self.users.get(acc, []) if x.op is Ops.GEP}
@@ -994,3 +1038,4 @@ class ClangRenderer(CStyleLanguage):
         # half vectors need the F16C conversion instructions; bfloat16 vectors are converted with integer operations
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
         self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
+        self.bf16_dot = host.bf16_dot and bool(getenv("BF16_DOT", 1))

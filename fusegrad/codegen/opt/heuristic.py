@@ -8,7 +8,8 @@ from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
-from fusegrad.uop.affine import coeff, range_size
+from fusegrad.renderer.cpu_dot import DOT_LANES
+from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
@@ -451,6 +452,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # unrolled steps' vectors and read them from memory once per multiply-add)
     if len(ctx.reds) == 1 and n_vec > 1 and max(amt, 1) * n_vec <= ctx.budget and not (wide and narrowed):
         _unroll_reduce(ctx)
+    _pair_bf16_steps(ctx)
 
 def _vectorize_reduction(ctx: OptContext) -> bool:
     """Step 3: no vectorizable output axis: the reduction itself vectorized with partial accumulators, along the
@@ -666,6 +668,24 @@ def _unroll_reduce(ctx: OptContext) -> None:
         if isinstance(sz := range_size(r), int) and sz % 4 == 0 and sz >= 8:
             ctx.split(OptOps.UNROLL, r, 4)
             return
+
+def _pair_bf16_steps(ctx: OptContext) -> None:
+    """A register-tiled product of bfloat16 operands, on a CPU whose C renderer computes two steps of its reduction
+    as one bfloat16 dot product (renderer/cpu_dot.py: consecutive elements of the broadcast operand, A[m, k] and
+    A[m, k + 1]): its reduce loop unrolled by 2 where the tile left it rolled (a tile of one vector per row), so
+    that each pass holds a pair of steps."""
+    k = ctx.k
+    reds = [k.loops[i] for i in k.reduce_axes()]
+    if not getattr(k.renderer, "bf16_dot", False) or len(reds) != 1 or \
+            any(range_kind(x) == "unroll" for x in k.expanded) or \
+            not isinstance(sz := range_size(r := reds[0]), int) or sz % 2 or sz < 4:
+        return
+    # (the broadcast operand: a bfloat16 load contiguous along the reduction and the same for every lane)
+    vec = next((v for v in k.expanded if range_kind(v) == "upcast" and range_size(v) == DOT_LANES), None)
+    if vec is None or not any(idx.src[0].dtype.base == dtypes.bfloat16 and coeff(idx.src[1], r) == 1 and
+                              coeff(idx.src[1], vec) == 0 for idx in ctx.loads()):
+        return
+    ctx.split(OptOps.UNROLL, r, 2)
 
 def _reduce_vector_width(ctx: OptContext, r: UOp) -> int | None:
     """The vector width reduce loop `r` can be vectorized with (partial accumulators as lanes): the widest of a full,

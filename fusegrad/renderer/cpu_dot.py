@@ -1,0 +1,96 @@
+"""bfloat16 products at the rate of a CPU's bfloat16 dot-product instruction (AVX512_BF16's `vdpbf16ps`: per 32-bit
+lane, acc += a[2i+1]*b[2i+1], then acc += a[2i]*b[2i], each product exact and each add rounded as a fused
+multiply-add, bfloat16 denormals read as zero and a denormal sum flushed to zero).
+
+A register-tiled matmul of bfloat16 operands is lowered like a float32 one: its products formed in float32 from the
+converted values, each row of the tile a broadcast scalar of A times vectors of B, the reduce loop unrolled into
+chains of multiply-adds. Two consecutive links of such a chain whose scalars are A[m, k] and A[m, k + 1] (adjacent
+bfloat16 elements of one buffer) and whose vectors hold bfloat16 values (converted from bfloat16, or loaded from a
+packed copy that only such values were stored to) are one `vdpbf16ps`: A's pair read as one 32-bit word and
+broadcast, B's two vectors interleaved per lane (the upper halves of their float32 lanes: their lower halves are
+zero), computed once per pair of B rows and shared by the tile's rows. `bf16_pairs` finds those links in the
+linearized kernel; the C renderer writes each pair as one instruction (DESIGN.md, "bfloat16 products")."""
+from __future__ import annotations
+from dataclasses import dataclass
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
+
+DOT_LANES = 16   # the float32 lanes of one vdpbf16ps on 512-bit registers
+
+@dataclass(frozen=True)
+class Bf16Pair:
+    """Two links of a multiply-add chain computed as one bfloat16 dot product: `acc` plus A[lo] * `lo_vec` plus
+    A[lo + 1] * `hi_vec`, where `lo` is the (ungated) INDEX of the first of the two adjacent bfloat16 elements of A."""
+    inner: UOp    # the first link (its multiply-add is not written: the pair's instruction computes it)
+    acc: UOp      # what the first link adds to
+    lo: UOp       # INDEX of A[m, k]; A[m, k + 1] follows it in memory
+    lo_vec: UOp   # the float32 vector A[m, k] multiplies
+    hi_vec: UOp   # the float32 vector A[m, k + 1] multiplies
+
+def _split_offset(x: UOp) -> tuple[UOp | None, int]:
+    """An index expression as (its part that isn't a constant, or None, and the constant added to it)."""
+    if x.op is Ops.CONST: return None, x.arg
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST: return x.src[0], x.src[1].arg
+    return x, 0
+
+def _bf16_scalar(v: UOp) -> UOp | None:
+    """The INDEX of the bfloat16 element that the float32 vector `v` broadcasts (an ungated load converted to
+    float32), or None."""
+    if v.op is not Ops.VECTORIZE or any(s is not v.src[0] for s in v.src): return None
+    c = v.src[0]
+    if c.op is not Ops.CAST or c.dtype != dtypes.float32 or (ld := c.src[0]).op is not Ops.LOAD or \
+            ld.dtype != dtypes.bfloat16 or len(ld.src) != 1 or (idx := ld.src[0]).op is not Ops.INDEX or \
+            len(idx.src) != 2 or idx.dtype.vcount != 1:
+        return None
+    return idx
+
+def _local_of(x: UOp) -> UOp:
+    """The DEFINE_LOCAL behind a buffer operand of an INDEX (a BARRIER stands for its buffer once it is copied)."""
+    while x.op is Ops.BARRIER: x = x.src[0]
+    return x
+
+def _exact_locals(uops: list[UOp]) -> set[UOp]:
+    """The local buffers (packed copies) that only values converted from bfloat16 are stored to."""
+    exact: dict[UOp, bool] = {}
+    for u in uops:
+        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and \
+                (buf := _local_of(u.src[0].src[0])).op is Ops.DEFINE_LOCAL:
+            # (a gated store leaves what was there before where its gate is false)
+            exact[buf] = exact.get(buf, True) and _from_bf16(u.src[1]) and len(u.src[0].src) == 2
+    return {buf for buf, ok in exact.items() if ok}
+
+def _from_bf16(v: UOp) -> bool: return v.op is Ops.CAST and v.src[0].dtype.scalar() == dtypes.bfloat16
+
+def _bf16_vector(v: UOp, exact: set[UOp]) -> bool:
+    """Whether the float32 vector `v` holds bfloat16 values (the lower 16 bits of every lane zero): converted from
+    bfloat16, or loaded (ungated) from a packed copy of such values."""
+    if v.dtype != dtypes.float32.vec(DOT_LANES): return False
+    if _from_bf16(v): return True
+    return v.op is Ops.LOAD and len(v.src) == 1 and (idx := v.src[0]).op is Ops.INDEX and len(idx.src) == 2 and \
+        _local_of(idx.src[0]) in exact
+
+def _link(m: UOp, exact: set[UOp]) -> tuple[UOp, UOp] | None:
+    """(A's INDEX, B's vector) of a multiply-add of a broadcast bfloat16 scalar of A and a vector of bfloat16 values."""
+    if m.op is not Ops.MULACC or m.dtype != dtypes.float32.vec(DOT_LANES): return None
+    for s, v in ((m.src[0], m.src[1]), (m.src[1], m.src[0])):
+        if (idx := _bf16_scalar(s)) is not None and _bf16_vector(v, exact): return idx, v
+    return None
+
+def bf16_pairs(uops: list[UOp], users: dict[UOp, list[UOp]]) -> dict[UOp, Bf16Pair]:
+    """The second link of each pair of multiply-add links that one bfloat16 dot product computes, with the pair.
+
+    A link pairs with the one it adds to when that one is used by nothing else, is not itself the second link of a
+    pair, and their scalars are adjacent elements of one bfloat16 buffer (in either order)."""
+    exact = _exact_locals(uops)
+    pairs: dict[UOp, Bf16Pair] = {}
+    for u in uops:
+        if (outer := _link(u, exact)) is None or (inner_m := u.src[2]) in pairs or users.get(inner_m) != [u] or \
+                (inner := _link(inner_m, exact)) is None:
+            continue
+        (i0, v0), (i1, v1) = inner, outer
+        if i0.src[0] is not i1.src[0]: continue
+        (b0, o0), (b1, o1) = _split_offset(i0.src[1]), _split_offset(i1.src[1])
+        if b0 is not b1: continue
+        if o1 == o0 + 1: pairs[u] = Bf16Pair(inner_m, inner_m.src[2], i0, v0, v1)
+        elif o0 == o1 + 1: pairs[u] = Bf16Pair(inner_m, inner_m.src[2], i1, v1, v0)
+    return pairs

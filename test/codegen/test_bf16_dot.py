@@ -1,0 +1,132 @@
+"""bfloat16 products as bfloat16 dot products (renderer/cpu_dot.py: two multiply-add steps of a register-tiled matmul
+as one AVX512_BF16 vdpbf16ps where the CPU has it), against float64 NumPy and torch's bfloat16 ops: matmuls (odd K,
+K not a multiple of the unroll, batched, a transposed operand whose pairs aren't adjacent), a bfloat16 linear layer's
+forward and backward, a convolution; and the instruction's semantics (order of the two products, denormals) against
+values worked out by hand."""
+import copy
+import ctypes
+import os
+import subprocess
+import tempfile
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor, dtypes
+from fusegrad.device import Device, find_cc
+from fusegrad.hostcpu import cpu
+from fusegrad.renderer.cstyle import ClangRenderer
+
+DOT = "fg_dot2_bf16x16("
+
+def bf16(shape: tuple[int, ...], seed: int, scale: float = 1.0) -> tuple[torch.Tensor, Tensor]:
+    """The same bfloat16 values as a torch tensor and a fusegrad one."""
+    t = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
+    return t, Tensor(t.float().numpy()).cast(dtypes.bfloat16).realize()
+
+def f64(t: torch.Tensor) -> np.ndarray: return t.double().numpy()
+
+def assert_within(got: np.ndarray, ref: np.ndarray, mags: np.ndarray, k: int, rounded: tuple = ()) -> None:
+    """`got` (bfloat16 results) equals the exact `ref` up to its rounding to bfloat16 (half an ulp: 2^-8 relative),
+    that of the intermediate values `rounded` to bfloat16 before it, and the float32 sum of k terms (k * 2^-24 of the
+    sum of the terms' magnitudes `mags`, with a factor of 2 to spare)."""
+    err = np.abs(got - ref)
+    bound = 2.0 ** -8 * (np.abs(ref) + sum(np.abs(r) for r in rounded)) + k * 2.0 ** -23 * mags + 1e-30
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), f"at {worst}: got {got[worst]}, exact {ref[worst]}, bound {bound[worst]}"
+
+def uses_dot() -> bool: return bool(getattr(Device["CPU"].renderer, "bf16_dot", False))
+
+# (batch, m, k, n), whether its product is one kernel whose steps pair up (K of at most 255 even steps: a longer K
+# runs through a float32 copy of A made beforehand, Tensor.dot's `long_half`)
+SHAPES = [((), 64, 128, 64, True), ((), 64, 100, 64, True), ((4,), 64, 96, 48, True), ((), 24, 34, 160, True),
+          ((), 64, 127, 64, False), ((), 33, 129, 48, False), ((2,), 40, 300, 32, False), ((), 8, 2, 16, False)]
+
+@pytest.mark.parametrize("batch,m,k,n,paired", SHAPES)
+def test_matmul(batch, m, k, n, paired, compiled_sources):
+    (ta, fa), (tb, fb) = bf16((*batch, m, k), 1), bf16((*batch, k, n), 2)
+    out = fa @ fb
+    assert out.dtype == dtypes.bfloat16
+    got = out.float().numpy()
+    ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
+    assert_within(got, ref, mags, k)
+    assert_within(torch.matmul(ta, tb).double().numpy(), ref, mags, k)   # (the bound holds for torch's too)
+    if paired and uses_dot(): assert any(DOT in src for src in compiled_sources)
+
+def test_unpaired_where_the_scalars_are_not_adjacent(compiled_sources):
+    # A read transposed: A[m, k] and A[m, k+1] lie a row apart, so no pair is one 32-bit word
+    (ta, fa), (tb, fb) = bf16((96, 64), 3), bf16((96, 64), 4)
+    got = (fa.T @ fb).float().numpy()
+    assert_within(got, f64(ta).T @ f64(tb), np.abs(f64(ta)).T @ np.abs(f64(tb)), 96)
+    assert not any(DOT in src for src in compiled_sources)
+
+def test_linear_forward_backward():
+    (tx, fx), (tw, fw), (tb, fb) = bf16((32, 96), 5), bf16((48, 96), 6, 0.1), bf16((48,), 7)
+    tg = torch.randn(32, 48, generator=torch.Generator().manual_seed(8))
+    fx.requires_grad, fw.requires_grad, fb.requires_grad = True, True, True
+    y = fx @ fw.T + fb
+    (y.cast(dtypes.float32) * Tensor(tg.numpy())).sum().backward()
+    x, w, b, g = f64(tx), f64(tw), f64(tb), f64(tg.bfloat16())   # (y's gradient arrives rounded to bfloat16)
+    # (y = x @ w.T rounded to bfloat16, plus b, rounded again)
+    assert_within(y.float().numpy(), x @ w.T + b, np.abs(x) @ np.abs(w).T, 96, rounded=(x @ w.T,))
+    assert_within(fx.grad.float().numpy(), g @ w, np.abs(g) @ np.abs(w), 48)
+    assert_within(fw.grad.float().numpy(), g.T @ x, np.abs(g).T @ np.abs(x), 32)
+    assert_within(fb.grad.float().numpy(), g.sum(0), np.abs(g).sum(0), 32)
+
+def test_conv2d():
+    (tx, fx), (tw, fw) = bf16((2, 8, 10, 10), 9), bf16((16, 8, 3, 3), 10)
+    got = fx.conv2d(fw, padding=1).float().numpy()
+    conv = lambda a, b: torch.nn.functional.conv2d(torch.from_numpy(a), torch.from_numpy(b), padding=1).numpy()
+    assert_within(got, conv(f64(tx), f64(tw)), conv(np.abs(f64(tx)), np.abs(f64(tw))), 72)
+
+# *** the helper's semantics, compiled with and without the instruction ***
+
+def _helper_lib(flags: list[str]) -> ctypes.CDLL:
+    ren = copy.copy(ClangRenderer())
+    ren._helpers = {}
+    name = ren.bf16_dot_helper()
+    body = ["  f32x16 A, L, H;",
+            "  __builtin_memcpy(&A, acc, 64); __builtin_memcpy(&L, lo, 64); __builtin_memcpy(&H, hi, 64);",
+            f"  f32x16 R = {name}(A, a, L, H); __builtin_memcpy(out, &R, 64);"]
+    src = "typedef unsigned short bf16;\ntypedef float f32x16 __attribute__((vector_size(64), aligned(4)));\n" \
+          "typedef unsigned int u32x16 __attribute__((vector_size(64), aligned(4)));\n" + \
+          ren.render_kernel("dot2", ["const float* acc", "const bf16* a", "const float* lo", "const float* hi",
+                                     "float* out"], body)
+    so = os.path.join(tempfile.mkdtemp(prefix="fusegrad_bf16dot_"), "dot2.so")
+    subprocess.run([*find_cc(), *ClangRenderer.compile_flags, *flags, "-shared", "-fPIC", "-x", "c", "-", "-o", so],
+                   input=src.encode(), check=True, capture_output=True)
+    return ctypes.CDLL(so)
+
+def _bits(x: float) -> int:
+    """The bfloat16 bits of a float32 value that bfloat16 holds exactly."""
+    u = int(np.float32(x).view(np.uint32))
+    assert u & 0xffff == 0
+    return u >> 16
+
+def _run(lib: ctypes.CDLL, acc, a: tuple[int, int], lo, hi) -> np.ndarray:
+    acc, lo, hi = (np.broadcast_to(np.asarray(v, np.float32), (16,)).copy() for v in (acc, lo, hi))
+    pair, out = np.array(a, np.uint16), np.zeros(16, np.float32)
+    ptr = lambda x: ctypes.c_void_p(x.ctypes.data)
+    lib.dot2(ptr(acc), ptr(pair), ptr(lo), ptr(hi), ptr(out))
+    return out
+
+@pytest.mark.parametrize("instruction", [True, False])
+def test_helper_semantics(instruction):
+    version = subprocess.run([*find_cc(), "--version"], capture_output=True, text=True).stdout
+    if instruction and not (cpu().bf16_dot and "Free Software Foundation" in version and "clang" not in version):
+        pytest.skip("the helper uses the instruction with GCC on a CPU with AVX512_BF16")
+    lib = _helper_lib([] if instruction else ["-mno-avx512bf16"])
+    rng = np.random.default_rng(0)
+    # random lanes: acc + a[1] * hi, then + a[0] * lo, each product exact in float32 and each sum rounded once
+    for a0, a1 in ((1.0, 1.0), (3.0, -0.5), (0.0078125, 96.0)):
+        acc = rng.standard_normal(16).astype(np.float32)
+        lo, hi = (torch.from_numpy(rng.standard_normal(16).astype(np.float32)).bfloat16().float().numpy()
+                  for _ in range(2))
+        exp = (acc + np.float32(a1) * hi) + np.float32(a0) * lo
+        np.testing.assert_array_equal(_run(lib, acc, (_bits(a0), _bits(a1)), lo, hi), exp)
+    # the order: 1 + 1 * -1 = 0 first, then + 2^-30 (the other order rounds 1 + 2^-30 to 1 and gives 0)
+    assert _run(lib, 1.0, (_bits(2.0 ** -30), _bits(1.0)), 1.0, -1.0)[0] == 2.0 ** -30
+    # a bfloat16 denormal (2^-133) times 2^100, and a product of 2^-140 (a float32 denormal): the instruction reads
+    # the one as zero and flushes the other to zero; IEEE arithmetic gives both
+    denormal = _run(lib, 0.0, (1, 0), 2.0 ** 100, 0.0)[0]
+    tiny = _run(lib, 0.0, (_bits(2.0 ** -70), 0), 2.0 ** -70, 0.0)[0]
+    assert (denormal, tiny) == ((0.0, 0.0) if instruction else (2.0 ** -33, np.float32(2.0 ** -140)))
