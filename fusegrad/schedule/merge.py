@@ -187,7 +187,11 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return None
     r_loops, p_loops = _output_loops(r_new), _output_loops(p_new)
     at = sorted({r for ld in loads for r in _ranges(ld.src[0].src[1])}, key=lambda r: r.arg[0])
-    if not at or any(r not in r_loops for r in at): return None
+    if any(r not in r_loops for r in at): return None
+    if not at:
+        # both kernels without output loops (scalars: a step counter and what is made of it, a count and its
+        # reciprocal), when what they reduce over is small: one kernel computes both, one after the other
+        if r_loops or p_loops or not (_small_scalar(p_new) and _small_scalar(r_new)): return None
     if len(at) == len(p_loops):
         # the producer runs in the reader's loops (a row's statistics in the kernel of the row's elements)
         fitted = _fit(r_new, at, p_new, p_loops)
@@ -230,14 +234,24 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
             return None
     return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
 
+# a kernel without output loops merges with another such kernel when each of its reductions runs over at most this many
+# elements (a loss's count of labels, not a whole tensor's sum, which may be split over the cores)
+SCALAR_REDUCE_MAX = 1 << 12
+
+def _small_scalar(ast: UOp) -> bool:
+    """Whether every reduction of kernel `ast` runs over at most SCALAR_REDUCE_MAX elements."""
+    return all((n := _loop_product(u.src[1:])) is not None and n <= SCALAR_REDUCE_MAX
+               for u in ast.toposort() if u.op is Ops.REDUCE)
+
 def _read_at_output_loops(ast: UOp, slots: set[int]) -> bool:
     """Whether kernel `ast` loads its arguments `slots` somewhere, each at one unmasked index of its output loops
     alone (not of a reduction's)."""
     loads = [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
              u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in slots]
     if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return False
-    at = {r for ld in loads for r in _ranges(ld.src[0].src[1])}
-    return bool(at) and at <= set(_output_loops(ast))
+    at, loops = {r for ld in loads for r in _ranges(ld.src[0].src[1])}, set(_output_loops(ast))
+    # (a kernel without output loops, a scalar's, loads the one element there is)
+    return (bool(at) or not loops) and at <= loops
 
 def _fit(frame: UOp, at: list[UOp], other: UOp, loops: list[UOp]) -> tuple[UOp, UOp] | None:
     """`frame` and `other` over the same loops: `other`'s output `loops` become the `frame`'s loops `at` (of the same

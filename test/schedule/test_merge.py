@@ -200,3 +200,89 @@ def test_in_place_update_read_by_a_broadcast_keeps_its_own_kernel(monkeypatch):
         np.testing.assert_allclose(out.numpy(), X2 - (X3 + X8), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(flipped.numpy(), (X3 + X8)[::-1, ::-1], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(x8.numpy(), X3 + X8, rtol=1e-6, atol=1e-6)
+
+def _gpu_style(monkeypatch) -> None:
+    from fusegrad.device import Device
+    from fusegrad.renderer.python import PythonRenderer
+    monkeypatch.setattr(Device["PYTHON"], "renderer", PythonRenderer(gpu=True))
+
+def test_scalar_kernels_merge_with_their_scalar_readers(monkeypatch):
+    # an optimizer's step counter and its bias correction, a loss's count of labels and its scale: kernels without
+    # loops, each read by another such kernel, are one kernel with both stores (on a GPU's emulation too)
+    _gpu_style(monkeypatch)
+    Y = rng.integers(-1, 10, 128).astype(np.int32)
+    for device in ("CPU", "PYTHON"):
+        c = Tensor([0.5], device=device).contiguous().realize()
+        lr = Tensor([0.01], device=device).contiguous().realize()
+        new = c.assign(c * 0.9)
+        step = -(lr / (1.0 - new))
+        sched = Tensor.schedule(new, step)
+        assert _stores(sched) == [2], device
+        run_schedule(sched)
+        np.testing.assert_allclose(c.numpy(), [np.float32(0.5) * np.float32(0.9)], rtol=1e-6)
+        np.testing.assert_allclose(step.numpy(), [-0.01 / (1 - 0.45)], rtol=1e-5)
+        y = Tensor(Y, device=device)
+        count = (y != -1).sum()
+        scale = -(1.0 / count.float())
+        sched = Tensor.schedule(count, scale)
+        assert _stores(sched) == [2], device
+        run_schedule(sched)
+        assert count.item() == int((Y != -1).sum())
+        np.testing.assert_allclose(scale.numpy(), -1.0 / (Y != -1).sum(), rtol=1e-6)
+
+def test_scalar_reduction_read_inside_another_scalar_reduction(monkeypatch):
+    # the sum, then the sum of squares around the mean: one kernel, the first reduction computed once before the
+    # second's loop (its value is the same at every iteration)
+    _gpu_style(monkeypatch)
+    X = rng.standard_normal(64).astype(np.float32)
+    for device in ("CPU", "PYTHON"):
+        x = Tensor(X, device=device)
+        s = x.sum()
+        v = ((x - s / 64) ** 2).sum()
+        sched = Tensor.schedule(s, v)
+        assert _stores(sched) == [2], device
+        run_schedule(sched)
+        np.testing.assert_allclose(s.numpy(), X.sum(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(v.numpy(), ((X - X.mean()) ** 2).sum(), rtol=1e-5)
+
+def test_big_scalar_reductions_keep_their_kernels():
+    # a sum over more than SCALAR_REDUCE_MAX elements stays a kernel of its own (it may be split over the cores)
+    from fusegrad.schedule.merge import SCALAR_REDUCE_MAX
+    X = rng.standard_normal(4 * SCALAR_REDUCE_MAX).astype(np.float32)
+    x = Tensor(X)
+    s = x.sum()
+    r = s * 2 + 1
+    sched = Tensor.schedule(s, r)
+    assert len(_stores(sched)) >= 2 and max(_stores(sched)) == 1
+    run_schedule(sched)
+    np.testing.assert_allclose(r.numpy(), X.astype(np.float64).sum() * 2 + 1, rtol=1e-4)
+
+def test_mlp_adam_step_scalars_share_kernels():
+    # the 784-512-10 MLP's Adam step at batch 128 (bench_eager's): b1^t with Adam's step size, b2^t with its bias
+    # correction, the labels' count with the loss's scale (16 kernels before kernels without loops merged), against
+    # torch
+    X, Y = rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32)
+    l1, l2 = nn.Linear(784, 512), nn.Linear(512, 10)
+    t1, t2 = torch.nn.Linear(20, 16), torch.nn.Linear(16, 5)
+    for a, b in ((l1, t1), (l2, t2)):
+        b.weight.data, b.bias.data = torch.tensor(a.weight.numpy()), torch.tensor(a.bias.numpy())
+    opt = nn.optim.Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-2)
+    topt = torch.optim.Adam([*t1.parameters(), *t2.parameters()], lr=1e-2)
+    with Tensor.train():
+        for step in range(2):
+            opt.zero_grad()
+            loss = l2(l1(Tensor(X)).relu()).sparse_categorical_crossentropy(Tensor(Y))
+            loss.backward()
+            sched = Tensor.schedule(*opt.schedule_step(), loss)
+            if step == 0: assert len(sched) == 13, [si.ast.op for si in sched]
+            run_schedule(sched)
+            topt.zero_grad()
+            tloss = torch.nn.functional.cross_entropy(t2(t1(torch.tensor(X)).relu()), torch.tensor(Y).long())
+            tloss.backward()
+            topt.step()
+            np.testing.assert_allclose(loss.numpy(), tloss.item(), rtol=1e-5)
+            # (Adam's update of a weight whose gradient is near 0 is m / sqrt(v) of two rounded tiny numbers: a few
+            # of the 400k weights differ from torch's by up to a few percent of an update, lr = 1e-2)
+            for a, b in ((l1, t1), (l2, t2)):
+                np.testing.assert_allclose(a.weight.numpy(), b.weight.detach().numpy(), rtol=1e-4, atol=1e-3)
+                np.testing.assert_allclose(a.bias.numpy(), b.bias.detach().numpy(), rtol=1e-4, atol=1e-3)
