@@ -197,13 +197,16 @@ def gpt2_row(dev: str, tdev: str, layers: int) -> Row:
     return Row(f"GPT-2 124M decode ({layers} layers), TinyJit vs eager", ours, theirs, ">= 1.0x tok/s",
                tol=1e-2, per="token")
 
-def rows_for(dev: str, tdev: str, quick: bool) -> list[Callable[[], list[Row]]]:
-    """Builders of the rows (built one at a time, so each row's buffers are freed before the next)."""
+def rows_for(dev: str, tdev: str, quick: bool) -> list[tuple[str, Callable[[], list[Row]]]]:
+    """Builders of the rows (built one at a time, so each row's buffers are freed before the next), each with the
+    words of its rows' names (a builder none of whose rows `--only` can pick isn't run)."""
     n_mm, n_chain, n_norm, batch = (256, 1 << 16, 256, 2) if quick else (4096, 1 << 26, 8192, 32)
     convs = RESNET50_CONVS[:2] if quick else RESNET50_CONVS
-    return [lambda: matmul_rows(dev, tdev, n_mm), lambda: [chain_row(dev, tdev, n_chain)],
-            lambda: norm_rows(dev, tdev, n_norm), lambda: conv_rows(dev, tdev, batch, convs),
-            lambda: [gpt2_row(dev, tdev, 2 if quick else 12)]]
+    return [("matmul half bfloat16 float32 (tf32 off)", lambda: matmul_rows(dev, tdev, n_mm)),
+            ("elementwise chain floats", lambda: [chain_row(dev, tdev, n_chain)]),
+            ("softmax layernorm", lambda: norm_rows(dev, tdev, n_norm)),
+            ("conv2d half", lambda: conv_rows(dev, tdev, batch, convs)),
+            ("gpt-2 124m decode layers tinyjit vs eager", lambda: [gpt2_row(dev, tdev, 2 if quick else 12)])]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -227,7 +230,9 @@ def main() -> None:
     print(f"copy bandwidth (torch device-to-device, read + write): {copy_bw / 1e9:.0f} GB/s\n")
     print(f"{'row':52s} {'fusegrad':>10s} {'torch':>10s} {'ratio':>7s} {'target':>14s}  {'first (fg / torch)':>20s}"
           f"  kernels  rate (fusegrad / torch)")
-    for build in rows_for(dev, tdev, args.quick):
+    for words, build in rows_for(dev, tdev, args.quick):
+        if args.only and not any(w in o.lower() or o.lower() in words for o in args.only for w in words.split()):
+            continue
         try: rows = build()
         except Exception as e:  # a row that can't be built is reported, and the others still run
             print(f"  (a row failed to build: {type(e).__name__}: {e})")

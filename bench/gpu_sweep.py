@@ -14,7 +14,7 @@ import sys
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Opt, OptOps
-from fusegrad.codegen.opt import heuristic_gpu
+from fusegrad.codegen.opt import heuristic_gpu, tc
 from fusegrad.device import Buffer
 from fusegrad.engine.realize import CompiledRunner
 from fusegrad.uop.ops import Ops, UOp
@@ -23,11 +23,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 @contextlib.contextmanager
 def constants(**values) -> Iterator[None]:
-    old = {k: getattr(heuristic_gpu, k) for k in values}
-    for k, v in values.items(): setattr(heuristic_gpu, k, v)
+    """The heuristic's constants (codegen/opt/heuristic_gpu.py) and the tensor cores' staging (codegen/opt/tc.py:
+    VECTOR_COPY_BYTES, DOUBLE_BUFFER) set to `values` inside the block."""
+    mods = {k: tc if hasattr(tc, k) and not hasattr(heuristic_gpu, k) else heuristic_gpu for k in values}
+    old = {k: getattr(mods[k], k) for k in values}
+    for k, v in values.items(): setattr(mods[k], k, v)
     try: yield
     finally:
-        for k, v in old.items(): setattr(heuristic_gpu, k, v)
+        for k, v in old.items(): setattr(mods[k], k, v)
 
 def kernel_ast(t: Tensor) -> UOp:
     return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
@@ -112,22 +115,27 @@ def sweep_convs(dev: str) -> None:
                 except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
 
 def sweep_tc(dev: str, n: int) -> None:
-    """Tensor-core kernels with their operands staged through local memory or not (TC_STAGE), the block of K staged
-    at a time (TC_BLOCK_K), the tiles per warp (TC_TILES) and the warps per group (TC_WARPS): half and bfloat16
-    n^3 matmuls and a ResNet-50 3x3 convolution (batch 32, 256 channels, 14x14) in half."""
+    """Tensor-core kernels with their operands staged through local memory or not (TC_STAGE), copied 16 bytes a load
+    or element by element (VECTOR_COPY_BYTES), double-buffered or not (DOUBLE_BUFFER), the block of K staged at a time
+    (TC_BLOCK_K), the tiles per warp (TC_TILES) and the warps per group (TC_WARPS): half and bfloat16 n^3 matmuls and
+    a ResNet-50 3x3 convolution (batch 32, 256 channels, 14x14) in half."""
     x = Tensor.empty(32, 256, 14, 14, dtype=dtypes.half, device=dev)
     w = Tensor.empty(256, 256, 3, 3, dtype=dtypes.half, device=dev)
     shapes = [(f"matmul {n}^3 {dt.name}", Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt,
                                                                                                   device=dev),
                2.0 * n ** 3) for dt in (dtypes.half, dtypes.bfloat16)]
     shapes.append(("conv2d half b32 256->256 3x3 14x14", x.conv2d(w, padding=1), 2.0 * 32 * 256 * 14 * 14 * 256 * 9))
-    layouts = (((4, 8), (4, 2)), ((4, 4), (2, 2)), ((4, 4), (4, 2)), ((8, 4), (2, 4)), ((2, 4), (2, 2)),
-               ((4, 8), (2, 2)))
+    layouts = (((4, 8), (2, 2)), ((4, 4), (2, 2)), ((4, 8), (4, 2)), ((8, 4), (2, 4)), ((2, 4), (2, 2)),
+               ((4, 4), (4, 2)), ((8, 4), (2, 2)))
     for name, t, flops in shapes:
         ast = kernel_ast(t)
         print(name)
-        settings = [dict(TC_STAGE=0)] + [dict(TC_STAGE=1, TC_BLOCK_K=block, TC_TILES=tiles, TC_WARPS=warps)
-                                         for tiles, warps in layouts for block in (32, 64, 128)]
+        # (the kernels before 16-byte copies and double buffering, then each step alone)
+        settings: list[dict] = [dict(TC_STAGE=0), dict(VECTOR_COPY_BYTES=0, DOUBLE_BUFFER=0),
+                                dict(VECTOR_COPY_BYTES=16, DOUBLE_BUFFER=0), dict(VECTOR_COPY_BYTES=0, DOUBLE_BUFFER=1)]
+        grid = layouts if name.startswith("matmul") else layouts[:3]
+        settings += [dict(TC_TILES=tiles, TC_WARPS=warps, TC_BLOCK_K=block, DOUBLE_BUFFER=double)
+                     for tiles, warps in grid for block in (32, 64) for double in (1, 0)]
         for values in settings:
             label = " ".join(f"{k}={v}" for k, v in values.items())
             with constants(**values):

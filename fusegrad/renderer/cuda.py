@@ -220,12 +220,59 @@ class CUDARenderer(CStyleLanguage):
         # check is uniform across a warp wherever the views and row lengths are aligned
         ptr = k.new_var("ptr")
         k.line(f"const {self.dtype_name(u.dtype.scalar())}* {ptr} = {k.r[idx.src[0]]}+{k.r[idx.src[1]]};")
+        if u in self._async_loads:
+            k.r[u] = ptr   # (its store copies it: `_store`)
+            return
         lanes = self.vector_literal(u.dtype, [f"{ptr}[{i}]" for i in range(u.dtype.count)])
         val = f"((((unsigned long long){ptr})&{n - 1})==0?(*((const {self.dtype_name(u.dtype)}*){ptr})):{lanes})"
         if len(idx.src) > 2: val = f"({k.r[idx.src[2]]}?{val}:{self.vector_zero(u.dtype)})"
         k.assign(u, val, "val")
 
-    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load}
+    def _store(self, k: KernelText, u: UOp) -> None:
+        if u not in self._async_stores: return CStyleLanguage._store(self, k, u)
+        # a 16-byte copy from global to shared memory: asynchronous (cp.async, bypassing L1) where the global address
+        # is aligned, else loaded element by element and stored; every barrier of the kernel waits for the copies
+        # first (`_barrier`), so they are done where a barrier would have found the plain copy done
+        dest, ptr, dt = u.src[0], k.r[u.src[1]], u.src[1].dtype
+        dst = f"{k.r[dest.src[0]]}+{k.r[dest.src[1]]}"
+        lanes = self.vector_literal(dt, [f"{ptr}[{i}]" for i in range(dt.count)])
+        shared = f'asm("{{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}" : "=r"(s) : "l"({dst}));'
+        copy = f'asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"({ptr}) : "memory");'
+        body = f"if ((((unsigned long long){ptr})&15)==0) {{ unsigned s; {shared} {copy} }} " \
+               f"else {self.vector_store(dst, lanes, dt)}"
+        k.line(f"if ({k.r[dest.src[2]]}) {{ {body} }}" if len(dest.src) > 2 else f"{{ {body} }}")
+
+    def _barrier(self, k: KernelText, u: UOp) -> None:
+        from fusegrad.codegen.opt.tc import ORDER_ONLY
+        if u.arg != ORDER_ONLY:
+            if self._async_stores: k.line('asm volatile("cp.async.wait_all;" ::: "memory");')
+            k.line(self.barrier)
+        # (a BARRIER that only orders: its buffer, after its sources)
+        k.r[u] = k.r[u.src[0]]
+
+    def _async_copies(self, uops: list[UOp]) -> None:
+        """The 16-byte copies from global to shared memory that `_store` makes asynchronous (sm_80 and later): a
+        store to a local buffer of a vector load of a global buffer used by nothing else, under the same gate or
+        none."""
+        self._async_stores, self._async_loads = set(), set()
+        if int(re.sub(r"\D", "", self.arch)) < 80: return
+        uses: dict[UOp, int] = {}
+        for u in uops:
+            for x in u.src: uses[x] = uses.get(x, 0) + 1
+        for u in uops:
+            if u.op is not Ops.STORE or (v := u.src[1]).op is not Ops.LOAD or len(v.src) != 1 or uses[v] != 1 or \
+                    v.dtype.itemsize != 16 or (dest := u.src[0]).op is not Ops.INDEX or \
+                    dest.dtype.vcount != v.dtype.count: continue
+            buf = dest.src[0]
+            while buf.op is Ops.BARRIER: buf = buf.src[0]
+            src = v.src[0]
+            if buf.op is Ops.DEFINE_LOCAL and src.op is Ops.INDEX and src.src[0].op is Ops.DEFINE_GLOBAL and \
+                    src.src[2:] in ((), dest.src[2:]):
+                self._async_stores.add(u)
+                self._async_loads.add(v)
+
+    op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load,
+                    Ops.STORE: _store, Ops.BARRIER: _barrier}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__
@@ -236,6 +283,7 @@ class CUDARenderer(CStyleLanguage):
                 size = u.src[0]
                 threads *= size.arg if size.op is Ops.CONST else self.max_workgroup
         self._threads = min(threads, self.max_workgroup)
+        self._async_copies(uops)
         return super()._render(uops, name)
 
     def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:

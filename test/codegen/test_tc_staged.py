@@ -10,7 +10,8 @@ from fusegrad import Tensor, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.codegen.opt import heuristic_gpu
-from fusegrad.codegen.opt.tc import tc_loops
+from fusegrad.codegen.opt import tc
+from fusegrad.codegen.opt.tc import ORDER_ONLY, tc_loops
 from fusegrad.helpers import Context
 from fusegrad.renderer import ProgramSpec
 from fusegrad.runtime.ops_python import PythonProgram
@@ -25,12 +26,15 @@ def _ast(t: Tensor) -> UOp: return [si.ast for si in t.schedule() if si.ast.op i
 
 def _staged(p: ProgramSpec) -> bool:
     """Whether every fragment element of the kernel's WMMAs is read from local memory (one buffer holding both staged
-    copies, filled between two barriers)."""
+    copies: filled between two barriers, or double-buffered, one barrier per block and the fragments' loads ordered
+    after the next block's copies)."""
     wmmas = [u for u in p.uops if u.op is Ops.WMMA]
     # (an element is a load, or a lane of a load of a pair of neighbours)
     frags = [e.src[0] if e.op is Ops.GEP else e for w in wmmas for v in w.src[:2] for e in v.src]
+    barriers = sorted(str(u.arg) for u in p.uops if u.op is Ops.BARRIER)
     return bool(wmmas) and all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags) and \
-        sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and sum(u.op is Ops.BARRIER for u in p.uops) == 2
+        sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and \
+        barriers == (["None", ORDER_ONLY] if tc.DOUBLE_BUFFER else ["None", "None"])
 
 def _pair_loads(p: ProgramSpec) -> list[int]:
     """How many elements each load of the kernel's fragments reads (2: a pair of neighbours along K)."""
@@ -105,7 +109,6 @@ def test_vector_copies_of_unaligned_views(tc_python, dt):
 def test_vector_copies_give_the_bits_of_pairs(tc_python, monkeypatch):
     """VECTOR_COPY_BYTES=0 copies element by element, B in pairs along K (read as pairs): the same WMMAs in the same
     order as the vector copies, so the same bits."""
-    from fusegrad.codegen.opt import tc
     a, ta = _data((64, 128), dtypes.float16, 32)
     b, tb = _data((128, 96), dtypes.float16, 33)
     ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
@@ -219,3 +222,31 @@ def test_more_work_items_than_elements_to_copy(tc_python):
     p = get_program(ast, tc_python, opts=k.applied_opts)
     assert _staged(p) and p.local_dims == (32, 8), p.local_dims
     _close(_run(p, (128, 8), ta, tb), a @ b, 1e-6)
+
+@pytest.mark.parametrize("shape, warps_m", [((64, 96, 48), 1), ((128, 160, 8), 8)])
+def test_double_buffered_copies(tc_python, monkeypatch, shape, warps_m):
+    """DOUBLE_BUFFER: two buffers of the copies in one local array, block 0 copied before the loop, one barrier per
+    block, block i+1 copied (its loads and stores gated off in the last iteration) before the fragments of block i are
+    read (ordered, not waited for); an odd number of blocks (3, 5), and 8 warps sharing one tile of B (half the
+    work-items copying nothing). On the emulation, which checks every phase between barriers for races, equal to
+    NumPy and to the single-buffered kernel's bits (the same WMMAs in the same order)."""
+    m, kk, n = shape
+    a, ta = _data((m, kk), dtypes.float16, 34)
+    b, tb = _data((kk, n), dtypes.float16, 35)
+    ast = _ast(ta.cast(dtypes.float32) @ tb.cast(dtypes.float32))
+    opts = _kernel(ast, tc_python, (OptOps.LOCAL, 0, warps_m), (OptOps.LTILE, 2, 2)).applied_opts
+    double = get_program(ast, tc_python, opts=opts)
+    monkeypatch.setattr(tc, "DOUBLE_BUFFER", 0)
+    single = get_program(ast, tc_python, opts=opts)
+    monkeypatch.setattr(tc, "DOUBLE_BUFFER", 1)
+    sizes = [u.dtype.size for p in (double, single) for u in p.uops if u.op is Ops.DEFINE_LOCAL]
+    assert sizes[0] == 2 * sizes[1], sizes
+    order = next(u for u in double.uops if u.op is Ops.BARRIER and u.arg == ORDER_ONLY)
+    # (the next block's copies, gated by the block loop's bound, before the fragments' loads)
+    ahead = [u for u in double.uops if u.op is Ops.STORE and u in order.toposort()
+             and u.src[0].src[0] is not order and len(u.src[0].src) > 2]
+    assert ahead and double.uops.index(order) > max(double.uops.index(u) for u in ahead)
+    assert _staged(double) and [u.op for u in single.uops].count(Ops.BARRIER) == 2
+    got = _run(double, (m, n), ta, tb)
+    _close(got, a @ b, 1e-6)
+    np.testing.assert_array_equal(got, _run(single, (m, n), ta, tb))

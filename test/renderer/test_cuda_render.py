@@ -18,6 +18,7 @@ import pytest
 from fusegrad import Tensor, Variable, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import OptOps
+from fusegrad.codegen.opt.tc import ORDER_ONLY
 from fusegrad.dtype import DType
 from fusegrad.helpers import Context
 from fusegrad.renderer import ProgramSpec
@@ -132,7 +133,9 @@ def test_launch_bounds_and_barriers(kernels):
             threads = 128
             assert math.prod(p.local_dims or (1,)) == 1 and "long core_lo, long core_hi)" in p.src, p.src
         assert f"__launch_bounds__({threads}) {p.function_name}(" in p.src, p.src
-        assert p.src.count("__syncthreads();") == sum(u.op is Ops.BARRIER for u in p.uops), p.src
+        # (a BARRIER that only orders, a double-buffered copy's, waits for nothing)
+        assert p.src.count("__syncthreads();") == sum(u.op is Ops.BARRIER and u.arg != ORDER_ONLY for u in p.uops), \
+            p.src
 
 # *** what NVRTC made ***
 
@@ -187,13 +190,21 @@ def test_tensor_core_kernels(kernels):
     assert len(tc) >= 12
     # (the operands of some staged through shared memory: every fragment element read from a __shared__ array)
     staged = [p for p in tc if any(o.op is OptOps.LTILE for o in p.applied_opts)]
+    copies_async = 0
     assert len(staged) >= 5 and {u.arg[2] for p in staged for u in p.uops if u.op is Ops.WMMA} == \
         {"half", "__bf16", "float"}
     for p in staged:
         frags = [e.src[0] if e.op is Ops.GEP else e
                  for u in p.uops if u.op is Ops.WMMA for v in u.src[:2] for e in v.src]
         assert all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags)
-        assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and p.src.count("__syncthreads();") == 2
+        # (double-buffered: one barrier per block, the 16-byte copies asynchronous, waited for before each barrier)
+        assert sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and p.src.count("__syncthreads();") == 1
+        lines = [ln.strip() for ln in p.src.splitlines()]
+        if any(ln.startswith("if") and "cp.async.cg.shared.global" in ln for ln in lines):
+            copies_async += 1
+            assert all(lines[i - 1] == 'asm volatile("cp.async.wait_all;" ::: "memory");'
+                       for i, ln in enumerate(lines) if ln == "__syncthreads();"), p.src
+    assert copies_async >= 4
     for p in tc:
         names = {u.arg[0] for u in p.uops if u.op is Ops.WMMA}
         assert all(f'asm volatile("{n} ' in p.src for n in names), p.src

@@ -209,6 +209,12 @@ ROW_PAD_BYTES = 16
 # along the copy's innermost dimension (16: a 128-bit load of 8 halves or 4 floats; 0: element by element, in pairs
 # along K where the fragments read pairs)
 VECTOR_COPY_BYTES = 16
+# 1: two local buffers take turns, the next block copied while the fragments of this one are read (one barrier per
+# block); 0: one buffer, copied and read between two barriers
+DOUBLE_BUFFER = 1
+# the arg of a BARRIER that only orders: its value is its first source (a local buffer) after its other sources, with
+# no synchronization of the work-items (renderers write nothing for it)
+ORDER_ONLY = "order"
 
 def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]]) -> int:
     """Elements of operand `y` one load copies (VECTOR_COPY_BYTES), or 1: `y` a plain load of a global buffer (no
@@ -289,7 +295,8 @@ def _regions(staged: list, itemsize: int) -> list[int]:
 def staged_bytes(frame: UOp | None, tc: TensorCore, fixed: set[UOp]) -> int:
     """Bytes of local memory the staged operands take (see `staged_operands`)."""
     if frame is None: raise KernelOptError("LTILE after TC and PADTO")
-    return _regions(staged_operands(frame, tc, fixed), tc.dtype_in.itemsize)[-1] * tc.dtype_in.itemsize
+    return _regions(staged_operands(frame, tc, fixed), tc.dtype_in.itemsize)[-1] * tc.dtype_in.itemsize * \
+        (2 if DOUBLE_BUFFER else 1)
 
 def check_tc_ltile(k: Kernel, r: UOp) -> None:
     """KernelOptError unless LTILE of loop `r` can stage kernel k's tensor core operands: r is TC's K loop, the first
@@ -300,23 +307,26 @@ def check_tc_ltile(k: Kernel, r: UOp) -> None:
 def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[UOp], locals_: list[UOp],
                    next_id: int) -> UOp:
     """The WMMA's fragments read from copies of A's and B's blocks in local memory (`staged_operands`; `frame` and the
-    ranges as the final AST numbers them): in each iteration of block loop `tile`, after a barrier, the W work-items
-    of the group copy each block, element c by work-item c % W (in the copy's order, so neighbouring work-items read
-    neighbouring elements; pairs of elements along K where the fragments are such pairs), rows padded by
-    ROW_PAD_BYTES, both blocks in one local buffer, and after a second barrier each lane reads its fragments'
-    elements from the copies."""
+    ranges as the final AST numbers them): the W work-items of the group copy each block, element c by work-item
+    c % W (in the copy's order, so neighbouring work-items read neighbouring elements; 16 bytes a load where the
+    global buffer is read contiguously, else pairs of elements along K where the fragments are such pairs), rows
+    padded by ROW_PAD_BYTES, both blocks in one local buffer, and each lane reads its fragments' elements from the
+    copies. Single-buffered: in each iteration of block loop `tile`, a barrier, the copies, a second barrier, the
+    fragments. With DOUBLE_BUFFER two such buffers take turns: block 0 is copied before the loop, and each iteration
+    has one barrier (block i copied, block i-1 read by every work-item), then copies block i+1 into the other buffer
+    (nothing waits for it before the next iteration's barrier: on CUDA an asynchronous copy, `cp.async`) before its
+    fragments read block i, so the copies overlap the products."""
     workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
     lane, held = frame.src[5], frame.src[6:9]
     staged = staged_operands(frame, tc, fixed)
     # (both copies in one buffer, between the same two barriers)
     starts = _regions(staged, tc.dtype_in.itemsize)
-    local = UOp(Ops.DEFINE_LOCAL, tc.dtype_in.ptr(starts[-1], "local"),
+    size = starts[-1]
+    local = UOp(Ops.DEFINE_LOCAL, tc.dtype_in.ptr(size * (2 if DOUBLE_BUFFER else 1), "local"),
                 arg=sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL))
-    before = UOp(Ops.BARRIER, local.dtype, (local, tile))
-    copies, places = [], []
+    plans, places = [], []
     for which, (y, dims, layout), start in zip("AB", staged, starts):
         sizes, held_sizes = [s for _, s, _, _ in dims], _local_sizes(y, dims, layout)
-        total = math.prod(sizes)
         def at(coords: list[UOp], layout=layout, held_sizes=held_sizes, start=start) -> UOp:
             """The position in local memory of the element at `coords` (in the copy's order of the dimensions)."""
             lin = UOp.const(dtypes.index, 0)
@@ -330,38 +340,59 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
         # lengths keep it aligned to its size: `_local_sizes` pads by 16 bytes)
         vector = _vector_width(y, dims)
         if len(layout) > 1 and held_sizes[-1] % vector: vector = 1
-        width = vector if vector > 1 else 2 if pairs else 1
-        # the copy's element c: work-item c % W copies (the pair of) element c in the copy's order
-        copied_sizes = [s // width if i == layout[-1] else s for i, s in enumerate(sizes)]
-        count = total // width
-        rounds = -(-count // workers)
-        j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
-        next_id += 1
-        c = j * workers + me
-        pos, step = [], 1
-        for i, s in reversed(list(enumerate(copied_sizes))):
-            p = (c // step) % s if step > 1 else c % s
-            pos.insert(0, p * width if i == layout[-1] else p)
-            step *= s
-        valid = c < count if count % workers else None
-        values = []
-        for e in range(1 if vector > 1 else width):
-            value = y.substitute({key: origin + p + (e if i == layout[-1] else 0)
-                                  for i, ((key, _, origin, _), p) in enumerate(zip(dims, pos))})
-            if valid is not None:
-                value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else u.src[2] & valid))
-                                          for u in value.toposort() if u.op is Ops.INDEX})
-            values.append(value)
-        if vector > 1:
-            # (the load of the first element, widened: `_vector_width` took a plain load)
-            idx = values[0].src[0]
-            wide = UOp(Ops.LOAD, y.dtype.vec(width), (UOp(Ops.INDEX, idx.dtype.vec(width), idx.src),))
-        else: wide = UOp(Ops.VECTORIZE, y.dtype.vec(width), tuple(values)) if width > 1 else values[0]
-        dest = UOp(Ops.INDEX, before.dtype.vec(width) if width > 1 else before.dtype,
-                   (before, at(pos)) + ((valid,) if valid is not None else ()))
-        copied = dest.store(wide)
-        copies.append(UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied)
-    ready = UOp(Ops.BARRIER, local.dtype, (local, *copies))
+        plans.append((y, dims, layout, sizes, at, vector, vector if vector > 1 else 2 if pairs else 1))
+
+    def copy(buf: UOp, block: UOp, offset: UOp | None, gate: UOp | None) -> list[UOp]:
+        """The stores of the copies of block `block` (a value of the block loop) into `buf` from `offset` on, each
+        gated by `gate`; each copy's loop a fresh one."""
+        nonlocal next_id
+        out = []
+        for y, dims, layout, sizes, at, vector, width in plans:
+            # the copy's element c: work-item c % W copies (the pair or vector of) element c in the copy's order
+            copied_sizes = [s // width if i == layout[-1] else s for i, s in enumerate(sizes)]
+            count = math.prod(sizes) // width
+            rounds = -(-count // workers)
+            j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
+            next_id += 1
+            c = j * workers + me
+            pos, step = [], 1
+            for i, s in reversed(list(enumerate(copied_sizes))):
+                p = (c // step) % s if step > 1 else c % s
+                pos.insert(0, p * width if i == layout[-1] else p)
+                step *= s
+            valid = c < count if count % workers else None
+            if gate is not None: valid = gate if valid is None else valid & gate
+            values = []
+            for e in range(1 if vector > 1 else width):
+                value = y.substitute({key: origin + p + (e if i == layout[-1] else 0)
+                                      for i, ((key, _, origin, _), p) in enumerate(zip(dims, pos))})
+                if block is not tile: value = value.substitute({tile: block})
+                if valid is not None:
+                    value = value.substitute({u: u.replace(src=(*u.src[:2], valid if len(u.src) < 3 else
+                                                                 u.src[2] & valid))
+                                              for u in value.toposort() if u.op is Ops.INDEX})
+                values.append(value)
+            if vector > 1:
+                # (the load of the first element, widened: `_vector_width` took a plain load)
+                idx = values[0].src[0]
+                wide = UOp(Ops.LOAD, y.dtype.vec(width), (UOp(Ops.INDEX, idx.dtype.vec(width), idx.src),))
+            else: wide = UOp(Ops.VECTORIZE, y.dtype.vec(width), tuple(values)) if width > 1 else values[0]
+            place = at(pos) if offset is None else at(pos) + offset
+            dest = UOp(Ops.INDEX, buf.dtype.vec(width) if width > 1 else buf.dtype,
+                       (buf, place) + ((valid,) if valid is not None else ()))
+            copied = dest.store(wide)
+            out.append(UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied)
+        return out
+
+    if not DOUBLE_BUFFER:
+        before = UOp(Ops.BARRIER, local.dtype, (local, tile))
+        ready, read_at = UOp(Ops.BARRIER, local.dtype, (local, *copy(before, tile, None, None))), None
+    else:
+        n = range_size(tile)
+        top = UOp(Ops.BARRIER, local.dtype, (local, tile, *copy(local, UOp.const(dtypes.index, 0), None, None)))
+        ahead = copy(top, tile + 1, ((tile + 1) % 2) * size, tile + 1 < n)
+        # (the fragments' loads after the copies of the next block, with no barrier between: ORDER_ONLY)
+        ready, read_at = UOp(Ops.BARRIER, local.dtype, (top, *ahead), ORDER_ONLY), (tile % 2) * size
     frags = []
     for which, (y, dims, layout), (at, pairs) in zip("AB", staged, places):
         rows, cols = (held[0], held[2]) if which == "A" else (held[2], held[1])
@@ -371,10 +402,11 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
             row, col = _coord(tc, which, lane, i)
             coords = [offset + row if key is rows else offset + col if key is cols else offset
                       for key, _, _, offset in dims]
+            place = at(coords) if read_at is None else at(coords) + read_at
             if not pairs:
-                elems.append(UOp(Ops.LOAD, y.dtype, (ready.index(at(coords)),)))
+                elems.append(UOp(Ops.LOAD, y.dtype, (ready.index(place),)))
                 continue
-            two = UOp(Ops.LOAD, y.dtype.vec(2), (UOp(Ops.INDEX, ready.dtype.vec(2), (ready, at(coords))),))
+            two = UOp(Ops.LOAD, y.dtype.vec(2), (UOp(Ops.INDEX, ready.dtype.vec(2), (ready, place)),))
             elems += [UOp(Ops.GEP, y.dtype, (two,), 0), UOp(Ops.GEP, y.dtype, (two,), 1)]
         frags.append(UOp(Ops.VECTORIZE, y.dtype.vec(len(elems)), tuple(elems)))
     wmma = next(u for u in ast.toposort() if u.op is Ops.WMMA)
