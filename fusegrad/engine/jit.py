@@ -645,6 +645,8 @@ class TinyJit(Generic[R]):
                 else:
                     work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
                     ops, mem, count = ops + work[0], mem + work[1], count + 1
+                    # (a device's launch may split a kernel by its work where it runs in a graph: the CPU's)
+                    if (note := getattr(made[0], "note_work", None)) is not None: note(work)
             steps.append((ei, made))
         plan: list[tuple[ExecItem | None, Any]] = []
         i = 0
