@@ -5,7 +5,10 @@ fusegrad's call is `OnnxRunner.jit()`: NumPy arrays in and out as onnxruntime's 
 TinyJit with prune=True (the model's initializers don't change between calls, so what is computed from them alone, a
 strided convolution's weight layout, runs once). Each side's median and best run are reported, the first run of each
 (fusegrad's includes compiling) apart, and the kernels a replay runs. The timed runs start once the optimized builds
-of the kernels the first run compiled quickly have taken over (they compile in the background).
+of the kernels the first run compiled quickly have taken over (they compile in the background). Each block starts
+after a pause (PAUSE_S): onnxruntime's worker threads spin for ~25 ms after a run (measured here: the process's CPU
+time while it sleeps), so without one they held the second core through the whole fusegrad block that followed, and
+fusegrad's two-thread kernels ran on one (batch 16: every chunk on the calling thread, 0.147 against 0.103 ms best).
 
 --profile adds where fusegrad's call goes: the call against its replay alone (the kept launches and the wait for
 them, without the runner's copies in and out), each kernel of a replay timed alone, as the replay launches it (split
@@ -33,6 +36,9 @@ from fusegrad import Device  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
 from test.onnx.models import export  # noqa: E402
+
+# (seconds between timed blocks: longer than onnxruntime's threads spin after a run, ~25 ms)
+PAUSE_S = 0.1
 
 CASES = {"resnet1": ("resnet", 1, None), "resnet16": ("resnet", 16, None), "encoder": ("encoder", 1, 128),
          "mobilenet": ("mobilenet", 1, None)}
@@ -120,6 +126,7 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
     times: dict[str, list[float]] = {"fusegrad": [], "onnxruntime": []}
     for _ in range(blocks):
         for label, fn in (("fusegrad", run_fg), ("onnxruntime", run_ort)):
+            time.sleep(PAUSE_S)
             for _ in range(per_block):
                 t0 = time.perf_counter(); fn(); times[label].append(time.perf_counter() - t0)
     fg, ox = np.median(times["fusegrad"]) * 1e3, np.median(times["onnxruntime"]) * 1e3
