@@ -43,7 +43,7 @@ def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[floa
     if DRY_ARCH:
         from fusegrad.renderer.cuda import CUDARenderer
         from fusegrad.runtime.ops_cuda import CUDACompiler
-        prog = get_program(ast, CUDARenderer(DRY_ARCH), opts=opts)
+        prog = get_program(ast, CUDARenderer(DRY_ARCH, local_bytes=227 * 1024), opts=opts)
         CUDACompiler(DRY_ARCH).compile(prog.src)
         return math.nan, prog.name, tuple(prog.applied_opts)
     prog = get_program(ast, Device[dev].renderer, opts=opts)
@@ -179,7 +179,8 @@ def main() -> None:
         global DRY_ARCH
         # (the kernels scheduled for the PYTHON device declaring the CUDA renderer's tensor cores)
         DRY_ARCH, dev = args.dry, "PYTHON"
-        Device[dev].renderer = PythonRenderer(like=CUDARenderer(args.dry))
+        # (as an H100's: up to 227 KiB of shared memory per block, dynamic above 48 KiB)
+        Device[dev].renderer = PythonRenderer(like=CUDARenderer(args.dry, local_bytes=227 * 1024))
     for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
                      ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
                      ("unroll", lambda: sweep_tc_unroll(dev)), ("tc", lambda: sweep_tc(dev, args.n)),

@@ -33,6 +33,9 @@ _GLOBAL_LOOP = re.compile(r"^(\s*)for \(long (ridx\d+) = core_lo; \2 < core_hi; 
 _UINT = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 # threads per block of a CPU-style kernel (one thread per iteration of its parallel loop)
 CPU_STYLE_BLOCK = 128
+# shared memory a block declares statically at most; more is dynamic shared memory (`CUDARenderer._shared_layout`)
+STATIC_SHARED_BYTES = 48 * 1024
+DYNAMIC_SHARED_SYMBOL = "fg_dynamic_shared_bytes"
 
 def _half_bits(v: float) -> int:
     """The bits of float `v` rounded to half (to nearest even; past the largest half, inf)."""
@@ -242,6 +245,30 @@ class CUDARenderer(CStyleLanguage):
                f"else {self.vector_store(dst, lanes, dt)}"
         k.line(f"if ({k.r[dest.src[2]]}) {{ {body} }}" if len(dest.src) > 2 else f"{{ {body} }}")
 
+    def _define_local(self, k: KernelText, u: UOp) -> None:
+        if not (k.gpu and self._dynamic_shared): return CStyleLanguage._define_local(self, k, u)
+        # (above the static 48 KiB: a part of the block's dynamic shared memory, `_shared_layout`)
+        k.r[u] = f"local{u.arg}"
+        if k.top == 0 or not k.body[0].startswith("  extern __shared__"):
+            k.body.insert(0, "  extern __shared__ __align__(16) unsigned char fg_shared[];")
+            k.top += 1
+        t = self.dtype_name(u.dtype.base)
+        k.body.insert(k.top, f"  {t}* {k.r[u]} = ({t}*)(fg_shared+{self._shared_at[u]});")
+        k.top += 1
+
+    def _shared_layout(self, uops: list[UOp]) -> None:
+        """Where each local buffer starts in the block's shared memory (aligned to 16 bytes), and whether they take
+        more than the 48 KiB a block declares statically: then the kernel declares them in dynamic shared memory,
+        whose size the variable DYNAMIC_SHARED_SYMBOL gives (one kernel to a module: runtime/ops_cuda.py reads it from
+        the cubin and asks the driver for that much at each launch, up to the GPU's opt-in limit: an H100's
+        227 KiB)."""
+        self._shared_at, total = {}, 0
+        for u in uops:
+            if u.op is Ops.DEFINE_LOCAL:
+                self._shared_at[u] = total
+                total += -(-u.dtype.size * u.dtype.base.itemsize // 16) * 16
+        self._dynamic_shared = total if total > STATIC_SHARED_BYTES else 0
+
     def _barrier(self, k: KernelText, u: UOp) -> None:
         from fusegrad.codegen.opt.tc import ORDER_ONLY
         if u.arg != ORDER_ONLY:
@@ -272,7 +299,7 @@ class CUDARenderer(CStyleLanguage):
                 self._async_loads.add(v)
 
     op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load,
-                    Ops.STORE: _store, Ops.BARRIER: _barrier}
+                    Ops.STORE: _store, Ops.BARRIER: _barrier, Ops.DEFINE_LOCAL: _define_local}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__
@@ -284,6 +311,7 @@ class CUDARenderer(CStyleLanguage):
                 threads *= size.arg if size.op is Ops.CONST else self.max_workgroup
         self._threads = min(threads, self.max_workgroup)
         self._async_copies(uops)
+        self._shared_layout(uops)
         return super()._render(uops, name)
 
     def render_kernel(self, name: str, params: list[str], body: list[str], prelude: list[str] | None = None) -> str:
@@ -300,5 +328,7 @@ class CUDARenderer(CStyleLanguage):
         self._helpers = {n: re.sub(r"^static inline\b", "static __device__ __forceinline__", code)
                          for n, code in self._helpers.items()}
         pre = ["#ifndef _Bool", "#define _Bool bool", "#endif"] + list(prelude or [])
+        if getattr(self, "_dynamic_shared", 0):
+            pre.append(f'extern "C" __device__ const unsigned {DYNAMIC_SHARED_SYMBOL} = {self._dynamic_shared};')
         src = super().render_kernel(name, params, lines, pre)
         return _BUILTINS.sub(lambda m: f"{m.group(1)}{m.group(2)}(", src)

@@ -21,6 +21,7 @@ import importlib.util
 import math
 import os
 import re
+import struct
 import threading
 from typing import Any, Callable
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
@@ -122,13 +123,33 @@ class CUDACompiler(Compiler):
 
     def validate(self, lib: bytes) -> bool: return lib.startswith(b"\x7fELF") and len(lib) > 64
 
+def dynamic_shared_bytes(cubin: bytes) -> int:
+    """The bytes of dynamic shared memory a cubin's kernel takes: the value of its variable DYNAMIC_SHARED_SYMBOL
+    (renderer/cuda.py; in the section of initialized globals, found through the ELF symbol table), 0 without it."""
+    from fusegrad.renderer.cuda import DYNAMIC_SHARED_SYMBOL
+    want = DYNAMIC_SHARED_SYMBOL.encode()
+    if want not in cubin: return 0
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    size, count = struct.unpack_from("<HH", cubin, 0x3a)
+    # (each section header: name, type, flags, address, offset, size, link, info, alignment, entry size)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    for sec in sections:
+        if sec[1] != 2: continue   # (SHT_SYMTAB: its link is its string table)
+        names = sections[sec[6]][4]
+        for at in range(sec[4], sec[4] + sec[5], 24):
+            name, _, _, where, value, nbytes = struct.unpack_from("<IBBHQQ", cubin, at)
+            if nbytes == 4 and cubin[names + name:cubin.index(b"\0", names + name)] == want:
+                return struct.unpack_from("<I", cubin, sections[where][4] + value)[0]
+    return 0
+
 # *** the driver API ***
 
 # CUdevice_attribute and CUfunction_attribute values (cuda.h)
 _ATTR = {"max_threads_per_block": 1, "max_block_dim_x": 2, "max_block_dim_y": 3, "max_block_dim_z": 4,
          "max_grid_dim_x": 5, "max_grid_dim_y": 6, "max_grid_dim_z": 7, "max_shared_memory_per_block": 8,
-         "compute_capability_major": 75, "compute_capability_minor": 76, "reserved_shared_memory_per_block": 111}
-_FUNC_MAX_THREADS_PER_BLOCK, _FUNC_SHARED_SIZE_BYTES = 0, 1
+         "compute_capability_major": 75, "compute_capability_minor": 76, "reserved_shared_memory_per_block": 111,
+         "max_shared_memory_per_block_optin": 97}
+_FUNC_MAX_THREADS_PER_BLOCK, _FUNC_SHARED_SIZE_BYTES, _FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 0, 1, 8
 CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 2, 100, 704
 CU_EVENT_DISABLE_TIMING = 2
 
@@ -317,6 +338,8 @@ class CUDAProgram:
     its own context on first use (where its architecture differs, the source compiled for it)."""
     def __init__(self, device: CUDADevice, name: str, lib: bytes):
         self.device, self.name, self.lib = device, name, lib
+        # (bytes of dynamic shared memory each block of it takes: renderer/cuda.py `_shared_layout`)
+        self.dynamic_shared = dynamic_shared_bytes(lib)
         self._functions: dict[CUDADevice, tuple[ctypes.c_void_p, int, int]] = {}
         self._modules: list[tuple[CUDADevice, ctypes.c_void_p]] = []
         self._checked_groups: set[tuple[CUDADevice, tuple[int, ...]]] = set()   # (GPU, local dims) within its limits
@@ -337,6 +360,11 @@ class CUDAProgram:
             most, shared = ctypes.c_int(), ctypes.c_int()
             check(lib.cuFuncGetAttribute(ctypes.byref(most), _FUNC_MAX_THREADS_PER_BLOCK, fn), "cuFuncGetAttribute")
             check(lib.cuFuncGetAttribute(ctypes.byref(shared), _FUNC_SHARED_SIZE_BYTES, fn), "cuFuncGetAttribute")
+            if self.dynamic_shared:
+                lib.cuFuncSetAttribute.restype = ctypes.c_int
+                lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+                check(lib.cuFuncSetAttribute(fn, _FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.dynamic_shared),
+                      f"letting {self.name} take {self.dynamic_shared} bytes of dynamic shared memory")
             f = self._functions[dev] = (fn, most.value, shared.value)
         return f
 
@@ -352,7 +380,8 @@ class CUDAProgram:
         gd, ld = launch_dims(self.name, global_dims, local_dims)
         # (a group is checked once per GPU: a prepared launch whose Variables change takes new grids, not new groups)
         if (dev, ld) not in self._checked_groups:
-            check_group(self.name, f"{dev.device} ({dev.name})", ld, max(shared - dev.reserved_shared, 0),
+            check_group(self.name, f"{dev.device} ({dev.name})", ld,
+                        max(shared - dev.reserved_shared, 0) + self.dynamic_shared,
                         max_items=min(most, dev.limits[0]), max_sizes=dev.limits[1], local_mem=dev.limits[3])
             self._checked_groups.add((dev, ld))
         for d, (n, top) in enumerate(zip(gd, dev.limits[2])):
@@ -381,7 +410,7 @@ class CUDAProgram:
             start, end = dev.timing_events
             check(lib.cuEventRecord(start, None), "cuEventRecord")
         # (the message is made only on failure: this runs for every kernel)
-        if status := lib.cuLaunchKernel(fn, *grid, *block, 0, None, params, None):
+        if status := lib.cuLaunchKernel(fn, *grid, *block, self.dynamic_shared, None, params, None):
             check(status, f"launching {self.name} over {grid} blocks of {block} threads")
         if not wait: return None
         check(lib.cuEventRecord(end, None), "cuEventRecord")
@@ -448,7 +477,8 @@ class CUDALaunch:
         fn, grid, block = geometry
         dev.activate()
         # (the driver copies the parameters' values at the launch: the next call may change them)
-        if status := libcuda().cuLaunchKernel(fn, *grid, *block, 0, None, self.params, None):
+        if status := libcuda().cuLaunchKernel(fn, *grid, *block, self.program.dynamic_shared, None, self.params,
+                                              None):
             check(status, f"launching {self.program.name} over {grid} blocks of {block} threads")
 
 class CUDAGraph:
@@ -492,7 +522,8 @@ class CUDAGraph:
                     args[pos].value = allocations[idx].ptr
                     self.uses[idx].append((len(self.nodes), args[pos]))
                 params = _pointers(args)
-                p = CUDA_KERNEL_NODE_PARAMS(fn.value, *grid, *block, 0, ctypes.cast(params, ctypes.c_void_p), None)
+                p = CUDA_KERNEL_NODE_PARAMS(fn.value, *grid, *block, launch.program.dynamic_shared,
+                                            ctypes.cast(params, ctypes.c_void_p), None)
                 node = ctypes.c_void_p()
                 deps = (ctypes.c_void_p * 1)(before) if before is not None else None
                 check(lib.cuGraphAddKernelNode(ctypes.byref(node), graph, deps, 1 if deps is not None else 0,
@@ -585,15 +616,19 @@ class CUDADevice(Compiled):
         self.name = name.value.decode()
         check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.context), self.cu_device),
               f"creating a context on {device}")
-        a = {k: self.attribute(k) for k in _ATTR if k != "reserved_shared_memory_per_block"}
+        a = {k: self.attribute(k) for k in _ATTR if k not in ("reserved_shared_memory_per_block",
+                                                              "max_shared_memory_per_block_optin")}
         # shared memory the driver keeps for itself in every block (sm_90 cubins count it in a kernel's static size)
         try: self.reserved_shared = self.attribute("reserved_shared_memory_per_block")
         except CUDAError: self.reserved_shared = 0   # (a driver older than CUDA 11 has no such attribute)
         self.arch = f"sm_{a['compute_capability_major']}{a['compute_capability_minor']}"
         # (threads per block, threads along x/y/z, blocks along x/y/z, static shared memory per block)
+        # (threads per block, threads along x/y/z, blocks along x/y/z, shared memory per block: what a kernel may
+        # ask for beyond the static 48 KiB, as dynamic shared memory, where the driver says so)
+        try: shared = max(a["max_shared_memory_per_block"], self.attribute("max_shared_memory_per_block_optin"))
+        except CUDAError: shared = a["max_shared_memory_per_block"]
         self.limits = (a["max_threads_per_block"], (a["max_block_dim_x"], a["max_block_dim_y"], a["max_block_dim_z"]),
-                       (a["max_grid_dim_x"], a["max_grid_dim_y"], a["max_grid_dim_z"]),
-                       a["max_shared_memory_per_block"])
+                       (a["max_grid_dim_x"], a["max_grid_dim_y"], a["max_grid_dim_z"]), shared)
         self.graphs = all(hasattr(lib, f) for f in _GRAPH_FUNCTIONS)   # whether TinyJit replays through CUDA graphs
         self._peers: dict[int, bool] = {}   # GPU ordinal -> whether this context reads its memory directly
         super().__init__(device, CUDAAllocator(self), None, None, functools.partial(CUDAProgram, self))

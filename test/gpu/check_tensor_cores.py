@@ -6,8 +6,10 @@
    code generator share but the hardware doesn't would show here first);
 2. kernels whose operands the heuristic stages through shared memory (LTILE after TC: half, bfloat16, TF32, a batched
    matmul with a transposed operand, a padded convolution, views starting at odd elements, whose 16-byte copies fall
-   back to one load per element) against numpy and against the same kernels unstaged (TC_STAGE=0), which must give
-   the same bits (the same WMMAs in the same order);
+   back to one load per element, a group of 8 warps whose double-buffered copies take 57 KiB of dynamic shared
+   memory) against numpy and against the same kernels unstaged (TC_STAGE=0), single-buffered (DOUBLE_BUFFER=0) and
+   copied element by element (VECTOR_COPY_BYTES=0), which must all give the same bits (the same WMMAs in the same
+   order);
 3. the time of a 4096 half matmul with tensor cores, staged and not, and without them (the heuristic's opts without
    TC: its float32-style tiles), printed in TFLOP/s, not checked."""
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import numpy as np
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import get_program
-from fusegrad.codegen.opt import OptOps, heuristic_gpu
+from fusegrad.codegen.opt import OptOps, heuristic_gpu, tc
 from fusegrad.device import Buffer
 from fusegrad.dtype import DType
 from fusegrad.engine import realize
@@ -90,16 +92,33 @@ staged_cases = [
      [(258, 519), (515, 203)], [dtypes.half] * 2, 1e-2, False),
     ("TF32 matmul of unaligned views 128x256 @ 256x128", lambda a, b: a[1:129, 1:257] @ b[2:258, 3:131],
      [(130, 259), (260, 133)], [dtypes.float32] * 2, 3e-3, True),
+    # (4x2 warps of 4x8 tiles, double-buffered: 57 KiB of dynamic shared memory)
+    ("half matmul 512x256 @ 256x256 in dynamic shared memory", lambda a, b: a @ b, [(512, 256), (256, 256)],
+     [dtypes.half] * 2, 1e-2, False),
 ]
+
+def variant(fn, arrays, dts, **values) -> tuple[np.ndarray, list]:
+    """`run` on CUDA with the heuristic's or the staging's constants set to `values` (the kernels compiled afresh)."""
+    old = {k: getattr(tc if hasattr(tc, k) else heuristic_gpu, k) for k in values}
+    for k, v in values.items(): setattr(tc if hasattr(tc, k) else heuristic_gpu, k, v)
+    realize.method_cache.clear()
+    try: return run(fn, arrays, dts, "CUDA")
+    finally:
+        for k, v in old.items(): setattr(tc if hasattr(tc, k) else heuristic_gpu, k, v)
+        realize.method_cache.clear()
+
 for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
     arrays = [data(s, dt, 100 + 10 * i + j) for j, (s, dt) in enumerate(zip(shapes, dts))]
+    big = dict(TC_WARPS=(4, 2), TC_MIN_GROUPS=1, TC_MIN_WARPS=1) if "dynamic" in name else {}
     with Context(ALLOW_TF32=int(tf32)):
-        got, progs = run(fn, arrays, dts, "CUDA")
-        heuristic_gpu.TC_STAGE = 0
-        realize.method_cache.clear()   # (the kernels compiled afresh, and again after)
-        try: unstaged, plain = run(fn, arrays, dts, "CUDA")
-        finally: heuristic_gpu.TC_STAGE = 1
-        realize.method_cache.clear()
+        got, progs = variant(fn, arrays, dts, **big)
+        unstaged, plain = variant(fn, arrays, dts, TC_STAGE=0, **big)
+        # (copies element by element and single-buffered: the same WMMAs in the same order)
+        for values in (dict(DOUBLE_BUFFER=0), dict(VECTOR_COPY_BYTES=0)):
+            other, _ = variant(fn, arrays, dts, **values, **big)
+            check(f"{name}: the same with {values}", bool(np.array_equal(got, other)),
+                  f"max difference {np.abs(got - other).max():.2e}")
+    if big: check(name + ": dynamic shared memory", any("extern __shared__" in p.src for p in progs))
     want = fn(*[Tensor(a, device="CPU") for a in arrays]).numpy()
     scale = float(np.abs(want).max())
     staged = [p for p in progs if any(u.op is Ops.WMMA for u in p.uops) and

@@ -216,6 +216,31 @@ def test_tensor_core_kernels(kernels):
     assert not any(u.op is Ops.WMMA for p in f32 for u in p.uops)
     assert not CUDARenderer("sm_75").tensor_cores
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dynamic_shared_memory(monkeypatch, arch):
+    """Local buffers above the static 48 KiB (a GPU's opt-in limit given as local_bytes): 4x2 warps of 4x8 tensor-core
+    tiles, double-buffered, take 57 KiB, declared as dynamic shared memory whose size the cubin's
+    DYNAMIC_SHARED_SYMBOL holds (read back by the runtime, `dynamic_shared_bytes`); within 48 KiB the heuristic
+    doesn't stage them, and a kernel whose locals fit has no such symbol."""
+    from fusegrad.codegen.opt import heuristic_gpu
+    from fusegrad.renderer.cuda import DYNAMIC_SHARED_SYMBOL, STATIC_SHARED_BYTES
+    from fusegrad.runtime.ops_cuda import dynamic_shared_bytes
+    for k, v in dict(TC_WARPS=(4, 2), TC_MIN_GROUPS=1, TC_MIN_WARPS=1).items(): monkeypatch.setattr(heuristic_gpu, k, v)
+    h = lambda *shape: Tensor.rand(*shape).realize().half().realize()
+    a, b = h(512, 256).cast(dtypes.float32), h(256, 256).cast(dtypes.float32)
+    wmma = lambda ps: next(p for p in ps if any(u.op is Ops.WMMA for u in p.uops))
+    big = wmma(programs(a @ b, ren=CUDARenderer(arch, local_bytes=227 * 1024)))
+    asked, arrays = shared_bytes_asked(big)
+    assert any(o.op is OptOps.LTILE for o in big.applied_opts) and arrays == 1 and asked > STATIC_SHARED_BYTES
+    assert "extern __shared__" in big.src and DYNAMIC_SHARED_SYMBOL in big.src
+    cubin = CUDACompiler(arch).compile(big.src)
+    assert dynamic_shared_bytes(cubin) == asked
+    sections = elf_sections(cubin)
+    assert sections.get(f".nv.shared.{big.function_name}", 0) <= 1024   # (at most what the driver reserves)
+    small = wmma(programs(a @ b))
+    assert not any(o.op is OptOps.LTILE for o in small.applied_opts) and "extern __shared__" not in small.src
+    assert dynamic_shared_bytes(CUDACompiler(arch).compile(small.src)) == 0
+
 def test_tensor_core_tiles_leave_small_products_enough_groups(monkeypatch):
     """A 4096^3 half product takes the full tiles (TC_TILES per warp, TC_WARPS per group); a 512^3 one keeps
     TC_MIN_GROUPS groups and TC_MIN_WARPS warps, where the full tiles would leave it 8 groups."""
