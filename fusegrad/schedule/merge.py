@@ -243,6 +243,35 @@ def _small_scalar(ast: UOp) -> bool:
     return all((n := _loop_product(u.src[1:])) is not None and n <= SCALAR_REDUCE_MAX
                for u in ast.toposort() if u.op is Ops.REDUCE)
 
+def _side_by_side(first: UOp, second: UOp) -> UOp | None:
+    """The KERNEL storing what KERNELs `first` and `second` (without loops, neither reading what the other writes)
+    store, one after the other; None where one reads or writes a buffer the other writes."""
+    f_ast, s_ast = first.arg, second.arg
+    n_f_out, n_f_glob, n_s_out, n_s_glob = len(f_ast.src), _n_globals(f_ast), len(s_ast.src), _n_globals(s_ast)
+    f_outs, s_outs = list(first.src[:n_f_out]), list(second.src[:n_s_out])
+    written = {buffer_node(o) for o in f_outs + s_outs}
+    if len(written) != n_f_out + n_s_out or \
+            any(buffer_node(g) in written for g in (*first.src[n_f_out:n_f_glob], *second.src[n_s_out:n_s_glob])):
+        return None
+    globals_ = f_outs + s_outs
+    memory = {buffer_node(g): i for i, g in enumerate(globals_)}
+    def place(g: UOp) -> int:
+        if (mem := buffer_node(g)) not in memory:
+            memory[mem] = len(globals_)
+            globals_.append(g)
+        return memory[mem]
+    f_slots = {i: (i if i < n_f_out else place(g)) for i, g in enumerate(first.src[:n_f_glob])}
+    s_slots = {i: (n_f_out + i if i < n_s_out else place(g)) for i, g in enumerate(second.src[:n_s_glob])}
+    params = list(first.src[n_f_glob:])
+    s_param_slots = {}
+    for j, prm in enumerate(second.src[n_s_glob:]):
+        if prm not in params: params.append(prm)
+        s_param_slots[j] = params.index(prm)
+    f_new = _renumber(f_ast, f_slots, {j: j for j in range(len(params))})
+    # (the second's reduction loops get ids of their own)
+    f_new, s_new = _fit(f_new, [], _renumber(s_ast, s_slots, s_param_slots), [])  # type: ignore[misc]
+    return UOp(Ops.KERNEL, first.dtype, tuple(globals_) + tuple(params), UOp.sink_of(*f_new.src, *s_new.src))
+
 def _read_at_output_loops(ast: UOp, slots: set[int]) -> bool:
     """Whether kernel `ast` loads its arguments `slots` somewhere, each at one unmasked index of its output loops
     alone (not of a reduction's)."""
@@ -313,6 +342,26 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     def weight(g: UOp) -> int:
         if g not in weights: weights[g] = sum(kernel_weight(m.arg) for m in members[g])
         return weights[g]
+    def join(gp: UOp, gr: UOp, both: UOp | None) -> bool:
+        """Make group gp part of group gr, whose KERNEL is now `both` (None: no merge)."""
+        if both is None: return False
+        # (its sources must not name a kernel of its own group: that kernel is this one now)
+        own = set(members[gp]) | set(members[gr])
+        if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
+            return False
+        group[gp] = gr
+        # the merged group depends on what either did; the groups that depended on gp's now depend on it
+        gp_deps, gr_deps = group_deps_memo.pop(gp, None), group_deps_memo.pop(gr, None)
+        for ds in group_deps_memo.values():
+            if gp in ds:
+                ds.discard(gp)
+                ds.add(gr)
+        if gp_deps is not None and gr_deps is not None: group_deps_memo[gr] = (gp_deps | gr_deps) - {gp, gr}
+        weights[gr] = weight(gr) + weight(gp)
+        members[gr] += members.pop(gp)
+        merged[gr] = both
+        merged.pop(gp, None)
+        return True
     # readers in order: an optimizer's update takes its moments, a chain folds from its start, and a statistic goes
     # to its first reader (the forward's output, not the backward)
     for reader in kernels:
@@ -331,23 +380,21 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
             # (a chain that fusion cut for its size stays cut; shared ops would count once, so this may refuse a
             # merge that just fits)
             if weight(gp) + weight(gr) > KERNEL_OPS_LIMIT: continue
-            if (both := _merge(merged.get(gp, gp), merged.get(gr, gr))) is None: continue
-            # (its sources must not name a kernel of its own group: that kernel is this one now)
-            own = set(members[gp]) | set(members[gr])
-            if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
+            join(gp, gr, _merge(merged.get(gp, gp), merged.get(gr, gr)))
+    # then kernels without loops that neither waits for (an optimizer's two step counters, each with what is made of
+    # it) are one kernel storing the values of both
+    scalars: list[UOp] = []
+    for k in kernels:
+        if (g := find(k)) in scalars or not mergeable[k]: continue
+        ast = merged.get(g, g).arg
+        if _output_loops(ast) or not _small_scalar(ast): continue
+        for other in scalars:
+            if len(members[other]) + len(members[g]) > MAX_OUTPUTS or weight(other) + weight(g) > KERNEL_OPS_LIMIT or \
+                    other.src[0].device != g.src[0].device or reaches(group_deps(g), other) or \
+                    reaches(group_deps(other), g):
                 continue
-            group[gp] = gr
-            # the merged group depends on what either did; the groups that depended on the producer's now depend on it
-            gp_deps, gr_deps = group_deps_memo.pop(gp, None), group_deps_memo.pop(gr, None)
-            for ds in group_deps_memo.values():
-                if gp in ds:
-                    ds.discard(gp)
-                    ds.add(gr)
-            if gp_deps is not None and gr_deps is not None: group_deps_memo[gr] = (gp_deps | gr_deps) - {gp, gr}
-            weights[gr] = weight(gr) + weight(gp)
-            members[gr] += members.pop(gp)
-            merged[gr] = both
-            merged.pop(gp, None)
+            if join(g, other, _side_by_side(merged.get(other, other), merged.get(g, g))): break
+        else: scalars.append(g)
     if not merged: return {u: u for u in topo}
     replacement = {m: g for g in merged for m in members[g]}
     return _rebuild(topo, replacement, merged, members)
