@@ -6,11 +6,11 @@ Run: .venv/bin/python bench/bench_cpu.py  [--quick] [--only NAME]
   --only NAME  run only the cases whose name contains NAME (case-insensitive; repeatable)
 
 Cases: float32 matmuls (square, odd sizes, the MLP's first layer and a 50257-word vocabulary projection), float16 and
-bfloat16 matmuls (against torch in that dtype and in float32), the fused elementwise max(a*b+c, 0) on 2^24 floats,
-a transposing copy of a 1024x4096 matrix, row sums, the full sum, softmax and layernorm of a 4096x4096 float32
-matrix, a 3x3 conv2d (forward, and forward plus input and weight gradients), ResNet-18 forward (batch 8, 224px,
-TinyJit against torch eval mode under no_grad), the 784-512-10 MLP Adam step at batch 128 (eager and TinyJit; the
-step code is bench_train.py's) and the 200-op mixed
+bfloat16 matmuls (against torch in that dtype and in float32; bfloat16 also with a float32 result), the fused
+elementwise max(a*b+c, 0) on 2^24 floats, a transposing copy of a 1024x4096 matrix, row sums, the full sum, softmax
+and layernorm of a 4096x4096 float32 matrix, a 3x3 conv2d (forward, and forward plus input and weight gradients),
+ResNet-18 forward (batch 8, 224px, TinyJit against torch eval mode under no_grad), the 784-512-10 MLP Adam step at
+batch 128 (eager and TinyJit; the step code is bench_train.py's) and the 200-op mixed
 graph of bench_core.py (its first run in a fresh process with an empty compile cache, then warm in this process).
 
 The "C" rows are plain C loops (bench/bench_cpu_ref.c) compiled at start with gcc -O3 -march=native
@@ -201,6 +201,18 @@ def case_matmul_bf16(n: int = 1024) -> Case:
     case = Case(f"matmul {n}^3 bf16", impls, against(ta32.double().numpy() @ tb32.double().numpy(), 1e-2, 1e-2),
                 "GFLOPS", 2.0 * n ** 3)
     case.notes.append("same bfloat16 inputs for all; torch f32 multiplies them converted to float32 beforehand")
+    return case
+
+def case_matmul_bf16_f32_out(n: int = 1024) -> Case:
+    from fusegrad import dtypes
+    tgen = torch.Generator().manual_seed(0)
+    ta, tb = (torch.randn(n, n, generator=tgen).bfloat16() for _ in range(2))
+    fa, fb = (Tensor(t.float().numpy()).cast(dtypes.bfloat16).realize() for t in (ta, tb))
+    impls = [Impl("fusegrad", lambda: done(fa.dot(fb, dtype=dtypes.float32))), Impl("torch bf16", lambda: ta @ tb)]
+    case = Case(f"matmul {n}^3 bf16 -> f32", impls, against(ta.double().numpy() @ tb.double().numpy(), 1e-2, 1e-2),
+                "GFLOPS", 2.0 * n ** 3)
+    case.notes.append("bfloat16 inputs, fusegrad's float32 sum stored as it is (one kernel: on AMX tiles where the "
+                      "CPU has them); torch's rounded to bfloat16")
     return case
 
 def case_elementwise(n: int = 1 << 24) -> Case:
@@ -426,6 +438,7 @@ CASES: list[tuple[str, Callable[[], Case]]] = [
     ("matmul 128x784 @ 784x512 f32", lambda: case_matmul(128, 784, 512)),
     ("matmul 1024^3 f16", case_matmul_half),
     ("matmul 1024^3 bf16", case_matmul_bf16),
+    ("matmul 1024^3 bf16 -> f32", case_matmul_bf16_f32_out),
     ("matmul 128x768 @ 768x50257 f32", lambda: case_matmul(128, 768, 50257)),
     ("(a*b+c).relu() 2^24 f32", case_elementwise),
     ("x.T.contiguous() 1024x4096 f32", case_transpose),

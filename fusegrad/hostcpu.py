@@ -5,10 +5,12 @@ for caches whose contents only hold on this kind of CPU (-march=native binaries,
 The code generators (renderer/cstyle.py, renderer/llvmir.py, renderer/python.py) read their vector facts here, so the
 optimizer shapes the same kernels for every host device."""
 from __future__ import annotations
+import ctypes
 import functools
 import hashlib
 import os
 import platform
+import sys
 from dataclasses import dataclass, field
 from fusegrad.dtype import DType, dtypes
 
@@ -32,6 +34,7 @@ class CPUFacts:
     f16_lanes: int                   # lanes of the widest float->half vector conversion (F16C: 8, AVX-512: 16; 0: none)
     vector_dtypes: tuple[DType, ...]  # dtypes compiled code holds in SIMD vectors
     bf16_dot: bool = False           # AVX512_BF16's dot product of bfloat16 pairs (vdpbf16ps) on 512-bit vectors
+    amx_bf16: bool = False           # AMX tiles with bfloat16 tile products (TDPBF16PS); see `amx_usable`
 
     @property
     def x86(self) -> bool: return self.machine in X86_MACHINES
@@ -53,7 +56,21 @@ def cpu() -> CPUFacts:
                     simd_bytes=(64 if avx512 else 32 if "avx2" in flags or "avx" in flags else 16) if x86 else 16,
                     vector_registers=32 if avx512 or not x86 else 16, has_fma="fma" in flags if x86 else True,
                     f16_lanes=f16_lanes, bf16_dot=avx512 and "avx512_bf16" in flags,
+                    amx_bf16=x86 and {"amx_tile", "amx_bf16"} <= flags,
                     vector_dtypes=_VECTOR_DTYPES + ((dtypes.float16,) if f16_lanes else ()) + (dtypes.bfloat16,))
+
+ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158   # Linux x86-64
+
+@functools.cache
+def amx_usable() -> bool:
+    """Whether this process may run AMX tile instructions: the CPU has them and Linux granted the process the tile
+    data state (asked once per process: a process that never asked gets SIGILL on its first tile instruction; the
+    permission covers all its threads and is inherited by forked children)."""
+    if not (cpu().amx_bf16 and platform.machine() == "x86_64" and sys.platform.startswith("linux")): return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError): return False
 
 @functools.cache
 def fingerprint() -> str:

@@ -13,6 +13,7 @@ linearized kernel; the C renderer writes each pair as one instruction (DESIGN.md
 from __future__ import annotations
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes
+from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import Ops, UOp
 
 DOT_LANES = 16   # the float32 lanes of one vdpbf16ps on 512-bit registers
@@ -94,3 +95,94 @@ def bf16_pairs(uops: list[UOp], users: dict[UOp, list[UOp]]) -> dict[UOp, Bf16Pa
         if o1 == o0 + 1: pairs[u] = Bf16Pair(inner_m, inner_m.src[2], i0, v0, v1)
         elif o0 == o1 + 1: pairs[u] = Bf16Pair(inner_m, inner_m.src[2], i1, v1, v0)
     return pairs
+
+# *** whole matmuls on AMX tiles ***
+
+AMX_TILE = 32   # rows and columns of the block of output one pass computes (2 x 2 tiles of 16 x 16); K steps of 32
+AMX_MAX_K = 4096   # the packed panel of B (64 bytes per step of K) is a stack array: at most 256 KB
+
+@dataclass(frozen=True)
+class AmxPlan:
+    """out[m, n] = sum over k of A[m, k] * B[k, n] (bfloat16 A and B, the sum in float32, stored as float32 or rounded
+    to bfloat16), every index an offset plus a stride per loop: M rows (the kernel's parallel loop), N columns
+    contiguous in B and out, K contiguous in A. Each a multiple of AMX_TILE."""
+    out: UOp
+    a: UOp
+    b: UOp
+    m: int
+    n: int
+    k: int
+    a_off: int
+    a_row: int    # A's stride along m (along k it is 1)
+    b_off: int
+    b_row: int    # B's stride along k (along n it is 1)
+    o_off: int
+    o_row: int    # out's stride along m (along n it is 1)
+
+def _strides(idx: UOp, loops: tuple[UOp, ...]) -> tuple[int, ...] | None:
+    """The index's constant offset and its stride along each loop, or None where it isn't such a sum."""
+    cs = tuple(coeff(idx, r) for r in loops)
+    off = idx.substitute({r: r.const_like(0) for r in loops}).simplify()
+    if any(not isinstance(c, int) for c in cs) or off.op is not Ops.CONST or not isinstance(off.arg, int): return None
+    # (the index must be exactly that sum: checked at the loops' last iterations too)
+    last = idx.substitute({r: r.const_like(r.src[0].arg - 1) for r in loops}).simplify()
+    if last.op is not Ops.CONST or last.arg != off.arg + sum(c * (r.src[0].arg - 1) for c, r in zip(cs, loops)):
+        return None
+    return (off.arg, *cs)
+
+def _bf16_load(x: UOp) -> UOp | None:
+    """The INDEX of an ungated bfloat16 load from a global buffer that `x` converts to float32, or None."""
+    if x.op is not Ops.CAST or x.dtype != dtypes.float32 or (ld := x.src[0]).op is not Ops.LOAD or \
+            ld.dtype != dtypes.bfloat16 or len(ld.src) != 1 or (idx := ld.src[0]).op is not Ops.INDEX or \
+            len(idx.src) != 2 or idx.src[0].op is not Ops.DEFINE_GLOBAL:
+        return None
+    return idx
+
+def amx_plan(nodes: list[UOp]) -> AmxPlan | None:
+    """The plan of a kernel that is nothing but a bfloat16 matmul (its AST, or its linearized loop nest without opts:
+    `nodes` in either form), or None."""
+    stores = [u for u in nodes if u.op is Ops.STORE and u.src[0].op is Ops.INDEX]
+    loops = [u for u in nodes if u.op is Ops.RANGE]
+    if len(stores) != 1 or len(loops) != 3 or \
+            any(r.src[0].op is not Ops.CONST or not isinstance(r.src[0].arg, int) for r in loops):
+        return None
+    st = stores[0]
+    out_idx, v = st.src[0], st.src[1]
+    if len(out_idx.src) != 2 or out_idx.src[0].op is not Ops.DEFINE_GLOBAL or v.dtype.count != 1: return None
+    if out_idx.src[0].dtype.base not in (dtypes.float32, dtypes.bfloat16): return None
+    if v.op is Ops.CAST and out_idx.src[0].dtype.base == dtypes.bfloat16 and v.dtype == dtypes.bfloat16: v = v.src[0]
+    if v.dtype != dtypes.float32: return None
+    # the sum of products: a REDUCE (the AST), or an accumulator register added to in the reduce loop (the loop nest)
+    if v.op is Ops.REDUCE and v.arg is Ops.ADD and len(v.src) == 2: prod, red = v.src[0], v.src[1]
+    elif v.op is Ops.LOAD and (acc := v.src[0]).op is Ops.DEFINE_REG:
+        updates = [u for u in nodes if u.op is Ops.STORE and u.src[0] is acc]
+        init = [u for u in updates if u.src[1].op is Ops.CONST]
+        step = [u for u in updates if u.src[1].op is Ops.ADD]
+        if len(updates) != 2 or len(init) != 1 or init[0].src[1].arg != 0 or len(step) != 1: return None
+        add = step[0].src[1]
+        prev = [s for s in add.src if s.op is Ops.LOAD and s.src[0] is acc]
+        if len(prev) != 1 or len(prev[0].src) < 3: return None
+        prod, red = next(s for s in add.src if s is not prev[0]), prev[0].src[2]
+        # (nothing else computes in floats: the kernel is the product and its sum only)
+        if any(u.dtype.scalar() in (dtypes.float32, dtypes.bfloat16) and u.op not in (Ops.CONST, Ops.LOAD, Ops.CAST,
+                                                                                      Ops.MUL, Ops.ADD, Ops.DEFINE_REG)
+               for u in nodes):
+            return None
+        if sum(1 for u in nodes if u.op is Ops.MUL and u.dtype == dtypes.float32) != 1: return None
+    else: return None
+    if prod.op is not Ops.MUL or red.op is not Ops.RANGE or red not in loops: return None
+    ia, ib = _bf16_load(prod.src[0]), _bf16_load(prod.src[1])
+    if ia is None or ib is None: return None
+    # (m: the outer output loop, the kernel's parallel one)
+    m, n = sorted((r for r in loops if r is not red), key=lambda r: r.arg[0])
+    if n.arg[1] == "global" or red.arg[1] == "global": return None
+    if (sa := _strides(ia.src[1], (m, n, red))) is None or (sb := _strides(ib.src[1], (m, n, red))) is None: return None
+    if sa[3] != 1: ia, ib, sa, sb = ib, ia, sb, sa   # (A: the operand contiguous along k)
+    so = _strides(out_idx.src[1], (m, n, red))
+    if so is None or sa[2:] != (0, 1) or sb[1] != 0 or sb[2] != 1 or so[2:] != (1, 0): return None
+    sizes = [r.src[0].arg for r in (m, n, red)]
+    # (not one writing a buffer it reads: its panels of B are copied before the rows they feed are written)
+    if any(s % AMX_TILE for s in sizes) or sizes[2] > AMX_MAX_K or min(sa[1], sb[3], so[1]) <= 0 or \
+            out_idx.src[0] in (ia.src[0], ib.src[0]):
+        return None
+    return AmxPlan(out_idx.src[0], ia.src[0], ib.src[0], *sizes, sa[0], sa[1], sb[0], sb[3], so[0], so[1])

@@ -14,7 +14,7 @@ import platform
 import struct
 from typing import Callable, Iterator
 from fusegrad import hostcpu
-from fusegrad.renderer.cpu_dot import DOT_LANES, Bf16Pair, bf16_pairs
+from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.helpers import getenv
 from fusegrad.renderer import Renderer
@@ -53,6 +53,7 @@ class CStyleLanguage(Renderer):
                                   dtypes.float64: "double", dtypes.index: "long"}
     vector_dtypes: tuple[DType, ...] = ()
     bf16_dot: bool = False        # whether pairs of bfloat16 multiply-adds are one dot product (`_bf16_dot`)
+    amx: bool = False             # whether a kernel that is only a bfloat16 matmul runs on AMX tiles (`_render_amx`)
     strided_lanes: bool = False   # whether `_scatter`, `_gather` may have helpers (single-lane accesses are looked at)
 
     # *** dialect points of GPU-style kernels (a kernel with SPECIAL ids: a grid of work-groups, see
@@ -504,6 +505,63 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             "  return acc + al * lo;",
             "#endif", "}"]))
 
+    def _render_amx(self, k: KernelText, p: AmxPlan, name: str, uops: list[UOp]) -> str:
+        """A kernel that is only a bfloat16 matmul (renderer/cpu_dot.py `amx_plan`) on AMX tiles: per 32 columns of
+        the output, B's 32 x K panel packed as pairs of rows (B[2i, n] and B[2i+1, n] side by side: the layout the
+        tile product takes); per 32 rows of the part of M this call runs, 2 x 2 float32 tiles of 16 x 16 summed over
+        K 32 at a time (TDPBF16PS: 16 x 16 x 32 products each), then stored, rounded to bfloat16 for a bfloat16
+        output. The call's rows [core_lo, core_hi) are rounded down to whole blocks of 32 (every boundary the same
+        way, so the calls of a split still cover every block once)."""
+        for u in uops:
+            if u.op is Ops.DEFINE_GLOBAL: self._define_global(k, u)
+        bf16_out = p.out.dtype.base == dtypes.bfloat16
+        self._bf16()
+        o, a, b, half = k.r[p.out], k.r[p.a], k.r[p.b], p.k // 2
+        def tile(op: str, t: int, ptr: str = "", stride: str = "") -> str:
+            return f'__asm__ volatile("{op} (%0,%1,1), %%tmm{t}" :: "r"({ptr}), "r"((long)({stride})) : "memory");' \
+                if op == "tileloadd" else \
+                f'__asm__ volatile("{op} %%tmm{t}, (%0,%1,1)" :: "r"({ptr}), "r"((long)({stride})) : "memory");'
+        def dot(c: int, x: int, y: int) -> str:   # (AT&T order: B's tile, A's tile, the accumulator)
+            return f'__asm__ volatile("tdpbf16ps %%tmm{y}, %%tmm{x}, %%tmm{c}" ::: "memory");'
+        # each C tile to its 16 x 16 place in the output (through a float32 tile rounded to bfloat16 for a bfloat16 one)
+        at = [f"{16 * (t // 2) * p.o_row + 16 * (t % 2)}" for t in range(4)]
+        if bf16_out:
+            store = [f"{tile('tilestored', t, 'ct', 64)}\n      for (int r = 0; r < 16; r++) for (int c = 0; c < 16; "
+                     f"c++) oc[{at[t]}+r*{p.o_row}+c] = fg_f32_to_bf16(ct[r*16+c]);" for t in range(4)]
+        else: store = [tile("tilestored", t, f"oc+{at[t]}", p.o_row * 4) for t in range(4)]
+        body = [
+            "struct { unsigned char palette, start, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; } "
+            "cfg = {1};",
+            "for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }",
+            '__asm__ volatile("ldtilecfg %0" :: "m"(cfg));',
+            f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
+            *(["float ct[256] __attribute__((aligned(64)));"] if bf16_out else []),
+            f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
+            f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
+            f"  const bf16* bc = {b} + {p.b_off} + n0;",
+            f"  for (long i = 0; i < {half}; i++) {{",
+            f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
+            "    for (int j = 0; j < 16; j++) {",
+            "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
+            f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
+            "    }", "  }",
+            "  for (long m0 = lo; m0 < hi; m0 += 32) {",
+            f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
+            f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",
+            *[f'    __asm__ volatile("tilezero %%tmm{t}" ::: "memory");' for t in range(4)],
+            f"    for (long k0 = 0; k0 < {p.k}; k0 += 32) {{",
+            "      " + tile("tileloadd", 4, "ac+k0", p.a_row * 2),
+            "      " + tile("tileloadd", 5, f"ac+{16 * p.a_row}+k0", p.a_row * 2),
+            "      " + tile("tileloadd", 6, "bp+k0/2*16", 64),
+            "      " + tile("tileloadd", 7, f"bp+{half * 16}+k0/2*16", 64),
+            *["      " + dot(c, x, y) for c, x, y in ((0, 4, 6), (1, 4, 7), (2, 5, 6), (3, 5, 7))],
+            "    }",
+            *["    " + line for line in store],
+            "  }", "}",
+            '__asm__ volatile("tilerelease" ::: "memory");']
+        k.body = ["  " + line for line in body]
+        return self._render_function(k, name, uops)
+
     # *** vectors of bools: masks ***
     # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes
     # of the values compared (what GCC's vector comparisons give), widened or narrowed where it meets another width.
@@ -605,6 +663,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
         k = KernelText(self, uops)
+        if self.amx and (plan := amx_plan(uops)) is not None: return self._render_amx(k, plan, name, uops)
         if self.strided_lanes: self._find_lane_runs(k, uops)
         if self.bf16_dot:
             k.pairs = bf16_pairs(uops, k.users)
@@ -1039,3 +1098,5 @@ class ClangRenderer(CStyleLanguage):
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
         self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
         self.bf16_dot = host.bf16_dot and bool(getenv("BF16_DOT", 1))
+        # (off unless asked for: AMX=1; see DESIGN.md "bfloat16 products")
+        self.amx = bool(getenv("AMX", 0)) and hostcpu.amx_usable()

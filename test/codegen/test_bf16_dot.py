@@ -13,7 +13,7 @@ import pytest
 import torch
 from fusegrad import Tensor, dtypes
 from fusegrad.device import Device, find_cc
-from fusegrad.hostcpu import cpu
+from fusegrad.hostcpu import amx_usable, cpu
 from fusegrad.renderer.cstyle import ClangRenderer
 
 DOT = "fg_dot2_bf16x16("
@@ -34,30 +34,71 @@ def assert_within(got: np.ndarray, ref: np.ndarray, mags: np.ndarray, k: int, ro
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
     assert np.all(err <= bound), f"at {worst}: got {got[worst]}, exact {ref[worst]}, bound {bound[worst]}"
 
-def uses_dot() -> bool: return bool(getattr(Device["CPU"].renderer, "bf16_dot", False))
+def ren_has(flag: str) -> bool: return bool(getattr(Device["CPU"].renderer, flag, False))
 
-# (batch, m, k, n), whether its product is one kernel whose steps pair up (K of at most 255 even steps: a longer K
-# runs through a float32 copy of A made beforehand, Tensor.dot's `long_half`)
-SHAPES = [((), 64, 128, 64, True), ((), 64, 100, 64, True), ((4,), 64, 96, 48, True), ((), 24, 34, 160, True),
-          ((), 64, 127, 64, False), ((), 33, 129, 48, False), ((2,), 40, 300, 32, False), ((), 8, 2, 16, False)]
+@pytest.fixture
+def amx(monkeypatch) -> bool:
+    """The CPU renderer with AMX kernels on where this process may run them (AMX=1 turns them on by default); whether
+    it has them. (The shapes of the tests using it are their own: no kernel of theirs was compiled without it.)"""
+    monkeypatch.setattr(Device["CPU"].renderer, "amx", amx_usable())
+    return amx_usable()
 
-@pytest.mark.parametrize("batch,m,k,n,paired", SHAPES)
-def test_matmul(batch, m, k, n, paired, compiled_sources):
+# (batch, m, k, n), the path its product takes: "amx" (a whole bfloat16 matmul on AMX tiles: every size a multiple of
+# 32, K at most 4096), "dot" (steps paired into bfloat16 dot products: K of at most 255 even steps; a longer K runs
+# through a float32 copy of A made beforehand, Tensor.dot's `long_half`), or None (neither)
+SHAPES = [((), 64, 128, 64, "amx"), ((), 96, 64, 160, "amx"), ((), 64, 100, 64, "dot"), ((4,), 64, 96, 48, "dot"),
+          ((), 24, 34, 160, "dot"), ((), 64, 127, 64, None), ((), 33, 129, 48, None), ((2,), 40, 300, 32, None),
+          ((), 8, 2, 16, None)]
+
+def assert_path(path: str | None, sources: list[str]) -> None:
+    """The kernels compiled took `path` where the CPU has it (a CPU without AMX pairs an AMX shape's steps)."""
+    if path == "amx" and ren_has("amx"): assert any("tdpbf16ps" in src for src in sources)
+    elif path is not None and ren_has("bf16_dot"): assert any(DOT in src for src in sources)
+
+@pytest.mark.parametrize("batch,m,k,n,path", SHAPES)
+def test_matmul(batch, m, k, n, path, compiled_sources, amx):
     (ta, fa), (tb, fb) = bf16((*batch, m, k), 1), bf16((*batch, k, n), 2)
-    out = fa @ fb
+    out = (fa @ fb).realize()   # (alone: not with the conversion to float32 below)
     assert out.dtype == dtypes.bfloat16
     got = out.float().numpy()
     ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
     assert_within(got, ref, mags, k)
     assert_within(torch.matmul(ta, tb).double().numpy(), ref, mags, k)   # (the bound holds for torch's too)
-    if paired and uses_dot(): assert any(DOT in src for src in compiled_sources)
+    assert_path(path, compiled_sources)
+
+@pytest.mark.parametrize("m,k,n", [(64, 4096, 32), (128, 256, 96)])
+def test_matmul_float32_out(m, k, n, compiled_sources, amx):
+    # bfloat16 operands, the float32 sum stored as it is (no rounding to bfloat16)
+    (ta, fa), (tb, fb) = bf16((m, k), 11), bf16((k, n), 12)
+    out = fa.dot(fb, dtype=dtypes.float32)
+    assert out.dtype == dtypes.float32
+    ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
+    err = np.abs(out.numpy() - ref)
+    assert np.all(err <= k * 2.0 ** -23 * mags + 1e-30), err.max()
+    assert_path("amx", compiled_sources)
+
+def test_matmul_of_views(compiled_sources, amx):
+    # operands read at an offset and with a row stride of their own (slices of wider matrices)
+    (ta, fa), (tb, fb) = bf16((80, 200), 13), bf16((150, 112), 14)
+    got = (fa[16:80, 40:168] @ fb[5:133, 48:112]).realize().float().numpy()
+    a, b = f64(ta)[16:80, 40:168], f64(tb)[5:133, 48:112]
+    assert_within(got, a @ b, np.abs(a) @ np.abs(b), 128)
+    assert_path("amx", compiled_sources)
+
+def test_no_amx_with_more_than_the_product(compiled_sources, amx):
+    # a matmul with an elementwise epilogue fused (relu, a bias) is more than the tiles compute: the usual kernel
+    (ta, fa), (tb, fb), (tc, fc) = bf16((32, 96), 17), bf16((96, 64), 18), bf16((32, 64), 19)
+    got = ((fa @ fb).relu() + fc).realize().float().numpy()
+    xw = f64(ta) @ f64(tb)
+    assert_within(got, np.maximum(xw, 0) + f64(tc), np.abs(f64(ta)) @ np.abs(f64(tb)), 96, rounded=(xw,))
+    assert not any("tdpbf16ps" in src for src in compiled_sources)
 
 def test_unpaired_where_the_scalars_are_not_adjacent(compiled_sources):
     # A read transposed: A[m, k] and A[m, k+1] lie a row apart, so no pair is one 32-bit word
     (ta, fa), (tb, fb) = bf16((96, 64), 3), bf16((96, 64), 4)
     got = (fa.T @ fb).float().numpy()
     assert_within(got, f64(ta).T @ f64(tb), np.abs(f64(ta)).T @ np.abs(f64(tb)), 96)
-    assert not any(DOT in src for src in compiled_sources)
+    assert not any(DOT in src or "tdpbf16ps" in src for src in compiled_sources)
 
 def test_linear_forward_backward():
     (tx, fx), (tw, fw), (tb, fb) = bf16((32, 96), 5), bf16((48, 96), 6, 0.1), bf16((48,), 7)
@@ -130,3 +171,24 @@ def test_helper_semantics(instruction):
     denormal = _run(lib, 0.0, (1, 0), 2.0 ** 100, 0.0)[0]
     tiny = _run(lib, 0.0, (_bits(2.0 ** -70), 0), 2.0 ** -70, 0.0)[0]
     assert (denormal, tiny) == ((0.0, 0.0) if instruction else (2.0 ** -33, np.float32(2.0 ** -140)))
+
+def test_amx_calls_split_anywhere():
+    # one kernel run as three calls over rows [0, 17), [17, 50), [50, 96) (the cores' parts of a split): each rounds
+    # its bounds down to blocks of 32 rows, so together they still compute every row once
+    from fusegrad.codegen import get_program
+    from fusegrad.uop.ops import UOp
+    from test.codegen.helpers import RENDERER, call, glob, reduce, rng
+    ren = copy.copy(RENDERER)
+    ren.amx = amx_usable()
+    m, n, k = 96, 64, 64
+    out, a, b = glob(0, dtypes.float32, m * n), glob(1, dtypes.bfloat16, m * k), glob(2, dtypes.bfloat16, k * n)
+    r0, r1, r2 = rng(m, 0), rng(n, 1), rng(k, 2, "reduce")
+    prod = a.index(r0 * k + r2).load().cast(dtypes.float32) * b.index(r2 * n + r1).load().cast(dtypes.float32)
+    p = get_program(UOp.sink_of(out.index(r0 * n + r1).store(reduce(prod, r2))), ren)
+    assert ("tdpbf16ps" in p.src) == ren.amx
+    ta, tb = bf16((m, k), 15)[0], bf16((k, n), 16)[0]
+    bits = lambda t: t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1).copy()
+    got = np.full(m * n, np.nan, np.float32)
+    call(p, [got, bits(ta), bits(tb)], splits=[(0, 17), (17, 50), (50, 96)])
+    ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
+    assert np.all(np.abs(got.reshape(m, n) - ref) <= k * 2.0 ** -23 * mags + 1e-30)
