@@ -117,8 +117,8 @@ def sweep_convs(dev: str) -> None:
 def sweep_tc(dev: str, n: int) -> None:
     """Tensor-core kernels with their operands staged through local memory or not (TC_STAGE), copied 16 bytes a load
     or element by element (VECTOR_COPY_BYTES), double-buffered or not (DOUBLE_BUFFER), the block of K staged at a time
-    (TC_BLOCK_K), the tiles per warp (TC_TILES) and the warps per group (TC_WARPS): half and bfloat16 n^3 matmuls and
-    a ResNet-50 3x3 convolution (batch 32, 256 channels, 14x14) in half."""
+    (TC_BLOCK_K, bytes of a row), the tiles per warp (TC_TILES) and the warps per group (TC_WARPS): half and bfloat16
+    n^3 matmuls and a ResNet-50 3x3 convolution (batch 32, 256 channels, 14x14) in half."""
     x = Tensor.empty(32, 256, 14, 14, dtype=dtypes.half, device=dev)
     w = Tensor.empty(256, 256, 3, 3, dtype=dtypes.half, device=dev)
     shapes = [(f"matmul {n}^3 {dt.name}", Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt,
@@ -134,8 +134,8 @@ def sweep_tc(dev: str, n: int) -> None:
         settings: list[dict] = [dict(TC_STAGE=0), dict(VECTOR_COPY_BYTES=0, DOUBLE_BUFFER=0),
                                 dict(VECTOR_COPY_BYTES=16, DOUBLE_BUFFER=0), dict(VECTOR_COPY_BYTES=0, DOUBLE_BUFFER=1)]
         # (every layout on half matmuls, a few on the others: a sweep fits a few minutes of a GPU)
-        grid, blocks = (layouts, ((32, 1), (64, 1), (32, 0))) if "half" in name and name.startswith("matmul") else \
-            (layouts[:3], ((32, 1),)) if name.startswith("matmul") else (layouts[:3], ((32, 1), (64, 1)))
+        grid, blocks = (layouts, ((64, 1), (128, 1), (128, 0))) if "half" in name and name.startswith("matmul") \
+            else (layouts[:3], ((64, 1), (128, 1))) if name.startswith("matmul") else (layouts[:3], ((64, 1), (128, 1)))
         settings += [dict(TC_TILES=tiles, TC_WARPS=warps, TC_BLOCK_K=block, DOUBLE_BUFFER=double)
                      for tiles, warps in grid for block, double in blocks]
         for values in settings:

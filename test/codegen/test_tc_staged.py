@@ -34,7 +34,10 @@ def _staged(p: ProgramSpec) -> bool:
     barriers = sorted(str(u.arg) for u in p.uops if u.op is Ops.BARRIER)
     return bool(wmmas) and all(e.op is Ops.LOAD and e.src[0].src[0].op is Ops.BARRIER for e in frags) and \
         sum(u.op is Ops.DEFINE_LOCAL for u in p.uops) == 1 and \
-        barriers == (["None", ORDER_ONLY] if tc.DOUBLE_BUFFER else ["None", "None"])
+        barriers in ([["None", ORDER_ONLY], ["None", "None"]] if tc.DOUBLE_BUFFER else [["None", "None"]])
+
+def _double_buffered(p: ProgramSpec) -> bool:
+    return any(u.op is Ops.BARRIER and u.arg == ORDER_ONLY for u in p.uops)
 
 def _pair_loads(p: ProgramSpec) -> list[int]:
     """How many elements each load of the kernel's fragments reads (2: a pair of neighbours along K)."""
@@ -169,6 +172,9 @@ def test_batched_transposed_and_unrolled(tc_python):
         k.apply_opt(Opt(op, k.loops.index(tc_loops(k)[which]), amt))
     p = get_program(ast, tc_python, opts=k.applied_opts)
     assert _staged(p) and p.local_dims == (32, 2)
+    # (A, read along M, is copied element by element, its fragments' pairs kept along K; B, read along N, 16 bytes a
+    # load: not every copy a vector, so single-buffered)
+    assert _copy_loads(p) == [1, 8] and _pair_loads(p) == [1, 2] and not _double_buffered(p)
     _close(_run(p, (2, 32, 16), ta, tb), a.transpose(0, 2, 1) @ b, 1e-6)
 
 def test_convolution_staged(tc_python):
@@ -250,3 +256,26 @@ def test_double_buffered_copies(tc_python, monkeypatch, shape, warps_m):
     got = _run(double, (m, n), ta, tb)
     _close(got, a @ b, 1e-6)
     np.testing.assert_array_equal(got, _run(single, (m, n), ta, tb))
+
+def _local_bytes(p: ProgramSpec) -> int:
+    return sum(u.dtype.size * u.dtype.base.itemsize for u in p.uops if u.op is Ops.DEFINE_LOCAL)
+
+def test_heuristic_blocks_and_buffers_by_the_copies(tc_python):
+    """With a GPU's opt-in shared memory (227 KiB), the heuristic stages a half matmul's operands, copied 16 bytes a
+    load, in blocks of TC_BLOCK_K bytes (64 halves), double-buffered above the static 48 KiB; a ResNet 3x3
+    convolution, whose image is read through its padding's gates (copied element by element), stays within
+    TC_STATIC_LOCAL, single-buffered, or unstaged."""
+    from fusegrad.renderer.cuda import CUDARenderer
+    big = CUDARenderer("sm_90", local_bytes=227 * 1024)
+    h = lambda *shape: Tensor.empty(*shape, dtype=dtypes.half, device="PYTHON")
+    mm = get_program(_ast(h(1024, 1024) @ h(1024, 1024)), big)
+    ltile = next(o for o in mm.applied_opts if o.op is OptOps.LTILE)
+    assert ltile.arg * 16 * 2 == heuristic_gpu.TC_BLOCK_K and _double_buffered(mm), mm.applied_opts
+    assert _local_bytes(mm) > 48 * 1024 and _copy_loads(mm) == [8]
+    conv = get_program(_ast(h(32, 256, 14, 14).conv2d(h(256, 256, 3, 3), padding=1)), big)
+    assert any(o.op is OptOps.TC for o in conv.applied_opts) and not _double_buffered(conv)
+    assert _local_bytes(conv) <= heuristic_gpu.TC_STATIC_LOCAL, (conv.applied_opts, _local_bytes(conv))
+    # (within 48 KiB the matmul's blocks are halved until two buffers fit)
+    small = get_program(_ast(h(1024, 1024) @ h(1024, 1024)), CUDARenderer("sm_90"))
+    assert _double_buffered(small) and _local_bytes(small) <= 48 * 1024
+    assert next(o for o in small.applied_opts if o.op is OptOps.LTILE).arg == ltile.arg // 2

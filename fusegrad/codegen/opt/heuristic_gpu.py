@@ -6,7 +6,7 @@ cores fits is laid out for it instead (TC), with a few of its tiles per warp and
 from __future__ import annotations
 import math
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
-from fusegrad.codegen.opt.tc import tc_candidates, tc_fits, tc_loops
+from fusegrad.codegen.opt.tc import tc_candidates, tc_fits, tc_loops, vector_copies
 from fusegrad.helpers import pads_cheaply
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import UOp
@@ -32,7 +32,13 @@ TC_MIN_WARPS = 512  # warps a tensor-core kernel keeps for its tiles (about 4 pe
 TC_MIN_GROUPS = 128  # groups it keeps for its warps (about one per multiprocessor)
 TC_STAGE = 1        # 1: a tensor-core kernel's operands staged through local memory (LTILE of its K loop), 0: each
                     # lane reads its fragments from global memory
-TC_BLOCK_K = 32     # elements of K staged at a time (fewer where K or local memory doesn't fit them)
+TC_BLOCK_K = 128    # bytes of K staged at a time in each row (64 halves, 32 floats; fewer where K or local memory
+                    # doesn't fit them): 4096^3 half on an H200, double-buffered: 166 TFLOP/s with 64 bytes, 196 with
+                    # 128
+TC_STATIC_LOCAL = 48 * 1024   # bytes of local memory at most for operands not all copied 16 bytes a load (a
+                    # convolution's window, gated padding): a ResNet 3x3 convolution staged above it ran at 2.3-6.1
+                    # TFLOP/s on an H200, 18.5 unstaged
+TC_BLOCK_K_PAIRS = 64   # TC_BLOCK_K for such operands (their blocks as measured before 16-byte copies)
 
 def _try(k: Kernel, op: OptOps, r: UOp, amt: int) -> bool:
     try: k.apply_opt(Opt(op, k.loops.index(r), amt))
@@ -89,16 +95,26 @@ def _tensor_cores(k: Kernel) -> bool:
     return True
 
 def _stage_tensor_core_operands(k: Kernel) -> None:
-    """With TC_STAGE, a tensor-core kernel's K loop blocked by TC_BLOCK_K elements (halved until the tiles of K divide
-    it and the copies fit local memory; at least two tiles of the instruction) and each block of A and B the group
-    reads staged in local memory (LTILE): copied once per group with coalesced reads, and read by its warps from there
-    (each lane's fragment elements are otherwise separate reads of global memory, and the group's warps read the
-    same rows and columns again)."""
+    """With TC_STAGE, a tensor-core kernel's K loop blocked by TC_BLOCK_K bytes of its input dtype (halved until the
+    tiles of K divide it and the copies fit local memory; where they aren't all copied 16 bytes a load, at most
+    TC_BLOCK_K_PAIRS bytes and TC_STATIC_LOCAL of local memory; at least two tiles of the instruction) and each block
+    of A and B the group reads staged in local memory (LTILE): copied once per group with coalesced reads, and read
+    by its warps from there (each lane's fragment elements are otherwise separate reads of global memory, and the
+    group's warps read the same rows and columns again)."""
     if not (TC_STAGE and k.renderer.fast_local_memory and k.tc is not None) or (r := tc_loops(k)[2]) is None: return
-    n, tiles = range_size(r), TC_BLOCK_K // k.tc[0].dims[2]
+    tc = k.tc[0]
+    n, tiles = range_size(r), TC_BLOCK_K // tc.dtype_in.itemsize // tc.dims[2]
     if not isinstance(n, int): return
     while tiles >= 2:
-        if n % tiles == 0 and _try(k, OptOps.LTILE, r, tiles): return
+        if n % tiles == 0:
+            state, applied = k._state(), list(k.applied_opts)
+            if _try(k, OptOps.LTILE, r, tiles):
+                if vector_copies(k) or k.local_memory() <= TC_STATIC_LOCAL and \
+                        tiles * tc.dims[2] * tc.dtype_in.itemsize <= TC_BLOCK_K_PAIRS: return
+                k._restore(state)
+                k.applied_opts[:] = applied
+                r = tc_loops(k)[2]
+                assert r is not None
         tiles //= 2
 
 def _try_opt(k: Kernel, opt: Opt) -> bool:

@@ -209,21 +209,31 @@ ROW_PAD_BYTES = 16
 # along the copy's innermost dimension (16: a 128-bit load of 8 halves or 4 floats; 0: element by element, in pairs
 # along K where the fragments read pairs)
 VECTOR_COPY_BYTES = 16
-# 1: two local buffers take turns, the next block copied while the fragments of this one are read (one barrier per
-# block); 0: one buffer, copied and read between two barriers
+# 1: where every operand is copied 16 bytes a load (VECTOR_COPY_BYTES), two local buffers take turns, the next block
+# copied while the fragments of this one are read (one barrier per block; on CUDA the copies are asynchronous); 0: one
+# buffer, copied and read between two barriers. (4096^3 half on an H200: 145 TFLOP/s copied in pairs, 162 in 16-byte
+# loads, 166 double-buffered, 196 double-buffered with blocks of 64; copied in pairs, double buffering took 145 -> 122)
 DOUBLE_BUFFER = 1
 # the arg of a BARRIER that only orders: its value is its first source (a local buffer) after its other sources, with
 # no synchronization of the work-items (renderers write nothing for it)
 ORDER_ONLY = "order"
 
-def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]]) -> int:
+def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]], along: UOp | None = None) -> int:
     """Elements of operand `y` one load copies (VECTOR_COPY_BYTES), or 1: `y` a plain load of a global buffer (no
-    gate, no conversion) contiguous along the copy's innermost dimension, whose size the width divides. The address
-    need not be aligned: the renderer checks it (CUDA falls back to one load per element)."""
+    gate, no conversion) contiguous along the copy's innermost dimension (loop `along` where given), whose size the
+    width divides. The address need not be aligned: the renderer checks it (CUDA falls back to one load per
+    element)."""
     width = VECTOR_COPY_BYTES // y.dtype.itemsize
     if width < 2 or y.op is not Ops.LOAD or len(y.src) != 1 or (idx := y.src[0]).op is not Ops.INDEX or \
-            len(idx.src) != 2 or idx.src[0].op is not Ops.DEFINE_GLOBAL: return 1
+            len(idx.src) != 2 or idx.src[0].op is not Ops.DEFINE_GLOBAL or \
+            along is not None and dims[-1][0] is not along: return 1
     return width if coeff(idx.src[1], dims[-1][0]) == 1 and dims[-1][1] % width == 0 else 1
+
+def _widths(staged: list, frame: UOp) -> list[int]:
+    """The elements one load copies of each staged operand (A, B): A only along K, where its fragments' pairs stay
+    neighbours in local memory (copied along M, each lane read its 8 elements one by one: ResNet's 1x1 convolutions,
+    their images read along the pixels, ran 13 -> 9 TFLOP/s on an H200); B along K or N (4 elements a fragment)."""
+    return [_vector_width(y, dims, frame.src[8] if i == 0 else None) for i, (y, dims, _) in enumerate(staged)]
 
 def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]],
                                                                                 list[int]]]:
@@ -264,7 +274,7 @@ def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[U
         # in local memory the copy's innermost dimension stays innermost where it is copied in vectors; else K goes
         # innermost where a lane's elements are pairs along K (each pair one load)
         kdim = next(i for i, d in enumerate(dims) if d[0] is pk)
-        paired = _paired(tc, "A" if y is ya else "B") and _vector_width(y, dims) == 1
+        paired = _paired(tc, "A" if y is ya else "B") and _vector_width(y, dims, pk if y is ya else None) == 1
         out.append((y, dims, [i for i in range(len(dims)) if not paired or i != kdim] + ([kdim] if paired else [])))
     return out
 
@@ -292,11 +302,22 @@ def _regions(staged: list, itemsize: int) -> list[int]:
         starts.append(starts[-1] + -(-math.prod(_local_sizes(y, dims, layout)) // align) * align)
     return starts
 
+def _double_buffered(staged: list, frame: UOp) -> bool:
+    """Whether staged operands take two buffers in turn (DOUBLE_BUFFER, where every copy is of 16-byte vectors)."""
+    return bool(DOUBLE_BUFFER) and all(w > 1 for w in _widths(staged, frame))
+
 def staged_bytes(frame: UOp | None, tc: TensorCore, fixed: set[UOp]) -> int:
     """Bytes of local memory the staged operands take (see `staged_operands`)."""
     if frame is None: raise KernelOptError("LTILE after TC and PADTO")
-    return _regions(staged_operands(frame, tc, fixed), tc.dtype_in.itemsize)[-1] * tc.dtype_in.itemsize * \
-        (2 if DOUBLE_BUFFER else 1)
+    staged = staged_operands(frame, tc, fixed)
+    return _regions(staged, tc.dtype_in.itemsize)[-1] * tc.dtype_in.itemsize * \
+        (2 if _double_buffered(staged, frame) else 1)
+
+def vector_copies(k: Kernel) -> bool:
+    """Whether the staged operands of tensor-core kernel `k` (after LTILE) are all copied 16 bytes a load."""
+    assert k.tc is not None and k.tc_frame is not None, "no staged tensor-core operands"
+    fixed = set(k.loops[:k.first_reduce]) | set(k.tiles)
+    return all(w > 1 for w in _widths(staged_operands(k.tc_frame, k.tc[0], fixed), k.tc_frame))
 
 def check_tc_ltile(k: Kernel, r: UOp) -> None:
     """KernelOptError unless LTILE of loop `r` can stage kernel k's tensor core operands: r is TC's K loop, the first
@@ -312,20 +333,20 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
     global buffer is read contiguously, else pairs of elements along K where the fragments are such pairs), rows
     padded by ROW_PAD_BYTES, both blocks in one local buffer, and each lane reads its fragments' elements from the
     copies. Single-buffered: in each iteration of block loop `tile`, a barrier, the copies, a second barrier, the
-    fragments. With DOUBLE_BUFFER two such buffers take turns: block 0 is copied before the loop, and each iteration
-    has one barrier (block i copied, block i-1 read by every work-item), then copies block i+1 into the other buffer
-    (nothing waits for it before the next iteration's barrier: on CUDA an asynchronous copy, `cp.async`) before its
-    fragments read block i, so the copies overlap the products."""
+    fragments. With DOUBLE_BUFFER (where every copy is of 16-byte vectors) two such buffers take turns: block 0 is
+    copied before the loop, and each iteration has one barrier (block i copied, block i-1 read by every work-item),
+    then copies block i+1 into the other buffer (nothing waits for it before the next iteration's barrier: on CUDA
+    an asynchronous copy, `cp.async`) before its fragments read block i, so the copies overlap the products."""
     workers, me = math.prod(range_size(r) for r in locals_), _linear(locals_)
     lane, held = frame.src[5], frame.src[6:9]
     staged = staged_operands(frame, tc, fixed)
     # (both copies in one buffer, between the same two barriers)
     starts = _regions(staged, tc.dtype_in.itemsize)
-    size = starts[-1]
-    local = UOp(Ops.DEFINE_LOCAL, tc.dtype_in.ptr(size * (2 if DOUBLE_BUFFER else 1), "local"),
+    size, double, widths = starts[-1], _double_buffered(staged, frame), _widths(staged, frame)
+    local = UOp(Ops.DEFINE_LOCAL, tc.dtype_in.ptr(size * (2 if double else 1), "local"),
                 arg=sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL))
     plans, places = [], []
-    for which, (y, dims, layout), start in zip("AB", staged, starts):
+    for which, (y, dims, layout), start, vector in zip("AB", staged, starts, widths):
         sizes, held_sizes = [s for _, s, _, _ in dims], _local_sizes(y, dims, layout)
         def at(coords: list[UOp], layout=layout, held_sizes=held_sizes, start=start) -> UOp:
             """The position in local memory of the element at `coords` (in the copy's order of the dimensions)."""
@@ -338,7 +359,6 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
         places.append((at, pairs))
         # (a vector of the global buffer's neighbours is one load, and one store to local memory where the rows'
         # lengths keep it aligned to its size: `_local_sizes` pads by 16 bytes)
-        vector = _vector_width(y, dims)
         if len(layout) > 1 and held_sizes[-1] % vector: vector = 1
         plans.append((y, dims, layout, sizes, at, vector, vector if vector > 1 else 2 if pairs else 1))
 
@@ -384,7 +404,7 @@ def stage_operands(ast: UOp, frame: UOp, tc: TensorCore, tile: UOp, fixed: set[U
             out.append(UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied)
         return out
 
-    if not DOUBLE_BUFFER:
+    if not double:
         before = UOp(Ops.BARRIER, local.dtype, (local, tile))
         ready, read_at = UOp(Ops.BARRIER, local.dtype, (local, *copy(before, tile, None, None))), None
     else:
