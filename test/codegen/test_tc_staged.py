@@ -172,9 +172,9 @@ def test_batched_transposed_and_unrolled(tc_python):
         k.apply_opt(Opt(op, k.loops.index(tc_loops(k)[which]), amt))
     p = get_program(ast, tc_python, opts=k.applied_opts)
     assert _staged(p) and p.local_dims == (32, 2)
-    # (A, read along M, is copied element by element, its fragments' pairs kept along K; B, read along N, 16 bytes a
-    # load: not every copy a vector, so single-buffered)
-    assert _copy_loads(p) == [1, 8] and _pair_loads(p) == [1, 2] and not _double_buffered(p)
+    # (A, read along M, isn't copied in vectors (its fragments' pairs stay along K), so neither is B: both copied
+    # element by element, in pairs along K, single-buffered)
+    assert _copy_loads(p) == [1] and _pair_loads(p) == [2] and not _double_buffered(p)
     _close(_run(p, (2, 32, 16), ta, tb), a.transpose(0, 2, 1) @ b, 1e-6)
 
 def test_convolution_staged(tc_python):

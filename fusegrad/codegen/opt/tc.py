@@ -230,10 +230,14 @@ def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]], along: UOp | No
     return width if coeff(idx.src[1], dims[-1][0]) == 1 and dims[-1][1] % width == 0 else 1
 
 def _widths(staged: list, frame: UOp) -> list[int]:
-    """The elements one load copies of each staged operand (A, B): A only along K, where its fragments' pairs stay
-    neighbours in local memory (copied along M, each lane read its 8 elements one by one: ResNet's 1x1 convolutions,
-    their images read along the pixels, ran 13 -> 9 TFLOP/s on an H200); B along K or N (4 elements a fragment)."""
-    return [_vector_width(y, dims, frame.src[8] if i == 0 else None) for i, (y, dims, _) in enumerate(staged)]
+    """The elements one load copies of each staged operand (A, B), where both can be copied in vectors (else 1 for
+    both: the copies as measured before, pairs along K): A only along K, where its fragments' pairs stay neighbours
+    in local memory (copied along M, each lane reads its 8 elements one by one), B along K or N (4 elements a
+    fragment). (ResNet's 1x1 convolutions, their images read along the pixels through a padding's gates, ran at
+    8.7-9.8 TFLOP/s on an H200 with A copied along M or B alone in vectors; their kernels are again those measured
+    at 9.8-10.2x torch's time before 16-byte copies.)"""
+    widths = [_vector_width(y, dims, frame.src[8] if i == 0 else None) for i, (y, dims, _) in enumerate(staged)]
+    return widths if all(w > 1 for w in widths) else [1] * len(widths)
 
 def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[UOp, list[tuple[UOp, int, UOp, UOp]],
                                                                                 list[int]]]:
@@ -274,9 +278,11 @@ def staged_operands(frame: UOp, tc: TensorCore, fixed: set[UOp]) -> list[tuple[U
         # in local memory the copy's innermost dimension stays innermost where it is copied in vectors; else K goes
         # innermost where a lane's elements are pairs along K (each pair one load)
         kdim = next(i for i, d in enumerate(dims) if d[0] is pk)
-        paired = _paired(tc, "A" if y is ya else "B") and _vector_width(y, dims, pk if y is ya else None) == 1
-        out.append((y, dims, [i for i in range(len(dims)) if not paired or i != kdim] + ([kdim] if paired else [])))
-    return out
+        out.append((y, dims, kdim))
+    # (K innermost where a lane's elements are pairs along K and the operands aren't copied in vectors)
+    widths = _widths(out, frame)
+    return [(y, dims, [i for i in range(len(dims)) if not paired or i != kdim] + ([kdim] if paired else []))
+            for (y, dims, kdim), which, w in zip(out, "AB", widths) for paired in [_paired(tc, which) and w == 1]]
 
 def _paired(tc: TensorCore, which: str) -> bool:
     """Whether each lane's elements of operand `which` (16-bit) are pairs of neighbours along K, each pair at an even
