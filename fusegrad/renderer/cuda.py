@@ -3,9 +3,13 @@
 
 - GPU-style kernels (SPECIAL ids, docs/architecture.md "GPU-style kernels") are launched as a grid of thread blocks:
   the ids are `blockIdx.x/y/z` and `threadIdx.x/y/z`, a DEFINE_LOCAL is a `__shared__` array of the block (aligned to
-  16 bytes, as vectors are to their size: a vector loads from it in one instruction), a BARRIER
-  is `__syncthreads();`. Each kernel declares `__launch_bounds__(threads per block)`, so the compiler may give each
-  thread the registers that block size allows.
+  16 bytes, as vectors are to their size: a vector loads from it in one instruction; above 48 KiB in all, a part of
+  the block's dynamic shared memory), a BARRIER is `__syncthreads();` (one whose arg is tc.ORDER_ONLY nothing).
+  Each kernel declares `__launch_bounds__(threads per block)`, so the compiler may give each thread the registers
+  that block size allows.
+- A vector load of a global buffer (a tensor-core operand's 16-byte copy) checks its address's alignment and falls
+  back to one load per element; stored to shared memory and read by nothing else, it is an asynchronous `cp.async`
+  (sm_80 on), which every barrier of the kernel waits for.
 - CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
   loop, so any grid runs them (the runtime launches one thread per iteration, up to a block's worth per block).
 
@@ -68,7 +72,7 @@ CUDA_TF32_TENSOR_CORES = [
 class CUDARenderer(CStyleLanguage):
     """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
     GPUs have: 1024 threads per block (1024, 1024 and 64 along x, y, z), 2**31-1 blocks along x and 65535 along y and z,
-    48 KiB of static shared memory per block."""
+    48 KiB of shared memory per block (the device gives its opt-in limit, above 48 KiB dynamic shared memory)."""
     half_as_bits = True   # (16-bit floats are integers in memory and registers, computed in float)
     float_of_bits, bits_of_float = "__uint_as_float({})", "__float_as_uint({})"
     slow_float64 = True   # (an H100's float64 runs at half its float32 rate, and libdevice's exp2 is ~20 operations)
