@@ -16,7 +16,6 @@ from typing import Callable, Iterator
 from fusegrad import hostcpu
 from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.helpers import getenv
 from fusegrad.renderer import Renderer
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -38,6 +37,7 @@ _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPNE: "
           Ops.OR: "|", Ops.XOR: "^"}
 
 _MASK_USERS = GroupOp.ALU | {Ops.CAST, Ops.VECTORIZE, Ops.GEP}   # ops that may make or read a bool vector
+STREAM_BYTES = 16 << 20   # outputs at least this big are written past the caches (ClangRenderer._streamed_buffers)
 
 def _short_hash(text: str) -> str: return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -54,6 +54,7 @@ class CStyleLanguage(Renderer):
     vector_dtypes: tuple[DType, ...] = ()
     bf16_dot: bool = False        # whether pairs of bfloat16 multiply-adds are one dot product (`_bf16_dot`)
     amx: bool = False             # whether a kernel that is only a bfloat16 matmul runs on AMX tiles (`_render_amx`)
+    stream_stores: bool = False   # whether big outputs are written past the caches (`_streamed_buffers`)
     strided_lanes: bool = False   # whether `_scatter`, `_gather` may have helpers (single-lane accesses are looked at)
 
     # *** dialect points of GPU-style kernels (a kernel with SPECIAL ids: a grid of work-groups, see
@@ -473,6 +474,15 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({st} x) {{ "
                                 f"return ({vt}){{{', '.join(['x'] * dt.count)}}}; }}")
 
+    def _streamed_buffers(self, uops: list[UOp]) -> set[UOp]:
+        """The global buffers this kernel stores whole-register vectors to that bypass the caches (`_stream`); none by
+        default."""
+        return set()
+
+    def _stream(self, dt: DType) -> str:
+        """The helper `f(ptr, v)` storing the vector `v` at `ptr` past the caches (where `ptr` is aligned to it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no streaming stores")
+
     def _bf16_dot(self, k: KernelText, p: Bf16Pair) -> str:
         """The C of a pair of bfloat16 multiply-add links as one dot product (renderer/cpu_dot.py)."""
         idx = p.lo
@@ -523,19 +533,24 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 f'__asm__ volatile("{op} %%tmm{t}, (%0,%1,1)" :: "r"({ptr}), "r"((long)({stride})) : "memory");'
         def dot(c: int, x: int, y: int) -> str:   # (AT&T order: B's tile, A's tile, the accumulator)
             return f'__asm__ volatile("tdpbf16ps %%tmm{y}, %%tmm{x}, %%tmm{c}" ::: "memory");'
-        # each C tile to its 16 x 16 place in the output (through a float32 tile rounded to bfloat16 for a bfloat16 one)
-        at = [f"{16 * (t // 2) * p.o_row + 16 * (t % 2)}" for t in range(4)]
+        # each C tile to its 16 x 16 place in the output, or for a bfloat16 output in a float32 block of 32 x 32,
+        # rounded a row of 16 lanes at a time as `vec_from_float` rounds (loaded as vectors: a memcpy to a vector went
+        # through the stack in two halves and waited for them: 1024x128x2048 on one core 2.4 -> 0.8 ms)
         if bf16_out:
-            store = [f"{tile('tilestored', t, 'ct', 64)}\n      for (int r = 0; r < 16; r++) for (int c = 0; c < 16; "
-                     f"c++) oc[{at[t]}+r*{p.o_row}+c] = fg_f32_to_bf16(ct[r*16+c]);" for t in range(4)]
-        else: store = [tile("tilestored", t, f"oc+{at[t]}", p.o_row * 4) for t in range(4)]
+            ft, bt16 = self.dtype_name(dtypes.float32.vec(16)), self.dtype_name(dtypes.bfloat16.vec(16))
+            store = [tile("tilestored", t, f"ct+{16 * (t // 2) * 32 + 16 * (t % 2)}", 128) for t in range(4)] + [
+                "for (int r = 0; r < 32; r++) for (int h = 0; h < 32; h += 16) {",
+                f"  {ft} v = *({ft}*)(ct+r*32+h);",
+                f"  *({bt16}*)(oc+r*{p.o_row}+h) = {self.vec_from_float('v', dtypes.bfloat16.vec(16))};", "}"]
+        else: store = [tile("tilestored", t, f"oc+{16 * (t // 2) * p.o_row + 16 * (t % 2)}", p.o_row * 4)
+                       for t in range(4)]
         body = [
             "struct { unsigned char palette, start, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; } "
             "cfg = {1};",
             "for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }",
             '__asm__ volatile("ldtilecfg %0" :: "m"(cfg));',
             f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
-            *(["float ct[256] __attribute__((aligned(64)));"] if bf16_out else []),
+            *(["float ct[1024] __attribute__((aligned(64)));"] if bf16_out else []),
             f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
             f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
             f"  const bf16* bc = {b} + {p.b_off} + n0;",
@@ -668,11 +683,14 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if self.bf16_dot:
             k.pairs = bf16_pairs(uops, k.users)
             k.unwritten.update(p.inner for p in k.pairs.values())
+        k.streamed = self._streamed_buffers(uops)
         for u in uops:
             if u in k.unwritten: continue
             if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
             elif (render_op := self.op_renderers.get(u.op)) is not None: render_op(self, k, u)
             else: raise NotImplementedError(f"can't render {u.op}")
+        # (streaming stores are weakly ordered: they are made visible before the kernel returns, to whoever waits on it)
+        if k.streamed: k.body.append("  __builtin_ia32_sfence();")
         return self._render_function(k, name, uops)
 
     # *** one UOp: each names its value in k.r, or writes the lines it needs ***
@@ -796,7 +814,10 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if (lanes := k.scattered.get(u)) is not None:
             if lanes: k.line(self._scatter_lanes(k, lanes))   # (the others of the lanes' stores write nothing)
             return
-        if dest.op is Ops.INDEX and dest.dtype.vcount > 1:
+        if dest.op is Ops.INDEX and dest.dtype.vcount > 1 and dest.src[0] in k.streamed:
+            st = f"{self._stream(dest.dtype.base.vec(dest.dtype.vcount))}({k.r[dest.src[0]]}+{k.r[dest.src[1]]}, " \
+                 f"{k.r[u.src[1]]});"
+        elif dest.op is Ops.INDEX and dest.dtype.vcount > 1:
             st = self.vector_store(f"{k.r[dest.src[0]]}+{k.r[dest.src[1]]}", k.r[u.src[1]],
                                    dest.dtype.base.vec(dest.dtype.vcount))
         else: st = f"{k.r[dest]} = {k.r[u.src[1]]};"
@@ -967,6 +988,8 @@ class KernelText:
         self.scattered: dict[UOp, tuple[UOp, ...]] = {}
         self.gathered: dict[UOp, tuple[UOp, ...]] = {}
         self.unwritten: set[UOp] = set()
+        # the global buffers whose whole-register vector stores bypass the caches (ClangRenderer._streamed_buffers)
+        self.streamed: set[UOp] = set()
         # multiply-add links computed two at a time by a bfloat16 dot product (renderer/cpu_dot.py): the second link
         # of each pair -> the pair (the first isn't written)
         self.pairs: dict[UOp, Bf16Pair] = {}
@@ -1078,6 +1101,33 @@ class ClangRenderer(CStyleLanguage):
         else: body = f"{vt} {name}(const {st}* p, {it} i) {{ return {builtin}(({vt}){{0}}, p, i, {mask}, {scale}); }}"
         return self._need(name, f"static inline __attribute__((always_inline)) {body}")
 
+    def _streamed_buffers(self, uops: list[UOp]) -> set[UOp]:
+        # A kernel's output of at least STREAM_BYTES, written in whole 64-byte vectors and not read by the kernel, is
+        # written past the caches (non-temporal stores): its lines are not read from memory first to be overwritten,
+        # and it doesn't evict what the caches hold. Such an output outgrows what the caches keep for the kernel that
+        # reads it next anyway: softmax of 4096x4096 on one core 17 -> 13 ms, a sum over its output right after took
+        # the same 4.2-4.6 ms either way.
+        if not self.stream_stores: return set()
+        loaded = {u.src[0].src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+        out: set[UOp] = set()
+        for u in uops:
+            if u.op is not Ops.STORE or (idx := u.src[0]).op is not Ops.INDEX or len(idx.src) != 2: continue
+            buf = idx.src[0]
+            if buf.op is Ops.DEFINE_GLOBAL and buf not in loaded and idx.dtype.vcount > 1 and \
+                    u.src[1].dtype.itemsize == 64 and buf.dtype.size * buf.dtype.base.itemsize >= STREAM_BYTES:
+                out.add(buf)
+        # (every vector store of the buffer is one: a kernel storing some lanes on their own keeps its stores)
+        return {b for b in out if all(u.src[1].dtype.itemsize == 64 and len(u.src[0].src) == 2 for u in uops
+                                      if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0] is b)}
+
+    def _stream(self, dt: DType) -> str:
+        # (at an address not aligned to 64 bytes, a view's, an ordinary store: the instruction needs the alignment)
+        vt, st, name = self.dtype_name(dt), self.dtype_name(dt.scalar()), f"fg_stream_{_SHORT[dt.scalar()]}x{dt.count}"
+        ft = self.dtype_name(dtypes.float32.vec(16))
+        return self._need(name, f"static inline __attribute__((always_inline)) void {name}({st}* p, {vt} v) {{\n"
+                                f"  if (((unsigned long)p & 63) == 0) __builtin_ia32_movntps512((float*)p, ({ft})v);\n"
+                                f"  else *({vt}*)p = v;\n}}")
+
     def keep_in_register(self, var: str) -> str | None:
         # GCC 12 reloads a vector that several multiply-adds share as each one's memory operand (an x86 FMA takes
         # one) instead of keeping it in a register: the 4x4 tile of a weight gradient then loads about once per FMA
@@ -1097,6 +1147,7 @@ class ClangRenderer(CStyleLanguage):
         # half vectors need the F16C conversion instructions; bfloat16 vectors are converted with integer operations
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
         self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
-        self.bf16_dot = host.bf16_dot and bool(getenv("BF16_DOT", 1))
-        # (off unless asked for: AMX=1; see DESIGN.md "bfloat16 products")
-        self.amx = bool(getenv("AMX", 0)) and hostcpu.amx_usable()
+        self.bf16_dot = host.bf16_dot
+        # (off unless asked for: `renderer.amx = hostcpu.amx_usable()`; see DESIGN.md "bfloat16 products")
+        self.amx = False
+        self.stream_stores = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")

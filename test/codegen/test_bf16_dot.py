@@ -192,3 +192,12 @@ def test_amx_calls_split_anywhere():
     call(p, [got, bits(ta), bits(tb)], splits=[(0, 17), (17, 50), (50, 96)])
     ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
     assert np.all(np.abs(got.reshape(m, n) - ref) <= k * 2.0 ** -23 * mags + 1e-30)
+
+def test_amx_bfloat16_result_is_the_float32_one_rounded(amx, compiled_sources):
+    # the same tile sums stored as float32 and rounded to bfloat16 in the kernel: equal to torch's rounding (to nearest
+    # even) of the float32 result, bit for bit
+    fa, fb = bf16((64, 192), 20, 30.0)[1], bf16((192, 96), 21)[1]
+    f32 = fa.dot(fb, dtype=dtypes.float32).numpy()
+    got = (fa @ fb).realize().float().numpy()
+    np.testing.assert_array_equal(got, torch.from_numpy(f32).bfloat16().float().numpy())
+    if amx: assert sum("tdpbf16ps" in src for src in compiled_sources) == 2
