@@ -13,7 +13,8 @@ fusegrad's two-thread kernels ran on one (batch 16: every chunk on the calling t
 --profile adds where fusegrad's call goes: the call against its replay alone (the kept launches and the wait for
 them, without the runner's copies in and out), each kernel of a replay timed alone, as the replay launches it (split
 across the threads its work gets) and on one thread, their sums against the best call, and the main thread's CPU time
-per call (what the kernels run on the calling thread adds to the Python of the replay, the copies in and out). A
+per call (what the kernels run on the calling thread adds to the Python of the replay, the copies in and out), and
+the chunk timeline of the fastest of 20 calls (which thread ran each kernel's chunks, when: cpu_pool's timeline). A
 replay of little work in all runs its kernels whole on the calling thread (LaunchGraph's inline graphs): for those the
 one-thread column is what the call pays; a kernel split across threads pays a worker's wake-up when timed alone.
 
@@ -92,6 +93,36 @@ def profile(name: str, run_fg: Any, kernels: list[Any], best_s: float, jitted: A
     for i, (kname, launched, one, ops) in enumerate(rows):
         print(f"    {i:3d} {kname:36s} {launched * 1e6:8.1f} us launched {one * 1e6:8.1f} us one thread "
               f"{ops / one * 1e-9:7.1f} GFLOP/s")
+    timeline(name, run_fg, [r[0] for r in rows])
+
+
+def timeline(name: str, run_fg: Any, names: list[str], calls: int = 20) -> None:
+    """The chunks of the fastest of `calls` calls as the C pool's timeline recorded them: when each kernel's chunks
+    ran (from the call's start) and on which thread (0: the calling thread, k: worker k)."""
+    from fusegrad.runtime.cpu_pool import c_pool
+    if (pool := c_pool()) is None: return
+    spans: list[tuple[float, float]] = []
+    def run() -> None:
+        for _ in range(calls):
+            t0 = time.perf_counter(); run_fg(); spans.append((t0, time.perf_counter()))
+    rows = pool.timeline(run)
+    t0, t1 = min(spans, key=lambda s: s[1] - s[0])
+    mine = sorted([r for r in rows if t0 <= r[3] <= t1], key=lambda r: r[3])
+    if not mine:
+        print(f"  {name} timeline: no chunk claimed (the replay runs its kernels whole on the calling thread)")
+        return
+    first = mine[0][0]
+    busy: dict[int, float] = {}
+    for r in mine: busy[r[2]] = busy.get(r[2], 0.0) + r[4] - r[3]
+    print(f"  {name} timeline of the fastest of {calls} calls: {(t1 - t0) * 1e6:.1f} us, first chunk at "
+          f"{(mine[0][3] - t0) * 1e6:.1f} us, last ends at {(max(r[4] for r in mine) - t0) * 1e6:.1f} us; busy per "
+          f"thread: " + ", ".join(f"{lane}: {b * 1e6:.1f} us" for lane, b in sorted(busy.items())))
+    for job in sorted({r[0] for r in mine}):
+        chunks = [r for r in mine if r[0] == job]
+        k = job - first
+        kname = names[k] if 0 <= k < len(names) else "?"
+        print(f"    {k:3d} {kname:36s} " + "  ".join(f"[{c[1]}] thread {c[2]} {(c[3] - t0) * 1e6:6.1f}-"
+                                                      f"{(c[4] - t0) * 1e6:6.1f} us" for c in chunks))
 
 
 def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_block: int, tmp: str,

@@ -12,7 +12,8 @@
    scheduler's next tick (4 ms, measured after a numpy matmul: OpenBLAS's threads spin for ~0.1 s).
    A job submitted with a record array (PROFILE) gets, per chunk, the thread that ran it and when (fg_clock_ns): the
    chunk writes its own three slots, and the submitter reads them once the job has finished (fg_finished's release
-   orders the writes before). Without one, a chunk costs one more test of a pointer. */
+   orders the writes before). Without one, a chunk costs one more test of a pointer. A timeline (fg_trace_start) records
+   every chunk any thread runs, of any job, until it is full or stopped: (job number, chunk, lane, start ns, end ns). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -91,6 +92,21 @@ static inline int fg_claimable_by_waiter(void) {
    `waiter`, claims no chunk of a job that doesn't take help while a worker exists); returns how many this thread ran.
    A claim succeeds only while the ticket still names the job, and the job can't finish while a claimed chunk runs,
    so its function and arguments stay valid */
+/* the timeline: NULL, or room for fg_trace_cap records of 5 longs; fg_trace_n counts the records claimed (those past
+   the capacity are not written) */
+static _Atomic(long *) fg_trace;
+static long fg_trace_cap;
+static atomic_long fg_trace_n;
+/* record every chunk run from now on into `buf` (room for `cap` records), or stop (`buf` NULL); returns the records
+   written since the last start */
+long fg_trace_start(long *buf, long cap) {
+  long n = atomic_load(&fg_trace_n), had = fg_trace_cap;
+  atomic_store(&fg_trace, (long *)0);
+  fg_trace_cap = cap;
+  atomic_store(&fg_trace_n, 0);
+  if (buf) atomic_store(&fg_trace, buf);
+  return n < had ? n : had;
+}
 static int fg_claim_of(long only, long until, int waiter) {
   int ran = 0;
   for (;;) {
@@ -104,9 +120,17 @@ static int fg_claim_of(long only, long until, int waiter) {
     if (waiter && !job->help && __atomic_load_n(&fg_workers, __ATOMIC_RELAXED) > 0) return ran;
     if (!atomic_compare_exchange_weak_explicit(&fg_ticket, &t, t + 1, memory_order_acq_rel, memory_order_relaxed))
       continue;
-    long *rec = job->rec, st = rec ? fg_now_ns() : 0;
+    long *rec = job->rec, *tr = atomic_load_explicit(&fg_trace, memory_order_relaxed);
+    long st = rec || tr ? fg_now_ns() : 0;
     job->fn(job->args, job->size * (long)i / n, job->size * (long)(i + 1) / n);
     if (rec) { rec[3 * i] = fg_lane; rec[3 * i + 1] = st; rec[3 * i + 2] = fg_now_ns(); }
+    if (tr) {
+      long k = atomic_fetch_add_explicit(&fg_trace_n, 1, memory_order_relaxed);
+      if (k < fg_trace_cap) {
+        long *r = tr + 5 * k;
+        r[0] = (long)(t >> 32); r[1] = (long)i; r[2] = fg_lane; r[3] = st; r[4] = fg_now_ns();
+      }
+    }
     ran++;
     if (atomic_fetch_sub_explicit(&fg_left, 1, memory_order_acq_rel) == 1) fg_finish();
   }

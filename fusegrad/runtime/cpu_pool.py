@@ -91,6 +91,8 @@ class CPool:
         self._run_many.restype, self._run_many.argtypes = None, [ctypes.c_long] + [ctypes.c_void_p] * 4
         self.clock_ns = lib.fg_clock_ns
         self.clock_ns.restype, self.clock_ns.argtypes = ctypes.c_long, []
+        self._trace_start = lib.fg_trace_start
+        self._trace_start.restype, self._trace_start.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_long]
         self._finished = ctypes.c_ulong.in_dll(lib, "fg_finished")
         self._submitted = ctypes.c_ulong.in_dll(lib, "fg_submitted")
         self._held: collections.deque[tuple[int, Any]] = collections.deque()
@@ -173,6 +175,21 @@ class CPool:
             if best is None or after - before < best[0]: best = (after - before, (before + after) // 2 - c)
         assert best is not None
         return best[1]
+
+    def timeline(self, fn: Any, capacity: int = 1 << 16) -> list[tuple[int, int, int, float, float]]:
+        """Run fn() with every chunk that any thread runs recorded (of jobs queued alone or in a graph; not those
+        fg_run_many runs whole), at most `capacity`: (job number, chunk, lane: worker k as k and any other thread as 0,
+        start, end), in seconds of time.perf_counter, once the queue has drained after fn."""
+        self.drain()   # (the capacity and buffer are set with no chunk running)
+        buf = (ctypes.c_long * (5 * capacity))()
+        self._trace_start(buf, capacity)
+        try: fn()
+        finally:
+            self.drain()   # (no chunk still running may write into buf once it is freed)
+            n = self._trace_start(None, 0)
+        off, r = self.clock_offset_ns, buf
+        return [(r[5 * k], r[5 * k + 1], r[5 * k + 2], (r[5 * k + 3] + off) * 1e-9, (r[5 * k + 4] + off) * 1e-9)
+                for k in range(n)]
 
     def wait(self, count: int | None = None) -> None:
         """Until the jobs up to `count` (all jobs submitted so far: None) have finished; this thread runs chunks."""
