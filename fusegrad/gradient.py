@@ -201,14 +201,6 @@ class ClampGradient:
         g, x = Tensor(grad), Tensor(ins[0])
         lo = Tensor(ins[1]) if self.has_lo else None
         hi = Tensor(ins[1 + self.has_lo]) if self.has_hi else None
-        if lo is not None and hi is None and not self.closed and self.nan_passes and _not_nan_const(ins[1]):
-            # relu's rule (x gets it where x > lo or x is nan) read off the value max(x, lo) itself, the very node the
-            # forward made: for a lo that isn't nan, max(x, lo) > lo where x > lo and is nan where x is (a nan on
-            # either side of MAX wins). The backward then reads the value, which the forward stores anyway where
-            # a matmul reads it, not x: x needs no buffer of its own (a Linear layer's product, bias and relu are
-            # one kernel that stores the relu)
-            v = x.maximum(lo)
-            return ((v > lo) | v.isnan()).where(g, 0.0).uop, (x < lo).where(g, 0.0).uop
         if self.closed:
             inside = (x >= lo if lo is not None else None, x <= hi if hi is not None else None)
         else:
@@ -224,11 +216,6 @@ class ClampGradient:
             chosen = x > hi if lo is None else (x > hi) | (hi < lo)
             ret.append(chosen.where(g, 0.0).uop)
         return tuple(ret)
-
-def _not_nan_const(u: UOp) -> bool:
-    """Whether `u` is a constant (through views) that isn't nan."""
-    while u.op in GroupOp.Movement: u = u.src[0]
-    return u.op is Ops.CONST and not (isinstance(u.arg, float) and math.isnan(u.arg))
 
 @dataclass(frozen=True)
 class PowGradient:
