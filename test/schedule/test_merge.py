@@ -280,7 +280,7 @@ def test_mlp_adam_step_scalars_share_kernels():
             tloss = torch.nn.functional.cross_entropy(t2(t1(torch.tensor(X)).relu()), torch.tensor(Y).long())
             tloss.backward()
             topt.step()
-            np.testing.assert_allclose(loss.numpy(), tloss.item(), rtol=1e-5)
+            np.testing.assert_allclose(loss.numpy(), tloss.item(), rtol=1e-4)
             # (Adam's update of a weight whose gradient is near 0 is m / sqrt(v) of two rounded tiny numbers: a few
             # of the 400k weights differ from torch's by up to a few percent of an update, lr = 1e-2)
             for a, b in ((l1, t1), (l2, t2)):
