@@ -105,7 +105,8 @@ AMX_MAX_K = 4096   # the packed panel of B (64 bytes per step of K) is a stack a
 class AmxPlan:
     """out[m, n] = sum over k of A[m, k] * B[k, n] (bfloat16 A and B, the sum in float32, stored as float32 or rounded
     to bfloat16), every index an offset plus a stride per loop: M rows (the kernel's parallel loop), N columns
-    contiguous in B and out, K contiguous in A. Each a multiple of AMX_TILE."""
+    contiguous in out, K contiguous in A, B contiguous along N or along K (a transposed weight: x @ w.T). Each a
+    multiple of AMX_TILE."""
     out: UOp
     a: UOp
     b: UOp
@@ -115,7 +116,8 @@ class AmxPlan:
     a_off: int
     a_row: int    # A's stride along m (along k it is 1)
     b_off: int
-    b_row: int    # B's stride along k (along n it is 1)
+    b_row: int    # B's stride along k
+    b_col: int    # B's stride along n (one of b_row and b_col is 1)
     o_off: int
     o_row: int    # out's stride along m (along n it is 1)
 
@@ -177,12 +179,12 @@ def amx_plan(nodes: list[UOp]) -> AmxPlan | None:
     m, n = sorted((r for r in loops if r is not red), key=lambda r: r.arg[0])
     if n.arg[1] == "global" or red.arg[1] == "global": return None
     if (sa := _strides(ia.src[1], (m, n, red))) is None or (sb := _strides(ib.src[1], (m, n, red))) is None: return None
-    if sa[3] != 1: ia, ib, sa, sb = ib, ia, sb, sa   # (A: the operand contiguous along k)
+    if sa[1] == 0: ia, ib, sa, sb = ib, ia, sb, sa   # (A: the operand that moves with m)
     so = _strides(out_idx.src[1], (m, n, red))
-    if so is None or sa[2:] != (0, 1) or sb[1] != 0 or sb[2] != 1 or so[2:] != (1, 0): return None
+    if so is None or sa[2:] != (0, 1) or sb[1] != 0 or 1 not in (sb[2], sb[3]) or so[2:] != (1, 0): return None
     sizes = [r.src[0].arg for r in (m, n, red)]
     # (not one writing a buffer it reads: its panels of B are copied before the rows they feed are written)
-    if any(s % AMX_TILE for s in sizes) or sizes[2] > AMX_MAX_K or min(sa[1], sb[3], so[1]) <= 0 or \
+    if any(s % AMX_TILE for s in sizes) or sizes[2] > AMX_MAX_K or min(sa[1], sb[2], sb[3], so[1]) <= 0 or \
             out_idx.src[0] in (ia.src[0], ib.src[0]):
         return None
-    return AmxPlan(out_idx.src[0], ia.src[0], ib.src[0], *sizes, sa[0], sa[1], sb[0], sb[3], so[0], so[1])
+    return AmxPlan(out_idx.src[0], ia.src[0], ib.src[0], *sizes, sa[0], sa[1], sb[0], sb[3], sb[2], so[0], so[1])

@@ -544,6 +544,18 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 f"  *({bt16}*)(oc+r*{p.o_row}+h) = {self.vec_from_float('v', dtypes.bfloat16.vec(16))};", "}"]
         else: store = [tile("tilestored", t, f"oc+{16 * (t // 2) * p.o_row + 16 * (t % 2)}", p.o_row * 4)
                        for t in range(4)]
+        if p.b_col == 1: pack = [   # (B along n: rows k and k+1 interleaved, 16 columns at a time)
+            f"  for (long i = 0; i < {half}; i++) {{",
+            f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
+            "    for (int j = 0; j < 16; j++) {",
+            "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
+            f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
+            "    }", "  }"]
+        else: pack = [   # (B along k, a transposed weight: each column's pairs are adjacent already)
+            "  for (int j = 0; j < 32; j++) {",
+            f"    const bf16* col = bc + j*{p.b_col};",
+            f"    for (long i = 0; i < {half}; i++) bp[(j/16)*{half * 16}+i*16+j%16] = col[2*i] | "
+            "((unsigned int)col[2*i+1] << 16);", "  }"]
         body = [
             "struct { unsigned char palette, start, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; } "
             "cfg = {1};",
@@ -553,13 +565,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             *(["float ct[1024] __attribute__((aligned(64)));"] if bf16_out else []),
             f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
             f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
-            f"  const bf16* bc = {b} + {p.b_off} + n0;",
-            f"  for (long i = 0; i < {half}; i++) {{",
-            f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
-            "    for (int j = 0; j < 16; j++) {",
-            "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
-            f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
-            "    }", "  }",
+            f"  const bf16* bc = {b} + {p.b_off} + n0*{p.b_col};",
+            *pack,
             "  for (long m0 = lo; m0 < hi; m0 += 32) {",
             f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
             f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",

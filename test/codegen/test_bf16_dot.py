@@ -85,6 +85,14 @@ def test_matmul_of_views(compiled_sources, amx):
     assert_within(got, a @ b, np.abs(a) @ np.abs(b), 128)
     assert_path("amx", compiled_sources)
 
+def test_matmul_with_a_transposed_weight(compiled_sources, amx):
+    # x @ w.T, w stored (out features, in features): B contiguous along K, its pairs packed from each column
+    (tx, fx), (tw, fw) = bf16((96, 160), 22), bf16((64, 160), 23)
+    got = (fx @ fw.T).realize().float().numpy()
+    x, w = f64(tx), f64(tw)
+    assert_within(got, x @ w.T, np.abs(x) @ np.abs(w).T, 160)
+    assert_path("amx", compiled_sources)
+
 def test_no_amx_with_more_than_the_product(compiled_sources, amx):
     # a matmul with an elementwise epilogue fused (relu, a bias) is more than the tiles compute: the usual kernel
     (ta, fa), (tb, fb), (tc, fc) = bf16((32, 96), 17), bf16((96, 64), 18), bf16((32, 64), 19)
