@@ -870,6 +870,11 @@ def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
             continue
         index: dict[int, int] = {}
         calls = [(prepared[k][0], tuple([index.setdefault(r, len(index)) for r in direct[k][1]])) for k in range(i, j)]
+        for k in range(i, j):
+            # (a kernel run on one thread alone may be split across the threads in a graph, where a chunk costs a
+            # claim rather than a wake-up: the CPU's launches decide by its work)
+            if (note := getattr(prepared[k][0], "note_work", None)) is not None:
+                note(direct[k][3])
         work = (sum(direct[k][3][0] for k in range(i, j)), sum(direct[k][3][1] for k in range(i, j)))
         # (no work given to the graph: it is always queued, never run inline, as the kernels one by one were)
         segments.append((graph(calls), tuple(index), work, j - i))

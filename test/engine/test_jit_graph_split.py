@@ -82,3 +82,28 @@ def test_one_thread_knob_keeps_graph_kernels_whole(monkeypatch):
     with Context(CPU_THREADS=1):
         for i in range(3, 6): check(i)
         assert all(chunks == 1 for _, _, _, chunks in _graph_rows(f))
+
+def test_eager_replays_split_small_kernels_and_equal_numpy(monkeypatch):
+    """An eager step's later replays queue their kernels through launch graphs too (engine/realize.py's
+    _launch_graphs): each launch there is given its work, and the small kernels split across threads still compute
+    what NumPy computes."""
+    monkeypatch.setattr(cpu_program, "INLINE_MAX_OPS", 0)
+    monkeypatch.setattr(cpu_program, "INLINE_MAX_MEM", 0)
+    noted: list[tuple[int, int]] = []
+    original = cpu_program.PreparedLaunch.note_work
+    def note_work(self, work):
+        noted.append(work)
+        original(self, work)
+    monkeypatch.setattr(cpu_program.PreparedLaunch, "note_work", note_work)
+    w = Tensor(_r(512, 16, seed=9)).realize()
+    for i in range(8):
+        x, y = _r(64, 512, seed=2 * i), _r(64, 512, seed=2 * i + 1)
+        tx, ty = Tensor(x), Tensor(y)
+        a = (tx * 2.0 + ty).relu().contiguous()
+        s = (a - 0.5).exp().sum(1)
+        m = (a[:16] @ w).relu()
+        s.realize(), m.realize()
+        wa = np.maximum(x.astype(np.float64) * 2 + y, 0)
+        np.testing.assert_allclose(s.numpy(), np.exp(wa - 0.5).sum(1), rtol=1e-5)
+        np.testing.assert_allclose(m.numpy(), np.maximum(wa[:16] @ w.numpy(), 0), rtol=1e-4, atol=1e-4)
+    assert any(ops >= THREAD_MIN_OPS // 8 or mem >= THREAD_MIN_MEM // 8 for ops, mem in noted), noted
