@@ -191,7 +191,8 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     if not at:
         # both kernels without output loops (scalars: a step counter and what is made of it, a count and its
         # reciprocal), when what they reduce over is small: one kernel computes both, one after the other
-        if r_loops or p_loops or not (_small_scalar(p_new) and _small_scalar(r_new)): return None
+        device = reader.src[0].device
+        if r_loops or p_loops or not (_small_scalar(p_new, device) and _small_scalar(r_new, device)): return None
     if len(at) == len(p_loops):
         # the producer runs in the reader's loops (a row's statistics in the kernel of the row's elements)
         fitted = _fit(r_new, at, p_new, p_loops)
@@ -238,10 +239,17 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
 # elements (a loss's count of labels, not a whole tensor's sum, which may be split over the cores)
 SCALAR_REDUCE_MAX = 1 << 12
 
-def _small_scalar(ast: UOp) -> bool:
-    """Whether every reduction of kernel `ast` runs over at most SCALAR_REDUCE_MAX elements."""
-    return all((n := _loop_product(u.src[1:])) is not None and n <= SCALAR_REDUCE_MAX
-               for u in ast.toposort() if u.op is Ops.REDUCE)
+def _gpu_style(device: str | tuple[str, ...]) -> bool:
+    """Whether `device` runs GPU-style kernels (work-groups)."""
+    from fusegrad.device import Device
+    return bool(getattr(Device[device if isinstance(device, str) else device[0]].renderer, "has_local", False))
+
+def _small_scalar(ast: UOp, device: str | tuple[str, ...]) -> bool:
+    """Whether every reduction of kernel `ast` runs over at most SCALAR_REDUCE_MAX elements; on a GPU-style device,
+    whether it has none (there a scalar's reduction is spread over a work-group's threads: two in one kernel would
+    run one after the other, and GPT-2's decoding on an H200 took 2.5-2.7 against 2.0-2.2 ms a token)."""
+    limit = 1 if _gpu_style(device) else SCALAR_REDUCE_MAX
+    return all((n := _loop_product(u.src[1:])) is not None and n <= limit for u in ast.toposort() if u.op is Ops.REDUCE)
 
 def _side_by_side(first: UOp, second: UOp) -> UOp | None:
     """The KERNEL storing what KERNELs `first` and `second` (without loops, neither reading what the other writes)
@@ -387,7 +395,7 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     for k in kernels:
         if (g := find(k)) in scalars or not mergeable[k]: continue
         ast = merged.get(g, g).arg
-        if _output_loops(ast) or not _small_scalar(ast): continue
+        if _output_loops(ast) or not _small_scalar(ast, g.src[0].device): continue
         for other in scalars:
             if len(members[other]) + len(members[g]) > MAX_OUTPUTS or weight(other) + weight(g) > KERNEL_OPS_LIMIT or \
                     other.src[0].device != g.src[0].device or reaches(group_deps(g), other) or \
