@@ -1,10 +1,10 @@
 """CPU benchmark: fusegrad against PyTorch (2 threads), NumPy and hand-written C (OpenMP, 2 threads) in one process.
 
-Run: .venv/bin/python bench/bench_cpu.py  [--quick] [--only NAME] [--amx]
+Run: .venv/bin/python bench/bench_cpu.py  [--quick] [--only NAME] [--no-amx]
 
   --quick      fewer and shorter timing blocks, and no ResNet-18
   --only NAME  run only the cases whose name contains NAME (case-insensitive; repeatable)
-  --amx        bfloat16 matmuls on AMX tiles where the CPU has them
+  --no-amx     bfloat16 matmuls without AMX tiles (on by default where the CPU has them)
 
 Cases: float32 matmuls (square, odd sizes, the MLP's first layer and a 50257-word vocabulary projection), float16 and
 bfloat16 matmuls (against torch in that dtype and in float32; bfloat16 also with a float32 result), the fused
@@ -541,12 +541,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer and shorter blocks, and no ResNet-18")
     ap.add_argument("--only", action="append", default=[], metavar="NAME", help="cases whose name contains NAME")
     ap.add_argument("-v", "--verbose", action="store_true", help="print tracebacks of failures")
-    ap.add_argument("--amx", action="store_true", help="bfloat16 matmuls on AMX tiles where the CPU has them (off by "
-                    "default in fusegrad: DESIGN.md, bfloat16 products)")
+    ap.add_argument("--no-amx", action="store_true", help="bfloat16 matmuls without AMX tiles (fusegrad uses them "
+                                                          "where the CPU has them: DESIGN.md, bfloat16 products)")
     args = ap.parse_args()
-    if args.amx:
-        from fusegrad.hostcpu import amx_usable
-        Device[Device.DEFAULT].renderer.amx = amx_usable()
+    if args.no_amx: Device[Device.DEFAULT].renderer.amx = False
     nblocks, block_s = (3, 0.15) if args.quick else (5, 0.4)
     t_start = time.perf_counter()
     cases = [(n, make) for n, make in CASES if not (args.quick and n.startswith("ResNet"))

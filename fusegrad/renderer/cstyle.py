@@ -1155,6 +1155,6 @@ class ClangRenderer(CStyleLanguage):
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
         self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
         self.bf16_dot = host.bf16_dot
-        # (off unless asked for: `renderer.amx = hostcpu.amx_usable()`; see DESIGN.md "bfloat16 products")
-        self.amx = False
+        # (where the CPU has AMX and Linux grants this process its tile state; see DESIGN.md "bfloat16 products")
+        self.amx = hostcpu.amx_usable()
         self.stream_stores = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")

@@ -1108,8 +1108,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # scalars) converted beforehand, which costs 1/m of the product, and the sum kept in a float32 buffer, so the
         # optimizer can block K through the output (adding partial sums into it), then rounded once
         # (not on a device with tensor cores: they take the half values themselves, DESIGN.md "Tensor cores")
+        # (nor where bfloat16 products have an instruction of their own, a CPU's dot product or tile: it takes the
+        # bfloat16 values themselves)
         long_half = acc_dt != out_dt and type(k) is int and k >= 256 and type(m) is int and m >= 16 and \
-            not (type(x.device) is str and _has_tensor_cores(x.device))
+            not (type(x.device) is str and (_has_tensor_cores(x.device) or x.dtype == y.dtype == dtypes.bfloat16 and
+                                            renderer_says(x.device, "bf16_dot")))
         if long_half: x = x.cast(acc_dt).contiguous()
         xs, ys = x.shape, y.shape
         if not (squeeze_x or squeeze_y) and all(type(v) is int for v in xs + ys) and xs[:-2] == ys[:-2] and \

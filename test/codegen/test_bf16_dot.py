@@ -38,16 +38,17 @@ def ren_has(flag: str) -> bool: return bool(getattr(Device["CPU"].renderer, flag
 
 @pytest.fixture
 def amx(monkeypatch) -> bool:
-    """The CPU renderer with AMX kernels on where this process may run them (AMX=1 turns them on by default); whether
-    it has them. (The shapes of the tests using it are their own: no kernel of theirs was compiled without it.)"""
+    """The CPU renderer with AMX kernels on where this process may run them (as by default); whether it has them.
+    (The shapes of the tests using it are their own: no kernel of theirs was compiled without it.)"""
     monkeypatch.setattr(Device["CPU"].renderer, "amx", amx_usable())
     return amx_usable()
 
 # (batch, m, k, n), the path its product takes: "amx" (a whole bfloat16 matmul on AMX tiles: every size a multiple of
-# 32, K at most 4096), "dot" (steps paired into bfloat16 dot products: K of at most 255 even steps; a longer K runs
-# through a float32 copy of A made beforehand, Tensor.dot's `long_half`), or None (neither)
+# 32, K at most 4096), "dot" (steps paired into bfloat16 dot products: an even K; Tensor.dot keeps A in bfloat16 for
+# a long K too where the renderer has them), or None (neither)
 SHAPES = [((), 64, 128, 64, "amx"), ((), 96, 64, 160, "amx"), ((), 64, 100, 64, "dot"), ((4,), 64, 96, 48, "dot"),
-          ((), 24, 34, 160, "dot"), ((), 64, 127, 64, None), ((), 33, 129, 48, None), ((2,), 40, 300, 32, None),
+          ((), 24, 34, 160, "dot"), ((), 64, 512, 96, "amx"), ((), 40, 300, 48, "dot"),
+          ((), 64, 127, 64, None), ((), 33, 129, 48, None), ((2,), 40, 300, 32, None),
           ((), 8, 2, 16, None)]
 
 def assert_path(path: str | None, sources: list[str]) -> None:
