@@ -4,7 +4,7 @@
 - GPU-style kernels (SPECIAL ids, docs/architecture.md "GPU-style kernels") are launched as a grid of thread blocks:
   the ids are `blockIdx.x/y/z` and `threadIdx.x/y/z`, a DEFINE_LOCAL is a `__shared__` array of the block (aligned to
   16 bytes, as vectors are to their size: a vector loads from it in one instruction; above 48 KiB in all, a part of
-  the block's dynamic shared memory), a BARRIER is `__syncthreads();` (one whose arg is tc.ORDER_ONLY nothing).
+  the block's dynamic shared memory), a BARRIER is `__syncthreads();` (one whose arg is ORDER_ONLY nothing).
   Each kernel declares `__launch_bounds__(threads per block)`, so the compiler may give each thread the registers
   that block size allows.
 - A vector load of a global buffer (a tensor-core operand's 16-byte copy) checks its address's alignment and falls
@@ -28,7 +28,7 @@ import struct
 from fusegrad.dtype import DType, dtypes
 from fusegrad.renderer import ALLOW_TF32, TensorCore
 from fusegrad.renderer.cstyle import _LOWP, _SHORT, CStyleLanguage, KernelText
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import ORDER_ONLY, Ops, UOp
 
 # the C renderer's GCC builtins: CUDA's math library has functions of the same meaning and name
 _BUILTINS = re.compile(r"__builtin_(sqrt|exp2|log2|sin|trunc|pow|fmod|fma)(f?)\(")
@@ -274,7 +274,6 @@ class CUDARenderer(CStyleLanguage):
         self._dynamic_shared = total if total > STATIC_SHARED_BYTES else 0
 
     def _barrier(self, k: KernelText, u: UOp) -> None:
-        from fusegrad.codegen.opt.tc import ORDER_ONLY
         if u.arg != ORDER_ONLY:
             if self._async_stores: k.line('asm volatile("cp.async.wait_all;" ::: "memory");')
             k.line(self.barrier)

@@ -58,7 +58,7 @@ from fusegrad.device import Allocator, Compiled, Compiler
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import TensorCore
 from fusegrad.renderer.python import PythonRenderer, parse_listing
-from fusegrad.uop.ops import GroupOp, Ops
+from fusegrad.uop.ops import ORDER_ONLY, GroupOp, Ops
 
 # *** memory ***
 
@@ -521,7 +521,7 @@ class PythonProgram:
                 return None
             def define_local(r: list) -> None: r[i] = _Mem(memoryview(bytearray(nbytes)), base, what)
             return define_local
-        if op is Ops.BARRIER and self.gpu and arg != _order_only():
+        if op is Ops.BARRIER and self.gpu and arg != ORDER_ONLY:
             self.has_barrier = True
             a, grp, item = s(0), self.group, self.item
             def barrier(r: list) -> None:
@@ -855,11 +855,6 @@ def round_tf32(v: float) -> float:
     if not math.isfinite(v): return v
     u = _U32.unpack(_F32.pack(v))[0]
     return _F32.unpack(_U32.pack(((u + 0x1000) & 0xFFFFE000) & _M32))[0]
-
-def _order_only() -> str:
-    """The arg of a BARRIER that only orders (codegen/opt/tc.py ORDER_ONLY): no wait, its buffer."""
-    from fusegrad.codegen.opt.tc import ORDER_ONLY
-    return ORDER_ONLY
 
 def _lanes(f: Callable[..., Any], is_vec: tuple[bool, ...], count: int) -> Callable[..., tuple]:
     """`f` applied lane by lane; scalar operands are broadcast."""

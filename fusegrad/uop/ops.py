@@ -51,6 +51,10 @@ class Ops(Enum):
     # hot paths (UOp cache keys, pattern dispatch)
     __hash__ = object.__hash__
 
+# the arg of a BARRIER that only orders: its value is its first source (a local buffer) after its other sources, with
+# no synchronization of the work-items (renderers write nothing for it; codegen/opt/tc.py's double buffering)
+ORDER_ONLY = "order"
+
 class GroupOp:
     """Named sets of Ops, so passes can talk about families of operations."""
     Unary = {Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.NOT}

@@ -18,7 +18,7 @@ import pytest
 from fusegrad import Tensor, Variable, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import OptOps
-from fusegrad.codegen.opt.tc import ORDER_ONLY
+from fusegrad.uop.ops import ORDER_ONLY
 from fusegrad.dtype import DType
 from fusegrad.helpers import Context
 from fusegrad.renderer import ProgramSpec

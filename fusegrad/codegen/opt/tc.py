@@ -30,7 +30,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import SPEC
 from fusegrad.renderer import TensorCore
 from fusegrad.uop.affine import coeff, range_size
-from fusegrad.uop.ops import Ops, UOp
+from fusegrad.uop.ops import ORDER_ONLY, Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.spec import kernel_spec, tensor_core_spec, verify
 
@@ -214,9 +214,6 @@ VECTOR_COPY_BYTES = 16
 # buffer, copied and read between two barriers. (4096^3 half on an H200: 145 TFLOP/s copied in pairs, 162 in 16-byte
 # loads, 166 double-buffered, 196 double-buffered with blocks of 64; copied in pairs, double buffering took 145 -> 122)
 DOUBLE_BUFFER = 1
-# the arg of a BARRIER that only orders: its value is its first source (a local buffer) after its other sources, with
-# no synchronization of the work-items (renderers write nothing for it)
-ORDER_ONLY = "order"
 
 def _vector_width(y: UOp, dims: list[tuple[UOp, int, UOp, UOp]], along: UOp | None = None) -> int:
     """Elements of operand `y` one load copies (VECTOR_COPY_BYTES), or 1: `y` a plain load of a global buffer (no
