@@ -44,7 +44,6 @@ from train_digits import DigitsNet  # noqa: E402
 QUICK = "--quick" in sys.argv
 BLOCK = 3 if QUICK else 10  # steps per block at most
 BLOCK_S = 1.0 if QUICK else 2.0  # and no more steps than take about this long (but at least one)
-PAUSE_S = 0.05  # seconds of pause before each timed block
 
 def settle() -> None:
     """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
@@ -92,9 +91,6 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Call
     best = {"ours": math.inf, "torch": math.inf}
     for _ in range(nblocks):
         for name, fn in (("ours", ours), ("torch", theirs)):
-            # torch's (and our) worker threads spin for a while after a call: without a pause they would hold a core
-            # through the start of the other side's block
-            time.sleep(PAUSE_S)
             st = time.perf_counter()
             for _ in range(steps[name]): fn()
             settle()  # (the last steps' kernels may still be queued: a block ends when they have run)
