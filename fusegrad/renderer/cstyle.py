@@ -1116,16 +1116,15 @@ class ClangRenderer(CStyleLanguage):
         # the same 4.2-4.6 ms either way.
         if not self.stream_stores: return set()
         loaded = {u.src[0].src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
-        out: set[UOp] = set()
+        # (every store of the buffer an ungated whole 64-byte vector: a kernel storing some lanes on their own keeps
+        # its stores)
+        whole: dict[UOp, bool] = {}
         for u in uops:
-            if u.op is not Ops.STORE or (idx := u.src[0]).op is not Ops.INDEX or len(idx.src) != 2: continue
-            buf = idx.src[0]
-            if buf.op is Ops.DEFINE_GLOBAL and buf not in loaded and idx.dtype.vcount > 1 and \
-                    u.src[1].dtype.itemsize == 64 and buf.dtype.size * buf.dtype.base.itemsize >= STREAM_BYTES:
-                out.add(buf)
-        # (every vector store of the buffer is one: a kernel storing some lanes on their own keeps its stores)
-        return {b for b in out if all(u.src[1].dtype.itemsize == 64 and len(u.src[0].src) == 2 for u in uops
-                                      if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0] is b)}
+            if u.op is Ops.STORE and (idx := u.src[0]).op is Ops.INDEX and (buf := idx.src[0]).op is Ops.DEFINE_GLOBAL:
+                whole[buf] = whole.get(buf, True) and len(idx.src) == 2 and idx.dtype.vcount > 1 and \
+                    u.src[1].dtype.itemsize == 64
+        return {b for b, ok in whole.items()
+                if ok and b not in loaded and b.dtype.size * b.dtype.base.itemsize >= STREAM_BYTES}
 
     def _stream(self, dt: DType) -> str:
         # (at an address not aligned to 64 bytes, a view's, an ordinary store: the instruction needs the alignment)
@@ -1153,8 +1152,8 @@ class ClangRenderer(CStyleLanguage):
         self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
         # half vectors need the F16C conversion instructions; bfloat16 vectors are converted with integer operations
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
-        self.strided_lanes = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
+        x86_avx512 = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
+        self.strided_lanes = self.stream_stores = x86_avx512
         self.bf16_dot = host.bf16_dot
         # (where the CPU has AMX and Linux grants this process its tile state; see DESIGN.md "bfloat16 products")
         self.amx = hostcpu.amx_usable()
-        self.stream_stores = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")

@@ -81,6 +81,7 @@ class CUDARenderer(CStyleLanguage):
     buffer_suffix = " __restrict__"
     supports_float4 = False
     simd_bytes = 0
+    _dynamic_shared = 0   # bytes of dynamic shared memory of the kernel being rendered (`_shared_layout`)
     vector_dtypes = ()
     has_fma = True
     has_threads = False
@@ -331,7 +332,7 @@ class CUDARenderer(CStyleLanguage):
         self._helpers = {n: re.sub(r"^static inline\b", "static __device__ __forceinline__", code)
                          for n, code in self._helpers.items()}
         pre = ["#ifndef _Bool", "#define _Bool bool", "#endif"] + list(prelude or [])
-        if getattr(self, "_dynamic_shared", 0):
+        if self._dynamic_shared:
             pre.append(f'extern "C" __device__ const unsigned {DYNAMIC_SHARED_SYMBOL} = {self._dynamic_shared};')
         src = super().render_kernel(name, params, lines, pre)
         return _BUILTINS.sub(lambda m: f"{m.group(1)}{m.group(2)}(", src)

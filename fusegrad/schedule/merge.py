@@ -6,6 +6,7 @@ row (the layernorm kernel that writes the output also stores the statistics its 
 after the row's reductions, at the loops the row's elements run in)."""
 from __future__ import annotations
 import functools
+from fusegrad.device import Device
 from fusegrad.dtype import dtypes
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
@@ -241,7 +242,6 @@ SCALAR_REDUCE_MAX = 1 << 12
 
 def _gpu_style(device: str | tuple[str, ...]) -> bool:
     """Whether `device` runs GPU-style kernels (work-groups)."""
-    from fusegrad.device import Device
     return bool(getattr(Device[device if isinstance(device, str) else device[0]].renderer, "has_local", False))
 
 def _small_scalar(ast: UOp, device: str | tuple[str, ...]) -> bool:
