@@ -40,6 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from fusegrad import Device, GlobalCounters, Tensor, dtypes  # noqa: E402
 from fusegrad.dtype import DType  # noqa: E402
+from gpu_sweep import RESNET50_CONVS  # noqa: E402
 
 BLOCK_S = 0.25  # seconds a block of calls lasts (about; at least 2 calls)
 
@@ -139,10 +140,6 @@ def norm_rows(dev: str, tdev: str, n: int) -> list[Row]:
                 nbytes=8.0 * n * n),
             Row(f"layernorm {n}x{n}", lambda: (x.layernorm(-1, 1e-5) * w + bias).realize(),
                 lambda: F.layer_norm(tx, (n,), tw, tb, 1e-5), "<= 1.0x", nbytes=8.0 * n * n)]
-
-# (in channels, out channels, kernel, image side, stride) of ResNet-50's convolutions
-RESNET50_CONVS = ((64, 64, 3, 56, 1), (64, 256, 1, 56, 1), (256, 64, 1, 56, 1), (128, 128, 3, 28, 1),
-                  (256, 256, 3, 14, 1), (512, 512, 3, 7, 1), (128, 128, 3, 56, 2))
 
 def conv_rows(dev: str, tdev: str, batch: int, shapes=RESNET50_CONVS) -> list[Row]:
     rows = []

@@ -1,8 +1,11 @@
 """Times the GPU heuristic's choices on a real GPU: each key kernel of bench_gpu.py built with the heuristic's
 constants (codegen/opt/heuristic_gpu.py) set to several values, or with given opts, and timed alone (the device's
-events, best of 5 after a warm-up), so a constant is chosen by measurement. Prints one line per variant.
+events, best of 5 after a warm-up), so a constant is chosen by measurement. Prints one line per variant, with the
+registers per thread ptxas gave the kernel (and its stack frame where it has one: spilled registers).
 
-Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]"""
+Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]
+Without one, `--dry sm_90` renders and compiles each kernel (registers, no times); `--index64` renders every kernel's
+indices in 64 bits (the CUDA renderer's index32=False), to compare against the 32-bit indices it uses where they fit."""
 from __future__ import annotations
 import argparse
 import contextlib
@@ -17,6 +20,7 @@ from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.codegen.opt import heuristic_gpu, tc
 from fusegrad.device import Buffer
 from fusegrad.engine.realize import CompiledRunner
+from fusegrad.runtime.ops_cuda import KernelResources, kernel_resources
 from fusegrad.uop.ops import Ops, UOp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -32,31 +36,64 @@ def constants(**values) -> Iterator[None]:
     finally:
         for k, v in old.items(): setattr(mods[k], k, v)
 
+# (in channels, out channels, kernel, image side, stride) of ResNet-50's convolutions (bench_gpu.py's rows)
+RESNET50_CONVS = ((64, 64, 3, 56, 1), (64, 256, 1, 56, 1), (256, 64, 1, 56, 1), (128, 128, 3, 28, 1),
+                  (256, 256, 3, 14, 1), (512, 512, 3, 7, 1), (128, 128, 3, 56, 2))
+
 def kernel_ast(t: Tensor) -> UOp:
     return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK][-1]
 
 # --dry: no GPU; each kernel rendered for CUDARenderer(DRY_ARCH) and compiled by NVRTC, not run
 DRY_ARCH = ""
+INDEX32 = True   # --index64 sets it False: the CUDA renderer's indices in 64 bits everywhere
 
-def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[float, str, tuple]:
-    """Best of 5 device-timed runs of the kernel (on fresh buffers of its globals' sizes), its name and opts."""
+def resources(prog, lib: bytes) -> KernelResources | None:
+    """The registers and stack frame of a CUDA program's kernel (None for another device's)."""
+    return kernel_resources(lib).get(prog.function_name) if lib.startswith(b"\x7fELF") else None
+
+def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[float, str, tuple, KernelResources | None]:
+    """Best of 5 device-timed runs of the kernel (on fresh buffers of its globals' sizes), its name, opts, and its
+    registers and stack frame where the device is CUDA."""
     if DRY_ARCH:
         from fusegrad.renderer.cuda import CUDARenderer
         from fusegrad.runtime.ops_cuda import CUDACompiler
-        prog = get_program(ast, CUDARenderer(DRY_ARCH, local_bytes=227 * 1024), opts=opts)
-        CUDACompiler(DRY_ARCH).compile(prog.src)
-        return math.nan, prog.name, tuple(prog.applied_opts)
+        prog = get_program(ast, CUDARenderer(DRY_ARCH, local_bytes=227 * 1024, index32=INDEX32), opts=opts)
+        return math.nan, prog.name, tuple(prog.applied_opts), resources(prog, CUDACompiler(DRY_ARCH).compile(prog.src))
     prog = get_program(ast, Device[dev].renderer, opts=opts)
     sizes = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
     bufs = [Buffer(dev, sizes[i].size, sizes[i].base).ensure_allocated() for i in sorted(sizes)]
     r = CompiledRunner(prog)
     r(bufs, {}, wait=True)
-    return min(r(bufs, {}, wait=True) or math.inf for _ in range(5)), prog.name, tuple(prog.applied_opts)
+    secs = min(r(bufs, {}, wait=True) or math.inf for _ in range(5))
+    return secs, prog.name, tuple(prog.applied_opts), resources(prog, r.lib)
 
-def report(label: str, secs: float, name: str, opts: tuple, flops: float = 0, nbytes: float = 0) -> None:
+def report(label: str, secs: float, name: str, opts: tuple, res: KernelResources | None = None, flops: float = 0,
+           nbytes: float = 0) -> None:
     rate = f"{flops / secs / 1e12:7.1f} TFLOP/s" if flops else f"{nbytes / secs / 1e9:7.0f} GB/s"
-    print(f"  {label:44s} {secs * 1e3:8.3f} ms {rate}  {name} {[(o.op.name, o.axis, o.arg) for o in opts]}",
+    # (registers per thread, machine instructions, and a stack frame's bytes where the kernel has one: spills)
+    regs = "" if res is None else f" {res.registers:3d} regs {res.instructions:5d} instrs" + \
+        (f" {res.frame_bytes}B frame" if res.frame_bytes else "")
+    print(f"  {label:44s} {secs * 1e3:8.3f} ms {rate}{regs}  {name} {[(o.op.name, o.axis, o.arg) for o in opts]}",
           flush=True)
+
+def sweep_key(dev: str, n: int) -> None:
+    """The heuristic's kernel of each row of bench_gpu.py: matmuls in half, bfloat16 and float32, softmax and
+    layernorm, ResNet-50's convolutions in half at batch 32."""
+    print("key kernels (the heuristic's choices)")
+    for dt in (dtypes.half, dtypes.bfloat16, dtypes.float32):
+        ast = kernel_ast(Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt, device=dev))
+        report(f"matmul {n}^3 {dt.name}", *time_kernel(dev, ast), flops=2 * n ** 3)
+    rows = 8192 if n >= 4096 else n
+    x, w, b = Tensor.empty(rows, rows, device=dev), Tensor.empty(rows, device=dev), Tensor.empty(rows, device=dev)
+    for name, t in (("softmax", x.softmax(-1)), ("layernorm", x.layernorm(-1) * w + b)):
+        report(f"{name} {rows}x{rows}", *time_kernel(dev, kernel_ast(t)), nbytes=8.0 * rows * rows)
+    for cin, cout, k, side, stride in RESNET50_CONVS:
+        x = Tensor.empty(32, cin, side, side, dtype=dtypes.half, device=dev)
+        w = Tensor.empty(cout, cin, k, k, dtype=dtypes.half, device=dev)
+        out = (side + 2 * (k // 2) - k) // stride + 1
+        report(f"conv2d b32 {cin}->{cout} {k}x{k} {side}x{side} s{stride}",
+               *time_kernel(dev, kernel_ast(x.conv2d(w, stride=stride, padding=k // 2))),
+               flops=2.0 * 32 * cout * out * out * cin * k * k)
 
 def sweep_matmuls(dev: str, n: int) -> None:
     for dt in (dtypes.half, dtypes.float32):
@@ -167,14 +204,20 @@ def profile_gpt2(dev: str, tokens: int = 60) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA")
-    ap.add_argument("--only", default="", help="matmul, rows, conv, unroll (TC_UNROLL on half matmuls), tc (staged "
-                                               "tensor-core operands) or gpt2 (a profile of its decoding)")
+    ap.add_argument("--only", default="", help="key (the heuristic's kernel of each bench_gpu.py row), matmul, rows, "
+                                               "conv, unroll (TC_UNROLL on half matmuls), tc (staged tensor-core "
+                                               "operands) or gpt2 (a profile of its decoding)")
     ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
     ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
     ap.add_argument("--dry", default="", metavar="ARCH", help="without a GPU: render each kernel for CUDA sm_XY and "
                                                               "compile it with NVRTC (its time is nan)")
+    ap.add_argument("--index64", action="store_true", help="CUDA kernels' indices in 64 bits (as before 32-bit "
+                                                           "indices where they fit)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
+    global INDEX32
+    INDEX32 = not args.index64
+    if args.index64 and not args.dry: Device[dev].renderer.index32 = False
     if args.dry:
         from fusegrad.renderer.cuda import CUDARenderer
         from fusegrad.renderer.python import PythonRenderer
@@ -183,7 +226,8 @@ def main() -> None:
         DRY_ARCH, dev = args.dry, "PYTHON"
         # (as an H100's: up to 227 KiB of shared memory per block, dynamic above 48 KiB)
         Device[dev].renderer = PythonRenderer(like=CUDARenderer(args.dry, local_bytes=227 * 1024))
-    for name, fn in (("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
+    for name, fn in (("key", lambda: sweep_key(dev, args.n)),
+                     ("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
                      ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
                      ("unroll", lambda: sweep_tc_unroll(dev)), ("tc", lambda: sweep_tc(dev, args.n)),
                      ("gpt2", lambda: profile_gpt2(dev, args.tokens))):

@@ -12,6 +12,10 @@
   (sm_80 on), which every barrier of the kernel waits for.
 - CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
   loop, so any grid runs them (the runtime launches one thread per iteration, up to a block's worth per block).
+- Index arithmetic is 32-bit `int` where range analysis shows every index value of the kernel fits one
+  (`index_fits_int32`: each index node's bounds, a Variable's from its declaration), else 64-bit `long` as in C; a
+  pointer plus an int offset is formed in 64 bits by C's own conversion. (A CPU-style kernel's parallel loop counter
+  stays `long`: its grid-stride step may pass the last index.)
 
 half and bfloat16 are 16-bit integers in memory and in registers, computed in float and rounded after every op as the
 C renderer does (no `cuda_fp16.h`: the NVRTC wheel ships no CUDA headers, and `__half` arithmetic would round
@@ -25,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import struct
-from fusegrad.dtype import DType, dtypes
+from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import ALLOW_TF32, TensorCore
 from fusegrad.renderer.cstyle import _LOWP, _SHORT, CStyleLanguage, KernelText
 from fusegrad.uop.ops import ORDER_ONLY, Ops, UOp
@@ -40,6 +44,31 @@ CPU_STYLE_BLOCK = 128
 # shared memory a block declares statically at most; more is dynamic shared memory (`CUDARenderer._shared_layout`)
 STATIC_SHARED_BYTES = 48 * 1024
 DYNAMIC_SHARED_SYMBOL = "fg_dynamic_shared_bytes"
+
+def index_fits_int32(uops: list[UOp]) -> bool:
+    """Whether every index value of a kernel fits a 32-bit int, by range analysis (`UOp.vmin`/`vmax`: a Variable's
+    value within its declared bounds): each index-typed node's value, and the product inside an index multiply-add
+    (C computes it before the add), lie in [-2**31, 2**31 - 2] (a loop's counter steps one past its last value).
+    Checking every node, not only the final addresses, bounds each intermediate value the kernel computes."""
+    lo, hi = -2 ** 31, 2 ** 31 - 2
+    for u in uops:
+        if isinstance(u.dtype, PtrDType) or u.dtype.scalar() != dtypes.index: continue
+        if not lo <= u.vmin <= u.vmax <= hi: return False
+        if u.op is Ops.MULACC:
+            products = [x * y for x in u.src[0]._min_max for y in u.src[1]._min_max]
+            if not lo <= min(products) <= max(products) <= hi: return False
+    return True
+
+def _index_as_int32(uops: list[UOp]) -> list[UOp]:
+    """The kernel with each index-typed node an int32 one (its sources replaced the same way)."""
+    new: dict[UOp, UOp] = {}
+    for u in uops:
+        dt = u.dtype
+        if not isinstance(dt, PtrDType) and dt.scalar() == dtypes.index: dt = dtypes.int32.vec(dt.count) \
+            if dt.count > 1 else dtypes.int32
+        src = tuple(new.get(x, x) for x in u.src)
+        new[u] = u if dt == u.dtype and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, dt, src, u.arg)
+    return [new[u] for u in uops]
 
 def _half_bits(v: float) -> int:
     """The bits of float `v` rounded to half (to nearest even; past the largest half, inf)."""
@@ -82,6 +111,7 @@ class CUDARenderer(CStyleLanguage):
     supports_float4 = False
     simd_bytes = 0
     _dynamic_shared = 0   # bytes of dynamic shared memory of the kernel being rendered (`_shared_layout`)
+    _int_index = False    # whether the kernel being rendered computes its indices as int (`_render`)
     vector_dtypes = ()
     has_fma = True
     has_threads = False
@@ -97,9 +127,9 @@ class CUDARenderer(CStyleLanguage):
 
     def __init__(self, arch: str = "sm_80", max_workgroup: int = 1024, local_max: tuple[int, ...] = (1024, 1024, 64),
                  global_max: tuple[int, ...] = (2 ** 31 - 1, 65535, 65535), local_bytes: int = 48 * 1024,
-                 fast_local_memory: bool = True) -> None:
+                 fast_local_memory: bool = True, index32: bool = True) -> None:
         if not re.fullmatch(r"sm_\d+[a-z]?", arch): raise ValueError(f"CUDA architecture {arch!r}: expected sm_XY")
-        self.arch = arch
+        self.arch, self.index32 = arch, index32
         self.max_workgroup, self.local_max, self.global_max = max_workgroup, tuple(local_max), tuple(global_max)
         self.local_bytes, self.fast_local_memory = local_bytes, fast_local_memory
 
@@ -110,7 +140,7 @@ class CUDARenderer(CStyleLanguage):
         return CUDA_TENSOR_CORES + (CUDA_TF32_TENSOR_CORES if ALLOW_TF32 else [])
 
     def id_expr(self, kind: str, dim: int) -> str:
-        return f"(long){'blockIdx' if kind == 'group' else 'threadIdx'}.{'xyz'[dim]}"
+        return f"({'int' if self._int_index else 'long'}){'blockIdx' if kind == 'group' else 'threadIdx'}.{'xyz'[dim]}"
 
     # *** vectors: only the fragments and accumulators of tensor cores (WMMA) are vectors here; NVRTC has no GCC
     # vector extensions, so a vector is a struct of an array ***
@@ -302,8 +332,14 @@ class CUDARenderer(CStyleLanguage):
                 self._async_stores.add(u)
                 self._async_loads.add(v)
 
+    def _range(self, k: KernelText, u: UOp) -> None:
+        CStyleLanguage._range(self, k, u)
+        # (a loop of a kernel whose indices are int counts in int; a CPU-style kernel's parallel loop stays long, as
+        # its grid-stride step may pass the last index)
+        if self._int_index and u.arg[1] != "global": k.body[-1] = k.body[-1].replace("for (long ", "for (int ", 1)
+
     op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load,
-                    Ops.STORE: _store, Ops.BARRIER: _barrier, Ops.DEFINE_LOCAL: _define_local}
+                    Ops.STORE: _store, Ops.BARRIER: _barrier, Ops.DEFINE_LOCAL: _define_local, Ops.RANGE: _range}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__
@@ -314,6 +350,11 @@ class CUDARenderer(CStyleLanguage):
                 size = u.src[0]
                 threads *= size.arg if size.op is Ops.CONST else self.max_workgroup
         self._threads = min(threads, self.max_workgroup)
+        # indices in 32 bits where all of them provably fit: fewer registers (a 64-bit value takes two) and fewer
+        # instructions (64-bit integer multiplies and adds are several 32-bit ones); pointers stay 64-bit, an int
+        # offset sign-extended where it is added to one
+        self._int_index = self.index32 and index_fits_int32(uops)
+        if self._int_index: uops = _index_as_int32(uops)
         self._async_copies(uops)
         self._shared_layout(uops)
         return super()._render(uops, name)

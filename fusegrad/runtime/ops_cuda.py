@@ -23,8 +23,9 @@ import os
 import re
 import struct
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from fusegrad.device import Compiled, CompileError, Compiler, LRUAllocator, numbered
+from fusegrad.helpers import DEBUG
 from fusegrad.runtime.ops_cl import check_group, launch_dims
 
 MISSING_NVRTC = "pip install 'fusegrad[cuda]' (the nvidia-cuda-nvrtc-cu12 wheel)"
@@ -123,24 +124,74 @@ class CUDACompiler(Compiler):
 
     def validate(self, lib: bytes) -> bool: return lib.startswith(b"\x7fELF") and len(lib) > 64
 
+def _elf(cubin: bytes) -> tuple[list[tuple], dict[str, tuple], list[tuple[str, int]]]:
+    """A 64-bit little-endian ELF file's section headers (name offset, type, flags, address, offset, size, link, info,
+    alignment, entry size), the same by section name, and its symbol table's entries (name, section index) in order."""
+    if not cubin.startswith(b"\x7fELF") or len(cubin) < 64: return [], {}, []
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    size, count, strings = struct.unpack_from("<HHH", cubin, 0x3a)
+    if count == 0: return [], {}, []
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    def name_at(table: int, at: int) -> str: return cubin[table + at:cubin.index(b"\0", table + at)].decode()
+    by_name = {name_at(sections[strings][4], sec[0]): sec for sec in sections}
+    symbols: list[tuple[str, int]] = []
+    for sec in sections:
+        if sec[1] != 2: continue   # (SHT_SYMTAB: its link is its string table)
+        for at in range(sec[4], sec[4] + sec[5], 24):
+            name, _, _, where = struct.unpack_from("<IBBH", cubin, at)
+            symbols.append((name_at(sections[sec[6]][4], name), where))
+    return sections, by_name, symbols
+
 def dynamic_shared_bytes(cubin: bytes) -> int:
     """The bytes of dynamic shared memory a cubin's kernel takes: the value of its variable DYNAMIC_SHARED_SYMBOL
     (renderer/cuda.py; in the section of initialized globals, found through the ELF symbol table), 0 without it."""
     from fusegrad.renderer.cuda import DYNAMIC_SHARED_SYMBOL
-    want = DYNAMIC_SHARED_SYMBOL.encode()
-    if want not in cubin: return 0
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    size, count = struct.unpack_from("<HH", cubin, 0x3a)
-    # (each section header: name, type, flags, address, offset, size, link, info, alignment, entry size)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * size) for i in range(count)]
+    if DYNAMIC_SHARED_SYMBOL.encode() not in cubin: return 0
+    sections, _, _ = _elf(cubin)
     for sec in sections:
-        if sec[1] != 2: continue   # (SHT_SYMTAB: its link is its string table)
-        names = sections[sec[6]][4]
+        if sec[1] != 2: continue
         for at in range(sec[4], sec[4] + sec[5], 24):
             name, _, _, where, value, nbytes = struct.unpack_from("<IBBHQQ", cubin, at)
-            if nbytes == 4 and cubin[names + name:cubin.index(b"\0", names + name)] == want:
+            if nbytes == 4 and cubin[sections[sec[6]][4] + name:].startswith(DYNAMIC_SHARED_SYMBOL.encode() + b"\0"):
                 return struct.unpack_from("<I", cubin, sections[where][4] + value)[0]
     return 0
+
+# attributes of a cubin's .nv.info sections (EIATTR_*): each is a format byte, an attribute byte and a value; the
+# format 4 (EIFMT_SVAL) is a 16-bit size and that many bytes, 3 (EIFMT_HVAL) 2 bytes, 2 (EIFMT_BVAL) 2 bytes too (the
+# value and padding to 4 bytes), 1 (EIFMT_NVAL) none
+_EIFMT_SVAL, _EIFMT_HVAL, _EIFMT_BVAL = 4, 3, 2
+_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 0x2f, 0x11
+
+class KernelResources(NamedTuple):
+    """What ptxas gave a kernel of a cubin: 32-bit registers per thread, the bytes of its stack frame (local memory a
+    thread takes: spilled registers and arrays it couldn't keep in registers; 0 in a kernel that spills nothing), and
+    its machine instructions (static: the size of its code over the 16 bytes of an instruction from sm_70 on)."""
+    registers: int
+    frame_bytes: int
+    instructions: int
+
+def kernel_resources(cubin: bytes) -> dict[str, KernelResources]:
+    """Each kernel of a cubin by name, with its registers, stack frame and instructions: the EIATTR_REGCOUNT and
+    EIATTR_FRAME_SIZE attributes of the cubin's `.nv.info` sections (each value a function's symbol index and the
+    number; what ptxas prints with -v as "Used N registers", kept in the cubin so a cached one tells it too), and the
+    size of its `.text.<name>` section."""
+    _, by_name, symbols = _elf(cubin)
+    found: dict[str, dict[int, int]] = {}
+    for name, sec in by_name.items():
+        if not (name == ".nv.info" or name.startswith(".nv.info.")): continue
+        data, at = cubin[sec[4]:sec[4] + sec[5]], 0
+        while at + 2 <= len(data):
+            fmt, attr = data[at], data[at + 1]
+            if fmt == _EIFMT_SVAL:
+                size, = struct.unpack_from("<H", data, at + 2)
+                if attr in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE) and size == 8:
+                    symbol, value = struct.unpack_from("<II", data, at + 4)
+                    found.setdefault(symbols[symbol][0], {})[attr] = value
+                at += 4 + size
+            else: at += 4 if fmt in (_EIFMT_HVAL, _EIFMT_BVAL) else 2
+    return {k: KernelResources(v.get(_EIATTR_REGCOUNT, 0), v.get(_EIATTR_FRAME_SIZE, 0),
+                               by_name[f".text.{k}"][5] // 16)
+            for k, v in found.items() if f".text.{k}" in by_name}
 
 # *** the driver API ***
 
@@ -340,6 +391,12 @@ class CUDAProgram:
         self.device, self.name, self.lib = device, name, lib
         # (bytes of dynamic shared memory each block of it takes: renderer/cuda.py `_shared_layout`)
         self.dynamic_shared = dynamic_shared_bytes(lib)
+        # (its registers per thread, stack frame and instructions, as ptxas made it)
+        self.resources = kernel_resources(lib).get(name)
+        if DEBUG >= 2 and self.resources is not None:
+            r = self.resources
+            print(f"*** CUDA    {name}: {r.registers} registers, {r.frame_bytes} bytes of stack frame, "
+                  f"{r.instructions} instructions")
         self._functions: dict[CUDADevice, tuple[ctypes.c_void_p, int, int]] = {}
         self._modules: list[tuple[CUDADevice, ctypes.c_void_p]] = []
         self._checked_groups: set[tuple[CUDADevice, tuple[int, ...]]] = set()   # (GPU, local dims) within its limits
