@@ -5,7 +5,8 @@ registers per thread ptxas gave the kernel (and its stack frame where it has one
 
 Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]
 Without one, `--dry sm_90` renders and compiles each kernel (registers, no times); `--index64` renders every kernel's
-indices in 64 bits (the CUDA renderer's index32=False), to compare against the 32-bit indices it uses where they fit."""
+indices in 64 bits (the CUDA renderer's index32=False), to compare against the 32-bit indices it uses where they fit,
+and `--no-ldmatrix` loads tensor-core fragments element by element (ldmatrix=False)."""
 from __future__ import annotations
 import argparse
 import contextlib
@@ -46,6 +47,7 @@ def kernel_ast(t: Tensor) -> UOp:
 # --dry: no GPU; each kernel rendered for CUDARenderer(DRY_ARCH) and compiled by NVRTC, not run
 DRY_ARCH = ""
 INDEX32 = True   # --index64 sets it False: the CUDA renderer's indices in 64 bits everywhere
+LDMATRIX = True  # --no-ldmatrix sets it False: tensor-core fragments loaded element by element
 
 def resources(prog, lib: bytes) -> KernelResources | None:
     """The registers and stack frame of a CUDA program's kernel (None for another device's)."""
@@ -57,7 +59,8 @@ def time_kernel(dev: str, ast: UOp, opts: list[Opt] | None = None) -> tuple[floa
     if DRY_ARCH:
         from fusegrad.renderer.cuda import CUDARenderer
         from fusegrad.runtime.ops_cuda import CUDACompiler
-        prog = get_program(ast, CUDARenderer(DRY_ARCH, local_bytes=227 * 1024, index32=INDEX32), opts=opts)
+        prog = get_program(ast, CUDARenderer(DRY_ARCH, local_bytes=227 * 1024, index32=INDEX32,
+                                             ldmatrix=LDMATRIX), opts=opts)
         return math.nan, prog.name, tuple(prog.applied_opts), resources(prog, CUDACompiler(DRY_ARCH).compile(prog.src))
     prog = get_program(ast, Device[dev].renderer, opts=opts)
     sizes = {u.arg: u.dtype for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
@@ -213,11 +216,13 @@ def main() -> None:
                                                               "compile it with NVRTC (its time is nan)")
     ap.add_argument("--index64", action="store_true", help="CUDA kernels' indices in 64 bits (as before 32-bit "
                                                            "indices where they fit)")
+    ap.add_argument("--no-ldmatrix", action="store_true", help="CUDA tensor-core fragments loaded element by element "
+                                                               "from shared memory (as before ldmatrix)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
-    global INDEX32
-    INDEX32 = not args.index64
-    if args.index64 and not args.dry: Device[dev].renderer.index32 = False
+    global INDEX32, LDMATRIX
+    INDEX32, LDMATRIX = not args.index64, not args.no_ldmatrix
+    if not args.dry: Device[dev].renderer.index32, Device[dev].renderer.ldmatrix = INDEX32, LDMATRIX
     if args.dry:
         from fusegrad.renderer.cuda import CUDARenderer
         from fusegrad.renderer.python import PythonRenderer

@@ -12,6 +12,9 @@
   (sm_80 on), which every barrier of the kernel waits for.
 - CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
   loop, so any grid runs them (the runtime launches one thread per iteration, up to a block's worth per block).
+- A tensor-core fragment of 16-bit elements read from shared memory is one `ldmatrix` per warp (sm_75 on; `.trans`
+  where each register's pair lies along a column) where the elements each lane would load are exactly what ldmatrix
+  gives it from rows 16-byte aligned (`ldmatrix_plan` checks every lane); else it is loaded element by element.
 - Index arithmetic is 32-bit `int` where range analysis shows every index value of the kernel fits one
   (`index_fits_int32`: each index node's bounds, a Variable's from its declaration), else 64-bit `long` as in C; a
   pointer plus an int offset is formed in 64 bits by C's own conversion. (A CPU-style kernel's parallel loop counter
@@ -27,8 +30,11 @@ follow IEEE: NVRTC compiles with `--fmad=false` (fused multiply-adds are the exp
 root correctly rounded, denormals kept."""
 from __future__ import annotations
 import math
+import operator
 import re
 import struct
+from collections import Counter
+from typing import NamedTuple
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import ALLOW_TF32, TensorCore
 from fusegrad.renderer.cstyle import _LOWP, _SHORT, CStyleLanguage, KernelText
@@ -98,6 +104,94 @@ CUDA_TF32_TENSOR_CORES = [
     TensorCore("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", (16, 8, 8), dtypes.float32, dtypes.float32,
                "CUDA", _LAYOUT_K8)]
 
+# *** ldmatrix (sm_75 on): a warp loads a tensor-core fragment of 16-bit elements from shared memory in one
+# instruction, each lane giving the address of one row of 8 elements (16 bytes) of one of up to four 8x8 matrices, and
+# receiving, of each matrix j, 32-bit register j: its two elements at (row lane // 4, columns 2 (lane % 4) and one
+# after), with .trans at (rows 2 (lane % 4) and one after, column lane // 4), the lower-indexed in the low half ***
+
+def _c_div(a: int, b: int) -> int: return abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+_LANE_OPS = {Ops.ADD: operator.add, Ops.MUL: operator.mul, Ops.IDIV: _c_div,
+             Ops.MOD: lambda a, b: a - _c_div(a, b) * b, Ops.SHL: operator.lshift, Ops.SHR: operator.rshift,
+             Ops.AND: operator.and_}
+
+def _lane_value(x: UOp, lane: UOp, v: int) -> int:
+    """The value of index expression `x` of the lane id only (`lane`) where the lane id is `v`."""
+    if x is lane: return v
+    if x.op is Ops.CONST: return x.arg
+    return _LANE_OPS[x.op](*[_lane_value(s, lane, v) for s in x.src])
+
+def _terms(x: UOp) -> list[UOp]: return _terms(x.src[0]) + _terms(x.src[1]) if x.op is Ops.ADD else [x]
+
+def _lane_split(off: UOp, lane: UOp) -> tuple[Counter, list[int]] | None:
+    """Index expression `off` as its terms that don't depend on the lane id (summed: a count of each) and the sum of
+    the others, each a function of the lane id alone, for each of the 32 lanes; None if a term depends on the lane id
+    and anything else (or through an op `_lane_value` doesn't evaluate)."""
+    free: Counter = Counter()
+    numbers = [0] * 32
+    for t in _terms(off):
+        if lane not in (topo := t.toposort()):
+            if t.op is Ops.CONST: numbers = [n + t.arg for n in numbers]
+            else: free[t] += 1
+            continue
+        if any(x is not lane and x.op is not Ops.CONST and x.op not in _LANE_OPS for x in topo): return None
+        numbers = [n + _lane_value(t, lane, v) for n, v in zip(numbers, range(32))]
+    return free, numbers
+
+def _multiple_of(x: UOp, n: int) -> bool:
+    """Whether index expression `x` is a multiple of `n` whatever its variables are."""
+    if x.op is Ops.CONST: return x.arg % n == 0
+    if x.op is Ops.MUL: return _multiple_of(x.src[0], n) or _multiple_of(x.src[1], n)
+    if x.op in (Ops.ADD, Ops.SUB): return _multiple_of(x.src[0], n) and _multiple_of(x.src[1], n)
+    return False
+
+def _element(x: UOp) -> tuple[UOp, int] | None:
+    """(the INDEX into local memory, the element of it) that fragment element `x` is a plain load of, or None."""
+    ld, at = (x.src[0], x.arg) if x.op is Ops.GEP and isinstance(x.arg, int) else (x, 0)
+    if ld.op is not Ops.LOAD or len(ld.src) != 1 or (idx := ld.src[0]).op is not Ops.INDEX or len(idx.src) != 2:
+        return None
+    buf = idx.src[0]
+    while buf.op is Ops.BARRIER: buf = buf.src[0]
+    return (idx, at) if buf.op is Ops.DEFINE_LOCAL else None
+
+class LdMatrix(NamedTuple):
+    """A fragment loaded by ldmatrix: from `buf` (a local buffer, its element type 16 bits), each lane at the sum of
+    the index terms `free` and of (lane % 8) rows[0] + (lane // 8 % 2) rows[1] + (lane // 16) rows[2] + rows[3];
+    `matrices` 8x8 matrices (x4: an A fragment of 8 elements, x2: a B fragment of 4), transposed or not."""
+    buf: UOp
+    free: tuple[UOp, ...]
+    rows: tuple[int, int, int, int]
+    matrices: int
+    trans: bool
+
+def ldmatrix_plan(frag: UOp, lane: UOp) -> LdMatrix | None:
+    """How ldmatrix loads tensor-core fragment `frag` (a VECTORIZE of 16-bit loads from local memory; element 2j and
+    2j + 1 are register j of the mma, as `_wmma_fn` packs them) where it loads exactly the elements each lane's loads
+    would, or None. `lane` is the lane id (lidx0, 32 lanes). Each element's address is split into terms free of the
+    lane id, the same for all the elements, and a number per lane; the rows the lanes address are read off the
+    elements that ldmatrix puts at column 0, then what ldmatrix delivers from them is compared with every element of
+    every lane, and each row must start at 16 bytes (the terms free of the lane a multiple of 8 elements)."""
+    if frag.op is not Ops.VECTORIZE or frag.dtype.scalar().itemsize != 2 or frag.dtype.count not in (4, 8): return None
+    elements = [_element(x) for x in frag.src]
+    if any(e is None for e in elements) or len({e[0].src[0] for e in elements}) != 1: return None
+    splits = [_lane_split(idx.src[1], lane) for idx, _ in elements]
+    if any(sp is None for sp in splits) or any(sp[0] != splits[0][0] for sp in splits): return None
+    free = splits[0][0]
+    at = [[n + e[1] for n in sp[1]] for e, sp in zip(elements, splits)]   # element i of lane l: free terms + at[i][l]
+    matrices = frag.dtype.count // 2
+    for trans in (False, True):
+        # the row each lane gives: row r of matrix j (lanes 16-31 of x2 repeat lanes 0-15: their rows aren't read)
+        rows = [at[2 * (lane_ // 8 % matrices) + lane_ % 8 % 2][lane_ % 8 // 2] if trans else
+                at[2 * (lane_ // 8 % matrices)][4 * (lane_ % 8)] for lane_ in range(32)]
+        if not all((rows[8 * j + 2 * (ln % 4) + s] + ln // 4 if trans else rows[8 * j + ln // 4] + 2 * (ln % 4) + s)
+                   == at[2 * j + s][ln] for ln in range(32) for j in range(matrices) for s in (0, 1)): continue
+        d = rows[0]
+        coef = (rows[1] - d, rows[8] - d, rows[16] - d, d)
+        if any(rows[ln] != (ln % 8) * coef[0] + (ln // 8 % 2) * coef[1] + (ln // 16) * coef[2] + d for ln in range(32)):
+            continue
+        if any(r % 8 for r in rows) or not all(_multiple_of(t, 8) for t in free): continue
+        return LdMatrix(elements[0][0].src[0], tuple(free.elements()), coef, matrices, trans)
+    return None
+
 class CUDARenderer(CStyleLanguage):
     """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
     GPUs have: 1024 threads per block (1024, 1024 and 64 along x, y, z), 2**31-1 blocks along x and 65535 along y and z,
@@ -112,6 +206,8 @@ class CUDARenderer(CStyleLanguage):
     simd_bytes = 0
     _dynamic_shared = 0   # bytes of dynamic shared memory of the kernel being rendered (`_shared_layout`)
     _int_index = False    # whether the kernel being rendered computes its indices as int (`_render`)
+    _ldm: dict[UOp, LdMatrix] = {}   # its fragments loaded by ldmatrix, and the loads that they replace
+    _ldm_skip: frozenset[UOp] | set[UOp] = frozenset()
     vector_dtypes = ()
     has_fma = True
     has_threads = False
@@ -127,9 +223,9 @@ class CUDARenderer(CStyleLanguage):
 
     def __init__(self, arch: str = "sm_80", max_workgroup: int = 1024, local_max: tuple[int, ...] = (1024, 1024, 64),
                  global_max: tuple[int, ...] = (2 ** 31 - 1, 65535, 65535), local_bytes: int = 48 * 1024,
-                 fast_local_memory: bool = True, index32: bool = True) -> None:
+                 fast_local_memory: bool = True, index32: bool = True, ldmatrix: bool = True) -> None:
         if not re.fullmatch(r"sm_\d+[a-z]?", arch): raise ValueError(f"CUDA architecture {arch!r}: expected sm_XY")
-        self.arch, self.index32 = arch, index32
+        self.arch, self.index32, self.ldmatrix = arch, index32, ldmatrix
         self.max_workgroup, self.local_max, self.global_max = max_workgroup, tuple(local_max), tuple(global_max)
         self.local_bytes, self.fast_local_memory = local_bytes, fast_local_memory
 
@@ -248,6 +344,7 @@ class CUDARenderer(CStyleLanguage):
         if u.dtype in _LOWP: k.r[u] = self.from_float(f"(float){u.arg[0]}", u.dtype)
 
     def _load(self, k: KernelText, u: UOp) -> None:
+        if u in self._ldm_skip: return   # (read only by fragments ldmatrix loads)
         idx = u.src[0]
         n = u.dtype.itemsize
         if not (idx.op is Ops.INDEX and idx.dtype.vcount > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL and len(u.src) == 1
@@ -311,6 +408,26 @@ class CUDARenderer(CStyleLanguage):
         # (a BARRIER that only orders: its buffer, after its sources)
         k.r[u] = k.r[u.src[0]]
 
+    def _ldmatrix_fragments(self, uops: list[UOp]) -> None:
+        """The tensor-core fragments that ldmatrix loads (sm_75 and later, `ldmatrix_plan`) and the loads (and their
+        lanes' picks) that nothing else reads, which aren't rendered."""
+        self._ldm, self._ldm_skip = {}, set()
+        lane = next((u for u in uops if u.op is Ops.SPECIAL and u.arg == "lidx0" and u.src[0].op is Ops.CONST and
+                     u.src[0].arg == 32), None)
+        if not self.ldmatrix or int(re.sub(r"\D", "", self.arch)) < 75 or lane is None: return
+        self._lane = lane
+        for u in uops:
+            if u.op is not Ops.WMMA: continue
+            for frag in u.src[:2]:
+                if frag not in self._ldm and (plan := ldmatrix_plan(frag, lane)) is not None: self._ldm[frag] = plan
+        users: dict[UOp, list[UOp]] = {}
+        for u in uops:
+            for x in u.src: users.setdefault(x, []).append(u)
+        for x in (x for frag in self._ldm for x in frag.src if x.op is Ops.GEP):
+            if all(y in self._ldm for y in users[x]): self._ldm_skip.add(x)
+        for ld in {x.src[0] if x.op is Ops.GEP else x for frag in self._ldm for x in frag.src}:
+            if all(y in self._ldm or y in self._ldm_skip for y in users[ld]): self._ldm_skip.add(ld)
+
     def _async_copies(self, uops: list[UOp]) -> None:
         """The 16-byte copies from global to shared memory that `_store` makes asynchronous (sm_80 and later): a
         store to a local buffer of a vector load of a global buffer used by nothing else, under the same gate or
@@ -332,6 +449,31 @@ class CUDARenderer(CStyleLanguage):
                 self._async_stores.add(u)
                 self._async_loads.add(v)
 
+    def _gep(self, k: KernelText, u: UOp) -> None:
+        if u not in self._ldm_skip: CStyleLanguage._gep(self, k, u)
+
+    def _vectorize(self, k: KernelText, u: UOp) -> None:
+        if (plan := self._ldm.get(u)) is None: return CStyleLanguage._vectorize(self, k, u)
+        # a tensor-core fragment loaded by ldmatrix (`ldmatrix_plan`): each lane gives its row's address
+        lane = k.r[self._lane]
+        terms = [k.r[t] for t in plan.free] + [f"({e}*{c})" for e, c in zip((f"({lane}%8)", f"({lane}/8%2)",
+                                                                            f"({lane}/16)"), plan.rows) if c]
+        if plan.rows[3] or not terms: terms.append(str(plan.rows[3]))
+        regs = [k.new_var("frag") for _ in range(plan.matrices)]
+        outs = ", ".join(f'"=r"({r})' for r in regs)
+        op = f"ldmatrix.sync.aligned.m8n8.x{plan.matrices}{'.trans' if plan.trans else ''}.shared.b16"
+        operands = "{" + ",".join(f"%{i}" for i in range(plan.matrices)) + "}"
+        # (the buffer's shared-memory address, converted from the generic one once: the compiler reuses it, and each
+        # fragment's is a 32-bit add to it)
+        shared = f'asm("{{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}" : "=r"(s) : ' \
+                 f'"l"({k.r[plan.buf]}));'
+        at = f"s+(unsigned)({'+'.join(terms)})*{u.dtype.scalar().itemsize}"
+        k.line(f"unsigned {', '.join(regs)};")
+        k.line(f'{{ unsigned s; {shared} asm volatile("{op} {operands}, [%{plan.matrices}];" : {outs} : "r"({at}) : '
+               '"memory"); }')
+        t = self.dtype_name(u.dtype.scalar())
+        k.assign(u, self.vector_literal(u.dtype, [f"({t})({r}{sh})" for r in regs for sh in ("", ">>16")]), "vec")
+
     def _range(self, k: KernelText, u: UOp) -> None:
         CStyleLanguage._range(self, k, u)
         # (a loop of a kernel whose indices are int counts in int; a CPU-style kernel's parallel loop stays long, as
@@ -339,7 +481,8 @@ class CUDARenderer(CStyleLanguage):
         if self._int_index and u.arg[1] != "global": k.body[-1] = k.body[-1].replace("for (long ", "for (int ", 1)
 
     op_renderers = {**CStyleLanguage.op_renderers, Ops.DEFINE_VAR: _define_var, Ops.WMMA: _wmma, Ops.LOAD: _load,
-                    Ops.STORE: _store, Ops.BARRIER: _barrier, Ops.DEFINE_LOCAL: _define_local, Ops.RANGE: _range}
+                    Ops.STORE: _store, Ops.BARRIER: _barrier, Ops.DEFINE_LOCAL: _define_local, Ops.RANGE: _range,
+                    Ops.GEP: _gep, Ops.VECTORIZE: _vectorize}
 
     def _render(self, uops: list[UOp], name: str) -> str:
         # (on the copy `render` makes) the block size, for __launch_bounds__
@@ -355,6 +498,7 @@ class CUDARenderer(CStyleLanguage):
         # offset sign-extended where it is added to one
         self._int_index = self.index32 and index_fits_int32(uops)
         if self._int_index: uops = _index_as_int32(uops)
+        self._ldmatrix_fragments(uops)
         self._async_copies(uops)
         self._shared_layout(uops)
         return super()._render(uops, name)

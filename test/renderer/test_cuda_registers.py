@@ -154,3 +154,87 @@ def test_every_index_value_is_checked_not_only_addresses():
 def test_index32_off_renders_64_bit():
     (p,) = programs(Tensor.empty(64, 64) + 1, ren=CUDARenderer(index32=False))
     assert _index_types(p.src) == {"long"}, p.src
+
+# *** ldmatrix ***
+
+def _staged_tensor_core_programs(monkeypatch) -> list:
+    """Kernels whose tensor-core operands are staged through local memory: half and bfloat16 matmuls and a 1x1 half
+    convolution (as the heuristic lays them out for an H100's shared memory), and a half matmul of 2x2 tiles."""
+    import fusegrad.tensor as fgt
+    monkeypatch.setattr(fgt, "_has_tensor_cores", lambda device: True)   # (the CPU's own matmul converts half first)
+    ren = CUDARenderer("sm_90", local_bytes=227 * 1024)
+    h = lambda *shape, dt=dtypes.half: Tensor.empty(*shape, dtype=dt)
+    progs = programs(h(1024, 1024) @ h(1024, 1024), h(512, 256, dt=dtypes.bfloat16) @ h(256, 512, dt=dtypes.bfloat16),
+                     h(8, 256, 28, 28).conv2d(h(64, 256, 1, 1)), ren=ren)
+    monkeypatch.setattr(heuristic_gpu, "TC_TILES", (2, 2))
+    progs += programs(h(512, 512) @ h(512, 512), ren=ren)
+    return [p for p in progs if any(u.op is Ops.WMMA for u in p.uops) and any(u.op is Ops.DEFINE_LOCAL for u in p.uops)]
+
+def _value(x: UOp, env: dict[UOp, int]) -> int:
+    """Index expression `x` with its variables set to `env`, folded by the simplifier (not the renderer's code)."""
+    v = x.substitute({k: UOp.const(k.dtype, n) for k, n in env.items()}).simplify()
+    assert v.op is Ops.CONST, v
+    return v.arg
+
+def test_ldmatrix_delivers_each_lanes_elements(monkeypatch):
+    """Each fragment the renderer loads with ldmatrix: every lane's rows as rendered (the plan's terms and per-lane
+    numbers), read as the PTX ISA says ldmatrix reads them, give every lane the elements its own loads read (each
+    address evaluated by the simplifier with the kernel's other variables at random values). A and B fragments of
+    each kernel are loaded so, and the kernels compile."""
+    import random
+    from fusegrad.renderer.cuda import ldmatrix_plan
+    rng = random.Random(0)
+    progs = _staged_tensor_core_programs(monkeypatch)
+    assert len(progs) == 4
+    for p in progs:
+        lane = next(u for u in p.uops if u.op is Ops.SPECIAL and u.arg == "lidx0")
+        frags = {f for u in p.uops if u.op is Ops.WMMA for f in u.src[:2]}
+        plans = {f: ldmatrix_plan(f, lane) for f in frags}
+        assert all(plans.values()) and {pl.matrices for pl in plans.values()} == {4, 2}, p.src
+        assert p.src.count("ldmatrix.sync.aligned.m8n8") == len(frags)
+        variables = [u for u in p.uops if u.op in (Ops.RANGE, Ops.SPECIAL) and u is not lane]
+        for _ in range(3):
+            env = {v: rng.randint(int(v.vmin), int(v.vmax)) for v in variables}
+            for frag, plan in plans.items():
+                free = sum(_value(t, env) for t in plan.free)
+                a, b, c, d = plan.rows
+                row = [free + (ln % 8) * a + (ln // 8 % 2) * b + (ln // 16) * c + d for ln in range(32)]
+                for ln in range(32):
+                    want = []
+                    for x in frag.src:
+                        ld, at = (x.src[0], x.arg) if x.op is Ops.GEP else (x, 0)
+                        want.append(_value(ld.src[0].src[1], {**env, lane: ln}) + at)
+                    # register j of lane ln: two elements of matrix j (the rows lanes 8j..8j+7 gave)
+                    got = [row[8 * j + 2 * (ln % 4) + s] + ln // 4 if plan.trans else
+                           row[8 * j + ln // 4] + 2 * (ln % 4) + s for j in range(plan.matrices) for s in (0, 1)]
+                    assert got == want, (p.function_name, ln, got, want)
+                # (each row 16 bytes aligned: 8 elements of 2 bytes, and the buffer aligned to 16)
+                assert all(r % 8 == 0 for r in row)
+        cubin = CUDACompiler("sm_80").compile(p.src)
+        assert p.function_name in kernel_resources(cubin)
+
+def test_ldmatrix_only_where_the_layout_matches(monkeypatch):
+    """A fragment whose elements are in another order, or whose rows would start off 16 bytes, is loaded element by
+    element."""
+    from fusegrad.renderer.cuda import ldmatrix_plan
+    p = _staged_tensor_core_programs(monkeypatch)[0]
+    lane = next(u for u in p.uops if u.op is Ops.SPECIAL and u.arg == "lidx0")
+    a, b = next(u for u in p.uops if u.op is Ops.WMMA).src[:2]
+    assert ldmatrix_plan(a, lane) is not None and ldmatrix_plan(b, lane) is not None
+    swapped = UOp(Ops.VECTORIZE, a.dtype, (a.src[1], a.src[0], *a.src[2:]))
+    assert ldmatrix_plan(swapped, lane) is None
+    def shifted(x: UOp, by: int) -> UOp:
+        ld = x.src[0] if x.op is Ops.GEP else x
+        idx = ld.src[0]
+        moved = ld.replace(src=(idx.replace(src=(idx.src[0], idx.src[1] + by)),))
+        return x.replace(src=(moved,)) if x.op is Ops.GEP else moved
+    assert ldmatrix_plan(UOp(Ops.VECTORIZE, b.dtype, tuple(shifted(x, 8) for x in b.src)), lane) is not None
+    assert ldmatrix_plan(UOp(Ops.VECTORIZE, b.dtype, tuple(shifted(x, 2) for x in b.src)), lane) is None
+
+def test_ldmatrix_off_loads_element_by_element(monkeypatch):
+    import fusegrad.tensor as fgt
+    monkeypatch.setattr(fgt, "_has_tensor_cores", lambda device: True)
+    h = Tensor.empty(1024, 1024, dtype=dtypes.half)
+    for on in (True, False):
+        p = programs(h @ h, ren=CUDARenderer("sm_90", local_bytes=227 * 1024, ldmatrix=on))[-1]
+        assert any(u.op is Ops.DEFINE_LOCAL for u in p.uops) and ("ldmatrix" in p.src) == on
