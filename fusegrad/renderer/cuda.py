@@ -13,8 +13,9 @@
 - CPU-style kernels (no SPECIAL) keep their `core_lo`/`core_hi` parameters; their parallel loop becomes a grid-stride
   loop, so any grid runs them (the runtime launches one thread per iteration, up to a block's worth per block).
 - A tensor-core fragment of 16-bit elements read from shared memory is one `ldmatrix` per warp (sm_75 on; `.trans`
-  where each register's pair lies along a column) where the elements each lane would load are exactly what ldmatrix
-  gives it from rows 16-byte aligned (`ldmatrix_plan` checks every lane); else it is loaded element by element.
+  where each register's pair lies along a column; two B fragments one after the other in one x4) where the elements
+  each lane would load are exactly what ldmatrix gives it from rows 16-byte aligned (`ldmatrix_plan` checks every
+  lane); else it is loaded element by element.
 - Index arithmetic is 32-bit `int` where range analysis shows every index value of the kernel fits one
   (`index_fits_int32`: each index node's bounds, a Variable's from its declaration), else 64-bit `long` as in C; a
   pointer plus an int offset is formed in 64 bits by C's own conversion. (A CPU-style kernel's parallel loop counter
@@ -192,6 +193,32 @@ def ldmatrix_plan(frag: UOp, lane: UOp) -> LdMatrix | None:
         return LdMatrix(elements[0][0].src[0], tuple(free.elements()), coef, matrices, trans)
     return None
 
+def lane_id(uops: list[UOp]) -> UOp | None:
+    """The lane id of a kernel's warps: lidx0, of 32 work-items (a tensor-core kernel's)."""
+    return next((u for u in uops if u.op is Ops.SPECIAL and u.arg == "lidx0" and u.src[0].op is Ops.CONST and
+                 u.src[0].arg == 32), None)
+
+def ldmatrix_loads(uops: list[UOp]) -> tuple[dict[UOp, LdMatrix], dict[UOp, UOp]]:
+    """The tensor-core fragments of a kernel that ldmatrix loads, each with its plan, and the pairs loaded by one x4:
+    two fragments of two matrices each (B's) one after the other, with no loop starting or ending between them, where
+    ldmatrix gives both from its rows (the first -> the second; the first's plan is the pair's)."""
+    plans: dict[UOp, LdMatrix] = {}
+    pairs: dict[UOp, UOp] = {}
+    if (lane := lane_id(uops)) is None: return plans, pairs
+    for u in uops:
+        if u.op is not Ops.WMMA: continue
+        for frag in u.src[:2]:
+            if frag not in plans and (plan := ldmatrix_plan(frag, lane)) is not None: plans[frag] = plan
+    first = None
+    for u in uops:
+        if u.op in (Ops.RANGE, Ops.END): first = None
+        if (plan := plans.get(u)) is None or plan.matrices != 2: continue
+        both = UOp(Ops.VECTORIZE, u.dtype.scalar().vec(8), first.src + u.src) if first is not None else None
+        if both is not None and (plan := ldmatrix_plan(both, lane)) is not None:
+            plans[first], pairs[first], first = plan, u, None
+        else: first = u
+    return plans, pairs
+
 class CUDARenderer(CStyleLanguage):
     """CUDA C for a GPU of compute capability `arch` (sm_80: A100, sm_90: H100). The limits default to what those
     GPUs have: 1024 threads per block (1024, 1024 and 64 along x, y, z), 2**31-1 blocks along x and 65535 along y and z,
@@ -208,6 +235,7 @@ class CUDARenderer(CStyleLanguage):
     _int_index = False    # whether the kernel being rendered computes its indices as int (`_render`)
     _ldm: dict[UOp, LdMatrix] = {}   # its fragments loaded by ldmatrix, and the loads that they replace
     _ldm_skip: frozenset[UOp] | set[UOp] = frozenset()
+    _ldm_pair: dict[UOp, UOp] = {}   # a fragment -> the one loaded with it (its plan's matrices 2 and 3)
     vector_dtypes = ()
     has_fma = True
     has_threads = False
@@ -409,17 +437,12 @@ class CUDARenderer(CStyleLanguage):
         k.r[u] = k.r[u.src[0]]
 
     def _ldmatrix_fragments(self, uops: list[UOp]) -> None:
-        """The tensor-core fragments that ldmatrix loads (sm_75 and later, `ldmatrix_plan`) and the loads (and their
-        lanes' picks) that nothing else reads, which aren't rendered."""
-        self._ldm, self._ldm_skip = {}, set()
-        lane = next((u for u in uops if u.op is Ops.SPECIAL and u.arg == "lidx0" and u.src[0].op is Ops.CONST and
-                     u.src[0].arg == 32), None)
-        if not self.ldmatrix or int(re.sub(r"\D", "", self.arch)) < 75 or lane is None: return
-        self._lane = lane
-        for u in uops:
-            if u.op is not Ops.WMMA: continue
-            for frag in u.src[:2]:
-                if frag not in self._ldm and (plan := ldmatrix_plan(frag, lane)) is not None: self._ldm[frag] = plan
+        """The tensor-core fragments that ldmatrix loads (`ldmatrix_loads`), and the loads (and their lanes' picks)
+        that nothing else reads, which aren't rendered."""
+        self._ldm, self._ldm_pair, self._ldm_skip = {}, {}, set()
+        if not self.ldmatrix or int(re.sub(r"\D", "", self.arch)) < 75: return
+        self._ldm, self._ldm_pair = ldmatrix_loads(uops)
+        self._ldm_lane = lane_id(uops)
         users: dict[UOp, list[UOp]] = {}
         for u in uops:
             for x in u.src: users.setdefault(x, []).append(u)
@@ -454,8 +477,9 @@ class CUDARenderer(CStyleLanguage):
 
     def _vectorize(self, k: KernelText, u: UOp) -> None:
         if (plan := self._ldm.get(u)) is None: return CStyleLanguage._vectorize(self, k, u)
+        if u in self._ldm_pair.values(): return   # (loaded with the fragment before it)
         # a tensor-core fragment loaded by ldmatrix (`ldmatrix_plan`): each lane gives its row's address
-        lane = k.r[self._lane]
+        lane = k.r[self._ldm_lane]
         terms = [k.r[t] for t in plan.free] + [f"({e}*{c})" for e, c in zip((f"({lane}%8)", f"({lane}/8%2)",
                                                                             f"({lane}/16)"), plan.rows) if c]
         if plan.rows[3] or not terms: terms.append(str(plan.rows[3]))
@@ -472,7 +496,10 @@ class CUDARenderer(CStyleLanguage):
         k.line(f'{{ unsigned s; {shared} asm volatile("{op} {operands}, [%{plan.matrices}];" : {outs} : "r"({at}) : '
                '"memory"); }')
         t = self.dtype_name(u.dtype.scalar())
-        k.assign(u, self.vector_literal(u.dtype, [f"({t})({r}{sh})" for r in regs for sh in ("", ">>16")]), "vec")
+        for frag, its in ((u, regs[:u.dtype.count // 2]), (self._ldm_pair.get(u), regs[u.dtype.count // 2:])):
+            if frag is not None:
+                k.assign(frag, self.vector_literal(frag.dtype, [f"({t})({r}{sh})" for r in its for sh in ("", ">>16")]),
+                         "vec")
 
     def _range(self, k: KernelText, u: UOp) -> None:
         CStyleLanguage._range(self, k, u)

@@ -177,31 +177,34 @@ def _value(x: UOp, env: dict[UOp, int]) -> int:
     return v.arg
 
 def test_ldmatrix_delivers_each_lanes_elements(monkeypatch):
-    """Each fragment the renderer loads with ldmatrix: every lane's rows as rendered (the plan's terms and per-lane
-    numbers), read as the PTX ISA says ldmatrix reads them, give every lane the elements its own loads read (each
-    address evaluated by the simplifier with the kernel's other variables at random values). A and B fragments of
-    each kernel are loaded so, and the kernels compile."""
+    """Each ldmatrix the renderer makes (of one fragment, or of two B fragments in one x4): every lane's rows as
+    rendered (the plan's terms and per-lane numbers), read as the PTX ISA says ldmatrix reads them, give every lane
+    the elements its own loads read (each address evaluated by the simplifier with the kernel's other variables at
+    random values). Every fragment of each kernel is loaded so, and the kernels compile."""
     import random
-    from fusegrad.renderer.cuda import ldmatrix_plan
+    from fusegrad.renderer.cuda import lane_id, ldmatrix_loads
     rng = random.Random(0)
     progs = _staged_tensor_core_programs(monkeypatch)
     assert len(progs) == 4
     for p in progs:
-        lane = next(u for u in p.uops if u.op is Ops.SPECIAL and u.arg == "lidx0")
+        lane = lane_id(p.uops)
+        plans, pairs = ldmatrix_loads(p.uops)
         frags = {f for u in p.uops if u.op is Ops.WMMA for f in u.src[:2]}
-        plans = {f: ldmatrix_plan(f, lane) for f in frags}
-        assert all(plans.values()) and {pl.matrices for pl in plans.values()} == {4, 2}, p.src
-        assert p.src.count("ldmatrix.sync.aligned.m8n8") == len(frags)
+        assert set(plans) == frags and any(pl.matrices == 4 for pl in plans.values()), p.src
+        assert p.src.count("ldmatrix.sync.aligned.m8n8") == len(frags) - len(pairs) and pairs
         variables = [u for u in p.uops if u.op in (Ops.RANGE, Ops.SPECIAL) and u is not lane]
         for _ in range(3):
             env = {v: rng.randint(int(v.vmin), int(v.vmax)) for v in variables}
             for frag, plan in plans.items():
+                if frag in pairs.values(): continue
+                elements = frag.src + (pairs[frag].src if frag in pairs else ())
+                assert plan.matrices == len(elements) // 2
                 free = sum(_value(t, env) for t in plan.free)
                 a, b, c, d = plan.rows
                 row = [free + (ln % 8) * a + (ln // 8 % 2) * b + (ln // 16) * c + d for ln in range(32)]
                 for ln in range(32):
                     want = []
-                    for x in frag.src:
+                    for x in elements:
                         ld, at = (x.src[0], x.arg) if x.op is Ops.GEP else (x, 0)
                         want.append(_value(ld.src[0].src[1], {**env, lane: ln}) + at)
                     # register j of lane ln: two elements of matrix j (the rows lanes 8j..8j+7 gave)
@@ -216,9 +219,9 @@ def test_ldmatrix_delivers_each_lanes_elements(monkeypatch):
 def test_ldmatrix_only_where_the_layout_matches(monkeypatch):
     """A fragment whose elements are in another order, or whose rows would start off 16 bytes, is loaded element by
     element."""
-    from fusegrad.renderer.cuda import ldmatrix_plan
+    from fusegrad.renderer.cuda import lane_id, ldmatrix_plan
     p = _staged_tensor_core_programs(monkeypatch)[0]
-    lane = next(u for u in p.uops if u.op is Ops.SPECIAL and u.arg == "lidx0")
+    lane = lane_id(p.uops)
     a, b = next(u for u in p.uops if u.op is Ops.WMMA).src[:2]
     assert ldmatrix_plan(a, lane) is not None and ldmatrix_plan(b, lane) is not None
     swapped = UOp(Ops.VECTORIZE, a.dtype, (a.src[1], a.src[0], *a.src[2:]))
