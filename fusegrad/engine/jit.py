@@ -15,7 +15,7 @@ from itertools import repeat
 import weakref
 from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
-from fusegrad.device import Buffer
+from fusegrad.device import Buffer, Device
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError, ViewChecks, check_view_bounds, snapshot_nodes
 from fusegrad.engine.realize import BoundsCheck, BufferCopy, CompiledRunner, ExecItem
@@ -218,12 +218,33 @@ class _Same:
 class _KeptReplay:
     """What TinyJit.replay_kept runs: the launches with their arguments bound, valid while the plan they come from
     is (the same launch knobs, the same memory of every buffer they take, the inputs' included)."""
-    __slots__ = ("same", "launches", "knobs", "dicts", "opaques", "calls", "subst", "outputs")
+    __slots__ = ("same", "launches", "knobs", "dicts", "opaques", "calls", "subst", "outputs", "slots", "joins",
+                 "devices")
     def __init__(self, same: Any, launches: Any, dicts: list, opaques: list, calls: list, subst: dict[int, Buffer],
-                 outputs: list[Buffer]):
+                 outputs: list[Buffer], slots: list[list[tuple[int, int]]]):
         self.same, self.launches, self.dicts, self.opaques = same, launches, dicts, opaques
         self.knobs = [k.value for k in _realize.LAUNCH_KNOBS]
         self.calls, self.subst, self.outputs = calls, subst, outputs
+        # per input: (call, position in its allocations) of each place a launch takes the input's memory
+        self.slots = slots
+        # whether the last call is a launch graph that waits for its kernels itself (the CPU's: its calling thread
+        # runs their chunks as soon as they are queued); else a waiting replay synchronizes `devices` after
+        self.joins = bool(calls) and getattr(calls[-1][0], "waits", False)
+        self.devices = sorted({b.device for b in subst.values()})
+
+    def with_inputs(self, inputs: list[Any]) -> list[tuple[Any, tuple]]:
+        """The calls with the allocation `inputs[k]` in place of input k's memory (where it is not None)."""
+        calls = list(self.calls)
+        for slots, a in zip(self.slots, inputs):
+            if a is None: continue
+            for ci, pos in slots:
+                fn, fn_args = calls[ci]
+                if isinstance(fn_args[0], list):   # (a graph's: one list of allocations)
+                    allocations = list(fn_args[0])
+                    allocations[pos] = a
+                    calls[ci] = (fn, (allocations,))
+                else: calls[ci] = (fn, fn_args[:pos] + (a,) + fn_args[pos + 1:])
+        return calls
 
     def valid(self, launches: Any) -> bool:
         # (== of the lists compares the allocations by identity, in C: they define no __eq__)
@@ -310,6 +331,7 @@ class TinyJit(Generic[R]):
         self._last_outputs: dict[int, tuple[UOp, Buffer, Any]] = {}
         self._same: tuple[list[weakref.ref], list[weakref.ref]] | None = None
         self._kept: _KeptReplay | None = None
+        self._in_place: tuple[list, list[bool]] | None = None   # (reads_in_place, for the jit_cache it was found of)
 
     @property
     def captured(self) -> list[ExecItem]:
@@ -345,11 +367,17 @@ class TinyJit(Generic[R]):
         return self._replay(inputs, Tensor) if not _viz.PROFILE else \
             _viz.profiled("TinyJit replay", self._replay, inputs, Tensor)
 
-    def replay_kept(self, *args: Any) -> list[Buffer] | None:
+    def replay_kept(self, *args: Any, wait: bool = False, inputs: list[Any] | None = None) -> list[Buffer] | None:
         """A replay for a caller that wants the outputs' contents, not tensors: the kernels write into output memory
         this TinyJit keeps (the same Buffers on every such call, so each call overwrites the last one's results) and
         the Buffers are returned, one per returned tensor in flattened order. Each argument must be the same tensor
         (the same node) as in the last call that checked its inputs, so nothing is checked again.
+
+        `wait`: return once the kernels have run (on the CPU the calling thread runs their chunks from the moment
+        they are queued). `inputs` (only with `wait`): per argument, None or an allocation of its device (a CPU
+        allocation: a ctypes array, which may be of the caller's own memory) of the argument's size that this call's
+        kernels read in place of the argument's memory, for an argument `reads_in_place` allows. The caller's memory
+        is read only while this call runs: it has finished when the call returns.
 
         None, with nothing run, where the call needs `__call__` instead: before the capture, for other arguments,
         for returned tensors that are views other than reshapes of a fresh buffer or values other than tensors, for
@@ -368,11 +396,25 @@ class TinyJit(Generic[R]):
         if len(args) != len(uops): return None
         for a, r in zip(args, uops):
             if type(a) is not Tensor or a._uop is not r(): return None
+        calls = kept.calls
+        if inputs is not None:
+            if not wait: raise ValueError("replay_kept reads inputs in place only with wait=True")
+            allowed = self.reads_in_place()
+            if len(inputs) != len(allowed) or any(a is not None and not ok for a, ok in zip(inputs, allowed)):
+                raise ValueError("replay_kept: an input given in place that reads_in_place doesn't allow")
+            calls = kept.with_inputs(inputs)
         self._replays = n
         if self._constraints:
             for dims, values in self._constraints: check_view_bounds(dims, values)
         if self._bounded: _realize.check_bounds(self._bounded, {}, kept.subst)
-        for fn, fn_args in kept.calls: fn(*fn_args)
+        if wait and kept.joins:
+            for fn, fn_args in calls[:-1]: fn(*fn_args)
+            fn, fn_args = calls[-1]
+            fn(*fn_args, wait=True)
+        else:
+            for fn, fn_args in calls: fn(*fn_args)
+            if wait:
+                for d in kept.devices: Device[d].synchronize()
         ops, mem, count = self._prepared_work
         _realize.GlobalCounters.global_ops += ops
         _realize.GlobalCounters.global_mem += mem
@@ -404,7 +446,34 @@ class TinyJit(Generic[R]):
         dicts = dicts + [b.__dict__ for b in inputs]  # type: ignore[union-attr]
         opaques = opaques + [b._buf for b in inputs]  # type: ignore[union-attr]
         outputs = [subst[c[0]] for c in self._out_chains]  # type: ignore[index]
-        return _KeptReplay(self._same, self._launches, dicts, opaques, calls, subst, outputs)
+        # where each input's allocation goes in the calls (an input passed twice is substituted at both)
+        slots: list[list[tuple[int, int]]] = []
+        for b in inputs:
+            opaque = b._buf  # type: ignore[union-attr]
+            slots.append([(ci, pos) for ci, (_, fn_args) in enumerate(calls)
+                          for pos, a in enumerate(fn_args[0] if isinstance(fn_args[0], list) else fn_args)
+                          if a is opaque])
+        return _KeptReplay(self._same, self._launches, dicts, opaques, calls, subst, outputs, slots)
+
+    def reads_in_place(self) -> list[bool]:
+        """Per input of the capture (in argument order): whether replay_kept may read it from other memory (`inputs`):
+        it is a buffer of its own (not a view), and no captured item writes it or takes a view of it (those would
+        still use the argument's memory)."""
+        if self._in_place is not None and self._in_place[0] is self.jit_cache: return self._in_place[1]
+        inputs = self._inputs_at_capture
+        ids = {id(b) for b in inputs}
+        bad: set[int] = set()
+        for ei in self.jit_cache:
+            prg = ei.prg
+            written = prg.p.outs if isinstance(prg, CompiledRunner) else (0,) if isinstance(prg, BufferCopy) else \
+                range(len(ei.bufs))
+            for k, b in enumerate(ei.bufs):
+                if b is None: continue
+                if k in written: bad.add(id(b.base))
+                elif id(b) not in ids: bad.add(id(b.base))   # (a view: of an input's memory, maybe)
+        ok = [b is not None and b._base is None and id(b) not in bad for b in inputs]
+        self._in_place = (self.jit_cache, ok)
+        return ok
 
     def _remember(self, args: tuple, inputs: _Inputs) -> None:
         """Keep (weakly) the nodes of checked plain positional arguments and their buffers: a next call with the same

@@ -5,9 +5,11 @@ fuses it into kernels when the outputs are realized. Everything that does not ch
 attributes, the op of each node, the initializers as realized Tensors) is prepared once in the constructor."""
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 from collections import ChainMap
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +29,7 @@ from fusegrad.onnx.narrow import (CONTROL_OPS, NARROW, NARROW_OPS, PASS_THROUGH,
 from fusegrad.onnx.narrow import plain as plain_tensor
 from fusegrad.onnx.ops import OPS, Context, DeviceCheck, OpDef, known_value, with_host
 from fusegrad.onnx.symbolic import concretize, fold, has_symbolic, variables_of
+from fusegrad.runtime.cpu_memory import ALIGN, CPUAllocator
 from fusegrad.uop.ops import Ops, device_buffer, is_symbolic, sym_eq
 
 try:
@@ -632,7 +635,12 @@ class _KeptCall:
     inputs' memory, the TinyJit replays (`replay_kept` where each output is a tensor of static shape), and the outputs
     are copied out into new arrays. Where the memory is the host's (the CPU device), the copies go through NumPy views
     of it made once (of the inputs' memory, and of the output Buffers `replay_kept` gave last), after waiting for the
-    device's queue: no memoryview, Buffer check or wait per array."""
+    device's queue: no memoryview, Buffer check or wait per array.
+
+    On the CPU device the replay returns once its kernels have run (`replay_kept(wait=True)`), so they may read an
+    array in place of the kept memory, without the copy in, while the call runs: one that is C-contiguous, aligned as
+    the device's allocations are, of the input's size, for an input no kernel writes (`reads_in_place`). Nothing reads
+    the array once the call has returned."""
 
     def __init__(self, step: Any, kept: list[Tensor], bufs: list[Any], plans: list[Any] | None,
                  specs: list[tuple[tuple[int, ...], np.dtype]]):
@@ -644,23 +652,53 @@ class _KeptCall:
         self.ins = [_host_view(b, shape, dt) for b, (shape, dt) in zip(bufs, specs)] if self.host else None
         self.got: list[Any] | None = None          # the output Buffers of the last replay_kept, and views of them
         self.outs: list[np.ndarray] | None = None
+        # per input, the ctypes type of an allocation of its memory's size where an array may be read in place (None
+        # where it may not); None where none may
+        self.in_place: list[Any] | None = None
+        if self.host and plans is not None and all(isinstance(b.allocator, CPUAllocator) for b in bufs):
+            allowed = step.reads_in_place()
+            types = [ctypes.c_uint8 * b.nbytes if ok and b.nbytes == int(np.prod(shape)) * np.dtype(dt).itemsize
+                     else None for b, ok, (shape, dt) in zip(bufs, allowed, specs)]
+            if any(t is not None for t in types): self.in_place = types
+
+    def _places(self, arrays: list[Any]) -> list[Any] | None:
+        """Per array, an allocation of its own memory to read it in place (or None: copied in); None where none is."""
+        places, found = [], False
+        for t, arr in zip(self.in_place, arrays):  # type: ignore[arg-type]
+            a = None
+            if t is not None and arr.flags.c_contiguous:
+                try: a = t.from_buffer(arr)
+                except TypeError: a = t.from_address(arr.ctypes.data)   # (a read-only array)
+                if ctypes.addressof(a) % ALIGN: a = None
+                else: found = True
+            places.append(a)
+        return places if found else None
 
     def __call__(self, arrays: list[Any]) -> list[Any]:
         step, kept, plans = self.step, self.kept, self.plans
+        places = self._places(arrays) if self.in_place is not None else None
         if self.ins is not None:
-            # (the last call waited for its kernels; other work queued since may not have run yet)
-            self.device.synchronize()  # type: ignore[union-attr]
-            for view, arr in zip(self.ins, arrays): np.copyto(view, arr)
+            if places is None or None in places:
+                # (the last call waited for its kernels; other work queued since may not have run yet)
+                self.device.synchronize()  # type: ignore[union-attr]
+                for view, arr, a in zip(self.ins, arrays, places or repeat(None)):
+                    if a is None: np.copyto(view, arr)
         else:
             for b, arr in zip(self.bufs, arrays): b.copyin(_bytes(arr))
         # (the outputs' memory is the JIT's own, copied out here: no output tensor is made)
-        if plans is None or (got := step.replay_kept(*kept)) is None: return [_to_numpy(o) for o in step(*kept)]
+        got = None if plans is None else step.replay_kept(*kept, wait=self.host, inputs=places)
+        if got is None:
+            if places is not None:   # (declined, nothing run: the arrays read in place are copied in after all)
+                self.device.synchronize()  # type: ignore[union-attr]
+                for view, arr, a in zip(self.ins, arrays, places):  # type: ignore[arg-type]
+                    if a is not None: np.copyto(view, arr)
+            return [_to_numpy(o) for o in step(*kept)]
         if got is not self.got:
             self.got = got
             self.outs = [_host_view(b, *p) for b, p in zip(got, plans)] \
                 if self.host and all(_host_memory(b) for b in got) else None
         if self.outs is None: return [_copy_buffer(b, *p) for b, p in zip(got, plans)]
-        self.device.synchronize()  # type: ignore[union-attr]
+        # (replay_kept waited for its kernels)
         return [v.copy() for v in self.outs]
 
 

@@ -254,6 +254,15 @@ unsigned long fg_pool_submit_many(long count, const fg_entry *fns, void **args, 
   }
   return end;
 }
+/* fg_pool_submit_many, then fg_pool_wait(end, ns): a caller that reads the results at once (a TinyJit replay whose
+   outputs are copied out) claims the jobs' chunks as soon as they are queued, without a return to Python between.
+   The caller sees whether they have finished in fg_finished (not after `ns` nanoseconds) */
+unsigned long fg_pool_submit_many_wait(long count, const fg_entry *fns, void **args, const long *offsets,
+                                       const long *sizes, const long *chunks, const int *help, int workers, long ns) {
+  unsigned long end = fg_pool_submit_many(count, fns, args, offsets, sizes, chunks, help, workers);
+  fg_pool_wait(end, ns);
+  return end;
+}
 /* run `count` jobs (as for fg_pool_submit_many) on the calling thread, each whole, once the queue has drained */
 void fg_run_many(long count, const fg_entry *fns, void **args, const long *offsets, const long *sizes) {
   unsigned long all = atomic_load(&fg_submitted);

@@ -87,6 +87,9 @@ class CPool:
         self._submit_many = lib.fg_pool_submit_many
         self._submit_many.restype = ctypes.c_ulong
         self._submit_many.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 6 + [ctypes.c_int]
+        self._submit_many_wait = lib.fg_pool_submit_many_wait
+        self._submit_many_wait.restype = ctypes.c_ulong
+        self._submit_many_wait.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_long]
         self._run_many = lib.fg_run_many
         self._run_many.restype, self._run_many.argtypes = None, [ctypes.c_long] + [ctypes.c_void_p] * 4
         self.clock_ns = lib.fg_clock_ns
@@ -126,13 +129,17 @@ class CPool:
         return count
 
     def submit_many(self, count: int, fns: Any, args: Any, offsets: Any, sizes: Any, chunks: Any, help: Any,
-                    workers: int, held: Any, stamp: Any = ()) -> int:
+                    workers: int, held: Any, stamp: Any = (), wait: bool = False) -> int:
         """Queue `count` jobs in one call, job k being fns[k](args + offsets[k], lo, hi) over [0, sizes[k]) in
         chunks[k] chunks (the arrays are ctypes arrays), none joined; returns the job count at which the last one is
-        done. At most QUEUE jobs at once. `held` and `stamp` as for submit."""
+        done. At most QUEUE jobs at once. `held` and `stamp` as for submit. With `wait`, this thread then runs their
+        chunks and waits for them in the same C call, for at most a wait slice: `done` of the count returned says
+        whether they have finished (if not, the caller stamps and waits as after a call without `wait`)."""
         if count > self.QUEUE: raise ValueError(f"submit_many takes at most {self.QUEUE} jobs, got {count}")
         if self.submitted + count - self._seen > self.QUEUE: self.wait(self.submitted + count - self.QUEUE)
-        try: end = self._submit_many(count, fns, args, offsets, sizes, chunks, help, workers)
+        try:
+            end = self._submit_many_wait(count, fns, args, offsets, sizes, chunks, help, workers, WAIT_SLICE_NS) \
+                if wait else self._submit_many(count, fns, args, offsets, sizes, chunks, help, workers)
         except BaseException:
             self._queued(end := self._submitted.value, held)
             for b in stamp:

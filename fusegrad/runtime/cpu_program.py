@@ -273,6 +273,8 @@ class LaunchGraph:
     (fg_run_many). `calls` pairs each launch with, per buffer it takes per call, the index of that buffer's allocation
     in the list a call of the graph gets. A launch with Variables (see PreparedLaunch.set_values) is read per call:
     its values, size and split, and its `work` counts towards the graph's besides the `work` of the others."""
+    waits = True   # (its call takes wait=True: see __call__)
+
     def __init__(self, calls: list[tuple[PreparedLaunch, tuple[int, ...]]], work: tuple[int, int] | None = None):
         if not calls: raise ValueError("a LaunchGraph needs at least one launch")
         self.pool = calls[0][0].pool
@@ -322,7 +324,9 @@ class LaunchGraph:
         mem = self.work[1] + sum(launch.work[1] for launch in self.dynamic)
         return ops <= INLINE_MAX_OPS and mem <= INLINE_MAX_MEM
 
-    def __call__(self, allocations: list[Any]) -> None:
+    def __call__(self, allocations: list[Any], wait: bool = False) -> None:
+        """Launch the graph with this call's allocations. With `wait`, return only once its kernels have run (and
+        everything queued before them): this thread claims their chunks as soon as they are queued."""
         pool = self.pool
         if self.inline and not self.dynamic:
             # (the common small replay: each piece's template takes this call's addresses in place, since its jobs run
@@ -353,8 +357,10 @@ class LaunchGraph:
                 continue
             end = pool.submit_many(piece.n, fns, args, offsets, sizes, chunks, helps, workers,
                                    (piece.held, args, allocations, values),
-                                   itertools.chain(piece.fixed_roots, allocations))
-            exported = False
+                                   itertools.chain(piece.fixed_roots, allocations), wait)
+            # (jobs that have run need no stamp: host access to their allocations has nothing to wait for)
+            if wait and pool._finished.value >= end: continue
+            exported = wait
             for root, back in piece.fixed:
                 root._fg_job = end - back
                 if has_host_view(root): exported = True
