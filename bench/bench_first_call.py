@@ -7,7 +7,8 @@
 Each run is its own process with a new, empty cache folder (XDG_CACHE_HOME), so every kernel is generated and
 compiled; the time is from the call to its result being on the host, import and model construction excluded. On a
 shared machine the wall time depends on the load, so the CPU time the call took is printed beside it: the process's
-own (Python: scheduling, code generation) and its compiler processes'. Every
+own (Python: scheduling, code generation), its compiler processes' and the calling thread's (time.thread_time: the
+Python of the call without the compiler threads beside it). Every
 row is run several times (the machine is shared: the least and the median are printed), and with --profile one run
 of each prints where the time went (code generation against compiling, kernels, compiler runs); with --rewrites one
 run of each counts the work of every rewrite pass; with --bytecodes one run of each (and of the --against-tree
@@ -137,7 +138,7 @@ else:
         return x.realize()
 Device["CPU"].synchronize()
 k0 = GlobalCounters.kernel_count
-st, c0 = time.perf_counter(), os.times()
+st, c0, t0 = time.perf_counter(), os.times(), time.thread_time()
 if profile or rewrites: in_call[0] = True
 if bytecodes:
     import gc
@@ -146,11 +147,11 @@ if bytecodes:
 out = call()
 out.numpy()
 if bytecodes: sys.settrace(None)
-ms, c1 = (time.perf_counter() - st) * 1e3, os.times()
+ms, c1, thread = (time.perf_counter() - st) * 1e3, os.times(), (time.thread_time() - t0) * 1e3
 if profile or rewrites: in_call[0] = False
 own = (c1.user + c1.system - c0.user - c0.system) * 1e3
 cc = (c1.children_user + c1.children_system - c0.children_user - c0.children_system) * 1e3
-print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f}")
+print(f"{ms:.1f} {GlobalCounters.kernel_count - k0} {own:.0f} {cc:.0f} {thread:.0f}")
 if bytecodes:
     print(f"  bytecodes executed: scheduling {counts['schedule']}, code generation {counts['codegen']}, the rest "
           f"{counts['rest']}")
@@ -177,9 +178,9 @@ ROWS = {"resnet": "ResNet-18 forward, b8 64px", "mlp": "MLP 784-512-10 Adam step
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None = None, tree: str = REPO,
-             rewrites: bool = False, bytecodes: bool = False) -> tuple[tuple[float, float, float], int, str]:
+             rewrites: bool = False, bytecodes: bool = False) -> tuple[tuple[float, float, float, float], int, str]:
     """One fresh process with an empty cache, importing fusegrad from checkout `tree`: ((first call ms, the process's
-    CPU ms, its compilers' CPU ms), kernels it ran, the profile lines)."""
+    CPU ms, its compilers' CPU ms, the calling thread's CPU ms), kernels it ran, the profile lines)."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "XDG_CACHE_HOME": cache, "PROFILE": "1" if profile else "0",
                "REWRITES": "1" if rewrites else "0", "BYTECODES": "1" if bytecodes else "0",
@@ -187,14 +188,15 @@ def run_once(row: str, profile: bool = False, extra_env: dict[str, str] | None =
         res = subprocess.run([sys.executable, "-c", PROGRAM, row], env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode != 0: raise RuntimeError(f"{row} failed:\n{res.stderr}")
     first, *rest = res.stdout.splitlines()
-    ms, kernels, own, cc = first.split()
-    return (float(ms), float(own), float(cc)), int(kernels), "\n".join(rest)
+    ms, kernels, own, cc, thread = first.split()
+    return (float(ms), float(own), float(cc), float(thread)), int(kernels), "\n".join(rest)
 
-def summary(label: str, runs: list[tuple[float, float, float]], kernels: int) -> str:
-    wall, own, cc = ([r[i] for r in runs] for i in range(3))
+def summary(label: str, runs: list[tuple[float, float, float, float]], kernels: int) -> str:
+    wall, own, cc, thread = ([r[i] for r in runs] for i in range(4))
     return (f"{label:40s} first call: min {min(wall):6.0f} ms, median {statistics.median(wall):6.0f} ms "
             f"({kernels} kernels; runs {' '.join(f'{t:.0f}' for t in wall)}); CPU (median): Python "
-            f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms")
+            f"{statistics.median(own):.0f} ms, compilers {statistics.median(cc):.0f} ms; the calling thread's CPU "
+            f"(time.thread_time): min {min(thread):.0f} ms, median {statistics.median(thread):.0f} ms")
 
 def refresh_bytecode(tree: str) -> None:
     """Write the bytecode caches of `tree`'s fusegrad package that are missing or older than their source (where it

@@ -47,25 +47,27 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
     """ALU ops (vector ops count every lane, index math not at all) times loop trip counts and, in a GPU-style
     kernel, the work-items launched, scaled by the `useful` fraction of the iterations (padded loops); bytes of every
     buffer."""
-    ops, mult, stack = 0, 1, []
+    ops, mult, stack, mem = 0, 1, [], 0
     for u in uops:
         if u.op is Ops.SPECIAL: mult = mult * range_size(u)
+    alu, index = GroupOp.ALU, dtypes.index
     for u in uops:
-        if u.op is Ops.RANGE:
+        # (ALU ops first: most of the nodes)
+        if (op := u.op) in alu:
+            if u.dtype.scalar() is not index: ops += mult * u.dtype.count * (2 if op is Ops.MULACC else 1)
+        elif op is Ops.RANGE:
             n = range_size(u)
             stack.append(mult)
             mult = mult * n  # a symbolic trip count keeps the estimate symbolic (evaluated with the Variables' values)
-        elif u.op is Ops.END: mult = stack.pop()
-        elif u.op in GroupOp.ALU and u.dtype.scalar() != dtypes.index:
-            ops += mult * u.dtype.count * (2 if u.op is Ops.MULACC else 1)
+        elif op is Ops.END: mult = stack.pop()
         # (a tensor core's multiply-adds of its tile, shared by the lanes of the warp)
-        elif u.op is Ops.WMMA: ops += mult * 2 * u.arg[1][0] * u.arg[1][1] * u.arg[1][2] // u.arg[5]
-    mem = 0
-    for u in uops:
-        if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
+        elif op is Ops.WMMA: ops += mult * 2 * u.arg[1][0] * u.arg[1][1] * u.arg[1][2] // u.arg[5]
+        elif op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
             mem += u.dtype.size * u.dtype.base.itemsize
     if isinstance(ops, UOp): ops = ops.simplify()
     return Estimates(ops=round(ops * useful) if isinstance(ops, int) else ops, mem=mem)
+
+_ACCESSES = {Ops.LOAD, Ops.STORE}
 
 def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Optimize, lower, linearize and render one kernel AST."""
@@ -76,11 +78,15 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     opt_ast, applied, useful = optimize(ast, renderer, opts)
     uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
     name = name or kernel_name(opt_ast)
-    gl = sorted((u for u in uops if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    bufs = lambda op: {u.src[0].src[0].arg for u in uops if u.op is op and u.src[0].op is Ops.INDEX and
-                       u.src[0].src[0].op is Ops.DEFINE_GLOBAL}
-    stored, loaded = bufs(Ops.STORE), bufs(Ops.LOAD)
-    glob = [u for u in uops if u.op is Ops.RANGE and u.arg[1] == "global"]
+    # the kernel's buffers, the ones it stores to and loads from, and its global loops, in one pass over the uops
+    gl, glob, stored, loaded = [], [], set(), set()
+    for u in uops:
+        if (op := u.op) in _ACCESSES:
+            if (idx := u.src[0]).op is Ops.INDEX and idx.src[0].op is Ops.DEFINE_GLOBAL:
+                (stored if op is Ops.STORE else loaded).add(idx.src[0].arg)
+        elif op is Ops.DEFINE_GLOBAL: gl.append(u)
+        elif op is Ops.RANGE and u.arg[1] == "global": glob.append(u)
+    gl.sort(key=lambda u: u.arg)
     global_dims, local_dims = launch_dims(uops) if getattr(renderer, "has_local", False) else ((), ())
     src, function_name = renderer.render(uops, name), name
     if renderer.unique_symbols:

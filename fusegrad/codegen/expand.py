@@ -67,8 +67,8 @@ def _substitute_into(u: UOp, subs: list[dict[UOp, UOp]], done: dict[UOp, None]) 
         if not x.src: continue
         for sub in subs:
             if x in sub: continue
-            new_src = tuple([sub.get(s, s) for s in x.src])
-            if new_src != x.src: sub[x] = x.replace(src=new_src)
+            new_src = tuple(map(sub.get, x.src, x.src))
+            if new_src != x.src: sub[x] = UOp(x.op, x.dtype, new_src, x.arg)
 
 def broadcast(s: UOp, width: int) -> UOp: return UOp(Ops.VECTORIZE, s.dtype.vec(width), (s,) * width)
 def gep(s: UOp, k: int) -> UOp: return UOp(Ops.GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s

@@ -10,6 +10,8 @@ from fusegrad.uop.affine import live_ranges_all, range_kind
 from fusegrad.uop.ops import Ops, UOp
 
 _LOOP_KINDS = ("global", "loop", "reduce", "copy")
+# the ops whose loops are not just their sources' (_loops_of)
+_LOOP_SET_OPS = {Ops.RANGE, Ops.END, Ops.LOAD}
 _FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2, Ops.DEFINE_REG: 2}
 
 def _may_be_empty(r: UOp) -> bool:
@@ -27,18 +29,23 @@ def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp,
     """Move memory loads into loops that may be empty. A load hoisted out of a loop runs even when the loop runs zero
     times, and then it may read out of bounds (an empty buffer, an index made of a size variable that is 0): a load
     whose every use is inside such a loop goes inside the innermost one."""
-    users: dict[UOp, list[UOp]] = {}
+    loads = [u for u in topo if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    if not loads: return
+    # (only the loads' users are needed)
+    users: dict[UOp, list[UOp]] = {u: [] for u in loads}
     for u in topo:
-        for s in u.src: users.setdefault(s, []).append(u)
-    for u in reversed(topo):   # users first: a load used by a load that moves in can follow it
-        if u.op is not Ops.LOAD or u.src[0].op is not Ops.INDEX: continue
+        for s in u.src:
+            if s in users: users[s].append(u)
+    around: dict[UOp | None, set[UOp]] = {}   # each loop's enclosing loops, itself included
+    for u in reversed(loads):   # users first: a load used by a load that moves in can follow it
         # where each use needs the value: a loop bound before its loop, anything else in its own loop
-        uses = [parent[x] if x in parent else scope[x] for x in users.get(u, []) if x.op not in (Ops.SINK, Ops.END)]
+        uses = [parent[x] if x in parent else scope[x] for x in users[u] if x.op not in (Ops.SINK, Ops.END)]
         if not uses: continue
         common = _enclosing_loops(parent, uses[0])
         for s in uses[1:]:
-            around = set(_enclosing_loops(parent, s))
-            common = [r for r in common if r in around]
+            if s is uses[0]: continue
+            if (a := around.get(s)) is None: a = around[s] = set(_enclosing_loops(parent, s))
+            common = [r for r in common if r in a]
         for r in common:   # innermost first, up to the loop the load already is in
             if r is scope[u]: break
             if _may_be_empty(r):
@@ -71,15 +78,15 @@ def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     for u in topo:
         # a node varies with no loop its sources don't (only a RANGE adds itself): its set is theirs, built only
         # where they differ (most nodes share their sources' set)
-        if not u.src: ls = live[u]
+        if not (src := u.src): ls = live[u]
         else:
-            ls = loops_of[u.src[0]]
-            for s in u.src[1:]:
+            ls = loops_of[src[0]]
+            for s in src[1:]:
                 if (o := loops_of[s]) is not ls and not o <= ls: ls = ls | o if ls else o
-            if u.op is Ops.RANGE: ls = ls | live[u]
-        if u.op is Ops.END: ls = ls - set(u.src[1:])
-        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0] in store_loops:
-            ls = ls | store_loops[u.src[0].src[0]]
+        if (op := u.op) in _LOOP_SET_OPS:
+            if op is Ops.RANGE: ls = ls | live[u]
+            elif op is Ops.END: ls = ls - set(src[1:])
+            elif src[0].op is Ops.INDEX and src[0].src[0] in store_loops: ls = ls | store_loops[src[0].src[0]]
         loops_of[u] = ls
     return loops_of
 

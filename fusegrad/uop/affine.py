@@ -50,13 +50,18 @@ def live_ranges_all(topo: Iterable[UOp], memo: dict[UOp, frozenset[UOp]]) -> dic
         if x not in memo: memo[x] = _live_step(x, memo)
     return memo
 
+_EMPTY: frozenset[UOp] = frozenset()
+# the ops whose set is not their sources' together (one test for the other nodes, nearly all of them)
+_ADDS_OR_DROPS = {Ops.RANGE, Ops.END, Ops.REDUCE}
+
 def _live_step(x: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     # x's set from its sources' (all in memo); most nodes vary with what one source does: that set is shared
-    s: frozenset[UOp] = frozenset()
+    s = _EMPTY
     for y in x.src:
         if (o := memo[y]) is not s and not o <= s: s = s | o if s else o
-    if x.op is Ops.RANGE: s = s | {x}
-    elif x.op is Ops.END: s = s - set(x.src[1:])
-    elif x.op is Ops.REDUCE and isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
-    elif x.op is Ops.REDUCE and isinstance(x.arg, Ops): s = s - set(x.src[1:])  # not lowered yet
+    if (op := x.op) not in _ADDS_OR_DROPS: return s
+    if op is Ops.RANGE: s = s | {x}
+    elif op is Ops.END: s = s - set(x.src[1:])
+    elif isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
+    elif isinstance(x.arg, Ops): s = s - set(x.src[1:])  # a REDUCE not lowered yet
     return s

@@ -1,6 +1,7 @@
 """The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, with the `Ops` every stage uses."""
 from __future__ import annotations
 import gc
+import itertools
 import math
 import struct
 import threading
@@ -151,9 +152,8 @@ class UOpMetaClass(type):
         try: wr = _ucache.get(key)
         except TypeError as e: raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if wr is not None and (ret := wr()) is not None: return ret
-        # (a loop, not all() over a generator: this runs for every new node)
-        for s in src:
-            if not isinstance(s, UOp): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
+        # (checked in C, without a Python step per source: this runs for every new node)
+        if not all(map(isinstance, src, _REPEAT_UOP)): raise TypeError(f"src of {op} must hold only UOps, got {src!r}")
         # the fields are set here rather than by an __init__, through their slots' descriptors: a call less per new
         # node, of which a training step makes hundreds
         ret = _new_object(cls)
@@ -220,22 +220,41 @@ def _toposort(root: UOp, gate: Callable[[UOp], bool] | None, known: dict[UOp, No
     # depth first with an iterator over each open node's sources: a node is added once all its sources are
     visited: dict[UOp, None] = dict(known) if known is not None else {}
     if root in visited: return visited
-    empty: tuple[UOp, ...] = ()
-    ungated = gate is None   # (most walks: a local test, not a call, per node)
-    stack = [(root, iter(root.src if ungated or gate(root) else empty))]  # type: ignore[misc]
-    while stack:
-        node, srcs = stack[-1]
+    if gate is None:
+        # (most walks: a loop of its own, without the gate's test per node; the open node is held in locals and its
+        # parents on the stack, so going back up is one pop)
+        stack: list[tuple[UOp, Any]] = []
+        push, pop = stack.append, stack.pop
+        node, srcs = root, iter(root.src)
+        while True:
+            for s in srcs:
+                if s not in visited:
+                    # (a leaf is added where it is met: no stack entry of its own)
+                    if s.src:
+                        push((node, srcs))
+                        node, srcs = s, iter(s.src)
+                        break
+                    visited[s] = None
+            else:
+                visited[node] = None
+                if not stack: return visited
+                node, srcs = pop()
+    stack = []
+    push, pop = stack.append, stack.pop
+    node, srcs = root, iter(root.src if gate(root) else ())
+    while True:
         for s in srcs:
             if s not in visited:
                 # (a leaf, or a node the gate stops at, is added where it is met: no stack entry of its own)
-                if s.src and (ungated or gate(s)):  # type: ignore[misc]
-                    stack.append((s, iter(s.src)))
+                if s.src and gate(s):
+                    push((node, srcs))
+                    node, srcs = s, iter(s.src)
                     break
                 visited[s] = None
         else:
-            stack.pop()
             visited[node] = None
-    return visited
+            if not stack: return visited
+            node, srcs = pop()
 
 # per thread: the memo of toposort() while a toposort_memo() is open (`memo`), and how many are open (`depth`)
 _topo_memo = threading.local()
@@ -352,11 +371,13 @@ class UOp(metaclass=UOpMetaClass):
         out = []
         for dvars in subs:
             replaced = dict(dvars)
+            get = replaced.get
             for u in users:
                 if u in replaced: continue
-                new_src = tuple([replaced.get(s, s) for s in u.src])
-                if new_src != u.src: replaced[u] = u.replace(src=new_src)
-            out.append(replaced.get(self, self))
+                # (map over a bound get and the node made directly: no Python frame per source nor per new node)
+                new_src = tuple(map(get, u.src, u.src))
+                if new_src != u.src: replaced[u] = UOp(u.op, u.dtype, new_src, u.arg)
+            out.append(get(self, self))
         return out
 
     def sink(self, *srcs: UOp) -> UOp: return UOp(Ops.SINK, dtypes.void, (self,) + srcs)
@@ -626,6 +647,9 @@ class UOp(metaclass=UOpMetaClass):
     def __repr__(self) -> str:
         if is_symbolic(self) and (r := _symbolic_repr(self)) is not None: return r
         return pretty_print(self)
+
+# (UOp.__call__'s test of the sources: map's second iterable, endless)
+_REPEAT_UOP = itertools.repeat(UOp)
 
 # the fields of a new node, set through their slots (UOpMetaClass.__call__)
 _set_op, _set_dtype, _set_src, _set_arg, _set_ukey = (UOp.__dict__[f].__set__ for f in ("op", "dtype", "src", "arg",

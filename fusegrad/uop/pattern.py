@@ -186,7 +186,8 @@ class RewriteContext:
 
         top-down: a node is rewritten until no rule applies, then its sources are rewritten, then it is rebuilt and
         rewritten again. bottom-up: sources first, then the node; a new node from a rule is processed from scratch."""
-        replace, pm, ctx = self.replace, self.pm, self.ctx
+        replace, pm, ctx, bottom_up = self.replace, self.pm, self.ctx, self.bottom_up
+        pm_rewrite, replaced_by = pm.rewrite, replace.__getitem__
         # a node of an op no rule names is not offered to the rules (most nodes, for a pass that rewrites loads)
         ruled, wildcard = pm.pdict, bool(pm.wildcard)
         # and where no rule takes any op: a node with no such op at or below it stays as it is, so the walk doesn't go
@@ -195,13 +196,14 @@ class RewriteContext:
         if (fixed := self.fixed) is None: fixed = self.fixed = _NOTHING if wildcard else _unruled(root, ruled)
         # stack entries: (original node, stage, node being processed for it)
         stack: list[tuple[UOp, int, UOp]] = [(root, 0, root)]
+        push, pop = stack.append, stack.pop
         # nodes whose processing has started and not finished; meeting one again means a rule put a node being
         # rewritten back into its own result. That can be fine once (a ctx-guarded rule wrapping a node), but rules that
         # cycle (a -> b -> a) would loop forever, so re-entries per node are capped
         pending: set[UOp] = set()
         reentries: dict[UOp, int] = {}
         while stack:
-            n, stage, cur = stack.pop()
+            n, stage, cur = pop()
             if stage == 0:
                 if n in replace: continue
                 if n in fixed:
@@ -213,28 +215,30 @@ class RewriteContext:
                         raise RuntimeError(f"{pm.name or 'graph_rewrite'}: rules rewrite a {n.op} into a graph "
                                            "containing itself, forever")
                 pending.add(n)
-                if not self.bottom_up and (wildcard or n.op in ruled): cur = _rewrite_to_fixed_point(pm, n, ctx)
+                # (most nodes match no rule: the first try is made here, the loop to a fixed point only after a match)
+                if not bottom_up and (wildcard or n.op in ruled) and (new := pm_rewrite(n, ctx)) is not None:
+                    cur = _rewrite_to_fixed_point(pm, new, ctx)
                 if cur is not n and cur in replace:
                     replace[n] = replace[cur]
                     pending.discard(n)
                     continue
-                stack.append((n, 1, cur))
+                push((n, 1, cur))
                 for s in reversed(cur.src):
-                    if s not in replace: stack.append((s, 0, s))
+                    if s not in replace: push((s, 0, s))
             elif stage == 1:
-                new_src = tuple(map(replace.__getitem__, cur.src))
+                new_src = tuple(map(replaced_by, cur.src))
                 # tuples of UOps compare element by element with identity (UOp has no __eq__), at C speed
                 rebuilt = cur if new_src == cur.src else UOp(cur.op, cur.dtype, new_src, cur.arg)
                 # top-down already took `cur` to a fixed point; only a rebuilt node can match again
-                new = None if (rebuilt is cur and not self.bottom_up) or not (wildcard or rebuilt.op in ruled) else \
-                    pm.rewrite(rebuilt, ctx)
+                new = None if (rebuilt is cur and not bottom_up) or not (wildcard or rebuilt.op in ruled) else \
+                    pm_rewrite(rebuilt, ctx)
                 if new is None:
                     replace[n] = rebuilt
                     if cur is not n: replace[cur] = rebuilt
                     pending.discard(n)
                 else:
-                    stack.append((n, 2, new))
-                    stack.append((new, 0, new))
+                    push((n, 2, new))
+                    push((new, 0, new))
             else:
                 replace[n] = replace[cur]
                 pending.discard(n)

@@ -550,6 +550,8 @@ _index_memo: dict[UOp, UOp] = {}
 
 def simplify_index(x: UOp) -> UOp:
     """`x` (an index, a valid, or a SINK of several) simplified by `symbolic`, with the memo of every earlier call."""
+    # (most calls ask for an expression simplified before: answered without starting a rewrite)
+    if (done := _index_memo.get(x)) is not None: return done
     if len(_index_memo) > INDEX_MEMO_SIZE: _index_memo.clear()
     return graph_rewrite(x, symbolic, name="simplify_index", memo=_index_memo)
 
@@ -633,16 +635,17 @@ def simplify_indexing(sink: UOp, refine: bool = True) -> UOp:
     # access whose valid became always true loses it (a kernel with gated accesses is compiled without the loop
     # vectorizer: a stride-2 slice's load whose padding check folded to true stayed scalar)
     replaced: dict[UOp, UOp] = {}
+    get = replaced.get
     for u in topo:
         if u in changed: replaced[u] = changed[u]; continue
-        src = tuple([replaced.get(s, s) for s in u.src])
+        src = tuple(map(get, u.src, u.src))
         if u.op is Ops.WHERE and src[0].op is Ops.CONST: replaced[u] = src[1] if src[0].arg else src[2]
         elif u.op is Ops.INDEX and len(src) > 2 and src[2].op is Ops.CONST and src[2].arg is True:
             replaced[u] = UOp(Ops.INDEX, u.dtype, src[:2], u.arg)
         elif u.op is Ops.LOAD and len(src) == 1 and src[0].op is Ops.INDEX and len(src[0].src) > 2 and \
                 src[0].src[2].op is Ops.CONST and src[0].src[2].arg is False and u.dtype.count == 1:
             replaced[u] = u.const_like(0)
-        elif src != u.src: replaced[u] = u.replace(src=src)
+        elif src != u.src: replaced[u] = UOp(u.op, u.dtype, src, u.arg)
     ret = replaced.get(sink, sink)
     return _refine_again(ret) if refine else ret
 
