@@ -221,11 +221,12 @@ class _KeptReplay:
     __slots__ = ("same", "launches", "knobs", "dicts", "opaques", "calls", "subst", "outputs", "slots", "joins",
                  "devices")
     def __init__(self, same: Any, launches: Any, dicts: list, opaques: list, calls: list, subst: dict[int, Buffer],
-                 outputs: list[Buffer], slots: list[list[tuple[int, int]]]):
+                 outputs: list[Buffer], slots: list[list[tuple[int, int]] | None]):
         self.same, self.launches, self.dicts, self.opaques = same, launches, dicts, opaques
         self.knobs = [k.value for k in _realize.LAUNCH_KNOBS]
         self.calls, self.subst, self.outputs = calls, subst, outputs
-        # per input: (call, position in its allocations) of each place a launch takes the input's memory
+        # per input: (call, position in its allocations) of each place a launch takes the input's memory; None for
+        # an input that may not be read from other memory (reads_in_place)
         self.slots = slots
         # whether the last call is a launch graph that waits for its kernels itself (the CPU's: its calling thread
         # runs their chunks as soon as they are queued); else a waiting replay synchronizes `devices` after
@@ -234,9 +235,11 @@ class _KeptReplay:
 
     def with_inputs(self, inputs: list[Any]) -> list[tuple[Any, tuple]]:
         """The calls with the allocation `inputs[k]` in place of input k's memory (where it is not None)."""
+        if len(inputs) != len(self.slots): raise ValueError(f"replay_kept takes {len(self.slots)} inputs in place")
         calls = list(self.calls)
         for slots, a in zip(self.slots, inputs):
             if a is None: continue
+            if slots is None: raise ValueError("replay_kept: an input given in place that reads_in_place doesn't allow")
             for ci, pos in slots:
                 fn, fn_args = calls[ci]
                 if isinstance(fn_args[0], list):   # (a graph's: one list of allocations)
@@ -399,9 +402,6 @@ class TinyJit(Generic[R]):
         calls = kept.calls
         if inputs is not None:
             if not wait: raise ValueError("replay_kept reads inputs in place only with wait=True")
-            allowed = self.reads_in_place()
-            if len(inputs) != len(allowed) or any(a is not None and not ok for a, ok in zip(inputs, allowed)):
-                raise ValueError("replay_kept: an input given in place that reads_in_place doesn't allow")
             calls = kept.with_inputs(inputs)
         self._replays = n
         if self._constraints:
@@ -447,12 +447,12 @@ class TinyJit(Generic[R]):
         opaques = opaques + [b._buf for b in inputs]  # type: ignore[union-attr]
         outputs = [subst[c[0]] for c in self._out_chains]  # type: ignore[index]
         # where each input's allocation goes in the calls (an input passed twice is substituted at both)
-        slots: list[list[tuple[int, int]]] = []
-        for b in inputs:
+        slots: list[list[tuple[int, int]] | None] = []
+        for b, ok in zip(inputs, self.reads_in_place()):
             opaque = b._buf  # type: ignore[union-attr]
             slots.append([(ci, pos) for ci, (_, fn_args) in enumerate(calls)
                           for pos, a in enumerate(fn_args[0] if isinstance(fn_args[0], list) else fn_args)
-                          if a is opaque])
+                          if a is opaque] if ok else None)
         return _KeptReplay(self._same, self._launches, dicts, opaques, calls, subst, outputs, slots)
 
     def reads_in_place(self) -> list[bool]:

@@ -1,7 +1,8 @@
 """OnnxRunner.jit() on the CPU reads a C-contiguous array aligned as the device's allocations in place, while the call
-runs, instead of copying it into the input's memory; any other array (misaligned, strided, of another layout) is
-copied in. Results against NumPy and onnxruntime over calls that mix both, arrays changed after a call leave its
-results alone, and a replay that declines (a verified one) copies the arrays in after all."""
+runs, instead of copying it into the input's memory; any other array (misaligned, strided, of another layout, smaller
+than IN_PLACE_MIN_BYTES) is copied in. Results against NumPy and onnxruntime over calls that mix both, arrays changed
+after a call leave its results alone, and a replay that declines (a verified one) copies the arrays in after all. (The
+small model's tests read its small inputs in place with the least size set to 0.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from fusegrad import Context, Device  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
+from fusegrad.onnx import runner as runner_module  # noqa: E402
 
 pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="arrays are read in place on the CPU device")
 W = np.random.default_rng(12).standard_normal((3, 4)).astype(np.float32)
@@ -46,7 +48,8 @@ def _kinds(a: np.ndarray) -> dict[str, np.ndarray]:
             "strided": np.asfortranarray(a), "plain": a.copy()}
 
 
-def test_in_place_and_copied_arrays_match_numpy():
+def test_in_place_and_copied_arrays_match_numpy(monkeypatch):
+    monkeypatch.setattr(runner_module, "IN_PLACE_MIN_BYTES", 0)
     run = OnnxRunner(_model()).jit()
     rng = np.random.default_rng(13)
     results, checked = [], 0
@@ -72,9 +75,10 @@ def test_in_place_and_copied_arrays_match_numpy():
         np.testing.assert_allclose(got["z"], (xv + xv + bv).reshape(-1), rtol=1e-6, atol=1e-6)
 
 
-def test_declined_replays_copy_the_arrays_in():
+def test_declined_replays_copy_the_arrays_in(monkeypatch):
     """Every second replay is verified (JIT_VERIFY=2), which replay_kept declines: the call copies the arrays it
     would have read in place into the inputs' memory and replays the ordinary way."""
+    monkeypatch.setattr(runner_module, "IN_PLACE_MIN_BYTES", 0)
     run = OnnxRunner(_model()).jit()
     rng = np.random.default_rng(14)
     with Context(JIT_VERIFY=2):
@@ -112,3 +116,17 @@ def test_resnet_batch16_in_place_against_onnxruntime(tmp_path):
         np.testing.assert_allclose(list(got.values())[0], want, rtol=1e-4, atol=1e-4)
     call = next(iter(run._replays.values()))
     assert call.in_place is not None and call.in_place[0] is not None
+
+
+def test_small_inputs_are_copied_in():
+    """Inputs smaller than IN_PLACE_MIN_BYTES are copied in even when aligned (the copy costs less)."""
+    run = OnnxRunner(_model()).jit()
+    rng = np.random.default_rng(16)
+    for _ in range(6):
+        xv, bv = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+        got = run({"x": _placed(xv), "b": _placed(bv)})
+        np.testing.assert_allclose(got["y"], np.maximum(xv @ W, 0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["z"], (xv + xv + bv).reshape(-1), rtol=1e-6, atol=1e-6)
+    call = next(iter(run._replays.values()))
+    assert call.in_place is None
+    np.testing.assert_array_equal(call.ins[0], xv)
