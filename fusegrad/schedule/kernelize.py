@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from fusegrad.dtype import dtypes
+from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index
@@ -34,6 +34,7 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
         for s in u.src: users.setdefault(s, []).append(u)
     _realize_always(topo, realize, why)
     _realize_outputs(sink, realize, why)
+    required = set(realize)   # (outputs, copies' sources, contiguous and assign nodes: buffers of these very nodes)
     _realize_broadcast_values(topo, users, realize, why)
     _realize_nested_reductions(topo, realize, why)
     _realize_padded_reductions(topo, realize, why)
@@ -41,7 +42,37 @@ def find_realized(sink: UOp, why: dict[UOp, tuple] | None = None) -> set[UOp]:
     _realize_beside_contractions(topo, roots, realize, why)
     _realize_expensive_shared(topo, roots, realize, why)
     _bound_kernel_size(topo, realize, why)
+    _realize_before_widening_casts(realize, required, why)
     return {u for u in realize if not is_realized(u)}
+
+def widens_exactly(src: DType, dst: DType) -> bool:
+    """Whether every value of dtype `src` converts to dtype `dst` exactly, and `dst` takes more bytes: a float to a
+    float with at least its exponent and mantissa bits, an int to a wider int that holds its whole range."""
+    src, dst = src.scalar(), dst.scalar()
+    if dst.itemsize <= src.itemsize: return False
+    if dtypes.is_float(src) and dtypes.is_float(dst):
+        (se, sm), (de, dm) = dtypes.finfo(src), dtypes.finfo(dst)
+        return se <= de and sm <= dm
+    if dtypes.is_int(src) and dtypes.is_int(dst) and dtypes.index not in (src, dst):
+        return dtypes.is_unsigned(src) or not dtypes.is_unsigned(dst)
+    return False
+
+def _realize_before_widening_casts(realize: set[UOp], required: set[UOp], why: dict[UOp, tuple] | None) -> None:
+    """A widening cast that would get a buffer leaves the buffer to its source: the narrow value is stored and each
+    reader casts it as it loads (the cast is exact). Half the memory for a bfloat16 or half value read as float32,
+    and a reader that multiplies it keeps its operands narrow: a bfloat16 layer's gradient, which the matmuls of the
+    backward pass read through such a cast, then takes the bfloat16 products (dot-product instructions, AMX). Not
+    for the nodes that need a buffer of their own (`required`: outputs, a copy's source)."""
+    for u in list(realize):
+        if u.op is not Ops.CAST or u in required or is_realized(u) or not widens_exactly(u.src[0].dtype, u.dtype):
+            continue
+        x = u.src[0]
+        # (the source must be a value a kernel computes, or a buffer already; a view of one is left as it is)
+        if not (is_realized(x) or x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS): continue
+        realize.discard(u)
+        if not is_realized(x):
+            realize.add(x)
+            if why is not None and u in why: why.setdefault(x, why[u])
 
 def _realize_always(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
     """Contiguous, assign, copy and scatter nodes get a buffer, and so does what a copy reads."""
