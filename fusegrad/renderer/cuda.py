@@ -74,7 +74,7 @@ def _index_as_int32(uops: list[UOp]) -> list[UOp]:
         if not isinstance(dt, PtrDType) and dt.scalar() == dtypes.index: dt = dtypes.int32.vec(dt.count) \
             if dt.count > 1 else dtypes.int32
         src = tuple(new.get(x, x) for x in u.src)
-        new[u] = u if dt == u.dtype and all(a is b for a, b in zip(src, u.src)) else UOp(u.op, dt, src, u.arg)
+        new[u] = u if dt == u.dtype and all(a is b for a, b in zip(src, u.src)) else u.replace(dtype=dt, src=src)
     return [new[u] for u in uops]
 
 def _half_bits(v: float) -> int:
@@ -523,8 +523,13 @@ class CUDARenderer(CStyleLanguage):
         # indices in 32 bits where all of them provably fit: fewer registers (a 64-bit value takes two) and fewer
         # instructions (64-bit integer multiplies and adds are several 32-bit ones); pointers stay 64-bit, an int
         # offset sign-extended where it is added to one
-        self._int_index = self.index32 and index_fits_int32(uops)
-        if self._int_index: uops = _index_as_int32(uops)
+        self._int_index = False
+        if self.index32 and index_fits_int32(uops):
+            narrowed = _index_as_int32(uops)
+            # (an int32 node equal to one the kernel had already would make two nodes one: not narrowed then; a
+            # constant may be, written where each is used)
+            ops = [u for u in narrowed if u.op is not Ops.CONST]
+            if len(set(ops)) == len(ops): uops, self._int_index = narrowed, True
         self._ldmatrix_fragments(uops)
         self._async_copies(uops)
         self._shared_layout(uops)

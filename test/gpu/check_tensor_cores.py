@@ -9,10 +9,14 @@
    back to one load per element, a group of 8 warps whose double-buffered copies take 57 KiB of dynamic shared
    memory) against numpy and against the same kernels unstaged (TC_STAGE=0), single-buffered (DOUBLE_BUFFER=0) and
    copied element by element (VECTOR_COPY_BYTES=0), which must all give the same bits (the same WMMAs in the same
-   order);
-3. the time of a 4096 half matmul with tensor cores, staged and not, and without them (the heuristic's opts without
-   TC: its float32-style tiles), printed in TFLOP/s, not checked."""
+   order), and to the same kernels rendered with fragments loaded element by element rather than by ldmatrix
+   (the CUDA renderer's ldmatrix=False) and with 64-bit indices (index32=False); the 16-bit staged kernels checked to
+   load their fragments by ldmatrix;
+3. the time of a 4096 half matmul with tensor cores, staged and not, staged without ldmatrix and with 64-bit
+   indices, and without tensor cores (the heuristic's opts without TC: its float32-style tiles), printed in TFLOP/s
+   with each kernel's registers, not checked."""
 from __future__ import annotations
+import copy
 import sys
 import numpy as np
 from fusegrad import Device, Tensor, dtypes
@@ -107,6 +111,16 @@ def variant(fn, arrays, dts, **values) -> tuple[np.ndarray, list]:
         for k, v in old.items(): setattr(tc if hasattr(tc, k) else heuristic_gpu, k, v)
         realize.method_cache.clear()
 
+def rendered(fn, arrays, dts, **attrs) -> tuple[np.ndarray, list]:
+    """`run` on CUDA with the CUDA renderer's attributes set to `attrs` (the kernels compiled afresh)."""
+    old = {k: getattr(cuda.renderer, k) for k in attrs}
+    for k, v in attrs.items(): setattr(cuda.renderer, k, v)
+    realize.method_cache.clear()
+    try: return run(fn, arrays, dts, "CUDA")
+    finally:
+        for k, v in old.items(): setattr(cuda.renderer, k, v)
+        realize.method_cache.clear()
+
 for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
     arrays = [data(s, dt, 100 + 10 * i + j) for j, (s, dt) in enumerate(zip(shapes, dts))]
     big = dict(TC_WARPS=(4, 2), TC_MIN_GROUPS=1, TC_MIN_WARPS=1) if "dynamic" in name else {}
@@ -118,6 +132,12 @@ for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
             other, _ = variant(fn, arrays, dts, **values, **big)
             check(f"{name}: the same with {values}", bool(np.array_equal(got, other)),
                   f"max difference {np.abs(got - other).max():.2e}")
+        # (fragments loaded element by element, indices in 64 bits: the same loads, the same WMMAs)
+        for attrs in (dict(ldmatrix=False), dict(index32=False)):
+            other, _ = rendered(fn, arrays, dts, **attrs)
+            check(f"{name}: the same with the renderer's {attrs}", bool(np.array_equal(got, other)),
+                  f"max difference {np.abs(got - other).max():.2e}")
+    if not tf32: check(name + ": fragments loaded by ldmatrix", any("ldmatrix.sync" in p.src for p in progs))
     if big: check(name + ": dynamic shared memory", any("extern __shared__" in p.src for p in progs))
     want = fn(*[Tensor(a, device="CPU") for a in arrays]).numpy()
     scale = float(np.abs(want).max())
@@ -139,7 +159,16 @@ class WithoutTensorCores(CUDARenderer):
     tensor_cores: list = []   # (the heuristic's choice where there are none)
 
 bufs = [Buffer("CUDA", n * n, dtypes.half).ensure_allocated() for _ in range(3)]
+def renderer_with(**attrs) -> CUDARenderer:
+    ren = copy.copy(cuda.renderer)
+    for k, v in attrs.items(): setattr(ren, k, v)
+    return ren
+
 for label, ren, stage in (("with tensor cores, staged", cuda.renderer, 1), ("with tensor cores", cuda.renderer, 0),
+                          ("with tensor cores, staged, without ldmatrix",
+                           renderer_with(ldmatrix=False), 1),
+                          ("with tensor cores, staged, 64-bit indices",
+                           renderer_with(index32=False), 1),
                           ("without", WithoutTensorCores(cuda.arch), 1)):
     heuristic_gpu.TC_STAGE = stage
     try: prog = get_program(ast, ren)
@@ -150,6 +179,8 @@ for label, ren, stage in (("with tensor cores, staged", cuda.renderer, 1), ("wit
     r = CompiledRunner(prog)
     r(bufs, {}, wait=True)
     times = [r(bufs, {}, wait=True) or 0.0 for _ in range(5)]
-    print(f"{label}: {min(times) * 1e3:.2f} ms, {2 * n ** 3 / min(times) / 1e12:.1f} TFLOP/s ({prog.name})")
+    regs = r._prg.resources.registers if getattr(r._prg, "resources", None) else "?"
+    print(f"{label}: {min(times) * 1e3:.2f} ms, {2 * n ** 3 / min(times) / 1e12:.1f} TFLOP/s, {regs} registers "
+          f"({prog.name})")
 print("check_tensor_cores:", "FAILED" if failed else "passed")
 sys.exit(1 if failed else 0)
