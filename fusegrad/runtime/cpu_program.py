@@ -245,8 +245,10 @@ class PreparedLaunch:
 # a kernel the engine runs on one thread (below its THREAD_MIN_OPS / THREAD_MIN_MEM, which are set for a call that may
 # wake a sleeping worker: ~50 us) is split across the threads in a queued graph from this much work (ops, bytes
 # moved): there the worker is running the graph's kernels already, and a chunk costs it a claim (~0.3 us). The
-# ResNet-style CNN at batch 16 (its 6 us elementwise kernel split in two): 0.120 -> 0.110 ms (10th percentile)
-GRAPH_SPLIT_OPS, GRAPH_SPLIT_MEM = 1 << 15, 1 << 17
+# ResNet-style CNN at batch 16 (its 6 us elementwise kernel split in two): 0.120 -> 0.110 ms (10th percentile); its
+# average pool (26624 ops: 2.2 us alone, 5 us whole in the replay, after a convolution whose output both threads
+# wrote) split too from 1 << 14 ops: the fastest of 1200 calls 92.8 -> 87.4 us, 10th percentile 118 -> 112 us
+GRAPH_SPLIT_OPS, GRAPH_SPLIT_MEM = 1 << 14, 1 << 17
 
 # a graph of at most this much work in all (ops, bytes moved: about 0.1 ms on one core) runs on the calling thread,
 # each kernel whole, rather than queued: a small model's replay then waits for no worker (which another process may
