@@ -60,7 +60,8 @@ def _replay_alone(jitted: Any) -> Any:
     sync = Device[call.bufs[0].device].synchronize if call.bufs else (lambda: None)
 
     def run() -> None:
-        if call.step.replay_kept(*call.kept) is None: raise RuntimeError("the kept replay declined")
+        # (as the call replays: waiting for its kernels itself, the calling thread claiming their chunks at once)
+        if call.step.replay_kept(*call.kept, wait=True) is None: raise RuntimeError("the kept replay declined")
         sync()
     return run
 
