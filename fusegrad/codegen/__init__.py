@@ -43,26 +43,31 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     opt_ast, applied, _ = optimize(ast, renderer, opts)
     return linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the passes over every uop
+# compare against module-level names)
+_SPECIAL, _RANGE, _END, _WMMA, _DEFINE_GLOBAL, _DEFINE_VAR, _INDEX, _STORE, _MULACC = Ops.SPECIAL, Ops.RANGE, Ops.END, \
+    Ops.WMMA, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.INDEX, Ops.STORE, Ops.MULACC
+
 def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
     """ALU ops (vector ops count every lane, index math not at all) times loop trip counts and, in a GPU-style
     kernel, the work-items launched, scaled by the `useful` fraction of the iterations (padded loops); bytes of every
     buffer."""
     ops, mult, stack, mem = 0, 1, [], 0
     for u in uops:
-        if u.op is Ops.SPECIAL: mult = mult * range_size(u)
+        if u.op is _SPECIAL: mult = mult * range_size(u)
     alu, index = GroupOp.ALU, dtypes.index
     for u in uops:
         # (ALU ops first: most of the nodes)
         if (op := u.op) in alu:
-            if u.dtype.scalar() is not index: ops += mult * u.dtype.count * (2 if op is Ops.MULACC else 1)
-        elif op is Ops.RANGE:
+            if u.dtype.scalar() is not index: ops += mult * u.dtype.count * (2 if op is _MULACC else 1)
+        elif op is _RANGE:
             n = range_size(u)
             stack.append(mult)
             mult = mult * n  # a symbolic trip count keeps the estimate symbolic (evaluated with the Variables' values)
-        elif op is Ops.END: mult = stack.pop()
+        elif op is _END: mult = stack.pop()
         # (a tensor core's multiply-adds of its tile, shared by the lanes of the warp)
-        elif op is Ops.WMMA: ops += mult * 2 * u.arg[1][0] * u.arg[1][1] * u.arg[1][2] // u.arg[5]
-        elif op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
+        elif op is _WMMA: ops += mult * 2 * u.arg[1][0] * u.arg[1][1] * u.arg[1][2] // u.arg[5]
+        elif op is _DEFINE_GLOBAL and isinstance(u.dtype, PtrDType) and u.dtype.size > 0:
             mem += u.dtype.size * u.dtype.base.itemsize
     if isinstance(ops, UOp): ops = ops.simplify()
     return Estimates(ops=round(ops * useful) if isinstance(ops, int) else ops, mem=mem)
@@ -78,14 +83,15 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     opt_ast, applied, useful = optimize(ast, renderer, opts)
     uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
     name = name or kernel_name(opt_ast)
-    # the kernel's buffers, the ones it stores to and loads from, and its global loops, in one pass over the uops
-    gl, glob, stored, loaded = [], [], set(), set()
+    # the kernel's buffers, the ones it stores to and loads from, its variables and global loops, in one pass
+    gl, glob, dvars, stored, loaded = [], [], [], set(), set()
     for u in uops:
         if (op := u.op) in _ACCESSES:
-            if (idx := u.src[0]).op is Ops.INDEX and idx.src[0].op is Ops.DEFINE_GLOBAL:
-                (stored if op is Ops.STORE else loaded).add(idx.src[0].arg)
-        elif op is Ops.DEFINE_GLOBAL: gl.append(u)
-        elif op is Ops.RANGE and u.arg[1] == "global": glob.append(u)
+            if (idx := u.src[0]).op is _INDEX and idx.src[0].op is _DEFINE_GLOBAL:
+                (stored if op is _STORE else loaded).add(idx.src[0].arg)
+        elif op is _DEFINE_GLOBAL: gl.append(u)
+        elif op is _RANGE and u.arg[1] == "global": glob.append(u)
+        elif op is _DEFINE_VAR: dvars.append(u)
     gl.sort(key=lambda u: u.arg)
     global_dims, local_dims = launch_dims(uops) if getattr(renderer, "has_local", False) else ((), ())
     src, function_name = renderer.render(uops, name), name
@@ -98,6 +104,6 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
         src = src.replace(f" {name}(", f" {function_name}(").replace(f" {name}_entry(", f" {function_name}_entry(")
     return ProgramSpec(name=name, src=src, device=renderer.device, uops=uops, function_name=function_name,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
-                       vars=sorted((u for u in uops if u.op is Ops.DEFINE_VAR), key=lambda v: v.arg[0]),
+                       vars=sorted(dvars, key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
                        applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims)

@@ -192,6 +192,8 @@ pm_vectorize = PatternMatcher([
 pm_vectorize.__doc__ = "values along the vector axis are vectors of supported dtypes or bool masks; no other " \
     "vector dtype remains"
 
+_ACCESSES, _CONST = {Ops.LOAD, Ops.STORE}, Ops.CONST   # (module-level: `Ops.X` lookups are slow, see linearize.py)
+
 # ops a rule of pm_vectorize may rewrite though nothing below them is a vector
 _NOT_SCALAR_PART = {Ops.DEFINE_REG, Ops.STORE, Ops.GEP, Ops.REDUCE, Ops.VECTORIZE}
 
@@ -201,8 +203,9 @@ def _scalar_part(sink: UOp, vec: UOp) -> dict[UOp, UOp]:
     reduction), nor index arithmetic on constants alone (which the rules fold)."""
     out: dict[UOp, UOp] = {}
     for u in sink.toposort():
-        if u is vec or u.dtype.count != 1 or u.op in _NOT_SCALAR_PART or not all(s in out for s in u.src): continue
-        if u.src and u.op in GroupOp.ALU and all(s.op is Ops.CONST for s in u.src): continue
+        if u is vec or u.dtype.count != 1 or u.op in _NOT_SCALAR_PART or not all(map(out.__contains__, u.src)):
+            continue
+        if u.src and u.op in GroupOp.ALU and all(s.op is _CONST for s in u.src): continue
         out[u] = u
     return out
 
@@ -213,7 +216,7 @@ def vectorize(sink: UOp, vec: UOp, width: int, vec_dtypes: tuple[DType, ...]) ->
     # (the index arithmetic, most of a kernel's nodes)
     unchanged = ctx.rewritten
     for u in sink.toposort():
-        if u.op not in (Ops.LOAD, Ops.STORE) and all(s in unchanged for s in u.src): unchanged[u] = u
+        if u.op not in _ACCESSES and all(map(unchanged.__contains__, u.src)): unchanged[u] = u
     sink = graph_rewrite(sink, pm_vector_memory, ctx=ctx, name="vector_memory", memo=unchanged)
     sink = graph_rewrite(sink, pm_vectorize, ctx=ctx, bottom_up=True, name="vectorize", memo=_scalar_part(sink, vec))
     for u in sink.toposort():

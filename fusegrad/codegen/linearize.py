@@ -11,13 +11,17 @@ from fusegrad.uop.ops import Ops, UOp
 
 _LOOP_KINDS = ("global", "loop", "reduce", "copy")
 # the ops whose loops are not just their sources' (_loops_of)
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the passes over every node
+# compare against module-level names)
+_CONST, _LOAD, _INDEX, _SINK, _END, _RANGE, _STORE = Ops.CONST, Ops.LOAD, Ops.INDEX, Ops.SINK, Ops.END, Ops.RANGE, \
+    Ops.STORE
 _LOOP_SET_OPS = {Ops.RANGE, Ops.END, Ops.LOAD}
 _FIRST = {Ops.DEFINE_GLOBAL: 0, Ops.DEFINE_VAR: 1, Ops.DEFINE_LOCAL: 2, Ops.DEFINE_REG: 2}
 
 def _may_be_empty(r: UOp) -> bool:
     """Whether loop `r` may run zero times."""
     end = r.src[0]
-    return (end.arg if end.op is Ops.CONST else end.vmin) <= 0
+    return (end.arg if end.op is _CONST else end.vmin) <= 0
 
 def _enclosing_loops(parent: dict[UOp, UOp | None], s: UOp | None) -> list[UOp]:
     """Loop `s` and the loops around it, innermost first."""
@@ -29,7 +33,7 @@ def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp,
     """Move memory loads into loops that may be empty. A load hoisted out of a loop runs even when the loop runs zero
     times, and then it may read out of bounds (an empty buffer, an index made of a size variable that is 0): a load
     whose every use is inside such a loop goes inside the innermost one."""
-    loads = [u for u in topo if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX]
+    loads = [u for u in topo if u.op is _LOAD and u.src[0].op is _INDEX]
     if not loads: return
     # (only the loads' users are needed)
     users: dict[UOp, list[UOp]] = {u: [] for u in loads}
@@ -39,7 +43,7 @@ def _sink_loads(topo: list[UOp], scope: dict[UOp, UOp | None], parent: dict[UOp,
     around: dict[UOp | None, set[UOp]] = {}   # each loop's enclosing loops, itself included
     for u in reversed(loads):   # users first: a load used by a load that moves in can follow it
         # where each use needs the value: a loop bound before its loop, anything else in its own loop
-        uses = [parent[x] if x in parent else scope[x] for x in users[u] if x.op not in (Ops.SINK, Ops.END)]
+        uses = [parent[x] if x in parent else scope[x] for x in users[u] if x.op not in (_SINK, _END)]
         if not uses: continue
         common = _enclosing_loops(parent, uses[0])
         for s in uses[1:]:
@@ -66,13 +70,13 @@ def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
     with the loops it closes)."""
     live = live_ranges_all(topo, {})
     # (only loops count: a RANGE of another kind may be left in the graph)
-    if not all(range_kind(u) in _LOOP_KINDS for u in topo if u.op is Ops.RANGE):
+    if not all(range_kind(u) in _LOOP_KINDS for u in topo if u.op is _RANGE):
         live = {u: frozenset(r for r in ls if range_kind(r) in _LOOP_KINDS) for u, ls in live.items()}
     # a load from a buffer the kernel also stores to can't be hoisted out of the loops around that store: it has to
     # see what earlier iterations wrote (e.g. partial sums accumulated in the output)
     store_loops: dict[UOp, frozenset[UOp]] = {}
     for u in topo:
-        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX:
+        if u.op is _STORE and u.src[0].op is _INDEX:
             store_loops[u.src[0].src[0]] = store_loops.get(u.src[0].src[0], frozenset()) | live[u]
     loops_of: dict[UOp, frozenset[UOp]] = {}
     for u in topo:
@@ -84,9 +88,9 @@ def _loops_of(topo: list[UOp]) -> dict[UOp, frozenset[UOp]]:
             for s in src[1:]:
                 if (o := loops_of[s]) is not ls and not o <= ls: ls = ls | o if ls else o
         if (op := u.op) in _LOOP_SET_OPS:
-            if op is Ops.RANGE: ls = ls | live[u]
-            elif op is Ops.END: ls = ls - set(src[1:])
-            elif src[0].op is Ops.INDEX and src[0].src[0] in store_loops: ls = ls | store_loops[src[0].src[0]]
+            if op is _RANGE: ls = ls | live[u]
+            elif op is _END: ls = ls - set(src[1:])
+            elif src[0].op is _INDEX and src[0].src[0] in store_loops: ls = ls | store_loops[src[0].src[0]]
         loops_of[u] = ls
     return loops_of
 
@@ -96,12 +100,12 @@ def _loop_tree(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]]) \
     another loop (a reduction's) sits in the deepest of the loops its END has to be inside, and of those the END
     closes before it."""
     parent: dict[UOp, UOp | None] = {}
-    outs = sorted({r for r in topo if r.op is Ops.RANGE and range_kind(r) in ("global", "loop")},
+    outs = sorted({r for r in topo if r.op is _RANGE and range_kind(r) in ("global", "loop")},
                   key=lambda r: r.arg[0])
     for i, r in enumerate(outs): parent[r] = outs[i - 1] if i else None
     enclosing: dict[UOp, frozenset[UOp]] = {}
     for u in topo:
-        if u.op is not Ops.END: continue
+        if u.op is not _END: continue
         for i, r in enumerate(u.src[1:]):
             if r in enclosing: continue
             enclosing[r] = loops_of[u] | frozenset(u.src[1:1 + i])
@@ -113,7 +117,7 @@ def _loop_tree(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]]) \
                 parent[r] = max(encl, key=get_depth) if encl else None
             depth[r] = 0 if parent[r] is None else get_depth(parent[r]) + 1
         return depth[r]
-    loops = [r for r in topo if r.op is Ops.RANGE and range_kind(r) in _LOOP_KINDS]
+    loops = [r for r in topo if r.op is _RANGE and range_kind(r) in _LOOP_KINDS]
     for r in loops: get_depth(r)
     return parent, depth, loops
 
@@ -124,7 +128,7 @@ def _scopes(topo: list[UOp], loops_of: dict[UOp, frozenset[UOp]], parent: dict[U
     scope: dict[UOp, UOp | None] = {}
     ancestors: dict[UOp | None, set[UOp]] = {}   # each loop's enclosing loops, itself included
     for u in topo:
-        if u.op is Ops.RANGE and u in parent: scope[u] = u; continue
+        if u.op is _RANGE and u in parent: scope[u] = u; continue
         ls = loops_of[u]
         s = max(ls, key=lambda r: depth[r]) if ls else None
         if (anc := ancestors.get(s)) is None: anc = ancestors[s] = set(_enclosing_loops(parent, s))
@@ -144,7 +148,7 @@ class _BlockOrder:
         for r in loops: self.children.setdefault(parent[r], []).append(r)
         self.members: dict[UOp | None, list[UOp]] = {}
         for u in topo:
-            if u.op in (Ops.SINK, Ops.END) or (u.op is Ops.RANGE and u in parent): continue
+            if u.op in (_SINK, _END) or (u.op is _RANGE and u in parent): continue
             self.members.setdefault(scope[u], []).append(u)
         self.deps = self._dependencies(topo)
 
@@ -168,17 +172,17 @@ class _BlockOrder:
         parent, scope = self.parent, self.scope
         paths = {u: chain(u) if u in parent else chain(scope[u]) + (u,) for u in topo}
         for u in topo:
-            if u.op in (Ops.SINK, Ops.END): continue
+            if u.op in (_SINK, _END): continue
             pu = paths[u]
             # (a node and a source that are both nodes of one block, most edges, meet in that block as themselves)
             own, mine = (None, None) if u in parent else (scope[u], deps[scope[u]][u])
             for s in u.src:
-                if s.op is Ops.SINK: continue
-                if mine is not None and s.op is not Ops.END and s not in parent and scope[s] is own:
+                if s.op is _SINK: continue
+                if mine is not None and s.op is not _END and s not in parent and scope[s] is own:
                     mine.add(s)
                     continue
                 # ENDs are ordering-only: depending on one means depending on the loop it closes
-                for x in ((s.src[0],) + s.src[1:] if s.op is Ops.END else (s,)):
+                for x in ((s.src[0],) + s.src[1:] if s.op is _END else (s,)):
                     px = paths[x]
                     i = 0
                     while i < len(pu) and i < len(px) and pu[i] is px[i]: i += 1
@@ -213,6 +217,6 @@ class _BlockOrder:
         items: list[UOp] = self.members.get(block, []) + self.children.get(block, [])
         out: list[UOp] = []
         for it in self.schedule(items, self.deps[block]):
-            if it in self.parent: out += [it] + self.emit(it) + [UOp(Ops.END, src=(it,))]
+            if it in self.parent: out += [it] + self.emit(it) + [UOp(_END, src=(it,))]
             else: out.append(it)
         return out

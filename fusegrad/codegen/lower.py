@@ -198,16 +198,20 @@ pm_lower_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"),
                                  name="lower_reduce")
 pm_lower_reduce.__doc__ = "no REDUCE over a loop remains: accumulators are registers updated inside the loops"
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the passes over every
+# node of a kernel compare against module-level names)
+_INDEX, _RANGE, _REDUCE, _STORE = Ops.INDEX, Ops.RANGE, Ops.REDUCE, Ops.STORE
+
 def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     """The upcast RANGE to keep as SIMD lanes: a power-of-two axis contiguous in the most memory accesses."""
     vec_dts = getattr(renderer, "vector_dtypes", ())
     if not vec_dts: return None
     topo = ast.toposort()
-    if any(u.op is Ops.REDUCE and u.dtype not in vec_dts for u in topo): return None
+    if any(u.op is _REDUCE and u.dtype not in vec_dts for u in topo): return None
     best, best_score = None, 0
-    stored = {u.src[0] for u in topo if u.op is Ops.STORE}
-    reds = [u for u in topo if u.op is Ops.REDUCE]
-    outputs = [u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast" and not any(u in r.src for r in reds)]
+    stored = {u.src[0] for u in topo if u.op is _STORE}
+    reds = [u for u in topo if u.op is _REDUCE]
+    outputs = [u for u in topo if u.op is _RANGE and range_kind(u) == "upcast" and not any(u in r.src for r in reds)]
     # (a single reduction that output lanes go through weighs its accesses by where they run and prefers wider
     # vectors; several, as softmax, or one computed once for all the lanes, keep the plain count: their own reduce
     # vector axes are chosen after this one)
@@ -215,10 +219,10 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
     single = len(reds) == 1 and (not outputs or any(r in reds[0].src[0].toposort() for r in outputs))
     # each access's nodes, and whether it is inside a reduction's loop, found once for every candidate axis
     accesses = []
-    for idx in (u for u in topo if u.op is Ops.INDEX):
+    for idx in (u for u in topo if u.op is _INDEX):
         deps = idx.toposort()
-        accesses.append((idx, deps, any(x.op is Ops.RANGE and range_kind(x) in ("reduce", "unroll") for x in deps)))
-    for r in (u for u in topo if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+        accesses.append((idx, deps, any(x.op is _RANGE and range_kind(x) in ("reduce", "unroll") for x in deps)))
+    for r in (u for u in topo if u.op is _RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
         score, coeffs = 0, {}
@@ -243,7 +247,7 @@ def _pool_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -> UOp
     """A max pool's output row upcast by the heuristic where its window reads every second (third, fourth) pixel: the
     stores are contiguous along it and every load gathers along it. Its lanes' taps are loaded one by one, its maxes
     are vector ones (a scalar max is a compare and a branch per tap)."""
-    for r in (u for u in ast.toposort() if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+    for r in (u for u in ast.toposort() if u.op is _RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 4 or sz & (sz - 1) or sz > 64: continue
         steps = [(coeff(idx.src[1], r), idx in stored, idx.src[0].dtype.base in vec_dts)
@@ -258,7 +262,7 @@ def _gathering_row(ast: UOp, accesses: list, stored: set[UOp], vec_dts: tuple) -
     transposed: the heuristic's `_vectorize_gathering_output`). The strided loads count against it above, but
     gathered lane by lane they are the scalar code's own loads, and each contiguous one is a vector: it is the SIMD
     axis all the same."""
-    for r in (u for u in ast.toposort() if u.op is Ops.RANGE and range_kind(u) == "upcast"):
+    for r in (u for u in ast.toposort() if u.op is _RANGE and range_kind(u) == "upcast"):
         sz = range_size(r)
         if not isinstance(sz, int) or sz < 4 or sz & (sz - 1) or sz > 64: continue
         steps = [(coeff(idx.src[1], r), idx in stored, inner, idx.src[0].dtype.base in vec_dts)
@@ -273,7 +277,7 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
     that doesn't involve `vec`, contiguous in every load that varies with it: its partial accumulators become SIMD
     lanes too."""
     vec_dts = getattr(renderer, "vector_dtypes", ())
-    reds = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    reds = [u for u in ast.toposort() if u.op is _REDUCE]
     if (len(reds) < 2 and vec is None) or not vec_dts: return ()
     live: dict = {}
     chosen: list[tuple[UOp, UOp]] = []
@@ -282,7 +286,7 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
         for r in red.src[1:]:
             sz = range_size(r)
             if range_kind(r) != "upcast" or not isinstance(sz, int) or sz < 2 or sz & (sz - 1) or sz > 64: continue
-            idxs = [u for u in red.src[0].toposort() if u.op is Ops.INDEX and r in u.toposort()]
+            idxs = [u for u in red.src[0].toposort() if u.op is _INDEX and r in u.toposort()]
             if not idxs or not all(coeff(i.src[1], r) == 1 and i.src[0].dtype.base in vec_dts for i in idxs): continue
             # no value may vary along two vector axes: this reduction's inputs vary with no other one, and the
             # inputs of the others (a reduction nested in this one) don't vary with this one
@@ -299,11 +303,11 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, L
     vec = choose_vector_axis(ast, renderer)
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
                    reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec))
-    reduce_rngs = {r for u in ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
-    ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1) + 1
+    reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
+    ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     stores = []
     for st in ast.src:
-        axes = [r for r in st.toposort() if r.op is Ops.RANGE and range_kind(r) == "upcast" and r is not ctx.vec
+        axes = [r for r in st.toposort() if r.op is _RANGE and range_kind(r) == "upcast" and r is not ctx.vec
                 and r not in reduce_rngs]
         stores += _each_lane(st, axes)
     sink = graph_rewrite(UOp.sink_of(*stores), pm_block_sums, ctx=ctx, name="block_sums")

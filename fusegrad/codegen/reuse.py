@@ -29,7 +29,7 @@ def _expensive(ast: UOp) -> set[UOp]:
     computed from a reduction's result is not recomputed per element)."""
     out: set[UOp] = set()
     for u in ast.toposort():
-        if u.op in EXPENSIVE or (u.op not in (Ops.REDUCE, Ops.INDEX, Ops.LOAD) and any(s in out for s in u.src)):
+        if u.op in EXPENSIVE or (u.op not in (Ops.REDUCE, Ops.INDEX, Ops.LOAD) and not out.isdisjoint(u.src)):
             out.add(u)
     return out
 
@@ -114,7 +114,7 @@ def _candidates(ast: UOp) -> tuple[list[UOp], list[UOp], set[UOp]]:
     # (nodes with an expensive op anywhere below them, through reductions too)
     below: set[UOp] = set()
     for u in topo:
-        if u.op in EXPENSIVE or any(s in below for s in u.src): below.add(u)
+        if u.op in EXPENSIVE or not below.isdisjoint(u.src): below.add(u)
     reds = [u for u in topo if u.op is Ops.REDUCE and u.src[0] in below]
     outs = []
     for st in ast.src:

@@ -36,6 +36,10 @@ _UNARY_FN = {Ops.SQRT: "sqrt", Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin
 _INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&",
           Ops.OR: "|", Ops.XOR: "^"}
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the passes over every uop
+# of a kernel compare against module-level names)
+_STORE, _INDEX, _LOAD, _DEFINE_REG, _SPECIAL, _DEFINE_GLOBAL, _END, _RANGE = Ops.STORE, Ops.INDEX, Ops.LOAD, \
+    Ops.DEFINE_REG, Ops.SPECIAL, Ops.DEFINE_GLOBAL, Ops.END, Ops.RANGE
 _MASK_USERS = GroupOp.ALU | {Ops.CAST, Ops.VECTORIZE, Ops.GEP}   # ops that may make or read a bool vector
 STREAM_BYTES = 16 << 20   # outputs at least this big are written past the caches (ClangRenderer._streamed_buffers)
 
@@ -691,9 +695,13 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             k.pairs = bf16_pairs(uops, k.users)
             k.unwritten.update(p.inner for p in k.pairs.values())
         k.streamed = self._streamed_buffers(uops)
+        # the bool vector dtypes of the kernel's values and their sources (most kernels have none: no test per node)
+        dts = set(map(_DTYPE_OF, itertools.chain(uops, itertools.chain.from_iterable(map(_SRC_OF, uops)))))
+        masks = {dt for dt in dts if _is_mask_dtype(dt)}
         for u in uops:
             if u in k.unwritten: continue
-            if u.op in _MASK_USERS and (_is_mask(u) or any(_is_mask(s) for s in u.src)): self._render_mask_op(k, u)
+            if masks and u.op in _MASK_USERS and (u.dtype in masks or not masks.isdisjoint(map(_DTYPE_OF, u.src))):
+                self._render_mask_op(k, u)
             elif (render_op := self.op_renderers.get(u.op)) is not None: render_op(self, k, u)
             else: raise NotImplementedError(f"can't render {u.op}")
         # (streaming stores are weakly ordered: they are made visible before the kernel returns, to whoever waits on it)
@@ -959,7 +967,9 @@ def _base_and_offset(x: UOp) -> tuple[UOp | None, int]:
     if x.op is Ops.ADD and x.src[1].op is Ops.CONST: return x.src[0], x.src[1].arg
     return x, 0
 
-def _is_mask(x: UOp) -> bool: return x.dtype.count > 1 and x.dtype.scalar() == dtypes.bool
+def _is_mask(x: UOp) -> bool: return _is_mask_dtype(x.dtype)
+def _is_mask_dtype(dt: DType) -> bool: return dt.count > 1 and dt.scalar() == dtypes.bool
+_DTYPE_OF, _SRC_OF = operator.attrgetter("dtype"), operator.attrgetter("src")
 
 class KernelText:
     """What rendering one kernel tracks: the C expression or variable of each value, the lines of the body, the
@@ -968,15 +978,15 @@ class KernelText:
         self.renderer = renderer
         self.users: dict[UOp, list[UOp]] = {}
         self.depth_of: dict[UOp, int] = {}
-        depth = 0
+        depth, depth_of, users = 0, self.depth_of, self.users
         for u in uops:
-            if u.op is Ops.END: depth -= 1
-            self.depth_of[u] = depth
-            if u.op is Ops.RANGE: depth += 1
-            for s in u.src: self.users.setdefault(s, []).append(u)
-        self.stored = {u.src[0].src[0] for u in uops if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
+            if u.op is _END: depth -= 1
+            depth_of[u] = depth
+            if u.op is _RANGE: depth += 1
+            for s in u.src: users.setdefault(s, []).append(u)
+        self.stored = {u.src[0].src[0] for u in uops if u.op is _STORE and u.src[0].op is _INDEX}
         # vector accumulators whose lanes are combined after their loop (a reduction vectorized along its own axis)
-        self.lane_summed = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.DEFINE_REG and
+        self.lane_summed = {u.src[0] for u in uops if u.op is _LOAD and u.src[0].op is _DEFINE_REG and
                             u.dtype.count > 1 and self._lanes_combined(u)}
         self.r: dict[UOp, str] = {}
         self.bufs: list[tuple[int, str]] = []
@@ -987,7 +997,7 @@ class KernelText:
         self.mask_width: dict[UOp, int] = {}
         self.loops: list[UOp] = []   # the loops open at this point, innermost last
         # GPU-style: launched as a grid of work-groups (it has SPECIAL ids); its group's local arrays go at the top
-        self.gpu = any(u.op is Ops.SPECIAL for u in uops)
+        self.gpu = any(u.op is _SPECIAL for u in uops)
         self.top = 0                  # where the next local array is declared
         self.specials: set[str] = set()
         # stores of a vector's lanes written as one scatter, loads of a vector's lanes as one gather
@@ -1024,7 +1034,7 @@ class KernelText:
 def _chained_float_reduction(st: UOp) -> bool:
     """Whether `st` updates a scalar float accumulator with more than one operation per iteration, or inside more
     than one loop (the compiler may unroll the inner ones into a chain)."""
-    if st.op is not Ops.STORE or (acc := st.src[0]).op is not Ops.DEFINE_REG or acc.dtype.count > 1 or \
+    if st.op is not _STORE or (acc := st.src[0]).op is not _DEFINE_REG or acc.dtype.count > 1 or \
             not dtypes.is_float(acc.dtype): return False
     reads = [x for x in st.src[1].toposort() if x.op is Ops.LOAD and x.src[0] is acc and len(x.src) > 1]
     if not reads: return False   # a reset
@@ -1078,8 +1088,8 @@ class ClangRenderer(CStyleLanguage):
         if any(elem(u) == dtypes.float16 for u in uops):
             out += ["#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512FP16__)",
                     "#pragma GCC target(\"no-avx512fp16\")", "#endif"]
-        gated = any((u.op is Ops.INDEX and len(u.src) > 2) or (u.op is Ops.LOAD and len(u.src) > 1 and
-                                                               u.src[0].op is Ops.INDEX) for u in uops)
+        gated = any((u.op is _INDEX and len(u.src) > 2) or (u.op is _LOAD and len(u.src) > 1 and
+                                                               u.src[0].op is _INDEX) for u in uops)
         if gated or any(_chained_float_reduction(u) for u in uops):
             out += ["#if defined(__GNUC__) && !defined(__clang__)", "#pragma GCC optimize(\"no-tree-loop-vectorize\")",
                     "#endif"]
@@ -1115,12 +1125,12 @@ class ClangRenderer(CStyleLanguage):
         # reads it next anyway: softmax of 4096x4096 on one core 17 -> 13 ms, a sum over its output right after took
         # the same 4.2-4.6 ms either way.
         if not self.stream_stores: return set()
-        loaded = {u.src[0].src[0] for u in uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+        loaded = {u.src[0].src[0] for u in uops if u.op is _LOAD and u.src[0].op is _INDEX}
         # (every store of the buffer an ungated whole 64-byte vector: a kernel storing some lanes on their own keeps
         # its stores)
         whole: dict[UOp, bool] = {}
         for u in uops:
-            if u.op is Ops.STORE and (idx := u.src[0]).op is Ops.INDEX and (buf := idx.src[0]).op is Ops.DEFINE_GLOBAL:
+            if u.op is _STORE and (idx := u.src[0]).op is _INDEX and (buf := idx.src[0]).op is _DEFINE_GLOBAL:
                 whole[buf] = whole.get(buf, True) and len(idx.src) == 2 and idx.dtype.vcount > 1 and \
                     u.src[1].dtype.itemsize == 64
         return {b for b, ok in whole.items()

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_CONST, _DEFINE_GLOBAL, _DEFINE_VAR, _EXPAND, _FLIP = Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.EXPAND, Ops.FLIP
+_LOAD, _PAD, _PERMUTE, _RANGE, _REDUCE = Ops.LOAD, Ops.PAD, Ops.PERMUTE, Ops.RANGE, Ops.REDUCE
+_REDUCE_AXIS, _RESHAPE, _SHRINK = Ops.REDUCE_AXIS, Ops.RESHAPE, Ops.SHRINK
+
 def _idx(v: int) -> UOp: return UOp.const(dtypes.index, v)
 
 def flat_index(idxs: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
@@ -68,16 +74,16 @@ def _and(a: UOp | None, b: UOp | None) -> UOp | None:
 def movement_index(m: UOp, idxs: tuple[UOp, ...]) -> tuple[tuple[UOp, ...], UOp | None]:
     """For movement op `m` read at `idxs`: the position in `m.src[0]` to read and a validity condition (PAD)."""
     src_shape, arg = m.src[0].shape, m.arg
-    if m.op is Ops.RESHAPE: return reshape_index(idxs, m.shape, src_shape), None
-    if m.op is Ops.PERMUTE:
+    if m.op is _RESHAPE: return reshape_index(idxs, m.shape, src_shape), None
+    if m.op is _PERMUTE:
         out: list[UOp] = [_idx(0)] * len(arg)
         for i, axis in enumerate(arg): out[axis] = idxs[i]
         return tuple(out), None
-    if m.op is Ops.EXPAND:
+    if m.op is _EXPAND:
         return tuple(_idx(0) if s == 1 and n != 1 else i for i, s, n in zip(idxs, src_shape, arg)), None
-    if m.op is Ops.SHRINK: return tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, arg)), None
-    if m.op is Ops.FLIP: return tuple((i * -1 + (s - 1)) if f else i for i, f, s in zip(idxs, arg, src_shape)), None
-    if m.op is Ops.PAD:
+    if m.op is _SHRINK: return tuple(i + b if b != 0 else i for i, (b, _) in zip(idxs, arg)), None
+    if m.op is _FLIP: return tuple((i * -1 + (s - 1)) if f else i for i, f, s in zip(idxs, arg, src_shape)), None
+    if m.op is _PAD:
         valid: UOp | None = None
         new = []
         for i, (b, e), s in zip(idxs, arg, src_shape):
@@ -104,8 +110,8 @@ class KernelBuilder:
         as double and integers as 64-bit, so a half or bfloat16 one arrives as float32 (exact: its value is a half)."""
         if u not in self.params: self.params.append(u)
         name = (f"_p{self.params.index(u)}", u.arg[1], u.arg[2])
-        if u.dtype not in (dtypes.float16, dtypes.bfloat16): return UOp(Ops.DEFINE_VAR, u.dtype, (), name)
-        return UOp(Ops.DEFINE_VAR, dtypes.float32, (), name).cast(u.dtype)
+        if u.dtype not in (dtypes.float16, dtypes.bfloat16): return UOp(_DEFINE_VAR, u.dtype, (), name)
+        return UOp(_DEFINE_VAR, dtypes.float32, (), name).cast(u.dtype)
 
     def new_range(self, end: int, kind: str) -> UOp:
         r = UOp.range(end, self.next_axis, kind)
@@ -120,7 +126,7 @@ class KernelBuilder:
         if mem not in self.slots:
             self.slots[mem] = len(self.globals)
             self.globals.append(buf)
-        return UOp(Ops.DEFINE_GLOBAL, buf.dtype.ptr(mem.arg[1]), arg=self.slots[mem])
+        return UOp(_DEFINE_GLOBAL, buf.dtype.ptr(mem.arg[1]), arg=self.slots[mem])
 
     def address(self, view: UOp, idxs: tuple[UOp, ...]) -> tuple[UOp, UOp, UOp | None]:
         """(DEFINE_GLOBAL, flat index, valid) of element `idxs` of `view`: movement ops over a realized buffer."""
@@ -146,15 +152,15 @@ class KernelBuilder:
                 g, flat, v = self.address(u, ix)
                 full_valid = _and(valid, v)
                 ind = g.index(flat, valid=full_valid) if full_valid is not None else g.index(flat)
-                result[key] = UOp(Ops.LOAD, u.dtype, (ind,))
+                result[key] = UOp(_LOAD, u.dtype, (ind,))
                 continue
-            if u.op is Ops.CONST:
+            if u.op is _CONST:
                 result[key] = UOp.const(u.dtype, u.arg)
                 continue
-            if u.op is Ops.RANGE:  # a tensor-level iota: element i is i
+            if u.op is _RANGE:  # a tensor-level iota: element i is i
                 result[key] = ix[0].cast(u.dtype)
                 continue
-            if u.op is Ops.DEFINE_VAR:  # a lifted constant or a Variable: a kernel parameter
+            if u.op is _DEFINE_VAR:  # a lifted constant or a Variable: a kernel parameter
                 result[key] = self.param(u) if u.src else u
                 continue
             if children is None:
@@ -170,9 +176,9 @@ class KernelBuilder:
     def _children(self, u: UOp, ix: tuple[UOp, ...], valid: UOp | None) -> list[tuple]:
         if u.op in GroupOp.Movement:
             new_ix, v = movement_index(u, ix)
-            if u.op is Ops.PAD: self.memo[("pad", u, ix)] = v
+            if u.op is _PAD: self.memo[("pad", u, ix)] = v
             return [(u.src[0], new_ix, _and(valid, v))]
-        if u.op is Ops.REDUCE_AXIS:
+        if u.op is _REDUCE_AXIS:
             rix = self._reduce_ranges(u, ix)
             return [(u.src[0], rix, valid)]
         # (CONTIGUOUS, ASSIGN, COPY and SCATTER are always realized, so they are never fused into a consumer)
@@ -190,16 +196,16 @@ class KernelBuilder:
 
     def _combine(self, u: UOp, ix: tuple[UOp, ...], srcs: list[UOp]) -> UOp:
         if u.op in GroupOp.Movement:
-            if u.op is Ops.PAD:
+            if u.op is _PAD:
                 v = self.memo[("pad", u, ix)]
                 inner = srcs[0]
                 # a gated LOAD already reads 0 outside the pad; anything else (constants, exp, ...) needs the gate
-                if v is None or inner.op is Ops.LOAD: return inner
+                if v is None or inner.op is _LOAD: return inner
                 return v.where(inner, inner.const_like(0))
             return srcs[0]
-        if u.op is Ops.REDUCE_AXIS:
+        if u.op is _REDUCE_AXIS:
             rix = self.memo[("reduce", u, ix)]
-            ranges = tuple(r for r in rix if r.op is Ops.RANGE and r.arg[1] == "reduce" and r not in ix)
-            return UOp(Ops.REDUCE, u.dtype, (srcs[0],) + ranges, u.arg[0]) if ranges else srcs[0]
+            ranges = tuple(r for r in rix if r.op is _RANGE and r.arg[1] == "reduce" and r not in ix)
+            return UOp(_REDUCE, u.dtype, (srcs[0],) + ranges, u.arg[0]) if ranges else srcs[0]
         return UOp(u.op, u.dtype, tuple(srcs), u.arg)
 

@@ -19,6 +19,14 @@ from fusegrad.uop.pattern import graph_rewrite_map
 from fusegrad.uop.symbolic import simplify_indexing
 from fusegrad.viz import record as _viz
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _ASSIGN, _BITCAST, _BUFFER, _CAST = Ops.ADD, Ops.ASSIGN, Ops.BITCAST, Ops.BUFFER, Ops.CAST
+_CONTIGUOUS, _COPY, _DEFINE_VAR, _DEVICE, _EXPAND = Ops.CONTIGUOUS, Ops.COPY, Ops.DEFINE_VAR, Ops.DEVICE, Ops.EXPAND
+_INDEX, _KERNEL, _LOAD, _MUL, _PAD, _REDUCE_AXIS = Ops.INDEX, Ops.KERNEL, Ops.LOAD, Ops.MUL, Ops.PAD, Ops.REDUCE_AXIS
+_RESHAPE, _SCATTER, _SHRINK, _SINK, _STORE = Ops.RESHAPE, Ops.SCATTER, Ops.SHRINK, Ops.SINK, Ops.STORE
+_WHERE = Ops.WHERE
+
 def max_size(shape: tuple) -> int:
     """The number of elements a buffer for `shape` needs: for a symbolic shape, at the Variables' largest values."""
     n = prod(shape)
@@ -64,11 +72,11 @@ def _realize_before_widening_casts(realize: set[UOp], required: set[UOp], why: d
     backward pass read through such a cast, then takes the bfloat16 products (dot-product instructions, AMX). Not
     for the nodes that need a buffer of their own (`required`: outputs, a copy's source)."""
     for u in list(realize):
-        if u.op is not Ops.CAST or u in required or is_realized(u) or not widens_exactly(u.src[0].dtype, u.dtype):
+        if u.op is not _CAST or u in required or is_realized(u) or not widens_exactly(u.src[0].dtype, u.dtype):
             continue
         x = u.src[0]
         # (the source must be a value a kernel computes, or a buffer already; a view of one is left as it is)
-        if not (is_realized(x) or x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS): continue
+        if not (is_realized(x) or x.op in GroupOp.Elementwise or x.op is _REDUCE_AXIS): continue
         realize.discard(u)
         if not is_realized(x):
             realize.add(x)
@@ -77,9 +85,9 @@ def _realize_before_widening_casts(realize: set[UOp], required: set[UOp], why: d
 def _realize_always(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
     """Contiguous, assign, copy and scatter nodes get a buffer, and so does what a copy reads."""
     for u in topo:
-        if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN, Ops.COPY, Ops.SCATTER) and not is_realized(u): realize.add(u)
+        if u.op in (_CONTIGUOUS, _ASSIGN, _COPY, _SCATTER) and not is_realized(u): realize.add(u)
         if why is not None and u in realize: why.setdefault(u, ("always", u.op.name))
-        if u.op is Ops.COPY and contiguous_range(u.src[0]) is None:
+        if u.op is _COPY and contiguous_range(u.src[0]) is None:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
             realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])
             if why is not None: why.setdefault(base if base is not None else u.src[0], ("copy_source",))
@@ -90,7 +98,7 @@ def _realize_outputs(sink: UOp, realize: set[UOp], why: dict[UOp, tuple] | None)
         # an output already in a buffer in row-major order (only reshapes on top), or a reshape of a node that gets
         # one anyway, needs no kernel of its own
         base = out
-        while base.op is Ops.RESHAPE: base = base.src[0]
+        while base.op is _RESHAPE: base = base.src[0]
         if buffer_node(out) is None and base not in realize:
             realize.add(out)
             if why is not None: why.setdefault(out, ("output",))
@@ -105,7 +113,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
     heavy = _heavy_nodes(topo)
     expands_of: dict[UOp, list[UOp]] = {}
     for u in topo:
-        if u.op is Ops.EXPAND: expands_of.setdefault(_unpadded(u.src[0].base, heavy), []).append(u)
+        if u.op is _EXPAND: expands_of.setdefault(_unpadded(u.src[0].base, heavy), []).append(u)
     anyway: dict[UOp, bool] = {}
     def broadcast_whole(y: UOp) -> bool:
         """Whether y will get a buffer for a broadcast of its own that isn't row by row (a layernorm's output that
@@ -117,7 +125,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
         return anyway[y]
     for u in topo:
         if u in realize or is_realized(u) or not (u.op in GroupOp.Elementwise or u.op in GroupOp.Movement or
-                                                  u.op is Ops.REDUCE_AXIS):
+                                                  u.op is _REDUCE_AXIS):
             ops_of[u] = frozenset()
             continue
         below = [ops_of.get(s, frozenset()) for s in u.src]
@@ -125,7 +133,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
         ops_of[u] = mine if mine is not None and len(mine) <= RECOMPUTE_LIMIT else None
         # a computed value that is broadcast is computed once into a buffer, not once per output element; except a
         # cheap enough per-row value used row by row, which the consumer computes once per row itself
-        if u.op is Ops.EXPAND:
+        if u.op is _EXPAND:
             base = _unpadded(u.src[0].base, heavy)
             if not is_realized(base) and not _is_cheap(base, heavy) and \
                     (ops_of[base] is None or not _is_row_broadcast(u, users, realize, broadcast_whole)):
@@ -142,7 +150,7 @@ def _realize_nested_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp
     # _realize_broadcast_values: hoisted or realized.)
     seen: set[UOp] = set()
     for u in topo:
-        if u.op is Ops.REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, False, why, ("nested_reduce",))
+        if u.op is _REDUCE_AXIS: _realize_reductions_below(u.src[0], realize, seen, False, why, ("nested_reduce",))
 
 def _realize_padded_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | None) -> None:
     """A reduction under a padding gets a buffer."""
@@ -150,7 +158,7 @@ def _realize_padded_reductions(topo: list[UOp], realize: set[UOp], why: dict[UOp
     # of n reductions would compute each of them n times)
     under_pad: set[UOp] = set()
     for u in topo:
-        if u.op is Ops.PAD: _realize_reductions_below(u.src[0], realize, under_pad, True, why, ("padded_reduce",))
+        if u.op is _PAD: _realize_reductions_below(u.src[0], realize, under_pad, True, why, ("padded_reduce",))
 
 def _kernel_roots(topo: list[UOp], users: dict[UOp, list[UOp]], realize: set[UOp],
                   why: dict[UOp, tuple] | None) -> dict[UOp, frozenset[UOp]]:
@@ -158,10 +166,10 @@ def _kernel_roots(topo: list[UOp], users: dict[UOp, list[UOp]], realize: set[UOp
     # walk users before sources: a node's roots are the realized nodes its users end in
     roots: dict[UOp, frozenset[UOp]] = {}
     for u in reversed(topo):
-        if u.op is Ops.SINK: continue
+        if u.op is _SINK: continue
         if u in realize or is_realized(u): roots[u] = frozenset([u]); continue
-        r = frozenset().union(*(roots.get(x, frozenset()) for x in users.get(u, []) if x.op is not Ops.SINK))
-        if u.op is Ops.REDUCE_AXIS and len(r) > 1:
+        r = frozenset().union(*(roots.get(x, frozenset()) for x in users.get(u, []) if x.op is not _SINK))
+        if u.op is _REDUCE_AXIS and len(r) > 1:
             realize.add(u); roots[u] = frozenset([u])
             if why is not None: why.setdefault(u, ("shared_reduce", len(r)))
         else: roots[u] = r
@@ -176,7 +184,7 @@ def _realize_beside_contractions(topo: list[UOp], roots: dict[UOp, frozenset[UOp
     # blocked through the output). Short ones (an LSTM cell's two products) stay together in one kernel.
     by_root: dict[UOp, list[UOp]] = {}
     for u in topo:
-        if u.op is Ops.REDUCE_AXIS and u not in realize and len(roots.get(u, ())) == 1 and \
+        if u.op is _REDUCE_AXIS and u not in realize and len(roots.get(u, ())) == 1 and \
                 (n := _contraction_length(u)) is not None:
             by_root.setdefault(next(iter(roots[u])), []).append((n * prod(u.shape), n, u))
     for group in by_root.values():
@@ -229,7 +237,7 @@ def _bound_kernel_size(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple]
         if w - top > KERNEL_OPS_LIMIT: w, top = region(u)
         while w - top > KERNEL_OPS_LIMIT:
             bases = [b for s in u.src if inside(b := s.base) and weight[b] > 0 and
-                     (b.op in GroupOp.Elementwise or b.op is Ops.REDUCE_AXIS)]
+                     (b.op in GroupOp.Elementwise or b.op is _REDUCE_AXIS)]
             if not bases: break
             heaviest = max(bases, key=lambda b: weight[b])
             realize.add(heaviest)
@@ -242,8 +250,8 @@ def _contraction_length(r: UOp) -> int | None:
     """For a sum over products of two operands broadcast against each other (a matmul, a convolution), the number of
     products per output; else None."""
     x = r.src[0]
-    while x.op is Ops.CAST: x = x.src[0]
-    if r.arg[0] is not Ops.ADD or x.op is not Ops.MUL or \
+    while x.op is _CAST: x = x.src[0]
+    if r.arg[0] is not _ADD or x.op is not _MUL or \
             not all(_is_broadcast(s) for s in x.src):
         return None
     if not all(type(d) is int for d in x.shape + r.shape): return None
@@ -251,8 +259,8 @@ def _contraction_length(r: UOp) -> int | None:
 
 def _is_broadcast(u: UOp) -> bool:
     """Whether the movement ops and casts from u down to the first other node include an EXPAND."""
-    while u.op in GroupOp.Movement or u.op is Ops.CAST:
-        if u.op is Ops.EXPAND: return True
+    while u.op in GroupOp.Movement or u.op is _CAST:
+        if u.op is _EXPAND: return True
         u = u.src[0]
     return False
 
@@ -265,10 +273,10 @@ def _realize_reductions_below(start: UOp, realize: set[UOp], seen: set[UOp], thr
         x = stack.pop()
         if x in seen or x in realize or is_realized(x): continue
         seen.add(x)
-        if x.op is Ops.REDUCE_AXIS:
+        if x.op is _REDUCE_AXIS:
             realize.add(x)
             if why is not None: why.setdefault(x, reason)
-        elif through_expand or x.op is not Ops.EXPAND: stack.extend(x.src)
+        elif through_expand or x.op is not _EXPAND: stack.extend(x.src)
 
 # the most ALU ops of a fused value that is recomputed in every kernel that uses it
 RECOMPUTE_LIMIT = 32
@@ -277,7 +285,7 @@ SINGLE_ROW_FUSED = 16384  # elements of a single row whose reductions its consum
 def _unpadded(u: UOp, heavy: dict[UOp, bool]) -> UOp:
     """The value under a constant padding (pad(x, value=v) is where(pad(ones), pad(x), v)): padding costs nothing
     in the kernel that reads it, so x is what gets a buffer, and the kernel computing x keeps its plain indices."""
-    while u.op is Ops.WHERE and u.src[1].op is Ops.PAD and u.src[0].op is Ops.PAD and _is_cheap(u.src[0], heavy) and \
+    while u.op is _WHERE and u.src[1].op is _PAD and u.src[0].op is _PAD and _is_cheap(u.src[0], heavy) and \
             _is_cheap(u.src[2], heavy) and u.src[0].arg == u.src[1].arg:
         u = u.src[1].src[0].base
     return u
@@ -300,10 +308,10 @@ def _is_row_broadcast(expand: UOp, users: dict[UOp, list[UOp]], realize: set[UOp
     while stack:
         u = stack.pop()
         for x in users.get(u, []):
-            if x in seen or x.op is Ops.SINK: continue
+            if x in seen or x.op is _SINK: continue
             seen.add(x)
-            if x.op is Ops.REDUCE_AXIS and set(axes) <= set(x.arg[1]) and x.src[0].shape == shape: continue
-            if x.op in (Ops.ASSIGN, Ops.CONTIGUOUS) and x in realize and x.shape == shape: continue
+            if x.op is _REDUCE_AXIS and set(axes) <= set(x.arg[1]) and x.src[0].shape == shape: continue
+            if x.op in (_ASSIGN, _CONTIGUOUS) and x in realize and x.shape == shape: continue
             if x.op not in GroupOp.Elementwise or x.shape != shape:
                 if u is not expand and realized_anyway(u): break
                 return False
@@ -316,17 +324,17 @@ def _heavy_nodes(topo: list[UOp]) -> dict[UOp, bool]:
     """For each node of `topo` (a toposort), whether it or a node below it reads memory or reduces: one pass over the
     graph for every _is_cheap question (a walk below each broadcast value was quadratic in a long chain of them)."""
     heavy: dict[UOp, bool] = {}
-    for u in topo: heavy[u] = u.op in _HEAVY or any(heavy[s] for s in u.src)
+    for u in topo: heavy[u] = u.op in _HEAVY or any(map(heavy.__getitem__, u.src))
     return heavy
 
 def _is_cheap(u: UOp, heavy: dict[UOp, bool]) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions), or a conversion of a buffer
     read (half inputs of a matmul, converted as they are loaded): recomputing it costs less than a buffer of it.
     `heavy`: _heavy_nodes of a graph `u` is in."""
-    while u.op in (Ops.CAST, Ops.BITCAST) or u.op in GroupOp.Movement: u = u.src[0]
+    while u.op in (_CAST, _BITCAST) or u.op in GroupOp.Movement: u = u.src[0]
     return is_realized(u) or not heavy[u]
 
-def _device(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
+def _device(u: UOp) -> UOp: return UOp(_DEVICE, arg=u.device)
 
 def _assign_target(u: UOp) -> UOp:
     """The buffer view an ASSIGN writes to (checked to be a realized buffer)."""
@@ -338,12 +346,12 @@ def _assign_target(u: UOp) -> UOp:
 def build_kernel(r: UOp) -> UOp:
     """The kernel computing realized node `r`, whose sources already refer to earlier kernels' outputs. Returns
     ASSIGN(BUFFER, KERNEL) (for an assign: the target view over it, so users keep reading through the view)."""
-    if r.op is Ops.COPY: return _copy_kernel(r)
-    if r.op is Ops.SCATTER: return _scatter_kernel(r)
+    if r.op is _COPY: return _copy_kernel(r)
+    if r.op is _SCATTER: return _scatter_kernel(r)
     kb = KernelBuilder(lambda u: u is not r and is_realized(u))
     shape = r.shape
     ranges = tuple(kb.new_range(s, "loop") if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
-    if r.op is Ops.ASSIGN:
+    if r.op is _ASSIGN:
         target_view, value_node = _assign_target(r), r.src[1]
         target_base = target_view.base
         out_buf = buffer_node(target_base)
@@ -351,26 +359,26 @@ def build_kernel(r: UOp) -> UOp:
         _, idx, valid = KernelBuilder(is_realized).address(target_view, ranges)
     else:
         out_buf = new_buffer(_device(r), max_size(shape), r.dtype)
-        value_node = r.src[0] if r.op is Ops.CONTIGUOUS else r
+        value_node = r.src[0] if r.op is _CONTIGUOUS else r
         idx, valid = flat_index(ranges, shape), None
     g = kb.define_global(out_buf)  # defined first: DEFINE_GLOBAL 0 is the buffer written
     val = kb.value(value_node, ranges)
     store_idx = g.index(idx, valid=valid) if valid is not None else g.index(idx)
     # index arithmetic from movement ops simplifies a lot once ranges are known (e.g. reshape round trips vanish)
-    ast = simplify_indexing(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (store_idx, val)),)))
+    ast = simplify_indexing(UOp(_SINK, dtypes.void, (UOp(_STORE, dtypes.void, (store_idx, val)),)))
     if SPEC: verify(ast, kernel_spec, "kernel AST")
-    if r.op is Ops.ASSIGN and _reads_output_elsewhere(ast):
+    if r.op is _ASSIGN and _reads_output_elsewhere(ast):
         # the value reads the buffer being written at other positions: compute it into a temporary first, so the
         # in-place writes can't be observed by the reads
         return build_kernel(r.replace(src=(r.src[0], build_kernel(r.src[1]))))
     # an assign over a pending kernel's output names that output as its first source, so it runs after it
-    first = target_base if r.op is Ops.ASSIGN and target_base.op is Ops.ASSIGN else out_buf
+    first = target_base if r.op is _ASSIGN and target_base.op is _ASSIGN else out_buf
     # the parameters the kernel reads follow its buffers (in _p0, _p1... order); a lifted constant's placeholder is
     # replaced by this call's constant when the cached kernelization is instantiated
-    kernel = UOp(Ops.KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
-    if r.op is not Ops.ASSIGN: return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), shape)
+    kernel = UOp(_KERNEL, dtypes.void, (first,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
+    if r.op is not _ASSIGN: return UOp(_ASSIGN, r.dtype, (out_buf, kernel), shape)
     # users of an assign read the target view, now over the buffer as this kernel leaves it
-    done = UOp(Ops.ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
+    done = UOp(_ASSIGN, out_buf.dtype, (out_buf, kernel), out_buf.shape)
     return target_view.substitute({target_base: done})
 
 def _combine(how: str | None, old: UOp, v: UOp) -> UOp:
@@ -387,7 +395,7 @@ def _scatter_kernel(r: UOp) -> UOp:
     values in their row-major order that combines each into its position (a later duplicate sees an earlier one's
     write: the code generator runs a kernel storing to loaded addresses in order, on one core)."""
     target, positions, values = r.src
-    copied = build_kernel(UOp(Ops.CONTIGUOUS, r.dtype, (target,)))
+    copied = build_kernel(UOp(_CONTIGUOUS, r.dtype, (target,)))
     out_buf, n = copied.src[0], copied.src[0].arg[1]
     if n == 0: return copied   # (no position to write)
     kb = KernelBuilder(is_realized)
@@ -398,41 +406,41 @@ def _scatter_kernel(r: UOp) -> UOp:
     if n <= dtypes.max(p.dtype): bounds.append(p < p.const_like(n))
     valid = bounds[0] & bounds[1] if len(bounds) == 2 else bounds[0] if bounds else UOp.const(dtypes.bool, True)
     at = valid.where(p.cast(dtypes.index), UOp.const(dtypes.index, 0))  # (a position that exists when invalid)
-    if r.arg is not None: v = _combine(r.arg, UOp(Ops.LOAD, r.dtype, (g.index(at),)), v)
-    ast = simplify_indexing(UOp(Ops.SINK, dtypes.void, (UOp(Ops.STORE, dtypes.void, (g.index(at, valid=valid), v)),)))
+    if r.arg is not None: v = _combine(r.arg, UOp(_LOAD, r.dtype, (g.index(at),)), v)
+    ast = simplify_indexing(UOp(_SINK, dtypes.void, (UOp(_STORE, dtypes.void, (g.index(at, valid=valid), v)),)))
     if SPEC: verify(ast, kernel_spec, "kernel AST")
-    kernel = UOp(Ops.KERNEL, dtypes.void, (copied,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
-    return UOp(Ops.ASSIGN, r.dtype, (out_buf, kernel), r.shape)
+    kernel = UOp(_KERNEL, dtypes.void, (copied,) + tuple(kb.globals[1:]) + tuple(kb.params), ast)
+    return UOp(_ASSIGN, r.dtype, (out_buf, kernel), r.shape)
 
 def _reads_output_elsewhere(ast: UOp) -> bool:
     """Whether a kernel loads from its output buffer at an index other than the one it stores to."""
     store_index = ast.src[0].src[0]
-    return any(u.op is Ops.INDEX and u.src[0].arg == 0 and u is not store_index for u in ast.toposort())
+    return any(u.op is _INDEX and u.src[0].arg == 0 and u is not store_index for u in ast.toposort())
 
 def _range_base(u: UOp) -> UOp | None:
     """The node whose row-major elements `u` is a run of (reshapes over a shrink), or None. The run is contiguous
     when every axis outside the innermost one the shrink cuts keeps a single index."""
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is not Ops.SHRINK: return None
+    while u.op is _RESHAPE: u = u.src[0]
+    if u.op is not _SHRINK: return None
     src = u.src[0]
     if not all(type(x) is int for x in src.shape) or arg_uops(u.arg): return None
     cut = [i for i, ((b, e), n) in enumerate(zip(u.arg, src.shape)) if (b, e) != (0, n)]
     if cut and any(e - b != 1 for b, e in u.arg[:cut[-1]]): return None
-    while src.op is Ops.RESHAPE: src = src.src[0]
+    while src.op is _RESHAPE: src = src.src[0]
     return src
 
 def contiguous_range(u: UOp) -> tuple[UOp, int] | None:
     """(the realized node, first element) when `u` is a run of consecutive elements of a buffer in row-major order
     (the buffer itself, reshapes of it, or a shrink that keeps whole rows: what a COPY can read in place)."""
-    while u.op is Ops.RESHAPE: u = u.src[0]
-    if u.op is not Ops.SHRINK: return (u, 0) if buffer_node(u) is not None else None
+    while u.op is _RESHAPE: u = u.src[0]
+    if u.op is not _SHRINK: return (u, 0) if buffer_node(u) is not None else None
     src = u.src[0]
     if buffer_node(src) is None or _range_base(u) is None: return None
     offset, stride = 0, 1
     for (b, _), n in reversed(list(zip(u.arg, src.shape))):
         offset += b * stride
         stride *= n
-    while src.op is Ops.RESHAPE: src = src.src[0]
+    while src.op is _RESHAPE: src = src.src[0]
     return src, offset
 
 def _copy_kernel(r: UOp) -> UOp:
@@ -442,8 +450,8 @@ def _copy_kernel(r: UOp) -> UOp:
     assert rng is not None, "the scheduler realizes a COPY's source unless it is a run of a buffer"
     src, offset = rng
     out_buf = new_buffer(r.src[1], max_size(r.shape), r.dtype)
-    ast = UOp(Ops.COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize))
-    return UOp(Ops.ASSIGN, r.dtype, (out_buf, UOp(Ops.KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
+    ast = UOp(_COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize))
+    return UOp(_ASSIGN, r.dtype, (out_buf, UOp(_KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
 def kernelize_map(sink: UOp, why: dict[UOp, tuple] | None = None) -> dict[UOp, UOp]:
     """old -> new for every node of `sink`: realized nodes become ASSIGN(BUFFER, KERNEL), the rest follow. (`why`:
@@ -498,7 +506,7 @@ schedule_cache_stats = {"hits": 0, "misses": 0}
 def _placeholder(i: int, c: UOp) -> UOp:
     dt = c.dtype
     lo, hi = (-math.inf, math.inf) if dtypes.is_float(dt) else (dtypes.min(dt), dtypes.max(dt))
-    return UOp(Ops.DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
+    return UOp(_DEFINE_VAR, dt, c.src, (f"_c{i}", lo, hi))
 
 @dataclass
 class CacheLookup:
@@ -555,7 +563,7 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None,
     to_param: dict[UOp, UOp] = dict(binds)
     consts: list[UOp] = []
     for u in topo:
-        if u.op is Ops.BUFFER: to_param[u] = buffer_stand_in(len(to_param), u)
+        if u.op is _BUFFER: to_param[u] = buffer_stand_in(len(to_param), u)
         elif is_liftable(u):
             to_param[u] = _placeholder(len(consts), u)
             consts.append(u)
@@ -571,7 +579,7 @@ def kernelize_map_cached(sink: UOp, var_vals: dict[str, int] | None = None,
         if entry is not None:
             lifted |= entry.lifted | {i for i, (k, b) in enumerate(zip(keys, entry.baseline)) if k != b}
         entry = _kernelize_structure(normalized[sink], [to_param[c] for c in consts], consts, lifted, keys,
-                                     frozenset(to_param[u] for u in topo if u.op is Ops.BUFFER))
+                                     frozenset(to_param[u] for u in topo if u.op is _BUFFER))
         if not binds:
             at = {normalized[u]: i for i, u in enumerate(topo)}
             entry.leaves = tuple((at[p], p) for p in to_param.values())
@@ -595,5 +603,5 @@ def _kernelize_structure(key: UOp, placeholders: list[UOp], consts: list[UOp], l
     nmap = kernelize_map(baked[key])
     changed = {n: nmap[b] for n, b in baked.items() if b in nmap and nmap[b] is not b}
     everything = tuple(UOp.sink_of(*changed.values()).toposort())
-    outs = tuple(u for u in everything if u.op is Ops.BUFFER and u not in params)
+    outs = tuple(u for u in everything if u.op is _BUFFER and u not in params)
     return _CacheEntry(keys, lifted, changed, outs, everything)

@@ -11,6 +11,12 @@ from fusegrad.dtype import dtypes
 from fusegrad.uop.affine import coeff, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _ASSIGN, _BUFFER, _CAST, _DEFINE_GLOBAL = Ops.ADD, Ops.ASSIGN, Ops.BUFFER, Ops.CAST, Ops.DEFINE_GLOBAL
+_DEFINE_LOCAL, _DEFINE_VAR, _INDEX, _KERNEL, _LOAD = Ops.DEFINE_LOCAL, Ops.DEFINE_VAR, Ops.INDEX, Ops.KERNEL, Ops.LOAD
+_MUL, _RANGE, _REDUCE, _REDUCE_AXIS, _SINK = Ops.MUL, Ops.RANGE, Ops.REDUCE, Ops.REDUCE_AXIS, Ops.SINK
+
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
 
@@ -30,7 +36,7 @@ def op_weight(u: UOp) -> int:
     dozens to thousands for a transcendental (expanded to arithmetic), 0 for index arithmetic, memory and movement."""
     if u.op in _EXPANDED: return _EXPANDED[u.op][u.dtype.itemsize >= 8]
     if u.op in GroupOp.Elementwise: return 0 if u.dtype == dtypes.index else 1
-    return 1 if u.op in (Ops.REDUCE_AXIS, Ops.REDUCE) else 0
+    return 1 if u.op in (_REDUCE_AXIS, _REDUCE) else 0
 
 def kernel_weight(ast: UOp) -> int:
     """The weighted ops of a kernel AST (see op_weight)."""
@@ -38,24 +44,24 @@ def kernel_weight(ast: UOp) -> int:
 
 def kernel_outputs(k: UOp) -> tuple[UOp, ...]:
     """The sources of a KERNEL it writes: one per STORE of its AST (a COPY or a view writes its first source)."""
-    return k.src[:len(k.arg.src)] if k.arg.op is Ops.SINK else k.src[:1]
+    return k.src[:len(k.arg.src)] if k.arg.op is _SINK else k.src[:1]
 
 # (memoized: a kernel's AST is asked again for every merge tried with it; ASTs are interned, so the key is cheap)
 @functools.lru_cache(maxsize=4096)
 def _leaves(ast: UOp) -> tuple[UOp, ...]:
     """The DEFINE_GLOBALs and DEFINE_VARs of a kernel AST."""
-    return tuple(u for u in ast.toposort() if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR))
+    return tuple(u for u in ast.toposort() if u.op in (_DEFINE_GLOBAL, _DEFINE_VAR))
 
 def _n_globals(ast: UOp) -> int:
-    return 1 + max((u.arg for u in _leaves(ast) if u.op is Ops.DEFINE_GLOBAL), default=-1)
+    return 1 + max((u.arg for u in _leaves(ast) if u.op is _DEFINE_GLOBAL), default=-1)
 
 def _mergeable(k: UOp) -> bool:
     """A kernel that may take part in a merge: a SINK of stores, each at one unmasked index, without local memory
     and without a long contraction (a big matmul or convolution keeps a kernel to itself, where the optimizer tiles
     it; see kernelize.py find_realized)."""
     ast = k.arg
-    if ast.op is not Ops.SINK or any(len(st.src[0].src) != 2 for st in ast.src): return False
-    return not any(u.op is Ops.DEFINE_LOCAL or (u.op is Ops.REDUCE and _is_long_contraction(u)) for u in ast.toposort())
+    if ast.op is not _SINK or any(len(st.src[0].src) != 2 for st in ast.src): return False
+    return not any(u.op is _DEFINE_LOCAL or (u.op is _REDUCE and _is_long_contraction(u)) for u in ast.toposort())
 
 # a sum of products of two operands that vary along different loops (a matmul, a convolution) over more than this
 # many products per output gets a kernel to itself (see kernelize.py find_realized)
@@ -78,19 +84,19 @@ def _stores_strided(ast: UOp) -> bool:
     elementwise reader merged into it (the optimizer's update of those weights) would then read and write its
     buffers through gathers and scatters that far apart (ResNet-18's last weight gradient with SGD's update 15 ms,
     alone 2.5 ms)."""
-    if not any(u.op is Ops.REDUCE and _is_contraction(u) for u in ast.toposort()): return False
+    if not any(u.op is _REDUCE and _is_contraction(u) for u in ast.toposort()): return False
     for st in ast.src:
         idx = st.src[0].src[1]
         if any(coeff(idx, r) == 1 and isinstance(n := range_size(r), int) and n >= CONTIGUOUS_STORE_MIN
-               for r in idx.toposort() if r.op is Ops.RANGE): return False
+               for r in idx.toposort() if r.op is _RANGE): return False
     return True
 
 def _is_contraction(red: UOp) -> bool:
     """A sum of products of two operands that vary along different loops (a matmul, a convolution)."""
     x = red.src[0]
-    while x.op is Ops.CAST: x = x.src[0]
-    if red.arg is not Ops.ADD or x.op is not Ops.MUL: return False
-    a, b = ({r for r in s.toposort() if r.op is Ops.RANGE} for s in x.src)
+    while x.op is _CAST: x = x.src[0]
+    if red.arg is not _ADD or x.op is not _MUL: return False
+    a, b = ({r for r in s.toposort() if r.op is _RANGE} for s in x.src)
     return bool(a - b) and bool(b - a)
 
 def _loop_product(loops: tuple[UOp, ...]) -> int | None:
@@ -108,7 +114,7 @@ def _same_size(a: UOp, b: UOp) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _ranges(u: UOp) -> tuple[UOp, ...]:
     """The RANGEs `u` depends on, in loop order."""
-    return tuple(sorted({r for r in u.toposort() if r.op is Ops.RANGE}, key=lambda r: r.arg[0]))
+    return tuple(sorted({r for r in u.toposort() if r.op is _RANGE}, key=lambda r: r.arg[0]))
 
 def _output_loops(ast: UOp) -> list[UOp]:
     """The loops a kernel's stores are indexed by, in loop order."""
@@ -117,7 +123,7 @@ def _output_loops(ast: UOp) -> list[UOp]:
 def outer_stores(k: UOp) -> list[int]:
     """The outputs of KERNEL `k` (positions in kernel_outputs) stored at fewer loops than the kernel runs: a
     reduction's result stored once per row beside the row's elements."""
-    if k.arg.op is not Ops.SINK: return []
+    if k.arg.op is not _SINK: return []
     n = len(_output_loops(k.arg))
     return [i for i, st in enumerate(k.arg.src) if len(_ranges(st.src[0].src[1])) < n]
 
@@ -132,8 +138,8 @@ def _renumber(ast: UOp, slots: dict[int, int], params: dict[int, int]) -> UOp:
     """`ast` with DEFINE_GLOBAL i as slots[i] and parameter _pj as _p{params[j]}."""
     sub: dict[UOp, UOp] = {}
     for u in _leaves(ast):
-        if u.op is Ops.DEFINE_GLOBAL and slots[u.arg] != u.arg: sub[u] = u.replace(arg=slots[u.arg])
-        elif u.op is Ops.DEFINE_VAR and not u.src and isinstance(u.arg[0], str) and u.arg[0][:2] == "_p" and \
+        if u.op is _DEFINE_GLOBAL and slots[u.arg] != u.arg: sub[u] = u.replace(arg=slots[u.arg])
+        elif u.op is _DEFINE_VAR and not u.src and isinstance(u.arg[0], str) and u.arg[0][:2] == "_p" and \
                 u.arg[0][2:].isdigit():  # (a kernel parameter, not a Variable)
             j = int(u.arg[0][2:])
             if params[j] != j: sub[u] = u.replace(arg=(f"_p{params[j]}",) + tuple(u.arg[1:]))
@@ -153,7 +159,7 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     p_outs = list(producer.src[:n_p_out])
     # a reader of an output's old value (its BUFFER, not the producer's ASSIGN) must stay before the producer
     written = {buffer_node(o) for o in p_outs}
-    if any(s.op is Ops.BUFFER and buffer_node(s) in written for s in reader.src[n_r_out:n_r_glob]): return None
+    if any(s.op is _BUFFER and buffer_node(s) in written for s in reader.src[n_r_out:n_r_glob]): return None
     # the merged kernel's buffers: the reader's outputs, the producer's, then everything read (one argument per
     # memory); then the parameters
     r_glob, r_params = list(reader.src[:n_r_glob]), list(reader.src[n_r_glob:])
@@ -182,8 +188,8 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     r_new = _renumber(r_ast, r_slots, {j: j for j in range(len(r_params))})
     p_new = _renumber(p_ast, p_slots, p_param_slots)
     def loads_of(ast: UOp) -> list[UOp]:
-        return [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
-                u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in p_slots_out]
+        return [u for u in ast.toposort() if u.op is _LOAD and u.src[0].op is _INDEX and
+                u.src[0].src[0].op is _DEFINE_GLOBAL and u.src[0].src[0].arg in p_slots_out]
     loads = loads_of(r_new)
     if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return None
     r_loops, p_loops = _output_loops(r_new), _output_loops(p_new)
@@ -218,9 +224,9 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
     store_at = {st.src[0].src[0].arg: st.src[0].src[1] for st in merged.src}
     out_loads: dict[int, set[UOp]] = {}
     for u in merged.toposort():
-        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and u.src[0].arg in store_at:
+        if u.op is _INDEX and u.src[0].op is _DEFINE_GLOBAL and u.src[0].arg in store_at:
             if len(u.src) != 2 or not _same_index(u.src[1], store_at[u.src[0].arg]): return None
-        if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL:
+        if u.op is _LOAD and u.src[0].op is _INDEX and u.src[0].src[0].op is _DEFINE_GLOBAL:
             out_loads.setdefault(u.src[0].src[0].arg, set()).add(u)
     # an output may be loaded (its old value, at the element stored: checked above) only where the store of it
     # needs the load first, so the store can't overtake the load
@@ -234,7 +240,7 @@ def _merge(producer: UOp, reader: UOp) -> UOp | None:
         if len(_ranges(st.src[0].src[1])) < n_loops and \
                 any(x in other.src[1].toposort() for other in merged.src if other is not st for x in mine):
             return None
-    return UOp(Ops.KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
+    return UOp(_KERNEL, reader.dtype, tuple(globals_) + tuple(params), merged)
 
 # a kernel without output loops merges with another such kernel when each of its reductions runs over at most this many
 # elements (a loss's count of labels, not a whole tensor's sum, which may be split over the cores)
@@ -249,7 +255,7 @@ def _small_scalar(ast: UOp, device: str | tuple[str, ...]) -> bool:
     whether it has none (there a scalar's reduction is spread over a work-group's threads: two in one kernel would
     run one after the other, and GPT-2's decoding on an H200 took 2.5-2.7 against 2.0-2.2 ms a token)."""
     limit = 1 if _gpu_style(device) else SCALAR_REDUCE_MAX
-    return all((n := _loop_product(u.src[1:])) is not None and n <= limit for u in ast.toposort() if u.op is Ops.REDUCE)
+    return all((n := _loop_product(u.src[1:])) is not None and n <= limit for u in ast.toposort() if u.op is _REDUCE)
 
 def _side_by_side(first: UOp, second: UOp) -> UOp | None:
     """The KERNEL storing what KERNELs `first` and `second` (without loops, neither reading what the other writes)
@@ -278,13 +284,13 @@ def _side_by_side(first: UOp, second: UOp) -> UOp | None:
     f_new = _renumber(f_ast, f_slots, {j: j for j in range(len(params))})
     # (the second's reduction loops get ids of their own)
     f_new, s_new = _fit(f_new, [], _renumber(s_ast, s_slots, s_param_slots), [])  # type: ignore[misc]
-    return UOp(Ops.KERNEL, first.dtype, tuple(globals_) + tuple(params), UOp.sink_of(*f_new.src, *s_new.src))
+    return UOp(_KERNEL, first.dtype, tuple(globals_) + tuple(params), UOp.sink_of(*f_new.src, *s_new.src))
 
 def _read_at_output_loops(ast: UOp, slots: set[int]) -> bool:
     """Whether kernel `ast` loads its arguments `slots` somewhere, each at one unmasked index of its output loops
     alone (not of a reduction's)."""
-    loads = [u for u in ast.toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
-             u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg in slots]
+    loads = [u for u in ast.toposort() if u.op is _LOAD and u.src[0].op is _INDEX and
+             u.src[0].src[0].op is _DEFINE_GLOBAL and u.src[0].src[0].arg in slots]
     if not loads or any(len(ld.src[0].src) != 2 for ld in loads): return False
     at, loops = {r for ld in loads for r in _ranges(ld.src[0].src[1])}, set(_output_loops(ast))
     # (a kernel without output loops, a scalar's, loads the one element there is)
@@ -297,7 +303,7 @@ def _fit(frame: UOp, at: list[UOp], other: UOp, loops: list[UOp]) -> tuple[UOp, 
     if len(at) != len(loops) or not all(_same_size(a, b) for a, b in zip(at, loops)): return None
     frame_loops = _output_loops(frame)
     if [r for r in frame_loops if r in at] != frame_loops[:len(at)]:
-        if any(u.op is Ops.REDUCE for u in frame.toposort()) or \
+        if any(u.op is _REDUCE for u in frame.toposort()) or \
                 not all(set(_ranges(st.src[0].src[1])) == set(frame_loops) for st in frame.src):
             return None
         order = [r for r in frame_loops if r in at] + [r for r in frame_loops if r not in at]
@@ -318,7 +324,7 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     """old -> new for the nodes under `root`, with kernels merged (see the module docstring). One pass: merges are
     decided on the graph of kernels (groups, checked to stay acyclic), then the graph is rebuilt once."""
     topo = list(root.toposort())
-    kernels = [u for u in topo if u.op is Ops.KERNEL]
+    kernels = [u for u in topo if u.op is _KERNEL]
     deps = _kernel_deps(kernels)
     group = {k: k for k in kernels}              # kernel -> its group's representative (union-find)
     members = {k: [k] for k in kernels}
@@ -355,7 +361,7 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
         if both is None: return False
         # (its sources must not name a kernel of its own group: that kernel is this one now)
         own = set(members[gp]) | set(members[gr])
-        if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not Ops.KERNEL)):
+        if any(x in own for src in both.src for x in src.toposort(gate=lambda u: u.op is not _KERNEL)):
             return False
         group[gp] = gr
         # the merged group depends on what either did; the groups that depended on gp's now depend on it
@@ -375,7 +381,7 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
     for reader in kernels:
         if not mergeable[reader]: continue
         for via in reader.src[len(reader.arg.src):_n_globals(reader.arg)]:
-            if via.op is not Ops.ASSIGN or via.src[1].op is not Ops.KERNEL: continue
+            if via.op is not _ASSIGN or via.src[1].op is not _KERNEL: continue
             producer = via.src[1]
             gr, gp = find(reader), find(producer)
             if gr is gp or not mergeable.get(producer, False) or via.src[0] not in kernel_outputs(producer) or \
@@ -418,12 +424,12 @@ def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
     for k in kernels:
         found: set[UOp] = set()
         for s in k.src:
-            for x in s.toposort(gate=lambda u: u.op is not Ops.KERNEL):
-                if x.op is Ops.KERNEL and x is not k: found.add(x)
+            for x in s.toposort(gate=lambda u: u.op is not _KERNEL):
+                if x.op is _KERNEL and x is not k: found.add(x)
         deps[k] = found
     for k in kernels:
         for s in k.src[len(kernel_outputs(k)):]:
-            if s.op is Ops.BUFFER:
+            if s.op is _BUFFER:
                 for w in writers.get(s, ()):
                     if w is not k: deps[w].add(k)
     return deps
@@ -446,7 +452,7 @@ def _rebuild(topo: list[UOp], replacement: dict[UOp, UOp], merged: dict[UOp, UOp
                 continue
             if u in replacement:
                 g = merged[replacement[u]]
-                new = UOp(Ops.KERNEL, g.dtype, tuple(out[s] for s in g.src), g.arg)
+                new = UOp(_KERNEL, g.dtype, tuple(out[s] for s in g.src), g.arg)
                 for m in members[replacement[u]]: out[m] = new
             else:
                 new_src = tuple(out[s] for s in u.src)

@@ -6,6 +6,12 @@ from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ASSIGN, _BITCAST, _BUFFER, _CONST, _DEVICE = Ops.ASSIGN, Ops.BITCAST, Ops.BUFFER, Ops.CONST, Ops.DEVICE
+_EXPAND, _FLIP, _KERNEL, _PAD, _PERMUTE, _RESHAPE = Ops.EXPAND, Ops.FLIP, Ops.KERNEL, Ops.PAD, Ops.PERMUTE, Ops.RESHAPE
+_SHRINK, _SINK = Ops.SHRINK, Ops.SINK
+
 # the constant views made last, kept alive: a training step makes the same ones every step (its 0.9s and 1e-8s at
 # each parameter's shape), and a live view is found by hash-consing instead of made again with its shape
 _recent_const_views: OrderedDict[tuple, UOp] = OrderedDict()
@@ -20,7 +26,7 @@ def const_view(value, dtype, device: UOp, shape: tuple[int, ...]) -> UOp:
     if (ret := _recent_const_views.get(key)) is not None:
         _recent_const_views.move_to_end(key)
         return ret
-    ret = c = UOp(Ops.CONST, dtype, (device,), dtypes.as_const(value, dtype))
+    ret = c = UOp(_CONST, dtype, (device,), dtypes.as_const(value, dtype))
     if shape != (): ret = c.reshape((1,) * len(shape)).expand(shape) if any(s != 1 for s in shape) else c.reshape(shape)
     _recent_const_views[key] = ret
     if len(_recent_const_views) > RECENT_CONST_VIEWS: _recent_const_views.popitem(last=False)
@@ -29,11 +35,11 @@ def const_view(value, dtype, device: UOp, shape: tuple[int, ...]) -> UOp:
 def const_value(u: UOp):
     """The value of every element of `u` if it is a view of a constant that stays uniform (no PAD), else None."""
     while u.op in GroupOp.Movement:
-        if u.op is Ops.PAD: return None
+        if u.op is _PAD: return None
         u = u.src[0]
-    return u.arg if u.op is Ops.CONST and u.src else None
+    return u.arg if u.op is _CONST and u.src else None
 
-def _device_of(u: UOp) -> UOp: return UOp(Ops.DEVICE, arg=u.device)
+def _device_of(u: UOp) -> UOp: return UOp(_DEVICE, arg=u.device)
 
 def _fold_alu(a: UOp) -> UOp | None:
     vals = [const_value(s) for s in a.src]
@@ -41,28 +47,28 @@ def _fold_alu(a: UOp) -> UOp | None:
     return const_view(exec_alu(a.op, a.dtype, tuple(vals)), a.dtype, _device_of(a), a.shape)
 
 def _fold_cast(c: UOp) -> UOp | None:
-    if (v := const_value(c.src[0])) is None or c.op is Ops.BITCAST: return None
+    if (v := const_value(c.src[0])) is None or c.op is _BITCAST: return None
     return const_view(v, c.dtype, _device_of(c), c.shape)
 
 def _movement_of_const(m: UOp) -> UOp | None:
     # a uniform constant stays a constant under any movement but PAD; rebuild it in canonical form
-    if m.op is Ops.PAD or (v := const_value(m)) is None: return None
+    if m.op is _PAD or (v := const_value(m)) is None: return None
     canonical = const_view(v, m.dtype, _device_of(m), m.shape)
     return canonical if canonical is not m else None
 
 def _size_zero(x: UOp) -> UOp | None:
-    if x.op in (Ops.BUFFER, Ops.CONST, Ops.SINK, Ops.KERNEL, Ops.DEVICE, Ops.ASSIGN) or x.shape is None: return None
-    if prod(x.shape) != 0 or (x.op is Ops.EXPAND and x.src[0].op is Ops.RESHAPE and x.src[0].src[0].op is Ops.CONST):
+    if x.op in (_BUFFER, _CONST, _SINK, _KERNEL, _DEVICE, _ASSIGN) or x.shape is None: return None
+    if prod(x.shape) != 0 or (x.op is _EXPAND and x.src[0].op is _RESHAPE and x.src[0].src[0].op is _CONST):
         return None
     return const_view(0, x.dtype, _device_of(x), x.shape)
 
 def _is_noop_movement(m: UOp) -> bool:
     src_shape = m.src[0].shape
-    if m.op in (Ops.RESHAPE, Ops.EXPAND): return m.arg == src_shape
-    if m.op is Ops.PERMUTE: return m.arg == tuple(range(len(m.arg)))
-    if m.op is Ops.PAD: return all(b == 0 and e == 0 for b, e in m.arg)
-    if m.op is Ops.SHRINK: return all(b == 0 and e == s for (b, e), s in zip(m.arg, src_shape))
-    if m.op is Ops.FLIP: return not any(f for f, s in zip(m.arg, src_shape) if s > 1)
+    if m.op in (_RESHAPE, _EXPAND): return m.arg == src_shape
+    if m.op is _PERMUTE: return m.arg == tuple(range(len(m.arg)))
+    if m.op is _PAD: return all(b == 0 and e == 0 for b, e in m.arg)
+    if m.op is _SHRINK: return all(b == 0 and e == s for (b, e), s in zip(m.arg, src_shape))
+    if m.op is _FLIP: return not any(f for f, s in zip(m.arg, src_shape) if s > 1)
     return False
 
 sym_tensor = PatternMatcher([

@@ -39,7 +39,7 @@ def live_ranges(u: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     caches results across calls."""
     if (known := memo.get(u)) is not None: return known
     # (the common case, a walk in toposort order, finds every source known: no walk below u)
-    todo = (u,) if all(s in memo for s in u.src) else u.toposort(gate=lambda x: x not in memo)
+    todo = (u,) if all(map(memo.__contains__, u.src)) else u.toposort(gate=lambda x: x not in memo)
     for x in todo:
         if x not in memo: memo[x] = _live_step(x, memo)
     return memo[u]

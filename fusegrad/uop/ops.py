@@ -390,8 +390,8 @@ class UOp(metaclass=UOpMetaClass):
     def const(dtype: DType, b: ConstType) -> UOp:
         """A scalar (or, for a vector dtype, broadcast) constant of `dtype`, its value wrapped to the dtype."""
         # (an int of the index dtype, which doesn't wrap, is its own value: most constants code generation makes)
-        if dtype is _INDEX_DTYPE and type(b) is int: return UOp(Ops.CONST, dtype, arg=b)
-        return UOp(Ops.CONST, dtype, arg=dtypes.as_const(b, dtype))
+        if dtype is _INDEX_DTYPE and type(b) is int: return UOp(_CONST, dtype, arg=b)
+        return UOp(_CONST, dtype, arg=dtypes.as_const(b, dtype))
 
     def const_like(self, b: ConstType) -> UOp:
         if self.dtype == dtypes.void: raise TypeError(f"can't make a constant like a {self.op} (void dtype)")
@@ -777,8 +777,8 @@ def _compute_min_max(u: UOp) -> tuple[ConstType, ConstType]:
     no comparison."""
     op, s = u.op, u.src
     # the two leaves first: they are most of the nodes, and need nothing else
-    if op is Ops.CONST and not (isinstance(u.arg, float) and math.isnan(u.arg)): return (u.arg, u.arg)
-    if op is Ops.DEFINE_VAR: return (u.arg[1], u.arg[2])
+    if op is _CONST and not (isinstance(u.arg, float) and math.isnan(u.arg)): return (u.arg, u.arg)
+    if op is _DEFINE_VAR: return (u.arg[1], u.arg[2])
     if isinstance(u.dtype, PtrDType): return (dtypes.min(dtypes.index), dtypes.max(dtypes.index))
     dt = u.dtype.scalar()
     if dt == dtypes.void: return (-math.inf, math.inf)

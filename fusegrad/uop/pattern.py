@@ -165,10 +165,7 @@ def _unruled(root: UOp, ruled: dict[Ops, Any]) -> set[UOp]:
     out: set[UOp] = set()
     add = out.add
     for u in root.toposort():
-        if u.op in ruled: continue
-        for s in u.src:
-            if s not in out: break
-        else: add(u)
+        if u.op not in ruled and out.issuperset(u.src): add(u)
     return out
 
 class RewriteContext:

@@ -24,6 +24,10 @@ from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 _INTS = frozenset(dtypes.ints + (dtypes.index,))
 _INTBOOL = _INTS | {dtypes.bool}
 _SIGNED = frozenset(dtypes.sints + (dtypes.index,))
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the passes over every
+# node of a kernel compare against module-level names)
+_ADD, _AND, _CMPLT, _CONST, _IDIV, _INDEX, _LOAD, _MOD, _MUL, _RANGE, _SINK, _WHERE = Ops.ADD, Ops.AND, Ops.CMPLT, \
+    Ops.CONST, Ops.IDIV, Ops.INDEX, Ops.LOAD, Ops.MOD, Ops.MUL, Ops.RANGE, Ops.SINK, Ops.WHERE
 def _is_int(u: UOp) -> bool: return u.dtype.scalar() in _INTS  # any integer width, index included; not bool
 def _is_intbool(u: UOp) -> bool: return u.dtype.scalar() in _INTBOOL
 def _is_signed(u: UOp) -> bool: return u.dtype.scalar() in _SIGNED
@@ -85,17 +89,17 @@ def _terms(u: UOp) -> tuple[dict[UOp, int], int]:
     while stack:
         x, c = stack.pop()
         op = x.op
-        if op is Ops.ADD:
+        if op is _ADD:
             stack.append((x.src[1], c)); stack.append((x.src[0], c))
             continue
-        if op is Ops.CONST:
+        if op is _CONST:
             k += c * x.arg
             continue
-        if op is Ops.MUL:
+        if op is _MUL:
             s0, s1 = x.src
-            b, m = (s0, s1.arg) if s1.op is Ops.CONST else (s1, s0.arg) if s0.op is Ops.CONST else (None, 0)
+            b, m = (s0, s1.arg) if s1.op is _CONST else (s1, s0.arg) if s0.op is _CONST else (None, 0)
             if b is not None:
-                if distribute or b.op is not Ops.ADD: stack.append((b, c * m))
+                if distribute or b.op is not _ADD: stack.append((b, c * m))
                 else: terms[b] = terms.get(b, 0) + c * m  # the sum stays whole, as a term with a coefficient
                 continue
         terms[x] = terms.get(x, 0) + c
@@ -561,7 +565,7 @@ def _index_arithmetic(topo: Iterable[UOp]) -> set[UOp]:
     where the loops' values are known. (One pass: a walk per gate was quadratic in a deep kernel.)"""
     out: set[UOp] = set()
     for u in topo:
-        if u.dtype.scalar() in _INTBOOL and u.op is not Ops.LOAD and all(s in out for s in u.src): out.add(u)
+        if u.dtype.scalar() in _INTBOOL and u.op is not _LOAD and out.issuperset(u.src): out.add(u)
     return out
 
 def _gate_bounds(gate: UOp) -> dict[UOp, tuple[float, float]]:
@@ -570,16 +574,16 @@ def _gate_bounds(gate: UOp) -> dict[UOp, tuple[float, float]]:
     stack = [gate]
     while stack:
         g = stack.pop()
-        if g.op is Ops.AND and g.dtype == dtypes.bool: stack.extend(g.src); continue
-        if g.op is not Ops.CMPLT: continue
+        if g.op is _AND and g.dtype == dtypes.bool: stack.extend(g.src); continue
+        if g.op is not _CMPLT: continue
         a, b = g.src
-        if (a.op is Ops.CONST) == (b.op is Ops.CONST): continue
-        s = b if a.op is Ops.CONST else a
+        if (a.op is _CONST) == (b.op is _CONST): continue
+        s = b if a.op is _CONST else a
         if s.dtype.count != 1 or not _is_signed(s) or not _exact(s): continue
         terms, k = _terms(s)
         base = _build_sum(terms, 0, a.dtype)
         lo, hi = out.get(base, (-math.inf, math.inf))
-        out[base] = (max(lo, a.arg + 1 - k), hi) if a.op is Ops.CONST else (lo, min(hi, b.arg - 1 - k))
+        out[base] = (max(lo, a.arg + 1 - k), hi) if a.op is _CONST else (lo, min(hi, b.arg - 1 - k))
     return out
 
 def _decided(d: UOp, bounds: dict[UOp, tuple[float, float]]) -> UOp | None:
@@ -590,19 +594,19 @@ def _decided(d: UOp, bounds: dict[UOp, tuple[float, float]]) -> UOp | None:
     lo, hi = max(e.vmin, b[0] + k), min(e.vmax, b[1] + k)
     if lo < 0 or lo > hi or lo // mu.arg != hi // mu.arg: return None
     q = int(lo // mu.arg)
-    return e.const_like(q) if d.op is Ops.IDIV else e + e.const_like(-q * mu.arg)
+    return e.const_like(q) if d.op is _IDIV else e + e.const_like(-q * mu.arg)
 
 def _refine_under_gates(sink: UOp, topo: list[UOp]) -> UOp:
     """Each e//m and e%m that a gate decides (its valid, for a load's index; its condition, for a select's true branch)
     rewritten there as q and e-q*m: a pooling gradient's window position over a padded axis wraps once around m, and
     the gate that keeps it inside the image says on which side. Inner gates first, so outer ones see their results."""
-    cands = {u for u in topo if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and
+    cands = {u for u in topo if u.op in (_IDIV, _MOD) and u.src[1].op is _CONST and
              _is_signed(u) and _one_wrap(u.src[0], u.src[1].arg) is not None}
     if not cands: return sink
     replaced: dict[UOp, UOp] = {}
     for u in topo:
         src = tuple([replaced.get(s, s) for s in u.src])
-        gate = src[2] if u.op is Ops.INDEX and len(src) > 2 else src[0] if u.op is Ops.WHERE else None
+        gate = src[2] if u.op is _INDEX and len(src) > 2 else src[0] if u.op is _WHERE else None
         # the guarded source is the index of a load and the true branch of a select: src[1] of both
         if gate is not None and gate.dtype == dtypes.bool and src[1].dtype.count == 1 and \
                 (bounds := _gate_bounds(gate)):
@@ -618,16 +622,16 @@ def simplify_indexing(sink: UOp, refine: bool = True) -> UOp:
     them: a kernel's hundreds of accesses share most of their terms, which a rewrite per access redid each time (the
     biggest convolution kernel of ResNet-18: 578 rewrites, 0.28 s)."""
     topo = sink.toposort()
-    exprs = dict.fromkeys(s for u in topo if u.op is Ops.INDEX for s in u.src[1:])
+    exprs = dict.fromkeys(s for u in topo if u.op is _INDEX for s in u.src[1:])
     arith = _index_arithmetic(topo)
-    exprs.update(dict.fromkeys(u.src[0] for u in topo if u.op is Ops.WHERE and u.src[0] in arith))
+    exprs.update(dict.fromkeys(u.src[0] for u in topo if u.op is _WHERE and u.src[0] in arith))
     # integer arithmetic that feeds a value (an argmax's position compared with a loaded index, cast to int32): the
     # unrolled lanes' constants fold there too, which the C compiler leaves to run in the innermost loop
-    exprs.update(dict.fromkeys(s for u in topo if u not in arith and u.op is not Ops.INDEX for s in u.src
-                               if s in arith and s.op not in (Ops.CONST, Ops.RANGE) and s.dtype.count == 1))
+    exprs.update(dict.fromkeys(s for u in topo if u not in arith and u.op is not _INDEX for s in u.src
+                               if s in arith and s.op not in (_CONST, _RANGE) and s.dtype.count == 1))
     if not exprs: return sink
     keys = list(exprs)
-    done = simplify_index(UOp(Ops.SINK, dtypes.void, tuple(keys)))
+    done = simplify_index(UOp(_SINK, dtypes.void, tuple(keys)))
     changed = {k: v for k, v in zip(keys, done.src) if k is not v}
     if not changed: return _refine_again(sink) if refine else sink
     # a gate that folded to a constant decides its node here (the lanes of an unrolled concatenation axis each take
@@ -639,11 +643,11 @@ def simplify_indexing(sink: UOp, refine: bool = True) -> UOp:
     for u in topo:
         if u in changed: replaced[u] = changed[u]; continue
         src = tuple(map(get, u.src, u.src))
-        if u.op is Ops.WHERE and src[0].op is Ops.CONST: replaced[u] = src[1] if src[0].arg else src[2]
-        elif u.op is Ops.INDEX and len(src) > 2 and src[2].op is Ops.CONST and src[2].arg is True:
-            replaced[u] = UOp(Ops.INDEX, u.dtype, src[:2], u.arg)
-        elif u.op is Ops.LOAD and len(src) == 1 and src[0].op is Ops.INDEX and len(src[0].src) > 2 and \
-                src[0].src[2].op is Ops.CONST and src[0].src[2].arg is False and u.dtype.count == 1:
+        if u.op is _WHERE and src[0].op is _CONST: replaced[u] = src[1] if src[0].arg else src[2]
+        elif u.op is _INDEX and len(src) > 2 and src[2].op is _CONST and src[2].arg is True:
+            replaced[u] = UOp(_INDEX, u.dtype, src[:2], u.arg)
+        elif u.op is _LOAD and len(src) == 1 and src[0].op is _INDEX and len(src[0].src) > 2 and \
+                src[0].src[2].op is _CONST and src[0].src[2].arg is False and u.dtype.count == 1:
             replaced[u] = u.const_like(0)
         elif src != u.src: replaced[u] = UOp(u.op, u.dtype, src, u.arg)
     ret = replaced.get(sink, sink)

@@ -226,8 +226,11 @@ class Kernel:
     def size(self, axis: int) -> int | UOp: return range_size(self.loops[axis])
     def accesses(self) -> list[tuple[UOp, bool]]:
         """Every memory INDEX of the kernel with whether it is stored to."""
-        stores = {st.src[0] for st in self.ast.src}
-        return [(u, u in stores) for u in self.ast.toposort() if u.op is Ops.INDEX]
+        # (the heuristics ask many times of one AST: found once per AST, a copy handed out)
+        if (memo := self.__dict__.get("_accesses")) is None or memo[0] is not self.ast:
+            stores = {st.src[0] for st in self.ast.src}
+            memo = self._accesses = (self.ast, [(u, u in stores) for u in self.ast.toposort() if u.op is Ops.INDEX])
+        return list(memo[1])
 
     @property
     def gpu(self) -> bool:
