@@ -4,8 +4,8 @@ events, best of 5 after a warm-up), so a constant is chosen by measurement. Prin
 registers per thread ptxas gave the kernel (and its stack frame where it has one: spilled registers).
 
 Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]
-Without one, `--dry sm_90` renders and compiles each kernel (registers, no times); `--index64` renders every kernel's
-indices in 64 bits (the CUDA renderer's index32=False), to compare against the 32-bit indices it uses where they fit,
+Without one, `--dry sm_90` renders and compiles each kernel (registers, no times); `--index32` renders a kernel's
+indices in 32 bits where they all fit (the CUDA renderer's index32=True), to compare against its default 64-bit ones,
 and `--no-ldmatrix` loads tensor-core fragments element by element (ldmatrix=False)."""
 from __future__ import annotations
 import argparse
@@ -46,7 +46,7 @@ def kernel_ast(t: Tensor) -> UOp:
 
 # --dry: no GPU; each kernel rendered for CUDARenderer(DRY_ARCH) and compiled by NVRTC, not run
 DRY_ARCH = ""
-INDEX32 = True   # --index64 sets it False: the CUDA renderer's indices in 64 bits everywhere
+INDEX32 = False   # --index32 sets it: the CUDA renderer's indices in 32 bits where they all fit
 LDMATRIX = True  # --no-ldmatrix sets it False: tensor-core fragments loaded element by element
 
 def resources(prog, lib: bytes) -> KernelResources | None:
@@ -214,14 +214,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
     ap.add_argument("--dry", default="", metavar="ARCH", help="without a GPU: render each kernel for CUDA sm_XY and "
                                                               "compile it with NVRTC (its time is nan)")
-    ap.add_argument("--index64", action="store_true", help="CUDA kernels' indices in 64 bits (as before 32-bit "
-                                                           "indices where they fit)")
+    ap.add_argument("--index32", action="store_true", help="CUDA kernels' indices in 32 bits where they all fit "
+                                                           "(the default: 64 bits)")
     ap.add_argument("--no-ldmatrix", action="store_true", help="CUDA tensor-core fragments loaded element by element "
                                                                "from shared memory (as before ldmatrix)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
     global INDEX32, LDMATRIX
-    INDEX32, LDMATRIX = not args.index64, not args.no_ldmatrix
+    INDEX32, LDMATRIX = args.index32, not args.no_ldmatrix
     if not args.dry: Device[dev].renderer.index32, Device[dev].renderer.ldmatrix = INDEX32, LDMATRIX
     if args.dry:
         from fusegrad.renderer.cuda import CUDARenderer

@@ -111,9 +111,11 @@ def _index_types(src: str) -> set[str]:
     """The types the kernel declares its work-item ids and loop counters with."""
     return set(re.findall(r"\b(int|long) (?:gidx\d|lidx\d)\b", src)) | set(re.findall(r"for \((int|long) ridx", src))
 
+I32 = dict(ren=CUDARenderer(index32=True))   # (32-bit indices are the renderer's option: 64 bits by default)
+
 def test_small_kernels_index_in_32_bits():
     x = Tensor.empty(256, 300)
-    for p in programs(x + 1, x.sum(1), x.softmax(-1), Tensor.empty(128, 64) @ Tensor.empty(64, 96)):
+    for p in programs(x + 1, x.sum(1), x.softmax(-1), Tensor.empty(128, 64) @ Tensor.empty(64, 96), **I32):
         assert _index_types(p.src) == {"int"}, p.src
         assert not re.search(r"\blong\b", p.src.split("{", 1)[1]), p.src
         assert p.function_name in kernel_resources(CUDACompiler("sm_80").compile(p.src))
@@ -123,7 +125,7 @@ def test_indices_past_2_31_stay_64_bit():
     the input's aren't), keep 64-bit indices; rendered and compiled, not run."""
     big = Tensor.empty(3 * 2 ** 30, dtype=dtypes.uint8)
     for t in (big + 1, big[2 ** 31 + 5:2 ** 31 + 1029] + 1):
-        (p,) = programs(t)
+        (p,) = programs(t, **I32)
         assert "long" in _index_types(p.src) and "int" not in _index_types(p.src), p.src
         assert p.function_name in kernel_resources(CUDACompiler("sm_90").compile(p.src))
 
@@ -133,7 +135,7 @@ def test_variables_count_with_their_declared_bounds():
     x = Tensor.empty(2 ** 31 + 64, dtype=dtypes.uint8)
     for top, want in ((1000, "int"), (2 ** 31 + 64, "long")):
         n = Variable("n", 1, top)
-        (p,) = programs(x[:n.bind(5)] * 2)
+        (p,) = programs(x[:n.bind(5)] * 2, **I32)
         assert _index_types(p.src) == {want}, p.src
         CUDACompiler("sm_80").compile(p.src)
 
@@ -152,8 +154,12 @@ def test_every_index_value_is_checked_not_only_addresses():
     assert not index_fits_int32([UOp.const(dtypes.index, 2 ** 31 - 1)])
 
 def test_index32_off_renders_64_bit():
-    (p,) = programs(Tensor.empty(64, 64) + 1, ren=CUDARenderer(index32=False))
-    assert _index_types(p.src) == {"long"}, p.src
+    # (off by default: the same kernel that index32 narrows)
+    for ren in (CUDARenderer(), CUDARenderer(index32=False)):
+        (p,) = programs(Tensor.empty(64, 64) + 1, ren=ren)
+        assert _index_types(p.src) == {"long"}, p.src
+    (p,) = programs(Tensor.empty(64, 64) + 1, **I32)
+    assert _index_types(p.src) == {"int"}, p.src
 
 # *** ldmatrix ***
 
