@@ -14,6 +14,11 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, exec_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 from fusegrad.uop.symbolic import simplify_index
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_AND, _CMPLT, _CMPNE, _GEP, _INDEX, _LOAD, _NOOP = Ops.AND, Ops.CMPLT, Ops.CMPNE, Ops.GEP, Ops.INDEX, Ops.LOAD, Ops.NOOP
+_STORE, _VECTORIZE, _WHERE = Ops.STORE, Ops.VECTORIZE, Ops.WHERE
+
 @dataclass
 class VecCtx:
     vec: UOp
@@ -70,8 +75,8 @@ def _substitute_into(u: UOp, subs: list[dict[UOp, UOp]], done: dict[UOp, None]) 
             new_src = tuple(map(sub.get, x.src, x.src))
             if new_src != x.src: sub[x] = UOp(x.op, x.dtype, new_src, x.arg)
 
-def broadcast(s: UOp, width: int) -> UOp: return UOp(Ops.VECTORIZE, s.dtype.vec(width), (s,) * width)
-def gep(s: UOp, k: int) -> UOp: return UOp(Ops.GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s
+def broadcast(s: UOp, width: int) -> UOp: return UOp(_VECTORIZE, s.dtype.vec(width), (s,) * width)
+def gep(s: UOp, k: int) -> UOp: return UOp(_GEP, s.dtype.scalar(), (s,), k) if s.dtype.count > 1 else s
 
 def _split_index(idx: UOp) -> tuple[UOp, UOp, UOp | None]:
     return idx.src[0], idx.src[1], idx.src[2] if len(idx.src) > 2 else None
@@ -82,7 +87,7 @@ def _contiguous(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> bool:
 def _vec_index(ctx: VecCtx, buf: UOp, i: UOp, valid: UOp | None) -> UOp:
     base = ctx.final(simplify_index(ctx.lane_zero(i)))
     assert isinstance(buf.dtype, PtrDType)
-    return UOp(Ops.INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
+    return UOp(_INDEX, buf.dtype.vec(ctx.width), (buf, base) + ((valid,) if valid is not None else ()))
 
 def _same_gate(lanes: list[UOp]) -> UOp | None | Literal[False]:
     """The gate of a contiguous vector access whose lanes' gates are one expression (a padded edge that vector
@@ -93,29 +98,29 @@ def _same_gate(lanes: list[UOp]) -> UOp | None | Literal[False]:
 def _monotone(valid: UOp, r: UOp) -> bool:
     """Whether `valid` is an AND of comparisons of expressions affine in r: then it holds for every r in [a, b]
     when it holds at a and at b."""
-    if valid.op is Ops.AND: return all(_monotone(s, r) for s in valid.src)
-    if valid.op is Ops.CMPNE and valid.src[1].op is Ops.CONST and valid.src[0].dtype == dtypes.bool:
+    if valid.op is _AND: return all(_monotone(s, r) for s in valid.src)
+    if valid.op is _CMPNE and valid.src[1].op is Ops.CONST and valid.src[0].dtype == dtypes.bool:
         return _monotone(valid.src[0], r)   # logical not
-    return valid.op is Ops.CMPLT and all(coeff(s, r) is not None for s in valid.src)
+    return valid.op is _CMPLT and all(coeff(s, r) is not None for s in valid.src)
 
 def _vec_load(ctx: VecCtx, ld: UOp, idx: UOp) -> UOp | None:
     if ld.dtype.count > 1 or not ctx.index_dep(idx): return None
     buf, i, valid = _split_index(idx)
-    if _contiguous(ctx, buf, i, valid): return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
+    if _contiguous(ctx, buf, i, valid): return UOp(_LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, valid),))
     if valid is not None and buf.dtype.base in ctx.vec_dtypes and ctx.coeff(i) == 1:
         lanes = [ctx.final(simplify_index(v)) for v in ctx.lanes(valid)]
         if (same := _same_gate(lanes)) is not False:
-            return UOp(Ops.LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, same),))
+            return UOp(_LOAD, ld.dtype.vec(ctx.width), (_vec_index(ctx, buf, i, same),))
         # a padded edge: LOAD(INDEX(vector pointer), all_valid, *lane_valid) is one vector load where every lane is
         # valid and a gated load per lane elsewhere
         every = lanes[0] & lanes[-1] if _monotone(valid, ctx.vec) else functools.reduce(lambda a, b: a & b, lanes)
-        return UOp(Ops.LOAD, ld.dtype.vec(ctx.width),
+        return UOp(_LOAD, ld.dtype.vec(ctx.width),
                    (_vec_index(ctx, buf, i, None), ctx.final(simplify_index(every)), *lanes))
-    lanes = [UOp(Ops.LOAD, ld.dtype, (i,)) for i in ctx.index_lanes(idx)]
+    lanes = [UOp(_LOAD, ld.dtype, (i,)) for i in ctx.index_lanes(idx)]
     # (a lane's load of a kernel buffer is all constants in place of the axis; one of a local buffer follows the
     # barrier, which may come after stores still to be rewritten)
     if not buf.src: lanes = [ctx.final(x) for x in lanes]
-    return UOp(Ops.VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
+    return UOp(_VECTORIZE, ld.dtype.vec(ctx.width), tuple(lanes))
 
 def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
     if idx.dtype.vcount > 1 or not ctx.index_dep(idx): return None
@@ -126,7 +131,7 @@ def _vec_store(ctx: VecCtx, st: UOp, idx: UOp) -> UOp | None:
         return st.replace(src=(_vec_index(ctx, buf, i, same), *st.src[1:]))
     # one store per lane, grouped under a NOOP
     value = st.src[1]
-    return UOp(Ops.NOOP, dtypes.void, tuple(UOp(Ops.STORE, dtypes.void, (i, UOp(Ops.GEP, value.dtype, (value,), k)))
+    return UOp(_NOOP, dtypes.void, tuple(UOp(_STORE, dtypes.void, (i, UOp(_GEP, value.dtype, (value,), k)))
                                             for k, i in enumerate(ctx.index_lanes(idx))))
 
 pm_vector_memory = PatternMatcher([
@@ -150,12 +155,12 @@ def _in_vectors(ctx: VecCtx, x: UOp) -> bool:
 def _alu(ctx: VecCtx, x: UOp) -> UOp | None:
     if not any(_is_vec(s) for s in x.src) or _is_vec(x): return None
     w = ctx.width
-    if x.op is Ops.WHERE and not _is_vec(x.src[0]) and x.dtype in ctx.vec_dtypes:
+    if x.op is _WHERE and not _is_vec(x.src[0]) and x.dtype in ctx.vec_dtypes:
         # a scalar condition picks a whole vector
-        return UOp(Ops.WHERE, x.dtype.vec(w), (x.src[0], *[s if _is_vec(s) else broadcast(s, w) for s in x.src[1:]]))
+        return UOp(_WHERE, x.dtype.vec(w), (x.src[0], *[s if _is_vec(s) else broadcast(s, w) for s in x.src[1:]]))
     if _in_vectors(ctx, x):
         return UOp(x.op, x.dtype.vec(w), tuple(s if _is_vec(s) else broadcast(s, w) for s in x.src), x.arg)
-    return UOp(Ops.VECTORIZE, x.dtype.vec(w), tuple(x.replace(src=tuple(gep(s, k) for s in x.src)) for k in range(w)))
+    return UOp(_VECTORIZE, x.dtype.vec(w), tuple(x.replace(src=tuple(gep(s, k) for s in x.src)) for k in range(w)))
 
 def _lanes_reduce(red: UOp) -> UOp | None:
     x, op = red.src[0], red.arg[0]

@@ -17,25 +17,30 @@ from fusegrad.dtype import ConstType, dtypes
 from fusegrad.uop.ops import Ops, UOp, exec_alu, python_alu
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _AND, _CAST, _CMPEQ, _CONST, _IDIV, _MAX = Ops.ADD, Ops.AND, Ops.CAST, Ops.CMPEQ, Ops.CONST, Ops.IDIV, Ops.MAX
+_MOD, _MUL, _NEG, _OR, _RANGE, _SUB, _WHERE = Ops.MOD, Ops.MUL, Ops.NEG, Ops.OR, Ops.RANGE, Ops.SUB, Ops.WHERE
+
 def _depends_on(u: UOp, r: UOp) -> bool: return r in u.toposort()
 
 def _is_range_value(side: UOp, r: UOp) -> bool:
     """Whether `side` is the range `r`, or `r` through integer casts that each hold all of its values."""
-    while side.op is Ops.CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= r.src[0].vmax - 1:
+    while side.op is _CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= r.src[0].vmax - 1:
         side = side.src[0]
     return side is r
 
 def _equal_to_range(c: UOp, r: UOp) -> UOp | None:
     """e where the condition `c` says `e == r` (r possibly cast to e's integer dtype) and e doesn't depend on r."""
-    if c.op is not Ops.CMPEQ: return None
+    if c.op is not _CMPEQ: return None
     for side, other in ((c.src[0], c.src[1]), (c.src[1], c.src[0])):
         if _is_range_value(side, r) and dtypes.is_int(other.dtype) and not _depends_on(other, r): return other
     return None
 
 def _identity_value(op: Ops, dtype) -> ConstType | None:
     """The identity of the reduction `op` in `dtype` (what an empty selection contributes); None if not handled."""
-    if op is Ops.ADD: return dtypes.as_const(0, dtype)
-    if op is Ops.MAX: return False if dtype.scalar() == dtypes.bool else dtypes.min(dtype)
+    if op is _ADD: return dtypes.as_const(0, dtype)
+    if op is _MAX: return False if dtype.scalar() == dtypes.bool else dtypes.min(dtype)
     return None
 
 def _value_off(u: UOp, c: UOp, memo: dict[UOp, ConstType | None]) -> ConstType | None:
@@ -46,22 +51,22 @@ def _value_off(u: UOp, c: UOp, memo: dict[UOp, ConstType | None]) -> ConstType |
     if u is c: return False
     if u in memo: return memo[u]
     ret: ConstType | None = None
-    if u.op is Ops.CONST: ret = u.arg
-    elif u.op is Ops.WHERE:
+    if u.op is _CONST: ret = u.arg
+    elif u.op is _WHERE:
         s = _value_off(u.src[0], c, memo)
         if s is not None: ret = _value_off(u.src[1] if s else u.src[2], c, memo)
         else:
             a, b = _value_off(u.src[1], c, memo), _value_off(u.src[2], c, memo)
             if a is not None and b is not None and a == b and type(a) is type(b): ret = a
-    elif u.op is Ops.CAST and dtypes.is_float(u.dtype) or u.op is Ops.CAST and u.dtype.scalar() == dtypes.bool:
+    elif u.op is _CAST and dtypes.is_float(u.dtype) or u.op is _CAST and u.dtype.scalar() == dtypes.bool:
         if (v := _value_off(u.src[0], c, memo)) is not None: ret = dtypes.as_const(v, u.dtype)
-    elif u.op is Ops.CAST and dtypes.is_int(u.dtype):
+    elif u.op is _CAST and dtypes.is_int(u.dtype):
         # (a float that an integer can't hold has no defined integer value)
         if (v := _value_off(u.src[0], c, memo)) is not None and not (isinstance(v, float) and not math.isfinite(v)):
             ret = dtypes.as_const(v, u.dtype)
-    elif u.op in (Ops.AND, Ops.MUL, Ops.OR) or u.op in python_alu:
+    elif u.op in (_AND, _MUL, _OR) or u.op in python_alu:
         vals = [_value_off(s, c, memo) for s in u.src]
-        absorbing = {Ops.AND: False, Ops.MUL: None if dtypes.is_float(u.dtype) else 0, Ops.OR: True}.get(u.op)
+        absorbing = {_AND: False, _MUL: None if dtypes.is_float(u.dtype) else 0, _OR: True}.get(u.op)
         if absorbing is not None and any(v is not None and v == absorbing for v in vals):
             ret = dtypes.as_const(absorbing, u.dtype)
         elif all(v is not None for v in vals): ret = exec_alu(u.op, u.dtype, tuple(vals))  # type: ignore[arg-type]
@@ -76,7 +81,7 @@ def _in_range(e: UOp, size: UOp) -> UOp | None:
     """The condition 0 <= e < size in e's integer dtype (None where it can't be written in it)."""
     conds = [] if dtypes.is_unsigned(e.dtype) else [e.const_like(-1) < e]
     if size.vmax <= dtypes.max(e.dtype):
-        conds.append(e < (e.const_like(size.arg) if size.op is Ops.CONST else size.cast(e.dtype)))
+        conds.append(e < (e.const_like(size.arg) if size.op is _CONST else size.cast(e.dtype)))
     elif size.vmin <= dtypes.max(e.dtype): return None   # (a size past e's range only sometimes: no simple bound)
     if not conds: return UOp.const(dtypes.bool, True)
     return conds[0] & conds[1] if len(conds) == 2 else conds[0]
@@ -89,9 +94,9 @@ def _pick(red: UOp, body: UOp) -> UOp | None:
     ranges = red.src[1:]
     for r in ranges:
         # (an empty range has no position to load at)
-        if r.op is not Ops.RANGE or r.src[0].vmin < 1: continue
+        if r.op is not _RANGE or r.src[0].vmin < 1: continue
         for c in body.toposort():
-            if c.op is not Ops.CMPEQ or (e := _equal_to_range(c, r)) is None: continue
+            if c.op is not _CMPEQ or (e := _equal_to_range(c, r)) is None: continue
             if not _is_identity(_value_off(body, c, {}), want) or (valid := _in_range(e, r.src[0])) is None: continue
             # (out of range, r becomes 0: a position that exists, its value discarded by the WHERE)
             at = valid.where(e.cast(dtypes.index), UOp.const(dtypes.index, 0))
@@ -103,9 +108,9 @@ def _pick(red: UOp, body: UOp) -> UOp | None:
 
 def _terms(u: UOp, neg: bool = False) -> list[tuple[UOp, bool]]:
     """`u` as a sum of terms, each with whether it is negated."""
-    if u.op is Ops.ADD: return _terms(u.src[0], neg) + _terms(u.src[1], neg)
-    if u.op is Ops.SUB: return _terms(u.src[0], neg) + _terms(u.src[1], not neg)
-    if u.op is Ops.NEG: return _terms(u.src[0], not neg)
+    if u.op is _ADD: return _terms(u.src[0], neg) + _terms(u.src[1], neg)
+    if u.op is _SUB: return _terms(u.src[0], neg) + _terms(u.src[1], not neg)
+    if u.op is _NEG: return _terms(u.src[0], not neg)
     return [(u, neg)]
 
 def _split_range(red: UOp) -> UOp | None:
@@ -114,17 +119,17 @@ def _split_range(red: UOp) -> UOp | None:
     compare is `label[...] == lo`: a pick the rules above see."""
     body = red.src[0]
     for c in body.toposort():
-        if c.op is not Ops.CMPEQ: continue
+        if c.op is not _CMPEQ: continue
         for side in c.src:
-            while side.op is Ops.CAST and dtypes.is_int(side.dtype): side = side.src[0]
-            if side.op is not Ops.MOD or side.src[1].op is not Ops.CONST or (r := side.src[0]) not in red.src[1:]:
+            while side.op is _CAST and dtypes.is_int(side.dtype): side = side.src[0]
+            if side.op is not _MOD or side.src[1].op is not _CONST or (r := side.src[0]) not in red.src[1:]:
                 continue
             m, n = side.src[1].arg, r.src[0]
-            if n.op is not Ops.CONST or not 1 < m < n.arg or n.arg % m: continue
+            if n.op is not _CONST or not 1 < m < n.arg or n.arg % m: continue
             # (fresh axis ids, past those a kernel numbers its loops with)
             axis = 1000 * (r.arg[0] + 1)
             # (a loop of the same id and size would be the same node: two loops merged into one)
-            if any(u.op is Ops.RANGE and u.arg[0] in (axis, axis + 1) for u in red.toposort()): continue
+            if any(u.op is _RANGE and u.arg[0] in (axis, axis + 1) for u in red.toposort()): continue
             hi, lo = UOp.range(n.arg // m, axis, "reduce"), UOp.range(m, axis + 1, "reduce")
             new_body = _divide_through(body.substitute({r: hi * m + lo}), m).simplify()
             return red.replace(src=(new_body,) + tuple(x for x in red.src[1:] if x is not r) + (hi, lo))
@@ -135,19 +140,19 @@ def _divide_through(u: UOp, m: int) -> UOp:
     x >= 0), so that the simplifier sees `(hi * m + lo) // m` as `hi` inside a row's index (the inner quotient is
     simplified at once: the rules would fold the two divisions back into one)."""
     while True:
-        subs = {x: (x.src[0] // m).simplify() // (x.src[1].arg // m) for x in u.toposort() if x.op is Ops.IDIV and
-                x.src[1].op is Ops.CONST and x.src[1].arg > m and x.src[1].arg % m == 0 and x.src[0].vmin >= 0 and
-                not (x.src[0].op is Ops.IDIV and x.src[0].src[1].op is Ops.CONST and x.src[0].src[1].arg == m)}
+        subs = {x: (x.src[0] // m).simplify() // (x.src[1].arg // m) for x in u.toposort() if x.op is _IDIV and
+                x.src[1].op is _CONST and x.src[1].arg > m and x.src[1].arg % m == 0 and x.src[0].vmin >= 0 and
+                not (x.src[0].op is _IDIV and x.src[0].src[1].op is _CONST and x.src[0].src[1].arg == m)}
         if not subs: return u
         u = u.substitute(subs)
 
 def _collapse(red: UOp) -> UOp | None:
     body, ranges = red.src[0], red.src[1:]
     if (whole := _pick(red, body)) is not None: return whole
-    if red.arg in (Ops.ADD, Ops.MAX) and (split := _split_range(red)) is not None and \
+    if red.arg in (_ADD, _MAX) and (split := _split_range(red)) is not None and \
             _pick(split, split.src[0]) is not None:
         return split
-    if red.arg is not Ops.ADD or len(terms := _terms(body)) < 2: return None
+    if red.arg is not _ADD or len(terms := _terms(body)) < 2: return None
     # a sum of a pick and other terms (a loss's gradient adds the one-hot to the softmax): the pick is summed apart,
     # as a load, and the rest stays one reduction
     picks, rest = [], []

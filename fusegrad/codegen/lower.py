@@ -18,13 +18,18 @@ from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _AND, _CONST, _DEFINE_REG, _END, _LOAD = Ops.ADD, Ops.AND, Ops.CONST, Ops.DEFINE_REG, Ops.END, Ops.LOAD
+_MAX, _MUL, _MULACC, _WHERE = Ops.MAX, Ops.MUL, Ops.MULACC, Ops.WHERE
+
 LOOP_KINDS = ("global", "loop", "reduce", "copy")
 
 def identity_element(op: Ops, dt: DType) -> UOp:
     """The value a reduction starts from: 0 for ADD, 1 for MUL, the dtype's minimum (-inf for floats) for MAX."""
-    if op is Ops.ADD: return UOp.const(dt, 0)
-    if op is Ops.MUL: return UOp.const(dt, 1)
-    if op is Ops.MAX: return UOp.const(dt, dtypes.min(dt))
+    if op is _ADD: return UOp.const(dt, 0)
+    if op is _MUL: return UOp.const(dt, 1)
+    if op is _MAX: return UOp.const(dt, dtypes.min(dt))
     raise NotImplementedError(f"no identity for reduce op {op}")
 
 @dataclass
@@ -41,24 +46,24 @@ class LowerCtx:
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
 
 def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
-    if op is Ops.ADD and ctx.use_fma and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
-        if val.op is Ops.MUL: return UOp(Ops.MULACC, acc.dtype, (val.src[0], val.src[1], acc))
+    if op is _ADD and ctx.use_fma and val.dtype.scalar() in (dtypes.float32, dtypes.float64):
+        if val.op is _MUL: return UOp(_MULACC, acc.dtype, (val.src[0], val.src[1], acc))
         # a padded reduction's term, where(in range, a * b, 0) (a vocabulary of 50257 padded to blocks of 512), where
         # a is a load that the same gate already makes 0 outside the range: a multiply-add of a and where(in range,
         # b, 0), so the padded steps add 0 * 0, where the select of the product cost a multiply, a blend and an add
         # per term (b's select is shared by the register tile's terms it enters)
-        if val.op is Ops.WHERE and val.src[1].op is Ops.MUL and val.src[2].op is Ops.CONST and val.src[2].arg == 0:
+        if val.op is _WHERE and val.src[1].op is _MUL and val.src[2].op is _CONST and val.src[2].arg == 0:
             gate, zero, (a, b) = val.src[0], val.src[2], val.src[1].src
             if _zero_outside(b, gate): a, b = b, a
             if _zero_outside(a, gate):
-                if not _zero_outside(b, gate): b = UOp(Ops.WHERE, b.dtype, (gate, b, zero))
-                return UOp(Ops.MULACC, acc.dtype, (a, b, acc))
+                if not _zero_outside(b, gate): b = UOp(_WHERE, b.dtype, (gate, b, zero))
+                return UOp(_MULACC, acc.dtype, (a, b, acc))
     return acc.alu(op, val)
 
 def _zero_outside(x: UOp, gate: UOp) -> bool:
     """Whether x is a load whose gate holds `gate` as a clause: it reads 0 wherever `gate` is false."""
-    if x.op is not Ops.LOAD or x.src[0].op is not Ops.INDEX or len(x.src[0].src) < 3: return False
-    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is Ops.AND else [g]
+    if x.op is not _LOAD or x.src[0].op is not Ops.INDEX or len(x.src[0].src) < 3: return False
+    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is _AND else [g]
     return gate in clauses(x.src[0].src[2])
 
 # *** blocked float sums ***
@@ -98,17 +103,17 @@ def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[
     accumulators are combined per block, vector lanes after the whole sum."""
     per_block = math.prod(_trips(r) for r in expanded if range_kind(r) == "unroll")
     if per_block * math.prod(_trips(r) for r in loops) <= SUM_BLOCK or not loops:
-        return UOp(Ops.REDUCE, dt, (x, *loops, *expanded, *vecs), Ops.ADD)
+        return UOp(Ops.REDUCE, dt, (x, *loops, *expanded, *vecs), _ADD)
     j = len(loops)   # loops[j:] fit a block, loops[j - 1] doesn't
     while per_block * _trips(loops[j - 1]) <= SUM_BLOCK:
         j -= 1
         per_block *= _trips(loops[j])
     r, n = loops[j - 1], range_size(loops[j - 1])
     if j < len(loops) and (per_block > SUM_BLOCK // 8 or not isinstance(n, int)):
-        return _cascade(ctx, dt, UOp(Ops.REDUCE, dt, (x, *loops[j:], *expanded), Ops.ADD), loops[:j], [], vecs)
+        return _cascade(ctx, dt, UOp(Ops.REDUCE, dt, (x, *loops[j:], *expanded), _ADD), loops[:j], [], vecs)
     outer, block, rest = _split_loop(ctx, r, SUM_BLOCK // per_block)
     b = range_size(block)
-    inner = UOp(Ops.REDUCE, dt, (x.substitute({r: outer * b + block}), block, *loops[j:], *expanded), Ops.ADD)
+    inner = UOp(Ops.REDUCE, dt, (x.substitute({r: outer * b + block}), block, *loops[j:], *expanded), _ADD)
     ret = _cascade(ctx, dt, inner, loops[:j - 1] + [outer], [], vecs)
     if rest is None: return ret
     # the remainder's loops, and those of the sums inside x that depend on these loops (blocks of a cascade), are
@@ -125,7 +130,7 @@ def _cascade(ctx: LowerCtx, dt: DType, x: UOp, loops: list[UOp], expanded: list[
                           vecs)
 
 def _block_sum(ctx: LowerCtx, red: UOp) -> UOp | None:
-    if red.arg is not Ops.ADD or not dtypes.is_float(red.dtype): return None
+    if red.arg is not _ADD or not dtypes.is_float(red.dtype): return None
     loops = [r for r in red.src[1:] if range_kind(r) == "reduce"]
     # (unrolled terms go into the same accumulator, upcast ones into accumulators of their own)
     chain = [r for r in red.src[1:] if range_kind(r) == "unroll"]
@@ -180,13 +185,13 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
             for v in chain: cur = _combine(ctx, op, cur, v)
             finals.append(cur)
             continue
-        acc = UOp(Ops.DEFINE_REG, dt, (vec,) if acc_on_vec else (), ctx.next_reg)
+        acc = UOp(_DEFINE_REG, dt, (vec,) if acc_on_vec else (), ctx.next_reg)
         ctx.next_reg += 1
         init = UOp(Ops.STORE, dtypes.void, (acc, identity_element(op, dt)) + outer_srcs)
-        cur = UOp(Ops.LOAD, dt, (acc, init, *loops))
+        cur = UOp(_LOAD, dt, (acc, init, *loops))
         for v in chain: cur = _combine(ctx, op, cur, v)
         upd = UOp(Ops.STORE, dtypes.void, (acc, cur))
-        finals.append(UOp(Ops.LOAD, dt, (acc, UOp(Ops.END, dtypes.void, (upd, *loops)))))
+        finals.append(UOp(_LOAD, dt, (acc, UOp(_END, dtypes.void, (upd, *loops)))))
     res = finals[0]
     for f in finals[1:]: res = res.alu(op, f)
     # partial accumulators along the vector lanes are combined across lanes (expand.py makes it a horizontal reduce)
@@ -237,7 +242,7 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         # (with a reduction, the wider of two vector axes wins: an image row of 8 pixels loses to 16 channels)
         if single: score *= sz
         if score > best_score: best, best_score = r, score
-    if best is None and len(reds) == 1 and reds[0].arg is Ops.MAX: best = _pool_row(ast, accesses, stored, vec_dts)
+    if best is None and len(reds) == 1 and reds[0].arg is _MAX: best = _pool_row(ast, accesses, stored, vec_dts)
     # (a CPU's: GPU-style kernels are shaped by their own heuristic)
     if best is None and single and not getattr(renderer, "has_local", False):
         best = _gathering_row(ast, accesses, stored, vec_dts)

@@ -18,6 +18,11 @@ from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER, choose_reduce_vector_axes, choose_vector_axis
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_BARRIER, _CMPLT, _CONST, _DEFINE_LOCAL, _END = Ops.BARRIER, Ops.CMPLT, Ops.CONST, Ops.DEFINE_LOCAL, Ops.END
+_INDEX, _LOAD, _RANGE, _REDUCE, _SINK = Ops.INDEX, Ops.LOAD, Ops.RANGE, Ops.REDUCE, Ops.SINK
+
 # ops whose value is worth keeping rather than computing again (each expands to dozens of ALU ops)
 EXPENSIVE = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
@@ -29,7 +34,7 @@ def _expensive(ast: UOp) -> set[UOp]:
     computed from a reduction's result is not recomputed per element)."""
     out: set[UOp] = set()
     for u in ast.toposort():
-        if u.op in EXPENSIVE or (u.op not in (Ops.REDUCE, Ops.INDEX, Ops.LOAD) and not out.isdisjoint(u.src)):
+        if u.op in EXPENSIVE or (u.op not in (_REDUCE, _INDEX, _LOAD) and not out.isdisjoint(u.src)):
             out.add(u)
     return out
 
@@ -37,10 +42,10 @@ def _unify(a: UOp, b: UOp, pairs: dict[UOp, UOp], seen: set[tuple[UOp, UOp]]) ->
     """Whether `a` and `b` are the same graph but for the positions of their memory accesses (INDEX a -> INDEX b
     added to `pairs`)."""
     if a is b or (a, b) in seen: return True
-    if a.op is not b.op or a.dtype != b.dtype or a.arg != b.arg or a.op is Ops.RANGE or \
-            (len(a.src) != len(b.src) and a.op is not Ops.INDEX):
+    if a.op is not b.op or a.dtype != b.dtype or a.arg != b.arg or a.op is _RANGE or \
+            (len(a.src) != len(b.src) and a.op is not _INDEX):
         return False
-    if a.op is Ops.INDEX:
+    if a.op is _INDEX:
         # (an access of another buffer is not the same value moved; the reduction's are all valid, a store's may be
         # gated at the padded end of its row: see _rows)
         if len(a.src) != 2 or len(b.src) > 3 or a.src[0] is not b.src[0] or pairs.get(a, b) is not b: return False
@@ -67,15 +72,15 @@ def _rows(red: UOp, e_red: UOp, e_out: UOp, pairs: dict[UOp, UOp]) \
     """The reduction's and the store's positions in the row: ({INDEX of e_red: (base, s)}, pos_red, pos_out, the
     store's gate), where pos_red runs over the row once and pos_out stays in it where the gate holds; None where the
     accesses don't move along one row."""
-    mine = [r for r in red.src[1:] if r.op is Ops.RANGE]
+    mine = [r for r in red.src[1:] if r.op is _RANGE]
     bases, pos_red, pos_out, gates = {}, None, None, set()
     for ia, ib in pairs.items():
         a = _position(ia.src[1], mine)
         if a is None: return None
         # the ranges around both (the row) are loops: a lane (an upcast range) would need a row of its own
-        around = {r for r in a[0].toposort() if r.op is Ops.RANGE}
+        around = {r for r in a[0].toposort() if r.op is _RANGE}
         if any(range_kind(r) not in ("global", "loop") for r in around): return None
-        others = sorted({r for r in ib.src[1].toposort() if r.op is Ops.RANGE} - around, key=lambda r: r.arg[0])
+        others = sorted({r for r in ib.src[1].toposort() if r.op is _RANGE} - around, key=lambda r: r.arg[0])
         b = _position(ib.src[1], others)
         if b is None or b[0] is not a[0] or b[1] != a[1]: return None
         if (pos_red is not None and a[2] != pos_red) or (pos_out is not None and b[2] != pos_out): return None
@@ -94,9 +99,9 @@ def _rows(red: UOp, e_red: UOp, e_out: UOp, pairs: dict[UOp, UOp]) \
     if gate is None and sum(k * (range_size(r) - 1) for r, k in pos_out.items()) >= n: return None
     if gate is not None:
         # (the padding of the store's loops: exactly pos_out < n)
-        if gate.op is not Ops.CMPLT or gate.src[1].op is not Ops.CONST or gate.src[1].arg != n: return None
+        if gate.op is not _CMPLT or gate.src[1].op is not _CONST or gate.src[1].arg != n: return None
         g = _position(gate.src[0], list(pos_out))
-        if g is None or g[0].op is not Ops.CONST or g[0].arg != 0 or g[1] != 1 or g[2] != pos_out: return None
+        if g is None or g[0].op is not _CONST or g[0].arg != 0 or g[1] != 1 or g[2] != pos_out: return None
     return bases, pos_red, pos_out, gate
 
 def _linear(pos: dict[UOp, int]) -> UOp:
@@ -109,22 +114,22 @@ def _candidates(ast: UOp) -> tuple[list[UOp], list[UOp], set[UOp]]:
     """(the REDUCEs whose value has an expensive node, the expensive nodes of the stores outside any REDUCE, the
     expensive nodes)."""
     topo = ast.toposort()
-    if not any(u.op in EXPENSIVE for u in topo) or not any(u.op is Ops.REDUCE for u in topo): return [], [], set()
+    if not any(u.op in EXPENSIVE for u in topo) or not any(u.op is _REDUCE for u in topo): return [], [], set()
     exp = _expensive(ast)
     # (nodes with an expensive op anywhere below them, through reductions too)
     below: set[UOp] = set()
     for u in topo:
         if u.op in EXPENSIVE or not below.isdisjoint(u.src): below.add(u)
-    reds = [u for u in topo if u.op is Ops.REDUCE and u.src[0] in below]
+    reds = [u for u in topo if u.op is _REDUCE and u.src[0] in below]
     outs = []
     for st in ast.src:
-        outs += [u for u in st.src[1].toposort(gate=lambda u: u.op is not Ops.REDUCE) if u in exp]
+        outs += [u for u in st.src[1].toposort(gate=lambda u: u.op is not _REDUCE) if u in exp]
     return reds, outs, exp
 
 def store_once(ast: UOp, renderer) -> UOp:
     """`ast` (optimized) with an expensive value that a reduction and a store both compute written once per row to an
     array of the thread's own and read back by both (see the module docstring); `ast` itself where none is found."""
-    if ast.op is not Ops.SINK or getattr(renderer, "has_local", False) or not getattr(renderer, "vector_dtypes", ()):
+    if ast.op is not _SINK or getattr(renderer, "has_local", False) or not getattr(renderer, "vector_dtypes", ()):
         return ast
     reds, outs, exp = _candidates(ast)
     if not reds or not outs: return ast
@@ -164,23 +169,23 @@ def _rewrite(ast: UOp, red: UOp, e_red: UOp, found: list, renderer) -> UOp | Non
     width = range_size(lane) if lane is not None else 1
     if n // width > SUM_BLOCKED_OVER: return None
     vec = choose_vector_axis(ast, renderer)
-    n_locals = [u.arg for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL]
-    local = UOp(Ops.DEFINE_LOCAL, dt.ptr(n, "local"), arg=1 + max(n_locals, default=-1))
+    n_locals = [u.arg for u in ast.toposort() if u.op is _DEFINE_LOCAL]
+    local = UOp(_DEFINE_LOCAL, dt.ptr(n, "local"), arg=1 + max(n_locals, default=-1))
     loops = [r for r in red.src[1:] if range_kind(r) == "reduce"]
     if all(r in loops or r is lane for r in red.src[1:]):
         # written where the reduction computes it, in the same loop (lowering expands no lane of it apart from the
         # reduction's value: its lanes are the vector's)
         filled = local.index(_linear(pos_red)).store(e_red)
-        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, filled.dtype, (filled, *loops))))
+        ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, filled.dtype, (filled, *loops))))
         sub = {}
     else:
         # (a reduction with lanes of other kinds: written in a loop of its own, and the reduction reads it back)
-        q = UOp.range(n // width, 1 + max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), "copy")
+        q = UOp.range(n // width, 1 + max(u.arg[0] for u in ast.toposort() if u.op is _RANGE), "copy")
         pos_copy = q * width + lane if lane is not None else q
         moved = {ia: ia.replace(src=(ia.src[0], base + pos_copy * s if s != 1 else base + pos_copy))
                  for ia, (base, s) in bases.items()}
         filled = local.index(pos_copy).store(e_red.substitute(moved))
-        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, filled.dtype, (filled, q))))
+        ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, filled.dtype, (filled, q))))
         sub = {e_red: ready.index(_linear(pos_red)).load(dtype=dt)}
     for e_out, (_, _, pos_out, gate) in found: sub[e_out] = ready.index(_linear(pos_out), valid=gate).load(dtype=dt)
     new = ast.substitute(sub)

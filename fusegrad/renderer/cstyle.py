@@ -20,6 +20,13 @@ from fusegrad.renderer import Renderer
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _AND, _FDIV, _GEP, _IDIV, _MAX, _MOD = Ops.ADD, Ops.AND, Ops.FDIV, Ops.GEP, Ops.IDIV, Ops.MAX, Ops.MOD
+_MUL, _MULACC, _NEG, _NOOP, _NOT, _OR, _POW = Ops.MUL, Ops.MULACC, Ops.NEG, Ops.NOOP, Ops.NOT, Ops.OR, Ops.POW
+_RECIP, _SHL, _SHR, _SUB, _THREEFRY, _TRUNC = Ops.RECIP, Ops.SHL, Ops.SHR, Ops.SUB, Ops.THREEFRY, Ops.TRUNC
+_VECTORIZE, _WHERE, _XOR = Ops.VECTORIZE, Ops.WHERE, Ops.XOR
+
 _SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16",
           dtypes.int32: "i32", dtypes.uint32: "u32", dtypes.int64: "i64", dtypes.uint64: "u64", dtypes.float16: "f16",
           dtypes.bfloat16: "bf16", dtypes.float32: "f32", dtypes.float64: "f64", dtypes.index: "i64"}
@@ -292,9 +299,9 @@ class CStyleLanguage(Renderer):
 
     def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         """A C expression computing `op` on scalars or vectors (vectors use native operators or a lane loop)."""
-        if op is Ops.WHERE and src_dts[0].count == 1: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
+        if op is _WHERE and src_dts[0].count == 1: return f"({srcs[0]}?{srcs[1]}:{srcs[2]})"
         odt = src_dts[-1] if op in GroupOp.Comparison else dt    # the dtype the operation is carried out in
-        if dt.count > 1 and odt.scalar() in _LOWP and op is not Ops.WHERE:
+        if dt.count > 1 and odt.scalar() in _LOWP and op is not _WHERE:
             # half/bfloat16 vectors: converted to float vectors, computed, rounded back
             f32 = lambda d: dtypes.float32.vec(d.count) if d.scalar() in _LOWP else d
             fs = [self.vec_to_float(s, d) if d.scalar() in _LOWP else s for s, d in zip(srcs, src_dts)]
@@ -313,24 +320,24 @@ class CStyleLanguage(Renderer):
         isf, t = dtypes.is_float(dt), self.dtype_name(dt)
         fsfx = "f" if dt == dtypes.float32 else ""
         if op in _INFIX:
-            if dt == dtypes.bool and op is Ops.SUB: op = Ops.XOR
+            if dt == dtypes.bool and op is _SUB: op = _XOR
             return f"({s[0]}{_INFIX[op]}{s[1]})"
-        if op is Ops.NEG: return f"(!{s[0]})" if dt == dtypes.bool else f"(-{s[0]})"
-        if op is Ops.NOT: return f"(!{s[0]})"
-        if op is Ops.RECIP: return f"(1.0{fsfx}/{s[0]})" if isf else self._scalar_alu(Ops.IDIV, dt, ["1", s[0]])
+        if op is _NEG: return f"(!{s[0]})" if dt == dtypes.bool else f"(-{s[0]})"
+        if op is _NOT: return f"(!{s[0]})"
+        if op is _RECIP: return f"(1.0{fsfx}/{s[0]})" if isf else self._scalar_alu(_IDIV, dt, ["1", s[0]])
         if op in _UNARY_FN:
-            if not isf: return s[0] if op is Ops.TRUNC else f"(({t})__builtin_{_UNARY_FN[op]}((double){s[0]}))"
+            if not isf: return s[0] if op is _TRUNC else f"(({t})__builtin_{_UNARY_FN[op]}((double){s[0]}))"
             return f"__builtin_{_UNARY_FN[op]}{fsfx}({s[0]})"
-        if op is Ops.MULACC:
+        if op is _MULACC:
             return f"__builtin_fma{fsfx}({s[0]}, {s[1]}, {s[2]})" if isf else f"(({s[0]}*{s[1]})+{s[2]})"
-        if op is Ops.POW:
+        if op is _POW:
             if isf: return f"__builtin_pow{fsfx}({s[0]}, {s[1]})"
             return f"(({t})__builtin_pow((double){s[0]}, (double){s[1]}))"
-        if op is Ops.FDIV and isf: return f"({s[0]}/{s[1]})"
-        if op in (Ops.IDIV, Ops.FDIV) and isf: return f"__builtin_trunc{fsfx}({s[0]}/{s[1]})"
-        if op is Ops.MOD and isf: return f"__builtin_fmod{fsfx}({s[0]}, {s[1]})"
-        if op in (Ops.IDIV, Ops.FDIV, Ops.MOD): return self._int_div(op, dt, s)
-        if op is Ops.MAX:
+        if op is _FDIV and isf: return f"({s[0]}/{s[1]})"
+        if op in (_IDIV, _FDIV) and isf: return f"__builtin_trunc{fsfx}({s[0]}/{s[1]})"
+        if op is _MOD and isf: return f"__builtin_fmod{fsfx}({s[0]}, {s[1]})"
+        if op in (_IDIV, _FDIV, _MOD): return self._int_div(op, dt, s)
+        if op is _MAX:
             name = f"fg_max_{_SHORT[dt]}"
             # for floats a nan on either side wins, as in torch.maximum. Written so that gcc 12 at -O3 compiles a > b
             # to a max instruction and branches only on a nan (rare, so predicted): `(a > b || a != a) ? a : b`
@@ -339,8 +346,8 @@ class CStyleLanguage(Renderer):
             # didn't)
             body = f"{t} m = a > b ? a : b; return a != a ? a : m;" if isf else "return a > b ? a : b;"
             return f"{self._need(name, f'static inline {t} {name}({t} a, {t} b) {{ {body} }}')}({s[0]}, {s[1]})"
-        if op in (Ops.SHL, Ops.SHR): return self._shift(op, dt, s)
-        if op is Ops.THREEFRY: return f"{self._threefry()}({s[0]}, {s[1]})"
+        if op in (_SHL, _SHR): return self._shift(op, dt, s)
+        if op is _THREEFRY: return f"{self._threefry()}({s[0]}, {s[1]})"
         raise NotImplementedError(f"no C for {op} on {dt}")
 
     def _int_div(self, op: Ops, dt: DType, s: list[str]) -> str:
@@ -387,13 +394,13 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _vector_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         sc = dt.scalar()
-        if op is Ops.MULACC and (fma := self._native_fma(dt)) is not None: return f"{fma}({', '.join(srcs)})"
-        if op in (Ops.ADD, Ops.SUB, Ops.MUL) or (op in (Ops.AND, Ops.OR, Ops.XOR) and not dtypes.is_float(sc)):
+        if op is _MULACC and (fma := self._native_fma(dt)) is not None: return f"{fma}({', '.join(srcs)})"
+        if op in (_ADD, _SUB, _MUL) or (op in (_AND, _OR, _XOR) and not dtypes.is_float(sc)):
             return f"({srcs[0]}{_INFIX[op]}{srcs[1]})"
-        if op is Ops.NEG: return f"(-{srcs[0]})"
-        if op is Ops.FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
-        if op is Ops.MAX: return f"{self._vector_max(dt)}({srcs[0]}, {srcs[1]})"
-        if op in (Ops.SHL, Ops.SHR) and sc in _UNSIGNED_DT and src_dts[1] == dt and \
+        if op is _NEG: return f"(-{srcs[0]})"
+        if op is _FDIV and dtypes.is_float(sc): return f"({srcs[0]}/{srcs[1]})"
+        if op is _MAX: return f"{self._vector_max(dt)}({srcs[0]}, {srcs[1]})"
+        if op in (_SHL, _SHR) and sc in _UNSIGNED_DT and src_dts[1] == dt and \
                 (shift := self._vector_shift(op, dt)) is not None:
             return f"{shift}({srcs[0]}, {srcs[1]})"
         # everything else: a lane loop in an inlined helper; gcc vectorizes it when the lanes' op has a SIMD form
@@ -795,7 +802,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         # a vector that several accumulators of a vector reduction share (a register tile's operand) is kept in a
         # register (one that fits a register: asm can't pin a wider one, and gcc refuses the constraint)
         if 1 < u.dtype.count and u.dtype.itemsize <= self.simd_bytes and \
-                sum(1 for x in k.users.get(u, []) if x.op is Ops.MULACC and
+                sum(1 for x in k.users.get(u, []) if x.op is _MULACC and
                                      any(st.op is Ops.STORE and st.src[0] in k.lane_summed
                                          for st in k.users.get(x, []))) >= 2 and \
                 (keep := self.keep_in_register(k.r[u])) is not None:
@@ -844,37 +851,37 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         gather where the dialect has it (`k.scattered`: the first store -> the lanes' stores, the others -> ();
         `k.gathered`: the VECTORIZE -> its loads, the loads -> ()). Not where another access to that buffer that could
         see the difference comes between (a load between stores, a store between loads), nor a loop's start or end."""
-        for i in sorted([*_positions_of(uops, Ops.NOOP), *_positions_of(uops, Ops.VECTORIZE)]):
+        for i in sorted([*_positions_of(uops, _NOOP), *_positions_of(uops, _VECTORIZE)]):
             g = uops[i]
-            if g.op is Ops.NOOP and len(g.src) >= 4 and all(st.op is Ops.STORE for st in g.src):
+            if g.op is _NOOP and len(g.src) >= 4 and all(st.op is Ops.STORE for st in g.src):
                 vals = [st.src[1] for st in g.src]
-                v = vals[0].src[0] if vals[0].op is Ops.GEP else None
+                v = vals[0].src[0] if vals[0].op is _GEP else None
                 if v is None or v.dtype.count != len(vals) or \
-                        any(x.op is not Ops.GEP or x.src[0] is not v or x.arg != n for n, x in enumerate(vals)):
+                        any(x.op is not _GEP or x.src[0] is not v or x.arg != n for n, x in enumerate(vals)):
                     continue
                 lanes, found = g.src, k.scattered
-            elif g.op is Ops.VECTORIZE and len(g.src) == g.dtype.count >= 4 and g.src[0].op is Ops.LOAD and \
+            elif g.op is _VECTORIZE and len(g.src) == g.dtype.count >= 4 and g.src[0].op is Ops.LOAD and \
                     len(set(g.src)) == len(g.src) and all(ld.op is Ops.LOAD and ld.dtype.count == 1 and
                                                           len(ld.src) == 1 and k.users[ld] == [g] for ld in g.src):
                 lanes, found, v = g.src, k.gathered, g
             else: continue
-            if (first := lanes[0].src[0]).op is not Ops.INDEX or (g.op is Ops.VECTORIZE and len(first.src) > 2):
+            if (first := lanes[0].src[0]).op is not Ops.INDEX or (g.op is _VECTORIZE and len(first.src) > 2):
                 continue
             buf, gate, base = first.src[0], first.src[2:], _base_and_offset(first.src[1])[0]
             if not all(_in_run(x.src[0], buf, gate, base) for x in lanes): continue
             # back from the group's node (after its lanes) to its first lane, through what comes between
-            seen_by, todo, j = (Ops.LOAD, Ops.STORE) if g.op is Ops.NOOP else (Ops.STORE,), set(lanes), i
+            seen_by, todo, j = (Ops.LOAD, Ops.STORE) if g.op is _NOOP else (Ops.STORE,), set(lanes), i
             while todo and j > 0:
                 j -= 1
                 if (x := uops[j]) in todo: todo.discard(x)
                 elif x.op in (Ops.RANGE, Ops.END) or (x.op in seen_by and x.src[0].op is Ops.INDEX and
                                                       x.src[0].src[0] is buf): break
-            if todo or (self._scatter(v.dtype) if g.op is Ops.NOOP else self._gather(v.dtype)) is None: continue
+            if todo or (self._scatter(v.dtype) if g.op is _NOOP else self._gather(v.dtype)) is None: continue
             found.update(dict.fromkeys(lanes, ()))
-            found[uops[j] if g.op is Ops.NOOP else g] = lanes
+            found[uops[j] if g.op is _NOOP else g] = lanes
             # what only the lanes' accesses used (a lane's position and its value's pick) isn't written either
             for x in lanes:
-                if g.op is Ops.NOOP and k.users[x.src[1]] == [x]: k.unwritten.add(x.src[1])
+                if g.op is _NOOP and k.users[x.src[1]] == [x]: k.unwritten.add(x.src[1])
                 if k.users[idx := x.src[0]] != [x]: continue
                 k.unwritten.add(idx)
                 if idx.src[1] is not base and k.users[idx.src[1]] == [idx]: k.unwritten.add(idx.src[1])

@@ -5,10 +5,15 @@ from collections.abc import Iterable
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _CAST, _CONST, _END, _MUL, _NEG, _RANGE = Ops.ADD, Ops.CAST, Ops.CONST, Ops.END, Ops.MUL, Ops.NEG, Ops.RANGE
+_SUB = Ops.SUB
+
 def range_kind(r: UOp) -> str: return r.arg[1]
 def range_size(r: UOp) -> int | UOp:
     """The trip count of a RANGE: an int when constant, else the (symbolic) end expression."""
-    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
+    return r.src[0].arg if r.src[0].op is _CONST else r.src[0]
 
 def coeff(x: UOp, r: UOp, memo: dict[UOp, int | None] | None = None) -> int | None:
     """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor).
@@ -22,14 +27,14 @@ def coeff(x: UOp, r: UOp, memo: dict[UOp, int | None] | None = None) -> int | No
         cs = [c[s] for s in u.src]
         if all(v == 0 for v in cs): c[u] = 0; continue
         if any(v is None for v in cs): c[u] = None; continue
-        if u.op is Ops.ADD: c[u] = cs[0] + cs[1]
-        elif u.op is Ops.SUB: c[u] = cs[0] - cs[1]
-        elif u.op is Ops.NEG: c[u] = -cs[0]
-        elif u.op is Ops.MUL:
+        if u.op is _ADD: c[u] = cs[0] + cs[1]
+        elif u.op is _SUB: c[u] = cs[0] - cs[1]
+        elif u.op is _NEG: c[u] = -cs[0]
+        elif u.op is _MUL:
             # exactly one side depends on r; the other must be a constant
             dep, other = (0, 1) if cs[0] != 0 else (1, 0)
-            c[u] = cs[dep] * u.src[other].arg if u.src[other].op is Ops.CONST and cs[other] == 0 else None
-        elif u.op is Ops.CAST and dtypes.is_int(u.dtype) and dtypes.is_int(u.src[0].dtype): c[u] = cs[0]
+            c[u] = cs[dep] * u.src[other].arg if u.src[other].op is _CONST and cs[other] == 0 else None
+        elif u.op is _CAST and dtypes.is_int(u.dtype) and dtypes.is_int(u.src[0].dtype): c[u] = cs[0]
         else: c[u] = None
     return c[x]
 
@@ -60,8 +65,8 @@ def _live_step(x: UOp, memo: dict[UOp, frozenset[UOp]]) -> frozenset[UOp]:
     for y in x.src:
         if (o := memo[y]) is not s and not o <= s: s = s | o if s else o
     if (op := x.op) not in _ADDS_OR_DROPS: return s
-    if op is Ops.RANGE: s = s | {x}
-    elif op is Ops.END: s = s - set(x.src[1:])
+    if op is _RANGE: s = s | {x}
+    elif op is _END: s = s - set(x.src[1:])
     elif isinstance(x.arg, tuple) and x.arg[1] == "lanes": s = s - {x.src[1]}
     elif isinstance(x.arg, Ops): s = s - set(x.src[1:])  # a REDUCE not lowered yet
     return s

@@ -60,6 +60,12 @@ from fusegrad.dtype import dtypes
 from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _BARRIER, _CAST, _DEFINE_GLOBAL = Ops.ADD, Ops.BARRIER, Ops.CAST, Ops.DEFINE_GLOBAL
+_DEFINE_LOCAL, _END, _INDEX, _LOAD, _MAX, _MUL = Ops.DEFINE_LOCAL, Ops.END, Ops.INDEX, Ops.LOAD, Ops.MAX, Ops.MUL
+_RANGE, _REDUCE, _SINK, _STORE = Ops.RANGE, Ops.REDUCE, Ops.SINK, Ops.STORE
+
 class OptOps(Enum):
     UPCAST = auto(); UNROLL = auto(); SWAP = auto(); KBLOCK = auto(); SPLIT = auto(); PACK = auto(); PADTO = auto()
     LOCAL = auto(); GROUP = auto(); GROUPTOP = auto(); LTILE = auto(); TC = auto()
@@ -77,32 +83,32 @@ class KernelOptError(Exception):
     """An Opt that doesn't apply to this kernel (bad axis, amount that doesn't divide the loop, ...)."""
 
 def _store_ranges(ast: UOp) -> list[UOp]:
-    return [u for st in ast.src for u in st.src[0].toposort() if u.op is Ops.RANGE]
+    return [u for st in ast.src for u in st.src[0].toposort() if u.op is _RANGE]
 
 def uniquify_reduce_ranges(ast: UOp) -> UOp:
     """Give REDUCEs that share a RANGE but can't share its loop fresh RANGEs: a REDUCE nested inside another over
     the same RANGE, and sibling REDUCEs whose values vary with different outer ranges (their loops sit in different
     places). Siblings with the same outer ranges keep sharing, so they run in one loop."""
-    next_id = max((u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE), default=-1) + 1
+    next_id = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     def rename(red: UOp, rngs) -> UOp:
         nonlocal next_id
         fresh = {}
         for r in rngs:
-            fresh[r] = UOp(Ops.RANGE, r.dtype, r.src, (next_id, r.arg[1])); next_id += 1
+            fresh[r] = UOp(_RANGE, r.dtype, r.src, (next_id, r.arg[1])); next_id += 1
         return red.substitute(fresh)
     while True:
-        reds = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+        reds = [u for u in ast.toposort() if u.op is _REDUCE]
         change = None
         for red in reds:
             own = set(red.src[1:])
-            inner = [u for u in red.src[0].toposort() if u.op is Ops.REDUCE and own.intersection(u.src[1:])]
+            inner = [u for u in red.src[0].toposort() if u.op is _REDUCE and own.intersection(u.src[1:])]
             if inner:
                 change = (inner[-1], rename(inner[-1], own.intersection(inner[-1].src[1:])))
                 break
         if change is None:
             seen: dict[UOp, frozenset[UOp]] = {}
             for red in reds:
-                outer = frozenset(x for x in red.src[0].toposort() if x.op is Ops.RANGE) - set(red.src[1:])
+                outer = frozenset(x for x in red.src[0].toposort() if x.op is _RANGE) - set(red.src[1:])
                 if bad := [r for r in red.src[1:] if r in seen and seen[r] != outer]:
                     change = (red, rename(red, bad))
                     break
@@ -137,15 +143,15 @@ def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
             (lanes < 2 or not any(whole_vectors(range_size(a), range_size(b)) for a, b in zip(outs, outs[1:]))):
         return ast
     topo = ast.toposort()
-    idxs = [u for u in topo if u.op is Ops.INDEX]
+    idxs = [u for u in topo if u.op is _INDEX]
     addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
     # a loop that a gate or a value uses (a padding check, an iota) keeps its own range
     blocked: set[UOp] = set()
     for u in topo:
-        if u.op is Ops.INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
-        elif u in addresses or u.op is Ops.REDUCE: continue
-        else: uses = [x for s in u.src if s.op is Ops.RANGE or s in addresses for x in s.toposort()]
-        blocked.update(x for x in uses if x.op is Ops.RANGE)
+        if u.op is _INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
+        elif u in addresses or u.op is _REDUCE: continue
+        else: uses = [x for s in u.src if s.op is _RANGE or s in addresses for x in s.toposort()]
+        blocked.update(x for x in uses if x.op is _RANGE)
     coeffs = {r: [coeff(idx.src[1], r) for idx in idxs] for r in outs}
     def size(run: list[UOp]) -> int | UOp:
         sizes = [range_size(r) for r in run]
@@ -171,7 +177,7 @@ def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
     new_range: dict[UOp, UOp] = {}
     for run in runs:
         if len(run) == 1: continue
-        r = new_range[run[0]] = UOp(Ops.RANGE, run[0].dtype, (UOp.const(dtypes.index, size(run)),), run[0].arg)
+        r = new_range[run[0]] = UOp(_RANGE, run[0].dtype, (UOp.const(dtypes.index, size(run)),), run[0].arg)
         stride = size(run)
         for i, x in enumerate(run):
             stride //= range_size(x)
@@ -179,17 +185,17 @@ def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
             step[x] = part % range_size(x) if i else part
     merged = simplify_indexing(ast.substitute(step))
     if deep: return merged
-    idxs = [u for u in merged.toposort() if u.op is Ops.INDEX]
+    idxs = [u for u in merged.toposort() if u.op is _INDEX]
     return ast if any(coeff(idx.src[1], new_range[a]) is None for idx in idxs for a in affine) else merged
 
 def _stores_loaded(ast: UOp) -> bool:
     """Whether a kernel stores to addresses it loads (a scatter)."""
-    return any(u.op is Ops.LOAD for st in ast.src for u in st.src[0].toposort())
+    return any(u.op is _LOAD for st in ast.src for u in st.src[0].toposort())
 
 class Kernel:
     """A kernel AST with its loops, transformed by `apply_opt` and finalized by `get_optimized_ast`."""
     def __init__(self, ast: UOp, renderer=None):
-        if ast.op is not Ops.SINK or any(s.op is not Ops.STORE for s in ast.src):
+        if ast.op is not _SINK or any(s.op is not _STORE for s in ast.src):
             raise ValueError(f"a kernel AST is a SINK of STOREs, got {ast.op}")
         lanes = getattr(renderer, "simd_bytes", 0) // 4   # (float32 lanes)
         gpu = bool(getattr(renderer, "has_local", False)) and not _stores_loaded(ast)
@@ -198,7 +204,7 @@ class Kernel:
         out = sorted(set(_store_ranges(self.ast)), key=lambda r: r.arg[0])
         red: list[UOp] = []
         for u in topo:
-            if u.op is Ops.REDUCE: red.extend(r for r in u.src[1:] if r not in red)
+            if u.op is _REDUCE: red.extend(r for r in u.src[1:] if r not in red)
         self.loops: list[UOp] = out + red
         self.expanded: list[UOp] = []        # upcast/unroll ranges, in creation order
         self.copies: list[UOp] = []          # loops of PACK copies
@@ -211,8 +217,8 @@ class Kernel:
         self.tc_frame: UOp | None = None     # TC's operands before the lanes' substitution (tc.py, `staged_operands`)
         self.applied_opts: list[Opt] = []
         self.useful = 1.0                    # the fraction of the loop iterations that aren't padding (PADTO)
-        self.next_id = max((u.arg[0] for u in topo if u.op is Ops.RANGE), default=-1) + 1
-        self.reduceops = [u for u in topo if u.op is Ops.REDUCE]
+        self.next_id = max((u.arg[0] for u in topo if u.op is _RANGE), default=-1) + 1
+        self.reduceops = [u for u in topo if u.op is _REDUCE]
         # a kernel storing to addresses it loads (a scatter) runs its loop in order on one core, as written: two
         # iterations may hit one address, and the later one must see the earlier one's write
         self.in_order = _stores_loaded(self.ast)
@@ -229,7 +235,7 @@ class Kernel:
         # (the heuristics ask many times of one AST: found once per AST, a copy handed out)
         if (memo := self.__dict__.get("_accesses")) is None or memo[0] is not self.ast:
             stores = {st.src[0] for st in self.ast.src}
-            memo = self._accesses = (self.ast, [(u, u in stores) for u in self.ast.toposort() if u.op is Ops.INDEX])
+            memo = self._accesses = (self.ast, [(u, u in stores) for u in self.ast.toposort() if u.op is _INDEX])
         return list(memo[1])
 
     @property
@@ -240,7 +246,7 @@ class Kernel:
     def local_memory(self) -> int:
         """Bytes of local memory the grouped reductions will use: a partial result per work-item and lane."""
         total = 0
-        for red in (u for u in self.ast.toposort() if u.op is Ops.REDUCE):
+        for red in (u for u in self.ast.toposort() if u.op is _REDUCE):
             if not (groups := [r for r in red.src[1:] if r in self.groups]): continue
             lanes = {r for r in live_ranges(red.src[0], {}) if range_kind(r) in ("local", "upcast")}
             total += red.dtype.itemsize * math.prod(range_size(r) for r in lanes - set(red.src[1:]) | set(groups))
@@ -258,7 +264,7 @@ class Kernel:
         outs, ret = set(self.loops[:self.first_reduce]), set()
         for st in self.ast.src:
             stored_at = live_ranges(st.src[0], memo) & outs
-            for red in (u for u in st.src[1].toposort() if u.op is Ops.REDUCE):
+            for red in (u for u in st.src[1].toposort() if u.op is _REDUCE):
                 ret |= stored_at - live_ranges(red, memo)
         return ret
 
@@ -277,7 +283,7 @@ class Kernel:
     def _check_groupable(self, r: UOp) -> None:
         """KernelOptError unless every reduction over reduce loop `r` runs once per work-item: a grouped reduction
         inside another loop would reuse its local memory while other work-items still read it."""
-        for red in (u for u in self.ast.toposort() if u.op is Ops.REDUCE and r in u.src[1:]):
+        for red in (u for u in self.ast.toposort() if u.op is _REDUCE and r in u.src[1:]):
             outer = live_ranges(red.src[0], {}) - set(red.src[1:])
             if any(x not in self.loops[:self.first_reduce] and range_kind(x) not in ("local", "upcast") for x in outer):
                 raise KernelOptError("GROUP of a reduction nested in another loop")
@@ -325,7 +331,7 @@ class Kernel:
         replaced: dict[UOp, UOp] = {}
         for u in self.ast.toposort():
             if u in splits: replaced[u] = splits[u][1]; continue
-            if u.op is Ops.REDUCE and any(x in splits for x in u.src[1:]):
+            if u.op is _REDUCE and any(x in splits for x in u.src[1:]):
                 rngs = [y for x in u.src[1:] for y in ((splits[x][0], inner) if x in splits else (x,)) if y is not None]
                 replaced[u] = u.replace(src=(replaced[u.src[0]], *rngs)); continue
             new_src = tuple(replaced[s] for s in u.src)
@@ -338,7 +344,7 @@ class Kernel:
         size = range_size(r)
         if range_kind(r) != "reduce" or not isinstance(size, int) or amt < 2 or amt >= size or size % amt:
             raise KernelOptError(f"LTILE needs a reduce loop with a proper divisor, not {amt} of {size}")
-        reds = [u for u in self.ast.toposort() if u.op is Ops.REDUCE and r in u.src[1:]]
+        reds = [u for u in self.ast.toposort() if u.op is _REDUCE and r in u.src[1:]]
         # (the block loop is the reduction's outermost, so its other loops run inside each block: a convolution's
         # window)
         if any(red.src[1] is not r for red in reds): raise KernelOptError("LTILE needs the reduction's outermost loop")
@@ -348,7 +354,7 @@ class Kernel:
         from fusegrad.codegen.lower import SUM_BLOCKED_OVER
         trips = lambda red: math.prod(s if isinstance(s := range_size(x), int) else SUM_BLOCKED_OVER + 1
                                       for x in red.src[1:])
-        if any(red.arg is Ops.ADD and dtypes.is_float(red.dtype) and trips(red) > SUM_BLOCKED_OVER for red in reds):
+        if any(red.arg is _ADD and dtypes.is_float(red.dtype) and trips(red) > SUM_BLOCKED_OVER for red in reds):
             raise KernelOptError("LTILE of a float sum long enough to be summed in blocks")
         self._check_groupable(r)
         outer = UOp.range(size // amt, r.arg[0], "reduce")
@@ -399,8 +405,8 @@ class Kernel:
             # block loop: each block adds to the partial sum the one before it stored) runs its iterations in order:
             # as lanes they would all read the value before any stored, and a padded block would apply the epilogue
             # again
-            r, stored = self.loops[opt.axis], {st.src[0] for st in self.ast.src if st.op is Ops.STORE}
-            if any(u.op is Ops.LOAD and u.src[0] in stored and r not in u.src[0].toposort()
+            r, stored = self.loops[opt.axis], {st.src[0] for st in self.ast.src if st.op is _STORE}
+            if any(u.op is _LOAD and u.src[0] in stored and r not in u.src[0].toposort()
                    for u in self.ast.toposort()):
                 raise KernelOptError(f"{opt.op.name} of a loop whose iterations read what the ones before stored")
         if opt.op is OptOps.UPCAST: ret = self._split(opt.axis, opt.arg, "upcast")
@@ -433,7 +439,7 @@ class Kernel:
             self._check_groupable(r)
             # one loop of the same size in each other reduction (a softmax's sum after its max) shares the work-items:
             # two loops of one reduction given the same ids would each skip most of their elements
-            reductions = [u for u in self.ast.toposort() if u.op is Ops.REDUCE]
+            reductions = [u for u in self.ast.toposort() if u.op is _REDUCE]
             own = next((list(u.src[1:]) for u in reductions if r in u.src[1:]), [r])
             shared: list[UOp] = []
             for red in reductions:
@@ -467,7 +473,7 @@ class Kernel:
         inside = padded < size
         gated = {}
         for u in ast.toposort():
-            if u.op is Ops.INDEX and padded in u.toposort():
+            if u.op is _INDEX and padded in u.toposort():
                 valid = inside if len(u.src) < 3 else u.src[2] & inside
                 gated[u] = u.replace(src=(u.src[0], u.src[1], valid))
         ast = ast.substitute(gated)
@@ -476,7 +482,7 @@ class Kernel:
             from fusegrad.codegen.lower import identity_element
             ast = ast.substitute({u: u.replace(src=(inside.where(u.src[0], identity_element(u.arg, u.dtype)),
                                                     *u.src[1:]))
-                                  for u in ast.toposort() if u.op is Ops.REDUCE and padded in u.src[1:]})
+                                  for u in ast.toposort() if u.op is _REDUCE and padded in u.src[1:]})
         self.ast = ast
         self.loops[axis] = padded
         self.useful *= size / range_size(padded)
@@ -487,16 +493,16 @@ class Kernel:
         if range_kind(r) != "reduce": raise KernelOptError("KBLOCK needs a reduce loop")
         if len(self.ast.src) != 1: raise KernelOptError("KBLOCK needs a single STORE")
         idx, value = self.ast.src[0].src[:2]
-        reds = [u for u in value.toposort() if u.op is Ops.REDUCE]
+        reds = [u for u in value.toposort() if u.op is _REDUCE]
         over = [u for u in reds if r in u.src[1:]]
-        if len(over) != 1 or over[0].dtype != idx.src[0].dtype.base or over[0].arg not in (Ops.ADD, Ops.MAX, Ops.MUL):
+        if len(over) != 1 or over[0].dtype != idx.src[0].dtype.base or over[0].arg not in (_ADD, _MAX, _MUL):
             raise KernelOptError("KBLOCK needs the stored value to hold one REDUCE over the axis, in the output dtype")
         # (an epilogue is computed for every block: another reduction in it would be computed that many times)
         inside = over[0].toposort()
         if any(u is not over[0] and u not in inside for u in reds):
             raise KernelOptError("KBLOCK needs a stored value without other reductions")
-        if any(u.op is Ops.INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()) or \
-                any(u.op is Ops.LOAD and u.src[0] is idx for u in value.toposort()):
+        if any(u.op is _INDEX and u.src[0] is idx.src[0] and u is not idx for u in self.ast.toposort()) or \
+                any(u.op is _LOAD and u.src[0] is idx for u in value.toposort()):
             raise KernelOptError("KBLOCK can't accumulate into a buffer the kernel also reads")
         if not self.first_reduce: raise KernelOptError("KBLOCK needs an output loop to place the block loop in")
         return over[0]
@@ -513,7 +519,7 @@ class Kernel:
         blk = UOp.range(size // amt, self.next_id, "loop"); self.next_id += 1
         inner = UOp.range(amt, r.arg[0], "reduce")
         rngs = tuple(inner if x is r else x for x in red.src[1:])
-        part = UOp(Ops.REDUCE, red.dtype, (red.src[0].substitute({r: blk * amt + inner}), *rngs), red.arg)
+        part = UOp(_REDUCE, red.dtype, (red.src[0].substitute({r: blk * amt + inner}), *rngs), red.arg)
         prev = (blk < 1).where(identity_element(red.arg, red.dtype), idx.load())
         acc = part.alu(red.arg, prev)
         # an epilogue after the reduction (a convolution's batch norm and relu) is applied by the last block only:
@@ -527,13 +533,13 @@ class Kernel:
 
     def _pack(self, axis: int, buf_arg: int) -> None:
         if axis >= self.first_reduce: raise KernelOptError("PACK needs an output axis")
-        idxs = {u for u in self.ast.toposort() if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL
+        idxs = {u for u in self.ast.toposort() if u.op is _INDEX and u.src[0].op is _DEFINE_GLOBAL
                 and u.src[0].arg == buf_arg}
         if len(idxs) != 1: raise KernelOptError(f"PACK needs exactly one access to buffer {buf_arg}")
         idx = idxs.pop()
-        if any(u.op is Ops.STORE and u.src[0] is idx for u in self.ast.toposort()): raise KernelOptError("stored")
+        if any(u.op is _STORE and u.src[0] is idx for u in self.ast.toposort()): raise KernelOptError("stored")
         outs = self.loops[:self.first_reduce]
-        deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
+        deps = {u for u in idx.toposort() if u.op is _RANGE}
         tile = deps & set(outs[axis + 1:])  # (output loops are plain loops: upcast lanes aren't among them)
         # layout of the copy: its loops outermost (in the order of their strides in memory), then the upcast lanes
         # with the innermost split (the vector lanes) last, so the copy is contiguous along the vector lanes even
@@ -549,9 +555,9 @@ class Kernel:
         n = math.prod(sizes)
         # a load that is only ever converted (half -> float) is packed converted: the inner loops then read floats
         topo = list(self.ast.toposort())
-        loads = {u for u in topo if u.op is Ops.LOAD and u.src[0] is idx}
+        loads = {u for u in topo if u.op is _LOAD and u.src[0] is idx}
         users = [u for u in topo for x in u.src if x in loads]
-        casts = {u for u in users if u.op is Ops.CAST}
+        casts = {u for u in users if u.op is _CAST}
         to = next(iter(casts)).dtype if casts and len(casts) == len(users) and len({c.dtype for c in casts}) == 1 \
             else None
         elem = to if to is not None else idx.dtype.base
@@ -565,13 +571,13 @@ class Kernel:
                 self.copies.append(fresh[r])
         lin = UOp.const(dtypes.index, 0)
         for r, s in zip(inner, sizes): lin = lin * s + r
-        local = UOp(Ops.DEFINE_LOCAL, elem.ptr(n, "local"), arg=len(self.copies))
-        value = UOp(Ops.LOAD, idx.dtype.base, (idx.substitute(fresh),))
+        local = UOp(_DEFINE_LOCAL, elem.ptr(n, "local"), arg=len(self.copies))
+        value = UOp(_LOAD, idx.dtype.base, (idx.substitute(fresh),))
         copy = local.index(lin.substitute(fresh)).store(value.cast(to) if to is not None else value)
-        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copy, *fresh.values()))))
+        ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, dtypes.void, (copy, *fresh.values()))))
         replaced = casts if to is not None else loads
         self.packed |= packed
-        self.ast = self.ast.substitute({u: UOp(Ops.LOAD, u.dtype, (ready.index(lin),)) for u in replaced})
+        self.ast = self.ast.substitute({u: UOp(_LOAD, u.dtype, (ready.index(lin),)) for u in replaced})
 
     def get_optimized_ast(self) -> UOp:
         """The AST with ranges renumbered in loop order and their final kinds: the outermost output loop becomes
@@ -588,7 +594,7 @@ class Kernel:
             parallel = bool(outs) and not self.in_order and all(outs[0] in st.src[0].toposort() for st in self.ast.src)
             ordered = self.loops + self.expanded + self.copies
             kinds = ["global" if i == 0 and parallel else range_kind(r) for i, r in enumerate(ordered)]
-        mapping = {r: UOp(Ops.RANGE, r.dtype, r.src, (i, kind)) for i, (r, kind) in enumerate(zip(ordered, kinds))}
+        mapping = {r: UOp(_RANGE, r.dtype, r.src, (i, kind)) for i, (r, kind) in enumerate(zip(ordered, kinds))}
         ast = self.ast.substitute(mapping)
         if not self.gpu: return ast
         frame = self.tc_frame.substitute(mapping) if self.tc_frame is not None else None
@@ -619,12 +625,12 @@ def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> tuple[UOp, in
     the slots of its group are reduced over a fresh loop (by every work-item: the result is theirs to store). Returns
     the AST and the next free range id."""
     replaced: dict[UOp, UOp] = {}
-    for red in [u for u in ast.toposort() if u.op is Ops.REDUCE and groups.intersection(u.src[1:])]:
+    for red in [u for u in ast.toposort() if u.op is _REDUCE and groups.intersection(u.src[1:])]:
         own = [r for r in red.src[1:] if r in groups]
         rest = [r for r in red.src[1:] if r not in groups]
         # (a grouped reduction inside this one's value, as a softmax's max in its sum, is already replaced)
         src = red.src[0].substitute(replaced) if replaced else red.src[0]
-        partial = UOp(Ops.REDUCE, red.dtype, (src, *rest), red.arg) if rest else src
+        partial = UOp(_REDUCE, red.dtype, (src, *rest), red.arg) if rest else src
         # (upcast lanes innermost, the one stored contiguously last: it is the likely vector axis, whose lanes are then
         # one vector store and load)
         live = live_ranges(partial, {})
@@ -632,14 +638,14 @@ def _group_reductions(ast: UOp, groups: set[UOp], next_id: int) -> tuple[UOp, in
         lanes = sorted((r for r in live if range_kind(r) == "upcast"),
                        key=lambda r: (any(coeff(st.src[0].src[1], r) == 1 for st in ast.src), r.arg[0]))
         slots = math.prod(range_size(r) for r in items + own + lanes)
-        local = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(slots, "local"), arg=len(replaced))
+        local = UOp(_DEFINE_LOCAL, red.dtype.ptr(slots, "local"), arg=len(replaced))
         written = local.index(_linear(items + own + lanes)).store(partial)
-        ready = UOp(Ops.BARRIER, local.dtype, (local, written))
+        ready = UOp(_BARRIER, local.dtype, (local, written))
         fresh = []
         for r in own:
             fresh.append(UOp.range(range_size(r), next_id, "reduce")); next_id += 1
-        value = UOp(Ops.LOAD, red.dtype, (ready.index(_linear(items + fresh + lanes)),))
-        replaced[red] = UOp(Ops.REDUCE, red.dtype, (value, *fresh), red.arg)
+        value = UOp(_LOAD, red.dtype, (ready.index(_linear(items + fresh + lanes)),))
+        replaced[red] = UOp(_REDUCE, red.dtype, (value, *fresh), red.arg)
     return (ast.substitute(replaced) if replaced else ast), next_id
 
 def _tiled_loads(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]) -> list[tuple[UOp, UOp, list[UOp]]]:
@@ -648,11 +654,11 @@ def _tiled_loads(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]
     varies with inside one iteration of the block loop and one work-group (all but the `fixed` ones)."""
     out = []
     for tile in tiles:
-        for red in (u for u in ast.toposort() if u.op is Ops.REDUCE and tile in u.src[1:]):
-            loads = {u.src[0] for u in red.src[0].toposort() if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX}
+        for red in (u for u in ast.toposort() if u.op is _REDUCE and tile in u.src[1:]):
+            loads = {u.src[0] for u in red.src[0].toposort() if u.op is _LOAD and u.src[0].op is _INDEX}
             for idx in loads:
-                if idx.src[0].op is not Ops.DEFINE_GLOBAL: continue
-                deps = {u for u in idx.toposort() if u.op is Ops.RANGE}
+                if idx.src[0].op is not _DEFINE_GLOBAL: continue
+                deps = {u for u in idx.toposort() if u.op is _RANGE}
                 block = sorted(deps - fixed, key=lambda r: r.arg[0])
                 if tile not in deps or all(r in deps for r in locals_) or \
                         any(range_kind(r) not in ("local", "upcast", "unroll", "reduce") for r in block):
@@ -667,11 +673,11 @@ def _stage_tiles(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]
     workers = math.prod(range_size(r) for r in locals_)
     me = _linear(locals_)
     replaced: dict[UOp, UOp] = {}
-    first = sum(1 for u in ast.toposort() if u.op is Ops.DEFINE_LOCAL)
+    first = sum(1 for u in ast.toposort() if u.op is _DEFINE_LOCAL)
     for n_local, (_, idx, block) in enumerate(_tiled_loads(ast, tiles, fixed, locals_), start=first):
         tile = next(t for t in tiles if t in idx.toposort())
         size = math.prod(range_size(r) for r in block)
-        local = UOp(Ops.DEFINE_LOCAL, idx.dtype.base.ptr(size, "local"), arg=n_local)
+        local = UOp(_DEFINE_LOCAL, idx.dtype.base.ptr(size, "local"), arg=n_local)
         rounds = -(-size // workers)
         j = UOp.range(rounds, next_id, "copy") if rounds > 1 else UOp.const(dtypes.index, 0)
         next_id += 1
@@ -683,14 +689,14 @@ def _stage_tiles(ast: UOp, tiles: list[UOp], fixed: set[UOp], locals_: list[UOp]
         valid = c < size if size % workers else None
         src = idx.substitute(coords)
         if valid is not None: src = src.replace(src=(*src.src[:2], valid if len(src.src) < 3 else src.src[2] & valid))
-        value = UOp(Ops.LOAD, idx.dtype.base, (src,))
-        before = UOp(Ops.BARRIER, local.dtype, (local, tile))
-        dest = before.index(c) if valid is None else UOp(Ops.INDEX, before.index(c).dtype, (before, c, valid))
+        value = UOp(_LOAD, idx.dtype.base, (src,))
+        before = UOp(_BARRIER, local.dtype, (local, tile))
+        dest = before.index(c) if valid is None else UOp(_INDEX, before.index(c).dtype, (before, c, valid))
         copied = dest.store(value)
-        ready = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.END, dtypes.void, (copied, j)) if rounds > 1 else copied))
+        ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, dtypes.void, (copied, j)) if rounds > 1 else copied))
         staged = ready.index(_linear(block))
         for u in ast.toposort():
-            if u.op is Ops.LOAD and u.src[0] is idx: replaced[u] = UOp(Ops.LOAD, u.dtype, (staged,))
+            if u.op is _LOAD and u.src[0] is idx: replaced[u] = UOp(_LOAD, u.dtype, (staged,))
     return ast.substitute(replaced) if replaced else ast
 
 def _spread_over_group(ast: UOp, loops: list[UOp], g: UOp) -> UOp:
@@ -702,12 +708,12 @@ def _spread_over_group(ast: UOp, loops: list[UOp], g: UOp) -> UOp:
     for r in sorted(loops, key=lambda r: range_size(r) if isinstance(range_size(r), int) else 0)[-1:]:
         n = range_size(r)
         if not isinstance(n, int) or not isinstance(size, int): continue
-        rounds = UOp(Ops.RANGE, r.dtype, (UOp.const(dtypes.index, -(-n // size)),), r.arg)
+        rounds = UOp(_RANGE, r.dtype, (UOp.const(dtypes.index, -(-n // size)),), r.arg)
         pos = rounds * size + g
         ast = ast.substitute({r: pos})
         if n % size == 0: continue
         gated = {u: u.replace(src=(u.src[0], u.src[1], pos < n if len(u.src) < 3 else u.src[2] & (pos < n)))
-                 for u in ast.toposort() if u.op is Ops.INDEX and rounds in u.toposort()}
+                 for u in ast.toposort() if u.op is _INDEX and rounds in u.toposort()}
         ast = ast.substitute(gated)
     return ast
 
@@ -727,8 +733,8 @@ def _store_once(ast: UOp, grid: list[UOp]) -> UOp:
 
 def kernel_name(ast: UOp) -> str:
     """E_<sizes> for elementwise kernels, r_<sizes> when there is a reduction (loop sizes in loop order)."""
-    rngs = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    prefix = "r" if any(u.op is Ops.REDUCE for u in ast.toposort()) else "E"
+    rngs = sorted({u for u in ast.toposort() if u.op is _RANGE}, key=lambda r: r.arg[0])
+    prefix = "r" if any(u.op is _REDUCE for u in ast.toposort()) else "E"
     parts = [str(s) if isinstance(s := range_size(r), int) else "".join(c for c in s.render() if c.isalnum())
              for r in rngs]
     return "_".join([prefix] + parts) if parts else prefix

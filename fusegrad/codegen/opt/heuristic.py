@@ -12,6 +12,11 @@ from fusegrad.renderer.cpu_dot import DOT_LANES, amx_plan
 from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
+# (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
+# node compare against module-level names)
+_ADD, _AND, _CONST, _DEFINE_GLOBAL, _EXP2, _IDIV = Ops.ADD, Ops.AND, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.EXP2, Ops.IDIV
+_LOAD, _LOG2, _MAX, _MOD, _RANGE, _REDUCE, _SIN = Ops.LOAD, Ops.LOG2, Ops.MAX, Ops.MOD, Ops.RANGE, Ops.REDUCE, Ops.SIN
+
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
     return next((c for c in choices if n % c == 0), 1)
 
@@ -291,7 +296,7 @@ def _tile_output_vector(ctx: OptContext) -> None:
                  any(coeff(idx.src[1], q) != 0 for q in ctx.reds) for idx in ctx.loads())]
     # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
     # softmax's 16 vectors of exp per row step compiled more than twice as long as two, and ran no faster)
-    costly = any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for u in k.ast.toposort())
+    costly = any(u.op in (_EXP2, _LOG2, _SIN) for u in k.ast.toposort())
     rest, n_vec = _upcast_vectors(ctx, rest, inner,
                                   (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= ctx.budget))
     if reuse:
@@ -305,7 +310,7 @@ def _tile_output_vector(ctx: OptContext) -> None:
         ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
     elif not costly and n_vec == 1: _chain_windows(ctx, inner)
     # (a reduction the output vector doesn't vary, computed once for the vector's lanes, is vectorized by itself)
-    if len(k.reduceops) == 1 and any(inner in u.src[0].toposort() for u in k.ast.toposort() if u.op is Ops.REDUCE):
+    if len(k.reduceops) == 1 and any(inner in u.src[0].toposort() for u in k.ast.toposort() if u.op is _REDUCE):
         _block_strided_reduce(ctx)
         _unroll_reduce(ctx)  # fewer loop iterations for the short bodies
         return
@@ -360,8 +365,8 @@ def _add_accumulators(ctx: OptContext, rem: UOp) -> None:
     element takes a transcendental function (softmax's exp) is bound by that arithmetic, not by the chain, and its
     body would be compiled four times."""
     if not isinstance(rs := range_size(rem), int) or rs < SEVERAL_ACCUMULATORS_MIN_STEPS: return
-    reds = [u for u in ctx.k.ast.toposort() if u.op is Ops.REDUCE and rem in u.src[1:]]
-    if not reds or any(u.op in (Ops.EXP2, Ops.LOG2, Ops.SIN) for red in reds for u in red.src[0].toposort()): return
+    reds = [u for u in ctx.k.ast.toposort() if u.op is _REDUCE and rem in u.src[1:]]
+    if not reds or any(u.op in (_EXP2, _LOG2, _SIN) for red in reds for u in red.src[0].toposort()): return
     if (extra := _largest_divisor(rs, (4, 2))) > 1: ctx.split(OptOps.UPCAST, rem, extra)
 
 def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tuple[int, ...]) -> tuple[UOp | None, int]:
@@ -519,7 +524,7 @@ def _block_weight_gradient(ctx: OptContext) -> None:
     # gradient) doesn't; in the image a tap slides as a summed pixel loop does, or a stride of up to 4 times less
     # (oh * stride + kh). A matmul's few rows (a prompt's 5 tokens times the vocabulary) are no window: their row
     # steps over the whole contraction)
-    loads = [idx for idx in ctx.loads() if idx.src[0].op is Ops.DEFINE_GLOBAL]
+    loads = [idx for idx in ctx.loads() if idx.src[0].op is _DEFINE_GLOBAL]
     def slides(idx: UOp, w: UOp) -> bool:
         c = coeff(idx.src[1], w)
         return c not in (0, None) and any(coeff(idx.src[1], k.loops[i]) in (c, 2 * c, 3 * c, 4 * c) for i in reds)
@@ -527,7 +532,7 @@ def _block_weight_gradient(ctx: OptContext) -> None:
     # (only with full vectors: rows of 28 in 4-lane vectors are bound by their short loops, and measured no faster
     # blocked. Their batch is unrolled by 2 instead: each step of the row's 7-vector loop then holds two images'
     # multiply-adds, where it held one's behind the row's gates and loop overhead; BEAM's choice, about 1.25x)
-    summed = {r for u in k.ast.toposort() if u.op is Ops.REDUCE for r in u.src[1:]}
+    summed = {r for u in k.ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
     if not any(r.arg[1] == "upcast" and range_size(r) == ctx.width and r in summed for r in k.expanded):
         if NARROW_WGRAD_UNROLL > 1 and osz % NARROW_WGRAD_UNROLL == 0:
             k.apply_opt(Opt(OptOps.UNROLL, reds[0], NARROW_WGRAD_UNROLL))
@@ -573,7 +578,7 @@ def _vectorize_strided_window(ctx: OptContext) -> bool:
     one by one, the maxes are vector ones) and the window's row kw unrolled: in each copy the padding's comparisons of
     the row are constants per lane. Returns whether it applied."""
     k = ctx.k
-    if k.applied_opts or len(k.reduceops) != 1 or k.reduceops[0].arg is not Ops.MAX or ctx.width < 4: return False
+    if k.applied_opts or len(k.reduceops) != 1 or k.reduceops[0].arg is not _MAX or ctx.width < 4: return False
     taps = [range_size(r) for r in ctx.reds]
     if not taps or not all(isinstance(n, int) for n in taps) or not 1 < math.prod(taps) <= 16: return False
     if (r := _store_loop(k)) is None or not isinstance(sz := range_size(r), int): return False
@@ -703,7 +708,7 @@ PAD_REDUCE_VECTORS = 4
 
 def _float_sum(ctx: OptContext, r: UOp) -> bool:
     """Whether a float sum reduces over loop r."""
-    return any(u.op is Ops.REDUCE and u.arg is Ops.ADD and dtypes.is_float(u.dtype) and r in u.src[1:]
+    return any(u.op is _REDUCE and u.arg is _ADD and dtypes.is_float(u.dtype) and r in u.src[1:]
                for u in ctx.k.ast.toposort())
 
 def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
@@ -738,14 +743,14 @@ def _unroll_gated_row(k: Kernel, split_row: bool = False) -> None:
     gradient along their channels, and its weight gradient, each two to three times as fast)."""
     reds = [k.loops[i] for i in k.reduce_axes()]
     if not reds or not isinstance(sz := range_size(r := reds[-1]), int) or not 1 < sz <= GATED_ROW_UNROLL: return
-    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is Ops.AND else [g]
+    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is _AND else [g]
     # only where those comparisons then fold: they compare r with nothing that is still a loop (the tile spans the
     # output row whole). A row tiled in parts left each copy its comparisons, and 12-pixel rows in tiles of 4 ran
     # slower; but an 8-pixel row in two halves (`split_row`, a 16-accumulator tile) ran faster unrolled
     loops = set(k.loops)
     def folds(gate: UOp) -> bool:
         cl = [c for c in clauses(gate) if r in c.toposort()]
-        return bool(cl) and (split_row or all(not any(u.op is Ops.RANGE and u is not r and u in loops
+        return bool(cl) and (split_row or all(not any(u.op is _RANGE and u is not r and u in loops
                                                       for u in c.toposort()) for c in cl))
     if any(not st and len(idx.src) > 2 and folds(idx.src[2]) for idx, st in k.accesses()):
         k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0))
@@ -865,7 +870,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     red = [k.loops[i] for i in k.reduce_axes()]
     outs = k.loops[:k.first_reduce]
     for idx, is_store in k.accesses():
-        if is_store or idx.src[0].op is not Ops.DEFINE_GLOBAL or coeff(idx.src[1], vec) == 0: continue
+        if is_store or idx.src[0].op is not _DEFINE_GLOBAL or coeff(idx.src[1], vec) == 0: continue
         if coeff(idx.src[1], red[0]) in (0, 1) and coeff(idx.src[1], vec) == 1: continue
         deps = [i for i, o in enumerate(outs) if o in idx.toposort()]
         if not deps or deps[-1] == len(outs) - 1: continue
@@ -878,7 +883,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # with the rows outermost, the rows' block of the operand broadcast along the vector (strided along the reduction:
     # a weight gradient's output gradient, read transposed) is the one every column tile reuses
     for idx, is_store in k.accesses() if rows_outer else ():
-        if is_store or idx.src[0].op is not Ops.DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
+        if is_store or idx.src[0].op is not _DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
                 coeff(idx.src[1], red[0]) in (0, 1, None):
             continue
         deps = [i for i, o in enumerate(outs) if o in idx.toposort()]
@@ -894,7 +899,7 @@ def _pack_whole_panel(k: Kernel, vec: UOp, cores: int) -> None:
     (PACK) once per chunk, contiguous along the channels, where the loops inside reuse them at least 4 times."""
     outs = k.loops[:k.first_reduce]
     if not outs or not isinstance(osz := range_size(outs[0]), int): return
-    idx = next((idx for idx, st in k.accesses() if not st and idx.src[0].op is Ops.DEFINE_GLOBAL and
+    idx = next((idx for idx, st in k.accesses() if not st and idx.src[0].op is _DEFINE_GLOBAL and
                 coeff(idx.src[1], vec) not in (0, 1) and not any(o in idx.src[1].toposort() for o in outs)), None)
     if idx is None: return
     if osz > cores and osz % cores == 0: k.apply_opt(Opt(OptOps.SPLIT, 0, cores))
@@ -916,7 +921,7 @@ def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
     outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
     if not reds: return
     for idx, is_store in k.accesses():
-        if is_store or idx.src[0].op is not Ops.DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
+        if is_store or idx.src[0].op is not _DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
                 coeff(idx.src[1], reds[0]) in (0, 1, None):
             continue
         deps = [i for i, o in enumerate(outs) if o in idx.src[1].toposort()]
@@ -952,7 +957,7 @@ def _rows_outermost(k: Kernel, vec: UOp, red_rows: int, excluded: bool) -> bool:
     # buffers read and written back in place (k.accesses() lists such an access once, as a store). Not a buffer only
     # read after the reduction: a convolution's residual measured no faster with its rows outermost
     stored = {idx for idx, st in k.accesses() if st}
-    updated = {u.src[0] for u in k.ast.toposort() if u.op is Ops.LOAD and u.src[0] in stored}
+    updated = {u.src[0] for u in k.ast.toposort() if u.op is _LOAD and u.src[0] in stored}
     return any(not (reds & set(idx.toposort())) and coeff(idx.src[1], vec) not in (0, None) and
                any(coeff(idx.src[1], o) not in (0, None) for o in outs) for idx in updated)
 
@@ -981,9 +986,9 @@ def _unroll_selectors(k: Kernel, width: int) -> bool:
     def compared(gate: UOp) -> set[UOp]:
         """The loops that a clause of the gate compares by themselves with a constant (as in `i < 2`; a padding's
         clauses compare sums of loops)."""
-        if gate.op is Ops.AND: return compared(gate.src[0]) | compared(gate.src[1])
-        if gate.op in GroupOp.Comparison and {s.op for s in gate.src} == {Ops.RANGE, Ops.CONST}:
-            return {s for s in gate.src if s.op is Ops.RANGE}
+        if gate.op is _AND: return compared(gate.src[0]) | compared(gate.src[1])
+        if gate.op in GroupOp.Comparison and {s.op for s in gate.src} == {_RANGE, _CONST}:
+            return {s for s in gate.src if s.op is _RANGE}
         return set()
     gates = [compared(idx.src[2]) for idx, is_store in k.accesses() if not is_store and len(idx.src) > 2]
     selectors = [r for r in k.loops[:k.first_reduce] if isinstance(sz := range_size(r), int) and 1 < sz <= 8 and
@@ -1034,7 +1039,7 @@ REMAINDER_LANES = 8
 def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
     """The constants that a load's index divides output loop r by or takes it modulo (r with coefficient 1)."""
     return {u.src[1].arg for idx, is_store in k.accesses() if not is_store for u in idx.src[1].toposort()
-            if u.op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and coeff(u.src[0], r) == 1}
+            if u.op in (_IDIV, _MOD) and u.src[1].op is _CONST and coeff(u.src[0], r) == 1}
 
 def _store_loop(k: Kernel, strided: bool = False) -> UOp | None:
     """The innermost output loop that every store is contiguous along (with `strided`: moves along, by any step)."""
