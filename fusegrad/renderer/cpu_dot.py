@@ -17,6 +17,10 @@ from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import Ops, UOp
 
 DOT_LANES = 16   # the float32 lanes of one vdpbf16ps on 512-bit registers
+# (the ops tested for every node of a kernel, as module-level names: on Python 3.11 each `Ops.X` goes through the Enum
+# metaclass's __getattr__)
+_STORE, _INDEX, _DEFINE_LOCAL, _MULACC = Ops.STORE, Ops.INDEX, Ops.DEFINE_LOCAL, Ops.MULACC
+_F32_DOT = dtypes.float32.vec(DOT_LANES)
 
 @dataclass(frozen=True)
 class Bf16Pair:
@@ -54,8 +58,7 @@ def _exact_locals(uops: list[UOp]) -> set[UOp]:
     """The local buffers (packed copies) that only values converted from bfloat16 are stored to."""
     exact: dict[UOp, bool] = {}
     for u in uops:
-        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and \
-                (buf := _local_of(u.src[0].src[0])).op is Ops.DEFINE_LOCAL:
+        if u.op is _STORE and u.src[0].op is _INDEX and (buf := _local_of(u.src[0].src[0])).op is _DEFINE_LOCAL:
             # (a gated store leaves what was there before where its gate is false)
             exact[buf] = exact.get(buf, True) and _from_bf16(u.src[1]) and len(u.src[0].src) == 2
     return {buf for buf, ok in exact.items() if ok}
@@ -65,14 +68,14 @@ def _from_bf16(v: UOp) -> bool: return v.op is Ops.CAST and v.src[0].dtype.scala
 def _bf16_vector(v: UOp, exact: set[UOp]) -> bool:
     """Whether the float32 vector `v` holds bfloat16 values (the lower 16 bits of every lane zero): converted from
     bfloat16, or loaded (ungated) from a packed copy of such values."""
-    if v.dtype != dtypes.float32.vec(DOT_LANES): return False
+    if v.dtype != _F32_DOT: return False
     if _from_bf16(v): return True
     return v.op is Ops.LOAD and len(v.src) == 1 and (idx := v.src[0]).op is Ops.INDEX and len(idx.src) == 2 and \
         _local_of(idx.src[0]) in exact
 
 def _link(m: UOp, exact: set[UOp]) -> tuple[UOp, UOp] | None:
     """(A's INDEX, B's vector) of a multiply-add of a broadcast bfloat16 scalar of A and a vector of bfloat16 values."""
-    if m.op is not Ops.MULACC or m.dtype != dtypes.float32.vec(DOT_LANES): return None
+    if m.op is not _MULACC or m.dtype != _F32_DOT: return None
     for s, v in ((m.src[0], m.src[1]), (m.src[1], m.src[0])):
         if (idx := _bf16_scalar(s)) is not None and _bf16_vector(v, exact): return idx, v
     return None
