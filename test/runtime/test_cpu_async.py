@@ -148,32 +148,42 @@ void fg_test_count(void **args, long lo, long hi) {
 _WHO_SRC = r"""
 #include <pthread.h>
 #include <time.h>
+static long fg_test_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+/* each chunk notes the thread that ran it. With args[1] set (a thread id), a chunk run by any other thread first waits
+   (up to 10 s) until that thread has run a chunk: only a caller that joins lets the worker's chunks finish early */
 void fg_test_who(void **args, long lo, long hi) {
-  unsigned long *who = (unsigned long *)args[0];
-  struct timespec ts, now;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  do clock_gettime(CLOCK_MONOTONIC, &now);  /* 10 ms per chunk */
-  while ((now.tv_sec - ts.tv_sec) * 1000000000L + (now.tv_nsec - ts.tv_nsec) < 10000000L);
-  for (long i = lo; i < hi; i++) who[i] = (unsigned long)pthread_self();
+  unsigned long *who = (unsigned long *)args[0], caller = (unsigned long)args[1];
+  int *caller_ran = (int *)args[2];
+  unsigned long me = (unsigned long)pthread_self();
+  if (caller && me == caller) __atomic_store_n(caller_ran, 1, __ATOMIC_RELEASE);
+  else if (caller) {
+    long start = fg_test_ns();
+    while (!__atomic_load_n(caller_ran, __ATOMIC_ACQUIRE) && fg_test_ns() - start < 10000000000L) {}
+  }
+  for (long i = lo; i < hi; i++) who[i] = me;
 }
 unsigned long fg_test_me(void) { return (unsigned long)pthread_self(); }"""
 
 def test_caller_joins_only_when_asked():
-    # a long split kernel (join=True) with nothing queued ahead: the calling thread runs chunks before returning
-    # (of 6 chunks of 10 ms, the worker could only take all if this thread stalled for 50 ms); without join the call
-    # returns at once and a worker runs every chunk
+    # a split kernel (join=True) with nothing queued ahead: the calling thread runs chunks before returning. The
+    # worker's chunks wait for the caller to have run one (whatever the machine's load, the worker can't take them
+    # all: a caller that doesn't join leaves it waiting 10 s, and the check below fails); without join the call
+    # returns having run none (the wait after it may help)
     lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_WHO_SRC))
     entry = ctypes.cast(lib.fg_test_who, ctypes.c_void_p).value
     lib.fg_test_me.restype = ctypes.c_ulong
     me = lib.fg_test_me()
     for join in (True, False):
         Device["CPU"].synchronize()
-        who = (ctypes.c_ulong * 6)()
-        args = (ctypes.c_void_p * 1)(ctypes.addressof(who))
-        before = (pool._finished.value, pool.submitted)
-        count = pool.submit(entry, args, 6, 6, 1, (who, args), join)
-        if join: assert me in list(who), (before, count, list(who), me)
-        else: assert not pool.done(count) and me not in list(who)
+        who, caller_ran = (ctypes.c_ulong * 6)(), ctypes.c_int(0)
+        args = (ctypes.c_void_p * 3)(ctypes.addressof(who), me if join else 0, ctypes.addressof(caller_ran))
+        count = pool.submit(entry, args, 6, 6, 1, (who, args, caller_ran), join)
+        if join: assert me in list(who) and caller_ran.value == 1, (count, list(who), me)
+        else: assert me not in list(who)
         pool.wait(count)
         assert all(list(who))
 
