@@ -16,3 +16,11 @@ def compiled_sources(monkeypatch) -> list[str]:
         init(self, p, *args, **kwargs)
     monkeypatch.setattr(realize.CompiledRunner, "__init__", recording)
     return seen
+
+@pytest.fixture(autouse=True)
+def _seeded_random_tensors():
+    """Every test starts from the same random stream (Tensor's default seed is the time: a weight initialised from it
+    differs run to run, and a test against torch could pass or fail by the clock)."""
+    from fusegrad import Tensor
+    Tensor.manual_seed(0)
+    yield
