@@ -67,14 +67,18 @@ def widens_exactly(src: DType, dst: DType) -> bool:
 
 def _realize_before_widening_casts(realize: set[UOp], required: set[UOp], why: dict[UOp, tuple] | None) -> None:
     """A widening cast that would get a buffer leaves the buffer to its source: the narrow value is stored and each
-    reader casts it as it loads (the cast is exact). Half the memory for a bfloat16 or half value read as float32,
-    and a reader that multiplies it keeps its operands narrow: a bfloat16 layer's gradient, which the matmuls of the
-    backward pass read through such a cast, then takes the bfloat16 products (dot-product instructions, AMX). Not
-    for the nodes that need a buffer of their own (`required`: outputs, a copy's source)."""
+    reader casts it as it loads (the cast is exact: the reader sees the same values). Half the memory for a bfloat16
+    or half value read as float32, and a reader that multiplies it keeps its operands narrow: a bfloat16 layer's
+    gradient, which the matmuls of the backward pass read through such a cast, then takes the bfloat16 products
+    (dot-product instructions, AMX, with their own rules: bfloat16 denormals count as zero there, as in torch's).
+    A chain of widening casts leaves its buffer to the narrowest value. Not for the nodes that need a buffer of their
+    own (`required`: outputs, a copy's source)."""
+    def widening(u: UOp) -> bool:
+        return u.op is _CAST and u not in required and not is_realized(u) and widens_exactly(u.src[0].dtype, u.dtype)
     for u in list(realize):
-        if u.op is not _CAST or u in required or is_realized(u) or not widens_exactly(u.src[0].dtype, u.dtype):
-            continue
+        if not widening(u): continue
         x = u.src[0]
+        while widening(x): x = x.src[0]
         # (the source must be a value a kernel computes, or a buffer already; a view of one is left as it is)
         if not (is_realized(x) or x.op in GroupOp.Elementwise or x.op is _REDUCE_AXIS): continue
         realize.discard(u)

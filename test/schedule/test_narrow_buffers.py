@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor, dtypes
+from fusegrad.engine.realize import run_schedule
 from fusegrad.schedule.kernelize import widens_exactly
 
 FLOATS = {dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16, dtypes.float32: torch.float32,
@@ -42,8 +43,12 @@ def test_widening_int_casts_are_the_exact_ones(src, dst):
     assert not widens_exactly(src, dtypes.float32) and not widens_exactly(dtypes.float32, src)
 
 def _buffers(*ts: Tensor) -> list[list[tuple]]:
-    """The (dtype, size) of each buffer of each kernel that computes `ts` (scheduled only: build them again to run)."""
-    return [[(b.dtype, b.size) for b in ei.bufs] for ei in Tensor.schedule(*ts)]
+    """The (dtype, size) of each buffer of each kernel that computes `ts` (then run: a scheduled node's buffer may be
+    shared with another tensor's graph)."""
+    sched = Tensor.schedule(*ts)
+    out = [[(b.dtype, b.size) for b in ei.bufs] for ei in sched]
+    run_schedule(sched)
+    return out
 
 @pytest.mark.parametrize("narrow", [dtypes.bfloat16, dtypes.float16], ids=str)
 def test_a_broadcast_narrow_value_gets_a_narrow_buffer(narrow):
@@ -92,3 +97,22 @@ def test_a_bfloat16_layers_gradients_read_bfloat16():
     for got, want in zip(grads(), (tx.grad, tw.grad)):
         assert got.dtype == dtypes.bfloat16
         np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=2e-2, atol=2e-4)
+
+def test_a_chain_of_widening_casts_stores_the_narrowest():
+    # half -> float32 -> float64 and half -> float32, each broadcast: one half buffer holds the value for both,
+    # whichever cast the rules meet first
+    rng = np.random.default_rng(4)
+    a_np = rng.standard_normal((24, 41)).astype(np.float32)   # (read through a shrink: its own size isn't v's)
+    b64, b32 = rng.standard_normal((16, 40)), rng.standard_normal((16, 40)).astype(np.float32)
+    def make():
+        v = (Tensor(a_np)[:, :40] * 3).half()
+        r64 = (v.float().double().reshape(24, 1, 40).expand(24, 16, 40) * Tensor(b64).reshape(1, 16, 40)).sum(2)
+        r32 = (v.float().reshape(24, 1, 40).expand(24, 16, 40) * Tensor(b32).reshape(1, 16, 40)).sum(2)
+        return r64, r32
+    held = [b for k in _buffers(*make()) for b in k if b[1] == 24 * 40]
+    assert held and all(dt == dtypes.float16 for dt, _ in held), held
+    v = (torch.tensor(a_np)[:, :40] * 3).half()
+    r64, r32 = make()
+    np.testing.assert_allclose(r64.numpy(), (v.double()[:, None] * torch.tensor(b64)[None]).sum(2).numpy(), rtol=1e-9)
+    np.testing.assert_allclose(r32.numpy(), (v.float()[:, None] * torch.tensor(b32)[None]).sum(2).numpy(), rtol=1e-5,
+                               atol=1e-5)
