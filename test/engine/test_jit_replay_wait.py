@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from fusegrad import Context, Device, Tensor, TinyJit
-from fusegrad.device import Buffer
 from fusegrad.runtime import cpu_pool
-from fusegrad.uop.ops import device_buffer
+from test.engine.test_jit_replay_kept import _fill, _read
 
 rng = np.random.default_rng(11)
 pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="in-place inputs are ctypes allocations of the CPU")
@@ -32,16 +31,6 @@ def _aligned(a: np.ndarray, misalign: int = 0) -> np.ndarray:
 
 def _alloc(a: np.ndarray) -> ctypes.Array:
     return (ctypes.c_uint8 * a.nbytes).from_buffer(a)
-
-
-def _fill(t: Tensor, a: np.ndarray) -> None:
-    device_buffer(t.uop).copyin(memoryview(np.ascontiguousarray(a)).cast("B"))
-
-
-def _read(b: Buffer, shape: tuple[int, ...]) -> np.ndarray:
-    out = np.empty(shape, np.float32)
-    b.copyout(memoryview(out).cast("B"))
-    return out
 
 
 def _small(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
