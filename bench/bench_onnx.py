@@ -22,12 +22,10 @@ one-thread column is what the call pays; a kernel split across threads pays a wo
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -130,11 +128,7 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
           prof: bool = False) -> None:
     import onnxruntime as ort
     path = os.path.join(tmp, f"{name}.onnx")
-    logging.disable(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        (x,) = export(model, path, batch, seq)
-    logging.disable(logging.NOTSET)
+    (x,) = export(model, path, batch, seq)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = os.cpu_count() or 1
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])

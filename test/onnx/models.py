@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from test.onnx import quiet
+
 
 class ResNetStyle(nn.Module):
     """Conv-BN-ReLU stem, max pool, two residual stages (the second downsamples with a 1x1 projection), average pool."""
@@ -90,9 +92,9 @@ def build(name: str) -> tuple[nn.Module, callable]:
 
 def export(name: str, path: str, batch: int, seq: int | None = None) -> list[torch.Tensor]:
     """Export the model with torch.onnx.export (the dynamo exporter, which uses onnxscript) for one input shape;
-    returns the example inputs."""
+    returns the example inputs. Quiet: the exporter's log lines and warnings aren't printed."""
     model, make = build(name)
     model.eval()
     x = make(batch) if seq is None else make(batch, seq)
-    with torch.no_grad(): torch.onnx.export(model, (x,), path, dynamo=True, verbose=False, input_names=["x"])
+    with torch.no_grad(), quiet(): torch.onnx.export(model, (x,), path, dynamo=True, verbose=False, input_names=["x"])
     return [x]

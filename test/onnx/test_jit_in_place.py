@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from fusegrad import Context, Device  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
 from fusegrad.onnx import runner as runner_module  # noqa: E402
+from test.engine.test_jit_replay_wait import _aligned as _placed  # noqa: E402
 
 pytestmark = pytest.mark.skipif(Device.DEFAULT != "CPU", reason="arrays are read in place on the CPU device")
 W = np.random.default_rng(12).standard_normal((3, 4)).astype(np.float32)
@@ -30,15 +31,6 @@ def _model():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
                                helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _placed(a: np.ndarray, misalign: int = 0) -> np.ndarray:
-    """A copy of `a` at a 64-byte aligned address plus `misalign` bytes."""
-    raw = np.empty(a.nbytes + 128, np.uint8)
-    off = -raw.ctypes.data % 64 + misalign
-    out = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 def _kinds(a: np.ndarray) -> dict[str, np.ndarray]:
@@ -94,16 +86,9 @@ def test_resnet_batch16_in_place_against_onnxruntime(tmp_path):
     read in place and copied in turn, against onnxruntime; one thread too."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("torch")
-    import logging
-    import warnings
     from test.onnx.models import export
     path = str(tmp_path / "resnet16.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            export("resnet", path, 16)
-    finally: logging.disable(logging.NOTSET)
+    export("resnet", path, 16)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     run = OnnxRunner(path).jit()
     rng = np.random.default_rng(15)

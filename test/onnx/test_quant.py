@@ -2,8 +2,6 @@
 onnxruntime."""
 from __future__ import annotations
 
-import logging
-import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +11,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from fusegrad.onnx import OnnxRunner  # noqa: E402
+from test.onnx import quiet  # noqa: E402
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=21):
@@ -78,16 +77,12 @@ def test_quantized_resnet_matches_onnxruntime(how, resnet_path, tmp_path):
     the final DequantizeLinear: an absolute tolerance of 1e-5 on logits of size ~0.5 bounds that with room."""
     from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
     out = str(tmp_path / f"{how}.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if how == "dynamic": quantize_dynamic(resnet_path, out, reduce_range=True)
-            else:
-                fmt = QuantFormat.QDQ if how == "static_qdq" else QuantFormat.QOperator
-                quantize_static(resnet_path, out, _calibration(4), quant_format=fmt, per_channel=how == "static_qdq",
-                                reduce_range=True)
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        if how == "dynamic": quantize_dynamic(resnet_path, out, reduce_range=True)
+        else:
+            fmt = QuantFormat.QDQ if how == "static_qdq" else QuantFormat.QOperator
+            quantize_static(resnet_path, out, _calibration(4), quant_format=fmt, per_channel=how == "static_qdq",
+                            reduce_range=True)
     ops = {n.op_type for n in onnx.load(out).graph.node}
     wanted = {"static_qdq": {"QuantizeLinear", "DequantizeLinear"},
               "static_qoperator": {"QLinearConv", "QLinearAdd", "QGemm"},
@@ -113,12 +108,7 @@ def encoder_path(tmp_path_factory) -> str:
     pytest.importorskip("torch")
     from test.onnx.models import export
     path = str(tmp_path_factory.mktemp("encoder") / "encoder.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            export("encoder", path, 2)
-    finally: logging.disable(logging.NOTSET)
+    export("encoder", path, 2)
     return path
 
 
@@ -135,13 +125,9 @@ def test_quantized_encoder_matches_onnxruntime(how, encoder_path, tmp_path):
         def __init__(self): self.data = iter([{"x": _ids(i)} for i in range(4)])
         def get_next(self): return next(self.data, None)
     out = str(tmp_path / f"{how}.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if how == "dynamic": quantize_dynamic(encoder_path, out, reduce_range=True)
-            else: quantize_static(encoder_path, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        if how == "dynamic": quantize_dynamic(encoder_path, out, reduce_range=True)
+        else: quantize_static(encoder_path, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
     ops = {n.op_type for n in onnx.load(out).graph.node}
     wanted = {"static_qoperator": {"QLinearMatMul", "QGemm", "QLinearAdd", "QLinearMul", "QLinearSoftmax"},
               "dynamic": {"DynamicQuantizeLinear", "MatMulInteger"}}[how]
@@ -181,12 +167,8 @@ def test_quantized_qoperator_ops_match_onnxruntime(tmp_path):
             self.data = iter([{"x": np.random.default_rng(i).standard_normal((2, 3, 8, 8)).astype(np.float32)}
                               for i in range(4)])
         def get_next(self): return next(self.data, None)
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quantize_static(src, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        quantize_static(src, out, Reader(), quant_format=QuantFormat.QOperator, reduce_range=True)
     ops = {n.op_type for n in onnx.load(out).graph.node}
     assert {"QLinearLeakyRelu", "QLinearSigmoid", "QLinearMul", "QLinearConcat", "QLinearAveragePool",
             "QLinearGlobalAveragePool", "QLinearAdd"} <= ops, ops
@@ -212,12 +194,8 @@ def test_dynamically_quantized_attention_matches_onnxruntime(tmp_path):
     src, out = str(tmp_path / "att.onnx"), str(tmp_path / "att_q.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                       helper.make_opsetid("com.microsoft", 1)], ir_version=8), src)
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quantize_dynamic(src, out, reduce_range=True)
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        quantize_dynamic(src, out, reduce_range=True)
     assert {"QAttention", "DynamicQuantizeLinear", "MatMulInteger"} <= {n.op_type for n in onnx.load(out).graph.node}
     x = rng.standard_normal((2, 5, h)).astype(np.float32)
     mask = np.ones((2, 5), np.int32)
@@ -228,15 +206,11 @@ def test_dynamically_quantized_attention_matches_onnxruntime(tmp_path):
 
 def _quantize(src: str, out: str, how: str, reader, per_channel: bool) -> None:
     from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if how == "dynamic": quantize_dynamic(src, out, per_channel=per_channel, reduce_range=True)
-            else:
-                fmt = QuantFormat.QDQ if how == "static_qdq" else QuantFormat.QOperator
-                quantize_static(src, out, reader, quant_format=fmt, per_channel=per_channel, reduce_range=True)
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        if how == "dynamic": quantize_dynamic(src, out, per_channel=per_channel, reduce_range=True)
+        else:
+            fmt = QuantFormat.QDQ if how == "static_qdq" else QuantFormat.QOperator
+            quantize_static(src, out, reader, quant_format=fmt, per_channel=per_channel, reduce_range=True)
 
 
 def _per_axis_scales(path: str) -> int:

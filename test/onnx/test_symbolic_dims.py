@@ -3,8 +3,6 @@ match onnxruntime and compile kernels for the first size only; the shape arithme
 Concat -> Reshape) stays symbolic; TinyJit captures once and replays for every batch size."""
 from __future__ import annotations
 
-import logging
-import warnings
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from fusegrad import Tensor, TinyJit  # noqa: E402
 from fusegrad.engine.realize import method_cache  # noqa: E402
 from fusegrad.onnx import OnnxError, OnnxRunner  # noqa: E402
+from test.onnx import quiet  # noqa: E402
 
 
 class Mlp(torch.nn.Module):
@@ -36,13 +35,9 @@ class Mlp(torch.nn.Module):
 def mlp_path(tmp_path_factory) -> str:
     torch.manual_seed(0)
     path = str(tmp_path_factory.mktemp("symbolic") / "mlp.onnx")
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(Mlp().eval(), (torch.randn(2, 3, 4),), path, dynamo=False, input_names=["x"],
-                              output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
-    finally: logging.disable(logging.NOTSET)
+    with quiet():
+        torch.onnx.export(Mlp().eval(), (torch.randn(2, 3, 4),), path, dynamo=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return path
 
 

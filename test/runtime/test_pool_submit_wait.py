@@ -8,18 +8,11 @@ import pytest
 
 from fusegrad import Device
 from fusegrad.runtime import cpu_compiler, cpu_pool
+from test.runtime.test_cpu_async import _ORDER_SRC
 
 pool = cpu_pool.c_pool()
 pytestmark = [pytest.mark.skipif(pool is None, reason="the C thread pool could not be compiled here"),
               pytest.mark.skipif(cpu_pool.cores() < 2, reason="kernels only run asynchronously with 2+ cores")]
-
-_SRC = r"""
-void fg_test_wait(void **args, long lo, long hi) {
-  long *counter = (long *)args[0], *seen = (long *)args[1], *hits = (long *)args[2];
-  if (lo == 0) *seen = __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED);   /* when this job ran, among all */
-  for (long i = lo; i < hi; i++) __atomic_fetch_add(&hits[i], 1, __ATOMIC_RELAXED);
-}"""
-
 
 def _jobs(entry: int, counter: ctypes.c_long, sizes: list[int], chunks: list[int], help: list[int]) -> tuple:
     """The arrays of submit_many for jobs of these sizes and chunk counts, and each job's (seen, hits) results."""
@@ -35,8 +28,8 @@ def _jobs(entry: int, counter: ctypes.c_long, sizes: list[int], chunks: list[int
 
 @pytest.mark.parametrize("workers", [1, 2, 7])
 def test_submit_many_wait_returns_with_every_chunk_run_once(workers: int):
-    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_SRC))
-    entry = ctypes.cast(lib.fg_test_wait, ctypes.c_void_p).value
+    lib = cpu_compiler.load_library(Device["CPU"].compiler.compile_cached(_ORDER_SRC))
+    entry = ctypes.cast(lib.fg_test_order, ctypes.c_void_p).value
     rng = np.random.default_rng(workers)
     counter = ctypes.c_long(0)
     pool.wait()
