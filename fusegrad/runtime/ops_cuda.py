@@ -156,10 +156,10 @@ def dynamic_shared_bytes(cubin: bytes) -> int:
                 return struct.unpack_from("<I", cubin, sections[where][4] + value)[0]
     return 0
 
-# attributes of a cubin's .nv.info sections (EIATTR_*): each is a format byte, an attribute byte and a value; the
-# format 4 (EIFMT_SVAL) is a 16-bit size and that many bytes, 3 (EIFMT_HVAL) 2 bytes, 2 (EIFMT_BVAL) 2 bytes too (the
-# value and padding to 4 bytes), 1 (EIFMT_NVAL) none
-_EIFMT_SVAL, _EIFMT_HVAL, _EIFMT_BVAL = 4, 3, 2
+# attributes of a cubin's .nv.info sections (EIATTR_*): each is a format byte, an attribute byte and a value, entries
+# 4-byte aligned; the format 4 (EIFMT_SVAL) is a 16-bit size and that many bytes, 3 (EIFMT_HVAL) and 2 (EIFMT_BVAL)
+# 2 bytes (the value, and padding), 1 (EIFMT_NVAL) none but 2 bytes of padding (`01 35 00 00` in an sm_80 cubin)
+_EIFMT_SVAL = 4
 _EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 0x2f, 0x11
 
 class KernelResources(NamedTuple):
@@ -188,7 +188,7 @@ def kernel_resources(cubin: bytes) -> dict[str, KernelResources]:
                     symbol, value = struct.unpack_from("<II", data, at + 4)
                     found.setdefault(symbols[symbol][0], {})[attr] = value
                 at += 4 + size
-            else: at += 4 if fmt in (_EIFMT_HVAL, _EIFMT_BVAL) else 2
+            else: at += 4
     return {k: KernelResources(v.get(_EIATTR_REGCOUNT, 0), v.get(_EIATTR_FRAME_SIZE, 0),
                                by_name[f".text.{k}"][5] // 16)
             for k, v in found.items() if f".text.{k}" in by_name}
