@@ -168,6 +168,8 @@ void fg_test_who(void **args, long lo, long hi) {
 }
 unsigned long fg_test_me(void) { return (unsigned long)pthread_self(); }"""
 
+CHUNKS = 256
+
 def test_caller_joins_only_when_asked():
     # a split kernel (join=True) with nothing queued ahead: the calling thread runs chunks before returning. The
     # worker's chunks wait for the caller to have run one (whatever the machine's load, the worker can't take them
@@ -178,10 +180,12 @@ def test_caller_joins_only_when_asked():
     lib.fg_test_me.restype = ctypes.c_ulong
     me = lib.fg_test_me()
     for join in (True, False):
-        Device["CPU"].synchronize()
-        who, caller_ran = (ctypes.c_ulong * 6)(), ctypes.c_int(0)
+        pool.wait()   # (every job submitted so far, whatever device or test queued it: nothing is ahead of this one)
+        # (more chunks than the pool has workers, however many earlier tests started: each worker holds one while it
+        # waits, and the caller claims the others)
+        who, caller_ran = (ctypes.c_ulong * CHUNKS)(), ctypes.c_int(0)
         args = (ctypes.c_void_p * 3)(ctypes.addressof(who), me if join else 0, ctypes.addressof(caller_ran))
-        count = pool.submit(entry, args, 6, 6, 1, (who, args, caller_ran), join)
+        count = pool.submit(entry, args, CHUNKS, CHUNKS, 1, (who, args, caller_ran), join)
         if join: assert me in list(who) and caller_ran.value == 1, (count, list(who), me)
         else: assert me not in list(who)
         pool.wait(count)
