@@ -167,6 +167,7 @@ class OpenCLRenderer(CStyleLanguage):
 
     def _native_fma(self, dt: DType) -> str | None: return "fma" if dt.scalar() in (dtypes.float32, dtypes.float64) \
         else None
+    def _native_sqrt(self, dt: DType) -> str | None: return None  # (sqrt of a vector: _VECTOR_FN)
     def _masked_load(self, dt: DType) -> str | None: return None
 
     # *** 16-bit floats: float in registers, 16-bit integers in memory ***
