@@ -32,7 +32,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-torch.set_num_threads(2)
+from torch_cpu import setup as torch_setup  # noqa: E402  (bench/ is the script's folder)
+
+torch_setup()
 
 from fusegrad import Device, GlobalCounters, Tensor  # noqa: E402  (torch threads are set first)
 

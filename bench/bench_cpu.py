@@ -55,7 +55,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(2)
+from torch_cpu import setup as torch_setup  # noqa: E402  (bench/ is the script's folder)
+
+torch_setup()
 # fusegrad starts with an empty disk cache, so each first run includes compiling its kernels
 CACHE = tempfile.mkdtemp(prefix="bench-cpu-cache-")
 atexit.register(shutil.rmtree, CACHE, ignore_errors=True)

@@ -32,7 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-torch.set_num_threads(2)
+from torch_cpu import setup as torch_setup  # noqa: E402  (bench/ is the script's folder)
+
+torch_setup()
 
 from fusegrad import Device, GlobalCounters, Tensor, nn  # noqa: E402  (torch threads are set first)
 
