@@ -32,7 +32,8 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
     sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma)
-    sink = fuse_wmma(sink)
+    # (a WMMA comes only from the TC opt, which only a renderer with tensor cores takes: the others skip the walk)
+    if renderer.tensor_cores: sink = fuse_wmma(sink)
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
