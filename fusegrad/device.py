@@ -10,6 +10,7 @@ import pathlib
 import shlex
 import shutil
 import stat
+import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -178,9 +179,16 @@ class LRUAllocator(Allocator):
         self.cache.clear()
         self.cached_bytes = 0
 
+class UnrunScheduleError(RuntimeError):
+    """A buffer was read that a schedule returned by Tensor.schedule() has yet to write: its contents are not the
+    tensor's values until that schedule runs."""
+
 class Buffer:
     """`size` elements of `dtype` on `device`, allocated on first use. A view (`base` given) shares the base's memory
     at byte `offset`; memory is freed when the base and all its views are garbage collected."""
+    # how many kernels (and copies) of schedules returned by Tensor.schedule() and not run yet write this buffer:
+    # while any do, its contents are not its tensor's values and reading them raises (see expect_writes)
+    unwritten: int = 0
     def __init__(self, device: str, size: int, dtype: DType, opaque: Any = None, base: Buffer | None = None,
                  offset: int = 0):
         if size < 0: raise ValueError(f"Buffer size must be >= 0, got {size}")
@@ -256,6 +264,28 @@ class Buffer:
                 self.allocator.free(opaque, nbytes)
         except Exception: pass
 
+    # *** writes a returned schedule has yet to make ***
+
+    def expect_write(self) -> None:
+        """Note that a kernel of a schedule handed out without running will write this buffer (Tensor.schedule)."""
+        self.unwritten += 1
+        unwritten_buffers[id(self)] = weakref.ref(self, functools.partial(_forget_unwritten, id(self)))
+
+    def written(self) -> None:
+        """Note that one of the kernels expect_write counted has run (or is running: it may read what it writes)."""
+        if self.unwritten > 1: self.unwritten -= 1
+        elif self.unwritten:
+            del self.unwritten  # (back to the class's 0)
+            unwritten_buffers.pop(id(self), None)
+
+    def check_written(self, what: str = "reading") -> None:
+        """Raise UnrunScheduleError when this buffer (or the one it is a view of) waits for a schedule to write it."""
+        if self.unwritten or (self._base is not None and self._base.unwritten):
+            raise UnrunScheduleError(
+                f"{what} {self!r}, which a schedule returned by Tensor.schedule() (or schedule_with_vars) computes and "
+                "which has not run yet: run that schedule first with fusegrad.engine.realize.run_schedule(schedule, "
+                "var_vals), or call .realize() instead of .schedule()")
+
     def view(self, size: int, dtype: DType, offset: int) -> Buffer:
         """A Buffer of `size` `dtype` elements sharing this buffer's memory from byte `offset`."""
         return Buffer(self.device, size, dtype, base=self.base, offset=self.offset + offset)
@@ -272,6 +302,7 @@ class Buffer:
 
     def copyout(self, mv: memoryview) -> memoryview:
         """Copy the contents into writable host memory of exactly nbytes bytes."""
+        if self.unwritten or self._base is not None: self.check_written("copying out")
         mv = _flat_bytes(mv)
         if mv.nbytes != self.nbytes: raise ValueError(f"copyout of a {self.nbytes} byte buffer into {mv.nbytes} bytes")
         if self.nbytes: self.ensure_allocated().allocator._copyout(mv, self._buf)
@@ -279,6 +310,7 @@ class Buffer:
 
     def as_buffer(self, allow_zero_copy: bool = True) -> memoryview:
         """The contents as a byte memoryview: on devices with host memory (CPU) the memory itself, else a copy."""
+        if self.unwritten or self._base is not None: self.check_written()
         self.ensure_allocated()
         if allow_zero_copy and hasattr(self.allocator, "_as_buffer"): return self.allocator._as_buffer(self._buf)
         return self.copyout(memoryview(bytearray(self.nbytes)))
@@ -287,6 +319,7 @@ class Buffer:
         """A numpy array of this buffer's dtype (bfloat16 widened to float32) holding a copy of the contents, 1-D or
         of `shape` (which must hold exactly `size` elements)."""
         import numpy as np
+        if self.unwritten or self._base is not None: self.check_written()
         if shape is not None and prod(shape) != self.size:
             raise ValueError(f"numpy: shape {shape} doesn't hold the {self.size} elements of {self!r}")
         if self.dtype.scalar() == dtypes.bfloat16:  # numpy has no bfloat16: widen the bits to float32
@@ -303,6 +336,12 @@ class Buffer:
         extra = f" view of offset {self.offset}" if self._base is not None else ""
         alloc = "" if self.is_allocated() else " (unallocated)"
         return f"<Buffer {self.device} size={self.size} dtype={self.dtype}{extra}{alloc}>"
+
+# id -> weak reference of every Buffer whose `unwritten` count is not 0 (empty but for schedules handed out and not
+# run yet: a realize tests it to keep its fast paths)
+unwritten_buffers: dict[int, weakref.ref[Buffer]] = {}
+
+def _forget_unwritten(key: int, _: Any) -> None: unwritten_buffers.pop(key, None)
 
 # device name -> its allocator (Buffer.allocator)
 _allocators: dict[str, Allocator] = {}

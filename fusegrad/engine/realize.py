@@ -7,7 +7,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from fusegrad.device import Buffer, Device, GlobalCounters
+from fusegrad.device import Buffer, Device, GlobalCounters, UnrunScheduleError, unwritten_buffers
 from fusegrad.engine.explain import DEBUG_NANS, check_nans
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
@@ -26,7 +26,7 @@ from fusegrad.viz import record as _viz
 
 __all__ = ["ExecItem", "Runner", "CompiledRunner", "BufferCopy", "ViewOp", "GlobalCounters", "get_runner",
            "lower_schedule_item", "exec_items", "run_schedule", "compile_kernels", "method_cache", "capturing",
-           "replay_runners", "run_replayed"]
+           "replay_runners", "run_replayed", "expect_writes", "UnrunScheduleError"]
 
 # a kernel is split across threads only when it does enough work: a dispatch through the C pool costs a few us, so
 # below these bounds one thread finishes first (DESIGN.md, "Measurements")
@@ -649,6 +649,12 @@ class ExecItem:
 
     def lower(self) -> ExecItem: return lower_schedule_item(self)
 
+    def outputs(self) -> list[Buffer]:
+        """The buffers this item writes: a kernel's one per STORE (the first of bufs), a copy's or view's
+        destination."""
+        n = _stores(self.ast) if self.ast.op is Ops.SINK else 1
+        return [b for b in self.bufs[:n] if b is not None]
+
     def prepared(self, varying: tuple[int, ...], var_vals: dict[str, int] | None = None) \
             -> tuple[Callable[..., None], tuple[int, ...]] | None:
         """This kernel's launch prepared over its buffers, those at `varying` passed per call (see
@@ -669,6 +675,9 @@ class ExecItem:
         """Run (lowering first if needed) and, if `do_update_stats`, count the work in GlobalCounters."""
         prg = self.prg if self.prg is not None else lower_schedule_item(self).prg
         assert prg is not None
+        # (counted before the run: a runner may read what it writes through the Buffer)
+        if unwritten_buffers:
+            for b in self.outputs(): b.written()
         if self.launch is not None and not wait and DEBUG < 2 and not _viz.TIMED:
             fn, order = self.launch
             fn(*[self.bufs[i].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
@@ -682,6 +691,34 @@ class ExecItem:
         if _viz.TIMED: _viz.record_run(prg, self.ast, vv, et, device)
         if do_update_stats: _update_stats(prg, vv, et, device)
         return et
+
+def _stores(ast: UOp) -> int: return sum(1 for x in ast.src if x.op is Ops.STORE)
+
+def _item_name(ei: ExecItem) -> str:
+    return {Ops.SINK: "a kernel", Ops.COPY: "a copy"}.get(ei.ast.op, "a buffer view")
+
+def check_unwritten(schedule: list[ExecItem]) -> None:
+    """Raise UnrunScheduleError when an item of `schedule` reads a buffer that a schedule handed out by
+    Tensor.schedule() has yet to write with an item that is not in `schedule` (another schedule's, or one left out
+    of a partial run). Reads of a buffer written by items of `schedule` are its own order's business: an assign's
+    target is read (its old values) by the items before the one that writes it. Checked before any item runs, so a
+    realize that raises leaves every buffer as it was."""
+    writes: dict[int, int] = {}   # id -> how many items of `schedule` write it
+    for ei in schedule:
+        for b in ei.outputs(): writes[id(b)] = writes.get(id(b), 0) + 1
+    for ei in schedule:
+        outs = ei.outputs()
+        for b in ei.bufs:
+            if b is None or b in outs: continue
+            for x in (b,) if b._base is None else (b, b._base):
+                if x.unwritten > writes.get(id(x), 0): x.check_written(f"{_item_name(ei)} reading")
+
+def expect_writes(schedule: list[ExecItem]) -> None:
+    """Mark the buffers `schedule`'s items write as waiting for it: until the item writing one runs, reading it (its
+    tensor's numpy(), a kernel of another schedule) raises UnrunScheduleError instead of giving what the memory holds.
+    For schedules handed out to run later (Tensor.schedule); one run at once (realize) is not marked."""
+    for ei in schedule:
+        for b in ei.outputs(): b.expect_write()
 
 def _update_stats(prg: Runner, var_vals: dict[str, int], et: float | None, device: str) -> None:
     ops, mem = prg._work(var_vals) if isinstance(prg, CompiledRunner) else \
@@ -931,6 +968,7 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     """Lower and run every item in order (allocating buffers as needed), counting the work in GlobalCounters."""
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
+    if unwritten_buffers: check_unwritten(schedule)
     compile_new_kernels(schedule)
     items = [lower_schedule_item(si) for si in schedule]
     check_bounds(items, var_vals)

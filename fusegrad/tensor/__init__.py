@@ -11,7 +11,7 @@ from typing import Any, Callable, Container, Sequence
 from fusegrad.dtype import DTYPES_DICT, ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
     to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
-from fusegrad.device import GlobalCounters
+from fusegrad.device import GlobalCounters, UnrunScheduleError, unwritten_buffers
 from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import ClampGradient, PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan, replay_plan_for
@@ -26,7 +26,7 @@ from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
 from fusegrad.engine.capture import snapshot_nodes
 from fusegrad.engine.explain import DEBUG_NANS, NanWatch
-from fusegrad.engine.realize import capturing, exec_items, replay_runners, run_replayed, run_schedule
+from fusegrad.engine.realize import capturing, exec_items, expect_writes, replay_runners, run_replayed, run_schedule
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
 from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, buffer_node, device_buffer, is_realized, is_symbolic, \
@@ -299,7 +299,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         graph = UOp.sink_of(*walk.roots)
         lookup = walked_lookup(walk, graph)
         items, var_vals, plan = create_schedule_with_vars(graph, walk.position, live, lookup)  # type: ignore[arg-type]
-        return exec_items(items, plan), var_vals
+        out = exec_items(items, plan)
+        # the tensors point at the buffers now, which hold nothing until the items run: handed out to run later, the
+        # buffers are marked so a read before then raises (a realize, which sets _undo around this, runs them at once)
+        if _undo is None: expect_writes(out)
+        return out, var_vals
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute these tensors now; afterwards each one's graph is just its buffer. A view of memory (a slice of a
@@ -312,7 +316,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             todo = [t for t in (self,) + lst if not all(s.base.op is _BUFFER for s in shards_of(t.uop))]
             if not todo: return self
         # (a structure seen before runs from its replay plan, unless something watches each kernel or item)
-        if not (DEBUG.value or DEBUG_NANS.value or capturing or _viz.TIMED) and \
+        # (and not while a schedule handed out waits to run: run_schedule checks the kernels don't read its buffers)
+        if not (DEBUG.value or DEBUG_NANS.value or capturing or _viz.TIMED or unwritten_buffers) and \
                 _realize_replayed(todo, do_update_stats):
             return self
         t0, k0 = time.perf_counter(), GlobalCounters.time_sum_s
@@ -322,9 +327,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         finally: _undo = None
         t1 = time.perf_counter()
         try: run_schedule(items, var_vals, do_update_stats=do_update_stats)
-        except IndexError:
-            # a bound Variable out of range (engine/realize.py check_bounds, before any kernel runs): every tensor
-            # scheduling re-pointed gets its graph back, so none is left holding a buffer no kernel wrote
+        except (IndexError, UnrunScheduleError):
+            # a bound Variable out of range (engine/realize.py check_bounds) or a read of a buffer that a schedule
+            # handed out has yet to write (check_unwritten), found before any kernel runs: every tensor scheduling
+            # re-pointed gets its graph back, so none is left holding a buffer no kernel wrote
             for t, u in reversed(undo): t.uop = u
             raise
         NanWatch.current = None
