@@ -116,8 +116,12 @@ def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
     for u, r in replaced.items():
         # a realized node, or a view of one: its buffer. Other replaced nodes stay out (a lazy tensor holding one is
         # rewritten over the new buffers instead: the same values)
-        if (b := becomes.get(r)) is None and r.op in GroupOp.Movement and r.base in becomes:
-            b = substitute_map(r, becomes, topo=r.toposort(gate=lambda x: x not in becomes))[r]  # (not below them)
+        if (b := becomes.get(r)) is None and r.op in GroupOp.Movement:
+            if r.base in becomes:
+                b = substitute_map(r, becomes, topo=r.toposort(gate=lambda x: x not in becomes))[r]  # (not below them)
+            # a view of one of the graph's own buffers (a sum over axes of size 1 simplified away): a later step's
+            # node becomes the same view of its buffer, as the general path re-points it
+            elif r.base.op is Ops.BUFFER and r.base in position: b = r
         if b is None: continue
         base = b
         while base.op is Ops.RESHAPE: base = base.src[0]  # (a reshape of a reshape is one reshape)

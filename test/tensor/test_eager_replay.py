@@ -121,6 +121,21 @@ def test_intermediates_held_by_other_tensors_get_their_buffers():
         later = (m + 1).realize()   # reads the product's buffer
         np.testing.assert_allclose(later.numpy(), a_np @ b_np + 1, rtol=1e-5, atol=1e-5)
 
+def test_views_of_inputs_held_by_other_tensors_stay_views():
+    # a sum over an axis of size 1 is a view of its input: scheduling its max re-points a tensor holding the sum to
+    # that view on every step, the replayed ones too, so an expand of it later needs no kernel of its own
+    for step in range(5):
+        x_np = rng.integers(-50, 50, (3, 1, 6)).astype(np.int32)
+        x = Tensor(x_np)
+        s = x.sum(axis=1)
+        m = s.max(axis=1, keepdim=True).realize()
+        kernels = GlobalCounters.kernel_count
+        wide = s.reshape(1, 3, 6).expand(4, 3, 6)
+        wide.realize()
+        assert GlobalCounters.kernel_count == kernels, f"step {step}: the view of the input got a kernel"
+        np.testing.assert_array_equal(m.numpy(), x_np.sum(1).max(1, keepdims=True))
+        np.testing.assert_array_equal(wide.numpy(), np.broadcast_to(x_np.sum(1)[None], (4, 3, 6)))
+
 def test_several_tensors_in_one_realize():
     x, y = rand(32), rand(32)
     tx, ty = Tensor(x).realize(), Tensor(y).realize()
