@@ -15,7 +15,7 @@ from itertools import repeat
 import weakref
 from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
-from fusegrad.device import Buffer, Device
+from fusegrad.device import Buffer, Device, unwritten_buffers
 from fusegrad.engine import realize as _realize
 from fusegrad.engine.capture import CaptureRecorder, JitError, ViewChecks, check_view_bounds, snapshot_nodes
 from fusegrad.engine.realize import BoundsCheck, BufferCopy, CompiledRunner, ExecItem
@@ -391,6 +391,7 @@ class TinyJit(Generic[R]):
         n = self._replays + 1
         if every and (n == 1 or n % every == 0): return None
         if _realize.DEBUG.value >= 2 or _viz.TIMED or _viz.PROFILE: return None
+        if unwritten_buffers: return None   # (__call__ checks the inputs are written)
         kept = self._kept
         if kept is None or kept.same is not self._same or not kept.valid(self._launches):
             kept = self._kept = self._kept_replay()
@@ -571,6 +572,10 @@ class TinyJit(Generic[R]):
         return ret
 
     def _replay(self, inputs: _Inputs | _Same, Tensor: Any) -> Any:
+        # (an input a schedule handed out by Tensor.schedule() has yet to write holds no values: an error, as for any
+        # read of it; the dict is empty unless such a schedule waits)
+        if unwritten_buffers:
+            for b in inputs.buffers: b.check_written("TinyJit reading its input")
         var_vals = inputs.var_vals
         # the views the function made with bound Variables hold with this call's values (Variables the function bound
         # itself keep their capture values), and the Variables' values are checked against every kernel's buffers,

@@ -207,3 +207,16 @@ def test_optimizer_step_scheduled_then_run():
         run_schedule(sched)
     # d/dw sum(x @ w) = x^T @ ones
     np.testing.assert_allclose(w.numpy(), w_np - 0.1 * x_np.T @ np.ones((4, 3), np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_tinyjit_replay_of_an_unrun_input_raises_until_run():
+    from fusegrad import TinyJit
+    a, b, a_np, b_np = _inputs()
+    step = TinyJit(lambda x: (x * 2 + 1).realize())
+    for _ in range(3): step(Tensor(a_np @ b_np).realize())   # plain, capture, replay
+    x = a @ b
+    sched = x.schedule()
+    with pytest.raises(UnrunScheduleError, match=UNRUN):
+        step(x)
+    run_schedule(sched)
+    np.testing.assert_allclose(step(x).numpy(), (a_np @ b_np) * 2 + 1, rtol=1e-5, atol=1e-5)
