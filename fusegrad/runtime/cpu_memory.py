@@ -7,6 +7,7 @@ import sys
 import weakref
 from typing import Any
 from fusegrad.device import LRUAllocator
+from fusegrad.helpers import getenv
 from fusegrad.runtime.cpu_pool import c_pool, has_host_view, wait_for
 
 ALIGN = 64  # bytes: a cache line, and enough for any SIMD load the renderer emits
@@ -30,10 +31,48 @@ HUGE_PAGE, HUGE_MIN, MADV_HUGEPAGE = 1 << 21, 1 << 22, 14
 
 _LIBC = _libc_allocator()
 
+# GUARD_PAGES=1: every allocation ends where an inaccessible page begins, so a kernel that reads or writes past the end
+# of a buffer stops at once with SIGSEGV (a debugging mode for code generation: an access out of bounds otherwise
+# reads a neighbour's values or corrupts the heap, and shows up, if ever, far from the kernel). The end is exact up to
+# ALIGN bytes; before the start, an access stops once it passes the rest of the buffer's first page. Each allocation
+# is a mapping of its own of at least three pages (a debugging mode: slower, and bounded by the OS's map count).
+GUARD_PAGES = getenv("GUARD_PAGES", 0)
+PAGE = 4096
+PROT_NONE, PROT_RW, MAP_PRIVATE_ANONYMOUS = 0, 3, 0x22
+
+def _guarded_allocator() -> tuple[Any, Any, Any] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        mmap, mprotect, munmap = libc.mmap, libc.mprotect, libc.munmap
+    except (OSError, AttributeError): return None
+    mmap.restype = ctypes.c_void_p
+    mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    mprotect.restype, mprotect.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    munmap.restype, munmap.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]
+    return mmap, mprotect, munmap
+
+def _guarded_alloc(size: int) -> ctypes.Array:
+    """`size` bytes between two inaccessible pages, ending ALIGN-rounded at the second (see GUARD_PAGES)."""
+    if (fns := _guarded_allocator()) is None: raise RuntimeError("GUARD_PAGES needs mmap and mprotect from the C library")
+    mmap, mprotect, munmap = fns
+    body = -(-max(size, 1) // PAGE) * PAGE
+    total = body + 2 * PAGE
+    base = mmap(None, total, PROT_RW, MAP_PRIVATE_ANONYMOUS, -1, 0)
+    if base in (None, ctypes.c_void_p(-1).value): raise MemoryError(f"can't map {total} bytes of guarded host memory")
+    if mprotect(base, PAGE, PROT_NONE) != 0 or mprotect(base + PAGE + body, PAGE, PROT_NONE) != 0:
+        munmap(base, total)
+        raise MemoryError("can't protect the guard pages of an allocation")
+    start = base + PAGE + body - -(-size // ALIGN) * ALIGN
+    ret = (ctypes.c_uint8 * size).from_address(start)
+    ret._finalizer = weakref.finalize(ret, munmap, base, total)
+    ret._finalizer.atexit = False
+    return ret
+
 class CPUAllocator(LRUAllocator):
     """64-byte aligned host memory. An allocation is a ctypes byte array (so it can be passed straight to a kernel);
     it is freed when it and every view of it are garbage collected."""
     def _alloc(self, size: int, options: Any) -> ctypes.Array:
+        if GUARD_PAGES: return _guarded_alloc(size)
         if _LIBC is None:
             # no libc: over-allocate a ctypes array (zero-filled, so slower) and take the aligned part
             raw = (ctypes.c_uint8 * (size + ALIGN - 1))()

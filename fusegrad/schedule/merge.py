@@ -58,9 +58,11 @@ def _n_globals(ast: UOp) -> int:
 def _mergeable(k: UOp) -> bool:
     """A kernel that may take part in a merge: a SINK of stores, each at one unmasked index, without local memory
     and without a long contraction (a big matmul or convolution keeps a kernel to itself, where the optimizer tiles
-    it; see kernelize.py find_realized)."""
+    it; see kernelize.py find_realized). Not a kernel with an empty output: it has nothing to run (scheduling drops
+    it), and merged, its store would run at the other kernel's loops, past the end of its empty buffer."""
     ast = k.arg
     if ast.op is not _SINK or any(len(st.src[0].src) != 2 for st in ast.src): return False
+    if any(buffer_node(o).arg[1] == 0 for o in kernel_outputs(k)): return False
     return not any(u.op is _DEFINE_LOCAL or (u.op is _REDUCE and _is_long_contraction(u)) for u in ast.toposort())
 
 # a sum of products of two operands that vary along different loops (a matmul, a convolution) over more than this

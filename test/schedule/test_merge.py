@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from fusegrad import Tensor, nn
 from fusegrad.engine.realize import run_schedule
+from fusegrad.uop.ops import Ops
 
 rng = np.random.default_rng(3)
 
@@ -320,3 +321,19 @@ def test_scalar_kernels_apart_when_one_waits_for_the_other():
     run_schedule(sched)
     np.testing.assert_allclose(y.numpy(), X * np.float32(0.45), rtol=1e-6)
     np.testing.assert_allclose(t.numpy(), (X * np.float32(0.45)).sum(), rtol=1e-5, atol=1e-6)
+
+
+def test_empty_outputs_are_never_merged_into_a_kernel():
+    # reductions over an empty axis (non-empty results) and results with no elements, in one schedule: a kernel that
+    # stores to an empty buffer would run that store at its partner's loops, past the buffer's end
+    e = Tensor.zeros(0, 3)
+    outs = [e.prod(0), e.cumsum(0), e.var(0), e.logsumexp(0), e.sort(0)[0], e.any(0)]
+    sched = Tensor.schedule(*outs)
+    for si in sched:
+        if si.ast.op is Ops.SINK:
+            assert all(b.size > 0 for b in si.bufs[:len(si.ast.src)]), [b.size for b in si.bufs]
+    run_schedule(sched)
+    te = torch.zeros(0, 3)
+    for o, want in zip(outs, [te.prod(0), te.cumsum(0), te.var(0), te.logsumexp(0), te.sort(0)[0], te.any(0)]):
+        assert o.shape == tuple(want.shape)
+        np.testing.assert_allclose(o.numpy(), want.numpy(), equal_nan=True)
