@@ -53,7 +53,8 @@ def _guarded_allocator() -> tuple[Any, Any, Any] | None:
 
 def _guarded_alloc(size: int) -> ctypes.Array:
     """`size` bytes between two inaccessible pages, ending ALIGN-rounded at the second (see GUARD_PAGES)."""
-    if (fns := _guarded_allocator()) is None: raise RuntimeError("GUARD_PAGES needs mmap and mprotect from the C library")
+    if (fns := _guarded_allocator()) is None:
+        raise RuntimeError("GUARD_PAGES needs mmap and mprotect from the C library")
     mmap, mprotect, munmap = fns
     body = -(-max(size, 1) // PAGE) * PAGE
     total = body + 2 * PAGE
