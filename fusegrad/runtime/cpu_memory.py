@@ -3,6 +3,7 @@ held as ctypes arrays that kernels take directly and that host access reaches on
 have run."""
 from __future__ import annotations
 import ctypes
+import functools
 import sys
 import weakref
 from typing import Any
@@ -40,6 +41,7 @@ GUARD_PAGES = getenv("GUARD_PAGES", 0)
 PAGE = 4096
 PROT_NONE, PROT_RW, MAP_PRIVATE_ANONYMOUS = 0, 3, 0x22
 
+@functools.cache
 def _guarded_allocator() -> tuple[Any, Any, Any] | None:
     try:
         libc = ctypes.CDLL(None)
