@@ -1,6 +1,7 @@
 """The trace VIZ and PROFILE record, and its server, without a browser."""
 import contextlib
 import io
+import gc
 import json
 import re
 import urllib.error
@@ -168,13 +169,19 @@ def test_schedules_hold_their_explanation_and_estimate(recording):
     a = Tensor([[float(i + 2 * j) for j in range(9)] for i in range(3)])
     b = (a.exp() * 2).sum(0)
     out = (a / b).sum(1).contiguous()   # (b read inside out's reduction: a kernel each)
-    want_explain, want_est = out.explain(), out.estimate(predict=False)
     from fusegrad.engine.explain import estimate
     from fusegrad.tensor import _shards
     roof = cached_roofline("CPU")
-    want_predicted = None if roof is None else estimate(_shards([out]), [], 0, roof).predicted_s
-    record.recorder.reset()  # (explain's own rewrites were recorded)
-    out.realize()
+    # (the peak counts the memory allocated when each is made: earlier tests' buffers in reference cycles are freed
+    # first, and not by a collection between the two)
+    gc.collect()
+    gc.disable()
+    try:
+        want_explain, want_est = out.explain(), out.estimate(predict=False)
+        want_predicted = None if roof is None else estimate(_shards([out]), [], 0, roof).predicted_s
+        record.recorder.reset()  # (explain's own rewrites were recorded)
+        out.realize()
+    finally: gc.enable()
     s = record.trace()["schedules"][-1]
     # the reasons Tensor.explain gives, one explained kernel per item in run order
     kernels = s["explain"]["kernels"]
