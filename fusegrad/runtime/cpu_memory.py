@@ -35,7 +35,8 @@ _LIBC = _libc_allocator()
 # GUARD_PAGES=1: every allocation ends where an inaccessible page begins, so a kernel that reads or writes past the end
 # of a buffer stops at once with SIGSEGV (a debugging mode for code generation: an access out of bounds otherwise
 # reads a neighbour's values or corrupts the heap, and shows up, if ever, far from the kernel). The end is exact up to
-# ALIGN bytes; before the start, an access stops once it passes the rest of the buffer's first page. Each allocation
+# ALIGN bytes (GUARD_PAGES=2: to the byte, the start then unaligned, which the kernels' loads and stores allow on x86);
+# before the start, an access stops once it passes the rest of the buffer's first page. Each allocation
 # is a mapping of its own of at least three pages (a debugging mode: slower, and bounded by the OS's map count).
 GUARD_PAGES = getenv("GUARD_PAGES", 0)
 PAGE = 4096
@@ -65,7 +66,7 @@ def _guarded_alloc(size: int) -> ctypes.Array:
     if mprotect(base, PAGE, PROT_NONE) != 0 or mprotect(base + PAGE + body, PAGE, PROT_NONE) != 0:
         munmap(base, total)
         raise MemoryError("can't protect the guard pages of an allocation")
-    start = base + PAGE + body - -(-size // ALIGN) * ALIGN
+    start = base + PAGE + body - (size if GUARD_PAGES >= 2 else -(-size // ALIGN) * ALIGN)
     ret = (ctypes.c_uint8 * size).from_address(start)
     ret._finalizer = weakref.finalize(ret, munmap, base, total)
     ret._finalizer.atexit = False

@@ -20,8 +20,8 @@ from fusegrad.dtype import dtypes
 from fusegrad.runtime.cpu_memory import ALIGN, address
 """
 
-def _run(body: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GUARD_PAGES": "1"}
+def _run(body: str, mode: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GUARD_PAGES": str(mode)}
     return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -66,4 +66,21 @@ def test_a_read_before_the_start_faults():
         print("not stopped", flush=True)
     """)
     assert r.stdout.split() == ["start"], (r.stdout, r.stderr)
+    assert r.returncode == -signal.SIGSEGV
+
+
+@pytest.mark.parametrize("size", [4, 100, 5001])
+def test_exact_mode_faults_on_the_first_byte_past_the_end(size):
+    r = _run(f"""
+        b = Buffer("CPU", {size}, dtypes.uint8).ensure_allocated()
+        p = address(b._buf)
+        ctypes.memset(p, 7, {size})
+        assert bytes(b.as_buffer()) == bytes([7]) * {size}
+        x = np.frombuffer(b.as_buffer(), dtype=np.uint8)
+        assert int(x.sum()) == 7 * {size}
+        print("written", flush=True)
+        ctypes.c_uint8.from_address(p + {size}).value
+        print("not stopped", flush=True)
+    """, mode=2)
+    assert r.stdout.split() == ["written"], (r.stdout, r.stderr)
     assert r.returncode == -signal.SIGSEGV
