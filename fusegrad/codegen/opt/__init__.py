@@ -469,20 +469,23 @@ class Kernel:
             self.tc_frame = None
         padded = UOp.range(-(-size // amt) * amt, r.arg[0], r.arg[1])
         ast = self.ast.substitute({r: padded})
-        # every access that varies with the loop is gated, so the padded iterations neither read nor write memory
+        # every access that varies with the loop is gated, so the padded iterations neither read nor write memory, and
+        # a padded iteration of a reduction contributes its identity. Rebuilt from the leaves up: an access inside
+        # another's index (a gather's index loaded from a concatenation) is gated in every place it is used (a
+        # substitution of the outer access would keep the inner one it was made from, ungated, reading past its
+        # buffer's end in the padded iterations)
+        from fusegrad.codegen.lower import identity_element
         inside = padded < size
-        gated = {}
+        varies: set[UOp] = set()
+        rebuilt: dict[UOp, UOp] = {}
         for u in ast.toposort():
-            if u.op is _INDEX and padded in u.toposort():
-                valid = inside if len(u.src) < 3 else u.src[2] & inside
-                gated[u] = u.replace(src=(u.src[0], u.src[1], valid))
-        ast = ast.substitute(gated)
-        if axis >= self.first_reduce:
-            # and a padded iteration of a reduction contributes its identity
-            from fusegrad.codegen.lower import identity_element
-            ast = ast.substitute({u: u.replace(src=(inside.where(u.src[0], identity_element(u.arg, u.dtype)),
-                                                    *u.src[1:]))
-                                  for u in ast.toposort() if u.op is _REDUCE and padded in u.src[1:]})
+            if u is padded or any(s in varies for s in u.src): varies.add(u)
+            src = tuple(rebuilt.get(s, s) for s in u.src)
+            if u.op is _INDEX and u in varies: src = (src[0], src[1], inside if len(src) < 3 else src[2] & inside)
+            elif u.op is _REDUCE and axis >= self.first_reduce and padded in u.src[1:]:
+                src = (inside.where(src[0], identity_element(u.arg, u.dtype)), *src[1:])
+            if src != u.src: rebuilt[u] = u.replace(src=src)
+        ast = rebuilt.get(ast, ast)
         self.ast = ast
         self.loops[axis] = padded
         self.useful *= size / range_size(padded)
