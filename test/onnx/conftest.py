@@ -25,3 +25,17 @@ def resnet_path(tmp_path_factory) -> str:
             export("resnet", tmp, 2)
             os.replace(tmp, path)
     return str(path)
+
+
+@pytest.fixture
+def region_outputs(monkeypatch) -> list[str]:
+    """The names of the ONNX nodes whose results the channels-last region records (layout.Region.output), in order."""
+    pytest.importorskip("onnx")
+    from fusegrad.onnx import layout
+    recorded: list[str] = []
+    original = layout.Region.output
+    def spy(self, name, out):
+        recorded.append(name)
+        return original(self, name, out)
+    monkeypatch.setattr(layout.Region, "output", spy)
+    return recorded

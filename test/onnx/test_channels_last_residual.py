@@ -53,15 +53,9 @@ def _model(batch: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_residual_blocks_match_onnxruntime(monkeypatch):
+def test_residual_blocks_match_onnxruntime(region_outputs):
     model = _model(8)
-    recorded: list[str] = []
-    original = layout.Region.output
-
-    def spy(self, name, out):
-        recorded.append(name)
-        return original(self, name, out)
-    monkeypatch.setattr(layout.Region, "output", spy)
+    recorded = region_outputs
     sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     jitted = OnnxRunner(model).jit()
     # (jit()'s first call runs the graph plainly, its second captures, its third replays)
