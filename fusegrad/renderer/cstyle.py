@@ -460,24 +460,26 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
         lane loop of fmaf is left scalar by gcc 12 at -O2, which made 16-lane kernels 16x slower.)"""
         if (x86 := self._x86_float_vector(dt)) is None: return None
-        (sfx, bits, mt), flags = x86, hostcpu.cpu().features
-        if bits == 512 and "avx512f" in flags:
-            vt, name = self.dtype_name(dt), f"fg_fma_{sfx}512"
-            return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b, {vt} c) "
-                                    f"{{ return __builtin_ia32_vfmadd{sfx}512_mask(a, b, c, ({mt})-1, 4); }}")
+        (sfx, bits, _), flags = x86, hostcpu.cpu().features
+        if bits == 512 and "avx512f" in flags: return self._avx512_unmasked(dt, "fma", f"vfmadd{sfx}", "a, b, c", 3)
         if bits in (128, 256) and "fma" in flags: return f"__builtin_ia32_vfmadd{sfx}{'256' if bits == 256 else ''}"
         return None
+
+    def _avx512_unmasked(self, dt: DType, what: str, builtin: str, operands: str, nargs: int) -> str:
+        """An inlined function `fg_<what>_<ps|pd>512` of `nargs` `dt` vectors calling the AVX-512 builtin
+        `__builtin_ia32_<builtin>512_mask` on `operands` with every lane in the mask and the current rounding mode."""
+        (sfx, _, mt), vt = self._x86_float_vector(dt), self.dtype_name(dt)  # type: ignore[misc]
+        name, params = f"fg_{what}_{sfx}512", ", ".join(f"{vt} {chr(97 + i)}" for i in range(nargs))
+        return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({params}) "
+                                f"{{ return __builtin_ia32_{builtin}512_mask({operands}, ({mt})-1, 4); }}")
 
     def _native_sqrt(self, dt: DType) -> str | None:
         """The x86 square root of a float vector that fills a whole register, if the CPU has one: correctly rounded as
         each lane's sqrt is. (The lane helper's initializer becomes one instruction only where gcc's SLP vectorizer
         runs: at the quick tier's -Og it stayed 16 scalar roots, and took a third of an Adam kernel's compile time.)"""
         if (x86 := self._x86_float_vector(dt)) is None: return None
-        (sfx, bits, mt), flags = x86, hostcpu.cpu().features
-        if bits == 512 and "avx512f" in flags:
-            vt, name = self.dtype_name(dt), f"fg_sqrt_{sfx}512"
-            return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({vt} a) "
-                                    f"{{ return __builtin_ia32_sqrt{sfx}512_mask(a, a, ({mt})-1, 4); }}")
+        (sfx, bits, _), flags = x86, hostcpu.cpu().features
+        if bits == 512 and "avx512f" in flags: return self._avx512_unmasked(dt, "sqrt", f"sqrt{sfx}", "a, a", 1)
         if bits == 256 and "avx" in flags: return f"__builtin_ia32_sqrt{sfx}256"
         if bits == 128: return f"__builtin_ia32_sqrt{sfx}"   # (SSE and SSE2 are part of x86-64)
         return None
