@@ -51,8 +51,16 @@ def _target_machine(opt: int, jit: bool = False) -> Any:
                                                                  codemodel="jitdefault" if jit else "default",
                                                                  jit=jit)
 
-# llvmlite's global state (the context modules are parsed into, pass builders) isn't safe to use from several threads
-_lock = threading.Lock()
+# llvmlite's global state (the context modules are parsed into, pass builders) isn't safe to use from several threads.
+# Every use holds this lock, and so does every disposal: an object freed by the garbage collector on another thread
+# would otherwise delete from the global context while a compile thread parses into it. Reentrant, because a collection
+# can run a finalizer on a thread that already holds it (between two llvmlite calls, where that is safe).
+_lock = threading.RLock()
+
+def _close_locked(lock: Any, obj: Any) -> None:
+    """Dispose of a llvmlite object under `lock` (a finalizer's: given everything it uses, since this module's globals
+    may be gone when it runs)."""
+    with lock: obj.close()
 
 class LLVMCompiler(Compiler):
     """LLVM IR text -> object file bytes (ELF for the host), for the host CPU's features (AVX2, AVX-512 where present).
@@ -72,15 +80,18 @@ class LLVMCompiler(Compiler):
                          f"{triple}|{cpu}|{features}|O{self.opt}")
 
     def _optimize(self, llvm: Any, mod: Any) -> None:
-        pb = llvm.create_pass_builder(self.tm, llvm.create_pipeline_tuning_options(speed_level=max(self.opt, 1)))
-        if self.opt >= 2:
-            pb.getModulePassManager().run(mod, pb)
-            return
-        mpm = llvm.create_new_module_pass_manager()
-        for add in (mpm.add_always_inliner_pass, mpm.add_sroa_pass, mpm.add_instruction_combine_pass,
-                    mpm.add_simplify_cfg_pass, mpm.add_new_gvn_pass, mpm.add_instruction_combine_pass,
-                    mpm.add_loop_rotate_pass, mpm.add_simplify_cfg_pass): add()
-        mpm.run(mod, pb)
+        """Run the pass pipeline of this level on `mod` (under the lock; its objects are freed before it returns)."""
+        tuning = llvm.create_pipeline_tuning_options(speed_level=max(self.opt, 1))
+        pb = llvm.create_pass_builder(self.tm, tuning)
+        mpm = pb.getModulePassManager() if self.opt >= 2 else llvm.create_new_module_pass_manager()
+        try:
+            if self.opt < 2:
+                for add in (mpm.add_always_inliner_pass, mpm.add_sroa_pass, mpm.add_instruction_combine_pass,
+                            mpm.add_simplify_cfg_pass, mpm.add_new_gvn_pass, mpm.add_instruction_combine_pass,
+                            mpm.add_loop_rotate_pass, mpm.add_simplify_cfg_pass): add()
+            mpm.run(mod, pb)
+        finally:
+            for obj in (mpm, pb, tuning): obj.close()
 
     def compile(self, src: str) -> bytes:
         llvm = _llvm()
@@ -90,9 +101,11 @@ class LLVMCompiler(Compiler):
                 mod.verify()
             except RuntimeError as e:
                 raise CompileError(f"invalid LLVM IR: {e}\n--- source ---\n{numbered(src)}") from e
-            mod.triple, mod.data_layout = _host()[0], str(self.tm.target_data)
-            self._optimize(llvm, mod)
-            return bytes(self.tm.emit_object(mod))
+            try:
+                mod.triple, mod.data_layout = _host()[0], str(self.tm.target_data)
+                self._optimize(llvm, mod)
+                return bytes(self.tm.emit_object(mod))
+            finally: mod.close()   # (here, under the lock: left to the collector it would be freed after the lock)
 
     def validate(self, lib: bytes) -> bool: return elf_is_whole(lib, ET_REL)
 
@@ -118,19 +131,19 @@ class LLVMProgram(CPUProgram):
     The engine, which owns the code's memory, is freed when the program is dropped."""
     def _load(self, name: str, lib: bytes) -> Any:
         llvm = _llvm()
-        # MCJIT aborts the process on a symbol it can't resolve, so check them first and raise instead
-        if missing := [s for s in undefined_symbols(lib) if not llvm.address_of_symbol(s)]:
-            raise RuntimeError(f"kernel {name} needs symbols this process doesn't have: {', '.join(missing)}")
         with _lock:
+            # MCJIT aborts the process on a symbol it can't resolve, so check them first and raise instead
+            if missing := [s for s in undefined_symbols(lib) if not llvm.address_of_symbol(s)]:
+                raise RuntimeError(f"kernel {name} needs symbols this process doesn't have: {', '.join(missing)}")
             host = llvm.parse_assembly("")
             host.triple = _host()[0]
             engine = llvm.create_mcjit_compiler(host, _target_machine(2, jit=True))   # owns the target machine
             engine.add_object_file(llvm.ObjectFileRef.from_data(lib))
             engine.finalize_object()
             addr = engine.get_function_address(name)
-        # the finalizer holds only the engine's own close (nothing from this module's globals, which may be gone at
-        # interpreter shutdown); at exit the OS takes the memory back, so it doesn't run then
-        weakref.finalize(self, engine.close).atexit = False
+        # the engine is closed under the lock (see _lock) when this program is dropped; at exit the OS takes the memory
+        # back, so the finalizer doesn't run then
+        weakref.finalize(self, _close_locked, _lock, engine).atexit = False
         if not addr: raise RuntimeError(f"the object code has no function {name!r}")
         self._engine = engine
         return ctypes.CFUNCTYPE(None)(addr)
