@@ -539,7 +539,9 @@ class TinyJit(Generic[R]):
         if not rec.items:
             raise JitError("TinyJit function ran no kernels while it was captured, so there is nothing to replay "
                            "(its results were all computed before the call, or are its inputs): call it undecorated")
-        owner = {id(b): n for n, t in inputs.tensors for b in _base_buffers(t)}
+        # (the buffers the inputs had before the call: an input the function assigned to without realizing it is an
+        # ASSIGN now, no buffer)
+        owner = {id(b): n for b, n in zip(inputs.buffers, [s[0] for s in inputs.sig for _ in s[4]])}
         for x in leaves:
             if isinstance(x, Tensor) and _in_buffers(x) and (hit := [owner[id(b)] for b in _base_buffers(x)
                                                                      if id(b) in owner]):
