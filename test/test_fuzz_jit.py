@@ -11,7 +11,8 @@ Each seed also draws how the function is called (`Case`):
   buffer's new contents);
 - some inputs are passed as windows of a bigger buffer at an offset given by a bound `Variable`, another offset each
   call (the rest of the buffer holds NaN or a sentinel, so a read outside the window shows);
-- the first output is returned twice, a Python scalar argument scales an extra output, and the results of every call
+- a copy of an argument is returned too, the first output is returned twice, a Python scalar argument scales an
+  extra output, and the results of every call
   are kept and checked again after the last call (a replay must not overwrite an earlier call's results) or dropped
   at once (the next replay may reuse their memory).
 Outputs that are views of an argument are not returned by the main function: fusegrad refuses them (tinygrad 0.14
@@ -51,6 +52,7 @@ class Case:
     outside: set[str]                # read-only inputs closed over and rewritten before each call
     windows: dict[str, int] = field(default_factory=dict)   # input -> rows of the bigger buffer it is a window of
     realize_args: bool = False       # the assigns to arguments are realized inside (and checked after each call)
+    copy: str | None = None          # an argument (read-only) whose copy is returned too
     twice: bool = False              # the first output is returned twice
     scalar: float | None = None      # a Python scalar argument multiplying an extra output
     keep: bool = False               # keep every call's results and check them again at the end
@@ -62,8 +64,8 @@ class Case:
 
     def describe(self) -> str:
         return (f"calls={self.calls} state={sorted(self.state)} args={self.args} outside={sorted(self.outside)} "
-                f"windows={self.windows} realize_args={self.realize_args} twice={self.twice} scalar={self.scalar} "
-                f"keep={self.keep}")
+                f"windows={self.windows} realize_args={self.realize_args} copy={self.copy} twice={self.twice} "
+                f"scalar={self.scalar} keep={self.keep}")
 
 def _parse_input(expr: str) -> tuple[tuple[int, ...], str, int]:
     shape, dt, seed = eval(expr, {"make_input": lambda s, d, seed: (tuple(s), d, seed)})
@@ -85,9 +87,10 @@ def make_case(seed: int) -> Case:
     if len(state) == len(inputs): state.discard(sorted(state)[0])
     windows = {n: rs.randint(1, 4) for n, shape, _, _ in inputs
                if n in free and n not in outside and len(shape) >= 1 and rs.random() < 0.25}
+    copies = [n for n, shape, _, _ in inputs if n in free and n not in outside and len(shape) >= 1 and shape[0] > 1]
     first_float = any(_out_dt(prog, o) == "float32" for o in prog.outputs)
     return Case(prog, rs.choice(CALLS), inputs, targets, state, outside, windows, realize_args=rs.random() < 0.6,
-                twice=rs.random() < 0.25,
+                copy=rs.choice(copies) if copies and rs.random() < 0.3 else None, twice=rs.random() < 0.25,
                 scalar=rs.choice(CONSTS) if first_float and rs.random() < 0.3 else None, keep=rs.random() < 0.5)
 
 def _out_dt(prog: Program, name: str) -> str:
@@ -114,6 +117,8 @@ def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> 
         env.update(zip(names, args))
         for v, e in body: env[v] = eval(e, env)
         outs = [env[o] for o in outputs]
+        # (a flipped copy: the contiguous() of a contiguous tensor is that tensor, in tinygrad too)
+        if case.copy is not None: outs.append(env[case.copy].flip(0).contiguous())
         if scaled is not None: outs.append(env[scaled] * args[len(names)])
         if case.twice: outs.append(outs[0])
         # the state's assigns are realized inside, as an optimizer step does: a capture records only the kernels that
@@ -199,11 +204,14 @@ class Outcome:
 def _expected(case: Case, outputs: list[str], ref: dict[str, Ref]) -> tuple[list[str], dict[str, Ref]]:
     """The names and references of the returned tuple's entries."""
     names, exp = list(outputs), {o: ref[o] for o in outputs}
+    if case.copy is not None:
+        names.append(f"{case.copy}.flip(0)")
+        exp[names[-1]] = ref[case.copy].flip(0)
     scaled = _scaled(case)
     if scaled is not None:
         names.append("scaled")
         exp["scaled"] = ref[scaled] * case.scalar
-    if case.twice: names.append(outputs[0] + "(again)"); exp[names[-1]] = ref[outputs[0]]
+    if case.twice: names.append(names[0] + "(again)"); exp[names[-1]] = exp[names[0]]
     return names, exp
 
 def _check(case: Case, names: list[str], got: tuple, exp: dict[str, Ref], tag: str) -> list[str]:
@@ -218,7 +226,7 @@ def run_case(case: Case) -> Outcome:
     problems: list[str] = []
     closed = {n: Tensor(calls[0].data[n].copy()).realize() for n in case.state | case.outside}
     fn = make_function(case, closed, outputs)
-    if not outputs and case.scalar is None:
+    if not outputs and case.scalar is None and case.copy is None:
         return Outcome(case, True, "every output is a view of an argument")
     jit = TinyJit(fn)
     kept: list[tuple[int, list[str], tuple, dict[str, Ref]]] = []
@@ -341,7 +349,8 @@ if __name__ == "__main__":
         lo, hi = (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else (0, 200)
         st, failing = time.perf_counter(), []
         for s in range(lo, hi):
-            out = run_case(make_case(s))
+            try: out = run_case(make_case(s))
+            except Exception: out = Outcome(make_case(s), False, f"the fuzzer raised:\n{traceback.format_exc()}")
             if not out.ok:
                 failing.append(s)
                 print(report(out)[:3000], flush=True)
