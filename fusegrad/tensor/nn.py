@@ -642,10 +642,11 @@ class NNMixin:
         o_, extra = [], []
         for i, k, s, d, (b, a) in zip(i_, k_, s_, d_, pairs):
             span = i + b + a - d * (k - 1) - 1
-            if span < 0: raise ValueError(f"{name}: kernel {k_} is larger than the padded input {i_}")
             o = (-(-span // s) if ceil_mode else span // s) + 1
             # the last window must start inside the input or the left padding
             if ceil_mode and (o - 1) * s >= i + b: o -= 1
+            # (with ceil_mode, as torch, one window may reach past the end of an input shorter than the kernel)
+            if o < 1: raise ValueError(f"{name}: kernel {k_} is larger than the padded input {i_}")
             o_.append(o)
             extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (i + b + a)))
         return k_, s_, d_, pairs, extra, tuple(o_)

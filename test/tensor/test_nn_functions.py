@@ -151,6 +151,20 @@ def test_max_pool2d_ties_go_to_the_first_maximum(kw):
     x[0, 0, 0, 0] = np.nan
     check(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), x)
 
+@pytest.mark.parametrize("h,kw", [(3, dict(kernel_size=(3, 1), dilation=2, ceil_mode=True)),
+                                  (2, dict(kernel_size=(2, 2), stride=2, dilation=(2, 1), ceil_mode=True))], ids=str)
+def test_ceil_mode_window_longer_than_the_input(h, kw):
+    # (fuzz_torch seeds 137, 238) the dilated kernel spans more rows than the input has: with ceil_mode torch still
+    # makes one window, reaching past the end; fusegrad refused the shape
+    x = np.random.default_rng(5).permutation(2 * 3 * h * 7).reshape(2, 3, h, 7).astype(np.float32) / 10
+    check(lambda x: x.max_pool2d(**kw), lambda x: F.max_pool2d(x, **kw), x)
+    for cip in (True, False):
+        check(lambda x: x.avg_pool2d((h + 1, 1), ceil_mode=True, count_include_pad=cip),
+              lambda x: F.avg_pool2d(x, (h + 1, 1), ceil_mode=True, count_include_pad=cip), x)
+    # without ceil_mode there is no window, as torch's "output size is too small"
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        Tensor(x).max_pool2d(**dict(kw, ceil_mode=False))
+
 def test_clamps_pass_the_gradient_of_nan_as_torch():
     x = np.array([np.nan, -2.0, -0.5, 0.0, 0.5, 2.0, 7.0], np.float32)
     check(lambda x: x.relu(), lambda x: F.relu(x), x)
