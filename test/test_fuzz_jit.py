@@ -11,10 +11,10 @@ Each seed also draws how the function is called (`Case`):
   buffer's new contents);
 - some inputs are passed as windows of a bigger buffer at an offset given by a bound `Variable`, another offset each
   call (the rest of the buffer holds NaN or a sentinel, so a read outside the window shows);
-- a copy of an argument is returned too, the first output is returned twice, a Python scalar argument scales an
-  extra output, and the results of every call
-  are kept and checked again after the last call (a replay must not overwrite an earlier call's results) or dropped
-  at once (the next replay may reuse their memory).
+- TinyJit's prune=True or verify=2 now and then; a copy of an argument is returned too, the first output is
+  returned twice, a Python scalar argument scales an extra output, and the results of every call are kept and checked
+  again after the last call (a replay must not overwrite an earlier call's results) or dropped at once (the next
+  replay may reuse their memory).
 Outputs that are views of an argument are not returned by the main function: fusegrad refuses them (tinygrad 0.14
 hands back the capture call's tensor). Such misuse is checked separately: returning an argument, the same tensor
 passed as two arguments, a Python scalar argument that changes (tinygrad replays the captured value silently) must
@@ -56,6 +56,8 @@ class Case:
     twice: bool = False              # the first output is returned twice
     scalar: float | None = None      # a Python scalar argument multiplying an extra output
     keep: bool = False               # keep every call's results and check them again at the end
+    prune: bool = False              # TinyJit(prune=True): kernels computing the same values every call run once
+    verify: int | None = None        # TinyJit(verify=n): replays 1, n, 2n... also run eagerly and compare
 
     @property
     def args(self) -> list[str]:
@@ -65,7 +67,7 @@ class Case:
     def describe(self) -> str:
         return (f"calls={self.calls} state={sorted(self.state)} args={self.args} outside={sorted(self.outside)} "
                 f"windows={self.windows} realize_args={self.realize_args} copy={self.copy} twice={self.twice} "
-                f"scalar={self.scalar} keep={self.keep}")
+                f"scalar={self.scalar} keep={self.keep} prune={self.prune} verify={self.verify}")
 
 def _parse_input(expr: str) -> tuple[tuple[int, ...], str, int]:
     shape, dt, seed = eval(expr, {"make_input": lambda s, d, seed: (tuple(s), d, seed)})
@@ -91,7 +93,9 @@ def make_case(seed: int) -> Case:
     first_float = any(_out_dt(prog, o) == "float32" for o in prog.outputs)
     return Case(prog, rs.choice(CALLS), inputs, targets, state, outside, windows, realize_args=rs.random() < 0.6,
                 copy=rs.choice(copies) if copies and rs.random() < 0.3 else None, twice=rs.random() < 0.25,
-                scalar=rs.choice(CONSTS) if first_float and rs.random() < 0.3 else None, keep=rs.random() < 0.5)
+                scalar=rs.choice(CONSTS) if first_float and rs.random() < 0.3 else None, keep=rs.random() < 0.5,
+                # (prune assumes what the kept kernels don't read as inputs never changes: no input rewritten outside)
+                prune=not outside and rs.random() < 0.2, verify=2 if rs.random() < 0.15 else None)
 
 def _out_dt(prog: Program, name: str) -> str:
     env: dict[str, Any] = dict(REF_ENV)
@@ -228,7 +232,7 @@ def run_case(case: Case) -> Outcome:
     fn = make_function(case, closed, outputs)
     if not outputs and case.scalar is None and case.copy is None:
         return Outcome(case, True, "every output is a view of an argument")
-    jit = TinyJit(fn)
+    jit = TinyJit(fn, prune=case.prune, verify=case.verify)
     kept: list[tuple[int, list[str], tuple, dict[str, Ref]]] = []
     scalar = [case.scalar] if case.scalar is not None else []
     for k, call in enumerate(calls):
