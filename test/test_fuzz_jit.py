@@ -11,6 +11,8 @@ Each seed also draws how the function is called (`Case`):
   buffer's new contents);
 - some inputs are passed as windows of a bigger buffer at an offset given by a bound `Variable`, another offset each
   call (the rest of the buffer holds NaN or a sentinel, so a read outside the window shows);
+- some inputs are the maximum over the rows of a stack argument whose number of rows is a bound `Variable`, another
+  value each call (a symbolic shape: the rows past it hold NaN or a sentinel);
 - TinyJit's prune=True or verify=2 now and then; a copy of an argument is returned too, the first output is
   returned twice, a Python scalar argument scales an extra output, and the results of every call are kept and checked
   again after the last call (a replay must not overwrite an earlier call's results) or dropped at once (the next
@@ -51,6 +53,9 @@ class Case:
     state: set[str]                  # inputs closed over, updated by the function's assigns (state)
     outside: set[str]                # read-only inputs closed over and rewritten before each call
     windows: dict[str, int] = field(default_factory=dict)   # input -> rows of the bigger buffer it is a window of
+    # input -> the most rows of the stack it is the maximum of: the argument is a stack of a symbolic number of rows
+    # (a bound Variable, another value each call) and the function reduces it to the input
+    stacks: dict[str, int] = field(default_factory=dict)
     realize_args: bool = False       # the assigns to arguments are realized inside (and checked after each call)
     copy: str | None = None          # an argument (read-only) whose copy is returned too
     twice: bool = False              # the first output is returned twice
@@ -66,8 +71,8 @@ class Case:
 
     def describe(self) -> str:
         return (f"calls={self.calls} state={sorted(self.state)} args={self.args} outside={sorted(self.outside)} "
-                f"windows={self.windows} realize_args={self.realize_args} copy={self.copy} twice={self.twice} "
-                f"scalar={self.scalar} keep={self.keep} prune={self.prune} verify={self.verify}")
+                f"windows={self.windows} stacks={self.stacks} realize_args={self.realize_args} copy={self.copy} "
+                f"twice={self.twice} scalar={self.scalar} keep={self.keep} prune={self.prune} verify={self.verify}")
 
 def _parse_input(expr: str) -> tuple[tuple[int, ...], str, int]:
     shape, dt, seed = eval(expr, {"make_input": lambda s, d, seed: (tuple(s), d, seed)})
@@ -89,10 +94,13 @@ def make_case(seed: int) -> Case:
     if len(state) == len(inputs): state.discard(sorted(state)[0])
     windows = {n: rs.randint(1, 4) for n, shape, _, _ in inputs
                if n in free and n not in outside and len(shape) >= 1 and rs.random() < 0.25}
+    stacks = {n: rs.randint(2, 5) for n, shape, _, _ in inputs
+              if n in free and n not in outside and n not in windows and rs.random() < 0.2}
     copies = [n for n, shape, _, _ in inputs if n in free and n not in outside and len(shape) >= 1 and shape[0] > 1]
     first_float = any(_out_dt(prog, o) == "float32" for o in prog.outputs)
-    return Case(prog, rs.choice(CALLS), inputs, targets, state, outside, windows, realize_args=rs.random() < 0.6,
-                copy=rs.choice(copies) if copies and rs.random() < 0.3 else None, twice=rs.random() < 0.25,
+    return Case(prog, rs.choice(CALLS), inputs, targets, state, outside, windows, stacks,
+                realize_args=rs.random() < 0.6, copy=rs.choice(copies) if copies and rs.random() < 0.3 else None,
+                twice=rs.random() < 0.25,
                 scalar=rs.choice(CONSTS) if first_float and rs.random() < 0.3 else None, keep=rs.random() < 0.5,
                 # (prune assumes what the kept kernels don't read as inputs never changes: no input rewritten outside)
                 prune=not outside and rs.random() < 0.2, verify=2 if rs.random() < 0.15 else None)
@@ -119,6 +127,7 @@ def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> 
     def fn(*args: Any) -> tuple:
         env: dict[str, Any] = dict(FG_ENV, **closed)
         env.update(zip(names, args))
+        for n in case.stacks: env[n] = env[n].max(axis=0)
         for v, e in body: env[v] = eval(e, env)
         outs = [env[o] for o in outputs]
         # (a flipped copy: the contiguous() of a contiguous tensor is that tensor, in tinygrad too)
@@ -146,16 +155,27 @@ class CallData:
     salt: int
     data: dict[str, np.ndarray]      # input name -> this call's data (state: its value before the call)
     ref: dict[str, Ref]              # every program variable on the reference
-    offsets: dict[str, int]
+    offsets: dict[str, int]          # window input -> its offset in this call
+    lengths: dict[str, int]          # stack input -> its rows in this call
+    stacks: dict[str, np.ndarray]    # stack input -> the whole stack (rows past the length: NaN or a sentinel)
 
-def reference_call(case: Case, salt: int, state: dict[str, Ref]) -> dict[str, Ref] | None:
+def _stack(case: Case, name: str, shape: tuple[int, ...], dt: str, seed: int, rows: int) -> np.ndarray:
+    st = _data((case.stacks[name],) + shape, dt, seed)
+    st[rows:] = np.nan if dt == "float32" else SENTINEL_INT
+    return st
+
+def _input_data(case: Case, name: str, shape: tuple[int, ...], dt: str, seed: int, lengths: dict[str, int]) -> Any:
+    if name not in case.stacks: return _data(shape, dt, seed)
+    return _stack(case, name, shape, dt, seed, lengths[name])[:lengths[name]].max(axis=0)
+
+def reference_call(case: Case, salt: int, state: dict[str, Ref], lengths: dict[str, int]) -> dict[str, Ref] | None:
     """The program's variables on NumPy for this call's data (state inputs: their carried values)."""
     env: dict[str, Any] = dict(REF_ENV)
     try:
         for v, e in case.prog.lines:
             if e.startswith("make_input("):
                 shape, dt, seed = _parse_input(e)
-                env[v] = state[v] if v in state else Ref(_data(shape, dt, seed + salt))
+                env[v] = state[v] if v in state else Ref(_input_data(case, v, shape, dt, seed + salt, lengths))
             else:
                 env[v] = eval(e, env)
                 Generator._check(env[v])
@@ -164,25 +184,35 @@ def reference_call(case: Case, salt: int, state: dict[str, Ref]) -> dict[str, Re
 
 def plan_calls(case: Case) -> list[CallData]:
     """Each call's data and reference, the state carried from call to call; stops at a call no data makes
-    well-conditioned (the first call's data is the generator's, which it vetted)."""
+    well-conditioned (the first call's data is the generator's, which it vetted, unless an input is the maximum of
+    a stack)."""
     rs = random.Random(case.prog.seed + 99)
     state = {n: Ref(_data(shape, dt, seed)) for n, shape, dt, seed in case.inputs if n in case.state}
     calls: list[CallData] = []
     for k in range(case.calls):
-        for j in range(SALT_TRIES if k else 1):
+        for j in range(SALT_TRIES if k or case.stacks else 1):
             salt = (k * SALT_TRIES + j) * RERUN_SALT
-            ref = reference_call(case, salt, state)
+            lengths = {n: rs.randint(1, rows) for n, rows in case.stacks.items()}
+            ref = reference_call(case, salt, state, lengths)
             if ref is not None: break
         else: break
         data = {n: (state[n].v.astype(np.float32 if dt == "float32" else dt) if n in case.state else
-                    _data(shape, dt, seed + salt)) for n, shape, dt, seed in case.inputs}
+                    _input_data(case, n, shape, dt, seed + salt, lengths)) for n, shape, dt, seed in case.inputs}
         offsets = {n: rs.randint(0, extra) for n, extra in case.windows.items()}
-        calls.append(CallData(salt, data, ref, offsets))
+        stacks = {n: _stack(case, n, shape, dt, seed + salt, lengths[n]) for n, shape, dt, seed in case.inputs
+                  if n in case.stacks}
+        calls.append(CallData(salt, data, ref, offsets, lengths, stacks))
         state = {n: ref[case.targets[n]] for n in case.state}
     return calls
 
-def _argument(case: Case, name: str, data: np.ndarray, offset: int | None) -> Any:
-    if offset is None: return Tensor(data.copy()).realize()
+def _argument(case: Case, call: CallData, name: str) -> Any:
+    data = call.data[name]
+    if name in case.stacks:
+        st = Tensor(call.stacks[name].copy()).realize()
+        n = Variable(f"rows_{name}", 1, case.stacks[name]).bind(call.lengths[name])
+        return st.shrink(((0, n),) + tuple((0, s) for s in data.shape))
+    if name not in case.windows: return Tensor(data.copy()).realize()
+    offset = call.offsets[name]
     big = Tensor(_window(case, name, data, offset)).realize()
     v = Variable(f"off_{name}", 0, case.windows[name]).bind(offset)
     return big.shrink(((v, v + data.shape[0]),) + tuple((0, s) for s in data.shape[1:]))
@@ -192,7 +222,7 @@ def _views_of(t: Tensor, bases: list[Any]) -> bool: return any(t.uop.base is b f
 def views_of_arguments(case: Case, call: CallData) -> list[str]:
     """The program's outputs that are (views of) an argument: found by running the function eagerly."""
     closed = {n: Tensor(call.data[n].copy()).realize() for n in case.state | case.outside}
-    args = [_argument(case, n, call.data[n], call.offsets.get(n)) for n in case.args]
+    args = [_argument(case, call, n) for n in case.args]
     outs = make_function(case, closed, case.prog.outputs)(*args, *([case.scalar] if case.scalar is not None else []))
     Tensor.realize(*outs)
     bases = [a.uop.base for a in args]
@@ -224,6 +254,7 @@ def _check(case: Case, names: list[str], got: tuple, exp: dict[str, Ref], tag: s
 
 def run_case(case: Case) -> Outcome:
     calls = plan_calls(case)
+    if not calls: return Outcome(case, True, "no data of the stacks' rows makes the program well-conditioned")
     try: arg_views = views_of_arguments(case, calls[0])
     except Exception: return Outcome(case, False, f"the eager run raised:\n{traceback.format_exc()}")
     outputs = [o for o in case.prog.outputs if o not in arg_views]
@@ -244,7 +275,7 @@ def run_case(case: Case) -> Outcome:
                 got_state = closed[n].numpy()
                 problems += [f"{tag} state {p}" for p in compare(Program(0, outputs=[n]), {n: got_state},
                                                                   {n: Ref(call.data[n])})]
-        args = [_argument(case, n, call.data[n], call.offsets.get(n)) for n in case.args]
+        args = [_argument(case, call, n) for n in case.args]
         try: got = jit(*args, *scalar)
         except Exception: return Outcome(case, False, f"{tag} fusegrad raised:\n{traceback.format_exc()}", k - 2)
         names, exp = _expected(case, outputs, call.ref)
@@ -283,14 +314,14 @@ def misuse(case: Case, jit: TinyJit, calls: list[CallData], arg_views: list[str]
     if len(calls) < 3: return []
     problems: list[str] = []
     call = calls[-1]
-    args = lambda: [_argument(case, n, call.data[n], call.offsets.get(n)) for n in case.args]  # noqa: E731
+    args = lambda: [_argument(case, call, n) for n in case.args]  # noqa: E731
     scalar = [case.scalar] if case.scalar is not None else []
     if case.scalar is not None:
         other = case.scalar + 1.0
         if (p := _raises(lambda: jit(*args(), other), "changed from")) is not None:
             problems.append(f"[a changed scalar argument] {p}")
     same = [(i, j) for i, a in enumerate(case.args) for j, b in enumerate(case.args) if i < j and
-            a not in case.windows and b not in case.windows and call.data[a].shape == call.data[b].shape and
+            not {a, b} & (case.windows.keys() | case.stacks.keys()) and call.data[a].shape == call.data[b].shape and
             call.data[a].dtype == call.data[b].dtype]
     if same:
         i, j = same[0]
