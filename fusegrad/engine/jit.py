@@ -526,7 +526,10 @@ class TinyJit(Generic[R]):
                                "an integer), or reset() to capture again")
 
     def _capture(self, args: tuple, kwargs: dict, inputs: _Inputs) -> Any:
-        before = {id(b) for b in buffer_map.values()}
+        # (weak references, not ids alone: a buffer alive now may die during the call, and a buffer made in the call
+        # may then get its id)
+        before = {id(b): weakref.ref(b) for b in buffer_map.values()}
+        def existed(b: Buffer) -> bool: return (r := before.get(id(b))) is not None and r() is b
         rng_before = Tensor._rng_counter
         rec = CaptureRecorder()
         _realize.capturing.append(rec)
@@ -559,15 +562,17 @@ class TinyJit(Generic[R]):
         for x in leaves:
             if isinstance(x, Tensor) and _in_buffers(x):
                 for b in _base_buffers(x):
-                    if id(b) not in before: self._fresh[id(b)] = b
+                    if not existed(b): self._fresh[id(b)] = b
         self._fresh_devices = {bid: UOp(Ops.DEVICE, arg=b.device) for bid, b in self._fresh.items()}
         self._out_chains = [self._chain(x) for x in leaves]
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
         self._rng_first = rng_before
-        self._state_ids = before
+        # the captured buffers that existed before the call (state), by id: the items hold them, so no other buffer
+        # has one of these ids while the TinyJit keeps them
+        self._state_ids = {id(b) for ei in self.jit_cache for b in ei.bufs if b is not None and existed(b)}
         if self.prune:
-            self.jit_cache = self._pruned(self.jit_cache, before)
+            self.jit_cache = self._pruned(self.jit_cache, self._state_ids)
             self._bounded = [ei for ei in self.jit_cache if ei.prg is not None and ei.prg.bounds is not None]
         if self.verify or (self.verify is None and JIT_VERIFY): _verify.note_external(self, inputs)
         self.cnt = 2
