@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 import numpy as np
 import pytest
-from fusegrad import Tensor, TinyJit, Variable
+from fusegrad import GlobalCounters, Tensor, TinyJit, Variable
 from fusegrad.engine.jit import JitError
 from test.test_fuzz_programs import (CONSTS, FG_ENV, REF_ENV, RERUN_SALT, Generator, Program, Ref, Reject,
                                      compare, generate, input_array)
@@ -219,14 +219,19 @@ def _argument(case: Case, call: CallData, name: str) -> Any:
 
 def _views_of(t: Tensor, bases: list[Any]) -> bool: return any(t.uop.base is b for b in bases)
 
-def views_of_arguments(case: Case, call: CallData) -> list[str]:
-    """The program's outputs that are (views of) an argument: found by running the function eagerly."""
-    closed = {n: Tensor(call.data[n].copy()).realize() for n in case.state | case.outside}
-    args = [_argument(case, call, n) for n in case.args]
-    outs = make_function(case, closed, case.prog.outputs)(*args, *([case.scalar] if case.scalar is not None else []))
-    Tensor.realize(*outs)
+def views_of_arguments(case: Case, call: CallData) -> tuple[list[str], int]:
+    """The program's outputs that are (views of) an argument, and how many kernels the function runs without them:
+    found by running the function eagerly."""
+    def run(outputs: list[str]) -> tuple[list[Tensor], list[Tensor], int]:
+        closed = {n: Tensor(call.data[n].copy()).realize() for n in case.state | case.outside}
+        args = [_argument(case, call, n) for n in case.args]
+        k0 = GlobalCounters.kernel_count
+        outs = make_function(case, closed, outputs)(*args, *([case.scalar] if case.scalar is not None else []))
+        return args, outs, GlobalCounters.kernel_count - k0
+    args, outs, _ = run(case.prog.outputs)
     bases = [a.uop.base for a in args]
-    return [o for o, t in zip(case.prog.outputs, outs) if _views_of(t, bases)]
+    views = [o for o, t in zip(case.prog.outputs, outs) if _views_of(t, bases)]
+    return views, run([o for o in case.prog.outputs if o not in views])[2]
 
 @dataclass
 class Outcome:
@@ -255,7 +260,7 @@ def _check(case: Case, names: list[str], got: tuple, exp: dict[str, Ref], tag: s
 def run_case(case: Case) -> Outcome:
     calls = plan_calls(case)
     if not calls: return Outcome(case, True, "no data of the stacks' rows makes the program well-conditioned")
-    try: arg_views = views_of_arguments(case, calls[0])
+    try: arg_views, kernels = views_of_arguments(case, calls[0])
     except Exception: return Outcome(case, False, f"the eager run raised:\n{traceback.format_exc()}")
     outputs = [o for o in case.prog.outputs if o not in arg_views]
     problems: list[str] = []
@@ -264,6 +269,11 @@ def run_case(case: Case) -> Outcome:
     if not outputs and case.scalar is None and case.copy is None:
         return Outcome(case, True, "every output is a view of an argument")
     jit = TinyJit(fn, prune=case.prune, verify=case.verify)
+    if kernels == 0:   # every result is a view of a tensor closed over (fusegrad realizes no kernel for a view)
+        problems = [p for p in [_raises(lambda: [jit(*[_argument(case, c, n) for n in case.args],
+                                                     *([case.scalar] if case.scalar is not None else []))
+                                                 for c in calls[:2]], "ran no kernels")] if p is not None]
+        return Outcome(case, not problems, "\n".join(f"[a function that runs no kernel] {p}" for p in problems))
     kept: list[tuple[int, list[str], tuple, dict[str, Ref]]] = []
     scalar = [case.scalar] if case.scalar is not None else []
     for k, call in enumerate(calls):
