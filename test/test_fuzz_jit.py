@@ -222,14 +222,16 @@ def _views_of(t: Tensor, bases: list[Any]) -> bool: return any(t.uop.base is b f
 def views_of_arguments(case: Case, call: CallData) -> tuple[list[str], int]:
     """The program's outputs that are (views of) an argument, and how many kernels the function runs without them:
     found by running the function eagerly."""
-    def run(outputs: list[str]) -> tuple[list[Tensor], list[Tensor], int]:
+    def run(outputs: list[str]) -> tuple[list[Any], list[Tensor], int]:
         closed = {n: Tensor(call.data[n].copy()).realize() for n in case.state | case.outside}
         args = [_argument(case, call, n) for n in case.args]
+        # (the buffers before the call: realizing a view of a Variable-bounded window inside makes the window a copy,
+        # and the argument tensor then holds the copy)
+        bases = [a.uop.base for a in args]
         k0 = GlobalCounters.kernel_count
         outs = make_function(case, closed, outputs)(*args, *([case.scalar] if case.scalar is not None else []))
-        return args, outs, GlobalCounters.kernel_count - k0
-    args, outs, _ = run(case.prog.outputs)
-    bases = [a.uop.base for a in args]
+        return bases, outs, GlobalCounters.kernel_count - k0
+    bases, outs, _ = run(case.prog.outputs)
     views = [o for o, t in zip(case.prog.outputs, outs) if _views_of(t, bases)]
     return views, run([o for o in case.prog.outputs if o not in views])[2]
 
@@ -284,7 +286,7 @@ def run_case(case: Case) -> Outcome:
             for n in case.state:   # the state must be what the reference carried
                 got_state = closed[n].numpy()
                 problems += [f"{tag} state {p}" for p in compare(Program(0, outputs=[n]), {n: got_state},
-                                                                  {n: Ref(call.data[n])})]
+                                                                  {n: calls[k - 1].ref[case.targets[n]]})]
         args = [_argument(case, call, n) for n in case.args]
         try: got = jit(*args, *scalar)
         except Exception: return Outcome(case, False, f"{tag} fusegrad raised:\n{traceback.format_exc()}", k - 2)
