@@ -133,7 +133,7 @@ def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> 
         # (a flipped copy: the contiguous() of a contiguous tensor is that tensor, in tinygrad too)
         if case.copy is not None: outs.append(env[case.copy].flip(0).contiguous())
         if scaled is not None: outs.append(env[scaled] * args[len(names)])
-        if case.twice: outs.append(outs[0])
+        if case.twice and outs: outs.append(outs[0])
         # the state's assigns are realized inside, as an optimizer step does: a capture records only the kernels that
         # run during the call (in tinygrad too), and nothing else realizes a closed-over tensor
         Tensor.realize(*outs, *(closed[n] for n in case.state),
@@ -252,7 +252,7 @@ def _expected(case: Case, outputs: list[str], ref: dict[str, Ref]) -> tuple[list
     if scaled is not None:
         names.append("scaled")
         exp["scaled"] = ref[scaled] * case.scalar
-    if case.twice: names.append(names[0] + "(again)"); exp[names[-1]] = exp[names[0]]
+    if case.twice and names: names.append(names[0] + "(again)"); exp[names[-1]] = exp[names[0]]
     return names, exp
 
 def _check(case: Case, names: list[str], got: tuple, exp: dict[str, Ref], tag: str) -> list[str]:
@@ -337,11 +337,14 @@ def misuse(case: Case, jit: TinyJit, calls: list[CallData], arg_views: list[str]
             call.data[a].dtype == call.data[b].dtype]
     if same:
         i, j = same[0]
+        # the same tensor twice, or (with a first axis to flip) a second view of its buffer
+        flip = call.data[case.args[i]].ndim > 0 and case.prog.seed % 2 == 1
         def aliased() -> Any:
             a = args()
-            a[j] = a[i]
+            a[j] = a[i].flip(0) if flip else a[i]
             return jit(*a, *scalar)
-        if (p := _raises(aliased, "same tensor")) is not None: problems.append(f"[one tensor as two arguments] {p}")
+        if (p := _raises(aliased, "same tensor")) is not None:
+            problems.append(f"[one {'buffer viewed' if flip else 'tensor passed'} as two arguments] {p}")
     outputs = [o for o in case.prog.outputs if o not in arg_views]
     if arg_views and outputs:   # (with kernels to capture: a function that runs none is another error)
         jit2 = TinyJit(make_function(case, {n: Tensor(call.data[n].copy()).realize()
