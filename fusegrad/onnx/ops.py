@@ -357,7 +357,9 @@ def _reduce(fn: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> Callable[.
     def run(x: Tensor, axes_in: Tensor | None = None, *, axes: Sequence[int] | None = None, keepdims: int = 1,
             noop_with_empty_axes: int = 0) -> Tensor:
         ax = _reduce_axes(x, axes_in, axes, noop_with_empty_axes)
-        if ax is None: return x
+        # (no axes to reduce: the reduction over none, as the ops' function bodies give it: |x| for ReduceL1 and
+        # ReduceL2, x * x for ReduceSumSquare, log(x) for ReduceLogSum)
+        if ax is None: return fn(x, (), True)
         if x.ndim == 0: return fn(x.reshape(1), (0,), False)
         return fn(x, ax, bool(keepdims))
     return run

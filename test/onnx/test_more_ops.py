@@ -265,3 +265,18 @@ def test_bad_attributes_name_the_node():
                           10))({"x": x, "lens": np.array([1, 2], np.int64)})
     with pytest.raises(OnnxNodeError, match=r"the_node.*Unique.*sorted must be 0 or 1"):
         OnnxRunner(_model("Unique", {"x": x}, {"y": TensorProto.FLOAT}, 11, sorted=2))({"x": x})
+
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+                                "ReduceSum", "ReduceMax"])
+def test_reduction_over_no_axes_with_noop_is_its_function_body(op):
+    # noop_with_empty_axes without axes reduces nothing, but the function bodies (ReduceSum of |x|, of x * x, Log of
+    # ReduceSum ...) still apply their elementwise part: |x| for ReduceL1, x * x for ReduceSumSquare (not x itself)
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    if op == "ReduceLogSum": x = np.abs(x) + 0.5
+    expect = {"ReduceL1": np.abs(x), "ReduceL2": np.abs(x), "ReduceSumSquare": x * x, "ReduceLogSum": np.log(x)}
+    model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, 18, keepdims=0, noop_with_empty_axes=1)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    np.testing.assert_allclose(got, expect.get(op, x), rtol=1e-6)
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-6)
+
