@@ -398,6 +398,10 @@ for _name, _red in {
 def _arg(largest: bool) -> Callable[..., Tensor]:
     def run(x: Tensor, *, axis: int = 0, keepdims: int = 1, select_last_index: int = 0) -> Tensor:
         a = axis_of(axis, x.ndim)
+        if x.shape[a] == 0 and any(s == 0 for i, s in enumerate(x.shape) if i != a):
+            # (no result to compute: an empty dim along the axis is an error only where there are results)
+            return Tensor.empty(*[1 if i == a else s for i, s in enumerate(x.shape) if keepdims or i != a],
+                                dtype=dtypes.int64, device=x.device)
         v = x.flip(a) if select_last_index else x
         i = v.argmax(a, keepdim=bool(keepdims)) if largest else v.argmin(a, keepdim=bool(keepdims))
         if select_last_index: i = (x.shape[a] - 1) - i

@@ -280,3 +280,11 @@ def test_reduction_over_no_axes_with_noop_is_its_function_body(op):
     np.testing.assert_allclose(got, expect.get(op, x), rtol=1e-6)
     np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-6)
 
+
+@pytest.mark.parametrize("op,keepdims", [("ArgMax", 1), ("ArgMin", 0)])
+def test_arg_reduction_over_an_empty_axis_without_results_is_empty(op, keepdims):
+    # (0, 0) along axis 1: there is no result to pick, so no error (onnxruntime gives (0, 1) or (0,))
+    x = np.zeros((0, 0), np.float32)
+    model = _model(op, {"x": x}, {"y": TensorProto.INT64}, 13, axis=1, keepdims=keepdims, select_last_index=1)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    assert got.shape == _ort(model, {"x": x})[0].shape == ((0, 1) if keepdims else (0,)) and got.dtype == np.int64
