@@ -513,6 +513,8 @@ class JitRunner:
         # as Buffers the arrays are copied into
         self._symbolic: dict[tuple, tuple[Any, list[Tensor], list[Any]]] = {}
         self._memory: dict[tuple, Tensor] = {}
+        # the sets of input shapes whose outputs all have no elements (run plainly: a capture would run no kernel)
+        self._no_elements: set[tuple] = set()
         self._last: Any = None
         # per TinyJit (by id): the checks of device values its graph registered, whose values follow the outputs
         self._checks: dict[int, list[DeviceCheck]] = {}
@@ -540,8 +542,9 @@ class JitRunner:
         if key is not None and (fast := self._replays.get(key)) is not None:
             self._last = fast.step
             return self._outputs(fast(arrays))
-        if key is not None and any(a.size == 0 for a in arrays):   # type: ignore[union-attr]
-            # (an empty input: nothing to compute, and TinyJit captures no function that runs no kernel)
+        if key is not None and (any(a.size == 0 for a in arrays) or key in self._no_elements):  # type: ignore
+            # (an empty input, or outputs without elements: nothing to compute, and TinyJit captures no function that
+            # runs no kernel)
             return {n: _narrow_numpy(_to_numpy(_realized(v)), _narrow_types(v)) for n, v in self.runner(given).items()}
         if key is not None and (sym := self._symbolic.get(key)) is not None:
             step, views, bufs = sym
@@ -566,7 +569,12 @@ class JitRunner:
             # static shapes: memory kept per input, filled from the arrays from now on
             kept = self._kept[key] = [plain_tensor(bound[n]).contiguous().realize() for n in names]
             step = self._last = self._jits[key] = TinyJit(self._graph, prune=self.prune)
-            return self._numpy(step(*kept))
+            outs = step(*kept)
+            if all(isinstance(o, Tensor) and o.numel() == 0 for o in outs[:len(self._out_names)]):
+                # (every output is empty, as a Slice past the end makes it: these shapes are run plainly from now on)
+                self._no_elements.add(key)
+                del self._jits[key], self._kept[key]
+            return self._numpy(outs)
         # (a symbolic dim is left out of the key: one capture replays for each of its values)
         sig = tuple((n, tuple(d if isinstance(d, int) else None for d in t.shape), t.dtype) for n, t in bound.items())
         if (step := self._jits.get(sig)) is None: step = self._jits[sig] = TinyJit(self._graph, prune=self.prune)
