@@ -833,12 +833,16 @@ def slice_(x: Tensor, starts_in: Tensor | None = None, ends_in: Tensor | None = 
     for s, e, a, p in zip(st, en, ax, sp):
         if p == 0: raise ValueError("a slice step can't be 0")
         a = axis_of(a, x.ndim)
-        # Python's slice clamps exactly as ONNX does (including the sentinels INT64_MAX and INT64_MIN)
-        idx[a] = _symbolic_slice(s, e, p, x.shape[a]) if is_symbolic(x.shape[a]) or is_symbolic(s) or \
-            is_symbolic(e) else slice(s, e, p)
+        if is_symbolic(x.shape[a]) or is_symbolic(s) or is_symbolic(e):
+            idx[a] = _symbolic_slice(s, e, p, x.shape[a])
+            continue
+        # Python's slice clamps as ONNX does (including the sentinels INT64_MAX and INT64_MIN), except a start before
+        # the dim's beginning with a negative step: ONNX clamps it to the first element, Python to before it (empty)
+        if p < 0 and s < -x.shape[a]: s = 0
+        idx[a] = slice(s, e, p)
     if any(is_symbolic(d) for d in x.shape): return x[tuple(idx)]
     dims = [len(range(*sl.indices(d))) for sl, d in zip(idx, x.shape)]
-    if any(n == 0 for n in dims): return Tensor.empty(*dims, dtype=x.dtype)
+    if any(n == 0 for n in dims): return Tensor.empty(*dims, dtype=x.dtype, device=x.device)
     return x[tuple(idx)]
 
 

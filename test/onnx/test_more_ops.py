@@ -288,3 +288,18 @@ def test_arg_reduction_over_an_empty_axis_without_results_is_empty(op, keepdims)
     model = _model(op, {"x": x}, {"y": TensorProto.INT64}, 13, axis=1, keepdims=keepdims, select_last_index=1)
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     assert got.shape == _ort(model, {"x": x})[0].shape == ((0, 1) if keepdims else (0,)) and got.dtype == np.int64
+
+
+@pytest.mark.parametrize("start,end,step", [(-(2**62), -(2**62), -1), (-7, -9, -1), (-5, 0, -2), (-1, -(2**62), -1)])
+def test_slice_with_a_negative_step_from_before_the_start(start, end, step):
+    # ONNX clamps a start before the dim's beginning to its first element for a negative step (Python's slice gives
+    # nothing); x[0:...:-1] is then the first element alone
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    feed = {"x": x, "s": np.array([start], np.int64), "e": np.array([end], np.int64),
+            "a": np.array([-1], np.int64), "p": np.array([step], np.int64)}
+    model = _model("Slice", feed, {"y": TensorProto.FLOAT}, 13)
+    got = OnnxRunner(model)(feed)["y"].numpy()
+    np.testing.assert_array_equal(got, _ort(model, feed)[0])
+    s = min(max(start + 4 if start < 0 else start, 0), 3)
+    e = end + 4 if end < 0 else end
+    np.testing.assert_array_equal(got, x[:, s::step] if e < 0 else x[:, s:e:step])
