@@ -612,8 +612,9 @@ class JitRunner:
         self._out_types = [_narrow_types(outs[n]) for n in self.runner.output_names]
         self._narrow_out = any(self._out_types)
         self._checks[id(self._last)] = checks
-        # (an output that is an input is copied, as in OnnxRunner.__call__)
-        bases = _input_bases(tensors)
+        # (an output that is an input is copied, as in OnnxRunner.__call__, and so is one that is an initializer or a
+        # view of one: a capture whose outputs all are would run no kernel, which TinyJit refuses)
+        bases = _input_bases(tensors) | _input_bases(self.runner.graph.initializers.values())
         return [_realized(plain_tensor(_copied_if_in(v, bases)))
                 for v in [outs[n] for n in self.runner.output_names] + [t for c in checks for t in c.values]]
 

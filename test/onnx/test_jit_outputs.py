@@ -85,3 +85,17 @@ def test_outputs_without_elements_under_jit():
     for _ in range(4):
         got = run({"x": np.ones((2, 3), np.float32)})["y"]
         assert got.shape == (0, 3) and got.dtype == np.float32
+
+
+@pytest.mark.parametrize("op", ["Identity", "Slice"])
+def test_output_that_is_an_initializer_under_jit(op):
+    # the output is the initializer or a view of it, read by no kernel: jit() copies it, as it copies an input
+    w = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, [2, 3], w.ravel()),
+             helper.make_tensor("s", TensorProto.INT64, [1], [1]), helper.make_tensor("e", TensorProto.INT64, [1], [3])]
+    node = helper.make_node(op, ["w", "s", "e"] if op == "Slice" else ["w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).jit()
+    for _ in range(4):
+        np.testing.assert_array_equal(run({"x": np.ones(2, np.float32)})["y"], w[1:3] if op == "Slice" else w)
