@@ -615,7 +615,8 @@ class JitRunner:
         # (an output that is an input is copied, as in OnnxRunner.__call__, and so is one that is an initializer or a
         # view of one: a capture whose outputs all are would run no kernel, which TinyJit refuses)
         bases = _input_bases(tensors) | _input_bases(self.runner.graph.initializers.values())
-        return [_realized(plain_tensor(_copied_if_in(v, bases)))
+        # (checked again once realized: a reduction over one element, a sum of a 0-d input, realizes as a view of it)
+        return [_realized(_copied_if_in(_realized(plain_tensor(_copied_if_in(v, bases))), bases))
                 for v in [outs[n] for n in self.runner.output_names] + [t for c in checks for t in c.values]]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:

@@ -99,3 +99,12 @@ def test_output_that_is_an_initializer_under_jit(op):
     run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).jit()
     for _ in range(4):
         np.testing.assert_array_equal(run({"x": np.ones(2, np.float32)})["y"], w[1:3] if op == "Slice" else w)
+
+
+def test_reduction_of_a_0d_input_under_jit():
+    # the sum of a 0-d input realizes as a view of it: each call still returns that call's value
+    graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])).jit()
+    for i in range(5): assert run({"x": np.array(i - 2, np.int64)})["y"] == i - 2
