@@ -136,8 +136,9 @@ def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> 
         if case.twice and outs: outs.append(outs[0])
         # the state's assigns are realized inside, as an optimizer step does: a capture records only the kernels that
         # run during the call (in tinygrad too), and nothing else realizes a closed-over tensor
-        Tensor.realize(*outs, *(closed[n] for n in case.state),
-                       *(env[n] for n in case.targets if n not in case.state and case.realize_args))
+        done = [*outs, *(closed[n] for n in case.state),
+                *(env[n] for n in case.targets if n not in case.state and case.realize_args)]
+        if done: Tensor.realize(*done)
         return tuple(outs)
     return fn
 
