@@ -612,11 +612,13 @@ class JitRunner:
         self._out_types = [_narrow_types(outs[n]) for n in self.runner.output_names]
         self._narrow_out = any(self._out_types)
         self._checks[id(self._last)] = checks
-        # (an output that is an input is copied, as in OnnxRunner.__call__, and so is one that is an initializer or a
-        # view of one: a capture whose outputs all are would run no kernel, which TinyJit refuses)
-        bases = _input_bases(tensors) | _input_bases(self.runner.graph.initializers.values())
+        # (an output that is an input is copied, as in OnnxRunner.__call__, and so is any other whose memory no kernel
+        # of the call writes: an initializer or a view of one, a value the ops computed on the host, as Cast of a
+        # Shape. A capture whose outputs all were would run no kernel, which TinyJit refuses, and a replay returned
+        # such an output's memory unwritten, or reused for other values)
+        bases = _input_bases(tensors)
         # (checked again once realized: a reduction over one element, a sum of a 0-d input, realizes as a view of it)
-        return [_realized(_copied_if_in(_realized(plain_tensor(_copied_if_in(v, bases))), bases))
+        return [_realized(_copied_if_in(_realized(_copied_if_realized(plain_tensor(v))), bases))
                 for v in [outs[n] for n in self.runner.output_names] + [t for c in checks for t in c.values]]
 
     def _numpy(self, outs: list[Any]) -> dict[str, Any]:
@@ -767,6 +769,14 @@ def _input_bases(values: Any) -> set[int]:
         for t in (v if isinstance(v, list) else [v]):
             if isinstance(t, Tensor): out.add(id(t.uop.base))
     return out
+
+
+def _copied_if_realized(v: Any) -> Any:
+    """An output with each tensor that is (a view of) memory that exists already made a copy."""
+    if isinstance(v, Tensor) and v.uop.base.op is Ops.BUFFER:
+        return Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).assign(v)
+    if isinstance(v, list): return [_copied_if_realized(x) for x in v]
+    return v
 
 
 def _copied_if_in(v: Any, bases: set[int]) -> Any:

@@ -108,3 +108,15 @@ def test_reduction_of_a_0d_input_under_jit():
                               [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
     run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])).jit()
     for i in range(5): assert run({"x": np.array(i - 2, np.int64)})["y"] == i - 2
+
+
+def test_output_computed_on_the_host_under_jit():
+    # Cast of a Shape is folded on the host into a tensor no kernel writes: each replay must still return its values
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Cast", ["s"], ["y"], to=TensorProto.DOUBLE),
+             helper.make_node("Relu", ["x"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])).jit()
+    for _ in range(5):
+        np.testing.assert_array_equal(run({"x": np.ones((1, 4, 4, 8), np.float32)})["y"], [1.0, 4.0, 4.0, 8.0])
