@@ -105,6 +105,8 @@ def resize_nd(x: Tensor, sizes: Sequence[int], scales: Sequence[float], roi: Seq
     if coord_mode not in COORD_MODES:
         raise Unsupported(f"coordinate_transformation_mode {coord_mode!r} (supported: {', '.join(COORD_MODES)})")
     r = x.ndim
+    # (a scale that floors an axis to 0, as 0.5 of 1: the output has no elements, as in onnxruntime)
+    if any(int(n) == 0 for n in sizes): return Tensor.empty(*[int(n) for n in sizes], dtype=x.dtype, device=x.device)
     is_int = not dtypes.is_float(x.dtype)
     out = x.cast(dtypes.float32) if is_int or x.dtype != dtypes.float64 else x
     for a in range(r):
@@ -112,7 +114,6 @@ def resize_nd(x: Tensor, sizes: Sequence[int], scales: Sequence[float], roi: Seq
         lohi = (float(roi[a]), float(roi[a + r])) if roi is not None else (0.0, 1.0)
         if n_out == n_in and math.isclose(sc, 1.0) and (coord_mode != "tf_crop_and_resize" or lohi == (0.0, 1.0)):
             continue
-        if n_out == 0: raise ValueError(f"the output size of axis {a} is 0")
         xs = source_coords(coord_mode, n_in, n_out, sc, lohi)
         m = weight_matrix(xs, n_in, mode, nearest_mode, cubic_a, antialias, exclude_outside, sc)
         outside = (xs < 0) | (xs > n_in - 1) if coord_mode == "tf_crop_and_resize" else None

@@ -303,3 +303,13 @@ def test_slice_with_a_negative_step_from_before_the_start(start, end, step):
     s = min(max(start + 4 if start < 0 else start, 0), 3)
     e = end + 4 if end < 0 else end
     np.testing.assert_array_equal(got, x[:, s::step] if e < 0 else x[:, s:e:step])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_to_no_elements(mode):
+    # a scale of 0.5 floors an axis of 1 to 0: an empty output, as onnxruntime gives, not an error
+    feed = {"x": np.ones((1, 3, 1, 4), np.float32), "roi": np.zeros(0, np.float32),
+            "scales": np.array([1, 1, 0.5, 0.5], np.float32)}
+    model = _model("Resize", feed, {"y": TensorProto.FLOAT}, 13, mode=mode)
+    got = OnnxRunner(model)(feed)["y"].numpy()
+    assert got.shape == _ort(model, feed)[0].shape == (1, 3, 0, 2)
