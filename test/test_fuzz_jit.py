@@ -13,6 +13,7 @@ Each seed also draws how the function is called (`Case`):
   call (the rest of the buffer holds NaN or a sentinel, so a read outside the window shows);
 - some inputs are the maximum over the rows of a stack argument whose number of rows is a bound `Variable`, another
   value each call (a symbolic shape: the rows past it hold NaN or a sentinel);
+- the same argument tensors in every call, their data written in place (assign) before it, or new tensors;
 - TinyJit's prune=True or verify=2 now and then; a copy of an argument is returned too, the first output is
   returned twice, a Python scalar argument scales an extra output, and the results of every call are kept and checked
   again after the last call (a replay must not overwrite an earlier call's results) or dropped at once (the next
@@ -61,6 +62,7 @@ class Case:
     twice: bool = False              # the first output is returned twice
     scalar: float | None = None      # a Python scalar argument multiplying an extra output
     keep: bool = False               # keep every call's results and check them again at the end
+    reuse: bool = False              # the same argument tensors every call, their data written in place before it
     prune: bool = False              # TinyJit(prune=True): kernels computing the same values every call run once
     verify: int | None = None        # TinyJit(verify=n): replays 1, n, 2n... also run eagerly and compare
 
@@ -72,7 +74,8 @@ class Case:
     def describe(self) -> str:
         return (f"calls={self.calls} state={sorted(self.state)} args={self.args} outside={sorted(self.outside)} "
                 f"windows={self.windows} stacks={self.stacks} realize_args={self.realize_args} copy={self.copy} "
-                f"twice={self.twice} scalar={self.scalar} keep={self.keep} prune={self.prune} verify={self.verify}")
+                f"twice={self.twice} scalar={self.scalar} keep={self.keep} prune={self.prune} verify={self.verify} "
+                f"reuse={self.reuse}")
 
 def _parse_input(expr: str) -> tuple[tuple[int, ...], str, int]:
     shape, dt, seed = eval(expr, {"make_input": lambda s, d, seed: (tuple(s), d, seed)})
@@ -103,7 +106,8 @@ def make_case(seed: int) -> Case:
                 twice=rs.random() < 0.25,
                 scalar=rs.choice(CONSTS) if first_float and rs.random() < 0.3 else None, keep=rs.random() < 0.5,
                 # (prune assumes what the kept kernels don't read as inputs never changes: no input rewritten outside)
-                prune=not outside and rs.random() < 0.2, verify=2 if rs.random() < 0.15 else None)
+                prune=not outside and rs.random() < 0.2, verify=2 if rs.random() < 0.15 else None,
+                reuse=rs.random() < 0.25)
 
 def _out_dt(prog: Program, name: str) -> str:
     env: dict[str, Any] = dict(REF_ENV)
@@ -279,6 +283,7 @@ def run_case(case: Case) -> Outcome:
         return Outcome(case, not problems, "\n".join(f"[a function that runs no kernel] {p}" for p in problems))
     kept: list[tuple[int, list[str], tuple, dict[str, Ref]]] = []
     scalar = [case.scalar] if case.scalar is not None else []
+    persistent: dict[str, Tensor] = {}
     for k, call in enumerate(calls):
         tag = f"[call {k + 1}, input seeds + {call.salt}]"
         for n in case.outside:   # rewritten in place: the replay reads the buffer it captured
@@ -288,7 +293,11 @@ def run_case(case: Case) -> Outcome:
                 got_state = closed[n].numpy()
                 problems += [f"{tag} state {p}" for p in compare(Program(0, outputs=[n]), {n: got_state},
                                                                   {n: calls[k - 1].ref[case.targets[n]]})]
-        args = [_argument(case, call, n) for n in case.args]
+        if case.reuse and k > 0:   # (windows and stacks are made anew: their views differ per call)
+            for n, t in persistent.items(): t.assign(Tensor(call.data[n].copy())).realize()
+        args = [persistent[n] if n in persistent else _argument(case, call, n) for n in case.args]
+        if case.reuse and k == 0:
+            persistent = {n: a for n, a in zip(case.args, args) if n not in case.windows and n not in case.stacks}
         try: got = jit(*args, *scalar)
         except Exception: return Outcome(case, False, f"{tag} fusegrad raised:\n{traceback.format_exc()}", k - 2)
         names, exp = _expected(case, outputs, call.ref)
