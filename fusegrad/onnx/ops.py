@@ -590,6 +590,15 @@ def _pool_geometry(x: Tensor, auto_pad: str, kernel_shape: Sequence[int], stride
     return k, s, d, pairs
 
 
+def _no_windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int], pairs: Sequence[tuple[int, int]],
+                ceil_mode: int) -> tuple[int, ...] | None:
+    """The output shape of a pool with no window along some axis (a dilated kernel longer than the padded input,
+    without ceil_mode: ONNX's floor((in + pads - span) / stride) + 1 is then 0), None where it has windows."""
+    if ceil_mode or any(is_symbolic(i) for i in x.shape[2:]): return None
+    sizes = [(i + a + b - (kk - 1) * dd - 1) // ss + 1 for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs)]
+    return (*x.shape[:2], *(max(n, 0) for n in sizes)) if min(sizes) <= 0 else None
+
+
 @op("MaxPool")
 def max_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilations: Sequence[int] | None = None,
              kernel_shape: Sequence[int], pads: Sequence[int] | None = None, storage_order: int = 0,
@@ -597,6 +606,9 @@ def max_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilatio
     k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
     n = len(k)
     want_idx = ctx.n_outputs > 1
+    if (empty := _no_windows(x, k, s, d, pairs, ceil_mode)) is not None:
+        out = Tensor.empty(*empty, dtype=x.dtype, device=x.device)
+        return (out, Tensor.empty(*empty, dtype=dtypes.int64, device=x.device)) if want_idx else out
     if all(max(p) <= (dd * (kk - 1) + 1) // 2 for p, kk, dd in zip(pairs, k, d)):
         res = x.max_pool2d(tuple(k), s, d, _flat(pairs), bool(ceil_mode), return_indices=want_idx)
     else:
@@ -624,6 +636,8 @@ def avg_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_i
              dilations: Sequence[int] | None = None, kernel_shape: Sequence[int], pads: Sequence[int] | None = None,
              strides: Sequence[int] | None = None) -> Tensor:
     k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
+    if (empty := _no_windows(x, k, s, d, pairs, ceil_mode)) is not None:
+        return Tensor.empty(*empty, dtype=x.dtype, device=x.device)
     if all(max(p) <= (dd * (kk - 1) + 1) // 2 for p, kk, dd in zip(pairs, k, d)):
         return x.avg_pool2d(tuple(k), s, d, _flat(pairs), bool(ceil_mode), bool(count_include_pad))
     # pads beyond half the kernel: sum and count by hand
@@ -648,6 +662,8 @@ def lp_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilation
             kernel_shape: Sequence[int], p: int = 2, pads: Sequence[int] | None = None,
             strides: Sequence[int] | None = None) -> Tensor:
     k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
+    if (empty := _no_windows(x, k, s, d, pairs, ceil_mode)) is not None:
+        return Tensor.empty(*empty, dtype=x.dtype, device=x.device)
     xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple(pairs))
     return (xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)).pow(1 / p)
 

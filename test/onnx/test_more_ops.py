@@ -313,3 +313,15 @@ def test_resize_to_no_elements(mode):
     model = _model("Resize", feed, {"y": TensorProto.FLOAT}, 13, mode=mode)
     got = OnnxRunner(model)(feed)["y"].numpy()
     assert got.shape == _ort(model, feed)[0].shape == (1, 3, 0, 2)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pool_with_a_window_longer_than_the_padded_input(op):
+    # a 3x1 window dilated (2, 1) spans 5 rows of 3 (4 with the pad): the spec's floor((3 + 1 - 5) / 3) + 1 = 0 rows,
+    # as onnx's reference gives (onnxruntime pools one window); the runner raised
+    from onnx.reference import ReferenceEvaluator
+    x = np.random.default_rng(4).standard_normal((1, 4, 3, 6)).astype(np.float32)
+    model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, 19, pads=[1, 0, 0, 0], dilations=[2, 1],
+                   kernel_shape=[3, 1], strides=[3, 3])
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    assert got.shape == ReferenceEvaluator(model).run(None, {"x": x})[0].shape == (1, 4, 0, 2)
