@@ -325,3 +325,16 @@ def test_pool_with_a_window_longer_than_the_padded_input(op):
                    kernel_shape=[3, 1], strides=[3, 3])
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     assert got.shape == ReferenceEvaluator(model).run(None, {"x": x})[0].shape == (1, 4, 0, 2)
+
+
+@pytest.mark.parametrize("mode", ["cubic", "linear"])
+def test_resize_pytorch_half_pixel_to_one_sample(mode):
+    # the spec: x_original = length_resized > 1 ? (x_resized + 0.5) / scale - 0.5 : 0, with the integer length (2 rows
+    # scaled by 0.75 are 1): the first row itself, as onnxruntime gives (onnx's reference samples at 1/6 there)
+    x = np.random.default_rng(5).standard_normal((3, 1, 2, 1)).astype(np.float32)
+    feed = {"x": x, "roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 0.75, 2], np.float32)}
+    model = _model("Resize", feed, {"y": TensorProto.FLOAT}, 13, mode=mode,
+                   coordinate_transformation_mode="pytorch_half_pixel")
+    got = OnnxRunner(model)(feed)["y"].numpy()
+    np.testing.assert_allclose(got, np.repeat(x[:, :, :1], 2, axis=3), rtol=1e-6)
+    np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6)
