@@ -124,8 +124,10 @@ def _scaled(case: Case) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------------
 # the function and its calls
 
-def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> Callable[..., tuple]:
-    """The program as a function of its argument inputs (and the scalar), reading `closed` for the others."""
+def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str],
+                  lazy: list[Any] | None = None) -> Callable[..., tuple]:
+    """The program as a function of its argument inputs (and the scalar), reading `closed` for the others. `lazy`
+    gets the returned tensors' base nodes before they are realized."""
     body = [(v, e) for v, e in case.prog.lines if not e.startswith("make_input(")]
     names, scaled = case.args, _scaled(case)
     def fn(*args: Any) -> tuple:
@@ -138,6 +140,7 @@ def make_function(case: Case, closed: dict[str, Tensor], outputs: list[str]) -> 
         if case.copy is not None: outs.append(env[case.copy].flip(0).contiguous())
         if scaled is not None: outs.append(env[scaled] * args[len(names)])
         if case.twice and outs: outs.append(outs[0])
+        if lazy is not None: lazy.extend(t.uop.base for t in outs[:len(outputs)])
         # the state's assigns are realized inside, as an optimizer step does: a capture records only the kernels that
         # run during the call (in tinygrad too), and nothing else realizes a closed-over tensor
         done = [*outs, *(closed[n] for n in case.state),
@@ -224,9 +227,12 @@ def _argument(case: Case, call: CallData, name: str) -> Any:
 
 def _views_of(t: Tensor, bases: list[Any]) -> bool: return any(t.uop.base is b for b in bases)
 
-def views_of_arguments(case: Case, call: CallData) -> tuple[list[str], int]:
-    """The program's outputs that are (views of) an argument, and how many kernels the function runs without them:
-    found by running the function eagerly."""
+def views_of_arguments(case: Case, call: CallData) -> tuple[list[str], list[str], int]:
+    """The program's outputs that are (views of) an argument, before or after the realize, those that are both, and
+    how many kernels the function runs without them: found by running the function eagerly. (A view of an argument
+    can realize as a view of a constant, a pad that crops the whole argument away, or not, depending on the schedule
+    cache: then TinyJit may or may not take it for the argument.)"""
+    lazy: list[Any] = []
     def run(outputs: list[str]) -> tuple[list[Any], list[Tensor], int]:
         closed = {n: Tensor(call.data[n].copy()).realize() for n in case.state | case.outside}
         args = [_argument(case, call, n) for n in case.args]
@@ -234,11 +240,15 @@ def views_of_arguments(case: Case, call: CallData) -> tuple[list[str], int]:
         # and the argument tensor then holds the copy)
         bases = [a.uop.base for a in args]
         k0 = GlobalCounters.kernel_count
-        outs = make_function(case, closed, outputs)(*args, *([case.scalar] if case.scalar is not None else []))
+        fn = make_function(case, closed, outputs, lazy)
+        outs = fn(*args, *([case.scalar] if case.scalar is not None else []))
         return bases, outs, GlobalCounters.kernel_count - k0
     bases, outs, _ = run(case.prog.outputs)
-    views = [o for o, t in zip(case.prog.outputs, outs) if _views_of(t, bases)]
-    return views, run([o for o in case.prog.outputs if o not in views])[2]
+    after = [o for o, t in zip(case.prog.outputs, outs) if _views_of(t, bases)]
+    before = [o for o, u in zip(case.prog.outputs, lazy) if any(u is b for b in bases)]
+    views = [o for o in case.prog.outputs if o in after or o in before]
+    return views, [o for o in views if o in after and o in before], \
+        run([o for o in case.prog.outputs if o not in views])[2]
 
 @dataclass
 class Outcome:
@@ -267,7 +277,7 @@ def _check(case: Case, names: list[str], got: tuple, exp: dict[str, Ref], tag: s
 def run_case(case: Case) -> Outcome:
     calls = plan_calls(case)
     if not calls: return Outcome(case, True, "no data of the stacks' rows makes the program well-conditioned")
-    try: arg_views, kernels = views_of_arguments(case, calls[0])
+    try: arg_views, sure_views, kernels = views_of_arguments(case, calls[0])
     except Exception: return Outcome(case, False, f"the eager run raised:\n{traceback.format_exc()}")
     outputs = [o for o in case.prog.outputs if o not in arg_views]
     problems: list[str] = []
@@ -320,7 +330,7 @@ def run_case(case: Case) -> Outcome:
         if fresh:
             problems += _check(case, [n for n, _ in fresh], tuple(t for _, t in fresh), exp,
                                f"[result of call {k + 1}, read after call {len(calls)}]")
-    if not problems: problems += misuse(case, jit, calls, arg_views)
+    if not problems: problems += misuse(case, jit, calls, arg_views, sure_views)
     return Outcome(case, not problems, "\n".join(problems), max(0, len(calls) - 2))
 
 def _raises(fn: Callable[[], Any], words: str) -> str | None:
@@ -331,7 +341,7 @@ def _raises(fn: Callable[[], Any], words: str) -> str | None:
     except Exception: return f"raised something else than a JitError:\n{traceback.format_exc()}"
     return f"no JitError (expected one saying {words!r})"
 
-def misuse(case: Case, jit: TinyJit, calls: list[CallData], arg_views: list[str]) -> list[str]:
+def misuse(case: Case, jit: TinyJit, calls: list[CallData], arg_views: list[str], sure_views: list[str]) -> list[str]:
     """Misuses must raise a JitError that names the problem; a TinyJit stays usable after one."""
     if len(calls) < 3: return []
     problems: list[str] = []
@@ -356,9 +366,9 @@ def misuse(case: Case, jit: TinyJit, calls: list[CallData], arg_views: list[str]
         if (p := _raises(aliased, "same tensor")) is not None:
             problems.append(f"[one {'buffer viewed' if flip else 'tensor passed'} as two arguments] {p}")
     outputs = [o for o in case.prog.outputs if o not in arg_views]
-    if arg_views and outputs:   # (with kernels to capture: a function that runs none is another error)
+    if sure_views and outputs:   # (with kernels to capture: a function that runs none is another error)
         jit2 = TinyJit(make_function(case, {n: Tensor(call.data[n].copy()).realize()
-                                             for n in case.state | case.outside}, outputs + arg_views))
+                                             for n in case.state | case.outside}, outputs + sure_views))
         def returns_input() -> None:
             for _ in range(3): jit2(*args(), *scalar)
         if (p := _raises(returns_input, "returns its input")) is not None:
