@@ -30,7 +30,7 @@ def source_coords(mode: str, n_in: int, n_out: int, scale: float, roi: tuple[flo
         # half_pixel, with the grid centred where rounding the output size down moved it
         return n_in / 2 * (1 - n_out / out_f) + (y + 0.5) / scale - 0.5
     if mode == "pytorch_half_pixel": return (y + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
-    if mode == "align_corners": return y * (n_in - 1) / (out_f - 1) if out_f != 1 else np.zeros(n_out)
+    if mode == "align_corners": return y * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
     if mode == "asymmetric": return y / scale
     if mode == "tf_crop_and_resize":
         lo, hi = roi

@@ -338,3 +338,16 @@ def test_resize_pytorch_half_pixel_to_one_sample(mode):
     got = OnnxRunner(model)(feed)["y"].numpy()
     np.testing.assert_allclose(got, np.repeat(x[:, :, :1], 2, axis=3), rtol=1e-6)
     np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_align_corners_divides_by_the_resized_length(mode):
+    # the spec: x_original = x_resized * (length_original - 1) / (length_resized - 1), length_resized the integer
+    # length (4 * 0.6 -> 2): the last sample is the last column, as onnxruntime gives ([1, 4] for the first row)
+    x = np.arange(1, 9, dtype=np.float32).reshape(1, 1, 2, 4)
+    feed = {"x": x, "roi": np.zeros(0, np.float32), "scales": np.array([1, 1, 0.6, 0.6], np.float32)}
+    model = _model("Resize", feed, {"y": TensorProto.FLOAT}, 13, mode=mode,
+                   coordinate_transformation_mode="align_corners")
+    got = OnnxRunner(model)(feed)["y"].numpy()
+    np.testing.assert_allclose(got, [[[[1, 4]]]], rtol=1e-6)
+    np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6)
