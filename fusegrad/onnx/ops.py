@@ -664,6 +664,16 @@ def lp_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilation
     k, s, d, pairs = _pool_geometry(x, auto_pad, kernel_shape, strides, dilations, pads, ceil_mode)
     if (empty := _no_windows(x, k, s, d, pairs, ceil_mode)) is not None:
         return Tensor.empty(*empty, dtype=x.dtype, device=x.device)
+    if ceil_mode and not any(is_symbolic(i) for i in x.shape[2:]):
+        # the windows ceil_mode adds past the end sum what they cover (the padding's zeros count nothing): padded
+        # with zeros to whole windows, as many as ceil_mode makes (none starting in the right padding)
+        padded = []
+        for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs):
+            span = (kk - 1) * dd + 1
+            n = -(-(i + a + b - span) // ss) + 1
+            if (n - 1) * ss >= i + a: n -= 1
+            padded.append((a, max(b, (n - 1) * ss + span - i - a)))
+        pairs, ceil_mode = padded, 0
     xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple(pairs))
     return (xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)).pow(1 / p)
 

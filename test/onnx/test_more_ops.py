@@ -351,3 +351,16 @@ def test_resize_align_corners_divides_by_the_resized_length(mode):
     got = OnnxRunner(model)(feed)["y"].numpy()
     np.testing.assert_allclose(got, [[[[1, 4]]]], rtol=1e-6)
     np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape,attrs", [((1, 1, 2, 5), dict(kernel_shape=[1, 2], strides=[1, 2])),
+                                         ((1, 2, 5), dict(kernel_shape=[2], pads=[0, 1], strides=[3])),
+                                         ((1, 2, 6), dict(kernel_shape=[3], pads=[1, 1], strides=[2]))])
+def test_lp_pool_ceil_mode_windows_past_the_end(shape, attrs):
+    # a window ceil_mode adds past the end is the p-norm of what it covers (one element: its magnitude), and none
+    # starts in the right padding; onnx's reference scales the partial window as an average, so onnxruntime checks
+    x = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    model = _model("LpPool", {"x": x}, {"y": TensorProto.FLOAT}, 18, ceil_mode=1, p=3, **attrs)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5)
+    if len(shape) == 4: np.testing.assert_allclose(got[..., -1], np.abs(x[..., -1]), rtol=1e-5)
