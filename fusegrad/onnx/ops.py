@@ -590,6 +590,20 @@ def _pool_geometry(x: Tensor, auto_pad: str, kernel_shape: Sequence[int], stride
     return k, s, d, pairs
 
 
+def _ceil_pads(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int],
+               pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The pads with the right ones made long enough that pooling without ceil_mode makes the windows ceil_mode does:
+    ceil((in + pads - span) / stride) + 1 of them, less one that would start in the right padding (as onnxruntime and
+    torch count them). Pooling a tensor padded by hand with ceil_mode counted that one too."""
+    out = []
+    for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs):
+        span = (kk - 1) * dd + 1
+        n = -(-(i + a + b - span) // ss) + 1
+        if (n - 1) * ss >= i + a: n -= 1
+        out.append((a, max(b, (n - 1) * ss + span - i - a)))
+    return out
+
+
 def _no_windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int], pairs: Sequence[tuple[int, int]],
                 ceil_mode: int) -> tuple[int, ...] | None:
     """The output shape of a pool with no window along some axis (a dilated kernel longer than the padded input,
@@ -615,6 +629,7 @@ def max_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilatio
         # ONNX allows pads beyond half the kernel: pad by hand with the lowest value
         if want_idx: raise Unsupported("MaxPool indices with pads larger than half the kernel")
         low = -math.inf if is_float(x) else dtypes.min(x.dtype)
+        if ceil_mode: pairs, ceil_mode = _ceil_pads(x, k, s, d, pairs), 0
         xp = x.pad(((0, 0), (0, 0)) + tuple(pairs), value=low)
         res = xp.max_pool2d(tuple(k), s, d, 0, bool(ceil_mode))
     if not want_idx: return res
@@ -641,11 +656,13 @@ def avg_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, count_i
     if all(max(p) <= (dd * (kk - 1) + 1) // 2 for p, kk, dd in zip(pairs, k, d)):
         return x.avg_pool2d(tuple(k), s, d, _flat(pairs), bool(ceil_mode), bool(count_include_pad))
     # pads beyond half the kernel: sum and count by hand
-    ones = Tensor.ones(*x.shape[2:], dtype=x.dtype)
-    xp = x.pad(((0, 0), (0, 0)) + tuple(pairs))
-    total = xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)
-    cnt = (ones.pad(tuple(pairs), value=1 if count_include_pad else 0)).avg_pool2d(tuple(k), s, d, 0,
-                                                                                    bool(ceil_mode)) * math.prod(k)
+    # (with ceil_mode, zeros past the pads to whole windows: they add nothing to a window's sum or its count)
+    full = _ceil_pads(x, k, s, d, pairs) if ceil_mode else list(pairs)
+    ones = Tensor.ones(*x.shape[2:], dtype=x.dtype, device=x.device)
+    xp = x.pad(((0, 0), (0, 0)) + tuple(full))
+    total = xp.avg_pool2d(tuple(k), s, d, 0, False)
+    cnt = ones.pad(tuple(pairs), value=1 if count_include_pad else 0).pad(
+        tuple((0, f[1] - p[1]) for f, p in zip(full, pairs))).avg_pool2d(tuple(k), s, d, 0, False)
     return total / cnt
 
 
@@ -665,15 +682,9 @@ def lp_pool(x: Tensor, *, auto_pad: str = "NOTSET", ceil_mode: int = 0, dilation
     if (empty := _no_windows(x, k, s, d, pairs, ceil_mode)) is not None:
         return Tensor.empty(*empty, dtype=x.dtype, device=x.device)
     if ceil_mode and not any(is_symbolic(i) for i in x.shape[2:]):
-        # the windows ceil_mode adds past the end sum what they cover (the padding's zeros count nothing): padded
-        # with zeros to whole windows, as many as ceil_mode makes (none starting in the right padding)
-        padded = []
-        for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs):
-            span = (kk - 1) * dd + 1
-            n = -(-(i + a + b - span) // ss) + 1
-            if (n - 1) * ss >= i + a: n -= 1
-            padded.append((a, max(b, (n - 1) * ss + span - i - a)))
-        pairs, ceil_mode = padded, 0
+        # (the windows ceil_mode adds past the end sum what they cover: padded with zeros to whole windows, where
+        # avg_pool2d's ceil_mode averaged them)
+        pairs, ceil_mode = _ceil_pads(x, k, s, d, pairs), 0
     xp = x.abs().pow(p).pad(((0, 0), (0, 0)) + tuple(pairs))
     return (xp.avg_pool2d(tuple(k), s, d, 0, bool(ceil_mode)) * math.prod(k)).pow(1 / p)
 

@@ -364,3 +364,16 @@ def test_lp_pool_ceil_mode_windows_past_the_end(shape, attrs):
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5)
     if len(shape) == 4: np.testing.assert_allclose(got[..., -1], np.abs(x[..., -1]), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,attrs", [("AveragePool", dict(count_include_pad=1)), ("AveragePool", {}),
+                                      ("MaxPool", {})])
+def test_pool_ceil_mode_with_pads_beyond_half_the_kernel(op, attrs):
+    # pads beyond half the kernel are applied by hand: ceil_mode must still make no window that starts in the right
+    # padding (width 5, kernel 2, pads (0, 1), stride 3: 2 windows, not 3)
+    x = np.random.default_rng(7).standard_normal((1, 6, 9, 5)).astype(np.float32)
+    model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, 13, ceil_mode=1, kernel_shape=[3, 2], pads=[1, 0, 2, 1],
+                   strides=[1, 3], **attrs)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    assert got.shape == (1, 6, 10, 2)
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
