@@ -423,6 +423,7 @@ def _softmax_like(fn: Callable[[Tensor, int], Tensor]) -> Callable[..., Tensor]:
 
 
 def _hardmax(x: Tensor, a: int) -> Tensor:
+    if x.shape[a] == 0: return Tensor.empty(*x.shape, dtype=x.dtype, device=x.device)   # (no row to pick in)
     return (x.argmax(a, keepdim=True) == Tensor.arange(x.shape[a]).reshape(
         tuple(-1 if i == a else 1 for i in range(x.ndim)))).cast(x.dtype)
 

@@ -377,3 +377,10 @@ def test_pool_ceil_mode_with_pads_beyond_half_the_kernel(op, attrs):
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     assert got.shape == (1, 6, 10, 2)
     np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_hardmax_over_an_empty_axis():
+    x = np.zeros((2, 0, 3), np.float32)
+    model = _model("Hardmax", {"x": x}, {"y": TensorProto.FLOAT}, 13, axis=1)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    assert got.shape == _ort(model, {"x": x})[0].shape == (2, 0, 3)
