@@ -816,7 +816,10 @@ def flatten(x: Tensor, *, axis: int = 1) -> Tensor:
 @op("Squeeze")
 def squeeze(x: Tensor, axes_in: Tensor | None = None, *, axes: Sequence[int] | None = None) -> Tensor:
     ax = ints(axes_in) if axes_in is not None else list(axes or [])
-    if not ax: return x.reshape(tuple(s for s in x.shape if s != 1))
+    if not ax:
+        # (every dim of 1: whether a named dim is depends on the call, and so does the result's rank)
+        if any(is_symbolic(s) for s in x.shape): raise Unsupported("Squeeze without axes of a named dim")
+        return x.reshape(tuple(s for s in x.shape if s != 1))
     ax = [axis_of(a, x.ndim) for a in ax]
     if any(x.shape[a] != 1 for a in ax): raise ValueError(f"can't squeeze axes {ax} of shape {tuple(x.shape)}")
     return x.reshape(tuple(s for i, s in enumerate(x.shape) if i not in ax))

@@ -192,3 +192,15 @@ def test_jit_with_a_named_batch_copies_repeated_sizes_into_kept_memory():
         kept.append((x, got))
     for x, y in kept: np.testing.assert_allclose(y, np.maximum(x @ w, 0), rtol=1e-6, atol=1e-6)
     assert len(f._memory) == 1 and len(f._symbolic) == 4
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_squeeze_without_axes_of_a_named_dim(n):
+    # Squeeze with no axes drops every dim of 1: a named batch is dropped where the call's value is 1 (the result's
+    # rank then depends on the call, so it runs with the call's values), kept otherwise
+    nodes = [helper.make_node("Squeeze", ["x"], ["s"]), helper.make_node("Shape", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    runner = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    got = runner({"x": np.ones((n, 1, 3), np.float32)})["y"].numpy()
+    np.testing.assert_array_equal(got, np.squeeze(np.ones((n, 1, 3))).shape)
