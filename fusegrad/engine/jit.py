@@ -23,7 +23,7 @@ from fusegrad.engine import jit_verify as _verify
 from fusegrad.engine.jit_verify import JIT_VERIFY
 from fusegrad.helpers import JIT, rng_counter_const, rng_counter_of
 from fusegrad.schedule.multi import shards_of
-from fusegrad.tensor import Tensor
+from fusegrad.tensor import Tensor, lazy_tensors
 from fusegrad.uop.graph import bound_variables, buffer_stand_in, new_buffer, substitute_map, var_values
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_map, device_buffer
 from fusegrad.viz import record as _viz
@@ -530,6 +530,12 @@ class TinyJit(Generic[R]):
         # may then get its id)
         before = {id(b): weakref.ref(b) for b in buffer_map.values()}
         def existed(b: Buffer) -> bool: return (r := before.get(id(b))) is not None and r() is b
+        # lazy work from before the call (an assign the caller left lazy, a value reading state the function
+        # overwrites) is done now, outside the capture: inside it, where a write of the function to a buffer such work
+        # reads forces it first, it would be captured, and every replay would compute it again into that tensor's
+        # buffer (constants stay lazy: nothing reads a buffer there)
+        pending = [t for t in lazy_tensors() if any(u.base.op not in (Ops.BUFFER, Ops.CONST) for u in shards_of(t.uop))]
+        if pending: Tensor.realize(*pending)
         rng_before = Tensor._rng_counter
         rec = CaptureRecorder()
         _realize.capturing.append(rec)

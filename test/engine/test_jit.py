@@ -296,6 +296,31 @@ def test_buffer_dying_during_the_capture_is_not_taken_for_state():
             kept.append((f(Tensor(x).realize()), x * 2))
         for got, want in kept: np.testing.assert_array_equal(got.numpy(), want)
 
+def test_lazy_work_from_before_the_capture_is_not_replayed():
+    # fuzz_jit seed 6317 (verify=2: a buffer of an earlier argument differed between the replay and the eager call):
+    # a lazy assign left by call 1 (to its argument, reading the state) was computed inside the capture, as the
+    # function overwrote the state it reads, so every replay computed it again into call 1's argument
+    s = Tensor(np.zeros(4, np.float32)).realize()
+    @TinyJit
+    def f(x, y):
+        s.assign(y).realize()     # the state is written
+        x.assign(s + x)           # left lazy: computed before the next write of the state
+        return (y * 2).contiguous()
+    xs = []
+    for i in range(1, 7):
+        x = Tensor(np.full(4, 100.0 * i, np.float32)).realize()
+        np.testing.assert_array_equal(f(x, Tensor(np.full(4, float(i), np.float32)).realize()).numpy(), 2.0 * i)
+        xs.append(x)
+    # as without the JIT: the first call's assign reads the state of that call (then 1, then overwritten by call 2)
+    np.testing.assert_array_equal(xs[0].numpy(), np.full(4, 101.0, np.float32))
+    # a lazy value made between calls that reads the state keeps the value the state had then
+    g = TinyJit(lambda y: (s.assign(y).realize(), (y * 2).contiguous())[1])
+    g(Tensor(np.full(4, 1.0, np.float32)).realize())
+    a = s * 2 + 1
+    for i in range(2, 7): g(Tensor(np.full(4, float(i), np.float32)).realize())
+    np.testing.assert_array_equal(a.numpy(), np.full(4, 3.0, np.float32))
+    assert len(g.captured) == 2   # the state's write and the output, nothing for `a`
+
 def test_view_of_a_lazy_input_computes_its_base():
     a = _r(5)
     f = TinyJit(lambda x: x * 3)
@@ -320,7 +345,10 @@ def test_mlp_step_replays_with_the_captured_kernel_count():
         k0 = GlobalCounters.kernel_count
         losses.append(step(Tensor(x), Tensor(y)).item())
         counts.append(GlobalCounters.kernel_count - k0)
-    assert counts[2:] == [counts[1]] * 4 and counts[1] == sum(1 for ei in step.captured if ei.ast.op.name == "SINK")
+    captured = sum(1 for ei in step.captured if ei.ast.op.name == "SINK")
+    # (the capture call also computes, before the capture, the gradient into the first call's input that was left
+    # lazy: one kernel that is not replayed)
+    assert counts[2:] == [captured] * 4 and counts[1] == captured + 1
     assert losses[-1] < losses[0]  # the same batch: Adam brings the loss down
 
 def _graphs(jit):
