@@ -533,9 +533,10 @@ class TinyJit(Generic[R]):
         # lazy work from before the call (an assign the caller left lazy, a value reading state the function
         # overwrites) is done now, outside the capture: inside it, where a write of the function to a buffer such work
         # reads forces it first, it would be captured, and every replay would compute it again into that tensor's
-        # buffer (constants stay lazy: nothing reads a buffer there)
-        pending = [t for t in lazy_tensors() if any(u.base.op not in (Ops.BUFFER, Ops.CONST) for u in shards_of(t.uop))]
-        if pending: Tensor.realize(*pending)
+        # buffer (constants stay lazy: nothing reads a buffer there). One at a time, as they were made: two of them
+        # may bind one Variable to two values
+        for t in lazy_tensors():
+            if any(u.base.op not in (Ops.BUFFER, Ops.CONST) for u in shards_of(t.uop)): t.realize()
         rng_before = Tensor._rng_counter
         rec = CaptureRecorder()
         _realize.capturing.append(rec)
