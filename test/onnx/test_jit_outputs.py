@@ -120,3 +120,19 @@ def test_output_computed_on_the_host_under_jit():
     run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])).jit()
     for _ in range(5):
         np.testing.assert_array_equal(run({"x": np.ones((1, 4, 4, 8), np.float32)})["y"], [1.0, 4.0, 4.0, 8.0])
+
+
+def test_empty_output_of_a_named_dim_under_jit():
+    # Split of (N, 3) into 3 and 0 columns: the empty part (N, 0) is a view of the input, left as it is (no memory)
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b"], axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, None)],
+                              initializer=[helper.make_tensor("sizes", TensorProto.INT64, [2], [3, 0])])
+    run = OnnxRunner(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])).jit()
+    rng = np.random.default_rng(3)
+    for n in [2, 2, 2, 4]:
+        x = rng.standard_normal((n, 3)).astype(np.float32)
+        got = run({"x": x})
+        np.testing.assert_array_equal(got["a"], x)
+        assert got["b"].shape == (n, 0)
