@@ -407,6 +407,11 @@ def b_conv(g: Gen) -> None:
     kernel = [g.rng.randint(1, min(3, s)) for s in sp]
     attrs = _window_attrs(g, tuple(sp), kernel)
     if group > 1: attrs["group"] = group
+    if len(sp) == 2 and g.rng.random() < 0.6:
+        # a strided dense convolution with whole vectors of output channels: one that begins a channels-last region
+        # (layout.starts_region), where the threshold on its size allows
+        group, cout, kernel = 1, g.rng.choice([8, 16]), [min(g.rng.choice([2, 3]), d) for d in sp]
+        attrs = {"strides": [2, 2], "pads": [g.rng.randint(0, k - 1) for k in kernel * 2]}
     if g.rng.random() < 0.5: attrs["kernel_shape"] = kernel
     ins = [x.name, g.data((cout, c // group, *kernel), FLOAT, init=g.rng.random() < 0.8)]
     if g.rng.random() < 0.5: ins.append(g.data((cout,), FLOAT))
@@ -792,7 +797,7 @@ def b_shape(g: Gen) -> None:
 # builders and their weights
 BUILDERS: list[tuple[Callable[[Gen], None], int]] = [
     (b_unary, 6), (b_positive, 2), (b_clip, 2), (b_binary, 8), (b_compare, 3), (b_mod, 1), (b_cast, 2),
-    (b_reduce, 5), (b_argmax, 2), (b_topk, 2), (b_softmax, 2), (b_cumsum, 2), (b_conv, 5), (b_conv_transpose, 2),
+    (b_reduce, 5), (b_argmax, 2), (b_topk, 2), (b_softmax, 2), (b_cumsum, 2), (b_conv, 8), (b_conv_transpose, 2),
     (b_pool, 4), (b_matmul, 3), (b_gemm, 2), (b_flatten, 1), (b_reshape, 3), (b_transpose, 3), (b_squeeze, 2),
     (b_slice, 3), (b_gather, 3), (b_scatter, 2), (b_concat_split, 3), (b_pad, 3), (b_expand_tile, 2), (b_norm, 3),
     (b_resize, 2), (b_einsum, 1), (b_depth_space, 1), (b_trilu, 1), (b_shape, 3)]
@@ -842,7 +847,7 @@ def _draft(rng: random.Random, seed: int) -> Case:
                               [_vi(v.name, v.dtype, v.shape) for v in outs], initializer=g.inits)
     model = _model(graph, opset)
     onnx.checker.check_model(model, full_check=True)
-    return Case(seed, opset, model, g.inputs, rng.random() < 0.3, symbolic)
+    return Case(seed, opset, model, g.inputs, rng.random() < 0.5, symbolic)
 
 
 def feeds(case: Case, k: int) -> dict[str, np.ndarray]:
@@ -979,10 +984,20 @@ def replay(seed: int, save: str | None = None) -> bool:
     return not problems
 
 
-SEEDS = 50
+SEEDS = 60
+# seeds whose failure lies in the engine, outside the ONNX runner (each with a reproducer in plain Tensor code):
+# expected to fail until it is fixed there
+ENGINE_BUGS = {
+    12: "a flip of a view with a Variable dim: Tensor.ones(4, 3).contiguous().realize()[:Variable('n', 1, 8).bind(2)]"
+        ".flip(1).numpy() raises '(1<n) is not a constant' in schedule/simplify.py _is_noop_movement",
+}
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+def _seeds(seeds: range) -> list:
+    return [pytest.param(s, marks=pytest.mark.xfail(reason=ENGINE_BUGS[s])) if s in ENGINE_BUGS else s for s in seeds]
+
+
+@pytest.mark.parametrize("seed", _seeds(range(SEEDS)))
 def test_fuzz_onnx(seed):
     case = generate(seed)
     problems = check(case)
@@ -991,7 +1006,7 @@ def test_fuzz_onnx(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(SEEDS, 600))
+@pytest.mark.parametrize("seed", _seeds(range(SEEDS, 600)))
 def test_fuzz_onnx_slow(seed):
     test_fuzz_onnx(seed)
 
