@@ -415,6 +415,8 @@ OPS[("", "ArgMin")] = OpDef(_arg(False), frozenset({"axis", "keepdims", "select_
 
 def _softmax_like(fn: Callable[[Tensor, int], Tensor]) -> Callable[..., Tensor]:
     def run(x: Tensor, *, axis: int | None = None, ctx: Context) -> Tensor:
+        # (no elements: no row to normalize, where the row's max would be an error)
+        if 0 in x.shape: return Tensor.empty(*x.shape, dtype=x.dtype, device=x.device)
         if ctx.opset >= 13: return fn(x, axis_of(-1 if axis is None else axis, x.ndim))
         # before opset 13 the input was flattened to 2D at `axis` (default 1) and normalized over the second part
         a = axis_of(1 if axis is None else axis, x.ndim)
@@ -423,7 +425,6 @@ def _softmax_like(fn: Callable[[Tensor, int], Tensor]) -> Callable[..., Tensor]:
 
 
 def _hardmax(x: Tensor, a: int) -> Tensor:
-    if x.shape[a] == 0: return Tensor.empty(*x.shape, dtype=x.dtype, device=x.device)   # (no row to pick in)
     return (x.argmax(a, keepdim=True) == Tensor.arange(x.shape[a]).reshape(
         tuple(-1 if i == a else 1 for i in range(x.ndim)))).cast(x.dtype)
 

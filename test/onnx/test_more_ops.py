@@ -384,3 +384,12 @@ def test_hardmax_over_an_empty_axis():
     model = _model("Hardmax", {"x": x}, {"y": TensorProto.FLOAT}, 13, axis=1)
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     assert got.shape == _ort(model, {"x": x})[0].shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("op,opset", [("Softmax", 13), ("LogSoftmax", 11), ("Softmax", 11)])
+def test_softmax_of_an_empty_tensor(op, opset):
+    # (0, 1, 0) along axis 0: no row to normalize, an empty result as onnxruntime gives
+    x = np.zeros((0, 1, 0), np.float32)
+    model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, opset, axis=0)
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    assert got.shape == _ort(model, {"x": x})[0].shape == (0, 1, 0)
