@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, exec_alu
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, exec_alu, resolve
 from fusegrad.uop.pattern import PatternMatcher, UPat
 
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
@@ -68,7 +68,8 @@ def _is_noop_movement(m: UOp) -> bool:
     if m.op is _PERMUTE: return m.arg == tuple(range(len(m.arg)))
     if m.op is _PAD: return all(b == 0 and e == 0 for b, e in m.arg)
     if m.op is _SHRINK: return all(b == 0 and e == s for (b, e), s in zip(m.arg, src_shape))
-    if m.op is _FLIP: return not any(f for f, s in zip(m.arg, src_shape) if s > 1)
+    # (a symbolic size that may be above 1 keeps the flip)
+    if m.op is _FLIP: return not any(f for f, s in zip(m.arg, src_shape) if resolve(s > 1))
     return False
 
 sym_tensor = PatternMatcher([

@@ -158,3 +158,13 @@ def test_empty_with_a_bound_variable_is_memory_for_its_largest_value():
         assert t.shape[0].unbind()[1] == n and (t @ Tensor.ones(4, 3)).numpy().shape == (n, 3)
         t.assign(Tensor.arange(4 * n).reshape(n, 4).float().shrink(((0, v.bind(n)), None)).contiguous()).realize()
         np.testing.assert_array_equal(t.numpy(), np.arange(4 * n, dtype=np.float32).reshape(n, 4))
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_flip_of_a_variable_bounded_view(k: int):
+    # a flip is dropped as a no-op only where every flipped axis has at most one element: a symbolic size that may be
+    # above 1 keeps it (deciding `n > 1` for the Variable raised)
+    base = np.arange(12, dtype=np.float32).reshape(4, 3)
+    x = Tensor(base).contiguous().realize()[:Variable("n", 1, 8).bind(k)]
+    np.testing.assert_array_equal(x.flip(1).numpy(), base[:k, ::-1])
+    np.testing.assert_array_equal(x.flip(0).numpy(), base[:k][::-1])
+    np.testing.assert_array_equal(x.flip((0, 1)).numpy(), base[:k][::-1, ::-1])
