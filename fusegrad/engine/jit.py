@@ -556,7 +556,7 @@ class TinyJit(Generic[R]):
             if isinstance(x, Tensor) and _in_buffers(x) and (hit := [owner[id(b)] for b in _base_buffers(x)
                                                                      if id(b) in owner]):
                 raise JitError(f"TinyJit function returns its input {hit[0]} (or a view of it): a replay would hand "
-                               "back the capture call's tensor, not this call's; return a copy (x.contiguous()) or "
+                               "back the capture call's tensor, not this call's; return a copy (x.clone()) or "
                                "use the argument itself")
         self.jit_cache = _without_unread_snapshots(rec.items)
         self._bounded = [ei for ei in self.jit_cache if ei.prg is not None and ei.prg.bounds is not None]

@@ -410,8 +410,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return self.reshape(()).tolist()
 
     def clone(self, device: str | tuple[str, ...] | None = None) -> Tensor:
-        """A copy in new memory (on `device` if given)."""
-        return (self if device is None else self.to(device)).contiguous()
+        """A copy in new memory (on `device` if given), which a later write to this tensor leaves alone. Not
+        `contiguous()`: that is the tensor itself where it is realized contiguously, or becomes it once it is."""
+        if device is not None and (moved := self.to(device)) is not self: return moved   # (a copy already)
+        # (a copy to the same device, which no rule removes; a sharded tensor's shards each copied on their device)
+        def copied(u: UOp) -> UOp: return UOp(Ops.COPY, u.dtype, (u, _device_uop(u.device)))
+        if self.uop.op is Ops.MULTI: return Tensor(self.uop.replace(src=tuple(copied(s) for s in self.uop.src)))
+        return Tensor(copied(self.uop))
     def detach(self) -> Tensor: return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
     def contiguous(self) -> Tensor: return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
     def to(self, device: str | tuple[str, ...] | None) -> Tensor:

@@ -651,6 +651,31 @@ def test_clone_to_device():
     assert c.device == "CPU" and c.uop is not x.uop
     assert_close(c, torch.from_numpy(x.numpy()))
 
+@pytest.mark.parametrize("source", ["realized", "lazy, realized after the clone", "sharded"])
+def test_clone_is_new_memory(source: str):
+    # a write to the tensor after clone() leaves the clone alone, as torch's clone (contiguous() of a realized tensor
+    # is the tensor itself, so a clone made by it changed with the tensor)
+    base = _rand((2, 3), seed=34)
+    ref = torch.from_numpy(base) + 1
+    ref_clone = ref.clone()
+    ref.mul_(10)
+    if source == "sharded":
+        t = (Tensor(base) + 1).shard(("CPU:0", "CPU:1"), axis=0).realize()
+    else:
+        t = Tensor(base).realize() + 1
+        if source == "realized": t.realize()
+    c = t.clone()
+    t.realize()
+    t.assign(t * 10).realize()
+    assert_close(c, ref_clone)
+    assert_close(t, ref)
+
+def test_clone_passes_gradients():
+    w, tw = Tensor(_rand((4,), seed=35), requires_grad=True), torch.from_numpy(_rand((4,), seed=35)).requires_grad_()
+    (w.clone() * w).sum().backward()
+    (tw.clone() * tw).sum().backward()
+    assert_close(w.grad, tw.grad)
+
 def test_matmul_int():
     a = np.arange(12, dtype=np.int32).reshape(3, 4) - 5
     b = np.arange(8, dtype=np.int32).reshape(4, 2) * 3 - 7
