@@ -274,6 +274,10 @@ VALUES_KEPT = 1024
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
 
+def _reads_memory(u: UOp) -> bool:
+    """Whether the graph `u` reads a buffer."""
+    return any(x.op is Ops.BUFFER for x in u.toposort())
+
 class TinyJit(Generic[R]):
     """Decorator: `@TinyJit def step(x, y): ...` captures the kernels of `step` and replays them on later calls.
 
@@ -533,10 +537,11 @@ class TinyJit(Generic[R]):
         # lazy work from before the call (an assign the caller left lazy, a value reading state the function
         # overwrites) is done now, outside the capture: inside it, where a write of the function to a buffer such work
         # reads forces it first, it would be captured, and every replay would compute it again into that tensor's
-        # buffer (constants stay lazy: nothing reads a buffer there). One at a time, as they were made: two of them
-        # may bind one Variable to two values
+        # buffer. Only those that read memory: a value computed from constants alone (an arange, a lazy random draw)
+        # reads no buffer the function could overwrite, and may never be needed (or be larger than memory, as a lazy
+        # view may). One at a time, as they were made: two of them may bind one Variable to two values
         for t in lazy_tensors():
-            if any(u.base.op not in (Ops.BUFFER, Ops.CONST) for u in shards_of(t.uop)): t.realize()
+            if any(u.base.op not in (Ops.BUFFER, Ops.CONST) and _reads_memory(u) for u in shards_of(t.uop)): t.realize()
         rng_before = Tensor._rng_counter
         rec = CaptureRecorder()
         _realize.capturing.append(rec)

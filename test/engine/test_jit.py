@@ -7,6 +7,7 @@ import torch
 from fusegrad import Context, Tensor, TinyJit, Variable, nn
 from fusegrad.engine.jit import JitError
 from fusegrad.nn import optim
+from fusegrad.uop.ops import Ops
 
 torch.set_num_threads(1)
 rng = np.random.default_rng(0)
@@ -328,6 +329,16 @@ def test_lazy_work_from_before_the_capture_is_not_replayed():
     h = TinyJit(lambda y: (y * 2).contiguous())
     for i in range(4): np.testing.assert_array_equal(h(Tensor(np.full(2, float(i), np.float32))).numpy(), 2.0 * i)
     assert (two.item(), three.item()) == (1.0, 3.0)
+
+def test_lazy_values_reading_no_memory_stay_lazy_through_a_capture():
+    # the lazy tensors a capture computes first are those that read memory: an arange larger than memory (a lazy
+    # value may be) made before the capture, which nothing needs, stays lazy instead of failing the capture
+    huge = Tensor.arange(10 ** 11)
+    f = TinyJit(lambda y: (y * 2).contiguous())
+    for i in range(4):
+        np.testing.assert_array_equal(f(Tensor(np.full(3, float(i), np.float32))).numpy(), np.full(3, 2.0 * i))
+    assert huge.uop.base.op is not Ops.BUFFER
+    np.testing.assert_array_equal(huge[10 ** 11 - 3:].numpy(), np.arange(10 ** 11 - 3, 10 ** 11))
 
 def test_view_of_a_lazy_input_computes_its_base():
     a = _r(5)
