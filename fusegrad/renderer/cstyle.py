@@ -1070,18 +1070,11 @@ def _chained_float_reduction(st: UOp) -> bool:
         steps += 1
     return steps > 1
 
-def _index_select_stored_twice(uops: list[UOp]) -> bool:
-    """Whether a value is stored to more than one address of the same buffer while a select (WHERE) on the loop
-    indices alone, not on loaded data, is computed in the kernel."""
-    stored: set[tuple[UOp, UOp]] = set()
-    twice = False
+def _index_select(uops: list[UOp]) -> bool:
+    """Whether the kernel computes a scalar select (WHERE) of floats on the loop indices alone, not on loaded data
+    (a setitem's mask). Vector selects are our own vector code, which the loop vectorizer leaves alone."""
     for u in uops:
-        if u.op is _STORE and u.src[0].op is _INDEX:
-            twice = twice or (u.src[0].src[0], u.src[1]) in stored
-            stored.add((u.src[0].src[0], u.src[1]))
-    if not twice: return False
-    for u in uops:
-        if u.op is Ops.WHERE:
+        if u.op is Ops.WHERE and u.dtype.count == 1 and dtypes.is_float(u.dtype):
             deps = u.src[0].toposort()
             if any(x.op is Ops.RANGE for x in deps) and not any(x.op is _LOAD for x in deps): return True
     return False
@@ -1124,10 +1117,9 @@ class ClangRenderer(CStyleLanguage):
         #   (when it reduces a chain of several additions per iteration: unrolled, or inner loops fully unrolled).
         #   Kernels with conditional memory accesses or with such float reductions are left to the SLP vectorizer
         #   and our own vector code.
-        # - at -O2 with the dynamic cost model (not at -O3), the loop vectorizer stores the wrong lanes when a select
-        #   on the loop index feeds values that are each stored twice (an interleaved group of stores with repeated
-        #   values, as a stack of a tensor with itself whose rows a setitem replaced): whole rows of the output were
-        #   left unwritten. Those kernels too are left to the SLP vectorizer.
+        # - at -O2 with the dynamic cost model (not at -O3), the loop vectorizer stores wrong lanes in loops that
+        #   compute a scalar float select on the loop indices (a setitem's mask, alone or stacked with itself):
+        #   some elements of the output were left unwritten. Those kernels too are left to the SLP vectorizer.
         out: list[str] = []
         def elem(u: UOp) -> DType: return (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar()
         if any(elem(u) == dtypes.float16 for u in uops):
@@ -1135,7 +1127,7 @@ class ClangRenderer(CStyleLanguage):
                     "#pragma GCC target(\"no-avx512fp16\")", "#endif"]
         gated = any((u.op is _INDEX and len(u.src) > 2) or (u.op is _LOAD and len(u.src) > 1 and
                                                                u.src[0].op is _INDEX) for u in uops)
-        if gated or any(_chained_float_reduction(u) for u in uops) or _index_select_stored_twice(uops):
+        if gated or any(_chained_float_reduction(u) for u in uops) or _index_select(uops):
             out += ["#if defined(__GNUC__) && !defined(__clang__)", "#pragma GCC optimize(\"no-tree-loop-vectorize\")",
                     "#endif"]
         return out

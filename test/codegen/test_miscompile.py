@@ -123,9 +123,10 @@ def test_load_not_hoisted_out_of_empty_loop():
             CompiledRunner(p)(bufs, {"n": nv})
             assert bufs[0].numpy()[0] == nv * sum(range(nv)), (dev, nv)
 
-# *** 5. a select on the loop index whose values are each stored twice ***
-# at -O2 with the dynamic cost model gcc's loop vectorizer left whole rows of such a kernel's output unwritten (valid
-# C; right at -O3 and with -fno-tree-loop-vectorize): fuzz_torch seed 523
+# *** 5. a select on the loop indices ***
+# at -O2 with the dynamic cost model gcc's loop vectorizer left elements of such a kernel's output unwritten (valid
+# C; right at -O3 and with -fno-tree-loop-vectorize): fuzz_torch seeds 523 (the rows stacked with themselves) and
+# 6103 (a setitem alone)
 
 @pytest.mark.parametrize("rows", [5, 6, 8])
 def test_stack_of_rows_replaced_by_setitem(rows: int):
@@ -135,6 +136,14 @@ def test_stack_of_rows_replaced_by_setitem(rows: int):
     vt = torch.from_numpy(a).flip(1) * 1.0
     vt[0:1] = 1.0
     np.testing.assert_array_equal(Tensor.stack(v, v, dim=3).numpy(), torch.stack([vt, vt], dim=3).numpy())
+
+def test_setitem_of_a_block():
+    a = np.arange(1, 37, dtype=np.float32).reshape(2, 9, 2)
+    v = Tensor(a) * 1.0
+    v[0:1, 1:2, :] = 1.5
+    vt = torch.from_numpy(a) * 1.0
+    vt[0:1, 1:2, :] = 1.5
+    np.testing.assert_array_equal(v.numpy(), vt.numpy())
 
 # *** which kernels get the workarounds ***
 
