@@ -337,3 +337,20 @@ def test_empty_outputs_are_never_merged_into_a_kernel():
     for o, want in zip(outs, [te.prod(0), te.cumsum(0), te.var(0), te.logsumexp(0), te.sort(0)[0], te.any(0)]):
         assert o.shape == tuple(want.shape)
         np.testing.assert_allclose(o.numpy(), want.numpy(), equal_nan=True)
+
+def test_in_place_update_merged_beside_a_broadcast_output():
+    # an in-place update (x4 += argmin) merged with a broadcast of the same argmin over a loop of 2 that the update's
+    # store doesn't move with: the heuristic's upcast of that small loop is refused (its iterations read what the ones
+    # before stored) and the kernel keeps the loop, instead of the refusal failing the realize (fuzz_jit seed 8420)
+    rng = np.random.default_rng(8420)
+    for dt in (np.int32, np.float32):
+        a = rng.integers(-50, 50, (4, 6, 3)).astype(dt)
+        x1, x4 = Tensor(a).realize(), Tensor(np.full((4, 3), 7, dt)).realize()
+        x6 = Tensor(np.ones((2, 1, 3), dt)).realize()
+        v3 = x1.argmin(axis=1)
+        x4.assign(v3 + x4)
+        y = x6 + v3
+        Tensor.realize(y, x4)
+        want = torch.from_numpy(a).argmin(dim=1).numpy()
+        np.testing.assert_array_equal(x4.numpy(), want + 7)
+        np.testing.assert_array_equal(y.numpy(), np.ones((2, 1, 3)) + want)

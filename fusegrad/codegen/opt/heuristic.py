@@ -618,7 +618,9 @@ def _upcast_output_windows(ctx: OptContext) -> None:
     if k.applied_opts: return
     for r in _output_windows(k):
         if math.prod(range_size(o) for o in k.expanded) * range_size(r) <= ctx.budget:
-            k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), 0))
+            # (refused where the loop's iterations read what the ones before stored: they must run in order)
+            try: k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), 0))
+            except KernelOptError: pass
 
 REDUCE_REMAINDER_LANES = 16
 
