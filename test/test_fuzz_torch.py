@@ -176,7 +176,9 @@ class TT:
             if dt != "float32" and float(self.v.abs().max()) > HALF_LIMIT: raise Reject("half of a large value")
             tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dt]
             t = self.t.to(tdt).to(REF["dtype"]) if self.is_float else self.t.to(REF["dtype"])
-            return TT(t, dt, self.unit)
+            out = TT(t, dt, self.unit)
+            out.normalized = self.normalized
+            return out
         if self.is_float: raise Reject("float -> int casts round: not fuzzed")
         return TT(self.t.to(torch.bool if dt == "bool" else torch.int64), dt)
     def float(self) -> TT: return self._to("float32")
