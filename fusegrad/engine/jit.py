@@ -274,6 +274,10 @@ VALUES_KEPT = 1024
 # the TinyJits whose function is running (a TinyJit called inside one is an error)
 _running: list[Any] = []
 
+def _writes(t: Tensor) -> bool:
+    """Whether the lazy tensor `t` writes to memory in place (its graph has an ASSIGN not run yet)."""
+    return any(u.base.op is not Ops.BUFFER and any(x.op is Ops.ASSIGN for x in u.toposort()) for u in shards_of(t.uop))
+
 def _reads_memory(u: UOp) -> bool:
     """Whether the graph `u` reads a buffer."""
     return any(x.op is Ops.BUFFER for x in u.toposort())
@@ -498,10 +502,14 @@ class TinyJit(Generic[R]):
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         _running.append(self)
+        lazy_before = {id(t): t.uop for t in lazy_tensors()}
         try:
             ret = self.fxn(*args, **kwargs)  # type: ignore[misc]
             outs = [x for x in _flatten(ret)[0] if isinstance(x, Tensor)]
-            if outs: Tensor.realize(*outs)
+            # in-place writes the function left lazy (an assign it doesn't realize) are done with its outputs: a replay
+            # runs what the capture ran, so one done later, where the tensor is read, would run once and then never
+            writes = [t for t in lazy_tensors() if lazy_before.get(id(t)) is not t.uop and _writes(t)]
+            if outs or writes: Tensor.realize(*outs, *writes)
         finally: _running.remove(self)
         return ret
 

@@ -340,6 +340,26 @@ def test_lazy_values_reading_no_memory_stay_lazy_through_a_capture():
     assert huge.uop.base.op is not Ops.BUFFER
     np.testing.assert_array_equal(huge[10 ** 11 - 3:].numpy(), np.arange(10 ** 11 - 3, 10 ** 11))
 
+def test_assigns_left_lazy_are_replayed():
+    # an in-place write the function doesn't realize (state it closes over, or an argument) is done with its outputs:
+    # left lazy, it ran once, where the tensor was read after the capture call, and the replays never ran it (the
+    # state summed 1 + 2 instead of 1 + ... + 5; tinygrad 0.14 drops it too)
+    s = Tensor(np.zeros(3, np.float32)).realize()
+    @TinyJit
+    def f(x, y):
+        s.assign(s + y)
+        x.assign(x * 2 + y)
+        return (y * 2).contiguous()
+    ref_s, xs = np.zeros(3, np.float32), []
+    for i in range(1, 6):
+        y, x = np.full(3, float(i), np.float32), np.full(3, 10.0 * i, np.float32)
+        xt = Tensor(x).realize()
+        np.testing.assert_array_equal(f(xt, Tensor(y).realize()).numpy(), y * 2)
+        ref_s += y
+        xs.append((xt, x * 2 + y))
+    np.testing.assert_array_equal(s.numpy(), ref_s)
+    for xt, want in xs: np.testing.assert_array_equal(xt.numpy(), want)
+
 def test_view_of_a_lazy_input_computes_its_base():
     a = _r(5)
     f = TinyJit(lambda x: x * 3)
