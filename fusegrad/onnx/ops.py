@@ -608,10 +608,12 @@ def _ceil_pads(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int],
 
 def _no_windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int], pairs: Sequence[tuple[int, int]],
                 ceil_mode: int) -> tuple[int, ...] | None:
-    """The output shape of a pool with no window along some axis (a dilated kernel longer than the padded input,
-    without ceil_mode: ONNX's floor((in + pads - span) / stride) + 1 is then 0), None where it has windows."""
-    if ceil_mode or any(is_symbolic(i) for i in x.shape[2:]): return None
-    sizes = [(i + a + b - (kk - 1) * dd - 1) // ss + 1 for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs)]
+    """The output shape of a pool with no window along some axis (a dilated kernel longer than the padded input:
+    ONNX's floor((in + pads - span) / stride) + 1 is then 0, and its ceil where the span is longer by a stride or
+    more), None where it has windows."""
+    if any(is_symbolic(i) for i in x.shape[2:]): return None
+    sizes = [(-(-(i + a + b - (kk - 1) * dd - 1) // ss) if ceil_mode else (i + a + b - (kk - 1) * dd - 1) // ss) + 1
+             for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs)]
     return (*x.shape[:2], *(max(n, 0) for n in sizes)) if min(sizes) <= 0 else None
 
 

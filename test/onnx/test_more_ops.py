@@ -393,3 +393,17 @@ def test_softmax_of_an_empty_tensor(op, opset):
     model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, opset, axis=0)
     got = OnnxRunner(model)({"x": x})["y"].numpy()
     assert got.shape == _ort(model, {"x": x})[0].shape == (0, 1, 0)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+@pytest.mark.parametrize("rows,kernel,dilation,stride", [(2, 2, 2, 1), (3, 3, 2, 2), (3, 2, 3, 2)])
+def test_pool_ceil_mode_with_a_window_longer_than_the_input(op, rows, kernel, dilation, stride):
+    # ceil((rows - span) / stride) + 1 windows: none for a span longer by a stride or more, else one (onnxruntime and
+    # onnx's reference agree); the runner raised 'kernel is larger than the padded input' for none
+    x = np.random.default_rng(8).standard_normal((1, 2, rows, 3)).astype(np.float32)
+    model = _model(op, {"x": x}, {"y": TensorProto.FLOAT}, 19, ceil_mode=1, dilations=[dilation, 1],
+                   kernel_shape=[kernel, 1], strides=[stride, 1])
+    got = OnnxRunner(model)({"x": x})["y"].numpy()
+    want = _ort(model, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5)
