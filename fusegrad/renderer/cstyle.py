@@ -1071,10 +1071,11 @@ def _chained_float_reduction(st: UOp) -> bool:
     return steps > 1
 
 def _index_select(uops: list[UOp]) -> bool:
-    """Whether the kernel computes a scalar select (WHERE) of floats on the loop indices alone, not on loaded data
-    (a setitem's mask). Vector selects are our own vector code, which the loop vectorizer leaves alone."""
+    """Whether the kernel computes a scalar select (WHERE, of any dtype: int32, int64 and int16 setitems were
+    miscompiled as well as floats) on the loop indices alone, not on loaded data (a setitem's mask). Vector selects
+    are our own vector code, which the loop vectorizer leaves alone."""
     for u in uops:
-        if u.op is Ops.WHERE and u.dtype.count == 1 and dtypes.is_float(u.dtype):
+        if u.op is Ops.WHERE and u.dtype.count == 1:
             deps = u.src[0].toposort()
             if any(x.op is Ops.RANGE for x in deps) and not any(x.op is _LOAD for x in deps): return True
     return False
@@ -1118,8 +1119,9 @@ class ClangRenderer(CStyleLanguage):
         #   Kernels with conditional memory accesses or with such float reductions are left to the SLP vectorizer
         #   and our own vector code.
         # - at -O2 with the dynamic cost model (not at -O3), the loop vectorizer stores wrong lanes in loops that
-        #   compute a scalar float select on the loop indices (a setitem's mask, alone or stacked with itself):
-        #   some elements of the output were left unwritten. Those kernels too are left to the SLP vectorizer.
+        #   compute a scalar select on the loop indices (a setitem's mask, alone or stacked with itself; float, int
+        #   and double values alike): some elements of the output were left unwritten. Those kernels too are left
+        #   to the SLP vectorizer.
         out: list[str] = []
         def elem(u: UOp) -> DType: return (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar()
         if any(elem(u) == dtypes.float16 for u in uops):
