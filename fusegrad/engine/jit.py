@@ -584,6 +584,14 @@ class TinyJit(Generic[R]):
                 for b in _base_buffers(x):
                     if not existed(b): self._fresh[id(b)] = b
         self._fresh_devices = {bid: UOp(Ops.DEVICE, arg=b.device) for bid, b in self._fresh.items()}
+        # an output made from host data inside the function (a Tensor of a NumPy array) is written by no captured
+        # kernel: each replay copies the value the capture made into its fresh buffer (frozen at capture, as every
+        # Python value the function reads), where a replay returned whatever memory the fresh buffer held
+        written = {id(b) for ei in self.jit_cache for b in ei.outputs()}
+        for bid, b in self._fresh.items():
+            if bid in written: continue
+            frozen = Buffer(b.device, b.size, b.dtype).ensure_allocated().copyin(b.as_buffer(allow_zero_copy=False))
+            self.jit_cache.append(ExecItem(UOp(Ops.COPY, b.dtype, (), (b.nbytes, 0)), [b, frozen]).lower())
         self._out_chains = [self._chain(x) for x in leaves]
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before
