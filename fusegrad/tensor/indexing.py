@@ -625,18 +625,14 @@ class IndexingMixin:
     # *** masks ***
 
     def masked_fill(self: Tensor, mask: Tensor, value: Tensor | ConstType) -> Tensor:
-        """self where mask is False, value where it is True (mask broadcasts)."""
+        """self where mask is False, value where it is True, in self's dtype. self, mask and value broadcast together
+        (as tinygrad's and torch's; a value tensor of any broadcastable shape, as tinygrad's)."""
         Tensor = _T()
         if not isinstance(mask, Tensor) or mask.dtype != dtypes.bool:
             raise TypeError(f"masked_fill: mask must be a bool Tensor, got {getattr(mask, 'dtype', type(mask))}")
-        if isinstance(value, Tensor):
-            if value.ndim != 0: raise ValueError(f"masked_fill: value must be a 0-d tensor, got shape {value.shape}")
-            value = value.cast(self.dtype)
-        else: value = Tensor(value, device=self.device, dtype=self.dtype)
-        ret = mask.where(value, self)
-        if ret.shape != self.shape: raise ValueError(f"masked_fill: mask of shape {mask.shape} can't be broadcast "
-                                                     f"to {self.shape}")
-        return ret
+        value = value.cast(self.dtype) if isinstance(value, Tensor) else Tensor(value, device=self.device,
+                                                                                   dtype=self.dtype)
+        return mask.where(value, self)
 
     def nonzero(self: Tensor, size: int | None = None, fill_value: ConstType = 0) -> Tensor:
         """(count, ndim) positions (dtypes.default_int, as tinygrad) of the nonzero elements, in row-major order. The

@@ -346,6 +346,21 @@ def test_rearrange():
     assert t.rearrange("a b c -> a 1 (b 1 c)").shape == (2, 1, 24)
     assert Tensor.zeros(1, 3).rearrange("1 b -> b").shape == (3,)
 
+@pytest.mark.parametrize("self_shape, mask_shape", [((6, 3, 1), (6, 3, 4)), ((3, 4), (2, 1, 4)), ((1,), (5,))])
+def test_masked_fill_broadcasts_self_and_mask(self_shape, mask_shape):
+    # self and mask broadcast together, as in torch and tinygrad (a mask larger than self raised)
+    rng = np.random.default_rng(3)
+    x, m = rng.standard_normal(self_shape).astype(np.float32), rng.random(mask_shape) < 0.5
+    want = torch.from_numpy(x).masked_fill(torch.from_numpy(m), 0.5)
+    got = Tensor(x).masked_fill(Tensor(m), 0.5)
+    assert got.shape == tuple(want.shape)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+def test_masked_fill_with_a_tensor_of_values():
+    # a value tensor that broadcasts (tinygrad's documented example: one value per element)
+    t, mask = Tensor([1, 2, 3, 4, 5]), Tensor([True, False, True, False, False])
+    assert t.masked_fill(mask, Tensor([-1, -2, -3, -4, -5])).tolist() == [-1, 2, -3, 4, 5]
+
 # *** errors ***
 
 @pytest.mark.parametrize("fn, exc", [
