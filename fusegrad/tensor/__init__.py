@@ -514,7 +514,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if is_symbolic(n):
             # memory for the Variables' largest values, viewed at their bound ones: one buffer (and the kernels that
             # read it) serves every value
-            size = int(ssimplify(n).vmax)
+            size = int(m.vmax) if isinstance(m := ssimplify(n), UOp) else int(m)   # (n * 0 simplifies to 0)
             return Tensor(new_buffer(_device_uop(dev), size, dt).shrink(((0, n),)).reshape(shp))
         buf = new_buffer(_device_uop(dev), n, dt)
         return Tensor(buf.reshape(shp) if shp != (n,) else buf)

@@ -168,3 +168,11 @@ def test_flip_of_a_variable_bounded_view(k: int):
     np.testing.assert_array_equal(x.flip(1).numpy(), base[:k, ::-1])
     np.testing.assert_array_equal(x.flip(0).numpy(), base[:k][::-1])
     np.testing.assert_array_equal(x.flip((0, 1)).numpy(), base[:k][::-1, ::-1])
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_empty_with_a_bound_variable_and_no_elements(k: int):
+    # a symbolic shape with a 0 dim holds no elements for any value (its size simplified to the int 0, which the
+    # memory sizing took for a symbolic one: AttributeError)
+    for shape, want in (((Variable("n", 1, 8).bind(k), 0), (k, 0)), ((0, Variable("m", 1, 8).bind(k), 3), (0, k, 3))):
+        t = Tensor.empty(*shape)
+        assert t.numpy().shape == want and (t + 1).numpy().shape == np.zeros(want).shape
