@@ -3,6 +3,8 @@ no-op view), buffers are allocated, the runners run, and `GlobalCounters` count 
 from __future__ import annotations
 import ctypes
 import functools
+import itertools
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -214,6 +216,23 @@ def _order(root: UOp, facts: dict[UOp, list[tuple[str, UOp, int]]]) -> list[UOp]
         stack += [(s, False) for s in u.src] + [(y, False) for _, y, _ in facts.get(u, [])]
     return order
 
+# the most loop points VarBounds evaluates an access at, where the range analysis finds it out of bounds
+EXACT_POINTS = 1 << 16
+
+def _exact_value(u: UOp, values: dict[UOp, Any]) -> Any:
+    """The value of the index expression `u` with `values` for its leaves (DEFINE_VARs, CONSTs, RANGEs), evaluated as
+    the kernel computes it (memoized in `values`); KeyError for a leaf without a value, TypeError for an op it
+    can't evaluate."""
+    if (v := values.get(u, values)) is not values: return v
+    for x in u.toposort():
+        if x in values: continue
+        if x.op is Ops.CAST: out = bool(values[x.src[0]]) if x.dtype.scalar() == dtypes.bool else int(values[x.src[0]])
+        elif x.op in python_alu: out = exec_alu(x.op, x.dtype.scalar(), tuple(values[s] for s in x.src))
+        elif x.op in (Ops.DEFINE_VAR, Ops.RANGE): raise KeyError(x)
+        else: raise TypeError(f"can't evaluate {x.op}")
+        values[x] = out
+    return values[u]
+
 class VarBounds:
     """The loads and stores of a kernel whose memory depends on Variables (a slice, shrink or pad bounded by one, a
     loop over a symbolic size): the lowest and highest element each touches, under the values of one call, checked
@@ -242,6 +261,8 @@ class VarBounds:
             self.accesses.append((u.src[0].arg, u in stores, idx, gate, names))
         self.positions = tuple(a[0] for a in self.accesses)
         self._fn = self._compile() if self.accesses else None
+        self._names = {name for a in self.accesses for name in a[4]}
+        self._exact_seen: dict[tuple, tuple[int, int, int] | None] = {}
 
     def _compile(self) -> Callable[[dict[str, Any], tuple[int, ...]], tuple[int, int, int] | None]:
         lines, env = ["def check(vv, sizes):"], {"_mul": _mul_bounds, "_bounds_of": _bounds_of}
@@ -322,15 +343,54 @@ class VarBounds:
         """Whether every access stays inside buffers of these `sizes` under `var_vals` (what `check` checks, without
         the message); True where a Variable has no value, as `check` lets the launch name it."""
         if self._fn is None: return True
-        try: return self._fn(var_vals, sizes) is None
+        try: return self._found(var_vals, sizes) is None
         except KeyError: return True
+
+    def _found(self, var_vals: dict[str, Any], sizes: tuple[int, ...]) -> tuple[int, int, int] | None:
+        """The first access out of its buffer: (access, lowest, highest element). The range analysis can only
+        overestimate (an index it can't narrow by its gate, as a padding's index rebuilt through divisions by
+        symbolic sizes); where it finds one, the accesses are evaluated at every point of their loops, if there are
+        at most EXACT_POINTS, and that answer holds (kept per set of values)."""
+        assert self._fn is not None
+        if (bad := self._fn(var_vals, sizes)) is None: return None
+        key = (tuple(sorted((k, v) for k, v in var_vals.items() if k in self._names)), sizes)
+        if (known := self._exact_seen.get(key, False)) is not False: return known
+        exact = self._exact(var_vals, sizes)
+        if exact is not False: self._exact_seen[key] = exact
+        return bad if exact is False else exact
+
+    def _exact(self, var_vals: dict[str, Any], sizes: tuple[int, ...]) -> tuple[int, int, int] | None | bool:
+        """(access, lowest, highest) of the first access out of its buffer, evaluated at every point of its loops;
+        None if every access stays inside; False where that isn't known (too many points, an op it can't evaluate)."""
+        for n, (_, _, idx, gate, _) in enumerate(self.accesses):
+            topo = list((idx.toposort() if gate is None else UOp.sink(idx, gate).toposort()))
+            ranges = [u for u in topo if u.op is Ops.RANGE]
+            values: dict[UOp, Any] = {}
+            try:
+                for u in topo:   # (what doesn't depend on a loop, once)
+                    if u.op is Ops.DEFINE_VAR: values[u] = var_vals[u.arg[0]]
+                    elif u.op is Ops.CONST: values[u] = u.arg
+                extents = [_exact_value(r.src[0], values) for r in ranges]
+            except (KeyError, TypeError): return False
+            if math.prod(extents) > EXACT_POINTS: return False
+            lo, hi = None, None
+            for point in itertools.product(*map(range, extents)):
+                vals = dict(values)
+                vals.update(zip(ranges, point))
+                try:
+                    if gate is not None and not _exact_value(gate, vals): continue
+                    i = _exact_value(idx, vals)
+                except (KeyError, TypeError): return False
+                lo, hi = (i, i) if lo is None else (min(lo, i), max(hi, i))
+            if lo is not None and (lo < 0 or hi >= sizes[n]): return n, lo, hi
+        return None
 
     def check(self, bufs: list[Buffer | None], var_vals: dict[str, Any]) -> None:
         """Raise IndexError, naming the Variables and their values, when under `var_vals` an access would touch an
         element outside its buffer in `bufs`."""
         if self._fn is None: return
         sizes = self.sizes(bufs)
-        try: bad = self._fn(var_vals, sizes)
+        try: bad = self._found(var_vals, sizes)
         except KeyError: return  # a Variable without a value: the launch says which
         if bad is None: return
         n, lo, hi = bad

@@ -195,3 +195,21 @@ def test_bounds_are_the_enumerated_ones(name, fxn, values):
                     bounds.check(sizes, var_vals)
                 checked += 1
         assert checked, f"{name} p={n}: no access depends on p"
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gated_access_the_range_analysis_overestimates(k: int):
+    # a depthwise convolution's padding over a pool of a Variable-bounded batch: its loads' indices go through
+    # divisions by the view's sizes, which the range analysis can't narrow by the padding's gate (it put the reads at
+    # elements -1..79 for n=1); the accesses are then evaluated at every loop point, which shows them in range
+    data = np.random.default_rng(k).standard_normal(2560).astype(np.float32)
+    weight = np.random.default_rng(9).standard_normal((5, 1, 3)).astype(np.float32)
+    def model(x: Tensor) -> Tensor: return x.max_pool2d((1,), 1, 2, 0).conv2d(Tensor(weight), groups=5, padding=1)
+    n = Variable("n", 1, 64).bind(k)
+    got = model(Tensor(data).realize()[:n * 40].reshape(n, 5, 8)).numpy()
+    x = data[:k * 40].reshape(k, 5, 8)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1)))
+    want = np.stack([sum(padded[:, :, j:j + 8] * weight[:, 0, j][None, :, None] for j in range(3))], 0)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # an access truly out of range is still an error
+    short = Tensor(data[:40]).realize()
+    with pytest.raises(IndexError, match="out of range"): short[:Variable("m", 1, 64).bind(2) * 40].numpy()
