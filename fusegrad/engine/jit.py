@@ -586,12 +586,15 @@ class TinyJit(Generic[R]):
         self._fresh_devices = {bid: UOp(Ops.DEVICE, arg=b.device) for bid, b in self._fresh.items()}
         # an output made from host data inside the function (a Tensor of a NumPy array) is written by no captured
         # kernel: each replay copies the value the capture made into its fresh buffer (frozen at capture, as every
-        # Python value the function reads), where a replay returned whatever memory the fresh buffer held
+        # Python value the function reads), where a replay returned whatever memory the fresh buffer held. The copies
+        # come first: a captured kernel may read that output (they depend on nothing the call is given)
         written = {id(b) for ei in self.jit_cache for b in ei.outputs()}
+        copies = []
         for bid, b in self._fresh.items():
             if bid in written: continue
             frozen = Buffer(b.device, b.size, b.dtype).ensure_allocated().copyin(b.as_buffer(allow_zero_copy=False))
-            self.jit_cache.append(ExecItem(UOp(Ops.COPY, b.dtype, (), (b.nbytes, 0)), [b, frozen]).lower())
+            copies.append(ExecItem(UOp(Ops.COPY, b.dtype, (), (b.nbytes, 0)), [b, frozen]).lower())
+        self.jit_cache = copies + self.jit_cache
         self._out_chains = [self._chain(x) for x in leaves]
         # random calls made inside the function: each replay advances the generator by as many calls
         self._rng_calls = Tensor._rng_counter - rng_before

@@ -372,6 +372,12 @@ def test_output_made_from_host_data_is_replayed(prune: bool):
         kept.append(b)
         np.testing.assert_array_equal(a.numpy(), np.full(4, i + 1.0, np.float32))
     for b in kept: np.testing.assert_array_equal(b.numpy(), frozen)
+    # a captured kernel that reads such an output reads the copied value
+    g = TinyJit(lambda x: (c := Tensor(frozen).realize(), (x + c).realize()), prune=prune)
+    for i in range(5):
+        c, s = g(Tensor(np.full(4, float(i), np.float32)).realize())
+        np.testing.assert_array_equal(c.numpy(), frozen)
+        np.testing.assert_array_equal(s.numpy(), frozen + i)
 
 def test_view_of_a_lazy_input_computes_its_base():
     a = _r(5)
