@@ -219,19 +219,17 @@ def _order(root: UOp, facts: dict[UOp, list[tuple[str, UOp, int]]]) -> list[UOp]
 # the most loop points VarBounds evaluates an access at, where the range analysis finds it out of bounds
 EXACT_POINTS = 1 << 16
 
-def _exact_value(u: UOp, values: dict[UOp, Any]) -> Any:
-    """The value of the index expression `u` with `values` for its leaves (DEFINE_VARs, CONSTs, RANGEs), evaluated as
-    the kernel computes it (memoized in `values`); KeyError for a leaf without a value, TypeError for an op it
-    can't evaluate."""
-    if (v := values.get(u, values)) is not values: return v
-    for x in u.toposort():
+def _evaluate(order: list[UOp], values: dict[UOp, Any]) -> None:
+    """Put in `values` the value of each node of `order` (an index expression's nodes, sources first) it lacks,
+    computed as the kernel computes it, from `values`' leaves (DEFINE_VARs, CONSTs, RANGEs); KeyError for a leaf
+    without a value, TypeError for an op it can't evaluate."""
+    for x in order:
         if x in values: continue
         if x.op is Ops.CAST: out = bool(values[x.src[0]]) if x.dtype.scalar() == dtypes.bool else int(values[x.src[0]])
         elif x.op in python_alu: out = exec_alu(x.op, x.dtype.scalar(), tuple(values[s] for s in x.src))
         elif x.op in (Ops.DEFINE_VAR, Ops.RANGE): raise KeyError(x)
         else: raise TypeError(f"can't evaluate {x.op}")
         values[x] = out
-    return values[u]
 
 class VarBounds:
     """The loads and stores of a kernel whose memory depends on Variables (a slice, shrink or pad bounded by one, a
@@ -363,24 +361,30 @@ class VarBounds:
         """(access, lowest, highest) of the first access out of its buffer, evaluated at every point of its loops;
         None if every access stays inside; False where that isn't known (too many points, an op it can't evaluate)."""
         for n, (_, _, idx, gate, _) in enumerate(self.accesses):
-            topo = list((idx.toposort() if gate is None else UOp.sink(idx, gate).toposort()))
+            topo = list(idx.toposort() if gate is None else UOp.sink(idx, gate).toposort())
             ranges = [u for u in topo if u.op is Ops.RANGE]
+            # the nodes that don't change with the loops are computed once, the others at every point
+            varying: set[UOp] = set(ranges)
+            for u in topo:
+                if any(s in varying for s in u.src): varying.add(u)
             values: dict[UOp, Any] = {}
-            try:
-                for u in topo:   # (what doesn't depend on a loop, once)
-                    if u.op is Ops.DEFINE_VAR: values[u] = var_vals[u.arg[0]]
-                    elif u.op is Ops.CONST: values[u] = u.arg
-                extents = [_exact_value(r.src[0], values) for r in ranges]
+            for u in topo:
+                if u.op is Ops.CONST: values[u] = u.arg
+                elif u.op is Ops.DEFINE_VAR and u.arg[0] in var_vals: values[u] = var_vals[u.arg[0]]
+            try: _evaluate([u for u in topo if u not in varying and u.op is not Ops.SINK], values)
             except (KeyError, TypeError): return False
+            if any(r.src[0] not in values for r in ranges): return False   # (a loop whose extent varies)
+            extents = [values[r.src[0]] for r in ranges]
             if math.prod(extents) > EXACT_POINTS: return False
+            order = [u for u in topo if u in varying and u.op not in (Ops.RANGE, Ops.SINK)]
             lo, hi = None, None
             for point in itertools.product(*map(range, extents)):
                 vals = dict(values)
                 vals.update(zip(ranges, point))
-                try:
-                    if gate is not None and not _exact_value(gate, vals): continue
-                    i = _exact_value(idx, vals)
+                try: _evaluate(order, vals)
                 except (KeyError, TypeError): return False
+                if gate is not None and not vals[gate]: continue
+                i = vals[idx]
                 lo, hi = (i, i) if lo is None else (min(lo, i), max(hi, i))
             if lo is not None and (lo < 0 or hi >= sizes[n]): return n, lo, hi
         return None

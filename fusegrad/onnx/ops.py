@@ -592,6 +592,13 @@ def _pool_geometry(x: Tensor, auto_pad: str, kernel_shape: Sequence[int], stride
     return k, s, d, pairs
 
 
+def _window_count(i: int, a: int, b: int, kk: int, ss: int, dd: int, ceil_mode: bool) -> int:
+    """ONNX's pool output length along an axis of `i` elements padded by (a, b): floor (or ceil) of (in + pads -
+    span) / stride, plus one."""
+    q = i + a + b - ((kk - 1) * dd + 1)
+    return (-(-q // ss) if ceil_mode else q // ss) + 1
+
+
 def _ceil_pads(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int],
                pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The pads with the right ones made long enough that pooling without ceil_mode makes the windows ceil_mode does:
@@ -600,7 +607,7 @@ def _ceil_pads(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int],
     out = []
     for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs):
         span = (kk - 1) * dd + 1
-        n = -(-(i + a + b - span) // ss) + 1
+        n = _window_count(i, a, b, kk, ss, dd, True)
         if (n - 1) * ss >= i + a: n -= 1
         out.append((a, max(b, (n - 1) * ss + span - i - a)))
     return out
@@ -612,7 +619,7 @@ def _no_windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int],
     ONNX's floor((in + pads - span) / stride) + 1 is then 0, and its ceil where the span is longer by a stride or
     more), None where it has windows."""
     if any(is_symbolic(i) for i in x.shape[2:]): return None
-    sizes = [(-(-(i + a + b - (kk - 1) * dd - 1) // ss) if ceil_mode else (i + a + b - (kk - 1) * dd - 1) // ss) + 1
+    sizes = [_window_count(i, a, b, kk, ss, dd, bool(ceil_mode))
              for i, kk, ss, dd, (a, b) in zip(x.shape[2:], k, s, d, pairs)]
     return (*x.shape[:2], *(max(n, 0) for n in sizes)) if min(sizes) <= 0 else None
 

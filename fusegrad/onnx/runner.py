@@ -777,21 +777,22 @@ def _empty_symbolic(v: Tensor) -> bool:
     return 0 in v.shape and any(is_symbolic(d) for d in v.shape)
 
 
+def _copy(v: Tensor) -> Tensor:
+    """`v` in new memory, written by a kernel (an assign into new memory) that a TinyJit capture keeps."""
+    if _empty_symbolic(v): return Tensor.zeros(*v.shape, dtype=v.dtype, device=v.device)
+    return Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).assign(v)
+
+
 def _copied_if_realized(v: Any) -> Any:
     """An output with each tensor that is (a view of) memory that exists already made a copy."""
-    if isinstance(v, Tensor) and v.uop.base.op is Ops.BUFFER:
-        if _empty_symbolic(v): return Tensor.zeros(*v.shape, dtype=v.dtype, device=v.device)
-        return Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).assign(v)
+    if isinstance(v, Tensor) and v.uop.base.op is Ops.BUFFER: return _copy(v)
     if isinstance(v, list): return [_copied_if_realized(x) for x in v]
     return v
 
 
 def _copied_if_in(v: Any, bases: set[int]) -> Any:
     """An output with each tensor that is a view of one of `bases` (ids of input buffer nodes) made a copy."""
-    # (clone of a realized buffer is that buffer: an assign into new memory is a copy kernel)
-    if isinstance(v, Tensor) and id(v.uop.base) in bases:
-        if _empty_symbolic(v): return Tensor.zeros(*v.shape, dtype=v.dtype, device=v.device)
-        return Tensor.empty(*v.shape, dtype=v.dtype, device=v.device).assign(v)
+    if isinstance(v, Tensor) and id(v.uop.base) in bases: return _copy(v)
     if isinstance(v, list): return [_copied_if_in(x, bases) for x in v]
     return v
 
