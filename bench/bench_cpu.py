@@ -65,6 +65,7 @@ os.environ["XDG_CACHE_HOME"] = CACHE
 
 from fusegrad import Device, Tensor, TinyJit, nn  # noqa: E402  (the cache and torch threads are set first)
 from fusegrad.nn.state import get_state_dict  # noqa: E402
+from fusegrad.engine.realize import optimized_kernels  # noqa: E402
 
 BENCH = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH), str(BENCH.parent / "examples")]
@@ -499,8 +500,7 @@ def measure(case: Case, nblocks: int, block_s: float, verbose: bool) -> None:
         impl.out = None   # the outputs of the big cases take memory
     live = [impl for impl in case.impls if not impl.problem]
     # (the blocks time the kernels that stay: the optimized builds of those a first run compiled quickly)
-    tiered = getattr(Device[Device.DEFAULT], "tiered", None)
-    if tiered is not None: tiered.wait()
+    optimized_kernels()
     reps = {impl.name: max(1, min(1000, round(block_s / max(per_run[impl.name], 1e-7)))) for impl in live}
     t_blocks = time.perf_counter()
     for i in range(nblocks):

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from fusegrad import Device  # noqa: E402
 from fusegrad.helpers import Context  # noqa: E402
 from fusegrad.onnx import OnnxRunner  # noqa: E402
+from fusegrad.engine.realize import optimized_kernels  # noqa: E402
 from test.onnx.models import export  # noqa: E402
 
 # (seconds between timed blocks: longer than onnxruntime's threads spin after a run, ~25 ms)
@@ -147,8 +147,7 @@ def bench(name: str, model: str, batch: int, seq: int | None, blocks: int, per_b
     want = sess.run(None, feed)
     err = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
     # (the steady figures are of the kernels that stay: the optimized builds of those the first call compiled quickly)
-    tiered = getattr(Device[Device.DEFAULT], "tiered", None)
-    if tiered is not None: tiered.wait()
+    optimized_kernels()
     times: dict[str, list[float]] = {"fusegrad": [], "onnxruntime": []}
     for _ in range(blocks):
         for label, fn in (("fusegrad", run_fg), ("onnxruntime", run_ort)):

@@ -37,6 +37,7 @@ torch_setup()
 
 from fusegrad import Device, Tensor, TinyJit, nn  # noqa: E402  (torch threads are set first)
 from fusegrad.nn.state import get_parameters, get_state_dict  # noqa: E402
+from fusegrad.engine.realize import optimized_kernels  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 import gpt2  # noqa: E402
@@ -52,10 +53,10 @@ def settle() -> None:
     Device[Device.DEFAULT].synchronize()
 
 def optimized_builds() -> None:
-    """Wait for the optimized builds of the kernels a first call compiled quickly (they compile in the background and
-    then take over: DESIGN.md, "Compile paths and the default"), so the steady figures are of the kernels that stay."""
-    tiered = getattr(Device[Device.DEFAULT], "tiered", None)
-    if tiered is not None: tiered.wait()
+    """Bring the kernels a first call made quickly to their optimized builds and wait for them (they compile in the
+    background and then take over: DESIGN.md, "Compile paths and the default"), so the steady figures are of the
+    kernels that stay."""
+    optimized_kernels()
 
 def _value(r: object) -> np.ndarray:
     """A call's result as a NumPy copy (a loss, logits), read at once: a later call may reuse its memory."""

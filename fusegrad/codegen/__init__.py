@@ -29,9 +29,10 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
     elif not NOOPT and not k.in_order: gpu_optimizations(k) if k.gpu else hand_coded_optimizations(k)
     return k.get_optimized_ast(), tuple(k.applied_opts), k.useful
 
-def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True) -> UOp:
-    """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes."""
-    sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma)
+def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True, quick: bool = False) -> UOp:
+    """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes
+    (`quick`: only the vector axes and partial accumulators expanded, see lower_kernel)."""
+    sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma, quick=quick)
     # (a WMMA comes only from the TC opt, which only a renderer with tensor cores takes: the others skip the walk)
     if renderer.tensor_cores: sink = fuse_wmma(sink)
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
@@ -75,14 +76,27 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
 
 _ACCESSES = {Ops.LOAD, Ops.STORE}
 
-def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
-    """Optimize, lower, linearize and render one kernel AST."""
+def get_program(ast: UOp, renderer: Renderer, name: str | None = None, opts: list[Opt] | None = None,
+                quick: bool = False) -> ProgramSpec:
+    """Optimize, lower, linearize and render one kernel AST. `quick`: the program of a first run, less code for
+    the same results (see lower_kernel), where `quick_codegen_ok` says its bits are the full program's."""
     # (the passes walk the kernel's graphs again and again: each walk is made once per kernel)
-    with toposort_memo(): return _get_program(ast, renderer, name, opts)
+    with toposort_memo(): return _get_program(ast, renderer, name, opts, quick)
 
-def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt] | None) -> ProgramSpec:
+# a kernel that loads or computes these may be written with the renderer's dot-product instructions (two bfloat16
+# products per lane, renderer/cpu_dot.py), whose rounding its rolled loops wouldn't repeat
+_DOT_DTYPES = (dtypes.bfloat16, dtypes.half)
+
+def quick_codegen_ok(ast: UOp, renderer: Renderer) -> bool:
+    """Whether `get_program(ast, renderer, quick=True)` computes the same bits as the full program: a CPU-style
+    renderer, and no half or bfloat16 value in the kernel."""
+    if getattr(renderer, "has_local", False) or renderer.tensor_cores: return False
+    return not any(u.dtype.scalar() in _DOT_DTYPES or (isinstance(u.dtype, PtrDType) and u.dtype.base in _DOT_DTYPES)
+                   for u in ast.toposort())
+
+def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt] | None, quick: bool) -> ProgramSpec:
     opt_ast, applied, useful = optimize(ast, renderer, opts)
-    uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied)))
+    uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied), quick=quick))
     name = name or kernel_name(opt_ast)
     # the kernel's buffers, the ones it stores to and loads from, its variables and global loops, in one pass
     gl, glob, dvars, stored, loaded = [], [], [], set(), set()
@@ -107,4 +121,4 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted(dvars, key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
-                       applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims)
+                       applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims, quick=quick)

@@ -41,6 +41,7 @@ class LowerCtx:
     reduce_vecs: tuple[UOp, ...] = ()  # further vector axes, each the lanes of one reduction's partial accumulators
     next_range: int = 0              # the id of the next RANGE made while lowering
     splits: dict = field(default_factory=dict)   # (reduce loop, block) -> its block loops, shared by sibling sums
+    quick: bool = False              # unrolled reduce axes stay loops (see lower_kernel)
 
     @property
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
@@ -157,6 +158,14 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r not in ctx.vecs]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
+    if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep):
+        # the chain as loops inside the reduction's own, in the order it was unrolled in: the accumulator takes the
+        # same terms in the same order. (Not where the reduction has no loop: there the chain starts from the
+        # identity, which the unrolled form may fold away, and 0 + -0.0 is not -0.0.)
+        rolled = {r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "reduce")) for r in seq_axes}
+        src = red.src[0].substitute(rolled)
+        return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
+                   (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
     vals = _each_lane(red.src[0], acc_axes + seq_axes)
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
@@ -303,12 +312,22 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
             break
     return tuple(r for _, r in chosen)
 
-def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False) -> tuple[UOp, LowerCtx]:
-    """The optimized AST with expanded axes substituted and REDUCEs lowered to accumulators."""
+def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = False) -> tuple[UOp, LowerCtx]:
+    """The optimized AST with expanded axes substituted and REDUCEs lowered to accumulators.
+
+    `quick`: the same kernel with less code, computing every output element with the same operations in the same
+    order, so both give the same bits. Only the vector axes and a reduction's partial accumulators stay expanded
+    (those decide the order of a sum); the other upcast output axes (a register tile's rows and columns) become
+    loops, and unrolled reduce axes loops inside their reduction's (see _expand_reduce). The outermost loop, which
+    the cores split, is the same loop: a call may run some chunks of one and some of the other."""
     vec = choose_vector_axis(ast, renderer)
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
-                   reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec))
+                   reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec), quick=quick)
     reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
+    if quick:
+        tiles = {r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in ast.toposort()
+                 if r.op is _RANGE and range_kind(r) == "upcast" and r not in ctx.vecs and r not in reduce_rngs}
+        if tiles: ast = ast.substitute(tiles)
     ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     stores = []
     for st in ast.src:

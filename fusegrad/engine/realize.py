@@ -6,6 +6,7 @@ import functools
 import itertools
 import math
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import BEAM, CPU_ASYNC, CPU_THREADS, DEBUG, NOOPT, TRANSCENDENTAL, ContextVar, ansilen, colored
 from fusegrad.hostcpu import host_cpu_count
 from fusegrad.renderer import ALLOW_TF32, Estimates, ProgramSpec
-from fusegrad.runtime.cpu_compiler import CPUCompiler
+from fusegrad.runtime.cpu_compiler import CPUCompiler, TieredCompiler
 from fusegrad.runtime.cpu_memory import CPUAllocator
 from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
 from fusegrad.runtime.cpu_program import CPUProgram, LaunchGraph
@@ -416,6 +417,8 @@ class Runner:
 
 class CompiledRunner(Runner):
     """A kernel compiled for its device and ready to call."""
+    # the realize that made it, while it runs a quick program (see QUICK_CODEGEN); None once it has its full one
+    quick_realize: int | None = None
     def __init__(self, p: ProgramSpec, precompiled: bytes | None = None, cached: bytes | None = None):
         # precompiled: a binary the caller vouches for; cached: one from the compile caches (recompiled if it fails)
         self.p = p
@@ -623,11 +626,53 @@ PIPELINE_SLOTS: int | None = None   # (None: the host's cores less one)
 # compile-heavy part of the test suite took ~10% more CPU).
 QUICK_COMPILE = ContextVar("QUICK_COMPILE", 1)
 QUICK_MIN_KERNELS = 8
+# QUICK_CODEGEN=1: those kernels are also generated as quick programs first (codegen.get_program's `quick`: the same
+# bits from less code, a fraction of the code generation and of the C), and a kernel that runs again in a later realize
+# gets its full program then, compiled optimized in the background (upgrade_quick_kernels). A kernel that runs once
+# (an initializer, a script's single call) never pays for the full program.
+QUICK_CODEGEN = ContextVar("QUICK_CODEGEN", 1)
+
+# realizes so far (run_schedule calls and replays): a runner with a quick program records the one that made it, and
+# takes its full program when a later one uses it. id -> weak reference of the runners still on their quick program.
+_realizes = [0]
+_quick_runners: dict[int, Any] = {}
+
+def _note_quick(runner: CompiledRunner) -> None:
+    runner.quick_realize = _realizes[0]
+    key = id(runner)
+    _quick_runners[key] = weakref.ref(runner, lambda _, key=key: _quick_runners.pop(key, None))
+
+def upgrade_quick_kernels(runners: Any = None) -> None:
+    """Generate the full programs of the runners among `runners` that still run a quick program made by an earlier
+    realize (None: every such runner, whenever made) and compile them optimized in the background; each takes over
+    its runner's calls once compiled (TieredCPUProgram.upgrade). Their results are the same bits."""
+    if runners is None: todo = [r for ref in list(_quick_runners.values()) if (r := ref()) is not None]
+    else: todo = [r for r in runners if getattr(r, "quick_realize", None) not in (None, _realizes[0])]
+    if not todo: return
+    from fusegrad.codegen import get_program
+    later: dict[int, tuple[Any, list[str], list[Callable[[bytes], None]]]] = {}
+    for r in todo:
+        r.quick_realize = None
+        _quick_runners.pop(id(r), None)
+        full = get_program(r.p.ast, r.dev.renderer)
+        # (the same loop split across the cores and the same arguments, or the quick program stays)
+        if (full.global_size, full.globals, full.vars) != (r.p.global_size, r.p.globals, r.p.vars): continue
+        if (tiered := getattr(r.dev, "tiered", None)) is None: continue
+        entry = later.setdefault(id(tiered), (tiered, [], []))
+        entry[1].append(full.src)
+        entry[2].append(functools.partial(_take_full_program, r, full))
+    for tiered, srcs, done in later.values(): tiered.later(srcs, done)
+
+def optimized_kernels() -> None:
+    """Bring every kernel compiled so far to its optimized build and wait for it: the full programs of the kernels
+    still on a quick one, and the background compiles of both tiers (what a benchmark's steady figures should time)."""
+    upgrade_quick_kernels()
+    TieredCompiler.wait_all()
 
 def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     """Generate code for every kernel AST, compile the sources together (see Compiler.compile_cached_many) and put
     the runners in the method cache."""
-    from fusegrad.codegen import get_program  # codegen is only needed once something is compiled
+    from fusegrad.codegen import get_program, quick_codegen_ok  # codegen is only needed once something is compiled
     dev = Device[device]
     programs: list[ProgramSpec] = []
     searching = BEAM >= 1 and not NOOPT
@@ -635,6 +680,7 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     pipelined = dev.compiler.parallel and len(asts) > 1 and host_cpu_count() > 1 and not searching
     tiered = getattr(dev, "tiered", None) if QUICK_COMPILE and len(asts) >= QUICK_MIN_KERNELS and not searching \
         else None
+    quick_gen = tiered is not None and bool(QUICK_CODEGEN)
     def compile_group(srcs: list[str], units: int | None = None) -> list[tuple[bytes, bool]]:
         # (binary, whether it is the optimized one)
         if tiered is not None: return tiered.first(srcs, units)
@@ -657,7 +703,7 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
                 from fusegrad.codegen.opt.search import beam_opts
                 opts = beam_opts(ast, device, int(BEAM.value), runner=CompiledRunner, knobs=CODEGEN_KNOBS)
                 p = get_program(ast, dev.renderer, opts=opts)
-            else: p = get_program(ast, dev.renderer)
+            else: p = get_program(ast, dev.renderer, quick=quick_gen and quick_codegen_ok(ast, dev.renderer))
             programs.append(p)
             if _viz.VIZ: _viz.record_kernel(ast, p, time.perf_counter() - gen_st)
             if DEBUG >= 3:
@@ -680,8 +726,11 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
     programs, libs = [p for p, _ in by_ast], [lib for _, lib in by_ast]
     runners = [CompiledRunner(p, cached=lib) for p, (lib, _) in zip(programs, libs)]
     # the kernels that run a quick binary get their optimized one from the background (a runner whose quick binary
-    # didn't load was compiled optimized already)
-    quick = [(p.src, r) for p, r, (lib, final) in zip(programs, runners, libs) if not final and r.lib is lib]
+    # didn't load was compiled optimized already); a quick program's, only if it runs again (upgrade_quick_kernels)
+    quick = [(p.src, r) for p, r, (lib, final) in zip(programs, runners, libs)
+             if not final and r.lib is lib and not p.quick]
+    for p, r in zip(programs, runners):
+        if p.quick: _note_quick(r)
     if tiered is not None and quick:
         tiered.later([src for src, _ in quick], [functools.partial(_take_optimized, r) for _, r in quick])
     for ast, r in zip(asts, runners): method_cache[_method_key(device, ast)] = r
@@ -698,6 +747,12 @@ def _take_optimized(runner: CompiledRunner, lib: bytes) -> None:
     """Have `runner` run the optimized binary `lib` of its kernel from now on (called on the background thread)."""
     runner._prg.upgrade(lib)
     runner.lib = lib
+
+def _take_full_program(runner: CompiledRunner, full: ProgramSpec, lib: bytes) -> None:
+    """Have `runner` run `full`, the full program of its kernel, from its optimized binary `lib` (called on the
+    background thread)."""
+    runner._prg.upgrade(lib, full.function_name)
+    runner.lib, runner.p = lib, full
 
 @dataclass
 class ExecItem:
@@ -869,6 +924,8 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], lis
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
         ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)),
                                        [None] * len(runners), [None])
+    _realizes[0] += 1
+    if _quick_runners: upgrade_quick_kernels(ready[0])
     return ready
 
 # a single kernel of at most this much work (ops, bytes moved: a few microseconds) launched by run_replayed runs on the
@@ -1032,9 +1089,11 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     """Lower and run every item in order (allocating buffers as needed), counting the work in GlobalCounters."""
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
+    _realizes[0] += 1
     if unwritten_buffers: check_unwritten(schedule)
     compile_new_kernels(schedule)
     items = [lower_schedule_item(si) for si in schedule]
+    if _quick_runners: upgrade_quick_kernels([ei.prg for ei in items])
     check_bounds(items, var_vals)
     nans = bool(DEBUG_NANS)
     for ei in items:

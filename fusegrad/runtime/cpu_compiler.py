@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import weakref
 from typing import Any, Callable
 from fusegrad.device import CompileError, Compiler, find_cc, numbered
 from fusegrad.helpers import CACHELEVEL, DEBUG, remove_stale
@@ -223,6 +224,9 @@ def quick_source(src: str, flags: list[str]) -> str | None:
     return out.replace(_NO_LOOP_VECTORIZE, "") if level and level[-1] in ("-O0", "-Og", "-O1") and not vectorizes \
         else out
 
+# (weak: a device's compiler lives as long as its device)
+_tiered_compilers: weakref.WeakSet[TieredCompiler] = weakref.WeakSet()
+
 class TieredCompiler:
     """Compiles new kernels in two tiers: `first` gives each source its optimized binary where a cache has it, else
     a quick one (`quick_flags`, `forwarding` entry points); `later` compiles the optimized binaries on a background
@@ -238,6 +242,7 @@ class TieredCompiler:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()   # (a forked child has no thread of its parent's: it starts its own)
         self._lock = threading.Lock()
+        _tiered_compilers.add(self)
 
     def first(self, srcs: list[str], units: int | None = None) -> list[tuple[bytes, bool]]:
         """(binary, whether it is the optimized one) of each source, compiling those no cache has at the quick tier
@@ -268,6 +273,11 @@ class TieredCompiler:
     def wait(self) -> None:
         """Wait until every background compile asked for so far has been handed to its callback."""
         self._jobs.join()
+
+    @staticmethod
+    def wait_all() -> None:
+        """`wait` of every TieredCompiler of the process."""
+        for tiered in list(_tiered_compilers): tiered.wait()
 
     def _work(self) -> None:
         jobs = self._jobs

@@ -19,22 +19,24 @@ from fusegrad.runtime.cpu_program import CPUProgram
 
 class TieredCPUProgram(CPUProgram):
     """A CPUProgram whose code can be replaced by an optimized build of the same kernel (`upgrade`)."""
-    def upgrade(self, lib: bytes) -> None:
-        """Run the kernel from the shared object `lib` (the same source compiled with other flags) from now on. A
-        quick binary's entry point forwards to the new one (cpu_compiler.forwarding), for callers that kept its
-        address; every binary stays loaded as long as this program, since a queued job may still run any of them."""
-        old_dll, old_fxn, old_entry = self._dll, self.fxn, self._entry
+    def upgrade(self, lib: bytes, name: str | None = None) -> None:
+        """Run the kernel from the shared object `lib` from now on: the same source compiled with other flags, or
+        (`name`: its function) the kernel's full program where this one is its quick program, which computes the same
+        bits over the same split of its outermost loop (codegen/lower.py lower_kernel). A quick binary's entry point
+        forwards to the new one (cpu_compiler.forwarding), for callers that kept its address; every binary stays
+        loaded as long as this program, since a queued job may still run any of them."""
+        old_dll, old_fxn, old_entry, old_name = self._dll, self.fxn, self._entry, self.name
         kept = getattr(self, "_kept", [])
-        try: fxn = self._load(self.name, lib)   # (sets _dll and _entry to the new binary's)
+        try: fxn = self._load(name or old_name, lib)   # (sets _dll and _entry to the new binary's)
         except Exception:
             self._dll, self._entry = old_dll, old_entry
             raise
         fxn.restype, fxn.argtypes = None, old_fxn.argtypes
         if old_entry is not None and self._entry is not None:
-            try: ctypes.c_void_p.in_dll(old_dll, f"{self.name}_next").value = self._entry
+            try: ctypes.c_void_p.in_dll(old_dll, f"{old_name}_next").value = self._entry
             except ValueError: pass   # (a binary without forwarding: its callers go on running it)
         self._kept = [*kept, old_dll]
-        self.fxn = fxn
+        self.fxn, self.name = fxn, name or old_name
 
 class CPUDevice(Compiled):
     """The host CPU."""

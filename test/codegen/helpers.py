@@ -76,9 +76,9 @@ def captured_asts(monkeypatch) -> list[UOp]:
     import fusegrad.codegen as codegen
     seen: list[UOp] = []
     plain = codegen.get_program
-    def record(ast, renderer, name=None, opts=None):
+    def record(ast, renderer, name=None, opts=None, quick=False):
         seen.append(ast)
-        return plain(ast, renderer, name, opts)
+        return plain(ast, renderer, name, opts, quick)
     monkeypatch.setattr(codegen, "get_program", record)
     return seen
 

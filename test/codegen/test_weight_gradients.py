@@ -17,8 +17,8 @@ def _captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, UOp]:
     """The ASTs of the kernels compiled from now on, by kernel name."""
     seen: dict[str, UOp] = {}
     plain = codegen.get_program
-    def record(ast, renderer, name=None, opts=None):
-        p = plain(ast, renderer, name, opts)
+    def record(ast, renderer, name=None, opts=None, quick=False):
+        p = plain(ast, renderer, name, opts, quick)
         seen.setdefault(p.name, ast)
         return p
     monkeypatch.setattr(codegen, "get_program", record)

@@ -204,12 +204,13 @@ def test_lower_kinds():
 @pytest.fixture
 def fake_codegen(monkeypatch):
     calls = []
-    def get_program(ast, renderer, name=None):
+    def get_program(ast, renderer, name=None, quick=False):
         calls.append(ast)
         return add_spec(4, name=f"fake_{uuid.uuid4().hex[:8]}")
     import fusegrad
     mod = types.ModuleType("fusegrad.codegen")
     mod.get_program = get_program
+    mod.quick_codegen_ok = lambda ast, renderer: False
     monkeypatch.setitem(sys.modules, "fusegrad.codegen", mod)
     monkeypatch.setattr(fusegrad, "codegen", mod, raising=False)
     monkeypatch.setattr(realize, "method_cache", {})

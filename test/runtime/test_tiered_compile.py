@@ -141,7 +141,8 @@ def test_both_tiers_give_the_same_results(small_schedules_tiered):
     salt = 1 + uuid.uuid4().int % 1000 / 1000
     outs, want = workload(salt)
     try:
-        with Context(QUICK_COMPILE=1): Tensor.realize(*outs)
+        # (the kernels' full programs: test/codegen/test_quick_codegen.py has the quick ones)
+        with Context(QUICK_COMPILE=1, QUICK_CODEGEN=0): Tensor.realize(*outs)
         first = [o.numpy() for o in outs]
     finally: release_upgrades(held)
     for got, ref in zip(first, want): np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-4)
@@ -232,7 +233,7 @@ def test_exit_ends_the_background_compilers(tmp_path):
         while not _background_procs and time.time() < deadline: time.sleep(0.05)
         print(os.getpid(), len(_background_procs), flush=True)
     """)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": str(slow_cc), "CPU_ASYNC": "0",
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": str(slow_cc), "CPU_ASYNC": "0", "QUICK_CODEGEN": "0",
            "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
     st = time.time()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=50)
