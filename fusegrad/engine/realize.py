@@ -632,8 +632,9 @@ QUICK_MIN_KERNELS = 8
 # (an initializer, a script's single call) never pays for the full program.
 QUICK_CODEGEN = ContextVar("QUICK_CODEGEN", 1)
 
-# realizes so far (run_schedule calls and replays): a runner with a quick program records the one that made it, and
-# takes its full program when a later one uses it. id -> weak reference of the runners still on their quick program.
+# the number of the current realize (one more at the start of each run_schedule's kernels and after each replay's
+# check): a runner with a quick program records the one that made it, and takes its full program when a later one
+# uses it. id -> weak reference of the runners still on their quick program.
 _realizes = [0]
 _quick_runners: dict[int, Any] = {}
 
@@ -922,10 +923,14 @@ def replay_runners(plan: ReplayPlan) -> tuple[tuple[Runner, ...], list[Any], lis
     if (ready := plan.direct.get(launch)) is None:
         knobs = launch[:len(CODEGEN_KNOBS)]
         if (runners := plan.runners.get(knobs)) is None or any(r.bounds is not None for r in runners): return None
+        # (the last list: run_replayed's launch graphs, and whether a runner of the plan may still run a quick program)
         ready = plan.direct[launch] = (runners, plan.launches.setdefault(launch, [None] * len(runners)),
-                                       [None] * len(runners), [None])
-    _realizes[0] += 1
-    if _quick_runners: upgrade_quick_kernels(ready[0])
+                                       [None] * len(runners), [None, True])
+    if _quick_runners and ready[3][1]:
+        # (a plan's runners stay its runners: once none runs a quick program, none will)
+        upgrade_quick_kernels(ready[0])
+        ready[3][1] = any(r.quick_realize is not None for r in ready[0] if isinstance(r, CompiledRunner))
+    _realizes[0] += 1   # (a replay makes no runner: the realize ends here as far as they are concerned)
     return ready
 
 # a single kernel of at most this much work (ops, bytes moved: a few microseconds) launched by run_replayed runs on the
@@ -1089,11 +1094,13 @@ def run_schedule(schedule: list[ExecItem], var_vals: dict[str, int] | None = Non
     """Lower and run every item in order (allocating buffers as needed), counting the work in GlobalCounters."""
     var_vals = var_vals if var_vals is not None else {}
     st, k0, t0 = time.perf_counter(), GlobalCounters.kernel_count, GlobalCounters.time_sum_s
-    _realizes[0] += 1
     if unwritten_buffers: check_unwritten(schedule)
     compile_new_kernels(schedule)
     items = [lower_schedule_item(si) for si in schedule]
+    # (the runners made for this schedule, here or when it was made, carry this realize's number: they keep their
+    # quick programs until a later realize runs them)
     if _quick_runners: upgrade_quick_kernels([ei.prg for ei in items])
+    _realizes[0] += 1
     check_bounds(items, var_vals)
     nans = bool(DEBUG_NANS)
     for ei in items:
