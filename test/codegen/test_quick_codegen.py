@@ -193,3 +193,43 @@ def test_a_kernel_run_once_keeps_its_quick_program(monkeypatch, tmp_path):
         (Tensor.ones(3).contiguous() * salt).realize()
         assert all(r.quick_realize is not None for r in runners) and generated.count(False) <= 1
         np.testing.assert_allclose(outs[0].numpy(), (a.numpy() @ b.numpy()) * salt, rtol=1e-5, atol=1e-5)
+
+# *** the differential fuzzers' programs, with every schedule on quick programs against every one on full ones ***
+
+def _bits(x):
+    if x is None: return None
+    if isinstance(x, tuple): return tuple(_bits(y) for y in x)
+    if isinstance(x, dict): return {k: _bits(v) for k, v in x.items()}
+    return np.ascontiguousarray(x).tobytes()
+
+def _quick_against_full(module: str, seeds: range, monkeypatch) -> list[int]:
+    """The seeds of the fuzzer `module` whose programs (outputs, and gradients where it takes them) differ in any bit
+    between quick programs (every schedule's, QUICK_MIN_KERNELS=1) and full ones, each from freshly made kernels."""
+    import importlib
+    fuzzer = importlib.import_module(module)
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 1)
+    monkeypatch.setattr(realize, "method_cache", {})
+    bad, quick_runners = [], 0
+    for seed in seeds:
+        prog, results = fuzzer.generate(seed), []
+        for quick in (0, 1):
+            realize.method_cache.clear()
+            schedule_cache.clear()
+            try:
+                with Context(QUICK_CODEGEN=quick): results.append(_bits(fuzzer.run_fusegrad(prog)))
+            except Exception as e: results.append((type(e).__name__, str(e)))
+            if quick: quick_runners += sum(r.p.quick for r in realize.method_cache.values())
+        if results[0] != results[1]: bad.append(seed)
+    assert quick_runners > len(seeds)   # (most programs ran quick programs)
+    return bad
+
+@pytest.mark.parametrize("module, seeds", [("test.test_fuzz_programs", range(0, 25)),
+                                           ("test.test_fuzz_torch", range(0, 12))])
+def test_fuzzed_programs_give_the_same_bits_on_quick_programs(module, seeds, monkeypatch):
+    assert _quick_against_full(module, seeds, monkeypatch) == []
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, seeds", [("test.test_fuzz_programs", range(25, 600)),
+                                           ("test.test_fuzz_torch", range(12, 400))])
+def test_fuzzed_programs_give_the_same_bits_on_quick_programs_many(module, seeds, monkeypatch):
+    assert _quick_against_full(module, seeds, monkeypatch) == []
