@@ -697,6 +697,7 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
         list(range(len(asts)))
     try:
         first, since = 0, time.perf_counter()
+        gen_start = since
         for ast in (asts[i] for i in order):
             gen_st = time.perf_counter()
             if searching:
@@ -710,7 +711,12 @@ def compile_kernels(device: str, asts: list[UOp]) -> list[CompiledRunner]:
             if DEBUG >= 3:
                 print(ast)
                 print(f"{p.name}: applied opts {p.applied_opts}")
-            if pipelined and len(programs) < len(asts) and time.perf_counter() - since >= group_s and \
+            # (not when the kernels left would take less than a group's time to generate, at the pace so far, which
+            # overestimates them since the heavy ones come first: the group would hold nearly everything in one compiler
+            # run, where the end's split across the cores compiles it in a fraction of that)
+            now = time.perf_counter()
+            if pipelined and len(programs) < len(asts) and now - since >= group_s and \
+                    (now - gen_start) / len(programs) * (len(asts) - len(programs)) >= group_s and \
                     sum(not g.done() for g in groups) < slots:
                 if compiling is None: compiling = ThreadPoolExecutor(max_workers=host_cpu_count())
                 groups.append(compiling.submit(compile_group, [q.src for q in programs[first:]], 1))
