@@ -655,7 +655,11 @@ def upgrade_quick_kernels(runners: Any = None) -> None:
     for r in todo:
         r.quick_realize = None
         _quick_runners.pop(id(r), None)
+        gen_st = time.perf_counter()
         full = get_program(r.p.ast, r.dev.renderer)
+        # (what the kernel runs from now on is what VIZ and DEBUG show of it)
+        if _viz.VIZ: _viz.record_kernel(r.p.ast, full, time.perf_counter() - gen_st)
+        if DEBUG >= 4: print(full.src)
         # (the same loop split across the cores and the same arguments, or the quick program stays)
         if (full.global_size, full.globals, full.vars) != (r.p.global_size, r.p.globals, r.p.vars): continue
         if (tiered := getattr(r.dev, "tiered", None)) is None: continue

@@ -233,3 +233,25 @@ def test_fuzzed_programs_give_the_same_bits_on_quick_programs(module, seeds, mon
                                            ("test.test_fuzz_torch", range(12, 400))])
 def test_fuzzed_programs_give_the_same_bits_on_quick_programs_many(module, seeds, monkeypatch):
     assert _quick_against_full(module, seeds, monkeypatch) == []
+
+def test_viz_shows_the_program_a_kernel_runs(monkeypatch, tmp_path):
+    # a kernel recorded with its quick program is shown with its full one once a later realize upgraded it
+    from fusegrad.viz import record
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 2)
+    salt = 1 + uuid.uuid4().int % 1000 / 1000
+    a, b = _t(48, 64), _t(64, 32)
+    record.recorder.reset()
+    record.enable(viz=True)
+    try:
+        with Context(QUICK_CODEGEN=1):
+            for _ in range(2):
+                outs = [(a @ b) * salt, (a * salt).sum(1)]
+                Tensor.realize(*outs)
+            realize.optimized_kernels()
+        shown = {k["name"]: k["src"] for k in record.trace()["kernels"] if k.get("src")}
+    finally:
+        record.enable(viz=False)
+        record.recorder.reset()
+    runners = [r for r in realize.method_cache.values() if r.p.name in shown and not r.p.quick and r._prg._kept]
+    assert runners and all(shown[r.p.name] == r.p.src for r in runners)
