@@ -312,6 +312,29 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
             break
     return tuple(r for _, r in chosen)
 
+def _rollable_tiles(ast: UOp, vecs: tuple[UOp, ...]) -> list[UOp]:
+    """The upcast output axes (not vector axes) that can become loops without a store landing in a loop it doesn't
+    vary with. Output loops nest in the order of their ids, the upcast ones innermost (linearize.py), and a store goes
+    in the deepest loop it varies with: one that doesn't vary with a loop around it would run once per iteration of
+    that loop, twice for a loop of 2, which an in-place update (x += ...) merged beside a broadcast output mustn't."""
+    topo = ast.toposort()
+    reduce_rngs = {r for u in topo if u.op is _REDUCE for r in u.src[1:]}
+    loops = [r for r in topo if r.op is _RANGE and range_kind(r) in ("global", "loop")]
+    cands = sorted((r for r in topo if r.op is _RANGE and range_kind(r) == "upcast" and r not in vecs and
+                    r not in reduce_rngs), key=lambda r: r.arg[0])
+    if not cands: return []
+    varies = [{u for u in st.toposort() if u.op is _RANGE} for st in ast.src]
+    def nests(order: list[UOp]) -> bool:
+        # every store varies with each loop around the deepest one it varies with
+        for v in varies:
+            deepest = max((i for i, r in enumerate(order) if r in v), default=-1)
+            if not all(r in v for r in order[:deepest]): return False
+        return True
+    chosen: list[UOp] = []
+    for r in cands:
+        if nests(sorted(loops + chosen + [r], key=lambda x: x.arg[0])): chosen.append(r)
+    return chosen
+
 def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = False) -> tuple[UOp, LowerCtx]:
     """The optimized AST with expanded axes substituted and REDUCEs lowered to accumulators.
 
@@ -324,10 +347,8 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = F
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
                    reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec), quick=quick)
     reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
-    if quick:
-        tiles = {r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in ast.toposort()
-                 if r.op is _RANGE and range_kind(r) == "upcast" and r not in ctx.vecs and r not in reduce_rngs}
-        if tiles: ast = ast.substitute(tiles)
+    if quick and (tiles := _rollable_tiles(ast, ctx.vecs)):
+        ast = ast.substitute({r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in tiles})
     ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     stores = []
     for st in ast.src:

@@ -255,3 +255,27 @@ def test_viz_shows_the_program_a_kernel_runs(monkeypatch, tmp_path):
         record.recorder.reset()
     runners = [r for r in realize.method_cache.values() if r.p.name in shown and not r.p.quick and r._prg._kept]
     assert runners and all(shown[r.p.name] == r.p.src for r in runners)
+
+def test_an_in_place_update_beside_a_broadcast_output_runs_once(monkeypatch, tmp_path):
+    # x4 += argmin merged with y = x6 + argmin, broadcast over a loop of 2 that x4's update doesn't vary with: the
+    # quick program keeps the register tile it can't roll (as a loop nested inside that loop of 2, the update would
+    # have run twice)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(realize, "QUICK_MIN_KERNELS", 1)
+    rng = np.random.default_rng(8420)
+    for dt in (np.int32, np.float32):
+        a = rng.integers(-50, 50, (4, 6, 3)).astype(dt)
+        x1, x4 = Tensor(a).realize(), Tensor(np.full((4, 3), 7, dt)).realize()
+        x6 = Tensor(np.ones((2, 1, 3), dt)).realize()
+        v3 = x1.argmin(axis=1)
+        x4.assign(v3 + x4)
+        y = x6 + v3
+        with Context(QUICK_CODEGEN=1):
+            items = Tensor.schedule(y, x4)
+            kernels = [ei for ei in items if ei.ast.op.name == "SINK"]
+            assert kernels and all(quick_codegen_ok(ei.ast, REN) for ei in kernels)
+            realize.run_schedule(items)
+            assert any(r.p.quick for r in realize.method_cache.values() if any(r.p.ast is ei.ast for ei in kernels))
+        want = torch.from_numpy(a).argmin(dim=1).numpy()
+        np.testing.assert_array_equal(x4.numpy(), want + 7)
+        np.testing.assert_array_equal(y.numpy(), np.ones((2, 1, 3)) + want)
