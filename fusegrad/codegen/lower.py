@@ -341,7 +341,8 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = F
     `quick`: the same kernel with less code, computing every output element with the same operations in the same
     order, so both give the same bits. Only the vector axes and a reduction's partial accumulators stay expanded
     (those decide the order of a sum); the other upcast output axes (a register tile's rows and columns) become
-    loops, and unrolled reduce axes loops inside their reduction's (see _expand_reduce). The outermost loop, which
+    loops where that moves no store into a loop it doesn't vary with (_rollable_tiles), and unrolled reduce axes
+    loops inside their reduction's (see _expand_reduce). The outermost loop, which
     the cores split, is the same loop: a call may run some chunks of one and some of the other."""
     vec = choose_vector_axis(ast, renderer)
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
