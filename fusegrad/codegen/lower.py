@@ -161,8 +161,10 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep):
         # the chain as loops inside the reduction's own, in the order it was unrolled in: the accumulator takes the
         # same terms in the same order. (Not where the reduction has no loop: there the chain starts from the
-        # identity, which the unrolled form may fold away, and 0 + -0.0 is not -0.0.)
-        rolled = {r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "reduce")) for r in seq_axes}
+        # identity, which the unrolled form may fold away, and 0 + -0.0 is not -0.0.) Fresh loops for each
+        # reduction: an unrolled axis may be shared by sums in different loops (a blocked sum and its remainder),
+        # where its lanes were constants but a loop is one place in the kernel
+        rolled = {r: _new_range(ctx, range_size(r)) for r in seq_axes}
         src = red.src[0].substitute(rolled)
         return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))

@@ -276,7 +276,13 @@ def _pad_output_vector(ctx: OptContext) -> None:
     # then holds two vectors per row
     to = 2 * width if pads_cheaply(range_size(vec_out), 2 * width) else width
     axis, at = k.loops.index(vec_out), ctx.outs.index(vec_out)
-    k.apply_opt(Opt(OptOps.PADTO, axis, to))
+    try: k.apply_opt(Opt(OptOps.PADTO, axis, to))
+    except KernelOptError:
+        # (a loop whose iterations read what earlier ones stored, an in-place update merged beside a reduction, is not
+        # padded: its vector stays where it holds whole vectors, else there is none)
+        ctx.pad = False
+        if not (isinstance(sz := range_size(vec_out), int) and sz % width == 0): ctx.vec_out = None
+        return
     ctx.vec_out = ctx.outs[at] = k.loops[axis]
 
 def _tile_output_vector(ctx: OptContext) -> None:
