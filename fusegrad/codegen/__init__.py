@@ -32,13 +32,17 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True, quick: bool = False) -> UOp:
     """An optimized AST lowered: expanded axes unrolled, reductions in registers, the vector axis as SIMD lanes
     (`quick`: only the vector axes and partial accumulators expanded, see lower_kernel)."""
+    return _lower(opt_ast, renderer, use_fma, quick)[0]
+
+def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tuple[UOp, bool]:
+    """`lower`, and whether `quick` rolled anything into loops (else the program is the full one)."""
     sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma, quick=quick)
     # (a WMMA comes only from the TC opt, which only a renderer with tensor cores takes: the others skip the walk)
     if renderer.tensor_cores: sink = fuse_wmma(sink)
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
-    return simplify_indexing(sink)
+    return simplify_indexing(sink), ctx.rolled
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
     """The linearized UOps of a kernel AST."""
@@ -96,7 +100,8 @@ def quick_codegen_ok(ast: UOp, renderer: Renderer) -> bool:
 
 def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt] | None, quick: bool) -> ProgramSpec:
     opt_ast, applied, useful = optimize(ast, renderer, opts)
-    uops = linearize(lower(opt_ast, renderer, use_fma=bool(applied), quick=quick))
+    sink, rolled = _lower(opt_ast, renderer, bool(applied), quick)
+    uops = linearize(sink)
     name = name or kernel_name(opt_ast)
     # the kernel's buffers, the ones it stores to and loads from, its variables and global loops, in one pass
     gl, glob, dvars, stored, loaded = [], [], [], set(), set()
@@ -121,4 +126,6 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
                        vars=sorted(dvars, key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
-                       applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims, quick=quick)
+                       applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims,
+                       # (a quick program that rolled nothing is the full program: it needs no second one)
+                       quick=rolled)

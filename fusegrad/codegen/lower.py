@@ -42,6 +42,7 @@ class LowerCtx:
     next_range: int = 0              # the id of the next RANGE made while lowering
     splits: dict = field(default_factory=dict)   # (reduce loop, block) -> its block loops, shared by sibling sums
     quick: bool = False              # unrolled reduce axes stay loops (see lower_kernel)
+    rolled: bool = False             # quick lowering made a loop of a tile or an unrolled axis
 
     @property
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
@@ -165,6 +166,7 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         # reduction: an unrolled axis may be shared by sums in different loops (a blocked sum and its remainder),
         # where its lanes were constants but a loop is one place in the kernel
         rolled = {r: _new_range(ctx, range_size(r)) for r in seq_axes}
+        ctx.rolled = True
         src = red.src[0].substitute(rolled)
         return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
@@ -352,6 +354,7 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = F
     reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
     if quick and (tiles := _rollable_tiles(ast, ctx.vecs)):
         ast = ast.substitute({r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in tiles})
+        ctx.rolled = True
     ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     stores = []
     for st in ast.src:

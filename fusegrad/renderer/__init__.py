@@ -44,7 +44,7 @@ class ProgramSpec:
     function_name: str = ""                            # the symbol in the binary, when it isn't `name`
     global_dims: tuple = ()                            # GPU-style: work-groups per launch dimension (dim 0 first)
     local_dims: tuple = ()                             # GPU-style: work-items per group along each dimension
-    quick: bool = False                                # a first run's program (get_program's `quick`)
+    quick: bool = False                                # a first run's program that rolled loops (get_program)
 
     def __post_init__(self) -> None:
         if not self.function_name: self.function_name = self.name
