@@ -98,6 +98,8 @@ CACHELEVEL, CPU_THREADS = ContextVar("CACHELEVEL", 2), ContextVar("CPU_THREADS",
 TRANSCENDENTAL = ContextVar("TRANSCENDENTAL", 1)
 # 0: float32 3x3 stride-1 convolutions are computed directly instead of by Winograd's F(4x4, 3x3) (tensor/nn.py)
 WINO = ContextVar("WINO", 1)
+# 0: convolutions on a GPU's tensor cores read their windows in place instead of copying them into a matrix (im2col)
+IM2COL = ContextVar("IM2COL", 1)
 # CPU kernels are queued and run while Python goes on (0: each kernel has run when its call returns)
 CPU_ASYNC = ContextVar("CPU_ASYNC", 1)
 # BEAM search (codegen/opt/search.py): seconds a search may take, timed runs per candidate, rounds, the bound on the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Container
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
@@ -124,7 +124,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
         a matmul reads): the walk of a row value below it (the layernorm's mean) may end there."""
         # (its walks go up from y's broadcasts, so they never ask about y itself)
         if y not in anyway:
-            anyway[y] = not _is_cheap(y, heavy) and \
+            anyway[y] = not _is_cheap(y, heavy, realize) and \
                 any(not _is_row_broadcast(e, users, realize, broadcast_whole) for e in expands_of.get(y, ()))
         return anyway[y]
     for u in topo:
@@ -139,7 +139,7 @@ def _realize_broadcast_values(topo: list[UOp], users: dict[UOp, list[UOp]], real
         # cheap enough per-row value used row by row, which the consumer computes once per row itself
         if u.op is _EXPAND:
             base = _unpadded(u.src[0].base, heavy)
-            if not is_realized(base) and not _is_cheap(base, heavy) and \
+            if not is_realized(base) and not _is_cheap(base, heavy, realize) and \
                     (ops_of[base] is None or not _is_row_broadcast(u, users, realize, broadcast_whole)):
                 realize.add(base)
                 if why is not None:
@@ -331,12 +331,12 @@ def _heavy_nodes(topo: list[UOp]) -> dict[UOp, bool]:
     for u in topo: heavy[u] = u.op in _HEAVY or any(map(heavy.__getitem__, u.src))
     return heavy
 
-def _is_cheap(u: UOp, heavy: dict[UOp, bool]) -> bool:
+def _is_cheap(u: UOp, heavy: dict[UOp, bool], realize: Container[UOp] = ()) -> bool:
     """Computed from constants and loop indices alone (no memory reads, no reductions), or a conversion of a buffer
-    read (half inputs of a matmul, converted as they are loaded): recomputing it costs less than a buffer of it.
-    `heavy`: _heavy_nodes of a graph `u` is in."""
+    read (half inputs of a matmul, converted as they are loaded; a buffer already, or a node in `realize`, which gets
+    one): recomputing it costs less than a buffer of it. `heavy`: _heavy_nodes of a graph `u` is in."""
     while u.op in (_CAST, _BITCAST) or u.op in GroupOp.Movement: u = u.src[0]
-    return is_realized(u) or not heavy[u]
+    return is_realized(u) or u in realize or not heavy[u]
 
 def _device(u: UOp) -> UOp: return UOp(_DEVICE, arg=u.device)
 

@@ -21,7 +21,7 @@ from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin, check_size
 from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
-from fusegrad.tensor.nn import NNMixin, matmul_nodes, renderer_says
+from fusegrad.tensor.nn import NNMixin, matmul_nodes, renderer_says, templated
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
 from fusegrad.engine.capture import snapshot_nodes
@@ -1065,6 +1065,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return (~self if self.dtype != dtypes.bool else self.logical_not()).argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        return templated(Tensor._softmax_graph, (self,), (axis, dtype))
+    def _softmax_graph(self, axis: int, dtype: DType | str | None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         # (over an empty axis there is nothing to normalize: the result is as empty, as torch's)
         if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
@@ -1073,6 +1075,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # as the exp (within an ulp of dividing, as torch's CPU kernel does)
         return e * e.sum(axis, keepdim=True).reciprocal()
     def log_softmax(self, axis: int = -1, dtype: DType | str | None = None) -> Tensor:
+        return templated(Tensor._log_softmax_graph, (self,), (axis, dtype))
+    def _log_softmax_graph(self, axis: int, dtype: DType | str | None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
         m = x - x.max(axis, keepdim=True)

@@ -21,14 +21,15 @@ _REDUCTIONS = ("none", "mean", "sum")
 # linear layer) builds the same graph over new operands at every training step. So it is built once over placeholders
 # (fresh BUFFERs, standing for the operands) and made again over each call's operands: the same nodes the tensor
 # operations would make (hash-consing), for operands whose own op no construction looks into (not a view but a
-# buffer's reshape, a constant or sharded).
-_templates: dict[tuple, tuple[tuple[UOp, ...], UOp, list[UOp]] | None] = {}   # None: not templated
+# buffer's reshape, a constant or sharded). Making a template costs about two builds, so a key gets one when it comes
+# back: an operation seen once (a new shape each call) is built as it is.
+_templates: dict[tuple, tuple[tuple[UOp, ...], UOp, list[UOp]] | bool | None] = {}
 TEMPLATES_SIZE = 256
 
 def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], settings: tuple = ()) -> Tensor | None:
-    """build(*operands, *settings) from its template (made on the first call of its key), or None where the operands
-    don't fit one (the caller builds the graph itself). `build`'s graph may depend on nothing but its operands'
-    shapes, dtypes and device, the default dtypes and `settings`."""
+    """build(*operands, *settings) from its template (made on the second call of its key), or None where the operands
+    don't fit one or the key is new (the caller builds the graph itself). `build`'s graph may depend on nothing but
+    its operands' shapes, dtypes and device, the default dtypes and `settings`."""
     from fusegrad.tensor import _plain_init, _sharding_used
     from fusegrad.uop.graph import new_buffer
     Tensor = _tensor_cls()
@@ -39,8 +40,14 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
     for u in uops:
         if _opaque(u) or u.device != dev or not all(type(n) is int for n in u.shape): return None
     key = (build, *[(u.shape, u.dtype) for u in uops], dev, dtypes.default_float, dtypes.default_int, *settings)
-    if (made := _templates.get(key, False)) is False:
+    # (the key's entry: None where it can't have a template, False where it was seen once)
+    try: made = _templates.get(key, True)
+    except TypeError: return None   # (a setting that isn't hashable: a list, a Tensor)
+    if made is True:
         if len(_templates) >= TEMPLATES_SIZE: _templates.clear()
+        _templates[key] = False
+        return None
+    if made is False:
         device = UOp(Ops.DEVICE, arg=dev)
         bufs = tuple(new_buffer(device, prod(u.shape), u.dtype) for u in uops)
         holders = tuple(b if b.shape == u.shape else b.reshape(u.shape) for b, u in zip(bufs, uops))
@@ -70,14 +77,23 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
         d["_device"] = root.__dict__["_device"]
     return Tensor(result)
 
+def templated(build: Callable[..., Tensor], operands: tuple[Tensor, ...], settings: tuple = ()) -> Tensor:
+    """build(*operands, *settings), from its template where the operands fit one (_from_template)."""
+    made = _from_template(build, operands, settings)
+    return made if made is not None else build(*operands, *settings)
+
 def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weight.T + bias: a Linear layer's forward, from a template where the operands fit one (_from_template)."""
-    if (made := _from_template(_linear_graph, (x, weight) if bias is None else (x, weight, bias))) is not None:
-        return made
-    return _linear_graph(x, weight, bias)
+    """x @ weight.T + bias: a Linear layer's forward."""
+    return templated(_linear_graph, (x, weight) if bias is None else (x, weight, bias))
 
 def _linear_graph(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return x.linear(weight.transpose(), bias)
+
+def _conv_graph(x: Tensor, weight: Tensor, bias: Tensor, *settings) -> Tensor:
+    return x._conv_graph(weight, bias, *settings)
+
+def _conv_graph_without_bias(x: Tensor, weight: Tensor, *settings) -> Tensor:
+    return x._conv_graph(weight, None, *settings)
 
 # operands a construction may look into (fold a reshape into, compute with a constant's value): no template for them,
 # but for a realized tensor's reshape of its buffer, which is what a placeholder's holder is
@@ -226,6 +242,37 @@ def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, fla
     tiles = bs * -(-ho // 4) * -(-wo // 4)
     return min(cin, cout) >= WINO_MIN_CHANNELS and tiles >= WINO_MIN_TILES and \
         2 * bs * ho * wo * cin * cout * 9 >= WINO_MIN_FLOPS
+
+# A convolution of small images on a GPU's tensor cores runs as a matmul of two plain matrices: the weights as
+# (cout, cin * kernel) times its windows copied into a (cin * kernel) x (batch * output pixels) matrix (im2col; the
+# copy reads each input pixel once per kernel tap, along the image rows). Both operands are then read contiguously
+# along the reduction, which the tensor-core kernels stage into shared memory 16 bytes a copy, double-buffered. Read in
+# place, a window's loads go through the padding's gates and cross rows, and the tensor-core tile takes an image row
+# (a 7x7 image's row of 7 pixels padded to 8) or a few images. On an H200 (ResNet-50's 3x3 convolutions in half,
+# batch 32, every kernel of the convolution timed): 28x28 0.34 -> 0.20 ms, 14x14 0.40 -> 0.17, 7x7 0.64 -> 0.18, 56x56
+# at stride 2 0.36 -> 0.21; but 56x56 at stride 1 0.15 -> 0.33 and 1x1 over 56x56 0.08 -> 0.16-0.22 (a row of 56
+# pixels fills the tile, and the copy costs more than the matmul saves). So: outputs of at most IM2COL_MAX_PIXELS
+# pixels an image, and a copy of at most IM2COL_MAX_BYTES.
+IM2COL_MAX_PIXELS = 28 * 28
+IM2COL_MAX_BYTES = 1 << 30
+
+def _im2col_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...], flat: list[int],
+                 out_dt: DType) -> bool:
+    """Whether conv2d copies its windows into a matrix (IM2COL, above): one device whose renderer has local memory
+    and tensor cores taking the inputs' dtype, a 16-bit float convolution of one group with int sizes, outputs of at
+    most IM2COL_MAX_PIXELS an image and a copy of at most IM2COL_MAX_BYTES."""
+    from fusegrad.helpers import IM2COL
+    from fusegrad.device import Device
+    if not IM2COL or groups != 1 or not isinstance(x.device, str) or x.device != weight.device: return False
+    if not (x.dtype == weight.dtype == out_dt and out_dt in (dtypes.half, dtypes.bfloat16)): return False
+    if not all(type(v) is int for v in x.shape + weight.shape): return False
+    ren = Device[x.device].renderer
+    if not getattr(ren, "has_local", False) or not any(tc.dtype_in == out_dt for tc in ren.tensor_cores): return False
+    outs = [(i + a + b - d * (k - 1) - 1) // s + 1 for i, (a, b), k, s, d in
+            zip(x.shape[2:], _side_pairs(flat), weight.shape[2:], s_, d_)]
+    # (an output too small for a window is conv2d's error to raise)
+    return all(o >= 1 for o in outs) and prod(outs) <= IM2COL_MAX_PIXELS and \
+        x.shape[0] * prod(outs) * prod(weight.shape[1:]) * x.dtype.itemsize <= IM2COL_MAX_BYTES
 
 def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
     """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles
@@ -540,7 +587,7 @@ class NNMixin:
         if weight.ndim != self.ndim:
             raise ValueError(f"conv2d weight {weight.shape} must have as many dims as the input {self.shape}")
         if not isinstance(groups, int) or groups <= 0: raise ValueError(f"groups must be a positive int, got {groups}")
-        (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        cin_, (cout, cin), hw = self.shape[1], weight.shape[:2], weight.shape[2:]
         n = len(hw)
         if cin * groups != cin_:
             raise ValueError(f"conv2d input has {cin_} channels but weight {weight.shape} with groups={groups} "
@@ -550,7 +597,24 @@ class NNMixin:
             raise ValueError(f"conv2d bias must have shape ({cout},), got {bias.shape}")
         flat = _flat_pads(padding, n)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
-        s_ = _int_tuple(stride, n, "stride")
+        s_, d_ = _int_tuple(stride, n, "stride"), _int_tuple(dilation, n, "dilation")
+        # the graph's choices of form are settings of its template: they depend on knobs and the device's renderer
+        # as well as on the shapes
+        wino = _winograd_fits(self, weight, groups, s_, d_, flat, out_dt)
+        strided_copy = any(s > 1 for s in s_) and cout // groups >= 8 and not renderer_says(self.device, "has_local")
+        settings = (groups, s_, d_, tuple(flat), out_dt, wino, strided_copy, _im2col_fits(self, weight, groups, s_,
+                                                                                          d_, flat, out_dt))
+        if bias is None: return templated(_conv_graph_without_bias, (self, weight), settings)
+        return templated(_conv_graph, (self, weight, bias), settings)
+
+    def _conv_graph(self: Tensor, weight: Tensor, bias: Tensor | None, groups: int, s_: tuple[int, ...],
+                    d_: tuple[int, ...], flat: tuple[int, ...], out_dt: DType, wino: bool, strided_copy: bool,
+                    im2col: bool) -> Tensor:
+        """conv2d's graph, its arguments checked; `wino`: by Winograd's F(4x4, 3x3) (_winograd_fits), `strided_copy`:
+        the weights copied with the output channels innermost (a strided convolution vectorized along them),
+        `im2col`: as a matmul of the windows copied into rows (_im2col_fits)."""
+        bs, (cout, cin), hw = self.shape[0], weight.shape[:2], weight.shape[2:]
+        n, flat = len(hw), list(flat)
         if all(k == 1 for k in hw) and any(s > 1 for s in s_) and all(type(v) is int for v in self.shape):
             # a strided 1x1 convolution reads every s-th pixel: the same 1x1 convolution of those pixels (a view)
             # at stride 1, which is vectorized along the pixels as a matmul would be, where a strided one gets its
@@ -558,15 +622,27 @@ class NNMixin:
             picked = self.pad(flat)._pool((1,) * n, s_)
             picked = picked.reshape(picked.shape[:2 + n])
             return picked.conv2d(weight, bias, groups, 1, 1, 0, out_dt)
-        if _winograd_fits(self, weight, groups, stride, dilation, flat, out_dt):
+        if wino:
             ret = _winograd_conv2d(self, weight, _side_pairs(flat))
-            return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)
-        x = self.pad(flat)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
+            return _conv_result(ret, self, weight, bias, groups, s_, d_, flat, out_dt)
+        x = self.pad(flat)._pool(hw, s_, d_)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]
+        acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
+        if im2col:
+            # the windows as a (cin * kernel) x (bs * out) matrix, whose copy reads and writes along the image rows;
+            # the weights times it is a plain matmul (the tensor-core kernels' fastest form: stored with its own
+            # layout, (cout, bs, *out), then copied as (bs, cout, *out), took 0.17 against 0.30 ms where the matmul
+            # stored the permuted layout itself, its loops then split by the batch)
+            k, cols = cin * prod(hw), bs * prod(oyx)
+            win = x.permute((1,) + tuple(range(2 + n, 2 + 2 * n)) + (0,) + tuple(range(2, 2 + n))).contiguous()
+            win = win.reshape((k, cols)).permute((1, 0)).reshape((1, cols, k))
+            ret = (weight.reshape((cout, 1, k)).cast(acc_dt) * win.cast(acc_dt)).sum(-1)
+            ret = ret.cast(out_dt).contiguous().reshape((cout, bs) + oyx).permute((1, 0) + tuple(range(2, 2 + n)))
+            return _conv_result(ret, self, weight, bias, groups, s_, d_, flat, out_dt)
         x = _views_of(x)
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
-        if any(s > 1 for s in s_) and rcout >= 8 and not renderer_says(self.device, "has_local"):
+        if strided_copy:
             # a strided convolution is vectorized along its output channels (along its output rows each vector would
             # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
             # contiguous. Not with fewer output channels per group than a vector (a depthwise convolution's one):
@@ -579,10 +655,9 @@ class NNMixin:
         w = laid_out.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
         # products in the accumulation dtype (half and bfloat16 inputs: exact float32 products summed in float32 and
         # rounded once, as a matmul's: what torch computes, and the form a tensor core takes)
-        acc_dt = sum_acc_dtype(out_dt) if dtypes.is_float(out_dt) else out_dt
         ret = (x.cast(acc_dt) * w.cast(acc_dt)).sum(tuple(range(-1 - n, 0)))
         ret = (ret.cast(out_dt) if dtypes.is_float(out_dt) else ret).reshape((bs, cout) + oyx)
-        return _conv_result(ret, self, weight, bias, groups, stride, dilation, flat, out_dt)
+        return _conv_result(ret, self, weight, bias, groups, s_, d_, flat, out_dt)
 
     def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1,
                          stride: int | Sequence[int] = 1, dilation: int | Sequence[int] = 1,
@@ -830,8 +905,7 @@ class NNMixin:
         from fusegrad.tensor.indexing import _check_index_values
         _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
         settings = (ignore_index, label_smoothing, reduction)
-        if (made := _from_template(_tensor_cls()._sparse_ce_graph, (self, Y), settings)) is not None: return made
-        return self._sparse_ce_graph(Y, *settings)
+        return templated(_tensor_cls()._sparse_ce_graph, (self, Y), settings)
 
     def _sparse_ce_graph(self: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float,
                          reduction: str) -> Tensor:
@@ -947,6 +1021,9 @@ class NNMixin:
 
     def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
         """(x - mean) / sqrt(var + eps) over `axis`, with the biased variance (no affine part)."""
+        return templated(_tensor_cls()._layernorm_graph, (self,), (axis, eps))
+
+    def _layernorm_graph(self: Tensor, axis: int | tuple[int, ...], eps: float) -> Tensor:
         y = self - self.mean(axis, keepdim=True)
         return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
 

@@ -5,9 +5,12 @@ convolution, a padded matmul. The lane layouts themselves are checked against th
 out here independently (the emulation and the code generator share the layout, so only that catches a wrong one).
 The CUDA source of these kernels is compiled with NVRTC in test/renderer/test_cuda_render.py."""
 from __future__ import annotations
+import math
 from typing import Callable
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from fusegrad import Device, Tensor, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
@@ -102,12 +105,55 @@ def test_convolution_pads_its_row_of_pixels(tc_python):
     tc = next(p for p in _programs(out(), tc_python) if _wmmas(p))
     assert any(o.op is OptOps.TC and o.arg[1] == 2 for o in tc.applied_opts), tc.applied_opts
 
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+@pytest.mark.parametrize("bs,cin,cout,k,side,stride,pad,dil,bias", [
+    (2, 16, 16, 3, 6, 1, 1, 1, False), (2, 16, 32, 1, 6, 1, 0, 1, True), (2, 8, 16, 3, 7, 2, 1, 1, True),
+    (1, 16, 16, 3, 8, 1, 2, 2, False), (8, 3, 16, 5, 9, 2, 2, 1, False)])
+def test_small_image_convolution_as_a_matmul(tc_python, dt, bs, cin, cout, k, side, stride, pad, dil, bias):
+    """A 16-bit convolution of small images (IM2COL): its windows copied into a (cin * k * k) x (bs * pixels)
+    matrix, the weights times it on the tensor cores, the result laid out as (bs, cout, *pixels): torch's values,
+    every padding, stride and dilation; IM2COL=0 computes it in one kernel reading the windows in place."""
+    x, tx = _data((bs, cin, side, side), dt, 20)
+    w, tw = _data((cout, cin, k, k), dt, 21)
+    b, tb = _data((cout,), dt, 22)
+    want = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b) if bias else None, stride=stride, padding=pad,
+                    dilation=dil).numpy()
+    out = lambda: tx.conv2d(tw, tb if bias else None, stride=stride, padding=pad, dilation=dil)
+    for im2col, kernels in ((1, 3), (0, 1)):
+        with Context(IM2COL=im2col):
+            _close(out().cast(dtypes.float32).numpy(), want, 1e-2)
+            progs = _programs(out(), tc_python)
+            assert len(progs) == kernels, [p.name for p in progs]
+            assert not im2col or len([p for p in progs if _wmmas(p)]) == 1, [p.name for p in progs]
+
+def test_large_image_convolution_reads_windows_in_place(tc_python):
+    """Past IM2COL_MAX_PIXELS output pixels an image (a row of them fills a tensor-core tile) and in float32 a
+    convolution stays one kernel."""
+    from fusegrad.tensor.nn import IM2COL_MAX_PIXELS
+    side = math.isqrt(IM2COL_MAX_PIXELS) + 1
+    _, tx = _data((1, 8, side, side), dtypes.float16, 23)
+    _, tw = _data((16, 8, 3, 3), dtypes.float16, 24)
+    assert len(_programs(tx[:, :, :side - 1, :side - 1].conv2d(tw, padding=1), tc_python)) == 3  # (at the bound)
+    assert len(_programs(tx.conv2d(tw, padding=1), tc_python)) == 1
+    assert len(_programs(tx[:, :, :8, :8].cast(dtypes.float32).conv2d(tw.cast(dtypes.float32)), tc_python)) == 1
+
+def test_cast_of_a_contiguous_copy_is_read_where_it_is_used(tc_python):
+    """A conversion of a value that gets a buffer anyway (a contiguous copy) costs no more to compute where a
+    broadcast reads it than a conversion of any buffer: the half copy is what a matmul's tensor cores read, not a
+    float32 copy of it."""
+    _, ta = _data((4, 16, 4, 4), dtypes.float16, 25)
+    _, tw = _data((8, 16), dtypes.float16, 26)
+    out = ta.permute(0, 2, 3, 1).contiguous().reshape(64, 16) @ tw.T
+    sched = [si for si in out.schedule() if si.ast.op is Ops.SINK]
+    assert len(sched) == 2 and all(b.dtype == dtypes.float16 for si in sched for b in si.bufs), sched
+
 def test_long_half_matmul_keeps_its_half_inputs(tc_python):
     """A half matmul with K >= 256 converts an input to float32 first where there are no tensor cores (a CPU reads
     it converted once); on a device with tensor cores it stays one kernel that gives them the half values."""
     a, ta = _data((16, 256), dtypes.float16, 13)
     b, tb = _data((256, 16), dtypes.float16, 14)
-    assert len([si for si in (ta.to("CPU") @ tb.to("CPU")).schedule() if si.ast.op is Ops.SINK]) == 3
+    # (x converted, then the product; the other input, a copy, is converted as it is loaded)
+    assert len([si for si in (ta.to("CPU") @ tb.to("CPU")).schedule() if si.ast.op is Ops.SINK]) == 2
     assert len([si for si in (ta @ tb).schedule() if si.ast.op is Ops.SINK]) == 1
     _check_tc(lambda: ta @ tb, a @ b, tc_python, CUDA_TENSOR_CORES[0].name, 1e-2)
 

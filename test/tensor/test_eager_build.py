@@ -113,6 +113,7 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
     monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
     rng = np.random.default_rng(5)
     tnn._templates.clear()
+    seen = False   # (a key's first call builds directly: its template is made when it comes back)
     for call in range(2):
         a, w, b = _t(*shape[:-1], 6, seed=call), _t(6, shape[-1], seed=2), _t(shape[-1], seed=3)
         for logits, templated in (((a @ w + b).cast(dt), True), ((a @ w).cast(dt), dt != a.dtype),
@@ -123,7 +124,8 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
             got = logits.sparse_categorical_crossentropy(y, ignore, smoothing, reduction)
             # a templated loss's nodes come with their template nodes' shapes: each the shape computed from its
             # sources
-            assert templated <= ("_shape" in got.uop.__dict__ and got.uop.__dict__["_device"] == "CPU")
+            assert (templated and seen) <= ("_shape" in got.uop.__dict__ and got.uop.__dict__["_device"] == "CPU")
+            seen = seen or templated
             for n in got.uop.toposort():
                 if "_shape" in n.__dict__: assert n.__dict__["_shape"] == _compute_shape(n), n.op
             assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
@@ -202,3 +204,60 @@ def test_bad_operands_still_refused():
     with pytest.raises(ValueError, match="can't be broadcast"): a + _t(5)
     with pytest.raises(OverflowError): Tensor([1, 2], dtype=dtypes.uint8) + 300
     with pytest.raises(TypeError, match="unsupported operand type"): a + "x"
+
+_W, _B = _t(6, 4, 3, 3, seed=1).realize(), _t(6, seed=2).realize()
+_NN_OPS = {
+    "conv2d": (lambda x: x.conv2d(_W, padding=1), lambda t: F.conv2d(t, torch.tensor(_W.numpy()), padding=1)),
+    "conv2d bias stride": (lambda x: x.conv2d(_W, _B, stride=2, padding=(0, 1)),
+                           lambda t: F.conv2d(t, torch.tensor(_W.numpy()), torch.tensor(_B.numpy()), stride=2,
+                                              padding=(0, 1))),
+    "conv2d dilation": (lambda x: x.conv2d(_W, dilation=2), lambda t: F.conv2d(t, torch.tensor(_W.numpy()),
+                                                                                 dilation=2)),
+    "layernorm": (lambda x: x.layernorm(-1, 1e-3), lambda t: F.layer_norm(t, t.shape[-1:], eps=1e-3)),
+    "layernorm axes": (lambda x: x.layernorm((2, 3)), lambda t: F.layer_norm(t, t.shape[-2:])),
+    "softmax": (lambda x: x.softmax(1), lambda t: t.softmax(1)),
+    "log_softmax": (lambda x: x.log_softmax(-1), lambda t: t.log_softmax(-1)),
+}
+
+@pytest.mark.parametrize("name", list(_NN_OPS))
+def test_nn_ops_from_template_are_the_built_graph(name, monkeypatch):
+    # convolutions, layernorm and softmax come from templates from a key's second call on: the very nodes the direct
+    # build makes (the first call builds directly), torch's values and gradients, for lazy and realized inputs
+    import fusegrad.tensor
+    from fusegrad.tensor import nn as tnn
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    ours, theirs = _NN_OPS[name]
+    tnn._templates.clear()
+    for call in range(3):
+        base = _t(2, 4, 7, 7, seed=call)
+        for x in (base * 2, base.realize()):
+            n_made = sum(isinstance(v, tuple) for v in tnn._templates.values())
+            out = ours(x)
+            # (a template is made at the second call of its key and serves the calls after it)
+            assert sum(isinstance(v, tuple) for v in tnn._templates.values()) == n_made + (call == 0 and x is base)
+            with monkeypatch.context() as m:
+                m.setattr(tnn, "_from_template", lambda *a, **k: None)
+                assert ours(x).uop is out.uop
+            np.testing.assert_allclose(out.numpy(), theirs(torch.tensor(x.numpy())).numpy(), rtol=1e-4, atol=1e-5)
+    # gradients through a templated graph
+    x, tx = _t(2, 4, 7, 7, seed=9).requires_grad_(), torch.tensor(_t(2, 4, 7, 7, seed=9).numpy(), requires_grad=True)
+    (ours(x) * ours(x).detach()).sum().backward()
+    (theirs(tx) * theirs(tx).detach()).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-4)
+
+def test_template_made_when_a_key_comes_back(monkeypatch):
+    # a key seen once builds directly and makes no template (an operation on a new shape every call pays one build)
+    import fusegrad.tensor
+    from fusegrad.tensor import nn as tnn
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    tnn._templates.clear()
+    for n in range(3, 9): _t(4, n).softmax(-1)
+    assert not any(isinstance(v, tuple) for v in tnn._templates.values()) and len(tnn._templates) == 6
+    _t(4, 5, seed=1).softmax(-1)
+    assert sum(isinstance(v, tuple) for v in tnn._templates.values()) == 1
+    # settings that can't be a key (a list) build directly
+    x = _t(2, 3, 5, 5)
+    for _ in range(2):
+        np.testing.assert_allclose(x.layernorm([2, 3]).numpy(), F.layer_norm(torch.tensor(x.numpy()), (5, 5)).numpy(),
+                                   rtol=1e-4, atol=1e-5)
+    assert sum(isinstance(v, tuple) for v in tnn._templates.values()) == 1
