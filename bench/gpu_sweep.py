@@ -184,6 +184,30 @@ def sweep_tc(dev: str, n: int) -> None:
                 try: report(label, *time_kernel(dev, ast), flops=flops)
                 except Exception as e: print(f"  {label}: {type(e).__name__}: {str(e)[:200]}")
 
+def sweep_im2col(dev: str) -> None:
+    """Every kernel of ResNet-50's convolutions (half, batch 32) timed: read in place (IM2COL=0), and as im2col with
+    ITEMS (elements an elementwise kernel computes per work-item) of 1 to 8, with 64- and 32-bit indices."""
+    from fusegrad.helpers import Context
+    shapes = RESNET50_CONVS + ((256, 1024, 1, 14, 1), (2048, 512, 1, 7, 1))
+    ren = Device[dev].renderer
+    def kernels(t: Tensor) -> list[UOp]: return [si.ast for si in t.schedule() if si.ast.op is Ops.SINK]
+    def line(label: str, asts: list[UOp]) -> None:
+        times = [time_kernel(dev, a) for a in asts]
+        print(f"  {label:24s} total {sum(t[0] for t in times) * 1e3:7.3f} ms  " +
+              "  ".join(f"{t[1][:28]} {t[0] * 1e3:.3f}" for t in times), flush=True)
+    for cin, cout, k, side, stride in shapes:
+        x = Tensor.empty(32, cin, side, side, dtype=dtypes.half, device=dev)
+        w = Tensor.empty(cout, cin, k, k, dtype=dtypes.half, device=dev)
+        print(f"conv2d half b32 {cin}->{cout} {k}x{k} {side}x{side} s{stride}")
+        with Context(IM2COL=0): line("IM2COL=0", kernels(x.conv2d(w, stride=stride, padding=k // 2)))
+        with Context(IM2COL=1):
+            for items, i32 in itertools.product((1, 2, 4, 8), (False, True)):
+                old, ren.index32 = getattr(ren, "index32", False), i32
+                try:
+                    with constants(ITEMS=items): line(f"ITEMS={items} index32={int(i32)}",
+                                                      kernels(x.conv2d(w, stride=stride, padding=k // 2)))
+                finally: ren.index32 = old
+
 def profile_gpt2(dev: str, tokens: int = 60) -> None:
     """GPT-2 124M decoding (bench_gpu.py's row, TinyJit after its first calls): seconds per token in the model's call
     and in reading the logits back, and the Python functions that take the most time over `tokens` tokens."""
@@ -209,7 +233,8 @@ def main() -> None:
     ap.add_argument("--device", default="CUDA")
     ap.add_argument("--only", default="", help="key (the heuristic's kernel of each bench_gpu.py row), matmul, rows, "
                                                "conv, unroll (TC_UNROLL on half matmuls), tc (staged tensor-core "
-                                               "operands) or gpt2 (a profile of its decoding)")
+                                               "operands), im2col (convolutions' kernels read in place or as "
+                                               "im2col) or gpt2 (a profile of its decoding)")
     ap.add_argument("--n", type=int, default=4096, help="matmul size (default 4096)")
     ap.add_argument("--tokens", type=int, default=60, help="tokens GPT-2's profile decodes (default 60)")
     ap.add_argument("--dry", default="", metavar="ARCH", help="without a GPU: render each kernel for CUDA sm_XY and "
@@ -235,8 +260,9 @@ def main() -> None:
                      ("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
                      ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
                      ("unroll", lambda: sweep_tc_unroll(dev)), ("tc", lambda: sweep_tc(dev, args.n)),
+                     ("im2col", lambda: sweep_im2col(dev)),
                      ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
-        if args.only == name or (not args.only and name not in ("gpt2", "unroll", "tc")): fn()
+        if args.only == name or (not args.only and name not in ("gpt2", "unroll", "tc", "im2col")): fn()
 
 if __name__ == "__main__":
     main()

@@ -266,13 +266,13 @@ def _im2col_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_
     if not IM2COL or groups != 1 or not isinstance(x.device, str) or x.device != weight.device: return False
     if not (x.dtype == weight.dtype == out_dt and out_dt in (dtypes.half, dtypes.bfloat16)): return False
     if not all(type(v) is int for v in x.shape + weight.shape): return False
-    ren = Device[x.device].renderer
-    if not getattr(ren, "has_local", False) or not any(tc.dtype_in == out_dt for tc in ren.tensor_cores): return False
     outs = [(i + a + b - d * (k - 1) - 1) // s + 1 for i, (a, b), k, s, d in
             zip(x.shape[2:], _side_pairs(flat), weight.shape[2:], s_, d_)]
     # (an output too small for a window is conv2d's error to raise)
-    return all(o >= 1 for o in outs) and prod(outs) <= IM2COL_MAX_PIXELS and \
-        x.shape[0] * prod(outs) * prod(weight.shape[1:]) * x.dtype.itemsize <= IM2COL_MAX_BYTES
+    if not (all(o >= 1 for o in outs) and prod(outs) <= IM2COL_MAX_PIXELS and
+            x.shape[0] * prod(outs) * prod(weight.shape[1:]) * x.dtype.itemsize <= IM2COL_MAX_BYTES): return False
+    ren = Device[x.device].renderer
+    return bool(getattr(ren, "has_local", False)) and any(tc.dtype_in == out_dt for tc in ren.tensor_cores)
 
 def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
     """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import numpy as np
 import pytest
-from fusegrad import Tensor, Variable, dtypes
+from fusegrad import Device, Tensor, Variable, dtypes
 from fusegrad.codegen import get_program
 from fusegrad.codegen.opt import OptOps
 from fusegrad.uop.ops import ORDER_ONLY
@@ -256,6 +256,29 @@ def test_tensor_core_tiles_leave_small_products_enough_groups(monkeypatch):
         warps = math.prod(hg.TC_WARPS)
         if n == 4096: assert (groups, per_group) == (n * n // (16 * 8 * math.prod(hg.TC_TILES) * warps), warps)
         else: assert groups >= hg.TC_MIN_GROUPS and groups * per_group >= hg.TC_MIN_WARPS, p.applied_opts
+
+def test_elementwise_kernels_take_several_items_per_work_item(monkeypatch):
+    """A large elementwise kernel (CUDA has no vector types) computes ITEMS outputs per work-item along its outermost
+    loop that ITEMS divides, never the innermost (whose neighbouring work-items' accesses coalesce); a small kernel,
+    or one of a single loop, one each. On the PYTHON device as a GPU (ITEMS_MIN_OUTPUTS lowered): numpy's values."""
+    from fusegrad.codegen.opt import heuristic_gpu as hg
+    from fusegrad.engine import realize
+    from fusegrad.renderer.python import PythonRenderer
+    h = lambda *shape: Tensor.empty(*shape, dtype=dtypes.half)
+    big = h(24, 256, 16, 48)[:, :, 1:15, 1:15].permute(1, 0, 2, 3).contiguous()   # (1.2M outputs)
+    (p,) = programs(big)
+    assert (OptOps.UPCAST, 0, hg.ITEMS) in [(o.op, o.axis, o.arg) for o in p.applied_opts], p.applied_opts
+    for small in (h(6, 8, 16, 48).permute(1, 0, 2, 3).contiguous(), h(1 << 21).exp()):
+        assert not any(o.op is OptOps.UPCAST for p in programs(small) for o in p.applied_opts)
+    ren = PythonRenderer(like=CUDARenderer("sm_80"))
+    monkeypatch.setattr(Device["PYTHON"], "renderer", ren)
+    monkeypatch.setattr(realize, "method_cache", {})
+    monkeypatch.setattr(hg, "ITEMS_MIN_OUTPUTS", 16)
+    x = np.random.default_rng(3).standard_normal((3, 8, 5, 7)).astype(np.float16)
+    make = lambda: Tensor(x, device="PYTHON").pad(((0, 0), (0, 0), (1, 1), (1, 1))).permute(1, 0, 2, 3) * 2
+    (p,) = programs(make(), ren=ren)
+    assert any(o.op is OptOps.UPCAST and o.arg == hg.ITEMS for o in p.applied_opts), p.applied_opts
+    np.testing.assert_array_equal(make().numpy(), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))).transpose(1, 0, 2, 3) * 2)
 
 def test_float32_exp_without_float64():
     """CUDA's float64 is slow: exp of float32 and half (a softmax's, a sigmoid's) is float32 arithmetic there, no

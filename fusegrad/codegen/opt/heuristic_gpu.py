@@ -19,6 +19,8 @@ ITEMS_ROW = 64      # elements each work-item of a grouped reduction reduces at 
 HANDFUL = 64        # a reduction to at most this many outputs has nothing else to run in parallel
 ITEMS_FEW = 4       # so its work-items reduce this few elements each (a wide group: one row's latency)
 VECTOR = 4          # lanes of an elementwise kernel's vectors (float4)
+ITEMS = 4           # elements an elementwise kernel without vectors computes per work-item, along an outer loop
+ITEMS_MIN_OUTPUTS = 1 << 20   # ... where it has at least this many (a smaller one keeps one per work-item)
 TILE = 8            # register tile along each output loop that loads are reused along (a 4096 float32 matmul on an
                     # H200: 17 TFLOP/s with tiles of 4, 26 with 8)
 TILE_SMALL = 4      # the tile along a loop shorter than 4 * TILE
@@ -57,6 +59,7 @@ def gpu_optimizations(k: Kernel) -> list[Opt]:
     if _tensor_cores(k): return k.applied_opts
     _group_long_reduction(k)
     _vector_lanes(k)
+    _items_per_work_item(k)
     _register_tiles(k)
     _work_items_over_outputs(k)
     _stage_through_local(k)
@@ -170,6 +173,18 @@ def _vector_lanes(k: Kernel) -> None:
             any(idx.src[0].dtype.base not in vec_dts for idx, _ in accesses): return
     strides = [coeff(idx.src[1], r) for idx, _ in accesses]
     if all(c in (0, 1) for c in strides) and 1 in strides: _try(k, OptOps.UPCAST, r, VECTOR)
+
+def _items_per_work_item(k: Kernel) -> None:
+    """An elementwise kernel of many outputs without vectors (16-bit values on CUDA, an innermost loop of 7) computes
+    ITEMS of them per work-item along its outermost loop that ITEMS divides (not the innermost, along which its
+    neighbours' accesses are coalesced): independent loads in flight, and the index arithmetic shared."""
+    if k.reduceops or k.expanded or not k.output_axes() or not isinstance(n := _outputs(k), int) or \
+            n < ITEMS_MIN_OUTPUTS or ITEMS < 2:
+        return
+    for i in k.output_axes()[:-1]:
+        if isinstance(size := range_size(k.loops[i]), int) and size % ITEMS == 0 and size > ITEMS:
+            _try(k, OptOps.UPCAST, k.loops[i], ITEMS)
+            return
 
 def _register_tiles(k: Kernel) -> None:
     """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
