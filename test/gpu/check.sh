@@ -12,6 +12,8 @@
 #      (test/gpu/check_tensor_cores.py);
 #   4. examples/train_digits.py on CUDA (a few epochs: the accuracy it prints), and BEAM=2 on a matmul, a half matmul
 #      and a softmax against numpy (test/gpu/check_beam.py);
+#   4b. half and bfloat16 convolutions as im2col and read in place, with their gradients, against torch on the GPU,
+#      and a large 16-bit copy of several outputs per work-item against numpy (test/gpu/check_convolutions.py);
 #   5. bench/bench_gpu.py: fusegrad on CUDA against PyTorch on the same GPU (alone, after the others, which run side
 #      by side).
 #
@@ -73,8 +75,9 @@ step cuda_graph 120 $PY test/gpu/check_cuda_graph.py &
 step tensor_cores 180 $PY test/gpu/check_tensor_cores.py &
 step train_digits 120 env DEV=CUDA $PY examples/train_digits.py --epochs 3 &
 step beam 150 $PY test/gpu/check_beam.py &
+step convolutions 150 $PY test/gpu/check_convolutions.py &
 wait
-for name in cuda_tests op_tests cuda_graph tensor_cores train_digits beam; do report $name 12; done
+for name in cuda_tests op_tests cuda_graph tensor_cores train_digits beam convolutions; do report $name 12; done
 echo "=== correctness checks took $((SECONDS - start_all)) s"
 step bench_gpu ${BENCH_LIMIT:-240} env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
 report bench_gpu 40
