@@ -5,8 +5,8 @@ registers per thread ptxas gave the kernel (and its stack frame where it has one
 
 Run on a machine with an NVIDIA GPU: python bench/gpu_sweep.py [--only matmul] [--device CUDA]
 Without one, `--dry sm_90` renders and compiles each kernel (registers, no times); `--index32` renders a kernel's
-indices in 32 bits where they all fit (the CUDA renderer's index32=True), to compare against its default 64-bit ones,
-and `--no-ldmatrix` loads tensor-core fragments element by element (ldmatrix=False)."""
+indices in 32 bits where they all fit (the CUDA renderer's index32=True; by default only tensor-core kernels' are,
+`--index64` none), and `--no-ldmatrix` loads tensor-core fragments element by element (ldmatrix=False)."""
 from __future__ import annotations
 import argparse
 import contextlib
@@ -46,7 +46,8 @@ def kernel_ast(t: Tensor) -> UOp:
 
 # --dry: no GPU; each kernel rendered for CUDARenderer(DRY_ARCH) and compiled by NVRTC, not run
 DRY_ARCH = ""
-INDEX32 = False   # --index32 sets it: the CUDA renderer's indices in 32 bits where they all fit
+INDEX32: bool | None = None   # --index32 / --index64: the CUDA renderer's indices in 32 bits where they all fit
+                              # in every kernel / none (default: in tensor-core kernels)
 LDMATRIX = True  # --no-ldmatrix sets it False: tensor-core fragments loaded element by element
 
 def resources(prog, lib: bytes) -> KernelResources | None:
@@ -202,7 +203,7 @@ def sweep_im2col(dev: str) -> None:
         with Context(IM2COL=0): line("IM2COL=0", kernels(x.conv2d(w, stride=stride, padding=k // 2)))
         with Context(IM2COL=1):
             for items, i32 in itertools.product((1, 2, 4, 8), (False, True)):
-                old, ren.index32 = getattr(ren, "index32", False), i32
+                old, ren.index32 = getattr(ren, "index32", None), i32
                 try:
                     with constants(ITEMS=items): line(f"ITEMS={items} index32={int(i32)}",
                                                       kernels(x.conv2d(w, stride=stride, padding=k // 2)))
@@ -240,13 +241,14 @@ def main() -> None:
     ap.add_argument("--dry", default="", metavar="ARCH", help="without a GPU: render each kernel for CUDA sm_XY and "
                                                               "compile it with NVRTC (its time is nan)")
     ap.add_argument("--index32", action="store_true", help="CUDA kernels' indices in 32 bits where they all fit "
-                                                           "(the default: 64 bits)")
+                                                           "(the default: in tensor-core kernels only)")
+    ap.add_argument("--index64", action="store_true", help="CUDA kernels' indices in 64 bits, tensor-core ones too")
     ap.add_argument("--no-ldmatrix", action="store_true", help="CUDA tensor-core fragments loaded element by element "
                                                                "from shared memory (as before ldmatrix)")
     args = ap.parse_args()
     dev = Device.canonicalize(args.device)
     global INDEX32, LDMATRIX
-    INDEX32, LDMATRIX = args.index32, not args.no_ldmatrix
+    INDEX32, LDMATRIX = True if args.index32 else False if args.index64 else None, not args.no_ldmatrix
     if not args.dry: Device[dev].renderer.index32, Device[dev].renderer.ldmatrix = INDEX32, LDMATRIX
     if args.dry:
         from fusegrad.renderer.cuda import CUDARenderer

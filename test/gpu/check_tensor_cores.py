@@ -10,8 +10,8 @@
    memory) against numpy and against the same kernels unstaged (TC_STAGE=0), single-buffered (DOUBLE_BUFFER=0) and
    copied element by element (VECTOR_COPY_BYTES=0), which must all give the same bits (the same WMMAs in the same
    order), and to the same kernels rendered with fragments loaded element by element rather than by ldmatrix
-   (the CUDA renderer's ldmatrix=False) and with 32-bit indices (index32=True); the 16-bit staged kernels checked to
-   load their fragments by ldmatrix;
+   (the CUDA renderer's ldmatrix=False) and with 32- and 64-bit indices (index32=True, False); the 16-bit staged
+   kernels checked to load their fragments by ldmatrix;
 3. the time of a 4096 half matmul with tensor cores, staged and not, staged without ldmatrix and with 64-bit
    indices, and without tensor cores (the heuristic's opts without TC: its float32-style tiles), printed in TFLOP/s
    with each kernel's registers, not checked."""
@@ -132,8 +132,8 @@ for i, (name, fn, shapes, dts, rtol, tf32) in enumerate(staged_cases):
             other, _ = variant(fn, arrays, dts, **values, **big)
             check(f"{name}: the same with {values}", bool(np.array_equal(got, other)),
                   f"max difference {np.abs(got - other).max():.2e}")
-        # (fragments loaded element by element, indices in 32 bits: the same loads, the same WMMAs)
-        for attrs in (dict(ldmatrix=False), dict(index32=True)):
+        # (fragments loaded element by element, indices in 32 or 64 bits: the same loads, the same WMMAs)
+        for attrs in (dict(ldmatrix=False), dict(index32=True), dict(index32=False)):
             other, _ = rendered(fn, arrays, dts, **attrs)
             check(f"{name}: the same with the renderer's {attrs}", bool(np.array_equal(got, other)),
                   f"max difference {np.abs(got - other).max():.2e}")
@@ -167,8 +167,8 @@ def renderer_with(**attrs) -> CUDARenderer:
 for label, ren, stage in (("with tensor cores, staged", cuda.renderer, 1), ("with tensor cores", cuda.renderer, 0),
                           ("with tensor cores, staged, without ldmatrix",
                            renderer_with(ldmatrix=False), 1),
-                          ("with tensor cores, staged, 32-bit indices",
-                           renderer_with(index32=True), 1),
+                          ("with tensor cores, staged, 64-bit indices",
+                           renderer_with(index32=False), 1),
                           ("without", WithoutTensorCores(cuda.arch), 1)):
     heuristic_gpu.TC_STAGE = stage
     try: prog = get_program(ast, ren)

@@ -154,12 +154,21 @@ def test_every_index_value_is_checked_not_only_addresses():
     assert not index_fits_int32([UOp.const(dtypes.index, 2 ** 31 - 1)])
 
 def test_index32_off_renders_64_bit():
-    # (off by default: the same kernel that index32 narrows)
+    # (by default only tensor-core kernels: the same kernel that index32 narrows stays 64-bit)
     for ren in (CUDARenderer(), CUDARenderer(index32=False)):
         (p,) = programs(Tensor.empty(64, 64) + 1, ren=ren)
         assert _index_types(p.src) == {"long"}, p.src
     (p,) = programs(Tensor.empty(64, 64) + 1, **I32)
     assert _index_types(p.src) == {"int"}, p.src
+
+def test_index32_by_default_in_tensor_core_kernels(monkeypatch):
+    # a half matmul on tensor cores: 32-bit indices by default, 64-bit with index32=False
+    import fusegrad.tensor as fgt
+    monkeypatch.setattr(fgt, "_has_tensor_cores", lambda device: True)   # (the CPU's own matmul converts half first)
+    mm = lambda: Tensor.empty(256, 256, dtype=dtypes.half) @ Tensor.empty(256, 256, dtype=dtypes.half)
+    for ren, want in ((CUDARenderer("sm_80"), {"int"}), (CUDARenderer("sm_80", index32=False), {"long"})):
+        (p,) = programs(mm(), ren=ren)
+        assert "mma.sync" in p.src and _index_types(p.src) == want, _index_types(p.src)
 
 # *** ldmatrix ***
 
