@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
-from fusegrad.helpers import pads_cheaply, prod
+from fusegrad.device import Device
+from fusegrad.helpers import IM2COL, WINO, pads_cheaply, prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify, with_src
 from fusegrad.tensor.creation import check_size
 
@@ -199,7 +200,6 @@ def matmul_nodes(a: UOp, b: UOp) -> UOp:
 def renderer_says(device: str | tuple[str, ...], attr: str) -> bool:
     """Whether the renderer of `device` (of a sharded tensor's first device) has `attr` set: "has_local" for
     GPU-style kernels, "tensor_cores" for matrix instructions."""
-    from fusegrad.device import Device
     return bool(getattr(Device[device if isinstance(device, str) else device[0]].renderer, attr, None))
 
 def _conv_result(ret: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, groups: int, stride, dilation,
@@ -229,10 +229,9 @@ WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
 def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, flat: list[int], out_dt: DType) -> bool:
     """Whether conv2d computes this convolution by Winograd's F(4x4, 3x3): WINO set, one device, float32, 2-D, 3x3,
     stride and dilation 1, one group, padding of 0 to 2 (no crop), int sizes, and a size where it pays (see above)."""
-    from fusegrad.helpers import WINO
+    if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32 or out_dt != dtypes.float32: return False
     if not WINO or weight.ndim != 4 or weight.shape[2:] != (3, 3) or groups != 1: return False
     if not isinstance(x.device, str) or x.device != weight.device: return False   # (sharded: the direct form)
-    if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32 or out_dt != dtypes.float32: return False
     if _int_tuple(stride, 2, "stride") != (1, 1) or _int_tuple(dilation, 2, "dilation") != (1, 1): return False
     if not all(0 <= p <= 2 for p in flat) or not all(type(v) is int for v in x.shape + weight.shape): return False
     (bs, cin, h, w), cout = x.shape, weight.shape[0]
@@ -261,8 +260,6 @@ def _im2col_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_
     """Whether conv2d copies its windows into a matrix (IM2COL, above): one device whose renderer has local memory
     and tensor cores taking the inputs' dtype, a 16-bit float convolution of one group with int sizes, outputs of at
     most IM2COL_MAX_PIXELS an image and a copy of at most IM2COL_MAX_BYTES."""
-    from fusegrad.helpers import IM2COL
-    from fusegrad.device import Device
     if not IM2COL or groups != 1 or not isinstance(x.device, str) or x.device != weight.device: return False
     if not (x.dtype == weight.dtype == out_dt and out_dt in (dtypes.half, dtypes.bfloat16)): return False
     if not all(type(v) is int for v in x.shape + weight.shape): return False
@@ -271,8 +268,17 @@ def _im2col_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_
     # (an output too small for a window is conv2d's error to raise)
     if not (all(o >= 1 for o in outs) and prod(outs) <= IM2COL_MAX_PIXELS and
             x.shape[0] * prod(outs) * prod(weight.shape[1:]) * x.dtype.itemsize <= IM2COL_MAX_BYTES): return False
-    ren = Device[x.device].renderer
-    return bool(getattr(ren, "has_local", False)) and any(tc.dtype_in == out_dt for tc in ren.tensor_cores)
+    return out_dt in _gpu_16bit_tensor_core_dtypes(x.device)
+
+_TC_DTYPES: dict[int, tuple[Any, frozenset[DType]]] = {}
+def _gpu_16bit_tensor_core_dtypes(device: str) -> frozenset[DType]:
+    """The 16-bit input dtypes of the tensor cores of `device`'s renderer where it is GPU-style (has local memory), kept
+    per renderer (a convolution asks on every call)."""
+    ren = Device[device].renderer
+    if (got := _TC_DTYPES.get(id(ren))) is None or got[0] is not ren:
+        tcs = ren.tensor_cores if getattr(ren, "has_local", False) else []
+        got = _TC_DTYPES[id(ren)] = (ren, frozenset(tc.dtype_in for tc in tcs if tc.dtype_in.itemsize == 2))
+    return got[1]
 
 def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
     """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles
