@@ -11,7 +11,7 @@ from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.tensor import Tensor
 from fusegrad.tensor.indexing import _check_index_values
-from fusegrad.tensor.nn import linear_layer
+from fusegrad.tensor.nn import linear_layer, templated
 
 __all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm2d",
            "BatchNorm3d", "LayerNorm", "LayerNorm2d", "RMSNorm", "GroupNorm", "InstanceNorm", "Embedding", "LSTMCell"]
@@ -168,8 +168,11 @@ class LayerNorm:
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
             raise ValueError(f"LayerNorm over {self.normalized_shape} got input of shape {x.shape}")
-        x = x.layernorm(eps=self.eps, axis=self.axis)
-        return x if self.weight is None else x * self.weight + self.bias
+        if self.weight is None: return x.layernorm(eps=self.eps, axis=self.axis)
+        return templated(_affine_layernorm, (x, self.weight, self.bias), (self.axis, self.eps))
+
+def _affine_layernorm(x: Tensor, weight: Tensor, bias: Tensor, axis: tuple[int, ...], eps: float) -> Tensor:
+    return x.layernorm(eps=eps, axis=axis) * weight + bias
 
 class LayerNorm2d(LayerNorm):
     """LayerNorm over the channels of an (N, C, H, W) input."""

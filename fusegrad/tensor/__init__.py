@@ -1355,6 +1355,12 @@ def _realize_replayed(todo: list[Tensor], do_update_stats: bool) -> bool:
     plan ready for it (a structure seen for the first time or twice, bound Variables, a kernel whose memory
     depends on Variables)."""
     if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI:
+        if (made := u.__dict__.get("_template")) is not None and (walked := _template_walk(u, made)) is not None:
+            topo, skey, consts = walked
+            if (plan := replay_plan_for(skey, consts)) is None or (runners := replay_runners(plan)) is None:
+                return False
+            run_replayed(plan, runners, topo, replay_buffers(plan, topo, _LiveTensors((todo[0],))), do_update_stats)
+            return True
         k = u._ukey
         if (seen := _eager_walks.get((k[0], k[1], k[3], *map(id, u.src)))) is not None:
             topo = [r() for r in seen[1]]
@@ -1374,9 +1380,9 @@ def _realize_walked(todo: list[Tensor], do_update_stats: bool) -> bool:
     if UOpMetaClass.binds_made and bound_variables(walk.position): return False
     if (plan := replay_plan(walk)) is None or (runners := replay_runners(plan)) is None: return False
     topo = list(walk.position)
-    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI and not walk.assigns and \
-            all([(b := s.base.op) is _BUFFER or b is _CONST for s in u.src]):
-        _remember_walk(u, walk, topo)
+    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI and not walk.assigns:
+        if (made := u.__dict__.get("_template")) is not None: _remember_template_walk(made, walk, topo)
+        elif all([(b := s.base.op) is _BUFFER or b is _CONST for s in u.src]): _remember_walk(u, walk, topo)
     run_replayed(plan, runners, topo, replay_buffers(plan, topo, live), do_update_stats)
     return True
 
@@ -1394,6 +1400,37 @@ def _remember_walk(u: UOp, walk: StructureWalk, topo: list[UOp]) -> None:
     k, at = u._ukey, walk.position
     _eager_walks[(k[0], k[1], k[3], *map(id, u.src))] = ([at[s] for s in u.src], [weakref.ref(x) for x in topo[:-1]],
                                                          walk.key(), [at[c] for c in walk.consts])
+
+# The walk of a graph made from an operation's template (tensor/nn.py _from_template: `conv2d(x, w).realize()` in an
+# eager loop), kept by the template and its operands' ids: the graph is the template's nodes made again over the
+# same operands, so its toposort is the same sequence, each position either the n-th node made from the template
+# (new objects every call: the instance's list, which the result carries) or a node below an operand or one of the
+# template's own (the same objects, by weak reference). The template itself and the operands are checked by identity
+# (an id may be reused once they are gone).
+_template_walks: dict[tuple, tuple[Any, tuple[weakref.ref, ...], list, tuple, list[int]]] = {}
+
+def _template_walk(u: UOp, made: tuple) -> tuple[list[UOp], tuple, list[UOp]] | None:
+    """(toposort, structure key, liftable constants) of `u`'s graph from _template_walks, or None where it has none for
+    u's template and operands."""
+    template, operands, nodes = made
+    if (seen := _template_walks.get((id(template), *map(id, operands)))) is None or seen[0] is not template or \
+            any(r() is not o for r, o in zip(seen[1], operands)):
+        return None
+    topo = [nodes[r] if type(r) is int else r() for r in seen[2]]
+    if None in topo: return None
+    topo.append(u)
+    return topo, seen[3], [topo[i] for i in seen[4]]
+
+def _remember_template_walk(made: tuple, walk: StructureWalk, topo: list[UOp]) -> None:
+    """Keep the walk of a graph made from a template (`made`: the template, its operands and the nodes made, in the
+    order the template makes them; `topo`: the graph's toposort) for _template_walk."""
+    if len(_template_walks) >= 1024: _template_walks.clear()
+    template, operands, nodes = made
+    made_at = {n: i for i, n in enumerate(nodes)}
+    recipe = [made_at[x] if x in made_at else weakref.ref(x) for x in topo[:-1]]
+    at = walk.position
+    _template_walks[(id(template), *map(id, operands))] = (template, tuple(map(weakref.ref, operands)), recipe,
+                                                           walk.key(), [at[c] for c in walk.consts])
 
 class _LiveTensors:
     """The live tensors as scheduling sees them (schedule/create.py LiveGraphs): `tensors` those being scheduled,

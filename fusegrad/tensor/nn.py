@@ -74,8 +74,12 @@ def _from_template(build: Callable[..., Tensor], operands: tuple[Tensor, ...], s
         # (the result's shape is asked at once, by backward's seed or the next operation: without this it was
         # computed node by node)
         if "_shape" not in (d := n.__dict__): d["_shape"] = w.__dict__["_shape"]
-    if (result := new.get(root, root)) is not root and "_device" not in (d := result.__dict__):
-        d["_device"] = root.__dict__["_device"]
+    if (result := new.get(root, root)) is not root:
+        if "_device" not in (d := result.__dict__): d["_device"] = root.__dict__["_device"]
+        # (what a realize of the result needs to find its graph's walk without walking it: tensor/__init__.py
+        # _template_walk. The nodes below the result only: with itself in the list, the node would be a reference
+        # cycle, its graph and the buffers it reads freed only by the garbage collector)
+        d["_template"] = (made, uops, [n for w in over if (n := new[w]) is not result])
     return Tensor(result)
 
 def templated(build: Callable[..., Tensor], operands: tuple[Tensor, ...], settings: tuple = ()) -> Tensor:

@@ -261,3 +261,28 @@ def test_template_made_when_a_key_comes_back(monkeypatch):
         np.testing.assert_allclose(x.layernorm([2, 3]).numpy(), F.layer_norm(torch.tensor(x.numpy()), (5, 5)).numpy(),
                                    rtol=1e-4, atol=1e-5)
     assert sum(isinstance(v, tuple) for v in tnn._templates.values()) == 1
+
+def test_layernorm_layer_from_template_is_the_built_graph(monkeypatch):
+    # nn.LayerNorm's normalization and affine part come from one template: the nodes of the direct build, torch's
+    # values; without an affine part it is Tensor.layernorm
+    import fusegrad.tensor
+    from fusegrad import nn
+    from fusegrad.tensor import nn as tnn
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    tnn._templates.clear()
+    ln = nn.LayerNorm(7, eps=1e-3)
+    ln.weight, ln.bias = _t(7, seed=3).realize(), _t(7, seed=4).realize()
+    for call in range(3):
+        x = _t(2, 5, 7, seed=call)
+        out = ln(x)
+        with monkeypatch.context() as m:
+            m.setattr(tnn, "_from_template", lambda *a, **k: None)
+            assert ln(x).uop is out.uop
+        want = F.layer_norm(torch.tensor(x.numpy()), (7,), torch.tensor(ln.weight.numpy()),
+                            torch.tensor(ln.bias.numpy()), eps=1e-3)
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    assert any(isinstance(v, tuple) and k[0] is nn._affine_layernorm for k, v in tnn._templates.items())
+    plain = nn.LayerNorm(7, elementwise_affine=False)
+    x = _t(3, 7, seed=9)
+    np.testing.assert_allclose(plain(x).numpy(), F.layer_norm(torch.tensor(x.numpy()), (7,)).numpy(), rtol=1e-4,
+                               atol=1e-5)

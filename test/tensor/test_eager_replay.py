@@ -245,3 +245,81 @@ def test_fast_built_ops_note_their_source():
     for t, api in ((s, "__add__"), (p, "__mul__"), (m, "__matmul__")):
         src = ex.sources.get(t.uop)
         assert src is not None and src.api == api and src.filename.endswith("test_eager_replay.py"), (api, src)
+
+@pytest.fixture
+def template_walks(monkeypatch):
+    """How many realizes found their graph's walk in tensor/__init__.py _template_walks."""
+    found = [0]
+    real = tensor_module._template_walk
+    def counted(u, made):
+        if (got := real(u, made)) is not None: found[0] += 1
+        return got
+    monkeypatch.setattr(tensor_module, "_template_walk", counted)
+    monkeypatch.setattr(tensor_module, "_sharding_used", False)
+    return found
+
+def _conv_ref(x, w, b=None, padding=0, stride=1):
+    import torch
+    return torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), None if b is None else torch.tensor(b),
+                                      padding=padding, stride=stride).numpy()
+
+def test_templated_op_walks_from_its_template(template_walks, general_path_calls):
+    # an eager op made from its template (a convolution, a softmax, a Linear layer) over the same operands finds its
+    # graph's walk kept by the template: numpy's and torch's values every call, a fresh buffer each
+    from fusegrad import nn
+    x_np, w_np, b_np = rand(2, 3, 9, 9), rand(4, 3, 3, 3), rand(4)
+    x, w, b = Tensor(x_np).realize(), Tensor(w_np).realize(), Tensor(b_np).realize()
+    layer = nn.Linear(9, 5)
+    lw, lb = layer.weight.numpy(), layer.bias.numpy()
+    cases = [(lambda: x.conv2d(w, b, padding=1), _conv_ref(x_np, w_np, b_np, padding=1)),
+             (lambda: x.softmax(-1), np.exp(x_np) / np.exp(x_np).sum(-1, keepdims=True)),
+             (lambda: layer(x), x_np @ lw.T + lb)]
+    for make, want in cases:
+        for _ in range(3): make().realize()   # (a new key, its template, the walk kept)
+        found, general = template_walks[0], general_path_calls[0]
+        outs = [make().realize() for _ in range(4)]
+        assert template_walks[0] == found + 4 and general_path_calls[0] == general
+        for out in outs: np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+        assert len({id(o.uop.buffer) for o in outs}) == len(outs)
+
+def test_templated_op_walk_follows_its_operands(template_walks):
+    # other operands (new inputs each call, freed ones whose ids come back), another template (other settings, the
+    # templates cleared) are walked afresh: never another graph's walk
+    from fusegrad.tensor import nn as tnn
+    w_np = rand(4, 3, 3, 3)
+    w = Tensor(w_np).realize()
+    for i in range(12):
+        x_np = rand(2, 3, 8, 8)
+        x = Tensor(x_np).realize()
+        pad, stride = (1, 1) if i % 3 else (0, 2)
+        if i == 7: tnn._templates.clear()
+        for _ in range(2):
+            got = x.conv2d(w, padding=pad, stride=stride).realize()
+            np.testing.assert_allclose(got.numpy(), _conv_ref(x_np, w_np, padding=pad, stride=stride), rtol=1e-5,
+                                       atol=1e-5)
+        del x, got
+    assert template_walks[0] > 0
+    # an operand overwritten in place between calls: the same graph, the new values
+    x_np = rand(2, 3, 8, 8)
+    x = Tensor(x_np).realize()
+    for i in range(4):
+        np.testing.assert_allclose(x.conv2d(w, padding=1).realize().numpy(), _conv_ref(x_np, w_np, padding=1),
+                                   rtol=1e-5, atol=1e-5)
+        x_np = x_np + 1
+        x.assign(Tensor(x_np)).realize()
+
+def test_templated_result_is_freed_without_the_garbage_collector(template_walks):
+    # a result made from a template carries the nodes below it, never itself: no reference cycle keeps its graph (and
+    # the buffers that graph reads) alive until a collection
+    import gc
+    import weakref
+    x, w = Tensor(rand(2, 3, 8, 8)).realize(), Tensor(rand(4, 3, 3, 3)).realize()
+    gc.disable()
+    try:
+        for _ in range(4):
+            out = x.conv2d(w, padding=1)
+            assert "_template" in out.uop.__dict__ or _ == 0
+            root = weakref.ref(out.uop)
+            del out
+            assert root() is None
+    finally: gc.enable()
