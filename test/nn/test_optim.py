@@ -157,10 +157,11 @@ def test_lr_change_neither_recompiles_nor_reschedules():
     x, y = _data()
     model = Model()
     opt = optim.Adam(model.params(), lr=0.01)
-    xt, yt = Tensor(x), Tensor(y)
     def step():
+        # (a batch of its own each step, as a training loop's: an input kept across steps accumulates its gradient,
+        # a lazy reader of the weights that the steps in turn snapshot and compute, with a kernel of its own)
         opt.zero_grad()
-        ((model(xt) - yt).square().mean()).backward()
+        ((model(Tensor(x)) - Tensor(y)).square().mean()).backward()
         opt.step()
     step(); step()
     before = len(method_cache)
