@@ -251,11 +251,12 @@ def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, fla
 # copy reads each input pixel once per kernel tap, along the image rows). Both operands are then read contiguously
 # along the reduction, which the tensor-core kernels stage into shared memory 16 bytes a copy, double-buffered. Read in
 # place, a window's loads go through the padding's gates and cross rows, and the tensor-core tile takes an image row
-# (a 7x7 image's row of 7 pixels padded to 8) or a few images. On an H200 (ResNet-50's 3x3 convolutions in half,
-# batch 32, every kernel of the convolution timed): 28x28 0.34 -> 0.20 ms, 14x14 0.40 -> 0.17, 7x7 0.64 -> 0.18, 56x56
-# at stride 2 0.36 -> 0.21; but 56x56 at stride 1 0.15 -> 0.33 and 1x1 over 56x56 0.08 -> 0.16-0.22 (a row of 56
-# pixels fills the tile, and the copy costs more than the matmul saves). So: outputs of at most IM2COL_MAX_PIXELS
-# pixels an image, and a copy of at most IM2COL_MAX_BYTES.
+# (a 7x7 image's row of 7 pixels padded to 8) or a few images. On an H200 (ResNet-50's convolutions in half, batch 32,
+# every kernel of the convolution timed: bench/gpu_sweep.py --only im2col): 3x3 at 28x28 0.34 -> 0.12 ms, 14x14 0.40
+# -> 0.11, 7x7 0.64 -> 0.16, 56x56 at stride 2 0.36 -> 0.12, 1x1 at 7x7 0.17 -> 0.09 (at 14x14 the same); but 3x3 at
+# 56x56 0.15 -> 0.31 and 1x1 at 56x56 0.08 -> 0.15-0.22 (a row of 56 pixels fills the tile, and the copy costs more
+# than the matmul saves). So: outputs of at most IM2COL_MAX_PIXELS pixels an image, and a copy of at most
+# IM2COL_MAX_BYTES.
 IM2COL_MAX_PIXELS = 28 * 28
 IM2COL_MAX_BYTES = 1 << 30
 

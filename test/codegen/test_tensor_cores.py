@@ -126,6 +126,18 @@ def test_small_image_convolution_as_a_matmul(tc_python, dt, bs, cin, cout, k, si
             assert len(progs) == kernels, [p.name for p in progs]
             assert not im2col or len([p for p in progs if _wmmas(p)]) == 1, [p.name for p in progs]
 
+@pytest.mark.parametrize("xs,ws,kw", [((4, 16, 20), (16, 16, 3), dict(padding=1)),
+                                      ((2, 8, 9), (16, 8, 3), dict(stride=2, dilation=2)),
+                                      ((2, 8, 4, 5, 6), (16, 8, 3, 3, 3), dict(padding=1))])
+def test_im2col_convolutions_of_one_and_three_dims(tc_python, xs, ws, kw):
+    """conv2d's windows copied into a matrix for any number of spatial dims: torch's conv1d and conv3d."""
+    x, tx = _data(xs, dtypes.float16, 27)
+    w, tw = _data(ws, dtypes.float16, 28)
+    want = (F.conv1d if len(xs) == 3 else F.conv3d)(torch.tensor(x), torch.tensor(w), **kw).numpy()
+    with Context(IM2COL=1):
+        _close(tx.conv2d(tw, **kw).cast(dtypes.float32).numpy(), want, 1e-2)
+        assert len(_programs(tx.conv2d(tw, **kw), tc_python)) == 3
+
 def test_large_image_convolution_reads_windows_in_place(tc_python):
     """Past IM2COL_MAX_PIXELS output pixels an image (a row of them fills a tensor-core tile) and in float32 a
     convolution stays one kernel."""
