@@ -230,13 +230,15 @@ _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1,
 # (DESIGN.md, "Winograd convolutions").
 WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
 
-def _winograd_fits(x: Tensor, weight: Tensor, groups: int, stride, dilation, flat: list[int], out_dt: DType) -> bool:
+def _winograd_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...], flat: list[int],
+                   out_dt: DType) -> bool:
     """Whether conv2d computes this convolution by Winograd's F(4x4, 3x3): WINO set, one device, float32, 2-D, 3x3,
-    stride and dilation 1, one group, padding of 0 to 2 (no crop), int sizes, and a size where it pays (see above)."""
+    stride and dilation 1 (`s_`, `d_`: one int per spatial dim), one group, padding of 0 to 2 (no crop), int sizes,
+    and a size where it pays (see above)."""
     if x.dtype != dtypes.float32 or weight.dtype != dtypes.float32 or out_dt != dtypes.float32: return False
     if not WINO or weight.ndim != 4 or weight.shape[2:] != (3, 3) or groups != 1: return False
     if not isinstance(x.device, str) or x.device != weight.device: return False   # (sharded: the direct form)
-    if _int_tuple(stride, 2, "stride") != (1, 1) or _int_tuple(dilation, 2, "dilation") != (1, 1): return False
+    if s_ != (1, 1) or d_ != (1, 1): return False
     if not all(0 <= p <= 2 for p in flat) or not all(type(v) is int for v in x.shape + weight.shape): return False
     (bs, cin, h, w), cout = x.shape, weight.shape[0]
     ho, wo = h + flat[2] + flat[3] - 2, w + flat[0] + flat[1] - 2
