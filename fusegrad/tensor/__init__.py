@@ -1354,24 +1354,13 @@ def _realize_replayed(todo: list[Tensor], do_update_stats: bool) -> bool:
     buffers, tensors re-pointed and GlobalCounters as the general path. False, with nothing done, where there is no
     plan ready for it (a structure seen for the first time or twice, bound Variables, a kernel whose memory
     depends on Variables)."""
-    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI:
-        if (made := u.__dict__.get("_template")) is not None and (walked := _template_walk(u, made)) is not None:
-            topo, skey, consts = walked
-            if (plan := replay_plan_for(skey, consts)) is None or (runners := replay_runners(plan)) is None:
-                return False
-            run_replayed(plan, runners, topo, replay_buffers(plan, topo, _LiveTensors((todo[0],))), do_update_stats)
-            return True
-        k = u._ukey
-        if (seen := _eager_walks.get((k[0], k[1], k[3], *map(id, u.src)))) is not None:
-            topo = [r() for r in seen[1]]
-            # the same sources are the same graph below the root, so the walk's results hold as they were (a source
-            # freed since, whose address another node took, has a dead reference: no match)
-            if [topo[i] for i in seen[0]] != list(u.src): return _realize_walked(todo, do_update_stats)
-            topo.append(u)
-            if (plan := replay_plan_for(seen[2], [topo[i] for i in seen[3]])) is None or \
-                    (runners := replay_runners(plan)) is None: return False
-            run_replayed(plan, runners, topo, replay_buffers(plan, topo, _LiveTensors((todo[0],))), do_update_stats)
-            return True
+    if len(todo) == 1 and (u := todo[0]._uop).op is not _MULTI and \
+            (walked := _template_walk(u, made) if (made := u.__dict__.get("_template")) is not None
+             else _eager_walk(u)) is not None:
+        topo, skey, consts = walked
+        if (plan := replay_plan_for(skey, consts)) is None or (runners := replay_runners(plan)) is None: return False
+        run_replayed(plan, runners, topo, replay_buffers(plan, topo, _LiveTensors((todo[0],))), do_update_stats)
+        return True
     return _realize_walked(todo, do_update_stats)
 
 def _realize_walked(todo: list[Tensor], do_update_stats: bool) -> bool:
@@ -1392,6 +1381,18 @@ def _realize_walked(todo: list[Tensor], do_update_stats: bool) -> bool:
 # graph below the root (nodes are immutable), so the same toposort, structure and constants' values; only weak
 # references are kept, so no node or buffer is held alive by it.
 _eager_walks: dict[tuple, tuple[list[int], list[weakref.ref], tuple, list[int]]] = {}
+
+def _eager_walk(u: UOp) -> tuple[list[UOp], tuple, list[UOp]] | None:
+    """(toposort, structure key, liftable constants) of `u`'s graph from _eager_walks, or None where it has none for
+    u's op and sources."""
+    k = u._ukey
+    if (seen := _eager_walks.get((k[0], k[1], k[3], *map(id, u.src)))) is None: return None
+    topo = [r() for r in seen[1]]
+    # the same sources are the same graph below the root, so the walk's results hold as they were (a source freed
+    # since, whose address another node took, has a dead reference: no match)
+    if [topo[i] for i in seen[0]] != list(u.src): return None
+    topo.append(u)
+    return topo, seen[2], [topo[i] for i in seen[3]]
 
 def _remember_walk(u: UOp, walk: StructureWalk, topo: list[UOp]) -> None:
     """Keep the walk of `u`'s graph (`topo`: its toposort) for _realize_replayed: the sources' positions, weak

@@ -5,6 +5,7 @@ the reduction over a window fuses with whatever produced the input: no im2col bu
 from __future__ import annotations
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, to_dtype
@@ -94,7 +95,7 @@ def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def _linear_graph(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return x.linear(weight.transpose(), bias)
 
-def _conv_graph(x: Tensor, weight: Tensor, bias: Tensor, *settings) -> Tensor:
+def _conv_graph_with_bias(x: Tensor, weight: Tensor, bias: Tensor, *settings) -> Tensor:
     return x._conv_graph(weight, bias, *settings)
 
 def _conv_graph_without_bias(x: Tensor, weight: Tensor, *settings) -> Tensor:
@@ -277,15 +278,15 @@ def _im2col_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_
             x.shape[0] * prod(outs) * prod(weight.shape[1:]) * x.dtype.itemsize <= IM2COL_MAX_BYTES): return False
     return out_dt in _gpu_16bit_tensor_core_dtypes(x.device)
 
-_TC_DTYPES: dict[int, tuple[Any, frozenset[DType]]] = {}
+_TC_DTYPES: weakref.WeakKeyDictionary[Any, frozenset[DType]] = weakref.WeakKeyDictionary()
 def _gpu_16bit_tensor_core_dtypes(device: str) -> frozenset[DType]:
     """The 16-bit input dtypes of the tensor cores of `device`'s renderer where it is GPU-style (has local memory), kept
     per renderer (a convolution asks on every call)."""
     ren = Device[device].renderer
-    if (got := _TC_DTYPES.get(id(ren))) is None or got[0] is not ren:
+    if (got := _TC_DTYPES.get(ren)) is None:
         tcs = ren.tensor_cores if getattr(ren, "has_local", False) else []
-        got = _TC_DTYPES[id(ren)] = (ren, frozenset(tc.dtype_in for tc in tcs if tc.dtype_in.itemsize == 2))
-    return got[1]
+        got = _TC_DTYPES[ren] = frozenset(tc.dtype_in for tc in tcs if tc.dtype_in.itemsize == 2)
+    return got
 
 def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
     """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles
@@ -618,7 +619,7 @@ class NNMixin:
         settings = (groups, s_, d_, tuple(flat), out_dt, wino, strided_copy, _im2col_fits(self, weight, groups, s_,
                                                                                           d_, flat, out_dt))
         if bias is None: return templated(_conv_graph_without_bias, (self, weight), settings)
-        return templated(_conv_graph, (self, weight, bias), settings)
+        return templated(_conv_graph_with_bias, (self, weight, bias), settings)
 
     def _conv_graph(self: Tensor, weight: Tensor, bias: Tensor | None, groups: int, s_: tuple[int, ...],
                     d_: tuple[int, ...], flat: tuple[int, ...], out_dt: DType, wino: bool, strided_copy: bool,
