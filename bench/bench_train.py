@@ -14,7 +14,9 @@ Both sides start from the same weights (fusegrad's random init copied into torch
 first three calls (losses, logits, greedy tokens) are checked against each other before anything is timed.
 
 Each side runs its steps in blocks (fusegrad block, torch block, fusegrad block, torch block), never alternating call
-by call: a BLAS's idle threads spin after each call and would land in the other side's time. The first call of each
+by call: a BLAS's idle threads spin after each call and would land in the other side's time. Each block starts after a
+pause in which the other side's threads stop spinning (torch_cpu.quiesce: torch's spin for ~5 ms after its block) and
+one untimed call that wakes this side's threads. The first call of each
 side (fusegrad compiles its kernels there) is reported on its own as the cold figure; the steady figure is the best
 block's mean.
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from torch_cpu import setup as torch_setup  # noqa: E402  (bench/ is the script's folder)
+from torch_cpu import quiesce, setup as torch_setup  # noqa: E402  (bench/ is the script's folder)
 
 torch_setup()
 
@@ -94,6 +96,10 @@ def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Call
     best = {"ours": math.inf, "torch": math.inf}
     for _ in range(nblocks):
         for name, fn in (("ours", ours), ("torch", theirs)):
+            # (the other side's threads idle first, then one untimed call wakes this side's)
+            quiesce()
+            fn()
+            settle()
             st = time.perf_counter()
             for _ in range(steps[name]): fn()
             settle()  # (the last steps' kernels may still be queued: a block ends when they have run)
