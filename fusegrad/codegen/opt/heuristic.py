@@ -8,6 +8,7 @@ from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
+from fusegrad.hostcpu import CHUNKS_PER_THREAD
 from fusegrad.renderer.cpu_dot import DOT_LANES, amx_plan
 from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
@@ -843,7 +844,9 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
         osz = range_size(k.loops[0])
         if k.first_reduce >= 2 and isinstance(osz, int) and osz > cores and osz % cores == 0:
-            k.apply_opt(Opt(OptOps.SPLIT, 0, cores))
+            # (in CHUNKS_PER_THREAD pieces per core where they divide it: a core that finishes early takes another)
+            k.apply_opt(Opt(OptOps.SPLIT, 0, next(cores * m for m in (CHUNKS_PER_THREAD, 2, 1)
+                                                  if osz % (cores * m) == 0 and osz > cores * m)))
     red = [k.loops[i] for i in k.reduce_axes()]
     if not red or not isinstance(rsz := range_size(red[0]), int): return
     # the outermost reduce loop (a convolution's input channels, its window inside) is blocked so that a block's
