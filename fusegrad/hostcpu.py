@@ -85,8 +85,8 @@ def host_cpu_count() -> int:
     """The cores this process may run on (a container or taskset may allow fewer than the machine has)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
-# A CPU kernel split across threads runs in up to this many chunks per thread, each claimed by whichever thread is free
-# (runtime/cpu_pool.c), and the optimizer gives a tiled matmul's outermost loop that many pieces per core. The calling
+# The optimizer cuts a tiled matmul's outermost loop into this many pieces per core, and a CPU kernel split across
+# threads runs such pieces as chunks that whichever thread is free claims (runtime/cpu_program.py _chunks). The calling
 # thread runs Python between kernels and joins a kernel late: with one chunk per thread, the worker that finished its
 # own then waited at the kernel's end for the caller's (the MLP Adam step under TinyJit: the worker idle ~240 us of a
 # ~970 us step, ~65 us with four)

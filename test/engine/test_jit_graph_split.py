@@ -62,8 +62,9 @@ def test_small_kernels_split_in_a_queued_graph_equal_numpy(monkeypatch):
     assert [r for r in rows if r[3] == 1], names                # (the 8 elements stay whole)
     for ei, size, threads, chunks in rows:
         ops, mem = ei.prg._work(ei.fixedvars)
-        # (a kernel split by the engine: CHUNKS_PER_THREAD chunks per thread, claimed by whichever thread is free)
-        if threads > 1: assert chunks == min(size, threads * CHUNKS_PER_THREAD), names
+        # (a kernel split by the engine: a chunk per iteration of a parallel loop the optimizer cut into pieces, else
+        # one per thread)
+        if threads > 1: assert chunks == (size if size <= threads * CHUNKS_PER_THREAD else threads), names
         elif ops >= cpu_program.GRAPH_SPLIT_OPS or mem >= cpu_program.GRAPH_SPLIT_MEM:
             assert ops < THREAD_MIN_OPS and mem < THREAD_MIN_MEM and chunks == min(size, cpu_pool.cores()), names
         else: assert chunks == 1, names

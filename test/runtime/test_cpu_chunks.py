@@ -1,7 +1,7 @@
-"""A queued CPU kernel split across threads runs in CHUNKS_PER_THREAD chunks per thread, claimed by whichever thread
-is free; a joined one (the caller helps from its start) in one chunk per thread; a matmul's outermost loop has that
-many pieces per core; and a graph of such launches starts no more workers than there are extra cores. Each checked
-against the chunks the pool's timeline recorded and the results against NumPy."""
+"""A tiled matmul's outermost loop is cut into CHUNKS_PER_THREAD pieces per core, and a queued kernel whose parallel
+loop is such pieces runs a chunk per piece, claimed by whichever thread is free; a kernel with a long parallel loop or
+a joined one (the caller helps from its start) runs in one chunk per thread; a graph of such launches starts no more
+workers than there are extra cores. Checked against the chunks the pool's timeline recorded, results against NumPy."""
 import numpy as np
 import pytest
 from fusegrad import Context, Tensor, TinyJit
@@ -21,23 +21,30 @@ def _chunks_per_job(fn) -> dict[int, list[int]]:
     for job, chunk, *_ in cpu_pool.c_pool().timeline(fn): jobs.setdefault(job, []).append(chunk)
     return jobs
 
-def test_queued_split_kernel_runs_in_chunks_per_thread():
-    x = _r(512, 512)
-    a = Tensor(x).realize()
+def test_matmul_pieces_run_as_chunks_and_rows_as_one_chunk_per_thread():
+    x, w, e = _r(128, 784, seed=1), _r(512, 784, seed=2), _r(512, 512, seed=3)
+    a, b, c = Tensor(x).realize(), Tensor(w).realize(), Tensor(e).realize()
     outs = []
     def run() -> None:
         with Context(CPU_THREADS=2):
-            for _ in range(4): outs.append((a * 3 + 1).sum(1).realize())   # 1 MB read: split, not joined
+            for _ in range(3):
+                outs.append((a @ b.T).realize())               # 103M ops: split, not joined; its loop cut in pieces
+                outs.append((c * 3 + 1).sum(1).realize())      # 1 MB read: split over its 512 rows
     jobs = _chunks_per_job(run)
-    for o in outs: np.testing.assert_allclose(o.numpy(), (x.astype(np.float64) * 3 + 1).sum(1), rtol=1e-4)
-    split = [sorted(c) for c in jobs.values() if len(c) > 1]
-    assert split and all(c == list(range(2 * CHUNKS_PER_THREAD)) for c in split), jobs
+    for k, o in enumerate(outs):
+        want = x.astype(np.float64) @ w.T if k % 2 == 0 else (e.astype(np.float64) * 3 + 1).sum(1)
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-3)
+    counts = sorted(len(c) for c in jobs.values() if len(c) > 1)
+    pieces = 2 * CHUNKS_PER_THREAD
+    assert counts == [2, 2, 2, pieces, pieces, pieces], jobs
+    assert all(sorted(c) == list(range(len(c))) for c in jobs.values())   # each chunk once
 
 def test_chunk_count_rule():
-    assert cpu_program._chunks(1, 1000, False) == 1
-    assert cpu_program._chunks(2, 1000, False) == 2 * CHUNKS_PER_THREAD
-    assert cpu_program._chunks(2, 3, False) == 3          # at most one per iteration of the outermost loop
-    assert cpu_program._chunks(2, 1000, True) == 2        # joined: the caller helps from the start
+    assert cpu_program._chunks(1, 8, False) == 1
+    assert cpu_program._chunks(2, 2 * CHUNKS_PER_THREAD, False) == 2 * CHUNKS_PER_THREAD   # pieces: a chunk each
+    assert cpu_program._chunks(2, 3, False) == 3
+    assert cpu_program._chunks(2, 512, False) == 2        # a long parallel loop: one chunk per thread
+    assert cpu_program._chunks(2, 8, True) == 2           # joined: the caller helps from the start
 
 def test_joined_kernel_keeps_one_chunk_per_thread():
     n = 512   # 2 * 512^3 ops: at the join threshold
