@@ -16,9 +16,8 @@ first three calls (losses, logits, greedy tokens) are checked against each other
 Each side runs its steps in blocks (fusegrad block, torch block, fusegrad block, torch block), never alternating call
 by call: a BLAS's idle threads spin after each call and would land in the other side's time. Each block starts after a
 pause in which the other side's threads stop spinning (torch_cpu.quiesce: torch's spin for ~5 ms after its block) and
-one untimed call that wakes this side's threads. The first call of each
-side (fusegrad compiles its kernels there) is reported on its own as the cold figure; the steady figure is the best
-block's mean.
+one untimed call that wakes this side's threads. The first call of each side (fusegrad compiles its kernels there) is
+reported on its own as the cold figure; the steady figure is the best block's mean.
 
 Run: .venv/bin/python bench/bench_train.py  [--quick] [--only resnet-train-64,gpt2-decode]
 """
