@@ -9,8 +9,8 @@ import time
 import weakref
 from typing import Any, Callable, NamedTuple
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS
-from fusegrad.runtime.cpu_compiler import load_library, unload_library
 from fusegrad.hostcpu import CHUNKS_PER_THREAD
+from fusegrad.runtime.cpu_compiler import load_library, unload_library
 from fusegrad.runtime.cpu_pool import allocation_root, c_pool, cores, has_host_view, python_pool
 from fusegrad.viz import record as _viz
 
@@ -109,11 +109,10 @@ class CPUProgram:
         """Run over [0, global_size), split across `threads` threads (capped by CPU_THREADS when set): on the C pool
         in contiguous chunks (_chunks) that the threads claim as they are free, else in `threads` chunks. The kernel
         is queued on the C pool (see CPool) and this returns before it has run, unless `wait` (then it returns the
-        elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its
-        memory, whose reader expects the new values once the kernel is called). With `join`, a kernel that nothing
-        is queued ahead of has chunks run by this thread before the call returns. Not `helpable`: chunks too long
-        for the calling thread to run (it must stay free to take a Ctrl-C), queued for the workers even when they
-        would run here."""
+        elapsed seconds) or a buffer has a live host view (a memoryview or numpy array of its memory, whose reader
+        expects the new values once the kernel is called). With `join`, a kernel that nothing is queued ahead of has
+        chunks run by this thread before the call returns. Not `helpable`: chunks too long for the calling thread to
+        run (it must stay free to take a Ctrl-C), queued for the workers even when they would run here."""
         threads = _clamped_threads(threads, global_size)
         pool = c_pool() if self._entry is not None else None
         # (a timed one-thread kernel runs here, as it would without a queue: the handover to a worker isn't its time)
