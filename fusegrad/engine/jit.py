@@ -756,7 +756,7 @@ class TinyJit(Generic[R]):
                     dynamic.append([ei, made[0], launch_kw])
                 else:
                     work = ei.prg._work(ei.fixedvars)  # type: ignore[union-attr]
-                    ops, mem, count = ops + work[0], mem + work[1], count + 1
+                    ops, mem, count = ops + work[0], mem + work[1], count + ei.prg.kernels  # type: ignore[union-attr]
                     # (a device's launch may split a kernel by its work where it runs in a graph: the CPU's)
                     if (note := getattr(made[0], "note_work", None)) is not None: note(work)
             steps.append((ei, made))

@@ -409,6 +409,8 @@ class Runner:
     """Something an ExecItem runs: `runner(bufs, var_vals, wait)` returns the elapsed seconds when `wait`."""
     # the check of the memory its call touches under the Variables' values, for a kernel where that depends on them
     bounds: VarBounds | None = None
+    # what one call adds to GlobalCounters.kernel_count (a compiled kernel's; copies and views are no kernels)
+    kernels: int = 0
     def __init__(self, display_name: str, device: str, estimates: Estimates = Estimates()):
         self.display_name, self.device, self.estimates = display_name, device, estimates
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
@@ -417,6 +419,7 @@ class Runner:
 
 class CompiledRunner(Runner):
     """A kernel compiled for its device and ready to call."""
+    kernels = 1
     # the realize that made it, while it runs a quick program (see QUICK_CODEGEN); None once it has its full one
     quick_realize: int | None = None
     def __init__(self, p: ProgramSpec, precompiled: bytes | None = None, cached: bytes | None = None):
@@ -516,6 +519,26 @@ class BufferCopy(Runner):
         name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
         super().__init__(colored(name, "yellow"), dest_device, Estimates(mem=nbytes))
         self.src_offset = src_offset
+        # (a prepared launch's work, as CompiledRunner's: ops, bytes moved)
+        self._static_work = (0, nbytes)
+
+    def _work(self, var_vals: dict[str, int]) -> tuple[int, int]: return self._static_work
+
+    def prepare(self, rawbufs: list[Buffer], varying: tuple[int, ...] = ()) \
+            -> tuple[Callable[..., None], tuple[int, ...]] | None:
+        """The copy as a prepared launch (see CompiledRunner.prepare) where it is queued as a kernel: a whole buffer
+        between host memories (an eager training step's snapshot of a weight, which then joins the step's launch
+        graph instead of breaking it in two); None otherwise. Its chunks run in parallel: the destination is always a
+        buffer of its own, never memory the source still uses (memory planning shares storage only between buffers
+        whose uses don't overlap)."""
+        dest, src = rawbufs[0], rawbufs[1]
+        if self.src_offset or dest.nbytes != src.nbytes or dest.nbytes == 0 or \
+                (prg := _host_copy_program(dest, src)) is None:
+            return None
+        threads = Device[dest.device].max_threads if dest.nbytes >= THREAD_MIN_MEM else 1
+        bufs = [None if i in varying else b._buf for i, b in enumerate((dest, src))]
+        launch = prg.prepare(*bufs, global_size=dest.nbytes, threads=threads, varying=tuple(sorted(varying)))
+        return None if launch is None else (launch, tuple(sorted(varying)))
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         dest, src = rawbufs[0], rawbufs[1]
@@ -792,6 +815,7 @@ class ExecItem:
         With `var_vals`, a kernel with Variables is prepared too (with these values), where its device's launch takes
         other values per call: its `set_values` takes CompiledRunner.launch_args of each call's values."""
         prg = self.prg
+        if isinstance(prg, BufferCopy): return prg.prepare(self.bufs, varying)  # type: ignore[arg-type]
         if not isinstance(prg, CompiledRunner): return None
         if all(n in self.fixedvars for n in prg._vnames): return prg.prepare(self.bufs, self.fixedvars, varying)  # type: ignore[arg-type]
         if var_vals is None: return None
@@ -1006,7 +1030,7 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
             elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
             allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
         if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
-        if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + 1
+        if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + runners[i].kernels
     if count:
         GlobalCounters.global_ops += ops
         GlobalCounters.global_mem += mem
@@ -1050,7 +1074,7 @@ def _launch_graphs(plan: ReplayPlan, ready: tuple) -> tuple | None:
                 note(direct[k][3])
         work = (sum(direct[k][3][0] for k in range(i, j)), sum(direct[k][3][1] for k in range(i, j)))
         # (no work given to the graph: it is always queued, never run inline, as the kernels one by one were)
-        segments.append((graph(calls), tuple(index), work, j - i))
+        segments.append((graph(calls), tuple(index), work, sum(ready[0][k].kernels for k in range(i, j))))
         graphed += range(i, j)
         i = j
     if not graphed: return None

@@ -10,7 +10,7 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import SPEC, prod, rng_counter_of
 from fusegrad.uop.spec import kernel_spec, tensor_spec, verify
 from fusegrad.schedule.indexing import KernelBuilder, flat_index
-from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, LONG_CONTRACTION, merge_kernels, op_weight
+from fusegrad.schedule.merge import KERNEL_OPS_LIMIT, LONG_CONTRACTION, SNAPSHOT, merge_kernels, op_weight
 from fusegrad.schedule.simplify import sym_tensor
 from fusegrad.uop.graph import StructureWalk, bound_variables, buffer_stand_in, is_liftable, new_buffer, \
     structure_key, substitute_map, var_values
@@ -454,7 +454,9 @@ def _copy_kernel(r: UOp) -> UOp:
     assert rng is not None, "the scheduler realizes a COPY's source unless it is a run of a buffer"
     src, offset = rng
     out_buf = new_buffer(r.src[1], max_size(r.shape), r.dtype)
-    ast = UOp(_COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize))
+    # (a snapshot keeps its mark: merge.py may have the kernel overwriting its source store it)
+    ast = UOp(_COPY, r.dtype, arg=(out_buf.arg[1] * r.dtype.itemsize, offset * r.dtype.itemsize) +
+              ((SNAPSHOT,) if r.arg == SNAPSHOT else ()))
     return UOp(_ASSIGN, r.dtype, (out_buf, UOp(_KERNEL, dtypes.void, (out_buf, src), ast)), r.shape)
 
 def kernelize_map(sink: UOp, why: dict[UOp, tuple] | None = None) -> dict[UOp, UOp]:

@@ -3,7 +3,9 @@ share is folded into that reader: one kernel computes the value once, stores it,
 pass that stores it and a third that loads it back. An optimizer's new moment, read by the parameter update element
 for element (Adam: three kernels per parameter become one); a row's mean and variance, read by every element of the
 row (the layernorm kernel that writes the output also stores the statistics its backward reads: stored once per row,
-after the row's reductions, at the loops the row's elements run in)."""
+after the row's reductions, at the loops the row's elements run in). And a snapshot, the copy of a buffer that a
+lazy reader of its old value keeps (the gradient into a model's input, over weights the optimizer overwrites), is
+stored by the kernel that overwrites the buffer, from the old value that kernel loads anyway: no pass of its own."""
 from __future__ import annotations
 import functools
 from fusegrad.device import Device
@@ -16,6 +18,11 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_node
 _ADD, _ASSIGN, _BUFFER, _CAST, _DEFINE_GLOBAL = Ops.ADD, Ops.ASSIGN, Ops.BUFFER, Ops.CAST, Ops.DEFINE_GLOBAL
 _DEFINE_LOCAL, _DEFINE_VAR, _INDEX, _KERNEL, _LOAD = Ops.DEFINE_LOCAL, Ops.DEFINE_VAR, Ops.INDEX, Ops.KERNEL, Ops.LOAD
 _MUL, _RANGE, _REDUCE, _REDUCE_AXIS, _SINK = Ops.MUL, Ops.RANGE, Ops.REDUCE, Ops.REDUCE_AXIS, Ops.SINK
+_COPY, _STORE = Ops.COPY, Ops.STORE
+
+# the arg of a COPY node that is a snapshot (tensor/__init__.py _snapshot), kept in its copy kernel's AST (the last
+# element of its arg): such a copy may be stored by the kernel that overwrites its source (_snapshot_into)
+SNAPSHOT = "snapshot"
 
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
@@ -411,18 +418,75 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
                 continue
             if join(g, other, _side_by_side(merged.get(other, other), merged.get(g, g))): break
         else: scalars.append(g)
+    # last, a snapshot of a buffer goes into the kernel overwriting it (one writer, and nothing the writer waits for
+    # waits for the snapshot). It counts in no limit: a store of a value loaded anyway costs no compile time
+    writers = _writers(kernels)
+    for k in kernels:
+        if k.arg.op is not _COPY or k.arg.arg[-1] != SNAPSHOT or len(ws := writers.get(k.src[1], ())) != 1: continue
+        g = find(next(iter(ws)))
+        if not reaches(group_deps(g) - {k}, k): join(k, g, _snapshot_into(k, merged.get(g, g)))
     if not merged: return {u: u for u in topo}
     replacement = {m: g for g in merged for m in members[g]}
     return _rebuild(topo, replacement, merged, members)
+
+def _writers(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
+    """BUFFER -> the kernels writing it."""
+    writers: dict[UOp, set[UOp]] = {}
+    for k in kernels:
+        for o in kernel_outputs(k):
+            if (mem := buffer_node(o)) is not None: writers.setdefault(mem, set()).add(k)
+    return writers
+
+def _snapshot_into(copy: UOp, writer: UOp) -> UOp | None:
+    """The KERNEL `writer` (a SINK of stores) storing also what KERNEL `copy` (a snapshot) copies: the whole of a
+    buffer that the writer overwrites element for element, each element's old value taken from the writer's load of
+    it, at the index stored, before the store (which needs the load). The copy's destination becomes the writer's
+    last output. None where the writer doesn't load every element's old value once or the copy isn't of the whole
+    buffer."""
+    w_ast, src = writer.arg, copy.src[1]
+    if w_ast.op is not _SINK or src.op is not _BUFFER or copy.arg.arg[1] != 0 or \
+            copy.arg.arg[0] != src.arg[1] * src.dtype.itemsize:
+        return None
+    n_out = len(w_ast.src)
+    slot = next((i for i, o in enumerate(writer.src[:n_out]) if buffer_node(o) is src), None)
+    if slot is None: return None
+    st = w_ast.src[slot]
+    idx = st.src[0]
+    if len(idx.src) != 2 or not _whole(idx.src[1], src.arg[1]): return None
+    loads = [u for u in w_ast.toposort() if u.op is _LOAD and u.src[0].op is _INDEX and u.src[0].src[0] is idx.src[0]]
+    if not loads or any(len(ld.src[0].src) != 2 or not _same_index(ld.src[0].src[1], idx.src[1]) for ld in loads) or \
+            not all(ld in st.src[1].toposort() for ld in loads):
+        return None
+    # the destination is argument n_out, the arguments after the outputs move up by one
+    n_glob = _n_globals(w_ast)
+    moved = _renumber(w_ast, {i: i if i < n_out else i + 1 for i in range(n_glob)},
+                      {j: j for j in range(len(writer.src) - n_glob)})
+    old = next(u for u in moved.toposort() if u.op is _LOAD and u.src[0].op is _INDEX and u.src[0].src[0].op is
+               _DEFINE_GLOBAL and u.src[0].src[0].arg == slot)
+    dest = old.src[0].src[0].replace(arg=n_out)
+    store = UOp(_STORE, dtypes.void, (old.src[0].replace(src=(dest, old.src[0].src[1])), old))
+    ast = UOp.sink_of(*moved.src, store)
+    return UOp(_KERNEL, writer.dtype, (*writer.src[:n_out], copy.src[0], *writer.src[n_out:]), ast)
+
+def _whole(idx: UOp, size: int) -> bool:
+    """Whether `idx`, over the loops it depends on, is every index of [0, size) once: the loops' row-major index in
+    some order (each loop's coefficient the product of the sizes of the loops with smaller ones, no constant)."""
+    loops = _ranges(idx)
+    coeffs = [(coeff(idx, r), range_size(r)) for r in loops]
+    if any(not isinstance(c, int) or not isinstance(n, int) or c <= 0 for c, n in coeffs): return False
+    stride = 1
+    for c, n in sorted(coeffs):
+        if c != stride: return False
+        stride *= n
+    if stride != size: return False
+    start = idx.substitute({r: r.const_like(0) for r in loops}).simplify()
+    return start.op is Ops.CONST and start.arg == 0
 
 def _kernel_deps(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
     """kernel -> the kernels that must run before it: those whose outputs it reads, and those reading (the old
     value of) a buffer it overwrites."""
     deps: dict[UOp, set[UOp]] = {}
-    writers: dict[UOp, set[UOp]] = {}
-    for k in kernels:
-        for o in kernel_outputs(k):
-            if (mem := buffer_node(o)) is not None: writers.setdefault(mem, set()).add(k)
+    writers = _writers(kernels)
     for k in kernels:
         found: set[UOp] = set()
         for s in k.src:

@@ -16,6 +16,7 @@ from fusegrad.schedule.multi import shards_of
 from fusegrad.gradient import ClampGradient, PowGradient, UnaryGradient, clamped, with_gradient
 from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan, replay_plan_for
 from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
+from fusegrad.schedule.merge import SNAPSHOT
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.creation import CreationMixin, check_size
@@ -1296,8 +1297,11 @@ def _deferred_readers(readers: tuple[Tensor, ...], reading: Container[UOp], targ
 _deferred_graphs: weakref.WeakSet[UOp] = weakref.WeakSet()
 
 def _snapshot(buf: UOp) -> UOp:
-    """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes)."""
-    return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)))
+    """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes), marked as a
+    snapshot: the kernel that overwrites the buffer may store it (schedule/merge.py). Not while a TinyJit captures:
+    its replays drop a copy that nothing they run reads (jit.py _without_unread_snapshots), and a store merged into
+    the optimizer's kernel would run in every replay."""
+    return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)), None if capturing else SNAPSHOT)
 
 def _deferral_plan(u: UOp, reading: Container[UOp], targets: set[UOp], topo: dict[UOp, Any],
                    target_view: Callable[[UOp], bool]) -> tuple[dict[UOp, None], list[UOp], int, int] | None:

@@ -185,3 +185,82 @@ def test_reads_of_targets_asked_in_any_order():
         reads = _Reads(targets)
         for i in rng.permutation(len(topo)): assert (topo[i] in reads) == expected[topo[i]]
         assert any(expected.values()) and not all(expected.values())
+
+def test_snapshot_of_the_weights_is_stored_by_the_kernel_updating_them():
+    # the copy of the first layer's weights that the input's gradient keeps is stored by the optimizer's kernel that
+    # overwrites them (schedule/merge.py _snapshot_into), from the weights it loads: no copy of its own in the step
+    params, xs, ys = _mlp(7)
+    opt = nn.optim.Adam(params, lr=1e-2)
+    tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
+    topt = torch.optim.Adam(tparams, lr=1e-2)
+    for step in range(3):
+        before = [p.numpy().copy() for p in params]
+        xi = np.roll(xs, step, axis=0)
+        x, y = Tensor(xi), Tensor(ys)
+        with Tensor.train():
+            opt.zero_grad()
+            _forward(params, x).sparse_categorical_crossentropy(y).backward()
+            items = Tensor.schedule(*opt.schedule_step())
+        assert not any(ei.ast.op is Ops.COPY for ei in items), f"step {step}"
+        snapshot_stores = [ei for ei in items if ei.ast.op is Ops.SINK and
+                           any(b is not None and b.nbytes == before[0].nbytes for b in ei.bufs[:5]) and
+                           sum(1 for s in ei.ast.src if s.op is Ops.STORE) == 5]
+        assert len(snapshot_stores) == 1, f"step {step}"
+        for ei in items: ei.run()
+        _torch_step(tparams, topt, xi, ys)
+        np.testing.assert_allclose(x.grad.numpy(), _torch_mlp(before, xi, ys)[1], rtol=1e-4, atol=1e-7,
+                                   err_msg=f"step {step}")
+        for p, tp in zip(params, tparams):
+            np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=f"step {step}")
+
+def test_snapshot_of_a_buffer_written_in_part_keeps_every_element():
+    # a write into half of the buffer loads only that half's old values: the snapshot is a copy of its own, and the
+    # reader sees the other half too as it was
+    rng = np.random.default_rng(8)
+    ws, ms = rng.standard_normal((32, 48)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
+    w, m = Tensor(ws).realize(), Tensor(ms).realize()
+    reader = w @ m                                  # deferred over a snapshot of w
+    part = w[:16]
+    part.assign(part * 2 + 1).realize()
+    w.assign(w - 1).realize()                       # a second write, of every element
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.numpy(), np.concatenate([ws[:16] * 2 + 1, ws[16:]]) - 1, rtol=1e-6)
+
+def test_whole_buffer_indexes():
+    # the stores a snapshot may be taken from: every index of the buffer once, in any order of the loops
+    from fusegrad.schedule.indexing import flat_index
+    from fusegrad.schedule.merge import _whole
+    from fusegrad.uop.ops import UOp
+    a, b, c = UOp.range(4, 0, "loop"), UOp.range(6, 1, "loop"), UOp.range(5, 2, "loop")
+    assert _whole(flat_index((a, b, c), (4, 6, 5)), 120)
+    assert _whole(flat_index((c, a, b), (5, 4, 6)), 120)       # a permuted view's store: loops in another order
+    assert not _whole(flat_index((a, b, c), (4, 6, 5)), 240)   # half of a bigger buffer
+    assert not _whole(flat_index((a, b, c), (4, 6, 5)) + 120, 240)   # its other half
+    assert not _whole(flat_index((a, b), (4, 6)) * 2, 48)       # every other element
+    assert not _whole(a * 6 + b * 2, 24)                       # overlapping: some elements twice, some never
+
+def test_snapshot_of_a_buffer_overwritten_without_reading_it_is_a_copy():
+    # a write that doesn't load the old values has none to store: the snapshot stays a copy of its own
+    rng = np.random.default_rng(9)
+    ws, ms, vs = (rng.standard_normal((48, 48)).astype(np.float32) for _ in range(3))
+    w, m, v = Tensor(ws).realize(), Tensor(ms).realize(), Tensor(vs).realize()
+    reader = w @ m
+    w.assign(v.exp())
+    items = Tensor.schedule(w)
+    assert any(ei.ast.op is Ops.COPY for ei in items)
+    for ei in items: ei.run()
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.numpy(), np.exp(vs), rtol=1e-5)
+
+def test_snapshot_stored_by_a_transposed_write():
+    # an update written through a transposed view stores every element once: the snapshot is stored by it, in the
+    # buffer's own order
+    rng = np.random.default_rng(10)
+    ws, ms = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    w, m = Tensor(ws).realize(), Tensor(ms).realize()
+    reader = w @ m
+    w.T.assign(w.T * 3 - 1)
+    items = Tensor.schedule(w)
+    for ei in items: ei.run()
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.numpy(), ws * 3 - 1, rtol=1e-6)
