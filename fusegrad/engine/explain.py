@@ -89,6 +89,9 @@ def reason_text(why: tuple) -> tuple[str, str]:
         if op == "ASSIGN": return "assign target: the value is written into an existing buffer", "a hard boundary"
         if op == "COPY": return "different devices: a copy to another device", \
             "a hard boundary (keep both operands on one device to avoid it)"
+        if op == "SNAPSHOT": return "a copy of the old values a lazy tensor reads (the gradient into an input), " \
+            "kept before the buffer is overwritten (stored by the overwriting kernel where it loads them all)", \
+            "realize that tensor before the write, or don't keep it (requires_grad=False on an input)"
         if op == "SCATTER": return "a write by tensor indices (setitem, scatter): the target is copied into a " \
             "buffer of its own, then the values are written into it in order", "a hard boundary"
         return f"{op} always gets a kernel of its own", "a hard boundary"

@@ -90,7 +90,8 @@ def _realize_always(topo: list[UOp], realize: set[UOp], why: dict[UOp, tuple] | 
     """Contiguous, assign, copy and scatter nodes get a buffer, and so does what a copy reads."""
     for u in topo:
         if u.op in (_CONTIGUOUS, _ASSIGN, _COPY, _SCATTER) and not is_realized(u): realize.add(u)
-        if why is not None and u in realize: why.setdefault(u, ("always", u.op.name))
+        if why is not None and u in realize:
+            why.setdefault(u, ("always", "SNAPSHOT" if u.op is _COPY and u.arg == SNAPSHOT else u.op.name))
         if u.op is _COPY and contiguous_range(u.src[0]) is None:
             # a copy reads a buffer: a run of a node's elements (a shard of it) needs just that node realized
             realize.add(base if (base := _range_base(u.src[0])) is not None else u.src[0])

@@ -108,3 +108,22 @@ def test_explain_runs_nothing():
     y.estimate(predict=False)
     assert GlobalCounters.kernel_count == k0
     assert y.uop.base.op is not Ops.BUFFER  # still lazy: explaining re-points no tensor
+
+def test_snapshot_reason():
+    # the input's gradient is kept lazy over a snapshot of the first layer's weights, which the optimizer's kernel
+    # overwriting them stores: the explanation says so, on that merged kernel
+    from fusegrad.tensor.explain import _roots
+    l1, l2 = Linear(16, 32), Linear(32, 4)
+    opt = Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
+    x, y = Tensor.randn(64, 16), Tensor([0, 1, 2, 3] * 16)
+    with Tensor.train():
+        opt.zero_grad()
+        l2(l1(x).relu()).sparse_categorical_crossentropy(y).backward()
+        outs = opt.schedule_step()
+    text = outs[0].explain(*outs[1:])
+    assert "a copy of the old values a lazy tensor reads" in text, text
+    explained = ex.explain(_roots(tuple(outs)))
+    holders = [k for k in explained.kernels
+               if any(r.startswith("a copy of the old values") for _, r, _, _ in k.outputs)]
+    assert len(holders) == 1 and holders[0].merged and len(holders[0].outputs) == 5, text
+    assert x.grad is not None
