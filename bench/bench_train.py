@@ -46,8 +46,11 @@ import resnet  # noqa: E402
 from train_digits import DigitsNet  # noqa: E402
 
 QUICK = "--quick" in sys.argv
-BLOCK = 3 if QUICK else 10  # steps per block at most
+BLOCK = 3 if QUICK else 30  # steps per block at most
 BLOCK_S = 1.0 if QUICK else 2.0  # and no more steps than take about this long (but at least one)
+# blocks per side: the best of more blocks is steadier against the machine's noise (a millisecond step's 2 blocks of 10
+# steps moved its ratio by 10-15% from one run to the next)
+NBLOCKS = 2 if QUICK else 3
 
 def settle() -> None:
     """Wait for fusegrad's queued kernels (CPU kernels run asynchronously while Python goes on)."""
@@ -66,7 +69,7 @@ def _value(r: object) -> np.ndarray:
     return np.array(r, copy=True)
 
 def blocks(ours: Callable[[], object], theirs: Callable[[], object], check: Callable | None = None,
-           nblocks: int = 2) -> dict[str, float | str]:
+           nblocks: int = NBLOCKS) -> dict[str, float | str]:
     """Cold (first call) and steady (best block mean) seconds per call of each side, timed A B A B.
 
     The results of each side's first three calls (plain, TinyJit's capture, its first replay) go to `check`, which
