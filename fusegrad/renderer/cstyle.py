@@ -12,7 +12,7 @@ import math
 import operator
 import platform
 import struct
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 from fusegrad import hostcpu
 from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
@@ -25,7 +25,7 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 _ADD, _AND, _FDIV, _GEP, _IDIV, _MAX, _MOD = Ops.ADD, Ops.AND, Ops.FDIV, Ops.GEP, Ops.IDIV, Ops.MAX, Ops.MOD
 _MUL, _MULACC, _NEG, _NOOP, _NOT, _OR, _POW = Ops.MUL, Ops.MULACC, Ops.NEG, Ops.NOOP, Ops.NOT, Ops.OR, Ops.POW
 _RECIP, _SHL, _SHR, _SQRT, _SUB, _THREEFRY = Ops.RECIP, Ops.SHL, Ops.SHR, Ops.SQRT, Ops.SUB, Ops.THREEFRY
-_TRUNC = Ops.TRUNC
+_BITCAST, _CAST, _TRUNC = Ops.BITCAST, Ops.CAST, Ops.TRUNC
 _VECTORIZE, _WHERE, _XOR = Ops.VECTORIZE, Ops.WHERE, Ops.XOR
 
 _SHORT = {dtypes.bool: "bool", dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16",
@@ -472,6 +472,16 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         name, params = f"fg_{what}_{sfx}512", ", ".join(f"{vt} {chr(97 + i)}" for i in range(nargs))
         return self._need(name, f"static inline __attribute__((always_inline)) {vt} {name}({params}) "
                                 f"{{ return __builtin_ia32_{builtin}512_mask({operands}, ({mt})-1, 4); }}")
+
+    def _native_scalef(self, dt: DType) -> str | None:
+        """The x86 `a * 2^floor(b)` of a float vector that fills a 512-bit register (vscalefps/pd), if the CPU has it:
+        one instruction for the two factors that transcendental.py's exp2 multiplies its polynomial by (`_ldexp`:
+        exponent bits shifted into place, twice), with the same single rounding of a denormal result. None elsewhere
+        (a dialect without it renders the factors as they are)."""
+        if (x86 := self._x86_float_vector(dt)) is None: return None
+        (sfx, bits, _), flags = x86, hostcpu.cpu().features
+        if bits == 512 and "avx512f" in flags: return self._avx512_unmasked(dt, "scalef", f"scalef{sfx}", "a, b, a", 2)
+        return None
 
     def _native_sqrt(self, dt: DType) -> str | None:
         """The x86 square root of a float vector that fills a whole register, if the CPU has one: correctly rounded as
@@ -945,6 +955,14 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if (pair := k.pairs.get(u)) is not None:
             k.assign(u, self._bf16_dot(k, pair), "alu")
             return
+        if u.op is _MUL and u.src[1].op is _BITCAST and (scalef := self._native_scalef(u.dtype)) is not None and \
+                (pn := _ldexp_operands(u)) is not None:
+            # (the exponent as the float it was cast from, where it was one: exact, no conversion back)
+            p, n = pn
+            nf = k.r[n.src[0]] if n.op is _CAST and n.src[0].dtype == u.dtype else \
+                f"__builtin_convertvector({k.r[n]}, {self.dtype_name(u.dtype)})"
+            k.assign(u, f"{scalef}({k.r[p]}, {nf})", "alu")
+            return
         k.assign(u, self.render_alu(u.op, u.dtype, [k.r[s] for s in u.src], [s.dtype for s in u.src]), "alu")
 
     def _nothing(self, k: KernelText, u: UOp) -> None: pass   # (NOOP groups stores)
@@ -972,6 +990,32 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         casts += [f"*({p.split(' ', 1)[0]}*)a[{len(k.bufs) + i}]" for i, (_, p) in enumerate(sorted(k.var_params))]
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
+
+def _lane_const(x: UOp) -> Any:
+    """The value of a constant or of a vector of one constant in every lane, else None."""
+    if x.op is Ops.CONST: return x.arg
+    if x.op is _VECTORIZE and x.src and all(s.op is Ops.CONST and s.arg == x.src[0].arg for s in x.src):
+        return x.src[0].arg
+    return None
+
+def _exponent_of(f: UOp) -> UOp | None:
+    """e where `f` is 2^e made from its exponent bits, BITCAST(SHL(ADD(e, bias), mantissa bits)) of f's float type
+    (transcendental.py _pow2), else None."""
+    mant, bias = (23, 127) if f.dtype.scalar() == dtypes.float32 else (52, 1023)
+    if f.op is not _BITCAST or (sh := f.src[0]).op is not _SHL or _lane_const(sh.src[1]) != mant or \
+            (add := sh.src[0]).op is not _ADD or _lane_const(add.src[1]) != bias:
+        return None
+    return add.src[0]
+
+def _ldexp_operands(u: UOp) -> tuple[UOp, UOp] | None:
+    """(p, n) where `u` is p * 2^n as transcendental.py's _ldexp writes it, two factors made from n's exponent bits:
+    p * 2^(n >> 1) * 2^(n - (n >> 1)); else None."""
+    if u.op is not _MUL or (a := u.src[0]).op is not _MUL: return None
+    e1, e2 = _exponent_of(a.src[1]), _exponent_of(u.src[1])
+    if e1 is None or e2 is None or e1.op is not _SHR or _lane_const(e1.src[1]) != 1: return None
+    n = e1.src[0]
+    if e2.op is not _SUB or e2.src[0] is not n or e2.src[1] is not e1: return None
+    return a.src[0], n
 
 def _positions_of(uops: list[UOp], op: Ops) -> Iterator[int]:
     """The positions of the nodes of `op` in `uops`, compared without a Python step per node (a kernel has thousands

@@ -6,6 +6,7 @@ the Tensor functions built on them, the TRANSCENDENTAL=0 knob, the table of 2/pi
 the polynomials' comparisons and WHEREs become."""
 from __future__ import annotations
 import math
+import platform
 import mpmath as mp
 import numpy as np
 import pytest
@@ -343,3 +344,30 @@ def test_float64_to_bfloat16_vector_cast():
     got = (Tensor(x) * 0.5).cast(dtypes.bfloat16).max(-1).cast(dtypes.float32).numpy()
     want = Tensor((x * 0.5).astype(np.float32)).cast(dtypes.bfloat16).cast(dtypes.float32).numpy().max(-1)
     np.testing.assert_array_equal(got, want)
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64], ids=str)
+def test_exp2_scaling_instruction_gives_the_same_bits(dt: DType, monkeypatch):
+    # on AVX-512 the C renderer applies exp2's 2^n in one vscalef instead of two factors from exponent bits
+    # (renderer/cstyle.py _native_scalef): the same single rounding, so the same bits everywhere, denormal results,
+    # overflow and nan included. Rendered both ways and compared bit for bit; the instruction is in the source exactly
+    # where the host has AVX-512
+    from fusegrad import hostcpu
+    from fusegrad.renderer.cstyle import ClangRenderer
+    x = inputs(dt, 1 << 14, 1 << 10, seed=3) if dt == dtypes.float32 else inputs(dt, 1 << 10, 1 << 7, seed=3)
+    io = dtypes.float64 if dt == dtypes.float64 else dtypes.float32
+    n, width = len(x), 16 if dt == dtypes.float32 else 8
+    r = UOp.range(n, 0)
+    ast = UOp.sink_of(_glob(0, io, n).index(r).store(UOp(Ops.EXP2, dt, (_glob(1, io, n).index(r).load(),))))
+    def run() -> tuple[np.ndarray, str]:
+        p = get_program(ast, Device["CPU"].renderer, opts=[Opt(OptOps.UPCAST, 0, width)])
+        out, inp = Buffer("CPU", n, io).allocate(), Buffer("CPU", n, io).copyin(memoryview(x))
+        CompiledRunner(p)([out, inp], {})
+        return out.numpy(), p.src
+    scaled, src = run()
+    assert ("scalef" in src) == ("avx512f" in hostcpu.cpu().features and platform.machine() in ("x86_64", "AMD64"))
+    monkeypatch.setattr(ClangRenderer, "_native_scalef", lambda self, dt: None)
+    factors, src2 = run()
+    assert "scalef" not in src2
+    ut = np.uint64 if dt == dtypes.float64 else np.uint32
+    np.testing.assert_array_equal(scaled.view(ut), factors.view(ut))
+    assert_ulps(Ops.EXP2, x, scaled, dt, what="CPU scalef")
