@@ -9,12 +9,18 @@ from fusegrad.engine.realize import sym_infer
 from fusegrad.uop.graph import var_values
 from fusegrad.uop.ops import Ops, UOp, arg_uops, is_symbolic
 
-__all__ = ["JitError", "CaptureRecorder", "ViewChecks", "check_shrink", "check_view_bounds", "snapshot_nodes"]
+__all__ = ["JitError", "CaptureRecorder", "ViewChecks", "check_shrink", "check_view_bounds", "running_jits",
+           "snapshot_nodes"]
 
 # the BUFFER nodes of the copies a realize took for lazy readers of buffers it overwrote (tensor/__init__.py
 # _deferred_readers): a capture that took such a copy doesn't replay it where no later kernel of the capture reads it,
 # as the reader belongs to the capture call (a replay makes none).
 snapshot_nodes: weakref.WeakSet[UOp] = weakref.WeakSet()
+
+# the TinyJits whose function is running (engine/jit.py: a TinyJit called inside one is an error). A snapshot taken
+# meanwhile stays a copy of its own (tensor/__init__.py _snapshot), as in the capture of the same function: the
+# first call's kernels are the capture's, not a variant compiled for one call
+running_jits: list[Any] = []
 
 class JitError(RuntimeError):
     """A jitted function was called or written in a way its captured kernels can't replay."""

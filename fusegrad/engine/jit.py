@@ -17,7 +17,8 @@ from sys import getrefcount
 from typing import Any, Callable, Generic, TypeVar
 from fusegrad.device import Buffer, Device, unwritten_buffers
 from fusegrad.engine import realize as _realize
-from fusegrad.engine.capture import CaptureRecorder, JitError, ViewChecks, check_view_bounds, snapshot_nodes
+from fusegrad.engine.capture import CaptureRecorder, JitError, ViewChecks, check_view_bounds, running_jits, \
+    snapshot_nodes
 from fusegrad.engine.realize import BoundsCheck, BufferCopy, CompiledRunner, ExecItem
 from fusegrad.engine import jit_verify as _verify
 from fusegrad.engine.jit_verify import JIT_VERIFY
@@ -271,8 +272,9 @@ def _without_unread_snapshots(items: list[ExecItem]) -> list[ExecItem]:
 # for a long run of ever new values; a decoder of 1024 positions keeps all of its own
 VALUES_KEPT = 1024
 
-# the TinyJits whose function is running (a TinyJit called inside one is an error)
-_running: list[Any] = []
+# the TinyJits whose function is running (a TinyJit called inside one is an error; kept in capture.py, which the
+# Tensor reads too)
+_running = running_jits
 
 def _writes(t: Tensor) -> bool:
     """Whether the lazy tensor `t` writes to memory in place (its graph has an ASSIGN not run yet)."""

@@ -25,7 +25,7 @@ from fusegrad.tensor.elementwise import ElementwiseMixin
 from fusegrad.tensor.nn import NNMixin, matmul_nodes, renderer_says, templated
 from fusegrad.tensor.reduce import ReduceMixin
 from fusegrad.tensor.extras import EmptyReductionError, ExtrasMixin, OperandTypeError, ShapeError
-from fusegrad.engine.capture import snapshot_nodes
+from fusegrad.engine.capture import running_jits, snapshot_nodes
 from fusegrad.engine.explain import DEBUG_NANS, NanWatch
 from fusegrad.engine.realize import capturing, exec_items, expect_writes, replay_runners, run_replayed, run_schedule
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
@@ -1298,10 +1298,11 @@ _deferred_graphs: weakref.WeakSet[UOp] = weakref.WeakSet()
 
 def _snapshot(buf: UOp) -> UOp:
     """A copy of a BUFFER's elements into new memory (a copy to the same device, which no rule removes), marked as a
-    snapshot: the kernel that overwrites the buffer may store it (schedule/merge.py). Not while a TinyJit captures:
-    its replays drop a copy that nothing they run reads (jit.py _without_unread_snapshots), and a store merged into
-    the optimizer's kernel would run in every replay."""
-    return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)), None if capturing else SNAPSHOT)
+    snapshot: the kernel that overwrites the buffer may store it (schedule/merge.py). Not inside a TinyJit's function
+    (its first call or its capture): replays drop a copy that nothing they run reads (jit.py _without_unread_snapshots),
+    and a store merged into the optimizer's kernel would run in every replay."""
+    return UOp(Ops.COPY, buf.dtype, (buf, UOp(Ops.DEVICE, arg=buf.device)),
+               None if capturing or running_jits else SNAPSHOT)
 
 def _deferral_plan(u: UOp, reading: Container[UOp], targets: set[UOp], topo: dict[UOp, Any],
                    target_view: Callable[[UOp], bool]) -> tuple[dict[UOp, None], list[UOp], int, int] | None:
