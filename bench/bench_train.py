@@ -49,7 +49,7 @@ QUICK = "--quick" in sys.argv
 BLOCK = 3 if QUICK else 30  # steps per block at most
 BLOCK_S = 1.0 if QUICK else 2.0  # and no more steps than take about this long (but at least one)
 # blocks per side: the best of more blocks is steadier against the machine's noise (a millisecond step's 2 blocks of 10
-# steps moved its ratio by 10-15% from one run to the next)
+# steps moved its ratio by 10-20% from one run to the next)
 NBLOCKS = 2 if QUICK else 3
 
 def settle() -> None:

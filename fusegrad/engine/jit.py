@@ -272,10 +272,6 @@ def _without_unread_snapshots(items: list[ExecItem]) -> list[ExecItem]:
 # for a long run of ever new values; a decoder of 1024 positions keeps all of its own
 VALUES_KEPT = 1024
 
-# the TinyJits whose function is running (a TinyJit called inside one is an error; kept in capture.py, which the
-# Tensor reads too)
-_running = running_jits
-
 def _writes(t: Tensor) -> bool:
     """Whether the lazy tensor `t` writes to memory in place (its graph has an ASSIGN not run yet)."""
     return any(u.base.op is not Ops.BUFFER and any(x.op is Ops.ASSIGN for x in u.toposort()) for u in shards_of(t.uop))
@@ -358,7 +354,7 @@ class TinyJit(Generic[R]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> R:
         if not JIT.value or self.fxn is None: return self.fxn(*args, **kwargs)  # type: ignore[misc]
-        if _realize.capturing or _running:
+        if _realize.capturing or running_jits:
             raise JitError("having TinyJit inside another TinyJit is not supported: the outer one captures the inner "
                            "one's kernels itself; call the inner function undecorated")
         inputs = self._same_inputs(args) if self._same is not None and not kwargs else None
@@ -396,7 +392,7 @@ class TinyJit(Generic[R]):
         for returned tensors that are views other than reshapes of a fresh buffer or values other than tensors, for
         captures with Variables or random numbers, a replay due to be verified (verify / JIT_VERIFY), and under
         DEBUG>=2 or the viz recorder's timing."""
-        if not JIT.value or self.cnt < 2 or self._same is None or _realize.capturing or _running: return None
+        if not JIT.value or self.cnt < 2 or self._same is None or _realize.capturing or running_jits: return None
         every = self.verify if self.verify is not None else int(JIT_VERIFY.value)
         n = self._replays + 1
         if every and (n == 1 or n % every == 0): return None
@@ -503,7 +499,7 @@ class TinyJit(Generic[R]):
         return None if None in buffers else _Same(buffers)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
-        _running.append(self)
+        running_jits.append(self)
         lazy_before = {id(t): t.uop for t in lazy_tensors()}
         try:
             ret = self.fxn(*args, **kwargs)  # type: ignore[misc]
@@ -512,7 +508,7 @@ class TinyJit(Generic[R]):
             # runs what the capture ran, so one done later, where the tensor is read, would run once and then never
             writes = [t for t in lazy_tensors() if lazy_before.get(id(t)) is not t.uop and _writes(t)]
             if outs or writes: Tensor.realize(*outs, *writes)
-        finally: _running.remove(self)
+        finally: running_jits.remove(self)
         return ret
 
     def _check_inputs(self, now: _Inputs) -> None:
