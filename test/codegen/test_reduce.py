@@ -218,7 +218,8 @@ def test_pack_explicit():
         assert list(p.applied_opts) == opts
         np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
     from fusegrad.codegen.opt import Kernel, KernelOptError
-    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, 256, K), RENDERER).apply_opt(PK(0, 2))  # 96 KB tile
+    # (a copy over Kernel.MAX_LOCAL_BYTES, 512 KB: 96 x 2048 floats)
+    with pytest.raises(KernelOptError): Kernel(matmul_ast(M, 2048, K), RENDERER).apply_opt(PK(0, 2))
     with pytest.raises(KernelOptError): Kernel(matmul_ast(M, N, K), RENDERER).apply_opt(PK(0, 0))  # the output
 
 @pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float64])

@@ -22,24 +22,32 @@ def test_transposed_operand_matmul(k: int, m: int, n: int):
     ours = (Tensor(a).T @ Tensor(b)).numpy()
     np.testing.assert_allclose(ours, a.T.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
-def test_big_transposed_operand_packs_its_row_tiles(monkeypatch: pytest.MonkeyPatch):
-    """A transposed operand over a megabyte (1039 x 512 floats) is packed per row tile, its row tiles outside the
-    column tiles, where the other operand's block per core fits L2; the plain layout (a @ b) keeps its column panels
-    outside and packs the other operand."""
+def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.MonkeyPatch):
+    """An operand broadcast along the vector over a megabyte (1039 x 512 floats) has its row tiles outside the column
+    tiles, where the other operand's block per core fits L2, and that block packed once per block of the reduction;
+    read transposed, its own row tile is packed too. Under a megabyte (1039 x 128) the column panels stay outside,
+    the other operand packed per panel."""
     asts = captured_asts(monkeypatch)
     a = RS.standard_normal((512, 1039)).astype(np.float32)
     b = RS.standard_normal((512, 320)).astype(np.float32)
+    small = a[:128]
     np.testing.assert_allclose((Tensor(a).T @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose((Tensor(a.T.copy()) @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4,
                                atol=1e-3)
-    assert len(asts) == 2, asts
-    for ast, transposed in zip(asts, (True, False)):
+    np.testing.assert_allclose((Tensor(small.T.copy()) @ Tensor(b[:128])).numpy(),
+                               small.T.astype(np.float64) @ b[:128], rtol=1e-4, atol=1e-3)
+    assert len(asts) == 3, asts
+    for ast, (transposed, big) in zip(asts, ((True, True), (False, True), (False, False))):
         k = Kernel(codegen.collapse_gathers(ast), renderer_like(AVX2))
         hand_coded_optimizations(k)
         globs = {u.arg: u.dtype.size for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
-        packed = [globs[o.arg] for o in k.applied_opts if o.op is OptOps.PACK]
-        assert packed == [a.size if transposed else b.size], k.applied_opts
-        assert any(o.op is OptOps.SWAP for o in k.applied_opts[-2:]) == transposed, k.applied_opts
+        packs = [o for o in k.applied_opts if o.op is OptOps.PACK]
+        assert [globs[o.arg] for o in packs] == ([a.size] if transposed else []) + [b.size if big else 128 * 320], \
+            k.applied_opts
+        # (the first SWAP takes the columns outermost; a second puts the row tiles outside them)
+        swaps = [o for o in k.applied_opts if o.op is OptOps.SWAP]
+        assert len(swaps) == 1 + big, k.applied_opts
+        if big: assert packs[-1].axis == swaps[-1].axis - 1, k.applied_opts  # the column block's copy: outside both
 
 def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient

@@ -532,7 +532,7 @@ class Kernel:
         self.loops[axis] = inner
         self.loops.insert(1, blk)
 
-    MAX_LOCAL_BYTES = 64 * 1024
+    MAX_LOCAL_BYTES = 512 * 1024
 
     def _pack(self, axis: int, buf_arg: int) -> None:
         if axis >= self.first_reduce: raise KernelOptError("PACK needs an output axis")

@@ -921,19 +921,24 @@ def _pack_whole_panel(k: Kernel, vec: UOp, cores: int) -> None:
 TRANSPOSED_PANEL_BYTES, COLUMN_BLOCK_BYTES = 1 << 20, 1 << 19
 
 def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
-    """A matmul whose operand broadcast along the vector is read transposed (strided along the reduction, contiguous
-    along the rows: a weight gradient's output gradient, the tied embedding's logits gradient) and bigger than
-    TRANSPOSED_PANEL_BYTES has its row tiles outside its column tiles, and that operand's row tile packed (PACK) once
-    per row tile, where the other operand's block (a core's columns by a block of the reduction) fits
-    COLUMN_BLOCK_BYTES (L2). With the column tiles outside, every column tile streamed the whole transposed operand
-    again, each row tile touching one cache line per step of the reduction (as many streams as the block is long,
-    which the prefetchers don't follow); now each row tile's lines are read once, copied contiguously, and reused by
-    all the column tiles, whose block is read from L2. (`row_bytes`: the bytes of a column tile's row.)"""
+    """A matmul whose operand broadcast along the vector is bigger than TRANSPOSED_PANEL_BYTES has its row tiles
+    outside its column tiles, where the other operand's block (a core's columns by a block of the reduction) fits
+    COLUMN_BLOCK_BYTES (L2). With the column tiles outside, every column tile streamed the whole broadcast operand
+    again from memory; now each row tile's block stays in L1 while all the column tiles use it, and the column
+    block is read from L2:
+    - read transposed (strided along the reduction, contiguous along the rows: a weight gradient's output gradient,
+      the tied embedding's logits gradient), that operand's row tile is packed (PACK) once per row tile: each row
+      tile touched one cache line per step of the reduction (as many streams as the block is long, which the
+      prefetchers don't follow), now its lines are read once and copied contiguously;
+    - read along the reduction (a plain matmul's left operand), the other operand's column block is packed once per
+      block of the reduction (PACK of the loop outside the columns) in panel order, so the column tiles read it in
+      one stream.
+    (`row_bytes`: the bytes of a column tile's row.)"""
     outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
     if not reds: return
     for idx, is_store in k.accesses():
         if is_store or idx.src[0].op is not _DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
-                coeff(idx.src[1], reds[0]) in (0, 1, None):
+                coeff(idx.src[1], reds[0]) in (0, None):
             continue
         deps = [i for i, o in enumerate(outs) if o in idx.src[1].toposort()]
         # (the rows: the innermost output loop it moves with, right inside a column loop it doesn't move with)
@@ -945,10 +950,18 @@ def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
         if not isinstance(size := idx.src[0].dtype.size, int) or \
                 size * idx.src[0].dtype.base.itemsize <= TRANSPOSED_PANEL_BYTES:
             return
+        transposed = coeff(idx.src[1], reds[0]) != 1
+        # (the column operand: the load that moves with the columns and the vector)
+        panel = next((i for i, st in k.accesses() if not st and i.src[0].op is _DEFINE_GLOBAL and
+                      coeff(i.src[1], vec) == 1 and cols in i.src[1].toposort()), None)
+        if not transposed and (panel is None or rows < 2): return
         try:
             k.apply_opt(Opt(OptOps.SWAP, rows - 1, rows))
-            k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
-        except KernelOptError: pass
+            if transposed: k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
+        except KernelOptError: return
+        if panel is not None and rows >= 2:
+            try: k.apply_opt(Opt(OptOps.PACK, rows - 2, panel.src[0].arg))
+            except KernelOptError: pass
         return
 
 ROWS_OUTER_MIN_OUTPUTS = 1 << 16
