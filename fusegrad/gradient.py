@@ -235,6 +235,7 @@ class PowGradient:
 # derivatives in terms of the function's own value: finite for every x, where the derivative of the formula the value is
 # computed with meets 0 * inf once exp overflows (1 / (1 + exp(-x)) at x = -1000)
 _VALUE_DERIVATIVES: dict[str, Callable[[Any], Any]] = {
+    "exp": lambda x: x.exp(),
     "sigmoid": lambda x: (s := x.sigmoid()) * (1 - s),
     "tanh": lambda x: 1 - x.tanh().square(),
 }

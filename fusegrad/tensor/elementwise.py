@@ -262,7 +262,10 @@ class ElementwiseMixin:
         float64 (four ops, so it fuses like before); float64 splits x = n*ln2 + r first."""
         out = least_upper_float(self.dtype)
         if out.itemsize == 8: return _exp_value(self.cast(out))
-        return (self.cast(dtypes.float64) * (1 / _LN2))._alu(Ops.EXP2).cast(out)
+        # (its gradient is g * exp(x), the value itself: the derivative of the float64 formula recomputed 2^y in
+        # float64, a polynomial twice as long on half the lanes, in every backward pass through an exp)
+        value = (self.cast(dtypes.float64) * (1 / _LN2))._alu(Ops.EXP2).cast(out)
+        return with_gradient(value, (self,), UnaryGradient("exp"))
     def log10(self: Any) -> Tensor:
         """Base-10 logarithm."""
         return self.log2() * math.log10(2)

@@ -310,3 +310,25 @@ def test_float32_erf_within_1_ulp_of_the_exact_value():
     assert np.isnan(special[0]) and list(special[1:3]) == [1.0, -1.0] and np.signbit(special[3])
     x64 = np.linspace(-6, 6, 2001)
     np.testing.assert_allclose(Tensor(x64).erf().numpy(), [math.erf(v) for v in x64], rtol=1e-13, atol=1e-16)
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float16])
+def test_exp_gradient_is_its_value(dt):
+    """exp's gradient is g * exp(x) in the input's precision, as torch's: the backward graph of a float32 or half
+    exp holds no float64 (the derivative of the float64 formula the value is computed with recomputed 2^y in float64),
+    and matches torch, overflow to inf included."""
+    from fusegrad.uop.ops import Ops
+    x = np.concatenate([_rand((200,), -20, 20, 5), [0.0, -100.0, 80.0, 12.0]]).astype(np.float32)
+    g = _rand((x.size,), -2, 2, 6).astype(np.float32)
+    tdt = to_torch_dtype(dt)
+    xt = Tensor(x, requires_grad=True).cast(dt)
+    (xt.exp() * Tensor(g).cast(dt)).sum().backward()
+    grad = xt.grad
+    tx = torch.tensor(x).to(tdt).requires_grad_()
+    (tx.exp() * torch.tensor(g).to(tdt)).sum().backward()
+    assert grad is not None and tx.grad is not None
+    # (the value's own 2^y of a float64 argument is rounded at once: lowering computes it in float32)
+    graph = list(grad.uop.toposort())
+    users = [u for u in graph for s in u.src if s.op is Ops.EXP2]
+    assert users and all(u.op is Ops.CAST and u.dtype.itemsize < 8 for u in users), users[:3]
+    tol = 1e-6 if dt == dtypes.float32 else 1e-3
+    np.testing.assert_allclose(grad.numpy().astype(np.float64), tx.grad.to(torch.float64).numpy(), rtol=tol, atol=0)
