@@ -631,3 +631,23 @@ def test_norm_layers_with_weights_from_arrays_get_grads(layer: str) -> None:
     (ours(x) * x).sum().backward()
     (ref(tx) * tx).sum().backward()
     _close(ours.weight.grad.numpy(), ref.weight.grad.numpy()); _close(x.grad.numpy(), tx.grad.numpy())
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax"])
+def test_softmax_backward_skips_the_max(fn: str) -> None:
+    """softmax and log_softmax don't change with the shift by the row's max, so the shift carries no gradient (as
+    tinygrad's): the backward graph holds no comparison with the max (the max's own gradient, which adds up to zero),
+    and matches torch on rows with tied maxima, large values and a single element."""
+    x = _rand(5, 9, seed=3, low=-30, high=30)
+    x[1, 2] = x[1, 5] = x[1, 7] = 40.0   # three tied maxima
+    x[2] = 7.0                           # a constant row
+    g = _rand(5, 9, seed=4)
+    xt = Tensor(x, requires_grad=True)
+    (getattr(xt, fn)(-1) * Tensor(g)).sum().backward()
+    assert xt.grad is not None
+    assert not [u for u in xt.grad.uop.toposort() if u.op in (Ops.CMPEQ, Ops.CMPLT)]
+    want = _torch_grads(lambda t: (getattr(torch, fn)(t.double(), -1) * torch.tensor(g).double()).sum(), [x])[0]
+    np.testing.assert_allclose(xt.grad.numpy(), want, rtol=1e-5, atol=1e-6)
+    one = Tensor(x[:, :1], requires_grad=True)
+    (getattr(one, fn)(-1) * Tensor(g[:, :1])).sum().backward()
+    assert one.grad is not None
+    np.testing.assert_allclose(one.grad.numpy(), np.zeros((5, 1), np.float32), atol=1e-6)

@@ -1071,7 +1071,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         # (over an empty axis there is nothing to normalize: the result is as empty, as torch's)
         if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
-        e = (x - x.max(axis, keepdim=True)).exp()
+        # (both are unchanged by the shift, so it carries no gradient: without the detach the backward computed the
+        # max's, two more sums over the row that add up to zero)
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         # times the reciprocal of the sum, computed once per row: a vector division per element costs about as much
         # as the exp (within an ulp of dividing, as torch's CPU kernel does)
         return e * e.sum(axis, keepdim=True).reciprocal()
@@ -1080,7 +1082,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def _log_softmax_graph(self, axis: int, dtype: DType | str | None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self.cast(least_upper_float(self.dtype))
         if any(isinstance(n := x.shape[a], int) and n == 0 for a in x._reduce_axes(axis)): return x
-        m = x - x.max(axis, keepdim=True)
+        m = x - x.max(axis, keepdim=True).detach()   # (see _softmax_graph)
         return m - m.exp().sum(axis, keepdim=True).log()
     def _squeeze_axes(self, like: Tensor, axis: Any, keepdim: bool) -> Tensor:
         if keepdim: return self
