@@ -26,17 +26,28 @@ def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.Mo
     """An operand broadcast along the vector over a megabyte (1039 x 512 floats) has its row tiles outside the column
     tiles, where the other operand's block per core fits L2, and that block packed once per block of the reduction;
     read transposed, its own row tile is packed too. Under a megabyte (1039 x 128) the column panels stay outside,
-    the other operand packed per panel."""
+    the other operand packed per panel. A core's chunk of 3 column panels (96 columns on 2 cores: a GPT-2 weight
+    gradient's 768 on 8 chunks) is enough: each packed row tile is used by all three."""
+    import fusegrad.codegen.opt.heuristic as heuristic
+    monkeypatch.setattr(heuristic.os, "cpu_count", lambda: 2)
     asts = captured_asts(monkeypatch)
     a = RS.standard_normal((512, 1039)).astype(np.float32)
     b = RS.standard_normal((512, 320)).astype(np.float32)
     small = a[:128]
+    np.testing.assert_allclose((Tensor(a).T @ Tensor(b[:, :96])).numpy(), a.T.astype(np.float64) @ b[:, :96],
+                               rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose((Tensor(a).T @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose((Tensor(a.T.copy()) @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4,
                                atol=1e-3)
     np.testing.assert_allclose((Tensor(small.T.copy()) @ Tensor(b[:128])).numpy(),
                                small.T.astype(np.float64) @ b[:128], rtol=1e-4, atol=1e-3)
-    assert len(asts) == 3, asts
+    assert len(asts) == 4, asts
+    narrow, asts = asts[0], asts[1:]
+    k = Kernel(codegen.collapse_gathers(narrow), renderer_like(AVX2))
+    hand_coded_optimizations(k)
+    globs = {u.arg: u.dtype.size for u in narrow.toposort() if u.op is Ops.DEFINE_GLOBAL}
+    assert [globs[o.arg] for o in k.applied_opts if o.op is OptOps.PACK] == [a.size, 512 * 96], k.applied_opts
+    assert len([o for o in k.applied_opts if o.op is OptOps.SWAP]) == 2, k.applied_opts
     for ast, (transposed, big) in zip(asts, ((True, True), (False, True), (False, False))):
         k = Kernel(codegen.collapse_gathers(ast), renderer_like(AVX2))
         hand_coded_optimizations(k)

@@ -945,7 +945,7 @@ def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
         if not deps or (rows := deps[-1]) == 0 or rows - 1 in deps: return
         cols = outs[rows - 1]
         if not isinstance(csz := range_size(cols), int) or not isinstance(kb := range_size(reds[0]), int) or \
-                csz < 4 or csz * row_bytes * kb > COLUMN_BLOCK_BYTES:
+                csz < 2 or csz * row_bytes * kb > COLUMN_BLOCK_BYTES:
             return
         if not isinstance(size := idx.src[0].dtype.size, int) or \
                 size * idx.src[0].dtype.base.itemsize <= TRANSPOSED_PANEL_BYTES:
