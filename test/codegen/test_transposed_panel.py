@@ -27,7 +27,8 @@ def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.Mo
     tiles, where the other operand's block per core fits L2, and that block packed once per block of the reduction;
     read transposed, its own row tile is packed too. Under a megabyte (1039 x 128) the column panels stay outside,
     the other operand packed per panel. A core's chunk of 3 column panels (96 columns on 2 cores: a GPT-2 weight
-    gradient's 768 on 8 chunks) is enough: each packed row tile is used by all three."""
+    gradient's 768 in 8 chunks) is enough: each packed row tile is used by all three. The column chunks are as few
+    as fit L2, the big operand being streamed once per chunk."""
     import fusegrad.codegen.opt.heuristic as heuristic
     monkeypatch.setattr(heuristic.os, "cpu_count", lambda: 2)
     asts = captured_asts(monkeypatch)
@@ -59,6 +60,9 @@ def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.Mo
         swaps = [o for o in k.applied_opts if o.op is OptOps.SWAP]
         assert len(swaps) == 1 + big, k.applied_opts
         if big: assert packs[-1].axis == swaps[-1].axis - 1, k.applied_opts  # the column block's copy: outside both
+        # (the big operand is streamed once per chunk of columns: one chunk per core where the block fits L2, 20
+        # panels of 16 columns on AVX2; otherwise CHUNKS_PER_THREAD chunks where they divide the panels, here 2)
+        assert [o.arg for o in k.applied_opts if o.op is OptOps.SPLIT] == [2 if big else 4], k.applied_opts
 
 def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient

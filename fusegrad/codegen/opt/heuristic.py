@@ -844,8 +844,11 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
         osz = range_size(k.loops[0])
         if k.first_reduce >= 2 and isinstance(osz, int) and osz > cores and osz % cores == 0:
-            # (in CHUNKS_PER_THREAD pieces per core where they divide it: a core that finishes early takes another)
-            k.apply_opt(Opt(OptOps.SPLIT, 0, next(cores * m for m in (CHUNKS_PER_THREAD, 2, 1)
+            # (in CHUNKS_PER_THREAD pieces per core where they divide it: a core that finishes early takes another;
+            # in as few as `_rows_inside_columns` can take, where it will stream a big operand once per chunk)
+            pieces = (CHUNKS_PER_THREAD, 2, 1) if rows_outer or conv or at or \
+                (fewest := _fewest_column_chunks(k, vec, row_bytes, osz // cores)) is None else (fewest, 2, 1)
+            k.apply_opt(Opt(OptOps.SPLIT, 0, next(cores * m for m in pieces
                                                   if osz % (cores * m) == 0 and osz > cores * m)))
     red = [k.loops[i] for i in k.reduce_axes()]
     if not red or not isinstance(rsz := range_size(red[0]), int): return
@@ -919,6 +922,20 @@ def _pack_whole_panel(k: Kernel, vec: UOp, cores: int) -> None:
     except KernelOptError: pass
 
 TRANSPOSED_PANEL_BYTES, COLUMN_BLOCK_BYTES = 1 << 20, 1 << 19
+
+def _fewest_column_chunks(k: Kernel, vec: UOp, row_bytes: int, panels: int) -> int | None:
+    """For a matmul whose operand broadcast along the vector is over TRANSPOSED_PANEL_BYTES (`_rows_inside_columns`
+    streams it once per chunk of columns): the fewest chunks per core (1, 2 or CHUNKS_PER_THREAD) whose column
+    block, by a block of the reduction of up to 512, fits COLUMN_BLOCK_BYTES; None for other kernels. (GPT-2's tied
+    embedding gradient, 50257 x 768 over 512 tokens: 185 GFLOPS in 4 chunks per core, 263 in 2, its 103 MB operand
+    streamed half as often.)"""
+    reds = [k.loops[i] for i in k.reduce_axes()]
+    if not reds or not isinstance(rsz := range_size(reds[0]), int): return None
+    big = any(not st and idx.src[0].op is _DEFINE_GLOBAL and coeff(idx.src[1], vec) == 0 and
+              coeff(idx.src[1], reds[0]) not in (0, None) and isinstance(n := idx.src[0].dtype.size, int) and
+              n * idx.src[0].dtype.base.itemsize > TRANSPOSED_PANEL_BYTES for idx, st in k.accesses())
+    if not big: return None
+    return next((m for m in (1, 2) if panels // m * row_bytes * min(rsz, 512) <= COLUMN_BLOCK_BYTES), CHUNKS_PER_THREAD)
 
 def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
     """A matmul whose operand broadcast along the vector is bigger than TRANSPOSED_PANEL_BYTES has its row tiles
