@@ -461,24 +461,24 @@ class IndexingMixin:
                                             f"shapes {[t.shape for _, t in adv]}") from None
         sizes = [self.shape[d] for d in dims]
         rest = [d for d in range(self.ndim) if d not in dims]
-        rshape = tuple(self.shape[d] for d in rest)
+        # the output's dims: B in place of the indexed dims when they were adjacent, in front otherwise. The gather
+        # is computed in that order, so its kernel stores the output contiguously (computed with B last and then
+        # permuted, an embedding's rows were stored feature by feature and every reader of them read across rows)
+        lead = rest[:dims[0]] if adjacent else []
+        trail = rest[len(lead):]
+        out_shape = tuple(self.shape[d] for d in lead) + bshape + tuple(self.shape[d] for d in trail)
         n = prod(sizes)
         if n == 0 or prod(bshape) == 0:
             if prod(bshape) and n == 0: raise IndexError("index is out of bounds for a dimension with size 0")
-            out = _T().zeros(*(rshape + bshape), dtype=self.dtype, device=self.device)
-        else:
-            # every output element's flat position in self: the index tensors in the indexed dims, the output's own
-            # position in the others
-            out_shape, comps = rshape + bshape, [0] * self.ndim
-            for k, d in enumerate(rest): comps[d] = k
-            for d, t in adv: comps[d] = t.reshape((1,) * len(rshape) + t.shape)
-            out = _take(self, _flat_position(self.shape, comps, out_shape, wrap=True))
-        if adjacent:
-            at, nb, nr = dims[0], len(bshape), len(rshape)
-            order = list(range(at)) + list(range(nr, nr + nb)) + list(range(at, nr))
-            out = out.permute(order)
-        else: out = out.permute(list(range(len(rshape), len(rshape) + len(bshape))) + list(range(len(rshape))))
-        return out
+            return _T().zeros(*out_shape, dtype=self.dtype, device=self.device)
+        # every output element's flat position in self: the index tensors in the indexed dims, the output's own
+        # position in the others
+        comps: list = [0] * self.ndim
+        for k, d in enumerate(lead): comps[d] = k
+        for k, d in enumerate(trail): comps[d] = len(lead) + len(bshape) + k
+        for d, t in adv:   # (right-aligned in B, as broadcasting aligns them)
+            comps[d] = t.reshape((1,) * (len(lead) + len(bshape) - t.ndim) + t.shape + (1,) * len(trail))
+        return _take(self, _flat_position(self.shape, comps, out_shape, wrap=True))
 
     def __getitem__(self: Tensor, indices: Any) -> Tensor:
         """PyTorch indexing: ints, slices (any step), None, ..., bools, and integer/bool tensors or lists."""

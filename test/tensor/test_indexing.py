@@ -447,3 +447,18 @@ def test_setitem_on_lazy_tensors_and_half_gradients():
     (eh.gather(1, torch.tensor([[0, 0], [2, 1]])) * 2).sum().backward()
     assert x.tolist() == [1.0, 0.0, 5.0] and y.tolist() == [[0, -1, 2], [3, -1, 5]]
     assert g.dtype == dtypes.float16 and g.tolist() == eh.grad.tolist()
+
+def test_gather_is_built_in_output_order():
+    """Integer-tensor indexing computes its gather in the output's own dim order (no permute after it), so the kernel
+    stores the result contiguously (an embedding's rows row by row), and the values match NumPy for adjacent,
+    non-adjacent and lower-rank broadcast indices."""
+    from fusegrad.uop.ops import Ops
+    x = np.arange(3 * 4 * 5 * 6, dtype=np.float32).reshape(3, 4, 5, 6)
+    i2 = np.array([[0, 3], [2, 1]])
+    i1 = np.array([2, 0])
+    xt = Tensor(x)
+    for got, want in ((xt[:, Tensor(i2)], x[:, i2]), (xt[:, Tensor(i2), Tensor(i1)], x[:, i2, i1]),
+                      (xt[Tensor(i1), :, Tensor(i2)], x[i1, :, i2]), (xt[..., Tensor(i1)], x[..., i1]),
+                      (Tensor(x[0, 0])[Tensor(i2)], x[0, 0][i2])):
+        assert not [u for u in got.uop.toposort() if u.op is Ops.PERMUTE], got.shape
+        np.testing.assert_array_equal(got.numpy(), want)
