@@ -194,12 +194,17 @@ static void fg_forget_workers(void) {
 static void fg_spawn(int workers) {
   if (workers > FG_MAX_WORKERS) workers = FG_MAX_WORKERS;
   if (!fg_atfork) { pthread_atfork(0, 0, fg_forget_workers); fg_atfork = 1; }
+  /* 8 MiB of stack whatever the process's stack limit: a kernel's packed blocks live on it (up to 512 KiB) */
+  pthread_attr_t attr;
+  int inited = pthread_attr_init(&attr) == 0;
+  int sized = inited && pthread_attr_setstacksize(&attr, 8 << 20) == 0;
   while (fg_workers < workers) {
     pthread_t t;
-    if (pthread_create(&t, 0, fg_worker, (void *)(long)(fg_workers + 1))) break;  /* fewer workers: waiting threads run the chunks */
+    if (pthread_create(&t, sized ? &attr : 0, fg_worker, (void *)(long)(fg_workers + 1))) break;  /* fewer workers: waiting threads run the chunks */
     pthread_detach(t);
     __atomic_store_n(&fg_workers, fg_workers + 1, __ATOMIC_RELAXED);  /* (read by waiters without the lock) */
   }
+  if (inited) pthread_attr_destroy(&attr);
 }
 static long fg_chunks(long n, long size) {
   if (n < 1) n = 1;
