@@ -332,3 +332,16 @@ def test_exp_gradient_is_its_value(dt):
     assert users and all(u.op is Ops.CAST and u.dtype.itemsize < 8 for u in users), users[:3]
     tol = 1e-6 if dt == dtypes.float32 else 1e-3
     np.testing.assert_allclose(grad.numpy().astype(np.float64), tx.grad.to(torch.float64).numpy(), rtol=tol, atol=0)
+
+def test_exp_near_and_below_underflow():
+    """exp where the result is denormal, rounds to 0 or is 0 (softmax's masked -inf lanes) equals torch's bit for bit
+    in float32, +0.0 below the smallest denormal (those lanes scale a 0: no underflowing product), for exp and
+    exp2, with and without a float64 argument."""
+    x = np.array([-np.inf, -1e4, -120.0, -104.0, -103.97, -103.2, -100.0, -87.5, -87.3, 0.0, 88.7, 89.0, np.inf,
+                  np.nan], np.float32)
+    xt = torch.tensor(x)
+    np.testing.assert_array_equal(Tensor(x).exp().numpy(), xt.exp().numpy())
+    np.testing.assert_array_equal(Tensor(x * np.float32(1.4427)).exp2().numpy(), torch.exp2(xt * 1.4427).numpy())
+    np.testing.assert_array_equal(Tensor(x.astype(np.float64)).exp().cast(dtypes.float32).numpy(),
+                                  xt.double().exp().float().numpy())
+    assert not np.signbit(Tensor(x[:3]).exp().numpy()).any()
