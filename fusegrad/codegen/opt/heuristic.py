@@ -923,6 +923,16 @@ def _pack_whole_panel(k: Kernel, vec: UOp, cores: int) -> None:
 
 TRANSPOSED_PANEL_BYTES, COLUMN_BLOCK_BYTES = 1 << 20, 1 << 19
 
+def _broadcast_operand(k: Kernel, vec: UOp, red: UOp) -> UOp | None:
+    """The INDEX of the global load broadcast along the vector that moves with reduce loop `red` (a matmul's left
+    operand), with its size in bytes over TRANSPOSED_PANEL_BYTES; None if there is none or it is smaller."""
+    idx = next((idx for idx, st in k.accesses() if not st and idx.src[0].op is _DEFINE_GLOBAL and
+                coeff(idx.src[1], vec) == 0 and coeff(idx.src[1], red) not in (0, None)), None)
+    if idx is None or not isinstance(n := idx.src[0].dtype.size, int) or \
+            n * idx.src[0].dtype.base.itemsize <= TRANSPOSED_PANEL_BYTES:
+        return None
+    return idx
+
 def _fewest_column_chunks(k: Kernel, vec: UOp, row_bytes: int, panels: int) -> int | None:
     """For a matmul whose operand broadcast along the vector is over TRANSPOSED_PANEL_BYTES (`_rows_inside_columns`
     streams it once per chunk of columns): the fewest chunks per core (1, 2 or CHUNKS_PER_THREAD) whose column
@@ -930,11 +940,8 @@ def _fewest_column_chunks(k: Kernel, vec: UOp, row_bytes: int, panels: int) -> i
     embedding gradient, 50257 x 768 over 512 tokens: 185 GFLOPS in 4 chunks per core, 263 in 2, its 103 MB operand
     streamed half as often.)"""
     reds = [k.loops[i] for i in k.reduce_axes()]
-    if not reds or not isinstance(rsz := range_size(reds[0]), int): return None
-    big = any(not st and idx.src[0].op is _DEFINE_GLOBAL and coeff(idx.src[1], vec) == 0 and
-              coeff(idx.src[1], reds[0]) not in (0, None) and isinstance(n := idx.src[0].dtype.size, int) and
-              n * idx.src[0].dtype.base.itemsize > TRANSPOSED_PANEL_BYTES for idx, st in k.accesses())
-    if not big: return None
+    if not reds or not isinstance(rsz := range_size(reds[0]), int) or _broadcast_operand(k, vec, reds[0]) is None:
+        return None
     return next((m for m in (1, 2) if panels // m * row_bytes * min(rsz, 512) <= COLUMN_BLOCK_BYTES), CHUNKS_PER_THREAD)
 
 def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
@@ -952,34 +959,28 @@ def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
       one stream.
     (`row_bytes`: the bytes of a column tile's row.)"""
     outs, reds = k.loops[:k.first_reduce], [k.loops[i] for i in k.reduce_axes()]
-    if not reds: return
-    for idx, is_store in k.accesses():
-        if is_store or idx.src[0].op is not _DEFINE_GLOBAL or coeff(idx.src[1], vec) != 0 or \
-                coeff(idx.src[1], reds[0]) in (0, None):
-            continue
-        deps = [i for i, o in enumerate(outs) if o in idx.src[1].toposort()]
-        # (the rows: the innermost output loop it moves with, right inside a column loop it doesn't move with)
-        if not deps or (rows := deps[-1]) == 0 or rows - 1 in deps: return
-        cols = outs[rows - 1]
-        if not isinstance(csz := range_size(cols), int) or not isinstance(kb := range_size(reds[0]), int) or \
-                csz < 2 or csz * row_bytes * kb > COLUMN_BLOCK_BYTES:
-            return
-        if not isinstance(size := idx.src[0].dtype.size, int) or \
-                size * idx.src[0].dtype.base.itemsize <= TRANSPOSED_PANEL_BYTES:
-            return
-        transposed = coeff(idx.src[1], reds[0]) != 1
-        # (the column operand: the load that moves with the columns and the vector)
-        panel = next((i for i, st in k.accesses() if not st and i.src[0].op is _DEFINE_GLOBAL and
-                      coeff(i.src[1], vec) == 1 and cols in i.src[1].toposort()), None)
-        if not transposed and (panel is None or rows < 2): return
-        try:
-            k.apply_opt(Opt(OptOps.SWAP, rows - 1, rows))
-            if transposed: k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
-        except KernelOptError: return
-        if panel is not None and rows >= 2:
-            try: k.apply_opt(Opt(OptOps.PACK, rows - 2, panel.src[0].arg))
-            except KernelOptError: pass
+    if not reds or (idx := _broadcast_operand(k, vec, reds[0])) is None: return
+    deps = [i for i, o in enumerate(outs) if o in idx.src[1].toposort()]
+    # (the rows: the innermost output loop it moves with, right inside a column loop it doesn't move with)
+    if not deps or (rows := deps[-1]) == 0 or rows - 1 in deps: return
+    cols = outs[rows - 1]
+    if not isinstance(csz := range_size(cols), int) or not isinstance(kb := range_size(reds[0]), int) or \
+            csz < 2 or csz * row_bytes * kb > COLUMN_BLOCK_BYTES:
         return
+    transposed = coeff(idx.src[1], reds[0]) != 1
+    # (the column operand: the load inside the reduction that moves with the columns and the vector; not an
+    # epilogue's, a bias or a residual)
+    panel = next((i for i, st in k.accesses() if not st and i.src[0].op is _DEFINE_GLOBAL and
+                  coeff(i.src[1], vec) == 1 and coeff(i.src[1], reds[0]) not in (0, None) and
+                  cols in i.src[1].toposort()), None)
+    if not transposed and (panel is None or rows < 2): return
+    try:
+        k.apply_opt(Opt(OptOps.SWAP, rows - 1, rows))
+        if transposed: k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
+    except KernelOptError: return
+    if panel is not None and rows >= 2:
+        try: k.apply_opt(Opt(OptOps.PACK, rows - 2, panel.src[0].arg))
+        except KernelOptError: pass
 
 ROWS_OUTER_MIN_OUTPUTS = 1 << 16
 
