@@ -478,6 +478,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # schedule); a value that reads the buffer is computed before the write, so overlapping views read
             # the old values
             reads_target = self.uop.base in x.uop.toposort()
+            if _part_of_lazy_reduction(x.uop):
+                # a value that is part of a lazy reduction's result (a chunk of a fused projection, as attention's
+                # keys are of its q/k/v matmul) has that result computed whole now: the other parts, read later,
+                # then read its buffer instead of repeating the reduction for their part
+                base = x.uop.base
+                x = Tensor(x.uop.substitute({base: Tensor(base).realize().uop}))
             Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, (x.contiguous() if reads_target else x).uop))).realize()
             return self  # (still the view of the buffer, now holding x: reading it or realizing it runs nothing)
         self.uop = _multi(UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop)))
@@ -1193,6 +1199,13 @@ def _nest(flat: list, shape: tuple[int, ...]) -> Any:
 def _is_realized_view(u: UOp) -> bool:
     if u.op is Ops.MULTI: return all(is_realized(s.base) for s in u.src)
     return is_realized(u.base)
+
+def _part_of_lazy_reduction(u: UOp) -> bool:
+    """Whether `u` views part of a lazy (unrealized) result that holds a reduction."""
+    if u.op not in GroupOp.Movement or u.op is Ops.MULTI or is_realized(base := u.base): return False
+    sizes = prod(u.shape), prod(base.shape)
+    if any(is_symbolic(n) for n in sizes) or sizes[0] >= sizes[1]: return False
+    return any(n.op is Ops.REDUCE_AXIS for n in base.toposort())
 
 def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
     """The graphs of these tensors, a sharded one's being its shards'."""

@@ -141,3 +141,31 @@ def test_write_through_a_view_then_realize_runs_one_kernel():
     assert GlobalCounters.kernel_count == k1
     np.testing.assert_array_equal(view.numpy(), ref[:, 2:4])
     np.testing.assert_array_equal(cache.numpy(), ref)
+
+def test_writing_part_of_a_lazy_matmul_computes_it_once():
+    # attention's pattern: q, k and v are chunks of one projection; k and v are written into caches first. Each
+    # write computing only its chunk would leave q's reader to compute the projection again (its weights read twice)
+    from fusegrad import GlobalCounters
+    rng = np.random.default_rng(0)
+    x_np, w_np = rng.standard_normal((2, 16), np.float32), rng.standard_normal((48, 16), np.float32)
+    x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+    kcache, vcache = Tensor.zeros(4, 16).contiguous().realize(), Tensor.zeros(4, 16).contiguous().realize()
+    GlobalCounters.reset()
+    (x @ w.T).realize()
+    projection_ops = GlobalCounters.global_ops
+    GlobalCounters.reset()
+    q, k, v = (x @ w.T).chunk(3, dim=1)
+    kcache[1:3].assign(k)
+    vcache[1:3].assign(v)
+    scores = (q @ kcache.T).numpy()
+    ref = x_np @ w_np.T
+    ref_k = np.zeros((4, 16), np.float32)
+    ref_k[1:3] = ref[:, 16:32]
+    np.testing.assert_allclose(kcache.numpy(), ref_k, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(vcache.numpy()[1:3], ref[:, 32:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(scores, ref[:, :16] @ ref_k.T, rtol=1e-4, atol=1e-4)
+    ops = GlobalCounters.global_ops
+    GlobalCounters.reset()
+    (Tensor(ref[:, :16]) @ kcache.T).realize()
+    # the projection's work once and the scores': not the projection's again for q
+    assert ops == projection_ops + GlobalCounters.global_ops
