@@ -967,13 +967,20 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
 
     def _nothing(self, k: KernelText, u: UOp) -> None: pass   # (NOOP groups stores)
 
+    def _prefetch(self, k: KernelText, u: UOp) -> None:
+        # (the address as an integer sum: it may lie past the buffer's end, where a pointer sum would be undefined)
+        idx = u.src[0]
+        size = idx.src[0].dtype.base.itemsize
+        k.line(f"__builtin_prefetch((const void*)((unsigned long){k.r[idx.src[0]]} + "
+               f"(unsigned long)({k.r[idx.src[1]]})*{size}));")
+
     # how each op is rendered; a dialect overrides entries with its own. (ops that make or read a bool vector are
     # rendered by render_mask_op first)
     op_renderers: dict[Ops, Callable[[CStyleLanguage, KernelText, UOp], None]] = {
         Ops.DEFINE_GLOBAL: _define_global, Ops.DEFINE_VAR: _define_var, Ops.NOOP: _nothing, Ops.BIND: _same_as_source,
         Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _barrier, Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg,
         Ops.CONST: _const, Ops.RANGE: _range, Ops.END: _end, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
-        Ops.VECTORIZE: _vectorize, Ops.GEP: _gep, Ops.CAST: _cast, Ops.BITCAST: _bitcast,
+        Ops.VECTORIZE: _vectorize, Ops.GEP: _gep, Ops.CAST: _cast, Ops.BITCAST: _bitcast, Ops.PREFETCH: _prefetch,
         **dict.fromkeys(GroupOp.ALU, _alu)}
 
     def _render_function(self, k: KernelText, name: str, uops: list[UOp]) -> str:
@@ -1130,6 +1137,7 @@ class ClangRenderer(CStyleLanguage):
     has_threads = True
     unique_symbols = True
     entry_point = True
+    supports_prefetch = True
     # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
     # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
     # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read);

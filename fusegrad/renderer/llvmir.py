@@ -50,6 +50,7 @@ class LLVMRenderer(Renderer):
     """LLVM IR for the host CPU, compiled in process by llvmlite (fusegrad/runtime/ops_llvm.py)."""
     device = "LLVM"
     has_threads = True
+    supports_prefetch = True
 
     def __init__(self) -> None:
         # the host CPU's SIMD facts, as the C renderer has them, so the optimizer shapes the same kernels for both
@@ -326,6 +327,14 @@ class LLVMRenderer(Renderer):
         i = self.cast(idx, idx_dt, dtypes.int64) if self.ty(idx_dt) != "i64" else idx
         return self._val(f"getelementptr inbounds {self.mty(elem)}, ptr {buf}, i64 {i}")
 
+    def _prefetch(self, idx: UOp, v: dict[UOp, str]) -> None:
+        # (a getelementptr without inbounds: the address may lie past the buffer's end; read, keep in every cache)
+        elem, off, off_dt = idx.src[0].dtype.base.scalar(), v[idx.src[1]], idx.src[1].dtype
+        if self.ty(off_dt) != "i64": off = self.cast(off, off_dt, dtypes.int64)
+        ptr = self._val(f"getelementptr {self.mty(elem)}, ptr {v[idx.src[0]]}, i64 {off}")
+        self._decls["llvm.prefetch"] = "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
+        self._lines.append(f"  call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
+
     def _load(self, ptr: str, dt: DType) -> str:
         v = self._val(f"load {self.mty(dt)}, ptr {ptr}, align {dt.scalar().itemsize}")
         if dt.scalar() != dtypes.bool: return v
@@ -397,6 +406,7 @@ class LLVMRenderer(Renderer):
                     self._guarded(v[src[0].src[2]], lambda p=v[src[0]], x=v[src[1]], d=src[1].dtype:
                                   self._store(p, x, d), None)
                 else: self._store(v[src[0]], v[src[1]], src[1].dtype)
+            elif op is Ops.PREFETCH: self._prefetch(src[0], v)
             elif op is Ops.VECTORIZE: v[u] = self._vectorize(u, v)
             elif op is Ops.GEP:
                 g = u.arg[0] if isinstance(u.arg, tuple) else u.arg

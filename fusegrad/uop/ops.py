@@ -46,6 +46,9 @@ class Ops(Enum):
     # tensor level: SCATTER(target, positions, values, arg=combine) is the target with each value combined into (arg
     # None: written over) the flat position beside it, in the values' row-major order; positions outside: nowhere
     SCATTER = auto()
+    # lowered kernels: PREFETCH(INDEX) asks for the memory at the index to be brought into the cache, reading nothing
+    # (an address past the buffer's end is allowed: codegen/prefetch.py)
+    PREFETCH = auto()
 
     def __repr__(self) -> str: return f"Ops.{self.name}"
     # members are singletons compared by identity; Enum's default hashes the name in Python, which is slow on the
