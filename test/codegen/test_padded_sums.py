@@ -25,12 +25,15 @@ def sum_of_exp_lanes(cols: int, facts: tuple[int, int]) -> list[int]:
     return [math.prod(range_size(r) for r in red.src[1:] if r in k.expanded) for red in k.ast.toposort()
             if red.op is Ops.REDUCE and red.arg is Ops.ADD and any(u.op is Ops.EXP2 for u in red.src[0].toposort())]
 
-@pytest.mark.parametrize("cols,facts,lanes", [(50257, AVX2, 8), (50257, AVX512, 1), (32771, AVX2, 1),
-                                              (40009, AVX2, 8)])
+@pytest.mark.parametrize("cols,facts,lanes", [(50257, AVX2, 8), (50257, AVX512, 8), (32771, AVX2, 4),
+                                              (32771, AVX512, 4), (40009, AVX2, 8), (8191, AVX2, 1)])
 def test_sum_of_exp_lanes(cols: int, facts: tuple[int, int], lanes: int):
-    """Padded to a vector only where each lane keeps over SUM_BLOCKED_OVER terms (50257 / 8, not / 16; 32771 / 8 is
-    just under)."""
-    assert (cols // (facts[0] // 4) > SUM_BLOCKED_OVER) == (lanes > 1)
+    """Padded to the widest of a full, half or quarter vector whose every lane keeps over SUM_BLOCKED_OVER terms, so
+    lowering blocks each lane's sum (50257 / 8, not / 16; 32771 / 4, not / 8, which is just under); scalar where even a
+    quarter vector's lanes would keep fewer (8191 / 2)."""
+    width = facts[0] // 4
+    if lanes > 1: assert cols // lanes > SUM_BLOCKED_OVER and (lanes == width or cols // (2 * lanes) <= SUM_BLOCKED_OVER)
+    else: assert cols // max(2, width // 4) <= SUM_BLOCKED_OVER
     assert sum_of_exp_lanes(cols, facts) == [lanes]
 
 def _rows(cols: int) -> np.ndarray:

@@ -339,27 +339,32 @@ def _chain_windows(ctx: OptContext, inner: UOp) -> None:
     if r is not None and (amt := _largest_divisor(range_size(r), (WINDOW_CHAINS, 2))) > 1:
         ctx.split(OptOps.UPCAST, r, amt)
 
-def _blocked_per_lane(ctx: OptContext, r: UOp) -> bool:
-    """Whether each lane of a full vector along reduce loop r adds more than SUM_BLOCKED_OVER terms."""
-    return isinstance(sz := range_size(r), int) and sz // ctx.width > SUM_BLOCKED_OVER
+def _blocked_lanes(ctx: OptContext, r: UOp) -> int | None:
+    """The widest of a full, half or quarter vector along reduce loop r whose every lane adds more than
+    SUM_BLOCKED_OVER terms (lowering then blocks each lane's sum), or None."""
+    if not isinstance(sz := range_size(r), int): return None
+    return next((w for w in (ctx.width, ctx.width // 2, ctx.width // 4) if w >= 2 and sz // w > SUM_BLOCKED_OVER), None)
 
 def _vectorize_reductions(ctx: OptContext) -> bool:
     """Several reductions per output row (softmax, layernorm, a channel's mean and variance): each one in vector
     partial accumulators, its loop padded to whole vectors where no vector width divides it (a vocabulary of 50257,
-    whose argmax or softmax's max would otherwise reduce in scalar code). A float sum's only where each lane still
-    adds more than SUM_BLOCKED_OVER terms (a cross-entropy's sum of exp over 50257 logits: 6283 per lane of 8), so
-    lowering still blocks every lane's sum and its rounding doesn't grow with the row. Returns whether one was."""
+    whose argmax or softmax's max would otherwise reduce in scalar code). A padded float sum's vector is the widest
+    whose every lane still adds more than SUM_BLOCKED_OVER terms (a cross-entropy's sum of exp over 50257 logits: 8
+    lanes of 6283, on AVX-512 as on AVX2), without further accumulators, so lowering still blocks every lane's sum
+    and its rounding doesn't grow with the row; a shorter one stays scalar. Returns whether one was."""
     applied = False
     for r in [ctx.k.loops[i] for i in ctx.k.reduce_axes()]:
+        blocked = False
         if not (w := _reduce_vector_width(ctx, r)):
             # (a shorter float sum is left to lowering's blocking as it was, each sum in one loop nest: fewer terms
             # per lane would fall under it)
-            if _float_sum(ctx, r) and not _blocked_per_lane(ctx, r) or (padded := _pad_reduce(ctx, r)) is None: continue
-            r, w = padded, ctx.width
+            lanes = _blocked_lanes(ctx, r) if (blocked := _float_sum(ctx, r)) else ctx.width
+            if lanes is None or (padded := _pad_reduce(ctx, r, lanes)) is None: continue
+            r, w = padded, lanes
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
         if inner is None: continue
         applied = True
-        if rem is not None: _add_accumulators(ctx, rem)
+        if rem is not None and not blocked: _add_accumulators(ctx, rem)
     return applied
 
 SEVERAL_ACCUMULATORS_MIN_STEPS = 16
@@ -479,7 +484,7 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
     if len(k.reduceops) != 1: return _vectorize_reductions(ctx)
     for r in reversed(ctx.reds):
         if (w := _reduce_vector_width(ctx, r)) is None:
-            if (padded := _pad_reduce(ctx, r)) is None: continue
+            if (padded := _pad_reduce(ctx, r, ctx.width)) is None: continue
             r, w = padded, ctx.width
         rem, inner = ctx.split(OptOps.UPCAST, r, w)
         if inner is None: continue
@@ -720,12 +725,12 @@ def _float_sum(ctx: OptContext, r: UOp) -> bool:
     return any(u.op is _REDUCE and u.arg is _ADD and dtypes.is_float(u.dtype) and r in u.src[1:]
                for u in ctx.k.ast.toposort())
 
-def _pad_reduce(ctx: OptContext, r: UOp) -> UOp | None:
+def _pad_reduce(ctx: OptContext, r: UOp, width: int) -> UOp | None:
     """Reduce loop r, contiguous or broadcast in every access but of a length no vector divides (a vocabulary of
-    50257), padded to whole vectors (PADTO: the padded iterations load nothing and add the reduction's identity) when
-    it is at least 8 vectors long: then it is vectorized like any other, where it ran as scalar code. Returns the
-    padded loop, or None."""
-    sz, width = range_size(r), ctx.width
+    50257), padded to whole vectors of `width` lanes (PADTO: the padded iterations load nothing and add the
+    reduction's identity) when it is at least 8 vectors long: then it is vectorized like any other, where it ran as
+    scalar code. Returns the padded loop, or None."""
+    sz = range_size(r)
     if width < 2 or not isinstance(sz, int) or sz < 8 * width or sz % width == 0 or \
             not all(c in (0, 1) for c, _ in ctx.strides(r)):
         return None
