@@ -32,7 +32,8 @@ def test_sum_of_exp_lanes(cols: int, facts: tuple[int, int], lanes: int):
     lowering blocks each lane's sum (50257 / 8, not / 16; 32771 / 4, not / 8, which is just under); scalar where even a
     quarter vector's lanes would keep fewer (8191 / 2)."""
     width = facts[0] // 4
-    if lanes > 1: assert cols // lanes > SUM_BLOCKED_OVER and (lanes == width or cols // (2 * lanes) <= SUM_BLOCKED_OVER)
+    if lanes > 1:
+        assert cols // lanes > SUM_BLOCKED_OVER and (lanes == width or cols // (2 * lanes) <= SUM_BLOCKED_OVER)
     else: assert cols // max(2, width // 4) <= SUM_BLOCKED_OVER
     assert sum_of_exp_lanes(cols, facts) == [lanes]
 
