@@ -314,7 +314,8 @@ def _tile_output_vector(ctx: OptContext) -> None:
     # an accumulator of its own, where one accumulator waited on every multiply-add of a short window (a depthwise
     # 3x3 input gradient runs about three times as fast)
     if not costly and (shared := _broadcast_sharing(k, inner)) is not None:
-        ctx.split(OptOps.UPCAST, shared, _largest_divisor(range_size(shared), tuple(range(ctx.budget // n_vec, 1, -1))))
+        fits = tuple(a for a in range(ctx.budget // n_vec, 1, -1) if _leaves_cores_even(ctx, shared, a))
+        if (amt := _largest_divisor(range_size(shared), fits)) > 1: ctx.split(OptOps.UPCAST, shared, amt)
     elif not costly and n_vec == 1: _chain_windows(ctx, inner)
     # (a reduction the output vector doesn't vary, computed once for the vector's lanes, is vectorized by itself)
     if len(k.reduceops) == 1 and any(inner in u.src[0].toposort() for u in k.ast.toposort() if u.op is _REDUCE):
@@ -322,6 +323,14 @@ def _tile_output_vector(ctx: OptContext) -> None:
         _unroll_reduce(ctx)  # fewer loop iterations for the short bodies
         return
     _vectorize_reductions(ctx)
+
+def _leaves_cores_even(ctx: OptContext, r: UOp, amt: int) -> bool:
+    """Whether output loop r upcast by amt still splits evenly across the cores where it is the loop they split (the
+    outermost): a multiple of their count, or enough iterations that the odd one out is a small share. (The gradient
+    of a layernorm's weight over 768 columns, 6 iterations of 128 upcast to 3 of 256, kept one of two cores idle a
+    third of the time.)"""
+    if r is not ctx.k.loops[0] or not isinstance(sz := range_size(r), int): return True
+    return (sz // amt) % ctx.cores == 0 or sz // amt >= 4 * ctx.cores
 
 WINDOW_CHAINS, WINDOW_CHAIN_TAPS = 4, 16
 
