@@ -25,10 +25,10 @@ def test_transposed_operand_matmul(k: int, m: int, n: int):
 def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.MonkeyPatch):
     """An operand broadcast along the vector over a megabyte (1039 x 512 floats) has its row tiles outside the column
     tiles, where the other operand's block per core fits L2, and that block packed once per block of the reduction;
-    read transposed, its own row tile is packed too. Under a megabyte (1039 x 128) the column panels stay outside,
-    the other operand packed per panel. A core's chunk of 3 column panels (96 columns on 2 cores: a GPT-2 weight
-    gradient's 768 in 8 chunks) is enough: each packed row tile is used by all three. The column chunks are as few
-    as fit L2, the big operand being streamed once per chunk."""
+    read transposed, its own row tiles are packed too, as many at once as fill a cache line. Under a megabyte
+    (1039 x 128) the column panels stay outside, the other operand packed per panel. A core's chunk of 3 column panels
+    (96 columns on 2 cores: a GPT-2 weight gradient's 768 in 8 chunks) is enough: each packed row tile is used by all
+    three. The column chunks are as few as fit L2, the big operand being streamed once per chunk."""
     import fusegrad.codegen.opt.heuristic as heuristic
     monkeypatch.setattr(heuristic.os, "cpu_count", lambda: 2)
     asts = captured_asts(monkeypatch)
@@ -62,7 +62,11 @@ def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.Mo
         if big: assert packs[-1].axis == swaps[-1].axis - 1, k.applied_opts  # the column block's copy: outside both
         # (the big operand is streamed once per chunk of columns: one chunk per core where the block fits L2, 20
         # panels of 16 columns on AVX2; otherwise CHUNKS_PER_THREAD chunks where they divide the panels, here 2)
-        assert [o.arg for o in k.applied_opts if o.op is OptOps.SPLIT] == [2 if big else 4], k.applied_opts
+        # read transposed, two row tiles (1039 rows padded to 174 tiles of 6) are copied at once, a cache line of
+        # their rows per step of the reduction: the row loop split in 87 x 2, the copy in the outer one
+        splits = [o for o in k.applied_opts if o.op is OptOps.SPLIT]
+        assert [o.arg for o in splits] == [2 if big else 4] + ([87] if transposed else []), k.applied_opts
+        if transposed: assert packs[0].axis == splits[-1].axis, k.applied_opts
 
 def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient

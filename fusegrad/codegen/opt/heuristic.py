@@ -990,10 +990,25 @@ def _rows_inside_columns(k: Kernel, vec: UOp, row_bytes: int) -> None:
     if not transposed and (panel is None or rows < 2): return
     try:
         k.apply_opt(Opt(OptOps.SWAP, rows - 1, rows))
-        if transposed: k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
+        if transposed:
+            _pack_whole_lines(k, rows - 1, idx)
+            k.apply_opt(Opt(OptOps.PACK, rows - 1, idx.src[0].arg))
     except KernelOptError: return
     if panel is not None and rows >= 2:
         try: k.apply_opt(Opt(OptOps.PACK, rows - 2, panel.src[0].arg))
+        except KernelOptError: pass
+
+CACHE_LINE = 64
+
+def _pack_whole_lines(k: Kernel, axis: int, idx: UOp) -> None:
+    """The loop of row tiles at `axis`, whose tile of the transposed operand `idx` is packed per tile, split so that
+    one copy takes as many tiles as fill a cache line per step of the reduction (2 of 8 float rows): each tile's copy
+    read half of every line, the same lines again for the next tile, one strided miss per step. (A weight gradient's
+    3072 x 768 over 512 tokens: 269-276 -> 286-291 GFLOPS; without the copy at all the kernel ran 300-314.)"""
+    tile = math.prod(range_size(u) for u in k.expanded if range_kind(u) == "upcast" and coeff(idx.src[1], u) == 1)
+    per_line = CACHE_LINE // (tile * idx.src[0].dtype.base.itemsize)
+    if per_line > 1 and isinstance(sz := range_size(k.loops[axis]), int) and sz % per_line == 0 and sz > per_line:
+        try: k.apply_opt(Opt(OptOps.SPLIT, axis, sz // per_line))
         except KernelOptError: pass
 
 ROWS_OUTER_MIN_OUTPUTS = 1 << 16
