@@ -6,10 +6,10 @@ import pytest
 import torch
 import fusegrad.codegen as codegen
 from fusegrad import Tensor
-from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt import Kernel, Opt, OptOps
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import Ops
-from test.codegen.helpers import AVX2, captured_asts, renderer_like
+from test.codegen.helpers import AVX2, AVX512, captured_asts, renderer_like
 
 RS = np.random.default_rng(0)
 
@@ -67,6 +67,21 @@ def test_big_broadcast_operand_puts_its_row_tiles_outside(monkeypatch: pytest.Mo
         splits = [o for o in k.applied_opts if o.op is OptOps.SPLIT]
         assert [o.arg for o in splits] == [2 if big else 4] + ([87] if transposed else []), k.applied_opts
         if transposed: assert packs[0].axis == splits[-1].axis, k.applied_opts
+
+def test_odd_count_of_row_tiles_is_padded_for_whole_line_copies(monkeypatch: pytest.MonkeyPatch):
+    """A transposed operand of 1048 rows is 131 row tiles of 8 on AVX-512: padded to 132 so that each copy takes two
+    tiles (a cache line of rows per step of K); the padded tile reads and stores nothing. Values against NumPy."""
+    import fusegrad.codegen.opt.heuristic as heuristic
+    monkeypatch.setattr(heuristic.os, "cpu_count", lambda: 2)
+    asts = captured_asts(monkeypatch)
+    a = RS.standard_normal((512, 1048)).astype(np.float32)
+    b = RS.standard_normal((512, 320)).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a).T @ Tensor(b)).numpy(), a.T.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    k = Kernel(codegen.collapse_gathers(asts[-1]), renderer_like(AVX512))
+    hand_coded_optimizations(k)
+    opts = list(k.applied_opts)
+    pack = next(o for o in opts if o.op is OptOps.PACK)
+    assert Opt(OptOps.PADTO, pack.axis, 2) in opts and Opt(OptOps.SPLIT, pack.axis, 66) in opts, opts
 
 def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient
