@@ -11,7 +11,7 @@ they aren't prefetched.
 """
 from __future__ import annotations
 from fusegrad.dtype import PtrDType, dtypes
-from fusegrad.uop.affine import live_ranges_all, range_kind, range_size
+from fusegrad.uop.affine import live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
 
 # an operand smaller than this (one core's L2 cache here) is read from a cache already
@@ -32,7 +32,7 @@ def prefetch_streams(sink: UOp, renderer) -> UOp:
     if len(loops) != 2 or sorted(range_kind(r) for r in loops) != ["global", "reduce"]: return sink
     outer, inner = sorted(loops, key=lambda r: range_kind(r) != "global")
     if not isinstance(trips := range_size(inner), int): return sink
-    live = live_ranges_all(topo, {})
+    memo: dict = {}
     prefetches = []
     for u in topo:
         if u.op is not Ops.LOAD or len(u.src) != 1 or (idx := u.src[0]).op is not Ops.INDEX or len(idx.src) != 2:
@@ -40,7 +40,7 @@ def prefetch_streams(sink: UOp, renderer) -> UOp:
         buf = idx.src[0]
         if buf.op is not Ops.DEFINE_GLOBAL or not isinstance(buf.dtype, PtrDType): continue
         if buf.dtype.size * buf.dtype.base.itemsize < STREAMED_MIN_BYTES: continue
-        if live[idx.src[1]] != {outer, inner} or trips * u.dtype.itemsize > SHORT_ROW_MAX_BYTES: continue
+        if trips * u.dtype.itemsize > SHORT_ROW_MAX_BYTES or live_ranges(idx.src[1], memo) != {outer, inner}: continue
         ahead = idx.src[1].substitute({outer: outer + 1})
         prefetches.append(UOp(Ops.PREFETCH, dtypes.void, (UOp(Ops.INDEX, idx.dtype, (buf, ahead)),)))
     return sink.replace(src=sink.src + tuple(prefetches)) if prefetches else sink

@@ -971,8 +971,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         # (the address as an integer sum: it may lie past the buffer's end, where a pointer sum would be undefined)
         idx = u.src[0]
         size = idx.src[0].dtype.base.itemsize
-        k.line(f"__builtin_prefetch((const void*)((unsigned long){k.r[idx.src[0]]} + "
-               f"(unsigned long)({k.r[idx.src[1]]})*{size}));")
+        k.line(f"__builtin_prefetch((const void*)((__UINTPTR_TYPE__){k.r[idx.src[0]]} + "
+               f"(__UINTPTR_TYPE__)({k.r[idx.src[1]]})*{size}));")
 
     # how each op is rendered; a dialect overrides entries with its own. (ops that make or read a bool vector are
     # rendered by render_mask_op first)

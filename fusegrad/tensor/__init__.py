@@ -466,10 +466,8 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if any(type(s) is int and s == 0 for s in self.shape): return self  # no element to write
         if not _is_realized_view(self.uop):
             if self.uop.op in GroupOp.Movement:
-                # a view of a lazy tensor: the tensor it views is computed now (every live tensor holding that graph
-                # then holds its buffer), and the view is taken of that memory
-                base = self.uop.base
-                self.uop = self.uop.substitute({base: Tensor(base).realize().uop})
+                # a view of a lazy tensor: the tensor it views is computed now, and the view is taken of that memory
+                self.uop = _with_base_realized(self.uop)
             # a lazy target (e.g. a parameter or state buffer not computed yet) gets its memory now
             else: self.realize()
         if self.uop.op is not Ops.MULTI and self.uop.op in GroupOp.Movement and buffer_node(self.uop) is None:
@@ -477,13 +475,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # views sees it in program order (lazy readers of the old values are computed first, in the same
             # schedule); a value that reads the buffer is computed before the write, so overlapping views read
             # the old values
-            reads_target = self.uop.base in x.uop.toposort()
             if _part_of_lazy_reduction(x.uop):
                 # a value that is part of a lazy reduction's result (a chunk of a fused projection, as attention's
                 # keys are of its q/k/v matmul) has that result computed whole now: the other parts, read later,
                 # then read its buffer instead of repeating the reduction for their part
-                base = x.uop.base
-                x = Tensor(x.uop.substitute({base: Tensor(base).realize().uop}))
+                x = Tensor(_with_base_realized(x.uop))
+            reads_target = self.uop.base in x.uop.toposort()
             Tensor(UOp(Ops.ASSIGN, self.dtype, (self.uop, (x.contiguous() if reads_target else x).uop))).realize()
             return self  # (still the view of the buffer, now holding x: reading it or realizing it runs nothing)
         self.uop = _multi(UOp(Ops.ASSIGN, self.dtype, (self.uop, x.uop)))
@@ -1200,9 +1197,15 @@ def _is_realized_view(u: UOp) -> bool:
     if u.op is Ops.MULTI: return all(is_realized(s.base) for s in u.src)
     return is_realized(u.base)
 
+def _with_base_realized(u: UOp) -> UOp:
+    """View `u` of a lazy tensor, taken of that tensor's memory once it is computed (every live tensor holding its
+    graph then holds the buffer)."""
+    base = u.base
+    return u.substitute({base: Tensor(base).realize().uop})
+
 def _part_of_lazy_reduction(u: UOp) -> bool:
     """Whether `u` views part of a lazy (unrealized) result that holds a reduction."""
-    if u.op not in GroupOp.Movement or u.op is Ops.MULTI or is_realized(base := u.base): return False
+    if u.op not in GroupOp.Movement or is_realized(base := u.base): return False
     sizes = prod(u.shape), prod(base.shape)
     if any(is_symbolic(n) for n in sizes) or sizes[0] >= sizes[1]: return False
     return any(n.op is Ops.REDUCE_AXIS for n in base.toposort())
