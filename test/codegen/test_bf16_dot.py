@@ -183,7 +183,8 @@ def test_helper_semantics(instruction):
 
 def test_amx_calls_split_anywhere():
     # one kernel run as three calls over rows [0, 17), [17, 50), [50, 96) (the cores' parts of a split): each rounds
-    # its bounds down to blocks of 32 rows, so together they still compute every row once
+    # its bounds down to blocks of 32 rows, so together they still compute every row once. (Without AMX the parallel
+    # loop isn't the rows: the calls split its own count in the same proportions, never past its end.)
     from fusegrad.codegen import get_program
     from fusegrad.uop.ops import UOp
     from test.codegen.helpers import RENDERER, call, glob, reduce, rng
@@ -198,7 +199,10 @@ def test_amx_calls_split_anywhere():
     ta, tb = bf16((m, k), 15)[0], bf16((k, n), 16)[0]
     bits = lambda t: t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1).copy()
     got = np.full(m * n, np.nan, np.float32)
-    call(p, [got, bits(ta), bits(tb)], splits=[(0, 17), (17, 50), (50, 96)])
+    gs = p.global_size
+    assert not ren.amx or gs == m
+    cuts = [0, gs * 17 // m, gs * 50 // m, gs]
+    call(p, [got, bits(ta), bits(tb)], splits=list(zip(cuts, cuts[1:])))
     ref, mags = f64(ta) @ f64(tb), np.abs(f64(ta)) @ np.abs(f64(tb))
     assert np.all(np.abs(got.reshape(m, n) - ref) <= k * 2.0 ** -23 * mags + 1e-30)
 
