@@ -456,6 +456,11 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         None where the dialect has none (the lanes are loaded one by one)."""
         return None
 
+    def _shuffle(self, dt: DType, lanes: list[int]) -> str | None:
+        """A helper of two `dt` vectors giving the `dt` vector of their lanes `lanes` (those of the second numbered
+        after the first's) in one shuffle; None where the dialect has none (the vector is made lane by lane)."""
+        return None
+
     def _native_fma(self, dt: DType) -> str | None:
         """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
         lane loop of fmaf is left scalar by gcc 12 at -O2, which made 16-lane kernels 16x slower.)"""
@@ -940,6 +945,12 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if (loads := k.gathered.get(u)) is not None:
             k.assign(u, f"{self._gather(u.dtype)}({', '.join(self._lanes_at(k, loads))})", "vec")
             return
+        # lanes of at most two vectors of this dtype (a transpose in registers, codegen/transpose.py): one shuffle
+        if all(s.op is _GEP and type(s.arg) is int and s.src[0].dtype == u.dtype for s in u.src) and \
+                len(vecs := list(dict.fromkeys(s.src[0] for s in u.src))) <= 2 and \
+                (shuffle := self._shuffle(u.dtype, [vecs.index(s.src[0]) * u.dtype.count + s.arg for s in u.src])):
+            k.assign(u, f"{shuffle}({k.r[vecs[0]]}, {k.r[vecs[-1]]})", "vec")
+            return
         if all(s is u.src[0] for s in u.src): k.assign(u, self.vector_splat(u.dtype, k.r[u.src[0]]), "vec")
         else: k.assign(u, self.vector_literal(u.dtype, [k.r[s] for s in u.src]), "vec")
 
@@ -1198,6 +1209,19 @@ class ClangRenderer(CStyleLanguage):
     def _gather(self, dt: DType) -> str | None:
         # (a strided load: a convolution's weights packed along its output channels)
         return self._avx512_strided(dt, "gather")
+
+    def _shuffle(self, dt: DType, lanes: list[int]) -> str | None:
+        # (gcc has __builtin_shufflevector from version 12, clang long before: an older compiler builds the vector
+        # lane by lane, the same values)
+        vt = self.dtype_name(dt)
+        name = f"fg_shuffle_{_SHORT[dt.scalar()]}x{dt.count}_{hashlib.sha256(str(lanes).encode()).hexdigest()[:8]}"
+        by_lane = ", ".join(f"{'b' if i >= dt.count else 'a'}[{i % dt.count}]" for i in lanes)
+        self._need(name, f"#ifndef __has_builtin\n#define __has_builtin(x) 0\n#endif\n"
+                         f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
+                         f"#if __has_builtin(__builtin_shufflevector)\n"
+                         f"  return __builtin_shufflevector(a, b, {', '.join(map(str, lanes))});\n#else\n"
+                         f"  return ({vt}){{{by_lane}}};\n#endif\n}}")
+        return name
 
     def _avx512_strided(self, dt: DType, kind: str) -> str | None:
         """The helper of AVX-512's `kind` ("scatter" or "gather") of a float32/float64 vector filling a 512-bit

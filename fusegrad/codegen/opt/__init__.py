@@ -567,20 +567,36 @@ class Kernel:
         elem = to if to is not None else idx.dtype.base
         if n * elem.itemsize > self.MAX_LOCAL_BYTES: raise KernelOptError(f"PACK of {n} elements is too big")
         # the copy loops over fresh ranges where the load has loops (a tile's output loops too); upcast lanes stay
-        # (they expand the same way), except in a copy whose lanes' rows alias in the L1 cache: its lanes become loops
-        # too, all in the order of the buffer (see _lanes_alias_in_l1)
-        by_rows = _lanes_alias_in_l1(inner, strides, [r for r in inner if r in self.expanded],
-                                     idx.dtype.base.itemsize)
+        # (they expand the same way)
         fresh = {}
-        for r in sorted(inner, key=memory_order) if by_rows else inner:
-            if range_kind(r) in ("reduce", "loop") or by_rows:
+        for r in inner:
+            if range_kind(r) in ("reduce", "loop"):
                 fresh[r] = UOp.range(range_size(r), self.next_id, "copy"); self.next_id += 1
                 self.copies.append(fresh[r])
         lin = UOp.const(dtypes.index, 0)
         for r, s in zip(inner, sizes): lin = lin * s + r
         local = UOp(_DEFINE_LOCAL, elem.ptr(n, "local"), arg=len(self.copies))
-        value = UOp(_LOAD, idx.dtype.base, (idx.substitute(fresh),))
-        copy = local.index(lin.substitute(fresh)).store(value.cast(to) if to is not None else value)
+        def copied(sub: dict[UOp, UOp]) -> UOp:
+            value = UOp(_LOAD, idx.dtype.base, (idx.substitute(sub),))
+            return local.index(lin.substitute(sub)).store(value.cast(to) if to is not None else value)
+        # a copy that transposes takes its loop along the buffer's rows a vector's count of elements at a time: as
+        # many gathers of the lanes, one element of the rows apart, which lowering makes contiguous loads of the rows
+        # and a transpose in registers (codegen/transpose.py)
+        lanes = [r for r in inner if r in self.expanded]
+        # (the elements past the last whole block of the loop are gathered one at a time, in a loop of their own)
+        if (along := _transposed_along(inner, strides, lanes)) is not None:
+            w, size = range_size(lanes[-1]), range_size(along)
+            blocks = UOp.range(size // w, fresh[along].arg[0], "copy")
+            self.copies[self.copies.index(fresh[along])] = blocks
+            block = UOp(Ops.NOOP, dtypes.void, tuple(copied({**fresh, along: blocks * w + j}) for j in range(w)))
+            parts = [UOp(_END, dtypes.void, (block, blocks))]
+            if size % w:
+                rest = UOp.range(size % w, self.next_id, "copy"); self.next_id += 1
+                self.copies.append(rest)
+                parts.append(UOp(_END, dtypes.void, (copied({**fresh, along: rest + size // w * w}), rest)))
+            del fresh[along]
+            copy = UOp(Ops.NOOP, dtypes.void, tuple(parts))
+        else: copy = copied(fresh)
         ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, dtypes.void, (copy, *fresh.values()))))
         replaced = casts if to is not None else loads
         self.packed |= packed
@@ -620,27 +636,14 @@ class Kernel:
             else: ast = _stage_tiles(ast, tiles, fixed, locals_, next_id)
         return _store_once(ast, grid)
 
-L1_SET_SPAN, L1_WAYS = 4096, 8   # bytes of addresses that map to distinct L1 sets; lines a set holds (x86 cores)
-
-def _lanes_alias_in_l1(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp], itemsize: int) -> bool:
-    """Whether a PACK copy should read its buffer row by row rather than a vector of lanes at a time: its vector
-    lanes are strided in the buffer (the copy transposes: `x @ W.T`'s W), one of its loops walks the buffer's rows
-    contiguously for at least 16 elements (a convolution's 3 taps are too short a row to be worth it), and the rows
-    its lanes gather from fall on more lines of one L1 set than the set holds. A gather reads one element of each
-    of those lines and the next gather the next element of the same lines, so a line has to stay in L1 across the
-    gathers; rows a multiple of 4 KB apart (GPT-2's 3072 floats) all fall on one set, evict one another at every
-    gather and are read from L2 again each time: 768 x 3072 weights' `x @ W.T` ran at 170 GFLOPS against 194 with a
-    copy reading row after row (elements stored one by one; 768 floats apart: 196 with gathers, 188 by rows)."""
-    if not lanes or strides[lanes[-1]] in (0, 1, None) or \
-            not any(strides[r] == 1 and range_size(r) >= 16 for r in inner if r not in lanes):
-        return False
-    if not all(isinstance(strides[r], int) and isinstance(range_size(r), int) for r in lanes): return False
-    offsets = [0]
-    for r in lanes: offsets = [o + i * strides[r] * itemsize for o in offsets for i in range(range_size(r))]
-    lines = {o // 64 for o in offsets}
-    per_set: dict[int, int] = {}
-    for line in lines: per_set[line % (L1_SET_SPAN // 64)] = per_set.get(line % (L1_SET_SPAN // 64), 0) + 1
-    return max(per_set.values()) > L1_WAYS
+def _transposed_along(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> UOp | None:
+    """The loop of a PACK copy that walks the buffer's rows (stride 1) where its vector lanes are strided in the buffer
+    (the copy transposes: `x @ W.T`'s W), when it is at least a vector's count long; else None."""
+    if not lanes or strides[lanes[-1]] in (0, 1, None) or not isinstance(w := range_size(lanes[-1]), int) or \
+            w < 2 or w & (w - 1):
+        return None
+    return next((r for r in inner if r not in lanes and strides[r] == 1 and isinstance(sz := range_size(r), int) and
+                 sz >= w), None)
 
 def _linear(rngs: list[UOp]) -> UOp:
     """The row-major position of `rngs` (the last varies fastest)."""
