@@ -45,7 +45,8 @@ def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tupl
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
     sink = simplify_indexing(prefetch_streams(sink, renderer))
-    if ctx.vecs: sink = transpose_gathers(sink, tuple(renderer.vector_dtypes))
+    if ctx.vecs and not getattr(renderer, "has_local", False):
+        sink = transpose_gathers(sink, tuple(renderer.vector_dtypes))
     return sink, ctx.rolled
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:

@@ -4,8 +4,10 @@ A PACK copy that transposes (`x @ W.T`'s W, copied contiguous along the output's
 consecutive elements of W's rows, a vector gathered from w rows (opt/__init__.py makes the w stores of a block side by
 side). Those w gathers read exactly the w x w block that w contiguous vector loads of the rows read: each gathered
 vector is then one lane of every row's vector. A gather touches w cache lines for one element of each; the rows'
-loads touch each line once, in the order of memory."""
+loads touch each line once, in the order of memory. (CPU kernels only: a row's vector load is at any element, which
+a GPU's vector types don't allow.)"""
 from __future__ import annotations
+from fusegrad.dtype import DType
 from fusegrad.uop.ops import Ops, UOp
 
 _ADD, _CONST, _DEFINE_LOCAL, _GEP, _INDEX, _LOAD, _STORE, _VECTORIZE = \
@@ -22,7 +24,7 @@ def _lane_address(ld: UOp) -> tuple[UOp, UOp | None, int] | None:
     if pos.op is _ADD and pos.src[1].op is _CONST: return idx.src[0], pos.src[0], pos.src[1].arg
     return idx.src[0], pos, 0
 
-def _pick(dt, srcs: list[tuple[UOp, int]]) -> UOp:
+def _pick(dt: DType, srcs: list[tuple[UOp, int]]) -> UOp:
     """The vector of lanes `srcs` (a vector and a lane of it, each): a shuffle of at most two vectors."""
     return UOp(_VECTORIZE, dt, tuple(UOp(_GEP, dt.scalar(), (v,), i) for v, i in srcs))
 
@@ -42,7 +44,7 @@ def transposed(rows: list[UOp]) -> list[UOp]:
         b //= 2
     return out
 
-def transpose_gathers(sink: UOp, vector_dtypes: tuple) -> UOp:
+def transpose_gathers(sink: UOp, vector_dtypes: tuple[DType, ...]) -> UOp:
     """`sink` with each block of w gathers stored to local memory (lane i of gather j at element c + i * stride + j of
     one buffer) replaced by w vector loads of the rows (at c + i * stride), transposed in registers."""
     topo = sink.toposort()
@@ -53,10 +55,10 @@ def transpose_gathers(sink: UOp, vector_dtypes: tuple) -> UOp:
     for g in copied:
         if g.op is not _VECTORIZE or (w := g.dtype.count) < 2 or w & (w - 1) or g.dtype.scalar() not in vector_dtypes:
             continue
-        lanes = [_lane_address(s) for s in g.src]
-        if any(a is None for a in lanes) or len({(a[0], a[1]) for a in lanes}) != 1: continue  # type: ignore[index]
-        consts = [a[2] for a in lanes]  # type: ignore[index]
-        blocks.setdefault((lanes[0][0], lanes[0][1], w), {})[consts[0]] = (g, consts)  # type: ignore[index]
+        lanes = [a for s in g.src if (a := _lane_address(s)) is not None]
+        if len(lanes) != w or any(a[:2] != lanes[0][:2] for a in lanes): continue
+        consts = [a[2] for a in lanes]
+        blocks.setdefault((*lanes[0][:2], w), {})[consts[0]] = (g, consts)
     replaced: dict[UOp, UOp] = {}
     for (buf, pos, w), by_start in blocks.items():
         for c0, (g0, consts0) in sorted(by_start.items()):
@@ -71,6 +73,6 @@ def transpose_gathers(sink: UOp, vector_dtypes: tuple) -> UOp:
             def row(at: int) -> UOp:
                 where = UOp.const(pos_dt, at) if pos is None else pos if at == 0 else pos + UOp.const(pos_dt, at)
                 return UOp(_LOAD, dt, (UOp(_INDEX, buf.dtype.vec(w), (buf, where)),))
-            for j, t in enumerate(transposed([row(c0 + i * stride) for i in range(w)])):
-                replaced[block[j][0]] = t  # type: ignore[index]
+            for b, t in zip(block, transposed([row(c0 + i * stride) for i in range(w)])):
+                if b is not None: replaced[b[0]] = t
     return sink.substitute(replaced) if replaced else sink
