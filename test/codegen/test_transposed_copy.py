@@ -43,19 +43,25 @@ def x_at_w_t(M: int, N: int, K: int) -> UOp:
 # the columns in vectors of 16 lanes and outermost, W's panel (16 of its rows by all of K) packed once per 16 columns
 OPTS = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.SWAP, 0, 1), Opt(OptOps.PACK, 0, 2)]
 
+def w_loads(ast: UOp) -> tuple[list[UOp], list[UOp]]:
+    """The kernel's vector loads and scalar loads of W (buffer 2) with OPTS."""
+    loads = [u for u in full_rewrite(ast, RENDERER, OPTS) if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
+             u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg == 2]
+    return [u for u in loads if u.dtype.count > 1], [u for u in loads if u.dtype.count == 1]
+
 @pytest.mark.parametrize("K", [1024, 3072, 784, 1000, 24, 8])
-def test_transposing_copy_loads_rows(K: int):
+def test_transposing_copy_loads_rows(K: int, monkeypatch: pytest.MonkeyPatch):
     """The copy of W's 16 rows loads each block of 16 elements of them as 16 vectors (one per row, contiguous) and
     stores the block's 16 columns; the K % 16 elements past the last block (1000 = 62 x 16 + 8, 24 = 16 + 8) are
-    gathered one vector of lanes each, as is a K under 16. The product is right either way."""
+    gathered one vector of lanes each, as is a K under 16. The product is right either way. (Any kernel size here:
+    the rule's least work lowered to 0.)"""
+    import fusegrad.codegen.opt as opt
+    monkeypatch.setattr(opt, "TRANSPOSED_COPY_MIN_WORK", 0)
     M, N = 24, 32
     ast = x_at_w_t(M, N, K)
-    w_loads = [u for u in full_rewrite(ast, RENDERER, OPTS) if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
-               u.src[0].src[0].op is Ops.DEFINE_GLOBAL and u.src[0].src[0].arg == 2]
-    rows = [u for u in w_loads if u.dtype.count == 16]
-    lanes = [u for u in w_loads if u.dtype.count == 1]
-    assert len(rows) == (16 if K >= 16 else 0), [u.dtype for u in w_loads]
-    assert len(lanes) == (16 if K % 16 else 0), [u.dtype for u in w_loads]
+    rows, lanes = w_loads(ast)
+    assert [u.dtype.count for u in rows] == ([16] * 16 if K >= 16 else []), [u.dtype for u in rows]
+    assert len(lanes) == (16 if K % 16 else 0), [u.dtype for u in lanes]
     p = get_program(ast, RENDERER, opts=OPTS)
     # (the C of the rows' transpose: one shuffle helper per step's pattern, 64 calls for 16 rows)
     assert (p.src.count("fg_shuffle_f32x16_") > 64) == (K >= 16)
@@ -64,6 +70,15 @@ def test_transposing_copy_loads_rows(K: int):
     out = np.zeros((M, N), np.float32)
     run(ast, [out, x, w], opts=OPTS)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(K))
+
+def test_small_transposing_copy_gathers():
+    """A kernel under TRANSPOSED_COPY_MIN_WORK multiply-adds (its code would take longer to generate than the copy
+    saves in a first call) keeps the copy that gathers a vector of lanes per element of K."""
+    import fusegrad.codegen.opt as opt
+    M, N, K = 24, 32, 1024
+    assert M * N * K < opt.TRANSPOSED_COPY_MIN_WORK
+    rows, lanes = w_loads(x_at_w_t(M, N, K))
+    assert rows == [] and len(lanes) == 16, (rows, lanes)
 
 @pytest.mark.parametrize("M, K, N", [(512, 3072, 768), (128, 784, 512), (37, 1000, 80), (1, 4096, 33), (5, 17, 3)])
 def test_x_at_w_t_values(M: int, K: int, N: int):

@@ -581,10 +581,13 @@ class Kernel:
             return local.index(lin.substitute(sub)).store(value.cast(to) if to is not None else value)
         # a copy that transposes takes its loop along the buffer's rows a vector's count of elements at a time: as
         # many gathers of the lanes, one element of the rows apart, which lowering makes contiguous loads of the rows
-        # and a transpose in registers (codegen/transpose.py)
+        # and a transpose in registers (codegen/transpose.py). Only in a kernel of TRANSPOSED_COPY_MIN_WORK
+        # iterations: its code takes three times as long to generate (the MLP's first layer 17 -> 52 ms), which a
+        # first call pays, for 10% of a 0.5 ms kernel there
         lanes = [r for r in inner if r in self.expanded]
         # (the elements past the last whole block of the loop are gathered one at a time, in a loop of their own)
-        if (along := _transposed_along(inner, strides, lanes)) is not None:
+        work = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in self.loops + self.expanded)
+        if work >= TRANSPOSED_COPY_MIN_WORK and (along := _transposed_along(inner, strides, lanes)) is not None:
             w, size = range_size(lanes[-1]), range_size(along)
             blocks = UOp.range(size // w, fresh[along].arg[0], "copy")
             self.copies[self.copies.index(fresh[along])] = blocks
@@ -635,6 +638,8 @@ class Kernel:
                 ast = stage_operands(ast, frame, self.tc[0], tiles[0], fixed, locals_, next_id)
             else: ast = _stage_tiles(ast, tiles, fixed, locals_, next_id)
         return _store_once(ast, grid)
+
+TRANSPOSED_COPY_MIN_WORK = 1 << 28   # multiply-adds (GPT-2's 512 x 768 @ (768 x 768).T: 3 x 10^8)
 
 def _transposed_along(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> UOp | None:
     """The loop of a PACK copy that walks the buffer's rows (stride 1) where its vector lanes are strided in the buffer
