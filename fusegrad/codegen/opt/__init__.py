@@ -585,9 +585,10 @@ class Kernel:
         # iterations: its code takes three times as long to generate (the MLP's first layer 17 -> 52 ms), which a
         # first call pays, for 10% of a 0.5 ms kernel there
         lanes = [r for r in inner if r in self.expanded]
-        # (the elements past the last whole block of the loop are gathered one at a time, in a loop of their own)
-        work = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in self.loops + self.expanded)
-        if work >= TRANSPOSED_COPY_MIN_WORK and (along := _transposed_along(inner, strides, lanes)) is not None:
+        if (along := _transposed_along(inner, strides, lanes)) is not None and \
+                math.prod(s if isinstance(s := range_size(r), int) else 1 << 30
+                          for r in self.loops + self.expanded) >= TRANSPOSED_COPY_MIN_WORK:
+            # (the elements past the last whole block of the loop are gathered one at a time, in a loop of their own)
             w, size = range_size(lanes[-1]), range_size(along)
             blocks = UOp.range(size // w, fresh[along].arg[0], "copy")
             self.copies[self.copies.index(fresh[along])] = blocks
