@@ -79,6 +79,14 @@ _sharding_used = False
 
 def _has_tensor_cores(device: str) -> bool: return renderer_says(device, "tensor_cores")
 
+def _long_half(operands: DType | None, k: sint, m: sint, device: Any) -> bool:
+    """Whether a matmul with a half-precision result (summed in float32) over K = k and M = m runs as a float32 one
+    (Tensor.dot): K and M long enough, and no instruction of the device takes the half values themselves (tensor
+    cores; a CPU's bfloat16 dot product where both operands, of dtype `operands` (None: two dtypes), are bfloat16)."""
+    if type(k) is not int or k < 256 or type(m) is not int or m < 16: return False
+    return not (type(device) is str and (_has_tensor_cores(device) or operands == dtypes.bfloat16 and
+                                         renderer_says(device, "bf16_dot")))
+
 def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
     """A device name in canonical form ("cpu:0" -> "CPU"); a tuple of names (several devices) is canonicalized
     name by name."""
@@ -1099,13 +1107,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         `dtype`: the result's dtype (by default the operands' common one); the products and their sum are formed in
         its accumulation dtype (float32 for half types)."""
         if type(w) is Tensor and dtype is None and (xu := self._uop).dtype is (wu := w._uop).dtype and \
-                xu.dtype in _OWN_ACCUMULATOR and not _sharding_used:
+                ((dt := xu.dtype) in _OWN_ACCUMULATOR or dt in _HALF_TYPES) and not _sharding_used:
             # the common case first (see below), its conditions checked on the nodes without the shape queries
             xs, ws = xu.shape, wu.shape
             if len(xs) >= 2 and len(xs) == len(ws) and xs[-1] == ws[-2] and xs[:-2] == ws[:-2] and \
                     all(type(v) is int for v in xs) and all(type(v) is int for v in ws) and xs[-2] * ws[-1] > 1 and \
                     type(d := xu.device) is str and d == wu.device:
-                return Tensor._of(matmul_nodes(xu, wu))
+                if dt not in _HALF_TYPES: return Tensor._of(matmul_nodes(xu, wu))
+                if not _long_half(dt, xs[-1], ws[-1], d): return Tensor._of(matmul_nodes(xu, wu, dtypes.float32))
         if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0: raise ShapeError("matmul needs tensors with at least 1 dim, got a 0-d one")
         x, y = self, w
@@ -1131,17 +1140,16 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         # (not on a device with tensor cores: they take the half values themselves, DESIGN.md "Tensor cores")
         # (nor where bfloat16 products have an instruction of their own, a CPU's dot product or tile: it takes the
         # bfloat16 values themselves)
-        long_half = acc_dt != out_dt and type(k) is int and k >= 256 and type(m) is int and m >= 16 and \
-            not (type(x.device) is str and (_has_tensor_cores(x.device) or x.dtype == y.dtype == dtypes.bfloat16 and
-                                            renderer_says(x.device, "bf16_dot")))
+        long_half = acc_dt != out_dt and _long_half(x.dtype if x.dtype == y.dtype else None, k, m, x.device)
         if long_half: x = x.cast(acc_dt).contiguous()
         xs, ys = x.shape, y.shape
         if not (squeeze_x or squeeze_y) and all(type(v) is int for v in xs + ys) and xs[:-2] == ys[:-2] and \
-                n * m > 1 and x.dtype == y.dtype == acc_dt == sum_acc_dtype(out_dt) == out_dt and \
+                n * m > 1 and x.dtype == y.dtype == out_dt and acc_dt == sum_acc_dtype(out_dt) and \
                 type(x.device) is str and x.device == y.device:
-            # the common case (equal batch dims, one dtype that is its own accumulator) as nodes directly: the same
-            # graph as the tensor ops below make, without their checks and shape queries (a third of the Python time)
-            return Tensor(matmul_nodes(x.uop, y.uop))
+            # the common case (equal batch dims, one dtype: its own accumulator, or a half type summed in float32) as
+            # nodes directly: the same graph as the tensor ops below make, without their checks and shape queries (a
+            # third of the Python time)
+            return Tensor(matmul_nodes(x.uop, y.uop, acc_dt))
         batch = _broadcast_shape(x.shape[:-2], y.shape[:-2])
         xb = x._broadcast_to(batch + (n, k)).reshape(batch + (n, 1, k))
         yb = y._broadcast_to(batch + (k, m)).transpose(-1, -2).reshape(batch + (1, m, k))
@@ -1536,6 +1544,7 @@ def _device_node(device: str) -> UOp:
     if (u := _device_nodes.get(device)) is None: u = _device_nodes[device] = _device_uop(device)
     return u
 # the dtypes that are their own sum's accumulator and their own promotion with themselves (matmul's common case)
+_HALF_TYPES = (dtypes.float16, dtypes.bfloat16)   # (summed in float32)
 _OWN_ACCUMULATOR = tuple(d for d in (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.int64, dtypes.uint32,
                                      dtypes.uint64) if sum_acc_dtype(d) == d and least_upper_dtype(d, d) == d)
 _new_tensor = object.__new__

@@ -193,14 +193,18 @@ class _ConvGradient:
         gw = (xw.cast(g.dtype) * gr).sum((0,) + tuple(range(4, 4 + n))).reshape(w.shape)
         return gx.cast(x.dtype).uop, gw.cast(w.dtype).uop
 
-def matmul_nodes(a: UOp, b: UOp) -> UOp:
+def matmul_nodes(a: UOp, b: UOp, acc: DType | None = None) -> UOp:
     """a @ b for tensor-level nodes of int shapes (..., n, k) and (..., k, m) with the same batch dims and one dtype
-    that is its own accumulator (no checks): the broadcast multiply and sum that Tensor.dot makes, as nodes directly."""
+    (no checks): the broadcast multiply and sum that Tensor.dot makes, as nodes directly. `acc`: the dtype the
+    products and their sum are formed in, where it isn't the operands' own (half types: float32); the sum is then
+    converted back."""
     (*batch, n, k), m = a.shape, b.shape[-1]
-    nb, full = len(batch), (*batch, n, m, k)
-    au = a.reshape((*batch, n, 1, k)).expand(full)
-    bu = b.permute(tuple(range(nb)) + (nb + 1, nb)).reshape((*batch, 1, m, k)).expand(full)
-    return UOp(Ops.MUL, a.dtype, (au, bu)).r(Ops.ADD, (nb + 2,)).reshape((*batch, n, m))
+    nb, full, dt = len(batch), (*batch, n, m, k), a.dtype
+    au = a.reshape((*batch, n, 1, k))
+    bu = b.permute(tuple(range(nb)) + (nb + 1, nb)).reshape((*batch, 1, m, k))
+    if acc is not None and acc is not dt: au, bu = UOp(Ops.CAST, acc, (au,)), UOp(Ops.CAST, acc, (bu,))
+    out = UOp(Ops.MUL, au.dtype, (au.expand(full), bu.expand(full))).r(Ops.ADD, (nb + 2,)).reshape((*batch, n, m))
+    return out if out.dtype is dt else UOp(Ops.CAST, dt, (out,))
 
 def renderer_says(device: str | tuple[str, ...], attr: str) -> bool:
     """Whether the renderer of `device` (of a sharded tensor's first device) has `attr` set: "has_local" for

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from fusegrad import Tensor, dtypes
-from fusegrad.uop.ops import UOp
+from fusegrad.uop.ops import Ops, UOp
 from fusegrad.engine.realize import ExecItem, run_schedule
 
 from fusegrad import GlobalCounters
@@ -513,3 +513,24 @@ def test_matmul_fast_path_builds_the_broadcast_graph(a, b, dt):
     yb = y.transpose(-1, -2).reshape(b[:-2] + (1, b[-1], b[-2]))
     assert (x @ y).uop is (xb * yb).sum(-1, dtype=sum_acc_dtype(x.dtype)).uop
     np.testing.assert_array_equal((x @ y).numpy(), va @ vb)
+
+@pytest.mark.parametrize("a,b", [((4, 8), (8, 5)), ((3, 5, 7), (3, 7, 2)), ((64, 512), (512, 64)),
+                                 ((2, 3, 300), (2, 300, 20))])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_half_matmul_fast_path_builds_the_broadcast_graph(a, b, dt):
+    # half types are multiplied and summed in float32, then rounded: the nodes made directly are the graph of the
+    # broadcast form, and a long product (K >= 256, M >= 16) that runs as a float32 one (its x converted and copied
+    # first, where no instruction takes the half values) is left to the general path
+    import fusegrad.tensor as tensor_module
+    dtype = getattr(dtypes, dt)
+    va, vb = (np.arange(np.prod(s)).reshape(s) % 7 - 3 for s in (a, b))
+    x, y = (Tensor(v.astype(np.float32)).cast(dtype) for v in (va, vb))
+    xb = x.reshape(a[:-2] + (a[-2], 1, a[-1])).cast(dtypes.float32)
+    yb = y.transpose(-1, -2).reshape(b[:-2] + (1, b[-1], b[-2])).cast(dtypes.float32)
+    broadcast = (xb * yb).sum(-1, dtype=dtypes.float32).cast(dtype)
+    long_half = tensor_module._long_half(dtype, a[-1], b[-1], x.device)
+    assert ((x @ y).uop is broadcast.uop) != long_half
+    if long_half: assert any(u.op is Ops.CONTIGUOUS for u in (x @ y).uop.toposort())
+    # (small integers: every product and sum exact in float32, then rounded once to the half type, as torch rounds)
+    want = torch.tensor(va @ vb, dtype=torch.float32).to(getattr(torch, dt)).float().numpy()
+    np.testing.assert_array_equal((x @ y).float().numpy(), want)
