@@ -120,6 +120,8 @@ WORKLOADS: dict[str, Callable[[], None]] = {
     "tiny_resnet_train": tiny_resnet_train}
 
 def main() -> None:
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1].startswith("-")):
+        raise SystemExit(f"usage: python {sys.argv[0]} [FOLDER]  (default: kernels)\n\n{__doc__}")
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "kernels")
     out.mkdir(parents=True, exist_ok=True)
     realize.CompiledRunner.__init__ = _recording_init

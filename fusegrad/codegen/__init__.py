@@ -13,7 +13,6 @@ from fusegrad.codegen.opt.tc import fuse_wmma
 from fusegrad.codegen.prefetch import prefetch_streams
 from fusegrad.codegen.reuse import store_once
 from fusegrad.codegen.transcendental import rewrite_transcendental
-from fusegrad.codegen.transpose import transpose_gathers
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
 from fusegrad.renderer import Estimates, ProgramSpec, Renderer
@@ -45,8 +44,6 @@ def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tupl
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
     sink = simplify_indexing(prefetch_streams(sink, renderer))
-    if ctx.vecs and not getattr(renderer, "has_local", False):
-        sink = transpose_gathers(sink, tuple(renderer.vector_dtypes))
     return sink, ctx.rolled
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:

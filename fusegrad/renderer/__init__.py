@@ -113,6 +113,7 @@ class Renderer:
     vector_dtypes: tuple = ()       # dtypes the renderer can hold in vectors
     has_fma: bool = False           # reductions of products may use fused multiply-add
     supports_prefetch: bool = False  # renders PREFETCH (codegen/prefetch.py)
+    transposed_copy: bool = False   # renders TRANSPOSED_COPY of blocks of its vectors' width (a PACK that transposes)
     compile_flags: list[str] = []   # flags for the device's compiler (read by the runtime)
     unique_symbols: bool = False    # name each function after its source, so many kernels can share one binary
     # GPU-style kernels (docs/architecture.md, "GPU-style kernels"): a launch grid of work-groups whose work-items

@@ -456,10 +456,29 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         None where the dialect has none (the lanes are loaded one by one)."""
         return None
 
-    def _shuffle(self, dt: DType, lanes: list[int]) -> str | None:
-        """A helper of two `dt` vectors giving the `dt` vector of their lanes `lanes` (those of the second numbered
-        after the first's) in one shuffle; None where the dialect has none (the vector is made lane by lane)."""
-        return None
+    def _transposed_copy(self, k: KernelText, u: UOp) -> None:
+        dst, src = u.src
+        w, dst_step, src_step = u.arg
+        k.line(f"{self._transpose_helper(dst.src[0].dtype.base, w)}({k.r[dst.src[0]]}+({k.r[dst.src[1]]}), {dst_step}, "
+               f"{k.r[src.src[0]]}+({k.r[src.src[1]]}), {src_step});")
+
+    def _transpose_helper(self, dt: DType, w: int) -> str:
+        """The helper `f(d, ds, s, ss)` copying the w x w block of `dt` elements at s (rows ss apart) transposed to
+        d (rows ds apart): its rows loaded as vectors and transposed in registers (`transpose_network`), where the
+        compiler has __builtin_shufflevector (gcc 12, clang); element by element where it hasn't."""
+        vt, st, name = self.dtype_name(dt.vec(w)), self.dtype_name(dt), f"fg_transpose_{_SHORT[dt]}x{w}"
+        body = [f"  {vt} r{i}_0 = *(const {vt}*)(s + {i} * ss);" for i in range(w)]
+        for n, step in enumerate(transpose_network(w), 1):
+            body += [f"  {vt} r{r}_{n} = __builtin_shufflevector(r{x}_{n - 1}, r{y}_{n - 1}, "
+                     f"{', '.join(map(str, lanes))});" for r, x, y, lanes in step]
+        last = len(transpose_network(w))
+        body += [f"  *({vt}*)(d + {j} * ds) = r{j}_{last};" for j in range(w)]
+        return self._need(name, "\n".join([
+            "#ifndef __has_builtin", "#define __has_builtin(x) 0", "#endif",
+            f"static inline __attribute__((always_inline)) void {name}({st}* restrict d, long ds, "
+            f"const {st}* restrict s, long ss) {{", "#if __has_builtin(__builtin_shufflevector)", *body, "#else",
+            f"  for (int i = 0; i < {w}; i++) for (int j = 0; j < {w}; j++) d[j * ds + i] = s[i * ss + j];", "#endif",
+            "}"]))
 
     def _native_fma(self, dt: DType) -> str | None:
         """The x86 fused multiply-add builtin for a float vector that fills a whole register, if the CPU has one. (A
@@ -945,12 +964,6 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         if (loads := k.gathered.get(u)) is not None:
             k.assign(u, f"{self._gather(u.dtype)}({', '.join(self._lanes_at(k, loads))})", "vec")
             return
-        # lanes of at most two vectors of this dtype (a transpose in registers, codegen/transpose.py): one shuffle
-        if all(s.op is _GEP and type(s.arg) is int and s.src[0].dtype == u.dtype for s in u.src) and \
-                len(vecs := list(dict.fromkeys(s.src[0] for s in u.src))) <= 2 and \
-                (shuffle := self._shuffle(u.dtype, [vecs.index(s.src[0]) * u.dtype.count + s.arg for s in u.src])):
-            k.assign(u, f"{shuffle}({k.r[vecs[0]]}, {k.r[vecs[-1]]})", "vec")
-            return
         if all(s is u.src[0] for s in u.src): k.assign(u, self.vector_splat(u.dtype, k.r[u.src[0]]), "vec")
         else: k.assign(u, self.vector_literal(u.dtype, [k.r[s] for s in u.src]), "vec")
 
@@ -992,7 +1005,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         Ops.DEFINE_LOCAL: _define_local, Ops.BARRIER: _barrier, Ops.SPECIAL: _special, Ops.DEFINE_REG: _define_reg,
         Ops.CONST: _const, Ops.RANGE: _range, Ops.END: _end, Ops.INDEX: _index, Ops.LOAD: _load, Ops.STORE: _store,
         Ops.VECTORIZE: _vectorize, Ops.GEP: _gep, Ops.CAST: _cast, Ops.BITCAST: _bitcast, Ops.PREFETCH: _prefetch,
-        **dict.fromkeys(GroupOp.ALU, _alu)}
+        Ops.TRANSPOSED_COPY: _transposed_copy, **dict.fromkeys(GroupOp.ALU, _alu)}
 
     def _render_function(self, k: KernelText, name: str, uops: list[UOp]) -> str:
         """The kernel function around the rendered body, and with `entry_point` its entry taking pointers."""
@@ -1008,6 +1021,23 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         casts += [f"*({p.split(' ', 1)[0]}*)a[{len(k.bufs) + i}]" for i, (_, p) in enumerate(sorted(k.var_params))]
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
+
+def transpose_network(w: int) -> list[list[tuple[int, int, int, list[int]]]]:
+    """The transpose in registers of a w x w block held as w row vectors (w a power of two): log2(w) steps of
+    two-vector shuffles, each step a list of (row it makes, its first and second vector's rows, the lanes it takes:
+    the second vector's numbered after the first's). The step of size b swaps, in every 2b x 2b block, the top-right
+    and bottom-left b x b blocks; after the last the rows are the columns."""
+    steps = []
+    b = w // 2
+    while b:
+        step = []
+        for r in range(w):
+            if r & b: continue
+            step.append((r, r, r + b, [j if not j & b else w + j - b for j in range(w)]))
+            step.append((r + b, r, r + b, [j + b if not j & b else w + j for j in range(w)]))
+        steps.append(step)
+        b //= 2
+    return steps
 
 def _lane_const(x: UOp) -> Any:
     """The value of a constant or of a vector of one constant in every lane, else None."""
@@ -1149,6 +1179,7 @@ class ClangRenderer(CStyleLanguage):
     unique_symbols = True
     entry_point = True
     supports_prefetch = True
+    transposed_copy = True
     # code generation flags (the runtime adds -shared -fPIC -lm). No fast-math: IEEE semantics (nan/inf, no
     # reassociation, no contraction of a*b+c: fused multiply-adds are explicit); -fwrapv makes integer overflow wrap
     # as the Python reference does; -fno-math-errno lets sqrt be one instruction (errno is never read);
@@ -1209,19 +1240,6 @@ class ClangRenderer(CStyleLanguage):
     def _gather(self, dt: DType) -> str | None:
         # (a strided load: a convolution's weights packed along its output channels)
         return self._avx512_strided(dt, "gather")
-
-    def _shuffle(self, dt: DType, lanes: list[int]) -> str | None:
-        # (gcc has __builtin_shufflevector from version 12, clang long before: an older compiler builds the vector
-        # lane by lane, the same values)
-        vt = self.dtype_name(dt)
-        name = f"fg_shuffle_{_SHORT[dt.scalar()]}x{dt.count}_{hashlib.sha256(str(lanes).encode()).hexdigest()[:8]}"
-        by_lane = ", ".join(f"{'b' if i >= dt.count else 'a'}[{i % dt.count}]" for i in lanes)
-        self._need(name, f"#ifndef __has_builtin\n#define __has_builtin(x) 0\n#endif\n"
-                         f"static inline __attribute__((always_inline)) {vt} {name}({vt} a, {vt} b) {{\n"
-                         f"#if __has_builtin(__builtin_shufflevector)\n"
-                         f"  return __builtin_shufflevector(a, b, {', '.join(map(str, lanes))});\n#else\n"
-                         f"  return ({vt}){{{by_lane}}};\n#endif\n}}")
-        return name
 
     def _avx512_strided(self, dt: DType, kind: str) -> str | None:
         """The helper of AVX-512's `kind` ("scatter" or "gather") of a float32/float64 vector filling a 512-bit

@@ -32,6 +32,10 @@ class Ops(Enum):
     # a warp's matrix multiply-accumulate on tensor cores: WMMA(A fragment, B fragment, C accumulator), each a vector of
     # the lane's elements; arg: the instruction (renderer/__init__.py TensorCore.wmma_arg, lane layout included)
     WMMA = auto()
+    # a CPU kernel's copy of a w x w block transposed: TRANSPOSED_COPY(dst INDEX, src INDEX), arg (w, dst_step,
+    # src_step), is dst[j * dst_step + i] = src[i * src_step + j] for i, j < w, where the INDEXes point (a PACK copy of
+    # `x @ W.T`'s W, codegen/opt/__init__.py; renderers with `transposed_copy`)
+    TRANSPOSED_COPY = auto()
     # values
     CONST = auto(); VCONST = auto(); CAST = auto(); BITCAST = auto()
     # unary ALU

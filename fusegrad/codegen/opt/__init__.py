@@ -579,21 +579,23 @@ class Kernel:
         def copied(sub: dict[UOp, UOp]) -> UOp:
             value = UOp(_LOAD, idx.dtype.base, (idx.substitute(sub),))
             return local.index(lin.substitute(sub)).store(value.cast(to) if to is not None else value)
-        # a copy that transposes takes its loop along the buffer's rows a vector's count of elements at a time: as
-        # many gathers of the lanes, one element of the rows apart, which lowering makes contiguous loads of the rows
-        # and a transpose in registers (codegen/transpose.py). Only in a kernel of TRANSPOSED_COPY_MIN_WORK
-        # iterations: its code takes three times as long to generate (the MLP's first layer 17 -> 52 ms), which a
-        # first call pays, for 10% of a 0.5 ms kernel there
+        # a copy that transposes (the buffer's rows along one of its loops, the vector lanes down its columns) copies
+        # whole w x w blocks transposed in registers where the renderer can (TRANSPOSED_COPY: w contiguous loads of
+        # rows, log2(w) steps of shuffles, w stores), where each vector stored was otherwise gathered one element of
+        # w rows at a time; the elements past the last whole block of the loop are gathered in a loop of their own
         lanes = [r for r in inner if r in self.expanded]
-        if (along := _transposed_along(inner, strides, lanes)) is not None and \
-                math.prod(s if isinstance(s := range_size(r), int) else 1 << 30
-                          for r in self.loops + self.expanded) >= TRANSPOSED_COPY_MIN_WORK:
-            # (the elements past the last whole block of the loop are gathered one at a time, in a loop of their own)
-            w, size = range_size(lanes[-1]), range_size(along)
+        if getattr(self.renderer, "transposed_copy", False) and to is None and len(idx.src) == 2 and \
+                (along := _transposed_along(inner, strides, lanes)) is not None and \
+                elem in self.renderer.vector_dtypes and \
+                range_size(lanes[-1]) * elem.itemsize <= self.renderer.simd_bytes:
+            w, size, lane = range_size(lanes[-1]), range_size(along), lanes[-1]
             blocks = UOp.range(size // w, fresh[along].arg[0], "copy")
             self.copies[self.copies.index(fresh[along])] = blocks
-            block = UOp(Ops.NOOP, dtypes.void, tuple(copied({**fresh, along: blocks * w + j}) for j in range(w)))
-            parts = [UOp(_END, dtypes.void, (block, blocks))]
+            corner = {**fresh, along: blocks * w, lane: lane.const_like(0)}
+            dst_step, src_step = coeff(lin, along), strides[lane]
+            parts = [UOp(_END, dtypes.void, (UOp(Ops.TRANSPOSED_COPY, dtypes.void, (
+                local.index(lin.substitute(corner).simplify()), idx.substitute(corner).simplify()),
+                (w, dst_step, src_step)), blocks))]
             if size % w:
                 rest = UOp.range(size % w, self.next_id, "copy"); self.next_id += 1
                 self.copies.append(rest)
@@ -639,8 +641,6 @@ class Kernel:
                 ast = stage_operands(ast, frame, self.tc[0], tiles[0], fixed, locals_, next_id)
             else: ast = _stage_tiles(ast, tiles, fixed, locals_, next_id)
         return _store_once(ast, grid)
-
-TRANSPOSED_COPY_MIN_WORK = 1 << 28   # multiply-adds (GPT-2's 512 x 768 @ (768 x 768).T: 3 x 10^8)
 
 def _transposed_along(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> UOp | None:
     """The loop of a PACK copy that walks the buffer's rows (stride 1) where its vector lanes are strided in the buffer
