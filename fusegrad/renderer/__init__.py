@@ -102,6 +102,23 @@ class TensorCore:
         name, dims, din, dout, device, threads, layout = arg
         return TensorCore(name, tuple(dims), by_name[din], by_name[dout], device, layout, threads)
 
+def transpose_network(w: int) -> list[list[tuple[int, int, int, list[int]]]]:
+    """The transpose in registers of a w x w block held as w row vectors (w a power of two): log2(w) steps of
+    two-vector shuffles, each step a list of (row it makes, its first and second vector's rows, the lanes it takes:
+    the second vector's numbered after the first's). The step of size b swaps, in every 2b x 2b block, the top-right
+    and bottom-left b x b blocks; after the last the rows are the columns."""
+    steps = []
+    b = w // 2
+    while b:
+        step = []
+        for r in range(w):
+            if r & b: continue
+            step.append((r, r, r + b, [j if not j & b else w + j - b for j in range(w)]))
+            step.append((r + b, r, r + b, [j + b if not j & b else w + j for j in range(w)]))
+        steps.append(step)
+        b //= 2
+    return steps
+
 class Renderer:
     """What a device's code generator declares and how it prints a program."""
     device: str = ""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from fusegrad import hostcpu
 from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.renderer import Renderer
+from fusegrad.renderer import Renderer, transpose_network
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
@@ -1021,23 +1021,6 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         casts += [f"*({p.split(' ', 1)[0]}*)a[{len(k.bufs) + i}]" for i, (_, p) in enumerate(sorted(k.var_params))]
         return src + f"void {name}_entry(void **a, long core_lo, long core_hi) {{ {name}(" + \
             ", ".join(casts + ["core_lo", "core_hi"]) + "); }\n"
-
-def transpose_network(w: int) -> list[list[tuple[int, int, int, list[int]]]]:
-    """The transpose in registers of a w x w block held as w row vectors (w a power of two): log2(w) steps of
-    two-vector shuffles, each step a list of (row it makes, its first and second vector's rows, the lanes it takes:
-    the second vector's numbered after the first's). The step of size b swaps, in every 2b x 2b block, the top-right
-    and bottom-left b x b blocks; after the last the rows are the columns."""
-    steps = []
-    b = w // 2
-    while b:
-        step = []
-        for r in range(w):
-            if r & b: continue
-            step.append((r, r, r + b, [j if not j & b else w + j - b for j in range(w)]))
-            step.append((r + b, r, r + b, [j + b if not j & b else w + j for j in range(w)]))
-        steps.append(step)
-        b //= 2
-    return steps
 
 def _lane_const(x: UOp) -> Any:
     """The value of a constant or of a vector of one constant in every lane, else None."""

@@ -14,7 +14,7 @@ import re
 import struct
 from fusegrad import hostcpu
 from fusegrad.dtype import DType, PtrDType, dtypes
-from fusegrad.renderer import Renderer
+from fusegrad.renderer import Renderer, transpose_network
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 _LLVM_SCALAR = {dtypes.bool: "i1", dtypes.int8: "i8", dtypes.uint8: "i8", dtypes.int16: "i16", dtypes.uint16: "i16",
@@ -51,6 +51,7 @@ class LLVMRenderer(Renderer):
     device = "LLVM"
     has_threads = True
     supports_prefetch = True
+    transposed_copy = True
 
     def __init__(self) -> None:
         # the host CPU's SIMD facts, as the C renderer has them, so the optimizer shapes the same kernels for both
@@ -335,6 +336,24 @@ class LLVMRenderer(Renderer):
         self._decls["llvm.prefetch"] = "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"
         self._lines.append(f"  call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")
 
+    def _transposed_copy(self, u: UOp, v: dict[UOp, str]) -> None:
+        """The w x w block at the source (rows src_step apart) stored transposed at the destination (rows dst_step
+        apart): its rows loaded as vectors, log2(w) steps of shufflevector (the C renderer's `transpose_network`),
+        the columns stored."""
+        (dst, src), (w, dst_step, src_step) = u.src, u.arg
+        elem = dst.src[0].dtype.base
+        vt, et = self.mty(elem.vec(w)), self.mty(elem)
+        def row(ptr: str, i: int, step: int) -> str:
+            return ptr if i == 0 else self._val(f"getelementptr inbounds {et}, ptr {ptr}, i64 {i * step}")
+        rows = [self._load(row(v[src], i, src_step), elem.vec(w)) for i in range(w)]
+        for step in transpose_network(w):
+            made = list(rows)
+            for r, x, y, lanes in step:
+                mask = ", ".join(f"i32 {k}" for k in lanes)
+                made[r] = self._val(f"shufflevector {vt} {rows[x]}, {vt} {rows[y]}, <{w} x i32> <{mask}>")
+            rows = made
+        for j, col in enumerate(rows): self._store(row(v[dst], j, dst_step), col, elem.vec(w))
+
     def _load(self, ptr: str, dt: DType) -> str:
         v = self._val(f"load {self.mty(dt)}, ptr {ptr}, align {dt.scalar().itemsize}")
         if dt.scalar() != dtypes.bool: return v
@@ -407,6 +426,7 @@ class LLVMRenderer(Renderer):
                                   self._store(p, x, d), None)
                 else: self._store(v[src[0]], v[src[1]], src[1].dtype)
             elif op is Ops.PREFETCH: self._prefetch(src[0], v)
+            elif op is Ops.TRANSPOSED_COPY: self._transposed_copy(u, v)
             elif op is Ops.VECTORIZE: v[u] = self._vectorize(u, v)
             elif op is Ops.GEP:
                 g = u.arg[0] if isinstance(u.arg, tuple) else u.arg

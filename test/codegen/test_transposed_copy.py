@@ -11,7 +11,7 @@ from fusegrad import Tensor
 from fusegrad.codegen import full_rewrite, get_program
 from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.dtype import dtypes
-from fusegrad.renderer.cstyle import transpose_network
+from fusegrad.renderer import transpose_network
 from fusegrad.uop.ops import Ops, UOp
 from test.codegen.helpers import RENDERER, compile_src, glob, reduce, rng, run
 
@@ -98,8 +98,8 @@ def test_transposing_copy_copies_blocks(K: int):
 
 @needs_avx512
 def test_renderer_without_transposed_copy_gathers():
-    """A renderer that doesn't render TRANSPOSED_COPY (LLVM's, a GPU's) gets the copy that gathers one element of
-    each of the 16 rows at a time, with the same opts."""
+    """A renderer that doesn't render TRANSPOSED_COPY (a GPU's, the PYTHON device's) gets the copy that gathers one
+    element of each of the 16 rows at a time, with the same opts."""
     plain = copy.copy(RENDERER)
     plain.transposed_copy = False
     blocks, lanes = w_reads(x_at_w_t(24, 32, 1024), plain)

@@ -292,6 +292,19 @@ def test_matmul_is_vectorized():
     assert "<8 x float>" in p.src or "<16 x float>" in p.src or "<4 x float>" in p.src
     assert "@llvm.fma.v" in p.src
 
+@pytest.mark.parametrize("M, K, N", [(128, 784, 512), (37, 1000, 80)])
+def test_x_at_w_t_copies_blocks_transposed(M: int, K: int, N: int):
+    """`x @ W.T`'s copy of W that transposes is TRANSPOSED_COPY blocks on LLVM too, written as shufflevector steps:
+    the same bits as the CPU device's C, and NumPy's values."""
+    rng = np.random.default_rng(16)
+    a, w = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((N, K)).astype(np.float32)
+    x = Tensor(a, device="LLVM")
+    p = get_program((x @ Tensor(w, device="LLVM").T).schedule()[-1].ast, Device["LLVM"].renderer)
+    if Device["LLVM"].renderer.simd_bytes >= 32:
+        assert any(u.op is Ops.TRANSPOSED_COPY for u in p.uops) and "shufflevector" in p.src
+    got = cross_check(lambda x, y: x @ y.T, a, w)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+
 @pytest.mark.parametrize("dt", [dtypes.int32, dtypes.float16, dtypes.float64, dtypes.bfloat16], ids=str)
 def test_matmul_dtypes(dt: DType):
     a, b = data(dt, (12, 20), 14), data(dt, (20, 8), 15)
