@@ -25,6 +25,7 @@ def _t(*shape: int, dtype=np.float32) -> Tensor:
 def _workloads() -> dict[str, tuple]:
     """name -> (a function making the output tensor, its torch float64 reference)"""
     x, w = RNG.standard_normal((96, 200)).astype(np.float32), RNG.standard_normal((200, 72)).astype(np.float32)
+    lin_x, lin_w = RNG.standard_normal((64, 300)).astype(np.float32), RNG.standard_normal((128, 300)).astype(np.float32)
     big_a = RNG.standard_normal((64, 2048)).astype(np.float32)
     big_b = RNG.standard_normal((2048, 96)).astype(np.float32)
     img = RNG.standard_normal((2, 8, 14, 14)).astype(np.float32)
@@ -37,6 +38,9 @@ def _workloads() -> dict[str, tuple]:
     return {
         "matmul": (lambda: Tensor(x) @ Tensor(w), lambda: T(x) @ T(w)),
         "matmul_relu_bias": (lambda: (Tensor(x) @ Tensor(w) + 0.5).relu(), lambda: (T(x) @ T(w) + 0.5).relu()),
+        # (a Linear layer's x @ W.T: W's panel copied in transposed blocks, TRANSPOSED_COPY, with a K that leaves a
+        # remainder gathered)
+        "x_at_w_t": (lambda: Tensor(lin_x) @ Tensor(lin_w).T, lambda: T(lin_x) @ T(lin_w).T),
         # (a reduction long enough to be summed in blocks, and blocked through the output)
         "long_matmul": (lambda: Tensor(big_a) @ Tensor(big_b), lambda: T(big_a) @ T(big_b)),
         "long_row_sum": (lambda: Tensor(big_a).sum(1), lambda: T(big_a).sum(1)),
