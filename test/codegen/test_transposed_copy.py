@@ -115,6 +115,20 @@ def test_x_at_w_t_values(M: int, K: int, N: int):
     ours = (Tensor(x) @ Tensor(w).T).numpy()
     np.testing.assert_allclose(ours, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(K))
 
+@pytest.mark.parametrize("view", ["rows_flipped", "k_flipped", "sliced"])
+def test_x_at_w_t_of_views(view: str):
+    """W read through a view: its rows in reverse order (the blocks' rows a negative step apart), K reversed (no
+    block: its elements run backwards), a slice of rows and of K (rows at an offset); against NumPy in float64."""
+    x = RS.standard_normal((64, 300)).astype(np.float32)
+    w = RS.standard_normal((128, 300)).astype(np.float32)
+    fx, fw = {"rows_flipped": (lambda t: t, lambda t: t.flip(0)),
+              "k_flipped": (lambda t: t.flip(1), lambda t: t.flip(1)),
+              "sliced": (lambda t: t[:, 10:290], lambda t: t[3:120, 10:290])}[view]
+    nx, nw = {"rows_flipped": (x, w[::-1]), "k_flipped": (x[:, ::-1], w[:, ::-1]),
+              "sliced": (x[:, 10:290], w[3:120, 10:290])}[view]
+    ours = (fx(Tensor(x)) @ fw(Tensor(w)).T).numpy()
+    np.testing.assert_allclose(ours, nx.astype(np.float64) @ nw.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32])
 def test_x_at_w_t_other_dtypes(dtype):
     """The same for float64 (8 lanes to a register on AVX-512), float16 (its copy converts to float32: gathered) and

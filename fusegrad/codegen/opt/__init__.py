@@ -644,9 +644,9 @@ class Kernel:
 
 def _transposed_along(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> UOp | None:
     """The loop of a PACK copy that walks the buffer's rows (stride 1) where its vector lanes are strided in the buffer
-    (the copy transposes: `x @ W.T`'s W), when it is at least a vector's count long; else None."""
-    if not lanes or strides[lanes[-1]] in (0, 1, None) or not isinstance(w := range_size(lanes[-1]), int) or \
-            w < 2 or w & (w - 1):
+    by a constant (the copy transposes: `x @ W.T`'s W), when it is at least a vector's count long; else None."""
+    if not lanes or not isinstance(st := strides[lanes[-1]], int) or st in (0, 1) or \
+            not isinstance(w := range_size(lanes[-1]), int) or w < 2 or w & (w - 1):
         return None
     return next((r for r in inner if r not in lanes and strides[r] == 1 and isinstance(sz := range_size(r), int) and
                  sz >= w), None)
