@@ -13,7 +13,7 @@ from fusegrad.codegen.opt import Opt, OptOps
 from fusegrad.dtype import dtypes
 from fusegrad.renderer import transpose_network
 from fusegrad.uop.ops import Ops, UOp
-from test.codegen.helpers import RENDERER, compile_src, glob, reduce, rng, run
+from test.codegen.helpers import AVX2, RENDERER, call, compile_src, glob, reduce, renderer_like, rng, run
 
 RS = np.random.default_rng(0)
 
@@ -94,6 +94,19 @@ def test_transposing_copy_copies_blocks(K: int):
     w = RS.standard_normal((N, K)).astype(np.float32)
     out = np.zeros((M, N), np.float32)
     run(ast, [out, x, w], opts=OPTS)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(K))
+
+def test_transposing_copy_on_avx2():
+    """With the vector facts of an AVX2 machine (8 float lanes) the heuristic's copy is blocks of 8 x 8 (the helper's
+    three steps), compiled and run here, against NumPy in float64."""
+    M, N, K = 37, 80, 1000
+    ast = x_at_w_t(M, N, K)
+    p = get_program(ast, renderer_like(AVX2))
+    assert {u.arg[0] for u in p.uops if u.op is Ops.TRANSPOSED_COPY} == {8} and "fg_transpose_f32x8(" in p.src
+    x = RS.standard_normal((M, K)).astype(np.float32)
+    w = RS.standard_normal((N, K)).astype(np.float32)
+    out = np.zeros((M, N), np.float32)
+    call(p, [out, x, w])
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(K))
 
 @needs_avx512
