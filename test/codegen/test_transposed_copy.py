@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fusegrad import Tensor
 from fusegrad.codegen import full_rewrite, get_program
-from fusegrad.codegen.opt import Opt, OptOps
+from fusegrad.codegen.opt import KernelOptError, Opt, OptOps
 from fusegrad.dtype import dtypes
 from fusegrad.renderer import transpose_network
 from fusegrad.uop.ops import Ops, UOp
@@ -117,6 +117,29 @@ def test_renderer_without_transposed_copy_gathers():
     plain.transposed_copy = False
     blocks, lanes = w_reads(x_at_w_t(24, 32, 1024), plain)
     assert blocks == [] and len(lanes) == 16
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("split, rows, swap", [(None, None, False), (2, None, True), (None, 4, True), (2, 2, False)])
+def test_transposing_copy_under_other_opts(lanes: int, split, rows, swap: bool):
+    """The copy under other tiles than the heuristic's (vectors of 4, 8 or 16 lanes, two of them per row, rows of
+    the tile, either loop outermost), W packed or x: every kernel the opts make is right against NumPy."""
+    M, N, K = 16, 64, 100
+    ast = x_at_w_t(M, N, K)
+    x = RS.standard_normal((M, K)).astype(np.float32)
+    w = RS.standard_normal((N, K)).astype(np.float32)
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    made = 0
+    for pack in ((0, 2), (1, 2), (0, 1)):
+        opts = [Opt(OptOps.UPCAST, 1, lanes)] + ([Opt(OptOps.UPCAST, 1, split)] if split else []) + \
+            ([Opt(OptOps.UPCAST, 0, rows)] if rows else []) + ([Opt(OptOps.SWAP, 0, 1)] if swap else []) + \
+            [Opt(OptOps.PACK, *pack)]
+        try: p = get_program(ast, RENDERER, opts=opts)
+        except KernelOptError: continue
+        out = np.zeros((M, N), np.float32)
+        call(p, [out, x, w])
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-3, err_msg=str(opts))
+        made += 1
+    assert made
 
 @pytest.mark.parametrize("M, K, N", [(512, 3072, 768), (128, 784, 512), (37, 1000, 80), (1, 4096, 33), (5, 17, 3),
                                      (24, 32, 1024)])
