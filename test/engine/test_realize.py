@@ -314,9 +314,12 @@ def test_kernels_generated_while_a_group_compiles_make_one_group(monkeypatch, tm
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(realize, "PIPELINE_SMALL_GROUP_S", 0.0)
     monkeypatch.setattr(realize, "PIPELINE_SLOTS", 1)
-    generated, all_generated = [0], threading.Event()
+    generated, all_generated, first_began = [0], threading.Event(), threading.Event()
     get_program = codegen.get_program
     def counting(*args, **kwargs):
+        # (the second kernel is generated once the first group's compile has begun: a compiler thread the OS started
+        # late, after the last kernel, saw no kernel being generated, and the rest went to the last group)
+        if generated[0] == 1: assert first_began.wait(10)
         p = get_program(*args, **kwargs)
         generated[0] += 1
         if generated[0] == 6: all_generated.set()
@@ -328,6 +331,7 @@ def test_kernels_generated_while_a_group_compiles_make_one_group(monkeypatch, tm
         n = _kernel_entries(src)
         during = 0 < generated[0] < 6
         runs.append((n, during))
+        if n: first_began.set()
         # (a group sent while the schedule's kernels are generated compiles until the last one was)
         if n and during: assert all_generated.wait(60)
         return compile_one(self, src)
