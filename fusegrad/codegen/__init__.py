@@ -43,8 +43,7 @@ def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tupl
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
-    sink = simplify_indexing(prefetch_streams(sink, renderer))
-    return sink, ctx.rolled
+    return simplify_indexing(prefetch_streams(sink, renderer)), ctx.rolled
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
     """The linearized UOps of a kernel AST."""

@@ -469,6 +469,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         kernel calls it from each copy it makes (two for a tile of two vectors' columns), and one body of its 64
         shuffles compiles in a third less time than two (the MLP's layer at -O2: 0.11 -> 0.08 s, the same speed)."""
         vt, st, name = self.dtype_name(dt.vec(w)), self.dtype_name(dt), f"fg_transpose_{_SHORT[dt]}x{w}"
+        if name in self._helpers: return name   # (a kernel's copies share it: its text is made once per kernel)
         body = [f"  {vt} r{i}_0 = *(const {vt}*)(s + {i} * ss);" for i in range(w)]
         steps = transpose_network(w)
         for n, step in enumerate(steps, 1):

@@ -202,9 +202,9 @@ def matmul_nodes(a: UOp, b: UOp, acc: DType | None = None) -> UOp:
     nb, full, dt = len(batch), (*batch, n, m, k), a.dtype
     au = a.reshape((*batch, n, 1, k))
     bu = b.permute(tuple(range(nb)) + (nb + 1, nb)).reshape((*batch, 1, m, k))
-    if acc is not None and acc is not dt: au, bu = UOp(Ops.CAST, acc, (au,)), UOp(Ops.CAST, acc, (bu,))
+    if acc is not None and acc != dt: au, bu = UOp(Ops.CAST, acc, (au,)), UOp(Ops.CAST, acc, (bu,))
     out = UOp(Ops.MUL, au.dtype, (au.expand(full), bu.expand(full))).r(Ops.ADD, (nb + 2,)).reshape((*batch, n, m))
-    return out if out.dtype is dt else UOp(Ops.CAST, dt, (out,))
+    return out if out.dtype == dt else UOp(Ops.CAST, dt, (out,))
 
 def renderer_says(device: str | tuple[str, ...], attr: str) -> bool:
     """Whether the renderer of `device` (of a sharded tensor's first device) has `attr` set: "has_local" for

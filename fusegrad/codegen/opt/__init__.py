@@ -548,10 +548,9 @@ class Kernel:
         # with the innermost split (the vector lanes) last, so the copy is contiguous along the vector lanes even
         # when the buffer isn't (a transposed matrix gets transposed by the copy)
         strides = {r: coeff(idx.src[1], r) for r in deps}
-        def memory_order(r: UOp) -> int: return -(strides[r] if strides[r] is not None else 1 << 62)
         def layout(r: UOp) -> tuple:
             if r in self.expanded: return (1, -self.expanded.index(r))
-            return (0, memory_order(r))
+            return (0, -(strides[r] if strides[r] is not None else 1 << 62))
         inner = sorted(deps - set(outs[:axis + 1]), key=layout)
         packed = {r.arg[0] for r in deps & set(outs[:axis + 1]) | tile}
         sizes = [range_size(r) for r in inner]
@@ -585,7 +584,7 @@ class Kernel:
         # w rows at a time; the elements past the last whole block of the loop are gathered in a loop of their own
         lanes = [r for r in inner if r in self.expanded]
         if getattr(self.renderer, "transposed_copy", False) and to is None and len(idx.src) == 2 and \
-                (along := _transposed_along(inner, strides, lanes)) is not None and \
+                (along := _transposed_along(inner, strides, lanes)) is not None and coeff(lin, lanes[-1]) == 1 and \
                 elem in self.renderer.vector_dtypes and \
                 range_size(lanes[-1]) * elem.itemsize <= self.renderer.simd_bytes:
             w, size, lane = range_size(lanes[-1]), range_size(along), lanes[-1]
