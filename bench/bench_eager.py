@@ -6,6 +6,8 @@ Rows (microseconds per call unless marked):
 - build of a matmul, 64x64 @ 64x64 and the MLP's 128x784 @ 784x512 (torch: the product itself);
 - build of the MLP's other operations: a bias add broadcast over the batch, relu, log_softmax and the
   cross-entropy loss of 128x10 logits against integer labels (torch: the operation itself);
+- build of functions of many operations, each one node: gelu (tanh form), tanh and sigmoid of 64x64 (torch: the
+  function itself), and gelu's realize on a schedule cache hit;
 - a realize that hits the schedule cache, `(a + b).realize()` repeated, kernel launch included, and the same for the
   64x64 matmul (torch: the same eager op);
 - reading a realized tensor of 10 float32s with `numpy()` (torch: a copy of its `numpy()` view, the same copy);
@@ -126,7 +128,17 @@ def main() -> None:
         *blocks(lambda: lg.log_softmax(-1), lambda: tlg.log_softmax(-1), calls, nblocks))
     row("build cross-entropy (128x10; torch computes it)",
         *blocks(lambda: lg.sparse_categorical_crossentropy(y), lambda: F.cross_entropy(tlg, ty), calls, nblocks))
+    # functions of many operations, built as one node each (tensor/composite.py)
+    np.testing.assert_allclose(a.gelu().numpy(), F.gelu(ta, approximate="tanh").numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.tanh().numpy(), ta.tanh().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.sigmoid().numpy(), ta.sigmoid().numpy(), rtol=1e-5, atol=1e-6)
+    row("build a.gelu() (64x64, tanh form; torch computes it)",
+        *blocks(a.gelu, lambda: F.gelu(ta, approximate="tanh"), calls, nblocks))
+    row("build a.tanh() (64x64; torch computes it)", *blocks(a.tanh, ta.tanh, calls, nblocks))
+    row("build a.sigmoid() (64x64; torch computes it)", *blocks(a.sigmoid, ta.sigmoid, calls, nblocks))
     k0 = GlobalCounters.kernel_count
+    row("a.gelu().realize(), schedule cache hit (64x64)",
+        *blocks(lambda: a.gelu().realize(), lambda: F.gelu(ta, approximate="tanh"), calls, nblocks))
     row("(a + b).realize(), schedule cache hit (64x64)",
         *blocks(lambda: (a + b).realize(), lambda: ta + tb, calls, nblocks))
     assert GlobalCounters.kernel_count > k0, "the realizes ran no kernel"

@@ -152,6 +152,8 @@ pm_gradient = PatternMatcher([
     (UPat(Ops.CONTIGUOUS_BACKWARD, name="ret"), lambda ctx, ret: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
     # a value with a user-given gradient: src[0] is the (detached) value, arg computes the inputs' gradients
     (UPat(Ops.CUSTOM_GRAD, name="ret"), lambda ctx, ret: (None,) + ret.arg(ctx, ret.src[1:])),
+    # an elementwise function built as one node: its arg knows the gradients (tensor/composite.py)
+    (UPat(Ops.COMPOSITE, name="ret"), lambda ctx, ret: ret.arg.gradients(ctx, ret.src)),
     (UPat(Ops.DETACH, name="ret"), _no_grad),
     (UPat(Ops.COPY, name="ret"), _copy_grad),
     (UPat(Ops.ASSIGN, name="ret"), lambda ctx, ret: (None, ctx)),

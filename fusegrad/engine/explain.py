@@ -17,7 +17,7 @@ from fusegrad.schedule.kernelize import RECOMPUTE_LIMIT, _placeholder, kernelize
 from fusegrad.schedule.linear import kernels_in_order
 from fusegrad.schedule.memory import share_storage
 from fusegrad.schedule.merge import kernel_outputs, outer_stores
-from fusegrad.schedule.simplify import sym_tensor
+from fusegrad.schedule.simplify import expand_composites, sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, buffer_node
 from fusegrad.uop.graph import is_liftable, substitute_map
 from fusegrad.uop.pattern import graph_rewrite_map
@@ -356,7 +356,8 @@ class NanWatch:
     current: NanWatch | None = None
 
     def __init__(self, roots: list[UOp]):
-        self.sink = UOp.sink_of(*roots)
+        # (a function built as one node is evaluated operation by operation: the one making the NaN is named)
+        self.sink = expand_composites(UOp.sink_of(*roots))
         self.topo = list(self.sink.toposort())
         self.leaves: dict[UOp, Any] = {}
         for u in self.topo:

@@ -4,7 +4,7 @@ from collections import OrderedDict
 from fusegrad.dtype import dtypes
 from fusegrad.helpers import prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, buffer_node, exec_alu, resolve
-from fusegrad.uop.pattern import PatternMatcher, UPat
+from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
 # node compare against module-level names)
@@ -72,6 +72,15 @@ def _is_noop_movement(m: UOp) -> bool:
     if m.op is _FLIP: return not any(f for f, s in zip(m.arg, src_shape) if resolve(s > 1))
     return False
 
+def _expanded(c: UOp) -> UOp: return c.arg.expand(c.src)
+
+expand_composites_pm = PatternMatcher([(UPat(Ops.COMPOSITE, name="c"), _expanded)], name="expand_composites")
+expand_composites_pm.__doc__ = "No COMPOSITE node is left: each is the graph of its function (tensor/composite.py)."
+
+def expand_composites(u: UOp) -> UOp:
+    """`u`'s graph with every COMPOSITE node replaced by its function's graph: what the scheduler sees of it."""
+    return graph_rewrite(u, expand_composites_pm, name="expand_composites")
+
 sym_tensor = PatternMatcher([
     # constant folding: ALU and CAST of uniform constants are constants
     (UPat(GroupOp.ALU, name="a"), _fold_alu),
@@ -80,6 +89,8 @@ sym_tensor = PatternMatcher([
     (UPat(Ops.CAST, name="c"), lambda c: c.src[0] if c.src[0].dtype == c.dtype else None),
     (UPat(Ops.DETACH, name="d"), lambda d: d.src[0]),
     (UPat((Ops.CONTIGUOUS_BACKWARD, Ops.CUSTOM_GRAD), name="d"), lambda d: d.src[0]),
+    # an elementwise function built as one node becomes its graph
+    (UPat(Ops.COMPOSITE, name="c"), _expanded),
     # a reduction over no axis, or over axes of size 1 only, is its source
     (UPat(Ops.REDUCE_AXIS, name="r"), lambda r: r.src[0] if all(r.src[0].shape[a] == 1 for a in r.arg[1]) else None),
     # movement: no-ops vanish, reshapes merge, constants stay canonical
@@ -92,4 +103,5 @@ sym_tensor = PatternMatcher([
     # size-0 tensors hold nothing: replace them by a constant so no kernel reads or writes them
     (UPat(name="x"), _size_zero),
 ], name="sym_tensor")
-sym_tensor.__doc__ = "Constants folded, no-op movements removed, size-0 values constant: the graph is canonical."
+sym_tensor.__doc__ = "Composites expanded, constants folded, no-op movements removed, size-0 values constant: the " \
+    "graph is canonical."

@@ -19,6 +19,7 @@ from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.merge import SNAPSHOT
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
+from fusegrad.tensor.composite import composite
 from fusegrad.tensor.creation import CreationMixin, check_size
 from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
@@ -989,10 +990,12 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if not dtypes.is_float(self.dtype): return self
         t = self.trunc()
         return (t < self).where(t + 1, t)
+    @composite
     def sigmoid(self) -> Tensor:
         return with_gradient((1 + (-self).exp()).reciprocal(), (self,), UnaryGradient("sigmoid"))
     def isnan(self) -> Tensor: return self != self
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)
+    @composite
     def silu(self) -> Tensor: return self * self.sigmoid()
     swish = silu
 

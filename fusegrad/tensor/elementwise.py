@@ -4,6 +4,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable
 from fusegrad.dtype import dtypes, least_upper_float, truncate_float
 from fusegrad.gradient import UnaryGradient, clamped, with_gradient
+from fusegrad.tensor.composite import composite
 from fusegrad.uop.ops import Ops
 
 if TYPE_CHECKING: from fusegrad.tensor import Tensor
@@ -198,6 +199,7 @@ class ElementwiseMixin:
 
     # *** activations ***
 
+    @composite
     def gelu(self: Any, approximate: str = "tanh") -> Tensor:
         """Gaussian error linear unit: exact with approximate='none', tanh approximation with 'tanh'."""
         if approximate == "tanh":
@@ -207,23 +209,29 @@ class ElementwiseMixin:
             x = self.cast(least_upper_float(self.dtype))
             return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
         raise ValueError(f"gelu approximate must be 'none' or 'tanh', not {approximate!r}")
+    @composite
     def quick_gelu(self: Any) -> Tensor:
         """x * sigmoid(1.702 x)."""
         return self * (self * 1.702).sigmoid()
+    @composite
     def erf(self: Any) -> Tensor:
         """The error function."""
         deriv = lambda x: (2 / math.sqrt(math.pi)) * (-(x * x)).exp()  # noqa: E731
         if least_upper_float(self.dtype) == dtypes.float64: return self._math(_erf_value, deriv, wide=True)
         return self._math(_erf_value_narrow, deriv)
+    @composite
     def elu(self: Any, alpha: float = 1.0) -> Tensor:
         """x for x > 0, alpha * (exp(x) - 1) otherwise."""
         return (self > 0).where(self, alpha * _expm1(self))
+    @composite
     def celu(self: Any, alpha: float = 1.0) -> Tensor:
         """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
         return (self > 0).where(self, alpha * _expm1(self / alpha))
+    @composite
     def selu(self: Any, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
         """gamma * (x for x > 0, alpha * (exp(x) - 1) otherwise)."""
         return gamma * (self > 0).where(self, alpha * _expm1(self))
+    @composite
     def softplus(self: Any, beta: float = 1.0) -> Tensor:
         """log(1 + exp(beta x)) / beta, linear above beta x > 20 as torch."""
         x = self.cast(least_upper_float(self.dtype))
@@ -234,9 +242,11 @@ class ElementwiseMixin:
     def softsign(self: Any) -> Tensor:
         """x / (1 + |x|)."""
         return self / (1 + self.abs())
+    @composite
     def mish(self: Any) -> Tensor:
         """x * tanh(softplus(x))."""
         return self * self.softplus().tanh()
+    @composite
     def hardswish(self: Any) -> Tensor:
         """x * relu6(x + 3) / 6."""
         return self * (self + 3).relu6() * (1 / 6)
@@ -250,6 +260,7 @@ class ElementwiseMixin:
     def relu6(self: Any) -> Tensor:
         """min(max(x, 0), 6)."""
         return clamped(self, 0, 6, closed=False, nan_passes=True)
+    @composite
     def logsigmoid(self: Any) -> Tensor:
         """log(sigmoid(x)) = -softplus(-x)."""
         return -(-self).softplus()
@@ -257,6 +268,7 @@ class ElementwiseMixin:
     # *** exponentials and logarithms ***
 
     def _log1p(self: Any) -> Tensor: return _log1p(self)
+    @composite
     def exp(self: Any) -> Tensor:
         """e**x to about an ulp. exp2(x*log2(e)) loses log2(|x|) bits of x in the multiply: float32 and half do it in
         float64 (four ops, so it fuses like before); float64 splits x = n*ln2 + r first."""
@@ -266,6 +278,7 @@ class ElementwiseMixin:
         # float64, a polynomial twice as long on half the lanes, in every backward pass through an exp)
         value = (self.cast(dtypes.float64) * (1 / _LN2))._alu(Ops.EXP2).cast(out)
         return with_gradient(value, (self,), UnaryGradient("exp"))
+    @composite
     def log10(self: Any) -> Tensor:
         """Base-10 logarithm."""
         return self.log2() * math.log10(2)
@@ -281,36 +294,46 @@ class ElementwiseMixin:
 
     # *** trigonometric and hyperbolic ***
 
+    @composite
     def sin(self: Any) -> Tensor:
         """Sine (libm's, with its exact range reduction)."""
         return self._math(_sin_v)
+    @composite
     def cos(self: Any) -> Tensor:
         """Cosine as 1 - 2 sin^2(x/2): no rounding of x (sin(pi/2 - x) would lose large arguments)."""
         return self._math(_cos_v, wide=True)
+    @composite
     def tan(self: Any) -> Tensor:
         """Tangent."""
         return self._math(lambda x: _sin_v(x) / _cos_v(x), wide=True)
+    @composite
     def asin(self: Any) -> Tensor:
         """Inverse sine (nan outside [-1, 1])."""
         return self._math(lambda x: _atan_value(x / ((1 - x) * (1 + x)).sqrt()),
                           lambda x: ((1 - x) * (1 + x)).rsqrt())
+    @composite
     def acos(self: Any) -> Tensor:
         """Inverse cosine (nan outside [-1, 1])."""
         return self._math(lambda x: 2.0 * _atan_value(((1 - x) / (1 + x)).sqrt()),
                           lambda x: -((1 - x) * (1 + x)).rsqrt())
+    @composite
     def atan(self: Any) -> Tensor:
         """Inverse tangent."""
         return self._math(_atan_value)
+    @composite
     def sinh(self: Any) -> Tensor:
         """Hyperbolic sine."""
         return self._math(_sinh_v, wide=True)
+    @composite
     def cosh(self: Any) -> Tensor:
         """Hyperbolic cosine."""
         return self._math(_cosh_v, wide=True)
+    @composite
     def tanh(self: Any) -> Tensor:
         """Hyperbolic tangent."""
         x = self.cast(least_upper_float(self.dtype))
         return with_gradient(x._math(_tanh_v), (x,), UnaryGradient("tanh"))
+    @composite
     def asinh(self: Any) -> Tensor:
         """Inverse hyperbolic sine."""
         def value(x: Tensor) -> Tensor:
@@ -319,6 +342,7 @@ class ElementwiseMixin:
             mid = _log1p(m + m * m / (1 + (m * m + 1).sqrt()))
             return _odd(x, (a > _BIG).where(a.log() + _LN2, mid))
         return self._math(value, lambda x: (x * x + 1).rsqrt())
+    @composite
     def acosh(self: Any) -> Tensor:
         """Inverse hyperbolic cosine (nan below 1)."""
         def value(x: Tensor) -> Tensor:
@@ -326,6 +350,7 @@ class ElementwiseMixin:
             mid = _log1p((m - 1) + ((m - 1) * (m + 1)).sqrt())
             return (x < 1).where(float("nan"), (x > _BIG).where(x.log() + _LN2, mid))
         return self._math(value, lambda x: ((x - 1) * (x + 1)).rsqrt())
+    @composite
     def atanh(self: Any) -> Tensor:
         """Inverse hyperbolic tangent (+-inf at +-1, nan beyond)."""
         def value(x: Tensor) -> Tensor:

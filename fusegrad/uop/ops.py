@@ -19,6 +19,9 @@ class Ops(Enum):
     # tensor level
     BUFFER = auto(); BUFFER_VIEW = auto(); COPY = auto(); ASSIGN = auto(); CONTIGUOUS = auto(); DETACH = auto()
     CONTIGUOUS_BACKWARD = auto(); CUSTOM_GRAD = auto()
+    # an elementwise function of many operations as one node: COMPOSITE(*operands), arg a tensor/composite.py Composite,
+    # whose graph the node becomes when scheduled or differentiated (arg.expand(src), arg.gradients(grad, src))
+    COMPOSITE = auto()
     # a tensor split over several devices: one source per device (its shard), arg the split axis (None: replicas)
     MULTI = auto()
     REDUCE_AXIS = auto()

@@ -1,0 +1,94 @@
+"""Elementwise functions of many operations (gelu, tanh, erf, sigmoid...) built as one node.
+
+`x.gelu()` is some hundred nodes (its tanh is a polynomial and a formula, each exact to an ulp): ~200 us of Python
+to build, and again to walk at every realize. Built by a method decorated with `@composite`, it is one node,
+COMPOSITE(x), whose arg names the method and its settings; the node's graph is the method's, made from it when the
+scheduler meets the node (schedule/simplify.py, on a schedule cache miss only) or autodiff differentiates it (its
+gradient is one node too: COMPOSITE(x, grad) of `_derivative`). Expanded, the graph is the very one the method
+builds (hash-consing makes the same nodes), so kernels and values are the same as without the node.
+
+A method qualifies when its graph depends on nothing but its operand's dtype, device and shape and its settings, and
+it keeps the shape. The node is made for float operands only (whose result dtype the default float can't change),
+and not while sources are tracked (each operation notes its own line) or tensors are sharded (schedule/multi.py
+rewrites operations, not this node)."""
+from __future__ import annotations
+import functools, sys
+from typing import Any, Callable
+from fusegrad.dtype import DType, dtypes
+from fusegrad.uop.ops import Ops, UOp, _arg_key
+
+class Composite:
+    """The arg of a COMPOSITE node: `build(*operands, *args, **kwargs)` with the node's sources as Tensors."""
+    __slots__ = ("build", "args", "kwargs", "_key")
+    # (its graph is a function of the node's structure alone: gradient and schedule caches may key on it)
+    pure = True
+
+    def __init__(self, build: Callable[..., Any], args: tuple, kwargs: tuple[tuple[str, Any], ...] = ()):
+        self.build, self.args, self.kwargs = build, args, kwargs
+        # (0.0 and -0.0 are different settings: compared through their cache keys)
+        self._key = (build, _arg_key(args), _arg_key(kwargs))
+
+    def __eq__(self, other: object) -> bool: return type(other) is Composite and other._key == self._key
+    def __hash__(self) -> int: return hash(self._key)
+    # (pickled by name: the class attribute is the decorated method, which pickle would refuse as not the same object)
+    def __reduce__(self) -> tuple:
+        return (_named_composite, (self.build.__module__, self.build.__qualname__, self.args, self.kwargs))
+    def __repr__(self) -> str:
+        settings = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
+        return f"{self.build.__qualname__}({', '.join(settings)})"
+
+    def expand(self, srcs: tuple[UOp, ...]) -> UOp:
+        """The node's graph over its sources `srcs`."""
+        from fusegrad.tensor import Tensor
+        return self.build(*[Tensor(s) for s in srcs], *self.args, **dict(self.kwargs)).uop
+
+    def gradients(self, grad: UOp, srcs: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
+        """The gradient of each source of COMPOSITE(*srcs) given the node's gradient `grad`: for one source, the node
+        COMPOSITE(x, grad) of `_derivative`; otherwise (a derivative's own derivative) autodiff of the graph."""
+        if len(srcs) == 1 and self.build is not _derivative:
+            x = srcs[0]
+            return (UOp(Ops.COMPOSITE, x.dtype, (x, grad), Composite(_derivative, (self,))),)
+        from fusegrad.gradient import compute_gradient
+        grads = compute_gradient(self.expand(srcs), grad, set(srcs))
+        return tuple(grads.get(s) for s in srcs)
+
+def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple) -> Composite:
+    build: Any = sys.modules[module]
+    for name in qualname.split("."): build = getattr(build, name)
+    return Composite(getattr(build, "__wrapped__", build), args, kwargs)
+
+def _derivative(x: Any, grad: Any, of: Composite) -> Any:
+    """The gradient at x of the composite `of`, given its result's gradient `grad`: autodiff of its graph."""
+    from fusegrad.gradient import compute_gradient
+    got = compute_gradient(of.expand((x.uop,)), grad.uop, {x.uop}).get(x.uop)
+    return type(x)(got) if got is not None else x.zeros_like()
+
+# (method, operand dtype, settings) -> (result dtype, the node's arg): known once the method built it
+_known: dict[tuple, tuple[DType, Composite]] = {}
+# the settings a node may have in its arg (gelu's approximate="none"): not numbers
+_STRUCTURAL = (str, bool, type(None))
+
+def composite(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a unary elementwise Tensor method (see the module's docstring) to build it as one COMPOSITE node."""
+    @functools.wraps(method)
+    def as_one_node(self: Any, *args: Any, **kwargs: Any) -> Any:
+        u = self._uop
+        tensor = sys.modules["fusegrad.tensor"]
+        if not dtypes.is_float(dt := u.dtype) or tensor._sharding_used or type(self).__init__ is not tensor._plain_init:
+            return method(self, *args, **kwargs)
+        if args or kwargs:
+            kw = tuple(kwargs.items())
+            # (a number is a setting a loop may change every step: in a graph of ops it is a constant, which the
+            # schedule cache makes a kernel parameter once it changes; in the arg, each value would be a new kernel)
+            if not all(type(a) in _STRUCTURAL for a in args) or not all(type(v) in _STRUCTURAL for _, v in kw):
+                return method(self, *args, **kwargs)
+            key: tuple = (method, dt, args, kw)
+        else: key, kw = (method, dt), ()
+        known = _known.get(key)
+        if known is None:
+            # the first call: built as usual, which checks the settings and tells the result's dtype
+            ret = method(self, *args, **kwargs)
+            if ret.shape != self.shape: raise RuntimeError(f"{method.__qualname__} is not elementwise")
+            known = _known[key] = (ret.dtype, Composite(method, args, kw))
+        return tensor.Tensor._of(UOp(Ops.COMPOSITE, known[0], (u,), known[1]))
+    return as_one_node

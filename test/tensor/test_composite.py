@@ -1,0 +1,154 @@
+"""Functions of many operations (gelu, tanh, erf...) are built as one COMPOSITE node: the node's value and gradients
+are torch's, bit for bit those of the same function built operation by operation (track_sources() builds it so),
+in as many kernels, and the node is made only where that holds."""
+import pickle
+import subprocess
+import sys
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from fusegrad import Tensor, TinyJit, Variable, dtypes, track_sources
+from fusegrad.schedule.kernelize import schedule_cache_stats
+from fusegrad.schedule.simplify import expand_composites
+from fusegrad.uop.ops import Ops
+
+@pytest.fixture(autouse=True)
+def _no_sharding_seen(monkeypatch):
+    """As in a process that made no sharded tensor (another test of this process may have: then every function is
+    built operation by operation, as test_sharded_tensors_build_op_by_op checks)."""
+    import fusegrad.tensor
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+
+X = np.concatenate([np.random.default_rng(0).standard_normal(60) * 3, [0.0, -0.0, 1e-8, -30.0, 30.0]]) \
+    .astype(np.float32).reshape(5, 13)
+
+# name: (fusegrad call, torch call)
+FUNCTIONS = {
+    "gelu": (lambda t: t.gelu(), lambda t: F.gelu(t, approximate="tanh")),
+    "gelu_none": (lambda t: t.gelu(approximate="none"), lambda t: F.gelu(t, approximate="none")),
+    "tanh": (lambda t: t.tanh(), torch.tanh),
+    "sigmoid": (lambda t: t.sigmoid(), torch.sigmoid),
+    "silu": (lambda t: t.silu(), F.silu),
+    "exp": (lambda t: t.exp(), torch.exp),
+    "erf": (lambda t: t.erf(), torch.erf),
+    "sin": (lambda t: t.sin(), torch.sin),
+    "softplus": (lambda t: t.softplus(), F.softplus),
+    "mish": (lambda t: t.mish(), F.mish),
+    "elu": (lambda t: t.elu(), F.elu),
+    "asinh": (lambda t: t.asinh(), torch.asinh),
+}
+
+def _value_and_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = Tensor(x, requires_grad=True)
+    y = fn(t)
+    (y * Tensor(np.linspace(-1, 1, x.size, dtype=np.float32).reshape(x.shape))).sum().backward()
+    return y.numpy(), t.grad.numpy()
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_one_node_with_torchs_value_and_gradient(name):
+    ours, theirs = FUNCTIONS[name]
+    y = ours(Tensor(X))
+    assert y.uop.op is Ops.COMPOSITE and len(y.uop.toposort()) <= 4   # (the node, its operand's buffer and device)
+    value, grad = _value_and_grad(ours, X)
+    tx = torch.tensor(X, requires_grad=True)
+    ty = theirs(tx)
+    (ty * torch.linspace(-1, 1, X.size).reshape(X.shape)).sum().backward()
+    np.testing.assert_allclose(value, ty.detach().numpy(), rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_same_bits_and_kernels_as_built_op_by_op(name):
+    ours, _ = FUNCTIONS[name]
+    with track_sources():   # (each operation built as it is written: no COMPOSITE node)
+        direct = ours(Tensor(X))
+        assert all(u.op is not Ops.COMPOSITE for u in direct.uop.toposort())
+        direct_value, direct_grad = _value_and_grad(ours, X)
+        direct_kernels = len((ours(Tensor(X)) + 1).schedule())
+    value, grad = _value_and_grad(ours, X)
+    np.testing.assert_array_equal(value.view(np.uint32), direct_value.view(np.uint32))
+    np.testing.assert_array_equal(grad.view(np.uint32), direct_grad.view(np.uint32))
+    assert len((ours(Tensor(X)) + 1).schedule()) == direct_kernels
+    # expanded, the node is the graph the operations make (UOps are hash-consed: the very same nodes)
+    operand = Tensor(X[:2]).realize()
+    with track_sources(): built = ours(Tensor(operand.uop))
+    assert expand_composites(ours(operand).uop) is built.uop
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float64])
+def test_other_float_dtypes(dt):
+    x = Tensor(X).cast(dt)
+    y = x.tanh()
+    assert y.uop.op is Ops.COMPOSITE and y.dtype == dt
+    want = torch.tanh(torch.tensor(X).to({dtypes.float16: torch.float16, dtypes.bfloat16: torch.bfloat16,
+                                          dtypes.float64: torch.float64}[dt]))
+    # (half types: the same bits; float64: within an ulp of libm's)
+    np.testing.assert_allclose(y.cast(dtypes.float64).numpy(), want.double().numpy(), rtol=3e-16, atol=0)
+
+def test_second_order_gradients():
+    for ours, theirs in (FUNCTIONS["tanh"], FUNCTIONS["gelu"], FUNCTIONS["sigmoid"]):
+        x = Tensor(X, requires_grad=True)
+        g, = ours(x).sum().gradient(x)
+        g2, = (g * g).sum().gradient(x)
+        tx = torch.tensor(X, requires_grad=True)
+        tg, = torch.autograd.grad(theirs(tx).sum(), tx, create_graph=True)
+        tg2, = torch.autograd.grad((tg * tg).sum(), tx)
+        np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g2.numpy(), tg2.numpy(), rtol=1e-4, atol=1e-5)
+
+def test_made_only_where_it_holds():
+    # an int operand: its result dtype follows the default float, which may change before the node is scheduled
+    assert Tensor([1, 2, 3]).exp().uop.op is not Ops.COMPOSITE
+    np.testing.assert_allclose(Tensor([1, 2, 3]).exp().numpy(), np.exp([1.0, 2.0, 3.0]).astype(np.float32), rtol=1e-6)
+    # a number setting (a loop may change it every step: as a constant of the graph it becomes a kernel parameter)
+    assert Tensor(X).elu(0.5).uop.op is not Ops.COMPOSITE
+    np.testing.assert_allclose(Tensor(X).elu(0.5).numpy(), F.elu(torch.tensor(X), 0.5).numpy(), rtol=1e-6, atol=1e-7)
+    # a bad setting is refused at the call, every time
+    for _ in range(2):
+        with pytest.raises(ValueError, match="approximate"): Tensor(X).gelu(approximate="erf")
+
+def test_empty_zero_d_and_symbolic_shapes():
+    assert Tensor.zeros(0, 3).gelu().numpy().shape == (0, 3)
+    np.testing.assert_allclose(Tensor(0.5).tanh().numpy(), np.tanh(np.float32(0.5)), rtol=1e-7)
+    n = Variable("n", 1, 5).bind(3)
+    rows = Tensor(X)[:n].sigmoid()
+    assert rows.uop.op is Ops.COMPOSITE
+    np.testing.assert_allclose(rows.numpy(), torch.sigmoid(torch.tensor(X[:3])).numpy(), rtol=1e-6)
+
+def test_schedule_cache_hit_and_tinyjit():
+    a = Tensor(X).realize()
+    a.gelu().realize()
+    hits = schedule_cache_stats["hits"]
+    out = a.gelu().realize()
+    assert schedule_cache_stats["hits"] == hits + 1
+    np.testing.assert_allclose(out.numpy(), F.gelu(torch.tensor(X), approximate="tanh").numpy(), rtol=2e-6, atol=1e-7)
+    step = TinyJit(lambda t: (t.tanh() * 2).realize())
+    for i in range(4):
+        v = X * (i + 1)
+        np.testing.assert_allclose(step(Tensor(v)).numpy(), np.tanh(v) * 2, rtol=2e-6, atol=1e-7)
+
+def test_pickles_as_the_same_node():
+    y = Tensor(X).gelu(approximate="none")
+    assert pickle.loads(pickle.dumps(y.uop)) is y.uop
+
+def test_nan_inside_is_named_by_debug_nans():
+    from fusegrad import Context
+    x = Tensor(np.array([2.0, 0.5], dtype=np.float32))
+    assert x.acosh().uop.op is Ops.COMPOSITE
+    with Context(DEBUG_NANS=1), pytest.raises(FloatingPointError, match="produced NaN"): (x.acosh() + 1).numpy()
+
+def test_sharded_tensors_build_op_by_op():
+    # (in a process of its own: the first sharded tensor switches the node off for the rest of the process)
+    code = """
+import numpy as np
+from fusegrad import Tensor
+from fusegrad.uop.ops import Ops
+x = np.arange(8, dtype=np.float32) / 4
+t = Tensor(x).shard(("CPU:0", "CPU:1"), axis=0)
+y = t.tanh()
+assert all(u.op is not Ops.COMPOSITE for u in y.uop.toposort())
+assert Tensor(x).tanh().uop.op is not Ops.COMPOSITE
+np.testing.assert_allclose(y.numpy(), np.tanh(x), rtol=1e-6)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
