@@ -63,7 +63,7 @@ def _derivative(x: Any, grad: Any, of: Composite) -> Any:
     got = compute_gradient(of.expand((x.uop,)), grad.uop, {x.uop}).get(x.uop)
     return type(x)(got) if got is not None else x.zeros_like()
 
-# (method, operand dtype, settings) -> (result dtype, the node's arg): known once the method built it
+# (method, operand dtype and device, settings) -> (result dtype, the node's arg): known once the method built it
 _known: dict[tuple, tuple[DType, Composite]] = {}
 # the settings a node may have in its arg (gelu's approximate="none"): not numbers
 _STRUCTURAL = (str, bool, type(None))
@@ -82,8 +82,8 @@ def composite(method: Callable[..., Any]) -> Callable[..., Any]:
             # schedule cache makes a kernel parameter once it changes; in the arg, each value would be a new kernel)
             if not all(type(a) in _STRUCTURAL for a in args) or not all(type(v) in _STRUCTURAL for _, v in kw):
                 return method(self, *args, **kwargs)
-            key: tuple = (method, dt, args, kw)
-        else: key, kw = (method, dt), ()
+            key: tuple = (method, dt, u.device, args, kw)
+        else: key, kw = (method, dt, u.device), ()
         known = _known.get(key)
         if known is None:
             # the first call: built as usual, which checks the settings and tells the result's dtype
