@@ -970,22 +970,28 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             return Tensor._of(UOp(_CUSTOM_GRAD, dt, (value, u, zero), _RELU_GRADIENT))
         return clamped(self, 0, None, closed=False, nan_passes=True) if self.dtype != dtypes.bool else self
     def exp2(self) -> Tensor: return self._float_unary(Ops.EXP2)
+    @composite
     def log(self) -> Tensor: return self._in_float32(lambda x: x._alu(Ops.LOG2) * math.log(2))
     def log2(self) -> Tensor: return self._float_unary(Ops.LOG2)
     def sqrt(self) -> Tensor: return self._float_unary(Ops.SQRT)
+    @composite
     def rsqrt(self) -> Tensor: return self.sqrt().reciprocal()
     def reciprocal(self) -> Tensor: return self._float_unary(Ops.RECIP)
     def square(self) -> Tensor: return self * self
+    @composite
     def abs(self) -> Tensor:
         if self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype): return self
         return (self < 0).where(-self, self) if not dtypes.is_float(self.dtype) else self.maximum(-self)
+    @composite
     def sign(self) -> Tensor:
         return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype) if self.dtype != dtypes.bool else self
     def trunc(self) -> Tensor: return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
+    @composite
     def floor(self) -> Tensor:
         if not dtypes.is_float(self.dtype): return self
         t = self.trunc()
         return (t > self).where(t - 1, t)
+    @composite
     def ceil(self) -> Tensor:
         if not dtypes.is_float(self.dtype): return self
         t = self.trunc()
@@ -994,6 +1000,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def sigmoid(self) -> Tensor:
         return with_gradient((1 + (-self).exp()).reciprocal(), (self,), UnaryGradient("sigmoid"))
     def isnan(self) -> Tensor: return self != self
+    @composite
     def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)
     @composite
     def silu(self) -> Tensor: return self * self.sigmoid()

@@ -48,9 +48,12 @@ class Composite:
         if len(srcs) == 1 and self.build is not _derivative:
             x = srcs[0]
             return (UOp(Ops.COMPOSITE, x.dtype, (x, grad), Composite(_derivative, (self,))),)
-        from fusegrad.gradient import compute_gradient
-        grads = compute_gradient(self.expand(srcs), grad, set(srcs))
-        return tuple(grads.get(s) for s in srcs)
+        from fusegrad.gradient import compute_gradients
+        # (a source may lie below another, the incoming gradient below x: each source's own gradient stops there, the
+        # autodiff this rule is part of takes it on down)
+        grads = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
+        # (a node that is two of the sources gets its whole gradient once: autodiff sums a source's entries)
+        return tuple(grads.get(s) if s not in srcs[:i] else None for i, s in enumerate(srcs))
 
 def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple) -> Composite:
     build: Any = sys.modules[module]
@@ -91,4 +94,8 @@ def composite(method: Callable[..., Any]) -> Callable[..., Any]:
             if ret.shape != self.shape: raise RuntimeError(f"{method.__qualname__} is not elementwise")
             known = _known[key] = (ret.dtype, Composite(method, args, kw))
         return tensor.Tensor._of(UOp(Ops.COMPOSITE, known[0], (u,), known[1]))
+    # (named as the method in tracebacks and in the sources explain notes: the first frame in the package, below the
+    # user's line, names the operation)
+    code = as_one_node.__code__
+    as_one_node.__code__ = code.replace(co_name=method.__name__, co_qualname=method.__qualname__)
     return as_one_node

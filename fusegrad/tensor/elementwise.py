@@ -239,6 +239,7 @@ class ElementwiseMixin:
         # log1p(exp(-|bx|)) + max(bx, 0) can't overflow
         soft = ((-bx.abs()).exp()._log1p() + bx.maximum(0)) * (1 / beta)
         return (bx > 20).where(x, soft)
+    @composite
     def softsign(self: Any) -> Tensor:
         """x / (1 + |x|)."""
         return self / (1 + self.abs())
@@ -250,13 +251,16 @@ class ElementwiseMixin:
     def hardswish(self: Any) -> Tensor:
         """x * relu6(x + 3) / 6."""
         return self * (self + 3).relu6() * (1 / 6)
+    @composite
     def hardsigmoid(self: Any, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
         """clip(alpha * x + beta, 0, 1)."""
         return clamped(alpha * self + beta, 0, 1, closed=False)
+    @composite
     def hardtanh(self: Any, min_val: float = -1, max_val: float = 1) -> Tensor:
         """clip(x, min_val, max_val)."""
         if min_val > max_val: raise ValueError(f"hardtanh needs min_val <= max_val, got {min_val} > {max_val}")
         return clamped(self, min_val, max_val, closed=False, nan_passes=True)
+    @composite
     def relu6(self: Any) -> Tensor:
         """min(max(x, 0), 6)."""
         return clamped(self, 0, 6, closed=False, nan_passes=True)
@@ -360,6 +364,7 @@ class ElementwiseMixin:
 
     # *** rounding and special values ***
 
+    @composite
     def round(self: Any) -> Tensor:
         """Round to the nearest integer, halves to even (as torch.round)."""
         if not dtypes.is_float(self.dtype): return self
@@ -369,6 +374,7 @@ class ElementwiseMixin:
         r = (d > 0.5).where(f + 1, (d < 0.5).where(f, f_even.where(f, f + 1)))
         # a result of zero keeps the sign of the input (-0.4 -> -0.0)
         return (r == 0).where(self * 0, r)
+    @composite
     def isinf(self: Any, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
         """True where the value is +inf (if detect_positive) or -inf (if detect_negative)."""
         if not dtypes.is_float(self.dtype): return self.zeros_like(dtypes.bool)
@@ -376,6 +382,7 @@ class ElementwiseMixin:
         if detect_positive: ret = ret | (self == float("inf"))
         if detect_negative: ret = ret | (self == float("-inf"))
         return ret
+    @composite
     def isfinite(self: Any) -> Tensor:
         """True where the value is neither inf nor nan."""
         if not dtypes.is_float(self.dtype): return self.ones_like(dtypes.bool)

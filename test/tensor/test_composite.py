@@ -37,6 +37,18 @@ FUNCTIONS = {
     "mish": (lambda t: t.mish(), F.mish),
     "elu": (lambda t: t.elu(), F.elu),
     "asinh": (lambda t: t.asinh(), torch.asinh),
+    "abs": (lambda t: t.abs(), torch.abs),
+    "sign": (lambda t: t.sign(), torch.sign),
+    "floor": (lambda t: t.floor(), torch.floor),
+    "round": (lambda t: t.round(), torch.round),
+    "log": (lambda t: t.log(), torch.log),
+    "rsqrt": (lambda t: t.rsqrt(), torch.rsqrt),
+    "softsign": (lambda t: t.softsign(), F.softsign),
+    "relu6": (lambda t: t.relu6(), F.relu6),
+    "hardtanh": (lambda t: t.hardtanh(), F.hardtanh),
+    "hardsigmoid": (lambda t: t.hardsigmoid(), F.hardsigmoid),
+    "leaky_relu": (lambda t: t.leaky_relu(), F.leaky_relu),
+    "isinf": (lambda t: t.isinf() * t, lambda t: torch.isinf(t) * t),
 }
 
 def _value_and_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +60,7 @@ def _value_and_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_one_node_with_torchs_value_and_gradient(name):
     ours, theirs = FUNCTIONS[name]
-    y = ours(Tensor(X))
+    y = ours(Tensor(X)) if name != "isinf" else Tensor(X).isinf()
     assert y.uop.op is Ops.COMPOSITE and len(y.uop.toposort()) <= 4   # (the node, its operand's buffer and device)
     value, grad = _value_and_grad(ours, X)
     tx = torch.tensor(X, requires_grad=True)
@@ -94,6 +106,17 @@ def test_second_order_gradients():
         tg2, = torch.autograd.grad((tg * tg).sum(), tx)
         np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(g2.numpy(), tg2.numpy(), rtol=1e-4, atol=1e-5)
+
+def test_a_gradient_seeded_with_the_operand_itself():
+    # d/dx sum(tanh'(x) * x) = tanh''(x) * x + tanh'(x): the derivative node's two sources are one node
+    x = Tensor(X, requires_grad=True)
+    g, = x.tanh().gradient(x, gradient=x)
+    g2, = g.sum().gradient(x)
+    tx = torch.tensor(X, requires_grad=True)
+    tg, = torch.autograd.grad(torch.tanh(tx), tx, grad_outputs=tx, create_graph=True)
+    tg2, = torch.autograd.grad(tg.sum(), tx)
+    np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g2.numpy(), tg2.numpy(), rtol=1e-4, atol=1e-5)
 
 def test_made_only_where_it_holds():
     # an int operand: its result dtype follows the default float, which may change before the node is scheduled
