@@ -836,7 +836,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
                 raise RuntimeError(f"integers to negative integer powers are not allowed ({a.dtype} ** {x})")
             ft = dtypes.default_float
             return a.cast(ft).pow(b.cast(ft)).round_half().cast(a.dtype)
-        # |a|^b, with the sign of a for odd integer b, nan for negative a and non-integer b
+        return a._float_pow(b)
+    @composite
+    def _float_pow(a, b: Tensor) -> Tensor:
+        """a ** b of float tensors of one shape: |a|^b, with the sign of a for odd integer b, nan for negative a and
+        non-integer b."""
         mag = (b * a.abs().log2()).exp2()
         b_int = b.trunc()._alu(Ops.CMPEQ, b, dtype=dtypes.bool)
         b_odd = (b.abs() - (b.abs() / 2).floor() * 2)._alu(Ops.CMPEQ, b.ones_like(), dtype=dtypes.bool)

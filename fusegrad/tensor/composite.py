@@ -43,28 +43,31 @@ class Composite:
         return self.build(*[Tensor(s) for s in srcs], *self.args, **dict(self.kwargs)).uop
 
     def gradients(self, grad: UOp, srcs: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
-        """The gradient of each source of COMPOSITE(*srcs) given the node's gradient `grad`: for one source, the node
-        COMPOSITE(x, grad) of `_derivative`; otherwise (a derivative's own derivative) autodiff of the graph."""
-        if len(srcs) == 1 and self.build is not _derivative:
-            x = srcs[0]
-            return (UOp(Ops.COMPOSITE, x.dtype, (x, grad), Composite(_derivative, (self,))),)
-        from fusegrad.gradient import compute_gradients
-        # (a source may lie below another, the incoming gradient below x: each source's own gradient stops there, the
-        # autodiff this rule is part of takes it on down)
-        grads = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
-        # (a node that is two of the sources gets its whole gradient once: autodiff sums a source's entries)
-        return tuple(grads.get(s) if s not in srcs[:i] else None for i, s in enumerate(srcs))
+        """The gradient of each source of COMPOSITE(*srcs) given the node's gradient `grad`: the node
+        COMPOSITE(*srcs, grad) of `_derivative` for each source (a node that is two sources once: its whole
+        gradient); a derivative's own derivative is autodiff of its graph."""
+        if self.build is _derivative:
+            from fusegrad.gradient import compute_gradients
+            got = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
+            return tuple(got.get(s) if s not in srcs[:i] else None for i, s in enumerate(srcs))
+        return tuple(UOp(Ops.COMPOSITE, x.dtype, (*srcs, grad), Composite(_derivative, (self, i)))
+                     if x not in srcs[:i] else None for i, x in enumerate(srcs))
 
 def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple) -> Composite:
     build: Any = sys.modules[module]
     for name in qualname.split("."): build = getattr(build, name)
     return Composite(getattr(build, "__wrapped__", build), args, kwargs)
 
-def _derivative(x: Any, grad: Any, of: Composite) -> Any:
-    """The gradient at x of the composite `of`, given its result's gradient `grad`: autodiff of its graph."""
-    from fusegrad.gradient import compute_gradient
-    got = compute_gradient(of.expand((x.uop,)), grad.uop, {x.uop}).get(x.uop)
-    return type(x)(got) if got is not None else x.zeros_like()
+def _derivative(*args: Any) -> Any:
+    """_derivative(*operands, grad, of, at): the gradient at operand `at` of the composite `of` over `operands`,
+    given its result's gradient `grad`, by autodiff of its graph. (The autodiff stops at the operands, one of which
+    may lie below another: the autodiff this derivative is part of takes the gradient on down from each, once.)"""
+    from fusegrad.gradient import compute_gradients
+    *tensors, of, at = args
+    *xs, grad = tensors
+    us = tuple(x.uop for x in xs)
+    got = compute_gradients({of.expand(us): grad.uop}, set(us), leaves=frozenset(us)).get(us[at])
+    return type(grad)(got) if got is not None else xs[at].zeros_like()
 
 # (method, operand dtype and device, settings) -> (result dtype, the node's arg): known once the method built it
 _known: dict[tuple, tuple[DType, Composite]] = {}
@@ -72,28 +75,37 @@ _known: dict[tuple, tuple[DType, Composite]] = {}
 _STRUCTURAL = (str, bool, type(None))
 
 def composite(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate a unary elementwise Tensor method (see the module's docstring) to build it as one COMPOSITE node."""
+    """Decorate an elementwise Tensor method (see the module's docstring) to build it as one COMPOSITE node. Its
+    operands are `self` and the Tensors its call begins with, all of one shape (broadcast before the call)."""
     @functools.wraps(method)
     def as_one_node(self: Any, *args: Any, **kwargs: Any) -> Any:
         u = self._uop
         tensor = sys.modules["fusegrad.tensor"]
         if not dtypes.is_float(dt := u.dtype) or tensor._sharding_used or type(self).__init__ is not tensor._plain_init:
             return method(self, *args, **kwargs)
+        srcs, key = (u,), (method, dt, u.device)
         if args or kwargs:
-            kw = tuple(kwargs.items())
+            n = 0
+            while n < len(args) and isinstance(args[n], tensor.Tensor): n += 1
+            if n:
+                srcs = (u, *(t._uop for t in args[:n]))
+                if any(o.shape != u.shape or o.device != u.device for o in srcs[1:]):
+                    return method(self, *args, **kwargs)
+                key += tuple(o.dtype for o in srcs[1:])
+            settings, kw = args[n:], tuple(kwargs.items())
             # (a number is a setting a loop may change every step: in a graph of ops it is a constant, which the
             # schedule cache makes a kernel parameter once it changes; in the arg, each value would be a new kernel)
-            if not all(type(a) in _STRUCTURAL for a in args) or not all(type(v) in _STRUCTURAL for _, v in kw):
+            if not all(type(a) in _STRUCTURAL for a in settings) or not all(type(v) in _STRUCTURAL for _, v in kw):
                 return method(self, *args, **kwargs)
-            key: tuple = (method, dt, u.device, args, kw)
-        else: key, kw = (method, dt, u.device), ()
+            key += (settings, kw)
+        else: settings, kw = (), ()
         known = _known.get(key)
         if known is None:
             # the first call: built as usual, which checks the settings and tells the result's dtype
             ret = method(self, *args, **kwargs)
             if ret.shape != self.shape: raise RuntimeError(f"{method.__qualname__} is not elementwise")
-            known = _known[key] = (ret.dtype, Composite(method, args, kw))
-        return tensor.Tensor._of(UOp(Ops.COMPOSITE, known[0], (u,), known[1]))
+            known = _known[key] = (ret.dtype, Composite(method, settings, kw))
+        return tensor.Tensor._of(UOp(Ops.COMPOSITE, known[0], srcs, known[1]))
     # (named as the method in tracebacks and in the sources explain notes: the first frame in the package, below the
     # user's line, names the operation)
     code = as_one_node.__code__

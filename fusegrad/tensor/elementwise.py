@@ -290,7 +290,10 @@ class ElementwiseMixin:
         """log(exp(self) + exp(other)) without overflow."""
         a, b = self._broadcasted(other)
         ft = least_upper_float(a.dtype)
-        a, b = a.cast(ft), b.cast(ft)
+        return a.cast(ft)._logaddexp(b.cast(ft))
+    @composite
+    def _logaddexp(a: Any, b: Tensor) -> Tensor:
+        """logaddexp of float tensors of one shape and dtype."""
         m = a.maximum(b)
         ret = m + (-(a - b).abs()).exp()._log1p()
         # equal infinities: the difference would be nan

@@ -175,3 +175,48 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+# name: (fusegrad call, torch call) of operands a and b
+TWO_OPERANDS = {
+    "pow": (lambda a, b: a.pow(b), torch.pow),
+    "pow_self": (lambda a, b: a ** a, lambda a, b: a ** a),
+    "pow_scalar": (lambda a, b: a ** -1.5, lambda a, b: a ** -1.5),
+    "rpow": (lambda a, b: 2.5 ** a, lambda a, b: 2.5 ** a),
+    "logaddexp": (lambda a, b: a.logaddexp(b), torch.logaddexp),
+}
+
+@pytest.mark.parametrize("name", TWO_OPERANDS)
+def test_two_operands(name):
+    # operands broadcast first, then one node over both; each operand's gradient is a node of its own (the same
+    # operand twice: its whole gradient once)
+    A = np.abs(X) + 0.25
+    B = np.random.default_rng(1).standard_normal(13).astype(np.float32)
+    ours, theirs = TWO_OPERANDS[name]
+    a, b = Tensor(A, requires_grad=True), Tensor(B, requires_grad=True)
+    y = ours(a, b)
+    assert y.uop.op is Ops.COMPOSITE
+    y.sum().backward()
+    ta, tb = torch.tensor(A, requires_grad=True), torch.tensor(B, requires_grad=True)
+    ty = theirs(ta, tb)
+    ty.sum().backward()
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(a.grad.numpy(), ta.grad.numpy(), rtol=1e-5, atol=1e-6)
+    if tb.grad is not None: np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), rtol=1e-5, atol=1e-6)
+    with track_sources():
+        a2, b2 = Tensor(A, requires_grad=True), Tensor(B, requires_grad=True)
+        direct = ours(a2, b2)
+        direct.sum().backward()
+        direct_value, direct_grad = direct.numpy(), a2.grad.numpy()
+    np.testing.assert_array_equal(y.numpy().view(np.uint32), direct_value.view(np.uint32))
+    np.testing.assert_array_equal(a.grad.numpy().view(np.uint32), direct_grad.view(np.uint32))
+
+def test_a_changing_exponent_is_a_kernel_parameter():
+    # the exponent is an operand (a constant of the graph), not a setting: once it changes, the schedule cache makes
+    # it a parameter, and later values reuse the kernels
+    a = Tensor(np.abs(X) + 0.5).realize()
+    for p in (0.5, 0.75):
+        np.testing.assert_allclose((a ** p).numpy(), (np.abs(X) + 0.5) ** np.float32(p), rtol=2e-6)
+    misses = schedule_cache_stats["misses"]
+    for p in (1.25, -0.5, 2.5):
+        np.testing.assert_allclose((a ** p).numpy(), (np.abs(X) + 0.5) ** np.float32(p), rtol=2e-6)
+    assert schedule_cache_stats["misses"] == misses
