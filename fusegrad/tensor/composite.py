@@ -4,13 +4,16 @@
 to build, and again to walk at every realize. Built by a method decorated with `@composite`, it is one node,
 COMPOSITE(x), whose arg names the method and its settings; the node's graph is the method's, made from it when the
 scheduler meets the node (schedule/simplify.py, on a schedule cache miss only) or autodiff differentiates it (its
-gradient is one node too: COMPOSITE(x, grad) of `_derivative`). Expanded, the graph is the very one the method
-builds (hash-consing makes the same nodes), so kernels and values are the same as without the node.
+gradient is one node per operand too: COMPOSITE(x, grad) of `_derivative`). Expanded, the graph is the very one the
+method builds (hash-consing makes the same nodes), so kernels and values are the same as without the node.
 
-A method qualifies when its graph depends on nothing but its operand's dtype, device and shape and its settings, and
-it keeps the shape. The node is made for float operands only (whose result dtype the default float can't change),
-and not while sources are tracked (each operation notes its own line) or tensors are sharded (schedule/multi.py
-rewrites operations, not this node)."""
+A method qualifies when its graph depends on nothing but its operands' dtypes, device and shape and its settings,
+and it keeps the shape. Its operands are `self` and the Tensors its call begins with (`a._float_pow(b)`, broadcast
+before), the rest are settings: strings, bools or None only (a number, which a loop may change every step, is
+passed as an operand, a constant of the graph that the schedule cache can make a kernel parameter). The node is made
+for a float `self` only (an int's result dtype follows the default float, which may change before the node is
+scheduled), and not while sources are tracked (each operation notes its own line) or tensors are sharded
+(schedule/multi.py rewrites operations, not this node)."""
 from __future__ import annotations
 import functools, sys
 from typing import Any, Callable
