@@ -950,8 +950,24 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return (a < b).where(a, b)
     def clip(self, min_: Any = None, max_: Any = None) -> Tensor:
         if min_ is None and max_ is None: raise ValueError("clip needs at least one of min_ or max_")
+        bounds = [self._number_operand(b) for b in (min_, max_) if b is not None]
+        if all(b is not None for b in bounds):
+            return self._clamped(*bounds, has_lo=min_ is not None, has_hi=max_ is not None)
         return clamped(self, min_, max_, closed=True)
     clamp = clip
+    @composite
+    def _clamped(self, *bounds: Tensor, has_lo: bool, has_hi: bool) -> Tensor:
+        """clip with bounds given as operands (constants of this tensor's shape and dtype): the bounds stay constants
+        of the graph, which the schedule cache makes kernel parameters once they change."""
+        lo, hi = (bounds[0] if has_lo else None), (bounds[-1] if has_hi else None)
+        return clamped(self, lo, hi, closed=True)
+    def _number_operand(self, v: Any) -> Tensor | None:
+        """A Python number as a constant of this float tensor's shape and dtype (an operand of a composite), or None
+        where it isn't one (a Tensor, an int tensor, a value the dtype can't hold)."""
+        if type(v) not in (int, float) or not dtypes.is_float(self.dtype) or \
+                (nodes := self._broadcast_nodes(v, False)) is None:
+            return None
+        return Tensor._of(nodes[1])
 
     # *** unary math ***
 
@@ -1004,8 +1020,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def sigmoid(self) -> Tensor:
         return with_gradient((1 + (-self).exp()).reciprocal(), (self,), UnaryGradient("sigmoid"))
     def isnan(self) -> Tensor: return self != self
+    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor:
+        if (slope := self._number_operand(neg_slope)) is not None: return self._leaky_relu(slope)
+        return (self > 0).where(self, self * neg_slope)
     @composite
-    def leaky_relu(self, neg_slope: float = 0.01) -> Tensor: return (self > 0).where(self, self * neg_slope)
+    def _leaky_relu(self, slope: Tensor) -> Tensor: return (self > 0).where(self, self * slope)
     @composite
     def silu(self) -> Tensor: return self * self.sigmoid()
     swish = silu

@@ -22,7 +22,7 @@ from fusegrad.uop.ops import Ops, UOp, _arg_key
 
 class Composite:
     """The arg of a COMPOSITE node: `build(*operands, *args, **kwargs)` with the node's sources as Tensors."""
-    __slots__ = ("build", "args", "kwargs", "_key")
+    __slots__ = ("build", "args", "kwargs", "_key", "_hash")
     # (its graph is a function of the node's structure alone: gradient and schedule caches may key on it)
     pure = True
 
@@ -30,9 +30,11 @@ class Composite:
         self.build, self.args, self.kwargs = build, args, kwargs
         # (0.0 and -0.0 are different settings: compared through their cache keys)
         self._key = (build, _arg_key(args), _arg_key(kwargs))
+        # (hashed with every node made of it: once)
+        self._hash = hash(self._key)
 
     def __eq__(self, other: object) -> bool: return type(other) is Composite and other._key == self._key
-    def __hash__(self) -> int: return hash(self._key)
+    def __hash__(self) -> int: return self._hash
     # (pickled by name: the class attribute is the decorated method, which pickle would refuse as not the same object)
     def __reduce__(self) -> tuple:
         return (_named_composite, (self.build.__module__, self.build.__qualname__, self.args, self.kwargs))

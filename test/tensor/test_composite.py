@@ -49,6 +49,12 @@ FUNCTIONS = {
     "hardsigmoid": (lambda t: t.hardsigmoid(), F.hardsigmoid),
     "leaky_relu": (lambda t: t.leaky_relu(), F.leaky_relu),
     "isinf": (lambda t: t.isinf() * t, lambda t: torch.isinf(t) * t),
+    # numbers as operands: constants of the operand's shape
+    "clip": (lambda t: t.clip(-0.5, 1), lambda t: t.clip(-0.5, 1)),
+    "clip_lo": (lambda t: t.clip(-0.5), lambda t: t.clip(-0.5)),
+    "clip_hi": (lambda t: t.clip(None, 2), lambda t: t.clip(None, 2)),
+    "clip_crossed": (lambda t: t.clip(1.5, -1), lambda t: t.clip(1.5, -1)),
+    "leaky_relu_02": (lambda t: t.leaky_relu(0.2), lambda t: F.leaky_relu(t, 0.2)),
 }
 
 def _value_and_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +67,10 @@ def _value_and_grad(fn, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_one_node_with_torchs_value_and_gradient(name):
     ours, theirs = FUNCTIONS[name]
     y = ours(Tensor(X)) if name != "isinf" else Tensor(X).isinf()
-    assert y.uop.op is Ops.COMPOSITE and len(y.uop.toposort()) <= 4   # (the node, its operand's buffer and device)
+    # (the node, its operand's buffer and device, a number's constant broadcast to the operand's shape)
+    assert y.uop.op is Ops.COMPOSITE and [u.op for u in y.uop.toposort()].count(Ops.COMPOSITE) == 1
+    leaves = {Ops.COMPOSITE, Ops.BUFFER, Ops.DEVICE, Ops.CONST, Ops.RESHAPE, Ops.EXPAND}
+    assert {u.op for u in y.uop.toposort()} <= leaves
     value, grad = _value_and_grad(ours, X)
     tx = torch.tensor(X, requires_grad=True)
     ty = theirs(tx)
@@ -118,6 +127,14 @@ def test_a_gradient_seeded_with_the_operand_itself():
     np.testing.assert_allclose(g.numpy(), tg.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(g2.numpy(), tg2.numpy(), rtol=1e-4, atol=1e-5)
 
+def test_changing_bounds_are_kernel_parameters():
+    a = Tensor(X).realize()
+    for lo, hi in ((0.0, 1.0), (-1.0, 0.5)): np.testing.assert_array_equal(a.clip(lo, hi).numpy(), X.clip(lo, hi))
+    misses = schedule_cache_stats["misses"]
+    for lo, hi in ((-2.0, 2.0), (0.25, 0.75), (-0.1, 3.0)):
+        np.testing.assert_array_equal(a.clip(lo, hi).numpy(), X.clip(lo, hi))
+    assert schedule_cache_stats["misses"] == misses
+
 def test_made_only_where_it_holds():
     # an int operand: its result dtype follows the default float, which may change before the node is scheduled
     assert Tensor([1, 2, 3]).exp().uop.op is not Ops.COMPOSITE
@@ -125,6 +142,11 @@ def test_made_only_where_it_holds():
     # a number setting (a loop may change it every step: as a constant of the graph it becomes a kernel parameter)
     assert Tensor(X).elu(0.5).uop.op is not Ops.COMPOSITE
     np.testing.assert_allclose(Tensor(X).elu(0.5).numpy(), F.elu(torch.tensor(X), 0.5).numpy(), rtol=1e-6, atol=1e-7)
+    # an int tensor clipped, a tensor bound, a bound the dtype can't hold: built operation by operation
+    assert Tensor([1, 5, 9]).clip(2, 8).uop.op is not Ops.COMPOSITE
+    assert Tensor([1, 5, 9]).clip(2, 8).tolist() == [2, 5, 8]
+    assert Tensor(X).clip(Tensor(0.0), 1).uop.op is not Ops.COMPOSITE
+    np.testing.assert_array_equal(Tensor(X).cast(dtypes.float16).clip(-1e6, 1e6).numpy(), X.astype(np.float16))
     # a bad setting is refused at the call, every time
     for _ in range(2):
         with pytest.raises(ValueError, match="approximate"): Tensor(X).gelu(approximate="erf")
