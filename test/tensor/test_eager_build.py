@@ -286,3 +286,26 @@ def test_layernorm_layer_from_template_is_the_built_graph(monkeypatch):
     x = _t(3, 7, seed=9)
     np.testing.assert_allclose(plain(x).numpy(), F.layer_norm(torch.tensor(x.numpy()), (7,)).numpy(), rtol=1e-4,
                                atol=1e-5)
+
+WINDOWS = [0, -1, 3, slice(None), slice(1, 3), slice(-2, None), slice(None, -1), slice(3, 1), slice(10, 20),
+           slice(-10, 2), slice(None, 100), (1, 2), (slice(None), 2), (0, slice(1, 4), -1),
+           (slice(1, 2), slice(None), slice(2, 6)), (), (slice(None),) * 3, (1, 1, 1), slice(1, 3, 1)]
+
+@pytest.mark.parametrize("index", WINDOWS, ids=str)
+def test_window_index_nodes(index, monkeypatch):
+    # ints and slices of step 1 are made directly: the very nodes of the general indexing path, numpy's values
+    import fusegrad.tensor
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    x = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    t = Tensor(x).realize()
+    fast = t._window_index(index)
+    assert fast is not None and fast.uop is t._getitem(t._parse_indices(index)).uop
+    np.testing.assert_array_equal(t[index].numpy(), x[index])
+
+def test_other_indices_take_the_general_path():
+    t = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    for index in (slice(None, None, 2), None, Ellipsis, (0, None), True, [0, 2], np.int64(1), (slice(0, 2.0),)):
+        assert t._window_index(index) is None
+    with pytest.raises(IndexError, match="out of bounds"): t[3]
+    with pytest.raises(IndexError, match="too many indices"): t[0, 0, 0]
+    np.testing.assert_array_equal(t[::2, 1].numpy(), np.arange(12, dtype=np.float32).reshape(3, 4)[::2, 1])
