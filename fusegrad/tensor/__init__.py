@@ -641,6 +641,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         d = _resolve_axis(dim, self.ndim + 1)
         return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
 
+    @composite(shaped=True)
     def cat(self, *args: Tensor, dim: int = 0) -> Tensor:
         """Concatenate along `dim`: each piece is padded to the full length there and selected by position (one
         fused kernel, no copies; a select rather than a sum keeps -0.0)."""
@@ -1080,6 +1081,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if self.dtype == dtypes.bool: return self.logical_not().max(axis, keepdim).logical_not()
         if dtypes.is_int(self.dtype): return ~((~self).max(axis, keepdim))
         return -((-self).max(axis, keepdim))
+    @composite(shaped=True)
     def mean(self, axis: Any = None, keepdim: bool = False) -> Tensor:
         axes = self._reduce_axes(axis)
         shape = self._uop.shape
@@ -1090,6 +1092,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         s = self.cast(out_dt).sum(axis, keepdim, dtype=acc)
         if is_symbolic(n): return (s / Tensor(n, self.device, s.dtype)).cast(out_dt)
         return (s / n if n else s * float("nan")).cast(out_dt)
+    @composite(shaped=True)
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first maximum along `axis` (of the flattened tensor when None), as int32."""
         if axis is None: return self.flatten().argmax(0)
@@ -1104,6 +1107,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             tuple(n if i == ax else 1 for i in range(x.ndim)))
         ret = n - (is_max.cast(dtypes.int32) * marks).max(ax, keepdim=keepdim)
         return ret if self.ndim else ret.reshape(())
+    @composite(shaped=True)
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> Tensor:
         """Index of the first minimum along `axis` (of the flattened tensor when None), as int32."""
         if dtypes.is_float(self.dtype): return (-self).argmax(axis, keepdim)

@@ -21,15 +21,17 @@ from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp, _arg_key
 
 class Composite:
-    """The arg of a COMPOSITE node: `build(*operands, *args, **kwargs)` with the node's sources as Tensors."""
-    __slots__ = ("build", "args", "kwargs", "_key", "_hash")
+    """The arg of a COMPOSITE node: `build(*operands, *args, **kwargs)` with the node's sources as Tensors; `shape`:
+    the result's, where it isn't the first operand's (a reduction)."""
+    __slots__ = ("build", "args", "kwargs", "shape", "_key", "_hash")
     # (its graph is a function of the node's structure alone: gradient and schedule caches may key on it)
     pure = True
 
-    def __init__(self, build: Callable[..., Any], args: tuple, kwargs: tuple[tuple[str, Any], ...] = ()):
-        self.build, self.args, self.kwargs = build, args, kwargs
+    def __init__(self, build: Callable[..., Any], args: tuple, kwargs: tuple[tuple[str, Any], ...] = (),
+                 shape: tuple[int, ...] | None = None):
+        self.build, self.args, self.kwargs, self.shape = build, args, kwargs, shape
         # (0.0 and -0.0 are different settings: compared through their cache keys)
-        self._key = (build, _arg_key(args), _arg_key(kwargs))
+        self._key = (build, _arg_key(args), _arg_key(kwargs), shape)
         # (hashed with every node made of it: once)
         self._hash = hash(self._key)
 
@@ -37,7 +39,7 @@ class Composite:
     def __hash__(self) -> int: return self._hash
     # (pickled by name: the class attribute is the decorated method, which pickle would refuse as not the same object)
     def __reduce__(self) -> tuple:
-        return (_named_composite, (self.build.__module__, self.build.__qualname__, self.args, self.kwargs))
+        return (_named_composite, (self.build.__module__, self.build.__qualname__, self.args, self.kwargs, self.shape))
     def __repr__(self) -> str:
         settings = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
         return f"{self.build.__qualname__}({', '.join(settings)})"
@@ -55,13 +57,14 @@ class Composite:
             from fusegrad.gradient import compute_gradients
             got = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
             return tuple(got.get(s) if s not in srcs[:i] else None for i, s in enumerate(srcs))
-        return tuple(UOp(Ops.COMPOSITE, x.dtype, (*srcs, grad), Composite(_derivative, (self, i)))
+        return tuple(UOp(Ops.COMPOSITE, x.dtype, (*srcs, grad),
+                         Composite(_derivative, (self, i), shape=x.shape if i and x.shape != srcs[0].shape else None))
                      if x not in srcs[:i] else None for i, x in enumerate(srcs))
 
-def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple) -> Composite:
+def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple, shape: tuple | None) -> Composite:
     build: Any = sys.modules[module]
     for name in qualname.split("."): build = getattr(build, name)
-    return Composite(getattr(build, "__wrapped__", build), args, kwargs)
+    return Composite(getattr(build, "__wrapped__", build), args, kwargs, shape)
 
 def _derivative(*args: Any) -> Any:
     """_derivative(*operands, grad, of, at): the gradient at operand `at` of the composite `of` over `operands`,
@@ -74,14 +77,25 @@ def _derivative(*args: Any) -> Any:
     got = compute_gradients({of.expand(us): grad.uop}, set(us), leaves=frozenset(us)).get(us[at])
     return type(grad)(got) if got is not None else xs[at].zeros_like()
 
-# (method, operand dtype and device, settings) -> (result dtype, the node's arg): known once the method built it
+# (method, operand dtypes and device (and shapes, for a `shaped` method), settings) -> (result dtype, the node's arg):
+# known once the method built it
 _known: dict[tuple, tuple[DType, Composite]] = {}
+KNOWN_SIZE = 4096   # (a shaped method's entries are per shape: a decoder's growing sequence makes one per step)
 # the settings a node may have in its arg (gelu's approximate="none"): not numbers
 _STRUCTURAL = (str, bool, type(None))
 
-def composite(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorate an elementwise Tensor method (see the module's docstring) to build it as one COMPOSITE node. Its
-    operands are `self` and the Tensors its call begins with, all of one shape (broadcast before the call)."""
+def _structural(v: Any, shaped: bool) -> bool:
+    """Whether `v` may be a setting in a node's arg: a str, bool or None; for a shaped method also an axis (an int,
+    or a tuple of them)."""
+    t = type(v)
+    return t in _STRUCTURAL or shaped and (t is int or t is tuple and all(type(a) is int for a in v))
+
+def composite(method: Callable[..., Any] | None = None, *, shaped: bool = False) -> Any:
+    """Decorate a Tensor method (see the module's docstring) to build it as one COMPOSITE node. Its operands are
+    `self` and the Tensors its call begins with. An elementwise method's operands are of one shape (broadcast before
+    the call), which is its result's; with `shaped`, operands and result may have any (int) shapes (a reduction, a
+    concatenation) and its settings may be axes: the shapes are part of the key, and the result's is in the arg."""
+    if method is None: return functools.partial(composite, shaped=shaped)
     @functools.wraps(method)
     def as_one_node(self: Any, *args: Any, **kwargs: Any) -> Any:
         u = self._uop
@@ -89,27 +103,33 @@ def composite(method: Callable[..., Any]) -> Callable[..., Any]:
         if not dtypes.is_float(dt := u.dtype) or tensor._sharding_used or type(self).__init__ is not tensor._plain_init:
             return method(self, *args, **kwargs)
         srcs, key = (u,), (method, dt, u.device)
+        if shaped:
+            if not all(type(d) is int for d in u.shape): return method(self, *args, **kwargs)
+            key += (u.shape,)
         if args or kwargs:
             n = 0
             while n < len(args) and isinstance(args[n], tensor.Tensor): n += 1
             if n:
                 srcs = (u, *(t._uop for t in args[:n]))
-                if any(o.shape != u.shape or o.device != u.device for o in srcs[1:]):
-                    return method(self, *args, **kwargs)
-                key += tuple(o.dtype for o in srcs[1:])
+                for o in srcs[1:]:
+                    fits = all(type(d) is int for d in o.shape) if shaped else o.shape == u.shape
+                    if not fits or o.device != u.device: return method(self, *args, **kwargs)
+                key += tuple((o.dtype, o.shape) if shaped else o.dtype for o in srcs[1:])
             settings, kw = args[n:], tuple(kwargs.items())
             # (a number is a setting a loop may change every step: in a graph of ops it is a constant, which the
             # schedule cache makes a kernel parameter once it changes; in the arg, each value would be a new kernel)
-            if not all(type(a) in _STRUCTURAL for a in settings) or not all(type(v) in _STRUCTURAL for _, v in kw):
+            if not all(_structural(a, shaped) for a in settings) or not all(_structural(v, shaped) for _, v in kw):
                 return method(self, *args, **kwargs)
             key += (settings, kw)
         else: settings, kw = (), ()
         known = _known.get(key)
         if known is None:
-            # the first call: built as usual, which checks the settings and tells the result's dtype
+            # the first call: built as usual, which checks the settings and tells the result's dtype and shape
             ret = method(self, *args, **kwargs)
-            if ret.shape != self.shape: raise RuntimeError(f"{method.__qualname__} is not elementwise")
-            known = _known[key] = (ret.dtype, Composite(method, settings, kw))
+            if ret.shape != self.shape and not shaped: raise RuntimeError(f"{method.__qualname__} is not elementwise")
+            if len(_known) >= KNOWN_SIZE: _known.clear()
+            arg = Composite(method, settings, kw, ret.shape if ret.shape != u.shape else None)
+            known = _known[key] = (ret.dtype, arg)
         return tensor.Tensor._of(UOp(Ops.COMPOSITE, known[0], srcs, known[1]))
     # (named as the method in tracebacks and in the sources explain notes: the first frame in the package, below the
     # user's line, names the operation)

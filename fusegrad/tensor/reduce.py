@@ -2,6 +2,7 @@
 from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
+from fusegrad.tensor.composite import composite
 from fusegrad.dtype import DType, dtypes, least_upper_float, sum_acc_dtype, to_dtype
 from fusegrad.gradient import IndexGradient, with_gradient
 from fusegrad.helpers import prod
@@ -175,12 +176,14 @@ class ReduceMixin:
     def _float_stat_input(self: Any, name: str) -> Tensor:
         if not dtypes.is_float(self.dtype): raise TypeError(f"{name} needs a floating point tensor, got {self.dtype}")
         return self.cast(dtypes.float32) if self.dtype.itemsize < 4 else self
+    @composite(shaped=True)
     def var(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         """Variance over `axis` with `correction` (1: Bessel's); inf or nan where n <= correction, as torch."""
         x = self._float_stat_input("var")
         n = prod(self.shape[a] for a in self._reduce_axes(axis))
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
         return (sq / max(0, n - correction)).cast(self.dtype)
+    @composite(shaped=True)
     def std(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False, correction: int = 1) -> Tensor:
         """Standard deviation over `axis` with `correction`."""
         return self._float_stat_input("std").var(axis, keepdim, correction).sqrt().cast(self.dtype)
@@ -195,6 +198,7 @@ class ReduceMixin:
         return self.std(axis, keepdim, correction), self._float_stat_input("std_mean").mean(axis, keepdim) \
             .cast(self.dtype)
 
+    @composite(shaped=True)
     def logsumexp(self: Any, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
         """log(sum(exp(x))) over `axis`, shifted by the maximum so it can't overflow."""
         x = self.cast(least_upper_float(self.dtype))
@@ -212,6 +216,7 @@ class ReduceMixin:
 
     # *** scans ***
 
+    @composite(shaped=True)
     def cumsum(self: Any, axis: int = 0) -> Tensor:
         """Running sum along `axis` (ints and bools accumulate in the sum's integer dtype)."""
         acc = sum_acc_dtype(self.dtype)

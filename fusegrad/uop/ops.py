@@ -746,8 +746,9 @@ _SHAPELESS = {Ops.DEVICE, Ops.UNIQUE, Ops.KERNEL, Ops.SINK, Ops.NOOP, Ops.DEFINE
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the per-node shape rule
 # below compares against module-level names instead)
 _DEFINE_VAR, _BUFFER, _BUFFER_VIEW, _CONST, _RANGE, _RESHAPE, _EXPAND, _MULTI, _ASSIGN, _PERMUTE, _PAD, _SHRINK, \
-    _REDUCE_AXIS, _DEVICE = Ops.DEFINE_VAR, Ops.BUFFER, Ops.BUFFER_VIEW, Ops.CONST, Ops.RANGE, Ops.RESHAPE, \
-    Ops.EXPAND, Ops.MULTI, Ops.ASSIGN, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS, Ops.DEVICE
+    _REDUCE_AXIS, _DEVICE, _COMPOSITE = Ops.DEFINE_VAR, Ops.BUFFER, Ops.BUFFER_VIEW, Ops.CONST, Ops.RANGE, \
+    Ops.RESHAPE, Ops.EXPAND, Ops.MULTI, Ops.ASSIGN, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS, Ops.DEVICE, \
+    Ops.COMPOSITE
 
 def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     op, arg = u.op, u.arg
@@ -758,6 +759,8 @@ def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     if op is _CONST: return ()
     if op is _RANGE: return (arg,) if u.src and u.src[0].op is _DEVICE else None
     if op is _RESHAPE or op is _EXPAND: return arg
+    # (a function whose result isn't its first operand's shape, a reduction, names it: tensor/composite.py)
+    if op is _COMPOSITE and arg.shape is not None: return arg.shape
     ss = u.src[0].shape if u.src else None
     if op is _MULTI and ss is not None and arg is not None:
         return tuple(sum(s.shape[arg] for s in u.src) if i == arg else d for i, d in enumerate(ss))
