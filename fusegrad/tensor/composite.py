@@ -53,6 +53,8 @@ class Composite:
         """The gradient of each source of COMPOSITE(*srcs) given the node's gradient `grad`: the node
         COMPOSITE(*srcs, grad) of `_derivative` for each source (a node that is two sources once: its whole
         gradient); a derivative's own derivative is autodiff of its graph."""
+        # (an int or bool result, argmax's or isinf's, passes no gradient, as its operations wouldn't)
+        if not dtypes.is_float(grad.dtype): return (None,) * len(srcs)
         if self.build is _derivative:
             from fusegrad.gradient import compute_gradients
             got = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))

@@ -305,3 +305,14 @@ def test_shaped_entries_are_per_shape_and_bounded(monkeypatch):
     rows = Tensor(X)[:Variable("n", 1, 5).bind(3)]
     assert rows.mean(0).uop.op is not Ops.COMPOSITE
     np.testing.assert_allclose(rows.mean(0).numpy(), X[:3].mean(0), rtol=1e-6)
+
+def test_int_and_bool_results_pass_no_gradient():
+    # argmax's and isinf's results carry no gradient (their operations' wouldn't): a -0.0 gradient from elsewhere
+    # stays -0.0 (a zero added for them would make it +0.0), as torch's
+    x = np.array([[1.0, -2.0, 3.0], [0.0, 5.0, -1.0]], dtype=np.float32)
+    a = Tensor(x, requires_grad=True)
+    assert a.argmax(1).uop.op is Ops.COMPOSITE and a.isinf().uop.op is Ops.COMPOSITE
+    ((a.argmax(1).float() * 2).sum() + a.isinf().float().sum() + (a * -0.0).sum()).backward()
+    ta = torch.tensor(x, requires_grad=True)
+    ((ta.argmax(1).float() * 2).sum() + ta.isinf().float().sum() + (ta * -0.0).sum()).backward()
+    np.testing.assert_array_equal(a.grad.numpy().view(np.uint32), ta.grad.numpy().view(np.uint32))
