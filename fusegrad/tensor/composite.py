@@ -49,6 +49,13 @@ class Composite:
         from fusegrad.tensor import Tensor
         return self.build(*[Tensor(s) for s in srcs], *self.args, **dict(self.kwargs)).uop
 
+    def autodiff(self, srcs: tuple[UOp, ...], grad: UOp) -> dict[UOp, UOp]:
+        """The gradients of the node's sources by autodiff of its graph, given its result's gradient `grad`. (It
+        stops at the sources, one of which may lie below another, as the incoming gradient may lie below x: the
+        autodiff this is part of takes each source's gradient on down, once.)"""
+        from fusegrad.gradient import compute_gradients
+        return compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
+
     def gradients(self, grad: UOp, srcs: tuple[UOp, ...]) -> tuple[UOp | None, ...]:
         """The gradient of each source of COMPOSITE(*srcs) given the node's gradient `grad`: the node
         COMPOSITE(*srcs, grad) of `_derivative` for each source (a node that is two sources once: its whole
@@ -56,8 +63,7 @@ class Composite:
         # (an int or bool result, argmax's or isinf's, passes no gradient, as its operations wouldn't)
         if not dtypes.is_float(grad.dtype): return (None,) * len(srcs)
         if self.build is _derivative:
-            from fusegrad.gradient import compute_gradients
-            got = compute_gradients({self.expand(srcs): grad}, set(srcs), leaves=frozenset(srcs))
+            got = self.autodiff(srcs, grad)
             return tuple(got.get(s) if s not in srcs[:i] else None for i, s in enumerate(srcs))
         return tuple(UOp(Ops.COMPOSITE, x.dtype, (*srcs, grad),
                          Composite(_derivative, (self, i), shape=x.shape if i and x.shape != srcs[0].shape else None))
@@ -70,13 +76,11 @@ def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple, sha
 
 def _derivative(*args: Any) -> Any:
     """_derivative(*operands, grad, of, at): the gradient at operand `at` of the composite `of` over `operands`,
-    given its result's gradient `grad`, by autodiff of its graph. (The autodiff stops at the operands, one of which
-    may lie below another: the autodiff this derivative is part of takes the gradient on down from each, once.)"""
-    from fusegrad.gradient import compute_gradients
+    given its result's gradient `grad` (Composite.autodiff)."""
     *tensors, of, at = args
     *xs, grad = tensors
     us = tuple(x.uop for x in xs)
-    got = compute_gradients({of.expand(us): grad.uop}, set(us), leaves=frozenset(us)).get(us[at])
+    got = of.autodiff(us, grad.uop).get(us[at])
     return type(grad)(got) if got is not None else xs[at].zeros_like()
 
 # (method, operand dtypes and device (and shapes, for a `shaped` method), settings) -> (result dtype, the node's arg):

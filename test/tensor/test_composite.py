@@ -307,8 +307,8 @@ def test_shaped_entries_are_per_shape_and_bounded(monkeypatch):
     np.testing.assert_allclose(rows.mean(0).numpy(), X[:3].mean(0), rtol=1e-6)
 
 def test_int_and_bool_results_pass_no_gradient():
-    # argmax's and isinf's results carry no gradient (their operations' wouldn't): a -0.0 gradient from elsewhere
-    # stays -0.0 (a zero added for them would make it +0.0), as torch's
+    # argmax's and isinf's results carry no gradient (their operations' wouldn't): the input's gradient is the other
+    # term's alone, -0.0 kept, as torch's
     x = np.array([[1.0, -2.0, 3.0], [0.0, 5.0, -1.0]], dtype=np.float32)
     a = Tensor(x, requires_grad=True)
     assert a.argmax(1).uop.op is Ops.COMPOSITE and a.isinf().uop.op is Ops.COMPOSITE
