@@ -113,6 +113,13 @@ def main() -> None:
     row("build a @ b (64x64; torch computes it)", *blocks(lambda: a @ b, lambda: ta @ tb, calls, nblocks))
     row("build x @ w (128x784 @ 784x512; torch computes it)",
         *blocks(lambda: x @ w, lambda: tx @ tw, max(10, calls // 20), nblocks))
+    layer, tlayer = nn.Linear(784, 512), torch.nn.Linear(784, 512)
+    with torch.no_grad():
+        tlayer.weight.copy_(torch.tensor(layer.weight.numpy()))
+        tlayer.bias.copy_(torch.tensor(layer.bias.numpy()))
+    np.testing.assert_allclose(layer(x).numpy(), tlayer(tx).detach().numpy(), rtol=1e-4, atol=1e-4)
+    row("build Linear(784, 512)(x) (x 128x784; torch computes it)",
+        *blocks(lambda: layer(x), lambda: tlayer(tx), max(10, calls // 20), nblocks))
     bias_np, lg_np = rng.standard_normal(64).astype(np.float32), rng.standard_normal((128, 10)).astype(np.float32)
     y_np = rng.integers(0, 10, 128).astype(np.int32)
     bias, lg, y = Tensor(bias_np).realize(), Tensor(lg_np).realize(), Tensor(y_np).realize()

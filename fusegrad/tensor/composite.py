@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools, sys
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes
+from fusegrad.helpers import prod
 from fusegrad.uop.ops import Ops, UOp, _arg_key
 
 class Composite:
@@ -68,6 +69,27 @@ class Composite:
         return tuple(UOp(Ops.COMPOSITE, x.dtype, (*srcs, grad),
                          Composite(_derivative, (self, i), shape=x.shape if i and x.shape != srcs[0].shape else None))
                      if x not in srcs[:i] else None for i, x in enumerate(srcs))
+
+# (the node's arg and its sources' shapes) -> composite_work of such a node
+_work_known: dict[tuple, int | None] = {}
+
+def composite_work(c: UOp) -> int | None:
+    """The elements the reductions of COMPOSITE node `c`'s graph read (its sources' graphs not counted): what
+    computing it costs, for the choices that weigh a graph's work (a reader kept lazy, a result computed whole); None
+    where a size is symbolic."""
+    key = (c.arg, tuple(s.shape for s in c.src))
+    if (work := _work_known.get(key, -1)) != -1: return work
+    srcs, work = set(c.src), 0
+    for n in c.arg.expand(c.src).toposort(gate=lambda n: n not in srcs):
+        if n in srcs: continue
+        n_work = prod(n.src[0].shape) if n.op is Ops.REDUCE_AXIS else composite_work(n) if n.op is Ops.COMPOSITE else 0
+        if not isinstance(n_work, int):
+            work = None
+            break
+        work += n_work
+    if len(_work_known) >= KNOWN_SIZE: _work_known.clear()
+    _work_known[key] = work
+    return work
 
 def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple, shape: tuple | None) -> Composite:
     build: Any = sys.modules[module]

@@ -12,6 +12,7 @@ from fusegrad.dtype import ConstType, DType, dtypes, least_upper_dtype, least_up
 from fusegrad.device import Device
 from fusegrad.helpers import IM2COL, WINO, pads_cheaply, prod
 from fusegrad.uop.ops import GroupOp, Ops, UOp, is_symbolic, ssimplify, with_src
+from fusegrad.tensor.composite import composite
 from fusegrad.tensor.creation import check_size
 
 if TYPE_CHECKING:
@@ -89,7 +90,12 @@ def templated(build: Callable[..., Tensor], operands: tuple[Tensor, ...], settin
     return made if made is not None else build(*operands, *settings)
 
 def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x @ weight.T + bias: a Linear layer's forward."""
+    """x @ weight.T + bias: a Linear layer's forward (one COMPOSITE node where it can be: tensor/composite.py)."""
+    return _linear_node(x, weight) if bias is None else _linear_node(x, weight, bias)
+
+@composite(shaped=True)
+def _linear_node(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    # (expanded from its template: a schedule cache miss or a derivative makes the graph again over new operands)
     return templated(_linear_graph, (x, weight) if bias is None else (x, weight, bias))
 
 def _linear_graph(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -922,8 +928,13 @@ class NNMixin:
         if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1]: {label_smoothing}")
         from fusegrad.tensor.indexing import _check_index_values
         _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
-        settings = (ignore_index, label_smoothing, reduction)
-        return templated(_tensor_cls()._sparse_ce_graph, (self, Y), settings)
+        # (without smoothing, one COMPOSITE node: a smoothing factor is a number a loop may change, so it's built)
+        if label_smoothing == 0: return self._sparse_ce_node(Y, ignore_index, reduction)
+        return templated(_tensor_cls()._sparse_ce_graph, (self, Y), (ignore_index, label_smoothing, reduction))
+
+    @composite(shaped=True)
+    def _sparse_ce_node(self: Tensor, Y: Tensor, ignore_index: int, reduction: str) -> Tensor:
+        return templated(_tensor_cls()._sparse_ce_graph, (self, Y), (ignore_index, 0.0, reduction))
 
     def _sparse_ce_graph(self: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float,
                          reduction: str) -> Tensor:

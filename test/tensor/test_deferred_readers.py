@@ -2,6 +2,7 @@
 then would cost far more than copying what it reads (the gradient into a model's input, which nobody may read), it
 stays lazy over copies taken before the write: checked against torch and NumPy at the values before the write."""
 import numpy as np
+import pytest
 import torch
 from fusegrad import Tensor, TinyJit, nn
 from fusegrad.device import GlobalCounters
@@ -25,6 +26,19 @@ def _mlp(seed: int) -> tuple[list[Tensor], np.ndarray, np.ndarray]:
 def _forward(params: list[Tensor], x: Tensor) -> Tensor:
     return ((x @ params[0].T + params[1]).relu() @ params[2].T + params[3])
 
+def _linear_forward(params: list[Tensor], x: Tensor) -> Tensor:
+    """_forward by nn.Linear's function: each layer one COMPOSITE node (tensor/composite.py), its gradients too."""
+    from fusegrad.tensor.nn import linear_layer
+    return linear_layer(linear_layer(x, params[0], params[1]).relu(), params[2], params[3])
+
+@pytest.fixture(params=["ops", "linear"])
+def forward(request, monkeypatch):
+    """The MLP's forward by tensor operations, or by Linear layers (composites: made in a process that shards no
+    tensor)."""
+    import fusegrad.tensor
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    return _forward if request.param == "ops" else _linear_forward
+
 def _jitted_step(params: list[Tensor], opt: nn.optim.Optimizer) -> TinyJit:
     """One optimizer step on the MLP's cross-entropy, TinyJit-ed: step(x, y) -> loss."""
     @TinyJit
@@ -46,7 +60,7 @@ def _torch_step(tparams: list[torch.Tensor], topt: torch.optim.Optimizer, x: np.
     topt.step()
     return loss.item()
 
-def test_input_gradient_read_after_the_step_is_the_one_before_it():
+def test_input_gradient_read_after_the_step_is_the_one_before_it(forward):
     params, xs, ys = _mlp(0)
     opt = nn.optim.SGD(params, lr=0.5)
     for step in range(3):   # (the later steps replay the first one's schedule)
@@ -54,7 +68,7 @@ def test_input_gradient_read_after_the_step_is_the_one_before_it():
         x, y = Tensor(xs), Tensor(ys)
         with Tensor.train():
             opt.zero_grad()
-            loss = _forward(params, x).sparse_categorical_crossentropy(y)
+            loss = forward(params, x).sparse_categorical_crossentropy(y)
             loss.backward()
             opt.step()
         t_loss, t_dx, t_grads = _torch_mlp(before, xs, ys)
@@ -65,13 +79,13 @@ def test_input_gradient_read_after_the_step_is_the_one_before_it():
         for p, b, g in zip(params, before, t_grads):
             np.testing.assert_allclose(p.numpy(), b - 0.5 * g, rtol=1e-4, atol=1e-6, err_msg=f"step {step}")
 
-def test_the_step_runs_fewer_operations_without_the_input_gradient():
+def test_the_step_runs_fewer_operations_without_the_input_gradient(forward):
     params, xs, ys = _mlp(1)
     opt = nn.optim.SGD(params, lr=0.1)
     x, y = Tensor(xs), Tensor(ys)
     with Tensor.train():
         opt.zero_grad()
-        _forward(params, x).sparse_categorical_crossentropy(y).backward()
+        forward(params, x).sparse_categorical_crossentropy(y).backward()
         ops0 = GlobalCounters.global_ops
         opt.step()
         step_ops = GlobalCounters.global_ops - ops0

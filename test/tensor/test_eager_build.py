@@ -106,7 +106,8 @@ def test_one_hot_nodes_and_loss():
 def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reduction, dt, monkeypatch):
     # the loss over lazy or realized logits comes from a template built over placeholders (made again from it on
     # later calls): the very nodes the tensor operations make, and torch's values; logits that are views of lazy
-    # graphs (a matmul's reshape) build directly
+    # graphs (a matmul's reshape) build directly. Without smoothing the loss is one COMPOSITE node
+    # (tensor/composite.py) whose graph, made when it is scheduled, is the template's
     import fusegrad.tensor
     from fusegrad.tensor import nn as tnn
     # (a process that sharded a tensor before builds every loss directly: these operands are on one device)
@@ -122,13 +123,15 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
             labels[0] = min(ignore, 0) if ignore < 0 else labels[0]
             y = Tensor(labels)
             got = logits.sparse_categorical_crossentropy(y, ignore, smoothing, reduction)
+            assert (got.uop.op is Ops.COMPOSITE) == (smoothing == 0)
+            graph = got.uop.arg.expand(got.uop.src) if smoothing == 0 else got.uop
             # a templated loss's nodes come with their template nodes' shapes: each the shape computed from its
             # sources
-            assert (templated and seen) <= ("_shape" in got.uop.__dict__ and got.uop.__dict__["_device"] == "CPU")
+            assert (templated and seen) <= ("_shape" in graph.__dict__ and graph.__dict__["_device"] == "CPU")
             seen = seen or templated
-            for n in got.uop.toposort():
+            for n in graph.toposort():
                 if "_shape" in n.__dict__: assert n.__dict__["_shape"] == _compute_shape(n), n.op
-            assert got.uop is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
+            assert graph is logits._sparse_ce_graph(y, ignore, smoothing, reduction).uop
             # (the template was used, a fallback to the direct build would pass the line above too; a bare matmul's
             # reshape, a view of a lazy graph, builds directly)
             settings = (ignore, smoothing, reduction)
@@ -140,11 +143,17 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
                                        else 1e-5, atol=1e-6)
     assert [k for k, v in tnn._templates.items() if v is not None and k[1] == (shape, dt)]
 
+def _expanded(t: Tensor) -> UOp:
+    """The graph of a COMPOSITE node (a Linear layer's forward)."""
+    assert t.uop.op is Ops.COMPOSITE
+    return t.uop.arg.expand(t.uop.src)
+
 @pytest.mark.parametrize("xs,bias,dt", [((16, 6), True, dtypes.float32), ((16, 6), False, dtypes.float32),
                                          ((2, 8, 6), True, dtypes.float32), ((16, 6), True, dtypes.half)])
 def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
-    # a Linear layer's forward comes from a template over placeholders: the very nodes x.linear(w.T, b) makes, and
-    # torch's values, for lazy and realized inputs; a view of a realized tensor (a slice) builds directly
+    # a Linear layer's forward is one COMPOSITE node (tensor/composite.py) whose graph comes from a template over
+    # placeholders: the very nodes x.linear(w.T, b) makes, and torch's values, for lazy and realized inputs; a view
+    # of a realized tensor (a slice) builds directly
     import fusegrad.tensor
     from fusegrad import nn
     from fusegrad.tensor import nn as tnn
@@ -158,10 +167,10 @@ def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
                              (x0.realize()[..., 1:7], False)):
             out = layer(x)
             direct = x.linear(layer.weight.transpose(), layer.bias)
-            assert out.uop is direct.uop
+            assert _expanded(out) is direct.uop
             assert (tnn._from_template(tnn._linear_graph, (x, layer.weight) + ((layer.bias,) if bias else ()))
                     is not None) == templated
-            for n in out.uop.toposort():
+            for n in _expanded(out).toposort():
                 if "_shape" in n.__dict__: assert n.__dict__["_shape"] == _compute_shape(n), n.op
             tw = torch.tensor(layer.weight.numpy().astype(np.float32))
             ref = F.linear(torch.tensor(x.numpy().astype(np.float32)), tw,
@@ -172,14 +181,14 @@ def test_linear_from_template_is_the_built_graph(xs, bias, dt, monkeypatch):
     assert len([v for v in tnn._templates.values() if v is not None]) == 1
     x = _t(3, 6).cast(dt)
     out = layer(x)
-    assert out.shape == (3, 5) and out.uop is x.linear(layer.weight.transpose(), layer.bias).uop
+    assert out.shape == (3, 5) and _expanded(out) is x.linear(layer.weight.transpose(), layer.bias).uop
     assert len([v for v in tnn._templates.values() if v is not None]) == 2
     moved = nn.Linear(6, 5, bias=bias)
     moved.weight = layer.weight.to("CPU:1").realize()
     moved.bias = layer.bias.to("CPU:1").realize() if bias else None
     x = x.to("CPU:1")
     out = moved(x)
-    assert out.device == "CPU:1" and out.uop is x.linear(moved.weight.transpose(), moved.bias).uop
+    assert out.device == "CPU:1" and _expanded(out) is x.linear(moved.weight.transpose(), moved.bias).uop
     assert len([v for v in tnn._templates.values() if v is not None]) == 3
     np.testing.assert_allclose(out.numpy().astype(np.float32), layer(x.to("CPU")).numpy().astype(np.float32),
                                rtol=1e-6)

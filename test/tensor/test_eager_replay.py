@@ -264,8 +264,9 @@ def _conv_ref(x, w, b=None, padding=0, stride=1):
                                       padding=padding, stride=stride).numpy()
 
 def test_templated_op_walks_from_its_template(template_walks, general_path_calls):
-    # an eager op made from its template (a convolution, a softmax, a Linear layer) over the same operands finds its
-    # graph's walk kept by the template: numpy's and torch's values every call, a fresh buffer each
+    # an eager op made from its template (a convolution, a softmax) over the same operands finds its graph's walk kept
+    # by the template: numpy's and torch's values every call, a fresh buffer each; a Linear layer, one COMPOSITE node
+    # (tensor/composite.py), replays from its own short walk
     from fusegrad import nn
     x_np, w_np, b_np = rand(2, 3, 9, 9), rand(4, 3, 3, 3), rand(4)
     x, w, b = Tensor(x_np).realize(), Tensor(w_np).realize(), Tensor(b_np).realize()
@@ -278,7 +279,7 @@ def test_templated_op_walks_from_its_template(template_walks, general_path_calls
         for _ in range(3): make().realize()   # (a new key, its template, the walk kept)
         found, general = template_walks[0], general_path_calls[0]
         outs = [make().realize() for _ in range(4)]
-        assert template_walks[0] == found + 4 and general_path_calls[0] == general
+        assert template_walks[0] == found + (4 if make is not cases[-1][0] else 0) and general_path_calls[0] == general
         for out in outs: np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
         assert len({id(o.uop.buffer) for o in outs}) == len(outs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fusegrad import Tensor, TinyJit, Variable, dtypes
+from fusegrad.uop.ops import Ops
 
 def _int(n: int) -> tuple[Tensor, np.ndarray]:
     ref = np.arange(n, dtype=np.int32) * 3 + 1
@@ -142,19 +143,27 @@ def test_write_through_a_view_then_realize_runs_one_kernel():
     np.testing.assert_array_equal(view.numpy(), ref[:, 2:4])
     np.testing.assert_array_equal(cache.numpy(), ref)
 
-def test_writing_part_of_a_lazy_matmul_computes_it_once():
+@pytest.mark.parametrize("projection", ["matmul", "linear"])
+def test_writing_part_of_a_lazy_matmul_computes_it_once(projection, monkeypatch):
     # attention's pattern: q, k and v are chunks of one projection; k and v are written into caches first. Each
-    # write computing only its chunk would leave q's reader to compute the projection again (its weights read twice)
+    # write computing only its chunk would leave q's reader to compute the projection again (its weights read twice).
+    # A Linear layer's projection is one COMPOSITE node (tensor/composite.py) holding the reduction
+    import fusegrad.tensor
     from fusegrad import GlobalCounters
+    from fusegrad.tensor.nn import linear_layer
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)   # (composites are made in this process)
     rng = np.random.default_rng(0)
     x_np, w_np = rng.standard_normal((2, 16), np.float32), rng.standard_normal((48, 16), np.float32)
     x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+    project = (lambda: x @ w.T) if projection == "matmul" else (lambda: linear_layer(x, w, None))
     kcache, vcache = Tensor.zeros(4, 16).contiguous().realize(), Tensor.zeros(4, 16).contiguous().realize()
     GlobalCounters.reset()
-    (x @ w.T).realize()
+    project().realize()
     projection_ops = GlobalCounters.global_ops
     GlobalCounters.reset()
-    q, k, v = (x @ w.T).chunk(3, dim=1)
+    whole = project()
+    assert (whole.uop.op is Ops.COMPOSITE) == (projection == "linear")
+    q, k, v = whole.chunk(3, dim=1)
     kcache[1:3].assign(k)
     vcache[1:3].assign(v)
     scores = (q @ kcache.T).numpy()
