@@ -169,3 +169,30 @@ def test_buffer_dying_in_a_reference_cycle_is_not_recycled_after_its_memory_is_f
     gc.collect()
     for lst in alloc.cache.values():
         for opaque in lst: assert opaque._finalizer.alive
+
+def test_free_list_hands_out_only_memory_no_queued_kernel_uses():
+    # the free list of one size: the most recently freed allocation when no queued kernel uses it (after a
+    # synchronizing read all are idle), else the oldest idle one (kernels running behind use the newest), else fresh
+    # memory; never one a queued kernel still uses
+    from fusegrad.device import LRUAllocator
+    class Counted(LRUAllocator):
+        def __init__(self):
+            super().__init__()
+            self.busy, self.fresh = set(), 0
+        def _alloc(self, size, options):
+            self.fresh += 1
+            return f"fresh{self.fresh}"
+        def _idle(self, opaque): return opaque not in self.busy
+    alloc = Counted()
+    for name in ("a", "b", "c", "d"): alloc.free(name, 64)
+    assert alloc.alloc(64) == "d" and alloc.cached_bytes == 3 * 64
+    alloc.free("d", 64)
+    alloc.busy = {"c", "d"}
+    assert alloc.alloc(64) == "a"
+    alloc.busy = {"b", "c", "d"}
+    assert alloc.alloc(64) == "fresh1" and alloc.cached_bytes == 3 * 64
+    alloc.busy = {"b", "d"}
+    assert alloc.alloc(64) == "c"
+    alloc.busy = set()
+    assert [alloc.alloc(64) for _ in range(2)] == ["d", "b"] and alloc.cached_bytes == 0
+    assert alloc.alloc(64) == "fresh2"
