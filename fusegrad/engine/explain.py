@@ -76,7 +76,9 @@ def _users(topo: list[UOp]) -> dict[UOp, list[UOp]]:
 
 def _describe(u: UOp) -> str:
     shape = "x".join(str(d) for d in u.shape) if u.shape else "scalar"
-    return f"{u.op.name} {shape} {u.dtype.name if hasattr(u.dtype, 'name') else u.dtype}"
+    # (a function built as one node is named by its function: "linear", "gelu", "gradient of linear")
+    what = u.arg.name if u.op is Ops.COMPOSITE else u.op.name
+    return f"{what} {shape} {u.dtype.name if hasattr(u.dtype, 'name') else u.dtype}"
 
 # *** explain: every kernel boundary with its reason ***
 
@@ -145,7 +147,7 @@ class Explanation:
             note = f", {len(k.outputs)} outputs merged into one kernel" if k.merged else ""
             lines.append(f"kernel {k.index}: {k.kind}{note}")
             for desc, reason, fix, src in k.outputs:
-                made = f"made by {src}" if src is not None else f"made by {desc.split()[0]}"
+                made = f"made by {src}" if src is not None else f"made by {desc.rsplit(' ', 2)[0]}"
                 lines.append(f"  {desc} ({made})")
                 lines.append(f"    cut: {reason}")
                 lines.append(f"    to fuse: {fix}")

@@ -45,6 +45,13 @@ class Composite:
         settings = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
         return f"{self.build.__qualname__}({', '.join(settings)})"
 
+    @property
+    def name(self) -> str:
+        """What the node computes, for explanations: its function's name ("gelu", "linear"), or "gradient of" it."""
+        if self.build is _derivative: return f"gradient of {self.args[0].name}"
+        name = self.build.__name__.lstrip("_")
+        return name[:-len("_node")] if name.endswith("_node") else name
+
     def expand(self, srcs: tuple[UOp, ...]) -> UOp:
         """The node's graph over its sources `srcs`."""
         from fusegrad.tensor import Tensor

@@ -929,11 +929,11 @@ class NNMixin:
         from fusegrad.tensor.indexing import _check_index_values
         _check_index_values(Y, self.shape[-1], self.ndim - 1, negatives=False, name="target", ignore=ignore_index)
         # (without smoothing, one COMPOSITE node: a smoothing factor is a number a loop may change, so it's built)
-        if label_smoothing == 0: return self._sparse_ce_node(Y, ignore_index, reduction)
+        if label_smoothing == 0: return self._sparse_cross_entropy_node(Y, ignore_index, reduction)
         return templated(_tensor_cls()._sparse_ce_graph, (self, Y), (ignore_index, label_smoothing, reduction))
 
     @composite(shaped=True)
-    def _sparse_ce_node(self: Tensor, Y: Tensor, ignore_index: int, reduction: str) -> Tensor:
+    def _sparse_cross_entropy_node(self: Tensor, Y: Tensor, ignore_index: int, reduction: str) -> Tensor:
         return templated(_tensor_cls()._sparse_ce_graph, (self, Y), (ignore_index, 0.0, reduction))
 
     def _sparse_ce_graph(self: Tensor, Y: Tensor, ignore_index: int, label_smoothing: float,

@@ -127,3 +127,21 @@ def test_snapshot_reason():
                if any(r.startswith("a copy of the old values") for _, r, _, _ in k.outputs)]
     assert len(holders) == 1 and holders[0].merged and len(holders[0].outputs) == 5, text
     assert x.grad is not None
+
+def test_a_function_built_as_one_node_is_named_by_its_function(monkeypatch):
+    # a Linear layer, gelu and the cross-entropy are each one COMPOSITE node (tensor/composite.py), their gradients
+    # too: a kernel boundary at one names the function (its gradient), not the node's kind
+    import fusegrad.tensor
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    l1 = Linear(16, 32)
+    x, y = Tensor.randn(8, 16), Tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    h = l1(x).gelu()
+    loss = h.sparse_categorical_crossentropy(y)
+    loss.backward()
+    assert h.uop.op is Ops.COMPOSITE and l1.weight.grad.uop.op is Ops.COMPOSITE
+    text = Tensor.explain(h, l1.weight.grad)
+    assert "gelu 8x32 float (made by gelu)" in text, text
+    assert "gradient of linear 32x16 float (made by gradient of linear)" in text, text
+    assert "COMPOSITE" not in text
+    ce = ex.explain([loss.uop])
+    assert [d for k in ce.kernels for d, *_ in k.outputs][-1] == "sparse_cross_entropy scalar float"
