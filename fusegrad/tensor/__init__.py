@@ -1150,8 +1150,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             if len(xs) >= 2 and len(xs) == len(ws) and xs[-1] == ws[-2] and xs[:-2] == ws[:-2] and \
                     all(type(v) is int for v in xs) and all(type(v) is int for v in ws) and xs[-2] * ws[-1] > 1 and \
                     type(d := xu.device) is str and d == wu.device:
-                if dt not in _HALF_TYPES: return Tensor._of(matmul_nodes(xu, wu))
-                if not _long_half(dt, xs[-1], ws[-1], d): return Tensor._of(matmul_nodes(xu, wu, dtypes.float32))
+                if dt not in _HALF_TYPES or not _long_half(dt, xs[-1], ws[-1], d): return self._product(w)
         if not isinstance(w, Tensor): raise TypeError(f"matmul needs a Tensor, got {type(w).__name__}")
         if self.ndim == 0 or w.ndim == 0: raise ShapeError("matmul needs tensors with at least 1 dim, got a 0-d one")
         x, y = self, w
@@ -1195,6 +1194,13 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if squeeze_x: ret = ret.reshape(ret.shape[:-2] + ret.shape[-1:])
         if squeeze_y: ret = ret.reshape(ret.shape[:-1])
         return ret
+
+    @composite(shaped=True)
+    def _product(self, w: Tensor) -> Tensor:
+        """self @ w of dot's common case (equal batch dims, one dtype, int sizes, one device; a half type summed in
+        float32 without a float32 copy of self): one COMPOSITE node, the nodes of matmul_nodes when expanded."""
+        xu = self._uop
+        return Tensor._of(matmul_nodes(xu, w._uop, dtypes.float32 if xu.dtype in _HALF_TYPES else None))
 
     def matmul(self, x: Tensor, reverse: bool = False, dtype: DType | str | None = None) -> Tensor:
         """`self @ x` (with `reverse`, `x @ self`); see dot."""

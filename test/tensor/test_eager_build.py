@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from fusegrad import Tensor, dtypes
 from fusegrad.gradient import clamped
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.ops import Ops, UOp, _compute_shape
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_shape
 
 def _t(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
     return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
@@ -106,7 +106,7 @@ def test_one_hot_nodes_and_loss():
 def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reduction, dt, monkeypatch):
     # the loss over lazy or realized logits comes from a template built over placeholders (made again from it on
     # later calls): the very nodes the tensor operations make, and torch's values; logits that are views of lazy
-    # graphs (a matmul's reshape) build directly. Without smoothing the loss is one COMPOSITE node
+    # graphs (a slice of a matmul) build directly. Without smoothing the loss is one COMPOSITE node
     # (tensor/composite.py) whose graph, made when it is scheduled, is the template's
     import fusegrad.tensor
     from fusegrad.tensor import nn as tnn
@@ -117,8 +117,15 @@ def test_loss_from_template_is_the_built_graph(shape, ignore, smoothing, reducti
     seen = False   # (a key's first call builds directly: its template is made when it comes back)
     for call in range(2):
         a, w, b = _t(*shape[:-1], 6, seed=call), _t(6, shape[-1], seed=2), _t(shape[-1], seed=3)
-        for logits, templated in (((a @ w + b).cast(dt), True), ((a @ w).cast(dt), dt != a.dtype),
+        wider = _t(6, shape[-1] + 1, seed=4)
+        # (a matmul is one node, a COMPOSITE, which no construction looks into, until a realize over it makes the
+        # tensor hold its graph; a slice of one is a view, and so is the reshape of a 3-d @ 2-d product)
+        for logits, templated in (((a @ w + b).cast(dt), True), ((a @ w).cast(dt), None),
+                                  ((a @ wider)[..., 1:].cast(dt), dt != a.dtype),
                                   ((a @ w + b).cast(dt).realize(), True)):
+            if templated is None:   # (a view of a lazy graph, not of a buffer, builds directly)
+                u = logits.uop
+                templated = not (u.op in GroupOp.Movement and u.src[0].op is not Ops.BUFFER)
             labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
             labels[0] = min(ignore, 0) if ignore < 0 else labels[0]
             y = Tensor(labels)
