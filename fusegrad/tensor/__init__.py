@@ -19,7 +19,7 @@ from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.merge import SNAPSHOT
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
-from fusegrad.tensor.composite import composite, composite_work
+from fusegrad.tensor.composite import composite, reduction_work
 from fusegrad.tensor.creation import CreationMixin, check_size
 from fusegrad.tensor.indexing import IndexingMixin
 from fusegrad.tensor.elementwise import ElementwiseMixin
@@ -1259,7 +1259,7 @@ def _part_of_lazy_reduction(u: UOp) -> bool:
     if u.op not in GroupOp.Movement or is_realized(base := u.base): return False
     sizes = prod(u.shape), prod(base.shape)
     if any(is_symbolic(n) for n in sizes) or sizes[0] >= sizes[1]: return False
-    return any(n.op is Ops.REDUCE_AXIS or n.op is Ops.COMPOSITE and composite_work(n) != 0 for n in base.toposort())
+    return any(reduction_work(n) != 0 for n in base.toposort())
 
 def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
     """The graphs of these tensors, a sharded one's being its shards'."""
@@ -1387,10 +1387,8 @@ def _deferral_plan(u: UOp, reading: Container[UOp], targets: set[UOp], topo: dic
     work, frontier = 0, {}
     for x in own:
         if not walked(x): continue
-        if x.op is _REDUCE_AXIS or x.op is Ops.COMPOSITE:
-            if not isinstance(n := prod(x.src[0].shape) if x.op is _REDUCE_AXIS else composite_work(x), int):
-                return None
-            work += n
+        if not isinstance(n := reduction_work(x), int): return None
+        work += n
         for s in x.src:
             if not walked(s) and s in reading: frontier[s.base] = None
     kept: list[UOp] = []

@@ -89,14 +89,19 @@ def composite_work(c: UOp) -> int | None:
     srcs, work = set(c.src), 0
     for n in c.arg.expand(c.src).toposort(gate=lambda n: n not in srcs):
         if n in srcs: continue
-        n_work = prod(n.src[0].shape) if n.op is Ops.REDUCE_AXIS else composite_work(n) if n.op is Ops.COMPOSITE else 0
-        if not isinstance(n_work, int):
+        if not isinstance(n_work := reduction_work(n), int):
             work = None
             break
         work += n_work
     if len(_work_known) >= KNOWN_SIZE: _work_known.clear()
     _work_known[key] = work
     return work
+
+def reduction_work(n: UOp) -> int | None:
+    """The elements node `n` itself reduces: a REDUCE_AXIS's input, a COMPOSITE's composite_work, else 0; None (or
+    a symbolic size) where a size is symbolic."""
+    if n.op is Ops.REDUCE_AXIS: return prod(n.src[0].shape)
+    return composite_work(n) if n.op is Ops.COMPOSITE else 0
 
 def _named_composite(module: str, qualname: str, args: tuple, kwargs: tuple, shape: tuple | None) -> Composite:
     build: Any = sys.modules[module]
