@@ -1259,7 +1259,8 @@ def _part_of_lazy_reduction(u: UOp) -> bool:
     if u.op not in GroupOp.Movement or is_realized(base := u.base): return False
     sizes = prod(u.shape), prod(base.shape)
     if any(is_symbolic(n) for n in sizes) or sizes[0] >= sizes[1]: return False
-    return any(reduction_work(n) != 0 for n in base.toposort())
+    # (a symbolic or unknown amount counts as a reduction)
+    return any(not isinstance(w := reduction_work(n), int) or w != 0 for n in base.toposort())
 
 def _shards(tensors: Sequence[Tensor]) -> list[UOp]:
     """The graphs of these tensors, a sharded one's being its shards'."""
