@@ -1,9 +1,11 @@
 """Test helpers: build kernel ASTs by hand and run their C with ctypes on numpy arrays."""
 from __future__ import annotations
+import atexit
 import copy
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import numpy as np
@@ -17,6 +19,7 @@ from fusegrad.uop.ops import Ops, UOp
 
 RENDERER = ClangRenderer()
 _CACHE_DIR = tempfile.mkdtemp(prefix="fusegrad_codegen_test_")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 _libs: dict[str, ctypes.CDLL] = {}
 
 # the vector facts of the two x86 machines the heuristics are tuned for: (SIMD register bytes, vector registers)

@@ -141,10 +141,11 @@ def _helper_lib(flags: list[str]) -> ctypes.CDLL:
           "typedef unsigned int u32x16 __attribute__((vector_size(64), aligned(4)));\n" + \
           ren.render_kernel("dot2", ["const float* acc", "const bf16* a", "const float* lo", "const float* hi",
                                      "float* out"], body)
-    so = os.path.join(tempfile.mkdtemp(prefix="fusegrad_bf16dot_"), "dot2.so")
-    subprocess.run([*find_cc(), *ClangRenderer.compile_flags, *flags, "-shared", "-fPIC", "-x", "c", "-", "-o", so],
-                   input=src.encode(), check=True, capture_output=True)
-    return ctypes.CDLL(so)
+    with tempfile.TemporaryDirectory(prefix="fusegrad_bf16dot_") as folder:   # (loaded, the file isn't needed)
+        so = os.path.join(folder, "dot2.so")
+        subprocess.run([*find_cc(), *ClangRenderer.compile_flags, *flags, "-shared", "-fPIC", "-x", "c", "-", "-o", so],
+                       input=src.encode(), check=True, capture_output=True)
+        return ctypes.CDLL(so)
 
 def _bits(x: float) -> int:
     """The bfloat16 bits of a float32 value that bfloat16 holds exactly."""

@@ -41,10 +41,11 @@ def test_stream_helper_at_any_alignment():
     src = ren.render_kernel("put", ["float* p", "const float* v"],
                             [f"  f32x16 x; __builtin_memcpy(&x, v, 64); {name}(p, x); __builtin_ia32_sfence();"])
     src = "typedef float f32x16 __attribute__((vector_size(64), aligned(4)));\n" + src
-    so = os.path.join(tempfile.mkdtemp(prefix="fusegrad_stream_"), "put.so")
-    subprocess.run([*find_cc(), *ClangRenderer.compile_flags, "-shared", "-fPIC", "-x", "c", "-", "-o", so],
-                   input=src.encode(), check=True, capture_output=True)
-    put = ctypes.CDLL(so).put
+    with tempfile.TemporaryDirectory(prefix="fusegrad_stream_") as folder:   # (loaded, the file isn't needed)
+        so = os.path.join(folder, "put.so")
+        subprocess.run([*find_cc(), *ClangRenderer.compile_flags, "-shared", "-fPIC", "-x", "c", "-", "-o", so],
+                       input=src.encode(), check=True, capture_output=True)
+        put = ctypes.CDLL(so).put
     raw = np.zeros(128, np.float32)
     base = (-raw.ctypes.data % 64) // 4   # (the first element at a 64-byte boundary)
     v = np.arange(1, 17, dtype=np.float32)
