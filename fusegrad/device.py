@@ -116,6 +116,8 @@ class Allocator:
     """Device memory. A device implements `_alloc`/`_free` and the copies; `_as_buffer` (zero-copy host view) and
     `_offset` (a sub-range of an allocation, for Buffer views) are optional."""
     supports_views: bool = False
+    # whether Buffers of this device may trade allocations (Buffer.exchange_memory), where _exchangeable allows
+    exchanges_memory: bool = False
     def alloc(self, size: int, options: Any = None) -> Any:
         if size < 0: raise ValueError(f"can't allocate {size} bytes")
         return self._alloc(size, options)
@@ -125,6 +127,9 @@ class Allocator:
     def _copyin(self, dest: Any, src: memoryview) -> None: raise NotImplementedError
     def _copyout(self, dest: memoryview, src: Any) -> None: raise NotImplementedError
     def _offset(self, opaque: Any, size: int, offset: int) -> Any: raise NotImplementedError(f"{self} has no views")
+    def _exchangeable(self, opaque: Any) -> bool:
+        """Whether nothing but its Buffer holds this allocation's address for later use (no host view reads it)."""
+        return False
 
 # 0: freed memory goes straight back to the device instead of the allocators' caches (LRUAllocator)
 LRU = ContextVar.get("LRU", 1)
@@ -210,6 +215,8 @@ class Buffer:
             if offset < 0 or offset + self.nbytes > base.nbytes:
                 raise ValueError(f"view of {self.nbytes} bytes at offset {offset} exceeds base of {base.nbytes} bytes")
             self._base = base
+            # (a view takes its base's address when allocated: the base's memory may no longer change hands)
+            base._viewed = True
         elif offset != 0: raise ValueError("only views have an offset")
         if opaque is not None: self.allocate(opaque)
 
@@ -250,6 +257,24 @@ class Buffer:
             self._buf, self._owned = self.allocator.alloc(nbytes), True
             GlobalCounters.mem_used += nbytes
         return self
+
+    def exchange_memory(self, other: Buffer) -> bool:
+        """Trade allocations with `other`, a base Buffer of the same device and size: a copy of a buffer about to be
+        overwritten whole (a snapshot of a weight the optimizer updates) takes the buffer's memory, and the buffer the
+        copy's fresh memory, so nothing is copied. Queued kernels keep the addresses they were given, so the
+        allocations' pending work goes with them. False, with nothing changed, where something else may hold either
+        address for later use: a view of either Buffer, a host view of its memory, memory it didn't allocate."""
+        a, b = self.__dict__, other.__dict__
+        if self._base is not None or other._base is not None or "_viewed" in a or "_viewed" in b or \
+                self.device != other.device or self.nbytes != other.nbytes or not a.get("_owned") or \
+                not b.get("_owned"):
+            return False
+        allocator = self.allocator
+        if not allocator.exchanges_memory or not allocator._exchangeable(a["_buf"]) or \
+                not allocator._exchangeable(b["_buf"]):
+            return False
+        a["_buf"], b["_buf"] = b["_buf"], a["_buf"]
+        return True
 
     def deallocate(self) -> None:
         """Give the memory back (to the allocator's cache). Views just drop their handle."""

@@ -21,6 +21,7 @@ from fusegrad.runtime.cpu_memory import CPUAllocator
 from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
 from fusegrad.runtime.cpu_program import CPUProgram, LaunchGraph
 from fusegrad.schedule.linear import ScheduleItem
+from fusegrad.schedule.merge import TAKES_MEMORY
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _c_idiv, _c_mod, _compute_min_max, _minmax_of_products, \
@@ -514,13 +515,17 @@ class CompiledRunner(Runner):
 
 class BufferCopy(Runner):
     """Copies bufs[1] into bufs[0] (same or different devices) through host memory, or device to device where both
-    allocators are of one kind that has `_transfer`; with `src_offset`, a part of bufs[1] from that byte on."""
-    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int | None = None):
-        name = f"copy {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
-        super().__init__(colored(name, "yellow"), dest_device, Estimates(mem=nbytes))
-        self.src_offset = src_offset
+    allocators are of one kind that has `_transfer`; with `src_offset`, a part of bufs[1] from that byte on. With
+    `takes_memory` (a snapshot of a buffer that the schedule overwrites whole next: schedule/merge.py
+    _snapshot_by_exchange), the copy takes bufs[1]'s memory and leaves it bufs[0]'s where they can trade
+    (Buffer.exchange_memory); bufs[1]'s contents are then undefined until it is written."""
+    def __init__(self, nbytes: int, dest_device: str, src_device: str, src_offset: int | None = None,
+                 takes_memory: bool = False):
+        name = f"{'take' if takes_memory else 'copy'} {nbytes:8d}, {dest_device[:7]:>7s} <- {src_device[:7]:7s}"
+        super().__init__(colored(name, "yellow"), dest_device, Estimates(mem=0 if takes_memory else nbytes))
+        self.src_offset, self.takes_memory = src_offset, takes_memory
         # (a prepared launch's work, as CompiledRunner's: ops, bytes moved)
-        self._static_work = (0, nbytes)
+        self._static_work = (0, 0 if takes_memory else nbytes)
 
     def _work(self, var_vals: dict[str, int]) -> tuple[int, int]: return self._static_work
 
@@ -532,7 +537,8 @@ class BufferCopy(Runner):
         buffer of its own, never memory the source still uses (memory planning shares storage only between buffers
         whose uses don't overlap)."""
         dest, src = rawbufs[0], rawbufs[1]
-        if self.src_offset or dest.nbytes != src.nbytes or dest.nbytes == 0 or \
+        # (one that takes memory runs in order, at its turn: the kernels after it take the addresses it leaves)
+        if self.src_offset or self.takes_memory or dest.nbytes != src.nbytes or dest.nbytes == 0 or \
                 (prg := _host_copy_program(dest, src)) is None:
             return None
         threads = Device[dest.device].max_threads if dest.nbytes >= THREAD_MIN_MEM else 1
@@ -548,6 +554,7 @@ class BufferCopy(Runner):
         if off is not None and off + dest.nbytes > src.nbytes:
             raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
         if dest.nbytes == 0: return 0.0 if wait else None  # nothing to move (a launch runs at least one item)
+        if self.takes_memory and dest.ensure_allocated().exchange_memory(src): return 0.0 if wait else None
         if (prg := _host_copy_program(dest, src)) is not None:
             # host memory to host memory: queued as a kernel, so the caller doesn't wait for the kernels before it
             part = src._buf if not off and dest.nbytes == src.nbytes else \
@@ -904,7 +911,9 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
     elif si.ast.op is Ops.COPY:
         dest, src = si.bufs[0], si.bufs[1]
         assert dest is not None and src is not None, "a COPY needs a destination and a source buffer"
-        prg = BufferCopy(dest.nbytes, dest.device, src.device, si.ast.arg[1] if isinstance(si.ast.arg, tuple) else None)
+        arg = si.ast.arg if isinstance(si.ast.arg, tuple) else ()
+        prg = BufferCopy(dest.nbytes, dest.device, src.device, arg[1] if len(arg) > 1 else None,
+                         takes_memory=arg[-1:] == (TAKES_MEMORY,))
     elif si.ast.op is Ops.BUFFER_VIEW:
         assert si.bufs[0] is not None
         prg = ViewOp(si.bufs[0])

@@ -95,6 +95,11 @@ class CPUAllocator(LRUAllocator):
         ret._finalizer.atexit = False  # at exit the OS takes the memory back anyway
         return ret
 
+    # (kernels take an allocation's address per launch, a TinyJit's prepared launches check it per replay)
+    exchanges_memory = True
+    def _exchangeable(self, opaque: ctypes.Array) -> bool:
+        return "_root" not in opaque.__dict__ and not has_host_view(opaque)
+
     def _offset(self, opaque: ctypes.Array, size: int, offset: int) -> ctypes.Array:
         view = (ctypes.c_uint8 * size).from_buffer(opaque, offset)
         view._root = getattr(opaque, "_root", opaque)  # exports are tracked on the allocation itself

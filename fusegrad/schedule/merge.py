@@ -4,8 +4,9 @@ pass that stores it and a third that loads it back. An optimizer's new moment, r
 for element (Adam: three kernels per parameter become one); a row's mean and variance, read by every element of the
 row (the layernorm kernel that writes the output also stores the statistics its backward reads: stored once per row,
 after the row's reductions, at the loops the row's elements run in). And a snapshot, the copy of a buffer that a
-lazy reader of its old value keeps (the gradient into a model's input, over weights the optimizer overwrites), is
-stored by the kernel that overwrites the buffer, from the old value that kernel loads anyway: no pass of its own."""
+lazy reader of its old value keeps (the gradient into a model's input, over weights the optimizer overwrites), takes
+the memory of the buffer the kernel overwrites, which gets the snapshot's (on the CPU), or is stored by that kernel,
+from the old value it loads anyway: no pass of its own."""
 from __future__ import annotations
 import functools
 from fusegrad.device import Device
@@ -21,8 +22,11 @@ _MUL, _RANGE, _REDUCE, _REDUCE_AXIS, _SINK = Ops.MUL, Ops.RANGE, Ops.REDUCE, Ops
 _COPY, _STORE = Ops.COPY, Ops.STORE
 
 # the arg of a COPY node that is a snapshot (tensor/__init__.py _snapshot), kept in its copy kernel's AST (the last
-# element of its arg): such a copy may be stored by the kernel that overwrites its source (_snapshot_into)
+# element of its arg): such a copy may take its source's memory (_snapshot_by_exchange) or be stored by the kernel
+# that overwrites its source (_snapshot_into)
 SNAPSHOT = "snapshot"
+# the mark that replaces it in a copy that takes its source's memory (engine/realize.py BufferCopy)
+TAKES_MEMORY = "takes memory"
 
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
@@ -418,12 +422,32 @@ def merge_kernels(root: UOp) -> dict[UOp, UOp]:
                 continue
             if join(g, other, _side_by_side(merged.get(other, other), merged.get(g, g))): break
         else: scalars.append(g)
-    # last, a snapshot of a buffer goes into the kernel overwriting it (one writer, and nothing the writer waits for
-    # waits for the snapshot). It counts in no limit: a store of a value loaded anyway costs no compile time
+    # last, a snapshot of a buffer that one kernel overwrites whole takes the buffer's memory, and the buffer gets
+    # the snapshot's: the writer reads the old values from the snapshot, as does every other reader of them in the
+    # schedule. Where memory can't change hands (another device), the writer stores the snapshot, from the old values
+    # it loads anyway (one writer, and nothing the writer waits for waits for the snapshot). Neither counts in a
+    # limit: a store of a value loaded anyway costs no compile time
     writers = _writers(kernels)
+    copies: dict[UOp, UOp] | None = None   # a copy kernel -> the ASSIGN of its output (found once, if needed)
     for k in kernels:
         if k.arg.op is not _COPY or k.arg.arg[-1] != SNAPSHOT or len(ws := writers.get(k.src[1], ())) != 1: continue
         g = find(next(iter(ws)))
+        if Device[k.src[1].device].allocator.exchanges_memory:
+            if copies is None:
+                copies = {u.src[1]: u for u in topo if u.op is _ASSIGN and u.src[1].op is _KERNEL and
+                          u.src[1].arg.op is _COPY}
+            readers = {find(r): None for r in kernels if r is not k and k.src[1] in r.src[len(kernel_outputs(r)):]}
+            if k in copies and (exchanged := _snapshot_by_exchange(k, merged.get(g, g), copies[k])) is not None and \
+                    all(merged.get(r, r).arg.op in (_SINK, _COPY) for r in readers if r is not g):
+                merged[k], merged[g] = exchanged
+                for r in readers:
+                    if r is g: continue
+                    # (the other readers of the old values read them from the snapshot, after it has taken them)
+                    kr = merged.get(r, r)
+                    n = len(kernel_outputs(kr))
+                    merged[r] = kr.replace(src=kr.src[:n] + tuple(copies[k] if s is k.src[1] else s
+                                                                  for s in kr.src[n:]))
+                continue
         if not reaches(group_deps(g) - {k}, k): join(k, g, _snapshot_into(k, merged.get(g, g)))
     if not merged: return {u: u for u in topo}
     replacement = {m: g for g in merged for m in members[g]}
@@ -437,19 +461,19 @@ def _writers(kernels: list[UOp]) -> dict[UOp, set[UOp]]:
             if (mem := buffer_node(o)) is not None: writers.setdefault(mem, set()).add(k)
     return writers
 
-def _snapshot_into(copy: UOp, writer: UOp) -> UOp | None:
-    """The KERNEL `writer` (a SINK of stores) storing also what KERNEL `copy` (a snapshot) copies: the whole of a
-    buffer that the writer overwrites element for element, each element's old value taken from the writer's load of
-    it, at the index stored, before the store (which needs the load). The copy's destination becomes the writer's
-    last output. None where the writer doesn't load every element's old value once or the copy isn't of the whole
-    buffer."""
+def _old_value_loads(copy: UOp, writer: UOp) -> tuple[int, list[UOp]] | None:
+    """For KERNEL `copy` (a snapshot) and KERNEL `writer` (a SINK of stores) overwriting the buffer it copies: the
+    writer's output slot of that buffer and its loads of the old values, where the copy is of the whole buffer and
+    the writer overwrites it element for element, each element's old value loaded only at the index stored, before
+    the store (which needs the load). None otherwise."""
     w_ast, src = writer.arg, copy.src[1]
     if w_ast.op is not _SINK or src.op is not _BUFFER or copy.arg.arg[1] != 0 or \
             copy.arg.arg[0] != src.arg[1] * src.dtype.itemsize:
         return None
     n_out = len(w_ast.src)
     slot = next((i for i, o in enumerate(writer.src[:n_out]) if buffer_node(o) is src), None)
-    if slot is None: return None
+    # (a writer reading the buffer through another argument too reads it elsewhere than where it stores)
+    if slot is None or src in writer.src[n_out:]: return None
     st = w_ast.src[slot]
     idx = st.src[0]
     if len(idx.src) != 2 or not _whole(idx.src[1], src.arg[1]): return None
@@ -457,6 +481,32 @@ def _snapshot_into(copy: UOp, writer: UOp) -> UOp | None:
     if not loads or any(len(ld.src[0].src) != 2 or not _same_index(ld.src[0].src[1], idx.src[1]) for ld in loads) or \
             not all(ld in st.src[1].toposort() for ld in loads):
         return None
+    return slot, loads
+
+def _snapshot_by_exchange(copy: UOp, writer: UOp, copied: UOp) -> tuple[UOp, UOp] | None:
+    """KERNEL `copy` (a snapshot) as a copy that takes its source's memory (TAKES_MEMORY: the buffer gets the
+    snapshot's fresh memory), and KERNEL `writer`, which overwrites that buffer, loading the old values from the
+    snapshot (`copied`: the ASSIGN of the copy's output) instead: no store of the snapshot and no copy. None where
+    _old_value_loads finds the writer reads the old values elsewhere than where it stores them."""
+    if (found := _old_value_loads(copy, writer)) is None: return None
+    slot, loads = found
+    w_ast = writer.arg
+    # the snapshot is the argument after the writer's buffers
+    n_glob = _n_globals(w_ast)
+    snap = w_ast.src[slot].src[0].src[0].replace(arg=n_glob)
+    ast = w_ast.substitute({ld: ld.replace(src=(ld.src[0].replace(src=(snap, ld.src[0].src[1])), *ld.src[1:]))
+                            for ld in loads})
+    taking = UOp(_KERNEL, copy.dtype, copy.src, copy.arg.replace(arg=copy.arg.arg[:-1] + (TAKES_MEMORY,)))
+    return taking, UOp(_KERNEL, writer.dtype, (*writer.src[:n_glob], copied, *writer.src[n_glob:]), ast)
+
+def _snapshot_into(copy: UOp, writer: UOp) -> UOp | None:
+    """The KERNEL `writer` (a SINK of stores) storing also what KERNEL `copy` (a snapshot) copies, from the old values
+    it loads (see _old_value_loads). The copy's destination becomes the writer's last output. None where
+    _old_value_loads finds none to store."""
+    if (found := _old_value_loads(copy, writer)) is None: return None
+    slot, _ = found
+    w_ast = writer.arg
+    n_out = len(w_ast.src)
     # the destination is argument n_out, the arguments after the outputs move up by one
     n_glob = _n_globals(w_ast)
     moved = _renumber(w_ast, {i: i if i < n_out else i + 1 for i in range(n_glob)},

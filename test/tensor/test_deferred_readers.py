@@ -200,43 +200,156 @@ def test_reads_of_targets_asked_in_any_order():
         for i in rng.permutation(len(topo)): assert (topo[i] in reads) == expected[topo[i]]
         assert any(expected.values()) and not all(expected.values())
 
-def test_snapshot_of_the_weights_is_stored_by_the_kernel_updating_them():
-    # the copy of the first layer's weights that the input's gradient keeps is stored by the optimizer's kernel that
-    # overwrites them (schedule/merge.py _snapshot_into), from the weights it loads: no copy of its own in the step
+def _takes_memory(ei) -> bool:
+    from fusegrad.schedule.merge import TAKES_MEMORY
+    return ei.ast.op is Ops.COPY and ei.ast.arg[-1] == TAKES_MEMORY
+
+def test_snapshot_of_the_weights_takes_their_memory():
+    # the copy of the first layer's weights that the input's gradient keeps takes their memory, and the optimizer's
+    # kernel writes the new weights into the copy's fresh memory, reading the old ones from the copy (schedule/merge.py
+    # _snapshot_by_exchange): nothing is copied or stored twice in the step
+    from fusegrad.uop.ops import device_buffer
     params, xs, ys = _mlp(7)
     opt = nn.optim.Adam(params, lr=1e-2)
     tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
     topt = torch.optim.Adam(tparams, lr=1e-2)
     for step in range(3):
         before = [p.numpy().copy() for p in params]
+        memory = device_buffer(params[0].uop)._buf
         xi = np.roll(xs, step, axis=0)
         x, y = Tensor(xi), Tensor(ys)
         with Tensor.train():
             opt.zero_grad()
             _forward(params, x).sparse_categorical_crossentropy(y).backward()
             items = Tensor.schedule(*opt.schedule_step())
-        assert not any(ei.ast.op is Ops.COPY for ei in items), f"step {step}"
-        snapshot_stores = [ei for ei in items if ei.ast.op is Ops.SINK and
-                           any(b is not None and b.nbytes == before[0].nbytes for b in ei.bufs[:5]) and
-                           sum(1 for s in ei.ast.src if s.op is Ops.STORE) == 5]
-        assert len(snapshot_stores) == 1, f"step {step}"
         for ei in items: ei.run()
+        copies = [ei for ei in items if ei.ast.op is Ops.COPY]
+        assert [ei.bufs[1] for ei in copies] == [device_buffer(params[0].uop)], f"step {step}"
+        assert _takes_memory(copies[0]) and device_buffer(params[0].uop)._buf is not memory, f"step {step}"
+        # (the kernel updating the weights stores their gradient, which .grad keeps, the weights and their two
+        # moments: no snapshot)
+        update = [ei for ei in items if ei.ast.op is Ops.SINK and device_buffer(params[0].uop) in ei.outputs()]
+        assert len(update) == 1 and len(update[0].outputs()) == 4, f"step {step}"
         _torch_step(tparams, topt, xi, ys)
         np.testing.assert_allclose(x.grad.numpy(), _torch_mlp(before, xi, ys)[1], rtol=1e-4, atol=1e-7,
                                    err_msg=f"step {step}")
         for p, tp in zip(params, tparams):
             np.testing.assert_allclose(p.numpy(), tp.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=f"step {step}")
 
+def test_snapshot_keeps_the_memory_that_a_host_view_reads():
+    # a live host view of the weights' memory (a zero-copy memoryview) expects the new values there after the write:
+    # the snapshot copies instead of taking the memory, and the values are the same
+    from fusegrad.uop.ops import device_buffer
+    rng = np.random.default_rng(12)
+    ws, ms = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    w, m = Tensor(ws).realize(), Tensor(ms).realize()
+    buf = device_buffer(w.uop)
+    memory = buf._buf
+    view = buf.as_buffer(allow_zero_copy=True)
+    reader = w @ m                                   # deferred over a snapshot of w
+    w.assign(w * 3 - 1).realize()
+    assert device_buffer(w.uop)._buf is memory
+    np.testing.assert_allclose(np.frombuffer(view, np.float32).reshape(40, 24), ws * 3 - 1, rtol=1e-6)
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+    del view
+
+def test_snapshot_keeps_the_memory_of_a_viewed_buffer():
+    # a Buffer view took the weights' address when allocated: the snapshot copies, and the view reads the new values
+    from fusegrad.uop.ops import device_buffer
+    rng = np.random.default_rng(13)
+    ws, ms = rng.standard_normal((32, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    w, m = Tensor(ws).realize(), Tensor(ms).realize()
+    part = device_buffer(w.uop).view(16, w.dtype, 64).ensure_allocated()   # (elements 16..31)
+    reader = w @ m
+    w.assign(w + 2).realize()
+    out = np.empty(16, np.float32)
+    part.copyout(memoryview(out).cast("B"))
+    np.testing.assert_allclose(out, ws.reshape(-1)[16:32] + 2, rtol=1e-6)
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+
+def test_readers_of_the_old_values_in_the_same_schedule_read_the_snapshot():
+    # a cheap reader of the old weights computed with the write (their row sums) and the deferred product both see
+    # the values before the write, though the weights' memory went to the snapshot
+    rng = np.random.default_rng(14)
+    ws, ms = rng.standard_normal((48, 32)).astype(np.float32), rng.standard_normal((32, 48)).astype(np.float32)
+    w, m = Tensor(ws).realize(), Tensor(ms).realize()
+    sums = w.sum(axis=1)
+    reader = w @ m
+    w.assign(w * 0.5 + 1)
+    items = Tensor.schedule(w, sums)
+    for ei in items: ei.run()
+    assert any(_takes_memory(ei) for ei in items)
+    np.testing.assert_allclose(sums.numpy(), ws.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.numpy(), ws * 0.5 + 1, rtol=1e-6)
+
+def test_jitted_function_reads_weights_whose_memory_an_eager_step_moved():
+    # a TinyJit captured over the weights, replayed after eager steps that moved their memory to snapshots, reads
+    # the weights' current memory (its prepared launches are made again when a buffer's memory changed)
+    from fusegrad.uop.ops import device_buffer
+    params, xs, ys = _mlp(15)
+    opt = nn.optim.SGD(params, lr=0.1)
+    predict = TinyJit(lambda x: _forward(params, x).realize())
+    xt = Tensor(xs).realize()
+    for _ in range(3): predict(xt)
+    tparams = [torch.tensor(p.numpy(), requires_grad=True) for p in params]
+    topt = torch.optim.SGD(tparams, lr=0.1)
+    for step in range(3):
+        memory = device_buffer(params[0].uop)._buf
+        xi = np.roll(xs, step, axis=0)
+        with Tensor.train():
+            opt.zero_grad()
+            x = Tensor(xi)
+            _forward(params, x).sparse_categorical_crossentropy(Tensor(ys)).backward()
+            opt.step()
+        assert device_buffer(params[0].uop)._buf is not memory
+        _torch_step(tparams, topt, xi, ys)
+        with torch.no_grad():
+            want = (torch.relu(torch.tensor(xs) @ tparams[0].T + tparams[1]) @ tparams[2].T + tparams[3]).numpy()
+        np.testing.assert_allclose(predict(xt).numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+
+def test_buffer_exchange_memory():
+    # two Buffers trade memory only where nothing else holds either address: not views, host views, memory passed
+    # in, another size
+    import ctypes
+    from fusegrad.device import Buffer
+    from fusegrad.dtype import dtypes
+    def filled(n: int, v: float) -> Buffer:
+        b = Buffer("CPU", n, dtypes.float32).ensure_allocated()
+        b.copyin(memoryview(np.full(n, v, np.float32)).cast("B"))
+        return b
+    def values(b: Buffer) -> np.ndarray:
+        out = np.empty(b.size, np.float32)
+        b.copyout(memoryview(out).cast("B"))
+        return out
+    a, b = filled(8, 1.0), filled(8, 2.0)
+    assert a.exchange_memory(b)
+    assert (values(a) == 2).all() and (values(b) == 1).all()
+    assert not a.exchange_memory(filled(4, 3.0))                   # another size
+    viewed = filled(8, 4.0)
+    viewed.view(2, dtypes.float32, 0)
+    assert not a.exchange_memory(viewed) and not viewed.exchange_memory(a)
+    exported = filled(8, 5.0)
+    host = exported.as_buffer(allow_zero_copy=True)
+    assert not a.exchange_memory(exported)
+    del host
+    assert a.exchange_memory(exported) and (values(a) == 5).all()
+    raw = np.full(8, 6.0, np.float32)
+    given = Buffer("CPU", 8, dtypes.float32, opaque=(ctypes.c_uint8 * 32).from_buffer(raw))
+    assert not a.exchange_memory(given) and (values(a) == 5).all()
+    assert not a.exchange_memory(Buffer("CPU", 8, dtypes.float32))   # not allocated: no memory to trade
+
 def _snapshot_merges(monkeypatch) -> list[bool]:
-    """Whether each snapshot merge.py was asked to store in the kernel overwriting its buffer was stored there."""
+    """Whether each snapshot merge.py was asked to take the memory of the buffer it copies (the kernel overwriting it
+    then reads the old values from the snapshot) could."""
     import fusegrad.schedule.merge as M
     made: list[bool] = []
-    plain = M._snapshot_into
-    def recording(copy, writer):
-        k = plain(copy, writer)
+    plain = M._snapshot_by_exchange
+    def recording(copy, writer, copied):
+        k = plain(copy, writer, copied)
         made.append(k is not None)
         return k
-    monkeypatch.setattr(M, "_snapshot_into", recording)
+    monkeypatch.setattr(M, "_snapshot_by_exchange", recording)
     return made
 
 def test_snapshot_of_a_buffer_written_in_part_keeps_every_element(monkeypatch):
@@ -280,9 +393,10 @@ def test_snapshot_of_a_buffer_overwritten_without_reading_it_is_a_copy():
     np.testing.assert_allclose(reader.numpy(), ws @ ms, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(w.numpy(), np.exp(vs), rtol=1e-5)
 
-def test_snapshot_stored_by_a_transposed_write(monkeypatch):
-    # an update written through a transposed view stores every element once: the snapshot is stored by it, in the
-    # buffer's own order (the assign to a view is realized at once)
+def test_snapshot_taken_by_a_transposed_write(monkeypatch):
+    # an update written through a transposed view stores every element once: the snapshot takes the buffer's memory
+    # and the update reads the old values from it, in the buffer's own order (the assign to a view is realized at
+    # once)
     merges = _snapshot_merges(monkeypatch)
     rng = np.random.default_rng(10)
     ws, ms = rng.standard_normal((40, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
