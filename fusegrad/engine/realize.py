@@ -529,6 +529,10 @@ class BufferCopy(Runner):
 
     def _work(self, var_vals: dict[str, int]) -> tuple[int, int]: return self._static_work
 
+    def take(self, rawbufs: list[Buffer]) -> bool:
+        """Whether bufs[0] took bufs[1]'s memory (for `takes_memory`; else the copy copies)."""
+        return rawbufs[0].nbytes > 0 and rawbufs[0].ensure_allocated().exchange_memory(rawbufs[1])
+
     def prepare(self, rawbufs: list[Buffer], varying: tuple[int, ...] = ()) \
             -> tuple[Callable[..., None], tuple[int, ...]] | None:
         """The copy as a prepared launch (see CompiledRunner.prepare) where it is queued as a kernel: a whole buffer
@@ -554,7 +558,7 @@ class BufferCopy(Runner):
         if off is not None and off + dest.nbytes > src.nbytes:
             raise ValueError(f"copy of {dest.nbytes} bytes from byte {off} of a {src.nbytes} byte buffer")
         if dest.nbytes == 0: return 0.0 if wait else None  # nothing to move (a launch runs at least one item)
-        if self.takes_memory and dest.ensure_allocated().exchange_memory(src): return 0.0 if wait else None
+        if self.takes_memory and self.take(rawbufs): return 0.0 if wait else None
         if (prg := _host_copy_program(dest, src)) is not None:
             # host memory to host memory: queued as a kernel, so the caller doesn't wait for the kernels before it
             part = src._buf if not off and dest.nbytes == src.nbytes else \
@@ -1025,8 +1029,9 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
                         tuple(range(len(kbufs))))
                     state = prepared[i] = False if made is None else (made[0], made[1], vals)
             if state is False:
-                ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=runners[i]).run(None,
-                                                                                    do_update_stats=do_update_stats)
+                # (a copy taking its source's memory trades it here, without an ExecItem: an eager step makes one)
+                if not (type(prg := runners[i]) is BufferCopy and prg.takes_memory and prg.take(kbufs)):
+                    ExecItem(ast, kbufs, fixedvars=dict(fixedvars), prg=prg).run(None, do_update_stats=do_update_stats)
                 continue
             if mine is None or mine[0] is not state: mine = direct[i] = _direct_launch(state, refs, runners[i])
             work = mine[3] if mine[3] is not None else runners[i]._work(fixedvars)  # type: ignore[attr-defined]
