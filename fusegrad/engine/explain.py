@@ -130,6 +130,9 @@ def reason_text(why: tuple) -> tuple[str, str]:
             "a hard boundary"
     raise ValueError(f"no text for the scheduler's reason {why!r}")
 
+# how an output inside a function built as one node is described: "MAX 64x10 float inside sparse_cross_entropy"
+INSIDE = " inside "
+
 @dataclass
 class KernelExplained:
     """One kernel of a schedule: what it computes and why each of its outputs got a buffer."""
@@ -148,7 +151,9 @@ class Explanation:
             note = f", {len(k.outputs)} outputs merged into one kernel" if k.merged else ""
             lines.append(f"kernel {k.index}: {k.kind}{note}")
             for desc, reason, fix, src in k.outputs:
-                made = f"made by {src}" if src is not None else f"made by {desc.rsplit(' ', 2)[0]}"
+                # (without a recorded source: the function a node inside one came from, else the node's kind)
+                made = f"made by {src}" if src is not None else \
+                    f"made by {desc.split(INSIDE)[1] if INSIDE in desc else desc.rsplit(' ', 2)[0]}"
                 lines.append(f"  {desc} ({made})")
                 lines.append(f"    cut: {reason}")
                 lines.append(f"    to fuse: {fix}")
@@ -180,6 +185,21 @@ class _Scheduled:
     results: list[UOp]
     ssink: UOp
 
+def _inside_composites(topo: list[UOp], simplified: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """Each node of the simplified graph that a COMPOSITE's expansion made (not one of its operands' nodes) -> that
+    COMPOSITE (the user's node), for naming a kernel boundary inside a function built as one node: each composite
+    expanded over its simplified operands and simplified as sym_tensor does, which makes the same nodes."""
+    inside: dict[UOp, UOp] = {}
+    for c in topo:
+        if c.op is not Ops.COMPOSITE: continue
+        srcs = tuple(simplified.get(x, x) for x in c.src)
+        expanded = c.arg.expand(srcs)
+        final = graph_rewrite_map(expanded, sym_tensor, name="sym_tensor").get(expanded, expanded)
+        operands = set(UOp.sink_of(*srcs).toposort())
+        for n in final.toposort(gate=lambda x: x not in operands):
+            if n not in operands: inside.setdefault(n, c)
+    return inside
+
 def _schedule(roots: list[UOp]) -> _Scheduled:
     """Kernelize the graph of `roots` with reasons recorded, without touching the schedule cache or any tensor."""
     sink = UOp.sink_of(*roots)
@@ -206,6 +226,7 @@ def _explain(s: _Scheduled) -> Explanation:
     users = _users(s.topo)
     original: dict[UOp, UOp] = {}  # simplified node -> the user's node it came from
     for o, n in s.simplified.items(): original.setdefault(n, o)
+    inside = _inside_composites(s.topo, s.simplified) if any(u.op is Ops.COMPOSITE for u in s.topo) else {}
     by_kernel: dict[UOp, list[UOp]] = {}
     for n in s.why:
         if n in s.kmap and (k := _kernel_of(s.kmap[n])) is not None: by_kernel.setdefault(k, []).append(n)
@@ -219,13 +240,16 @@ def _explain(s: _Scheduled) -> Explanation:
         for n in nodes:
             reason, fix = reason_text(s.why[n])
             o = original.get(n, n)
-            src = source_of(o, users)
+            # (a node inside a function built as one node is named with that function, from its call)
+            composite = inside.get(n) if n not in original else None
+            src = source_of(o if composite is None else composite, users)
             if s.why[n] == ("always", "CONTIGUOUS") and src is not None and src.api != "contiguous":
                 reason, fix = f"{src.api}() makes its result contiguous (a buffer of its own)", "a hard boundary"
             if n in outer:
                 reason += "; stored where it is computed, in a kernel with more loops, once per element of its " \
                           "outer loops (several outputs across a reduction)"
-            outputs.append((_describe(o), reason, fix, src))
+            desc = _describe(o) if composite is None else f"{_describe(o)}{INSIDE}{composite.arg.name}"
+            outputs.append((desc, reason, fix, src))
         if not nodes:
             # a kernel no realized node names: the temporary an assign computes its value into (kernelize.py
             # build_kernel), read only by the assign's kernel

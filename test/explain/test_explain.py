@@ -152,3 +152,20 @@ def test_a_function_built_as_one_node_is_named_by_its_function(monkeypatch):
     assert "COMPOSITE" not in text
     ce = ex.explain([loss.uop])
     assert [d for k in ce.kernels for d, *_ in k.outputs][-1] == "sparse_cross_entropy scalar float"
+
+def test_a_boundary_inside_a_function_built_as_one_node_names_the_function(monkeypatch):
+    # the product inside a Linear layer's node is a kernel boundary when its result is read twice (by the relu's
+    # value and by the backward's mask): named with the function whose graph made it, not only by its kind
+    import fusegrad.tensor
+    monkeypatch.setattr(fusegrad.tensor, "_sharding_used", False)
+    l1, l2 = Linear(16, 32), Linear(32, 4)
+    x, y = Tensor.randn(64, 16), Tensor([0, 1, 2, 3] * 16)
+    l2(l1(x).relu()).sparse_categorical_crossentropy(y).backward()
+    assert l1.weight.grad is not None
+    explained = ex.explain([l1.weight.grad.uop, l2.weight.grad.uop])
+    descs = [d for k in explained.kernels for d, *_ in k.outputs]
+    # (the first layer's product, 64 rows by 32 columns summed over 16: a reduction inside "linear")
+    assert "REDUCE_AXIS 64x32x1 float inside linear" in descs, descs
+    assert all("COMPOSITE" not in d for d in descs)
+    text = str(explained)
+    assert "REDUCE_AXIS 64x32x1 float inside linear (made by linear)" in text, text
