@@ -2,6 +2,7 @@
 them (the padded row unrolled, the weight gradient along its output channels) and their values against torch; and a
 vector square root in a kernel with gated loads."""
 from __future__ import annotations
+import math
 import platform
 import subprocess
 import numpy as np
@@ -102,3 +103,32 @@ def test_gated_vector_sqrt(monkeypatch: pytest.MonkeyPatch):
         asm = subprocess.run(["cc", *RENDERER.compile_flags, "-S", "-x", "c", "-", "-o", "-"], input=src,
                              capture_output=True, text=True, check=True).stdout
         assert "sqrtps" in asm and "sqrtss" not in asm
+
+@pytest.mark.parametrize("n, c, side", [(16, 512, 2), (16, 256, 4)])
+def test_last_stage_convs_take_one_channel_vector(monkeypatch: pytest.MonkeyPatch, n: int, c: int, side: int):
+    """ResNet-18's last stages at 64 pixels: 3x3 convolutions of 512 and 256 channels over 2x2 and 4x4 images, a
+    reduction of 4608 and 2304 per output. On AVX-512 the forward takes one vector of output channels (the weights'
+    panel of a block then fits L1) and a tile of at most SMALL_IMAGE_TILE images (2x2) or of an image row of 4 and
+    as many images as CHANNEL_TILE allows (4x4); on AVX2 two vectors, whose panel fits already. Values against torch,
+    forward and both gradients."""
+    from fusegrad.codegen.opt.heuristic import CHANNEL_TILE, SMALL_IMAGE_TILE
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((n, c, side, side)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.02).astype(np.float32)
+    ours, ref = _conv_grads(x, w, 1, 1)
+    for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3, err_msg=name)
+    # (the forward: the kernel storing the output whose reduction reads x and w)
+    forward = [a for a in asts if any(st.src[0].src[0].dtype.size == n * c * side * side for st in a.src) and
+               sum(1 for u in a.toposort() if u.op.name == "REDUCE") == 1]
+    assert forward, "the forward kernel wasn't found"
+    for facts, lanes, vectors in ((AVX512, 16, 1), (AVX2, 8, 2)):
+        k = Kernel(codegen.collapse_gathers(forward[0]), renderer_like(facts))
+        hand_coded_optimizations(k)
+        ups = [o for o in k.applied_opts if o.op is OptOps.UPCAST]
+        assert ups[0].arg == lanes, k.applied_opts
+        channel_ups = [o.arg for o in ups if o.axis == ups[0].axis]
+        assert channel_ups == [lanes] + ([vectors] if vectors > 1 else []), k.applied_opts
+        if vectors == 1:
+            assert math.prod(o.arg for o in ups[1:]) == (SMALL_IMAGE_TILE if side == 2 else CHANNEL_TILE), \
+                k.applied_opts

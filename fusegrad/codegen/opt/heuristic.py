@@ -286,6 +286,10 @@ def _pad_output_vector(ctx: OptContext) -> None:
         return
     ctx.vec_out = ctx.outs[at] = k.loops[axis]
 
+# the widest image row (output pixels) for which a convolution along its channels takes a single vector of them,
+# where its reduction is longer than SMALL_IMAGE_REDUCTION (see _tile_output_vector)
+SMALL_IMAGE_ROW, SMALL_IMAGE_REDUCTION, SMALL_IMAGE_TILE = 4, 1024, 8
+
 def _tile_output_vector(ctx: OptContext) -> None:
     """Step 2: the output vector upcast, then (in a reduction) register tiling: another output axis whose lanes share
     a vector load (a load that doesn't depend on it) upcast, 8 rows x 2 vectors of accumulators, blocked for the
@@ -304,10 +308,22 @@ def _tile_output_vector(ctx: OptContext) -> None:
     # (at most two where every element takes a transcendental function, some 30 operations once it is lowered:
     # softmax's 16 vectors of exp per row step compiled more than twice as long as two, and ran no faster)
     costly = any(u.op in (_EXP2, _LOG2, _SIN) for u in k.ast.toposort())
-    rest, n_vec = _upcast_vectors(ctx, rest, inner,
-                                  (2,) if reuse or costly else tuple(c for c in (8, 4, 2) if c <= ctx.budget))
+    # a convolution along its channels over images at most SMALL_IMAGE_ROW pixels wide (ResNet's last stages at 64
+    # pixels: 4x4 and 2x2), with a reduction over more than SMALL_IMAGE_REDUCTION elements (256 channels of a 3x3
+    # window), takes one vector of channels: its tile's rows are then the batch, and the weights' panel of a block
+    # (input channels x window x the vector's channels) stays in L1 (288 x 64 bytes), where two vectors' (36 KB)
+    # didn't; and at most SMALL_IMAGE_TILE rows (images of the batch) in the tile. 512 channels over 2x2 images,
+    # batch 8: 2.0 -> 1.26-1.43 ms, batch 16: 2.96 -> 2.03 ms (a tile of 16 rows: 2.39); over 4x4, batch 8: 4.2-4.6
+    # -> 3.6 ms, batch 16: 7.3 -> 6.8 ms. (The digits CNN's input gradient over 4x4 images, a reduction of 576, ran 7%
+    # slower so)
+    # (on AVX-512: two vectors of AVX2 are one cache line a row, and their panel fits L1)
+    small_image = conv and channels and bool(reuse) and isinstance(row := range_size(reuse[-1]), int) and \
+        row <= SMALL_IMAGE_ROW and 2 * ctx.width * ctx.acc_dt.itemsize > 64 and \
+        math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in ctx.reds) > SMALL_IMAGE_REDUCTION
+    rest, n_vec = _upcast_vectors(ctx, rest, inner, ((1,) if small_image else (2,)) if reuse or costly else
+                                  tuple(c for c in (8, 4, 2) if c <= ctx.budget))
     if reuse:
-        _tile_rows(ctx, reuse, rest, inner, n_vec, conv, channels)
+        _tile_rows(ctx, reuse, rest, inner, n_vec, conv, channels, SMALL_IMAGE_TILE if small_image else 1 << 30)
         return
     # no vector load to share across rows, but a broadcast one (a depthwise convolution's weight, the same for every
     # pixel): another output loop that it doesn't move with is upcast, so its lanes share that load and each keeps
@@ -405,7 +421,7 @@ def _upcast_vectors(ctx: OptContext, rest: UOp | None, inner: UOp, choices: tupl
 CHANNEL_TILE = 16
 
 def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, n_vec: int, conv: bool,
-               channels: bool) -> None:
+               channels: bool, row_budget: int = 1 << 30) -> None:
     """The register tile's rows: an output loop of `reuse` (those whose lanes share the vector loads) upcast by up to
     8 rows within the accumulator budget, padded to a whole tile where that is cheap; then the window unrolled, the
     tile blocked for the caches, and a plain matmul's reduce loop unrolled."""
@@ -415,7 +431,7 @@ def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, 
     # tile's fed 4 (its loads, not the multiply-adds, were the bottleneck). Its reduce loop is not unrolled: the
     # unrolled steps' vectors no longer fit, and gcc then read every vector from memory once per multiply-add.
     wide = n_vec == 2 and ctx.registers <= 16 and not conv and not channels and len(ctx.reds) == 1
-    budget = 12 if wide else ctx.budget
+    budget = 12 if wide else min(ctx.budget, row_budget)
     # (a convolution along its channels takes image rows of 7 whole: padding them to 8 would compute an eighth more)
     choices = tuple(c for c in ((16, 8, 7, 6, 4, 3, 2) if channels else (8, 6, 4, 3, 2)) if c * n_vec <= budget)
     # the innermost axis (its loads are the closest together), unless it only takes a tile of 2 or less and another
