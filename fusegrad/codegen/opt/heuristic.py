@@ -310,13 +310,12 @@ def _tile_output_vector(ctx: OptContext) -> None:
     costly = any(u.op in (_EXP2, _LOG2, _SIN) for u in k.ast.toposort())
     # a convolution along its channels over images at most SMALL_IMAGE_ROW pixels wide (ResNet's last stages at 64
     # pixels: 4x4 and 2x2), with a reduction over more than SMALL_IMAGE_REDUCTION elements (256 channels of a 3x3
-    # window), takes one vector of channels: its tile's rows are then the batch, and the weights' panel of a block
-    # (input channels x window x the vector's channels) stays in L1 (288 x 64 bytes), where two vectors' (36 KB)
-    # didn't; and at most SMALL_IMAGE_TILE rows (images of the batch) in the tile. 512 channels over 2x2 images,
-    # batch 8: 2.0 -> 1.26-1.43 ms, batch 16: 2.96 -> 2.03 ms (a tile of 16 rows: 2.39); over 4x4, batch 8: 4.2-4.6
-    # -> 3.6 ms, batch 16: 7.3 -> 6.8 ms. (The digits CNN's input gradient over 4x4 images, a reduction of 576, ran 7%
-    # slower so)
-    # (on AVX-512: two vectors of AVX2 are one cache line a row, and their panel fits L1)
+    # window), takes one vector of channels where two are wider than a cache line (AVX-512): its tile's rows are then
+    # the batch, at most SMALL_IMAGE_TILE of it, and the weights' panel of a block (input channels x window x the
+    # vector's channels) stays in L1 (288 x 64 bytes), where two vectors' (36 KB) didn't. 512 channels over 2x2
+    # images, batch 8: 2.0 -> 1.26-1.43 ms, batch 16: 2.96 -> 2.03 ms (a tile of 16 rows: 2.39); over 4x4, batch 8:
+    # 4.2-4.6 -> 3.6 ms, batch 16: 7.3 -> 6.8 ms. (The digits CNN's input gradient over 4x4 images, a reduction of
+    # 576, ran 7% slower so; two AVX2 vectors' panel fits L1 already)
     small_image = conv and channels and bool(reuse) and isinstance(row := range_size(reuse[-1]), int) and \
         row <= SMALL_IMAGE_ROW and 2 * ctx.width * ctx.acc_dt.itemsize > 64 and \
         math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in ctx.reds) > SMALL_IMAGE_REDUCTION
@@ -423,8 +422,8 @@ CHANNEL_TILE = 16
 def _tile_rows(ctx: OptContext, reuse: list[UOp], rest: UOp | None, inner: UOp, n_vec: int, conv: bool,
                channels: bool, row_budget: int = 1 << 30) -> None:
     """The register tile's rows: an output loop of `reuse` (those whose lanes share the vector loads) upcast by up to
-    8 rows within the accumulator budget, padded to a whole tile where that is cheap; then the window unrolled, the
-    tile blocked for the caches, and a plain matmul's reduce loop unrolled."""
+    8 rows within the accumulator budget (and `row_budget`), padded to a whole tile where that is cheap; then the
+    window unrolled, the tile blocked for the caches, and a plain matmul's reduce loop unrolled."""
     k = ctx.k
     # a plain matmul's tile on a target of 16 vector registers (AVX2) is 6 rows x 2 vectors: 12 accumulators, the
     # row's two vectors and a broadcast fit the 16 registers, and each vector load feeds 6 multiply-adds where a 4-row
