@@ -16,7 +16,7 @@ from fusegrad.helpers import ContextVar, prod, rng_counter_of
 from fusegrad.schedule.kernelize import RECOMPUTE_LIMIT, _placeholder, kernelize_map
 from fusegrad.schedule.linear import kernels_in_order
 from fusegrad.schedule.memory import share_storage
-from fusegrad.schedule.merge import TAKES_MEMORY, kernel_outputs, outer_stores
+from fusegrad.schedule.merge import kernel_outputs, outer_stores, takes_memory
 from fusegrad.schedule.simplify import expand_composites, sym_tensor
 from fusegrad.uop.ops import GroupOp, Ops, UOp, buffer_map, buffer_node
 from fusegrad.uop.graph import is_liftable, substitute_map
@@ -165,7 +165,7 @@ def _kernel_kind(k: UOp) -> str:
     ast = k.arg
     if ast.op is Ops.COPY:
         return "copy, which takes the memory of the buffer it copies (nothing moves)" \
-            if ast.arg[-1:] == (TAKES_MEMORY,) else "copy"
+            if takes_memory(ast) else "copy"
     return "reduce" if any(u.op is Ops.REDUCE for u in ast.toposort()) else "elementwise"
 
 def _kernel_of(x: UOp) -> UOp | None:
@@ -310,7 +310,7 @@ def kernel_work(k: UOp) -> tuple[int, int]:
     ast = k.arg
     bufs = [b for b in k.src if b.op is not Ops.CONST]
     nbytes = sum(buffer_node(b).arg[1] * b.dtype.itemsize for b in bufs if buffer_node(b) is not None)  # type: ignore
-    if ast.op is Ops.COPY: return 0, 0 if ast.arg[-1:] == (TAKES_MEMORY,) else 2 * ast.arg[0]
+    if ast.op is Ops.COPY: return 0, 0 if takes_memory(ast) else 2 * ast.arg[0]
     flops = 0
     loops: dict[UOp, frozenset] = {}
     for u in ast.toposort():

@@ -21,7 +21,7 @@ from fusegrad.runtime.cpu_memory import CPUAllocator
 from fusegrad.runtime.cpu_pool import HOST_COPY_SOURCE
 from fusegrad.runtime.cpu_program import CPUProgram, LaunchGraph
 from fusegrad.schedule.linear import ScheduleItem
-from fusegrad.schedule.merge import TAKES_MEMORY
+from fusegrad.schedule.merge import takes_memory
 from fusegrad.schedule.replay import ReplayPlan
 from fusegrad.uop.affine import coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp, _arg_key, _c_idiv, _c_mod, _compute_min_max, _minmax_of_products, \
@@ -915,9 +915,8 @@ def lower_schedule_item(si: ExecItem) -> ExecItem:
     elif si.ast.op is Ops.COPY:
         dest, src = si.bufs[0], si.bufs[1]
         assert dest is not None and src is not None, "a COPY needs a destination and a source buffer"
-        arg = si.ast.arg if isinstance(si.ast.arg, tuple) else ()
-        prg = BufferCopy(dest.nbytes, dest.device, src.device, arg[1] if len(arg) > 1 else None,
-                         takes_memory=arg[-1:] == (TAKES_MEMORY,))
+        prg = BufferCopy(dest.nbytes, dest.device, src.device, si.ast.arg[1] if isinstance(si.ast.arg, tuple) else None,
+                         takes_memory=isinstance(si.ast.arg, tuple) and takes_memory(si.ast))
     elif si.ast.op is Ops.BUFFER_VIEW:
         assert si.bufs[0] is not None
         prg = ViewOp(si.bufs[0])

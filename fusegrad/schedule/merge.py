@@ -28,6 +28,10 @@ SNAPSHOT = "snapshot"
 # the mark that replaces it in a copy that takes its source's memory (engine/realize.py BufferCopy)
 TAKES_MEMORY = "takes memory"
 
+def takes_memory(copy_ast: UOp) -> bool:
+    """Whether a COPY kernel's AST is a snapshot that takes its source's memory (_snapshot_by_exchange)."""
+    return copy_ast.arg[-1:] == (TAKES_MEMORY,)
+
 # the most stores one kernel gets: past a few, a bigger kernel only compiles slower
 MAX_OUTPUTS = 4
 

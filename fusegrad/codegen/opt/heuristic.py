@@ -3,6 +3,7 @@ block them for the caches, split long reductions into partial accumulators."""
 from __future__ import annotations
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
@@ -183,7 +184,7 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     Rows of 28 pixels and more keep the reduction's vector: the gradient, not packed, would be gathered lane by lane."""
     width, outs, reds = ctx.width, ctx.outs, ctx.reds
     red_len = math.prod(s for s in (range_size(r) for r in reds) if isinstance(s, int))
-    blockable = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in reds[1:]) <= BLOCK_ROWS
+    blockable = _trip_product(reds[1:]) <= BLOCK_ROWS
     no_reduce_vector = not any((w := _reduce_vector_width(ctx, r)) and (w == width or not blockable) for r in reds)
     if not ((best[1] <= width // 4 or _gathered(ctx, best[0]) > 0 if best is not None else no_reduce_vector) and
             reds and (red_len >= 64 or (best is not None and _gathered(ctx, best[0]) > 0))):
@@ -286,6 +287,10 @@ def _pad_output_vector(ctx: OptContext) -> None:
         return
     ctx.vec_out = ctx.outs[at] = k.loops[axis]
 
+def _trip_product(loops: Sequence[UOp]) -> int:
+    """The product of the loops' sizes, a symbolic size counted as 2^30 (more than any threshold it is held against)."""
+    return math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in loops)
+
 # the widest image row (output pixels) for which a convolution along its channels takes a single vector of them,
 # where its reduction is longer than SMALL_IMAGE_REDUCTION (see _tile_output_vector)
 SMALL_IMAGE_ROW, SMALL_IMAGE_REDUCTION, SMALL_IMAGE_TILE = 4, 1024, 8
@@ -318,7 +323,7 @@ def _tile_output_vector(ctx: OptContext) -> None:
     # 576, ran 7% slower so; two AVX2 vectors' panel fits L1 already)
     small_image = conv and channels and bool(reuse) and isinstance(row := range_size(reuse[-1]), int) and \
         row <= SMALL_IMAGE_ROW and 2 * ctx.width * ctx.acc_dt.itemsize > 64 and \
-        math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in ctx.reds) > SMALL_IMAGE_REDUCTION
+        _trip_product(ctx.reds) > SMALL_IMAGE_REDUCTION
     rest, n_vec = _upcast_vectors(ctx, rest, inner, ((1,) if small_image else (2,)) if reuse or costly else
                                   tuple(c for c in (8, 4, 2) if c <= ctx.budget))
     if reuse:
@@ -809,7 +814,7 @@ def _unroll_windows(k: Kernel, accumulators: int, registers: int) -> None:
     small = [r for r in reds if isinstance(sz := range_size(r), int) and sz <= 3]
     rows = [r for r in _sliding_windows(k) if r in small]
     windows = [r for r in small if r in rows or any(coeff(idx.src[1], r) == 1 for idx in loads)]
-    channels = math.prod(sz if isinstance(sz := range_size(r), int) else 1 << 30 for r in reds if r not in windows)
+    channels = _trip_product([r for r in reds if r not in windows])
     if channels > 1: windows = rows if channels >= WINDOW_UNROLL_MIN_CHANNELS else []
     if not windows: return
     slides = [o for o in k.loops[:k.first_reduce] if isinstance(range_size(o), int) and range_size(o) % 2 == 0 and
@@ -867,7 +872,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
         # (a contraction of a few rows has no panel worth keeping: its biggest input is read once instead, in
         # memory order, each block of it used by all the output loops it doesn't move with, as in Winograd's weight
         # transform, 9 taps to 36 positions of each channel pair)
-        red_rows = math.prod(s if isinstance(s := range_size(k.loops[i]), int) else 1 << 30 for i in k.reduce_axes())
+        red_rows = _trip_product([k.loops[i] for i in k.reduce_axes()])
         if red_rows < 16: _walk_in_memory_order(k)
         elif _rows_outermost(k, vec, red_rows, conv or at > 0): rows_outer = True
         elif k.loops.index(rest) != at: k.apply_opt(Opt(OptOps.SWAP, at, k.loops.index(rest)))
@@ -884,7 +889,7 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
     # the outermost reduce loop (a convolution's input channels, its window inside) is blocked so that a block's
     # panel has 128 to 512 rows: the largest such block that divides it (784 = 2 x 392, 1000 = 2 x 500; 512 channels
     # of a 3x3 window: 32 x 9)
-    inner = math.prod(s if isinstance(s := range_size(r), int) else 1 << 30 for r in red[1:])
+    inner = _trip_product(red[1:])
     # (of those, one that divides the periods a load's index divides the loop by or takes it modulo (512 tokens read
     # as 4 sequences of 128 from a (batch, heads, tokens, 64) layout): within a block the index is then affine, where
     # a block of 256 divided and took every step modulo 128)
