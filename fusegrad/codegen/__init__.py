@@ -1,6 +1,7 @@
 """Code generation: kernel AST -> optimized, lowered, linearized UOps -> source (`get_program`)."""
 from __future__ import annotations
 import hashlib
+from fusegrad.codegen.bounds import bound_sum_loops
 from fusegrad.codegen.expand import vectorize
 from fusegrad.codegen.gather import collapse_gathers
 from fusegrad.codegen.gpu import launch_dims, launch_grid
@@ -37,7 +38,7 @@ def lower(opt_ast: UOp, renderer: Renderer, use_fma: bool = True, quick: bool = 
 
 def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tuple[UOp, bool]:
     """`lower`, and whether `quick` rolled anything into loops (else the program is the full one)."""
-    sink, ctx = lower_kernel(store_once(opt_ast, renderer), renderer, use_fma=use_fma, quick=quick)
+    sink, ctx = lower_kernel(bound_sum_loops(store_once(opt_ast, renderer)), renderer, use_fma=use_fma, quick=quick)
     # (a WMMA comes only from the TC opt, which only a renderer with tensor cores takes: the others skip the walk)
     if renderer.tensor_cores: sink = fuse_wmma(sink)
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
@@ -54,6 +55,7 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
 # compare against module-level names)
 _SPECIAL, _RANGE, _END, _WMMA, _DEFINE_GLOBAL, _DEFINE_VAR, _INDEX, _STORE, _MULACC = Ops.SPECIAL, Ops.RANGE, Ops.END, \
     Ops.WMMA, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.INDEX, Ops.STORE, Ops.MULACC
+_LOOP_INDICES = (Ops.RANGE, Ops.SPECIAL)
 
 def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
     """ALU ops (vector ops count every lane, index math not at all) times loop trip counts and, in a GPU-style
@@ -69,6 +71,8 @@ def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
             if u.dtype.scalar() is not index: ops += mult * u.dtype.count * (2 if op is _MULACC else 1)
         elif op is _RANGE:
             n = range_size(u)
+            # (a loop bounded per iteration of the loops around it, codegen/bounds.py: counted at its most)
+            if isinstance(n, UOp) and any(x.op in _LOOP_INDICES for x in n.toposort()): n = int(n.vmax)
             stack.append(mult)
             mult = mult * n  # a symbolic trip count keeps the estimate symbolic (evaluated with the Variables' values)
         elif op is _END: mult = stack.pop()

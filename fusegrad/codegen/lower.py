@@ -182,7 +182,10 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     vals, rngs = red.src[:n_acc * n_seq], red.src[n_acc * n_seq:]
     loops = [r for r in rngs if range_kind(r) in LOOP_KINDS]
     dt = red.dtype
-    live = frozenset().union(*[live_ranges(v, ctx.live) for v in vals])
+    # (and the loops its loops' bounds vary with: a loop bounded per outer iteration, codegen/bounds.py, resets the
+    # accumulator in them even where its terms don't vary with them)
+    live = frozenset().union(*[live_ranges(v, ctx.live) for v in vals],
+                             *[live_ranges(r.src[0], ctx.live) for r in loops if r.src[0].op is not _CONST])
     # the vector axis of this reduction: its own lanes (partial accumulators), or one its value varies with
     vec = next((v for v in ctx.vecs if v in rngs), None)
     if vec is None: vec = next((v for v in ctx.vecs if v in live), None)

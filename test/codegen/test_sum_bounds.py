@@ -1,0 +1,162 @@
+"""Loop bounds from gates (codegen/bounds.py): a sum's loop runs only over the iterations its padding gate lets
+through. The products a padded convolution computes, its loads, and values against torch and NumPy: forward and
+gradients, strides, paddings, pools that count only the image, and non-finite weights at taps that read only
+padding."""
+from __future__ import annotations
+import itertools
+import numpy as np
+import pytest
+import torch
+from fusegrad import Tensor
+from fusegrad.codegen import get_program
+from fusegrad.codegen.bounds import bound_sum_loops
+from fusegrad.dtype import dtypes
+from fusegrad.uop.ops import Ops, UOp
+from test.codegen.helpers import RENDERER, captured_asts, glob, reduce, rng, run
+
+RS = np.random.default_rng(0)
+
+def _window_sum_ast(n: int, k: int, pad: int, flipped: bool) -> UOp:
+    """out[o] = sum over r < k of x[o + r - pad] * w[r] (x[o - r + pad] when `flipped`, as an input gradient reads
+    its output gradient), 0 outside x: the gate written as the padding's clauses."""
+    g0, g1, g2 = glob(0, dtypes.float32, n), glob(1, dtypes.float32, n), glob(2, dtypes.float32, k)
+    o, r = rng(n, 0), rng(k, 1, "reduce")
+    pos = (o - r + pad) if flipped else (o + r - pad)
+    gate = (pos < n) & (UOp.const(dtypes.index, -1) < pos)
+    acc = reduce(g1.index(pos, valid=gate).load() * g2.index(r).load(), r)
+    return UOp.sink_of(g0.index(o).store(acc))
+
+def _window_sum_ref(x: np.ndarray, w: np.ndarray, pad: int, flipped: bool) -> np.ndarray:
+    out = np.zeros_like(x)
+    for o, r in itertools.product(range(len(x)), range(len(w))):
+        p = o - r + pad if flipped else o + r - pad
+        if 0 <= p < len(x): out[o] += x[p] * w[r]
+    return out
+
+@pytest.mark.parametrize("n, k, pad, flipped", [(2, 3, 1, False), (7, 3, 1, True), (5, 5, 2, False),
+                                                (1, 3, 1, True), (9, 7, 3, True), (3, 5, 1, False)])
+def test_window_sum_loop_is_bounded(n: int, k: int, pad: int, flipped: bool):
+    """The window loop of a hand-written padded 1-d convolution (its position with coefficient 1 or -1) loses its
+    gate: no gated load is left, and the loop's trip count is the number of taps inside x. Values against a loop in
+    Python."""
+    ast = _window_sum_ast(n, k, pad, flipped)
+    bounded = bound_sum_loops(ast)
+    assert not any(u.op is Ops.INDEX and len(u.src) > 2 for u in bounded.toposort())
+    (red,) = [u for u in bounded.toposort() if u.op is Ops.REDUCE]
+    trips = red.src[1].src[0]
+    for o in range(n):
+        want = sum(0 <= (o - r + pad if flipped else o + r - pad) < n for r in range(k))
+        got = trips.substitute({u: u.const_like(o) for u in trips.toposort() if u.op is Ops.RANGE}).simplify()
+        assert got.op is Ops.CONST and got.arg == want, (o, got)
+    x, w = RS.standard_normal(n).astype(np.float32), RS.standard_normal(k).astype(np.float32)
+    out = np.zeros(n, np.float32)
+    for opts in (None, []):
+        run(ast, [out, x, w], opts=opts, noopt=opts is None)
+        np.testing.assert_allclose(out, _window_sum_ref(x, w, pad, flipped), rtol=1e-5, atol=1e-6)
+
+def test_sums_that_arent_zero_outside_keep_their_loops():
+    """A gate the term isn't zero outside of (a sum of where(gate, x, 1)) and a MAX reduction keep their loops."""
+    n, k = 6, 3
+    g0, g1 = glob(0, dtypes.float32, n), glob(1, dtypes.float32, n)
+    o, r = rng(n, 0), rng(k, 1, "reduce")
+    pos = o + r - 1
+    gate = (pos < n) & (UOp.const(dtypes.index, -1) < pos)
+    val = gate.where(g1.index(pos, valid=gate).load(), UOp.const(dtypes.float32, 1.0))
+    for op in (Ops.ADD, Ops.MAX):
+        ast = UOp.sink_of(g0.index(o).store(reduce(val, r, op=op)))
+        assert bound_sum_loops(ast) is ast
+    mx = reduce(g1.index(pos, valid=gate).load(), r, op=Ops.MAX)
+    ast = UOp.sink_of(g0.index(o).store(mx))
+    assert bound_sum_loops(ast) is ast
+
+def _conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
+    g = RS.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (tout * torch.tensor(g)).sum().backward()
+    assert tx.grad is not None and tw.grad is not None
+    fx, fw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    fout = fx.conv2d(fw, stride=stride, padding=padding)
+    (fout * Tensor(g)).sum().backward()
+    assert fx.grad is not None and fw.grad is not None
+    return [fout.numpy(), fx.grad.numpy(), fw.grad.numpy()], [tout.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]
+
+# (batch, input channels, output channels, image side, kernel, padding, stride)
+SHAPES = [(8, 64, 64, 2, 3, 1, 1), (4, 32, 48, 4, 3, 1, 1), (2, 16, 16, 3, 5, 2, 1), (3, 8, 24, 5, 3, 1, 2),
+          (2, 16, 32, 7, 7, 3, 2), (2, 5, 7, 1, 3, 1, 1), (4, 128, 128, 2, 3, 2, 1)]
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_padded_conv_values(shape):
+    """Forward, input gradient and weight gradient of padded convolutions whose window loops get bounded, against
+    torch."""
+    n, ci, co, side, k, pad, stride = shape
+    x = RS.standard_normal((n, ci, side, side)).astype(np.float32)
+    w = (RS.standard_normal((co, ci, k, k)) * 0.1).astype(np.float32)
+    ours, ref = _conv_grads(x, w, stride, pad)
+    for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+def _products_inside(side: int, k: int, pad: int) -> int:
+    """The (output position, tap) pairs of a stride-1 k x k convolution over side x side images whose input is
+    inside the image."""
+    out = side + 2 * pad - k + 1
+    row = sum(0 <= o + t - pad < side for o in range(out) for t in range(k))
+    return row * row
+
+def test_small_image_conv_multiplies_only_the_image(monkeypatch: pytest.MonkeyPatch):
+    """ResNet's last stage at 64 pixels, on fewer channels: a 3x3 convolution over 2x2 images with padding 1 reads 4
+    of its 9 taps inside the image. Its kernel loads the input without a gate and its multiply-adds are exactly the
+    products with the image (4 of 9 per output); values against torch."""
+    asts = captured_asts(monkeypatch)
+    n, c = 8, 80   # (a shape no other test compiles: its kernel is compiled here)
+    x = RS.standard_normal((n, c, 2, 2)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    p = get_program(ast, RENDERER)
+    x_loads = [u for u in p.uops if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and
+               u.src[0].dtype.size == x.size]
+    assert x_loads and all(len(u.src) == 2 for u in x_loads), "the input is still read under a gate"
+    # (besides the multiply-adds, the adds of the blocks' partial sums into the output)
+    products = 2 * n * c * c * _products_inside(2, 3, 1)
+    assert products <= p.estimates.ops < 1.05 * products, (p.estimates.ops, products)
+
+@pytest.mark.parametrize("kernel, stride, padding, ceil_mode", [((3, 3), 2, 1, True), ((3, 3), 1, 1, False),
+                                                                ((5, 5), 2, 2, False), ((2, 3), 1, 1, True)])
+def test_avg_pool_counting_only_the_image(kernel, stride, padding, ceil_mode):
+    """Average pools with count_include_pad=False: the count of image pixels of each window is a sum whose terms
+    don't vary with the output position, only its bounded loops do (the accumulator is reset per output). Values and
+    the input gradient against torch."""
+    x = RS.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    kw = dict(stride=stride, padding=padding, ceil_mode=ceil_mode, count_include_pad=False)
+    tx = torch.tensor(x, requires_grad=True)
+    tout = torch.nn.functional.avg_pool2d(tx, kernel, **kw)
+    tout.sum().backward()
+    fx = Tensor(x, requires_grad=True)
+    fout = fx.avg_pool2d(kernel, **kw)
+    fout.sum().backward()
+    np.testing.assert_allclose(fout.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fx.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+def test_non_finite_weights_at_padding_taps():
+    """A weight of inf at tap (0, 0) and of nan at tap (2, 2) (one input channel each) in a convolution whose window
+    loops are both bounded (2x2 images, as above): an output whose window reads padding there doesn't multiply it
+    (no 0 * inf = NaN), as a sum over the image's pixels only. Against NumPy's sum over the pixels inside the image,
+    where the outputs of the first row and column are inf-free and those of the last row and column nan-free. (Where
+    the heuristic unrolls a window loop instead, its padding is multiplied: NaN there, as PyTorch's small
+    convolutions give.)"""
+    n, c, side = 8, 64, 2
+    x = np.abs(RS.standard_normal((n, c, side, side))).astype(np.float32) + 0.5
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    w[:, 0, 0, 0], w[:, 1, 2, 2] = np.inf, np.nan
+    out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    ref = np.zeros((n, c, side, side), np.float32)
+    with np.errstate(invalid="ignore"):
+        for oy, ox, ky, kx in itertools.product(range(side), range(side), range(3), range(3)):
+            iy, ix = oy + ky - 1, ox + kx - 1
+            if 0 <= iy < side and 0 <= ix < side: ref[:, :, oy, ox] += x[:, :, iy, ix] @ w[:, :, ky, kx].T
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert np.isfinite(out[:, :, 0, 1]).all() and np.isfinite(out[:, :, 1, 0]).all()
+    assert np.isnan(out[:, :, 0, 0]).all() and np.isposinf(out[:, :, 1, 1]).all()
