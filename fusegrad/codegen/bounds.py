@@ -13,7 +13,10 @@ with a and b made of constants, variables and the kernel's output loops (global,
 sum's). A skipped term is +0 or -0, which adds nothing to a sum that starts at +0, so finite inputs give the same
 bits. A non-finite weight at a tap that reads only padding is where it differs from multiplying: 0 * inf is NaN,
 and a skipped product is nothing (as direct convolutions in oneDNN, which PyTorch's CPU convolutions use, skip the
-padding; its im2col path multiplies it)."""
+padding; its im2col path multiplies it).
+
+A window axis that is unrolled or upcast instead of a loop has constants for its lanes: lowering makes a lane's term
+whose zero guard is constant false there a constant 0 (lower.py `_lanes_of_sum`), which adds nothing."""
 from __future__ import annotations
 from fusegrad.uop.affine import coeff, range_kind
 from fusegrad.uop.ops import Ops, UOp

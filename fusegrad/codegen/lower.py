@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from fusegrad.codegen.bounds import zero_guards
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
@@ -151,6 +152,16 @@ def _each_lane(u: UOp, axes: list[UOp]) -> list[UOp]:
     return u.substitute_each([{r: UOp.const(r.dtype, v) for r, v in zip(axes, lane)}
                               for lane in itertools.product(*[range(range_size(r)) for r in axes])])
 
+def _lanes_of_sum(red: UOp, axes: list[UOp]) -> list[UOp]:
+    """_each_lane of a reduction's value. In a sum, a lane whose term a gate makes zero there (a product with a load
+    in padding: a clause of its zero guards, codegen/bounds.py, constant false) is a constant 0, which lowering adds
+    nothing for: the padding is skipped, as bounds.py skips a loop's iterations in padding."""
+    lanes = _each_lane(red.src[0], axes)
+    if red.arg is not _ADD or not axes: return lanes
+    def in_padding(term: UOp) -> bool:
+        return any((v := c.simplify()).op is _CONST and v.arg is False for c in zero_guards(term))
+    return [UOp.const(t.dtype, 0) if in_padding(t) else t for t in lanes]
+
 def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     """REDUCE(src, *ranges, arg=op) -> REDUCE(*values, *loops[, vec], arg=(op, n_acc, n_seq)): one value per
     combination of the expanded axes; "upcast" reduce axes give separate accumulators, "unroll" axes a chain."""
@@ -168,9 +179,10 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         rolled = {r: _new_range(ctx, range_size(r)) for r in seq_axes}
         ctx.rolled = True
         src = red.src[0].substitute(rolled)
-        return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
+        return UOp(Ops.REDUCE, red.dtype, (*_lanes_of_sum(red.replace(src=(src,) + red.src[1:]), acc_axes), *keep,
+                                            *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
-    vals = _each_lane(red.src[0], acc_axes + seq_axes)
+    vals = _lanes_of_sum(red, acc_axes + seq_axes)
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
 
@@ -205,7 +217,9 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         ctx.next_reg += 1
         init = UOp(Ops.STORE, dtypes.void, (acc, identity_element(op, dt)) + outer_srcs)
         cur = UOp(_LOAD, dt, (acc, init, *loops))
-        for v in chain: cur = _combine(ctx, op, cur, v)
+        for v in chain:
+            # (adding a constant 0 changes nothing: the sum starts at +0 and never holds -0)
+            if not (op is _ADD and v.op is _CONST and v.arg == 0): cur = _combine(ctx, op, cur, v)
         upd = UOp(Ops.STORE, dtypes.void, (acc, cur))
         finals.append(UOp(_LOAD, dt, (acc, UOp(_END, dtypes.void, (upd, *loops)))))
     res = finals[0]

@@ -145,8 +145,8 @@ def test_non_finite_weights_at_padding_taps():
     loops are both bounded (2x2 images, as above): an output whose window reads padding there doesn't multiply it
     (no 0 * inf = NaN), as a sum over the image's pixels only. Against NumPy's sum over the pixels inside the image,
     where the outputs of the first row and column are inf-free and those of the last row and column nan-free. (Where
-    the heuristic unrolls a window loop instead, its padding is multiplied: NaN there, as PyTorch's small
-    convolutions give.)"""
+    a window loop's gate varies with an upcast output lane, its padding is multiplied: NaN there, as PyTorch's
+    small convolutions give.)"""
     n, c, side = 8, 64, 2
     x = np.abs(RS.standard_normal((n, c, side, side))).astype(np.float32) + 0.5
     w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
@@ -160,3 +160,26 @@ def test_non_finite_weights_at_padding_taps():
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4, equal_nan=True)
     assert np.isfinite(out[:, :, 0, 1]).all() and np.isfinite(out[:, :, 1, 0]).all()
     assert np.isnan(out[:, :, 0, 0]).all() and np.isposinf(out[:, :, 1, 1]).all()
+
+def _is_zero(u: UOp) -> bool:
+    """A constant 0, or a vector of them."""
+    if u.op is Ops.CONST: return u.arg == 0
+    return u.op is Ops.VECTORIZE and all(_is_zero(s) for s in u.src)
+
+def test_unrolled_window_multiplies_only_the_image(monkeypatch: pytest.MonkeyPatch):
+    """A 3x3 convolution over 4x4 images whose window row (kw) is unrolled against a register tile of the image row
+    (the digits CNN's and ResNet's 4x4 layers): the unrolled terms that fall in padding (kw = 0 for the row's first
+    output, kw = 2 for its last) are not multiply-adds of zeros; no multiply-add in the kernel has a zero operand.
+    Values against torch."""
+    asts = captured_asts(monkeypatch)
+    n, c = 8, 96   # (a shape no other test compiles)
+    x = RS.standard_normal((n, c, 4, 4)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    p = get_program(ast, RENDERER)
+    assert any(o.op.name == "UNROLL" for o in p.applied_opts), p.applied_opts
+    products = [u for u in p.uops if u.op is Ops.MULACC]
+    assert products and not any(_is_zero(s) for u in products for s in u.src[:2])
