@@ -98,8 +98,7 @@ _DOT_DTYPES = (dtypes.bfloat16, dtypes.half)
 
 def quick_codegen_ok(ast: UOp, renderer: Renderer) -> bool:
     """Whether `get_program(ast, renderer, quick=True)` computes the same bits as the full program: a CPU-style
-    renderer, and no half or bfloat16 value in the kernel. (For finite values: where the full program skips a
-    product with padding in an unrolled lane, the quick one's loop multiplies it, and 0 * inf is NaN.)"""
+    renderer, and no half or bfloat16 value in the kernel."""
     if getattr(renderer, "has_local", False) or renderer.tensor_cores: return False
     return not any(u.dtype.scalar() in _DOT_DTYPES or (isinstance(u.dtype, PtrDType) and u.dtype.base in _DOT_DTYPES)
                    for u in ast.toposort())

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from fusegrad.codegen.bounds import zero_guards
+from fusegrad.codegen.bounds import clauses, zero_guards
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
@@ -21,7 +21,7 @@ from fusegrad.uop.pattern import PatternMatcher, UPat, graph_rewrite
 
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
 # node compare against module-level names)
-_ADD, _AND, _CONST, _DEFINE_REG, _END, _LOAD = Ops.ADD, Ops.AND, Ops.CONST, Ops.DEFINE_REG, Ops.END, Ops.LOAD
+_ADD, _CONST, _DEFINE_REG, _END, _LOAD = Ops.ADD, Ops.CONST, Ops.DEFINE_REG, Ops.END, Ops.LOAD
 _MAX, _MUL, _MULACC, _WHERE = Ops.MAX, Ops.MUL, Ops.MULACC, Ops.WHERE
 
 LOOP_KINDS = ("global", "loop", "reduce", "copy")
@@ -66,7 +66,6 @@ def _combine(ctx: LowerCtx, op: Ops, acc: UOp, val: UOp) -> UOp:
 def _zero_outside(x: UOp, gate: UOp) -> bool:
     """Whether x is a load whose gate holds `gate` as a clause: it reads 0 wherever `gate` is false."""
     if x.op is not _LOAD or x.src[0].op is not Ops.INDEX or len(x.src[0].src) < 3: return False
-    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is _AND else [g]
     return gate in clauses(x.src[0].src[2])
 
 # *** blocked float sums ***
@@ -154,8 +153,8 @@ def _each_lane(u: UOp, axes: list[UOp]) -> list[UOp]:
 
 def _lanes_of_sum(red: UOp, axes: list[UOp]) -> list[UOp]:
     """_each_lane of a reduction's value. In a sum, a lane whose term a gate makes zero there (a product with a load
-    in padding: a clause of its zero guards, codegen/bounds.py, constant false) is a constant 0, which lowering adds
-    nothing for: the padding is skipped, as bounds.py skips a loop's iterations in padding."""
+    in padding) is a constant 0, which lowering adds nothing for: the padding is skipped, as codegen/bounds.py skips
+    a loop's iterations in padding."""
     lanes = _each_lane(red.src[0], axes)
     if red.arg is not _ADD or not axes: return lanes
     def in_padding(term: UOp) -> bool:
@@ -170,7 +169,11 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r not in ctx.vecs]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
-    if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep):
+    vals = _lanes_of_sum(red, acc_axes + seq_axes)
+    # (a chain with lanes in padding stays unrolled: as a loop it would multiply the padding the unrolled form
+    # skips, and 0 * inf is NaN)
+    if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep) and \
+            not any(v.op is _CONST and v.arg == 0 for v in vals):
         # the chain as loops inside the reduction's own, in the order it was unrolled in: the accumulator takes the
         # same terms in the same order. (Not where the reduction has no loop: there the chain starts from the
         # identity, which the unrolled form may fold away, and 0 + -0.0 is not -0.0.) Fresh loops for each
@@ -179,10 +182,8 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         rolled = {r: _new_range(ctx, range_size(r)) for r in seq_axes}
         ctx.rolled = True
         src = red.src[0].substitute(rolled)
-        return UOp(Ops.REDUCE, red.dtype, (*_lanes_of_sum(red.replace(src=(src,) + red.src[1:]), acc_axes), *keep,
-                                            *rolled.values()),
+        return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
-    vals = _lanes_of_sum(red, acc_axes + seq_axes)
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
 
@@ -341,8 +342,16 @@ def _rollable_tiles(ast: UOp, vecs: tuple[UOp, ...]) -> list[UOp]:
     topo = ast.toposort()
     reduce_rngs = {r for u in topo if u.op is _REDUCE for r in u.src[1:]}
     loops = [r for r in topo if r.op is _RANGE and range_kind(r) in ("global", "loop")]
+    # (an axis that a padding gate of a sum pairs with an expanded window axis stays a tile: the full program skips
+    # the lanes in padding (_lanes_of_sum), which as a loop would be multiplied, and 0 * inf is NaN)
+    padded: set[UOp] = set()
+    for red in topo:
+        if red.op is not _REDUCE or red.arg is not _ADD: continue
+        expanded = {w for w in red.src[1:] if range_kind(w) in ("upcast", "unroll")}
+        for c in zero_guards(red.src[0]):
+            if not expanded.isdisjoint(rs := [r for r in c.toposort() if r.op is _RANGE]): padded.update(rs)
     cands = sorted((r for r in topo if r.op is _RANGE and range_kind(r) == "upcast" and r not in vecs and
-                    r not in reduce_rngs), key=lambda r: r.arg[0])
+                    r not in reduce_rngs and r not in padded), key=lambda r: r.arg[0])
     if not cands: return []
     varies = [{u for u in st.toposort() if u.op is _RANGE} for st in ast.src]
     def nests(order: list[UOp]) -> bool:

@@ -12,7 +12,7 @@ from fusegrad.codegen import get_program
 from fusegrad.codegen.bounds import bound_sum_loops
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
-from test.codegen.helpers import RENDERER, captured_asts, glob, reduce, rng, run
+from test.codegen.helpers import RENDERER, call, captured_asts, glob, reduce, rng, run
 
 RS = np.random.default_rng(0)
 
@@ -183,3 +183,25 @@ def test_unrolled_window_multiplies_only_the_image(monkeypatch: pytest.MonkeyPat
     assert any(o.op.name == "UNROLL" for o in p.applied_opts), p.applied_opts
     products = [u for u in p.uops if u.op is Ops.MULACC]
     assert products and not any(_is_zero(s) for u in products for s in u.src[:2])
+
+def test_quick_program_skips_the_same_padding(monkeypatch: pytest.MonkeyPatch):
+    """The quick program of a first run (which makes unrolled chains loops again) keeps a chain with lanes in
+    padding unrolled: with an inf weight at a tap that the row's first outputs read only in padding, its bits are
+    the full program's, NaN and inf included; and the padding-free outputs are finite."""
+    asts = captured_asts(monkeypatch)
+    n, c = 8, 112   # (a shape no other test compiles)
+    x = np.abs(RS.standard_normal((n, c, 4, 4))).astype(np.float32) + 0.5
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    Tensor(x).conv2d(Tensor(w), padding=1).realize()
+    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    w[:, 0, :, 0] = np.inf   # (the window's first column: padding for the outputs of column 0)
+    # (the kernel's buffers: 0 the output, then the input and the weights, told apart by their sizes)
+    sizes = sorted((g.arg, g.dtype.size) for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
+    assert [a for a, _ in sizes] == [0, 1, 2] and {sz for _, sz in sizes[1:]} == {x.size, w.size}
+    outs = []
+    for quick in (False, True):
+        bufs = [np.zeros(x.size, np.float32)] + [(x if sz == x.size else w).reshape(-1).copy() for _, sz in sizes[1:]]
+        call(get_program(ast, RENDERER, quick=quick), bufs)
+        outs.append(bufs[0].reshape(n, c, 4, 4))
+    np.testing.assert_array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    assert np.isfinite(outs[0][:, :, :, 0]).all() and np.isposinf(outs[0][:, :, :, 1:]).all()
