@@ -157,9 +157,15 @@ def _lanes_of_sum(red: UOp, axes: list[UOp]) -> list[UOp]:
     a loop's iterations in padding."""
     lanes = _each_lane(red.src[0], axes)
     if red.arg is not _ADD or not axes: return lanes
-    def in_padding(term: UOp) -> bool:
-        return any((v := c.simplify()).op is _CONST and v.arg is False for c in zero_guards(term))
-    return [UOp.const(t.dtype, 0) if in_padding(t) else t for t in lanes]
+    # (the guards' clauses that vary with the lanes, substituted as the term is: lanes share most of them)
+    guards = [c for c in zero_guards(red.src[0]) if any(r in axes for r in c.toposort())]
+    if not guards: return lanes
+    false: dict[UOp, bool] = {}
+    def is_false(c: UOp) -> bool:
+        if (known := false.get(c)) is None: known = false[c] = (v := c.simplify()).op is _CONST and v.arg is False
+        return known
+    return [UOp.const(t.dtype, 0) if any(is_false(c) for c in lane.src) else t
+            for t, lane in zip(lanes, _each_lane(UOp.sink_of(*guards), axes))]
 
 def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     """REDUCE(src, *ranges, arg=op) -> REDUCE(*values, *loops[, vec], arg=(op, n_acc, n_seq)): one value per
