@@ -175,11 +175,7 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     acc_axes = [r for r in rngs if range_kind(r) == "upcast" and r not in ctx.vecs]
     seq_axes = [r for r in rngs if range_kind(r) == "unroll"]
     keep = tuple(r for r in rngs if r not in acc_axes and r not in seq_axes)
-    vals = _lanes_of_sum(red, acc_axes + seq_axes)
-    # (a chain with lanes in padding stays unrolled: as a loop it would multiply the padding the unrolled form
-    # skips, and 0 * inf is NaN)
-    if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep) and \
-            not any(v.op is _CONST and v.arg == 0 for v in vals):
+    if ctx.quick and seq_axes and any(range_kind(r) in LOOP_KINDS for r in keep):
         # the chain as loops inside the reduction's own, in the order it was unrolled in: the accumulator takes the
         # same terms in the same order. (Not where the reduction has no loop: there the chain starts from the
         # identity, which the unrolled form may fold away, and 0 + -0.0 is not -0.0.) Fresh loops for each
@@ -190,6 +186,7 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         src = red.src[0].substitute(rolled)
         return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
+    vals = _lanes_of_sum(red, acc_axes + seq_axes)
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
 
@@ -340,6 +337,16 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
             break
     return tuple(r for _, r in chosen)
 
+def _pads_expanded_lanes(ast: UOp, vecs: set[UOp | None]) -> bool:
+    """Whether a sum of `ast` has a zero guard (codegen/bounds.py) that varies with an upcast or unrolled axis other
+    than the vector axes: some of its lanes may be in padding."""
+    for red in ast.toposort():
+        if red.op is not _REDUCE or red.arg is not _ADD: continue
+        for c in zero_guards(red.src[0]):
+            if any(r.op is _RANGE and range_kind(r) in ("upcast", "unroll") and r not in vecs for r in c.toposort()):
+                return True
+    return False
+
 def _rollable_tiles(ast: UOp, vecs: tuple[UOp, ...]) -> list[UOp]:
     """The upcast output axes (not vector axes) that can become loops without a store landing in a loop it doesn't
     vary with. Output loops nest in the order of their ids, the upcast ones innermost (linearize.py), and a store goes
@@ -348,16 +355,8 @@ def _rollable_tiles(ast: UOp, vecs: tuple[UOp, ...]) -> list[UOp]:
     topo = ast.toposort()
     reduce_rngs = {r for u in topo if u.op is _REDUCE for r in u.src[1:]}
     loops = [r for r in topo if r.op is _RANGE and range_kind(r) in ("global", "loop")]
-    # (an axis that a padding gate of a sum pairs with an expanded window axis stays a tile: the full program skips
-    # the lanes in padding (_lanes_of_sum), which as a loop would be multiplied, and 0 * inf is NaN)
-    padded: set[UOp] = set()
-    for red in topo:
-        if red.op is not _REDUCE or red.arg is not _ADD: continue
-        expanded = {w for w in red.src[1:] if range_kind(w) in ("upcast", "unroll")}
-        for c in zero_guards(red.src[0]):
-            if not expanded.isdisjoint(rs := [r for r in c.toposort() if r.op is _RANGE]): padded.update(rs)
     cands = sorted((r for r in topo if r.op is _RANGE and range_kind(r) == "upcast" and r not in vecs and
-                    r not in reduce_rngs and r not in padded), key=lambda r: r.arg[0])
+                    r not in reduce_rngs), key=lambda r: r.arg[0])
     if not cands: return []
     varies = [{u for u in st.toposort() if u.op is _RANGE} for st in ast.src]
     def nests(order: list[UOp]) -> bool:
@@ -381,8 +380,12 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = F
     loops inside their reduction's (see _expand_reduce). The outermost loop, which
     the cores split, is the same loop: a call may run some chunks of one and some of the other."""
     vec = choose_vector_axis(ast, renderer)
+    reduce_vecs = choose_reduce_vector_axes(ast, renderer, vec)
+    # (a kernel whose sums have lanes in padding is lowered whole: the full program skips those lanes (_lanes_of_sum),
+    # which as loops would be multiplied, and 0 * inf is NaN)
+    if quick and _pads_expanded_lanes(ast, {vec, *reduce_vecs}): quick = False
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
-                   reduce_vecs=choose_reduce_vector_axes(ast, renderer, vec), quick=quick)
+                   reduce_vecs=reduce_vecs, quick=quick)
     reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
     if quick and (tiles := _rollable_tiles(ast, ctx.vecs)):
         ast = ast.substitute({r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in tiles})

@@ -185,9 +185,9 @@ def test_unrolled_window_multiplies_only_the_image(monkeypatch: pytest.MonkeyPat
     assert products and not any(_is_zero(s) for u in products for s in u.src[:2])
 
 def test_quick_program_skips_the_same_padding(monkeypatch: pytest.MonkeyPatch):
-    """The quick program of a first run (which makes unrolled chains loops again) keeps a chain with lanes in
-    padding unrolled: with an inf weight at a tap that the row's first outputs read only in padding, its bits are
-    the full program's, NaN and inf included; and the padding-free outputs are finite."""
+    """A kernel with unrolled lanes in padding gets no quick program (whose loops would multiply the padding): with
+    an inf weight at a tap that the row's first outputs read only in padding, the first run's program computes the
+    full program's bits, NaN and inf included; and the padding-free outputs are finite."""
     asts = captured_asts(monkeypatch)
     n, c = 8, 112   # (a shape no other test compiles)
     x = np.abs(RS.standard_normal((n, c, 4, 4))).astype(np.float32) + 0.5
@@ -205,3 +205,29 @@ def test_quick_program_skips_the_same_padding(monkeypatch: pytest.MonkeyPatch):
         outs.append(bufs[0].reshape(n, c, 4, 4))
     np.testing.assert_array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
     assert np.isfinite(outs[0][:, :, :, 0]).all() and np.isposinf(outs[0][:, :, :, 1:]).all()
+
+@pytest.mark.parametrize("n, c, side", [(16, 64, 2), (8, 32, 4)])
+def test_quick_programs_of_padded_conv_training(monkeypatch: pytest.MonkeyPatch, n: int, c: int, side: int):
+    """Every kernel of a padded convolution's forward and both gradients (ResNet's last stage at 64 px: 2x2 and 4x4
+    images, the weight gradient's window upcast against its unrolled image rows) has a quick program, and it
+    computes the full program's bits on random inputs, some inf: outputs compared bit for bit."""
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((n, c, side, side)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = _conv_grads(x, w, 1, 1)
+    for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+    kernels = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    assert len(kernels) >= 3
+    for ast in kernels:
+        globs = sorted((g for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL), key=lambda g: g.arg)
+        if any(g.dtype.base != dtypes.float32 for g in globs) or any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):
+            continue
+        rs = np.random.default_rng(1)
+        inputs = [rs.standard_normal(g.dtype.size).astype(np.float32) for g in globs]
+        inputs[-1][::97] = np.inf
+        outs = []
+        for quick in (False, True):
+            bufs = [a.copy() for a in inputs]
+            call(get_program(ast, RENDERER, quick=quick), bufs)
+            outs.append(bufs)
+        for a, b in zip(*outs): np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
