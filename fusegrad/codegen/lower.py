@@ -44,6 +44,7 @@ class LowerCtx:
     splits: dict = field(default_factory=dict)   # (reduce loop, block) -> its block loops, shared by sibling sums
     quick: bool = False              # unrolled reduce axes stay loops (see lower_kernel)
     rolled: bool = False             # quick lowering made a loop of a tile or an unrolled axis
+    rolled_tiles: frozenset = frozenset()   # the tiles quick lowering made loops (as loops)
 
     @property
     def vecs(self) -> tuple[UOp, ...]: return ((self.vec,) if self.vec is not None else ()) + self.reduce_vecs
@@ -151,14 +152,14 @@ def _each_lane(u: UOp, axes: list[UOp]) -> list[UOp]:
     return u.substitute_each([{r: UOp.const(r.dtype, v) for r, v in zip(axes, lane)}
                               for lane in itertools.product(*[range(range_size(r)) for r in axes])])
 
-def _lanes_of_sum(red: UOp, axes: list[UOp]) -> list[UOp]:
-    """_each_lane of a reduction's value. In a sum, a lane whose term a gate makes zero there (a product with a load
+def _lanes_of_sum(term: UOp, op: Ops, axes: list[UOp]) -> list[UOp]:
+    """_each_lane of a reduction's term. In a sum, a lane whose term a gate makes zero there (a product with a load
     in padding) is a constant 0, which lowering adds nothing for: the padding is skipped, as codegen/bounds.py skips
     a loop's iterations in padding."""
-    lanes = _each_lane(red.src[0], axes)
-    if red.arg is not _ADD or not axes: return lanes
+    lanes = _each_lane(term, axes)
+    if op is not _ADD or not axes: return lanes
     # (the guards' clauses that vary with the lanes, substituted as the term is: lanes share most of them)
-    guards = [c for c in zero_guards(red.src[0]) if any(r in axes for r in c.toposort())]
+    guards = [c for c in zero_guards(term) if any(r in axes for r in c.toposort())]
     if not guards: return lanes
     false: dict[UOp, bool] = {}
     def is_false(c: UOp) -> bool:
@@ -166,6 +167,38 @@ def _lanes_of_sum(red: UOp, axes: list[UOp]) -> list[UOp]:
         return known
     return [UOp.const(t.dtype, 0) if any(is_false(c) for c in lane.src) else t
             for t, lane in zip(lanes, _each_lane(UOp.sink_of(*guards), axes))]
+
+def _lane_clauses(term: UOp, lanes: set[UOp]) -> list[UOp]:
+    """The clauses of the term's zero guards that vary with nothing but `lanes`: in a program where those are
+    expanded, each is constant in each lane."""
+    out = []
+    for c in zero_guards(term):
+        rs = [r for r in c.toposort() if r.op is _RANGE]
+        if rs and all(r in lanes for r in rs): out.append(c)
+    return out
+
+def _padding_factor(term: UOp, cs: list[UOp]) -> int | None:
+    """Which factor of product `term` is a load whose gate holds every clause of `cs` (so it reads +0 where one is
+    false), or None."""
+    if term.op is not Ops.MUL: return None
+    for i, f in enumerate(term.src):
+        if f.op is _LOAD and f.src[0].op is Ops.INDEX and len(f.src[0].src) > 2 and \
+                all(c in clauses(f.src[0].src[2]) for c in cs):
+            return i
+    return None
+
+def _skip_in_padding(term: UOp, lanes: set[UOp]) -> UOp:
+    """A quick program's term where `lanes` are loops that the full program expands (whose lanes in padding it drops,
+    _lanes_of_sum): the other factor selected to 0 there, so the product adds +0 * 0 and the sum the same bits.
+    (lower_kernel lowers a kernel whose terms aren't such products whole.)"""
+    if not (cs := _lane_clauses(term, lanes)): return term
+    i = _padding_factor(term, cs)
+    assert i is not None, "a term in padding that isn't a product with a gated load"
+    keep = cs[0]
+    for c in cs[1:]: keep = keep & c
+    other = term.src[1 - i]
+    other = keep.where(other, other.const_like(0))
+    return term.replace(src=(term.src[0], other) if i == 0 else (other, term.src[1]))
 
 def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     """REDUCE(src, *ranges, arg=op) -> REDUCE(*values, *loops[, vec], arg=(op, n_acc, n_seq)): one value per
@@ -183,10 +216,13 @@ def _expand_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         # where its lanes were constants but a loop is one place in the kernel
         rolled = {r: _new_range(ctx, range_size(r)) for r in seq_axes}
         ctx.rolled = True
-        src = red.src[0].substitute(rolled)
-        return UOp(Ops.REDUCE, red.dtype, (*_each_lane(src, acc_axes), *keep, *rolled.values()),
+        vals = _lanes_of_sum(red.src[0].substitute(rolled), red.arg, acc_axes)
+        if red.arg is _ADD:
+            vals = [_skip_in_padding(v, ctx.rolled_tiles | set(rolled.values())) for v in vals]
+        return UOp(Ops.REDUCE, red.dtype, (*vals, *keep, *rolled.values()),
                    (red.arg, math.prod(range_size(r) for r in acc_axes), 1))
-    vals = _lanes_of_sum(red, acc_axes + seq_axes)
+    vals = _lanes_of_sum(red.src[0], red.arg, acc_axes + seq_axes)
+    if ctx.rolled_tiles and red.arg is _ADD: vals = [_skip_in_padding(v, set(ctx.rolled_tiles)) for v in vals]
     n_acc = math.prod(range_size(r) for r in acc_axes)
     return UOp(Ops.REDUCE, red.dtype, (*vals, *keep), (red.arg, n_acc, len(vals) // n_acc))
 
@@ -337,14 +373,16 @@ def choose_reduce_vector_axes(ast: UOp, renderer, vec: UOp | None) -> tuple[UOp,
             break
     return tuple(r for _, r in chosen)
 
-def _pads_expanded_lanes(ast: UOp, vecs: set[UOp | None]) -> bool:
-    """Whether a sum of `ast` has a zero guard (codegen/bounds.py) that varies with an upcast or unrolled axis other
-    than the vector axes: some of its lanes may be in padding."""
+def _quick_multiplies_padding(ast: UOp, vecs: set[UOp | None]) -> bool:
+    """Whether a sum of `ast` has a term in padding for some lanes of its upcast or unrolled axes (other than the
+    vector axes: a clause of its zero guards varies with nothing else) that isn't a product with a gated load:
+    a quick program, whose loops take the place of some of those lanes, couldn't skip the products the full
+    program drops (_skip_in_padding)."""
     for red in ast.toposort():
         if red.op is not _REDUCE or red.arg is not _ADD: continue
-        for c in zero_guards(red.src[0]):
-            if any(r.op is _RANGE and range_kind(r) in ("upcast", "unroll") and r not in vecs for r in c.toposort()):
-                return True
+        lanes = {r for r in red.src[0].toposort() if r.op is _RANGE and range_kind(r) in ("upcast", "unroll") and
+                 r not in vecs}
+        if (cs := _lane_clauses(red.src[0], lanes)) and _padding_factor(red.src[0], cs) is None: return True
     return False
 
 def _rollable_tiles(ast: UOp, vecs: tuple[UOp, ...]) -> list[UOp]:
@@ -381,15 +419,16 @@ def lower_kernel(ast: UOp, renderer=None, use_fma: bool = False, quick: bool = F
     the cores split, is the same loop: a call may run some chunks of one and some of the other."""
     vec = choose_vector_axis(ast, renderer)
     reduce_vecs = choose_reduce_vector_axes(ast, renderer, vec)
-    # (a kernel whose sums have lanes in padding is lowered whole: the full program skips those lanes (_lanes_of_sum),
-    # which as loops would be multiplied, and 0 * inf is NaN)
-    if quick and _pads_expanded_lanes(ast, {vec, *reduce_vecs}): quick = False
+    # (the full program skips a sum's lanes in padding (_lanes_of_sum), which the quick one's loops skip by a select
+    # (_skip_in_padding) where the term allows it, else the kernel is lowered whole: 0 * inf is NaN)
+    if quick and _quick_multiplies_padding(ast, {vec, *reduce_vecs}): quick = False
     ctx = LowerCtx(vec=vec, use_fma=use_fma and getattr(renderer, "has_fma", False),
                    reduce_vecs=reduce_vecs, quick=quick)
     reduce_rngs = {r for u in ast.toposort() if u.op is _REDUCE for r in u.src[1:]}
     if quick and (tiles := _rollable_tiles(ast, ctx.vecs)):
-        ast = ast.substitute({r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in tiles})
-        ctx.rolled = True
+        as_loops = {r: UOp(_RANGE, r.dtype, r.src, (r.arg[0], "loop")) for r in tiles}
+        ast = ast.substitute(as_loops)
+        ctx.rolled, ctx.rolled_tiles = True, frozenset(as_loops.values())
     ctx.next_range = max((u.arg[0] for u in ast.toposort() if u.op is _RANGE), default=-1) + 1
     stores = []
     for st in ast.src:

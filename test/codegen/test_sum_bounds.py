@@ -185,9 +185,10 @@ def test_unrolled_window_multiplies_only_the_image(monkeypatch: pytest.MonkeyPat
     assert products and not any(_is_zero(s) for u in products for s in u.src[:2])
 
 def test_quick_program_skips_the_same_padding(monkeypatch: pytest.MonkeyPatch):
-    """A kernel with unrolled lanes in padding gets no quick program (whose loops would multiply the padding): with
-    an inf weight at a tap that the row's first outputs read only in padding, the first run's program computes the
-    full program's bits, NaN and inf included; and the padding-free outputs are finite."""
+    """The quick program of a first run makes loops of the unrolled window lanes and of the image row's tile, whose
+    lanes in padding the full program drops: it selects the weight to 0 there (the product adds +0 * 0). With an inf
+    weight at a tap that the row's first outputs read only in padding, its bits are the full program's, NaN and inf
+    included; and the padding-free outputs are finite."""
     asts = captured_asts(monkeypatch)
     n, c = 8, 112   # (a shape no other test compiles)
     x = np.abs(RS.standard_normal((n, c, 4, 4))).astype(np.float32) + 0.5
@@ -201,7 +202,9 @@ def test_quick_program_skips_the_same_padding(monkeypatch: pytest.MonkeyPatch):
     outs = []
     for quick in (False, True):
         bufs = [np.zeros(x.size, np.float32)] + [(x if sz == x.size else w).reshape(-1).copy() for _, sz in sizes[1:]]
-        call(get_program(ast, RENDERER, quick=quick), bufs)
+        p = get_program(ast, RENDERER, quick=quick)
+        assert p.quick == quick, "the quick program rolled nothing"
+        call(p, bufs)
         outs.append(bufs[0].reshape(n, c, 4, 4))
     np.testing.assert_array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
     assert np.isfinite(outs[0][:, :, :, 0]).all() and np.isposinf(outs[0][:, :, :, 1:]).all()
@@ -218,6 +221,7 @@ def test_quick_programs_of_padded_conv_training(monkeypatch: pytest.MonkeyPatch,
     for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
     kernels = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
     assert len(kernels) >= 3
+    rolled = 0
     for ast in kernels:
         globs = sorted((g for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL), key=lambda g: g.arg)
         if any(g.dtype.base != dtypes.float32 for g in globs) or any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):
@@ -228,6 +232,9 @@ def test_quick_programs_of_padded_conv_training(monkeypatch: pytest.MonkeyPatch,
         outs = []
         for quick in (False, True):
             bufs = [a.copy() for a in inputs]
-            call(get_program(ast, RENDERER, quick=quick), bufs)
+            p = get_program(ast, RENDERER, quick=quick)
+            rolled += p.quick
+            call(p, bufs)
             outs.append(bufs)
         for a, b in zip(*outs): np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
+    assert rolled, "no quick program rolled anything"
