@@ -238,3 +238,21 @@ def test_quick_programs_of_padded_conv_training(monkeypatch: pytest.MonkeyPatch,
             outs.append(bufs)
         for a, b in zip(*outs): np.testing.assert_array_equal(a.view(np.int32), b.view(np.int32))
     assert rolled, "no quick program rolled anything"
+
+def test_window_sum_of_a_symbolic_length():
+    """The padded 1-d window sum over x of a length given by a Variable (its gate `pos < n`): the bound is made of
+    the variable, and the values are right for several lengths (against a loop in Python)."""
+    k, pad, cap = 3, 1, 12
+    nv = UOp.variable("n", 1, cap)
+    g0, g1, g2 = glob(0, dtypes.float32, cap), glob(1, dtypes.float32, cap), glob(2, dtypes.float32, k)
+    o, r = rng(nv, 0), rng(k, 1, "reduce")
+    pos = o + r - pad
+    gate = (pos < nv) & (UOp.const(dtypes.index, -1) < pos)
+    ast = UOp.sink_of(g0.index(o).store(reduce(g1.index(pos, valid=gate).load() * g2.index(r).load(), r)))
+    assert not any(u.op is Ops.INDEX and len(u.src) > 2 for u in bound_sum_loops(ast).toposort())
+    w = RS.standard_normal(k).astype(np.float32)
+    for n in (1, 2, 5, 12):
+        x = RS.standard_normal(cap).astype(np.float32)
+        out = np.zeros(cap, np.float32)
+        run(ast, [out, x, w], var_vals={"n": n})
+        np.testing.assert_allclose(out[:n], _window_sum_ref(x[:n], w, pad, False), rtol=1e-5, atol=1e-6)
