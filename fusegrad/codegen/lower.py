@@ -154,17 +154,16 @@ def _each_lane(u: UOp, axes: list[UOp]) -> list[UOp]:
 
 def _lanes_of_sum(term: UOp, op: Ops, axes: list[UOp]) -> list[UOp]:
     """_each_lane of a reduction's term. In a sum, a lane whose term a gate makes zero there (a product with a load
-    in padding) is a constant 0, which lowering adds nothing for: the padding is skipped, as codegen/bounds.py skips
-    a loop's iterations in padding."""
+    in padding: a clause of its zero guards constant false, its lanes and the tiles around it substituted) is a
+    constant 0, which lowering adds nothing for: the padding is skipped, as codegen/bounds.py skips a loop's
+    iterations in padding."""
     lanes = _each_lane(term, axes)
-    if op is not _ADD or not axes: return lanes
-    # (the guards' clauses that vary with the lanes, substituted as the term is: lanes share most of them)
-    guards = [c for c in zero_guards(term) if any(r in axes for r in c.toposort())]
-    if not guards: return lanes
+    if op is not _ADD or not (guards := list(zero_guards(term))): return lanes
     false: dict[UOp, bool] = {}
     def is_false(c: UOp) -> bool:
         if (known := false.get(c)) is None: known = false[c] = (v := c.simplify()).op is _CONST and v.arg is False
         return known
+    # (the guards' clauses substituted as the term is: lanes share most of them)
     return [UOp.const(t.dtype, 0) if any(is_false(c) for c in lane.src) else t
             for t, lane in zip(lanes, _each_lane(UOp.sink_of(*guards), axes))]
 
@@ -248,7 +247,10 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
     finals = []
     for a in range(n_acc):
         chain = vals[a * n_seq:(a + 1) * n_seq]
-        if not loops:
+        # (adding a constant 0 changes nothing: the sum starts at +0 and never holds -0; a sum of nothing but
+        # padding is its identity)
+        if op is _ADD: chain = [v for v in chain if not (v.op is _CONST and v.arg == 0)]
+        if not loops or not chain:
             cur = identity_element(op, dt)
             for v in chain: cur = _combine(ctx, op, cur, v)
             finals.append(cur)
@@ -257,9 +259,7 @@ def _lower_reduce(ctx: LowerCtx, red: UOp) -> UOp | None:
         ctx.next_reg += 1
         init = UOp(Ops.STORE, dtypes.void, (acc, identity_element(op, dt)) + outer_srcs)
         cur = UOp(_LOAD, dt, (acc, init, *loops))
-        for v in chain:
-            # (adding a constant 0 changes nothing: the sum starts at +0 and never holds -0)
-            if not (op is _ADD and v.op is _CONST and v.arg == 0): cur = _combine(ctx, op, cur, v)
+        for v in chain: cur = _combine(ctx, op, cur, v)
         upd = UOp(Ops.STORE, dtypes.void, (acc, cur))
         finals.append(UOp(_LOAD, dt, (acc, UOp(_END, dtypes.void, (upd, *loops)))))
     res = finals[0]
