@@ -5,6 +5,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fusegrad.codegen.bounds import clauses
 from fusegrad.codegen.lower import SUM_BLOCKED_OVER
 from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
@@ -786,7 +787,6 @@ def _unroll_gated_row(k: Kernel, split_row: bool = False) -> None:
     gradient along their channels, and its weight gradient, each two to three times as fast)."""
     reds = [k.loops[i] for i in k.reduce_axes()]
     if not reds or not isinstance(sz := range_size(r := reds[-1]), int) or not 1 < sz <= GATED_ROW_UNROLL: return
-    def clauses(g: UOp) -> list[UOp]: return clauses(g.src[0]) + clauses(g.src[1]) if g.op is _AND else [g]
     # only where those comparisons then fold: they compare r with nothing that is still a loop (the tile spans the
     # output row whole). A row tiled in parts left each copy its comparisons, and 12-pixel rows in tiles of 4 ran
     # slower; but an 8-pixel row in two halves (`split_row`, a 16-accumulator tile) ran faster unrolled
