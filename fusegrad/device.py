@@ -332,20 +332,23 @@ class Buffer:
         else: self.ensure_allocated()
         return self
 
-    def copyout(self, mv: memoryview) -> memoryview:
-        """Copy the contents into writable host memory of exactly nbytes bytes."""
-        if self.unwritten or self._base is not None: self.check_written("copying out")
+    def copyout(self, mv: memoryview, check: bool = True) -> memoryview:
+        """Copy the contents into writable host memory of exactly nbytes bytes. (`check=False`: a schedule's copy item,
+        whose reads its schedule checked before running, check_unwritten: its source may be a buffer that a later
+        item overwrites.)"""
+        if check and (self.unwritten or self._base is not None): self.check_written("copying out")
         mv = _flat_bytes(mv)
         if mv.nbytes != self.nbytes: raise ValueError(f"copyout of a {self.nbytes} byte buffer into {mv.nbytes} bytes")
         if self.nbytes: self.ensure_allocated().allocator._copyout(mv, self._buf)
         return mv
 
-    def as_buffer(self, allow_zero_copy: bool = True) -> memoryview:
-        """The contents as a byte memoryview: on devices with host memory (CPU) the memory itself, else a copy."""
-        if self.unwritten or self._base is not None: self.check_written()
+    def as_buffer(self, allow_zero_copy: bool = True, check: bool = True) -> memoryview:
+        """The contents as a byte memoryview: on devices with host memory (CPU) the memory itself, else a copy.
+        (`check`: as copyout's.)"""
+        if check and (self.unwritten or self._base is not None): self.check_written()
         self.ensure_allocated()
         if allow_zero_copy and hasattr(self.allocator, "_as_buffer"): return self.allocator._as_buffer(self._buf)
-        return self.copyout(memoryview(bytearray(self.nbytes)))
+        return self.copyout(memoryview(bytearray(self.nbytes)), check=check)
 
     def numpy(self, shape: tuple[int, ...] | None = None) -> Any:
         """A numpy array of this buffer's dtype (bfloat16 widened to float32) holding a copy of the contents, 1-D or
