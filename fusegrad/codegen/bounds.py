@@ -33,20 +33,31 @@ def clauses(gate: UOp) -> list[UOp]:
     """The conjuncts of a gate: `a & (b & c)` -> [a, b, c]."""
     return clauses(gate.src[0]) + clauses(gate.src[1]) if gate.op is _AND else [gate]
 
-def zero_guards(x: UOp) -> frozenset[UOp]:
+def zero_guards(x: UOp, memo: dict[UOp, frozenset[UOp]] | None = None) -> frozenset[UOp]:
     """Clauses c such that x == 0 wherever c is false: those of the gate of a load (a gated load reads 0), of a
-    product's either factor (IEEE's 0 * inf aside), of where(gate, y, 0)'s gate; a sum's are those of both terms."""
-    op = x.op
+    product's either factor (IEEE's 0 * inf aside), of where(gate, y, 0)'s gate; a sum's are those of both terms.
+    (`memo`: each shared node once, where a term reuses one many times: x*x of x*x ...)"""
+    if memo is None: memo = {}
+    if (known := memo.get(x)) is not None: return known
+    op, src = x.op, x.src
     if op is _LOAD:
-        idx = x.src[0]
-        return frozenset(clauses(idx.src[2])) if idx.op is _INDEX and len(idx.src) > 2 else frozenset()
-    if op is _MUL: return zero_guards(x.src[0]) | zero_guards(x.src[1])
-    if op is _WHERE:
-        if x.src[2].op is _CONST and x.src[2].arg == 0: return frozenset(clauses(x.src[0])) | zero_guards(x.src[1])
-        return zero_guards(x.src[1]) & zero_guards(x.src[2])
-    if op is _ADD: return zero_guards(x.src[0]) & zero_guards(x.src[1])
-    if op in (Ops.CAST, Ops.NEG): return zero_guards(x.src[0])
-    return frozenset()
+        idx = src[0]
+        out = frozenset(clauses(idx.src[2])) if idx.op is _INDEX and len(idx.src) > 2 else frozenset()
+    elif op is _MUL: out = zero_guards(src[0], memo) | zero_guards(src[1], memo)
+    elif op is _WHERE and src[2].op is _CONST and src[2].arg == 0:
+        out = frozenset(clauses(src[0])) | zero_guards(src[1], memo)
+    elif op is _WHERE: out = zero_guards(src[1], memo) & zero_guards(src[2], memo)
+    elif op is _ADD: out = zero_guards(src[0], memo) & zero_guards(src[1], memo)
+    elif op in (Ops.CAST, Ops.NEG): out = zero_guards(src[0], memo)
+    else: out = frozenset()
+    memo[x] = out
+    return out
+
+def zero_guard_list(x: UOp) -> list[UOp]:
+    """zero_guards(x) in the order of x's toposort: a frozenset of UOps (hashed by identity) iterates in an order
+    that varies from process to process, and the bounds and selects built from the clauses are kernel source."""
+    guards = zero_guards(x)
+    return [u for u in x.toposort() if u in guards] if guards else []
 
 def _outer_only(x: UOp) -> bool:
     """Whether x is made of constants, variables and output loops (no load, no other loop)."""
@@ -91,7 +102,7 @@ def _bound_sum_loops(ctx: list[int], red: UOp) -> UOp | None:
     """The sum with each of its loops that a clause of its terms' zero guards bounds running over those bounds."""
     if red.arg is not _ADD: return None
     val, rngs = red.src[0], list(red.src[1:])
-    guards = zero_guards(val)
+    guards = zero_guard_list(val)
     if not guards: return None
     changed = False
     for i, r in enumerate(rngs):
@@ -107,7 +118,7 @@ def _bound_sum_loops(ctx: list[int], red: UOp) -> UOp | None:
         new_r = UOp.range((hi - lo).simplify(), ctx[0], "reduce")
         ctx[0] += 1
         val = _drop_clauses(val, {c for c, _ in bounds}).substitute({r: new_r + lo})
-        guards = zero_guards(val)
+        guards = zero_guard_list(val)
         rngs[i], changed = new_r, True
     return red.replace(src=(val, *rngs)) if changed else None
 
@@ -117,6 +128,7 @@ pm_bound_sum_loops.__doc__ = "a sum's loop runs only over the iterations its pad
 def bound_sum_loops(ast: UOp) -> UOp:
     """The optimized AST with its sums' loops bounded by their gates (see the module's docstring)."""
     topo = ast.toposort()
-    if not any(u.op is Ops.REDUCE and u.arg is _ADD for u in topo): return ast
+    # (most kernels have no sum under a gate: no rewrite walk for them)
+    if not any(u.op is Ops.REDUCE and u.arg is _ADD and zero_guards(u.src[0]) for u in topo): return ast
     next_id = [max((u.arg[0] for u in topo if u.op is _RANGE), default=-1) + 1]
     return graph_rewrite(ast, pm_bound_sum_loops, ctx=next_id, name="bound_sum_loops")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from fusegrad.codegen.bounds import clauses, zero_guards
+from fusegrad.codegen.bounds import clauses, zero_guard_list
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.affine import coeff, live_ranges, range_kind, range_size
 from fusegrad.uop.ops import Ops, UOp
@@ -158,7 +158,7 @@ def _lanes_of_sum(term: UOp, op: Ops, axes: list[UOp]) -> list[UOp]:
     constant 0, which lowering adds nothing for: the padding is skipped, as codegen/bounds.py skips a loop's
     iterations in padding."""
     lanes = _each_lane(term, axes)
-    if op is not _ADD or not (guards := list(zero_guards(term))): return lanes
+    if op is not _ADD or not (guards := zero_guard_list(term)): return lanes
     false: dict[UOp, bool] = {}
     def is_false(c: UOp) -> bool:
         if (known := false.get(c)) is None: known = false[c] = (v := c.simplify()).op is _CONST and v.arg is False
@@ -171,7 +171,7 @@ def _lane_clauses(term: UOp, lanes: set[UOp]) -> list[UOp]:
     """The clauses of the term's zero guards that vary with nothing but `lanes`: in a program where those are
     expanded, each is constant in each lane."""
     out = []
-    for c in zero_guards(term):
+    for c in zero_guard_list(term):
         rs = [r for r in c.toposort() if r.op is _RANGE]
         if rs and all(r in lanes for r in rs): out.append(c)
     return out

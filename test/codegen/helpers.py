@@ -99,3 +99,20 @@ def register_tile(ast: UOp, facts: tuple[int, int]) -> tuple[int, int | None]:
     for r in k.expanded:
         if r.arg[1] == "upcast": lanes *= r.src[0].arg
     return lanes, (vec.src[0].arg if vec is not None else None)
+
+def conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int, rng: np.random.Generator) \
+        -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """conv2d(x, w), and the gradients into x and w of sum(conv2d(x, w) * g) for a random g (from `rng`): fusegrad's
+    and torch's."""
+    import torch
+    from fusegrad import Tensor
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
+    g = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (tout * torch.tensor(g)).sum().backward()
+    assert tx.grad is not None and tw.grad is not None
+    fx, fw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    fout = fx.conv2d(fw, stride=stride, padding=padding)
+    (fout * Tensor(g)).sum().backward()
+    assert fx.grad is not None and fw.grad is not None
+    return [fout.numpy(), fx.grad.numpy(), fw.grad.numpy()], [tout.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]

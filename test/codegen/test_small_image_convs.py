@@ -7,28 +7,14 @@ import platform
 import subprocess
 import numpy as np
 import pytest
-import torch
 import fusegrad.codegen as codegen
 from fusegrad import Tensor
 from fusegrad.codegen.opt import Kernel, OptOps
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import UOp
-from test.codegen.helpers import AVX2, AVX512, RENDERER, captured_asts, renderer_like
+from test.codegen.helpers import AVX2, AVX512, RENDERER, captured_asts, conv_grads, renderer_like
 
 RS = np.random.default_rng(0)
-
-def _conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """conv2d(x, w), and the gradients into x and w of sum(conv2d(x, w) * g) for a random g: fusegrad's and torch's."""
-    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
-    g = RS.standard_normal(tuple(tout.shape)).astype(np.float32)
-    (tout * torch.tensor(g)).sum().backward()
-    assert tx.grad is not None and tw.grad is not None
-    fx, fw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
-    fout = fx.conv2d(fw, stride=stride, padding=padding)
-    (fout * Tensor(g)).sum().backward()
-    assert fx.grad is not None and fw.grad is not None
-    return [fout.numpy(), fx.grad.numpy(), fw.grad.numpy()], [tout.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]
 
 # (batch, input channels, output channels, image side, padding, stride): the digits CNN's second layer at a smaller
 # batch, odd channel counts (24 output channels: a vector and a half; 5 input channels), 2x2 to 14x14 images
@@ -41,7 +27,7 @@ def test_small_image_conv_values(shape):
     n, ci, co, side, pad, stride = shape
     x = RS.standard_normal((n, ci, side, side)).astype(np.float32)
     w = (RS.standard_normal((co, ci, 3, 3)) * 0.2).astype(np.float32)
-    ours, ref = _conv_grads(x, w, stride, pad)
+    ours, ref = conv_grads(x, w, stride, pad, RS)
     for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -53,7 +39,7 @@ def test_digits_conv_opts(monkeypatch: pytest.MonkeyPatch):
     asts = captured_asts(monkeypatch)
     x = RS.standard_normal((64, 32, 4, 4)).astype(np.float32)
     w = (RS.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
-    ours, ref = _conv_grads(x, w, 1, 1)
+    ours, ref = conv_grads(x, w, 1, 1, RS)
     for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     def stores(ast: UOp, size: int) -> bool: return any(st.src[0].src[0].dtype.size == size for st in ast.src)
     convs = [a for a in asts if any(stores(a, s) for s in (64 * 64 * 16, 64 * 32 * 16)) and
@@ -81,7 +67,7 @@ def test_long_rows_keep_the_reduction_vector(monkeypatch: pytest.MonkeyPatch):
     asts = captured_asts(monkeypatch)
     x = RS.standard_normal((2, 8, 28, 28)).astype(np.float32)
     w = (RS.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
-    ours, ref = _conv_grads(x, w, 1, 1)
+    ours, ref = conv_grads(x, w, 1, 1, RS)
     for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     grads = [a for a in asts if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
     assert grads
@@ -115,7 +101,7 @@ def test_last_stage_convs_take_one_channel_vector(monkeypatch: pytest.MonkeyPatc
     asts = captured_asts(monkeypatch)
     x = RS.standard_normal((n, c, side, side)).astype(np.float32)
     w = (RS.standard_normal((c, c, 3, 3)) * 0.02).astype(np.float32)
-    ours, ref = _conv_grads(x, w, 1, 1)
+    ours, ref = conv_grads(x, w, 1, 1, RS)
     for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3, err_msg=name)
     # (the forward: the kernel storing the output whose reduction reads x and w)

@@ -12,7 +12,7 @@ from fusegrad.codegen import get_program
 from fusegrad.codegen.bounds import bound_sum_loops
 from fusegrad.dtype import dtypes
 from fusegrad.uop.ops import Ops, UOp
-from test.codegen.helpers import RENDERER, call, captured_asts, glob, reduce, rng, run
+from test.codegen.helpers import RENDERER, call, captured_asts, conv_grads, glob, reduce, rng, run
 
 RS = np.random.default_rng(0)
 
@@ -69,18 +69,6 @@ def test_sums_that_arent_zero_outside_keep_their_loops():
     ast = UOp.sink_of(g0.index(o).store(mx))
     assert bound_sum_loops(ast) is ast
 
-def _conv_grads(x: np.ndarray, w: np.ndarray, stride: int, padding: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-    tout = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
-    g = RS.standard_normal(tuple(tout.shape)).astype(np.float32)
-    (tout * torch.tensor(g)).sum().backward()
-    assert tx.grad is not None and tw.grad is not None
-    fx, fw = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
-    fout = fx.conv2d(fw, stride=stride, padding=padding)
-    (fout * Tensor(g)).sum().backward()
-    assert fx.grad is not None and fw.grad is not None
-    return [fout.numpy(), fx.grad.numpy(), fw.grad.numpy()], [tout.detach().numpy(), tx.grad.numpy(), tw.grad.numpy()]
-
 # (batch, input channels, output channels, image side, kernel, padding, stride)
 SHAPES = [(8, 64, 64, 2, 3, 1, 1), (4, 32, 48, 4, 3, 1, 1), (2, 16, 16, 3, 5, 2, 1), (3, 8, 24, 5, 3, 1, 2),
           (2, 16, 32, 7, 7, 3, 2), (2, 5, 7, 1, 3, 1, 1), (4, 128, 128, 2, 3, 2, 1)]
@@ -92,7 +80,7 @@ def test_padded_conv_values(shape):
     n, ci, co, side, k, pad, stride = shape
     x = RS.standard_normal((n, ci, side, side)).astype(np.float32)
     w = (RS.standard_normal((co, ci, k, k)) * 0.1).astype(np.float32)
-    ours, ref = _conv_grads(x, w, stride, pad)
+    ours, ref = conv_grads(x, w, stride, pad, RS)
     for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
 
@@ -103,21 +91,27 @@ def _products_inside(side: int, k: int, pad: int) -> int:
     row = sum(0 <= o + t - pad < side for o in range(out) for t in range(k))
     return row * row
 
-def test_small_image_conv_multiplies_only_the_image(monkeypatch: pytest.MonkeyPatch):
-    """ResNet's last stage at 64 pixels, on fewer channels: a 3x3 convolution over 2x2 images with padding 1 reads 4
-    of its 9 taps inside the image. Its kernel loads the input without a gate and its multiply-adds are exactly the
-    products with the image (4 of 9 per output); values against torch."""
+def _padded_conv_kernel(monkeypatch: pytest.MonkeyPatch, n: int, c: int, side: int) -> UOp:
+    """The AST of the kernel of a c -> c channel 3x3 convolution with padding 1 over n side x side images, its values
+    checked against torch."""
     asts = captured_asts(monkeypatch)
-    n, c = 8, 80   # (a shape no other test compiles: its kernel is compiled here)
-    x = RS.standard_normal((n, c, 2, 2)).astype(np.float32)
+    x = RS.standard_normal((n, c, side, side)).astype(np.float32)
     w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
     out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
     ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
     (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    return ast
+
+def test_small_image_conv_multiplies_only_the_image(monkeypatch: pytest.MonkeyPatch):
+    """ResNet's last stage at 64 pixels, on fewer channels: a 3x3 convolution over 2x2 images with padding 1 reads 4
+    of its 9 taps inside the image. Its kernel loads the input without a gate and its multiply-adds are exactly the
+    products with the image (4 of 9 per output); values against torch."""
+    n, c = 8, 80   # (a shape no other test compiles: its kernel is compiled here)
+    ast = _padded_conv_kernel(monkeypatch, n, c, 2)
     p = get_program(ast, RENDERER)
     x_loads = [u for u in p.uops if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL and
-               u.src[0].dtype.size == x.size]
+               u.src[0].dtype.size == n * c * 4]
     assert x_loads and all(len(u.src) == 2 for u in x_loads), "the input is still read under a gate"
     # (besides the multiply-adds, the adds of the blocks' partial sums into the output)
     products = 2 * n * c * c * _products_inside(2, 3, 1)
@@ -171,14 +165,7 @@ def test_unrolled_window_multiplies_only_the_image(monkeypatch: pytest.MonkeyPat
     (the digits CNN's and ResNet's 4x4 layers): the unrolled terms that fall in padding (kw = 0 for the row's first
     output, kw = 2 for its last) are not multiply-adds of zeros; no multiply-add in the kernel has a zero operand.
     Values against torch."""
-    asts = captured_asts(monkeypatch)
-    n, c = 8, 96   # (a shape no other test compiles)
-    x = RS.standard_normal((n, c, 4, 4)).astype(np.float32)
-    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
-    out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
-    ref = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()
-    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
-    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
+    ast = _padded_conv_kernel(monkeypatch, 8, 96, 4)   # (a shape no other test compiles)
     p = get_program(ast, RENDERER)
     assert any(o.op.name == "UNROLL" for o in p.applied_opts), p.applied_opts
     products = [u for u in p.uops if u.op is Ops.MULACC]
@@ -217,7 +204,7 @@ def test_quick_programs_of_padded_conv_training(monkeypatch: pytest.MonkeyPatch,
     asts = captured_asts(monkeypatch)
     x = RS.standard_normal((n, c, side, side)).astype(np.float32)
     w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
-    ours, ref = _conv_grads(x, w, 1, 1)
+    ours, ref = conv_grads(x, w, 1, 1, RS)
     for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
     kernels = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())]
     assert len(kernels) >= 3
