@@ -240,6 +240,15 @@ _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1,
 # reused, and enough work for its four kernels' fixed cost. The bounds come from timing 3x3 convolutions both ways
 # (DESIGN.md, "Winograd convolutions").
 WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
+# In training the output is copied into image rows. What reads it there are reductions: a batch norm's statistics
+# and its backward's sums over (batch, pixels) per channel, and the next layers' gradients, which come out of
+# Winograd convolutions too. Read through the tile order they loaded scalars across 16 planes 16-64K floats apart
+# (about 4 GB/s), where rows load vectors; the copy costs one pass. In inference the readers are elementwise (a
+# folded batch norm, relu, a residual add), which read tiles as fast as rows and save the pass. Measured on ResNet-18
+# (bench_train): SGD step b16 64px 117-119 -> 102-110 ms, 224px 1356 -> 1175 ms; forward b8 64px with rows 565 ->
+# 450 img/s, so inference keeps tiles. (Storing rows from the output transform itself: 105 ms at 64px, but 1486 at
+# 224px.)
+WINO_ROWS_IN_TRAINING = True
 
 def _winograd_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...], flat: list[int],
                    out_dt: DType) -> bool:
@@ -298,11 +307,12 @@ def _gpu_16bit_tensor_core_dtypes(device: str) -> frozenset[DType]:
         got = _TC_DTYPES[ren] = frozenset(tc.dtype_in for tc in tcs if tc.dtype_in.itemsize == 2)
     return got
 
-def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) -> Tensor:
+def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]], rows: bool) -> Tensor:
     """A 3x3 stride-1 convolution (see _winograd_fits) by Winograd's F(4x4, 3x3), in four kernels: the input tiles
     transformed (36, cin, tiles), the weights transformed (36, cout, cin), their 36 matmuls and the output transform;
     whatever reads the result lays its 4x4 tiles out as image rows (a following batch norm or relu as it loads them,
-    or a copy) and crops it when the output isn't a multiple of 4. Each transform is one small matmul with its
+    or a copy) and crops it when the output isn't a multiple of 4. With `rows`, a fifth kernel copies the tiles into
+    image rows (in training: see WINO_ROWS_IN_TRAINING). Each transform is one small matmul with its
     matrix over a whole tile (36 positions): a few nodes to build, where applying the 6x6 matrices row by row as
     slices takes hundreds (a graph that took longer to build and schedule than its kernels ran)."""
     (bs, cin, h, w), cout = x.shape, weight.shape[0]
@@ -326,7 +336,8 @@ def _winograd_conv2d(x: Tensor, weight: Tensor, pairs: list[tuple[int, int]]) ->
     # the output's 4x4 tiles laid out as image rows by whatever reads them (an elementwise consumer, or a copy)
     y = contiguous(matmul_nodes(ka, m)).reshape((4, 4, cout, bs, th, tw)).permute((3, 2, 4, 0, 5, 1))
     y = y.reshape((bs, cout, 4 * th, 4 * tw))
-    return _tensor_cls()(y if (ho, wo) == (4 * th, 4 * tw) else y.shrink(((0, bs), (0, cout), (0, ho), (0, wo))))
+    if (ho, wo) != (4 * th, 4 * tw): y = y.shrink(((0, bs), (0, cout), (0, ho), (0, wo)))
+    return _tensor_cls()(contiguous(y) if rows else y)
 
 _wino_matrix_cache: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
 
@@ -625,16 +636,18 @@ class NNMixin:
         # the graph's choices of form are settings of its template: they depend on knobs and the device's renderer
         # as well as on the shapes
         wino = _winograd_fits(self, weight, groups, s_, d_, flat, out_dt)
+        wino_rows = wino and WINO_ROWS_IN_TRAINING and bool(_tensor_cls().training)
         strided_copy = any(s > 1 for s in s_) and cout // groups >= 8 and not renderer_says(self.device, "has_local")
-        settings = (groups, s_, d_, tuple(flat), out_dt, wino, strided_copy, _im2col_fits(self, weight, groups, s_,
-                                                                                          d_, flat, out_dt))
+        settings = (groups, s_, d_, tuple(flat), out_dt, wino, wino_rows, strided_copy,
+                    _im2col_fits(self, weight, groups, s_, d_, flat, out_dt))
         if bias is None: return templated(_conv_graph_without_bias, (self, weight), settings)
         return templated(_conv_graph_with_bias, (self, weight, bias), settings)
 
     def _conv_graph(self: Tensor, weight: Tensor, bias: Tensor | None, groups: int, s_: tuple[int, ...],
-                    d_: tuple[int, ...], flat: tuple[int, ...], out_dt: DType, wino: bool, strided_copy: bool,
-                    im2col: bool) -> Tensor:
-        """conv2d's graph, its arguments checked; `wino`: by Winograd's F(4x4, 3x3) (_winograd_fits), `strided_copy`:
+                    d_: tuple[int, ...], flat: tuple[int, ...], out_dt: DType, wino: bool, wino_rows: bool,
+                    strided_copy: bool, im2col: bool) -> Tensor:
+        """conv2d's graph, its arguments checked; `wino`: by Winograd's F(4x4, 3x3) (_winograd_fits), its output
+        copied into image rows with `wino_rows` (WINO_ROWS_IN_TRAINING), `strided_copy`:
         the weights copied with the output channels innermost (a strided convolution vectorized along them),
         `im2col`: as a matmul of the windows copied into rows (_im2col_fits)."""
         bs, (cout, cin), hw = self.shape[0], weight.shape[:2], weight.shape[2:]
@@ -647,7 +660,7 @@ class NNMixin:
             picked = picked.reshape(picked.shape[:2 + n])
             return picked.conv2d(weight, bias, groups, 1, 1, 0, out_dt)
         if wino:
-            ret = _winograd_conv2d(self, weight, _side_pairs(flat))
+            ret = _winograd_conv2d(self, weight, _side_pairs(flat), wino_rows)
             return _conv_result(ret, self, weight, bias, groups, s_, d_, flat, out_dt)
         x = self.pad(flat)._pool(hw, s_, d_)  # (bs, cin_, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + n]

@@ -45,7 +45,9 @@ def _torch_conv(X, W, B, padding):
 
 @pytest.mark.parametrize("xs,cout,padding", CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_values_and_gradients_match_torch(small_gate, xs, cout, padding, bias):
+@pytest.mark.parametrize("training", [False, True])
+def test_values_and_gradients_match_torch(small_gate, xs, cout, padding, bias, training):
+    # (in training the output is copied from tiles into image rows, and the gradients' convolutions are too)
     rng = np.random.default_rng(sum(xs) + cout)
     X = rng.standard_normal(xs).astype(np.float32)
     W = rng.standard_normal((cout, xs[1], 3, 3)).astype(np.float32)
@@ -53,11 +55,12 @@ def test_values_and_gradients_match_torch(small_gate, xs, cout, padding, bias):
     x, w = Tensor(X, requires_grad=True), Tensor(W, requires_grad=True)
     b = Tensor(B, requires_grad=True) if bias else None
     assert _uses_winograd(xs, W.shape, padding=padding)
-    out = x.conv2d(w, b, padding=padding)
     xt, wt, bt, ref = _torch_conv(X, W, B, padding)
-    assert out.shape == tuple(ref.shape)
     G = rng.standard_normal(ref.shape).astype(np.float32)
-    (out * Tensor(G)).sum().backward()
+    with Tensor.train(training):
+        out = x.conv2d(w, b, padding=padding)
+        assert out.shape == tuple(ref.shape)
+        (out * Tensor(G)).sum().backward()
     (ref * torch.tensor(G, dtype=torch.float64)).sum().backward()
     # (float32 transforms: sums of up to 25 terms with coefficients up to 25, so a few ulps of the largest term)
     expect = ref.detach().numpy()
@@ -65,6 +68,29 @@ def test_values_and_gradients_match_torch(small_gate, xs, cout, padding, bias):
     for mine, theirs in ((x, xt), (w, wt)) + (((b, bt),) if bias else ()):
         g = theirs.grad.numpy()
         np.testing.assert_allclose(mine.grad.numpy(), g, rtol=0, atol=2e-5 * (np.abs(g).max() + 1))
+
+def test_training_copies_the_tiles_into_rows(small_gate):
+    # in training, what reads the output are reductions (a batch norm's statistics), which load image rows as
+    # vectors: the output is a buffer of rows, so a mean over it takes one copy kernel more than in inference,
+    # where the mean reads the tiles.
+    # The two forms of the same shapes are distinct templates: each mode gets its own, however they alternate.
+    rng = np.random.default_rng(3)
+    X, W = rng.standard_normal((2, 3, 8, 8)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    ref = torch.nn.functional.conv2d(torch.tensor(X, dtype=torch.float64), torch.tensor(W, dtype=torch.float64),
+                                     padding=1).numpy()
+    x, w = Tensor(X), Tensor(W)
+    counts = {}
+    for training in (False, True, False, True):
+        with Tensor.train(training):
+            # (a schedule handed out isn't run: the count is of a probe over buffers of its own)
+            probe = Tensor(X).conv2d(Tensor(W), padding=1).mean(axis=(0, 2, 3))
+            counts.setdefault(training, set()).add(len(probe.schedule()))
+            out = x.conv2d(w, padding=1)
+            # the statistics a batch norm takes in training, and the values, whichever form computed them
+            np.testing.assert_allclose(out.mean(axis=(0, 2, 3)).numpy(), ref.mean(axis=(0, 2, 3)), rtol=0, atol=1e-5)
+            np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    assert len(counts[False]) == len(counts[True]) == 1
+    assert counts[True].pop() == counts[False].pop() + 1
 
 def test_matches_the_direct_convolution_at_the_gated_size():
     # the default gate: 16x64x32x32 (bench_cpu's convolution) takes Winograd; WINO=0 computes it directly
