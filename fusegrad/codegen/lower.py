@@ -312,7 +312,8 @@ def choose_vector_axis(ast: UOp, renderer) -> UOp | None:
         # (with a reduction, the wider of two vector axes wins: an image row of 8 pixels loses to 16 channels)
         if single: score *= sz
         if score > best_score: best, best_score = r, score
-    if best is None and len(reds) == 1 and reds[0].arg is _MAX: best = _pool_row(ast, accesses, stored, vec_dts)
+    # (a pool's first maximum: a max, then a max over the taps' positions where they equal it)
+    if best is None and reds and all(r.arg is _MAX for r in reds): best = _pool_row(ast, accesses, stored, vec_dts)
     # (a CPU's: GPU-style kernels are shaped by their own heuristic)
     if best is None and single and not getattr(renderer, "has_local", False):
         best = _gathering_row(ast, accesses, stored, vec_dts)
