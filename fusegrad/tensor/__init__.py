@@ -1158,7 +1158,9 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             raise ShapeError(f"matmul shape mismatch: {x.shape} @ {y.shape} (inner dims "
                              f"{x.shape[-1]} and {y.shape[-2 if y.ndim >= 2 else -1]} differ)")
         squeeze_x, squeeze_y = x.ndim == 1, y.ndim == 1
-        if x.ndim > 2 and y.ndim == 2 and all(type(v) is int for v in x.shape) and x.shape[-1] and not _sharding_used:
+        # (a tensor on one device holds no sharded node, whether or not others were sharded before)
+        if x.ndim > 2 and y.ndim == 2 and all(type(v) is int for v in x.shape) and x.shape[-1] and \
+                type(x.device) is str and type(y.device) is str:
             # batched rows times one matrix (a Linear layer on (batch, seq, features)) as a single matmul over all the
             # rows: the matrix's gradient is then one sum over batch x rows, where the broadcast made a sum per batch
             # (each a full-size partial gradient written out) and a second kernel adding them up (an empty inner

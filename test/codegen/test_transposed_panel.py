@@ -85,7 +85,9 @@ def test_odd_count_of_row_tiles_is_padded_for_whole_line_copies(monkeypatch: pyt
 
 def test_linear_on_batched_rows_is_one_matmul(monkeypatch: pytest.MonkeyPatch):
     """x (batch, seq, in) @ w.T: the weight's gradient is one sum over batch x seq (no kernel stores a partial gradient
-    per batch), and the output and both gradients match torch."""
+    per batch), and the output and both gradients match torch. Also once a tensor was sharded in the process, as
+    here (that had turned the single matmul off, so this test failed after a sharding test in the same worker)."""
+    Tensor.ones(4).shard(("CPU:0", "CPU:1"), axis=0).realize()
     asts = captured_asts(monkeypatch)
     x = RS.standard_normal((3, 5, 7)).astype(np.float32)
     w = RS.standard_normal((11, 7)).astype(np.float32)
