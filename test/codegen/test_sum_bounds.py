@@ -117,6 +117,23 @@ def test_small_image_conv_multiplies_only_the_image(monkeypatch: pytest.MonkeyPa
     products = 2 * n * c * c * _products_inside(2, 3, 1)
     assert products <= p.estimates.ops < 1.05 * products, (p.estimates.ops, products)
 
+def test_small_image_weight_gradient_multiplies_only_the_image(monkeypatch: pytest.MonkeyPatch):
+    """The weight gradient of a 3x3 convolution over 2x2 images with padding 1 (ResNet's last stage at 64 pixels):
+    its image loops are unrolled and both window loops upcast, so every lane's gate is a constant and its multiply-adds
+    are exactly the (tap, pixel) pairs inside the image (16 of 36 per image and channel pair). Values of the
+    forward and both gradients against torch."""
+    n, c = 16, 96   # (a shape no other test compiles: its kernels are compiled here)
+    asts = captured_asts(monkeypatch)
+    x = RS.standard_normal((n, c, 2, 2)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    ours, ref = conv_grads(x, w, 1, 1, RS)
+    for a, b in zip(ours, ref): np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    (ast,) = [a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort()) and
+              any(st.src[0].src[0].dtype.size == c * c * 9 for st in a.src)]
+    p = get_program(ast, RENDERER)
+    products = 2 * n * c * c * _products_inside(2, 3, 1)
+    assert products <= p.estimates.ops < 1.05 * products, (p.estimates.ops, products, p.applied_opts)
+
 @pytest.mark.parametrize("kernel, stride, padding, ceil_mode", [((3, 3), 2, 1, True), ((3, 3), 1, 1, False),
                                                                 ((5, 5), 2, 2, False), ((2, 3), 1, 1, True)])
 def test_avg_pool_counting_only_the_image(kernel, stride, padding, ceil_mode):
