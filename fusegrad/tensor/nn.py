@@ -245,9 +245,9 @@ WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
 # Winograd convolutions too. Read through the tile order they loaded scalars across 16 planes 16-64K floats apart
 # (about 4 GB/s), where rows load vectors; the copy costs one pass. In inference the readers are elementwise (a
 # folded batch norm, relu, a residual add), which read tiles as fast as rows and save the pass. Measured on ResNet-18
-# (bench_train): SGD step b16 64px 117-119 -> 102-110 ms, 224px 1356 -> 1175 ms; forward b8 64px with rows 565 ->
-# 450 img/s, so inference keeps tiles. (Storing rows from the output transform itself: 105 ms at 64px, but 1486 at
-# 224px.)
+# (bench_train, old and new alternated): SGD step b16 64px 120-121.5 -> 103.8-104.8 ms, 224px 1356 -> 1175 ms;
+# forward b8 64px with rows 565 -> 450 img/s, so inference keeps tiles. (Storing rows from the output transform
+# itself: 105 ms at 64px, but 1486 at 224px.)
 WINO_ROWS_IN_TRAINING = True
 
 def _winograd_fits(x: Tensor, weight: Tensor, groups: int, s_: tuple[int, ...], d_: tuple[int, ...], flat: list[int],
