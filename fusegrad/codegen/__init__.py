@@ -56,6 +56,7 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
 _SPECIAL, _RANGE, _END, _WMMA, _DEFINE_GLOBAL, _DEFINE_VAR, _INDEX, _STORE, _MULACC = Ops.SPECIAL, Ops.RANGE, Ops.END, \
     Ops.WMMA, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.INDEX, Ops.STORE, Ops.MULACC
 _LOOP_INDICES = (Ops.RANGE, Ops.SPECIAL)
+_LOAD, _TRANSPOSED_COPY = Ops.LOAD, Ops.TRANSPOSED_COPY
 
 def estimate(uops: list[UOp], useful: float = 1.0) -> Estimates:
     """ALU ops (vector ops count every lane, index math not at all) times loop trip counts and, in a GPU-style
@@ -110,7 +111,17 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
     name = name or kernel_name(opt_ast)
     # the kernel's buffers, the ones it stores to and loads from, its variables and global loops, in one pass
     gl, glob, dvars, stored, loaded = [], [], [], set(), set()
+    # (and the buffers used otherwise than through an INDEX that is only read from: the address of a LOAD, the source
+    # of a TRANSPOSED_COPY. Any other use, a STORE or one this pass doesn't know, counts as a write, so `read_only`
+    # never names a buffer the kernel may write)
+    not_read_only: set[int] = set()
     for u in uops:
+        for s in u.src:
+            if (sop := s.op) is _DEFINE_GLOBAL:
+                if u.op is not _INDEX: not_read_only.add(s.arg)
+            elif sop is _INDEX and s.src[0].op is _DEFINE_GLOBAL and not \
+                    ((u.op is _LOAD and u.src[0] is s) or (u.op is _TRANSPOSED_COPY and u.src[1] is s)):
+                not_read_only.add(s.src[0].arg)
         if (op := u.op) in _ACCESSES:
             if (idx := u.src[0]).op is _INDEX and idx.src[0].op is _DEFINE_GLOBAL:
                 (stored if op is _STORE else loaded).add(idx.src[0].arg)
@@ -129,6 +140,7 @@ def _get_program(ast: UOp, renderer: Renderer, name: str | None, opts: list[Opt]
         src = src.replace(f" {name}(", f" {function_name}(").replace(f" {name}_entry(", f" {function_name}_entry(")
     return ProgramSpec(name=name, src=src, device=renderer.device, uops=uops, function_name=function_name,
                        globals=[u.arg for u in gl], outs=sorted(stored), ins=sorted(loaded),
+                       read_only=[u.arg for u in gl if u.arg not in stored and u.arg not in not_read_only],
                        vars=sorted(dvars, key=lambda v: v.arg[0]),
                        global_size=range_size(glob[0]) if glob else 1, estimates=estimate(uops, useful),
                        applied_opts=applied, ast=ast, global_dims=global_dims, local_dims=local_dims,

@@ -451,6 +451,9 @@ class CompiledRunner(Runner):
             if isinstance(p.estimates.ops, int) and isinstance(p.estimates.mem, int) else None
         if p.vars and p.ast is not None and (bounds := VarBounds(p.name, p.ast)).accesses: self.bounds = bounds
         self._by_values: dict[tuple, tuple[dict[str, Any], tuple[int, int]]] = {}   # (launch_args)
+        # the positions of the buffers the kernel surely only reads, for a device whose calls take them
+        self._reads = {"reads": tuple(j for j, i in enumerate(self._gidx) if i in p.read_only)} \
+            if getattr(self._prg, "takes_reads", False) and p.read_only else {}
         super().__init__(colored(p.name, "cyan"), p.device, p.estimates)
 
     @property
@@ -499,7 +502,7 @@ class CompiledRunner(Runner):
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
         bufs = [rawbufs[i]._buf for i in self._gidx] if self._gidx else [b._buf for b in rawbufs]
-        return self._prg(*bufs, wait=wait, **self._launch(var_vals))
+        return self._prg(*bufs, wait=wait, **self._launch(var_vals), **self._reads)
 
     def prepare(self, rawbufs: list[Buffer], var_vals: dict[str, int], varying: tuple[int, ...] = ()) \
             -> tuple[Callable[..., None], tuple[int, ...]] | None:
@@ -510,7 +513,7 @@ class CompiledRunner(Runner):
         order = self._gidx if self._gidx else tuple(range(len(rawbufs)))
         positions = tuple(j for j, i in enumerate(order) if i in varying)
         bufs = [None if j in positions else rawbufs[i]._buf for j, i in enumerate(order)]
-        launch = prepare(*bufs, varying=positions, **self._launch(var_vals))
+        launch = prepare(*bufs, varying=positions, **self._launch(var_vals), **self._reads)
         return None if launch is None else (launch, tuple(order[j] for j in positions))
 
 class BufferCopy(Runner):
@@ -547,7 +550,8 @@ class BufferCopy(Runner):
             return None
         threads = Device[dest.device].max_threads if dest.nbytes >= THREAD_MIN_MEM else 1
         bufs = [None if i in varying else b._buf for i, b in enumerate((dest, src))]
-        launch = prg.prepare(*bufs, global_size=dest.nbytes, threads=threads, varying=tuple(sorted(varying)))
+        launch = prg.prepare(*bufs, global_size=dest.nbytes, threads=threads, varying=tuple(sorted(varying)),
+                             reads=(1,))
         return None if launch is None else (launch, tuple(sorted(varying)))
 
     def __call__(self, rawbufs: list[Buffer], var_vals: dict[str, int], wait: bool = False) -> float | None:
@@ -567,7 +571,7 @@ class BufferCopy(Runner):
             d0, s0 = ctypes.addressof(dest._buf), ctypes.addressof(part)
             apart = d0 + dest.nbytes <= s0 or s0 + dest.nbytes <= d0
             threads = Device[dest.device].max_threads if apart and dest.nbytes >= THREAD_MIN_MEM else 1
-            return prg(dest._buf, part, global_size=dest.nbytes, threads=threads, wait=wait)
+            return prg(dest._buf, part, global_size=dest.nbytes, threads=threads, wait=wait, reads=(1,))
         st = time.perf_counter()
         if type(dest.allocator) is type(src.allocator) and hasattr(dest.allocator, "_transfer") and \
                 (off is None or src.allocator.supports_views):

@@ -36,6 +36,7 @@ class ProgramSpec:
     globals: list[int] = field(default_factory=list)   # DEFINE_GLOBAL args (buffer indices into ExecItem.bufs)
     outs: list[int] = field(default_factory=list)      # which of those are written
     ins: list[int] = field(default_factory=list)       # which are read
+    read_only: list[int] = field(default_factory=list) # which it surely doesn't write (used only by loads' addresses)
     vars: list[UOp] = field(default_factory=list)      # DEFINE_VARs passed after the buffers
     global_size: int = 1                               # extent of the parallel (outermost) loop
     estimates: Estimates = field(default_factory=Estimates)

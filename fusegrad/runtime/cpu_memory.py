@@ -133,7 +133,7 @@ class CPUAllocator(LRUAllocator):
         wait_for(dest)
         memoryview(dest).cast("B")[:] = src
     def _copyout(self, dest: memoryview, src: ctypes.Array) -> None:
-        wait_for(src)
+        wait_for(src, reading=True)   # (kernels still reading it may run on meanwhile)
         dest[:] = memoryview(src).cast("B")
 
 def address(opaque: ctypes.Array) -> int:

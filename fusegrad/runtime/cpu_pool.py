@@ -265,9 +265,33 @@ def allocation_root(opaque: Any) -> Any:
     """The allocation a view was made of (the allocation itself if it is none)."""
     return getattr(opaque, "_root", opaque)
 
-def wait_for(opaque: Any) -> None:
-    """Until the queued kernels that use this CPU allocation (or its base allocation) have finished."""
-    count = getattr(allocation_root(opaque), "_fg_job", 0)
+# Each allocation a queued job uses carries `_fg_job`, the job count at which the last job using it is done: writing
+# it from the host, or handing it to another buffer, waits for that. Reading it from the host only needs the jobs that
+# write it, so a job that only reads an allocation (a labels tensor checked on the host every step while the last
+# step's kernels still read it) leaves `_fg_wf` = (the write floor, the `_fg_job` it holds for). The pair speaks only
+# for the stamp it was made with: any later stamp that doesn't renew it (a site that doesn't know what its job
+# writes) leaves it stale, and a stale pair means the floor is `_fg_job` itself: a read then waits for every use.
+
+def write_floor(root: Any) -> int:
+    """The job count at which the last queued job that may write this allocation is done."""
+    job = getattr(root, "_fg_job", 0)
+    wf = root.__dict__.get("_fg_wf")
+    return wf[0] if wf is not None and wf[1] == job else job
+
+def stamp(root: Any, job: int, wrote: int) -> None:
+    """Note queued jobs using allocation `root`: the last done at count `job`, the last that writes it at `wrote`
+    (0: none of them writes it). A stamp may be for earlier jobs than one already noted (two views of an allocation
+    in one launch graph): the later counts are kept."""
+    floor = max(write_floor(root), wrote)
+    if (last := getattr(root, "_fg_job", 0)) > job: job = last
+    root._fg_job = job
+    root._fg_wf = (floor, job)
+
+def wait_for(opaque: Any, reading: bool = False) -> None:
+    """Until the queued kernels that use this CPU allocation (or its base allocation) have finished; `reading`: only
+    those that may write it."""
+    root = allocation_root(opaque)
+    count = write_floor(root) if reading else getattr(root, "_fg_job", 0)
     if count and (pool := c_pool()) is not None and not pool.done(count): pool.wait(count)
 
 def has_host_view(root: Any) -> bool:

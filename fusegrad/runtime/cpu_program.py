@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 from fusegrad.helpers import CPU_ASYNC, CPU_THREADS
 from fusegrad.hostcpu import CHUNKS_PER_THREAD
 from fusegrad.runtime.cpu_compiler import load_library, unload_library
-from fusegrad.runtime.cpu_pool import allocation_root, c_pool, cores, has_host_view, python_pool
+from fusegrad.runtime.cpu_pool import allocation_root, c_pool, cores, has_host_view, python_pool, stamp
 from fusegrad.viz import record as _viz
 
 def _clamped_threads(threads: int, global_size: int) -> int:
@@ -69,7 +69,10 @@ def shared_library(lib: bytes) -> SharedLibrary:
 
 class CPUProgram:
     """A kernel `void name(ptr..., var..., long core_lo, long core_hi)` loaded from shared object bytes; a var is a
-    `long` (integers) or a `double` (floats), chosen by the Python type of its value."""
+    `long` (integers) or a `double` (floats), chosen by the Python type of its value. Its calls take `reads`: the
+    positions of the buffers the kernel only reads (host reads of those don't wait for it: see cpu_pool.stamp); a
+    buffer not named there is taken as written."""
+    takes_reads = True
     def __init__(self, name: str, lib: bytes):
         self.name, self.lib = name, lib
         self._entry: int | None = None  # set by _load when the binary has the C pool's entry point
@@ -96,16 +99,18 @@ class CPUProgram:
         return fxn
 
     def prepare(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1, join: bool = False,
-                varying: tuple[int, ...] = (), helpable: bool = True) -> Callable[..., None] | None:
+                varying: tuple[int, ...] = (), helpable: bool = True, reads: tuple[int, ...] = ()) \
+            -> Callable[..., None] | None:
         """The queued call `self(*bufs, vals=..., ...)` as a function that repeats it (a TinyJit replay: the same
         kernel every step), with the arguments converted once. The buffers at positions `varying` change per call:
         the function takes their allocations, in that order. None where calls aren't queued."""
         threads = _clamped_threads(threads, global_size)
         if self._entry is None or not CPU_ASYNC.value or cores() < 2 or (pool := c_pool()) is None: return None
-        return PreparedLaunch(self, pool, bufs, vals, global_size, threads, join, varying, helpable)
+        return PreparedLaunch(self, pool, bufs, vals, global_size, threads, join, varying, helpable, reads)
 
     def __call__(self, *bufs: Any, vals: tuple = (), global_size: int = 1, threads: int = 1,
-                 wait: bool = False, join: bool = False, helpable: bool = True) -> float | None:
+                 wait: bool = False, join: bool = False, helpable: bool = True, reads: tuple[int, ...] = ()) \
+            -> float | None:
         """Run over [0, global_size), split across `threads` threads (capped by CPU_THREADS when set): on the C pool
         in contiguous chunks (_chunks) that the threads claim as they are free, else in `threads` chunks. The kernel
         is queued on the C pool (see CPool) and this returns before it has run, unless `wait` (then it returns the
@@ -132,10 +137,9 @@ class CPUProgram:
                                 chunks)
             # (stamped once queued: another thread touching these buffers meanwhile races with the kernel anyway)
             exported = False
-            for b in bufs:
+            for i, b in enumerate(bufs):
                 if b is None: continue
-                root = allocation_root(b)
-                root._fg_job = count
+                stamp(root := allocation_root(b), count, 0 if i in reads else count)
                 if has_host_view(root): exported = True
             if wait or exported or not queued: pool.wait(count)
             if not wait: return None
@@ -174,7 +178,7 @@ class PreparedLaunch:
     """A queued kernel call with its arguments converted once (CPUProgram.prepare); calling it with the allocations of
     the buffers at `varying` queues the call. Consecutive ones run in one pool call through LaunchGraph."""
     def __init__(self, program: CPUProgram, pool: Any, bufs: tuple, vals: tuple, global_size: int, threads: int,
-                 join: bool, varying: tuple[int, ...], helpable: bool):
+                 join: bool, varying: tuple[int, ...], helpable: bool, reads: tuple[int, ...] = ()):
         # (the buffers at `varying` may be given as None: their addresses are filled in per call)
         self.program, self.pool, self.varying, self.nbufs = program, pool, varying, len(bufs)
         self.boxed, self.addresses = _arguments(bufs, vals)
@@ -182,8 +186,13 @@ class PreparedLaunch:
         self.dynamic = False   # (whether set_values was called: a graph then reads its values per call)
         self.array_type = ctypes.c_void_p * len(self.addresses)
         self.fixed = self.array_type(*self.addresses)
-        self.kept = [b for i, b in enumerate(bufs) if b is not None and i not in varying]  # (held while queued)
+        fixed = [i for i, b in enumerate(bufs) if b is not None and i not in varying]
+        self.kept = [bufs[i] for i in fixed]  # (held while queued)
         self.roots = [allocation_root(b) for b in self.kept]
+        # whether the kernel writes each of them, then each per-call allocation (else it only reads it)
+        self.root_writes = [i not in reads for i in fixed]
+        self.varying_writes = [i not in reads for i in varying]
+        self.writes = self.root_writes + self.varying_writes
         self.global_size, self.threads, self.helpable = global_size, threads, helpable
         self.workers, self.join = _workers(threads, helpable), join and threads > 1 and helpable
         self.chunks = _chunks(threads, global_size, self.join)
@@ -252,8 +261,8 @@ class PreparedLaunch:
         count = pool.submit(self.program._entry, args, self.global_size, self.chunks, self.workers,
                             (self.program, args, self.boxed, self.kept, allocations), self.join, stamped, self.helpable)
         exported = False
-        for root in stamped:
-            root._fg_job = count
+        for root, writes in zip(stamped, self.writes):
+            stamp(root, count, count if writes else 0)
             # (has_host_view, asked only of an allocation that ever had a host view)
             if root.__dict__.get("_exports") and has_host_view(root): exported = True
         if exported: pool.wait(count)
@@ -278,9 +287,11 @@ class _Piece(NamedTuple):
     template: Any             # the arguments, with the per-call allocations' slots empty
     arrays: tuple             # per job: entry point, offset of its arguments in the block, size, chunks, help
     patches: list             # (slot in the block, index of the allocation whose address goes there)
-    fixed: list               # (allocation root, jobs after the last one using it) of the buffers fixed in the launches
+    fixed: list               # (allocation root, jobs after the last one using it, jobs after the last one writing it
+                              # or None) of the buffers fixed in the launches
     fixed_roots: list         # their roots alone
-    varying: list             # (index of a per-call allocation, jobs after the last one using it)
+    varying: list             # (index of a per-call allocation, jobs after the last one using it, after the last one
+                              # writing it or None)
     held: tuple               # what the jobs use besides the block and the allocations (programs, values, buffers)
     workers: int
     dynamic: list             # (job, offset of its arguments, launch) of the launches whose values change per call
@@ -313,24 +324,33 @@ class LaunchGraph:
         addresses: list[Any] = []
         offsets, patches = [], []
         last_use: dict[int, tuple[Any, int]] = {}   # root id -> (root, index of the last job using it)
+        last_write: dict[int, int] = {}              # root id -> index of the last job writing it
         alloc_last: dict[int, int] = {}              # allocation index -> index of the last job using it
+        alloc_write: dict[int, int] = {}             # allocation index -> index of the last job writing it
         for k, (launch, indices) in enumerate(calls):
             offsets.append(len(addresses))
             patches += [(len(addresses) + pos, idx) for pos, idx in zip(launch.varying, indices)]
             addresses += launch.addresses
-            for root in launch.roots: last_use[id(root)] = (root, k)
-            for idx in indices: alloc_last[idx] = k
+            for root, writes in zip(launch.roots, launch.root_writes):
+                last_use[id(root)] = (root, k)
+                if writes: last_write[id(root)] = k
+            for idx, writes in zip(indices, launch.varying_writes):
+                alloc_last[idx] = k
+                if writes: alloc_write[idx] = k
         block = ctypes.c_void_p * max(1, len(addresses))
         arrays = ((ctypes.c_void_p * n)(*[launch.program._entry for launch, _ in calls]),
                   (ctypes.c_long * n)(*offsets), (ctypes.c_long * n)(*[launch.global_size for launch, _ in calls]),
                   (ctypes.c_long * n)(*[launch.graph_chunks for launch, _ in calls]),
                   (ctypes.c_int * n)(*[int(launch.helpable) for launch, _ in calls]))
-        # each allocation is stamped with the count at which the last job using it is done (n - 1 - k before the end)
-        fixed = [(root, n - 1 - k) for root, k in last_use.values()]
-        varying = [(idx, n - 1 - k) for idx, k in alloc_last.items()]
+        # each allocation is stamped with the count at which the last job using it is done (n - 1 - k before the end),
+        # and the one at which the last job writing it is
+        fixed = [(root, n - 1 - k, n - 1 - last_write[i] if i in last_write else None)
+                 for i, (root, k) in last_use.items()]
+        varying = [(idx, n - 1 - k, n - 1 - alloc_write[idx] if idx in alloc_write else None)
+                   for idx, k in alloc_last.items()]
         held = ([launch.program for launch, _ in calls], [launch.boxed for launch, _ in calls],
                 [launch.kept for launch, _ in calls], arrays)
-        return _Piece(n, block, block(*addresses), arrays, patches, fixed, [r for r, _ in fixed], varying, held,
+        return _Piece(n, block, block(*addresses), arrays, patches, fixed, [r for r, _, _ in fixed], varying, held,
                       max(launch.graph_workers for launch, _ in calls),
                       [(k, offsets[k], launch) for k, (launch, _) in enumerate(calls) if launch.dynamic])
 
@@ -379,12 +399,12 @@ class LaunchGraph:
             # (jobs that have run need no stamp: host access to their allocations has nothing to wait for)
             if wait and pool._finished.value >= end: continue
             exported = wait
-            for root, back in piece.fixed:
-                root._fg_job = end - back
+            # (an allocation that is also a fixed buffer's, or two views of one, is stamped twice: stamp keeps the
+            # later jobs)
+            for root, back, wback in piece.fixed:
+                stamp(root, end - back, 0 if wback is None else end - wback)
                 if has_host_view(root): exported = True
-            for idx, back in piece.varying:
-                root = allocation_root(allocations[idx])
-                # (max: an allocation that is also a fixed buffer's, or two views of one, keeps the later job)
-                root._fg_job = max(end - back, getattr(root, "_fg_job", 0))
+            for idx, back, wback in piece.varying:
+                stamp(root := allocation_root(allocations[idx]), end - back, 0 if wback is None else end - wback)
                 if has_host_view(root): exported = True
             if exported: pool.wait(end)

@@ -30,6 +30,22 @@ def test_render_smoke():
     assert p.estimates.ops == 64 and p.estimates.mem == 3 * 64 * 4
     compile_program(p)  # compiles without warnings turning into errors
 
+def test_read_only_names_only_buffers_the_kernel_never_writes():
+    # (host reads of a buffer in `read_only` don't wait for the queued kernel: one it writes must never be there)
+    assert get_program(add_ast(4, 16), RENDERER).read_only == [1, 2]
+    r0, g0, g1 = rng(64, 0), glob(0, dtypes.float32, 64), glob(1, dtypes.float32, 64)
+    in_place = UOp.sink_of(g0.index(r0).store(g0.index(r0).load() + g1.index(r0).load()))
+    p = get_program(in_place, RENDERER)
+    assert (p.ins, p.outs, p.read_only) == ([0, 1], [0], [1])
+    # a product whose weight is packed by transposing copies (TRANSPOSED_COPY reads it): both operands read-only
+    from fusegrad import Tensor
+    x, w = Tensor.rand(128, 784).realize(), Tensor.rand(512, 784).realize()
+    (si,) = (x @ w.T).schedule()
+    for ren in (RENDERER, renderer_like(AVX512), renderer_like(AVX2)):
+        p = get_program(si.ast, ren)
+        assert any(u.op is Ops.TRANSPOSED_COPY for u in p.uops)
+        assert (p.outs, p.read_only) == ([0], [1, 2])
+
 def test_render_compiles_warning_free():
     p = get_program(matmul_ast(32, 32, 32), RENDERER)
     res = subprocess.run(["cc", "-O1", "-march=native", "-Wall", "-Wextra", "-fsyntax-only", "-x", "c", "-"],

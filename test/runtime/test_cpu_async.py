@@ -259,3 +259,72 @@ def test_jobs_queued_many_at_once_run_once_in_order():
     for _, hits in jobs: assert list(hits) == [1] * len(hits)
     with pytest.raises(ValueError, match="at most"):
         pool.submit_many(pool.QUEUE + 1, fns, args, offsets, *rest, 1, None)
+
+def test_host_reads_wait_only_for_the_kernels_that_write():
+    # a long product reads a small tensor s (fused into its epilogue): reading s back doesn't wait for it; reading the
+    # product does; an in-place update of s queued after it (a kernel writing s) is waited for
+    t, a = _slow_matmul(2048)
+    s_np = np.arange(2048, dtype=np.float32)
+    s = Tensor(s_np).realize()
+    Device["CPU"].synchronize()
+    with Context(CPU_THREADS=1): out = (t @ t + s).realize()   # ~0.1 s of work on one thread
+    product_job = pool.submitted
+    np.testing.assert_array_equal(s.numpy(), s_np)
+    assert s.tolist()[:3] == [0.0, 1.0, 2.0]
+    assert not pool.done(product_job), "reading a tensor the queued kernel only reads waited for it"
+    s.assign(s * 2 + 1).realize()   # queued behind the product
+    update_job = pool.submitted
+    np.testing.assert_array_equal(s.numpy(), s_np * 2 + 1)
+    assert pool.done(update_job)
+    np.testing.assert_allclose(out.numpy()[:8], a[:8].astype(np.float64) @ a + s_np, rtol=1e-3, atol=1e-2)
+
+def test_reads_between_in_place_updates_see_every_write():
+    # products read a and b while a is updated in place now and then: every host read of a, b and the products sees
+    # exactly the writes queued before it (numpy keeps the reference)
+    rng = np.random.default_rng(9)
+    a_np, b_np = rng.standard_normal((256, 256), dtype=np.float32), rng.standard_normal((256, 64), dtype=np.float32)
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    ref = a_np.astype(np.float64)
+    for i in range(24):
+        c = (a @ b).realize()
+        want = ref @ b_np
+        if i % 3 == 0:
+            a.assign(a * 0.5 + 1).realize()
+            ref = ref * 0.5 + 1
+        if i % 2 == 0: np.testing.assert_allclose(a.numpy(), ref, rtol=1e-6, err_msg=f"a after step {i}")
+        np.testing.assert_array_equal(b.numpy(), b_np)
+        np.testing.assert_allclose(c.numpy(), want, rtol=1e-4, atol=1e-3, err_msg=f"product of step {i}")
+
+def test_a_stamp_without_what_it_writes_makes_reads_wait_for_it():
+    # the write floor holds only for the stamp it was made with: a job noted the old way (its count alone, by a site
+    # that doesn't know what the job writes) counts as a write
+    class Alloc: pass
+    root = Alloc()
+    cpu_pool.stamp(root, 5, 3)
+    assert cpu_pool.write_floor(root) == 3
+    cpu_pool.stamp(root, 7, 0)   # a job that only reads it
+    assert (root._fg_job, cpu_pool.write_floor(root)) == (7, 3)
+    root._fg_job = 9
+    assert cpu_pool.write_floor(root) == 9
+    cpu_pool.stamp(root, 8, 0)   # an earlier job (a second view of the allocation in one graph): the later one stays
+    assert (root._fg_job, cpu_pool.write_floor(root)) == (9, 9)
+
+def test_launch_graph_stamps_what_its_kernels_write():
+    # a TinyJit replay's launch graph: the weight its kernels only read keeps its write floor, the output's floor is
+    # the graph's job
+    from fusegrad import TinyJit
+    rng = np.random.default_rng(4)
+    w_np = rng.standard_normal((512, 512), dtype=np.float32)   # (work enough that the graph is queued)
+    w = Tensor(w_np).realize()
+    f = TinyJit(lambda x: ((x @ w).relu() * 2).sum(1).realize())
+    for _ in range(4):
+        x_np = rng.standard_normal((256, 512), dtype=np.float32)
+        with Context(CPU_THREADS=2): out = f(Tensor(x_np))
+        np.testing.assert_allclose(out.numpy(), (np.maximum(x_np @ w_np, 0) * 2).sum(1), rtol=1e-4, atol=1e-2)
+    root_w = cpu_pool.allocation_root(w._buffer()._buf)
+    floor_w = cpu_pool.write_floor(root_w)
+    out = f(Tensor(x_np))
+    root_out = cpu_pool.allocation_root(out._buffer()._buf)
+    assert cpu_pool.write_floor(root_out) == root_out._fg_job > floor_w
+    assert cpu_pool.write_floor(root_w) == floor_w < root_w._fg_job
+    np.testing.assert_array_equal(w.numpy(), w_np)
