@@ -118,3 +118,20 @@ def test_last_stage_convs_take_one_channel_vector(monkeypatch: pytest.MonkeyPatc
         if vectors == 1:
             assert math.prod(o.arg for o in ups[1:]) == (SMALL_IMAGE_TILE if side == 2 else CHANNEL_TILE), \
                 k.applied_opts
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_few_image_conv_takes_a_vector_of_output_channels(n: int):
+    """A 3x3 convolution of 256 channels over 2x2 images at batch 1 or 2 (ResNet-18's last stage at 64 px, inference
+    of one or two images): its weights, strided along the output channels, are reused by only 4 or 8 output pixels,
+    fewer than a packed copy is made for, but with no other vector the output channels still take one on AVX-512 (the
+    kernel was scalar there, 4-10 times slower; AVX2's 8 lanes take the image row of 2 first). Values against torch."""
+    x = RS.standard_normal((n, 256, 2, 2)).astype(np.float32)
+    w = (RS.standard_normal((256, 256, 3, 3)) * 0.02).astype(np.float32)
+    (si,) = Tensor(x).conv2d(Tensor(w), padding=1).schedule()
+    k = Kernel(codegen.collapse_gathers(si.ast), renderer_like(AVX512))
+    hand_coded_optimizations(k)
+    ups = [o for o in k.applied_opts if o.op is OptOps.UPCAST]
+    assert ups and ups[0].arg == 16, k.applied_opts
+    ours, ref = conv_grads(x, w, 1, 1, RS)
+    for name, a, b in zip(("forward", "input gradient", "weight gradient"), ours, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3, err_msg=name)

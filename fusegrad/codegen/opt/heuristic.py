@@ -123,7 +123,7 @@ def _choose_output_vector(ctx: OptContext) -> None:
     ctx.vec_out, ctx.width, ctx.pad = best
     _pad_output_vector(ctx)
 
-def _packable(ctx: OptContext, idx: UOp, r: UOp) -> bool:
+def _packable(ctx: OptContext, idx: UOp, r: UOp, min_rows: int = 16) -> bool:
     """Whether load `idx`, strided along r, is worth copying (PACK) to a contiguous block: the output loops that don't
     move it give it more rows than one register tile to reuse it.
 
@@ -133,7 +133,7 @@ def _packable(ctx: OptContext, idx: UOp, r: UOp) -> bool:
     # (no such loop: a product of 1)
     rows = math.prod(sz if isinstance(sz := range_size(o), int) else 16 for o in ctx.outs
                      if o is not r and coeff(idx.src[1], o) == 0)
-    return bool(ctx.reds) and rows >= 16
+    return bool(ctx.reds) and rows >= min_rows
 
 def _output_vector_width(ctx: OptContext, sz: int | UOp) -> tuple[int | None, bool]:
     """The widest vector that divides the loop, or, in a reduction's output loop (whose stores are few next to its
@@ -145,14 +145,14 @@ def _output_vector_width(ctx: OptContext, sz: int | UOp) -> tuple[int | None, bo
         if ctx.k.reduceops and pads_cheaply(sz, cand): return cand, True
     return None, False
 
-def _fits_vector(ctx: OptContext, r: UOp, per_lane: bool) -> bool:
+def _fits_vector(ctx: OptContext, r: UOp, per_lane: bool, min_rows: int = 16) -> bool:
     """Whether r can be the vector axis: contiguous, broadcast or packable in the loads and contiguous in the
     store, or, with `per_lane`, also strided where an access runs once per output (the store, and loads outside
     the reduction such as a residual): gathered lane by lane, few next to the reduction's loads. And r varies
     in some load."""
     st = [(coeff(idx.src[1], r), is_store, idx) for idx, is_store in ctx.k.accesses()]
     def load_fits(c: int | None, idx: UOp) -> bool:
-        return c in (0, 1) or _packable(ctx, idx, r) or \
+        return c in (0, 1) or _packable(ctx, idx, r, min_rows) or \
             (per_lane and c is not None and all(coeff(idx.src[1], q) == 0 for q in ctx.reds))
     # (a store that doesn't vary along r, a row's statistic beside the row, is made once outside the vector)
     return all(c in (0, 1) or (per_lane and c is not None) for c, is_store, _ in st if is_store) and \
@@ -166,6 +166,7 @@ def _gathered(ctx: OptContext, r: UOp) -> int:
     return max((idx.src[0].dtype.size for idx in ctx.loads() if coeff(idx.src[1], r) not in (0, 1)), default=0)
 
 BLOCK_ROWS = 512
+PER_LANE_MIN_ROWS, PER_LANE_MIN_OUTPUTS = 4, 1024
 
 def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, bool]],
                             best: VectorChoice | None) -> VectorChoice | None:
@@ -203,7 +204,11 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     def copy_loops(r: UOp) -> int:
         return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in ctx.loads()
                     if coeff(idx.src[1], r) not in (0, 1)), default=0)
-    ok = [c for c in cands if c[1] == width and not c[2] and _fits_vector(ctx, c[0], True) and
+    # (with no vector at all otherwise, a strided load reused by as few as PER_LANE_MIN_ROWS rows still takes one where
+    # the kernel has PER_LANE_MIN_OUTPUTS outputs: a 3x3 convolution of 2x2 images at batch 1 or 2, whose scalar code
+    # ran 4-10 times slower. Fewer outputs (the digits CNN's first weight gradient, 288) keep their form)
+    rows = PER_LANE_MIN_ROWS if best is None and _trip_product(outs) >= PER_LANE_MIN_OUTPUTS else 16
+    ok = [c for c in cands if c[1] == width and not c[2] and _fits_vector(ctx, c[0], True, rows) and
           (best is None or best[1] <= width // 4 or 16 * _gathered(ctx, c[0]) < _gathered(ctx, best[0]))]
     return min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c))) if ok else best
 
