@@ -204,10 +204,13 @@ def _prefer_per_lane_vector(ctx: OptContext, cands: list[tuple[UOp, int | None, 
     def copy_loops(r: UOp) -> int:
         return max((sum(1 for o in outs if o in idx.src[1].toposort()) for idx in ctx.loads()
                     if coeff(idx.src[1], r) not in (0, 1)), default=0)
-    # (with no vector at all otherwise, a strided load reused by as few as PER_LANE_MIN_ROWS rows still takes one where
-    # the kernel has PER_LANE_MIN_OUTPUTS outputs: a 3x3 convolution of 2x2 images at batch 1 or 2, whose scalar code
-    # ran 4-10 times slower. Fewer outputs (the digits CNN's first weight gradient, 288) keep their form)
-    rows = PER_LANE_MIN_ROWS if best is None and _trip_product(outs) >= PER_LANE_MIN_OUTPUTS else 16
+    # (with no vector at all otherwise, a convolution's strided load reused by as few as PER_LANE_MIN_ROWS rows still
+    # takes one where the kernel has PER_LANE_MIN_OUTPUTS outputs: a 3x3 convolution of 2x2 images at batch 1 or 2,
+    # whose scalar code ran 4-10 times slower. Fewer outputs (the digits CNN's first weight gradient, 288) keep their
+    # form, and so does a kernel without sliding windows: the MLP's cross-entropy over 128 rows of 10 classes, which
+    # ran no faster and took the C compiler 0.4 s more)
+    rows = PER_LANE_MIN_ROWS if best is None and _trip_product(outs) >= PER_LANE_MIN_OUTPUTS and \
+        _sliding_windows(ctx.k) else 16
     ok = [c for c in cands if c[1] == width and not c[2] and _fits_vector(ctx, c[0], True, rows) and
           (best is None or best[1] <= width // 4 or 16 * _gathered(ctx, c[0]) < _gathered(ctx, best[0]))]
     return min(ok, key=lambda c: (copy_loops(c[0]), ok.index(c))) if ok else best
