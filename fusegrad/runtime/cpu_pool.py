@@ -103,9 +103,9 @@ class CPool:
         self.submitted = self._seen = 0
 
     def submit(self, entry: int, args: Any, size: int, chunks: int, workers: int, held: Any, join: bool = False,
-               stamp: Any = (), help: bool = True, record: Any = None) -> int:
+               stamped: Any = (), help: bool = True, record: Any = None) -> int:
         """Queue entry(args, lo, hi) over [0, size) in `chunks` chunks; returns the job count at which it is done.
-        `held` is kept alive until then. The caller stamps the allocations the job uses with that count; `stamp` lists
+        `held` is kept alive until then. The caller stamps the allocations the job uses with that count; `stamped` lists
         them for when the call is interrupted before it returns the count (then they are stamped here). With `join`,
         if nothing is queued ahead of the job, this thread runs chunks of it before returning. Without `help`, no
         waiting thread runs its chunks, only the workers (`workers` of them): for chunks so long that the caller must
@@ -122,17 +122,17 @@ class CPool:
             # a Ctrl-C that arrived while this thread ran chunks is raised as the call returns, before its result is
             # kept: the job is queued all the same, so what it uses is held and stamped up to every job submitted yet
             self._queued(count := self._submitted.value, held)
-            for b in stamp:
-                if b is not None: allocation_root(b)._fg_job = count
+            for b in stamped:
+                if b is not None: stamp(allocation_root(b), count, count)
             raise
         self._queued(count, held)
         return count
 
     def submit_many(self, count: int, fns: Any, args: Any, offsets: Any, sizes: Any, chunks: Any, help: Any,
-                    workers: int, held: Any, stamp: Any = (), wait: bool = False) -> int:
+                    workers: int, held: Any, stamped: Any = (), wait: bool = False) -> int:
         """Queue `count` jobs in one call, job k being fns[k](args + offsets[k], lo, hi) over [0, sizes[k]) in
         chunks[k] chunks (the arrays are ctypes arrays), none joined; returns the job count at which the last one is
-        done. At most QUEUE jobs at once. `held` and `stamp` as for submit. With `wait`, this thread then runs their
+        done. At most QUEUE jobs at once. `held` and `stamped` as for submit. With `wait`, this thread then runs their
         chunks and waits for them in the same C call, for at most a wait slice: `done` of the count returned says
         whether they have finished (if not, the caller stamps and waits as after a call without `wait`)."""
         if count > self.QUEUE: raise ValueError(f"submit_many takes at most {self.QUEUE} jobs, got {count}")
@@ -142,8 +142,8 @@ class CPool:
                 if wait else self._submit_many(count, fns, args, offsets, sizes, chunks, help, workers)
         except BaseException:
             self._queued(end := self._submitted.value, held)
-            for b in stamp:
-                if b is not None: allocation_root(b)._fg_job = end
+            for b in stamped:
+                if b is not None: stamp(allocation_root(b), end, end)
             raise
         self._queued(end, held)
         return end
@@ -268,9 +268,10 @@ def allocation_root(opaque: Any) -> Any:
 # Each allocation a queued job uses carries `_fg_job`, the job count at which the last job using it is done: writing
 # it from the host, or handing it to another buffer, waits for that. Reading it from the host only needs the jobs that
 # write it, so a job that only reads an allocation (a labels tensor checked on the host every step while the last
-# step's kernels still read it) leaves `_fg_wf` = (the write floor, the `_fg_job` it holds for). The pair speaks only
-# for the stamp it was made with: any later stamp that doesn't renew it (a site that doesn't know what its job
-# writes) leaves it stale, and a stale pair means the floor is `_fg_job` itself: a read then waits for every use.
+# step's kernels still read it) leaves `_fg_wf` = (the write floor, the `_fg_job` it holds for). Every stamp goes
+# through `stamp`; the pair speaks only for the stamp it was made with, so a stamp written otherwise (a site that
+# doesn't know what its job writes) leaves it stale, and a stale pair means the floor is `_fg_job` itself: a read then
+# waits for every use.
 
 def write_floor(root: Any) -> int:
     """The job count at which the last queued job that may write this allocation is done."""
