@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from fusegrad import Tensor, dtypes
 from fusegrad.gradient import clamped
 from fusegrad.schedule.simplify import const_view
-from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_shape
+from fusegrad.tensor import _plain_broadcast
+from fusegrad.uop.ops import GroupOp, Ops, UOp, _compute_shape, plain_node
 
 def _t(*shape: int, dtype=np.float32, seed: int = 0) -> Tensor:
     return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
@@ -31,6 +32,28 @@ def test_broadcast_arithmetic_nodes(xs, ys):
     assert (a < b).uop is UOp(Ops.CMPLT, dtypes.bool, (au, bu))
     np.testing.assert_allclose((b - a).numpy(), torch.tensor(b.numpy()) - torch.tensor(a.numpy()), rtol=1e-6)
 
+_SHAPE_PAIRS = [((4, 5), (5,)), ((5,), (4, 5)), ((), ()), ((), (3,)), ((3,), ()), ((2, 3), (2, 3)), ((4, 1), (1, 5)),
+                ((0, 5), (5,)), ((2, 0), (0,)), ((2, 0), (1,)), ((1, 0), (3, 1)), ((4, 5), (4,)), ((2, 3), (3, 3)),
+                ((7, 1, 5), (6, 5)), ((6, 5), (2, 6, 5))]
+
+@pytest.mark.parametrize("xs,ys", _SHAPE_PAIRS, ids=str)
+def test_plain_broadcast_is_numpys(xs, ys):
+    try: want = np.broadcast_shapes(xs, ys)
+    except ValueError: want = None
+    assert _plain_broadcast(xs, ys) == want
+    if want is not None:
+        a, b = _t(*xs), _t(*ys, seed=1)
+        np.testing.assert_allclose((a + b).numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+        assert (a + b).uop is UOp(Ops.ADD, dtypes.float32, (_bcast(a.uop, want), _bcast(b.uop, want)))
+
+def test_plain_node_is_the_hash_consed_node():
+    a = _t(3, 4).uop
+    for op, src, arg in [(Ops.NEG, (a,), None), (Ops.RESHAPE, (a,), (4, 3)), (Ops.ADD, (a, a), None)]:
+        made = plain_node(op, dtypes.float32, src, arg)
+        assert made is UOp(op, dtypes.float32, src, arg) and plain_node(op, dtypes.float32, src, arg) is made
+    fresh = plain_node(Ops.EXPAND, dtypes.float32, (a.reshape((1, 3, 4)),), (2, 3, 4))
+    assert UOp(Ops.EXPAND, dtypes.float32, (a.reshape((1, 3, 4)),), (2, 3, 4)) is fresh and fresh.shape == (2, 3, 4)
+
 def test_scalar_operand_nodes():
     a = _t(3, 4)
     two = _const(2.0, dtypes.float32, (3, 4))
@@ -45,10 +68,16 @@ def test_scalar_operand_nodes():
     assert (i * 0.5).tolist() == [0.5, 1.0, 1.5]
 
 def test_relu_nodes_are_clamps():
+    # (relu of a float is one COMPOSITE node whose graph is the clamp's)
     a = _t(4, 5)
-    assert a.relu().uop is clamped(a, 0, None, closed=False, nan_passes=True).uop
+    r = a.relu().uop
+    assert r.op is Ops.COMPOSITE and r.src == (a.uop,)
+    assert r.arg.expand(r.src) is clamped(a, 0, None, closed=False, nan_passes=True).uop
     h = a.half()
-    assert h.relu().uop is clamped(h, 0, None, closed=False, nan_passes=True).uop
+    r = h.relu().uop
+    assert r.arg.expand(r.src) is clamped(h, 0, None, closed=False, nan_passes=True).uop
+    i = Tensor([-2, 0, 3], dtype=dtypes.int32)
+    assert i.relu().uop.op is not Ops.COMPOSITE and i.relu().tolist() == [0, 0, 3]
     x = Tensor([-1.0, 0.0, 2.0, float("nan")], requires_grad=True)
     x.relu().sum().backward()
     tx = torch.tensor([-1.0, 0.0, 2.0, float("nan")], requires_grad=True)
