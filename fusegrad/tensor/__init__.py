@@ -32,7 +32,7 @@ from fusegrad.engine.realize import capturing, exec_items, expect_writes, replay
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
 from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, buffer_node, device_buffer, is_realized, is_symbolic, \
-    plain_node, sint, ssimplify, sym_eq, sym_le, sym_value, with_src
+    elementwise_node, sint, view_node, ssimplify, sym_eq, sym_le, sym_value, with_src
 from fusegrad.viz import record as _viz
 
 # Registries of live tensors, as id -> weak reference (cheaper to add to than a WeakSet, which would also compare two
@@ -747,14 +747,14 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         return Tensor(u.expand(shape) if u.shape != shape else u)
 
     def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-        u = plain_node(op, dtype or self._uop.dtype, (self._uop, *[s._uop for s in srcs]))
+        u = elementwise_node(op, dtype or self._uop.dtype, (self._uop, *[s._uop for s in srcs]))
         return Tensor(u) if _sharding_used else Tensor._of(u)
 
     def cast(self, dtype: DType | str) -> Tensor:
         dt = to_dtype(dtype)
         if dt is (u := self._uop).dtype: return self
         if _sharding_used or dt is _INDEX: return Tensor(u.cast(dt))
-        return Tensor._of(plain_node(_CAST, dt, (u,)))
+        return Tensor._of(elementwise_node(_CAST, dt, (u,)))
     def bitcast(self, dtype: DType | str) -> Tensor:
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize: raise ValueError(f"bitcast needs equal sizes: {self.dtype} -> {dt}")
@@ -772,19 +772,19 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     # same node as the general path)
     def add(self, x: Any, reverse: bool = False) -> Tensor:
         if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
-            return Tensor._of(plain_node(_ADD, dt, n))
+            return Tensor._of(elementwise_node(_ADD, dt, n))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.OR, b)
         return a._alu(Ops.ADD, b)
     def sub(self, x: Any, reverse: bool = False) -> Tensor:
         if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
-            return Tensor._of(plain_node(_ADD, dt, (n[0], plain_node(_NEG, dt, (n[1],)))))
+            return Tensor._of(elementwise_node(_ADD, dt, (n[0], elementwise_node(_NEG, dt, (n[1],)))))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: raise TypeError("subtraction of bool tensors is not supported; use logical_xor")
         return a._alu(Ops.ADD, b._alu(Ops.NEG))
     def mul(self, x: Any, reverse: bool = False) -> Tensor:
         if (n := self._broadcast_nodes(x, reverse)) is not None and (dt := n[0].dtype) is not _BOOL:
-            return Tensor._of(plain_node(_MUL, dt, n))
+            return Tensor._of(elementwise_node(_MUL, dt, n))
         a, b = self._broadcasted(x, reverse)
         if a.dtype == dtypes.bool: return a._alu(Ops.AND, b)
         return a._alu(Ops.MUL, b)
@@ -792,7 +792,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         """True division (ints give floats); rounding_mode 'trunc' or 'floor' as torch.div."""
         if rounding_mode is None and (dt := self._uop.dtype) in _FLOATS_ONLY and \
                 (n := self._broadcast_nodes(x, reverse)) is not None:
-            return Tensor._of(plain_node(_FDIV, dt, n))   # (a float dtype: the general path's casts are no-ops)
+            return Tensor._of(elementwise_node(_FDIV, dt, n))   # (a float dtype: the general path's casts are no-ops)
         if rounding_mode is None and type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)):
             return self.cast(least_upper_float(self.dtype)).div(x, reverse)  # (the int is divided as a float)
         a, b = self._broadcasted(x, reverse)
@@ -903,7 +903,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     # comparisons: nan compares unequal and unordered, as in IEEE
     def _cmp(self, op: Ops, x: Any, reverse: bool = False) -> Tensor:
-        if (n := self._broadcast_nodes(x, reverse)) is not None: return Tensor._of(plain_node(op, _BOOL, n))
+        if (n := self._broadcast_nodes(x, reverse)) is not None: return Tensor._of(elementwise_node(op, _BOOL, n))
         if type(x) is int and not dtypes.fits(x, self._const_operand_dtype(x)): return self._cmp_beyond(op, x, reverse)
         a, b = self._broadcasted(x, reverse)
         return a._alu(op, b, dtype=dtypes.bool)
@@ -925,10 +925,10 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         if type(x) is Tensor and (n := x._broadcast_nodes(y, False)) is not None or \
                 type(y) is Tensor and type(x) is not Tensor and (n := y._broadcast_nodes(x, True)) is not None:
             # (the common cases: x and y of one dtype, or a number y's dtype holds; the general path's nodes)
-            c = self._uop if (cd := self._uop.dtype) is _BOOL else plain_node(_CAST, _BOOL, (self._uop,))
+            c = self._uop if (cd := self._uop.dtype) is _BOOL else elementwise_node(_CAST, _BOOL, (self._uop,))
             if cd is not _INDEX and (shape := _plain_broadcast(c.shape, (xn := n[0]).shape)) is not None:
-                return Tensor._of(plain_node(_WHERE, xn.dtype, (_expanded(c, shape), _expanded(xn, shape),
-                                                                _expanded(n[1], shape))))
+                return Tensor._of(elementwise_node(_WHERE, xn.dtype, (_expanded(c, shape), _expanded(xn, shape),
+                                                                      _expanded(n[1], shape))))
         cond = self.cast(dtypes.bool)
         if not isinstance(x, Tensor) and not isinstance(y, Tensor):
             dt = dtypes.from_py([x, y]) if type(x) is not type(y) else dtypes.from_py(x)
@@ -1236,8 +1236,8 @@ def _plain_broadcast(xs: tuple, ys: tuple) -> tuple[int, ...] | None:
 def _expanded(u: UOp, shape: tuple[int, ...]) -> UOp:
     """Node `u` broadcast to `shape` (which it broadcasts to): the nodes Tensor._broadcast_unchecked makes."""
     if (have := u.shape) == shape: return u
-    if len(have) < len(shape): u = plain_node(_RESHAPE, u.dtype, (u,), have := (1,) * (len(shape) - len(have)) + have)
-    return plain_node(_EXPAND, u.dtype, (u,), shape) if have != shape else u
+    if len(have) < len(shape): u = view_node(_RESHAPE, u, have := (1,) * (len(shape) - len(have)) + have)
+    return view_node(_EXPAND, u, shape) if have != shape else u
 
 def _is_numpy_scalar(x: Any) -> bool:
     return type(x).__module__ == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ()

@@ -19,7 +19,7 @@ import functools, sys
 from typing import Any, Callable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import prod
-from fusegrad.uop.ops import Ops, UOp, _arg_key, plain_node
+from fusegrad.uop.ops import Ops, UOp, _arg_key, note_shape, plain_node
 
 class Composite:
     """The arg of a COMPOSITE node: `build(*operands, *args, **kwargs)` with the node's sources as Tensors; `shape`:
@@ -170,7 +170,7 @@ def composite(method: Callable[..., Any] | None = None, *, shaped: bool = False)
             if len(_known) >= KNOWN_SIZE: _known.clear()
             arg = Composite(method, settings, kw, ret.shape if ret.shape != u.shape else None)
             known = _known[key] = (ret.dtype, arg)
-        return tensor.Tensor._of(plain_node(Ops.COMPOSITE, known[0], srcs, known[1]))
+        return tensor.Tensor._of(note_shape(plain_node(Ops.COMPOSITE, known[0], srcs, known[1]), u, known[1].shape))
     # (named as the method in tracebacks and in the sources explain notes: the first frame in the package, below the
     # user's line, names the operation)
     code = as_one_node.__code__

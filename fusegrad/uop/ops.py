@@ -691,6 +691,27 @@ def plain_node(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any = None) -> 
     and `op` not BIND: nothing of them is checked (the tensor operations' fast paths, ~0.3 us a node less)."""
     return _keyed(op, dtype, src, arg, (op, dtype, src, arg))
 
+def elementwise_node(op: Ops, dtype: DType, src: tuple[UOp, ...]) -> UOp:
+    """plain_node(op, dtype, src) of an op that keeps its first source's shape and device (an elementwise op, a cast):
+    a new node notes them at once where that source knows them, as the shape and device properties would (an eager
+    chain of operations reads each result's shape and device as the next one's operand)."""
+    return note_shape(plain_node(op, dtype, src), src[0], None)
+
+def view_node(op: Ops, src: UOp, shape: tuple[int, ...]) -> UOp:
+    """plain_node(op, src.dtype, (src,), shape) of a RESHAPE or EXPAND to `shape`, a tuple of plain ints: a new node
+    notes its shape, and its source's device where that is known."""
+    return note_shape(plain_node(op, src.dtype, (src,), shape), src, shape)
+
+def note_shape(u: UOp, src: UOp, shape: tuple[int, ...] | None = None) -> UOp:
+    """u with its shape (`shape`, else src's) and src's device noted, if u is new and src knows what is needed: for a
+    caller that knows u has them (what u's shape and device properties would work out)."""
+    if "_shape" not in (d := u.__dict__) and "_device" in (sd := src.__dict__):
+        if shape is None:
+            if "_shape" not in sd: return u
+            shape = sd["_shape"]
+        d["_shape"], d["_device"] = shape, sd["_device"]
+    return u
+
 def _keyed(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, key: tuple) -> UOp:
     """The node of cache key `key` (made of the other arguments): the one that exists, else a new one."""
     if (wr := _ucache.get(key)) is not None and (ret := wr()) is not None: return ret
@@ -759,8 +780,14 @@ _DEFINE_VAR, _BUFFER, _BUFFER_VIEW, _CONST, _RANGE, _RESHAPE, _EXPAND, _MULTI, _
     Ops.RESHAPE, Ops.EXPAND, Ops.MULTI, Ops.ASSIGN, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.REDUCE_AXIS, Ops.DEVICE, \
     Ops.COMPOSITE
 
+# the ops with a shape rule of their own below: any other keeps its first source's shape (an elementwise op, a cast,
+# DETACH, CONTIGUOUS, COPY...), the common case, which is looked up first
+_OWN_SHAPE_RULE = frozenset(_SHAPELESS | {_BUFFER, _BUFFER_VIEW, _CONST, _RANGE, _RESHAPE, _EXPAND, _COMPOSITE, _MULTI,
+                                          _ASSIGN, _PERMUTE, _PAD, _SHRINK, _REDUCE_AXIS})
+
 def _compute_shape(u: UOp) -> tuple[int, ...] | None:
     op, arg = u.op, u.arg
+    if op not in _OWN_SHAPE_RULE: return u.src[0].shape if u.src else None
     if op is _DEFINE_VAR and u.src: return ()  # a tensor-level scalar parameter (a lifted constant)
     if op in _SHAPELESS: return None
     if op is _BUFFER: return (arg[1],)

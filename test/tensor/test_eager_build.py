@@ -354,3 +354,21 @@ def test_other_indices_take_the_general_path():
     with pytest.raises(IndexError, match="out of bounds"): t[3]
     with pytest.raises(IndexError, match="too many indices"): t[0, 0, 0]
     np.testing.assert_array_equal(t[::2, 1].numpy(), np.arange(12, dtype=np.float32).reshape(3, 4)[::2, 1])
+
+def test_noted_shapes_are_the_computed_ones():
+    # (the fast paths note a new node's shape and device at once: they must be what the properties work out)
+    a, b, bias = _t(4, 5), _t(4, 5, seed=1), _t(5, seed=2)
+    x = (a * 1.5 + bias).relu() - b / 2
+    x = (x < a).where(x, b).cast(dtypes.float16).float().gelu()
+    x = x.sum(1, keepdim=True).expand(4, 5) * 0.25 + x.exp()
+    nodes = [u for u in x.uop.toposort() if "_shape" in u.__dict__]
+    assert len(nodes) > 15
+    for u in nodes:
+        assert u.__dict__["_shape"] == _compute_shape(u), u.op
+        if u.op is not Ops.DEVICE: assert u.__dict__.get("_device", "CPU") == "CPU", u.op
+    want = torch.tensor(a.numpy()) * 1.5 + torch.tensor(bias.numpy())
+    want = want.relu() - torch.tensor(b.numpy()) / 2
+    want = torch.where(want < torch.tensor(a.numpy()), want, torch.tensor(b.numpy())).half().float()
+    want = F.gelu(want, approximate="tanh")
+    want = want.sum(1, keepdim=True).expand(4, 5) * 0.25 + want.exp()
+    np.testing.assert_allclose(x.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
