@@ -30,7 +30,7 @@ from fusegrad.engine.capture import running_jits, snapshot_nodes
 from fusegrad.engine.explain import DEBUG_NANS, NanWatch
 from fusegrad.engine.realize import capturing, exec_items, expect_writes, replay_runners, run_replayed, run_schedule
 from fusegrad.tensor.explain import ExplainMixin, install_source_tracking as _install_source_tracking
-from fusegrad.uop.graph import StructureWalk, bound_variables, new_buffer, substitute_map
+from fusegrad.uop.graph import BuffersBelow, SharedSubstitution, StructureWalk, bound_variables, new_buffer
 from fusegrad.uop.ops import GroupOp, Ops, UOp, UOpMetaClass, buffer_node, device_buffer, is_realized, is_symbolic, \
     elementwise_node, sint, view_node, ssimplify, sym_eq, sym_le, sym_value, with_src
 from fusegrad.viz import record as _viz
@@ -278,18 +278,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         buffers_stay = not any(k.op is Ops.BUFFER for k in changed)
         if not buffers_stay: tensors = live_tensors()
         else: tensors = lazy if lazy is not None else lazy_tensors()
+        # (the walk stops at replaced nodes: what lies under them, a whole kernelized graph, is not rebuilt)
+        sub = SharedSubstitution(changed)
         for t in tensors:
             u = t.uop
-            if u in changed:
+            if buffers_stay and u not in changed and \
+                    (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)): continue
+            if (v := sub(u)) is not u:
                 if _undo is not None: _undo.append((t, u))
-                t.uop = changed[u]
-                continue
-            if buffers_stay and (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)): continue
-            # the walk stops at replaced nodes: what lies under them (a whole kernelized graph) is not rebuilt
-            topo = u.toposort(gate=lambda x: x not in changed)
-            if any(x in changed for x in topo):
-                if _undo is not None: _undo.append((t, u))
-                t.uop = substitute_map(u, changed, topo=topo)[u]
+                t.uop = v
 
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
@@ -1282,14 +1279,14 @@ def _held_buffers(lazy: list[Tensor], among: Container[UOp]) -> set[UOp]:
     (its base) and, for a tensor that is still lazy, every buffer its graph loads from. (`lazy`: the tensors that
     were lazy before the schedule; one realized before it holds none of these.) Tensors that are now plain buffers
     leave the lazy set."""
-    held: set[UOp] = set()
+    below = BuffersBelow(among)
     for t in lazy:
         u = t.uop
         if (base := u.base).op is Ops.BUFFER:
-            if base in among: held.add(base)
-        else: held.update(x for x in u.toposort() if x in among)
+            if base in among: below.found.add(base)
+        else: below.walk(u)
         if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
-    return held
+    return below.found
 
 def _overwritten_reads(tensors: Sequence[Tensor], lazy: list[Tensor] | None, topo: dict[UOp, Any] | None,
                        assigns: list[UOp] | None) -> tuple[tuple[Tensor, ...], Container[UOp], set[UOp]]:
@@ -1543,7 +1540,7 @@ class _LiveTensors:
             self.apply(replacements)
             return self.held_buffers(among)
         changed = {k: v for k, v in replacements.items() if k is not v}
-        held: set[UOp] = set()
+        sub, below = SharedSubstitution(changed), BuffersBelow(among)
         for t in self.lazy:
             u = t._uop
             if (v := changed.get(u)) is not None:
@@ -1552,18 +1549,17 @@ class _LiveTensors:
                 # leaves the registry below once it is a plain buffer)
                 t._uop = u = v
             elif not (u.op is _BUFFER or (u.op is _RESHAPE and u.src[0].op is _BUFFER)) and changed:
-                # (as _apply_map: the walk stops at replaced nodes)
-                topo = u.toposort(gate=lambda x: x not in changed)
-                if any(x in changed for x in topo):
+                # (as _apply_map)
+                if (v := sub(u)) is not u:
                     if _undo is not None: _undo.append((t, u))
-                    t.uop = u = substitute_map(u, changed, topo=topo)[u]
+                    t.uop = u = v
             # (as _held_buffers)
             if (base := u.base).op is _BUFFER:
-                if base in among: held.add(base)
-            else: held.update(x for x in u.toposort() if x in among)
+                if base in among: below.found.add(base)
+            else: below.walk(u)
             if _is_plain_buffer(u): _lazy_refs.pop(id(t), None)
         self._mark_deferred()
-        return held
+        return below.found
 
 def _unpacked(buf: Any, n: int, fmt: str) -> list:
     """The first `n` values of a device Buffer as Python scalars (`fmt`: their struct format), copied out of the

@@ -2,7 +2,7 @@
 Variables a graph uses, and a graph's structure as a key (the same for graphs that differ only in their buffers)."""
 from __future__ import annotations
 import itertools
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from fusegrad.dtype import DType, dtypes
 from fusegrad.uop.ops import Ops, UOp, UOpMetaClass, arg_uops, map_arg_uops, new_node, with_src
 
@@ -40,6 +40,45 @@ def substitute_map(root: UOp, dvars: dict[UOp, UOp], in_args: bool = False,
         same = arg is u.arg or arg == u.arg and all(a is b for a, b in zip(arg_uops(arg), arg_uops(u.arg)))
         out[u] = u if same and all(a is b for a, b in zip(new_src, u.src)) else u.replace(src=new_src, arg=arg)
     return out
+
+class SharedSubstitution:
+    """substitute_map of one replacement map over many roots (every lazy tensor a realize re-points): a node below
+    several of them is worked out once, so the walk costs the union of their graphs, not the sum (a program holding
+    each step of a chain, or many pending results, would walk a graph per tensor). `sub(root)` is root's node with
+    the keys of `dvars` replaced (root itself where none lies below it); the walk stops at the keys."""
+    def __init__(self, dvars: dict[UOp, UOp]) -> None: self.new: dict[UOp, UOp] = dict(dvars)
+    def __call__(self, root: UOp) -> UOp:
+        new = self.new
+        if (ret := new.get(root)) is not None: return ret
+        at = new.__getitem__
+        # depth first, an iterator over each open node's sources: a node is worked out once all its sources are
+        stack = [(root, iter(root.src))]
+        while stack:
+            node, srcs = stack[-1]
+            for s in srcs:
+                if s not in new:
+                    stack.append((s, iter(s.src)))
+                    break
+            else:
+                stack.pop()
+                new_src = tuple(map(at, src := node.src))
+                # (UOps compare by identity, so == on the source tuples is the identity check, done in C)
+                new[node] = node if new_src == src else with_src(node, new_src)
+        return new[root]
+
+class BuffersBelow:
+    """The nodes of `among` (buffers) below any of several roots, each node walked once over all the roots: `walk(u)`
+    adds those below u to `found`."""
+    def __init__(self, among: Container[UOp]) -> None:
+        self.among, self.seen, self.found = among, set(), set()
+    def walk(self, root: UOp) -> None:
+        among, seen, found = self.among, self.seen, self.found
+        stack = [root]
+        while stack:
+            if (u := stack.pop()) in seen: continue
+            seen.add(u)
+            if u in among: found.add(u)
+            stack.extend(u.src)
 
 def _symbolic_arg(u: UOp) -> bool:
     """Whether u's arg may hold symbolic sizes: a shape, shrink or pad tuple, or a tensor-level iota's length."""
