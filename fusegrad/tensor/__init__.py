@@ -8,8 +8,8 @@ indexing.py, elementwise.py (activations and math functions), reduce.py (scans, 
 from __future__ import annotations
 import itertools, math, operator, struct, time, weakref
 from typing import Any, Callable, Container, Sequence
-from fusegrad.dtype import DTYPES_DICT, ConstType, DType, dtypes, least_upper_dtype, least_upper_float, sum_acc_dtype, \
-    to_dtype, truncate_float
+from fusegrad.dtype import DTYPES_DICT, ConstType, DType, dtypes, from_np_dtype, least_upper_dtype, least_upper_float, \
+    sum_acc_dtype, to_dtype, truncate_float
 from fusegrad.helpers import DEBUG, TRAINING, argfix, prod
 from fusegrad.device import GlobalCounters, UnrunScheduleError, unwritten_buffers
 from fusegrad.schedule.multi import shards_of
@@ -101,6 +101,16 @@ def _canonical_device(device: str | tuple[str, ...] | None) -> Any:
         return devs
     return Device.canonicalize(device) if device is not None else Device.DEFAULT
 
+# numpy's array type, once an array has been given (numpy is optional: it is known by name until then)
+_ndarray: type | None = None
+
+def _is_ndarray_type(ty: type) -> bool:
+    """Whether `ty` is numpy's ndarray (remembered in _ndarray once it is)."""
+    global _ndarray
+    if ty.__module__ != "numpy" or ty.__name__ != "ndarray": return False
+    _ndarray = ty
+    return True
+
 def _multi(u: UOp) -> UOp:
     """`u` with its operations over sharded tensors rewritten into per-shard ones (see schedule/multi.py)."""
     if not _sharding_used: return u
@@ -185,7 +195,15 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             # data for several devices: made on the first, then copied to the others
             self.__init__(Tensor(data, dev[0], dtype).shard(dev).uop, requires_grad=requires_grad)
             return
-        if is_symbolic(data):
+        if (ty := type(data)) is _ndarray or _is_ndarray_type(ty):
+            src_dt = from_np_dtype(data.dtype)
+            # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+            arr = data if data.flags.c_contiguous else data.copy(order="C")
+            if not arr.dtype.isnative: arr = arr.astype(arr.dtype.newbyteorder("="))  # (bytes are copied as they lie)
+            self.uop = Tensor._from_bytes(memoryview(arr.reshape(-1).view("u1")) if arr.size else b"",
+                                          tuple(data.shape), src_dt, dev)
+            if dt is not None and dt != src_dt: self.uop = _checked_cast(self.uop, arr, dt)
+        elif is_symbolic(data):
             # the value of a symbolic integer: element `data` of the iota 0, 1, ..., data (a loop index, no memory)
             n = ssimplify(data)
             self.uop = Tensor._iota(n + 1, dev).shrink(((n, n + 1),)).reshape(()).uop.cast(dt or dtypes.default_int)
@@ -208,18 +226,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
             raw = bytes(data)
             if len(raw) % dt.itemsize: raise ValueError(f"{len(raw)} bytes is not a whole number of {dt} elements")
             self.uop = Tensor._from_bytes(raw, (len(raw) // dt.itemsize,), dt, dev)
-        elif type(data).__module__ == "numpy" and type(data).__name__ == "ndarray":
-            import numpy as np
-            from fusegrad.dtype import from_np_dtype
-            src_dt = from_np_dtype(data.dtype)
-            # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
-            arr = data if data.flags.c_contiguous else data.copy(order="C")
-            if not arr.dtype.isnative: arr = arr.astype(arr.dtype.newbyteorder("="))  # (bytes are copied as they lie)
-            self.uop = Tensor._from_bytes(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else b"",
-                                          tuple(data.shape), src_dt, dev)
-            if dt is not None and dt != src_dt: self.uop = _checked_cast(self.uop, arr, dt)
         elif _is_numpy_scalar(data):
-            from fusegrad.dtype import from_np_dtype
             self.__init__(data.item(), device, dt or from_np_dtype(data.dtype))
             return
         else:
@@ -230,11 +237,11 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
 
     @staticmethod
     def _from_bytes(raw: bytes | memoryview, shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
-        buf = new_buffer(_device_uop(device), prod(shape), dtype)
+        buf = new_buffer(_device_node(device), n := prod(shape), dtype)
         b = device_buffer(buf)
         b.allocate()
         if len(raw): b.copyin(memoryview(raw))
-        return buf.reshape(shape) if shape != (prod(shape),) else buf
+        return view_node(_RESHAPE, buf, shape) if shape != (n,) else buf
 
     # *** properties ***
 
