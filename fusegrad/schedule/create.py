@@ -10,7 +10,7 @@ from fusegrad.schedule.kernelize import CacheLookup, cached_entry, kernelize_map
 from fusegrad.schedule.linear import ScheduleItem, kernels_in_order
 from fusegrad.schedule.memory import plan_memory
 from fusegrad.schedule.merge import kernel_outputs
-from fusegrad.schedule.replay import ReplayPlan, record_replay
+from fusegrad.schedule.replay import ReplayPlan, record_replay, shared_replacements
 from fusegrad.uop.graph import StructureWalk
 from fusegrad.uop.ops import Ops, UOp, buffer_node, device_buffer, is_realized, toposort_memo
 from fusegrad.viz import record as _viz
@@ -67,7 +67,7 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
         return items, var_vals, plan
     # (the kernels' graphs are walked from many places while they are built and merged: each walk is made once)
     with toposort_memo(): replaced = kernelize_map_cached(graph, var_vals, lookup)
-    live.apply(replaced)
+    live.apply(shared_replacements(replaced, topo, live.roots()))
     sink = UOp.sink_of(*live.roots())
     topo = sink.toposort()
     # (kernels with an empty output have nothing to run)

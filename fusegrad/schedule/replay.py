@@ -4,6 +4,7 @@ buffers, and which buffer each realized node becomes. A later graph of the same 
 gets its kernels and its tensors' new buffers from the plan, without instantiating the cached kernel graph, ordering
 its kernels or rewriting tensors twice."""
 from __future__ import annotations
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from fusegrad.device import Buffer
@@ -92,6 +93,36 @@ class ReplayPlan:
         return [ScheduleItem(ast, b, {f"_p{i}": topo[p].arg for i, p in enumerate(params)})
                 for (ast, _, params), b in zip(self.kernels, bufs)]
 
+# the ops whose gradient is not that of their value: a graph re-pointed past one would be differentiated otherwise
+_GRADIENT_RULES = (Ops.DETACH, Ops.CUSTOM_GRAD)
+
+def shared_replacements(replaced: dict[UOp, UOp], topo: Iterable[UOp], roots: Iterable[UOp]) -> dict[UOp, UOp]:
+    """The replacements every live tensor takes after a schedule (the others leave the lazy graphs holding their nodes
+    alone): those of the scheduled tensors' own nodes (`roots`) and of BUFFERs; and, for a node with no DETACH or
+    CUSTOM_GRAD at or below it, its replacement by a buffer (or a view of one) where the node is computed from constants
+    alone (a lazy initializer: its value is fixed from now on) or is a view of one of the graph's own buffers (a sum
+    over an axis of size 1): autodiff differentiates either the same. A value computed inside one of the schedule's
+    kernels from buffers, or a graph simplified (a DETACH or relu's own derivative gone, a composite expanded), is
+    not shared: a lazy tensor that held the node would be differentiated otherwise once a value was read (numpy()
+    schedules a copy). `topo`: the toposort of the graph scheduled."""
+    reads_buffer: dict[UOp, bool] = {}
+    rule_below: dict[UOp, bool] = {}
+    for u in topo:
+        if u.op is Ops.BUFFER: reads_buffer[u], rule_below[u] = True, False
+        else:
+            reads_buffer[u] = any(reads_buffer.get(s, False) for s in u.src)
+            rule_below[u] = u.op in _GRADIENT_RULES or any(rule_below.get(s, False) for s in u.src)
+    keep = set(roots)
+    out: dict[UOp, UOp] = {}
+    for k, v in replaced.items():
+        if k is v: continue
+        if k in keep or k.op is Ops.BUFFER: out[k] = v
+        elif rule_below.get(k, True) is False:
+            base = v.base
+            if base.op is Ops.ASSIGN and not reads_buffer[k]: out[k] = v   # (a kernel computes it from constants)
+            elif base.op is Ops.BUFFER and (base in reads_buffer or not reads_buffer[k]): out[k] = v
+    return out
+
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
                   replaced: dict[UOp, UOp]) -> ReplayPlan | None:
     """The plan of a schedule just made: `topo` the graph's toposort, `kernels` its KERNEL nodes in run order (those
@@ -113,7 +144,7 @@ def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
             else: return None  # a parameter that isn't one of the graph's constants
         planned.append((k.arg, tuple(refs), tuple(params)))
     results = []
-    for u, r in replaced.items():
+    for u, r in shared_replacements(replaced, topo, topo[-1].src).items():
         # a realized node, or a view of one: its buffer. Other replaced nodes stay out (a lazy tensor holding one is
         # rewritten over the new buffers instead: the same values)
         if (b := becomes.get(r)) is None and r.op in GroupOp.Movement:

@@ -17,6 +17,7 @@ from fusegrad.gradient import ClampGradient, PowGradient, UnaryGradient, clamped
 from fusegrad.schedule.create import create_schedule_with_vars, replay_buffers, replay_plan, replay_plan_for
 from fusegrad.schedule.kernelize import kernelize_map_cached, walked_lookup
 from fusegrad.schedule.merge import SNAPSHOT
+from fusegrad.schedule.replay import shared_replacements
 from fusegrad.schedule.simplify import const_view
 from fusegrad.tensor.autograd import AutogradMixin
 from fusegrad.tensor.composite import composite, reduction_work
@@ -298,7 +299,7 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
     def kernelize(self, *lst: Tensor) -> Tensor:
         """Decide the kernels for these tensors: afterwards each computed one is ASSIGN(BUFFER, KERNEL(...))."""
         sink = UOp.sink_of(*_shards((self,) + lst))
-        Tensor._apply_map(kernelize_map_cached(sink))
+        Tensor._apply_map(shared_replacements(kernelize_map_cached(sink), sink.toposort(), sink.src))
         return self
 
     def schedule(self, *lst: Tensor) -> list:
