@@ -67,7 +67,7 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
         return items, var_vals, plan
     # (the kernels' graphs are walked from many places while they are built and merged: each walk is made once)
     with toposort_memo(): replaced = kernelize_map_cached(graph, var_vals, lookup)
-    live.apply(shared_replacements(replaced, topo, live.roots()))
+    live.apply(shared := shared_replacements(replaced, topo, live.roots()))
     sink = UOp.sink_of(*live.roots())
     topo = sink.toposort()
     # (kernels with an empty output have nothing to run)
@@ -89,7 +89,7 @@ def create_schedule_with_vars(graph: UOp, topo: dict[UOp, None], live: LiveGraph
     written = {buffer_node(o) for k in kernels for o in kernel_outputs(k)}
     if lookup.skey is not None and (entry := schedule_cache.get(lookup.skey)) is not None and \
             entry.replay is None:
-        entry.replay = record_replay(lookup.topo, kernels, becomes, replaced)
+        entry.replay = record_replay(lookup.topo, kernels, becomes, shared)
     # (only this schedule's buffers are planned)
     plan_memory(items, {id(device_buffer(b)) for b in live.held_buffers(written)})
     if _viz.VIZ: _viz.record_schedule(graph, replaced, items)

