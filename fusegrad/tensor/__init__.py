@@ -695,18 +695,24 @@ class Tensor(AutogradMixin, CreationMixin, IndexingMixin, ElementwiseMixin, Redu
         u = self._uop
         if (ty := type(y)) is Tensor:
             v = y._uop
-            if (dt := u.dtype) is not v.dtype or type(d := u.device) is not str or d != v.device: return None
-            xs, ys = u.shape, v.shape
+            # (the shapes and devices that note_shape keeps in the nodes' dicts read there: two property calls less
+            # per operand)
+            ud, vd = u.__dict__, v.__dict__
+            if (dt := u.dtype) is not v.dtype or type(d := ud.get("_device") or u.device) is not str or \
+                    d != (vd.get("_device") or v.device):
+                return None
+            if (xs := ud.get("_shape")) is None: xs = u.shape
+            if (ys := vd.get("_shape")) is None: ys = v.shape
             if xs == ys: return (v, u) if reverse else (u, v)
             if reverse: u, v, xs, ys = v, u, ys, xs
             if (shape := _plain_broadcast(xs, ys)) is None: return None
             if shape != xs and shape != ys: check_size(shape, dt, d)  # (both grow)
-            return _expanded(u, shape), _expanded(v, shape)
+            return _expanded(u, shape, xs), _expanded(v, shape, ys)
         if (ty is float or ty is int or ty is bool) and (dt := u.dtype) is self._const_operand_dtype(y) and \
-                dtypes.fits(y, dt) and type(d := u.device) is str:
+                dtypes.fits(y, dt) and type(d := (ud := u.__dict__).get("_device") or u.device) is str:
             # a Python number of this tensor's dtype (most `2 * x`, `x - 1.0`): the constant at this tensor's shape at
             # once, the same nodes the general path makes through reshape and expand
-            shape = u.shape
+            if (shape := ud.get("_shape")) is None: shape = u.shape
             for s in shape:
                 if type(s) is not int: return None
             c = const_view(y, dt, _device_node(d), shape)
@@ -1238,9 +1244,11 @@ def _plain_broadcast(xs: tuple, ys: tuple) -> tuple[int, ...] | None:
         else: return None
     return tuple(out)
 
-def _expanded(u: UOp, shape: tuple[int, ...]) -> UOp:
-    """Node `u` broadcast to `shape` (which it broadcasts to): the nodes Tensor._broadcast_unchecked makes."""
-    if (have := u.shape) == shape: return u
+def _expanded(u: UOp, shape: tuple[int, ...], have: tuple[int, ...] | None = None) -> UOp:
+    """Node `u` (of shape `have`, if the caller knows it) broadcast to `shape` (which it broadcasts to): the nodes
+    Tensor._broadcast_unchecked makes."""
+    if have is None: have = u.shape
+    if have == shape: return u
     if len(have) < len(shape): u = view_node(_RESHAPE, u, have := (1,) * (len(shape) - len(have)) + have)
     return view_node(_EXPAND, u, shape) if have != shape else u
 
