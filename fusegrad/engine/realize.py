@@ -533,8 +533,9 @@ class BufferCopy(Runner):
     def _work(self, var_vals: dict[str, int]) -> tuple[int, int]: return self._static_work
 
     def take(self, rawbufs: list[Buffer]) -> bool:
-        """Whether bufs[0] took bufs[1]'s memory (for `takes_memory`; else the copy copies)."""
-        return rawbufs[0].nbytes > 0 and rawbufs[0].ensure_allocated().exchange_memory(rawbufs[1])
+        """Whether bufs[0] took bufs[1]'s memory (for `takes_memory`; else the copy copies). (The memory bufs[1]
+        gets is first used by the kernel queued next that overwrites it: `queued`)"""
+        return rawbufs[0].nbytes > 0 and rawbufs[0].ensure_allocated(queued=True).exchange_memory(rawbufs[1])
 
     def prepare(self, rawbufs: list[Buffer], varying: tuple[int, ...] = ()) \
             -> tuple[Callable[..., None], tuple[int, ...]] | None:
@@ -850,14 +851,16 @@ class ExecItem:
         # (counted before the run: a runner may read what it writes through the Buffer)
         if unwritten_buffers:
             for b in self.outputs(): b.written()
+        # (a kernel's new buffers may take memory that kernels queued before it still use: Allocator.alloc)
+        queued = type(prg) is CompiledRunner
         if self.launch is not None and not wait and DEBUG < 2 and not _viz.TIMED:
             fn, order = self.launch
-            fn(*[self.bufs[i].ensure_allocated()._buf for i in order])  # type: ignore[union-attr]
+            fn(*[self.bufs[i].ensure_allocated(queued)._buf for i in order])  # type: ignore[union-attr]
             if do_update_stats: _update_stats(prg, self.fixedvars, None, prg.device)
             return None
         vv = {**var_vals, **self.fixedvars} if var_vals else self.fixedvars
         # positions matter (kernels index bufs by DEFINE_GLOBAL number), so a missing buffer stays a None
-        bufs = [b.ensure_allocated() if b is not None else None for b in self.bufs]
+        bufs = [b.ensure_allocated(queued) if b is not None else None for b in self.bufs]
         et = prg(bufs, vv, wait=wait or DEBUG >= 2 or _viz.TIMED)  # type: ignore[arg-type]
         device = bufs[0].device if bufs and bufs[0] is not None else prg.device
         if _viz.TIMED: _viz.record_run(prg, self.ast, vv, et, device)
@@ -1012,7 +1015,7 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
             for r in refs:
                 if r < 0: b = storage[~r]
                 elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
-                allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
+                allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate(queued=True)._buf)
             graph(allocations)
             ops, mem, count = ops + work[0], mem + work[1], count + n
         if count and do_update_stats:
@@ -1048,7 +1051,7 @@ def run_replayed(plan: ReplayPlan, ready: tuple[tuple[Runner, ...], list[Any], l
         for r in mine[1]:
             if r < 0: b = storage[~r]
             elif (b := topo[r].__dict__.get("_buffer")) is None: b = device_buffer(topo[r])
-            allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate()._buf)
+            allocations.append(a if (a := b.__dict__.get("_buf")) is not None else b.allocate(queued=True)._buf)
         if not ((here := mine[2]) is not None and here(*allocations)): state[0](*allocations)
         if do_update_stats: ops, mem, count = ops + work[0], mem + work[1], count + runners[i].kernels
     if count:

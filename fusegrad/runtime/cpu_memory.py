@@ -97,6 +97,8 @@ class CPUAllocator(LRUAllocator):
 
     # (kernels take an allocation's address per launch, a TinyJit's prepared launches check it per replay)
     exchanges_memory = True
+    # (the C pool runs its jobs one after another in submission order; without it kernels run synchronously)
+    queue_ordered = True
     def _exchangeable(self, opaque: ctypes.Array) -> bool:
         return "_root" not in opaque.__dict__ and not has_host_view(opaque)
 

@@ -12,8 +12,8 @@ def _measured_peak(fn) -> int:
     """The most bytes Buffers held at once while fn ran."""
     peak = [GlobalCounters.mem_used]
     plain = Buffer.allocate
-    def allocate(self, opaque=None):
-        ret = plain(self, opaque)
+    def allocate(self, opaque=None, queued=False):
+        ret = plain(self, opaque, queued)
         peak[0] = max(peak[0], GlobalCounters.mem_used)
         return ret
     Buffer.allocate = allocate
