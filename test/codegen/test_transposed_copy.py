@@ -177,3 +177,46 @@ def test_x_at_w_t_other_dtypes(dtype):
     else:
         tol = 1e-9 if dtype == np.float64 else 2e-2
         np.testing.assert_allclose(ours, want, rtol=tol, atol=tol * 30)
+
+def x_at_w_t_windows(M: int, N: int, C: int, KH: int, KW: int) -> UOp:
+    """out[m, n] = sum over c, kh, kw of x[m, c, kh, kw] * w[n, c, kh, kw]: a convolution's product, each of W's rows
+    walked by three loops (input channels, window rows, window columns) that together run over it contiguously."""
+    K = C * KH * KW
+    out, x, w = glob(0, dtypes.float32, M * N), glob(1, dtypes.float32, M * K), glob(2, dtypes.float32, N * K)
+    m, n = rng(M, 0), rng(N, 1)
+    c, kh, kw = rng(C, 2, "reduce"), rng(KH, 3, "reduce"), rng(KW, 4, "reduce")
+    k = c * (KH * KW) + kh * KW + kw
+    return UOp.sink_of(out.index(m * N + n).store(reduce(x.index(m * K + k).load() * w.index(n * K + k).load(),
+                                                         c, kh, kw)))
+
+@needs_avx512
+@pytest.mark.parametrize("C, KH, KW", [(32, 3, 3), (5, 3, 3), (3, 7, 7), (64, 2, 2), (1, 3, 3), (4, 1, 5)])
+def test_transposing_copy_of_several_loops(C: int, KH: int, KW: int):
+    """The loops that walk W's rows contiguously (a 3x3 window and its input channels: 9 x C elements a row) are
+    copied as one run of blocks of 16 (C = 32: 18 blocks), the run's elements past the last whole block gathered
+    (5 x 9 = 45: 2 blocks and 13; a 7x7 window over RGB 147: 9 and 3), none under 16 elements (1 x 3 x 3); the
+    product is right either way, against NumPy in float64."""
+    M, N, K = 24, 32, C * KH * KW
+    ast = x_at_w_t_windows(M, N, C, KH, KW)
+    blocks, lanes = w_reads(ast)
+    assert [u.arg for u in blocks] == ([(16, 16, K)] if K >= 16 else [])
+    assert len(lanes) == (16 if K % 16 else 0)
+    x = RS.standard_normal((M, K)).astype(np.float32)
+    w = RS.standard_normal((N, K)).astype(np.float32)
+    out = np.zeros((M, N), np.float32)
+    run(ast, [out, x, w], opts=OPTS)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-4 * np.sqrt(K))
+
+@pytest.mark.parametrize("n, cin, cout, size, k", [(8, 512, 512, 2, 3), (8, 64, 64, 8, 3), (2, 5, 48, 6, 3),
+                                                   (4, 3, 32, 16, 7), (2, 16, 20, 5, 1)])
+def test_convolution_values(n: int, cin: int, cout: int, size: int, k: int):
+    """Convolutions whose weights the heuristic packs along the output channels, their window and input channels
+    walked as one run (ResNet-18's last 3x3 over 2x2 images, a 3x3 over 8x8, odd channel counts, its 7x7 stem, a 1x1),
+    against torch."""
+    import torch
+    x = RS.standard_normal((n, cin, size, size)).astype(np.float32)
+    w = (RS.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    ours = Tensor(x).conv2d(Tensor(w), padding=k // 2).numpy()
+    want = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                                      padding=k // 2).numpy()
+    np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-4)

@@ -9,10 +9,12 @@ import torch
 from fusegrad import Device, Tensor
 from fusegrad.hostcpu import cpu
 
-# (batch, input channels, output channels, image side): outputs of 16 and 48 channels whose 16-lane vectors run
-# along the channels; (a shape no other test here uses: its kernel is generated, not taken from the method cache)
-@pytest.mark.parametrize("n,ci,co,side", [(2, 16, 32, 7), (1, 16, 48, 5)])
-def test_conv_output_along_channels(compiled_sources, n, ci, co, side):
+# (batch, input channels, output channels, image side): outputs of 32 and 48 channels whose 16-lane vectors run
+# along the channels; (a shape no other test here uses: its kernel is generated, not taken from the method cache).
+# The weights' rows (input channels x 3 x 3) are copied transposed in blocks of 16 where a row has 16 elements or more
+# (codegen/opt PACK), and gathered where it has fewer (one input channel: 9)
+@pytest.mark.parametrize("n,ci,co,side,gathers", [(2, 16, 32, 7, False), (1, 16, 48, 5, False), (2, 1, 32, 7, True)])
+def test_conv_output_along_channels(compiled_sources, n, ci, co, side, gathers):
     rng = np.random.default_rng(ci + co + side)
     x, w = rng.standard_normal((n, ci, side, side)).astype(np.float32), rng.standard_normal((co, ci, 3, 3))
     w = w.astype(np.float32)
@@ -22,7 +24,8 @@ def test_conv_output_along_channels(compiled_sources, n, ci, co, side):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     src = "\n".join(compiled_sources)
     if "avx512f" in cpu().features and Device["CPU"].renderer.simd_bytes == 64:
-        assert "fg_scatter_f32x16(data0" in src and "fg_gather_f32x16(data" in src, src
+        assert "fg_scatter_f32x16(data0" in src and ("fg_gather_f32x16(data" in src) == gathers, src
+        assert ("fg_transpose_f32x16(" in src) != gathers, src
         assert not re.search(r"\] = \w+\[\d+\];", src), src
 
 def test_other_dialects_access_lanes_one_by_one():

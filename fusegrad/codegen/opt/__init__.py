@@ -584,22 +584,31 @@ class Kernel:
         # w rows at a time; the elements past the last whole block of the loop are gathered in a loop of their own
         lanes = [r for r in inner if r in self.expanded]
         if getattr(self.renderer, "transposed_copy", False) and to is None and len(idx.src) == 2 and \
-                (along := _transposed_along(inner, strides, lanes)) is not None and coeff(lin, lanes[-1]) == 1 and \
-                elem in self.renderer.vector_dtypes and \
+                (run := _transposed_run(inner, strides, lanes)) is not None and coeff(lin, lanes[-1]) == 1 and \
+                elem in self.renderer.vector_dtypes and all(r in fresh for r in run) and \
                 range_size(lanes[-1]) * elem.itemsize <= self.renderer.simd_bytes:
-            w, size, lane = range_size(lanes[-1]), range_size(along), lanes[-1]
-            blocks = UOp.range(size // w, fresh[along].arg[0], "copy")
-            self.copies[self.copies.index(fresh[along])] = blocks
-            corner = {**fresh, along: blocks * w, lane: lane.const_like(0)}
-            dst_step, src_step = coeff(lin, along), strides[lane]
+            # (the run's loops walk its rows as one: position p of the run is at p elements in the buffer and at
+            # p * dst_step in the copy, each loop being the row-major digit of p)
+            w, size, lane = range_size(lanes[-1]), math.prod(range_size(r) for r in run), lanes[-1]
+            def at(p: UOp) -> dict[UOp, UOp]:
+                digits, inside = {}, 1
+                for r in reversed(run):
+                    digits[r] = (p // inside) % range_size(r) if len(run) > 1 else p
+                    inside *= range_size(r)
+                return digits
+            blocks = UOp.range(size // w, fresh[run[0]].arg[0], "copy")
+            self.copies[self.copies.index(fresh[run[0]])] = blocks
+            for r in run[1:]: self.copies.remove(fresh[r])
+            corner = {**fresh, **at(blocks * w), lane: lane.const_like(0)}
+            dst_step, src_step = coeff(lin, run[-1]), strides[lane]
             parts = [UOp(_END, dtypes.void, (UOp(Ops.TRANSPOSED_COPY, dtypes.void, (
                 local.index(lin.substitute(corner).simplify()), idx.substitute(corner).simplify()),
                 (w, dst_step, src_step)), blocks))]
             if size % w:
                 rest = UOp.range(size % w, self.next_id, "copy"); self.next_id += 1
                 self.copies.append(rest)
-                parts.append(UOp(_END, dtypes.void, (copied({**fresh, along: rest + size // w * w}), rest)))
-            del fresh[along]
+                parts.append(UOp(_END, dtypes.void, (copied({**fresh, **at(rest + size // w * w)}), rest)))
+            for r in run: del fresh[r]
             copy = UOp(Ops.NOOP, dtypes.void, tuple(parts))
         else: copy = copied(fresh)
         ready = UOp(_BARRIER, local.dtype, (local, UOp(_END, dtypes.void, (copy, *fresh.values()))))
@@ -641,14 +650,24 @@ class Kernel:
             else: ast = _stage_tiles(ast, tiles, fixed, locals_, next_id)
         return _store_once(ast, grid)
 
-def _transposed_along(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> UOp | None:
-    """The loop of a PACK copy that walks the buffer's rows (stride 1) where its vector lanes are strided in the buffer
-    by a constant (the copy transposes: `x @ W.T`'s W), when it is at least a vector's count long; else None."""
+def _transposed_run(inner: list[UOp], strides: dict[UOp, int | None], lanes: list[UOp]) -> list[UOp] | None:
+    """The loops of a PACK copy that walk the buffer's rows (the last at stride 1, each other at the stride of the next
+    times its size, next to each other in `inner`: a Linear weight's row, a 3x3 convolution's window and input
+    channels) where its vector lanes are strided in the buffer by a constant (the copy transposes: `x @ W.T`'s W, a
+    convolution's weights packed along the output channels), when they are at least a vector's count long together;
+    else None."""
     if not lanes or not isinstance(st := strides[lanes[-1]], int) or st in (0, 1) or \
             not isinstance(w := range_size(lanes[-1]), int) or w < 2 or w & (w - 1):
         return None
-    return next((r for r in inner if r not in lanes and strides[r] == 1 and isinstance(sz := range_size(r), int) and
-                 sz >= w), None)
+    for i, r in enumerate(inner):
+        if r in lanes or strides[r] != 1 or not isinstance(range_size(r), int): continue
+        run = [r]
+        while i > 0 and (p := inner[i - 1]) not in lanes and isinstance(range_size(p), int) and \
+                strides[p] == strides[run[0]] * range_size(run[0]):  # type: ignore[operator]
+            run.insert(0, p)
+            i -= 1
+        if math.prod(range_size(x) for x in run) >= w: return run
+    return None
 
 def _linear(rngs: list[UOp]) -> UOp:
     """The row-major position of `rngs` (the last varies fastest)."""
