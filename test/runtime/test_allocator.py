@@ -224,9 +224,10 @@ def test_memory_for_a_queued_kernel_is_the_most_recently_freed_even_in_use():
     alloc.busy = set()
     assert alloc.alloc(64, queued=True) == "a"
 
-def _eager_adam_steps(n: int, seen: list) -> list:
+def _eager_adam_steps(n: int, seen: list) -> tuple[list, object, object]:
     """n eager Adam steps of a small MLP with a fresh input each step (whose gradient keeps a snapshot of the first
-    weight), the first weight's and its gradient's allocations noted after each; returns the losses."""
+    weight), the first weight's and its gradient's allocations noted after each; returns the losses (read after the
+    last step, each held lazily until then) and the two layers."""
     from fusegrad import Tensor, nn
     Tensor.manual_seed(0)
     rng = np.random.default_rng(0)
@@ -243,7 +244,7 @@ def _eager_adam_steps(n: int, seen: list) -> list:
             losses.append(loss)
             seen.append((ctypes.addressof(l1.weight.uop.base.buffer._buf),
                          ctypes.addressof(l1.weight.grad.uop.base.buffer._buf)))
-    return [float(v.item()) for v in losses] + l1.weight.numpy().ravel()[:64].tolist()
+    return [float(v.item()) for v in losses], l1, l2
 
 def test_an_eager_step_keeps_its_buffers_in_a_few_allocations():
     # the Python of an eager step runs ahead of its kernels (they are queued); each step's new weight memory (the
@@ -253,9 +254,27 @@ def test_an_eager_step_keeps_its_buffers_in_a_few_allocations():
     _eager_adam_steps(30, seen)
     assert len({a for pair in seen[5:] for a in pair}) <= 4
 
-def test_memory_reused_behind_queued_kernels_computes_what_synchronous_kernels_do():
-    # the same steps with every kernel finishing before its call returns (nothing is in use when memory is reused)
-    from fusegrad.helpers import Context
-    queued = _eager_adam_steps(12, [])
-    with Context(CPU_ASYNC=0): synchronous = _eager_adam_steps(12, [])
-    np.testing.assert_array_equal(np.array(queued), np.array(synchronous))
+def test_memory_reused_behind_queued_kernels_computes_what_torch_does():
+    # the steps above, their buffers in memory that queued kernels were still using when it was handed out, against
+    # torch's Adam from the same initial weights
+    import torch
+    from fusegrad import Tensor, nn
+    Tensor.manual_seed(0)   # (the initial weights _eager_adam_steps makes)
+    first, second = nn.Linear(300, 400), nn.Linear(400, 10)
+    init = [t.numpy().copy() for t in (first.weight, first.bias, second.weight, second.bias)]
+    losses, l1, l2 = _eager_adam_steps(12, [])
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 300)).astype(np.float32), rng.integers(0, 10, 64)
+    t1, t2 = torch.nn.Linear(300, 400), torch.nn.Linear(400, 10)
+    with torch.no_grad():
+        for p, v in zip((t1.weight, t1.bias, t2.weight, t2.bias), init): p.copy_(torch.tensor(v))
+    opt = torch.optim.Adam([t1.weight, t1.bias, t2.weight, t2.bias], lr=1e-2)
+    want = []
+    for _ in range(12):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(t2(torch.relu(t1(torch.tensor(x)))), torch.tensor(y))
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    np.testing.assert_allclose(losses, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(l1.weight.numpy(), t1.weight.detach().numpy(), rtol=1e-4, atol=1e-5)
