@@ -174,25 +174,13 @@ def matmul(n: int) -> tuple[Callable, Callable, Callable]:
     return (lambda: (fa @ fb).realize()), (lambda: ta @ tb), check_close("product", 1e-3, 1e-2)
 
 def _torch_resnet18() -> torch.nn.Module:
-    """A torch ResNet-18 with torchvision's state-dict names, built from the test's reference block (torchvision isn't
-    a dependency)."""
+    """A torch ResNet-18 with torchvision's state-dict names: the test's reference model (torchvision isn't a
+    dependency). (Importing the test sets torch to one thread: the bench's thread count is put back.)"""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "test"))
-    from test_resnet import TBlock
-    class R18(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1, self.bn1 = torch.nn.Conv2d(3, 64, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(64)
-            cin = 64
-            for i in range(4):
-                w = 64 * 2 ** i
-                setattr(self, f"layer{i + 1}", torch.nn.Sequential(TBlock(cin, w, 2 if i else 1), TBlock(w, w, 1)))
-                cin = w
-            self.fc = torch.nn.Linear(512, 1000)
-        def forward(self, x):
-            x = F.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 3, 2, 1)
-            for i in range(1, 5): x = getattr(self, f"layer{i}")(x)
-            return self.fc(x.mean((2, 3)))
-    return R18()
+    threads = torch.get_num_threads()
+    from test_resnet import TResNet18
+    torch.set_num_threads(threads)
+    return TResNet18()
 
 def resnet_pair() -> tuple[resnet.ResNet, torch.nn.Module]:
     """fusegrad's ResNet-18 and torch's, with the same (random) weights and batch-norm statistics."""

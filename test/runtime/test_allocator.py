@@ -3,7 +3,7 @@ import ctypes
 import gc
 import numpy as np
 import pytest
-from fusegrad.device import Buffer, Device, GlobalCounters
+from fusegrad.device import Buffer, Device, GlobalCounters, LRUAllocator
 from fusegrad.dtype import dtypes
 
 def addr(b: Buffer) -> int: return ctypes.addressof(b._buf)
@@ -170,20 +170,22 @@ def test_buffer_dying_in_a_reference_cycle_is_not_recycled_after_its_memory_is_f
     for lst in alloc.cache.values():
         for opaque in lst: assert opaque._finalizer.alive
 
+class _Counted(LRUAllocator):
+    """An LRU allocator over names: fresh allocations are counted ("fresh1", ...), `busy` ones are in use by queued
+    kernels; `ordered`: whether its queue runs in order (Allocator.queue_ordered)."""
+    def __init__(self, ordered: bool = False):
+        super().__init__()
+        self.busy, self.fresh, self.queue_ordered = set(), 0, ordered
+    def _alloc(self, size, options):
+        self.fresh += 1
+        return f"fresh{self.fresh}"
+    def _idle(self, opaque): return opaque not in self.busy
+
 def test_free_list_hands_out_only_memory_no_queued_kernel_uses():
     # the free list of one size: the most recently freed allocation when no queued kernel uses it (after a
     # synchronizing read all are idle), else the oldest idle one (kernels running behind use the newest), else fresh
     # memory; never one a queued kernel still uses
-    from fusegrad.device import LRUAllocator
-    class Counted(LRUAllocator):
-        def __init__(self):
-            super().__init__()
-            self.busy, self.fresh = set(), 0
-        def _alloc(self, size, options):
-            self.fresh += 1
-            return f"fresh{self.fresh}"
-        def _idle(self, opaque): return opaque not in self.busy
-    alloc = Counted()
+    alloc = _Counted()
     for name in ("a", "b", "c", "d"): alloc.free(name, 64)
     assert alloc.alloc(64) == "d" and alloc.cached_bytes == 3 * 64
     alloc.free("d", 64)
@@ -201,23 +203,12 @@ def test_memory_for_a_queued_kernel_is_the_most_recently_freed_even_in_use():
     # a kernel queued after all the others, on a device that runs its queue in order, gets the most recently freed
     # allocation even while queued kernels still use it (they finish before it starts); a host copy (not queued) and
     # a device whose queue has no order still get only idle memory
-    from fusegrad.device import LRUAllocator
-    class Counted(LRUAllocator):
-        queue_ordered = True
-        def __init__(self):
-            super().__init__()
-            self.busy, self.fresh = set(), 0
-        def _alloc(self, size, options):
-            self.fresh += 1
-            return f"fresh{self.fresh}"
-        def _idle(self, opaque): return opaque not in self.busy
-    alloc = Counted()
+    alloc = _Counted(ordered=True)
     for name in ("a", "b", "c"): alloc.free(name, 64)
     alloc.busy = {"a", "b", "c"}
     assert alloc.alloc(64) == "fresh1"
     assert alloc.alloc(64, queued=True) == "c" and alloc.cached_bytes == 2 * 64
-    class Unordered(Counted): queue_ordered = False
-    alloc = Unordered()
+    alloc = _Counted(ordered=False)
     alloc.free("a", 64)
     alloc.busy = {"a"}
     assert alloc.alloc(64, queued=True) == "fresh1" and alloc.cached_bytes == 64
