@@ -122,11 +122,15 @@ class TResNet18(torch.nn.Module):
         for i in range(1, 5): x = getattr(self, f"layer{i}")(x)
         return self.fc(x.mean((2, 3)))
 
-def test_resnet18_training_gradients_match_float64():
+def test_resnet18_training_gradients_match_float64(monkeypatch):
     """A training-mode ResNet-18 step at batch 16 on 64x64 images (its late convolutions over 4x4 and 2x2 images,
     kernels no smaller model has): every parameter's gradient against torch in float64, as a norm relative to the
-    gradient's. (torch in float32 is within 4e-6 everywhere; a kernel change that kept these convolutions' reductions
-    unblocked put layer4's first block 0.5% off, which every smaller check missed)"""
+    gradient's. Both models use SiLU for ReLU here: ReLU's derivative jumps at 0, and layer4's inputs to it include
+    values a few millionths of the largest from zero, which float32 rounding (any summation order, torch's too) may put
+    on either side; one such element flipped moves every gradient upstream of it by 0.3-1.5%. SiLU's gradient is
+    continuous, so float32 rounding moves the gradients by rounding-sized amounts and a wrong kernel stands out."""
+    monkeypatch.setattr(torch, "relu", torch.nn.functional.silu)
+    monkeypatch.setattr(Tensor, "relu", Tensor.silu)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, 3, 64, 64)).astype(np.float32)
     y = rng.integers(0, 1000, 16).astype(np.int32)
@@ -142,5 +146,5 @@ def test_resnet18_training_gradients_match_float64():
     ours = get_state_dict(model)
     errs = {n: np.linalg.norm(ours[n].grad.numpy() - p.grad.numpy()) / np.linalg.norm(p.grad.numpy())
             for n, p in ref.named_parameters()}
-    assert np.median(list(errs.values())) < 1e-4, sorted(errs.items(), key=lambda kv: -kv[1])[:5]
-    assert max(errs.values()) < 5e-3, sorted(errs.items(), key=lambda kv: -kv[1])[:5]
+    assert np.median(list(errs.values())) < 5e-5, sorted(errs.items(), key=lambda kv: -kv[1])[:5]
+    assert max(errs.values()) < 2e-4, sorted(errs.items(), key=lambda kv: -kv[1])[:5]

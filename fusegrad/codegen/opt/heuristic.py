@@ -951,6 +951,13 @@ def _block_matmul(k: Kernel, rest: UOp | None, vec: UOp, row_bytes: int, cores: 
                 k.apply_opt(Opt(OptOps.PADTO, k.loops.index(red[0]), blk))
             except KernelOptError: blk = None
             red = [k.loops[i] for i in k.reduce_axes()]
+    # a convolution that stores its output vector strided (its channels a plane apart: the NCHW images of a late
+    # layer, a few pixels each) keeps its reduction whole where the whole panel fits a copy: blocked, each block's
+    # partial sums went out and back through gathers and scatters (512 channels x 3 x 3 over 2x2 images: 16 blocks),
+    # while unblocked the panel's vectors, each shared by a register tile's rows, stream from L2 at no cost
+    if conv and blk is not None and rsz * inner * row_bytes <= k.MAX_LOCAL_BYTES and \
+            any(coeff(idx.src[1], vec) not in (0, 1) for idx, st in k.accesses() if st):
+        blk = None
     if blk is not None and rsz * inner > 384:
         try: k.apply_opt(Opt(OptOps.KBLOCK, k.loops.index(red[0]), blk))
         except KernelOptError: pass
