@@ -188,6 +188,73 @@ def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
     idxs = [u for u in merged.toposort() if u.op is _INDEX]
     return ast if any(coeff(idx.src[1], new_range[a]) is None for idx in idxs for a in affine) else merged
 
+def merge_contiguous_reduce_loops(ast: UOp, lanes: int) -> UOp:
+    """Adjacent loops of a reduction that every memory access addresses as one (as in merge_contiguous_loops) become
+    one loop of their product, where the inner loop alone isn't whole vectors of `lanes`: a batch norm's sums over
+    the 2x2 or 4x4 images of a late layer reduce over the pixels as one contiguous loop, which the heuristic
+    vectorizes, where two loops of 2 or 4 ran as scalar code. A loop that a gate or a value uses (a padding check)
+    keeps its own, and so does one that a reduction names apart from its neighbour."""
+    from fusegrad.uop.symbolic import simplify_indexing
+    topo = ast.toposort()
+    reds = [u for u in topo if u.op is _REDUCE and len(u.src) > 2]
+    if lanes < 2 or not reds: return ast
+    idxs = [u for u in topo if u.op is _INDEX]
+    addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
+    blocked: set[UOp] = set()
+    for u in topo:
+        if u.op is _INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
+        elif u in addresses or u.op is _REDUCE: continue
+        else: uses = [x for s in u.src if s.op is _RANGE or s in addresses for x in s.toposort()]
+        blocked.update(x for x in uses if x.op is _RANGE)
+    # each loop's (outer, inner) neighbours in every reduction that names it
+    neighbours: dict[UOp, set[tuple[UOp | None, UOp | None]]] = {}
+    for red in reds:
+        rngs = (None, *red.src[1:], None)
+        for i in range(1, len(rngs) - 1): neighbours.setdefault(rngs[i], set()).add((rngs[i - 1], rngs[i + 1]))
+    def joins(a: UOp, run: list[UOp]) -> bool:
+        sizes = [range_size(x) for x in (a, *run)]
+        if not all(isinstance(x, int) and x > 1 for x in sizes) or sizes[-1] % lanes == 0 or a in blocked or \
+                run[0] in blocked:
+            return False
+        if neighbours[a] != {(o, run[0]) for o, _ in neighbours[a]} or \
+                neighbours[run[0]] != {(a, i) for _, i in neighbours[run[0]]}:
+            return False
+        inner = math.prod(sizes[1:])
+        return all((ca := coeff(idx.src[1], a)) is not None and (cb := coeff(idx.src[1], run[-1])) is not None and
+                   ca == inner * cb for idx in idxs)
+    step: dict[UOp, UOp] = {}
+    head: dict[UOp, UOp] = {}    # the outermost loop of each merged run -> the merged loop
+    for red in reds:
+        rngs = [r for r in red.src[1:] if r not in step]
+        i = len(rngs) - 1
+        while i > 0:
+            run = [rngs[i]]
+            while i > 0 and joins(rngs[i - 1], run):
+                run.insert(0, rngs[i - 1])
+                i -= 1
+            i -= 1
+            if len(run) == 1: continue
+            size = math.prod(range_size(x) for x in run)
+            merged = head[run[0]] = UOp(_RANGE, run[0].dtype, (UOp.const(dtypes.index, size),), run[0].arg)
+            for j, x in enumerate(run):
+                size //= range_size(x)
+                part = merged // size if size != 1 else merged
+                step[x] = part % range_size(x) if j else part
+    if not step: return ast
+    # rebuilt bottom-up: a reduction names the merged loop in place of its parts, every other use takes its part
+    new: dict[UOp, UOp] = {}
+    for u in topo:
+        if u in step: new[u] = step[u]
+        elif u.op is _REDUCE:
+            new[u] = u.replace(src=(new[u.src[0]], *[head.get(r, r) for r in u.src[1:] if r in head or r not in step]))
+        elif u.src: new[u] = u.replace(src=tuple(new[s] for s in u.src))
+        else: new[u] = u
+    out = simplify_indexing(new[ast])
+    # (an address that isn't affine in the merged loop would divide it back in every iteration)
+    if any(coeff(idx.src[1], r) is None for idx in out.toposort() if idx.op is _INDEX for r in head.values()):
+        return ast
+    return out
+
 def _stores_loaded(ast: UOp) -> bool:
     """Whether a kernel stores to addresses it loads (a scatter)."""
     return any(u.op is _LOAD for st in ast.src for u in st.src[0].toposort())
@@ -199,7 +266,9 @@ class Kernel:
             raise ValueError(f"a kernel AST is a SINK of STOREs, got {ast.op}")
         lanes = getattr(renderer, "simd_bytes", 0) // 4   # (float32 lanes)
         gpu = bool(getattr(renderer, "has_local", False)) and not _stores_loaded(ast)
-        self.ast, self.renderer = uniquify_reduce_ranges(merge_contiguous_loops(ast, lanes, always=gpu)), renderer
+        merged = merge_contiguous_loops(ast, lanes, always=gpu)
+        self.ast = uniquify_reduce_ranges(merged if gpu else merge_contiguous_reduce_loops(merged, lanes))
+        self.renderer = renderer
         topo = self.ast.toposort()
         out = sorted(set(_store_ranges(self.ast)), key=lambda r: r.arg[0])
         red: list[UOp] = []
