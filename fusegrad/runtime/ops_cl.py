@@ -91,6 +91,11 @@ def build_error(device: str, log: str, src: str) -> str:
     errors = [f"line {m.group(1)}: {m.group(2)}\n    {lines[int(m.group(1)) - 1].strip()}"
               for m in _LOG_LINE.finditer(log) if "warning:" not in m.group(0) and 0 < int(m.group(1)) <= len(lines)]
     head = "\n".join(errors) if errors else "(no error line in the log)"
+    if "unknown target CPU" in log:
+        # (PoCL compiles for the host CPU by the name its LLVM gives it; an LLVM older than the CPU knows no name)
+        head += "\nthis OpenCL implementation's compiler doesn't know this CPU: the PoCL in pyopencl's wheel " \
+            "(LLVM 14) can't compile for CPUs newer than its LLVM (AMD's Zen 5); a newer PoCL can (Debian: apt-get " \
+            "install pocl-opencl-icd), or use the CPU device"
     return f"OpenCL build failed on {device}:\n{head}\n--- build log ---\n{log.strip()}\n" \
         f"--- source ---\n{numbered(src)}"
 

@@ -242,6 +242,13 @@ def test_build_error_names_line_and_message():
     assert "OpenCL build failed on CL" in msg
     assert "line 3:" in msg and "undeclared_x" in msg and "a[i] = undeclared_x * 2;" in msg
 
+def test_build_error_for_a_cpu_the_compiler_does_not_know():
+    """PoCL's log when its LLVM has no name for the host CPU (the PoCL in pyopencl's wheel on AMD's Zen 5): the
+    message says so and what to do."""
+    from fusegrad.runtime.ops_cl import build_error
+    msg = build_error("CL", "error: unknown target CPU 'generic'\nDevice pthread failed to build the program", "x")
+    assert "doesn't know this CPU" in msg and "pocl-opencl-icd" in msg and "unknown target CPU 'generic'" in msg
+
 def test_disk_cache_and_timings(tmp_path, monkeypatch):
     """A binary compiled once is read back from the disk cache (keyed by the device and driver); DEBUG=2 times
     kernels with the queue's events."""
