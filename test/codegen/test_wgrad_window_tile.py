@@ -1,0 +1,76 @@
+"""A 3x3 convolution's weight gradient vectorized along its image rows: with 32 vector registers its column taps are
+upcast whole and the tile holds 24 sums (taps x 4 output channels x 2 input channels), and rows of 28 are padded to
+two full vectors (`_tile_dot_products`, `_pad_short_reduce`). The loop shapes on AVX-512 and AVX2, and the values
+against torch."""
+from __future__ import annotations
+import numpy as np
+import pytest
+import torch
+import fusegrad.codegen as codegen
+from fusegrad import Tensor
+from fusegrad.codegen.opt import Kernel, OptOps
+from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
+from fusegrad.uop.ops import UOp
+from test.codegen.helpers import AVX2, AVX512, renderer_like
+
+RS = np.random.default_rng(0)
+
+def weight_gradient(n: int, c: int, hw: int, monkeypatch: pytest.MonkeyPatch) -> UOp | None:
+    """The AST of the kernel storing the weight gradient of a 3x3, padding 1 convolution of n x c x hw x hw to c
+    channels, after checking the gradient's values against torch."""
+    seen: list[UOp] = []
+    plain = codegen.get_program
+    def record(ast, renderer, name=None, opts=None, quick=False):
+        seen.append(ast)
+        return plain(ast, renderer, name, opts, quick)
+    monkeypatch.setattr(codegen, "get_program", record)
+    x = RS.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    g = RS.standard_normal((n, c, hw, hw)).astype(np.float32)
+    wt = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(wt, padding=1) * Tensor(g)).sum().backward()
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw, padding=1) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=2e-3)
+    grads = [a for a in seen if any(st.src[0].src[0].dtype.size == w.size for st in a.src)]
+    return grads[0] if grads else None
+
+def optimized(ast: UOp | None, facts: tuple[int, int]) -> Kernel:
+    assert ast is not None, "no kernel stores the weight gradient"
+    k = Kernel(ast, renderer_like(facts))
+    hand_coded_optimizations(k)
+    return k
+
+def test_taps_tile_on_avx512(monkeypatch: pytest.MonkeyPatch):
+    """Rows of 56 (seven vectors of 8): on AVX-512 the 3 column taps x 4 output x 2 input channels; on AVX2 (16
+    registers) the 4 x 4 channels as before."""
+    ast = weight_gradient(2, 8, 56, monkeypatch)
+    k = optimized(ast, AVX512)
+    assert 3 in [o.arg for o in k.applied_opts if o.op is OptOps.UPCAST], k.applied_opts
+    assert not any(o.op is OptOps.UNROLL for o in k.applied_opts), k.applied_opts
+    tile = [o.arg for o in k.applied_opts if o.op is OptOps.UPCAST and o.arg != 8]
+    assert sorted(tile) == [2, 3, 4], k.applied_opts
+    k2 = optimized(ast, AVX2)
+    assert sorted(o.arg for o in k2.applied_opts if o.op is OptOps.UPCAST and o.arg != 8) == [4, 4], k2.applied_opts
+
+def test_rows_of_28_padded_to_full_vectors(monkeypatch: pytest.MonkeyPatch):
+    """Rows of 28 on AVX-512 are padded to two vectors of 16 (an eighth of them padding: 14 useful lanes, over twice
+    the 4 that divide 28) rather than summed in seven vectors of 4. On AVX2 the padded vector would hold 7 useful
+    lanes of 8, under twice 4: the rows keep vectors of 4 there."""
+    ast = weight_gradient(2, 8, 28, monkeypatch)
+    k = optimized(ast, AVX512)
+    assert any(o.op is OptOps.PADTO for o in k.applied_opts), k.applied_opts
+    assert 16 in [o.arg for o in k.applied_opts if o.op is OptOps.UPCAST], k.applied_opts
+    k2 = optimized(ast, AVX2)
+    assert not any(o.op is OptOps.PADTO for o in k2.applied_opts), k2.applied_opts
+    assert 4 in [o.arg for o in k2.applied_opts if o.op is OptOps.UPCAST], k2.applied_opts
+
+def test_rows_of_56_keep_vectors_of_8(monkeypatch: pytest.MonkeyPatch):
+    """Rows of 56: padded to 64 they would be only 14 of 16 lanes, not twice the 8 that divide them: kept as 7 x 8."""
+    k = optimized(weight_gradient(3, 8, 56, monkeypatch), AVX512)   # (a shape of its own: kernels compile once)
+    assert not any(o.op is OptOps.PADTO for o in k.applied_opts), k.applied_opts
+
+@pytest.mark.parametrize("n,c,hw", [(3, 16, 28), (2, 12, 14), (2, 8, 9), (1, 4, 30)])
+def test_values(n: int, c: int, hw: int, monkeypatch: pytest.MonkeyPatch):
+    """Weight gradients of shapes whose rows pad (28, 14, 30) or not (9), on this machine, against torch."""
+    weight_gradient(n, c, hw, monkeypatch)
