@@ -35,6 +35,9 @@ class CPUFacts:
     vector_dtypes: tuple[DType, ...]  # dtypes compiled code holds in SIMD vectors
     bf16_dot: bool = False           # AVX512_BF16's dot product of bfloat16 pairs (vdpbf16ps) on 512-bit vectors
     amx_bf16: bool = False           # AMX tiles with bfloat16 tile products (TDPBF16PS); see `amx_usable`
+    # 512-bit FMAs at the rate of 256-bit ones, twice the lanes a cycle (AMD's Zen 5: family 26). Zen 4 (and Intel's
+    # client cores) split them in two halves: the same lanes a cycle as 256 bits. Unknown CPUs count as split.
+    full_rate_512: bool = False
 
     @property
     def x86(self) -> bool: return self.machine in X86_MACHINES
@@ -52,11 +55,15 @@ def cpu() -> CPUFacts:
     x86 = machine in X86_MACHINES
     avx512 = x86 and "avx512f" in flags
     f16_lanes = (16 if avx512 else 8) if x86 and "f16c" in flags else 0
+    def field_of(name: str) -> str: return next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() or ()
+                                                 if ln.split(":", 1)[0].strip() == name), "")
+    family = int(f) if (f := field_of("cpu family")).isdigit() else 0
     return CPUFacts(machine=machine, features=flags,
                     simd_bytes=(64 if avx512 else 32 if "avx2" in flags or "avx" in flags else 16) if x86 else 16,
                     vector_registers=32 if avx512 or not x86 else 16, has_fma="fma" in flags if x86 else True,
                     f16_lanes=f16_lanes, bf16_dot=avx512 and "avx512_bf16" in flags,
                     amx_bf16=x86 and {"amx_tile", "amx_bf16"} <= flags,
+                    full_rate_512=avx512 and field_of("vendor_id") == "AuthenticAMD" and family >= 26,
                     vector_dtypes=_VECTOR_DTYPES + ((dtypes.float16,) if f16_lanes else ()) + (dtypes.bfloat16,))
 
 ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA, SYS_ARCH_PRCTL = 0x1023, 18, 158   # Linux x86-64

@@ -1308,6 +1308,6 @@ class ClangRenderer(CStyleLanguage):
         self.f16_chunk, self.vector_dtypes = host.f16_lanes, host.vector_dtypes
         x86_avx512 = "avx512f" in host.features and platform.machine() in ("x86_64", "AMD64")
         self.strided_lanes = self.stream_stores = x86_avx512
-        self.bf16_dot = host.bf16_dot
+        self.bf16_dot, self.full_rate_512 = host.bf16_dot, host.full_rate_512
         # (where the CPU has AMX and Linux grants this process its tile state; see DESIGN.md "bfloat16 products")
         self.amx = hostcpu.amx_usable()

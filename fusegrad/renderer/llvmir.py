@@ -57,7 +57,7 @@ class LLVMRenderer(Renderer):
         # the host CPU's SIMD facts, as the C renderer has them, so the optimizer shapes the same kernels for both
         host = hostcpu.cpu()
         self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
-        self.vector_dtypes = host.vector_dtypes
+        self.vector_dtypes, self.full_rate_512 = host.vector_dtypes, host.full_rate_512
 
     # *** types and constants ***
 

@@ -31,10 +31,10 @@ from fusegrad.uop.ops import Ops, UOp
 # what the optimizer and lowerer read from a renderer; copied from the renderer being mimicked
 _OPT_ATTRS = ("has_threads", "supports_float4", "max_upcast", "simd_bytes", "vector_registers", "vector_dtypes",
               "has_fma", "has_local", "global_max", "local_max", "max_workgroup", "local_bytes", "fast_local_memory",
-              "slow_float64")
+              "slow_float64", "full_rate_512")
 # the GPU attributes' values for a renderer that declares none (a CPU renderer)
 _GPU_DEFAULTS = {"has_local": False, "global_max": (), "local_max": (), "max_workgroup": 1, "local_bytes": 0,
-                 "fast_local_memory": False, "slow_float64": False}
+                 "fast_local_memory": False, "slow_float64": False, "full_rate_512": False}
 # what PYTHON_GPU=1 declares
 _AS_GPU = {"has_local": True, "global_max": (2**31 - 1, 65535, 65535), "local_max": (1024, 1024, 64),
            "max_workgroup": 1024, "local_bytes": 48 * 1024, "fast_local_memory": True, "slow_float64": True,
@@ -62,7 +62,7 @@ class PythonRenderer(Renderer):
             # the host CPU's SIMD facts, as the C renderer has them (without: the base class's, no SIMD and no FMA)
             host = hostcpu.cpu()
             self.simd_bytes, self.vector_registers, self.has_fma = host.simd_bytes, host.vector_registers, host.has_fma
-            self.vector_dtypes = host.vector_dtypes
+            self.vector_dtypes, self.full_rate_512 = host.vector_dtypes, host.full_rate_512
 
     @property
     def tensor_cores(self) -> list:   # type: ignore[override]

@@ -64,18 +64,19 @@ def test_blocked_weight_gradient_opts(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.parametrize("n", [4, 3])
 def test_narrow_weight_gradient_unrolls_its_batch(monkeypatch: pytest.MonkeyPatch, n: int):
-    """Rows of 28 pixels summed in 4-lane vectors: not blocked, the batch unrolled by 2 where 2 divides it (an odd
-    batch keeps its loop). Values against torch."""
+    """Rows of 12 pixels summed in 4-lane vectors on AVX2 (half its vectors; padded to 16 they'd be a quarter
+    padding, and 16 registers take no window tile): not blocked, the batch unrolled by 2 where 2 divides it (an odd
+    batch keeps its loop). Values against torch on this machine."""
     asts = captured_asts(monkeypatch)
-    x = RS.standard_normal((n, 8, 28, 28)).astype(np.float32)
+    x = RS.standard_normal((n, 8, 12, 12)).astype(np.float32)
     w = (RS.standard_normal((12, 8, 3, 3)) * 0.1).astype(np.float32)
     ours, ref = _weight_grad(x, w, 1, 1, 1)
     np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
     opts = _opts_of_kernel_storing(asts, w.size)
-    assert not any(o.op is OptOps.KBLOCK for o in opts)
-    assert any(o.op is OptOps.UPCAST and o.arg == 4 for o in opts)
+    assert not any(o.op in (OptOps.KBLOCK, OptOps.PADTO) for o in opts), opts
+    assert any(o.op is OptOps.UPCAST and o.arg == 4 for o in opts), opts
     unrolls = [o for o in opts if o.op is OptOps.UNROLL]
-    assert unrolls == ([] if n % 2 else [unrolls[0]]) and (n % 2 or unrolls[0].arg == 2)
+    assert unrolls == ([] if n % 2 else [unrolls[0]]) and (n % 2 or unrolls[0].arg == 2), opts
 
 
 @pytest.mark.parametrize("rows", [5, 3])

@@ -44,3 +44,21 @@ def test_host_renderers_declare_the_host_facts():
                                                                        host.has_fma)
         assert tuple(ren.vector_dtypes) == host.vector_dtypes
     assert PythonRenderer(simd=False).simd_bytes == 0
+
+@pytest.mark.parametrize("vendor,family,flags,full", [
+    ("AuthenticAMD", 26, "fma avx2 avx512f", True),     # Zen 5
+    ("AuthenticAMD", 25, "fma avx2 avx512f", False),    # Zen 4: 512-bit FMAs in two halves
+    ("AuthenticAMD", 26, "fma avx2", False),            # no AVX-512 (as a VM may hide it)
+    ("GenuineIntel", 6, "fma avx2 avx512f", False),     # Intel: not told apart, counted as split
+])
+def test_full_rate_512_from_vendor_and_family(monkeypatch: pytest.MonkeyPatch, vendor, family, flags, full):
+    """`full_rate_512` (512-bit FMAs at the 256-bit rate) from /proc/cpuinfo's vendor, family and flags."""
+    lines = [f"vendor_id\t: {vendor}", f"cpu family\t: {family}", "model\t\t: 2", f"flags\t\t: {flags}"]
+    monkeypatch.setattr(hostcpu, "_cpuinfo", lambda: lines)
+    monkeypatch.setattr(hostcpu.platform, "machine", lambda: "x86_64")
+    assert hostcpu.cpu.__wrapped__().full_rate_512 is full
+
+def test_renderers_declare_full_rate_512():
+    from fusegrad.renderer.python import PythonRenderer
+    assert Device["CPU"].renderer.full_rate_512 == hostcpu.cpu().full_rate_512
+    assert PythonRenderer(like=Device["CPU"].renderer).full_rate_512 == hostcpu.cpu().full_rate_512

@@ -794,16 +794,27 @@ def _reduce_vector_width(ctx: OptContext, r: UOp) -> int | None:
 
 PAD_REDUCE_VECTORS = 4
 
+def _lanes_per_cycle(ctx: OptContext, lanes: int) -> int:
+    """The lanes a vector of `lanes` FMAs a cycle: two such instructions, one where they are 512 bits and the CPU
+    splits them in halves (Zen 4: `full_rate_512` false)."""
+    wide = lanes * ctx.acc_dt.itemsize > 32 and not getattr(ctx.k.renderer, "full_rate_512", False)
+    return lanes if wide else 2 * lanes
+
+PAD_SHORT_REDUCE_GAIN = 1.5
+
 def _pad_short_reduce(ctx: OptContext, r: UOp, w: int | None) -> UOp | None:
     """Reduce loop r, contiguous or broadcast in every access, padded to whole full vectors (PADTO) where that wastes
-    at most an eighth and still gives at least twice the lanes of the widest vector dividing it (`w`, None: none): a
-    weight gradient over 28x28 images sums its rows of 28 in two vectors of 16 (4 padded lanes) rather than seven of
-    4, 26.7 -> 15.6 ms for 16x128x28x28 (and 14 pixels in one of 16). Rows of 56 keep seven vectors of 8. Returns the
-    padded loop, or None."""
+    at most an eighth and its useful lanes go PAD_SHORT_REDUCE_GAIN times faster than the widest vector dividing it
+    (`w`, None: none) would: a weight gradient over 28x28 images sums its rows of 28 in two vectors of 16 (4 padded
+    lanes) rather than seven of 4, 26.7 -> 15.6 ms for 16x128x28x28, and 14 pixels in one of 16. Rows of 56 keep
+    seven vectors of 8 where a 512-bit FMA runs at half rate (Zen 4); at full rate (Zen 5) they are four of 16.
+    Returns the padded loop, or None."""
     sz, width = range_size(r), ctx.width
     if width < 2 or not isinstance(sz, int) or sz % width == 0 or not pads_cheaply(sz, width) or \
-            width * sz < 2 * (w or 1) * (sz + -sz % width) or not all(c in (0, 1) for c, _ in ctx.strides(r)):
+            not all(c in (0, 1) for c, _ in ctx.strides(r)):
         return None
+    padded_rate = _lanes_per_cycle(ctx, width) * sz / (sz + -sz % width)
+    if padded_rate < PAD_SHORT_REDUCE_GAIN * _lanes_per_cycle(ctx, w or 1): return None
     axis = ctx.k.loops.index(r)
     try: ctx.k.apply_opt(Opt(OptOps.PADTO, axis, width))
     except KernelOptError: return None
