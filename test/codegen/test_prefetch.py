@@ -70,3 +70,50 @@ def test_llvm_renders_the_prefetch(monkeypatch: pytest.MonkeyPatch):
     np.testing.assert_allclose(got, x.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
     src = get_program(asts[-1], Device["LLVM"].renderer).src
     assert "@llvm.prefetch.p0" in src
+
+def _input_gradient(n: int, c: int, hw: int) -> tuple[np.ndarray, np.ndarray]:
+    """The input gradient of sum(conv2d(x, w, padding=1) * g) for c -> c channels over hw x hw images: fusegrad's and
+    torch's."""
+    import torch
+    x = RS.standard_normal((n, c, hw, hw)).astype(np.float32)
+    w = (RS.standard_normal((c, c, 3, 3)) * 0.05).astype(np.float32)
+    g = RS.standard_normal((n, c, hw, hw)).astype(np.float32)
+    xt = Tensor(x, requires_grad=True)
+    (xt.conv2d(Tensor(w), padding=1) * Tensor(g)).sum().backward()
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.conv2d(tx, torch.tensor(w), padding=1) * torch.tensor(g)).sum().backward()
+    assert xt.grad is not None and tx.grad is not None
+    return xt.grad.numpy(), tx.grad.numpy()
+
+def test_copy_of_rows_far_apart_prefetches_rows_ahead(monkeypatch: pytest.MonkeyPatch):
+    """A convolution's input gradient over 2x2 images (256 channels: 2.4 MB of weights) packs its weight panel a row
+    of 16 channels x 9 taps per input channel, rows 9 KB apart: each load of the copy has a prefetch, in the row
+    loop's body (outside the copy's inner loops), of what that load reads COPY_AHEAD rows later at the inner loops'
+    start. Values against torch."""
+    from fusegrad.codegen.prefetch import COPY_AHEAD
+    out: list = []
+    programs = _programs(monkeypatch, lambda: out.append(_input_gradient(4, 256, 2)))
+    ours, ref = out[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
+    p = next(p for p in programs if any(u.op is Ops.RANGE and range_kind(u) == "copy" for u in p.uops))
+    copies = [u for u in p.uops if u.op is Ops.RANGE and range_kind(u) == "copy"]
+    fetches = [u for u in p.uops if u.op is Ops.PREFETCH]
+    assert fetches and "__builtin_prefetch" in p.src
+    row = copies[0]
+    # (the loops outside the copy at their second iteration, the copy's inner loops at their first)
+    fixed = {r: 1 for r in p.uops if r.op is Ops.RANGE and r not in copies} | {r: 0 for r in copies[1:]}
+    loads = [u for u in p.uops if u.op is Ops.LOAD and u.src[0].op is Ops.INDEX and
+             u.src[0].src[0].op is Ops.DEFINE_GLOBAL and row in u.src[0].src[1].toposort()]
+    for f in fetches:
+        assert row in f.src[0].src[1].toposort() and not any(r in f.src[0].src[1].toposort() for r in copies[1:])
+    for i in (0, 3):
+        asked = sorted(_at(f.src[0].src[1], {**fixed, row: i}) for f in fetches)
+        read_later = sorted({_at(ld.src[0].src[1], {**fixed, row: i + COPY_AHEAD}) for ld in loads})
+        assert asked == read_later
+
+def test_copy_of_a_small_weight_has_no_prefetch(monkeypatch: pytest.MonkeyPatch):
+    """64 channels (147 KB of weights, in cache): no prefetch."""
+    out: list = []
+    programs = _programs(monkeypatch, lambda: out.append(_input_gradient(4, 64, 2)))
+    np.testing.assert_allclose(out[0][0], out[0][1], rtol=1e-4, atol=1e-4)
+    assert programs and not any(u.op is Ops.PREFETCH for p in programs for u in p.uops)
