@@ -80,3 +80,13 @@ def test_transpose_of_views():
                      (t.T.pad(((0, 0), (16, 16))), np.pad(x.T, ((0, 0), (16, 16)))),
                      (t[:64, 32:].T, x[:64, 32:].T), (t.flip(0).T, x[::-1].T), (t.flip(1).T * 2, x[:, ::-1].T * 2)):
         np.testing.assert_array_equal(got.contiguous().numpy(), ref)
+
+def test_window_taps_merge_into_a_tiled_transpose():
+    """A 3x3 stride-2 convolution's weights copied with the output channels innermost (512 x 256 x 3 x 3 ->
+    (256 x 3 x 3) x 512): the input channels and both taps are one loop of 2304 (found in two merges: the taps alone
+    make 9, no whole vectors), so the copy is a transpose in tiles. Values against numpy."""
+    w = RS.randn(512, 256, 3, 3).astype(np.float32)
+    t = Tensor(w).realize()
+    p = kernel_of(t.permute(1, 2, 3, 0).contiguous())
+    assert any(o.op is OptOps.PACK for o in p.applied_opts), (p.name, p.applied_opts)
+    np.testing.assert_array_equal(t.permute(1, 2, 3, 0).contiguous().numpy(), w.transpose(1, 2, 3, 0))
