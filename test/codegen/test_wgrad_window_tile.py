@@ -6,24 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import fusegrad.codegen as codegen
 from fusegrad import Tensor
 from fusegrad.codegen.opt import Kernel, OptOps
 from fusegrad.codegen.opt.heuristic import hand_coded_optimizations
 from fusegrad.uop.ops import UOp
-from test.codegen.helpers import AVX2, AVX512, renderer_like
+from test.codegen.helpers import AVX2, AVX512, captured_asts, renderer_like
 
 RS = np.random.default_rng(0)
 
 def weight_gradient(n: int, c: int, hw: int, monkeypatch: pytest.MonkeyPatch) -> UOp | None:
     """The AST of the kernel storing the weight gradient of a 3x3, padding 1 convolution of n x c x hw x hw to c
     channels, after checking the gradient's values against torch."""
-    seen: list[UOp] = []
-    plain = codegen.get_program
-    def record(ast, renderer, name=None, opts=None, quick=False):
-        seen.append(ast)
-        return plain(ast, renderer, name, opts, quick)
-    monkeypatch.setattr(codegen, "get_program", record)
+    seen = captured_asts(monkeypatch)
     x = RS.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = (RS.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
     g = RS.standard_normal((n, c, hw, hw)).astype(np.float32)

@@ -120,6 +120,18 @@ def uniquify_reduce_ranges(ast: UOp) -> UOp:
 # until they run out of memory (`Tensor.ones(*[2]*24) + 1`: 24 loops of 2, over a minute of gcc)
 MAX_OUTPUT_LOOPS = 8
 
+def _loops_used_outside_addresses(topo: list[UOp], idxs: list[UOp]) -> set[UOp]:
+    """The loops that a gate or a value uses (a padding check, an iota): merged with a neighbour, they would need their
+    own range back."""
+    addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
+    blocked: set[UOp] = set()
+    for u in topo:
+        if u.op is _INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
+        elif u in addresses or u.op is _REDUCE: continue
+        else: uses = [x for s in u.src if s.op is _RANGE or s in addresses for x in s.toposort()]
+        blocked.update(x for x in uses if x.op is _RANGE)
+    return blocked
+
 def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
     """Adjacent output loops that every memory access addresses as one (the outer loop's coefficient is the inner
     loop's size times the inner's, and neither appears outside the addresses) become one loop of their product
@@ -144,14 +156,7 @@ def merge_contiguous_loops(ast: UOp, lanes: int, always: bool = False) -> UOp:
         return ast
     topo = ast.toposort()
     idxs = [u for u in topo if u.op is _INDEX]
-    addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
-    # a loop that a gate or a value uses (a padding check, an iota) keeps its own range
-    blocked: set[UOp] = set()
-    for u in topo:
-        if u.op is _INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
-        elif u in addresses or u.op is _REDUCE: continue
-        else: uses = [x for s in u.src if s.op is _RANGE or s in addresses for x in s.toposort()]
-        blocked.update(x for x in uses if x.op is _RANGE)
+    blocked = _loops_used_outside_addresses(topo, idxs)
     coeffs = {r: [coeff(idx.src[1], r) for idx in idxs] for r in outs}
     def size(run: list[UOp]) -> int | UOp:
         sizes = [range_size(r) for r in run]
@@ -198,14 +203,12 @@ def merge_contiguous_reduce_loops(ast: UOp, lanes: int) -> UOp:
     topo = ast.toposort()
     reds = [u for u in topo if u.op is _REDUCE and len(u.src) > 2]
     if lanes < 2 or not reds: return ast
+    # (most reductions have no pair to merge: they skip the walks below, which run for every kernel compiled)
+    if not any(isinstance(a := range_size(x), int) and isinstance(b := range_size(y), int) and a > 1 and b > 1 and
+               b % lanes != 0 for red in reds for x, y in zip(red.src[1:], red.src[2:])):
+        return ast
     idxs = [u for u in topo if u.op is _INDEX]
-    addresses = set(UOp.sink_of(*[idx.src[1] for idx in idxs]).toposort())
-    blocked: set[UOp] = set()
-    for u in topo:
-        if u.op is _INDEX: uses = [x for g in u.src[2:] for x in g.toposort()]
-        elif u in addresses or u.op is _REDUCE: continue
-        else: uses = [x for s in u.src if s.op is _RANGE or s in addresses for x in s.toposort()]
-        blocked.update(x for x in uses if x.op is _RANGE)
+    blocked = _loops_used_outside_addresses(topo, idxs)
     # each loop's (outer, inner) neighbours in every reduction that names it
     neighbours: dict[UOp, set[tuple[UOp | None, UOp | None]]] = {}
     for red in reds:
