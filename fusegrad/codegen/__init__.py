@@ -13,6 +13,7 @@ from fusegrad.codegen.opt.heuristic_gpu import gpu_optimizations
 from fusegrad.codegen.opt.tc import fuse_wmma
 from fusegrad.codegen.prefetch import prefetch_copied_rows, prefetch_streams
 from fusegrad.codegen.reuse import store_once
+from fusegrad.codegen.store_order import order_lane_stores
 from fusegrad.codegen.transcendental import rewrite_transcendental
 from fusegrad.dtype import PtrDType, dtypes
 from fusegrad.helpers import NOOPT
@@ -44,7 +45,8 @@ def _lower(opt_ast: UOp, renderer: Renderer, use_fma: bool, quick: bool) -> tupl
     if getattr(renderer, "has_local", False): sink = launch_grid(sink, tuple(getattr(renderer, "global_max", ())))
     sink = rewrite_transcendental(sink, renderer)
     for vec in ctx.vecs: sink = vectorize(sink, vec, range_size(vec), tuple(renderer.vector_dtypes))
-    return simplify_indexing(prefetch_copied_rows(prefetch_streams(sink, renderer), renderer)), ctx.rolled
+    sink = simplify_indexing(prefetch_copied_rows(prefetch_streams(sink, renderer), renderer))
+    return order_lane_stores(sink, renderer), ctx.rolled
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> list[UOp]:
     """The linearized UOps of a kernel AST."""

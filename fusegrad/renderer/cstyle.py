@@ -17,7 +17,7 @@ from fusegrad import hostcpu
 from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer, transpose_network
-from fusegrad.uop.affine import coeff
+from fusegrad.uop.affine import base_and_offset, coeff
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
@@ -922,7 +922,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             else: continue
             if (first := lanes[0].src[0]).op is not Ops.INDEX or (g.op is _VECTORIZE and len(first.src) > 2):
                 continue
-            buf, gate, base = first.src[0], first.src[2:], _base_and_offset(first.src[1])[0]
+            buf, gate, base = first.src[0], first.src[2:], base_and_offset(first.src[1])[0]
             if not all(_in_run(x.src[0], buf, gate, base) for x in lanes): continue
             # back from the group's node (after its lanes) to its first lane, through what comes between
             seen_by, todo, j = (Ops.LOAD, Ops.STORE) if g.op is _NOOP else (Ops.STORE,), set(lanes), i
@@ -945,8 +945,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         """The pointer and the vector of 32-bit offsets from it that the lanes' accesses (found by _find_lane_runs)
         address."""
         idx = lanes[0].src[0]
-        base, _ = _base_and_offset(idx.src[1])
-        offsets = [str(_base_and_offset(x.src[0].src[1])[1]) for x in lanes]
+        base, _ = base_and_offset(idx.src[1])
+        offsets = [str(base_and_offset(x.src[0].src[1])[1]) for x in lanes]
         ptr = k.r[idx.src[0]] if base is None else f"{k.r[idx.src[0]]}+{k.r[base]}"
         return ptr, self.vector_literal(dtypes.int32.vec(len(lanes)), offsets)
 
@@ -1061,14 +1061,8 @@ _OP_OF = operator.attrgetter("op")
 def _in_run(idx: UOp, buf: UOp, gate: tuple[UOp, ...], base: UOp | None) -> bool:
     """Whether `idx` is an INDEX of `buf` under `gate` at `base` plus a 32-bit constant."""
     if idx.op is not Ops.INDEX or idx.src[0] is not buf or idx.src[2:] != gate: return False
-    b, offset = _base_and_offset(idx.src[1])
+    b, offset = base_and_offset(idx.src[1])
     return b is base and abs(offset) < 2**31
-
-def _base_and_offset(x: UOp) -> tuple[UOp | None, int]:
-    """An index expression as (its part that isn't a constant, or None, and the constant added to it)."""
-    if x.op is Ops.CONST: return None, x.arg
-    if x.op is Ops.ADD and x.src[1].op is Ops.CONST: return x.src[0], x.src[1].arg
-    return x, 0
 
 def _is_mask(x: UOp) -> bool: return _is_mask_dtype(x.dtype)
 def _is_mask_dtype(dt: DType) -> bool: return dt.count > 1 and dt.scalar() == dtypes.bool

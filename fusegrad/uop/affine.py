@@ -15,6 +15,12 @@ def range_size(r: UOp) -> int | UOp:
     """The trip count of a RANGE: an int when constant, else the (symbolic) end expression."""
     return r.src[0].arg if r.src[0].op is _CONST else r.src[0]
 
+def base_and_offset(x: UOp) -> tuple[UOp | None, int]:
+    """An index expression as (its part that isn't a constant, or None, and the constant added to it)."""
+    if x.op is _CONST: return None, x.arg
+    if x.op is _ADD and x.src[1].op is _CONST: return x.src[0], x.src[1].arg
+    return x, 0
+
 def coeff(x: UOp, r: UOp, memo: dict[UOp, int | None] | None = None) -> int | None:
     """c such that x == c*r + (terms without r), or None when r appears non-affinely (or with a symbolic factor).
     `memo`: the coefficients of r in nodes seen before (kept by a caller asking about many expressions of one
