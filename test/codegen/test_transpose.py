@@ -90,3 +90,17 @@ def test_window_taps_merge_into_a_tiled_transpose():
     p = kernel_of(t.permute(1, 2, 3, 0).contiguous())
     assert any(o.op is OptOps.PACK for o in p.applied_opts), (p.name, p.applied_opts)
     np.testing.assert_array_equal(t.permute(1, 2, 3, 0).contiguous().numpy(), w.transpose(1, 2, 3, 0))
+
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.uint16, dtypes.float16])
+def test_tile_copy_transposes_whole_vectors_in_registers(dt):
+    """Where the renderer transposes blocks in registers, each 32x32 tile is copied as blocks of a vector's count
+    (the output's inner loop upcast that far: TRANSPOSED_COPY), what fills a register: 16 float32s on AVX-512 and 8
+    on AVX2, 32 uint16s only where they fit (AVX-512). Values against numpy."""
+    x = values((256, 192), dt)
+    p = kernel_of(Tensor(x).realize().T.contiguous())
+    ren = Device["CPU"].renderer
+    w = ren.simd_bytes // dt.itemsize if ren.transposed_copy and dt in ren.vector_dtypes else 1
+    copies = [u for u in p.uops if u.op is Ops.TRANSPOSED_COPY]
+    if 1 < w and 32 % w == 0: assert copies and all(u.arg[0] == w for u in copies), (p.name, p.applied_opts)
+    else: assert not copies, (p.name, p.applied_opts)
+    np.testing.assert_array_equal(Tensor(x).T.contiguous().numpy(), x.T)

@@ -17,7 +17,8 @@ from fusegrad.uop.ops import GroupOp, Ops, UOp
 
 # (Python 3.11's Enum metaclass has a __getattr__, which makes every `Ops.X` lookup slow: the loops over every
 # node compare against module-level names)
-_ADD, _AND, _CONST, _DEFINE_GLOBAL, _EXP2, _IDIV = Ops.ADD, Ops.AND, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.EXP2, Ops.IDIV
+_ADD, _AND, _CAST, _CONST, _DEFINE_GLOBAL, _EXP2 = Ops.ADD, Ops.AND, Ops.CAST, Ops.CONST, Ops.DEFINE_GLOBAL, Ops.EXP2
+_IDIV = Ops.IDIV
 _LOAD, _LOG2, _MAX, _MOD, _RANGE, _REDUCE, _SIN = Ops.LOAD, Ops.LOG2, Ops.MAX, Ops.MOD, Ops.RANGE, Ops.REDUCE, Ops.SIN
 
 def _largest_divisor(n: int, choices: tuple[int, ...]) -> int:
@@ -1226,12 +1227,30 @@ def _tile_transpose(k: Kernel) -> bool:
         if not all(isinstance(sz, int) and sz % t == 0 and sz >= 2 * t for sz in sizes): continue
         # split both loops into tiles and move the tile loops inside: ..., i/t, ..., j/t, i%t, j%t
         if (ai := k.loops.index(i)) > k.loops.index(j): continue
+        w = _register_transpose_width(k, idx)
         k.apply_opt(Opt(OptOps.SPLIT, ai, sizes[0] // t))
         k.apply_opt(Opt(OptOps.SPLIT, aj := k.loops.index(j), sizes[1] // t))
         k.apply_opt(Opt(OptOps.SWAP, ai + 1, aj))
+        if w > 1 and t % w == 0:
+            k.apply_opt(Opt(OptOps.UPCAST, len(k.loops) - 1, w))
         k.apply_opt(Opt(OptOps.PACK, len(k.loops) - 3, idx.src[0].arg))
         return True
     return False
+
+def _register_transpose_width(k: Kernel, idx: UOp) -> int:
+    """The vector count whose blocks the tile copy of load `idx` can transpose in registers (its PACK with the
+    output's inner loop upcast that far: a TRANSPOSED_COPY), or 1. Each 16x16 block is 16 loads, 64 shuffles and 16
+    stores where the element-by-element copy took 256 of each: a Winograd transform's 2304x512 transpose (b8, 64px
+    ResNet-18) 0.20 -> 0.07 ms on warm buffers."""
+    dt = idx.dtype.base
+    if not getattr(k.renderer, "transposed_copy", False) or dt not in getattr(k.renderer, "vector_dtypes", ()) or \
+            len(idx.src) > 2:
+        return 1
+    # (a load only ever converted is packed converted, element by element)
+    topo = k.ast.toposort()
+    loads = {u for u in topo if u.op is _LOAD and u.src[0] is idx}
+    if all(u.op is _CAST for u in topo if any(x in loads for x in u.src)): return 1
+    return max(getattr(k.renderer, "simd_bytes", 0) // dt.itemsize, 1)
 
 REMAINDER_LANES = 8
 
