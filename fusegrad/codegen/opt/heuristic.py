@@ -538,8 +538,34 @@ def _vectorize_reduction(ctx: OptContext) -> bool:
         if tiled < 4 and rem is not None and isinstance(rs := range_size(rem), int):
             if (extra := _largest_divisor(rs, (4, 2))) > 1 and rs >= 2 * extra: ctx.split(OptOps.UPCAST, rem, extra)
         _block_weight_gradient(ctx, tiled)
+        _pack_aliased_lanes(ctx)
         return True
     return False
+
+ALIAS_BYTES, ALIASED_LANES, ALIAS_MIN_REUSE = 4096, 4, 16
+
+def _pack_aliased_lanes(ctx: OptContext) -> None:
+    """A vectorized reduction's load whose upcast output lanes (a tile's channels) lie a multiple of 4 KB apart, at
+    least ALIASED_LANES of them, is copied to a contiguous block (PACK) at the outermost output loop it moves with,
+    where the output loops inside that it doesn't move with read the block ALIAS_MIN_REUSE times or more. Each step
+    of the reduction otherwise loads one vector from each of those planes, all at one offset within a page: the
+    64px ResNet-18 stem's weight gradient (planes of 32x32 floats, 4 channels of the output gradient per step) 1.45
+    -> 1.05 ms on warm scratch buffers."""
+    k = ctx.k
+    outs = k.loops[:k.first_reduce]
+    for idx in ctx.loads():
+        if idx.src[0].op is not _DEFINE_GLOBAL or len(idx.src) > 2: continue
+        item = idx.src[0].dtype.base.itemsize
+        if not any(range_size(o) >= ALIASED_LANES and (c := coeff(idx.src[1], o)) not in (0, None) and
+                   (c * item) % ALIAS_BYTES == 0 for o in k.expanded):
+            continue
+        moving = [i for i, o in enumerate(outs) if coeff(idx.src[1], o) != 0]
+        if not moving: continue
+        reuse = _trip_product([o for o in outs[moving[0] + 1:] if coeff(idx.src[1], o) == 0])
+        if reuse < ALIAS_MIN_REUSE: continue
+        try: k.apply_opt(Opt(OptOps.PACK, moving[0], idx.src[0].arg))
+        except KernelOptError: continue
+        return
 
 GATHER_VECTORS = 2
 
