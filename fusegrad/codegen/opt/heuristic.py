@@ -87,6 +87,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     _upcast_remainder_lanes(ctx)
     _upcast_output_windows(ctx)
     _unroll_reduce_remainders(ctx)
+    _independent_sums(ctx)
     return k.applied_opts
 
 def _shape_elementwise(k: Kernel) -> list[Opt] | None:
@@ -752,6 +753,26 @@ def _unroll_reduce_remainders(ctx: OptContext) -> None:
         if c is None: continue
         k.apply_opt(Opt(OptOps.UNROLL, k.loops.index(r), 0 if c == sz else c))
         lanes *= c
+
+INDEPENDENT_SUMS, INDEPENDENT_SUMS_MIN_STEPS = 4, 16
+
+def _independent_sums(ctx: OptContext) -> None:
+    """Step 8: a reduction left in scalar code (nothing upcast along an output loop: its loads are strided along every
+    loop, a batch norm's gradient gathered from a strided convolution's phases) has its innermost output loop upcast
+    by INDEPENDENT_SUMS, so that many outputs' sums run side by side where each addition waited on the one before:
+    ResNet-18's 128 channels over 16x8x8 (4 phases added per step) 0.10 -> 0.043 ms. Only over reductions of at
+    least INDEPENDENT_SUMS_MIN_STEPS steps (a short one is no chain), and where the cores still split evenly."""
+    k = ctx.k
+    # (one reduction: several per row, a cross-entropy's max and sum over 10 classes, are short chains each)
+    if len(k.reduceops) != 1 or any(range_kind(o) == "upcast" for o in k.expanded): return
+    if _trip_product([k.loops[i] for i in k.reduce_axes()]) < INDEPENDENT_SUMS_MIN_STEPS: return
+    for r in reversed(k.loops[:k.first_reduce]):
+        if not isinstance(sz := range_size(r), int) or sz < 2: continue
+        amt = _largest_divisor(sz, tuple(a for a in (INDEPENDENT_SUMS, 2) if _leaves_cores_even(ctx, r, a)))
+        if amt > 1:
+            try: k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), amt))
+            except KernelOptError: pass
+        return
 
 def _broadcast_sharing(k: Kernel, vec: UOp) -> UOp | None:
     """The innermost output loop (other than the vector's) of at least 2 iterations that some load moves with neither
