@@ -239,7 +239,7 @@ _WINO_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1,
 # to the products (quadratic), enough tiles for the weights' transform (36 x cin x cout, made every call) to be
 # reused, and enough work for its four kernels' fixed cost. The bounds come from timing 3x3 convolutions both ways
 # (DESIGN.md, "Winograd convolutions").
-WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 32, 1 << 27
+WINO_MIN_CHANNELS, WINO_MIN_TILES, WINO_MIN_FLOPS = 64, 64, 1 << 27
 # In training the output is copied into image rows. What reads it there are reductions: a batch norm's statistics
 # and its backward's sums over (batch, pixels) per channel, and the next layers' gradients, which come out of
 # Winograd convolutions too. Read through the tile order they loaded scalars across 16 planes 16-64K floats apart

@@ -129,10 +129,12 @@ def test_other_dtypes_stay_direct(small_gate, dtype):
 
 def test_small_convolutions_stay_direct():
     # the default gate: few channels, few tiles or little work compute directly (Winograd's fixed cost would dominate)
-    for xs, cout in (((8, 32, 16, 16), 32), ((2, 512, 7, 7), 512), ((1, 64, 14, 14), 64), ((4, 128, 8, 8), 128)):
+    # (32 tiles: ResNet-18's 128 channels of 8x8 at batch 8, its last layers at 224px)
+    for xs, cout in (((8, 32, 16, 16), 32), ((2, 512, 7, 7), 512), ((1, 64, 14, 14), 64), ((4, 128, 8, 8), 128),
+                     ((8, 128, 8, 8), 128), ((8, 512, 7, 7), 512)):
         assert not _uses_winograd(xs, (cout, xs[1], 3, 3), padding=1), xs
-    # and where it pays: ResNet-18's last layers (32 tiles of 512 channels), one 56x56 image of 64 channels
-    for xs, cout in (((8, 512, 7, 7), 512), ((1, 64, 56, 56), 64), ((16, 64, 16, 16), 64)):
+    # and where it pays: 64 tiles of 512 channels (training's batch of 16), one 56x56 image of 64 channels
+    for xs, cout in (((16, 512, 7, 7), 512), ((1, 64, 56, 56), 64), ((16, 64, 16, 16), 64), ((16, 128, 8, 8), 128)):
         assert _uses_winograd(xs, (cout, xs[1], 3, 3), padding=1), xs
 
 def test_too_small_input_raises_conv2d_error(small_gate):
