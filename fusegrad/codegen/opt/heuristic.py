@@ -1307,11 +1307,15 @@ def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
             if u.op in (_IDIV, _MOD) and u.src[1].op is _CONST and coeff(u.src[0], r) == 1}
 
 def _store_loop(k: Kernel, strided: bool = False) -> UOp | None:
-    """The innermost output loop that every store is contiguous along (with `strided`: moves along, by any step)."""
+    """The innermost output loop that every store is contiguous along (with `strided`: moves along, by any step), or
+    doesn't move with at all (a per-row statistic stored beside the rows, a batch norm's inverse deviation: made
+    once outside the loop), some store moving."""
     stores = [idx for idx, is_store in k.accesses() if is_store]
     def fits(c: int | None) -> bool: return c not in (0, None) if strided else c == 1
-    return next((r for r in reversed(k.loops[:k.first_reduce]) if all(fits(coeff(idx.src[1], r)) for idx in stores)),
-                None)
+    def moves(r: UOp) -> bool:
+        steps = [coeff(idx.src[1], r) for idx in stores]
+        return all(c == 0 or fits(c) for c in steps) and any(fits(c) for c in steps)
+    return next((r for r in reversed(k.loops[:k.first_reduce]) if moves(r)), None)
 
 def _vectorize_gated(k: Kernel, width: int, strided: bool = False) -> bool:
     """An elementwise kernel with gated loads (a padded copy, a reflecting pad, a concatenation along the rows),
