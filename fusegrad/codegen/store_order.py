@@ -53,8 +53,8 @@ def _offset(st: UOp) -> int: return base_and_offset(st.src[0].src[1])[1]
 
 def _store_run(run: list[UOp]) -> UOp:
     """One vector store of a run of scalar stores at consecutive addresses."""
-    idx = run[0].src[0]
     if len(run) == 1: return run[0]
+    idx = run[0].src[0]
     assert isinstance(idx.src[0].dtype, PtrDType)
     vidx = UOp(_INDEX, idx.src[0].dtype.vec(len(run)), idx.src)
     value = UOp(_VECTORIZE, run[0].src[1].dtype.vec(len(run)), tuple(st.src[1] for st in run))
@@ -74,7 +74,7 @@ def _stores_in_order(ctx: StoreOrderCtx, x: UOp) -> UOp | None:
     groups: dict[tuple, list[int]] = {}
     for i, s in enumerate(x.src):
         if (key := _lane_group_key(s)) is not None and key[0] not in ctx.loaded:
-            groups.setdefault((key[0], key[1], key[2]), []).append(i)
+            groups.setdefault(key, []).append(i)
     new_src: list[UOp | None] = list(x.src)
     for key, where in groups.items():
         if len(where) < 2: continue

@@ -116,3 +116,15 @@ def test_resnet_stem_stores_its_channels_in_address_order():
     assert stores and all(st.src[1].dtype.count >= 4 for st in stores)
     offsets = [base_and_offset(st.src[0].src[1])[1] for st in stores]
     assert offsets == sorted(offsets)
+
+@pytest.mark.parametrize("dt,tol", [(dtypes.float64, 1e-9), (dtypes.float16, 2e-3), (dtypes.bfloat16, 2e-2)])
+def test_stem_in_other_dtypes_against_torch(dt, tol: float):
+    """The stem's shape in float64 (8-lane vectors) and the half types (their vectors stored through conversions),
+    against torch in float64 on the same rounded inputs."""
+    rng_ = np.random.default_rng(11)
+    x = Tensor(rng_.standard_normal((2, 3, 64, 64)).astype(np.float32)).cast(dt)
+    w = Tensor((rng_.standard_normal((64, 3, 7, 7)) * 0.05).astype(np.float32)).cast(dt)
+    got = x.conv2d(w, stride=2, padding=3).cast(dtypes.float64).numpy()
+    want = torch.nn.functional.conv2d(torch.tensor(x.cast(dtypes.float64).numpy()),
+                                      torch.tensor(w.cast(dtypes.float64).numpy()), stride=2, padding=3).numpy()
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
