@@ -70,3 +70,27 @@ def test_strided_max_pool_is_vectorized(monkeypatch: pytest.MonkeyPatch):
     assert any(o.op is OptOps.UNROLL for o in opts)
     vec = lower.choose_vector_axis(k.get_optimized_ast(), ren)
     assert vec is not None and vec.arg[1] == "upcast"
+
+
+@pytest.mark.parametrize("shape", [(16, 64, 32, 32), (2, 5, 33, 35), (1, 3, 18, 20)])
+def test_strided_max_pool_gradient(monkeypatch: pytest.MonkeyPatch, shape):
+    """The 3x3 stride-2 pool's input gradient (a sum over the windows each pixel is in, their loads gated by the
+    pool's phase): values against torch, and on the kernel that stores it, the window unrolled, the row vectorized
+    and another output loop's windows side by side (upcast by 4 or 2 where that divides it)."""
+    x = RS.standard_normal(shape).astype(np.float32)
+    g = RS.standard_normal((shape[0], shape[1], (shape[2] + 1) // 2, (shape[3] + 1) // 2)).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.max_pool2d(tx, 3, 2, 1) * torch.tensor(g)).sum().backward()
+    asts = captured_asts(monkeypatch)
+    fx = Tensor(x, requires_grad=True)
+    (fx.max_pool2d(kernel_size=3, stride=2, padding=1) * Tensor(g)).sum().backward()
+    assert fx.grad is not None and tx.grad is not None
+    np.testing.assert_allclose(fx.grad.numpy(), tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+    from fusegrad.device import Device
+    ren = Device["CPU"].renderer
+    stored = [a for a in asts if any(st.src[0].src[0].dtype.size == x.size for st in a.src)]
+    assert stored
+    opts = hand_coded_optimizations(Kernel(stored[-1], ren))
+    if shape == (16, 64, 32, 32) and ren.simd_bytes >= 32:
+        ups = [o for o in opts if o.op is OptOps.UPCAST]
+        assert any(o.op is OptOps.UNROLL for o in opts) and len(ups) == 2 and ups[1].arg == 4, opts
