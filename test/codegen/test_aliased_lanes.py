@@ -31,7 +31,8 @@ def _stem_weight_grad(monkeypatch: pytest.MonkeyPatch, n: int, side: int, co: in
     monkeypatch.setattr(heuristic, "_pack_aliased_lanes", lambda ctx: None)
     return got, tw.grad.numpy(), opts, heuristic.hand_coded_optimizations(Kernel(ast, renderer_like(AVX512)))
 
-@pytest.mark.parametrize("n,side,co", [(4, 64, 64), (2, 128, 64), (16, 64, 64)])
+# (batches no other test's stem takes: the kernels are compiled here, not taken from the method cache)
+@pytest.mark.parametrize("n,side,co", [(5, 64, 64), (3, 128, 64), (7, 64, 64)])
 def test_channels_a_page_apart_are_packed(monkeypatch: pytest.MonkeyPatch, n: int, side: int, co: int):
     """Output-gradient planes of 32x32 and 64x64 floats (4 KB, 16 KB), 4 channels per tile: packed (the opts without
     the rule, and a PACK of the output gradient after them)."""
@@ -43,6 +44,6 @@ def test_channels_a_page_apart_are_packed(monkeypatch: pytest.MonkeyPatch, n: in
 def test_planes_not_a_page_multiple_are_left(monkeypatch: pytest.MonkeyPatch, side: int):
     """Planes of 28x28 and 24x24 floats (3136 and 2304 bytes: consecutive channels fall at different offsets in a
     page): the rule adds nothing."""
-    got, want, opts, without = _stem_weight_grad(monkeypatch, 4, side)
+    got, want, opts, without = _stem_weight_grad(monkeypatch, 5, side)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
     assert opts == without

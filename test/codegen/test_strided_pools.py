@@ -72,7 +72,8 @@ def test_strided_max_pool_is_vectorized(monkeypatch: pytest.MonkeyPatch):
     assert vec is not None and vec.arg[1] == "upcast"
 
 
-@pytest.mark.parametrize("shape", [(16, 64, 32, 32), (2, 5, 33, 35), (1, 3, 18, 20)])
+# (shapes no other test takes: the kernels are compiled here, not taken from the method cache)
+@pytest.mark.parametrize("shape", [(12, 64, 32, 32), (2, 5, 33, 35), (1, 3, 18, 20)])
 def test_strided_max_pool_gradient(monkeypatch: pytest.MonkeyPatch, shape):
     """The 3x3 stride-2 pool's input gradient (a sum over the windows each pixel is in, their loads gated by the
     pool's phase): values against torch, and on the kernel that stores it, the window unrolled, the row vectorized
@@ -91,6 +92,6 @@ def test_strided_max_pool_gradient(monkeypatch: pytest.MonkeyPatch, shape):
     stored = [a for a in asts if any(st.src[0].src[0].dtype.size == x.size for st in a.src)]
     assert stored
     opts = hand_coded_optimizations(Kernel(stored[-1], ren))
-    if shape == (16, 64, 32, 32) and ren.simd_bytes >= 32:
+    if shape == (12, 64, 32, 32) and ren.simd_bytes >= 32:
         ups = [o for o in opts if o.op is OptOps.UPCAST]
         assert any(o.op is OptOps.UNROLL for o in opts) and len(ups) == 2 and ups[1].arg == 4, opts

@@ -101,7 +101,7 @@ def _shape_elementwise(k: Kernel) -> list[Opt] | None:
     if _tile_transpose(k) or _unroll_selectors(k, lanes): return k.applied_opts
     if (remainders := _upcast_remainders(k)) or _split_at_remainders(k):
         # (the loop left after the remainder's lanes, vectorized when gcc's vectorizer isn't given the kernel)
-        _vectorize_gated(k, lanes, strided=remainders)
+        if not _vectorize_gated(k, lanes, strided=remainders) and remainders: _upcast_remainder_rows(k)
         return k.applied_opts
     if _vectorize_gated(k, lanes): return k.applied_opts
     halves = dtypes.float16 in getattr(k.renderer, "vector_dtypes", ())
@@ -1309,6 +1309,24 @@ def _register_transpose_width(k: Kernel, idx: UOp) -> int:
     return max(getattr(k.renderer, "simd_bytes", 0) // dt.itemsize, 1)
 
 REMAINDER_LANES = 8
+
+REMAINDER_TILE_LANES = 16
+
+def _upcast_remainder_rows(k: Kernel) -> None:
+    """After the store loop's remainder (`_upcast_remainders`), the output loops outside it that the loads also take
+    divided and modulo a small constant c (the rows of Winograd's 4x4 output tiles read as an image), innermost
+    first, upcast by c while the lanes stay within REMAINDER_TILE_LANES: each lane's loads are affine in every loop
+    left, where the row's remainder was computed and its loads addressed per row (ResNet-18's 64px forward, its
+    batch norm over the tiles of 16x16 images, warm: 0.031 -> 0.022 ms)."""
+    applied = math.prod(range_size(o) for o in k.expanded if range_kind(o) == "upcast")
+    store = _store_loop(k, strided=True)
+    for r in reversed(k.loops[:k.first_reduce]):
+        if r is store or not isinstance(sz := range_size(r), int): continue
+        c = max((c for c in _remainder_divisors(k, r) if 1 < c and applied * c <= REMAINDER_TILE_LANES and
+                 sz % c == 0 and sz > c), default=None)
+        if c is None: continue
+        k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), c))
+        applied *= c
 
 def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
     """The constants that a load's index divides output loop r by or takes it modulo (r with coefficient 1)."""
