@@ -72,19 +72,23 @@ def test_runs_are_cut_into_power_of_two_vectors_no_wider_than_a_register():
     sink16 = UOp(Ops.SINK, dtypes.void, tuple(_lane_groups(base, out, _vectors(16, 4), 512, list(range(16)))))
     assert [st.src[1].dtype.count for st in _stores(order_lane_stores(sink16, narrow))] == [4] * 16
 
-@pytest.mark.parametrize("case", ["apart", "loaded", "same_address", "one_vector"])
+@pytest.mark.parametrize("case", ["apart", "loaded", "same_address", "one_vector", "stored_elsewhere"])
 def test_stores_keep_their_order(case: str):
     """Vectors whose lanes share no neighbours (apart), into a buffer the kernel also loads, storing twice to one
-    address, or a single vector: the kernel is left as it is."""
+    address, a single vector, or beside another store into the buffer (a lane moved past it could land after it):
+    the kernel is left as it is."""
     out = glob(0, dtypes.float32, 1 << 16)
     base = rng(16, 0, "global") * 8
     n, starts = {"apart": (4, [0, 4, 8, 12]), "loaded": (4, [0, 1, 2, 3]), "same_address": (2, [0, 1024]),
-                 "one_vector": (1, [0])}[case]
+                 "one_vector": (1, [0]), "stored_elsewhere": (4, [0, 1, 2, 3])}[case]
     srcs = _lane_groups(base, out, _vectors(n, 16), 1024, starts)
     if case == "loaded":
         other = glob(1, dtypes.float32, 16)
         read = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, out.dtype, (out, base)),))
         srcs.append(UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, other.dtype, (other, rng(16, 0, "global"))), read)))
+    if case == "stored_elsewhere":
+        srcs.insert(2, UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, out.dtype, (out, base + 1025)),
+                                                    UOp.const(dtypes.float32, -1.0))))
     sink = UOp(Ops.SINK, dtypes.void, tuple(srcs))
     assert order_lane_stores(sink, renderer_like(AVX512)) is sink
 

@@ -1318,15 +1318,9 @@ def _upcast_remainder_rows(k: Kernel) -> None:
     first, upcast by c while the lanes stay within REMAINDER_TILE_LANES: each lane's loads are affine in every loop
     left, where the row's remainder was computed and its loads addressed per row (ResNet-18's 64px forward, its
     batch norm over the tiles of 16x16 images, warm: 0.031 -> 0.022 ms)."""
+    # (the store loop's remainder, upcast already, no longer divides: what is left of it steps by c)
     applied = math.prod(range_size(o) for o in k.expanded if range_kind(o) == "upcast")
-    store = _store_loop(k, strided=True)
-    for r in reversed(k.loops[:k.first_reduce]):
-        if r is store or not isinstance(sz := range_size(r), int): continue
-        c = max((c for c in _remainder_divisors(k, r) if 1 < c and applied * c <= REMAINDER_TILE_LANES and
-                 sz % c == 0 and sz > c), default=None)
-        if c is None: continue
-        k.apply_opt(Opt(OptOps.UPCAST, k.loops.index(r), c))
-        applied *= c
+    _upcast_remainders(k, REMAINDER_TILE_LANES // applied, innermost_only=False)
 
 def _remainder_divisors(k: Kernel, r: UOp) -> set[int]:
     """The constants that a load's index divides output loop r by or takes it modulo (r with coefficient 1)."""
