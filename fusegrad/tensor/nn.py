@@ -637,25 +637,23 @@ class NNMixin:
         # as well as on the shapes
         wino = _winograd_fits(self, weight, groups, s_, d_, flat, out_dt)
         wino_rows = wino and WINO_ROWS_IN_TRAINING and bool(_tensor_cls().training)
-        strided_copy = any(s > 1 for s in s_) and cout // groups >= 8 and not renderer_says(self.device, "has_local")
-        settings = (groups, s_, d_, tuple(flat), out_dt, wino, wino_rows, strided_copy,
+        settings = (groups, s_, d_, tuple(flat), out_dt, wino, wino_rows,
                     _im2col_fits(self, weight, groups, s_, d_, flat, out_dt))
         if bias is None: return templated(_conv_graph_without_bias, (self, weight), settings)
         return templated(_conv_graph_with_bias, (self, weight, bias), settings)
 
     def _conv_graph(self: Tensor, weight: Tensor, bias: Tensor | None, groups: int, s_: tuple[int, ...],
                     d_: tuple[int, ...], flat: tuple[int, ...], out_dt: DType, wino: bool, wino_rows: bool,
-                    strided_copy: bool, im2col: bool) -> Tensor:
+                    im2col: bool) -> Tensor:
         """conv2d's graph, its arguments checked; `wino`: by Winograd's F(4x4, 3x3) (_winograd_fits), its output
-        copied into image rows with `wino_rows` (WINO_ROWS_IN_TRAINING), `strided_copy`:
-        the weights copied with the output channels innermost (a strided convolution vectorized along them),
-        `im2col`: as a matmul of the windows copied into rows (_im2col_fits)."""
+        copied into image rows with `wino_rows` (WINO_ROWS_IN_TRAINING), `im2col`: as a matmul of the windows copied
+        into rows (_im2col_fits)."""
         bs, (cout, cin), hw = self.shape[0], weight.shape[:2], weight.shape[2:]
         n, flat = len(hw), list(flat)
         if all(k == 1 for k in hw) and any(s > 1 for s in s_) and all(type(v) is int for v in self.shape):
             # a strided 1x1 convolution reads every s-th pixel: the same 1x1 convolution of those pixels (a view)
-            # at stride 1, which is vectorized along the pixels as a matmul would be, where a strided one gets its
-            # weights copied to vectorize along the output channels (ResNet's downsampling)
+            # at stride 1, which is vectorized along the pixels as a matmul would be, where a strided one would be
+            # vectorized along the output channels (ResNet's downsampling)
             picked = self.pad(flat)._pool((1,) * n, s_)
             picked = picked.reshape(picked.shape[:2 + n])
             return picked.conv2d(weight, bias, groups, 1, 1, 0, out_dt)
@@ -679,17 +677,7 @@ class NNMixin:
         x = _views_of(x)
         x = x.reshape((bs, groups, cin, 1) + oyx + hw).expand((bs, groups, cin, rcout) + oyx + hw)
         x = _tensor_of(x.permute((0, 1, 3) + tuple(range(4, 4 + n)) + (2,) + tuple(range(4 + n, 4 + 2 * n))))
-        if strided_copy:
-            # a strided convolution is vectorized along its output channels (along its output rows each vector would
-            # gather every other pixel): a copy of the weights with the output channels innermost makes their loads
-            # contiguous. Not with fewer output channels per group than a vector (a depthwise convolution's one):
-            # nothing is vectorized along them, and the copy is a kernel launch of its own. Not on a GPU: its
-            # work-items read neighbouring pixels together, and a half copy's conversion would be kept in float32,
-            # which a tensor core doesn't take
-            order = tuple(range(1, n + 2)) + (0,)
-            laid_out = weight.permute(order).contiguous().permute(tuple(order.index(i) for i in range(n + 2)))
-        else: laid_out = weight
-        w = laid_out.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
+        w = weight.reshape((1, groups, rcout) + (1,) * n + (cin,) + hw)
         # products in the accumulation dtype (half and bfloat16 inputs: exact float32 products summed in float32 and
         # rounded once, as a matmul's: what torch computes, and the form a tensor core takes)
         ret = (x.cast(acc_dt) * w.cast(acc_dt)).sum(tuple(range(-1 - n, 0)))

@@ -82,7 +82,7 @@ def test_transpose_of_views():
         np.testing.assert_array_equal(got.contiguous().numpy(), ref)
 
 def test_window_taps_merge_into_a_tiled_transpose():
-    """A 3x3 stride-2 convolution's weights copied with the output channels innermost (512 x 256 x 3 x 3 ->
+    """3x3 convolution weights copied with the output channels innermost (512 x 256 x 3 x 3 ->
     (256 x 3 x 3) x 512): the input channels and both taps are one loop of 2304 (found in two merges: the taps alone
     make 9, no whole vectors), so the copy is a transpose in tiles. Values against numpy."""
     w = RS.randn(512, 256, 3, 3).astype(np.float32)

@@ -272,7 +272,7 @@ class Kernel:
         merged = merge_contiguous_loops(ast, lanes, always=gpu)
         # (again while it merges: runs are grown from the innermost loop out, and two loops whose product isn't whole
         # vectors (a 3x3 window's taps, 9) stay apart even where the outer loop would then make whole vectors of
-        # all three: a strided convolution's weights copied with the output channels innermost, 256 x 3 x 3 rows)
+        # all three: 3x3 convolution weights copied with the output channels innermost, 256 x 3 x 3 rows)
         while merged is not ast:
             ast, merged = merged, merge_contiguous_loops(merged, lanes, always=gpu)
         self.ast = uniquify_reduce_ranges(merged if gpu else merge_contiguous_reduce_loops(merged, lanes))
