@@ -47,3 +47,22 @@ def test_index_select_keeps_the_conditional():
     """A select on the loop indices alone (a padding mask: predictable) keeps C's conditional expression."""
     x = Tensor(RS.standard_normal((5, 5)).astype(np.float32)).realize()
     assert all("fg_bitsel_" not in s for s in sources(lambda: x.pad(((1, 1), (1, 1))).contiguous()))
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_loaded_mask_in_a_reduction_selects_in_a_vector_register(dt):
+    """A reduction whose condition is a loaded bool (a relu mask the forward stored) selects in a vector register
+    (`_vector_select`), where an elementwise kernel keeps the bit operations: the same values as numpy, nan,
+    infinities and signed zeros in both operands."""
+    m = RS.random((4, 8, 5, 5)) > 0.5
+    a, b = with_specials((4, 8, 5, 5), dt), with_specials((4, 8, 5, 5), dt)[::-1].copy()
+    mt, at, bt = Tensor(m).realize(), Tensor(a).realize(), Tensor(b).realize()
+    make = lambda: mt.where(at, bt).sum((0, 2, 3))
+    (src,) = sources(make)
+    assert "fg_vsel1_" in src and not re.search(r"\?\s*val", src)
+    want = np.where(m, a, b).sum((0, 2, 3))
+    np.testing.assert_allclose(make().numpy(), want, rtol=1e-5 if dt == np.float32 else 1e-12, atol=1e-5)
+    # elementwise, the bit operations, and the same bits as numpy
+    (ew,) = sources(lambda: mt.where(at, bt))
+    assert "fg_vsel1_" not in ew
+    got = mt.where(at, bt).numpy()
+    assert np.array_equal(got.view(f"u{got.itemsize}"), np.where(m, a, b).view(f"u{got.itemsize}"))
