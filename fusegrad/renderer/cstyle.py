@@ -1188,30 +1188,28 @@ class ClangRenderer(CStyleLanguage):
         # ran slower that way, 0.04 -> 0.08 and 0.04 -> 0.06 ms)
         if u.op is _WHERE and u.dtype in (dtypes.float32, dtypes.float64) and \
                 any(x.op is _LOAD for x in u.src[0].toposort()):
-            vector = u.src[0].op is _LOAD and k.accumulates
-            helper = self._vector_select(u.dtype) if vector else self._bit_select(u.dtype)
+            helper = self._bit_select(u.dtype, in_vector=u.src[0].op is _LOAD and k.accumulates)
             k.assign(u, f"{helper}({k.r[u.src[0]]}, {k.r[u.src[1]]}, {k.r[u.src[2]]})", "alu")
             return
         CStyleLanguage._alu(self, k, u)
 
-    def _bit_select(self, dt: DType) -> str:
-        """A helper choosing between two floats of `dt` by a condition without a branch: their bits masked."""
+    def _bit_select(self, dt: DType, in_vector: bool = False) -> str:
+        """A helper choosing between two floats of `dt` by a condition without a branch: their bits masked, in the
+        integer registers or, `in_vector`, in a vector register (the values stay in the float registers)."""
         t, it = self.dtype_name(dt), "unsigned long long" if dt.itemsize == 8 else "unsigned int"
-        name = f"fg_bitsel_{_SHORT[dt]}"
-        return self._need(name, f"static inline __attribute__((always_inline)) {t} {name}(_Bool c, {t} a, {t} b) {{\n"
-                                f"  {it} m = -({it})c, x, y; __builtin_memcpy(&x, &a, sizeof x); "
-                                f"__builtin_memcpy(&y, &b, sizeof y);\n"
-                                f"  x = (x & m) | (y & ~m); {t} r; __builtin_memcpy(&r, &x, sizeof r); return r;\n}}")
-
-    def _vector_select(self, dt: DType) -> str:
-        """_bit_select's choice with the masking done in a vector register (the values stay in the float registers)."""
-        t, it = self.dtype_name(dt), "unsigned long long" if dt.itemsize == 8 else "unsigned int"
-        name = f"fg_vsel1_{_SHORT[dt]}"
-        return self._need(name, f"static inline __attribute__((always_inline)) {t} {name}(_Bool c, {t} a, {t} b) {{\n"
-                                f"  typedef {t} fv __attribute__((vector_size(16)));\n"
-                                f"  typedef {it} uv __attribute__((vector_size(16)));\n"
-                                f"  uv m = {{-({it})c}}; uv x = (uv)(fv){{a}}, y = (uv)(fv){{b}};\n"
-                                f"  return ((fv)((x & m) | (y & ~m)))[0];\n}}")
+        if in_vector:
+            name = f"fg_vsel1_{_SHORT[dt]}"
+            body = (f"  typedef {t} fv __attribute__((vector_size(16)));\n"
+                    f"  typedef {it} uv __attribute__((vector_size(16)));\n"
+                    f"  uv m = {{-({it})c}}; uv x = (uv)(fv){{a}}, y = (uv)(fv){{b}};\n"
+                    f"  return ((fv)((x & m) | (y & ~m)))[0];")
+        else:
+            name = f"fg_bitsel_{_SHORT[dt]}"
+            body = (f"  {it} m = -({it})c, x, y; __builtin_memcpy(&x, &a, sizeof x); "
+                    f"__builtin_memcpy(&y, &b, sizeof y);\n"
+                    f"  x = (x & m) | (y & ~m); {t} r; __builtin_memcpy(&r, &x, sizeof r); return r;")
+        return self._need(name, f"static inline __attribute__((always_inline)) {t} {name}(_Bool c, {t} a, {t} b) "
+                                f"{{\n{body}\n}}")
 
     op_renderers = {**CStyleLanguage.op_renderers, Ops.WHERE: _where}
 
