@@ -99,8 +99,8 @@ def sweep_key(dev: str, n: int) -> None:
                *time_kernel(dev, kernel_ast(x.conv2d(w, stride=stride, padding=k // 2))),
                flops=2.0 * 32 * cout * out * out * cin * k * k)
 
-def sweep_matmuls(dev: str, n: int) -> None:
-    for dt in (dtypes.half, dtypes.float32):
+def sweep_matmuls(dev: str, n: int, dts: tuple = (dtypes.half, dtypes.float32)) -> None:
+    for dt in dts:
         ast = kernel_ast(Tensor.empty(n, n, dtype=dt, device=dev) @ Tensor.empty(n, n, dtype=dt, device=dev))
         print(f"matmul {n}^3 {dt.name}")
         if dt == dtypes.half:
@@ -111,12 +111,11 @@ def sweep_matmuls(dev: str, n: int) -> None:
                                 flops=2 * n ** 3)
                     except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
         else:
-            for tile, locs, block, unroll in itertools.product((8,), (8, 16), (16, 32), (4, 8)):
-                with constants(TILE=tile, TILE_LOCALS=locs, LTILE_BLOCK=block, UNROLL_BY=unroll):
-                    try: report(f"TILE={tile} TILE_LOCALS={locs} LTILE_BLOCK={block} UNROLL_BY={unroll}",
-                                *time_kernel(dev, ast),
-                                flops=2 * n ** 3)
-                    except Exception as e: print(f"  {tile} {locs} {block}: {type(e).__name__}: {str(e)[:200]}")
+            for inner, locs, block, unroll in itertools.product((0, 4), (8, 16), (16, 32), (4, 8)):
+                with constants(TILE_INNER=inner, TILE_LOCALS=locs, LTILE_BLOCK=block, UNROLL_BY=unroll):
+                    label = f"TILE_INNER={inner} TILE_LOCALS={locs} LTILE_BLOCK={block} UNROLL_BY={unroll}"
+                    try: report(label, *time_kernel(dev, ast), flops=2 * n ** 3)
+                    except Exception as e: print(f"  {label}: {type(e).__name__}: {str(e)[:200]}")
 
 def sweep_tc_unroll(dev: str) -> None:
     """TC_UNROLL on half matmuls of several sizes (the heuristic's tiles otherwise)."""
@@ -232,7 +231,8 @@ def profile_gpt2(dev: str, tokens: int = 60) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA")
-    ap.add_argument("--only", default="", help="key (the heuristic's kernel of each bench_gpu.py row), matmul, rows, "
+    ap.add_argument("--only", default="", help="key (the heuristic's kernel of each bench_gpu.py row), matmul "
+                                               "(matmul32: float32 only), rows, "
                                                "conv, unroll (TC_UNROLL on half matmuls), tc (staged tensor-core "
                                                "operands), im2col (convolutions' kernels read in place or as "
                                                "im2col) or gpt2 (a profile of its decoding)")
@@ -260,11 +260,13 @@ def main() -> None:
         Device[dev].renderer = PythonRenderer(like=CUDARenderer(args.dry, local_bytes=227 * 1024))
     for name, fn in (("key", lambda: sweep_key(dev, args.n)),
                      ("rows", lambda: sweep_rows(dev, 8192 if args.n >= 4096 else args.n)),
-                     ("matmul", lambda: sweep_matmuls(dev, args.n)), ("conv", lambda: sweep_convs(dev)),
+                     ("matmul", lambda: sweep_matmuls(dev, args.n)),
+                     ("matmul32", lambda: sweep_matmuls(dev, args.n, (dtypes.float32,))),
+                     ("conv", lambda: sweep_convs(dev)),
                      ("unroll", lambda: sweep_tc_unroll(dev)), ("tc", lambda: sweep_tc(dev, args.n)),
                      ("im2col", lambda: sweep_im2col(dev)),
                      ("gpt2", lambda: profile_gpt2(dev, args.tokens))):
-        if args.only == name or (not args.only and name not in ("gpt2", "unroll", "tc", "im2col")): fn()
+        if args.only == name or (not args.only and name not in ("gpt2", "unroll", "tc", "im2col", "matmul32")): fn()
 
 if __name__ == "__main__":
     main()

@@ -61,6 +61,7 @@ def nvrtc() -> ctypes.CDLL:
                        "nvrtcCompileProgram": [p, i, ctypes.POINTER(ctypes.c_char_p)],
                        "nvrtcGetProgramLogSize": [p, ctypes.POINTER(sz)], "nvrtcGetProgramLog": [p, ctypes.c_char_p],
                        "nvrtcGetCUBINSize": [p, ctypes.POINTER(sz)], "nvrtcGetCUBIN": [p, ctypes.c_char_p],
+                       "nvrtcGetPTXSize": [p, ctypes.POINTER(sz)], "nvrtcGetPTX": [p, ctypes.c_char_p],
                        "nvrtcDestroyProgram": [ctypes.POINTER(p)], "nvrtcVersion": [ctypes.POINTER(i)] * 2}.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
@@ -102,13 +103,22 @@ class CUDACompiler(Compiler):
         self.options = [f"--gpu-architecture={arch}", *self.OPTIONS]
         super().__init__(f"CUDA|nvrtc {'.'.join(map(str, nvrtc_version()))}|{' '.join(self.options)}")
 
-    def compile(self, src: str) -> bytes:
+    def compile(self, src: str) -> bytes: return self._nvrtc(src, self.options, "CUBIN")
+
+    def ptx(self, src: str) -> str:
+        """The PTX of `src` for the architecture's virtual one (compute_XY): the kernel as NVRTC's optimizer left it
+        (which shared-memory loads are vectors, the barriers), before ptxas."""
+        return self._nvrtc(src, [f"--gpu-architecture=compute_{self.arch[3:]}", *self.OPTIONS], "PTX") \
+            .rstrip(b"\0").decode()
+
+    def _nvrtc(self, src: str, options: list[str], output: str) -> bytes:
+        """`src` compiled with `options`; NVRTC's output `output` (CUBIN or PTX)."""
         lib, prog = nvrtc(), ctypes.c_void_p()
         _nvrtc_check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernel.cu", 0, None, None),
                      "nvrtcCreateProgram")
         try:
-            opts = (ctypes.c_char_p * len(self.options))(*[o.encode() for o in self.options])
-            status = lib.nvrtcCompileProgram(prog, len(self.options), opts)
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            status = lib.nvrtcCompileProgram(prog, len(options), opts)
             if status != 0:
                 size = ctypes.c_size_t()
                 _nvrtc_check(lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "nvrtcGetProgramLogSize")
@@ -116,10 +126,10 @@ class CUDACompiler(Compiler):
                 _nvrtc_check(lib.nvrtcGetProgramLog(prog, log), "nvrtcGetProgramLog")
                 raise CompileError(compile_error(self.arch, log.value.decode(errors="replace"), src))
             size = ctypes.c_size_t()
-            _nvrtc_check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "nvrtcGetCUBINSize")
-            cubin = ctypes.create_string_buffer(size.value)
-            _nvrtc_check(lib.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-            return cubin.raw
+            _nvrtc_check(getattr(lib, f"nvrtcGet{output}Size")(prog, ctypes.byref(size)), f"nvrtcGet{output}Size")
+            out = ctypes.create_string_buffer(size.value)
+            _nvrtc_check(getattr(lib, f"nvrtcGet{output}")(prog, out), f"nvrtcGet{output}")
+            return out.raw
         finally: lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
     def validate(self, lib: bytes) -> bool: return lib.startswith(b"\x7fELF") and len(lib) > 64

@@ -10,6 +10,7 @@ The full version (slow): every kernel the op tests (test/tensor/test_ops.py) mak
 from __future__ import annotations
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -256,6 +257,24 @@ def test_tensor_core_tiles_leave_small_products_enough_groups(monkeypatch):
         warps = math.prod(hg.TC_WARPS)
         if n == 4096: assert (groups, per_group) == (n * n // (16 * 8 * math.prod(hg.TC_TILES) * warps), warps)
         else: assert groups >= hg.TC_MIN_GROUPS and groups * per_group >= hg.TC_MIN_WARPS, p.applied_opts
+
+@pytest.mark.parametrize("shape", [(512, 512, 512), (256, 384, 128)])
+def test_float32_matmul_reads_its_staged_tiles_as_vectors(shape):
+    """A register-tiled float32 matmul stages A and B in one shared buffer, between two barriers a block, laid out as
+    the global buffers are: a work-item's neighbouring columns of B (TILE_INNER of its tile) and its unrolled stretch
+    of K in A's rows are neighbours in shared memory, which NVRTC loads as 16-byte vectors (its PTX: every staged read
+    a `ld.shared.v4`, where they were all scalar loads, and two barriers a block, not four)."""
+    from fusegrad.codegen.opt import heuristic_gpu as hg
+    m, k, n = shape
+    a, b = Tensor.empty(m, k), Tensor.empty(k, n)
+    (p,) = programs(a @ b)[-1:]
+    ltiles = [o for o in p.applied_opts if o.op is OptOps.LTILE]
+    assert ltiles and [o.arg for o in p.applied_opts if o.op is OptOps.UPCAST][:2] == [hg.TILE_INNER] * 2
+    ptx = CUDACompiler("sm_90").ptx(p.src)
+    vectors, scalars = ptx.count("ld.shared.v4.f32"), len(re.findall(r"ld\.shared\.f32\b", ptx))
+    # (per block of K, each work-item reads TILE_INNER columns of B and UNROLL_BY elements of A's rows per vector)
+    assert vectors >= 8 and scalars <= vectors // 4, (vectors, scalars)
+    assert len(re.findall(r"\bbar\.sync\b", ptx)) == 2 and p.src.count("__shared__") == 1
 
 def test_elementwise_kernels_take_several_items_per_work_item(monkeypatch):
     """A large elementwise kernel (CUDA has no vector types) computes ITEMS outputs per work-item along its outermost
