@@ -142,17 +142,22 @@ def sweep_rows(dev: str, n: int) -> None:
             except Exception as e: print(f"  GROUP {g} x {rows}: {type(e).__name__}: {str(e)[:200]}")
 
 def sweep_convs(dev: str) -> None:
-    for cin, cout, k, side in ((64, 64, 3, 56), (64, 256, 1, 56), (256, 256, 3, 14)):
+    """The product kernel of each of ResNet-50's convolutions (half, batch 32; the matmul where it is an im2col) with
+    TC_TILES x TC_WARPS, without the heuristic's minimum of groups and warps (TC_MIN_GROUPS, TC_MIN_WARPS)."""
+    for cin, cout, k, side, stride in RESNET50_CONVS:
         x = Tensor.empty(32, cin, side, side, dtype=dtypes.half, device=dev)
         w = Tensor.empty(cout, cin, k, k, dtype=dtypes.half, device=dev)
-        ast = kernel_ast(x.conv2d(w, padding=k // 2))
-        print(f"conv2d half b32 {cin}->{cout} {k}x{k} {side}x{side}")
-        flops = 2.0 * 32 * cout * side * side * cin * k * k
-        for tiles, warps, unroll in itertools.product(((4, 4), (8, 4), (4, 8)), ((2, 2), (1, 1)), (1,)):
-            with constants(TC_TILES=tiles, TC_WARPS=warps, TC_UNROLL=unroll):
-                try: report(f"TC_TILES={tiles} TC_WARPS={warps} TC_UNROLL={unroll}", *time_kernel(dev, ast),
-                            flops=flops)
-                except Exception as e: print(f"  {tiles} {warps} {unroll}: {type(e).__name__}: {str(e)[:200]}")
+        out = (side + 2 * (k // 2) - k) // stride + 1
+        asts = [si.ast for si in x.conv2d(w, stride=stride, padding=k // 2).schedule() if si.ast.op is Ops.SINK]
+        ast = next(a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort()))
+        print(f"conv2d half b32 {cin}->{cout} {k}x{k} {side}x{side} s{stride}: its product kernel")
+        flops = 2.0 * 32 * cout * out * out * cin * k * k
+        report("heuristic", *time_kernel(dev, ast), flops=flops)
+        for tiles, warps in itertools.product(((4, 8), (4, 4), (2, 4), (2, 2), (8, 4)), ((2, 2), (4, 2), (2, 4))):
+            label = f"TC_TILES={tiles} TC_WARPS={warps}"
+            with constants(TC_TILES=tiles, TC_WARPS=warps, TC_MIN_GROUPS=0, TC_MIN_WARPS=0):
+                try: report(label, *time_kernel(dev, ast), flops=flops)
+                except Exception as e: print(f"  {label}: {type(e).__name__}: {str(e)[:200]}")
 
 def sweep_tc(dev: str, n: int) -> None:
     """Tensor-core kernels with their operands staged through local memory or not (TC_STAGE), copied 16 bytes a load
