@@ -276,6 +276,27 @@ def test_float32_matmul_reads_its_staged_tiles_as_vectors(shape):
     assert vectors >= 8 and scalars <= vectors // 4, (vectors, scalars)
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 2 and p.src.count("__shared__") == 1
 
+def test_staged_tensor_core_tiles_leave_room_for_warps(monkeypatch):
+    """Where a tensor-core kernel's operands are staged (the group's warps share the copies), its tiles leave each loop
+    a multiple of its warps: ResNet-50's 1x1 convolution 256 -> 64 at 56x56 took 8 of its 392 tiles of pixels a warp
+    and left 49, one warp a group. Where they aren't (the padded 3x3 convolution at 56x56), the register tile stays
+    whole: there it is all that reuses a fragment."""
+    from fusegrad.codegen.opt import heuristic_gpu as hg
+    from fusegrad.renderer.python import PythonRenderer
+    monkeypatch.setattr(Device["PYTHON"], "renderer", PythonRenderer(like=CUDARenderer("sm_90", local_bytes=227 << 10)))
+    def product(cin: int, cout: int, k: int) -> ProgramSpec:
+        x = Tensor.empty(32, cin, 56, 56, dtype=dtypes.half, device="PYTHON")
+        w = Tensor.empty(cout, cin, k, k, dtype=dtypes.half, device="PYTHON")
+        asts = [si.ast for si in x.conv2d(w, padding=k // 2).schedule() if si.ast.op is Ops.SINK]
+        return get_program(next(a for a in asts if any(u.op is Ops.REDUCE for u in a.toposort())),
+                           Device["PYTHON"].renderer)
+    staged = product(256, 64, 1)
+    assert any(o.op is OptOps.LTILE for o in staged.applied_opts), staged.applied_opts
+    assert math.prod(staged.local_dims) // 32 == math.prod(hg.TC_WARPS), staged.applied_opts
+    unstaged = product(64, 64, 3)
+    assert not any(o.op is OptOps.LTILE for o in unstaged.applied_opts), unstaged.applied_opts
+    assert math.prod(o.arg for o in unstaged.applied_opts if o.op is OptOps.UPCAST) == math.prod(hg.TC_TILES)
+
 def test_elementwise_kernels_take_several_items_per_work_item(monkeypatch):
     """A large elementwise kernel (CUDA has no vector types) computes ITEMS outputs per work-item along its outermost
     loop that ITEMS divides, never the innermost (whose neighbouring work-items' accesses coalesce); a small kernel,
