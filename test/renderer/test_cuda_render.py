@@ -8,6 +8,7 @@ of each kernel. The half constants the renderer writes are checked against NumPy
 
 The full version (slow): every kernel the op tests (test/tensor/test_ops.py) make, compiled for both architectures."""
 from __future__ import annotations
+import itertools
 import math
 import os
 import re
@@ -296,6 +297,30 @@ def test_staged_tensor_core_tiles_leave_room_for_warps(monkeypatch):
     unstaged = product(64, 64, 3)
     assert not any(o.op is OptOps.LTILE for o in unstaged.applied_opts), unstaged.applied_opts
     assert math.prod(o.arg for o in unstaged.applied_opts if o.op is OptOps.UPCAST) == math.prod(hg.TC_TILES)
+
+def test_wgmma_probe_compiles_for_sm_90a_and_reads_the_mma_layouts():
+    """bench/wgmma_probe.py (run on a Hopper GPU to find wgmma's operand layouts): its kernel compiles for sm_90a and
+    not for plain sm_90 (NVRTC refuses wgmma there), and the A registers and D elements it assumes per warp are the
+    mma.sync m16n8k16 layouts of the renderer's table (checked on GPUs), lane by lane."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("wgmma_probe", os.path.join(ROOT, "bench", "wgmma_probe.py"))
+    assert spec is not None and spec.loader is not None
+    wp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wp)
+    from fusegrad.device import CompileError
+    src = wp.KERNEL % dict(B_ELEMS=1024, LBO=128, SBO=256, TRANS_B=0)
+    assert CUDACompiler("sm_90a").compile(src).startswith(b"\x7fELF")
+    with pytest.raises(CompileError, match="wgmma"): CUDACompiler("sm_90").compile(src)
+    tc = next(t for t in CUDARenderer("sm_90").tensor_cores if t.dtype_in == dtypes.half)
+    codes = (np.arange(64)[:, None] * 16 + np.arange(16)[None, :]).astype(np.float16)   # (exact in half)
+    regs = wp.a_registers(codes).view(np.float16).reshape(128, 8)
+    for warp, lane, i in itertools.product(range(4), range(32), range(8)):
+        r, c = tc.coords("A", lane, i)
+        assert regs[warp * 32 + lane, i] == (16 * warp + r) * 16 + c
+    d = wp.d_matrix(np.arange(128 * 32, dtype=np.float32))
+    for warp, lane, i in itertools.product(range(4), range(32), range(32)):
+        r, c = tc.coords("C", lane, i % 4)
+        assert d[16 * warp + r, 8 * (i // 4) + c] == (warp * 32 + lane) * 32 + i
 
 def test_elementwise_kernels_take_several_items_per_work_item(monkeypatch):
     """A large elementwise kernel (CUDA has no vector types) computes ITEMS outputs per work-item along its outermost
