@@ -14,6 +14,8 @@
 #      and a softmax against numpy (test/gpu/check_beam.py);
 #   4b. half and bfloat16 convolutions as im2col and read in place, with their gradients, against torch on the GPU,
 #      and a large 16-bit copy of several outputs per work-item against numpy (test/gpu/check_convolutions.py);
+#   4c. on a Hopper GPU, bench/wgmma_probe.py: which shared-memory layout wgmma's descriptor reads (it informs, it
+#      doesn't fail the check);
 #   5. bench/bench_gpu.py: fusegrad on CUDA against PyTorch on the same GPU (alone, after the others, which run side
 #      by side).
 #
@@ -76,8 +78,11 @@ step tensor_cores 180 $PY test/gpu/check_tensor_cores.py &
 step train_digits 120 env DEV=CUDA $PY examples/train_digits.py --epochs 3 &
 step beam 150 $PY test/gpu/check_beam.py &
 step convolutions 150 $PY test/gpu/check_convolutions.py &
+step wgmma_probe 90 $PY bench/wgmma_probe.py &
 wait
 for name in cuda_tests op_tests cuda_graph tensor_cores train_digits beam convolutions; do report $name 12; done
+# (a probe of wgmma's operand layouts on Hopper GPUs: what it finds informs, it doesn't fail the check)
+kept=$status; report wgmma_probe 10; status=$kept
 echo "=== correctness checks took $((SECONDS - start_all)) s"
 step bench_gpu ${BENCH_LIMIT:-240} env DEV=CUDA $PY bench/bench_gpu.py --device CUDA
 report bench_gpu 40
