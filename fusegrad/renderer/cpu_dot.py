@@ -9,7 +9,9 @@ bfloat16 elements of one buffer) and whose vectors hold bfloat16 values (convert
 packed copy that only such values were stored to) are one `vdpbf16ps`: A's pair read as one 32-bit word and
 broadcast, B's two vectors interleaved per lane (the upper halves of their float32 lanes: their lower halves are
 zero), computed once per pair of B rows and shared by the tile's rows. `bf16_pairs` finds those links in the
-linearized kernel; the C renderer writes each pair as one instruction (DESIGN.md, "bfloat16 products")."""
+linearized kernel; the C renderer writes each pair as one instruction (DESIGN.md, "bfloat16 products"). A kernel
+that is nothing but a bfloat16 matmul (`amx_plan`) is written whole instead: on AMX tiles, or as dot products of B's
+rows packed in pairs."""
 from __future__ import annotations
 from dataclasses import dataclass
 from fusegrad.dtype import dtypes
@@ -99,7 +101,7 @@ def bf16_pairs(uops: list[UOp], users: dict[UOp, list[UOp]]) -> dict[UOp, Bf16Pa
         elif o0 == o1 + 1: pairs[u] = Bf16Pair(inner_m, inner_m.src[2], i1, v1, v0)
     return pairs
 
-# *** whole matmuls on AMX tiles ***
+# *** whole matmuls: on AMX tiles, or (a CPU without them) as dot products of pairs: renderer/cstyle.py ***
 
 AMX_TILE = 32   # rows and columns of the block of output one pass computes (2 x 2 tiles of 16 x 16); K steps of 32
 AMX_MAX_K = 4096   # the packed panel of B (64 bytes per step of K) is a stack array: at most 256 KB

@@ -610,18 +610,6 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
                 f"  *({bt16}*)(oc+r*{p.o_row}+h) = {self.vec_from_float('v', dtypes.bfloat16.vec(16))};", "}"]
         else: store = [tile("tilestored", t, f"oc+{16 * (t // 2) * p.o_row + 16 * (t % 2)}", p.o_row * 4)
                        for t in range(4)]
-        if p.b_col == 1: pack = [   # (B along n: rows k and k+1 interleaved, 16 columns at a time)
-            f"  for (long i = 0; i < {half}; i++) {{",
-            f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
-            "    for (int j = 0; j < 16; j++) {",
-            "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
-            f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
-            "    }", "  }"]
-        else: pack = [   # (B along k, a transposed weight: each column's pairs are adjacent already)
-            "  for (int j = 0; j < 32; j++) {",
-            f"    const bf16* col = bc + j*{p.b_col};",
-            f"    for (long i = 0; i < {half}; i++) bp[(j/16)*{half * 16}+i*16+j%16] = col[2*i] | "
-            "((unsigned int)col[2*i+1] << 16);", "  }"]
         body = [
             "struct { unsigned char palette, start, reserved[14]; unsigned short colsb[16]; unsigned char rows[16]; } "
             "cfg = {1};",
@@ -632,7 +620,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
             f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
             f"  const bf16* bc = {b} + {p.b_off} + n0*{p.b_col};",
-            *pack,
+            *self._pack_pairs(p),
             "  for (long m0 = lo; m0 < hi; m0 += 32) {",
             f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
             f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",
@@ -649,6 +637,85 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             '__asm__ volatile("tilerelease" ::: "memory");']
         k.body = ["  " + line for line in body]
         return self._render_function(k, name, uops)
+
+    @staticmethod
+    def _pack_pairs(p: AmxPlan) -> list[str]:
+        """The loop copying B's K x 32 panel at `bc` into `bp` as pairs of rows (B[2i, n] in the low half of a 32-bit
+        word, B[2i+1, n] in the high half), 16 columns at a time: the layout AMX tiles and vdpbf16ps take."""
+        half = p.k // 2
+        if p.b_col == 1: return [   # (B along n: rows k and k+1 interleaved, 16 columns at a time)
+            f"  for (long i = 0; i < {half}; i++) {{",
+            f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
+            "    for (int j = 0; j < 16; j++) {",
+            "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
+            f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
+            "    }", "  }"]
+        return [   # (B along k, a transposed weight: each column's pairs are adjacent already)
+            "  for (int j = 0; j < 32; j++) {",
+            f"    const bf16* col = bc + j*{p.b_col};",
+            f"    for (long i = 0; i < {half}; i++) bp[(j/16)*{half * 16}+i*16+j%16] = col[2*i] | "
+            "((unsigned int)col[2*i+1] << 16);", "  }"]
+
+    DOT_ROWS = 8   # rows of output the dot-product template sums in registers at a time (8 x 2 vectors of 16 lanes)
+
+    def _render_dot_matmul(self, k: KernelText, p: AmxPlan, name: str, uops: list[UOp]) -> str:
+        """A kernel that is only a bfloat16 matmul (renderer/cpu_dot.py `amx_plan`) on a CPU with AVX512_BF16 but no
+        AMX: per 32 columns of the output, B's K x 32 panel packed as pairs of rows (`_pack_pairs`, as for AMX); per
+        DOT_ROWS rows of the part of M this call runs, DOT_ROWS x 2 vectors of 16 float32 sums in registers, each
+        step of 2 along K one vdpbf16ps per vector (A's pair broadcast to every lane); then stored, rounded to
+        bfloat16 for a bfloat16 output. The register-tiled form (pairs found in the loop nest, `bf16_pairs`) read B
+        from a float32 panel twice the size and interleaved its rows in the loop. The call's rows are rounded to
+        blocks of AMX_TILE as `_render_amx` rounds them."""
+        for u in uops:
+            if u.op is Ops.DEFINE_GLOBAL: self._define_global(k, u)
+        self._bf16()
+        o, a, b, half, rows = k.r[p.out], k.r[p.a], k.r[p.b], p.k // 2, self.DOT_ROWS
+        vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
+        dot = self._dot_of_pairs()
+        sums = [f"c{r}_{h}" for r in range(rows) for h in range(2)]
+        if p.out.dtype.base == dtypes.bfloat16:
+            bt = self.dtype_name(dtypes.bfloat16.vec(DOT_LANES))
+            store = [f"    *({bt}*)(oc+{r * p.o_row + 16 * h}) = "
+                     f"{self.vec_from_float(f'c{r}_{h}', dtypes.bfloat16.vec(DOT_LANES))};"
+                     for r in range(rows) for h in range(2)]
+        else: store = [f"    *({vt}*)(oc+{r * p.o_row + 16 * h}) = c{r}_{h};" for r in range(rows) for h in range(2)]
+        body = [
+            f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
+            f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
+            f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
+            f"  const bf16* bc = {b} + {p.b_off} + n0*{p.b_col};",
+            *self._pack_pairs(p),
+            f"  for (long m0 = lo; m0 < hi; m0 += {rows}) {{",
+            f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
+            f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",
+            f"    {vt} " + ", ".join(f"{c} = {self.vector_zero(dtypes.float32.vec(DOT_LANES))}" for c in sums) + ";",
+            f"    for (long i = 0; i < {half}; i++) {{",
+            f"      {ut} b0 = *({ut}*)(bp+i*16), b1 = *({ut}*)(bp+{half * 16}+i*16);",
+            *[f"      {{ unsigned int pr; __builtin_memcpy(&pr, ac+{r * p.a_row}+2*i, 4); "
+              f"c{r}_0 = {dot}(c{r}_0, pr, b0); c{r}_1 = {dot}(c{r}_1, pr, b1); }}" for r in range(rows)],
+            "    }",
+            *store,
+            "  }", "}"]
+        k.body = ["  " + line for line in body]
+        return self._render_function(k, name, uops)
+
+    def _dot_of_pairs(self) -> str:
+        """The helper `f(acc, p, b)`: acc plus, per lane, the products of the bfloat16 pair in the 32-bit word `p`
+        with the pair in that lane of `b` (the high halves first, then the low ones, each product exact and each sum
+        rounded once): one vdpbf16ps with AVX512_BF16, IEEE arithmetic in that order without it."""
+        vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
+        name, bh, ones = f"fg_dot_pairs_x{DOT_LANES}", f"fg_bh{2 * DOT_LANES}", ", ".join(["p"] * DOT_LANES)
+        self._need(bh, f"typedef short {bh} __attribute__((vector_size({4 * DOT_LANES})));")
+        return self._need(name, "\n".join([
+            f"static inline __attribute__((always_inline)) {vt} {name}({vt} acc, unsigned int p, {ut} b) {{",
+            "#if defined(__AVX512BF16__) && defined(__GNUC__) && !defined(__clang__)",
+            f"  return __builtin_ia32_dpbf16ps_v{DOT_LANES}sf(acc, ({bh})({ut}){{{ones}}}, ({bh})b);",
+            "#else",
+            "  unsigned int ul = p << 16, uh = p & 0xffff0000u; float al, ah;",
+            "  __builtin_memcpy(&al, &ul, 4); __builtin_memcpy(&ah, &uh, 4);",
+            f"  acc = acc + ah * ({vt})(b & 0xffff0000u);",
+            f"  return acc + al * ({vt})(b << 16);",
+            "#endif", "}"]))
 
     # *** vectors of bools: masks ***
     # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes
@@ -751,7 +818,8 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
         k = KernelText(self, uops)
-        if self.amx and (plan := amx_plan(uops)) is not None: return self._render_amx(k, plan, name, uops)
+        if (self.amx or self.bf16_dot) and (plan := amx_plan(uops)) is not None:
+            return (self._render_amx if self.amx else self._render_dot_matmul)(k, plan, name, uops)
         if self.strided_lanes: self._find_lane_runs(k, uops)
         if self.bf16_dot:
             k.pairs = bf16_pairs(uops, k.users)

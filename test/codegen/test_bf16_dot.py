@@ -43,17 +43,22 @@ def amx(monkeypatch) -> bool:
     monkeypatch.setattr(Device["CPU"].renderer, "amx", amx_usable())
     return amx_usable()
 
-# (batch, m, k, n), the path its product takes: "amx" (a whole bfloat16 matmul on AMX tiles: every size a multiple of
-# 32, K at most 4096), "dot" (steps paired into bfloat16 dot products: an even K; Tensor.dot keeps A in bfloat16 for
-# a long K too where the renderer has them), or None (neither)
+# (batch, m, k, n), the path its product takes: "amx" (a whole bfloat16 matmul: every size a multiple of 32, K at most
+# 4096; on AMX tiles, else as dot products of pairs in a template of its own), "dot" (a register-tiled matmul's steps
+# paired into bfloat16 dot products: an even K; Tensor.dot keeps A in bfloat16 for a long K too where the renderer has
+# them), or None (neither)
 SHAPES = [((), 64, 128, 64, "amx"), ((), 96, 64, 160, "amx"), ((), 64, 100, 64, "dot"), ((4,), 64, 96, 48, "dot"),
           ((), 24, 34, 160, "dot"), ((), 64, 512, 96, "amx"), ((), 40, 300, 48, "dot"),
           ((), 64, 127, 64, None), ((), 33, 129, 48, None), ((2,), 40, 300, 32, None),
           ((), 8, 2, 16, None)]
 
+WHOLE_DOT = "fg_dot_pairs_x16("
+
 def assert_path(path: str | None, sources: list[str]) -> None:
-    """The kernels compiled took `path` where the CPU has it (a CPU without AMX pairs an AMX shape's steps)."""
+    """The kernels compiled took `path` where the CPU has it (a CPU without AMX computes a whole matmul's products as
+    dot products of pairs, in the template of its own)."""
     if path == "amx" and ren_has("amx"): assert any("tdpbf16ps" in src for src in sources)
+    elif path == "amx" and ren_has("bf16_dot"): assert any(WHOLE_DOT in src for src in sources)
     elif path is not None and ren_has("bf16_dot"): assert any(DOT in src for src in sources)
 
 @pytest.mark.parametrize("batch,m,k,n,path", SHAPES)
@@ -130,13 +135,18 @@ def test_conv2d():
 
 # *** the helper's semantics, compiled with and without the instruction ***
 
-def _helper_lib(flags: list[str]) -> ctypes.CDLL:
+def _helper_lib(flags: list[str], helper: str) -> ctypes.CDLL:
+    """dot2(acc, a, lo, hi, out) through the register-tiled kernels' helper (`pairs`: B's rows as float32 vectors) or
+    the whole-matmul template's (`packed`: B's rows packed as pairs, A's pair one 32-bit word)."""
     ren = copy.copy(ClangRenderer())
     ren._helpers = {}
-    name = ren.bf16_dot_helper()
     body = ["  f32x16 A, L, H;",
-            "  __builtin_memcpy(&A, acc, 64); __builtin_memcpy(&L, lo, 64); __builtin_memcpy(&H, hi, 64);",
-            f"  f32x16 R = {name}(A, a, L, H); __builtin_memcpy(out, &R, 64);"]
+            "  __builtin_memcpy(&A, acc, 64); __builtin_memcpy(&L, lo, 64); __builtin_memcpy(&H, hi, 64);"]
+    if helper == "pairs": body.append(f"  f32x16 R = {ren.bf16_dot_helper()}(A, a, L, H);")
+    else: body += ["  unsigned int p; __builtin_memcpy(&p, a, 4);",
+                   "  u32x16 B = ((u32x16)H & 0xffff0000u) | ((u32x16)L >> 16);",
+                   f"  f32x16 R = {ren._dot_of_pairs()}(A, p, B);"]
+    body.append("  __builtin_memcpy(out, &R, 64);")
     src = "typedef unsigned short bf16;\ntypedef float f32x16 __attribute__((vector_size(64), aligned(4)));\n" \
           "typedef unsigned int u32x16 __attribute__((vector_size(64), aligned(4)));\n" + \
           ren.render_kernel("dot2", ["const float* acc", "const bf16* a", "const float* lo", "const float* hi",
@@ -160,12 +170,13 @@ def _run(lib: ctypes.CDLL, acc, a: tuple[int, int], lo, hi) -> np.ndarray:
     lib.dot2(ptr(acc), ptr(pair), ptr(lo), ptr(hi), ptr(out))
     return out
 
+@pytest.mark.parametrize("helper", ["pairs", "packed"])
 @pytest.mark.parametrize("instruction", [True, False])
-def test_helper_semantics(instruction):
+def test_helper_semantics(instruction, helper):
     version = subprocess.run([*find_cc(), "--version"], capture_output=True, text=True).stdout
     if instruction and not (cpu().bf16_dot and "Free Software Foundation" in version and "clang" not in version):
         pytest.skip("the helper uses the instruction with GCC on a CPU with AVX512_BF16")
-    lib = _helper_lib([] if instruction else ["-mno-avx512bf16"])
+    lib = _helper_lib([] if instruction else ["-mno-avx512bf16"], helper)
     rng = np.random.default_rng(0)
     # random lanes: acc + a[1] * hi, then + a[0] * lo, each product exact in float32 and each sum rounded once
     for a0, a1 in ((1.0, 1.0), (3.0, -0.5), (0.0078125, 96.0)):

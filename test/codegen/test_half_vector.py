@@ -83,9 +83,10 @@ def test_kernels_are_vectorized(dt, tdt):
         # conversions go a SIMD register of float32 lanes at a time (16 with AVX-512, 8 with AVX2)
         lanes = renderer.simd_bytes // 4 if dt == dtypes.bfloat16 or renderer.f16_chunk else 0
         src = get_program(t.schedule()[-1].ast, renderer).src
-        if dt == dtypes.bfloat16 and renderer.amx and t.shape == (64, 64):
-            # (a bfloat16 matmul on AMX tiles: no float32 conversions; test_bf16_dot checks its values)
-            assert "tdpbf16ps" in src, src
+        if dt == dtypes.bfloat16 and (renderer.amx or renderer.bf16_dot) and t.shape == (64, 64):
+            # (a whole bfloat16 matmul on AMX tiles or dot products of pairs: no float32 conversions; test_bf16_dot
+            # checks its values)
+            assert ("tdpbf16ps" if renderer.amx else "fg_dot_pairs_x16(") in src, src
             continue
         if lanes: assert f"fg_{'f16' if dt == dtypes.float16 else 'bf16'}x{lanes}_to_f32(" in src, src
         # the workaround of gcc's miscompile stays: no AVX512-FP16, no conversions of gcc's own making

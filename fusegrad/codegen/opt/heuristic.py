@@ -71,9 +71,11 @@ class OptContext:
 
 def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to `k`; returns them (also in k.applied_opts)."""
-    # a kernel that is only a bfloat16 matmul, on a CPU with AMX tiles: the C renderer writes its whole loop nest as
-    # tile products (renderer/cpu_dot.py), from the loops as they are
-    if getattr(k.renderer, "amx", False) and amx_plan(list(k.ast.toposort())) is not None: return []
+    # a kernel that is only a bfloat16 matmul, on a CPU with AMX tiles or bfloat16 dot products: the C renderer writes
+    # its whole loop nest as tile products or dot products (renderer/cpu_dot.py), from the loops as they are
+    if (getattr(k.renderer, "amx", False) or getattr(k.renderer, "bf16_dot", False)) and \
+            amx_plan(list(k.ast.toposort())) is not None:
+        return []
     if not k.reduceops and (opts := _shape_elementwise(k)) is not None: return opts
     ctx = OptContext.of(k)
     _choose_output_vector(ctx)
