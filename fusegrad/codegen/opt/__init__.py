@@ -331,7 +331,8 @@ class Kernel:
         if self.tc is not None:
             from fusegrad.codegen.opt.tc import staged_bytes
             return total + (staged_bytes(self.tc_frame, self.tc[0], fixed) if self.tiles else 0)
-        return total + sum(idx.dtype.base.itemsize * math.prod(range_size(r) for r in block)
+        # (each staged block's region of its shared buffer starts at a multiple of 16 bytes: `_stage_tiles`)
+        return total + sum(-(-idx.dtype.base.itemsize * math.prod(range_size(r) for r in block) // 16) * 16
                            for _, idx, block in _tiled_loads(self.ast, self.tiles, fixed, self.locals))
 
     def sequential_outputs(self) -> set[UOp]:

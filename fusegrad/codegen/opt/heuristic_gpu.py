@@ -217,7 +217,7 @@ def _register_tiles(k: Kernel) -> dict[int, int]:
     """TILE x TILE outputs per work-item along the output loops that some load doesn't vary with (that load's values
     are then reused from registers), TILE_SMALL along a loop shorter than 4 * TILE, for kernels with a reduction (a
     matmul, a convolution); a loop the tile doesn't divide is padded where that wastes at most an eighth. TILE_INNER
-    neighbouring outputs of each tile are upcast here; what of the tile remains (axis: amount) is returned, for
+    neighbouring outputs of each tile are upcast here; what of the tile remains (loop id: amount) is returned, for
     `_register_tiles_outside` to upcast outside the work-items."""
     if not k.reduceops or k.groups: return {}
     loads = [idx.src[1] for idx, is_store in k.accesses() if not is_store]
