@@ -71,3 +71,19 @@ def test_convolution_tiled_through_local_memory(device, cl_fast_local, monkeypat
     p = [get_program(si.ast, Device[device].renderer) for si in tx.conv2d(tw, padding=1).schedule()
          if si.ast.op is Ops.SINK][-1]
     assert any(o.op is OptOps.LTILE for o in p.applied_opts), p.applied_opts
+
+@pytest.mark.parametrize("m,k,n", [(64, 48, 64), (96, 80, 112), (128, 64, 96)])
+def test_staged_blocks_share_one_buffer_of_the_size_counted(m, k, n):
+    """A matmul's staged blocks of A and B share one local buffer, each region starting at a multiple of 16 bytes, and
+    the optimizer's count of local memory (what it checks against the renderer's limit) is that buffer's size."""
+    from fusegrad.codegen.opt import Kernel
+    from fusegrad.codegen.opt.heuristic_gpu import gpu_optimizations
+    ren = PythonRenderer(gpu=True)
+    a, b = Tensor.empty(m, k), Tensor.empty(k, n)
+    ast = [si.ast for si in (a @ b).schedule() if si.ast.op is Ops.SINK][-1]
+    kern = Kernel(ast, ren)
+    gpu_optimizations(kern)
+    assert any(o.op is OptOps.LTILE for o in kern.applied_opts), kern.applied_opts
+    locals_ = [u for u in kern.get_optimized_ast().toposort() if u.op is Ops.DEFINE_LOCAL]
+    assert len(locals_) == 1
+    assert locals_[0].dtype.size * locals_[0].dtype.base.itemsize == kern.local_memory()
