@@ -145,6 +145,13 @@ def _bf16_load(x: UOp) -> UOp | None:
         return None
     return idx
 
+def whole_matmul_plan(renderer: object, nodes: list[UOp]) -> AmxPlan | None:
+    """The plan of a kernel that `renderer` writes whole as a bfloat16 matmul (`amx_plan`: on AMX tiles, or as dot
+    products of pairs on a CPU with AVX512_BF16), or None: what the heuristic leaves without opts and the C renderer
+    writes as its template."""
+    if not (getattr(renderer, "amx", False) or getattr(renderer, "bf16_dot", False)): return None
+    return amx_plan(nodes)
+
 def amx_plan(nodes: list[UOp]) -> AmxPlan | None:
     """The plan of a kernel that is nothing but a bfloat16 matmul (its AST, or its linearized loop nest without opts:
     `nodes` in either form), or None."""

@@ -14,7 +14,7 @@ import platform
 import struct
 from typing import Any, Callable, Iterator
 from fusegrad import hostcpu
-from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, amx_plan, bf16_pairs
+from fusegrad.renderer.cpu_dot import AMX_TILE, DOT_LANES, AmxPlan, Bf16Pair, bf16_pairs, whole_matmul_plan
 from fusegrad.dtype import DType, PtrDType, dtypes
 from fusegrad.renderer import Renderer, transpose_network
 from fusegrad.uop.affine import base_and_offset, coeff
@@ -558,27 +558,34 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def bf16_dot_helper(self) -> str:
         """The helper `f(acc, a, lo, hi)` of float32 vectors acc, lo and hi (bfloat16 values in float32 lanes) and a
         pointer `a` to two adjacent bfloat16 values: acc + a[1] * hi, then + a[0] * lo, each product exact and each
-        sum rounded once. With AVX512_BF16 one vdpbf16ps, which also reads bfloat16 denormals as zero and flushes a
-        denormal sum to zero; without it (another compiler, a CPU without it) IEEE arithmetic in the same order."""
+        sum rounded once (`_dot_of_pairs`, with B's rows k and k+1 interleaved per lane and A's pair one word)."""
         vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
-        bt, name, bh = self.dtype_name(dtypes.bfloat16), f"fg_dot2_bf16x{DOT_LANES}", f"fg_bh{2 * DOT_LANES}"
-        ones = ", ".join(["p"] * DOT_LANES)
-        self._need(bh, f"typedef short {bh} __attribute__((vector_size({4 * DOT_LANES})));")
-        # B's rows k and k+1 interleaved per lane (the upper halves of bfloat16 values in float32 are the values; the
-        # lower halves, zero, are masked anyway: the packed copy's lanes no store reached hold whatever was there),
-        # A's pair one 32-bit word broadcast to every lane. Without the instruction: each product of two bfloat16
-        # values is exact in float32, so a multiply and an add are the fused multiply-add
+        bt, name, dot = self.dtype_name(dtypes.bfloat16), f"fg_dot2_bf16x{DOT_LANES}", self._dot_of_pairs()
+        # (the upper halves of bfloat16 values in float32 are the values; the lower halves, zero, are masked anyway:
+        # the packed copy's lanes no store reached hold whatever was there)
         return self._need(name, "\n".join([
             f"static inline __attribute__((always_inline)) {vt} {name}({vt} acc, const {bt}* a, {vt} lo, {vt} hi) {{",
             "  unsigned int p; __builtin_memcpy(&p, a, 4);",
+            f"  return {dot}(acc, p, (({ut})hi & 0xffff0000u) | (({ut})lo >> 16));", "}"]))
+
+    def _dot_of_pairs(self) -> str:
+        """The helper `f(acc, p, b)`: acc plus, per lane, the products of the bfloat16 pair in the 32-bit word `p`
+        with the pair in that lane of `b` (the high halves first, then the low ones, each product exact and each sum
+        rounded once). With AVX512_BF16 one vdpbf16ps, which also reads bfloat16 denormals as zero and flushes a
+        denormal sum to zero; without it (another compiler, a CPU without it) IEEE arithmetic in the same order: each
+        product of two bfloat16 values is exact in float32, so a multiply and an add are the fused multiply-add."""
+        vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
+        name, bh, ones = f"fg_dot_pairs_x{DOT_LANES}", f"fg_bh{2 * DOT_LANES}", ", ".join(["p"] * DOT_LANES)
+        self._need(bh, f"typedef short {bh} __attribute__((vector_size({4 * DOT_LANES})));")
+        return self._need(name, "\n".join([
+            f"static inline __attribute__((always_inline)) {vt} {name}({vt} acc, unsigned int p, {ut} b) {{",
             "#if defined(__AVX512BF16__) && defined(__GNUC__) && !defined(__clang__)",
-            f"  {ut} b = (({ut})hi & 0xffff0000u) | (({ut})lo >> 16);",
             f"  return __builtin_ia32_dpbf16ps_v{DOT_LANES}sf(acc, ({bh})({ut}){{{ones}}}, ({bh})b);",
             "#else",
             "  unsigned int ul = p << 16, uh = p & 0xffff0000u; float al, ah;",
             "  __builtin_memcpy(&al, &ul, 4); __builtin_memcpy(&ah, &uh, 4);",
-            "  acc = acc + ah * hi;",
-            "  return acc + al * lo;",
+            f"  acc = acc + ah * ({vt})(b & 0xffff0000u);",
+            f"  return acc + al * ({vt})(b << 16);",
             "#endif", "}"]))
 
     def _render_amx(self, k: KernelText, p: AmxPlan, name: str, uops: list[UOp]) -> str:
@@ -592,7 +599,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             if u.op is Ops.DEFINE_GLOBAL: self._define_global(k, u)
         bf16_out = p.out.dtype.base == dtypes.bfloat16
         self._bf16()
-        o, a, b, half = k.r[p.out], k.r[p.a], k.r[p.b], p.k // 2
+        half = p.k // 2
         def tile(op: str, t: int, ptr: str = "", stride: str = "") -> str:
             return f'__asm__ volatile("{op} (%0,%1,1), %%tmm{t}" :: "r"({ptr}), "r"((long)({stride})) : "memory");' \
                 if op == "tileloadd" else \
@@ -615,52 +622,58 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
             "cfg = {1};",
             "for (int t = 0; t < 8; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }",
             '__asm__ volatile("ldtilecfg %0" :: "m"(cfg));',
-            f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
             *(["float ct[1024] __attribute__((aligned(64)));"] if bf16_out else []),
-            f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
-            f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
-            f"  const bf16* bc = {b} + {p.b_off} + n0*{p.b_col};",
-            *self._pack_pairs(p),
-            "  for (long m0 = lo; m0 < hi; m0 += 32) {",
-            f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
-            f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",
-            *[f'    __asm__ volatile("tilezero %%tmm{t}" ::: "memory");' for t in range(4)],
-            f"    for (long k0 = 0; k0 < {p.k}; k0 += 32) {{",
-            "      " + tile("tileloadd", 4, "ac+k0", p.a_row * 2),
-            "      " + tile("tileloadd", 5, f"ac+{16 * p.a_row}+k0", p.a_row * 2),
-            "      " + tile("tileloadd", 6, "bp+k0/2*16", 64),
-            "      " + tile("tileloadd", 7, f"bp+{half * 16}+k0/2*16", 64),
-            *["      " + dot(c, x, y) for c, x, y in ((0, 4, 6), (1, 4, 7), (2, 5, 6), (3, 5, 7))],
-            "    }",
-            *["    " + line for line in store],
-            "  }", "}",
+            *self._panel_loops(k, p, 32, [
+                *[f'__asm__ volatile("tilezero %%tmm{t}" ::: "memory");' for t in range(4)],
+                f"for (long k0 = 0; k0 < {p.k}; k0 += 32) {{",
+                "  " + tile("tileloadd", 4, "ac+k0", p.a_row * 2),
+                "  " + tile("tileloadd", 5, f"ac+{16 * p.a_row}+k0", p.a_row * 2),
+                "  " + tile("tileloadd", 6, "bp+k0/2*16", 64),
+                "  " + tile("tileloadd", 7, f"bp+{half * 16}+k0/2*16", 64),
+                *["  " + dot(c, x, y) for c, x, y in ((0, 4, 6), (1, 4, 7), (2, 5, 6), (3, 5, 7))],
+                "}",
+                *store]),
             '__asm__ volatile("tilerelease" ::: "memory");']
         k.body = ["  " + line for line in body]
         return self._render_function(k, name, uops)
 
-    @staticmethod
-    def _pack_pairs(p: AmxPlan) -> list[str]:
-        """The loop copying B's K x 32 panel at `bc` into `bp` as pairs of rows (B[2i, n] in the low half of a 32-bit
-        word, B[2i+1, n] in the high half), 16 columns at a time: the layout AMX tiles and vdpbf16ps take."""
+    def _panel_loops(self, k: KernelText, p: AmxPlan, rows: int, block: list[str]) -> list[str]:
+        """The loops of a whole bfloat16 matmul's template: per 32 columns of the output, B's K x 32 panel at `bc`
+        copied into `bp` as pairs of rows (B[2i, n] in the low half of a 32-bit word, B[2i+1, n] in the high half),
+        16 columns at a time, the layout AMX tiles and vdpbf16ps take; then `block` per `rows` rows of the part of M
+        this call runs (A's rows at `ac`, the output's at `oc`). The call's rows [core_lo, core_hi) are rounded down
+        to whole blocks of AMX_TILE (every boundary the same way, so the calls of a split still cover every block
+        once)."""
         half = p.k // 2
-        if p.b_col == 1: return [   # (B along n: rows k and k+1 interleaved, 16 columns at a time)
+        if p.b_col == 1: pack = [   # (B along n: rows k and k+1 interleaved, 16 columns at a time)
             f"  for (long i = 0; i < {half}; i++) {{",
             f"    const bf16* r0 = bc + 2*i*{p.b_row}; const bf16* r1 = r0 + {p.b_row};",
             "    for (int j = 0; j < 16; j++) {",
             "      bp[i*16+j] = r0[j] | ((unsigned int)r1[j] << 16);",
             f"      bp[{half * 16}+i*16+j] = r0[16+j] | ((unsigned int)r1[16+j] << 16);",
             "    }", "  }"]
-        return [   # (B along k, a transposed weight: each column's pairs are adjacent already)
+        else: pack = [   # (B along k, a transposed weight: each column's pairs are adjacent already)
             "  for (int j = 0; j < 32; j++) {",
             f"    const bf16* col = bc + j*{p.b_col};",
             f"    for (long i = 0; i < {half}; i++) bp[(j/16)*{half * 16}+i*16+j%16] = col[2*i] | "
             "((unsigned int)col[2*i+1] << 16);", "  }"]
+        return [
+            f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
+            f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
+            f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
+            f"  const bf16* bc = {k.r[p.b]} + {p.b_off} + n0*{p.b_col};",
+            *pack,
+            f"  for (long m0 = lo; m0 < hi; m0 += {rows}) {{",
+            f"    const bf16* ac = {k.r[p.a]} + {p.a_off} + m0*{p.a_row};",
+            f"    {self.dtype_name(p.out.dtype.base)}* oc = {k.r[p.out]} + {p.o_off} + m0*{p.o_row} + n0;",
+            *["    " + line for line in block],
+            "  }", "}"]
 
     DOT_ROWS = 8   # rows of output the dot-product template sums in registers at a time (8 x 2 vectors of 16 lanes)
 
     def _render_dot_matmul(self, k: KernelText, p: AmxPlan, name: str, uops: list[UOp]) -> str:
         """A kernel that is only a bfloat16 matmul (renderer/cpu_dot.py `amx_plan`) on a CPU with AVX512_BF16 but no
-        AMX: per 32 columns of the output, B's K x 32 panel packed as pairs of rows (`_pack_pairs`, as for AMX); per
+        AMX: per 32 columns of the output, B's K x 32 panel packed as pairs of rows (`_panel_loops`, as for AMX); per
         DOT_ROWS rows of the part of M this call runs, DOT_ROWS x 2 vectors of 16 float32 sums in registers, each
         step of 2 along K one vdpbf16ps per vector (A's pair broadcast to every lane); then stored, rounded to
         bfloat16 for a bfloat16 output. The register-tiled form (pairs found in the loop nest, `bf16_pairs`) read B
@@ -669,53 +682,26 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
         for u in uops:
             if u.op is Ops.DEFINE_GLOBAL: self._define_global(k, u)
         self._bf16()
-        o, a, b, half, rows = k.r[p.out], k.r[p.a], k.r[p.b], p.k // 2, self.DOT_ROWS
+        half, rows = p.k // 2, self.DOT_ROWS
         vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
         dot = self._dot_of_pairs()
         sums = [f"c{r}_{h}" for r in range(rows) for h in range(2)]
         if p.out.dtype.base == dtypes.bfloat16:
             bt = self.dtype_name(dtypes.bfloat16.vec(DOT_LANES))
-            store = [f"    *({bt}*)(oc+{r * p.o_row + 16 * h}) = "
+            store = [f"*({bt}*)(oc+{r * p.o_row + 16 * h}) = "
                      f"{self.vec_from_float(f'c{r}_{h}', dtypes.bfloat16.vec(DOT_LANES))};"
                      for r in range(rows) for h in range(2)]
-        else: store = [f"    *({vt}*)(oc+{r * p.o_row + 16 * h}) = c{r}_{h};" for r in range(rows) for h in range(2)]
-        body = [
-            f"unsigned int bp[{2 * half * 16}] __attribute__((aligned(64)));",
-            f"long lo = core_lo / {AMX_TILE} * {AMX_TILE}, hi = core_hi / {AMX_TILE} * {AMX_TILE};",
-            f"for (long n0 = 0; n0 < {p.n} && lo < hi; n0 += 32) {{",
-            f"  const bf16* bc = {b} + {p.b_off} + n0*{p.b_col};",
-            *self._pack_pairs(p),
-            f"  for (long m0 = lo; m0 < hi; m0 += {rows}) {{",
-            f"    const bf16* ac = {a} + {p.a_off} + m0*{p.a_row};",
-            f"    {self.dtype_name(p.out.dtype.base)}* oc = {o} + {p.o_off} + m0*{p.o_row} + n0;",
-            f"    {vt} " + ", ".join(f"{c} = {self.vector_zero(dtypes.float32.vec(DOT_LANES))}" for c in sums) + ";",
-            f"    for (long i = 0; i < {half}; i++) {{",
-            f"      {ut} b0 = *({ut}*)(bp+i*16), b1 = *({ut}*)(bp+{half * 16}+i*16);",
-            *[f"      {{ unsigned int pr; __builtin_memcpy(&pr, ac+{r * p.a_row}+2*i, 4); "
+        else: store = [f"*({vt}*)(oc+{r * p.o_row + 16 * h}) = c{r}_{h};" for r in range(rows) for h in range(2)]
+        body = self._panel_loops(k, p, rows, [
+            f"{vt} " + ", ".join(f"{c} = {self.vector_zero(dtypes.float32.vec(DOT_LANES))}" for c in sums) + ";",
+            f"for (long i = 0; i < {half}; i++) {{",
+            f"  {ut} b0 = *({ut}*)(bp+i*16), b1 = *({ut}*)(bp+{half * 16}+i*16);",
+            *[f"  {{ unsigned int pr; __builtin_memcpy(&pr, ac+{r * p.a_row}+2*i, 4); "
               f"c{r}_0 = {dot}(c{r}_0, pr, b0); c{r}_1 = {dot}(c{r}_1, pr, b1); }}" for r in range(rows)],
-            "    }",
-            *store,
-            "  }", "}"]
+            "}",
+            *store])
         k.body = ["  " + line for line in body]
         return self._render_function(k, name, uops)
-
-    def _dot_of_pairs(self) -> str:
-        """The helper `f(acc, p, b)`: acc plus, per lane, the products of the bfloat16 pair in the 32-bit word `p`
-        with the pair in that lane of `b` (the high halves first, then the low ones, each product exact and each sum
-        rounded once): one vdpbf16ps with AVX512_BF16, IEEE arithmetic in that order without it."""
-        vt, ut = self.dtype_name(dtypes.float32.vec(DOT_LANES)), self.dtype_name(dtypes.uint32.vec(DOT_LANES))
-        name, bh, ones = f"fg_dot_pairs_x{DOT_LANES}", f"fg_bh{2 * DOT_LANES}", ", ".join(["p"] * DOT_LANES)
-        self._need(bh, f"typedef short {bh} __attribute__((vector_size({4 * DOT_LANES})));")
-        return self._need(name, "\n".join([
-            f"static inline __attribute__((always_inline)) {vt} {name}({vt} acc, unsigned int p, {ut} b) {{",
-            "#if defined(__AVX512BF16__) && defined(__GNUC__) && !defined(__clang__)",
-            f"  return __builtin_ia32_dpbf16ps_v{DOT_LANES}sf(acc, ({bh})({ut}){{{ones}}}, ({bh})b);",
-            "#else",
-            "  unsigned int ul = p << 16, uh = p & 0xffff0000u; float al, ah;",
-            "  __builtin_memcpy(&al, &ul, 4); __builtin_memcpy(&ah, &uh, 4);",
-            f"  acc = acc + ah * ({vt})(b & 0xffff0000u);",
-            f"  return acc + al * ({vt})(b << 16);",
-            "#endif", "}"]))
 
     # *** vectors of bools: masks ***
     # A vector of bools lives in a register as a mask: integer lanes of all ones (true) or zeros, as wide as the lanes
@@ -818,7 +804,7 @@ static inline unsigned long fg_threefry(unsigned long x, unsigned long key) {
     def _render(self, uops: list[UOp], name: str) -> str:
         self._helpers: dict[str, str] = {}
         k = KernelText(self, uops)
-        if (self.amx or self.bf16_dot) and (plan := amx_plan(uops)) is not None:
+        if (plan := whole_matmul_plan(self, uops)) is not None:
             return (self._render_amx if self.amx else self._render_dot_matmul)(k, plan, name, uops)
         if self.strided_lanes: self._find_lane_runs(k, uops)
         if self.bf16_dot:

@@ -51,8 +51,8 @@ def test_index_select_keeps_the_conditional():
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_loaded_mask_in_a_reduction_selects_in_a_vector_register(dt):
     """A reduction whose condition is a loaded bool (a relu mask the forward stored) selects in a vector register
-    (`_vector_select`), where an elementwise kernel keeps the bit operations: the same values as numpy, nan,
-    infinities and signed zeros in both operands."""
+    (`_bit_select(in_vector=True)`), where an elementwise kernel keeps the bit operations: the same values as numpy,
+    nan, infinities and signed zeros in both operands."""
     m = RS.random((4, 8, 5, 5)) > 0.5
     a, b = with_specials((4, 8, 5, 5), dt), with_specials((4, 8, 5, 5), dt)[::-1].copy()
     mt, at, bt = Tensor(m).realize(), Tensor(a).realize(), Tensor(b).realize()

@@ -11,7 +11,7 @@ from fusegrad.codegen.opt import Kernel, KernelOptError, Opt, OptOps
 from fusegrad.dtype import DType, dtypes
 from fusegrad.helpers import pads_cheaply
 from fusegrad.hostcpu import CHUNKS_PER_THREAD
-from fusegrad.renderer.cpu_dot import DOT_LANES, amx_plan
+from fusegrad.renderer.cpu_dot import DOT_LANES, whole_matmul_plan
 from fusegrad.uop.affine import coeff, range_kind, range_size
 from fusegrad.uop.ops import GroupOp, Ops, UOp
 
@@ -73,9 +73,7 @@ def hand_coded_optimizations(k: Kernel) -> list[Opt]:
     """Choose and apply opts to `k`; returns them (also in k.applied_opts)."""
     # a kernel that is only a bfloat16 matmul, on a CPU with AMX tiles or bfloat16 dot products: the C renderer writes
     # its whole loop nest as tile products or dot products (renderer/cpu_dot.py), from the loops as they are
-    if (getattr(k.renderer, "amx", False) or getattr(k.renderer, "bf16_dot", False)) and \
-            amx_plan(list(k.ast.toposort())) is not None:
-        return []
+    if whole_matmul_plan(k.renderer, list(k.ast.toposort())) is not None: return []
     if not k.reduceops and (opts := _shape_elementwise(k)) is not None: return opts
     ctx = OptContext.of(k)
     _choose_output_vector(ctx)
